@@ -1,0 +1,18 @@
+/* lockstep CLI — shared helpers for subcommands. */
+#ifndef LS_CLI_CLI_H
+#define LS_CLI_CLI_H
+
+#include "core/status.h"
+
+#define LS_COMMAND(name, fn, summary) int fn(int argc, char **argv);
+#include "cli/commands.def"
+#undef LS_COMMAND
+
+/* Prints "lockstep: <message>" (and, for usage errors, a pointer to --help) on
+ * stderr and returns the exit code for st (2). */
+int ls_cli_report(const char *cmd, const ls_error *err);
+
+/* True when argv[i] is -h or --help. */
+int ls_cli_is_help(const char *arg);
+
+#endif

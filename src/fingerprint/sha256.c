@@ -1,0 +1,103 @@
+#include "fingerprint/sha256.h"
+
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <string.h>
+
+/* One check for every OpenSSL call: records file, line and OpenSSL's reason. */
+#define LS_SSL_CHECK(call, err)                                                        \
+    do {                                                                               \
+        if ((call) != 1) {                                                             \
+            char ssl_reason_[256];                                                     \
+            ERR_error_string_n(ERR_get_error(), ssl_reason_, sizeof ssl_reason_);      \
+            return ls_fail((err), LS_E_CRYPTO, "%s:%d: %s failed: %s (hint: check the " \
+                           "OpenSSL installation)", __FILE__, __LINE__, #call,         \
+                           ssl_reason_);                                               \
+        }                                                                              \
+    } while (0)
+
+ls_status ls_sha256_init(ls_sha256 *h, ls_error *err)
+{
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    h->evp = ctx;
+    if (!ctx) return ls_fail(err, LS_E_NOMEM, "EVP_MD_CTX_new: out of memory");
+    LS_SSL_CHECK(EVP_DigestInit_ex(ctx, EVP_sha256(), NULL), err);
+    return LS_OK;
+}
+
+ls_status ls_sha256_update(ls_sha256 *h, const void *data, size_t len, ls_error *err)
+{
+    if (len == 0) return LS_OK;
+    LS_SSL_CHECK(EVP_DigestUpdate((EVP_MD_CTX *)h->evp, data, len), err);
+    return LS_OK;
+}
+
+static ls_status sha256_final_inner(ls_sha256 *h, ls_digest *out, ls_error *err)
+{
+    unsigned int n = 0;
+    LS_SSL_CHECK(EVP_DigestFinal_ex((EVP_MD_CTX *)h->evp, out->bytes, &n), err);
+    if (n != 32) return ls_fail(err, LS_E_CRYPTO, "SHA-256 returned %u bytes", n);
+    return LS_OK;
+}
+
+ls_status ls_sha256_final(ls_sha256 *h, ls_digest *out, ls_error *err)
+{
+    ls_status st = sha256_final_inner(h, out, err);
+    ls_sha256_discard(h);
+    return st;
+}
+
+void ls_sha256_discard(ls_sha256 *h)
+{
+    EVP_MD_CTX_free((EVP_MD_CTX *)h->evp);
+    h->evp = NULL;
+}
+
+ls_status ls_sha256_buf(const void *data, size_t len, ls_digest *out, ls_error *err)
+{
+    ls_sha256 h;
+    ls_status st = ls_sha256_init(&h, err);
+    if (st == LS_OK) st = ls_sha256_update(&h, data, len, err);
+    if (st != LS_OK) {
+        ls_sha256_discard(&h);
+        return st;
+    }
+    return ls_sha256_final(&h, out, err);
+}
+
+void ls_digest_to_hex(const ls_digest *d, char hex[65])
+{
+    static const char digits[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        hex[2 * i] = digits[d->bytes[i] >> 4];
+        hex[2 * i + 1] = digits[d->bytes[i] & 15];
+    }
+    hex[64] = '\0';
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+ls_status ls_digest_from_hex(const char *hex, ls_digest *out, ls_error *err)
+{
+    if (!hex || strlen(hex) != 64)
+        return ls_fail(err, LS_E_INPUT, "digest must be 64 hex characters");
+    for (int i = 0; i < 32; i++) {
+        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return ls_fail(err, LS_E_INPUT, "digest has a non-hex character at index %d",
+                           hi < 0 ? 2 * i : 2 * i + 1);
+        out->bytes[i] = (uint8_t)(hi << 4 | lo);
+    }
+    return LS_OK;
+}
+
+int ls_digest_equal(const ls_digest *a, const ls_digest *b)
+{
+    return memcmp(a->bytes, b->bytes, 32) == 0;
+}

@@ -1,0 +1,138 @@
+/* lockstep — Hugging Face checkpoints: safetensors files, sharded indexes,
+ * config.json.
+ *
+ * A checkpoint is a directory holding config.json and either model.safetensors
+ * or model.safetensors.index.json plus its shards. Files are mmap'ed read-only;
+ * tensor data is never copied. Every header is validated strictly before any
+ * tensor is handed out (see docs/checkpoint-io.md for the rules); a failure
+ * names the file, the tensor and the byte offset.
+ *
+ * Tensor names are normalised on open: the Qwen3.5 prefix
+ * "model.language_model." becomes "model."; tensors under "model.visual." and
+ * "mtp." are ignored (counted, not exposed). Routed experts may be stored per
+ * expert (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight) or fused
+ * (experts.gate_up_proj [E, 2I, D], experts.down_proj [E, D, I]);
+ * ls_checkpoint_expert() hides the difference. */
+#ifndef LS_IO_CHECKPOINT_H
+#define LS_IO_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+
+typedef enum ls_dtype {
+    LS_DTYPE_BF16,
+    LS_DTYPE_F16,
+    LS_DTYPE_F32,
+    LS_DTYPE_F64,
+    LS_DTYPE_F8_E4M3,
+    LS_DTYPE_F8_E5M2,
+    LS_DTYPE_I8,
+    LS_DTYPE_U8,
+    LS_DTYPE_I16,
+    LS_DTYPE_I32,
+    LS_DTYPE_I64,
+    LS_DTYPE_BOOL,
+    LS_DTYPE_COUNT
+} ls_dtype;
+
+/* Bytes per element. */
+size_t ls_dtype_size(ls_dtype dt);
+/* safetensors spelling: "BF16", "F32", "F8_E4M3" ... */
+const char *ls_dtype_name(ls_dtype dt);
+/* Parses the safetensors spelling; returns 0 and sets *out, or -1 if unknown. */
+int ls_dtype_parse(const char *name, ls_dtype *out);
+
+#define LS_TENSOR_MAX_DIMS 8
+
+typedef struct ls_tensor {
+    const char *name;                  /* normalised name; owned by the checkpoint */
+    const char *stored_name;           /* name as written in the file */
+    ls_dtype dtype;
+    int ndim;
+    int64_t shape[LS_TENSOR_MAX_DIMS];
+    uint64_t numel;                    /* product of shape (1 for a scalar) */
+    const void *data;                  /* mmap'ed bytes, little-endian, size_bytes long */
+    uint64_t size_bytes;
+    uint64_t file_offset_bytes;        /* absolute offset of data in its file */
+    int shard;                         /* index into ls_checkpoint_shard_path() */
+} ls_tensor;
+
+/* ---- single safetensors file --------------------------------------------- */
+
+typedef struct ls_safetensors ls_safetensors;
+
+/* Maps and validates one safetensors file. *out is owned by the caller. */
+ls_status ls_safetensors_open(const char *path, ls_safetensors **out, ls_error *err);
+/* Validates a header held in memory (whole file image of file_len bytes); used
+ * by tests and the fuzzer. Same rules and messages as ls_safetensors_open. */
+ls_status ls_safetensors_open_mem(const char *label, const void *image, size_t file_len,
+                                  ls_safetensors **out, ls_error *err);
+size_t ls_safetensors_count(const ls_safetensors *st);
+const ls_tensor *ls_safetensors_at(const ls_safetensors *st, size_t i); /* data order */
+const ls_tensor *ls_safetensors_find(const ls_safetensors *st, const char *name);
+/* __metadata__ entries (string map), NULL-terminated key/value arrays. */
+size_t ls_safetensors_metadata_count(const ls_safetensors *st);
+void ls_safetensors_metadata_at(const ls_safetensors *st, size_t i, const char **key,
+                                const char **value);
+void ls_safetensors_close(ls_safetensors *st);
+
+/* ---- writer (synthetic checkpoints, tests) -------------------------------
+ * Collects tensors and writes one safetensors file atomically. Data pointers
+ * must stay valid until ls_safetensors_writer_write returns. Tensors are laid
+ * out in name order (byte order of the names), 8-byte aligned header. */
+typedef struct ls_safetensors_writer ls_safetensors_writer;
+ls_status ls_safetensors_writer_new(ls_safetensors_writer **out, ls_error *err);
+ls_status ls_safetensors_writer_add(ls_safetensors_writer *w, const char *name, ls_dtype dt,
+                                    int ndim, const int64_t *shape, const void *data,
+                                    ls_error *err);
+ls_status ls_safetensors_writer_set_metadata(ls_safetensors_writer *w, const char *key,
+                                             const char *value, ls_error *err);
+ls_status ls_safetensors_writer_write(ls_safetensors_writer *w, const char *path, ls_error *err);
+void ls_safetensors_writer_free(ls_safetensors_writer *w);
+
+/* ---- checkpoint directory -------------------------------------------------- */
+
+typedef struct ls_checkpoint ls_checkpoint;
+
+ls_status ls_checkpoint_open(const char *dir, ls_checkpoint **out, ls_error *err);
+void ls_checkpoint_close(ls_checkpoint *ck);
+
+const char *ls_checkpoint_dir(const ls_checkpoint *ck);
+/* config.json parsed with duplicate keys rejected; a jansson json_t*, borrowed. */
+const void *ls_checkpoint_config_json(const ls_checkpoint *ck);
+/* Raw bytes of config.json as read (for digests that want the file as is). */
+const char *ls_checkpoint_config_text(const ls_checkpoint *ck, size_t *len);
+
+/* Exposed tensors, sorted by normalised name (byte order). */
+size_t ls_checkpoint_count(const ls_checkpoint *ck);
+const ls_tensor *ls_checkpoint_at(const ls_checkpoint *ck, size_t i);
+/* NULL when absent. */
+const ls_tensor *ls_checkpoint_find(const ls_checkpoint *ck, const char *name);
+size_t ls_checkpoint_ignored_count(const ls_checkpoint *ck); /* visual / mtp tensors */
+
+size_t ls_checkpoint_shard_count(const ls_checkpoint *ck);
+const char *ls_checkpoint_shard_path(const ls_checkpoint *ck, size_t i);
+uint64_t ls_checkpoint_total_bytes(const ls_checkpoint *ck); /* sum of tensor sizes */
+
+/* A 2-D weight matrix view [rows, cols], row-major, dtype as stored. */
+typedef struct ls_matrix_view {
+    const void *data;          /* first element of row 0 */
+    ls_dtype dtype;
+    int64_t rows, cols;
+    const char *source;        /* tensor name it came from (for messages) */
+} ls_matrix_view;
+
+typedef enum ls_expert_proj {
+    LS_EXPERT_GATE,            /* [I, D] */
+    LS_EXPERT_UP,              /* [I, D] */
+    LS_EXPERT_DOWN             /* [D, I] */
+} ls_expert_proj;
+
+/* Finds routed expert `expert` of decoder layer `layer` in either layout.
+ * Fails (LS_E_INPUT, naming the tensor) when absent or mis-shaped. */
+ls_status ls_checkpoint_expert(const ls_checkpoint *ck, int layer, int expert,
+                               ls_expert_proj proj, ls_matrix_view *out, ls_error *err);
+
+#endif

@@ -1,0 +1,143 @@
+/* lockstep — trace files: what one run produced, position by position.
+ *
+ * The byte format is specified in docs/trace-format.md; this header is the C
+ * API. A trace is a header (run parameters, model fingerprint, manifest
+ * digest, layer table, digest kinds, top-k width) followed by frames; a frame
+ * holds the records of one engine step (a prefill, one decode step, or one
+ * replay chunk). A record is addressed by (sequence id, absolute position), so
+ * traces of differently-chunked runs align.
+ *
+ * Record semantics (both modes): the record at position p of a sequence holds
+ * the token at p (the model's input), and the model's distribution after
+ * reading tokens 0..p: the selected next token (the sampled one in rollout,
+ * the teacher-forced one in replay; -1 when there is none), its logprob, and
+ * the top-k. Layer digests are of the state after processing position p. */
+#ifndef LS_TRACE_TRACE_H
+#define LS_TRACE_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "fingerprint/sha256.h"
+
+#define LS_TRACE_TOPK_MAX 64
+
+/* Families of the trace's layer table. A decoder layer contributes two trace
+ * layers: its mixer (gdn or attention) and its moe block. */
+typedef enum ls_layer_family {
+    LS_FAMILY_EMBED,
+    LS_FAMILY_GDN,
+    LS_FAMILY_ATTENTION,
+    LS_FAMILY_MOE,
+    LS_FAMILY_NORM,          /* final norm */
+    LS_FAMILY_LM_HEAD,
+    LS_FAMILY_COUNT
+} ls_layer_family;
+const char *ls_layer_family_name(ls_layer_family f);
+
+/* Digest kinds; canonical bytes of each are defined in docs/trace-format.md. */
+typedef enum ls_digest_kind {
+    LS_DIGEST_HIDDEN,        /* the trace layer's output hidden row, bf16 [D] (fp32 in fp32 mode) */
+    LS_DIGEST_GDN_STATE,     /* GDN recurrent state after p, fp32 [H_v, d_k, d_v] */
+    LS_DIGEST_CONV_STATE,    /* GDN conv state after p, [conv_dim, K] (activation dtype) */
+    LS_DIGEST_KV,            /* K then V rows written to the cache at p */
+    LS_DIGEST_ROUTER,        /* router top-k ids (int32 LE) then weights (fp32 LE) */
+    LS_DIGEST_COUNT
+} ls_digest_kind;
+const char *ls_digest_kind_name(ls_digest_kind k);
+
+typedef struct ls_trace_layer {
+    int index;               /* position in the layer table, 0-based */
+    ls_layer_family family;
+    int decoder_layer;       /* model layer index, -1 for embed/norm/lm_head */
+} ls_trace_layer;
+
+/* Everything in the header besides the layer table. Strings are owned by the
+ * caller for the writer, by the reader for the reader. */
+typedef struct ls_trace_header {
+    uint32_t version_major, version_minor;   /* filled by the writer */
+    const char *mode;                  /* "rollout" | "replay" | "import" */
+    const char *engine;                /* "lockstep-cpu", "lockstep-cuda", "vllm", ... */
+    const char *model_fingerprint;     /* Merkle root hex (64 chars) */
+    const char *manifest_digest;       /* SHA-256 hex of the pinned manifest, or "" */
+    const char *run_params_json;       /* JSON object text: sampling, chunk size, batch,
+                                          perturbation, activations ... (opaque here) */
+    int topk;                          /* top-k width, 1..LS_TRACE_TOPK_MAX (default 5) */
+    uint32_t digest_kinds_mask;        /* bit k set: kind k may appear */
+    uint32_t state_digest_every;       /* carried-state kinds recorded every N positions (1 = all) */
+    int n_layers;
+    const ls_trace_layer *layers;      /* [n_layers] */
+} ls_trace_header;
+
+/* One digest of one trace layer at one position. */
+typedef struct ls_trace_digest {
+    uint16_t layer;                    /* index into the layer table */
+    uint8_t kind;                      /* ls_digest_kind */
+    ls_digest digest;
+} ls_trace_digest;
+
+/* An optional full tensor (--dump-layers) for element-level diagnosis. */
+typedef struct ls_trace_dump {
+    uint16_t layer;
+    uint8_t kind;                      /* ls_digest_kind the tensor belongs to */
+    uint8_t dtype;                     /* 0 = bf16, 1 = fp32 */
+    uint32_t n_elems;
+    const void *data;                  /* n_elems elements, little-endian */
+} ls_trace_dump;
+
+typedef struct ls_trace_record {
+    uint32_t seq;                      /* sequence id */
+    uint32_t pos;                      /* absolute position in the sequence */
+    int32_t token;                     /* token at pos */
+    int32_t next_token;                /* selected next token, -1 if none */
+    uint32_t logprob_bits;             /* fp32 bits of log p(next_token); 0x7fc00000 if none */
+    int32_t topk_ids[LS_TRACE_TOPK_MAX];
+    uint32_t topk_logprob_bits[LS_TRACE_TOPK_MAX];
+    uint32_t n_digests;
+    const ls_trace_digest *digests;    /* [n_digests], ordered by (layer, kind) */
+    uint32_t n_dumps;
+    const ls_trace_dump *dumps;        /* [n_dumps] */
+} ls_trace_record;
+
+typedef enum ls_frame_kind {
+    LS_FRAME_PREFILL,
+    LS_FRAME_DECODE,
+    LS_FRAME_CHUNK,
+    LS_FRAME_IMPORT
+} ls_frame_kind;
+
+/* ---- writer -----------------------------------------------------------------
+ * Streams frames to "<path>.tmp.<pid>"; memory is bounded by one frame.
+ * ls_trace_writer_close writes the trailer and renames into place. A process
+ * killed mid-way leaves the temporary file, readable up to its last complete
+ * frame. */
+typedef struct ls_trace_writer ls_trace_writer;
+
+ls_status ls_trace_writer_open(const char *path, const ls_trace_header *hdr,
+                               ls_trace_writer **out, ls_error *err);
+ls_status ls_trace_writer_begin_frame(ls_trace_writer *w, ls_frame_kind kind, ls_error *err);
+/* Copies the record (and its digests/dumps) into the open frame. */
+ls_status ls_trace_writer_add(ls_trace_writer *w, const ls_trace_record *rec, ls_error *err);
+ls_status ls_trace_writer_end_frame(ls_trace_writer *w, ls_error *err);
+/* Writes the trailer, renames into place and frees w. */
+ls_status ls_trace_writer_close(ls_trace_writer *w, ls_error *err);
+/* Removes the temporary file and frees w. */
+void ls_trace_writer_abort(ls_trace_writer *w);
+
+/* ---- reader -------------------------------------------------------------------
+ * Streaming: one frame in memory at a time. */
+typedef struct ls_trace_reader ls_trace_reader;
+
+ls_status ls_trace_reader_open(const char *path, ls_trace_reader **out, ls_error *err);
+const ls_trace_header *ls_trace_reader_header(const ls_trace_reader *r);
+/* Advances to the next record. Sets *rec (valid until the next call) and
+ * returns LS_OK, or sets *rec = NULL at the end. Corruption and truncation
+ * are LS_E_INPUT naming the byte offset; a file that ends cleanly after a
+ * complete frame but without a trailer ends with *rec = NULL and
+ * ls_trace_reader_complete() == 0. */
+ls_status ls_trace_reader_next(ls_trace_reader *r, const ls_trace_record **rec, ls_error *err);
+int ls_trace_reader_complete(const ls_trace_reader *r);
+void ls_trace_reader_close(ls_trace_reader *r);
+
+#endif

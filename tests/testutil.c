@@ -1,0 +1,87 @@
+#include "testutil.h"
+
+#include <check.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+char *ls_test_tmpdir(const char *tag)
+{
+    const char *base = getenv("TMPDIR");
+    if (!base || !*base) base = "/tmp";
+    char *path = malloc(4096);
+    ck_assert_ptr_nonnull(path);
+    snprintf(path, 4096, "%s/lockstep-%s-XXXXXX", base, tag);
+    ck_assert_msg(mkdtemp(path) != NULL, "mkdtemp %s failed", path);
+    return path;
+}
+
+static int run_capture(char **output, const char *cmd)
+{
+    char full[16384];
+    snprintf(full, sizeof full, "%s 2>&1", cmd);
+    FILE *p = popen(full, "r");
+    if (!p) return -1;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (n + 1024 > cap) buf = realloc(buf, cap *= 2);
+        size_t got = fread(buf + n, 1, cap - n - 1, p);
+        if (got == 0) break;
+        n += got;
+    }
+    buf[n] = '\0';
+    int rc = pclose(p);
+    if (output)
+        *output = buf;
+    else
+        free(buf);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+int ls_test_sh(char **output, const char *cmd_fmt, ...)
+{
+    char cmd[12288];
+    va_list ap;
+    va_start(ap, cmd_fmt);
+    vsnprintf(cmd, sizeof cmd, cmd_fmt, ap);
+    va_end(ap);
+    return run_capture(output, cmd);
+}
+
+int ls_test_cli(char **output, const char *args_fmt, ...)
+{
+    char args[8192];
+    va_list ap;
+    va_start(ap, args_fmt);
+    vsnprintf(args, sizeof args, args_fmt, ap);
+    va_end(ap);
+    char cmd[12288];
+    snprintf(cmd, sizeof cmd, "'%s' %s", LS_CLI_PATH, args);
+    return run_capture(output, cmd);
+}
+
+void ls_test_write(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    ck_assert_msg(f != NULL, "cannot write %s", path);
+    ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+char *ls_test_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "cannot read %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+    buf[n] = '\0';
+    fclose(f);
+    if (len) *len = (size_t)n;
+    return buf;
+}

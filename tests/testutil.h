@@ -1,0 +1,24 @@
+/* Helpers shared by the Check test executables. */
+#ifndef LS_TESTS_TESTUTIL_H
+#define LS_TESTS_TESTUTIL_H
+
+#include <stddef.h>
+
+/* Creates a fresh temporary directory (under $TMPDIR or /tmp) and returns its
+ * path (static storage per call site is not assumed: caller frees). */
+char *ls_test_tmpdir(const char *tag);
+
+/* Runs `lockstep <args>` through /bin/sh, capturing stdout+stderr into a
+ * malloc'd string (caller frees; may be NULL). Returns the exit code, or -1. */
+int ls_test_cli(char **output, const char *args_fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Runs an arbitrary shell command the same way. */
+int ls_test_sh(char **output, const char *cmd_fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Writes len bytes to path (aborts the test on failure). */
+void ls_test_write(const char *path, const void *data, size_t len);
+
+/* Reads a whole file; caller frees. *len may be NULL. */
+char *ls_test_read(const char *path, size_t *len);
+
+#endif
