@@ -101,11 +101,16 @@ void ls_safetensors_writer_free(ls_safetensors_writer *w);
 
 typedef struct ls_checkpoint ls_checkpoint;
 
+/* Opens dir: config.json plus model.safetensors or model.safetensors.index.json
+ * and its shards, all validated (docs/checkpoint-io.md lists the rules and
+ * messages). *out is owned by the caller; every pointer obtained from it
+ * (tensors, names, data, paths, config) lives until ls_checkpoint_close. */
 ls_status ls_checkpoint_open(const char *dir, ls_checkpoint **out, ls_error *err);
 void ls_checkpoint_close(ls_checkpoint *ck);
 
 const char *ls_checkpoint_dir(const ls_checkpoint *ck);
-/* config.json parsed with duplicate keys rejected; a jansson json_t*, borrowed. */
+/* config.json parsed with duplicate keys rejected (io/json.h); a jansson
+ * json_t* (cast it), borrowed, always an object. */
 const void *ls_checkpoint_config_json(const ls_checkpoint *ck);
 /* Raw bytes of config.json as read (for digests that want the file as is). */
 const char *ls_checkpoint_config_text(const ls_checkpoint *ck, size_t *len);
@@ -121,7 +126,7 @@ size_t ls_checkpoint_shard_count(const ls_checkpoint *ck);
 const char *ls_checkpoint_shard_path(const ls_checkpoint *ck, size_t i);
 /* The opened shard i (its __metadata__, data-order tensors); owned by ck. */
 const ls_safetensors *ls_checkpoint_shard(const ls_checkpoint *ck, size_t i);
-uint64_t ls_checkpoint_total_bytes(const ls_checkpoint *ck); /* sum of tensor sizes */
+uint64_t ls_checkpoint_total_bytes(const ls_checkpoint *ck); /* sum of exposed tensors' sizes */
 
 /* A 2-D weight matrix view [rows, cols], row-major, dtype as stored. */
 typedef struct ls_matrix_view {
@@ -137,8 +142,16 @@ typedef enum ls_expert_proj {
     LS_EXPERT_DOWN             /* [D, I] */
 } ls_expert_proj;
 
-/* Finds routed expert `expert` of decoder layer `layer` in either layout.
- * Fails (LS_E_INPUT, naming the tensor) when absent or mis-shaped. */
+/* Finds routed expert `expert` of decoder layer `layer` in either layout
+ * (normalised names):
+ *   per expert: model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight
+ *   fused:      model.layers.L.mlp.experts.gate_up_proj [E, 2I, D]
+ *               (per expert, rows 0..I-1 gate, I..2I-1 up) and
+ *               model.layers.L.mlp.experts.down_proj [E, D, I].
+ * The view points into the mapping (borrowed, valid until close). Fails
+ * (LS_E_INPUT, naming the tensor and expected vs actual shape) when absent,
+ * mis-shaped, out of range or stored in both layouts; LS_E_USAGE for negative
+ * layer/expert. */
 ls_status ls_checkpoint_expert(const ls_checkpoint *ck, int layer, int expert,
                                ls_expert_proj proj, ls_matrix_view *out, ls_error *err);
 
