@@ -207,6 +207,10 @@ START_TEST(test_index_shard_name_escapes)
     open_bad(d, LS_E_INPUT, "names shard 'sub/x.safetensors'", "weight_map['a']");
     write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"\"}}");
     open_bad(d, LS_E_INPUT, "names shard ''", NULL);
+    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\".\"}}");
+    open_bad(d, LS_E_INPUT, "names shard '.'", NULL);
+    write_text(d, "model.safetensors.index.json", "{\"metadata\":3,\"weight_map\":{\"a\":\"x\"}}");
+    open_bad(d, LS_E_INPUT, "field 'metadata' is not an object", NULL);
     write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":3}}");
     open_bad(d, LS_E_INPUT, "weight_map['a'] is not a string", NULL);
     write_text(d, "model.safetensors.index.json", "{\"metadata\":{}}");
