@@ -55,10 +55,12 @@ static ls_status checkpoint_section(const ls_checkpoint *ck, const ls_manifest_o
     }
     json_object_set_new(sec, "path", json_string(ls_checkpoint_dir(ck)));
     json_object_set_new(sec, "config_sha256", hex_json(&fp.config_digest));
-    json_object_set_new(sec, "merkle_root", hex_json(&fp.merkle_root));
     json_object_set_new(sec, "tensor_count", json_integer((json_int_t)fp.count));
     json_object_set_new(sec, "total_bytes", json_integer((json_int_t)fp.total_bytes));
+    /* Tensors before the root: verify names the first voiding difference in
+     * document order, and the tensor is the useful one to name. */
     json_object_set_new(sec, "tensors", tensors);
+    json_object_set_new(sec, "merkle_root", hex_json(&fp.merkle_root));
     ls_fingerprint_free(&fp);
     *out = sec;
     return LS_OK;
