@@ -75,3 +75,36 @@ extern "C" ls_status ls_cuda_sync(ls_error *err)
                   "a kernel faulted or timed out; rerun under compute-sanitizer --tool memcheck");
     return LS_OK;
 }
+
+extern "C" ls_status ls_cuda_copy_rows(void *dst_dev, size_t dst_pitch_bytes, const void *src_dev,
+                                       size_t src_pitch_bytes, size_t width_bytes, size_t rows,
+                                       ls_error *err)
+{
+    if (rows == 0 || width_bytes == 0) return LS_OK;
+    LS_CUDA_CHECK(cudaMemcpy2D(dst_dev, dst_pitch_bytes, src_dev, src_pitch_bytes, width_bytes, rows,
+                               cudaMemcpyDeviceToDevice),
+                  err, "device row copy; check pitches and buffer sizes");
+    return LS_OK;
+}
+
+extern "C" size_t ls_cuda_mem_free_bytes(void)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return free_b;
+}
+
+extern "C" ls_status ls_cuda_malloc(void **p, size_t bytes, ls_error *err)
+{
+    *p = NULL;
+    LS_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 256), err, "not enough free device memory");
+    return LS_OK;
+}
+
+extern "C" void ls_cuda_free(void *p)
+{
+    if (p) (void)cudaFree(p);
+}

@@ -42,6 +42,16 @@ void ls_cuda_arena_free(ls_cuda_arena *a);
 ls_status ls_cuda_upload(void *dst_dev, const void *src_host, size_t bytes, ls_error *err);
 ls_status ls_cuda_download(void *dst_host, const void *src_dev, size_t bytes, ls_error *err);
 ls_status ls_cuda_memset(void *dst_dev, int value, size_t bytes, ls_error *err);
+/* Copies rows of a strided 2-D region between device buffers (exact bytes):
+ * dst[r*dst_pitch + i] = src[r*src_pitch + i] for i < width_bytes. */
+ls_status ls_cuda_copy_rows(void *dst_dev, size_t dst_pitch_bytes, const void *src_dev,
+                            size_t src_pitch_bytes, size_t width_bytes, size_t rows,
+                            ls_error *err);
+/* Free device memory on the current device in bytes (0 on failure). */
+size_t ls_cuda_mem_free_bytes(void);
+/* Plain cudaMalloc / cudaFree for buffers outside the arena (scratch that grows). */
+ls_status ls_cuda_malloc(void **p, size_t bytes, ls_error *err);
+void ls_cuda_free(void *p);
 /* Waits for all work on the device and reports any asynchronous kernel error. */
 ls_status ls_cuda_sync(ls_error *err);
 
