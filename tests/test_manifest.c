@@ -430,9 +430,10 @@ START_TEST(test_perturbation_and_mode_void)
     ck_assert_int_eq(ls_test_cli(&out, "manifest pin --checkpoint %s --backend tpu -o -", d), 2);
     ck_assert_ptr_nonnull(strstr(out, "tpu"));
     free(out);
-    /* no CUDA providers are registered yet: pinning cuda fails closed */
-    ck_assert_int_eq(ls_test_cli(&out, "manifest pin --checkpoint %s --backend cuda -o -", d), 2);
-    ck_assert_ptr_nonnull(strstr(out, "cuda"));
+    /* the CUDA backend registers its portable strict providers */
+    ck_assert_int_eq(ls_test_cli(&out, "manifest pin --checkpoint %s --backend cuda -o -", d), 0);
+    ck_assert_ptr_nonnull(strstr(out, "cuda-portable"));
+    ck_assert_ptr_nonnull(strstr(out, "ls_gdn_recurrent_kernel"));
     free(out);
     free(a);
     free(b);

@@ -1,0 +1,110 @@
+/* lockstep — CUDA runtime services: device discovery, the run's device arena,
+ * copies. See ls_cuda.h. */
+#include "cuda_check.cuh"
+#include "ls_cuda.h"
+
+extern "C" int ls_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear the sticky "no device" error */
+        return 0;
+    }
+    return n;
+}
+
+extern "C" ls_status ls_cuda_arena_init(ls_cuda_arena *a, size_t capacity_bytes, ls_error *err)
+{
+    a->base = NULL;
+    a->capacity_bytes = 0;
+    a->used_bytes = 0;
+    void *p = NULL;
+    LS_CUDA_CHECK(cudaMalloc(&p, capacity_bytes ? capacity_bytes : 256), err,
+                  "not enough free device memory for the run's arena");
+    a->base = (uint8_t *)p;
+    a->capacity_bytes = capacity_bytes;
+    return LS_OK;
+}
+
+extern "C" void *ls_cuda_arena_alloc(ls_cuda_arena *a, size_t bytes, ls_error *err)
+{
+    size_t start = (a->used_bytes + 255u) & ~(size_t)255u;
+    if (start > a->capacity_bytes || bytes > a->capacity_bytes - start) {
+        ls_fail(err, LS_E_NOMEM, "device arena full: %zu bytes requested, %zu of %zu used",
+                bytes, a->used_bytes, a->capacity_bytes);
+        return NULL;
+    }
+    a->used_bytes = start + bytes;
+    return a->base + start;
+}
+
+extern "C" void ls_cuda_arena_free(ls_cuda_arena *a)
+{
+    if (a->base) (void)cudaFree(a->base);
+    a->base = NULL;
+    a->capacity_bytes = 0;
+    a->used_bytes = 0;
+}
+
+extern "C" ls_status ls_cuda_upload(void *dst_dev, const void *src_host, size_t bytes, ls_error *err)
+{
+    if (bytes == 0) return LS_OK;
+    LS_CUDA_CHECK(cudaMemcpy(dst_dev, src_host, bytes, cudaMemcpyHostToDevice), err,
+                  "host-to-device copy; is the destination device memory of this size?");
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_download(void *dst_host, const void *src_dev, size_t bytes, ls_error *err)
+{
+    if (bytes == 0) return LS_OK;
+    LS_CUDA_CHECK(cudaMemcpy(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost), err,
+                  "device-to-host copy; an earlier kernel may have faulted (run compute-sanitizer)");
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_memset(void *dst_dev, int value, size_t bytes, ls_error *err)
+{
+    if (bytes == 0) return LS_OK;
+    LS_CUDA_CHECK(cudaMemset(dst_dev, value, bytes), err, "device memset");
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_sync(ls_error *err)
+{
+    LS_CUDA_CHECK(cudaDeviceSynchronize(), err,
+                  "a kernel faulted or timed out; rerun under compute-sanitizer --tool memcheck");
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_copy_rows(void *dst_dev, size_t dst_pitch_bytes, const void *src_dev,
+                                       size_t src_pitch_bytes, size_t width_bytes, size_t rows,
+                                       ls_error *err)
+{
+    if (rows == 0 || width_bytes == 0) return LS_OK;
+    LS_CUDA_CHECK(cudaMemcpy2D(dst_dev, dst_pitch_bytes, src_dev, src_pitch_bytes, width_bytes, rows,
+                               cudaMemcpyDeviceToDevice),
+                  err, "device row copy; check pitches and buffer sizes");
+    return LS_OK;
+}
+
+extern "C" size_t ls_cuda_mem_free_bytes(void)
+{
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return free_b;
+}
+
+extern "C" ls_status ls_cuda_malloc(void **p, size_t bytes, ls_error *err)
+{
+    *p = NULL;
+    LS_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 256), err, "not enough free device memory");
+    return LS_OK;
+}
+
+extern "C" void ls_cuda_free(void *p)
+{
+    if (p) (void)cudaFree(p);
+}

@@ -1,0 +1,62 @@
+/* lockstep — CUDA runtime services for the portable strict tier (C API).
+ *
+ * Everything here is callable from C without CUDA headers: streams are passed
+ * as opaque pointers (a cudaStream_t, NULL = the default stream), device
+ * memory as plain pointers. Every failing CUDA call is reported through
+ * ls_fail with LS_E_DEVICE, naming the call, file, line and a hint.
+ *
+ * Device memory for a run comes from one ls_cuda_arena: a single cudaMalloc
+ * at the start, bump allocation inside it, one cudaFree at the end. */
+#ifndef LS_KERNELS_LS_CUDA_H
+#define LS_KERNELS_LS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "core/status.h"
+
+/* Number of usable CUDA devices; 0 when there is no driver, no device, or the
+ * runtime fails to initialise (never an error: callers skip or fail closed). */
+int ls_cuda_device_count(void);
+
+/* ---- arena ------------------------------------------------------------------ */
+typedef struct ls_cuda_arena {
+    uint8_t *base;          /* device memory from one cudaMalloc; owned */
+    size_t capacity_bytes;  /* size of base */
+    size_t used_bytes;      /* bump offset, 256-byte aligned steps */
+} ls_cuda_arena;
+
+/* Allocates capacity_bytes of device memory (cudaMalloc) on the current device. */
+ls_status ls_cuda_arena_init(ls_cuda_arena *a, size_t capacity_bytes, ls_error *err);
+/* Returns 256-byte aligned device memory inside the arena (contents undefined),
+ * or NULL and LS_E_NOMEM in err when the arena is full. */
+void *ls_cuda_arena_alloc(ls_cuda_arena *a, size_t bytes, ls_error *err);
+/* Frees the arena's memory (safe on a zeroed or already freed arena). */
+void ls_cuda_arena_free(ls_cuda_arena *a);
+
+/* ---- copies and synchronisation --------------------------------------------- */
+ls_status ls_cuda_upload(void *dst_dev, const void *src_host, size_t bytes, ls_error *err);
+ls_status ls_cuda_download(void *dst_host, const void *src_dev, size_t bytes, ls_error *err);
+ls_status ls_cuda_memset(void *dst_dev, int value, size_t bytes, ls_error *err);
+/* Copies rows of a strided 2-D region between device buffers (exact bytes):
+ * dst[r*dst_pitch + i] = src[r*src_pitch + i] for i < width_bytes. */
+ls_status ls_cuda_copy_rows(void *dst_dev, size_t dst_pitch_bytes, const void *src_dev,
+                            size_t src_pitch_bytes, size_t width_bytes, size_t rows,
+                            ls_error *err);
+/* Free device memory on the current device in bytes (0 on failure). */
+size_t ls_cuda_mem_free_bytes(void);
+/* Plain cudaMalloc / cudaFree for buffers outside the arena (scratch that grows). */
+ls_status ls_cuda_malloc(void **p, size_t bytes, ls_error *err);
+void ls_cuda_free(void *p);
+/* Waits for all work on the device and reports any asynchronous kernel error. */
+ls_status ls_cuda_sync(ls_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,156 @@
+/* lockstep — portable strict CUDA kernels (C API).
+ *
+ * One function per operator of docs/numerics.md §3–4, with the semantics,
+ * shapes and argument order of the CPU reference function of the same name in
+ * src/backend/cpu_ops.h (ls_cuda_X ≙ ls_cpu_X): CUDA cores only, fp32
+ * accumulation, every dot product / sum in LS_DOT32 order as one warp (lane l
+ * strides k ≡ l mod 32, then the xor butterfly), no atomics, no split-K, and
+ * the same kernel and order for 1 token and for thousands (row invariance).
+ * The results are bit-identical to the CPU reference; tests/gpu/
+ * test_conformance checks every function against it.
+ *
+ * All pointers are device pointers. Activations are fp32 (bf16-exact values
+ * when act_bf16 = 1); ids and positions int32. Weights are as stored:
+ * wtype 0 = bf16 (uint16_t), 1 = fp32 (the values of ls_wtype). `order` is an
+ * ls_order; only LS_ORDER_CANONICAL (0) is implemented here, anything else
+ * fails closed with LS_E_UNSUPPORTED, as does a shape a kernel cannot honour
+ * (the message names the operator and the shape). `stream` is a cudaStream_t
+ * (NULL = default stream); calls are asynchronous, errors of the launch are
+ * reported at once, faults at the next ls_cuda_sync. */
+#ifndef LS_KERNELS_OPS_H
+#define LS_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "core/status.h"
+
+/* Largest head dims the register-resident kernels take (fail closed above). */
+#define LS_CUDA_GDN_MAX_DK 128
+#define LS_CUDA_ATT_MAX_D 256
+#define LS_CUDA_CONV_MAX_K 8
+
+/* h[t] = act(E[tokens[t]]). Token ids outside [0, V) give zeros (the engine
+ * validates ids first). */
+ls_status ls_cuda_embed(const void *emb /* [V, D] */, int wtype, long V, long D,
+                        const int32_t *tokens /* [T] */, long T, float *h /* [T, D] */,
+                        int act_bf16, void *stream, ls_error *err);
+
+/* y[t][o] = act(DOT32(W[o,:], x[t,:])): one warp per output row, reusing its
+ * weight loads across up to 4 tokens, each token's order LS_DOT32. */
+ls_status ls_cuda_linear(const void *w /* [out, in] */, int wtype, long out, long in,
+                         const float *x /* [T, in] */, float *y /* [T, out] */, long T,
+                         int act_bf16, int order, void *stream, ls_error *err);
+
+/* Zero-centred RMSNorm over rows of n (y may equal x). */
+ls_status ls_cuda_rmsnorm(const float *x /* [R, n] */, const float *w /* [n] */,
+                          float *y /* [R, n] */, long R, long n, int act_bf16, int order,
+                          void *stream, ls_error *err);
+
+/* Gated RMSNorm per value head (y may equal x). */
+ls_status ls_cuda_gated_rmsnorm(const float *x /* [R, n] */, const float *z /* [R, n] */,
+                                const float *w /* [n] */, float *y /* [R, n] */, long R, long n,
+                                int act_bf16, int order, void *stream, ls_error *err);
+
+/* Causal depthwise conv + SiLU, state [C, K] (column K-1 most recent),
+ * updated in place; one thread per channel walks the T tokens. K <= 8. */
+ls_status ls_cuda_conv_silu(const float *x /* [T, x_stride] */, long x_stride,
+                            const void *w /* [C, K] */, int wtype, float *state /* [C, K] */,
+                            float *y /* [T, y_stride] */, long y_stride, long T, long C, long K,
+                            int act_bf16, int order, void *stream, ls_error *err);
+
+/* β = act(sigmoid(b)); α = exp(−exp(A_log) · softplus(a + dt_bias)). */
+ls_status ls_cuda_gdn_gates(const float *b /* [T, H] */, const float *a /* [T, H] */,
+                            const float *A_log /* [H] */, const float *dt_bias /* [H] */,
+                            float *beta /* [T, H] */, float *alpha /* [T, H] */, long T, long H,
+                            int act_bf16, void *stream, ls_error *err);
+
+/* x_i = (x_i · rsqrt(DOT32(x,x) + 1e-6)) · scale per row of d, in place. */
+ls_status ls_cuda_l2norm_scale(float *x /* [R, d] */, long R, long d, float scale, int order,
+                               void *stream, ls_error *err);
+
+/* GDN recurrent rule over T tokens of one sequence, fp32 state carried in
+ * registers across the tokens: block = (32 value columns, value head); lane l
+ * holds key rows i ≡ l (mod 32), so DOT32 over the key dim is the warp
+ * butterfly. Decode (T = 1) and replay use this same kernel. dk <= 128. */
+ls_status ls_cuda_gdn_recurrent(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk, dk] */,
+                                const float *v /* [T, Hv, dv] */, const float *alpha /* [T, Hv] */,
+                                const float *beta /* [T, Hv] */, float *state /* [Hv, dk, dv] */,
+                                float *o /* [T, Hv, dv] */, long T, long Hk, long Hv, long dk,
+                                long dv, int act_bf16, int order, void *stream, ls_error *err);
+
+/* Partial rotate-half RoPE in place; tables from ls_cpu_rope_table (host),
+ * uploaded: cos_t/sin_t [T, R/2], one row per token of the call. */
+ls_status ls_cuda_rope_apply(float *x /* [T, H, d] */, const float *cos_t /* [T, R/2] */,
+                             const float *sin_t /* [T, R/2] */, long T, long H, long d, long R,
+                             int act_bf16, void *stream, ls_error *err);
+
+/* Attention (docs/numerics.md §4): one warp per (query, head), keys in
+ * blocks of 32 from position 0, lane = key within the block. d <= 256. */
+ls_status ls_cuda_attention(const float *q /* [T, Hq, d] */, const float *kc /* [Hkv, cap, d] */,
+                            const float *vc /* [Hkv, cap, d] */, long cap,
+                            const int32_t *pos /* [T] */, float *o /* [T, Hq, d] */, long T,
+                            long Hq, long Hkv, long d, int act_bf16, int order, void *stream,
+                            ls_error *err);
+
+/* o_i = act(o_i · act(sigmoid(gate_i))). */
+ls_status ls_cuda_sigmoid_gate(float *o /* [n] */, const float *gate /* [n] */, long n,
+                               int act_bf16, void *stream, ls_error *err);
+
+/* Router: logits (linear), softmax (max, exp, SUM32), top-k descending with
+ * ties to the lower index, renormalisation in top-k order. */
+ls_status ls_cuda_router(const void *w /* [E, D] */, int wtype, long E, long D,
+                         const float *x /* [T, D] */, long T, long k, int norm_topk,
+                         float *probs /* [T, E] */, int32_t *ids /* [T, k] */,
+                         float *weights /* [T, k] */, int act_bf16, int order, void *stream,
+                         ls_error *err);
+
+/* MoE block weights on the device: per-expert row pointers (device arrays of
+ * device pointers, one entry per expert), all of one wtype. */
+typedef struct ls_cuda_moe {
+    long E, D, I, Is;              /* experts, hidden, expert width, shared width */
+    int wtype;                     /* 0 bf16, 1 fp32, for every matrix below */
+    const void *const *gate;       /* device [E] -> [I, D] */
+    const void *const *up;         /* device [E] -> [I, D] */
+    const void *const *down;       /* device [E] -> [D, I] */
+    const void *sh_gate;           /* [Is, D]; NULL = no shared expert */
+    const void *sh_up;             /* [Is, D] */
+    const void *sh_down;           /* [D, Is] */
+    const void *sh_gate_w;         /* [1, D] */
+} ls_cuda_moe;
+
+/* Scratch the MoE needs for T tokens (bytes of device memory). */
+size_t ls_cuda_moe_scratch_bytes(const ls_cuda_moe *mw, long T, long k);
+
+/* Routed experts + combine + gated shared expert (ls_cpu_moe): each
+ * (token, slot) computed by its own warps, independent of which other tokens
+ * chose the expert; combine a sequential fp32 sum in top-k order. */
+ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x /* [T, D] */,
+                              const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,
+                              long k, float *out /* [T, D] */, long T, void *scratch,
+                              int act_bf16, int order_experts, int order_combine, void *stream,
+                              ls_error *err);
+
+/* h_i = act(h_i + a_i). */
+ls_status ls_cuda_residual(float *h /* [n] */, const float *a /* [n] */, long n, int act_bf16,
+                           void *stream, ls_error *err);
+
+/* lp_v = l_v − (m + log(SUM32(exp(l − m)))) per row (lp may equal logits). */
+ls_status ls_cuda_logprobs(const float *logits /* [R, V] */, float *lp /* [R, V] */, long R,
+                           long V, int order, void *stream, ls_error *err);
+
+/* The k largest entries of each row, descending, ties to the lower index
+ * (ls_cpu_topk per row). k <= 64. */
+ls_status ls_cuda_topk(const float *x /* [R, n] */, long R, long n, long k,
+                       int32_t *ids /* [R, k] */, float *vals /* [R, k] */, void *stream,
+                       ls_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

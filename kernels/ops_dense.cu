@@ -1,0 +1,351 @@
+/* lockstep — portable strict kernels: embedding, linear, norms, elementwise
+ * ops, causal conv, GDN gates, logprobs and top-k (see ops.h). Every
+ * reduction is one warp in LS_DOT32 order; no kernel's order depends on T. */
+#include "ops.h"
+#include "ops_common.cuh"
+
+/* ---- embedding ---------------------------------------------------------------- */
+
+__global__ void ls_embed_kernel(const void *emb, int wtype, long V, long D, const int32_t *tokens,
+                                long T, float *h, int act)
+{
+    long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= T * D) return;
+    long t = e / D, i = e % D;
+    int32_t tok = tokens[t];
+    float v = 0.0f;
+    if (tok >= 0 && tok < V)
+        v = ls_wload((const uint8_t *)emb + (size_t)tok * D * ls_welem_bytes(wtype), wtype, i);
+    h[e] = ls_act_d(v, act);
+}
+
+extern "C" ls_status ls_cuda_embed(const void *emb, int wtype, long V, long D,
+                                   const int32_t *tokens, long T, float *h, int act_bf16,
+                                   void *stream, ls_error *err)
+{
+    LS_REQUIRE_WTYPE(wtype, err, "embed");
+    if (T <= 0 || D <= 0) return LS_OK;
+    ls_embed_kernel<<<ls_blocks_for(T * D, 256), 256, 0, (cudaStream_t)stream>>>(
+        emb, wtype, V, D, tokens, T, h, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_embed_kernel", err);
+    return LS_OK;
+}
+
+/* ---- linear ------------------------------------------------------------------- */
+
+#define LS_LIN_WARPS 8 /* output rows per block, one warp each */
+#define LS_LIN_TT 4    /* tokens sharing a warp's weight loads */
+
+/* grid (ceil(out / 8), ceil(T / 4)). Lane l walks k = l, l+32, ... once,
+ * adding w·x_t to token t's partial: per token exactly LS_DOT32. */
+__global__ void ls_linear_kernel(const void *w, int wtype, long out, long in, const float *x,
+                                 float *y, long T, int act)
+{
+    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    long o = (long)blockIdx.x * LS_LIN_WARPS + warp;
+    long t0 = (long)blockIdx.y * LS_LIN_TT;
+    if (o >= out) return; /* whole warp */
+    const uint8_t *row = (const uint8_t *)w + (size_t)o * in * ls_welem_bytes(wtype);
+    float p[LS_LIN_TT];
+#pragma unroll
+    for (int tt = 0; tt < LS_LIN_TT; tt++) p[tt] = 0.0f;
+    for (long k = lane; k < in; k += LS_WARP) {
+        float wv = ls_wload(row, wtype, k);
+#pragma unroll
+        for (int tt = 0; tt < LS_LIN_TT; tt++) {
+            if (t0 + tt < T) {
+                float prod = wv * x[(t0 + tt) * in + k];
+                p[tt] = p[tt] + prod;
+            }
+        }
+    }
+#pragma unroll
+    for (int tt = 0; tt < LS_LIN_TT; tt++) {
+        float s = ls_warp_tree(p[tt]);
+        if (lane == 0 && t0 + tt < T) y[(t0 + tt) * out + o] = ls_act_d(s, act);
+    }
+}
+
+extern "C" ls_status ls_cuda_linear(const void *w, int wtype, long out, long in, const float *x,
+                                    float *y, long T, int act_bf16, int order, void *stream,
+                                    ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order, err, "linear");
+    LS_REQUIRE_WTYPE(wtype, err, "linear");
+    LS_CUDA_REQUIRE(out >= 0 && in >= 0 && T >= 0, err, "cuda portable linear: bad shape [%ld, %ld] x T %ld", out, in, T);
+    if (T == 0 || out == 0) return LS_OK;
+    long ty = (T + LS_LIN_TT - 1) / LS_LIN_TT;
+    LS_CUDA_REQUIRE(ty <= 65535 && ls_blocks_for(out, LS_LIN_WARPS) <= 0x7fffffffu, err,
+                    "cuda portable linear: shape [%ld, %ld] with T %ld exceeds the grid", out, in, T);
+    dim3 grid(ls_blocks_for(out, LS_LIN_WARPS), (unsigned)ty);
+    ls_linear_kernel<<<grid, LS_LIN_WARPS * LS_WARP, 0, (cudaStream_t)stream>>>(w, wtype, out, in, x,
+                                                                              y, T, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_linear_kernel", err);
+    return LS_OK;
+}
+
+/* ---- norms -------------------------------------------------------------------- */
+
+#define LS_ROW_WARPS 4 /* rows per block, one warp each */
+
+/* r = rsqrt(DOT32(x,x)/n + 1e-6f), all lanes. */
+__device__ __forceinline__ float ls_rms_factor(const float *x, long n)
+{
+    float ss = ls_warp_dot(x, x, n);
+    float ms = ss / (float)n;
+    return ls_rsqrtf(ms + 1e-6f);
+}
+
+__global__ void ls_rmsnorm_kernel(const float *x, const float *w, float *y, long R, long n, int act)
+{
+    long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
+    int lane = (int)(threadIdx.x & 31u);
+    if (r >= R) return;
+    const float *xr = x + r * n; /* [n] */
+    float *yr = y + r * n;       /* [n] */
+    float f = ls_rms_factor(xr, n);
+    for (long i = lane; i < n; i += LS_WARP) {
+        float onew = 1.0f + w[i];
+        float xn = xr[i] * f;
+        yr[i] = ls_act_d(xn * onew, act);
+    }
+}
+
+__global__ void ls_gated_rmsnorm_kernel(const float *x, const float *z, const float *w, float *y,
+                                        long R, long n, int act)
+{
+    long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
+    int lane = (int)(threadIdx.x & 31u);
+    if (r >= R) return;
+    const float *xr = x + r * n, *zr = z + r * n; /* [n] */
+    float *yr = y + r * n;                         /* [n] */
+    float f = ls_rms_factor(xr, n);
+    for (long i = lane; i < n; i += LS_WARP) {
+        float nn = ls_act_d(xr[i] * f, act);
+        float p = ls_act_d(w[i] * nn, act);
+        yr[i] = ls_act_d(p * ls_siluf(zr[i]), act);
+    }
+}
+
+__global__ void ls_l2norm_scale_kernel(float *x, long R, long d, float scale)
+{
+    long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
+    int lane = (int)(threadIdx.x & 31u);
+    if (r >= R) return;
+    float *xr = x + r * d; /* [d] */
+    float f = ls_rsqrtf(ls_warp_dot(xr, xr, d) + 1e-6f);
+    for (long i = lane; i < d; i += LS_WARP) {
+        float v = xr[i] * f;
+        xr[i] = v * scale;
+    }
+}
+
+extern "C" ls_status ls_cuda_rmsnorm(const float *x, const float *w, float *y, long R, long n,
+                                     int act_bf16, int order, void *stream, ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order, err, "rmsnorm");
+    LS_CUDA_REQUIRE(n > 0 && R >= 0, err, "cuda portable rmsnorm: bad shape [%ld, %ld]", R, n);
+    if (R == 0) return LS_OK;
+    ls_rmsnorm_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
+                        (cudaStream_t)stream>>>(x, w, y, R, n, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_rmsnorm_kernel", err);
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_gated_rmsnorm(const float *x, const float *z, const float *w, float *y,
+                                           long R, long n, int act_bf16, int order, void *stream,
+                                           ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order, err, "gated_rmsnorm");
+    LS_CUDA_REQUIRE(n > 0 && R >= 0, err, "cuda portable gated_rmsnorm: bad shape [%ld, %ld]", R, n);
+    if (R == 0) return LS_OK;
+    ls_gated_rmsnorm_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
+                              (cudaStream_t)stream>>>(x, z, w, y, R, n, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_gated_rmsnorm_kernel", err);
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_l2norm_scale(float *x, long R, long d, float scale, int order,
+                                          void *stream, ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order, err, "l2norm_scale");
+    LS_CUDA_REQUIRE(d > 0 && R >= 0, err, "cuda portable l2norm_scale: bad shape [%ld, %ld]", R, d);
+    if (R == 0) return LS_OK;
+    ls_l2norm_scale_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
+                             (cudaStream_t)stream>>>(x, R, d, scale);
+    LS_CUDA_CHECK_LAUNCH("ls_l2norm_scale_kernel", err);
+    return LS_OK;
+}
+
+/* ---- elementwise -------------------------------------------------------------- */
+
+__global__ void ls_gdn_gates_kernel(const float *b, const float *a, const float *A_log,
+                                    const float *dt_bias, float *beta, float *alpha, long T, long H,
+                                    int act)
+{
+    long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= T * H) return;
+    long h = e % H;
+    beta[e] = ls_act_d(ls_sigmoidf(b[e]), act);
+    float sp = ls_softplusf(a[e] + dt_bias[h]);
+    float g = -ls_expf(A_log[h]) * sp;
+    alpha[e] = ls_expf(g);
+}
+
+extern "C" ls_status ls_cuda_gdn_gates(const float *b, const float *a, const float *A_log,
+                                       const float *dt_bias, float *beta, float *alpha, long T,
+                                       long H, int act_bf16, void *stream, ls_error *err)
+{
+    if (T <= 0 || H <= 0) return LS_OK;
+    ls_gdn_gates_kernel<<<ls_blocks_for(T * H, 256), 256, 0, (cudaStream_t)stream>>>(
+        b, a, A_log, dt_bias, beta, alpha, T, H, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_gdn_gates_kernel", err);
+    return LS_OK;
+}
+
+__global__ void ls_sigmoid_gate_kernel(float *o, const float *gate, long n, int act)
+{
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = ls_act_d(ls_sigmoidf(gate[i]), act);
+    o[i] = ls_act_d(o[i] * g, act);
+}
+
+extern "C" ls_status ls_cuda_sigmoid_gate(float *o, const float *gate, long n, int act_bf16,
+                                          void *stream, ls_error *err)
+{
+    if (n <= 0) return LS_OK;
+    ls_sigmoid_gate_kernel<<<ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(o, gate, n,
+                                                                                    act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_sigmoid_gate_kernel", err);
+    return LS_OK;
+}
+
+__global__ void ls_residual_kernel(float *h, const float *a, long n, int act)
+{
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    h[i] = ls_act_d(h[i] + a[i], act);
+}
+
+extern "C" ls_status ls_cuda_residual(float *h, const float *a, long n, int act_bf16, void *stream,
+                                      ls_error *err)
+{
+    if (n <= 0) return LS_OK;
+    ls_residual_kernel<<<ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(h, a, n, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_residual_kernel", err);
+    return LS_OK;
+}
+
+/* ---- causal conv + SiLU ------------------------------------------------------- */
+
+/* One thread per channel; the K-entry window lives in registers (indices are
+ * compile-time after unrolling to LS_CUDA_CONV_MAX_K with guards). */
+__global__ void ls_conv_silu_kernel(const float *x, long x_stride, const void *w, int wtype,
+                                    float *state, float *y, long y_stride, long T, long C, long K,
+                                    int act)
+{
+    long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const uint8_t *wr = (const uint8_t *)w + (size_t)c * K * ls_welem_bytes(wtype);
+    float st[LS_CUDA_CONV_MAX_K], wv[LS_CUDA_CONV_MAX_K];
+#pragma unroll
+    for (int j = 0; j < LS_CUDA_CONV_MAX_K; j++) {
+        st[j] = j < K ? state[c * K + j] : 0.0f;
+        wv[j] = j < K ? ls_wload(wr, wtype, j) : 0.0f;
+    }
+    for (long t = 0; t < T; t++) {
+        float xt = x[t * x_stride + c];
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < LS_CUDA_CONV_MAX_K; j++) {
+            if (j < K) {
+                float win = (j == K - 1) ? xt : st[j < LS_CUDA_CONV_MAX_K - 1 ? j + 1 : j];
+                float prod = wv[j] * win;
+                s = s + prod;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < LS_CUDA_CONV_MAX_K - 1; j++)
+            if (j + 1 < K) st[j] = st[j + 1];
+#pragma unroll
+        for (int j = 0; j < LS_CUDA_CONV_MAX_K; j++)
+            if (j == K - 1) st[j] = xt;
+        y[t * y_stride + c] = ls_act_d(ls_siluf(ls_act_d(s, act)), act);
+    }
+#pragma unroll
+    for (int j = 0; j < LS_CUDA_CONV_MAX_K; j++)
+        if (j < K) state[c * K + j] = st[j];
+}
+
+extern "C" ls_status ls_cuda_conv_silu(const float *x, long x_stride, const void *w, int wtype,
+                                       float *state, float *y, long y_stride, long T, long C,
+                                       long K, int act_bf16, int order, void *stream,
+                                       ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order, err, "conv_silu");
+    LS_REQUIRE_WTYPE(wtype, err, "conv_silu");
+    LS_CUDA_REQUIRE(K >= 1 && K <= LS_CUDA_CONV_MAX_K, err,
+                    "cuda portable conv_silu: kernel size K %ld not in 1..%d (channels %ld)", K,
+                    LS_CUDA_CONV_MAX_K, C);
+    if (T <= 0 || C <= 0) return LS_OK;
+    ls_conv_silu_kernel<<<ls_blocks_for(C, 128), 128, 0, (cudaStream_t)stream>>>(
+        x, x_stride, w, wtype, state, y, y_stride, T, C, K, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_conv_silu_kernel", err);
+    return LS_OK;
+}
+
+/* ---- logprobs ----------------------------------------------------------------- */
+
+/* One warp per row: exact max, SUM32 of exp(l − m) (lane l sums v ≡ l mod 32
+ * ascending, then the butterfly), lp = l − (m + log(sum)). */
+__global__ void ls_logprobs_kernel(const float *logits, float *lp, long R, long V)
+{
+    long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
+    int lane = (int)(threadIdx.x & 31u);
+    if (r >= R) return;
+    const float *l = logits + r * V; /* [V] */
+    float *o = lp + r * V;           /* [V] */
+    float m = ls_warp_max_of(l, V);
+    float p = 0.0f;
+    for (long v = lane; v < V; v += LS_WARP) {
+        float e = ls_expf(l[v] - m);
+        p = p + e;
+    }
+    float sum = ls_warp_tree(p);
+    float lse = m + ls_logf(sum);
+    for (long v = lane; v < V; v += LS_WARP) o[v] = l[v] - lse;
+}
+
+extern "C" ls_status ls_cuda_logprobs(const float *logits, float *lp, long R, long V, int order,
+                                      void *stream, ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order, err, "logprobs");
+    LS_CUDA_REQUIRE(V > 0 && R >= 0, err, "cuda portable logprobs: bad shape [%ld, %ld]", R, V);
+    if (R == 0) return LS_OK;
+    ls_logprobs_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
+                         (cudaStream_t)stream>>>(logits, lp, R, V);
+    LS_CUDA_CHECK_LAUNCH("ls_logprobs_kernel", err);
+    return LS_OK;
+}
+
+/* ---- top-k -------------------------------------------------------------------- */
+
+__global__ void ls_topk_kernel(const float *x, long R, long n, long k, int32_t *ids, float *vals)
+{
+    long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
+    if (r >= R) return;
+    ls_warp_topk_dev(x + r * n, n, k, ids + r * k, vals + r * k);
+}
+
+extern "C" ls_status ls_cuda_topk(const float *x, long R, long n, long k, int32_t *ids, float *vals,
+                                  void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(k >= 1 && k <= 64 && k <= n, err,
+                    "cuda portable topk: k %ld not in 1..min(64, n = %ld)", k, n);
+    if (R <= 0) return LS_OK;
+    ls_topk_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
+                     (cudaStream_t)stream>>>(x, R, n, k, ids, vals);
+    LS_CUDA_CHECK_LAUNCH("ls_topk_kernel", err);
+    return LS_OK;
+}

@@ -1,0 +1,210 @@
+/* lockstep — SHA-256 (FIPS 180-4) on the GPU, one thread per message.
+ * Bit-exact with OpenSSL by construction (the standard fixes every bit) and
+ * by test (tests/gpu/test_sha256). */
+#include "cuda_check.cuh"
+#include "sha256.h"
+
+/* Round constants; a __constant__ copy for the device and a plain one for the
+ * host build of the same functions (used by the host self-check). */
+#define LS_SHA256_K_INIT { \
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u, \
+    0xab1c5ed5u, 0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu, \
+    0x9bdc06a7u, 0xc19bf174u, 0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu, \
+    0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau, 0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u, \
+    0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u, 0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu, \
+    0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u, 0xa2bfe8a1u, 0xa81a664bu, \
+    0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u, 0x19a4c116u, \
+    0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u, \
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u, \
+    0xc67178f2u}
+__constant__ uint32_t ls_sha256_k_dev[64] = LS_SHA256_K_INIT;
+
+#ifdef __CUDA_ARCH__
+#define LS_SHA256_K(i) ls_sha256_k_dev[i]
+#define LS_BSWAP32(x) __byte_perm((x), 0, 0x0123)
+#else
+static const uint32_t ls_sha256_k_host[64] = LS_SHA256_K_INIT;
+#define LS_SHA256_K(i) ls_sha256_k_host[i]
+#define LS_BSWAP32(x) (((x) >> 24) | (((x) >> 8) & 0xff00u) | (((x) << 8) & 0xff0000u) | ((x) << 24))
+#endif
+#define LS_SHA_HD __host__ __device__
+
+LS_SHA_HD __forceinline__ uint32_t ls_rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+
+/* One 64-byte block. w[] is consumed as the rolling message schedule; every
+ * index is a compile-time constant after unrolling (no local-memory array). */
+LS_SHA_HD static void ls_sha256_compress(uint32_t h[8], uint32_t w[16])
+{
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3], e = h[4], f = h[5], g = h[6], hh = h[7];
+#pragma unroll
+    for (int i = 0; i < 64; i++) {
+        uint32_t wi;
+        if (i < 16) {
+            wi = w[i];
+        } else {
+            uint32_t w15 = w[(i - 15) & 15], w2 = w[(i - 2) & 15];
+            uint32_t s0 = ls_rotr(w15, 7) ^ ls_rotr(w15, 18) ^ (w15 >> 3);
+            uint32_t s1 = ls_rotr(w2, 17) ^ ls_rotr(w2, 19) ^ (w2 >> 10);
+            wi = w[i & 15] + s0 + w[(i - 7) & 15] + s1;
+            w[i & 15] = wi;
+        }
+        uint32_t S1 = ls_rotr(e, 6) ^ ls_rotr(e, 11) ^ ls_rotr(e, 25);
+        uint32_t ch = (e & f) ^ (~e & g);
+        uint32_t t1 = hh + S1 + ch + LS_SHA256_K(i) + wi;
+        uint32_t S0 = ls_rotr(a, 2) ^ ls_rotr(a, 13) ^ ls_rotr(a, 22);
+        uint32_t maj = (a & b) ^ (a & c) ^ (b & c);
+        uint32_t t2 = S0 + maj;
+        hh = g;
+        g = f;
+        f = e;
+        e = d + t1;
+        d = c;
+        c = b;
+        b = a;
+        a = t1 + t2;
+    }
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+    h[4] += e;
+    h[5] += f;
+    h[6] += g;
+    h[7] += hh;
+}
+
+/* SHA-256 of len bytes at p, written big-endian to out[32]. */
+LS_SHA_HD static void ls_sha256_device(const uint8_t *p, uint64_t len, uint8_t *out)
+{
+    uint32_t h[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
+                     0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    uint64_t n_blocks = (len + 9 + 63) / 64; /* message + 0x80 + 64-bit length */
+    uint64_t bit_len = len * 8;
+    for (uint64_t blk = 0; blk < n_blocks; blk++) {
+        uint64_t base = blk * 64;
+        uint32_t w[16];
+        if (base + 64 <= len) {
+            const uint8_t *q = p + base;
+            if ((((uintptr_t)q) & 3u) == 0) {
+                const uint32_t *q32 = (const uint32_t *)q;
+#pragma unroll
+                for (int i = 0; i < 16; i++) w[i] = LS_BSWAP32(q32[i]);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 16; i++)
+                    w[i] = ((uint32_t)q[4 * i] << 24) | ((uint32_t)q[4 * i + 1] << 16) |
+                           ((uint32_t)q[4 * i + 2] << 8) | (uint32_t)q[4 * i + 3];
+            }
+        } else {
+            /* Tail: remaining message bytes, 0x80, zeros, and in the final
+             * block the bit length in the last 8 bytes. */
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                uint32_t v = 0;
+                for (int j = 0; j < 4; j++) {
+                    uint64_t g = base + (uint64_t)(4 * i + j);
+                    uint32_t byte = g < len ? p[g] : (g == len ? 0x80u : 0u);
+                    v = (v << 8) | byte;
+                }
+                w[i] = v;
+            }
+            if (blk == n_blocks - 1) {
+                w[14] = (uint32_t)(bit_len >> 32);
+                w[15] = (uint32_t)bit_len;
+            }
+        }
+        ls_sha256_compress(h, w);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        out[4 * i] = (uint8_t)(h[i] >> 24);
+        out[4 * i + 1] = (uint8_t)(h[i] >> 16);
+        out[4 * i + 2] = (uint8_t)(h[i] >> 8);
+        out[4 * i + 3] = (uint8_t)h[i];
+    }
+}
+
+__global__ void ls_sha256_rows_kernel(const uint8_t *data, uint64_t row_bytes, uint64_t stride,
+                                      int n_rows, uint8_t *digests)
+{
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n_rows) return;
+    ls_sha256_device(data + (uint64_t)r * stride, row_bytes, digests + (uint64_t)r * 32);
+}
+
+__global__ void ls_sha256_spans_kernel(const uint8_t *base, const uint64_t *offsets,
+                                       const uint64_t *lens, int n, uint8_t *digests)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    ls_sha256_device(base + offsets[i], lens[i], digests + (uint64_t)i * 32);
+}
+
+/* Leaves of a Merkle digest: leaf i covers [i*leaf, min((i+1)*leaf, n)). */
+__global__ void ls_sha256_leaves_kernel(const uint8_t *data, uint64_t n_bytes, uint64_t leaf_bytes,
+                                        uint64_t n_leaves, uint8_t *digests)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_leaves) return;
+    uint64_t start = i * leaf_bytes;
+    uint64_t len = n_bytes - start < leaf_bytes ? n_bytes - start : leaf_bytes;
+    ls_sha256_device(data + start, len, digests + i * 32);
+}
+
+__global__ void ls_sha256_one_kernel(const uint8_t *data, uint64_t len, uint8_t *out)
+{
+    if (blockIdx.x == 0 && threadIdx.x == 0) ls_sha256_device(data, len, out);
+}
+
+#define LS_SHA_THREADS 128
+
+extern "C" ls_status ls_cuda_sha256_rows(const void *d_data, size_t row_bytes, size_t stride_bytes,
+                                         int n_rows, uint8_t *d_digests, void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(n_rows >= 0, err, "sha256_rows: n_rows %d < 0", n_rows);
+    if (n_rows == 0) return LS_OK;
+    int blocks = (n_rows + LS_SHA_THREADS - 1) / LS_SHA_THREADS;
+    ls_sha256_rows_kernel<<<blocks, LS_SHA_THREADS, 0, (cudaStream_t)stream>>>(
+        (const uint8_t *)d_data, row_bytes, stride_bytes, n_rows, d_digests);
+    LS_CUDA_CHECK_LAUNCH("ls_sha256_rows_kernel", err);
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_sha256_spans(const void *d_base, const uint64_t *d_offsets,
+                                          const uint64_t *d_lens, int n, uint8_t *d_digests,
+                                          void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(n >= 0, err, "sha256_spans: n %d < 0", n);
+    if (n == 0) return LS_OK;
+    int blocks = (n + LS_SHA_THREADS - 1) / LS_SHA_THREADS;
+    ls_sha256_spans_kernel<<<blocks, LS_SHA_THREADS, 0, (cudaStream_t)stream>>>(
+        (const uint8_t *)d_base, d_offsets, d_lens, n, d_digests);
+    LS_CUDA_CHECK_LAUNCH("ls_sha256_spans_kernel", err);
+    return LS_OK;
+}
+
+extern "C" size_t ls_cuda_merkle_scratch_bytes(size_t n_bytes, size_t leaf_bytes)
+{
+    if (leaf_bytes == 0) return 0;
+    size_t n_leaves = (n_bytes + leaf_bytes - 1) / leaf_bytes;
+    if (n_leaves == 0) n_leaves = 1;
+    return n_leaves * 32;
+}
+
+extern "C" ls_status ls_cuda_merkle_sha256(const void *d_data, size_t n_bytes, size_t leaf_bytes,
+                                           uint8_t *d_scratch, uint8_t *d_root, void *stream,
+                                           ls_error *err)
+{
+    LS_CUDA_REQUIRE(leaf_bytes > 0 && leaf_bytes % 64 == 0, err,
+                    "merkle_sha256: leaf_bytes %zu is not a positive multiple of 64", leaf_bytes);
+    uint64_t n_leaves = ls_cuda_merkle_scratch_bytes(n_bytes, leaf_bytes) / 32;
+    uint64_t blocks = (n_leaves + LS_SHA_THREADS - 1) / LS_SHA_THREADS;
+    LS_CUDA_REQUIRE(blocks <= 0x7fffffffu, err, "merkle_sha256: %zu bytes is too many leaves", n_bytes);
+    cudaStream_t s = (cudaStream_t)stream;
+    ls_sha256_leaves_kernel<<<(unsigned)blocks, LS_SHA_THREADS, 0, s>>>(
+        (const uint8_t *)d_data, n_bytes, leaf_bytes, n_leaves, d_scratch);
+    LS_CUDA_CHECK_LAUNCH("ls_sha256_leaves_kernel", err);
+    ls_sha256_one_kernel<<<1, 1, 0, s>>>(d_scratch, n_leaves * 32, d_root);
+    LS_CUDA_CHECK_LAUNCH("ls_sha256_one_kernel", err);
+    return LS_OK;
+}

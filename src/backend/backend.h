@@ -1,0 +1,135 @@
+/* lockstep — the operator table.
+ *
+ * The engine (src/engine) is written once against this table; the CPU
+ * reference (backend_cpu.c, built on cpu_ops.h) and the CUDA providers
+ * (kernels/) implement it. Buffers are opaque and owned by the backend (host
+ * memory on the CPU, device memory on CUDA); a backend frees every buffer it
+ * handed out when it is destroyed (one arena per run, STYLE habit 6).
+ *
+ * Operands are views: a buffer plus an element offset. Activation buffers
+ * hold fp32 elements (bf16-exact values in bf16 activation mode); index
+ * buffers (tokens, positions, expert ids) hold int32 elements. Weights are
+ * ls_bweight: a buffer holding a row-major matrix as stored (bf16 or fp32).
+ *
+ * Every op has the semantics of the cpu_ops.h function of the same name
+ * (docs/numerics.md): same shapes, same act_bf16 and order arguments. A
+ * strict provider that cannot honour the contract for a shape returns
+ * LS_E_UNSUPPORTED rather than computing something else (fail closed). */
+#ifndef LS_BACKEND_BACKEND_H
+#define LS_BACKEND_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu_ops.h"
+#include "core/status.h"
+
+typedef struct ls_buf ls_buf;            /* opaque, backend-owned */
+typedef struct ls_backend ls_backend;
+
+typedef struct ls_view {
+    ls_buf *buf;
+    size_t off;                          /* offset in elements (fp32 or int32) */
+} ls_view;
+
+static inline ls_view ls_view_at(ls_view v, size_t elems)
+{
+    ls_view r = {v.buf, v.off + elems};
+    return r;
+}
+
+typedef struct ls_bweight {
+    ls_buf *buf;                         /* holds the matrix */
+    size_t off_bytes;                    /* first element of row 0 */
+    ls_wtype wtype;
+    long rows, cols;                     /* [rows, cols] */
+} ls_bweight;
+
+/* Weights of one MoE block on the backend. */
+typedef struct ls_bmoe {
+    long E, D, I, Is;                    /* experts, hidden, expert width, shared width */
+    const ls_bweight *gate, *up, *down;  /* [E] each: [I, D], [I, D], [D, I] */
+    const ls_bweight *sh_gate, *sh_up;   /* [Is, D]; sh_gate NULL = no shared expert */
+    const ls_bweight *sh_down;           /* [D, Is] */
+    const ls_bweight *sh_gate_w;         /* shared_expert_gate [1, D] */
+} ls_bmoe;
+
+struct ls_backend {
+    const char *name;                    /* "cpu", "cuda-portable", ... */
+    void *impl;                          /* backend state; owned */
+
+    /* ---- memory ---------------------------------------------------------- */
+    /* Zero-filled buffer of `bytes`. */
+    ls_status (*alloc)(ls_backend *be, size_t bytes, ls_buf **out, ls_error *err);
+    /* Weights: a buffer holding `bytes` from host memory that stays valid for
+     * the backend's lifetime (the checkpoint mmap). The CPU borrows it; CUDA
+     * copies it to the device. */
+    ls_status (*wrap_weights)(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
+                              ls_error *err);
+    ls_status (*upload)(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err);
+    ls_status (*download)(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err);
+    /* Sets n elements (4 bytes each) to zero. */
+    ls_status (*zero)(ls_backend *be, ls_view dst, size_t n, ls_error *err);
+    /* Copies `rows` rows of `len` elements: dst[r*dst_stride + i] = src[r*src_stride + i]. */
+    ls_status (*copy_rows)(ls_backend *be, ls_view dst, long dst_stride, ls_view src,
+                           long src_stride, long rows, long len, ls_error *err);
+    /* Frees every buffer and the backend itself. */
+    void (*destroy)(ls_backend *be);
+
+    /* ---- operators (cpu_ops.h) ------------------------------------------- */
+    ls_status (*embed)(ls_backend *be, const ls_bweight *emb, ls_view tokens /* i32 [T] */,
+                       long T, ls_view h /* [T, D] */, int act_bf16, ls_error *err);
+    ls_status (*linear)(ls_backend *be, const ls_bweight *w, ls_view x /* [T, in] */,
+                        ls_view y /* [T, out] */, long T, int act_bf16, ls_order order,
+                        ls_error *err);
+    ls_status (*rmsnorm)(ls_backend *be, ls_view x /* [R, n] */, ls_view w /* [n] */,
+                         ls_view y /* [R, n] */, long R, long n, int act_bf16, ls_order order,
+                         ls_error *err);
+    ls_status (*gated_rmsnorm)(ls_backend *be, ls_view x /* [R, n] */, ls_view z /* [R, n] */,
+                               ls_view w /* [n] */, ls_view y /* [R, n] */, long R, long n,
+                               int act_bf16, ls_order order, ls_error *err);
+    ls_status (*conv_silu)(ls_backend *be, ls_view x /* [T, x_stride] */, long x_stride,
+                           const ls_bweight *w /* [C, K] */, ls_view state /* [C, K] */,
+                           ls_view y /* [T, y_stride] */, long y_stride, long T, long C, long K,
+                           int act_bf16, ls_order order, ls_error *err);
+    ls_status (*gdn_gates)(ls_backend *be, ls_view b /* [T, H] */, ls_view a /* [T, H] */,
+                           ls_view A_log /* [H] */, ls_view dt_bias /* [H] */,
+                           ls_view beta /* [T, H] */, ls_view alpha /* [T, H] */, long T, long H,
+                           int act_bf16, ls_error *err);
+    ls_status (*l2norm_scale)(ls_backend *be, ls_view x /* [R, d] */, long R, long d, float scale,
+                              ls_order order, ls_error *err);
+    ls_status (*gdn_recurrent)(ls_backend *be, ls_view q /* [T, Hk, dk] */,
+                               ls_view k /* [T, Hk, dk] */, ls_view v /* [T, Hv, dv] */,
+                               ls_view alpha /* [T, Hv] */, ls_view beta /* [T, Hv] */,
+                               ls_view state /* [Hv, dk, dv] */, ls_view o /* [T, Hv, dv] */,
+                               long T, long Hk, long Hv, long dk, long dv, int act_bf16,
+                               ls_order order, ls_error *err);
+    ls_status (*rope_apply)(ls_backend *be, ls_view x /* [T, H, d] */, ls_view cos_t /* [T, R/2] */,
+                            ls_view sin_t /* [T, R/2] */, long T, long H, long d, long R,
+                            int act_bf16, ls_error *err);
+    ls_status (*attention)(ls_backend *be, ls_view q /* [T, Hq, d] */,
+                           ls_view kc /* [Hkv, cap, d] */, ls_view vc /* [Hkv, cap, d] */,
+                           long cap, ls_view pos /* i32 [T] */, ls_view o /* [T, Hq, d] */,
+                           long T, long Hq, long Hkv, long d, int act_bf16, ls_order order,
+                           ls_error *err);
+    ls_status (*sigmoid_gate)(ls_backend *be, ls_view o /* [n] */, ls_view gate /* [n] */, long n,
+                              int act_bf16, ls_error *err);
+    ls_status (*router)(ls_backend *be, const ls_bweight *w /* [E, D] */, ls_view x /* [T, D] */,
+                        long T, long k, int norm_topk, ls_view probs /* [T, E] */,
+                        ls_view ids /* i32 [T, k] */, ls_view weights /* [T, k] */, int act_bf16,
+                        ls_order order, ls_error *err);
+    ls_status (*moe)(ls_backend *be, const ls_bmoe *mw, ls_view x /* [T, D] */,
+                     ls_view ids /* i32 [T, k] */, ls_view weights /* [T, k] */, long k,
+                     ls_view out /* [T, D] */, long T, int act_bf16, ls_order order_experts,
+                     ls_order order_combine, ls_error *err);
+    ls_status (*residual)(ls_backend *be, ls_view h /* [n] */, ls_view a /* [n] */, long n,
+                          int act_bf16, ls_error *err);
+    ls_status (*logprobs)(ls_backend *be, ls_view logits /* [R, V] */, ls_view lp /* [R, V] */,
+                          long R, long V, ls_order order, ls_error *err);
+};
+
+/* The CPU reference backend. n_threads >= 1 worker threads split rows,
+ * output columns and tokens without changing any result bit. */
+ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err);
+
+#endif

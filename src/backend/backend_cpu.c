@@ -1,0 +1,451 @@
+/* lockstep — the CPU reference backend: the operator table of backend.h over
+ * host buffers, each op a call of its cpu_ops.h function. Threads split
+ * independent outputs only (output rows of a linear, heads of the GDN step
+ * and of attention, expert slots of the MoE), so any thread count gives the
+ * same bits. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/pool.h"
+#include "core/util.h"
+
+struct ls_buf {
+    void *ptr;                 /* host memory; arena-owned or borrowed */
+    size_t bytes;
+};
+
+typedef struct cpu_impl {
+    ls_arena arena;            /* every buffer and ls_buf struct */
+    ls_pool *pool;
+    float **scratch;           /* [n_threads] per-thread scratch */
+    size_t *scratch_cap;       /* [n_threads] elements */
+    float *slots;              /* MoE slot outputs [T, k + 1, D] */
+    size_t slots_cap;
+} cpu_impl;
+
+#define IMPL(be) ((cpu_impl *)(be)->impl)
+
+static float *F(ls_view v)
+{
+    return (float *)v.buf->ptr + v.off;
+}
+
+static int32_t *I32(ls_view v)
+{
+    return (int32_t *)v.buf->ptr + v.off;
+}
+
+static ls_wmat wm(const ls_bweight *w)
+{
+    ls_wmat m = {(const char *)w->buf->ptr + w->off_bytes, w->wtype, w->rows, w->cols};
+    return m;
+}
+
+static ls_status grow(float **p, size_t *cap, size_t need, ls_error *err)
+{
+    if (*cap >= need) return LS_OK;
+    float *n = realloc(*p, need * sizeof(float));
+    if (!n) return ls_fail(err, LS_E_NOMEM, "cpu backend: scratch of %zu floats", need);
+    *p = n;
+    *cap = need;
+    return LS_OK;
+}
+
+/* ---- memory -------------------------------------------------------------------- */
+
+static ls_status cpu_alloc(ls_backend *be, size_t bytes, ls_buf **out, ls_error *err)
+{
+    ls_buf *b = ls_arena_alloc(&IMPL(be)->arena, sizeof *b, err);
+    if (!b) return err ? err->status : LS_E_NOMEM;
+    b->ptr = ls_arena_alloc(&IMPL(be)->arena, bytes ? bytes : 1, err);
+    if (!b->ptr) return err ? err->status : LS_E_NOMEM;
+    b->bytes = bytes;
+    *out = b;
+    return LS_OK;
+}
+
+static ls_status cpu_wrap(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
+                          ls_error *err)
+{
+    ls_buf *b = ls_arena_alloc(&IMPL(be)->arena, sizeof *b, err);
+    if (!b) return err ? err->status : LS_E_NOMEM;
+    b->ptr = (void *)(uintptr_t)host; /* borrowed, never written through */
+    b->bytes = bytes;
+    *out = b;
+    return LS_OK;
+}
+
+static ls_status check_range(ls_view v, size_t bytes, const char *what, ls_error *err)
+{
+    if (v.off * 4 > v.buf->bytes || bytes > v.buf->bytes - v.off * 4)
+        return ls_fail(err, LS_E_INTERNAL, "cpu backend: %s of %zu bytes at element %zu is "
+                       "outside a %zu-byte buffer", what, bytes, v.off, v.buf->bytes);
+    return LS_OK;
+}
+
+static ls_status cpu_upload(ls_backend *be, ls_view dst, const void *src, size_t bytes,
+                            ls_error *err)
+{
+    (void)be;
+    LS_TRY(check_range(dst, bytes, "upload", err));
+    memcpy(F(dst), src, bytes);
+    return LS_OK;
+}
+
+static ls_status cpu_download(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err)
+{
+    (void)be;
+    LS_TRY(check_range(src, bytes, "download", err));
+    memcpy(dst, F(src), bytes);
+    return LS_OK;
+}
+
+static ls_status cpu_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
+{
+    (void)be;
+    LS_TRY(check_range(dst, n * 4, "zero", err));
+    memset(F(dst), 0, n * 4);
+    return LS_OK;
+}
+
+static ls_status cpu_copy_rows(ls_backend *be, ls_view dst, long dst_stride, ls_view src,
+                               long src_stride, long rows, long len, ls_error *err)
+{
+    (void)be;
+    (void)err;
+    float *d = F(dst);
+    const float *s = F(src);
+    for (long r = 0; r < rows; r++)
+        memmove(d + r * dst_stride, s + r * src_stride, (size_t)len * sizeof(float));
+    return LS_OK;
+}
+
+static void cpu_destroy(ls_backend *be)
+{
+    if (!be) return;
+    cpu_impl *im = IMPL(be);
+    if (im) {
+        if (im->pool) {
+            int n = ls_pool_threads(im->pool);
+            for (int i = 0; i < n; i++) free(im->scratch[i]);
+            ls_pool_destroy(im->pool);
+        }
+        free(im->scratch);
+        free(im->scratch_cap);
+        free(im->slots);
+        ls_arena_free(&im->arena);
+        free(im);
+    }
+    free(be);
+}
+
+/* ---- operators ------------------------------------------------------------------- */
+
+static ls_status cpu_embed(ls_backend *be, const ls_bweight *emb, ls_view tokens, long T, ls_view h,
+                           int act_bf16, ls_error *err)
+{
+    (void)be;
+    ls_wmat m = wm(emb);
+    const int32_t *tok = I32(tokens);
+    for (long t = 0; t < T; t++)
+        if (tok[t] < 0 || tok[t] >= m.rows)
+            return ls_fail(err, LS_E_INPUT, "token id %d at row %ld is outside the vocabulary "
+                           "(0..%ld)", tok[t], t, m.rows - 1);
+    ls_cpu_embed(&m, tok, T, F(h), act_bf16);
+    return LS_OK;
+}
+
+typedef struct linear_job {
+    ls_wmat w;
+    const float *x;
+    float *y;
+    long T;
+    int act;
+    ls_order order;
+} linear_job;
+
+static void linear_part(void *ctx, int thread, long b, long e)
+{
+    (void)thread;
+    linear_job *j = ctx;
+    ls_cpu_linear(&j->w, j->x, j->y, j->T, b, e, j->act, j->order);
+}
+
+static ls_status cpu_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T,
+                            int act_bf16, ls_order order, ls_error *err)
+{
+    (void)err;
+    linear_job j = {wm(w), F(x), F(y), T, act_bf16, order};
+    ls_pool_run(IMPL(be)->pool, w->rows, linear_part, &j);
+    return LS_OK;
+}
+
+static ls_status cpu_rmsnorm(ls_backend *be, ls_view x, ls_view w, ls_view y, long R, long n,
+                             int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    (void)err;
+    ls_cpu_rmsnorm(F(x), F(w), F(y), R, n, act_bf16, order);
+    return LS_OK;
+}
+
+static ls_status cpu_gated_rmsnorm(ls_backend *be, ls_view x, ls_view z, ls_view w, ls_view y,
+                                   long R, long n, int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    (void)err;
+    ls_cpu_gated_rmsnorm(F(x), F(z), F(w), F(y), R, n, act_bf16, order);
+    return LS_OK;
+}
+
+static ls_status cpu_conv_silu(ls_backend *be, ls_view x, long x_stride, const ls_bweight *w,
+                               ls_view state, ls_view y, long y_stride, long T, long C, long K,
+                               int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    (void)err;
+    ls_wmat m = wm(w);
+    ls_cpu_conv_silu(F(x), x_stride, &m, F(state), F(y), y_stride, T, C, K, act_bf16, order);
+    return LS_OK;
+}
+
+static ls_status cpu_gdn_gates(ls_backend *be, ls_view b, ls_view a, ls_view A_log,
+                               ls_view dt_bias, ls_view beta, ls_view alpha, long T, long H,
+                               int act_bf16, ls_error *err)
+{
+    (void)be;
+    (void)err;
+    ls_cpu_gdn_gates(F(b), F(a), F(A_log), F(dt_bias), F(beta), F(alpha), T, H, act_bf16);
+    return LS_OK;
+}
+
+static ls_status cpu_l2norm_scale(ls_backend *be, ls_view x, long R, long d, float scale,
+                                  ls_order order, ls_error *err)
+{
+    (void)be;
+    (void)err;
+    ls_cpu_l2norm_scale(F(x), R, d, scale, order);
+    return LS_OK;
+}
+
+typedef struct gdn_job {
+    const float *q, *k, *v, *alpha, *beta;
+    float *state, *o;
+    long T, Hk, Hv, dk, dv;
+    int act;
+    ls_order order;
+} gdn_job;
+
+static void gdn_part(void *ctx, int thread, long b, long e)
+{
+    (void)thread;
+    gdn_job *j = ctx;
+    ls_cpu_gdn_recurrent_heads(j->q, j->k, j->v, j->alpha, j->beta, j->state, j->o, j->T, j->Hk,
+                               j->Hv, j->dk, j->dv, b, e, j->act, j->order);
+}
+
+static ls_status cpu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
+                                   ls_view beta, ls_view state, ls_view o, long T, long Hk,
+                                   long Hv, long dk, long dv, int act_bf16, ls_order order,
+                                   ls_error *err)
+{
+    if (dv > 1024 || dk > 4096)
+        return ls_fail(err, LS_E_UNSUPPORTED, "cpu gdn_recurrent: d_v %ld > 1024", dv);
+    gdn_job j = {F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk, dv,
+                 act_bf16, order};
+    ls_pool_run(IMPL(be)->pool, Hv, gdn_part, &j);
+    return LS_OK;
+}
+
+static ls_status cpu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view sin_t, long T,
+                                long H, long d, long R, int act_bf16, ls_error *err)
+{
+    (void)be;
+    if (R > 1024 || R > d || R % 2)
+        return ls_fail(err, LS_E_UNSUPPORTED, "cpu rope: rotary dims %ld (head dim %ld)", R, d);
+    ls_cpu_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, act_bf16);
+    return LS_OK;
+}
+
+typedef struct att_job {
+    const float *q, *kc, *vc;
+    long cap;
+    const int32_t *pos;
+    float *o;
+    long T, Hq, Hkv, d;
+    int act;
+    ls_order order;
+} att_job;
+
+static void att_part(void *ctx, int thread, long b, long e)
+{
+    (void)thread;
+    att_job *j = ctx;
+    ls_cpu_attention_heads(j->q, j->kc, j->vc, j->cap, j->pos, j->o, j->T, j->Hq, j->Hkv, j->d, b,
+                           e, j->act, j->order);
+}
+
+static ls_status cpu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, long cap,
+                               ls_view pos, ls_view o, long T, long Hq, long Hkv, long d,
+                               int act_bf16, ls_order order, ls_error *err)
+{
+    if (d > 1024) return ls_fail(err, LS_E_UNSUPPORTED, "cpu attention: head dim %ld > 1024", d);
+    att_job j = {F(q), F(kc), F(vc), cap, I32(pos), F(o), T, Hq, Hkv, d, act_bf16, order};
+    ls_pool_run(IMPL(be)->pool, Hq, att_part, &j);
+    return LS_OK;
+}
+
+static ls_status cpu_sigmoid_gate(ls_backend *be, ls_view o, ls_view gate, long n, int act_bf16,
+                                  ls_error *err)
+{
+    (void)be;
+    (void)err;
+    ls_cpu_sigmoid_gate(F(o), F(gate), n, act_bf16);
+    return LS_OK;
+}
+
+static ls_status cpu_router(ls_backend *be, const ls_bweight *w, ls_view x, long T, long k,
+                            int norm_topk, ls_view probs, ls_view ids, ls_view weights,
+                            int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    (void)err;
+    ls_wmat m = wm(w);
+    ls_cpu_router(&m, F(x), T, k, norm_topk, F(probs), I32(ids), F(weights), act_bf16, order);
+    return LS_OK;
+}
+
+typedef struct moe_job {
+    ls_moe_weights mw;
+    const float *x;
+    const int32_t *ids;
+    const float *weights;
+    long k, slots;             /* k routed + shared */
+    float *c;                  /* [T, slots, D] */
+    cpu_impl *im;
+    int act;
+    ls_order order;
+} moe_job;
+
+static void moe_part(void *ctx, int thread, long b, long e)
+{
+    moe_job *j = ctx;
+    for (long it = b; it < e; it++) {
+        long t = it / j->slots, i = it % j->slots;
+        ls_cpu_moe_slot(&j->mw, j->x, j->ids, j->weights, j->k, t, i, j->c + it * j->mw.D,
+                        j->im->scratch[thread], j->act, j->order);
+    }
+}
+
+static ls_status cpu_moe(ls_backend *be, const ls_bmoe *bm, ls_view x, ls_view ids,
+                         ls_view weights, long k, ls_view out, long T, int act_bf16,
+                         ls_order order_experts, ls_order order_combine, ls_error *err)
+{
+    cpu_impl *im = IMPL(be);
+    ls_wmat *mats = malloc(sizeof(ls_wmat) * (size_t)(3 * bm->E + 4));
+    if (!mats) return ls_fail(err, LS_E_NOMEM, "cpu moe: out of memory");
+    ls_moe_weights mw = {bm->E, bm->D, bm->I, bm->Is, mats, mats + bm->E, mats + 2 * bm->E,
+                         NULL, NULL, NULL, NULL};
+    for (long e = 0; e < bm->E; e++) {
+        mats[e] = wm(&bm->gate[e]);
+        mats[bm->E + e] = wm(&bm->up[e]);
+        mats[2 * bm->E + e] = wm(&bm->down[e]);
+    }
+    if (bm->sh_gate) {
+        ls_wmat *sh = mats + 3 * bm->E;
+        sh[0] = wm(bm->sh_gate);
+        sh[1] = wm(bm->sh_up);
+        sh[2] = wm(bm->sh_down);
+        sh[3] = wm(bm->sh_gate_w);
+        mw.sh_gate = &sh[0];
+        mw.sh_up = &sh[1];
+        mw.sh_down = &sh[2];
+        mw.sh_gate_w = &sh[3];
+    }
+    long slots = k + (bm->sh_gate ? 1 : 0);
+    size_t width = (size_t)(bm->I > bm->Is ? bm->I : bm->Is);
+    ls_status st = grow(&im->slots, &im->slots_cap, (size_t)(T * (k + 1) * bm->D), err);
+    int n = ls_pool_threads(im->pool);
+    for (int i = 0; st == LS_OK && i < n; i++)
+        st = grow(&im->scratch[i], &im->scratch_cap[i], 2 * width, err);
+    if (st != LS_OK) {
+        free(mats);
+        return st;
+    }
+    moe_job j = {mw, F(x), I32(ids), F(weights), k, slots, im->slots, im, act_bf16, order_experts};
+    ls_pool_run(im->pool, T * slots, moe_part, &j);
+    for (long t = 0; t < T; t++)
+        ls_cpu_moe_combine(im->slots + t * slots * bm->D, k, bm->D, bm->sh_gate != NULL,
+                           F(out) + t * bm->D, act_bf16, order_combine);
+    free(mats);
+    return LS_OK;
+}
+
+static ls_status cpu_residual(ls_backend *be, ls_view h, ls_view a, long n, int act_bf16,
+                              ls_error *err)
+{
+    (void)be;
+    (void)err;
+    ls_cpu_residual(F(h), F(a), n, act_bf16);
+    return LS_OK;
+}
+
+static ls_status cpu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R, long V,
+                              ls_order order, ls_error *err)
+{
+    cpu_impl *im = IMPL(be);
+    LS_TRY(grow(&im->scratch[0], &im->scratch_cap[0], (size_t)V, err));
+    ls_cpu_logprobs(F(logits), F(lp), R, V, im->scratch[0], order);
+    return LS_OK;
+}
+
+ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
+{
+    ls_backend *be = calloc(1, sizeof *be);
+    cpu_impl *im = calloc(1, sizeof *im);
+    if (!be || !im) {
+        free(be);
+        free(im);
+        return ls_fail(err, LS_E_NOMEM, "cpu backend: out of memory");
+    }
+    be->impl = im;
+    be->destroy = cpu_destroy;
+    ls_arena_init(&im->arena);
+    ls_status st = ls_pool_create(n_threads, &im->pool, err);
+    if (st != LS_OK) {
+        im->pool = NULL;
+        cpu_destroy(be);
+        return st;
+    }
+    im->scratch = calloc((size_t)n_threads, sizeof(float *));
+    im->scratch_cap = calloc((size_t)n_threads, sizeof(size_t));
+    if (!im->scratch || !im->scratch_cap) {
+        cpu_destroy(be);
+        return ls_fail(err, LS_E_NOMEM, "cpu backend: out of memory");
+    }
+    be->name = "cpu";
+    be->alloc = cpu_alloc;
+    be->wrap_weights = cpu_wrap;
+    be->upload = cpu_upload;
+    be->download = cpu_download;
+    be->zero = cpu_zero;
+    be->copy_rows = cpu_copy_rows;
+    be->embed = cpu_embed;
+    be->linear = cpu_linear;
+    be->rmsnorm = cpu_rmsnorm;
+    be->gated_rmsnorm = cpu_gated_rmsnorm;
+    be->conv_silu = cpu_conv_silu;
+    be->gdn_gates = cpu_gdn_gates;
+    be->l2norm_scale = cpu_l2norm_scale;
+    be->gdn_recurrent = cpu_gdn_recurrent;
+    be->rope_apply = cpu_rope_apply;
+    be->attention = cpu_attention;
+    be->sigmoid_gate = cpu_sigmoid_gate;
+    be->router = cpu_router;
+    be->moe = cpu_moe;
+    be->residual = cpu_residual;
+    be->logprobs = cpu_logprobs;
+    *out = be;
+    return LS_OK;
+}

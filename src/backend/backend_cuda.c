@@ -1,0 +1,351 @@
+/* lockstep — the portable strict CUDA backend; see backend_cuda.h. Every op
+ * is one or a few launches of kernels/ops.h on the default stream; transfers
+ * (download) synchronise, so kernel faults surface there with LS_E_DEVICE. */
+#include "backend/backend_cuda.h"
+
+#ifndef LOCKSTEP_HAVE_CUDA
+
+ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err)
+{
+    (void)arena_bytes;
+    *out = NULL;
+    return ls_fail(err, LS_E_UNSUPPORTED, "this lockstep was built without CUDA (no nvcc at build time)");
+}
+
+#else
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "ls_cuda.h"
+#include "ops.h"
+
+struct ls_buf {
+    void *ptr;                 /* device memory inside the arena */
+    size_t bytes;
+};
+
+typedef struct moe_entry {     /* device pointer tables of one MoE block */
+    const ls_bweight *key;     /* mw->gate, stable for the model's lifetime */
+    ls_cuda_moe cm;
+    struct moe_entry *next;
+} moe_entry;
+
+typedef struct cuda_impl {
+    ls_arena host;             /* ls_buf structs, moe entries */
+    ls_cuda_arena dev;         /* every device buffer of the run */
+    void *scratch;             /* MoE scratch, cudaMalloc, grows */
+    size_t scratch_bytes;
+    moe_entry *moe;
+} cuda_impl;
+
+#define IMPL(be) ((cuda_impl *)(be)->impl)
+
+static float *F(ls_view v) { return (float *)v.buf->ptr + v.off; }
+static int32_t *I32(ls_view v) { return (int32_t *)v.buf->ptr + v.off; }
+static const void *W(const ls_bweight *w) { return (const char *)w->buf->ptr + w->off_bytes; }
+
+/* ---- memory -------------------------------------------------------------------- */
+
+static ls_status cu_alloc(ls_backend *be, size_t bytes, ls_buf **out, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    ls_buf *b = ls_arena_alloc(&im->host, sizeof *b, err);
+    if (!b) return LS_E_NOMEM;
+    b->ptr = ls_cuda_arena_alloc(&im->dev, bytes, err);
+    if (!b->ptr) return LS_E_NOMEM;
+    b->bytes = bytes;
+    LS_TRY(ls_cuda_memset(b->ptr, 0, bytes, err));
+    *out = b;
+    return LS_OK;
+}
+
+static ls_status cu_wrap_weights(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
+                                 ls_error *err)
+{
+    LS_TRY(cu_alloc(be, bytes, out, err));
+    return ls_cuda_upload((*out)->ptr, host, bytes, err);
+}
+
+static ls_status cu_upload(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_upload(F(dst), src, bytes, err);
+}
+
+static ls_status cu_download(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_download(dst, F(src), bytes, err);
+}
+
+static ls_status cu_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_memset(F(dst), 0, n * 4, err);
+}
+
+static ls_status cu_copy_rows(ls_backend *be, ls_view dst, long dst_stride, ls_view src,
+                              long src_stride, long rows, long len, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_copy_rows(F(dst), (size_t)dst_stride * 4, F(src), (size_t)src_stride * 4,
+                             (size_t)len * 4, (size_t)rows, err);
+}
+
+static void cu_destroy(ls_backend *be)
+{
+    if (!be) return;
+    cuda_impl *im = IMPL(be);
+    if (im) {
+        ls_cuda_free(im->scratch);
+        ls_cuda_arena_free(&im->dev);
+        ls_arena_free(&im->host);
+        free(im);
+    }
+    free(be);
+}
+
+/* ---- operators ------------------------------------------------------------------ */
+
+static ls_status cu_embed(ls_backend *be, const ls_bweight *emb, ls_view tokens, long T, ls_view h,
+                          int act_bf16, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_embed(W(emb), (int)emb->wtype, emb->rows, emb->cols, I32(tokens), T, F(h),
+                         act_bf16, NULL, err);
+}
+
+static ls_status cu_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T,
+                           int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_linear(W(w), (int)w->wtype, w->rows, w->cols, F(x), F(y), T, act_bf16,
+                          (int)order, NULL, err);
+}
+
+static ls_status cu_rmsnorm(ls_backend *be, ls_view x, ls_view w, ls_view y, long R, long n,
+                            int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_rmsnorm(F(x), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
+}
+
+static ls_status cu_gated_rmsnorm(ls_backend *be, ls_view x, ls_view z, ls_view w, ls_view y, long R,
+                                  long n, int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_gated_rmsnorm(F(x), F(z), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
+}
+
+static ls_status cu_conv_silu(ls_backend *be, ls_view x, long x_stride, const ls_bweight *w,
+                              ls_view state, ls_view y, long y_stride, long T, long C, long K,
+                              int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_conv_silu(F(x), x_stride, W(w), (int)w->wtype, F(state), F(y), y_stride, T, C, K,
+                             act_bf16, (int)order, NULL, err);
+}
+
+static ls_status cu_gdn_gates(ls_backend *be, ls_view b, ls_view a, ls_view A_log, ls_view dt_bias,
+                              ls_view beta, ls_view alpha, long T, long H, int act_bf16,
+                              ls_error *err)
+{
+    (void)be;
+    return ls_cuda_gdn_gates(F(b), F(a), F(A_log), F(dt_bias), F(beta), F(alpha), T, H, act_bf16,
+                             NULL, err);
+}
+
+static ls_status cu_l2norm_scale(ls_backend *be, ls_view x, long R, long d, float scale,
+                                 ls_order order, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_l2norm_scale(F(x), R, d, scale, (int)order, NULL, err);
+}
+
+static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
+                                  ls_view beta, ls_view state, ls_view o, long T, long Hk, long Hv,
+                                  long dk, long dv, int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_gdn_recurrent(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk,
+                                 dv, act_bf16, (int)order, NULL, err);
+}
+
+static ls_status cu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view sin_t, long T,
+                               long H, long d, long R, int act_bf16, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, act_bf16, NULL, err);
+}
+
+static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, long cap,
+                              ls_view pos, ls_view o, long T, long Hq, long Hkv, long d,
+                              int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_attention(F(q), F(kc), F(vc), cap, I32(pos), F(o), T, Hq, Hkv, d, act_bf16,
+                             (int)order, NULL, err);
+}
+
+static ls_status cu_sigmoid_gate(ls_backend *be, ls_view o, ls_view gate, long n, int act_bf16,
+                                 ls_error *err)
+{
+    (void)be;
+    return ls_cuda_sigmoid_gate(F(o), F(gate), n, act_bf16, NULL, err);
+}
+
+static ls_status cu_router(ls_backend *be, const ls_bweight *w, ls_view x, long T, long k,
+                           int norm_topk, ls_view probs, ls_view ids, ls_view weights, int act_bf16,
+                           ls_order order, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_router(W(w), (int)w->wtype, w->rows, w->cols, F(x), T, k, norm_topk, F(probs),
+                          I32(ids), F(weights), act_bf16, (int)order, NULL, err);
+}
+
+/* Device pointer tables for one MoE block, built on first use and kept for
+ * the backend's lifetime. All matrices must share one dtype (fail closed). */
+static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe **out,
+                            ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    for (moe_entry *e = im->moe; e; e = e->next)
+        if (e->key == mw->gate) {
+            *out = &e->cm;
+            return LS_OK;
+        }
+    ls_wtype wt = mw->gate[0].wtype;
+    for (long e = 0; e < mw->E; e++)
+        if (mw->gate[e].wtype != wt || mw->up[e].wtype != wt || mw->down[e].wtype != wt)
+            return ls_fail(err, LS_E_UNSUPPORTED,
+                           "cuda portable moe: expert %ld mixes weight dtypes (all experts of a "
+                           "block must share one)", e);
+    if (mw->sh_gate && (mw->sh_gate->wtype != wt || mw->sh_up->wtype != wt ||
+                        mw->sh_down->wtype != wt || mw->sh_gate_w->wtype != wt))
+        return ls_fail(err, LS_E_UNSUPPORTED, "cuda portable moe: shared expert dtype differs from the experts'");
+    size_t tb = sizeof(void *) * (size_t)mw->E;
+    const void **h = malloc(3 * tb);
+    if (!h) return ls_fail(err, LS_E_NOMEM, "cuda moe tables");
+    for (long e = 0; e < mw->E; e++) {
+        h[e] = W(&mw->gate[e]);
+        h[mw->E + e] = W(&mw->up[e]);
+        h[2 * mw->E + e] = W(&mw->down[e]);
+    }
+    void *d = ls_cuda_arena_alloc(&im->dev, 3 * tb, err);
+    ls_status st = d ? ls_cuda_upload(d, h, 3 * tb, err) : LS_E_NOMEM;
+    free(h);
+    if (st != LS_OK) return st;
+    moe_entry *e = ls_arena_alloc(&im->host, sizeof *e, err);
+    if (!e) return LS_E_NOMEM;
+    e->key = mw->gate;
+    e->cm.E = mw->E;
+    e->cm.D = mw->D;
+    e->cm.I = mw->I;
+    e->cm.Is = mw->Is;
+    e->cm.wtype = (int)wt;
+    e->cm.gate = (const void *const *)d;
+    e->cm.up = (const void *const *)((char *)d + tb);
+    e->cm.down = (const void *const *)((char *)d + 2 * tb);
+    e->cm.sh_gate = mw->sh_gate ? W(mw->sh_gate) : NULL;
+    e->cm.sh_up = mw->sh_gate ? W(mw->sh_up) : NULL;
+    e->cm.sh_down = mw->sh_gate ? W(mw->sh_down) : NULL;
+    e->cm.sh_gate_w = mw->sh_gate ? W(mw->sh_gate_w) : NULL;
+    e->next = im->moe;
+    im->moe = e;
+    *out = &e->cm;
+    return LS_OK;
+}
+
+static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view ids, ls_view weights,
+                        long k, ls_view out, long T, int act_bf16, ls_order order_experts,
+                        ls_order order_combine, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    const ls_cuda_moe *cm = NULL;
+    LS_TRY(moe_tables(be, mw, &cm, err));
+    /* Chunks of tokens keep one launch's slot count bounded; tokens are
+     * independent, so the chunking changes no bit. */
+    long chunk = 65535 / (k + 1);
+    if (chunk < 1) return ls_fail(err, LS_E_UNSUPPORTED, "cuda portable moe: top-k %ld too large", k);
+    long Tc = T < chunk ? T : chunk;
+    size_t need = ls_cuda_moe_scratch_bytes(cm, Tc, k);
+    if (need > im->scratch_bytes) {
+        ls_cuda_free(im->scratch);
+        im->scratch = NULL;
+        im->scratch_bytes = 0;
+        LS_TRY(ls_cuda_malloc(&im->scratch, need, err));
+        im->scratch_bytes = need;
+    }
+    for (long t0 = 0; t0 < T; t0 += chunk) {
+        long n = T - t0 < chunk ? T - t0 : chunk;
+        LS_TRY(ls_cuda_moe_forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k,
+                                   F(out) + t0 * mw->D, n, im->scratch, act_bf16, (int)order_experts,
+                                   (int)order_combine, NULL, err));
+    }
+    return LS_OK;
+}
+
+static ls_status cu_residual(ls_backend *be, ls_view h, ls_view a, long n, int act_bf16, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_residual(F(h), F(a), n, act_bf16, NULL, err);
+}
+
+static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R, long V,
+                             ls_order order, ls_error *err)
+{
+    (void)be;
+    return ls_cuda_logprobs(F(logits), F(lp), R, V, (int)order, NULL, err);
+}
+
+ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err)
+{
+    *out = NULL;
+    if (ls_cuda_device_count() < 1)
+        return ls_fail(err, LS_E_DEVICE, "cuda backend: no CUDA device visible (hint: check "
+                       "nvidia-smi and CUDA_VISIBLE_DEVICES)");
+    ls_backend *be = calloc(1, sizeof *be);
+    cuda_impl *im = calloc(1, sizeof *im);
+    if (!be || !im) {
+        free(be);
+        free(im);
+        return ls_fail(err, LS_E_NOMEM, "cuda backend");
+    }
+    be->impl = im;
+    ls_arena_init(&im->host);
+    if (arena_bytes == 0) arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9;
+    ls_status st = ls_cuda_arena_init(&im->dev, arena_bytes, err);
+    if (st != LS_OK) {
+        cu_destroy(be);
+        return st;
+    }
+    be->name = "cuda-portable";
+    be->alloc = cu_alloc;
+    be->wrap_weights = cu_wrap_weights;
+    be->upload = cu_upload;
+    be->download = cu_download;
+    be->zero = cu_zero;
+    be->copy_rows = cu_copy_rows;
+    be->destroy = cu_destroy;
+    be->embed = cu_embed;
+    be->linear = cu_linear;
+    be->rmsnorm = cu_rmsnorm;
+    be->gated_rmsnorm = cu_gated_rmsnorm;
+    be->conv_silu = cu_conv_silu;
+    be->gdn_gates = cu_gdn_gates;
+    be->l2norm_scale = cu_l2norm_scale;
+    be->gdn_recurrent = cu_gdn_recurrent;
+    be->rope_apply = cu_rope_apply;
+    be->attention = cu_attention;
+    be->sigmoid_gate = cu_sigmoid_gate;
+    be->router = cu_router;
+    be->moe = cu_moe;
+    be->residual = cu_residual;
+    be->logprobs = cu_logprobs;
+    *out = be;
+    return LS_OK;
+}
+
+#endif

@@ -1,0 +1,222 @@
+/* lockstep — CPU reference operators (strict mode).
+ *
+ * One plain C function per operator of docs/numerics.md §3–4. Each works on
+ * host arrays with explicit shapes, computes every token row independently
+ * (numerics contract rule 1) in the canonical order (rule 2), and takes
+ *
+ *   act_bf16   1: round activations to bf16 at the contract's points (act(x)
+ *              = bf16(x)); 0: fp32 activation mode (act(x) = x);
+ *   order      LS_ORDER_CANONICAL, or LS_ORDER_REVERSED for the perturbation
+ *              switch (every DOT32 / sequential sum of that operator becomes a
+ *              plain sequential sum from the last element to the first), which
+ *              exists only to prove that the comparator detects a change of
+ *              reduction order.
+ *
+ * Activations are fp32 arrays in both modes; in bf16 mode they hold values
+ * that are exactly representable in bf16. Weights are used as stored (bf16 or
+ * fp32, widened exactly) through ls_wmat. Small parameters (norm weights,
+ * A_log, dt_bias) are passed as fp32 arrays already rounded as the model
+ * requires (src/model).
+ *
+ * These functions are the reference the portable CUDA kernels are checked
+ * against bit for bit; they never allocate and never fail (shapes are
+ * validated by the model). Row ranges [r0, r1) let callers split work over
+ * threads without changing any bit. */
+#ifndef LS_BACKEND_CPU_OPS_H
+#define LS_BACKEND_CPU_OPS_H
+
+#include <stdint.h>
+
+#include "numerics/reduce.h"
+
+typedef enum ls_order {
+    LS_ORDER_CANONICAL = 0,    /* LS_DOT32 / sequential, docs/numerics.md §2 */
+    LS_ORDER_REVERSED = 1      /* perturbation: sequential from the last element */
+} ls_order;
+
+typedef enum ls_wtype {
+    LS_WTYPE_BF16 = 0,         /* uint16_t elements */
+    LS_WTYPE_F32 = 1           /* float elements */
+} ls_wtype;
+
+/* A weight matrix [rows, cols], row-major, as stored (borrowed pointer). */
+typedef struct ls_wmat {
+    const void *data;          /* [rows, cols] */
+    ls_wtype wtype;
+    long rows, cols;
+} ls_wmat;
+
+/* act(x): bf16 rounding in bf16 activation mode, identity otherwise. */
+static inline float ls_act(float x, int act_bf16)
+{
+    return act_bf16 ? ls_round_bf16(x) : x;
+}
+
+/* Element (r, c) of a weight matrix, widened to fp32. */
+static inline float ls_wmat_at(const ls_wmat *w, long r, long c)
+{
+    if (w->wtype == LS_WTYPE_BF16) return ls_bf16_to_f32(((const uint16_t *)w->data)[r * w->cols + c]);
+    return ((const float *)w->data)[r * w->cols + c];
+}
+
+/* ---- reductions ------------------------------------------------------------ */
+
+/* DOT32(a, b) over n elements (or the reversed sequential sum). */
+float ls_cpu_dot(const float *a /* [n] */, const float *b /* [n] */, long n, ls_order order);
+/* DOT32 of weight row r with x. */
+float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x /* [w->cols] */, ls_order order);
+/* SUM32(a) over n elements (or reversed sequential). */
+float ls_cpu_sum(const float *a /* [n] */, long n, ls_order order);
+
+/* ---- elementwise / rows ---------------------------------------------------- */
+
+/* Embedding rows: h[t] = act(E[tokens[t]]). Token ids must be < E->rows. */
+void ls_cpu_embed(const ls_wmat *emb /* [V, D] */, const int32_t *tokens /* [T] */, long T,
+                  float *h /* [T, D] */, int act_bf16);
+
+/* linear: y[t][o] = act(DOT32(W[o,:], x[t,:])) for output rows o in [o0, o1).
+ * x [T, W.cols], y [T, W.rows] (row stride W.rows; only columns o0..o1-1 written). */
+void ls_cpu_linear(const ls_wmat *w, const float *x /* [T, in] */, float *y /* [T, out] */,
+                   long T, long o0, long o1, int act_bf16, ls_order order);
+
+/* Zero-centred RMSNorm over rows of n: r = rsqrt(DOT32(x,x)/n + 1e-6);
+ * y_i = act((x_i r)(1 + w_i)). y may equal x. */
+void ls_cpu_rmsnorm(const float *x /* [R, n] */, const float *w /* [n] */, float *y /* [R, n] */,
+                    long R, long n, int act_bf16, ls_order order);
+
+/* Gated RMSNorm per value head (rows of n = d_v): n_i = act(x_i r);
+ * p_i = act(w_i n_i); y_i = act(p_i silu(z_i)). y may equal x. */
+void ls_cpu_gated_rmsnorm(const float *x /* [R, n] */, const float *z /* [R, n] */,
+                          const float *w /* [n] */, float *y /* [R, n] */, long R, long n,
+                          int act_bf16, ls_order order);
+
+/* Causal depthwise conv + SiLU over T tokens of one sequence, C channels, K
+ * taps. state [C, K] holds the last K inputs (column K-1 the most recent;
+ * zeros at sequence start) and is updated in place after every token:
+ *   s = Σ_j w[c][j] · window[j] (sequential j), window = state[c][1..K-1], x_t[c]
+ *   y = act(silu(act(s))).
+ * x and y may alias only if x_stride == y_stride and they are the same array.
+ * x rows have stride x_stride, y rows y_stride (so channels can be a slice). */
+void ls_cpu_conv_silu(const float *x /* [T, x_stride] */, long x_stride,
+                      const ls_wmat *w /* [C, K] */, float *state /* [C, K] */,
+                      float *y /* [T, y_stride] */, long y_stride, long T, long C, long K,
+                      int act_bf16, ls_order order);
+
+/* GDN gates per (token, value head): β = act(sigmoid(b)); g = −exp(A_log) ·
+ * softplus(a + dt_bias); α = exp(g). b, a [T, H] (strided rows). */
+void ls_cpu_gdn_gates(const float *b /* [T, H] */, const float *a /* [T, H] */,
+                      const float *A_log /* [H] */, const float *dt_bias /* [H] */,
+                      float *beta /* [T, H] */, float *alpha /* [T, H] */, long T, long H,
+                      int act_bf16);
+
+/* L2 norm per row of d, then scale: x_i = (x_i · rsqrt(DOT32(x,x) + 1e-6)) · scale,
+ * fp32 (no activation rounding). scale = 1 leaves the product exact. In place. */
+void ls_cpu_l2norm_scale(float *x /* [R, d] */, long R, long d, float scale, ls_order order);
+
+/* The query scale fp32(1/sqrt(d)) computed in double and rounded once. */
+float ls_cpu_inv_sqrt_scale(long d);
+
+/* GDN recurrent step over T tokens of one sequence (fp32 state, carried):
+ * for each token and value head h (key head h·Hk/Hv):
+ *   S' = α S;  m_j = DOT32_i(S'[i][j], k_i);  u_j = (v_j − m_j) β;
+ *   S = S' + k ⊗ u;  o_j = act(DOT32_i(S[i][j], q_i))
+ * q, k already L2-normalised (q scaled), fp32. */
+void ls_cpu_gdn_recurrent(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk, dk] */,
+                          const float *v /* [T, Hv, dv] */, const float *alpha /* [T, Hv] */,
+                          const float *beta /* [T, Hv] */, float *state /* [Hv, dk, dv] */,
+                          float *o /* [T, Hv, dv] */, long T, long Hk, long Hv, long dk, long dv,
+                          int act_bf16, ls_order order);
+/* The same for value heads [h0, h1) only (heads are independent). */
+void ls_cpu_gdn_recurrent_heads(const float *q, const float *k, const float *v,
+                                const float *alpha, const float *beta, float *state, float *o,
+                                long T, long Hk, long Hv, long dk, long dv, long h0, long h1,
+                                int act_bf16, ls_order order);
+
+/* RoPE table on the host: for each of T positions, j < R/2:
+ * inv_freq_j = fp32(θ^(−2j/R)) (double), a = fp32(pos) · inv_freq_j,
+ * cos_j = act(fp32(cos(double a))), sin likewise. */
+void ls_cpu_rope_table(const int32_t *pos /* [T] */, long T, long R, double theta,
+                       float *cos_t /* [T, R/2] */, float *sin_t /* [T, R/2] */, int act_bf16);
+
+/* Partial rotate-half RoPE in place on the first R dims of every head:
+ * y_i = act(act(x_i cos) + act(rot_i sin)), rot_i = −x_{i+R/2} (i < R/2),
+ * x_{i−R/2} otherwise. Rows are heads: x [T, H, d]. */
+void ls_cpu_rope_apply(float *x /* [T, H, d] */, const float *cos_t /* [T, R/2] */,
+                       const float *sin_t /* [T, R/2] */, long T, long H, long d, long R,
+                       int act_bf16);
+
+/* Attention (docs/numerics.md §4) for T queries of one sequence. Query t
+ * attends keys 0..pos[t] of the cache (rows already written, K after norm and
+ * RoPE). Cache layout [Hkv, cap, d]. o = act(acc / l). */
+void ls_cpu_attention(const float *q /* [T, Hq, d] */, const float *kc /* [Hkv, cap, d] */,
+                      const float *vc /* [Hkv, cap, d] */, long cap, const int32_t *pos /* [T] */,
+                      float *o /* [T, Hq, d] */, long T, long Hq, long Hkv, long d, int act_bf16,
+                      ls_order order);
+/* The same for query heads [n0, n1) only. */
+void ls_cpu_attention_heads(const float *q, const float *kc, const float *vc, long cap,
+                            const int32_t *pos, float *o, long T, long Hq, long Hkv, long d,
+                            long n0, long n1, int act_bf16, ls_order order);
+
+/* Output gate: o_i = act(o_i · act(sigmoid(gate_i))). */
+void ls_cpu_sigmoid_gate(float *o /* [n] */, const float *gate /* [n] */, long n, int act_bf16);
+
+/* Router for T tokens: r_e = act(DOT32(W[e], x)); softmax (max, exp,
+ * SUM32); top-k descending, ties to the lower index; renormalise
+ * (sequential sum in top-k order) when norm_topk, weights act()-rounded.
+ * probs is scratch/output [T, E] (the softmax). */
+void ls_cpu_router(const ls_wmat *w /* [E, D] */, const float *x /* [T, D] */, long T,
+                   long k, int norm_topk, float *probs /* [T, E] */, int32_t *ids /* [T, k] */,
+                   float *weights /* [T, k] */, int act_bf16, ls_order order);
+
+/* One SwiGLU expert for one token: g = act(W_g x), u = act(W_u x),
+ * m = act(act(silu(g)) u), y = act(W_d m). scratch [2 * I]. */
+void ls_cpu_expert(const ls_wmat *wg /* [I, D] */, const ls_wmat *wu /* [I, D] */,
+                   const ls_wmat *wd /* [D, I] */, const float *x /* [D] */, float *y /* [D] */,
+                   float *scratch /* [2 I] */, int act_bf16, ls_order order);
+
+typedef struct ls_moe_weights {
+    long E, D, I, Is;          /* experts, hidden, expert and shared widths */
+    const ls_wmat *gate;       /* [E] each [I, D] */
+    const ls_wmat *up;         /* [E] each [I, D] */
+    const ls_wmat *down;       /* [E] each [D, I] */
+    const ls_wmat *sh_gate;    /* [Is, D], NULL = no shared expert */
+    const ls_wmat *sh_up;      /* [Is, D] */
+    const ls_wmat *sh_down;    /* [D, Is] */
+    const ls_wmat *sh_gate_w;  /* shared_expert_gate [1, D] */
+} ls_moe_weights;
+
+/* Routed experts + combine + shared expert for tokens [t0, t1):
+ * c_i = act(y_{e_i} · w_i); routed = act(sequential Σ c_i in top-k order);
+ * s = act(γ · shared(x)), γ = act(sigmoid(act(w_sg·x))); out = act(routed + s).
+ * order_experts applies to the expert/shared dot products, order_combine to
+ * the combine sum. scratch [(k + 1) * D + 2 * max(I, Is)]. */
+void ls_cpu_moe(const ls_moe_weights *mw, const float *x /* [T, D] */,
+                const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */, long k,
+                float *out /* [T, D] */, long t0, long t1, float *scratch, int act_bf16,
+                ls_order order_experts, ls_order order_combine);
+
+/* One slot of a token's MoE: slot i < k is routed expert ids[t][i],
+ * c = act(y · w); slot k is the gated shared expert s = act(γ · shared(x)).
+ * scratch [2 * max(I, Is)]. */
+void ls_cpu_moe_slot(const ls_moe_weights *mw, const float *x /* [T, D] */,
+                     const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */, long k,
+                     long t, long i, float *c /* [D] */, float *scratch, int act_bf16,
+                     ls_order order_experts);
+/* Combine for one token: routed = act(sequential Σ_{i<k} c_i);
+ * out = act(routed + c_k) when has_shared, else routed. */
+void ls_cpu_moe_combine(const float *c /* [k + 1, D] */, long k, long D, int has_shared,
+                        float *out /* [D] */, int act_bf16, ls_order order_combine);
+
+/* Residual: h_i = act(h_i + a_i). */
+void ls_cpu_residual(float *h /* [n] */, const float *a /* [n] */, long n, int act_bf16);
+
+/* logprobs for R rows of V logits: m = max; lse = m + log(SUM32(exp(l − m)));
+ * lp_v = l_v − lse. Returns through lp (may equal logits). scratch [V]. */
+void ls_cpu_logprobs(const float *logits /* [R, V] */, float *lp /* [R, V] */, long R, long V,
+                     float *scratch /* [V] */, ls_order order);
+
+/* The k largest entries of one row, descending, ties to the lower index. */
+void ls_cpu_topk(const float *x /* [n] */, long n, long k, int32_t *ids /* [k] */,
+                 float *vals /* [k] */);
+
+#endif

@@ -1,0 +1,147 @@
+/* lockstep synth — write a synthetic Qwen3-Next checkpoint (docs/synth.md). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/util.h"
+#include "synth/synth.h"
+
+static void synth_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: lockstep synth (--preset NAME | --config FILE) --seed N --out DIR\n"
+            "                      [--layers N] [--config-only] [--max-shard-bytes B] [--force]\n"
+            "\n"
+            "Writes a Hugging Face Qwen3-Next checkpoint (Qwen3NextForCausalLM, bf16) with\n"
+            "deterministic random weights: config.json plus model.safetensors, or shards\n"
+            "model-0000i-of-0000n.safetensors and model.safetensors.index.json when the\n"
+            "tensors exceed --max-shard-bytes. The same seed gives the same bytes on every\n"
+            "machine. Weights are scaled so logits have a realistic spread (top-1\n"
+            "log-probability around -1 on random tokens); see docs/synth.md.\n"
+            "\n"
+            "  --preset NAME        tiny (hidden 128, 4 layers, 8 experts, vocab 1000),\n"
+            "                       small (hidden 512, 8 layers, 32 experts, vocab 8250),\n"
+            "                       qwen3-next-80b-a3b (the released 80B config; ~160 GB\n"
+            "                       in full, use --layers or --config-only)\n"
+            "  --config FILE        a Qwen3-Next config.json (model_type qwen3_next) instead\n"
+            "                       of a preset; the fields synth uses are validated\n"
+            "  --seed N             generator seed (unsigned 64-bit integer)\n"
+            "  --out DIR, -o DIR    output directory; written as DIR.tmp.<pid> and renamed\n"
+            "                       when complete\n"
+            "  --layers N           keep only the first N decoder layers (config.json then\n"
+            "                       says num_hidden_layers = N); the tensors written are\n"
+            "                       identical to those of the full model\n"
+            "  --config-only        write config.json alone\n"
+            "  --max-shard-bytes B  tensor bytes per safetensors file before sharding\n"
+            "                       (default 5000000000; suffixes KB MB GB KiB MiB GiB).\n"
+            "                       Memory use is about one shard\n"
+            "  --force              replace DIR if it exists and is not empty\n"
+            "\n"
+            "exit codes: 0 written, 2 could not (bad preset, bad config field, I/O)\n");
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !*s || *s == '-') return -1;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s) return -1;
+    static const struct {
+        const char *suffix;
+        uint64_t mult;
+    } units[] = {{"", 1},           {"KB", 1000ull},    {"MB", 1000000ull},
+                 {"GB", 1000000000ull}, {"KiB", 1ull << 10}, {"MiB", 1ull << 20},
+                 {"GiB", 1ull << 30}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcmp(end, units[i].suffix) == 0) {
+            if (v > UINT64_MAX / units[i].mult) return -1;
+            *out = (uint64_t)v * units[i].mult;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int ls_cmd_synth(int argc, char **argv)
+{
+    const char *preset = NULL, *config = NULL, *out = NULL, *seed_s = NULL, *layers_s = NULL,
+               *shard_s = NULL;
+    ls_synth_options opt = ls_synth_options_default();
+    ls_error err;
+    ls_error_clear(&err);
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char **dst = NULL;
+        if (ls_cli_is_help(a)) {
+            synth_usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--config-only") == 0) {
+            opt.config_only = 1;
+            continue;
+        } else if (strcmp(a, "--force") == 0) {
+            opt.force = 1;
+            continue;
+        }
+        if (strcmp(a, "--preset") == 0) dst = &preset;
+        else if (strcmp(a, "--config") == 0) dst = &config;
+        else if (strcmp(a, "--seed") == 0) dst = &seed_s;
+        else if (strcmp(a, "--out") == 0 || strcmp(a, "-o") == 0) dst = &out;
+        else if (strcmp(a, "--layers") == 0) dst = &layers_s;
+        else if (strcmp(a, "--max-shard-bytes") == 0) dst = &shard_s;
+        if (!dst) {
+            ls_fail(&err, LS_E_USAGE, "unknown option '%s'", a);
+            return ls_cli_report("synth", &err);
+        }
+        if (i + 1 >= argc) {
+            ls_fail(&err, LS_E_USAGE, "%s needs a value", a);
+            return ls_cli_report("synth", &err);
+        }
+        *dst = argv[++i];
+    }
+    if (shard_s && (parse_u64(shard_s, &opt.max_shard_bytes) != 0 || opt.max_shard_bytes == 0)) {
+        ls_fail(&err, LS_E_USAGE, "--max-shard-bytes '%s': expected a positive byte count", shard_s);
+        return ls_cli_report("synth", &err);
+    }
+
+    if ((preset != NULL) == (config != NULL)) {
+        ls_fail(&err, LS_E_USAGE, "give exactly one of --preset NAME or --config FILE");
+        return ls_cli_report("synth", &err);
+    }
+    if (!out) {
+        ls_fail(&err, LS_E_USAGE, "--out DIR is required");
+        return ls_cli_report("synth", &err);
+    }
+    uint64_t seed = 0;
+    if (!seed_s) {
+        ls_fail(&err, LS_E_USAGE, "--seed N is required");
+        return ls_cli_report("synth", &err);
+    }
+    if (parse_u64(seed_s, &seed) != 0 || strspn(seed_s, "0123456789") != strlen(seed_s)) {
+        ls_fail(&err, LS_E_USAGE, "--seed '%s': expected an unsigned 64-bit integer", seed_s);
+        return ls_cli_report("synth", &err);
+    }
+
+    ls_synth_config cfg;
+    ls_status st = preset ? ls_synth_preset(preset, &cfg, &err)
+                          : ls_synth_config_load(config, &cfg, &err);
+    if (st != LS_OK) return ls_cli_report("synth", &err);
+    if (layers_s) {
+        uint64_t n = 0;
+        if (parse_u64(layers_s, &n) != 0 || strspn(layers_s, "0123456789") != strlen(layers_s) ||
+            n > (uint64_t)LS_SYNTH_MAX_LAYERS) {
+            ls_fail(&err, LS_E_USAGE, "--layers '%s': expected a layer count", layers_s);
+            return ls_cli_report("synth", &err);
+        }
+        if (ls_synth_config_truncate(&cfg, (int64_t)n, &err) != LS_OK)
+            return ls_cli_report("synth", &err);
+    }
+    if (ls_synth_write(&cfg, seed, out, &opt, &err) != LS_OK) return ls_cli_report("synth", &err);
+    ls_log_info("synth: wrote %s (%lld layers, seed %llu%s)", out,
+                (long long)cfg.num_hidden_layers, (unsigned long long)seed,
+                opt.config_only ? ", config only" : "");
+    return 0;
+}

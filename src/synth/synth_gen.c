@@ -1,0 +1,317 @@
+/* lockstep — synth: the counter-based generator, deterministic elementary
+ * functions, the tensor list of a Qwen3-Next checkpoint and its initialisers
+ * (docs/synth.md says why each scale is what it is). */
+#include <math.h> /* HUGE_VAL and NAN only: no libm function is called */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "numerics/reduce.h"
+#include "synth/synth.h"
+
+/* ---- counter-based generator ------------------------------------------------ */
+
+#define GOLDEN_GAMMA 0x9E3779B97F4A7C15ull
+
+/* splitmix64 finaliser (Stafford's "mix13" variant). */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t fnv1a64(const char *s)
+{
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        h ^= *c;
+        h *= 0x100000001B3ull;
+    }
+    return h;
+}
+
+uint64_t ls_synth_key(uint64_t seed, const char *name)
+{
+    return mix64(mix64(seed) ^ fnv1a64(name));
+}
+
+uint64_t ls_synth_draw(uint64_t key, uint64_t index)
+{
+    return mix64(key + (index + 1) * GOLDEN_GAMMA);
+}
+
+int32_t ls_synth_irwin_hall(uint64_t x)
+{
+    int32_t s = (int32_t)(x & 0xffff) + (int32_t)((x >> 16) & 0xffff) +
+                (int32_t)((x >> 32) & 0xffff) + (int32_t)(x >> 48);
+    return 2 * s - 4 * 65535;
+}
+
+/* Uniform in [0, 1): the top 53 bits of a draw, exact in double. */
+static double uniform53(uint64_t x)
+{
+    return (double)(x >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* ---- elementary functions from IEEE basic operations ----------------------
+ * +, -, *, / and conversions are correctly rounded on every IEEE machine and
+ * the build forbids contraction into FMA, so a fixed sequence of them gives
+ * the same bits everywhere. libm's log/exp/cos are not correctly rounded and
+ * differ between implementations, so synth never calls them. */
+
+#define LN2_D 0.6931471805599453094
+
+static uint64_t dbits(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, 8);
+    return u;
+}
+
+static double dfrom(uint64_t u)
+{
+    double x;
+    memcpy(&x, &u, 8);
+    return x;
+}
+
+/* 2^k for -1022 <= k <= 1023. */
+static double pow2i(int k)
+{
+    return dfrom((uint64_t)(k + 1023) << 52);
+}
+
+double ls_synth_sqrt(double x)
+{
+    if (!(x > 0.0)) return 0.0;
+    /* Halving the exponent gives a guess within a factor 1.5; eight Newton
+     * steps then converge to the last bit (quadratically). */
+    double y = dfrom((dbits(x) >> 1) + (0x3FF0000000000000ull >> 1));
+    for (int i = 0; i < 8; i++) y = 0.5 * (y + x / y);
+    return y;
+}
+
+double ls_synth_log(double x)
+{
+    if (!(x > 0.0)) return x == 0.0 ? -HUGE_VAL : NAN;
+    int e = 0;
+    if (x < 2.2250738585072014e-308) { /* subnormal: scale into the normal range */
+        x *= 18014398509481984.0;      /* 2^54 */
+        e = -54;
+    }
+    uint64_t b = dbits(x);
+    e += (int)((b >> 52) & 0x7ff) - 1023;
+    double m = dfrom((b & 0x000FFFFFFFFFFFFFull) | 0x3FF0000000000000ull); /* [1, 2) */
+    if (m > 1.4142135623730951) {
+        m *= 0.5;
+        e += 1;
+    }
+    /* log m = 2 atanh(t), t = (m-1)/(m+1), |t| <= 0.172: 20 terms of the
+     * odd series reach far below double precision. */
+    double t = (m - 1.0) / (m + 1.0), t2 = t * t, term = t, s = 0.0;
+    for (int k = 0; k < 20; k++) {
+        s = s + term / (double)(2 * k + 1);
+        term = term * t2;
+    }
+    return 2.0 * s + (double)e * LN2_D;
+}
+
+double ls_synth_exp(double x)
+{
+    if (x > 709.0) return HUGE_VAL; /* keeps the int conversion below defined */
+    if (x < -708.0) return 0.0;
+    double q = x / LN2_D;
+    int k = (int)(q >= 0.0 ? q + 0.5 : q - 0.5);
+    double r = x - (double)k * LN2_D; /* |r| <= 0.35 */
+    double p = 1.0;
+    for (int n = 25; n >= 1; n--) p = 1.0 + r * p / (double)n; /* Taylor, Horner form */
+    return p * pow2i(k);
+}
+
+/* ---- initialisers --------------------------------------------------------------- */
+
+static uint64_t tensor_numel(const ls_synth_tensor *t)
+{
+    uint64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
+    return n;
+}
+
+void ls_synth_fill(const ls_synth_tensor *t, uint64_t seed, uint16_t *dst)
+{
+    uint64_t key = ls_synth_key(seed, t->name);
+    uint64_t n = tensor_numel(t);
+    switch (t->init) {
+    case LS_SYNTH_INIT_NORMAL:
+    case LS_SYNTH_INIT_ONE_PLUS_NORMAL: {
+        /* 5726623060 = 4 (2^32 - 1) / 3 exactly: the variance of the centred
+         * Irwin–Hall integer. */
+        const float c = (float)(t->std / ls_synth_sqrt(5726623060.0));
+        const float base = t->init == LS_SYNTH_INIT_ONE_PLUS_NORMAL ? 1.0f : 0.0f;
+        for (uint64_t i = 0; i < n; i++) {
+            float z = (float)ls_synth_irwin_hall(ls_synth_draw(key, i)); /* exact */
+            float v = base + z * c;
+            dst[i] = ls_f32_to_bf16(v);
+        }
+        break;
+    }
+    case LS_SYNTH_INIT_A_LOG:
+        /* A = exp(A_log) uniform in [1, 16), as the reference initialisation. */
+        for (uint64_t i = 0; i < n; i++) {
+            double a = 1.0 + 15.0 * uniform53(ls_synth_draw(key, i));
+            dst[i] = ls_f32_to_bf16((float)ls_synth_log(a));
+        }
+        break;
+    case LS_SYNTH_INIT_DT_BIAS: {
+        /* dt log-uniform in [1e-3, 1e-1); dt_bias = softplus^-1(dt)
+         * = dt + log(1 - exp(-dt)), so softplus(dt_bias) = dt. */
+        const double lo = ls_synth_log(1e-3), hi = ls_synth_log(1e-1);
+        for (uint64_t i = 0; i < n; i++) {
+            double dt = ls_synth_exp(lo + (hi - lo) * uniform53(ls_synth_draw(key, i)));
+            double inv = dt + ls_synth_log(1.0 - ls_synth_exp(-dt));
+            dst[i] = ls_f32_to_bf16((float)inv);
+        }
+        break;
+    }
+    }
+}
+
+/* ---- the tensor list ------------------------------------------------------------ */
+
+/* lm_head standard deviation = LM_HEAD_GAIN * sqrt(2 ln V) / sqrt(D): the
+ * logits of a unit-RMS hidden state then have std ~ 1.15 sqrt(2 ln V), which
+ * puts the mean top-1 log-probability near -1 for V from 10^3 to 1.5·10^5
+ * (measured numbers in docs/synth.md). */
+#define LM_HEAD_GAIN 1.15
+#define NORM_STD 0.1           /* zero-centred RMSNorm weights (applied as 1 + w) */
+#define GATED_NORM_STD 0.1     /* GDN gated RMSNorm weight, 1 + N(0, 0.1^2) */
+
+typedef struct tensor_list {
+    ls_synth_tensor *v;
+    size_t n, cap;
+    int oom;
+} tensor_list;
+
+static void add(tensor_list *l, ls_synth_init init, double std, int ndim, int64_t d0, int64_t d1,
+                int64_t d2, const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+
+static void add(tensor_list *l, ls_synth_init init, double std, int ndim, int64_t d0, int64_t d1,
+                int64_t d2, const char *fmt, ...)
+{
+    if (l->oom) return;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 256;
+        ls_synth_tensor *nv = realloc(l->v, cap * sizeof *nv);
+        if (!nv) {
+            l->oom = 1;
+            return;
+        }
+        l->v = nv;
+        l->cap = cap;
+    }
+    ls_synth_tensor *t = &l->v[l->n++];
+    memset(t, 0, sizeof *t);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->name, sizeof t->name, fmt, ap);
+    va_end(ap);
+    t->init = init;
+    t->std = std;
+    t->ndim = ndim;
+    t->shape[0] = d0;
+    t->shape[1] = d1;
+    t->shape[2] = d2;
+}
+
+static double inv_sqrt(int64_t n) { return 1.0 / ls_synth_sqrt((double)n); }
+
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(((const ls_synth_tensor *)a)->name, ((const ls_synth_tensor *)b)->name);
+}
+
+ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out, size_t *count,
+                                ls_error *err)
+{
+    *out = NULL;
+    *count = 0;
+    tensor_list l = {0};
+    const ls_synth_init N = LS_SYNTH_INIT_NORMAL;
+    const int64_t D = c->hidden_size, V = c->vocab_size;
+
+    add(&l, N, 1.0, 2, V, D, 0, "model.embed_tokens.weight");
+    add(&l, N, NORM_STD, 1, D, 0, 0, "model.norm.weight");
+    add(&l, N, LM_HEAD_GAIN * ls_synth_sqrt(2.0 * ls_synth_log((double)V)) * inv_sqrt(D), 2, V, D,
+        0, "lm_head.weight");
+
+    for (int64_t L = 0; L < c->num_hidden_layers; L++) {
+        const char *p = "model.layers";
+        add(&l, N, NORM_STD, 1, D, 0, 0, "%s.%lld.input_layernorm.weight", p, (long long)L);
+        add(&l, N, NORM_STD, 1, D, 0, 0, "%s.%lld.post_attention_layernorm.weight", p,
+            (long long)L);
+        if (c->layer_full[L]) {
+            const int64_t H = c->num_attention_heads, KV = c->num_key_value_heads,
+                          hd = c->head_dim;
+            /* q_proj rows: per head, hd query rows then hd gate rows (spec §3.3). */
+            add(&l, N, inv_sqrt(D), 2, 2 * H * hd, D, 0, "%s.%lld.self_attn.q_proj.weight", p,
+                (long long)L);
+            add(&l, N, inv_sqrt(D), 2, KV * hd, D, 0, "%s.%lld.self_attn.k_proj.weight", p,
+                (long long)L);
+            add(&l, N, inv_sqrt(D), 2, KV * hd, D, 0, "%s.%lld.self_attn.v_proj.weight", p,
+                (long long)L);
+            add(&l, N, inv_sqrt(H * hd), 2, D, H * hd, 0, "%s.%lld.self_attn.o_proj.weight", p,
+                (long long)L);
+            add(&l, N, NORM_STD, 1, hd, 0, 0, "%s.%lld.self_attn.q_norm.weight", p, (long long)L);
+            add(&l, N, NORM_STD, 1, hd, 0, 0, "%s.%lld.self_attn.k_norm.weight", p, (long long)L);
+        } else {
+            const int64_t Hk = c->linear_num_key_heads, Hv = c->linear_num_value_heads,
+                          dk = c->linear_key_head_dim, dv = c->linear_value_head_dim,
+                          K = c->linear_conv_kernel_dim;
+            const int64_t conv_dim = 2 * Hk * dk + Hv * dv;
+            /* Fused, per-key-head interleaved projections (spec §2.3). */
+            add(&l, N, inv_sqrt(D), 2, 2 * Hk * dk + 2 * Hv * dv, D, 0,
+                "%s.%lld.linear_attn.in_proj_qkvz.weight", p, (long long)L);
+            add(&l, N, inv_sqrt(D), 2, 2 * Hv, D, 0, "%s.%lld.linear_attn.in_proj_ba.weight", p,
+                (long long)L);
+            add(&l, N, inv_sqrt(K), 3, conv_dim, 1, K, "%s.%lld.linear_attn.conv1d.weight", p,
+                (long long)L);
+            add(&l, LS_SYNTH_INIT_DT_BIAS, 0.0, 1, Hv, 0, 0, "%s.%lld.linear_attn.dt_bias", p,
+                (long long)L);
+            add(&l, LS_SYNTH_INIT_A_LOG, 0.0, 1, Hv, 0, 0, "%s.%lld.linear_attn.A_log", p,
+                (long long)L);
+            add(&l, LS_SYNTH_INIT_ONE_PLUS_NORMAL, GATED_NORM_STD, 1, dv, 0, 0,
+                "%s.%lld.linear_attn.norm.weight", p, (long long)L);
+            add(&l, N, inv_sqrt(Hv * dv), 2, D, Hv * dv, 0, "%s.%lld.linear_attn.out_proj.weight",
+                p, (long long)L);
+        }
+        const int64_t E = c->num_experts, I = c->moe_intermediate_size,
+                      Is = c->shared_expert_intermediate_size;
+        add(&l, N, inv_sqrt(D), 2, E, D, 0, "%s.%lld.mlp.gate.weight", p, (long long)L);
+        for (int64_t e = 0; e < E; e++) {
+            add(&l, N, inv_sqrt(D), 2, I, D, 0, "%s.%lld.mlp.experts.%lld.gate_proj.weight", p,
+                (long long)L, (long long)e);
+            add(&l, N, inv_sqrt(D), 2, I, D, 0, "%s.%lld.mlp.experts.%lld.up_proj.weight", p,
+                (long long)L, (long long)e);
+            add(&l, N, inv_sqrt(I), 2, D, I, 0, "%s.%lld.mlp.experts.%lld.down_proj.weight", p,
+                (long long)L, (long long)e);
+        }
+        add(&l, N, inv_sqrt(D), 2, Is, D, 0, "%s.%lld.mlp.shared_expert.gate_proj.weight", p,
+            (long long)L);
+        add(&l, N, inv_sqrt(D), 2, Is, D, 0, "%s.%lld.mlp.shared_expert.up_proj.weight", p,
+            (long long)L);
+        add(&l, N, inv_sqrt(Is), 2, D, Is, 0, "%s.%lld.mlp.shared_expert.down_proj.weight", p,
+            (long long)L);
+        add(&l, N, inv_sqrt(D), 2, 1, D, 0, "%s.%lld.mlp.shared_expert_gate.weight", p,
+            (long long)L);
+    }
+    if (l.oom) {
+        free(l.v);
+        return ls_fail(err, LS_E_NOMEM, "synth: out of memory listing tensors");
+    }
+    qsort(l.v, l.n, sizeof *l.v, cmp_name);
+    *out = l.v;
+    *count = l.n;
+    return LS_OK;
+}

@@ -1,0 +1,113 @@
+/* Helpers shared by the GPU test executables (header-only: each test is one
+ * source file plus tests/testutil.c).
+ *
+ * GPU tests run their Check cases without fork (a CUDA context does not
+ * survive fork, and compute-sanitizer follows one process best), and exit 77
+ * with a visible SKIP line when the build has no CUDA or the machine no GPU. */
+#ifndef LS_TESTS_GPU_TESTUTIL_H
+#define LS_TESTS_GPU_TESTUTIL_H
+
+#include <check.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "numerics/reduce.h"
+
+#ifdef LOCKSTEP_HAVE_CUDA
+#include "ls_cuda.h"
+#endif
+
+#define LS_GPU_SKIP 77
+
+/* Returns 1 when a GPU can run the tests; prints SKIP otherwise. */
+static inline int ls_gpu_available(void)
+{
+#ifdef LOCKSTEP_HAVE_CUDA
+    if (ls_cuda_device_count() > 0) return 1;
+    printf("SKIP: no CUDA device\n");
+#else
+    printf("SKIP: no CUDA device (built without CUDA)\n");
+#endif
+    fflush(stdout);
+    return 0;
+}
+
+/* Runs a suite without fork; returns the process exit code. */
+static inline int ls_gpu_run_suite(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+/* Compares two fp32 arrays bit for bit; on the first difference prints the
+ * index and both values (hex bits and decimal) and returns 0. */
+static inline int ls_gpu_same_f32(const char *what, const float *want, const float *got, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a = ls_f32_bits(want[i]), b = ls_f32_bits(got[i]);
+        if (a != b) {
+            printf("MISMATCH %s: element %zu of %zu: cpu 0x%08" PRIx32 " (%.9g) gpu 0x%08" PRIx32
+                   " (%.9g)\n", what, i, n, a, (double)want[i], b, (double)got[i]);
+            fflush(stdout);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Same for bf16 arrays. */
+static inline int ls_gpu_same_u16(const char *what, const uint16_t *want, const uint16_t *got, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (want[i] != got[i]) {
+            printf("MISMATCH %s: element %zu of %zu: cpu 0x%04x (%.9g) gpu 0x%04x (%.9g)\n", what, i,
+                   n, want[i], (double)ls_bf16_to_f32(want[i]), got[i],
+                   (double)ls_bf16_to_f32(got[i]));
+            fflush(stdout);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Same for int32 arrays. */
+static inline int ls_gpu_same_i32(const char *what, const int32_t *want, const int32_t *got, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (want[i] != got[i]) {
+            printf("MISMATCH %s: element %zu of %zu: cpu %" PRId32 " (0x%08" PRIx32 ") gpu %" PRId32
+                   " (0x%08" PRIx32 ")\n", what, i, n, want[i], (uint32_t)want[i], got[i],
+                   (uint32_t)got[i]);
+            fflush(stdout);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Deterministic pseudo-random numbers (splitmix64), so failures reproduce. */
+static inline uint64_t ls_gpu_rand_u64(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-scale, scale). */
+static inline float ls_gpu_rand_f32(uint64_t *state, float scale)
+{
+    uint32_t r = (uint32_t)(ls_gpu_rand_u64(state) >> 40); /* 24 bits */
+    float u = (float)r / 16777216.0f;
+    float two_u = 2.0f * u;
+    float centred = two_u - 1.0f;
+    return centred * scale;
+}
+
+#endif

@@ -1,0 +1,544 @@
+/* CPU reference operators (src/backend/cpu_ops.h) against direct
+ * transcriptions of docs/numerics.md §3–4, plus the row/chunk/thread
+ * invariances each operator promises. Failures print the first mismatching
+ * element with both values' bits. */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu_ops.h"
+#include "numerics/lsmath.h"
+#include "numerics/reduce.h"
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static float frand(float scale)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    double u = (double)(rng_state >> 11) / 9007199254740992.0;
+    return (float)((u * 2.0 - 1.0) * scale);
+}
+
+static float *rvec(long n, float scale, int bf16)
+{
+    float *v = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (long i = 0; i < n; i++) v[i] = bf16 ? ls_round_bf16(frand(scale)) : frand(scale);
+    return v;
+}
+
+static uint16_t *rbf16(long n, float scale)
+{
+    uint16_t *v = malloc(sizeof(uint16_t) * (size_t)n);
+    for (long i = 0; i < n; i++) v[i] = ls_f32_to_bf16(frand(scale));
+    return v;
+}
+
+static void expect_bits(const char *what, const float *got, const float *want, long n)
+{
+    for (long i = 0; i < n; i++)
+        if (ls_f32_bits(got[i]) != ls_f32_bits(want[i]))
+            ck_abort_msg("%s: first mismatch at %ld: got %.9g (0x%08x) want %.9g (0x%08x)", what, i,
+                         got[i], ls_f32_bits(got[i]), want[i], ls_f32_bits(want[i]));
+}
+
+static float A(float x, int act)
+{
+    return act ? ls_round_bf16(x) : x;
+}
+
+/* Transcription of LS_DOT32 (docs/numerics.md §2). */
+static float dot32(const float *a, long sa, const float *b, long sb, long n)
+{
+    float p[32] = {0};
+    for (long k = 0; k < n; k++) {
+        float prod = a[k * sa] * b[k * sb];
+        p[k % 32] = p[k % 32] + prod;
+    }
+    for (int s = 16; s >= 1; s /= 2)
+        for (int l = 0; l < s; l++) p[l] = p[l] + p[l + s];
+    return p[0];
+}
+
+START_TEST(test_linear)
+{
+    long shapes[][3] = {{1, 5, 3}, {4, 64, 17}, {3, 100, 40}, {2, 33, 1}};
+    for (int act = 0; act < 2; act++)
+        for (int s = 0; s < 4; s++)
+            for (int wt = 0; wt < 2; wt++) {
+                long T = shapes[s][0], in = shapes[s][1], out = shapes[s][2];
+                float *x = rvec(T * in, 2.0f, act);
+                uint16_t *wb = rbf16(out * in, 0.5f);
+                float *wf = malloc(sizeof(float) * (size_t)(out * in));
+                for (long i = 0; i < out * in; i++) wf[i] = ls_bf16_to_f32(wb[i]) * 1.0009765625f;
+                ls_wmat w = {wt ? (const void *)wf : (const void *)wb, wt ? LS_WTYPE_F32 : LS_WTYPE_BF16,
+                             out, in};
+                float *y = calloc((size_t)(T * out), sizeof(float));
+                float *y2 = calloc((size_t)(T * out), sizeof(float));
+                float *want = calloc((size_t)(T * out), sizeof(float));
+                ls_cpu_linear(&w, x, y, T, 0, out, act, LS_ORDER_CANONICAL);
+                /* A split over output rows gives the same bits. */
+                ls_cpu_linear(&w, x, y2, T, 0, out / 2, act, LS_ORDER_CANONICAL);
+                ls_cpu_linear(&w, x, y2, T, out / 2, out, act, LS_ORDER_CANONICAL);
+                float row[128];
+                for (long t = 0; t < T; t++)
+                    for (long o = 0; o < out; o++) {
+                        for (long i = 0; i < in; i++) row[i] = wt ? wf[o * in + i] : ls_bf16_to_f32(wb[o * in + i]);
+                        want[t * out + o] = A(dot32(row, 1, x + t * in, 1, in), act);
+                    }
+                expect_bits("linear", y, want, T * out);
+                expect_bits("linear split", y2, want, T * out);
+                /* One row alone equals the row inside a batch (rule 1). */
+                if (T > 1) {
+                    ls_cpu_linear(&w, x + in, y2, 1, 0, out, act, LS_ORDER_CANONICAL);
+                    expect_bits("linear row alone", y2, want + out, out);
+                }
+                free(x), free(wb), free(wf), free(y), free(y2), free(want);
+            }
+}
+END_TEST
+
+START_TEST(test_norms)
+{
+    for (int act = 0; act < 2; act++) {
+        long R = 3, n = 96;
+        float *x = rvec(R * n, 3.0f, act), *z = rvec(R * n, 3.0f, act);
+        float *w = rvec(n, 0.3f, 1);
+        float *y = malloc(sizeof(float) * (size_t)(R * n)), *want = malloc(sizeof(float) * (size_t)(R * n));
+        ls_cpu_rmsnorm(x, w, y, R, n, act, LS_ORDER_CANONICAL);
+        for (long r = 0; r < R; r++) {
+            float ms = dot32(x + r * n, 1, x + r * n, 1, n) / (float)n;
+            float rr = 1.0f / sqrtf(ms + 1e-6f);
+            for (long i = 0; i < n; i++) {
+                float xn = x[r * n + i] * rr;
+                want[r * n + i] = A(xn * (1.0f + w[i]), act);
+            }
+        }
+        expect_bits("rmsnorm", y, want, R * n);
+        ls_cpu_gated_rmsnorm(x, z, w, y, R, n, act, LS_ORDER_CANONICAL);
+        for (long r = 0; r < R; r++) {
+            float ms = dot32(x + r * n, 1, x + r * n, 1, n) / (float)n;
+            float rr = 1.0f / sqrtf(ms + 1e-6f);
+            for (long i = 0; i < n; i++) {
+                float nn = A(x[r * n + i] * rr, act);
+                float p = A(w[i] * nn, act);
+                float zz = z[r * n + i];
+                float sl = zz / (1.0f + ls_expf(-zz));
+                want[r * n + i] = A(p * sl, act);
+            }
+        }
+        expect_bits("gated rmsnorm", y, want, R * n);
+        /* l2norm + scale */
+        memcpy(y, x, sizeof(float) * (size_t)(R * n));
+        float sc = ls_cpu_inv_sqrt_scale(n);
+        ck_assert_uint_eq(ls_f32_bits(sc), ls_f32_bits((float)(1.0 / sqrt((double)n))));
+        ls_cpu_l2norm_scale(y, R, n, sc, LS_ORDER_CANONICAL);
+        for (long r = 0; r < R; r++) {
+            float f = 1.0f / sqrtf(dot32(x + r * n, 1, x + r * n, 1, n) + 1e-6f);
+            for (long i = 0; i < n; i++) {
+                float v = x[r * n + i] * f;
+                want[r * n + i] = v * sc;
+            }
+        }
+        expect_bits("l2norm", y, want, R * n);
+        free(x), free(z), free(w), free(y), free(want);
+    }
+}
+END_TEST
+
+START_TEST(test_conv_state_carry)
+{
+    for (int act = 0; act < 2; act++) {
+        long T = 9, C = 40, K = 4;
+        float *x = rvec(T * C, 2.0f, act);
+        uint16_t *wb = rbf16(C * K, 0.8f);
+        ls_wmat w = {wb, LS_WTYPE_BF16, C, K};
+        float *st = calloc((size_t)(C * K), sizeof(float)), *st2 = calloc((size_t)(C * K), sizeof(float));
+        float *y = malloc(sizeof(float) * (size_t)(T * C)), *y2 = malloc(sizeof(float) * (size_t)(T * C));
+        float *want = malloc(sizeof(float) * (size_t)(T * C));
+        ls_cpu_conv_silu(x, C, &w, st, y, C, T, C, K, act, LS_ORDER_CANONICAL);
+        /* Chunks 2 + 1 + 6 with the state carried give the same bits. */
+        ls_cpu_conv_silu(x, C, &w, st2, y2, C, 2, C, K, act, LS_ORDER_CANONICAL);
+        ls_cpu_conv_silu(x + 2 * C, C, &w, st2, y2 + 2 * C, C, 1, C, K, act, LS_ORDER_CANONICAL);
+        ls_cpu_conv_silu(x + 3 * C, C, &w, st2, y2 + 3 * C, C, 6, C, K, act, LS_ORDER_CANONICAL);
+        for (long t = 0; t < T; t++)
+            for (long c = 0; c < C; c++) {
+                float s = 0.0f;
+                for (long j = 0; j < K; j++) {
+                    long src = t - K + 1 + j;
+                    float xv = src >= 0 ? x[src * C + c] : 0.0f;
+                    float prod = ls_bf16_to_f32(wb[c * K + j]) * xv;
+                    s = s + prod;
+                }
+                float sa = A(s, act);
+                want[t * C + c] = A(sa / (1.0f + ls_expf(-sa)), act);
+            }
+        expect_bits("conv", y, want, T * C);
+        expect_bits("conv chunked", y2, want, T * C);
+        expect_bits("conv state", st2, st, C * K);
+        /* The state holds the last K inputs, most recent last. */
+        for (long c = 0; c < C; c++) ck_assert_float_eq(st[c * K + K - 1], x[(T - 1) * C + c]);
+        free(x), free(wb), free(st), free(st2), free(y), free(y2), free(want);
+    }
+}
+END_TEST
+
+START_TEST(test_gdn)
+{
+    long T = 5, Hk = 2, Hv = 4, dk = 48, dv = 40;
+    for (int act = 0; act < 2; act++) {
+        float *q = rvec(T * Hk * dk, 1.0f, act), *k = rvec(T * Hk * dk, 1.0f, act);
+        float *v = rvec(T * Hv * dv, 1.0f, act);
+        float *b = rvec(T * Hv, 3.0f, act), *a = rvec(T * Hv, 3.0f, act);
+        float *Al = rvec(Hv, 1.0f, 1), *dt = rvec(Hv, 1.0f, 1);
+        float *beta = malloc(sizeof(float) * (size_t)(T * Hv)), *alpha = malloc(sizeof(float) * (size_t)(T * Hv));
+        ls_cpu_gdn_gates(b, a, Al, dt, beta, alpha, T, Hv, act);
+        for (long i = 0; i < T * Hv; i++) {
+            float wb = A(1.0f / (1.0f + ls_expf(-b[i])), act);
+            float sp_in = a[i] + dt[i % Hv];
+            float sp = sp_in > 20.0f ? sp_in : ls_log1pf(ls_expf(sp_in));
+            float g = -ls_expf(Al[i % Hv]) * sp;
+            expect_bits("beta", &beta[i], &wb, 1);
+            float wa = ls_expf(g);
+            expect_bits("alpha", &alpha[i], &wa, 1);
+        }
+        ls_cpu_l2norm_scale(q, T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
+        ls_cpu_l2norm_scale(k, T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
+        float *S = calloc((size_t)(Hv * dk * dv), sizeof(float)), *S2 = calloc((size_t)(Hv * dk * dv), sizeof(float));
+        float *Sw = calloc((size_t)(Hv * dk * dv), sizeof(float));
+        float *o = malloc(sizeof(float) * (size_t)(T * Hv * dv)), *o2 = malloc(sizeof(float) * (size_t)(T * Hv * dv));
+        float *want = malloc(sizeof(float) * (size_t)(T * Hv * dv));
+        ls_cpu_gdn_recurrent(q, k, v, alpha, beta, S, o, T, Hk, Hv, dk, dv, act, LS_ORDER_CANONICAL);
+        /* Token by token, heads split in two calls: same bits. */
+        for (long t = 0; t < T; t++) {
+            float *oo = o2 + t * Hv * dv;
+            ls_cpu_gdn_recurrent_heads(q + t * Hk * dk, k + t * Hk * dk, v + t * Hv * dv, alpha + t * Hv,
+                                       beta + t * Hv, S2, oo, 1, Hk, Hv, dk, dv, 0, 1, act, LS_ORDER_CANONICAL);
+            ls_cpu_gdn_recurrent_heads(q + t * Hk * dk, k + t * Hk * dk, v + t * Hv * dv, alpha + t * Hv,
+                                       beta + t * Hv, S2, oo, 1, Hk, Hv, dk, dv, 1, Hv, act, LS_ORDER_CANONICAL);
+        }
+        /* Transcription of the table row, element by element. */
+        float mm[64], u[64];
+        for (long t = 0; t < T; t++)
+            for (long h = 0; h < Hv; h++) {
+                long kh = h * Hk / Hv;
+                float *Sh = Sw + h * dk * dv;
+                const float *kt = k + (t * Hk + kh) * dk, *qt = q + (t * Hk + kh) * dk;
+                float al = alpha[t * Hv + h], be = beta[t * Hv + h];
+                for (long e = 0; e < dk * dv; e++) Sh[e] = al * Sh[e];
+                for (long j = 0; j < dv; j++) mm[j] = dot32(Sh + j, dv, kt, 1, dk);
+                for (long j = 0; j < dv; j++) {
+                    float d = v[(t * Hv + h) * dv + j] - mm[j];
+                    u[j] = d * be;
+                }
+                for (long i = 0; i < dk; i++)
+                    for (long j = 0; j < dv; j++) {
+                        float prod = kt[i] * u[j];
+                        Sh[i * dv + j] = Sh[i * dv + j] + prod;
+                    }
+                for (long j = 0; j < dv; j++) want[(t * Hv + h) * dv + j] = A(dot32(Sh + j, dv, qt, 1, dk), act);
+            }
+        expect_bits("gdn out", o, want, T * Hv * dv);
+        expect_bits("gdn out token by token", o2, want, T * Hv * dv);
+        expect_bits("gdn state", S, Sw, Hv * dk * dv);
+        expect_bits("gdn state token by token", S2, Sw, Hv * dk * dv);
+        free(q), free(k), free(v), free(b), free(a), free(Al), free(dt), free(beta), free(alpha);
+        free(S), free(S2), free(Sw), free(o), free(o2), free(want);
+    }
+}
+END_TEST
+
+START_TEST(test_rope)
+{
+    long T = 3, H = 2, d = 16, R = 8, half = 4;
+    int32_t pos[3] = {0, 7, 300};
+    for (int act = 0; act < 2; act++) {
+        float cs[12], sn[12];
+        ls_cpu_rope_table(pos, T, R, 1e7, cs, sn, act);
+        for (long t = 0; t < T; t++)
+            for (long j = 0; j < half; j++) {
+                float inv = (float)pow(1e7, -2.0 * (double)j / (double)R);
+                float ang = (float)pos[t] * inv;
+                float c = A((float)cos((double)ang), act), s = A((float)sin((double)ang), act);
+                expect_bits("cos", &cs[t * half + j], &c, 1);
+                expect_bits("sin", &sn[t * half + j], &s, 1);
+            }
+        float *x = rvec(T * H * d, 2.0f, act);
+        float *y = malloc(sizeof(float) * (size_t)(T * H * d));
+        memcpy(y, x, sizeof(float) * (size_t)(T * H * d));
+        ls_cpu_rope_apply(y, cs, sn, T, H, d, R, act);
+        float want[96];
+        for (long t = 0; t < T; t++)
+            for (long h = 0; h < H; h++)
+                for (long i = 0; i < d; i++) {
+                    const float *xr = x + (t * H + h) * d;
+                    float w = xr[i];
+                    if (i < R) {
+                        float rot = i < half ? -xr[i + half] : xr[i - half];
+                        float c = cs[t * half + i % half], s = sn[t * half + i % half];
+                        w = A(A(xr[i] * c, act) + A(rot * s, act), act);
+                    }
+                    want[(t * H + h) * d + i] = w;
+                }
+        expect_bits("rope", y, want, T * H * d);
+        free(x), free(y);
+    }
+}
+END_TEST
+
+/* Transcription of docs/numerics.md §4 for one query and head. */
+static void att_ref(const float *q, const float *K, const float *V, long last, long d, int act,
+                    float *o)
+{
+    float scale = (float)(1.0 / sqrt((double)d));
+    float M = -INFINITY, l = 0.0f, acc[256] = {0};
+    for (long b0 = 0; b0 <= last; b0 += 32) {
+        long nb = last - b0 + 1 < 32 ? last - b0 + 1 : 32;
+        float s[32], p[32], ones[32], col[32];
+        float bm = -INFINITY;
+        for (long j = 0; j < nb; j++) {
+            s[j] = dot32(q, 1, K + (b0 + j) * d, 1, d) * scale;
+            bm = fmaxf(bm, s[j]);
+        }
+        float Mn = fmaxf(M, bm);
+        float c = M == -INFINITY ? 0.0f : ls_expf(M - Mn);
+        for (long j = 0; j < nb; j++) p[j] = ls_expf(s[j] - Mn), ones[j] = 1.0f;
+        float lc = l * c;
+        l = lc + dot32(p, 1, ones, 1, nb);
+        for (long i = 0; i < d; i++) {
+            for (long j = 0; j < nb; j++) col[j] = V[(b0 + j) * d + i];
+            float ac = acc[i] * c;
+            acc[i] = ac + dot32(p, 1, col, 1, nb);
+        }
+        M = Mn;
+    }
+    for (long i = 0; i < d; i++) o[i] = A(acc[i] / l, act);
+}
+
+START_TEST(test_attention)
+{
+    long cap = 80, Hq = 4, Hkv = 2, d = 24, T = 70;
+    for (int act = 0; act < 2; act++) {
+        float *kc = rvec(Hkv * cap * d, 2.0f, act), *vc = rvec(Hkv * cap * d, 2.0f, act);
+        float *q = rvec(T * Hq * d, 2.0f, act);
+        int32_t pos[70];
+        for (long t = 0; t < T; t++) pos[t] = (int32_t)(t + 3);
+        float *o = malloc(sizeof(float) * (size_t)(T * Hq * d)), *o1 = malloc(sizeof(float) * (size_t)(Hq * d));
+        float want[24];
+        ls_cpu_attention(q, kc, vc, cap, pos, o, T, Hq, Hkv, d, act, LS_ORDER_CANONICAL);
+        for (long t = 0; t < T; t++) {
+            /* One query alone (decode) = the same query among many (prefill). */
+            ls_cpu_attention(q + t * Hq * d, kc, vc, cap, pos + t, o1, 1, Hq, Hkv, d, act, LS_ORDER_CANONICAL);
+            expect_bits("attention single query", o1, o + t * Hq * d, Hq * d);
+            for (long n = 0; n < Hq; n++) {
+                long kvh = n * Hkv / Hq;
+                att_ref(q + (t * Hq + n) * d, kc + kvh * cap * d, vc + kvh * cap * d, pos[t], d, act, want);
+                expect_bits("attention", o + (t * Hq + n) * d, want, d);
+            }
+        }
+        float g[8] = {-3, -1, 0, 0.5f, 1, 2, 7, -20}, ov[8], wv[8];
+        for (int i = 0; i < 8; i++) ov[i] = wv[i] = A(frand(3), act);
+        ls_cpu_sigmoid_gate(ov, g, 8, act);
+        for (int i = 0; i < 8; i++) wv[i] = A(wv[i] * A(1.0f / (1.0f + ls_expf(-g[i])), act), act);
+        expect_bits("sigmoid gate", ov, wv, 8);
+        free(kc), free(vc), free(q), free(o), free(o1);
+    }
+}
+END_TEST
+
+START_TEST(test_router_moe)
+{
+    long E = 8, D = 40, I = 24, Is = 16, T = 3, k = 3;
+    for (int act = 0; act < 2; act++) {
+        uint16_t *wr = rbf16(E * D, 0.5f);
+        /* Experts 2 and 5 get identical router rows: their probabilities tie
+         * exactly and the lower index must come first. */
+        memcpy(wr + 5 * D, wr + 2 * D, sizeof(uint16_t) * (size_t)D);
+        ls_wmat router = {wr, LS_WTYPE_BF16, E, D};
+        float *x = rvec(T * D, 2.0f, act);
+        float probs[24], wts[9];
+        int32_t ids[9];
+        ls_cpu_router(&router, x, T, k, 1, probs, ids, wts, act, LS_ORDER_CANONICAL);
+        for (long t = 0; t < T; t++) {
+            float r[8], m = -INFINITY, e[8];
+            for (long i = 0; i < E; i++) {
+                float row[40];
+                for (long j = 0; j < D; j++) row[j] = ls_bf16_to_f32(wr[i * D + j]);
+                r[i] = A(dot32(row, 1, x + t * D, 1, D), act);
+                m = fmaxf(m, r[i]);
+            }
+            for (long i = 0; i < E; i++) e[i] = ls_expf(r[i] - m);
+            float sum = dot32(e, 1, (float[8]){1, 1, 1, 1, 1, 1, 1, 1}, 1, E);
+            float pi[8];
+            for (long i = 0; i < E; i++) pi[i] = e[i] / sum;
+            expect_bits("router probs", probs + t * E, pi, E);
+            int used[8] = {0};
+            float s = 0.0f;
+            for (long i = 0; i < k; i++) {
+                long best = -1;
+                for (long j = 0; j < E; j++)
+                    if (!used[j] && (best < 0 || pi[j] > pi[best])) best = j;
+                used[best] = 1;
+                ck_assert_int_eq(ids[t * k + i], best);
+                s = s + pi[best];
+            }
+            for (long i = 0; i < k; i++) {
+                float w = A(pi[ids[t * k + i]] / s, act);
+                expect_bits("router weight", &wts[t * k + i], &w, 1);
+            }
+            for (long i = 0; i + 1 < k; i++)
+                if (ids[t * k + i] == 5) ck_assert_msg(used[2], "tie broken towards expert 5");
+        }
+        /* MoE vs per-slot transcription. */
+        ls_wmat g[8], u[8], dn[8];
+        uint16_t *wg = rbf16(E * I * D, 0.3f), *wu = rbf16(E * I * D, 0.3f), *wd = rbf16(E * D * I, 0.3f);
+        for (long e = 0; e < E; e++) {
+            g[e] = (ls_wmat){wg + e * I * D, LS_WTYPE_BF16, I, D};
+            u[e] = (ls_wmat){wu + e * I * D, LS_WTYPE_BF16, I, D};
+            dn[e] = (ls_wmat){wd + e * D * I, LS_WTYPE_BF16, D, I};
+        }
+        uint16_t *sg = rbf16(Is * D, 0.3f), *su = rbf16(Is * D, 0.3f), *sd = rbf16(D * Is, 0.3f), *sgw = rbf16(D, 0.3f);
+        ls_wmat shg = {sg, LS_WTYPE_BF16, Is, D}, shu = {su, LS_WTYPE_BF16, Is, D}, shd = {sd, LS_WTYPE_BF16, D, Is},
+                shw = {sgw, LS_WTYPE_BF16, 1, D};
+        ls_moe_weights mw = {E, D, I, Is, g, u, dn, &shg, &shu, &shd, &shw};
+        float *out = malloc(sizeof(float) * (size_t)(T * D));
+        float *scratch = malloc(sizeof(float) * (size_t)((k + 1) * D + 2 * I));
+        ls_cpu_moe(&mw, x, ids, wts, k, out, 0, T, scratch, act, LS_ORDER_CANONICAL, LS_ORDER_CANONICAL);
+        for (long t = 0; t < T; t++) {
+            float c[3][40], sh[40], gg[24], uu[24], mm[24], row[40];
+            for (long i = 0; i <= k; i++) {
+                const ls_wmat *G = i < k ? &g[ids[t * k + i]] : &shg, *U = i < k ? &u[ids[t * k + i]] : &shu,
+                              *Dn = i < k ? &dn[ids[t * k + i]] : &shd;
+                long II = G->rows;
+                for (long r = 0; r < II; r++) {
+                    for (long j = 0; j < D; j++) row[j] = ls_wmat_at(G, r, j);
+                    gg[r] = A(dot32(row, 1, x + t * D, 1, D), act);
+                    for (long j = 0; j < D; j++) row[j] = ls_wmat_at(U, r, j);
+                    uu[r] = A(dot32(row, 1, x + t * D, 1, D), act);
+                    float sl = A(gg[r] / (1.0f + ls_expf(-gg[r])), act);
+                    mm[r] = A(sl * uu[r], act);
+                }
+                float *dst = i < k ? c[i] : sh;
+                for (long r = 0; r < D; r++) {
+                    for (long j = 0; j < II; j++) row[j] = ls_wmat_at(Dn, r, j);
+                    float y = A(dot32(row, 1, mm, 1, II), act);
+                    dst[r] = i < k ? A(y * wts[t * k + i], act) : y;
+                }
+            }
+            for (long j = 0; j < D; j++) row[j] = ls_bf16_to_f32(sgw[j]);
+            float gam = A(1.0f / (1.0f + ls_expf(-A(dot32(row, 1, x + t * D, 1, D), act))), act);
+            float want[40];
+            for (long j = 0; j < D; j++) {
+                float s = 0.0f;
+                for (long i = 0; i < k; i++) s = s + c[i][j];
+                want[j] = A(A(s, act) + A(gam * sh[j], act), act);
+            }
+            expect_bits("moe", out + t * D, want, D);
+        }
+        /* The perturbed combine order changes some bit somewhere in bf16 and
+         * fp32 (with these inputs); the canonical result is unchanged by a
+         * second call. */
+        float *out2 = malloc(sizeof(float) * (size_t)(T * D));
+        ls_cpu_moe(&mw, x, ids, wts, k, out2, 0, T, scratch, act, LS_ORDER_CANONICAL, LS_ORDER_CANONICAL);
+        expect_bits("moe repeat", out2, out, T * D);
+        free(wr), free(x), free(wg), free(wu), free(wd), free(sg), free(su), free(sd), free(sgw);
+        free(out), free(out2), free(scratch);
+    }
+}
+END_TEST
+
+START_TEST(test_logprobs_topk)
+{
+    long V = 300;
+    float *l = rvec(2 * V, 8.0f, 1), *lp = malloc(sizeof(float) * (size_t)(2 * V)), scr[300];
+    l[17] = l[40] = 30.0f; /* a tie at the top */
+    ls_cpu_logprobs(l, lp, 2, V, scr, LS_ORDER_CANONICAL);
+    for (long r = 0; r < 2; r++) {
+        float m = -INFINITY, e[300], ones[300];
+        for (long v = 0; v < V; v++) m = fmaxf(m, l[r * V + v]);
+        for (long v = 0; v < V; v++) e[v] = ls_expf(l[r * V + v] - m), ones[v] = 1.0f;
+        float lse = m + ls_logf(dot32(e, 1, ones, 1, V));
+        float want[300];
+        for (long v = 0; v < V; v++) want[v] = l[r * V + v] - lse;
+        expect_bits("logprobs", lp + r * V, want, V);
+    }
+    int32_t ids[5];
+    float vals[5];
+    ls_cpu_topk(lp, V, 5, ids, vals);
+    ck_assert_int_eq(ids[0], 17);
+    ck_assert_int_eq(ids[1], 40);
+    for (int i = 0; i + 1 < 5; i++) ck_assert(vals[i] >= vals[i + 1]);
+    free(l), free(lp);
+}
+END_TEST
+
+START_TEST(test_reversed_order_differs)
+{
+    /* The perturbation must change bits on ordinary data, or the detection
+     * tests would prove nothing. */
+    float *a = rvec(512, 1.0f, 1), *b = rvec(512, 1.0f, 1);
+    int differ = 0;
+    for (int r = 0; r < 8; r++) {
+        float c = ls_cpu_dot(a + r * 64, b + r * 64, 64, LS_ORDER_CANONICAL);
+        float d = ls_cpu_dot(a + r * 64, b + r * 64, 64, LS_ORDER_REVERSED);
+        differ += ls_f32_bits(c) != ls_f32_bits(d);
+    }
+    ck_assert_int_gt(differ, 0);
+    free(a), free(b);
+}
+END_TEST
+
+START_TEST(test_backend_threads)
+{
+    /* The CPU backend's linear and attention give the same bits with 1 and 3 threads. */
+    long T = 4, in = 64, out = 37;
+    uint16_t *wb = rbf16(out * in, 0.5f);
+    float *x = rvec(T * in, 2.0f, 1);
+    float res[2][148];
+    for (int th = 0; th < 2; th++) {
+        ls_backend *be;
+        ls_error err;
+        ck_assert_int_eq(ls_backend_cpu_create(th ? 3 : 1, &be, &err), LS_OK);
+        ls_buf *wbuf, *xb, *yb;
+        ck_assert_int_eq(be->wrap_weights(be, wb, sizeof(uint16_t) * (size_t)(out * in), &wbuf, &err), LS_OK);
+        ck_assert_int_eq(be->alloc(be, sizeof(float) * (size_t)(T * in), &xb, &err), LS_OK);
+        ck_assert_int_eq(be->alloc(be, sizeof(float) * (size_t)(T * out), &yb, &err), LS_OK);
+        ls_bweight w = {wbuf, 0, LS_WTYPE_BF16, out, in};
+        ls_view xv = {xb, 0}, yv = {yb, 0};
+        ck_assert_int_eq(be->upload(be, xv, x, sizeof(float) * (size_t)(T * in), &err), LS_OK);
+        ck_assert_int_eq(be->linear(be, &w, xv, yv, T, 1, LS_ORDER_CANONICAL, &err), LS_OK);
+        ck_assert_int_eq(be->download(be, res[th], yv, sizeof(float) * (size_t)(T * out), &err), LS_OK);
+        /* Out-of-range transfers are refused, not performed. */
+        ck_assert_int_ne(be->download(be, res[th], ls_view_at(yv, 1), sizeof(float) * (size_t)(T * out), &err), LS_OK);
+        be->destroy(be);
+    }
+    expect_bits("linear threads", res[1], res[0], T * out);
+    free(wb), free(x);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("cpu_ops");
+    TCase *tc = tcase_create("ops");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_linear);
+    tcase_add_test(tc, test_norms);
+    tcase_add_test(tc, test_conv_state_carry);
+    tcase_add_test(tc, test_gdn);
+    tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_attention);
+    tcase_add_test(tc, test_router_moe);
+    tcase_add_test(tc, test_logprobs_topk);
+    tcase_add_test(tc, test_reversed_order_differs);
+    tcase_add_test(tc, test_backend_threads);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
