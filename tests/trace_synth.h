@@ -33,7 +33,7 @@ typedef struct syn_opts {
     int gen_len;      /* decode steps after the prefill */
     int chunk;        /* 0 = rollout shape; C = replay chunks of C positions */
     int dumps;        /* 1: full hidden/router tensors at every (layer, pos) for layer 1 and 2 */
-    int kinds_mask;   /* digest kinds (default all) */
+    int kinds_mask;   /* digest kinds (0: all, -1: none) */
     const char *model;/* fingerprint hex (default all 'a') */
     syn_plant plant;
 } syn_opts;
@@ -92,7 +92,7 @@ static void syn_record(const syn_opts *o, uint32_t seq, uint32_t pos, ls_trace_r
     }
     if (here && pl->what == SYN_TOPK_SET) rec->topk_ids[4] = 5000;
     uint32_t nd = 0, nm = 0;
-    uint32_t mask = o->kinds_mask ? (uint32_t)o->kinds_mask : 0x1f;
+    uint32_t mask = o->kinds_mask < 0 ? 0 : o->kinds_mask ? (uint32_t)o->kinds_mask : 0x1f;
     for (int l = 0; l < SYN_N_LAYERS; l++)
         for (int k = 0; k < LS_DIGEST_COUNT; k++) {
             if (!syn_kind_allowed(l, k) || !(mask & (1u << k))) continue;
@@ -152,7 +152,7 @@ static int syn_write(const char *path, const syn_opts *o)
     h.manifest_digest = "";
     h.run_params_json = o->chunk ? "{\"chunk\":1}" : "{\"temperature\":0}";
     h.topk = 5;
-    h.digest_kinds_mask = o->kinds_mask ? (uint32_t)o->kinds_mask : 0x1f;
+    h.digest_kinds_mask = o->kinds_mask < 0 ? 0 : o->kinds_mask ? (uint32_t)o->kinds_mask : 0x1f;
     h.state_digest_every = 1;
     h.n_layers = SYN_N_LAYERS;
     h.layers = syn_layers;
