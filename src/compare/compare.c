@@ -118,6 +118,7 @@ typedef struct walk {
     int max_cols;
     uint64_t first_order;        /* drift discovery counter */
     uint64_t *drift_order;       /* [seqs_cap] order of each seq's first drift (0 = none) */
+    int skip_token;              /* an imported trace has no input tokens */
 } walk;
 
 static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *idx, ls_error *err)
@@ -286,7 +287,7 @@ static void compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_r
     d.topk_slot = -1;
     int found = 0;
     /* 1. input token */
-    if (a->token != b->token) {
+    if (a->token != b->token && !w->skip_token) {
         d.what = LS_DRIFT_TOKEN;
         d.a_value = a->token;
         d.b_value = b->token;
@@ -354,7 +355,7 @@ static void compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_r
         if (x == x && y == y) dl = fabs(x - y);
     }
     if (a->next_token >= 0 && b->next_token >= 0) s->steps++;
-    if (a->token == b->token && a->next_token == b->next_token) s->tokens_equal++;
+    if ((a->token == b->token || w->skip_token) && a->next_token == b->next_token) s->tokens_equal++;
     cell(w, s, n_layers + 1, pos, out_differs ? LS_CELL_DIFFERS : LS_CELL_EQUAL);
     /* 4. top-k: set, order, logprob bits */
     int set_eq = 1, order_slot = -1, bits_slot = -1, set_slot = -1;
@@ -490,6 +491,12 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
                  !ha->digest_kinds_mask ? "A" : "B", r->topk_compared);
     else if (ha->digest_kinds_mask != hb->digest_kinds_mask)
         snprintf(r->note, sizeof r->note, "digest kinds differ between the traces: compared only the kinds both carry");
+    w.skip_token = !strcmp(ha->mode, "import") || !strcmp(hb->mode, "import");
+    if (w.skip_token) {
+        size_t n = strlen(r->note);
+        snprintf(r->note + n, sizeof r->note - n, "%san imported trace carries generated tokens only: input tokens not compared",
+                 n ? "; " : "");
+    }
     if (ha->topk != hb->topk) {
         size_t n = strlen(r->note);
         snprintf(r->note + n, sizeof r->note - n, "%stop-k widths differ (%d vs %d): compared the first %d", n ? "; " : "",
