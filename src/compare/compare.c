@@ -317,7 +317,9 @@ static void compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_r
             r->router_differ_per_layer[x->layer]++;
         }
         cell(w, s, 1 + x->layer, pos, LS_CELL_DIFFERS);
-        if (!found) {
+        /* Within a layer the causal order is conv_state, gdn_state, kv, router, hidden. */
+        static const int rank[LS_DIGEST_COUNT] = {4, 1, 0, 2, 3};
+        if (!found || (d.what == LS_DRIFT_DIGEST && d.layer == x->layer && rank[x->kind] < rank[d.kind])) {
             found = 1;
             d.what = LS_DRIFT_DIGEST;
             d.layer = x->layer;

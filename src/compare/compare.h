@@ -8,8 +8,9 @@
  * O(sequences x heat-map columns) for the report; never the record bytes.
  *
  * At each position the checks run in causal order: the input token, then
- * every layer of the layer table in order (per layer, digest kinds in
- * ls_digest_kind order), then the selected next token, its logprob bits and
+ * every layer of the layer table in order (within a layer, in causal order:
+ * conv_state, gdn_state, kv, router, hidden), then the selected next token,
+ * its logprob bits and
  * the top-k (set, order, logprob bits). The first failing check of a sequence
  * is its first drift. The verdict is bitwise; |Δ logprob| and KL over the
  * top-k are diagnostics only. */
