@@ -14,7 +14,7 @@ float ls_cpu_dot(const float *a, const float *b, long n, ls_order order)
     float s = 0.0f;
     for (long k = n - 1; k >= 0; k--) {
         float prod = a[k] * b[k];
-        s = s + prod;
+        s = ls_round_bf16(s + prod);
     }
     return s;
 }
@@ -28,7 +28,7 @@ float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x, ls_order order)
         float s = 0.0f;
         for (long k = n - 1; k >= 0; k--) {
             float prod = ls_bf16_to_f32(row[k]) * x[k];
-            s = s + prod;
+            s = ls_round_bf16(s + prod);
         }
         return s;
     }
@@ -39,7 +39,7 @@ float ls_cpu_sum(const float *a, long n, ls_order order)
 {
     if (order == LS_ORDER_CANONICAL) return ls_sum32(a, n);
     float s = 0.0f;
-    for (long k = n - 1; k >= 0; k--) s = s + a[k];
+    for (long k = n - 1; k >= 0; k--) s = ls_round_bf16(s + a[k]);
     return s;
 }
 
@@ -117,7 +117,7 @@ void ls_cpu_conv_silu(const float *x, long x_stride, const ls_wmat *w, float *st
                 for (long j = K - 1; j >= 0; j--) {
                     float win = (j == K - 1) ? xt : st[j + 1];
                     float prod = ls_wmat_at(w, c, j) * win;
-                    s = s + prod;
+                    s = ls_round_bf16(s + prod);
                 }
             }
             for (long j = 0; j + 1 < K; j++) st[j] = st[j + 1];
@@ -168,7 +168,7 @@ static void col_dots(const float *S /* [dk, dv] */, const float *vec /* [dk] */,
         for (long i = dk - 1; i >= 0; i--)
             for (long j = 0; j < dv; j++) {
                 float prod = S[i * dv + j] * vec[i];
-                out[j] = out[j] + prod;
+                out[j] = ls_round_bf16(out[j] + prod);
             }
         return;
     }
@@ -374,7 +374,7 @@ void ls_cpu_router(const ls_wmat *w, const float *x, long T, long k, int norm_to
             if (order == LS_ORDER_CANONICAL)
                 for (long i = 0; i < k; i++) s = s + wt[i];
             else
-                for (long i = k - 1; i >= 0; i--) s = s + wt[i];
+                for (long i = k - 1; i >= 0; i--) s = ls_round_bf16(s + wt[i]);
             for (long i = 0; i < k; i++) wt[i] = ls_act(wt[i] / s, act_bf16);
         } else {
             for (long i = 0; i < k; i++) wt[i] = ls_act(wt[i], act_bf16);
@@ -422,10 +422,16 @@ void ls_cpu_moe_combine(const float *c, long k, long D, int has_shared, float *o
 {
     for (long j = 0; j < D; j++) {
         float s = 0.0f;
-        if (order_combine == LS_ORDER_CANONICAL)
-            for (long i = 0; i < k; i++) s = s + c[i * D + j];
-        else
+        if (order_combine == LS_ORDER_REVERSED) {
+            /* Perturbed: one fp32 sum from the shared expert down to the first
+             * routed slot, rounded once (with k = 2 a mere reordering of the
+             * routed sum could not change a bit). */
+            if (has_shared) s = c[k * D + j];
             for (long i = k - 1; i >= 0; i--) s = s + c[i * D + j];
+            out[j] = ls_act(s, act_bf16);
+            continue;
+        }
+        for (long i = 0; i < k; i++) s = s + c[i * D + j];
         float routed = ls_act(s, act_bf16);
         out[j] = has_shared ? ls_act(routed + c[k * D + j], act_bf16) : routed;
     }

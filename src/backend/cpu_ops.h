@@ -7,10 +7,17 @@
  *   act_bf16   1: round activations to bf16 at the contract's points (act(x)
  *              = bf16(x)); 0: fp32 activation mode (act(x) = x);
  *   order      LS_ORDER_CANONICAL, or LS_ORDER_REVERSED for the perturbation
- *              switch (every DOT32 / sequential sum of that operator becomes a
- *              plain sequential sum from the last element to the first), which
- *              exists only to prove that the comparator detects a change of
- *              reduction order.
+ *              switch: every DOT32 / sequential sum of that operator becomes a
+ *              sequential sum from the last element to the first whose
+ *              accumulator is rounded to bf16 after every addition (reduced-
+ *              precision reduction, as eager bf16 kernels and cuBLAS's
+ *              reduced-precision mode do). It exists only to prove that the
+ *              comparator detects a changed reduction. A pure reordering is
+ *              not enough: it moves fp32 results by an ulp or so, which the
+ *              bf16 rounding of activations hides almost always, and a conv's
+ *              few bf16 products sum exactly in any order. The combine's
+ *              perturbation sums shared + routed slots in one fp32 sum
+ *              (reversed), rounded once, since two routed terms commute.
  *
  * Activations are fp32 arrays in both modes; in bf16 mode they hold values
  * that are exactly representable in bf16. Weights are used as stored (bf16 or

@@ -22,6 +22,10 @@
 #include "fingerprint/sha256.h"
 
 #define LS_TRACE_TOPK_MAX 64
+#define LS_TRACE_VERSION_MAJOR 1
+#define LS_TRACE_VERSION_MINOR 0
+/* Largest uncompressed frame a writer produces or a reader accepts. */
+#define LS_TRACE_FRAME_MAX_BYTES ((uint64_t)256 << 20)
 
 /* Families of the trace's layer table. A decoder layer contributes two trace
  * layers: its mixer (gdn or attention) and its moe block. */
@@ -40,7 +44,7 @@ const char *ls_layer_family_name(ls_layer_family f);
 typedef enum ls_digest_kind {
     LS_DIGEST_HIDDEN,        /* the trace layer's output hidden row, bf16 [D] (fp32 in fp32 mode) */
     LS_DIGEST_GDN_STATE,     /* GDN recurrent state after p, fp32 [H_v, d_k, d_v] */
-    LS_DIGEST_CONV_STATE,    /* GDN conv state after p, [conv_dim, K] (activation dtype) */
+    LS_DIGEST_CONV_STATE,    /* GDN conv state after p, [conv_dim, K-1] (activation dtype) */
     LS_DIGEST_KV,            /* K then V rows written to the cache at p */
     LS_DIGEST_ROUTER,        /* router top-k ids (int32 LE) then weights (fp32 LE) */
     LS_DIGEST_COUNT
@@ -68,6 +72,8 @@ typedef struct ls_trace_header {
     uint32_t state_digest_every;       /* carried-state kinds recorded every N positions (1 = all) */
     int n_layers;
     const ls_trace_layer *layers;      /* [n_layers] */
+    const char *activation_dtype;      /* "bf16" (NULL means bf16) or "fp32": dtype of
+                                          hidden/conv/KV canonical bytes */
 } ls_trace_header;
 
 /* One digest of one trace layer at one position. */
@@ -81,10 +87,19 @@ typedef struct ls_trace_digest {
 typedef struct ls_trace_dump {
     uint16_t layer;
     uint8_t kind;                      /* ls_digest_kind the tensor belongs to */
-    uint8_t dtype;                     /* 0 = bf16, 1 = fp32 */
+    uint8_t dtype;                     /* ls_dump_dtype */
     uint32_t n_elems;
-    const void *data;                  /* n_elems elements, little-endian */
+    const void *data;                  /* the kind's canonical bytes: n_elems elements,
+                                          little-endian (router: k int32 ids, then k fp32) */
 } ls_trace_dump;
+
+typedef enum ls_dump_dtype {
+    LS_DUMP_BF16 = 0,
+    LS_DUMP_FP32 = 1,
+    LS_DUMP_ROUTER = 2                 /* n_elems = 2k: int32 ids [k] then fp32 weights [k] */
+} ls_dump_dtype;
+/* Bytes per element of a dump dtype (0 for an unknown dtype). */
+size_t ls_dump_dtype_size(unsigned dtype);
 
 typedef struct ls_trace_record {
     uint32_t seq;                      /* sequence id */
@@ -98,6 +113,12 @@ typedef struct ls_trace_record {
     const ls_trace_digest *digests;    /* [n_digests], ordered by (layer, kind) */
     uint32_t n_dumps;
     const ls_trace_dump *dumps;        /* [n_dumps] */
+    /* Filled by the reader only (ignored by the writer): the record's encoded
+     * bytes as stored in the frame; two records with equal bytes are equal. */
+    const uint8_t *raw;
+    uint32_t raw_bytes;
+    uint32_t frame_index;              /* frame the record came from */
+    uint64_t frame_offset;             /* byte offset of that frame in the file */
 } ls_trace_record;
 
 typedef enum ls_frame_kind {
@@ -138,6 +159,42 @@ const ls_trace_header *ls_trace_reader_header(const ls_trace_reader *r);
  * ls_trace_reader_complete() == 0. */
 ls_status ls_trace_reader_next(ls_trace_reader *r, const ls_trace_record **rec, ls_error *err);
 int ls_trace_reader_complete(const ls_trace_reader *r);
+/* Counts so far (after the end: totals). */
+uint64_t ls_trace_reader_frames(const ls_trace_reader *r);
+uint64_t ls_trace_reader_records(const ls_trace_reader *r);
+/* Uncompressed record bytes read so far. */
+uint64_t ls_trace_reader_bytes(const ls_trace_reader *r);
 void ls_trace_reader_close(ls_trace_reader *r);
+
+/* ---- indexed access ---------------------------------------------------------
+ * Random access by (seq, pos) for the comparator. Opening scans the frame
+ * headers only (payloads are skipped, not decompressed) and keeps, per
+ * sequence, the list of (first position, count, frame) segments; frames are
+ * decompressed and checksum-verified on first use and kept in a small cache
+ * (at most LS_TRACE_INDEX_CACHE_FRAMES frames). Memory: the segment table plus
+ * the cache, independent of record bytes. */
+#define LS_TRACE_INDEX_CACHE_FRAMES 8
+typedef struct ls_trace_index ls_trace_index;
+
+ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *err);
+const ls_trace_header *ls_trace_index_header(const ls_trace_index *ix);
+int ls_trace_index_complete(const ls_trace_index *ix);
+/* Looks up (seq, pos): *rec is the record (valid until the next find or
+ * close) or NULL when the trace has no such record. */
+ls_status ls_trace_index_find(ls_trace_index *ix, uint32_t seq, uint32_t pos,
+                              const ls_trace_record **rec, ls_error *err);
+/* Sequences in the trace (ascending), and the number of positions of one. */
+size_t ls_trace_index_n_seqs(const ls_trace_index *ix);
+uint32_t ls_trace_index_seq(const ls_trace_index *ix, size_t i);
+uint64_t ls_trace_index_seq_positions(const ls_trace_index *ix, uint32_t seq);
+/* Largest position of seq + 1 (0 if absent). */
+uint32_t ls_trace_index_seq_end(const ls_trace_index *ix, uint32_t seq);
+/* Total records. */
+uint64_t ls_trace_index_records(const ls_trace_index *ix);
+void ls_trace_index_close(ls_trace_index *ix);
+
+/* Parses a family / digest-kind name; returns -1 when unknown. */
+int ls_layer_family_parse(const char *name);
+int ls_digest_kind_parse(const char *name);
 
 #endif

@@ -1,0 +1,93 @@
+/* lockstep compare A B — bitwise comparison of two traces. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "compare/compare.h"
+#include "core/util.h"
+#include "report/report.h"
+
+static const char usage_text[] =
+    "usage: lockstep compare A.trace B.trace [options]\n"
+    "\n"
+    "Aligns two traces by (sequence, position) and compares them bitwise: input\n"
+    "tokens, every per-layer digest both traces carry (layers in order), the\n"
+    "selected next token and its logprob bits, and the top-k ids, order and\n"
+    "logprob bits. Prints, per sequence, positions compared, token and top-k set\n"
+    "equality, max |d logprob| and PASS/FAIL, then the first drift of each failing\n"
+    "sequence (position, layer, family, digest kind; element-level detail where\n"
+    "both traces dumped the tensor). |d logprob| and KL are diagnostics only: the\n"
+    "verdict is bitwise. Trace A is walked in its execution order; B is indexed,\n"
+    "so the two may be framed differently (rollout vs chunked replay).\n"
+    "\n"
+    "options:\n"
+    "  --json FILE|-              write the JSON report (docs/compare-json.schema.json)\n"
+    "  --junit FILE               write a JUnit XML report (one testcase per sequence)\n"
+    "  --html FILE                write a self-contained HTML page (heat map, |d logprob| plot)\n"
+    "  --allow-different-model    compare traces whose model fingerprints differ\n"
+    "  --allow-incomplete         compare traces without a trailer (killed runs)\n"
+    "  --heatmap-cols N           heat-map columns per sequence (default 256)\n"
+    "  --no-color                 never colour the text report\n"
+    "\n"
+    "exit status: 0 bitwise equal, 1 drift found, 2 could not compare\n";
+
+int ls_cmd_compare(int argc, char **argv)
+{
+    const char *paths[2] = {NULL, NULL}, *json = NULL, *junit = NULL, *html = NULL;
+    int n_paths = 0, no_color = 0;
+    ls_compare_opts opts = {0};
+    ls_error err;
+    ls_error_clear(&err);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (ls_cli_is_help(a)) {
+            fputs(usage_text, stdout);
+            return 0;
+        } else if (!strcmp(a, "--allow-different-model")) {
+            opts.allow_different_model = 1;
+        } else if (!strcmp(a, "--allow-incomplete")) {
+            opts.allow_incomplete = 1;
+        } else if (!strcmp(a, "--no-color")) {
+            no_color = 1;
+        } else if ((!strcmp(a, "--json") || !strcmp(a, "--junit") || !strcmp(a, "--html") ||
+                    !strcmp(a, "--heatmap-cols")) && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (!strcmp(a, "--json")) json = v;
+            else if (!strcmp(a, "--junit")) junit = v;
+            else if (!strcmp(a, "--html")) html = v;
+            else if ((opts.heatmap_max_cols = atoi(v)) < 1 || opts.heatmap_max_cols > 4096) {
+                ls_fail(&err, LS_E_USAGE, "--heatmap-cols must be 1..4096");
+                return ls_cli_report("compare", &err);
+            }
+        } else if (a[0] == '-' && a[1]) {
+            ls_fail(&err, LS_E_USAGE, "unknown option or missing value: %s", a);
+            return ls_cli_report("compare", &err);
+        } else if (n_paths < 2) {
+            paths[n_paths++] = a;
+        } else {
+            ls_fail(&err, LS_E_USAGE, "expected two trace files");
+            return ls_cli_report("compare", &err);
+        }
+    }
+    if (n_paths != 2) {
+        ls_fail(&err, LS_E_USAGE, "expected two trace files");
+        return ls_cli_report("compare", &err);
+    }
+    ls_compare_result r;
+    ls_status st = ls_compare_files(paths[0], paths[1], &opts, &r, &err);
+    if (st) {
+        ls_compare_result_free(&r);
+        return ls_cli_report("compare", &err);
+    }
+    int stdout_taken = (json && !strcmp(json, "-")) || (junit && !strcmp(junit, "-")) || (html && !strcmp(html, "-"));
+    FILE *text = stdout_taken ? stderr : stdout;
+    if (ls_log_level > 0 || !stdout_taken) ls_report_write_text(text, &r, !no_color && ls_isatty(text));
+    if (!st && json) st = ls_report_write_json(json, &r, &err);
+    if (!st && junit) st = ls_report_write_junit(junit, &r, &err);
+    if (!st && html) st = ls_report_write_html(html, &r, &err);
+    int equal = r.equal;
+    ls_compare_result_free(&r);
+    if (st) return ls_cli_report("compare", &err);
+    return equal ? 0 : 1;
+}

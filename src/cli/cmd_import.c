@@ -1,0 +1,86 @@
+/* lockstep import jsonl IN -o TRACE — traces from other engines' logprob dumps. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/util.h"
+#include "trace/import.h"
+
+static const char usage_text[] =
+    "usage: lockstep import jsonl IN.jsonl -o OUT.trace --model-fingerprint HEX [options]\n"
+    "\n"
+    "Converts per-token logprob dumps, as inference servers emit them, into a trace\n"
+    "that 'lockstep compare' reads. IN holds one JSON object per generated token:\n"
+    "  {\"seq\": 0, \"pos\": 17, \"token\": 1234, \"logprob\": -0.25,\n"
+    "   \"top_logprobs\": {\"1234\": -0.25, \"99\": -1.5, ...}}\n"
+    "pos is the absolute position of the generated token (prompt length + step);\n"
+    "top_logprobs is in rank order. Other keys are ignored. Every float is parsed\n"
+    "from its exact text with strtof (a shortest round-trip decimal, or a hex float\n"
+    "or \"inf\"/\"-inf\" given as a JSON string), never through double, so the fp32\n"
+    "bits are exactly those the engine printed. Positions of a sequence must\n"
+    "increase through the file. Imported traces carry no digests: compare then\n"
+    "checks tokens, logprobs and top-k only, and says so.\n"
+    "\n"
+    "options:\n"
+    "  -o, --output FILE           trace to write (required)\n"
+    "  --model-fingerprint HEX     model Merkle root, 64 hex characters (required)\n"
+    "  --manifest-digest HEX       manifest SHA-256 to record\n"
+    "  --engine NAME               engine name to record (default jsonl)\n"
+    "  --topk N                    top-k width (default 5; extra entries are dropped)\n"
+    "\n"
+    "exit status: 0 written, 2 bad input or usage\n";
+
+int ls_cmd_import(int argc, char **argv)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ls_import_opts o = {0};
+    const char *in = NULL, *out = NULL;
+    if (argc >= 2 && ls_cli_is_help(argv[1])) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    if (argc < 2 || strcmp(argv[1], "jsonl") != 0) {
+        ls_fail(&err, LS_E_USAGE, "expected 'import jsonl IN -o OUT --model-fingerprint HEX'");
+        return ls_cli_report("import", &err);
+    }
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (ls_cli_is_help(a)) {
+            fputs(usage_text, stdout);
+            return 0;
+        }
+        int has = i + 1 < argc;
+        if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has) out = argv[++i];
+        else if (!strcmp(a, "--model-fingerprint") && has) o.model_fingerprint = argv[++i];
+        else if (!strcmp(a, "--manifest-digest") && has) o.manifest_digest = argv[++i];
+        else if (!strcmp(a, "--engine") && has) o.engine = argv[++i];
+        else if (!strcmp(a, "--topk") && has) o.topk = atoi(argv[++i]);
+        else if (a[0] == '-' && a[1]) {
+            ls_fail(&err, LS_E_USAGE, "unknown option or missing value: %s", a);
+            return ls_cli_report("import", &err);
+        } else if (!in) in = a;
+        else {
+            ls_fail(&err, LS_E_USAGE, "unexpected argument: %s", a);
+            return ls_cli_report("import", &err);
+        }
+    }
+    if (!in || !out || !o.model_fingerprint) {
+        ls_fail(&err, LS_E_USAGE, "IN, -o OUT and --model-fingerprint are required");
+        return ls_cli_report("import", &err);
+    }
+    if (o.topk < 0 || o.topk > 64) {
+        ls_fail(&err, LS_E_USAGE, "--topk must be 1..64");
+        return ls_cli_report("import", &err);
+    }
+    char *data;
+    size_t len;
+    uint64_t n = 0;
+    if (ls_read_file(in, &data, &len, &err) != LS_OK) return ls_cli_report("import", &err);
+    ls_status st = ls_import_jsonl(in, data, len, &o, out, &n, &err);
+    free(data);
+    if (st) return ls_cli_report("import", &err);
+    ls_log_info("import: %llu records written to %s\n", (unsigned long long)n, out);
+    return 0;
+}

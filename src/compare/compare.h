@@ -1,0 +1,138 @@
+/* lockstep — the comparator: aligns two traces by (sequence, position) and
+ * finds the first drift.
+ *
+ * Trace A drives the walk in its own record order (execution order); trace B
+ * is reached through an index (trace/trace.h, ls_trace_index), so the two may
+ * be framed differently (rollout prefill + decode steps vs replay chunks).
+ * Memory: B's segment table, a few decompressed frames of each trace, and
+ * O(sequences x heat-map columns) for the report; never the record bytes.
+ *
+ * At each position the checks run in causal order: the input token, then
+ * every layer of the layer table in order (within a layer, in causal order:
+ * conv_state, gdn_state, kv, router, hidden), then the selected next token,
+ * its logprob bits and
+ * the top-k (set, order, logprob bits). The first failing check of a sequence
+ * is its first drift. The verdict is bitwise; |Δ logprob| and KL over the
+ * top-k are diagnostics only. */
+#ifndef LS_COMPARE_COMPARE_H
+#define LS_COMPARE_COMPARE_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+#include "trace/trace.h"
+
+typedef struct ls_compare_opts {
+    int allow_different_model;   /* compare traces whose model fingerprints differ */
+    int allow_incomplete;        /* compare a trace that has no trailer (killed run) */
+    int heatmap_max_cols;        /* columns per sequence in the heat map; 0 = 256 */
+} ls_compare_opts;
+
+typedef enum ls_drift_what {
+    LS_DRIFT_NONE = 0,
+    LS_DRIFT_TOKEN,              /* input token at pos differs */
+    LS_DRIFT_DIGEST,             /* a (layer, kind) digest differs */
+    LS_DRIFT_NEXT_TOKEN,         /* selected next token differs */
+    LS_DRIFT_LOGPROB,            /* selected-token logprob bits differ */
+    LS_DRIFT_TOPK_SET,           /* top-k id sets differ */
+    LS_DRIFT_TOPK_ORDER,         /* same set, different order */
+    LS_DRIFT_TOPK_LOGPROB,       /* same ids and order, logprob bits differ */
+    LS_DRIFT_MISSING             /* position present in one trace only */
+} ls_drift_what;
+const char *ls_drift_what_name(ls_drift_what w);
+
+/* Element-level difference of a dumped tensor (when both traces carry it). */
+typedef struct ls_tensor_diff {
+    int present;                 /* 1 when both traces dumped this (pos, layer, kind) */
+    uint8_t dtype;               /* ls_dump_dtype */
+    uint32_t n_elems;
+    int64_t first_index;         /* first differing element, -1 if none */
+    uint32_t a_bits, b_bits;     /* raw bits of that element (bf16 in the low 16 bits) */
+    double a_value, b_value;     /* decoded values (ids for router ids) */
+    uint64_t ulp;                /* ULP distance between the two values (same dtype ordering) */
+    double max_abs, mean_abs;    /* over the whole tensor (router: over the weights) */
+    uint32_t n_differ;           /* elements whose bits differ */
+    /* router dumps: top-k ids of both sides */
+    int router_k;
+    int32_t router_a[LS_TRACE_TOPK_MAX], router_b[LS_TRACE_TOPK_MAX];
+    int router_set_differs, router_order_differs;
+} ls_tensor_diff;
+
+typedef struct ls_compare_drift {
+    ls_drift_what what;
+    uint32_t seq, pos;
+    int layer;                   /* layer index, -1 when not a layer digest */
+    ls_layer_family family;      /* of layer */
+    int decoder_layer;           /* of layer (-1 for embed/norm/lm_head) */
+    ls_digest_kind kind;         /* LS_DRIFT_DIGEST */
+    int64_t a_value, b_value;    /* tokens, logprob bits, or the differing top-k slot's ids */
+    int topk_slot;               /* first differing top-k slot, -1 otherwise */
+    ls_digest a_digest, b_digest;
+    ls_tensor_diff tensor;
+    char message[512];           /* one line: what differs, where */
+} ls_compare_drift;
+
+/* Heat-map cell states. */
+enum { LS_CELL_NONE = 0, LS_CELL_EQUAL = 1, LS_CELL_DIFFERS = 2, LS_CELL_FIRST = 3 };
+
+typedef struct ls_compare_seq {
+    uint32_t seq;
+    uint64_t positions_compared;     /* present in both */
+    uint64_t positions_only_a, positions_only_b;
+    uint64_t steps;                  /* positions with a selected next token in both */
+    uint64_t tokens_equal;           /* positions whose input and next token are equal */
+    uint64_t topk_set_equal;         /* positions whose top-k sets are equal */
+    uint64_t digests_compared, digests_differ;
+    uint64_t router_differ;          /* MoE router digests that differ */
+    double max_abs_dlogprob;         /* over selected (same token) and top-k (same id) logprobs */
+    double max_kl_topk;              /* KL(A||B) over the shared top-k, renormalised */
+    int pass;
+    ls_compare_drift first;          /* what == NONE when pass */
+    int64_t first_token_divergence;  /* first pos whose next token differs, -1 if none */
+    /* heat map: rows = layers + 3 (token, next/logprob, top-k); cols cover positions
+     * [0, pos_end) in buckets of pos_per_col; cell = max state in the bucket */
+    uint32_t pos_end, pos_per_col, cols;
+    uint8_t *cells;                  /* [(n_layers + 3) * cols], owned by the result */
+    float *dlogprob;                 /* [cols] max |Δ logprob| per bucket, owned */
+} ls_compare_seq;
+
+typedef struct ls_compare_side {
+    char path[1024];
+    char mode[16], engine[64];
+    char model_fingerprint[65], manifest_digest[65];
+    int complete;
+    uint64_t records, frames;
+    uint32_t kinds_mask;
+    int topk;
+} ls_compare_side;
+
+typedef struct ls_compare_result {
+    ls_compare_side a, b;
+    int equal;                       /* 1: no drift and the same positions */
+    int model_differs;               /* fingerprints differ (only with allow_different_model) */
+    uint32_t kinds_compared;         /* digest kinds present in both headers */
+    int topk_compared;               /* min(topk A, topk B) */
+    int n_layers;
+    ls_trace_layer *layers;          /* [n_layers], owned */
+    uint64_t *router_differ_per_layer;   /* [n_layers], owned */
+    size_t n_seqs;
+    ls_compare_seq *seqs;            /* [n_seqs], ascending seq, owned */
+    int first_seq;                   /* index in seqs of the first drift in A's order, -1 */
+    uint64_t bytes_compared;         /* uncompressed record bytes of A read */
+    uint64_t elapsed_ns;
+    char note[512];                  /* e.g. "no digests in trace B: tokens, logprobs and top-k only" */
+} ls_compare_result;
+
+/* Compares two trace files. Returns LS_OK when the comparison ran (the verdict
+ * is result->equal); an error when it could not compare (bad or truncated
+ * trace, different models without allow_different_model, different layer
+ * tables, incomplete trace without allow_incomplete). opts may be NULL.
+ * Free the result with ls_compare_result_free in every case. */
+ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_compare_opts *opts,
+                           ls_compare_result *result, ls_error *err);
+void ls_compare_result_free(ls_compare_result *result);
+
+/* Decodes element i of a dump as a double (bf16/fp32; router: ids then weights). */
+double ls_compare_dump_value(const ls_trace_dump *d, uint32_t i, uint32_t *bits);
+
+#endif

@@ -1,0 +1,794 @@
+/* lockstep — rollout and replay over the operator table; see engine.h. */
+#include "engine/engine.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "fingerprint/sha256.h"
+
+static const char *const op_names[LS_PERTURB_COUNT] = {
+    "none", "gdn", "conv", "attention", "router", "experts", "combine", "norm", "lm_head"};
+
+const char *ls_perturb_op_name(ls_perturb_op op)
+{
+    return op < LS_PERTURB_COUNT ? op_names[op] : "?";
+}
+
+ls_status ls_perturb_parse(const char *spec, int *layer, ls_perturb_op *op, ls_error *err)
+{
+    char opname[32];
+    int l, used = 0;
+    if (sscanf(spec, "layer=%d,op=%31[a-z_]%n", &l, opname, &used) != 2 || spec[used] != '\0' ||
+        l < 0)
+        return ls_fail(err, LS_E_USAGE, "--perturb '%s': expected layer=L,op=OP", spec);
+    for (int i = 1; i < LS_PERTURB_COUNT; i++)
+        if (strcmp(opname, op_names[i]) == 0) {
+            *layer = l;
+            *op = (ls_perturb_op)i;
+            return LS_OK;
+        }
+    return ls_fail(err, LS_E_USAGE, "--perturb: unknown op '%s' (gdn, conv, attention, router, "
+                   "experts, combine, norm, lm_head)", opname);
+}
+
+void ls_engine_opts_default(ls_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->act_bf16 = 1;
+    o->n_threads = 1;
+    o->max_rows = 256;
+    o->state_digest_every = 1;
+    o->perturb_layer = -1;
+    o->perturb_op = LS_PERTURB_NONE;
+}
+
+/* ---- state ----------------------------------------------------------------------- */
+
+typedef struct layer_w {
+    ls_buf *in_norm, *post_norm;          /* [D] */
+    ls_bweight qkvz, ba, conv, out_proj;  /* gdn */
+    ls_buf *A_log, *dt_bias, *gnorm;      /* [Hv], [Hv], [dv] */
+    ls_bweight q, k, v, o;                /* attention */
+    ls_buf *q_norm, *k_norm;              /* [d] */
+    ls_bweight router;
+    ls_bweight *experts;                  /* [3E]: gate, up, down */
+    ls_bweight shg, shu, shd, shw;
+    ls_bmoe moe;
+} layer_w;
+
+typedef struct seq_state {
+    long len;                             /* tokens processed */
+    ls_buf **conv, **gdn;                 /* [L] (NULL for attention layers): [C, K], [Hv, dk, dv] */
+    ls_buf **kc, **vc;                    /* [L] (NULL for gdn layers): [Hkv, cap, d] each */
+} seq_state;
+
+typedef struct seg {
+    long slot;                            /* sequence slot */
+    const int32_t *tokens;                /* [n] */
+    long n;
+    long row0;                            /* first packed row */
+    long pos0;                            /* position of the first token */
+} seg;
+
+#define N_KINDS LS_DIGEST_COUNT
+
+struct ls_engine {
+    const ls_model *m;
+    ls_model_config c;
+    ls_engine_opts o;
+    ls_backend *be;
+    long max_seqs, cap, T;                /* T = max rows per forward */
+    long conv_dim, wqkvz;
+    ls_bweight embed, lm_head;
+    ls_buf *final_norm;
+    layer_w *lw;                          /* [L] */
+    seq_state *ss;                        /* [max_seqs] */
+    /* work buffers, [T, ...] */
+    ls_buf *tok, *pos, *cosb, *sinb, *H, *XN, *A, *P, *BA, *X, *Z, *Bv, *Av, *Y, *Q, *K, *V;
+    ls_buf *beta, *alpha, *O, *QG, *G, *probs, *ids, *wts, *logits, *lp;
+    /* host */
+    int32_t *h_tok, *h_pos;               /* [T] */
+    float *h_cos, *h_sin;                 /* [T, R/2] */
+    float *h_lp;                          /* [T, V] */
+    float *h_tmp;                         /* [max tensor] download scratch */
+    unsigned char *h_bytes;               /* [4 * max tensor] canonical bytes */
+    size_t tmp_elems;
+    int n_tl;                             /* trace layers */
+    ls_trace_layer *layers;               /* [n_tl] */
+    int *slot_of;                         /* [n_tl * N_KINDS] digest slot or -1 */
+    int n_slots;
+    ls_trace_digest *dig;                 /* [T, n_slots] */
+    unsigned char *have;                  /* [T, n_slots] */
+    int32_t *sample_ids;                  /* [V] */
+    ls_trace_record *recs;                /* [T] */
+    ls_trace_digest *rec_dig;             /* [T, n_slots] compacted */
+};
+
+#define BEV(b) ((ls_view){(b), 0})
+#define AT(b, off) ((ls_view){(b), (size_t)(off)})
+
+static ls_order ord(const ls_engine *e, long layer, ls_perturb_op op)
+{
+    if (e->o.perturb_op != op) return LS_ORDER_CANONICAL;
+    if (op == LS_PERTURB_LM_HEAD || e->o.perturb_layer == layer) return LS_ORDER_REVERSED;
+    return LS_ORDER_CANONICAL;
+}
+
+static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
+{
+    size_t bytes = (size_t)m->rows * (size_t)m->cols * (m->wtype == LS_WTYPE_BF16 ? 2 : 4);
+    LS_TRY(e->be->wrap_weights(e->be, m->data, bytes, &out->buf, err));
+    out->off_bytes = 0;
+    out->wtype = m->wtype;
+    out->rows = m->rows;
+    out->cols = m->cols;
+    return LS_OK;
+}
+
+/* Small parameters, rounded to bf16 in bf16 mode (the reference casts every
+ * parameter to the model dtype, spec §2.4). */
+static ls_status small(ls_engine *e, const float *v, long n, ls_buf **out, ls_error *err)
+{
+    LS_TRY(e->be->alloc(e->be, (size_t)n * 4, out, err));
+    float *tmp = malloc((size_t)n * 4);
+    if (!tmp) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    for (long i = 0; i < n; i++) tmp[i] = ls_act(v[i], e->o.act_bf16);
+    ls_status st = e->be->upload(e->be, BEV(*out), tmp, (size_t)n * 4, err);
+    free(tmp);
+    return st;
+}
+
+static ls_status buf(ls_engine *e, long elems, ls_buf **out, ls_error *err)
+{
+    return e->be->alloc(e->be, (size_t)(elems > 0 ? elems : 1) * 4, out, err);
+}
+
+void ls_engine_destroy(ls_engine *e)
+{
+    if (!e) return;
+    if (e->be) e->be->destroy(e->be);
+    if (e->lw)
+        for (long l = 0; l < e->c.n_layers; l++) free(e->lw[l].experts);
+    free(e->lw);
+    if (e->ss)
+        for (long s = 0; s < e->max_seqs; s++) {
+            free(e->ss[s].conv);
+            free(e->ss[s].gdn);
+            free(e->ss[s].kc);
+            free(e->ss[s].vc);
+        }
+    free(e->ss);
+    free(e->h_tok), free(e->h_pos), free(e->h_cos), free(e->h_sin), free(e->h_lp);
+    free(e->h_tmp), free(e->h_bytes), free(e->layers), free(e->slot_of), free(e->dig);
+    free(e->have), free(e->sample_ids), free(e->recs), free(e->rec_dig);
+    free(e);
+}
+
+const ls_trace_layer *ls_engine_layers(const ls_engine *e, int *n)
+{
+    *n = e->n_tl;
+    return e->layers;
+}
+
+static ls_status create_inner(ls_engine *e, ls_error *err)
+{
+    const ls_model_config *c = &e->c;
+    const ls_model *m = e->m;
+    long D = c->hidden, L = c->n_layers, V = c->vocab, T = e->T;
+    long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim, R = c->rotary_dims;
+    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    long K = c->conv_kernel, E = c->n_experts, k = c->topk;
+    e->conv_dim = 2 * Hk * dk + Hv * dv;
+    e->wqkvz = 2 * Hk * dk + 2 * Hv * dv;
+    LS_TRY(ls_backend_cpu_create(e->o.n_threads, &e->be, err));
+    ls_backend *be = e->be;
+    LS_TRY(wrap(e, &m->embed, &e->embed, err));
+    LS_TRY(wrap(e, &m->lm_head, &e->lm_head, err));
+    LS_TRY(small(e, m->final_norm, D, &e->final_norm, err));
+    e->lw = calloc((size_t)L, sizeof *e->lw);
+    if (!e->lw) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    for (long l = 0; l < L; l++) {
+        const ls_model_layer *ml = &m->layers[l];
+        layer_w *w = &e->lw[l];
+        LS_TRY(small(e, ml->in_norm, D, &w->in_norm, err));
+        LS_TRY(small(e, ml->post_norm, D, &w->post_norm, err));
+        if (ml->attention) {
+            LS_TRY(wrap(e, &ml->q_proj, &w->q, err));
+            LS_TRY(wrap(e, &ml->k_proj, &w->k, err));
+            LS_TRY(wrap(e, &ml->v_proj, &w->v, err));
+            LS_TRY(wrap(e, &ml->o_proj, &w->o, err));
+            LS_TRY(small(e, ml->q_norm, d, &w->q_norm, err));
+            LS_TRY(small(e, ml->k_norm, d, &w->k_norm, err));
+        } else {
+            LS_TRY(wrap(e, &ml->qkvz, &w->qkvz, err));
+            LS_TRY(wrap(e, &ml->ba, &w->ba, err));
+            LS_TRY(wrap(e, &ml->conv, &w->conv, err));
+            LS_TRY(wrap(e, &ml->out_proj, &w->out_proj, err));
+            LS_TRY(small(e, ml->A_log, Hv, &w->A_log, err));
+            LS_TRY(small(e, ml->dt_bias, Hv, &w->dt_bias, err));
+            LS_TRY(small(e, ml->gnorm, dv, &w->gnorm, err));
+        }
+        LS_TRY(wrap(e, &ml->router, &w->router, err));
+        w->experts = calloc((size_t)(3 * E), sizeof(ls_bweight));
+        if (!w->experts) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+        for (long x = 0; x < E; x++) {
+            LS_TRY(wrap(e, &ml->exp_gate[x], &w->experts[x], err));
+            LS_TRY(wrap(e, &ml->exp_up[x], &w->experts[E + x], err));
+            LS_TRY(wrap(e, &ml->exp_down[x], &w->experts[2 * E + x], err));
+        }
+        LS_TRY(wrap(e, &ml->sh_gate, &w->shg, err));
+        LS_TRY(wrap(e, &ml->sh_up, &w->shu, err));
+        LS_TRY(wrap(e, &ml->sh_down, &w->shd, err));
+        LS_TRY(wrap(e, &ml->sh_gate_w, &w->shw, err));
+        w->moe = (ls_bmoe){E, D, c->moe_inter, c->shared_inter, w->experts, w->experts + E,
+                           w->experts + 2 * E, &w->shg, &w->shu, &w->shd, &w->shw};
+    }
+    e->ss = calloc((size_t)e->max_seqs, sizeof *e->ss);
+    if (!e->ss) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    for (long s = 0; s < e->max_seqs; s++) {
+        seq_state *q = &e->ss[s];
+        q->conv = calloc((size_t)L, sizeof(ls_buf *));
+        q->gdn = calloc((size_t)L, sizeof(ls_buf *));
+        q->kc = calloc((size_t)L, sizeof(ls_buf *));
+        q->vc = calloc((size_t)L, sizeof(ls_buf *));
+        if (!q->conv || !q->gdn || !q->kc || !q->vc)
+            return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+        for (long l = 0; l < L; l++) {
+            if (c->is_attention[l]) {
+                LS_TRY(buf(e, Hkv * e->cap * d, &q->kc[l], err));
+                LS_TRY(buf(e, Hkv * e->cap * d, &q->vc[l], err));
+            } else {
+                LS_TRY(buf(e, e->conv_dim * K, &q->conv[l], err));
+                LS_TRY(buf(e, Hv * dk * dv, &q->gdn[l], err));
+            }
+        }
+    }
+    long Wq = Hq * 2 * d;
+    LS_TRY(buf(e, T, &e->tok, err));
+    LS_TRY(buf(e, T, &e->pos, err));
+    LS_TRY(buf(e, T * (R / 2), &e->cosb, err));
+    LS_TRY(buf(e, T * (R / 2), &e->sinb, err));
+    LS_TRY(buf(e, T * D, &e->H, err));
+    LS_TRY(buf(e, T * D, &e->XN, err));
+    LS_TRY(buf(e, T * D, &e->A, err));
+    LS_TRY(buf(e, T * e->wqkvz, &e->P, err));
+    LS_TRY(buf(e, T * 2 * Hv, &e->BA, err));
+    LS_TRY(buf(e, T * e->conv_dim, &e->X, err));
+    LS_TRY(buf(e, T * Hv * dv, &e->Z, err));
+    LS_TRY(buf(e, T * Hv, &e->Bv, err));
+    LS_TRY(buf(e, T * Hv, &e->Av, err));
+    LS_TRY(buf(e, T * e->conv_dim, &e->Y, err));
+    long qk = Hk * dk > Hq * d ? Hk * dk : Hq * d;
+    long kv = Hk * dk > Hkv * d ? Hk * dk : Hkv * d;
+    long vv = Hv * dv > Hkv * d ? Hv * dv : Hkv * d;
+    LS_TRY(buf(e, T * qk, &e->Q, err));
+    LS_TRY(buf(e, T * kv, &e->K, err));
+    LS_TRY(buf(e, T * vv, &e->V, err));
+    LS_TRY(buf(e, T * Hv, &e->beta, err));
+    LS_TRY(buf(e, T * Hv, &e->alpha, err));
+    LS_TRY(buf(e, T * (Hv * dv > Hq * d ? Hv * dv : Hq * d), &e->O, err));
+    LS_TRY(buf(e, T * Wq, &e->QG, err));
+    LS_TRY(buf(e, T * Hq * d, &e->G, err));
+    LS_TRY(buf(e, T * E, &e->probs, err));
+    LS_TRY(buf(e, T * k, &e->ids, err));
+    LS_TRY(buf(e, T * k, &e->wts, err));
+    LS_TRY(buf(e, T * V, &e->logits, err));
+    LS_TRY(buf(e, T * V, &e->lp, err));
+
+    /* Trace layers and digest slots. */
+    e->n_tl = (int)(3 + 2 * L);
+    e->layers = calloc((size_t)e->n_tl, sizeof *e->layers);
+    e->slot_of = malloc(sizeof(int) * (size_t)e->n_tl * N_KINDS);
+    if (!e->layers || !e->slot_of) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    for (int i = 0; i < e->n_tl * N_KINDS; i++) e->slot_of[i] = -1;
+    int ns = 0;
+    for (int i = 0; i < e->n_tl; i++) {
+        ls_trace_layer *tl = &e->layers[i];
+        tl->index = i;
+        tl->decoder_layer = -1;
+        if (i == 0) tl->family = LS_FAMILY_EMBED;
+        else if (i == e->n_tl - 2) tl->family = LS_FAMILY_NORM;
+        else if (i == e->n_tl - 1) tl->family = LS_FAMILY_LM_HEAD;
+        else {
+            tl->decoder_layer = (i - 1) / 2;
+            if ((i - 1) % 2 == 1) tl->family = LS_FAMILY_MOE;
+            else tl->family = c->is_attention[tl->decoder_layer] ? LS_FAMILY_ATTENTION : LS_FAMILY_GDN;
+        }
+        e->slot_of[i * N_KINDS + LS_DIGEST_HIDDEN] = ns++;
+        if (tl->family == LS_FAMILY_GDN) {
+            e->slot_of[i * N_KINDS + LS_DIGEST_GDN_STATE] = ns++;
+            e->slot_of[i * N_KINDS + LS_DIGEST_CONV_STATE] = ns++;
+        } else if (tl->family == LS_FAMILY_ATTENTION) {
+            e->slot_of[i * N_KINDS + LS_DIGEST_KV] = ns++;
+        } else if (tl->family == LS_FAMILY_MOE) {
+            e->slot_of[i * N_KINDS + LS_DIGEST_ROUTER] = ns++;
+        }
+    }
+    e->n_slots = ns;
+    size_t tmp = (size_t)(V > D ? V : D);
+    size_t st = (size_t)(Hv * dk * dv), cv = (size_t)(e->conv_dim * K), kvr = (size_t)(2 * Hkv * d);
+    if (st > tmp) tmp = st;
+    if (cv > tmp) tmp = cv;
+    if (kvr > tmp) tmp = kvr;
+    if ((size_t)(2 * k) > tmp) tmp = (size_t)(2 * k);
+    e->tmp_elems = tmp;
+    e->h_tok = malloc(sizeof(int32_t) * (size_t)T);
+    e->h_pos = malloc(sizeof(int32_t) * (size_t)T);
+    e->h_cos = malloc(sizeof(float) * (size_t)(T * (R / 2) + 1));
+    e->h_sin = malloc(sizeof(float) * (size_t)(T * (R / 2) + 1));
+    e->h_lp = malloc(sizeof(float) * (size_t)(T * V));
+    e->h_tmp = malloc(sizeof(float) * tmp);
+    e->h_bytes = malloc(4 * tmp);
+    e->dig = calloc((size_t)(T * ns), sizeof *e->dig);
+    e->have = calloc((size_t)(T * ns), 1);
+    e->sample_ids = malloc(sizeof(int32_t) * (size_t)V);
+    e->recs = calloc((size_t)T, sizeof *e->recs);
+    e->rec_dig = calloc((size_t)(T * ns), sizeof *e->rec_dig);
+    if (!e->h_tok || !e->h_pos || !e->h_cos || !e->h_sin || !e->h_lp || !e->h_tmp ||
+        !e->h_bytes || !e->dig || !e->have || !e->sample_ids || !e->recs || !e->rec_dig)
+        return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    (void)be;
+    return LS_OK;
+}
+
+ls_status ls_engine_create(const ls_model *m, const ls_engine_opts *o, long max_seqs,
+                           long max_len, ls_engine **out, ls_error *err)
+{
+    if (max_seqs < 1 || max_len < 1)
+        return ls_fail(err, LS_E_USAGE, "engine: need at least one sequence of one token");
+    if (max_len > m->cfg.max_positions)
+        return ls_fail(err, LS_E_UNSUPPORTED, "engine: sequences of %ld tokens exceed "
+                       "max_position_embeddings (%ld)", max_len, m->cfg.max_positions);
+    if (o->max_rows < 1 || o->state_digest_every < 1 || o->n_threads < 1)
+        return ls_fail(err, LS_E_USAGE, "engine: max_rows, state_digest_every and threads must be >= 1");
+    if (o->perturb_op != LS_PERTURB_NONE && o->perturb_op != LS_PERTURB_LM_HEAD) {
+        long l = o->perturb_layer;
+        if (l < 0 || l >= m->cfg.n_layers)
+            return ls_fail(err, LS_E_USAGE, "--perturb: layer %ld is outside 0..%ld", l,
+                           m->cfg.n_layers - 1);
+        int att = m->cfg.is_attention[l];
+        if ((o->perturb_op == LS_PERTURB_ATTENTION && !att) ||
+            ((o->perturb_op == LS_PERTURB_GDN || o->perturb_op == LS_PERTURB_CONV) && att))
+            return ls_fail(err, LS_E_USAGE, "--perturb: op %s does not exist in layer %ld (a %s "
+                           "layer)", ls_perturb_op_name(o->perturb_op), l,
+                           att ? "full attention" : "gated DeltaNet");
+    }
+    ls_engine *e = calloc(1, sizeof *e);
+    if (!e) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    e->m = m;
+    e->c = m->cfg;
+    e->o = *o;
+    e->max_seqs = max_seqs;
+    e->cap = max_len;
+    e->T = o->max_rows;
+    ls_status st = create_inner(e, err);
+    if (st != LS_OK) {
+        ls_engine_destroy(e);
+        return st;
+    }
+    *out = e;
+    return LS_OK;
+}
+
+/* ---- digests ----------------------------------------------------------------------- */
+
+/* Canonical bytes of n activation values (bf16 or fp32, little-endian). */
+static size_t act_bytes(const ls_engine *e, const float *v, size_t n, unsigned char *out)
+{
+    if (e->o.act_bf16) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h = ls_f32_to_bf16(v[i]);
+            out[2 * i] = (unsigned char)(h & 0xff);
+            out[2 * i + 1] = (unsigned char)(h >> 8);
+        }
+        return 2 * n;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = ls_f32_bits(v[i]);
+        for (int b = 0; b < 4; b++) out[4 * i + b] = (unsigned char)(u >> (8 * b));
+    }
+    return 4 * n;
+}
+
+static size_t f32_bytes(const float *v, size_t n, unsigned char *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = ls_f32_bits(v[i]);
+        for (int b = 0; b < 4; b++) out[4 * i + b] = (unsigned char)(u >> (8 * b));
+    }
+    return 4 * n;
+}
+
+static ls_trace_digest *slot(ls_engine *e, long row, int tl, ls_digest_kind kind)
+{
+    int s = e->slot_of[tl * N_KINDS + kind];
+    e->have[row * e->n_slots + s] = 1;
+    ls_trace_digest *d = &e->dig[row * e->n_slots + s];
+    d->layer = (uint16_t)tl;
+    d->kind = (uint8_t)kind;
+    return d;
+}
+
+/* Digest of n values at v (activation dtype unless f32). */
+static ls_status digest_view(ls_engine *e, ls_view v, size_t n, int f32, long row, int tl,
+                             ls_digest_kind kind, ls_error *err)
+{
+    LS_TRY(e->be->download(e->be, e->h_tmp, v, n * 4, err));
+    size_t len = f32 ? f32_bytes(e->h_tmp, n, e->h_bytes) : act_bytes(e, e->h_tmp, n, e->h_bytes);
+    return ls_sha256_buf(e->h_bytes, len, &slot(e, row, tl, kind)->digest, err);
+}
+
+static ls_status digest_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, ls_error *err)
+{
+    for (long r = 0; r < T; r++)
+        LS_TRY(digest_view(e, AT(b, r * width), (size_t)width, 0, r, tl, LS_DIGEST_HIDDEN, err));
+    return LS_OK;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+static int state_due(const ls_engine *e, long pos)
+{
+    return pos % e->o.state_digest_every == 0;
+}
+
+static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    layer_w *w = &e->lw[l];
+    int act = e->o.act_bf16;
+    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    long K = c->conv_kernel, C = e->conv_dim, Wp = e->wqkvz, r = Hv / Hk, tl = 1 + 2 * l;
+    LS_TRY(be->linear(be, &w->qkvz, BEV(e->XN), BEV(e->P), T, act, LS_ORDER_CANONICAL, err));
+    LS_TRY(be->linear(be, &w->ba, BEV(e->XN), BEV(e->BA), T, act, LS_ORDER_CANONICAL, err));
+    /* De-interleave per key-head group (spec §2.3). */
+    long gw = 2 * dk + 2 * r * dv;
+    for (long g = 0; g < Hk; g++) {
+        long src = g * gw;
+        LS_TRY(be->copy_rows(be, AT(e->X, g * dk), C, AT(e->P, src), Wp, T, dk, err));
+        LS_TRY(be->copy_rows(be, AT(e->X, Hk * dk + g * dk), C, AT(e->P, src + dk), Wp, T, dk, err));
+        LS_TRY(be->copy_rows(be, AT(e->X, 2 * Hk * dk + g * r * dv), C, AT(e->P, src + 2 * dk), Wp,
+                             T, r * dv, err));
+        LS_TRY(be->copy_rows(be, AT(e->Z, g * r * dv), Hv * dv, AT(e->P, src + 2 * dk + r * dv),
+                             Wp, T, r * dv, err));
+        LS_TRY(be->copy_rows(be, AT(e->Bv, g * r), Hv, AT(e->BA, g * 2 * r), 2 * Hv, T, r, err));
+        LS_TRY(be->copy_rows(be, AT(e->Av, g * r), Hv, AT(e->BA, g * 2 * r + r), 2 * Hv, T, r, err));
+    }
+    ls_order oc = ord(e, l, LS_PERTURB_CONV), og = ord(e, l, LS_PERTURB_GDN);
+    /* Conv per sequence, in runs that end where a state digest is due. */
+    for (long s = 0; s < nseg; s++) {
+        ls_buf *cs = e->ss[sg[s].slot].conv[l];
+        for (long i = 0; i < sg[s].n;) {
+            long j = i;
+            while (j < sg[s].n - 1 && !state_due(e, sg[s].pos0 + j)) j++;
+            long row = sg[s].row0 + i;
+            LS_TRY(be->conv_silu(be, AT(e->X, row * C), C, &w->conv, BEV(cs), AT(e->Y, row * C), C,
+                                 j - i + 1, C, K, act, oc, err));
+            if (state_due(e, sg[s].pos0 + j))
+                LS_TRY(digest_view(e, BEV(cs), (size_t)(C * K), 0, sg[s].row0 + j, (int)tl,
+                                   LS_DIGEST_CONV_STATE, err));
+            i = j + 1;
+        }
+    }
+    LS_TRY(be->copy_rows(be, BEV(e->Q), Hk * dk, AT(e->Y, 0), C, T, Hk * dk, err));
+    LS_TRY(be->copy_rows(be, BEV(e->K), Hk * dk, AT(e->Y, Hk * dk), C, T, Hk * dk, err));
+    LS_TRY(be->copy_rows(be, BEV(e->V), Hv * dv, AT(e->Y, 2 * Hk * dk), C, T, Hv * dv, err));
+    LS_TRY(be->l2norm_scale(be, BEV(e->Q), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), og, err));
+    LS_TRY(be->l2norm_scale(be, BEV(e->K), T * Hk, dk, 1.0f, og, err));
+    LS_TRY(be->gdn_gates(be, BEV(e->Bv), BEV(e->Av), BEV(w->A_log), BEV(w->dt_bias), BEV(e->beta),
+                         BEV(e->alpha), T, Hv, act, err));
+    for (long s = 0; s < nseg; s++) {
+        ls_buf *gs = e->ss[sg[s].slot].gdn[l];
+        for (long i = 0; i < sg[s].n;) {
+            long j = i;
+            while (j < sg[s].n - 1 && !state_due(e, sg[s].pos0 + j)) j++;
+            long row = sg[s].row0 + i;
+            LS_TRY(be->gdn_recurrent(be, AT(e->Q, row * Hk * dk), AT(e->K, row * Hk * dk),
+                                     AT(e->V, row * Hv * dv), AT(e->alpha, row * Hv),
+                                     AT(e->beta, row * Hv), BEV(gs), AT(e->O, row * Hv * dv),
+                                     j - i + 1, Hk, Hv, dk, dv, act, og, err));
+            if (state_due(e, sg[s].pos0 + j))
+                LS_TRY(digest_view(e, BEV(gs), (size_t)(Hv * dk * dv), 1, sg[s].row0 + j, (int)tl,
+                                   LS_DIGEST_GDN_STATE, err));
+            i = j + 1;
+        }
+    }
+    LS_TRY(be->gated_rmsnorm(be, BEV(e->O), BEV(e->Z), BEV(w->gnorm), BEV(e->O), T * Hv, dv, act,
+                             LS_ORDER_CANONICAL, err));
+    return be->linear(be, &w->out_proj, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
+}
+
+static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    layer_w *w = &e->lw[l];
+    int act = e->o.act_bf16;
+    long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim, tl = 1 + 2 * l;
+    LS_TRY(be->linear(be, &w->q, BEV(e->XN), BEV(e->QG), T, act, LS_ORDER_CANONICAL, err));
+    LS_TRY(be->linear(be, &w->k, BEV(e->XN), BEV(e->K), T, act, LS_ORDER_CANONICAL, err));
+    LS_TRY(be->linear(be, &w->v, BEV(e->XN), BEV(e->V), T, act, LS_ORDER_CANONICAL, err));
+    /* Per head: d query values, then d gate values (spec §3.3 step 1). */
+    for (long n = 0; n < Hq; n++) {
+        LS_TRY(be->copy_rows(be, AT(e->Q, n * d), Hq * d, AT(e->QG, n * 2 * d), Hq * 2 * d, T, d, err));
+        LS_TRY(be->copy_rows(be, AT(e->G, n * d), Hq * d, AT(e->QG, n * 2 * d + d), Hq * 2 * d, T, d,
+                             err));
+    }
+    ls_order on = LS_ORDER_CANONICAL;
+    LS_TRY(be->rmsnorm(be, BEV(e->Q), BEV(w->q_norm), BEV(e->Q), T * Hq, d, act, on, err));
+    LS_TRY(be->rmsnorm(be, BEV(e->K), BEV(w->k_norm), BEV(e->K), T * Hkv, d, act, on, err));
+    LS_TRY(be->rope_apply(be, BEV(e->Q), BEV(e->cosb), BEV(e->sinb), T, Hq, d, c->rotary_dims, act, err));
+    LS_TRY(be->rope_apply(be, BEV(e->K), BEV(e->cosb), BEV(e->sinb), T, Hkv, d, c->rotary_dims, act, err));
+    ls_order oa = ord(e, l, LS_PERTURB_ATTENTION);
+    for (long s = 0; s < nseg; s++) {
+        seq_state *q = &e->ss[sg[s].slot];
+        long r0 = sg[s].row0, n = sg[s].n;
+        for (long h = 0; h < Hkv; h++) {
+            size_t dst = (size_t)(h * e->cap * d + sg[s].pos0 * d);
+            LS_TRY(be->copy_rows(be, AT(q->kc[l], dst), d, AT(e->K, r0 * Hkv * d + h * d), Hkv * d, n,
+                                 d, err));
+            LS_TRY(be->copy_rows(be, AT(q->vc[l], dst), d, AT(e->V, r0 * Hkv * d + h * d), Hkv * d, n,
+                                 d, err));
+        }
+        LS_TRY(be->attention(be, AT(e->Q, r0 * Hq * d), BEV(q->kc[l]), BEV(q->vc[l]), e->cap,
+                             AT(e->pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa, err));
+    }
+    /* KV digests: the K and V rows written at each position. */
+    for (long r = 0; r < T; r++) {
+        LS_TRY(be->download(be, e->h_tmp, AT(e->K, r * Hkv * d), (size_t)(Hkv * d) * 4, err));
+        LS_TRY(be->download(be, e->h_tmp + Hkv * d, AT(e->V, r * Hkv * d), (size_t)(Hkv * d) * 4, err));
+        size_t len = act_bytes(e, e->h_tmp, (size_t)(2 * Hkv * d), e->h_bytes);
+        LS_TRY(ls_sha256_buf(e->h_bytes, len, &slot(e, r, (int)tl, LS_DIGEST_KV)->digest, err));
+    }
+    LS_TRY(be->sigmoid_gate(be, BEV(e->O), BEV(e->G), T * Hq * d, act, err));
+    return be->linear(be, &w->o, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
+}
+
+static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    int act = e->o.act_bf16;
+    long D = c->hidden, V = c->vocab, k = c->topk, L = c->n_layers, T = 0;
+    for (long s = 0; s < nseg; s++) {
+        seq_state *q = &e->ss[sg[s].slot];
+        if (sg[s].pos0 != q->len || q->len + sg[s].n > e->cap)
+            return ls_fail(err, LS_E_INTERNAL, "engine: segment beyond the sequence capacity");
+        for (long i = 0; i < sg[s].n; i++) {
+            e->h_tok[T] = sg[s].tokens[i];
+            e->h_pos[T] = (int32_t)(sg[s].pos0 + i);
+            if (sg[s].tokens[i] < 0 || sg[s].tokens[i] >= V)
+                return ls_fail(err, LS_E_INPUT, "token id %d at position %ld is outside the "
+                               "vocabulary (0..%ld)", sg[s].tokens[i], sg[s].pos0 + i, V - 1);
+            T++;
+        }
+    }
+    memset(e->have, 0, (size_t)(T * e->n_slots));
+    long half = c->rotary_dims / 2;
+    ls_cpu_rope_table(e->h_pos, T, c->rotary_dims, c->rope_theta, e->h_cos, e->h_sin, act);
+    LS_TRY(be->upload(be, BEV(e->tok), e->h_tok, (size_t)T * 4, err));
+    LS_TRY(be->upload(be, BEV(e->pos), e->h_pos, (size_t)T * 4, err));
+    LS_TRY(be->upload(be, BEV(e->cosb), e->h_cos, (size_t)(T * half) * 4, err));
+    LS_TRY(be->upload(be, BEV(e->sinb), e->h_sin, (size_t)(T * half) * 4, err));
+    LS_TRY(be->embed(be, &e->embed, BEV(e->tok), T, BEV(e->H), act, err));
+    LS_TRY(digest_rows(e, e->H, D, T, 0, err));
+    for (long l = 0; l < L; l++) {
+        layer_w *w = &e->lw[l];
+        ls_order on = ord(e, l, LS_PERTURB_NORM);
+        LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->in_norm), BEV(e->XN), T, D, act, on, err));
+        if (c->is_attention[l]) LS_TRY(attn_layer(e, l, sg, nseg, T, err));
+        else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
+        LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
+        LS_TRY(digest_rows(e, e->H, D, T, (int)(1 + 2 * l), err));
+        LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->post_norm), BEV(e->XN), T, D, act, on, err));
+        LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
+                          BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
+        LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
+                       ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
+        LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
+        int tl = (int)(2 + 2 * l);
+        LS_TRY(digest_rows(e, e->H, D, T, tl, err));
+        for (long r = 0; r < T; r++) {
+            LS_TRY(be->download(be, e->h_tmp, AT(e->ids, r * k), (size_t)k * 4, err));
+            LS_TRY(be->download(be, e->h_tmp + k, AT(e->wts, r * k), (size_t)k * 4, err));
+            /* ids are int32 and weights fp32, both 4 bytes little-endian. */
+            size_t len = f32_bytes(e->h_tmp, (size_t)(2 * k), e->h_bytes);
+            LS_TRY(ls_sha256_buf(e->h_bytes, len, &slot(e, r, tl, LS_DIGEST_ROUTER)->digest, err));
+        }
+    }
+    LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->final_norm), BEV(e->XN), T, D, act,
+                       ord(e, L, LS_PERTURB_NORM), err));
+    LS_TRY(digest_rows(e, e->XN, D, T, e->n_tl - 2, err));
+    LS_TRY(be->linear(be, &e->lm_head, BEV(e->XN), BEV(e->logits), T, act,
+                      ord(e, -1, LS_PERTURB_LM_HEAD), err));
+    LS_TRY(digest_rows(e, e->logits, V, T, e->n_tl - 1, err));
+    LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
+    LS_TRY(be->download(be, e->h_lp, BEV(e->lp), (size_t)(T * V) * 4, err));
+    for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
+    return LS_OK;
+}
+
+/* Builds the record of packed row r (next = the selected next token or -1). */
+static void make_record(ls_engine *e, long r, uint32_t seq, int32_t next)
+{
+    ls_trace_record *rec = &e->recs[r];
+    long V = e->c.vocab;
+    const float *lp = e->h_lp + r * V;
+    memset(rec, 0, sizeof *rec);
+    rec->seq = seq;
+    rec->pos = (uint32_t)e->h_pos[r];
+    rec->token = e->h_tok[r];
+    rec->next_token = next;
+    rec->logprob_bits = next >= 0 ? ls_f32_bits(lp[next]) : 0x7fc00000u;
+    long kk = V < 5 ? V : 5;
+    float vals[5];
+    ls_cpu_topk(lp, V, kk, rec->topk_ids, vals);
+    for (long i = 0; i < kk; i++) rec->topk_logprob_bits[i] = ls_f32_bits(vals[i]);
+    ls_trace_digest *out = e->rec_dig + r * e->n_slots;
+    uint32_t n = 0;
+    for (int s = 0; s < e->n_slots; s++)
+        if (e->have[r * e->n_slots + s]) out[n++] = e->dig[r * e->n_slots + s];
+    rec->n_digests = n;
+    rec->digests = out;
+}
+
+static ls_status reset_slot(ls_engine *e, long s, ls_error *err)
+{
+    seq_state *q = &e->ss[s];
+    const ls_model_config *c = &e->c;
+    for (long l = 0; l < c->n_layers; l++) {
+        if (c->is_attention[l]) {
+            size_t n = (size_t)(c->n_kv_heads * e->cap * c->head_dim);
+            LS_TRY(e->be->zero(e->be, BEV(q->kc[l]), n, err));
+            LS_TRY(e->be->zero(e->be, BEV(q->vc[l]), n, err));
+        } else {
+            LS_TRY(e->be->zero(e->be, BEV(q->conv[l]), (size_t)(e->conv_dim * c->conv_kernel), err));
+            LS_TRY(e->be->zero(e->be, BEV(q->gdn[l]),
+                               (size_t)(c->lin_v_heads * c->lin_k_dim * c->lin_v_dim), err));
+        }
+    }
+    q->len = 0;
+    return LS_OK;
+}
+
+/* ---- rollout ---------------------------------------------------------------------------- */
+
+ls_status ls_engine_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, long max_new,
+                            const ls_sampling *sampling, int32_t *completion,
+                            ls_engine_sink sink, void *ctx, ls_error *err)
+{
+    if (n_seqs < 1 || n_seqs > e->max_seqs)
+        return ls_fail(err, LS_E_USAGE, "rollout: %ld sequences (engine holds %ld)", n_seqs, e->max_seqs);
+    if (max_new < 1) return ls_fail(err, LS_E_USAGE, "rollout: --max-new-tokens must be >= 1");
+    for (long i = 0; i < n_seqs; i++) {
+        if (seqs[i].n_tokens < 1)
+            return ls_fail(err, LS_E_INPUT, "rollout: sequence %u has an empty prompt", seqs[i].id);
+        if (seqs[i].n_tokens + max_new - 1 > e->cap)
+            return ls_fail(err, LS_E_USAGE, "rollout: sequence %u needs %ld positions (capacity %ld)",
+                           seqs[i].id, seqs[i].n_tokens + max_new - 1, e->cap);
+        LS_TRY(reset_slot(e, i, err));
+    }
+    int32_t *gen = calloc((size_t)(n_seqs * max_new), sizeof(int32_t)); /* [n_seqs, max_new] */
+    seg *sg = calloc((size_t)(n_seqs > e->T ? n_seqs : e->T), sizeof *sg);
+    if (!gen || !sg) {
+        free(gen);
+        free(sg);
+        return ls_fail(err, LS_E_NOMEM, "rollout: out of memory");
+    }
+    ls_status st = LS_OK;
+    long V = e->c.vocab;
+    /* Prefill, packed, at most T rows per step. */
+    long *done = calloc((size_t)n_seqs, sizeof(long));
+    if (!done) st = ls_fail(err, LS_E_NOMEM, "rollout: out of memory");
+    for (;;) {
+        if (st != LS_OK) break;
+        long nseg = 0, rows = 0;
+        for (long i = 0; i < n_seqs && rows < e->T; i++) {
+            long left = seqs[i].n_tokens - done[i];
+            if (left <= 0) continue;
+            long take = left < e->T - rows ? left : e->T - rows;
+            sg[nseg++] = (seg){i, seqs[i].tokens + done[i], take, rows, done[i]};
+            rows += take;
+        }
+        if (nseg == 0) break;
+        st = forward(e, sg, nseg, err);
+        for (long s = 0; st == LS_OK && s < nseg; s++) {
+            long i = sg[s].slot;
+            for (long j = 0; st == LS_OK && j < sg[s].n; j++) {
+                long p = sg[s].pos0 + j, r = sg[s].row0 + j;
+                int32_t next;
+                if (p + 1 < seqs[i].n_tokens) next = seqs[i].tokens[p + 1];
+                else st = ls_sample_select(sampling, e->h_lp + r * V, V, seqs[i].id, (uint32_t)(p + 1),
+                                           e->sample_ids, &next, err);
+                if (p + 1 >= seqs[i].n_tokens) gen[i * max_new] = next;
+                make_record(e, r, seqs[i].id, next);
+            }
+            done[i] += sg[s].n;
+        }
+        if (st == LS_OK) st = sink(ctx, LS_FRAME_PREFILL, e->recs, rows, err);
+    }
+    /* Decode: one token per sequence per step. */
+    for (long step = 1; st == LS_OK && step < max_new; step++) {
+        for (long b0 = 0; st == LS_OK && b0 < n_seqs; b0 += e->T) {
+            long nb = n_seqs - b0 < e->T ? n_seqs - b0 : e->T;
+            for (long s = 0; s < nb; s++) {
+                long i = b0 + s;
+                sg[s] = (seg){i, &gen[i * max_new + step - 1], 1, s, seqs[i].n_tokens + step - 1};
+            }
+            st = forward(e, sg, nb, err);
+            for (long s = 0; st == LS_OK && s < nb; s++) {
+                long i = b0 + s;
+                int32_t next;
+                st = ls_sample_select(sampling, e->h_lp + s * V, V, seqs[i].id,
+                                      (uint32_t)(sg[s].pos0 + 1), e->sample_ids, &next, err);
+                gen[i * max_new + step] = next;
+                make_record(e, s, seqs[i].id, next);
+            }
+            if (st == LS_OK) st = sink(ctx, LS_FRAME_DECODE, e->recs, nb, err);
+        }
+    }
+    if (st == LS_OK && completion) memcpy(completion, gen, sizeof(int32_t) * (size_t)(n_seqs * max_new));
+    free(done);
+    free(gen);
+    free(sg);
+    return st;
+}
+
+/* ---- replay ------------------------------------------------------------------------------ */
+
+ls_status ls_engine_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long chunk,
+                           ls_engine_sink sink, void *ctx, ls_error *err)
+{
+    if (n_seqs < 1 || n_seqs > e->max_seqs)
+        return ls_fail(err, LS_E_USAGE, "replay: %ld sequences (engine holds %ld)", n_seqs, e->max_seqs);
+    if (chunk < 1) return ls_fail(err, LS_E_USAGE, "replay: --chunk must be >= 1");
+    for (long i = 0; i < n_seqs; i++) {
+        if (seqs[i].n_tokens < 2)
+            return ls_fail(err, LS_E_INPUT, "replay: sequence %u has %ld tokens (need a prompt and "
+                           "at least one completion token)", seqs[i].id, seqs[i].n_tokens);
+        if (seqs[i].n_tokens - 1 > e->cap)
+            return ls_fail(err, LS_E_USAGE, "replay: sequence %u needs %ld positions (capacity %ld)",
+                           seqs[i].id, seqs[i].n_tokens - 1, e->cap);
+        LS_TRY(reset_slot(e, i, err));
+    }
+    seg *sg = calloc((size_t)(n_seqs > e->T ? n_seqs : e->T), sizeof *sg);
+    long *done = calloc((size_t)n_seqs, sizeof(long));
+    if (!sg || !done) {
+        free(sg);
+        free(done);
+        return ls_fail(err, LS_E_NOMEM, "replay: out of memory");
+    }
+    ls_status st = LS_OK;
+    long start = 0; /* rotate which sequence gets rows first when the budget is short */
+    for (;;) {
+        long nseg = 0, rows = 0;
+        for (long o = 0; o < n_seqs && rows < e->T; o++) {
+            long i = (start + o) % n_seqs;
+            long left = seqs[i].n_tokens - 1 - done[i];
+            if (left <= 0) continue;
+            long take = left < chunk ? left : chunk;
+            if (take > e->T - rows) take = e->T - rows;
+            sg[nseg++] = (seg){i, seqs[i].tokens + done[i], take, rows, done[i]};
+            rows += take;
+        }
+        if (nseg == 0) break;
+        start++;
+        st = forward(e, sg, nseg, err);
+        for (long s = 0; st == LS_OK && s < nseg; s++) {
+            long i = sg[s].slot;
+            for (long j = 0; j < sg[s].n; j++) {
+                long p = sg[s].pos0 + j;
+                make_record(e, sg[s].row0 + j, seqs[i].id, seqs[i].tokens[p + 1]);
+            }
+            done[i] += sg[s].n;
+        }
+        if (st == LS_OK) st = sink(ctx, LS_FRAME_CHUNK, e->recs, rows, err);
+        if (st != LS_OK) break;
+    }
+    free(sg);
+    free(done);
+    return st;
+}

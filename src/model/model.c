@@ -1,0 +1,380 @@
+/* lockstep — Qwen3-Next configuration validation and weight binding; see model.h. */
+#include "model/model.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "numerics/reduce.h"
+
+#define LIM_DIM 1048576L       /* sanity bound on every size field */
+
+/* ---- config -------------------------------------------------------------------- */
+
+static ls_status get_int(const json_t *o, const char *key, int required, long def, long lo,
+                         long hi, long *out, ls_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        if (required) return ls_fail(err, LS_E_INPUT, "config.json: missing field '%s'", key);
+        *out = def;
+        return LS_OK;
+    }
+    if (!json_is_integer(v))
+        return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be an integer", key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%s' = %lld is outside %ld..%ld",
+                       key, (long long)x, lo, hi);
+    *out = (long)x;
+    return LS_OK;
+}
+
+static ls_status get_num(const json_t *o, const char *key, int *present, double *out, ls_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    *present = 0;
+    if (!v || json_is_null(v)) return LS_OK;
+    if (!json_is_number(v))
+        return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be a number", key);
+    *out = json_number_value(v);
+    *present = 1;
+    return LS_OK;
+}
+
+static ls_status get_bool(const json_t *o, const char *key, int def, int *out, ls_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) {
+        *out = def;
+        return LS_OK;
+    }
+    if (!json_is_boolean(v))
+        return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be true or false", key);
+    *out = json_is_true(v);
+    return LS_OK;
+}
+
+ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_error *err)
+{
+    const json_t *o = config_json;
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(o)) return ls_fail(err, LS_E_INPUT, "config.json: not a JSON object");
+    const json_t *mt = json_object_get(o, "model_type");
+    if (!json_is_string(mt))
+        return ls_fail(err, LS_E_INPUT, "config.json: field 'model_type' missing or not a string");
+    if (strcmp(json_string_value(mt), "qwen3_next") != 0)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'model_type' = '%s' is not "
+                       "supported (supported: qwen3_next)", json_string_value(mt));
+
+    LS_TRY(get_int(o, "hidden_size", 1, 0, 1, LIM_DIM, &c->hidden, err));
+    LS_TRY(get_int(o, "num_hidden_layers", 1, 0, 1, LS_MODEL_MAX_LAYERS, &c->n_layers, err));
+    LS_TRY(get_int(o, "vocab_size", 1, 0, 1, 1L << 24, &c->vocab, err));
+    LS_TRY(get_int(o, "num_attention_heads", 1, 0, 1, 4096, &c->n_heads, err));
+    LS_TRY(get_int(o, "num_key_value_heads", 1, 0, 1, 4096, &c->n_kv_heads, err));
+    LS_TRY(get_int(o, "head_dim", 1, 0, 1, 1024, &c->head_dim, err));
+    LS_TRY(get_int(o, "linear_num_key_heads", 1, 0, 1, 4096, &c->lin_k_heads, err));
+    LS_TRY(get_int(o, "linear_num_value_heads", 1, 0, 1, 4096, &c->lin_v_heads, err));
+    LS_TRY(get_int(o, "linear_key_head_dim", 1, 0, 1, 4096, &c->lin_k_dim, err));
+    LS_TRY(get_int(o, "linear_value_head_dim", 1, 0, 1, 1024, &c->lin_v_dim, err));
+    LS_TRY(get_int(o, "linear_conv_kernel_dim", 1, 0, 1, 64, &c->conv_kernel, err));
+    LS_TRY(get_int(o, "num_experts", 1, 0, 1, 65536, &c->n_experts, err));
+    LS_TRY(get_int(o, "num_experts_per_tok", 1, 0, 1, 64, &c->topk, err));
+    LS_TRY(get_int(o, "moe_intermediate_size", 1, 0, 1, LIM_DIM, &c->moe_inter, err));
+    LS_TRY(get_int(o, "shared_expert_intermediate_size", 1, 0, 1, LIM_DIM, &c->shared_inter, err));
+    LS_TRY(get_int(o, "max_position_embeddings", 1, 0, 1, 1L << 30, &c->max_positions, err));
+
+    if (c->n_heads % c->n_kv_heads)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'num_attention_heads' (%ld) is "
+                       "not a multiple of 'num_key_value_heads' (%ld)", c->n_heads, c->n_kv_heads);
+    if (c->lin_v_heads % c->lin_k_heads)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'linear_num_value_heads' (%ld) "
+                       "is not a multiple of 'linear_num_key_heads' (%ld)", c->lin_v_heads,
+                       c->lin_k_heads);
+    if (c->topk > c->n_experts)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'num_experts_per_tok' (%ld) "
+                       "exceeds 'num_experts' (%ld)", c->topk, c->n_experts);
+
+    const json_t *act = json_object_get(o, "hidden_act");
+    if (act && !json_is_null(act) &&
+        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'hidden_act' must be \"silu\"");
+    int b;
+    LS_TRY(get_bool(o, "attention_bias", 0, &b, err));
+    if (b) return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'attention_bias' = true is not supported");
+    LS_TRY(get_bool(o, "tie_word_embeddings", 0, &b, err));
+    if (b)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'tie_word_embeddings' = true is "
+                       "not supported");
+    LS_TRY(get_bool(o, "norm_topk_prob", 1, &c->norm_topk_prob, err));
+    long step;
+    LS_TRY(get_int(o, "decoder_sparse_step", 0, 1, 0, 1L << 20, &step, err));
+    if (step != 1)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'decoder_sparse_step' = %ld is "
+                       "not supported (only 1: every layer MoE)", step);
+    const json_t *mlp_only = json_object_get(o, "mlp_only_layers");
+    if (mlp_only && !json_is_null(mlp_only) && (!json_is_array(mlp_only) || json_array_size(mlp_only)))
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'mlp_only_layers' must be empty "
+                       "(dense-MLP layers are not supported)");
+
+    int have;
+    double eps = 0;
+    LS_TRY(get_num(o, "rms_norm_eps", &have, &eps, err));
+    if (!have) return ls_fail(err, LS_E_INPUT, "config.json: missing field 'rms_norm_eps'");
+    if ((float)eps != 1e-6f)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'rms_norm_eps' = %g is not "
+                       "supported (the strict operators use 1e-6)", eps);
+
+    /* RoPE: top-level fields and/or the v5 rope_parameters object; where both
+     * are given they must agree. */
+    const json_t *rs = json_object_get(o, "rope_scaling");
+    if (rs && !json_is_null(rs))
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'rope_scaling' must be null");
+    double theta = 10000.0, prf = 0.25, v;
+    int have_theta = 0, have_prf = 0;
+    LS_TRY(get_num(o, "rope_theta", &have, &v, err));
+    if (have) theta = v, have_theta = 1;
+    LS_TRY(get_num(o, "partial_rotary_factor", &have, &v, err));
+    if (have) prf = v, have_prf = 1;
+    const json_t *rp = json_object_get(o, "rope_parameters");
+    if (rp && !json_is_null(rp)) {
+        if (!json_is_object(rp))
+            return ls_fail(err, LS_E_INPUT, "config.json: field 'rope_parameters' must be an object");
+        const char *key;
+        const json_t *val;
+        json_object_foreach((json_t *)rp, key, val) {
+            if (strcmp(key, "rope_type") == 0) {
+                if (!json_is_string(val) || strcmp(json_string_value(val), "default") != 0)
+                    return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field "
+                                   "'rope_parameters.rope_type' must be \"default\"");
+            } else if (strcmp(key, "rope_theta") == 0 || strcmp(key, "partial_rotary_factor") == 0) {
+                if (!json_is_number(val))
+                    return ls_fail(err, LS_E_INPUT, "config.json: field 'rope_parameters.%s' must "
+                                   "be a number", key);
+                double x = json_number_value(val);
+                int is_theta = key[5] == 't';
+                if ((is_theta ? have_theta : have_prf) && x != (is_theta ? theta : prf))
+                    return ls_fail(err, LS_E_INPUT, "config.json: field 'rope_parameters.%s' "
+                                   "disagrees with the top-level '%s'", key, key);
+                if (is_theta) theta = x, have_theta = 1;
+                else prf = x, have_prf = 1;
+            } else {
+                return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'rope_parameters.%s' is "
+                               "not supported", key);
+            }
+        }
+    }
+    if (!(theta > 1.0) || !isfinite(theta))
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'rope_theta' = %g is not supported", theta);
+    double rd = prf * (double)c->head_dim;
+    c->rotary_dims = (long)rd;
+    if (!(prf > 0.0 && prf <= 1.0) || (double)c->rotary_dims != rd || c->rotary_dims % 2)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'partial_rotary_factor' = %g "
+                       "gives %g rotary dims of head_dim %ld (need a positive even integer)", prf,
+                       rd, c->head_dim);
+    c->rope_theta = theta;
+
+    /* Layer types. */
+    const json_t *lt = json_object_get(o, "layer_types");
+    if (lt && !json_is_null(lt)) {
+        if (!json_is_array(lt) || (long)json_array_size(lt) != c->n_layers)
+            return ls_fail(err, LS_E_INPUT, "config.json: field 'layer_types' must be an array of "
+                           "num_hidden_layers (%ld) strings", c->n_layers);
+        for (long i = 0; i < c->n_layers; i++) {
+            const json_t *s = json_array_get(lt, (size_t)i);
+            const char *str = json_is_string(s) ? json_string_value(s) : "";
+            if (strcmp(str, "full_attention") == 0) c->is_attention[i] = 1;
+            else if (strcmp(str, "linear_attention") == 0) c->is_attention[i] = 0;
+            else
+                return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'layer_types[%ld]' must "
+                               "be \"full_attention\" or \"linear_attention\"", i);
+        }
+        long fai;
+        LS_TRY(get_int(o, "full_attention_interval", 0, 0, 0, 1L << 20, &fai, err));
+        (void)fai; /* layer_types wins, as in the reference */
+    } else {
+        long fai;
+        LS_TRY(get_int(o, "full_attention_interval", 1, 0, 1, 1L << 20, &fai, err));
+        for (long i = 0; i < c->n_layers; i++) c->is_attention[i] = (i + 1) % fai == 0;
+    }
+    return LS_OK;
+}
+
+/* ---- weights -------------------------------------------------------------------- */
+
+static ls_status find(const ls_checkpoint *ck, const char *name, int ndim, const int64_t *shape,
+                      const ls_tensor **out, ls_error *err)
+{
+    const ls_tensor *t = ls_checkpoint_find(ck, name);
+    if (!t) return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' is missing", name);
+    if (t->dtype != LS_DTYPE_BF16 && t->dtype != LS_DTYPE_F32)
+        return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: tensor '%s' has dtype %s (supported: "
+                       "BF16, F32)", name, ls_dtype_name(t->dtype));
+    int ok = t->ndim == ndim;
+    for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char want[128] = "", got[128] = "";
+        for (int i = 0; i < ndim; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "",
+                     (long long)shape[i]);
+        for (int i = 0; i < t->ndim; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
+                     (long long)t->shape[i]);
+        return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' has shape [%s], expected [%s]",
+                       name, got, want);
+    }
+    *out = t;
+    return LS_OK;
+}
+
+static ls_status mat(const ls_checkpoint *ck, const char *name, long rows, long cols, ls_wmat *m,
+                     ls_error *err)
+{
+    const ls_tensor *t;
+    int64_t sh[2] = {rows, cols};
+    LS_TRY(find(ck, name, 2, sh, &t, err));
+    m->data = t->data;
+    m->wtype = t->dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32;
+    m->rows = rows;
+    m->cols = cols;
+    return LS_OK;
+}
+
+static ls_status vec(const ls_checkpoint *ck, const char *name, long n, float **out, ls_error *err)
+{
+    const ls_tensor *t;
+    int64_t sh[1] = {n};
+    LS_TRY(find(ck, name, 1, sh, &t, err));
+    float *v = malloc(sizeof(float) * (size_t)n);
+    if (!v) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    for (long i = 0; i < n; i++) {
+        if (t->dtype == LS_DTYPE_BF16) {
+            uint16_t h;
+            memcpy(&h, (const char *)t->data + 2 * i, 2);
+            v[i] = ls_bf16_to_f32(h);
+        } else {
+            memcpy(&v[i], (const char *)t->data + 4 * i, 4);
+        }
+        if (!isfinite(v[i])) {
+            free(v);
+            return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' element %ld is not finite",
+                           name, i);
+        }
+    }
+    *out = v;
+    return LS_OK;
+}
+
+static ls_status expert_view(const ls_checkpoint *ck, int layer, int e, ls_expert_proj p, long rows,
+                             long cols, ls_wmat *m, ls_error *err)
+{
+    ls_matrix_view v;
+    LS_TRY(ls_checkpoint_expert(ck, layer, e, p, &v, err));
+    if (v.rows != rows || v.cols != cols)
+        return ls_fail(err, LS_E_INPUT, "checkpoint: expert %d of layer %d (%s) is [%lld, %lld], "
+                       "expected [%ld, %ld]", e, layer, v.source, (long long)v.rows,
+                       (long long)v.cols, rows, cols);
+    if (v.dtype != LS_DTYPE_BF16 && v.dtype != LS_DTYPE_F32)
+        return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: %s has dtype %s (supported: BF16, F32)",
+                       v.source, ls_dtype_name(v.dtype));
+    m->data = v.data;
+    m->wtype = v.dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32;
+    m->rows = rows;
+    m->cols = cols;
+    return LS_OK;
+}
+
+static ls_status bind_layer(const ls_checkpoint *ck, const ls_model_config *c, int l,
+                            ls_model_layer *ly, ls_error *err)
+{
+    char n[256];
+    long D = c->hidden;
+#define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
+    ly->attention = c->is_attention[l];
+    LS_TRY(vec(ck, NAME("input_layernorm.weight"), D, &ly->in_norm, err));
+    LS_TRY(vec(ck, NAME("post_attention_layernorm.weight"), D, &ly->post_norm, err));
+    if (ly->attention) {
+        long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim;
+        LS_TRY(mat(ck, NAME("self_attn.q_proj.weight"), Hq * 2 * d, D, &ly->q_proj, err));
+        LS_TRY(mat(ck, NAME("self_attn.k_proj.weight"), Hkv * d, D, &ly->k_proj, err));
+        LS_TRY(mat(ck, NAME("self_attn.v_proj.weight"), Hkv * d, D, &ly->v_proj, err));
+        LS_TRY(mat(ck, NAME("self_attn.o_proj.weight"), D, Hq * d, &ly->o_proj, err));
+        LS_TRY(vec(ck, NAME("self_attn.q_norm.weight"), d, &ly->q_norm, err));
+        LS_TRY(vec(ck, NAME("self_attn.k_norm.weight"), d, &ly->k_norm, err));
+    } else {
+        long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+        long conv_dim = 2 * Hk * dk + Hv * dv;
+        LS_TRY(mat(ck, NAME("linear_attn.in_proj_qkvz.weight"), 2 * Hk * dk + 2 * Hv * dv, D,
+                   &ly->qkvz, err));
+        LS_TRY(mat(ck, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, D, &ly->ba, err));
+        const ls_tensor *t;
+        int64_t sh[3] = {conv_dim, 1, c->conv_kernel};
+        LS_TRY(find(ck, NAME("linear_attn.conv1d.weight"), 3, sh, &t, err));
+        ly->conv = (ls_wmat){t->data, t->dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32,
+                             conv_dim, c->conv_kernel};
+        if (ls_checkpoint_find(ck, NAME("linear_attn.conv1d.bias")))
+            return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: tensor '%s' (conv bias) is not "
+                           "supported", n);
+        LS_TRY(vec(ck, NAME("linear_attn.A_log"), Hv, &ly->A_log, err));
+        LS_TRY(vec(ck, NAME("linear_attn.dt_bias"), Hv, &ly->dt_bias, err));
+        LS_TRY(vec(ck, NAME("linear_attn.norm.weight"), dv, &ly->gnorm, err));
+        LS_TRY(mat(ck, NAME("linear_attn.out_proj.weight"), D, Hv * dv, &ly->out_proj, err));
+    }
+    long E = c->n_experts, I = c->moe_inter, Is = c->shared_inter;
+    LS_TRY(mat(ck, NAME("mlp.gate.weight"), E, D, &ly->router, err));
+    ly->exp_gate = calloc((size_t)E * 3, sizeof(ls_wmat));
+    if (!ly->exp_gate) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    ly->exp_up = ly->exp_gate + E;
+    ly->exp_down = ly->exp_gate + 2 * E;
+    for (int e = 0; e < E; e++) {
+        LS_TRY(expert_view(ck, l, e, LS_EXPERT_GATE, I, D, &ly->exp_gate[e], err));
+        LS_TRY(expert_view(ck, l, e, LS_EXPERT_UP, I, D, &ly->exp_up[e], err));
+        LS_TRY(expert_view(ck, l, e, LS_EXPERT_DOWN, D, I, &ly->exp_down[e], err));
+    }
+    LS_TRY(mat(ck, NAME("mlp.shared_expert.gate_proj.weight"), Is, D, &ly->sh_gate, err));
+    LS_TRY(mat(ck, NAME("mlp.shared_expert.up_proj.weight"), Is, D, &ly->sh_up, err));
+    LS_TRY(mat(ck, NAME("mlp.shared_expert.down_proj.weight"), D, Is, &ly->sh_down, err));
+    LS_TRY(mat(ck, NAME("mlp.shared_expert_gate.weight"), 1, D, &ly->sh_gate_w, err));
+#undef NAME
+    return LS_OK;
+}
+
+ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err)
+{
+    ls_model *m = calloc(1, sizeof *m);
+    if (!m) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    m->ck = ck;
+    ls_status st = ls_model_parse_config(ls_checkpoint_config_json(ck), &m->cfg, err);
+    const ls_model_config *c = &m->cfg;
+    if (st == LS_OK) {
+        m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+        if (!m->layers) st = ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    }
+    if (st == LS_OK) st = mat(ck, "model.embed_tokens.weight", c->vocab, c->hidden, &m->embed, err);
+    if (st == LS_OK) st = mat(ck, "lm_head.weight", c->vocab, c->hidden, &m->lm_head, err);
+    if (st == LS_OK) st = vec(ck, "model.norm.weight", c->hidden, &m->final_norm, err);
+    for (int l = 0; st == LS_OK && l < c->n_layers; l++)
+        st = bind_layer(ck, c, l, &m->layers[l], err);
+    if (st != LS_OK) {
+        ls_model_close(m);
+        return st;
+    }
+    *out = m;
+    return LS_OK;
+}
+
+void ls_model_close(ls_model *m)
+{
+    if (!m) return;
+    if (m->layers)
+        for (long l = 0; l < m->cfg.n_layers; l++) {
+            ls_model_layer *ly = &m->layers[l];
+            free(ly->in_norm), free(ly->post_norm), free(ly->A_log), free(ly->dt_bias);
+            free(ly->gnorm), free(ly->q_norm), free(ly->k_norm), free(ly->exp_gate);
+        }
+    free(m->layers);
+    free(m->final_norm);
+    free(m);
+}

@@ -1,0 +1,79 @@
+/* lockstep — the Qwen3-Next hybrid MoE graph: configuration (validated, fail
+ * closed) and weight binding.
+ *
+ * ls_model_open reads config.json of an open checkpoint, validates every
+ * field it reads (an unsupported value is LS_E_UNSUPPORTED naming the field;
+ * a malformed one LS_E_INPUT), derives the layer list (layer_types, else
+ * full_attention_interval) and binds every tensor the engine needs, checking
+ * dtype (BF16 or F32) and shape. Matrices stay in the checkpoint's mmap;
+ * small parameters (norm weights, A_log, dt_bias) are widened to fp32 arrays
+ * owned by the model; the engine rounds them to bf16 in bf16 activation mode,
+ * as the reference does when it casts every parameter to the model dtype
+ * (spec §2.4). */
+#ifndef LS_MODEL_MODEL_H
+#define LS_MODEL_MODEL_H
+
+#include "backend/cpu_ops.h"
+#include "core/status.h"
+#include "io/checkpoint.h"
+
+#define LS_MODEL_MAX_LAYERS 512
+
+typedef struct ls_model_config {
+    long hidden;               /* D */
+    long n_layers;             /* L */
+    long vocab;                /* V */
+    long n_heads, n_kv_heads, head_dim;       /* attention Hq, Hkv, d */
+    long rotary_dims;          /* R = head_dim * partial_rotary_factor (even) */
+    double rope_theta;
+    long lin_k_heads, lin_v_heads;            /* GDN H_k, H_v */
+    long lin_k_dim, lin_v_dim;                /* d_k, d_v */
+    long conv_kernel;          /* K */
+    long n_experts, topk;      /* E, k */
+    long moe_inter, shared_inter;             /* I, I_s */
+    int norm_topk_prob;
+    long max_positions;        /* max_position_embeddings */
+    int is_attention[LS_MODEL_MAX_LAYERS];    /* 1 = full attention, 0 = gated DeltaNet */
+} ls_model_config;
+
+typedef struct ls_model_layer {
+    int attention;             /* 1 = full attention layer */
+    float *in_norm;            /* input_layernorm [D] */
+    float *post_norm;          /* post_attention_layernorm [D] */
+    /* gated DeltaNet */
+    ls_wmat qkvz;              /* in_proj_qkvz [2 Hk dk + 2 Hv dv, D] */
+    ls_wmat ba;                /* in_proj_ba [2 Hv, D] */
+    ls_wmat conv;              /* conv1d [conv_dim, K] (stored [conv_dim, 1, K]) */
+    float *A_log;              /* [Hv] */
+    float *dt_bias;            /* [Hv] */
+    float *gnorm;              /* norm.weight [dv] */
+    ls_wmat out_proj;          /* [D, Hv dv] */
+    /* full attention */
+    ls_wmat q_proj;            /* [Hq 2 d, D] (per head: d query rows, then d gate rows) */
+    ls_wmat k_proj, v_proj;    /* [Hkv d, D] */
+    ls_wmat o_proj;            /* [D, Hq d] */
+    float *q_norm, *k_norm;    /* [d] */
+    /* MoE */
+    ls_wmat router;            /* [E, D] */
+    ls_wmat *exp_gate, *exp_up, *exp_down; /* [E]: [I, D], [I, D], [D, I] */
+    ls_wmat sh_gate, sh_up;    /* [Is, D] */
+    ls_wmat sh_down;           /* [D, Is] */
+    ls_wmat sh_gate_w;         /* shared_expert_gate [1, D] */
+} ls_model_layer;
+
+typedef struct ls_model {
+    ls_model_config cfg;
+    const ls_checkpoint *ck;   /* borrowed; must outlive the model */
+    ls_wmat embed;             /* [V, D] */
+    ls_wmat lm_head;           /* [V, D] */
+    float *final_norm;         /* [D] */
+    ls_model_layer *layers;    /* [L] */
+} ls_model;
+
+/* Parses and validates a config.json object (a jansson json_t*). */
+ls_status ls_model_parse_config(const void *config_json, ls_model_config *cfg, ls_error *err);
+/* Validates the config of ck and binds its weights. *out owned by the caller. */
+ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err);
+void ls_model_close(ls_model *m);
+
+#endif

@@ -1,0 +1,168 @@
+/* lockstep — one self-contained HTML page per comparison: summary table, a
+ * layers x positions heat map per sequence (first drift marked) and a plot of
+ * |d logprob| per position. Inline SVG and CSS only: no scripts, no network. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "report/report.h"
+#include "report/report_internal.h"
+
+#define MAX_HEATMAPS 8
+
+static const char *cell_colour(uint8_t c)
+{
+    switch (c) {
+    case LS_CELL_EQUAL: return "#2e7d32";
+    case LS_CELL_DIFFERS: return "#f9a825";
+    case LS_CELL_FIRST: return "#d50000";
+    default: return "#e0e0e0";
+    }
+}
+
+static void row_label(const ls_compare_result *r, int row, char *buf, size_t n)
+{
+    if (row == 0) snprintf(buf, n, "input token");
+    else if (row == r->n_layers + 1) snprintf(buf, n, "next token / logprob");
+    else if (row == r->n_layers + 2) snprintf(buf, n, "top-%d", r->topk_compared);
+    else {
+        const ls_trace_layer *l = &r->layers[row - 1];
+        if (l->decoder_layer >= 0) snprintf(buf, n, "%d %s (L%d)", row - 1, ls_layer_family_name(l->family), l->decoder_layer);
+        else snprintf(buf, n, "%d %s", row - 1, ls_layer_family_name(l->family));
+    }
+}
+
+static void heatmap(FILE *f, const ls_compare_result *r, const ls_compare_seq *s)
+{
+    int rows = r->n_layers + 3;
+    int cw = s->cols ? (int)(900 / s->cols) : 8, ch = rows > 60 ? 6 : 12;
+    if (cw > 16) cw = 16;
+    if (cw < 2) cw = 2;
+    int lw = 170, top = 24, w = lw + cw * (int)s->cols + 10, h = top + ch * rows + 28;
+    fprintf(f, "<svg class=\"hm\" width=\"%d\" height=\"%d\" role=\"img\" aria-label=\"heat map seq %u\">\n", w, h, s->seq);
+    fprintf(f, "<text x=\"%d\" y=\"14\" class=\"ax\">positions 0..%u (%u per column)</text>\n", lw, s->pos_end ? s->pos_end - 1 : 0,
+            s->pos_per_col);
+    for (int row = 0; row < rows; row++) {
+        char label[96];
+        row_label(r, row, label, sizeof label);
+        if (rows <= 60 || row % 4 == 0 || row == rows - 1 || row == rows - 2)
+            fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\" text-anchor=\"end\">%s</text>\n", lw - 6,
+                    top + row * ch + ch - 2, label);
+        for (uint32_t c = 0; c < s->cols; c++) {
+            uint8_t v = s->cells[(size_t)row * s->cols + c];
+            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\"%s><title>%s, positions %u..%u: %s</title></rect>\n",
+                    lw + (int)c * cw, top + row * ch, cw > 2 ? cw - 1 : cw, ch - 1, cell_colour(v),
+                    v == LS_CELL_FIRST ? " stroke=\"#000\" stroke-width=\"2\"" : "", label, c * s->pos_per_col,
+                    (c + 1) * s->pos_per_col - 1,
+                    v == LS_CELL_FIRST ? "FIRST DRIFT" : v == LS_CELL_DIFFERS ? "differs" : v == LS_CELL_EQUAL ? "equal" : "not compared");
+        }
+    }
+    if (!s->pass && s->first.pos < s->pos_end && s->pos_per_col) {
+        int x = lw + (int)(s->first.pos / s->pos_per_col) * cw + cw / 2;
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#d50000\" stroke-dasharray=\"3,2\"/>\n", x, top - 4, x,
+                top + rows * ch + 4);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"fd\">first drift: pos %u</text>\n", x + 4, top + rows * ch + 18, s->first.pos);
+    }
+    fputs("</svg>\n", f);
+}
+
+static void plot(FILE *f, const ls_compare_seq *s)
+{
+    int lw = 170, pw = 900, ph = 120, top = 10;
+    float mx = 0;
+    for (uint32_t c = 0; c < s->cols; c++)
+        if (s->dlogprob[c] > mx) mx = s->dlogprob[c];
+    fprintf(f, "<svg class=\"plot\" width=\"%d\" height=\"%d\" role=\"img\" aria-label=\"dlogprob seq %u\">\n", lw + pw + 20,
+            ph + 40, s->seq);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#fafafa\" stroke=\"#999\"/>\n", lw, top, pw, ph);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\" text-anchor=\"end\">%.3g</text>\n", lw - 6, top + 10, (double)mx);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\" text-anchor=\"end\">0</text>\n", lw - 6, top + ph);
+    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\" text-anchor=\"end\">max |&#916; logprob|</text>\n", lw - 6, top + ph / 2);
+    if (s->cols) {
+        fputs("<polyline fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.5\" points=\"", f);
+        for (uint32_t c = 0; c < s->cols; c++) {
+            double x = lw + (s->cols > 1 ? (double)c * pw / (s->cols - 1) : pw / 2.0);
+            double y = top + ph - (mx > 0 ? (double)s->dlogprob[c] / mx * (ph - 4) : 0);
+            fprintf(f, "%.1f,%.1f ", x, y);
+        }
+        fputs("\"/>\n", f);
+    }
+    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"ax\">position (0..%u)</text>\n", lw, top + ph + 16, s->pos_end ? s->pos_end - 1 : 0);
+    fputs("</svg>\n", f);
+}
+
+ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_error *err)
+{
+    ls_outfile o;
+    LS_TRY(ls_outfile_open(&o, path, err));
+    FILE *f = o.fp;
+    fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>lockstep compare</title>\n"
+          "<style>body{font:14px system-ui,sans-serif;margin:24px;color:#222}h1{font-size:20px}"
+          "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}"
+          "th{background:#f0f0f0}.pass{color:#2e7d32;font-weight:bold}.fail{color:#d50000;font-weight:bold}"
+          ".drift{background:#ffebee;border-left:4px solid #d50000;padding:8px 12px;margin:12px 0}"
+          "code{font:12px monospace}.rl{font:10px monospace}.ax{font:11px sans-serif;fill:#555}.fd{font:11px sans-serif;fill:#d50000}"
+          ".legend span{display:inline-block;width:12px;height:12px;margin:0 4px 0 12px;vertical-align:middle}</style>\n"
+          "</head><body>\n", f);
+    fprintf(f, "<h1>lockstep compare: <span class=\"%s\">%s</span></h1>\n", r->equal ? "pass" : "fail", r->equal ? "PASS" : "FAIL");
+    fputs("<p>A: <code>", f);
+    ls_report_xml_escape(f, r->a.path);
+    fprintf(f, "</code> (%s, %s)<br>B: <code>", r->a.mode, r->a.complete ? "complete" : "incomplete");
+    ls_report_xml_escape(f, r->b.path);
+    fprintf(f, "</code> (%s, %s)<br>model <code>%s</code>%s<br>manifest A <code>%s</code>, B <code>%s</code></p>\n", r->b.mode,
+            r->b.complete ? "complete" : "incomplete", r->a.model_fingerprint, r->model_differs ? " (B DIFFERS)" : "",
+            r->a.manifest_digest[0] ? r->a.manifest_digest : "none", r->b.manifest_digest[0] ? r->b.manifest_digest : "none");
+    if (r->note[0]) {
+        fputs("<p>note: ", f);
+        ls_report_xml_escape(f, r->note);
+        fputs("</p>\n", f);
+    }
+    fputs("<table><tr><th>seq</th><th>result</th><th>positions</th><th>tokens equal</th><th>top-k sets equal</th>"
+          "<th>max |&#916; logprob|</th><th>max KL(top-k)</th><th>digests differing</th></tr>\n", f);
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        const ls_compare_seq *s = &r->seqs[i];
+        fprintf(f, "<tr><td>%u</td><td class=\"%s\">%s</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64
+                   "</td><td>%.6g</td><td>%.6g</td><td>%" PRIu64 "/%" PRIu64 "</td></tr>\n",
+                s->seq, s->pass ? "pass" : "fail", s->pass ? "PASS" : "FAIL", s->positions_compared, s->tokens_equal,
+                s->topk_set_equal, s->max_abs_dlogprob, s->max_kl_topk, s->digests_differ, s->digests_compared);
+    }
+    fputs("</table>\n", f);
+    if (r->first_seq >= 0) {
+        const ls_compare_seq *s = &r->seqs[r->first_seq];
+        char line[1024];
+        fputs("<div class=\"drift\"><b>First drift:</b> ", f);
+        ls_report_xml_escape(f, s->first.message);
+        ls_report_tensor_line(&s->first.tensor, line, sizeof line);
+        if (line[0]) {
+            fputs("<br>", f);
+            ls_report_xml_escape(f, line);
+        }
+        ls_report_router_line(&s->first.tensor, line, sizeof line);
+        if (line[0]) {
+            fputs("<br>", f);
+            ls_report_xml_escape(f, line);
+        }
+        if (s->first_token_divergence >= 0) fprintf(f, "<br>tokens diverge from position %" PRId64, s->first_token_divergence);
+        else fputs("<br>tokens never diverged", f);
+        fputs("</div>\n", f);
+    }
+    fputs("<p class=\"legend\">cells:<span style=\"background:#2e7d32\"></span>equal<span style=\"background:#f9a825\"></span>"
+          "differs<span style=\"background:#d50000;outline:2px solid #000\"></span>first drift<span style=\"background:#e0e0e0\">"
+          "</span>not compared</p>\n", f);
+    /* heat maps: the first-drift sequence first, then others up to MAX_HEATMAPS */
+    int shown = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < r->n_seqs && shown < MAX_HEATMAPS; i++) {
+            const ls_compare_seq *s = &r->seqs[i];
+            if ((pass == 0) != ((int)i == r->first_seq) || !s->cells) continue;
+            fprintf(f, "<h2>seq %u: <span class=\"%s\">%s</span></h2>\n", s->seq, s->pass ? "pass" : "fail",
+                    s->pass ? "PASS" : "FAIL");
+            heatmap(f, r, s);
+            plot(f, s);
+            shown++;
+        }
+    if ((size_t)shown < r->n_seqs) fprintf(f, "<p>%zu more sequences not drawn.</p>\n", r->n_seqs - (size_t)shown);
+    fputs("</body></html>\n", f);
+    return ls_outfile_commit(&o, err);
+}

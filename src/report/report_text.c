@@ -1,0 +1,127 @@
+/* lockstep — human-readable comparison report. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "report/report.h"
+#include "report/report_internal.h"
+
+static const char *kinds_list(uint32_t mask, char *buf, size_t n)
+{
+    buf[0] = 0;
+    for (int k = 0; k < LS_DIGEST_COUNT; k++)
+        if (mask & (1u << k)) {
+            size_t l = strlen(buf);
+            snprintf(buf + l, n - l, "%s%s", l ? ", " : "", ls_digest_kind_name((ls_digest_kind)k));
+        }
+    if (!buf[0]) snprintf(buf, n, "none");
+    return buf;
+}
+
+void ls_report_tensor_line(const ls_tensor_diff *t, char *buf, size_t n)
+{
+    buf[0] = 0;
+    if (!t->present) return;
+    if (t->first_index < 0) {
+        snprintf(buf, n, "full tensors are bitwise equal (%u elements)", t->n_elems);
+        return;
+    }
+    int bf = t->dtype == LS_DUMP_BF16;
+    snprintf(buf, n,
+             "first differing element %" PRId64 " of %u: A 0x%0*x (%.9g), B 0x%0*x (%.9g), %" PRIu64
+             " ULP; %u elements differ; max |d| %.6g, mean |d| %.6g",
+             t->first_index, t->n_elems, bf ? 4 : 8, t->a_bits, t->a_value, bf ? 4 : 8, t->b_bits, t->b_value, t->ulp,
+             t->n_differ, t->max_abs, t->mean_abs);
+}
+
+void ls_report_router_line(const ls_tensor_diff *t, char *buf, size_t n)
+{
+    buf[0] = 0;
+    if (!t->present || t->dtype != LS_DUMP_ROUTER) return;
+    size_t l = (size_t)snprintf(buf, n, "router top-%d ids A [", t->router_k);
+    for (int i = 0; i < t->router_k && l < n; i++) l += (size_t)snprintf(buf + l, n - l, "%s%d", i ? " " : "", t->router_a[i]);
+    if (l < n) l += (size_t)snprintf(buf + l, n - l, "], B [");
+    for (int i = 0; i < t->router_k && l < n; i++) l += (size_t)snprintf(buf + l, n - l, "%s%d", i ? " " : "", t->router_b[i]);
+    if (l < n)
+        snprintf(buf + l, n - l, "]: %s", t->router_set_differs ? "expert sets differ"
+                                           : t->router_order_differs ? "same experts, order differs"
+                                                                     : "same experts and order, weights differ");
+}
+
+void ls_report_layer_name(const ls_compare_result *r, int layer, char *buf, size_t n)
+{
+    const ls_trace_layer *l = &r->layers[layer];
+    if (l->decoder_layer >= 0)
+        snprintf(buf, n, "layer %d (%s, decoder layer %d)", layer, ls_layer_family_name(l->family), l->decoder_layer);
+    else
+        snprintf(buf, n, "layer %d (%s)", layer, ls_layer_family_name(l->family));
+}
+
+void ls_report_write_text(FILE *out, const ls_compare_result *r, int colour)
+{
+    const char *green = colour ? "\033[32m" : "", *red = colour ? "\033[31;1m" : "", *bold = colour ? "\033[1m" : "",
+               *off = colour ? "\033[0m" : "";
+    char kinds[128], line[1024];
+    fprintf(out, "A: %s (%s, engine %s, %s, %" PRIu64 " records)\n", r->a.path, r->a.mode, r->a.engine,
+            r->a.complete ? "complete" : "INCOMPLETE", r->a.records);
+    fprintf(out, "B: %s (%s, engine %s, %s, %" PRIu64 " records)\n", r->b.path, r->b.mode, r->b.engine,
+            r->b.complete ? "complete" : "INCOMPLETE", r->b.records);
+    if (r->model_differs)
+        fprintf(out, "model: %sDIFFERENT%s (A %s, B %s; compared because --allow-different-model)\n", red, off,
+                r->a.model_fingerprint, r->b.model_fingerprint);
+    else
+        fprintf(out, "model: %s (same)\n", r->a.model_fingerprint);
+    fprintf(out, "manifest: A %s, B %s\n", r->a.manifest_digest[0] ? r->a.manifest_digest : "(none)",
+            r->b.manifest_digest[0] ? r->b.manifest_digest : "(none)");
+    fprintf(out, "compared: tokens, selected logprob bits, top-%d ids/order/logprob bits; digest kinds: %s\n",
+            r->topk_compared, kinds_list(r->kinds_compared, kinds, sizeof kinds));
+    if (r->note[0]) fprintf(out, "note: %s\n", r->note);
+    fprintf(out, "\n%-8s %-8s %-14s %-14s %-14s %-13s %-12s %-14s\n", "seq", "result", "positions", "tokens",
+            "top-k sets", "max|dlogprob|", "max KL(topk)", "digests equal");
+    size_t n_pass = 0;
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        const ls_compare_seq *s = &r->seqs[i];
+        char pos[32], tok[32], tk[32], dg[40];
+        uint64_t total = s->positions_compared + s->positions_only_a + s->positions_only_b;
+        snprintf(pos, sizeof pos, "%" PRIu64 "/%" PRIu64, s->positions_compared, total);
+        snprintf(tok, sizeof tok, "%" PRIu64 "/%" PRIu64, s->tokens_equal, s->positions_compared);
+        snprintf(tk, sizeof tk, "%" PRIu64 "/%" PRIu64, s->topk_set_equal, s->positions_compared);
+        snprintf(dg, sizeof dg, "%" PRIu64 "/%" PRIu64, s->digests_compared - s->digests_differ, s->digests_compared);
+        fprintf(out, "%-8u %s%-8s%s %-14s %-14s %-14s %-13.6g %-12.6g %-14s\n", s->seq, s->pass ? green : red,
+                s->pass ? "PASS" : "FAIL", off, pos, tok, tk, s->max_abs_dlogprob, s->max_kl_topk, dg);
+        n_pass += s->pass;
+    }
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        const ls_compare_seq *s = &r->seqs[i];
+        if (s->pass) continue;
+        fprintf(out, "\n%sseq %u first drift%s%s: %s\n", bold, s->seq, (int)i == r->first_seq ? " (first overall)" : "",
+                off, s->first.message);
+        if (s->first.what == LS_DRIFT_DIGEST) {
+            char ha[65], hb[65];
+            ls_digest_to_hex(&s->first.a_digest, ha);
+            ls_digest_to_hex(&s->first.b_digest, hb);
+            fprintf(out, "  digest A %s\n  digest B %s\n", ha, hb);
+            ls_report_tensor_line(&s->first.tensor, line, sizeof line);
+            if (line[0]) fprintf(out, "  tensor: %s\n", line);
+            else fprintf(out, "  tensor: not dumped in both traces (record it with --dump-layers for element-level diagnosis)\n");
+            ls_report_router_line(&s->first.tensor, line, sizeof line);
+            if (line[0]) fprintf(out, "  %s\n", line);
+        }
+        if (s->first_token_divergence >= 0)
+            fprintf(out, "  tokens diverge from pos %" PRId64 "\n", s->first_token_divergence);
+        else
+            fprintf(out, "  tokens never diverged (the drift stayed below the sampled tokens)\n");
+    }
+    int any_router = 0;
+    for (int l = 0; l < r->n_layers; l++)
+        if (r->router_differ_per_layer[l]) {
+            if (!any_router) fprintf(out, "\nrouter differences (MoE router digest differs):\n");
+            any_router = 1;
+            ls_report_layer_name(r, l, line, sizeof line);
+            fprintf(out, "  %s: %" PRIu64 " positions\n", line, r->router_differ_per_layer[l]);
+        }
+    double secs = (double)r->elapsed_ns / 1e9;
+    fprintf(out, "\n%s%s%s: %zu/%zu sequences bitwise equal (%.1f MB of records in %.3f s)\n",
+            r->equal ? green : red, r->equal ? "PASS" : "FAIL", off, n_pass, r->n_seqs,
+            (double)r->bytes_compared / 1e6, secs);
+}

@@ -1,0 +1,553 @@
+/* lockstep — trace format pieces shared by writer, reader and index:
+ * names, the header JSON, frame loading, record decoding, the trailer. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+#include <zstd.h>
+
+#include "trace/trace_internal.h"
+
+/* ---- names ------------------------------------------------------------------ */
+static const char *const family_names[LS_FAMILY_COUNT] = {"embed", "gdn", "attention", "moe", "norm", "lm_head"};
+static const char *const kind_names[LS_DIGEST_COUNT] = {"hidden", "gdn_state", "conv_state", "kv", "router"};
+
+const char *ls_layer_family_name(ls_layer_family f)
+{
+    return (unsigned)f < LS_FAMILY_COUNT ? family_names[f] : "?";
+}
+const char *ls_digest_kind_name(ls_digest_kind k)
+{
+    return (unsigned)k < LS_DIGEST_COUNT ? kind_names[k] : "?";
+}
+int ls_layer_family_parse(const char *name)
+{
+    for (int i = 0; i < LS_FAMILY_COUNT; i++)
+        if (strcmp(name, family_names[i]) == 0) return i;
+    return -1;
+}
+int ls_digest_kind_parse(const char *name)
+{
+    for (int i = 0; i < LS_DIGEST_COUNT; i++)
+        if (strcmp(name, kind_names[i]) == 0) return i;
+    return -1;
+}
+size_t ls_dump_dtype_size(unsigned dtype)
+{
+    switch (dtype) {
+    case LS_DUMP_BF16: return 2;
+    case LS_DUMP_FP32: return 4;
+    case LS_DUMP_ROUTER: return 4;
+    default: return 0;
+    }
+}
+
+/* ---- seq map ------------------------------------------------------------------ */
+static size_t seq_hash(uint32_t k, size_t cap) { return (size_t)((k * 2654435761u) ^ (k >> 16)) & (cap - 1); }
+
+int ls_seqmap_get(const ls_seqmap *m, uint32_t key, uint32_t *val)
+{
+    if (!m->cap) return 0;
+    for (size_t i = seq_hash(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
+        if (!m->used[i]) return 0;
+        if (m->keys[i] == key) {
+            *val = m->vals[i];
+            return 1;
+        }
+    }
+}
+
+ls_status ls_seqmap_put(ls_seqmap *m, uint32_t key, uint32_t val, ls_error *err)
+{
+    if ((m->n + 1) * 2 > m->cap) {
+        size_t ncap = m->cap ? m->cap * 2 : 64;
+        ls_seqmap nm = {calloc(ncap, 4), calloc(ncap, 4), calloc(ncap, 1), ncap, 0};
+        if (!nm.keys || !nm.vals || !nm.used) {
+            ls_seqmap_free(&nm);
+            return ls_fail(err, LS_E_NOMEM, "out of memory (sequence map)");
+        }
+        for (size_t i = 0; i < m->cap; i++)
+            if (m->used[i]) LS_TRY(ls_seqmap_put(&nm, m->keys[i], m->vals[i], err));
+        ls_seqmap_free(m);
+        *m = nm;
+    }
+    size_t i = seq_hash(key, m->cap);
+    while (m->used[i] && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
+    if (!m->used[i]) m->n++;
+    m->used[i] = 1;
+    m->keys[i] = key;
+    m->vals[i] = val;
+    return LS_OK;
+}
+
+void ls_seqmap_free(ls_seqmap *m)
+{
+    free(m->keys);
+    free(m->vals);
+    free(m->used);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- header JSON ----------------------------------------------------------------- */
+static int is_hex64(const char *s)
+{
+    if (!s || strlen(s) != 64) return 0;
+    for (int i = 0; i < 64; i++)
+        if (!strchr("0123456789abcdef", s[i])) return 0;
+    return 1;
+}
+
+ls_status ls_trace_header_to_json(const ls_trace_header *h, char **out, ls_error *err)
+{
+    *out = NULL;
+    if (!h->mode || (strcmp(h->mode, "rollout") && strcmp(h->mode, "replay") && strcmp(h->mode, "import")))
+        return ls_fail(err, LS_E_USAGE, "trace header: mode must be rollout, replay or import");
+    if (!is_hex64(h->model_fingerprint))
+        return ls_fail(err, LS_E_USAGE, "trace header: model_fingerprint must be 64 lower-case hex characters");
+    if (h->manifest_digest && h->manifest_digest[0] && !is_hex64(h->manifest_digest))
+        return ls_fail(err, LS_E_USAGE, "trace header: manifest_digest must be empty or 64 lower-case hex characters");
+    if (h->topk < 1 || h->topk > LS_TRACE_TOPK_MAX)
+        return ls_fail(err, LS_E_USAGE, "trace header: topk %d outside 1..%d", h->topk, LS_TRACE_TOPK_MAX);
+    if (h->n_layers < 0 || h->n_layers > 65535 || (h->n_layers && !h->layers))
+        return ls_fail(err, LS_E_USAGE, "trace header: n_layers %d outside 0..65535", h->n_layers);
+    if (h->digest_kinds_mask >> LS_DIGEST_COUNT)
+        return ls_fail(err, LS_E_USAGE, "trace header: unknown digest kind bits 0x%x", h->digest_kinds_mask);
+    const char *act = h->activation_dtype ? h->activation_dtype : "bf16";
+    if (strcmp(act, "bf16") && strcmp(act, "fp32"))
+        return ls_fail(err, LS_E_USAGE, "trace header: activation_dtype must be bf16 or fp32");
+    json_error_t je;
+    json_t *params = json_loads(h->run_params_json && h->run_params_json[0] ? h->run_params_json : "{}", 0, &je);
+    if (!params || !json_is_object(params)) {
+        json_decref(params);
+        return ls_fail(err, LS_E_USAGE, "trace header: run_params_json is not a JSON object");
+    }
+    json_t *kinds = json_array(), *layers = json_array();
+    for (int k = 0; k < LS_DIGEST_COUNT; k++)
+        if (h->digest_kinds_mask & (1u << k)) json_array_append_new(kinds, json_string(kind_names[k]));
+    for (int i = 0; i < h->n_layers; i++) {
+        const ls_trace_layer *l = &h->layers[i];
+        if (l->index != i || (unsigned)l->family >= LS_FAMILY_COUNT) {
+            json_decref(params); json_decref(kinds); json_decref(layers);
+            return ls_fail(err, LS_E_USAGE, "trace header: layer %d has index %d or an unknown family", i, l->index);
+        }
+        json_array_append_new(layers, json_pack("{s:i,s:s,s:i}", "index", i, "family",
+                                                family_names[l->family], "decoder_layer", l->decoder_layer));
+    }
+    json_t *root = json_pack("{s:s,s:s,s:s,s:s,s:s,s:o,s:i,s:o,s:I,s:s,s:o}", "format", "lockstep-trace",
+                             "mode", h->mode, "engine", h->engine ? h->engine : "", "model_fingerprint",
+                             h->model_fingerprint, "manifest_digest", h->manifest_digest ? h->manifest_digest : "",
+                             "run_params", params, "topk", h->topk, "digest_kinds", kinds,
+                             "state_digest_every", (json_int_t)(h->state_digest_every ? h->state_digest_every : 1),
+                             "activation_dtype", act, "layers", layers);
+    if (!root) return ls_fail(err, LS_E_NOMEM, "trace header: cannot build JSON");
+    *out = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    if (!*out) return ls_fail(err, LS_E_NOMEM, "trace header: cannot serialise JSON");
+    return LS_OK;
+}
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+void ls_trace_header_owned_free(ls_trace_header_owned *o)
+{
+    free(o->mode); free(o->engine); free(o->model_fingerprint); free(o->manifest_digest);
+    free(o->run_params_json); free(o->activation_dtype); free(o->layers);
+    memset(o, 0, sizeof *o);
+}
+
+static ls_status get_str(json_t *root, const char *key, char **out, const char *where, ls_error *err)
+{
+    json_t *v = json_object_get(root, key);
+    if (!json_is_string(v)) return ls_fail(err, LS_E_INPUT, "%s: header field \"%s\" missing or not a string", where, key);
+    *out = dup_str(json_string_value(v));
+    return *out ? LS_OK : ls_fail(err, LS_E_NOMEM, "out of memory");
+}
+
+ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_header_owned *o, const char *where,
+                                    ls_error *err)
+{
+    memset(o, 0, sizeof *o);
+    json_error_t je;
+    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        return ls_fail(err, LS_E_INPUT, "%s: header JSON: %s (JSON byte %d)", where, root ? "not an object" : je.text,
+                       je.position);
+    }
+    ls_status st = LS_OK;
+    json_t *fmt = json_object_get(root, "format");
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), "lockstep-trace")) {
+        st = ls_fail(err, LS_E_INPUT, "%s: header field \"format\" is not \"lockstep-trace\"", where);
+        goto out;
+    }
+    if ((st = get_str(root, "mode", &o->mode, where, err)) || (st = get_str(root, "engine", &o->engine, where, err)) ||
+        (st = get_str(root, "model_fingerprint", &o->model_fingerprint, where, err)) ||
+        (st = get_str(root, "manifest_digest", &o->manifest_digest, where, err)) ||
+        (st = get_str(root, "activation_dtype", &o->activation_dtype, where, err)))
+        goto out;
+    if (!is_hex64(o->model_fingerprint) || (o->manifest_digest[0] && !is_hex64(o->manifest_digest))) {
+        st = ls_fail(err, LS_E_INPUT, "%s: model_fingerprint/manifest_digest must be 64 lower-case hex characters", where);
+        goto out;
+    }
+    if (strcmp(o->activation_dtype, "bf16") && strcmp(o->activation_dtype, "fp32")) {
+        st = ls_fail(err, LS_E_INPUT, "%s: activation_dtype \"%s\" is not bf16 or fp32", where, o->activation_dtype);
+        goto out;
+    }
+    json_t *params = json_object_get(root, "run_params");
+    if (!json_is_object(params)) {
+        st = ls_fail(err, LS_E_INPUT, "%s: header field \"run_params\" missing or not an object", where);
+        goto out;
+    }
+    o->run_params_json = json_dumps(params, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_t *topk = json_object_get(root, "topk"), *every = json_object_get(root, "state_digest_every");
+    if (!json_is_integer(topk) || json_integer_value(topk) < 1 || json_integer_value(topk) > LS_TRACE_TOPK_MAX) {
+        st = ls_fail(err, LS_E_INPUT, "%s: header field \"topk\" missing or outside 1..%d", where, LS_TRACE_TOPK_MAX);
+        goto out;
+    }
+    if (!json_is_integer(every) || json_integer_value(every) < 1 || json_integer_value(every) > UINT32_MAX) {
+        st = ls_fail(err, LS_E_INPUT, "%s: header field \"state_digest_every\" missing or < 1", where);
+        goto out;
+    }
+    json_t *kinds = json_object_get(root, "digest_kinds"), *layers = json_object_get(root, "layers");
+    if (!json_is_array(kinds) || !json_is_array(layers) || json_array_size(layers) > 65535) {
+        st = ls_fail(err, LS_E_INPUT, "%s: header fields \"digest_kinds\"/\"layers\" missing or not arrays", where);
+        goto out;
+    }
+    uint32_t mask = 0;
+    for (size_t i = 0; i < json_array_size(kinds); i++) {
+        json_t *k = json_array_get(kinds, i);
+        int kk = json_is_string(k) ? ls_digest_kind_parse(json_string_value(k)) : -1;
+        if (kk < 0) {
+            st = ls_fail(err, LS_E_INPUT, "%s: digest_kinds[%zu] is not a known digest kind", where, i);
+            goto out;
+        }
+        mask |= 1u << kk;
+    }
+    size_t nl = json_array_size(layers);
+    o->layers = calloc(nl ? nl : 1, sizeof *o->layers);
+    if (!o->layers) { st = ls_fail(err, LS_E_NOMEM, "out of memory"); goto out; }
+    for (size_t i = 0; i < nl; i++) {
+        json_t *l = json_array_get(layers, i);
+        json_t *ix = json_object_get(l, "index"), *fam = json_object_get(l, "family"),
+               *dl = json_object_get(l, "decoder_layer");
+        int f = json_is_string(fam) ? ls_layer_family_parse(json_string_value(fam)) : -1;
+        if (!json_is_integer(ix) || json_integer_value(ix) != (json_int_t)i || f < 0 || !json_is_integer(dl) ||
+            json_integer_value(dl) < -1 || json_integer_value(dl) > 1000000) {
+            st = ls_fail(err, LS_E_INPUT, "%s: layers[%zu] needs index %zu, a known family and decoder_layer >= -1",
+                         where, i, i);
+            goto out;
+        }
+        o->layers[i] = (ls_trace_layer){(int)i, (ls_layer_family)f, (int)json_integer_value(dl)};
+    }
+    o->h.mode = o->mode;
+    o->h.engine = o->engine;
+    o->h.model_fingerprint = o->model_fingerprint;
+    o->h.manifest_digest = o->manifest_digest;
+    o->h.run_params_json = o->run_params_json;
+    o->h.activation_dtype = o->activation_dtype;
+    o->h.topk = (int)json_integer_value(topk);
+    o->h.digest_kinds_mask = mask;
+    o->h.state_digest_every = (uint32_t)json_integer_value(every);
+    o->h.n_layers = (int)nl;
+    o->h.layers = o->layers;
+out:
+    json_decref(root);
+    if (st == LS_OK && !o->run_params_json) st = ls_fail(err, LS_E_NOMEM, "out of memory");
+    if (st != LS_OK) ls_trace_header_owned_free(o);
+    return st;
+}
+
+ls_status ls_trace_read_file_header(FILE *fp, const char *path, uint64_t file_bytes, ls_trace_header_owned *out,
+                                    uint64_t *end_offset, ls_error *err)
+{
+    uint8_t head[LS_TRACE_FILE_HEAD_BYTES];
+    size_t got = fread(head, 1, sizeof head, fp);
+    if (got < 8 || memcmp(head, LS_TRACE_MAGIC, 8) != 0)
+        return ls_fail(err, LS_E_INPUT, "%s: offset 0: not a lockstep trace (bad magic)", path);
+    if (got < sizeof head)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %zu: truncated file header (file is %" PRIu64 " bytes)", path,
+                       got, file_bytes);
+    uint16_t major = ls_rd16(head + 8), minor = ls_rd16(head + 10);
+    uint32_t jlen = ls_rd32(head + 12);
+    if (major != LS_TRACE_VERSION_MAJOR)
+        return ls_fail(err, LS_E_UNSUPPORTED,
+                       "%s: offset 8: trace format version %u.%u; this lockstep reads major version %u only", path,
+                       major, minor, LS_TRACE_VERSION_MAJOR);
+    if (jlen > LS_TRACE_JSON_MAX_BYTES)
+        return ls_fail(err, LS_E_INPUT, "%s: offset 12: header JSON length %u exceeds %u", path, jlen,
+                       LS_TRACE_JSON_MAX_BYTES);
+    if (LS_TRACE_FILE_HEAD_BYTES + (uint64_t)jlen + 32 > file_bytes)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": truncated header (needs %" PRIu64 " bytes, file is %" PRIu64 ")",
+                       path, file_bytes, LS_TRACE_FILE_HEAD_BYTES + (uint64_t)jlen + 32, file_bytes);
+    char *json = malloc((size_t)jlen + 32 + 1);
+    if (!json) return ls_fail(err, LS_E_NOMEM, "out of memory");
+    if (fread(json, 1, (size_t)jlen + 32, fp) != (size_t)jlen + 32) {
+        free(json);
+        return ls_fail(err, LS_E_IO, "%s: offset 16: read failed", path);
+    }
+    ls_sha256 h;
+    ls_digest d;
+    ls_status st = ls_sha256_init(&h, err);
+    if (!st) st = ls_sha256_update(&h, head, sizeof head, err);
+    if (!st) st = ls_sha256_update(&h, json, jlen, err);
+    if (!st) st = ls_sha256_final(&h, &d, err); else ls_sha256_discard(&h);
+    if (st) { free(json); return st; }
+    if (memcmp(d.bytes, json + jlen, 32) != 0) {
+        free(json);
+        return ls_fail(err, LS_E_INPUT, "%s: offset 0: header checksum mismatch (header bytes 0..%u corrupted)", path,
+                       (unsigned)(LS_TRACE_FILE_HEAD_BYTES + jlen + 31));
+    }
+    char where[600];
+    snprintf(where, sizeof where, "%s: offset 16", path);
+    st = ls_trace_header_from_json(json, jlen, out, where, err);
+    free(json);
+    if (st) return st;
+    out->h.version_major = major;
+    out->h.version_minor = minor;
+    *end_offset = LS_TRACE_FILE_HEAD_BYTES + (uint64_t)jlen + 32;
+    return LS_OK;
+}
+
+/* ---- frames -------------------------------------------------------------------------- */
+static ls_status grow(void **p, size_t *cap, size_t need, size_t elem, ls_error *err)
+{
+    if (need <= *cap) return LS_OK;
+    size_t n = *cap ? *cap : 16;
+    while (n < need) n *= 2;
+    void *q = realloc(*p, n * elem);
+    if (!q) return ls_fail(err, LS_E_NOMEM, "out of memory (%zu bytes)", n * elem);
+    *p = q;
+    *cap = n;
+    return LS_OK;
+}
+
+void ls_frame_buf_free(ls_frame_buf *fb)
+{
+    free(fb->segs); free(fb->head); free(fb->comp); free(fb->data); free(fb->rec_off);
+    ZSTD_freeDCtx(fb->dctx);
+    memset(fb, 0, sizeof *fb);
+}
+
+void ls_rec_decoder_free(ls_rec_decoder *d)
+{
+    free(d->dg);
+    free(d->dm);
+    d->dg = NULL; d->dm = NULL; d->dg_cap = d->dm_cap = 0;
+}
+
+/* Validates the record at data[off..] and returns its byte length in *len.
+ * With dec->rec filled when `fill`. */
+static ls_status decode_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint64_t off, uint32_t *len, int fill,
+                               const char *path, ls_error *err)
+{
+    const uint8_t *p = fb->data + off;
+    uint64_t avail = fb->uncompressed_bytes - off;
+    size_t fixed = LS_TRACE_RECORD_FIXED_BYTES + 8 * (size_t)dec->topk + 4;
+#define BAD(...) ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u, record byte %" PRIu64 ": " __VA_ARGS__)
+#define BADA path, fb->offset, fb->frame_index, off
+    if (avail < fixed) return BAD("record header runs past the frame payload", BADA);
+    uint32_t rb = ls_rd32(p);
+    if (rb < fixed || rb > avail || rb % 4) return BAD("record length %u invalid", BADA, rb);
+    uint16_t nd = ls_rd16(p + fixed - 4), nm = ls_rd16(p + fixed - 2);
+    uint64_t q = fixed + (uint64_t)nd * LS_TRACE_DIGEST_ENTRY_BYTES;
+    if (q > rb) return BAD("%u digests run past the record", BADA, nd);
+    if (fill) {
+        LS_TRY(grow((void **)&dec->dg, &dec->dg_cap, nd ? nd : 1, sizeof *dec->dg, err));
+        LS_TRY(grow((void **)&dec->dm, &dec->dm_cap, nm ? nm : 1, sizeof *dec->dm, err));
+    }
+    int prev = -1;
+    for (uint32_t i = 0; i < nd; i++) {
+        const uint8_t *e = p + fixed + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES;
+        uint16_t layer = ls_rd16(e);
+        uint8_t kind = e[2];
+        if (layer >= dec->n_layers || kind >= LS_DIGEST_COUNT || !(dec->kinds_mask & (1u << kind)) || e[3])
+            return BAD("digest %u: layer %u / kind %u not in the header", BADA, i, layer, kind);
+        int key = layer * LS_DIGEST_COUNT + kind;
+        if (key <= prev) return BAD("digest %u: not ordered by (layer, kind)", BADA, i);
+        prev = key;
+        if (fill) {
+            dec->dg[i].layer = layer;
+            dec->dg[i].kind = kind;
+            memcpy(dec->dg[i].digest.bytes, e + 4, 32);
+        }
+    }
+    prev = -1;
+    for (uint32_t i = 0; i < nm; i++) {
+        if (q + LS_TRACE_DUMP_HEAD_BYTES > rb) return BAD("dump %u runs past the record", BADA, i);
+        const uint8_t *e = p + q;
+        uint16_t layer = ls_rd16(e);
+        uint8_t kind = e[2], dtype = e[3];
+        uint32_t n = ls_rd32(e + 4);
+        size_t es = ls_dump_dtype_size(dtype);
+        if (layer >= dec->n_layers || kind >= LS_DIGEST_COUNT || !es || !n ||
+            ((kind == LS_DIGEST_ROUTER) != (dtype == LS_DUMP_ROUTER)) || (dtype == LS_DUMP_ROUTER && n % 2))
+            return BAD("dump %u: bad layer %u / kind %u / dtype %u / n_elems %u", BADA, i, layer, kind, dtype, n);
+        int key = layer * LS_DIGEST_COUNT + kind;
+        if (key <= prev) return BAD("dump %u: not ordered by (layer, kind)", BADA, i);
+        prev = key;
+        uint64_t body = ((uint64_t)n * es + 3) & ~(uint64_t)3;
+        if (q + LS_TRACE_DUMP_HEAD_BYTES + body > rb) return BAD("dump %u data runs past the record", BADA, i);
+        if (fill) dec->dm[i] = (ls_trace_dump){layer, kind, dtype, n, e + LS_TRACE_DUMP_HEAD_BYTES};
+        q += LS_TRACE_DUMP_HEAD_BYTES + body;
+    }
+    if (q != rb) return BAD("record length %u does not match its contents (%" PRIu64 ")", BADA, rb, q);
+    if (fill) {
+        ls_trace_record *r = &dec->rec;
+        r->seq = ls_rd32(p + 4);
+        r->pos = ls_rd32(p + 8);
+        r->token = (int32_t)ls_rd32(p + 12);
+        r->next_token = (int32_t)ls_rd32(p + 16);
+        r->logprob_bits = ls_rd32(p + 20);
+        for (int k = 0; k < dec->topk; k++) {
+            r->topk_ids[k] = (int32_t)ls_rd32(p + 24 + 8 * k);
+            r->topk_logprob_bits[k] = ls_rd32(p + 28 + 8 * k);
+        }
+        r->n_digests = nd;
+        r->digests = dec->dg;
+        r->n_dumps = nm;
+        r->dumps = dec->dm;
+        r->raw = p;
+        r->raw_bytes = rb;
+        r->frame_index = fb->frame_index;
+        r->frame_offset = fb->offset;
+    }
+    *len = rb;
+    return LS_OK;
+#undef BAD
+#undef BADA
+}
+
+ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t i, ls_error *err)
+{
+    uint32_t len;
+    if (i >= fb->n_records) return ls_fail(err, LS_E_INTERNAL, "record %u out of range", i);
+    return decode_record(fb, dec, fb->rec_off[i], &len, 1, "trace", err);
+}
+
+ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_frame_buf *fb, ls_rec_decoder *dec,
+                        int payload, int verify, ls_error *err)
+{
+    uint64_t off = fb->offset;
+    uint8_t fixed[LS_TRACE_FRAME_FIXED_BYTES];
+    if (file_bytes - off < LS_TRACE_FRAME_FIXED_BYTES)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame truncated: header needs %d bytes, file ends at %" PRIu64,
+                       path, off, LS_TRACE_FRAME_FIXED_BYTES, file_bytes);
+    if (fseeko(fp, (off_t)off, SEEK_SET) || fread(fixed, 1, sizeof fixed, fp) != sizeof fixed)
+        return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
+    if (memcmp(fixed, LS_TRACE_FRAME_MAGIC, 4) != 0)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": expected a frame", path, off);
+    fb->kind = fixed[4];
+    fb->frame_index = ls_rd32(fixed + 8);
+    fb->n_records = ls_rd32(fixed + 12);
+    fb->n_segments = ls_rd32(fixed + 16);
+    fb->uncompressed_bytes = ls_rd64(fixed + 24);
+    fb->compressed_bytes = ls_rd64(fixed + 32);
+    uint64_t min_rec = LS_TRACE_RECORD_FIXED_BYTES + 8 * (uint64_t)dec->topk + 4;
+    if (fb->kind >= LS_TRACE_FRAME_KIND_COUNT || fixed[5] || ls_rd16(fixed + 6) || ls_rd32(fixed + 20) ||
+        fb->n_records == 0 || fb->n_segments == 0 || fb->n_segments > fb->n_records ||
+        fb->uncompressed_bytes > LS_TRACE_FRAME_MAX_BYTES || fb->uncompressed_bytes < fb->n_records * min_rec ||
+        fb->compressed_bytes == 0 || fb->compressed_bytes > ZSTD_compressBound(LS_TRACE_FRAME_MAX_BYTES))
+        return ls_fail(err, LS_E_INPUT,
+                       "%s: offset %" PRIu64 ": frame header corrupted (kind %u, %u records, %u segments, %" PRIu64
+                       " / %" PRIu64 " bytes)",
+                       path, off, fb->kind, fb->n_records, fb->n_segments, fb->uncompressed_bytes, fb->compressed_bytes);
+    uint64_t head_bytes = LS_TRACE_FRAME_FIXED_BYTES + (uint64_t)fb->n_segments * LS_TRACE_SEGMENT_BYTES;
+    uint64_t total = head_bytes + 32 + fb->compressed_bytes;
+    if (total > file_bytes - off)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u truncated: needs %" PRIu64 " bytes, file ends at %" PRIu64,
+                       path, off, fb->frame_index, total, file_bytes);
+    fb->next_offset = off + total;
+    LS_TRY(grow((void **)&fb->head, &fb->head_cap, head_bytes + 32, 1, err));
+    LS_TRY(grow((void **)&fb->segs, &fb->segs_cap, fb->n_segments, sizeof *fb->segs, err));
+    memcpy(fb->head, fixed, sizeof fixed);
+    if (fread(fb->head + sizeof fixed, 1, head_bytes - sizeof fixed + 32, fp) != head_bytes - sizeof fixed + 32)
+        return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
+    memcpy(fb->checksum, fb->head + head_bytes, 32);
+    uint64_t nrec = 0;
+    for (uint32_t i = 0; i < fb->n_segments; i++) {
+        const uint8_t *s = fb->head + LS_TRACE_FRAME_FIXED_BYTES + (size_t)i * LS_TRACE_SEGMENT_BYTES;
+        fb->segs[i] = (ls_frame_seg){ls_rd32(s), ls_rd32(s + 4), ls_rd32(s + 8)};
+        if (fb->segs[i].n_pos == 0 || (uint64_t)fb->segs[i].pos_first + fb->segs[i].n_pos > UINT32_MAX)
+            return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: segment %u is empty or overflows", path, off,
+                           fb->frame_index, i);
+        nrec += fb->segs[i].n_pos;
+    }
+    if (nrec != fb->n_records)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: segments hold %" PRIu64 " records, header says %u",
+                       path, off, fb->frame_index, nrec, fb->n_records);
+    if (!payload && !verify) return fseeko(fp, (off_t)fb->next_offset, SEEK_SET) ? ls_fail(err, LS_E_IO, "%s: seek failed", path) : LS_OK;
+    LS_TRY(grow((void **)&fb->comp, &fb->comp_cap, fb->compressed_bytes, 1, err));
+    if (fread(fb->comp, 1, fb->compressed_bytes, fp) != fb->compressed_bytes)
+        return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
+    if (verify) {
+        ls_sha256 h;
+        ls_digest d;
+        ls_status st = ls_sha256_init(&h, err);
+        if (!st) st = ls_sha256_update(&h, fb->head, head_bytes, err);
+        if (!st) st = ls_sha256_update(&h, fb->comp, fb->compressed_bytes, err);
+        if (!st) st = ls_sha256_final(&h, &d, err); else ls_sha256_discard(&h);
+        if (st) return st;
+        if (memcmp(d.bytes, fb->checksum, 32) != 0)
+            return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u checksum mismatch (bytes %" PRIu64 "..%" PRIu64 " corrupted)",
+                           path, off, fb->frame_index, off, fb->next_offset - 1);
+    }
+    if (!payload) return LS_OK;
+    if (!fb->dctx && !(fb->dctx = ZSTD_createDCtx())) return ls_fail(err, LS_E_NOMEM, "out of memory (zstd)");
+    LS_TRY(grow((void **)&fb->data, &fb->data_cap, fb->uncompressed_bytes, 1, err));
+    unsigned long long cs = ZSTD_getFrameContentSize(fb->comp, fb->compressed_bytes);
+    size_t r = ZSTD_decompressDCtx(fb->dctx, fb->data, fb->uncompressed_bytes, fb->comp, fb->compressed_bytes);
+    if (cs != fb->uncompressed_bytes || ZSTD_isError(r) || r != fb->uncompressed_bytes)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: payload does not decompress to %" PRIu64 " bytes (%s)",
+                       path, off, fb->frame_index, fb->uncompressed_bytes,
+                       ZSTD_isError(r) ? ZSTD_getErrorName(r) : "size mismatch");
+    LS_TRY(grow((void **)&fb->rec_off, &fb->rec_off_cap, fb->n_records, sizeof *fb->rec_off, err));
+    uint64_t q = 0;
+    uint32_t seg = 0, in_seg = 0;
+    for (uint32_t i = 0; i < fb->n_records; i++) {
+        uint32_t len;
+        fb->rec_off[i] = (uint32_t)q;
+        if (q >= fb->uncompressed_bytes)
+            return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: %u records declared, payload holds %u", path,
+                           off, fb->frame_index, fb->n_records, i);
+        LS_TRY(decode_record(fb, dec, q, &len, 0, path, err));
+        uint32_t rs = ls_rd32(fb->data + q + 4), rp = ls_rd32(fb->data + q + 8);
+        if (rs != fb->segs[seg].seq || rp != fb->segs[seg].pos_first + in_seg)
+            return ls_fail(err, LS_E_INPUT,
+                           "%s: offset %" PRIu64 ": frame %u, record %u is (seq %u, pos %u); its segment says (seq %u, pos %u)",
+                           path, off, fb->frame_index, i, rs, rp, fb->segs[seg].seq, fb->segs[seg].pos_first + in_seg);
+        if (++in_seg == fb->segs[seg].n_pos) {
+            seg++;
+            in_seg = 0;
+        }
+        q += len;
+    }
+    if (q != fb->uncompressed_bytes)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: %" PRIu64 " trailing payload bytes", path, off,
+                       fb->frame_index, fb->uncompressed_bytes - q);
+    return LS_OK;
+}
+
+ls_status ls_trace_check_trailer(const uint8_t t[LS_TRACE_TRAILER_BYTES], const char *path, uint64_t offset,
+                                 uint64_t n_frames, uint64_t n_records, uint64_t bytes, const uint8_t chain[32],
+                                 ls_error *err)
+{
+    ls_digest d;
+    LS_TRY(ls_sha256_buf(t, 64, &d, err));
+    if (memcmp(t, LS_TRACE_TRAILER_MAGIC, 4) != 0 || memcmp(d.bytes, t + 64, 32) != 0 || ls_rd32(t + 4))
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer checksum mismatch (trailer corrupted)", path, offset);
+    if (ls_rd64(t + 8) != n_frames || ls_rd64(t + 16) != n_records || ls_rd64(t + 24) != bytes)
+        return ls_fail(err, LS_E_INPUT,
+                       "%s: offset %" PRIu64 ": trailer counts (%" PRIu64 " frames, %" PRIu64 " records) do not match the file (%" PRIu64 ", %" PRIu64 ")",
+                       path, offset, ls_rd64(t + 8), ls_rd64(t + 16), n_frames, n_records);
+    if (memcmp(t + 32, chain, 32) != 0)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer digest over all frames does not match", path, offset);
+    return LS_OK;
+}

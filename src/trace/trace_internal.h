@@ -1,0 +1,119 @@
+/* lockstep — trace internals shared by the writer, the streaming reader and
+ * the index: byte layouts (docs/trace-format.md), little-endian helpers, a
+ * small seq-id hash map, frame loading and record decoding. Not public. */
+#ifndef LS_TRACE_TRACE_INTERNAL_H
+#define LS_TRACE_TRACE_INTERNAL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "trace/trace.h"
+
+/* ---- byte layouts (docs/trace-format.md) ---------------------------------- */
+#define LS_TRACE_MAGIC "LSTRACE\0"            /* 8 bytes at offset 0 */
+#define LS_TRACE_FILE_HEAD_BYTES 16           /* magic, major u16, minor u16, json_bytes u32 */
+#define LS_TRACE_JSON_MAX_BYTES (16u << 20)
+#define LS_TRACE_FRAME_MAGIC "LSFR"
+#define LS_TRACE_FRAME_FIXED_BYTES 40         /* before the segment table */
+#define LS_TRACE_SEGMENT_BYTES 12             /* seq u32, pos_first u32, n_pos u32 */
+#define LS_TRACE_TRAILER_MAGIC "LSEN"
+#define LS_TRACE_TRAILER_BYTES 96
+#define LS_TRACE_RECORD_FIXED_BYTES 24        /* record_bytes, seq, pos, token, next, logprob */
+#define LS_TRACE_DIGEST_ENTRY_BYTES 36        /* layer u16, kind u8, 0 u8, sha256[32] */
+#define LS_TRACE_DUMP_HEAD_BYTES 8            /* layer u16, kind u8, dtype u8, n_elems u32 */
+#define LS_TRACE_FRAME_KIND_COUNT 4
+
+static inline uint16_t ls_rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t ls_rd32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t ls_rd64(const uint8_t *p) { return ls_rd32(p) | ((uint64_t)ls_rd32(p + 4) << 32); }
+static inline void ls_wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void ls_wr32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
+}
+static inline void ls_wr64(uint8_t *p, uint64_t v) { ls_wr32(p, (uint32_t)v); ls_wr32(p + 4, (uint32_t)(v >> 32)); }
+
+/* ---- seq-id map: uint32 key -> uint32 value (open addressing) ------------- */
+typedef struct ls_seqmap {
+    uint32_t *keys;          /* [cap] */
+    uint32_t *vals;          /* [cap] */
+    uint8_t *used;           /* [cap] */
+    size_t cap, n;
+} ls_seqmap;
+/* Returns 1 and sets *val when key is present. */
+int ls_seqmap_get(const ls_seqmap *m, uint32_t key, uint32_t *val);
+ls_status ls_seqmap_put(ls_seqmap *m, uint32_t key, uint32_t val, ls_error *err);
+void ls_seqmap_free(ls_seqmap *m);
+
+/* ---- header ------------------------------------------------------------------ */
+/* A parsed header with owned strings. */
+typedef struct ls_trace_header_owned {
+    ls_trace_header h;       /* pointers below */
+    char *mode, *engine, *model_fingerprint, *manifest_digest, *run_params_json, *activation_dtype;
+    ls_trace_layer *layers;  /* [h.n_layers] */
+} ls_trace_header_owned;
+
+/* Serialises the header JSON (malloc'd, caller frees). Validates fields. */
+ls_status ls_trace_header_to_json(const ls_trace_header *h, char **json, ls_error *err);
+/* Parses and validates header JSON; `where` prefixes messages ("file: offset N"). */
+ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_header_owned *out,
+                                    const char *where, ls_error *err);
+void ls_trace_header_owned_free(ls_trace_header_owned *o);
+
+/* Reads and verifies the file header; sets *end_offset to the first frame. */
+ls_status ls_trace_read_file_header(FILE *fp, const char *path, uint64_t file_bytes,
+                                    ls_trace_header_owned *out, uint64_t *end_offset, ls_error *err);
+
+/* ---- frames ---------------------------------------------------------------------- */
+typedef struct ls_frame_seg {
+    uint32_t seq, pos_first, n_pos;
+} ls_frame_seg;
+
+/* A frame's header, loaded (and optionally its payload decompressed). */
+typedef struct ls_frame_buf {
+    uint64_t offset;           /* byte offset of the frame in the file */
+    uint64_t next_offset;      /* first byte after it */
+    uint8_t kind;
+    uint32_t frame_index, n_records, n_segments;
+    uint64_t uncompressed_bytes, compressed_bytes;
+    ls_frame_seg *segs; size_t segs_cap;          /* [n_segments] */
+    uint8_t checksum[32];      /* as stored */
+    uint8_t *head; size_t head_cap;                /* raw frame header bytes (for the checksum) */
+    uint8_t *comp; size_t comp_cap;                /* compressed payload */
+    uint8_t *data; size_t data_cap;                /* uncompressed payload */
+    uint32_t *rec_off; size_t rec_off_cap;         /* [n_records] record offsets into data */
+    void *dctx;                                    /* ZSTD_DCtx*, owned */
+} ls_frame_buf;
+
+/* Decoding context of one trace (header facts + scratch for one record). */
+typedef struct ls_rec_decoder {
+    int topk;
+    int n_layers;
+    uint32_t kinds_mask;
+    ls_trace_record rec;
+    ls_trace_digest *dg; size_t dg_cap;
+    ls_trace_dump *dm; size_t dm_cap;
+} ls_rec_decoder;
+
+/* Reads the frame header at fb->offset (fp positioned there; 4-byte magic
+ * already checked by the caller and included). With `payload`, reads the
+ * payload, verifies the checksum, decompresses and validates every record;
+ * without it, seeks past the payload after hashing it when `verify`. */
+ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_frame_buf *fb,
+                        ls_rec_decoder *dec, int payload, int verify, ls_error *err);
+void ls_frame_buf_free(ls_frame_buf *fb);
+
+/* Decodes record i of a loaded frame into dec->rec. */
+ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t i, ls_error *err);
+void ls_rec_decoder_free(ls_rec_decoder *d);
+
+/* Checks that the 96 trailer bytes at `offset` are well formed and match the counts. */
+ls_status ls_trace_check_trailer(const uint8_t t[LS_TRACE_TRAILER_BYTES], const char *path, uint64_t offset,
+                                 uint64_t n_frames, uint64_t n_records, uint64_t bytes,
+                                 const uint8_t chain[32], ls_error *err);
+
+#endif

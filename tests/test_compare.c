@@ -1,0 +1,215 @@
+/* Comparator: equal traces, planted differences at every kind (reported at
+ * exactly that location, nothing earlier), rollout vs replay framings, and
+ * the CLI exit codes. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compare/compare.h"
+#include "testutil.h"
+#include "trace_synth.h"
+
+static char *dir;
+static char pa[4200], pb[4200];
+
+static void setup(void)
+{
+    dir = ls_test_tmpdir("compare");
+    snprintf(pa, sizeof pa, "%s/a.trace", dir);
+    snprintf(pb, sizeof pb, "%s/b.trace", dir);
+}
+static void teardown(void) { free(dir); }
+
+static void run(ls_compare_result *r, int expect_equal)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ck_assert_msg(ls_compare_files(pa, pb, NULL, r, &err) == LS_OK, "%s", err.msg);
+    if (r->equal != expect_equal && r->first_seq >= 0)
+        fprintf(stderr, "unexpected verdict; first drift: %s\n", r->seqs[r->first_seq].first.message);
+    ck_assert_int_eq(r->equal, expect_equal);
+}
+
+START_TEST(test_equal_and_framings)
+{
+    syn_opts a = {.n_seqs = 3, .prompt_len = 7, .gen_len = 9};
+    ck_assert_int_eq(syn_write(pa, &a), 0);
+    static const int chunks[] = {0, 3, 64, 16};
+    for (int i = 0; i < 4; i++) {
+        syn_opts b = a;
+        b.chunk = chunks[i];
+        ck_assert_int_eq(syn_write(pb, &b), 0);
+        for (int swap = 0; swap < 2; swap++) {
+            ls_compare_result r;
+            if (swap) { char t[4200]; strcpy(t, pa); strcpy(pa, pb); strcpy(pb, t); }
+            run(&r, 1);
+            ck_assert_uint_eq(r.n_seqs, 3);
+            for (size_t s = 0; s < 3; s++) {
+                ck_assert_uint_eq(r.seqs[s].positions_compared, 16);
+                ck_assert_uint_eq(r.seqs[s].tokens_equal, 16);
+                ck_assert_uint_eq(r.seqs[s].topk_set_equal, 16);
+                ck_assert(r.seqs[s].pass);
+                ck_assert(r.seqs[s].max_abs_dlogprob == 0.0);
+            }
+            ck_assert_int_eq(r.first_seq, -1);
+            ls_compare_result_free(&r);
+            if (swap) { char t[4200]; strcpy(t, pa); strcpy(pa, pb); strcpy(pb, t); }
+        }
+    }
+    char *out = NULL;
+    ck_assert_int_eq(ls_test_cli(&out, "compare '%s' '%s'", pa, pb), 0);
+    ck_assert_msg(strstr(out, "PASS") && strstr(out, "16/16"), "%s", out);
+    free(out);
+}
+END_TEST
+
+typedef struct plant_case {
+    syn_plant plant;
+    ls_drift_what what;
+} plant_case;
+
+static const plant_case cases[] = {
+    {{SYN_TOKEN, 1, 6, -1, 0, 0}, LS_DRIFT_TOKEN},
+    {{SYN_NEXT_TOKEN, 1, 6, -1, 0, 0}, LS_DRIFT_NEXT_TOKEN},
+    {{SYN_LOGPROB, 1, 6, -1, 0, 0}, LS_DRIFT_LOGPROB},
+    {{SYN_TOPK_ORDER, 1, 6, -1, 0, 0}, LS_DRIFT_TOPK_ORDER},
+    {{SYN_TOPK_SET, 1, 6, -1, 0, 0}, LS_DRIFT_TOPK_SET},
+    {{SYN_DIGEST, 1, 6, 3, LS_DIGEST_HIDDEN, 0}, LS_DRIFT_DIGEST},
+    {{SYN_DIGEST, 1, 6, 1, LS_DIGEST_GDN_STATE, 0}, LS_DRIFT_DIGEST},
+    {{SYN_DIGEST, 1, 6, 1, LS_DIGEST_CONV_STATE, 0}, LS_DRIFT_DIGEST},
+    {{SYN_DIGEST, 1, 6, 3, LS_DIGEST_KV, 0}, LS_DRIFT_DIGEST},
+    {{SYN_DIGEST, 1, 6, 4, LS_DIGEST_ROUTER, 0}, LS_DRIFT_DIGEST},
+    {{SYN_DIGEST, 1, 6, 6, LS_DIGEST_HIDDEN, 0}, LS_DRIFT_DIGEST},
+};
+
+START_TEST(test_planted)
+{
+    const plant_case *c = &cases[_i / 2];
+    int b_chunk = (_i % 2) ? 3 : 0; /* B rollout-shaped or replay-shaped */
+    syn_opts a = {.n_seqs = 3, .prompt_len = 4, .gen_len = 8};
+    ck_assert_int_eq(syn_write(pa, &a), 0);
+    syn_opts b = a;
+    b.chunk = b_chunk;
+    b.plant = c->plant;
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    ls_compare_result r;
+    run(&r, 0);
+    ck_assert_int_ge(r.first_seq, 0);
+    const ls_compare_seq *s = &r.seqs[r.first_seq];
+    const ls_compare_drift *d = &s->first;
+    ck_assert_msg(d->what == c->what && d->seq == 1 && d->pos == 6, "case %d: got %s at seq %u pos %u: %s", _i / 2,
+                  ls_drift_what_name(d->what), d->seq, d->pos, d->message);
+    if (c->what == LS_DRIFT_DIGEST) {
+        ck_assert_int_eq(d->layer, c->plant.layer);
+        ck_assert_int_eq(d->kind, c->plant.kind);
+        ck_assert_int_eq(d->family, syn_layers[c->plant.layer].family);
+    } else {
+        ck_assert_int_eq(d->layer, -1);
+    }
+    for (size_t i = 0; i < r.n_seqs; i++) ck_assert_int_eq(r.seqs[i].pass, r.seqs[i].seq != 1);
+    ck_assert_uint_eq(s->positions_compared, 12);
+    ls_compare_result_free(&r);
+    char *out = NULL;
+    ck_assert_int_eq(ls_test_cli(&out, "compare '%s' '%s'", pa, pb), 1);
+    ck_assert_msg(strstr(out, "seq 1 pos 6") && strstr(out, "FAIL"), "%s", out);
+    free(out);
+}
+END_TEST
+
+START_TEST(test_tensor_and_router_detail)
+{
+    syn_opts a = {.n_seqs = 2, .prompt_len = 3, .gen_len = 4, .dumps = 1};
+    ck_assert_int_eq(syn_write(pa, &a), 0);
+    syn_opts b = a;
+    b.chunk = 2;
+    b.plant = (syn_plant){SYN_DIGEST, 0, 4, 1, LS_DIGEST_HIDDEN, 5};
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    ls_compare_result r;
+    run(&r, 0);
+    const ls_compare_drift *d = &r.seqs[r.first_seq].first;
+    ck_assert_int_eq(d->pos, 4);
+    ck_assert(d->tensor.present);
+    ck_assert_int_eq(d->tensor.first_index, 5);
+    ck_assert_uint_eq(d->tensor.ulp, 3);
+    ck_assert_uint_eq(d->tensor.n_differ, 1);
+    ck_assert_uint_eq(d->tensor.b_bits - d->tensor.a_bits, 3);
+    ck_assert(d->tensor.max_abs > 0 && d->tensor.mean_abs > 0);
+    ls_compare_result_free(&r);
+
+    b.plant = (syn_plant){SYN_DIGEST, 1, 2, 2, LS_DIGEST_ROUTER, 0};
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    run(&r, 0);
+    d = &r.seqs[r.first_seq].first;
+    ck_assert_int_eq(d->layer, 2);
+    ck_assert(d->tensor.present && d->tensor.router_order_differs && !d->tensor.router_set_differs);
+    ck_assert_uint_eq(r.router_differ_per_layer[2], 1);
+    ls_compare_result_free(&r);
+    char *out = NULL;
+    ck_assert_int_eq(ls_test_cli(&out, "compare '%s' '%s'", pa, pb), 1);
+    ck_assert_msg(strstr(out, "router top-4 ids") && strstr(out, "order differs") && strstr(out, "router differences"), "%s", out);
+    free(out);
+}
+END_TEST
+
+START_TEST(test_models_and_coverage)
+{
+    char other[65];
+    memset(other, 'c', 64);
+    other[64] = 0;
+    syn_opts a = {.n_seqs = 2, .prompt_len = 3, .gen_len = 3};
+    ck_assert_int_eq(syn_write(pa, &a), 0);
+    syn_opts b = a;
+    b.model = other;
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    char *out = NULL;
+    ck_assert_int_eq(ls_test_cli(&out, "compare '%s' '%s'", pa, pb), 2);
+    ck_assert_msg(strstr(out, "different models"), "%s", out);
+    free(out);
+    ck_assert_int_eq(ls_test_cli(&out, "compare --allow-different-model '%s' '%s'", pa, pb), 0);
+    free(out);
+    /* B has one more decode step: positions only in B are a drift */
+    b = a;
+    b.gen_len = 4;
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    ls_compare_result r;
+    run(&r, 0);
+    /* A's last position has no next token; B's does */
+    ck_assert_int_eq(r.seqs[0].first.what, LS_DRIFT_NEXT_TOKEN);
+    ck_assert_uint_eq(r.seqs[0].first.pos, 5);
+    ck_assert_uint_eq(r.seqs[0].positions_only_b, 1);
+    ls_compare_result_free(&r);
+    /* digest-free B: compares tokens, logprobs and top-k only and says so */
+    b = a;
+    b.kinds_mask = -1;
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    ck_assert_int_eq(ls_test_cli(&out, "compare '%s' '%s'", pa, pb), 0);
+    ck_assert_msg(strstr(out, "no digests") && strstr(out, "digest kinds: none"), "%s", out);
+    free(out);
+    /* A missing a position in the middle: reported as present only in B */
+    b = a;
+    b.prompt_len = 2;
+    b.gen_len = 4;
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    ck_assert_int_eq(ls_test_cli(&out, "compare --help"), 0);
+    ck_assert(strstr(out, "exit status"));
+    free(out);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("compare");
+    TCase *tc = tcase_create("compare");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_equal_and_framings);
+    tcase_add_loop_test(tc, test_planted, 0, 2 * (int)(sizeof cases / sizeof cases[0]));
+    tcase_add_test(tc, test_tensor_and_router_detail);
+    tcase_add_test(tc, test_models_and_coverage);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

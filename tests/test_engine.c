@@ -1,0 +1,402 @@
+/* Engine on the synthetic tiny checkpoint: rollout = replay bitwise, any
+ * chunking, any packing and order, thread counts, sampling reproducibility,
+ * perturbation detection at the right layer, fail-closed configuration. */
+#include <check.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "io/checkpoint.h"
+#include "io/json.h"
+#include "model/model.h"
+#include "testutil.h"
+
+/* ---- in-memory trace ------------------------------------------------------------ */
+
+typedef struct mrec {
+    ls_trace_record r;
+    ls_trace_digest d[128];
+} mrec;
+
+typedef struct mtrace {
+    mrec *v;
+    long n, cap;
+} mtrace;
+
+static ls_status collect(void *ctx, ls_frame_kind kind, const ls_trace_record *recs, long n,
+                         ls_error *err)
+{
+    (void)kind;
+    (void)err;
+    mtrace *t = ctx;
+    for (long i = 0; i < n; i++) {
+        if (t->n == t->cap) {
+            t->cap = t->cap ? 2 * t->cap : 256;
+            t->v = realloc(t->v, sizeof(mrec) * (size_t)t->cap);
+        }
+        mrec *m = &t->v[t->n++];
+        m->r = recs[i];
+        ck_assert_uint_le(recs[i].n_digests, 128);
+        memcpy(m->d, recs[i].digests, sizeof(ls_trace_digest) * recs[i].n_digests);
+    }
+    return LS_OK;
+}
+
+static const mrec *find_rec(const mtrace *t, uint32_t seq, uint32_t pos)
+{
+    for (long i = 0; i < t->n; i++)
+        if (t->v[i].r.seq == seq && t->v[i].r.pos == pos) return &t->v[i];
+    return NULL;
+}
+
+/* First difference in (seq, pos, layer, kind) order; returns 0 when equal,
+ * else fills the layer of the first drift at the earliest position. */
+static int diff(const mtrace *a, const mtrace *b, char *msg, size_t msz, int *drift_layer,
+                uint32_t *drift_pos)
+{
+    *drift_layer = -1;
+    if (a->n != b->n) {
+        snprintf(msg, msz, "record counts %ld vs %ld", a->n, b->n);
+        return 1;
+    }
+    uint32_t best_pos = UINT32_MAX;
+    int found = 0;
+    for (long i = 0; i < a->n; i++) {
+        const mrec *x = &a->v[i], *y = find_rec(b, x->r.seq, x->r.pos);
+        if (!y) {
+            snprintf(msg, msz, "seq %u pos %u missing", x->r.seq, x->r.pos);
+            return 1;
+        }
+        int layer = -1;
+        uint32_t nd = x->r.n_digests < y->r.n_digests ? x->r.n_digests : y->r.n_digests;
+        for (uint32_t k = 0; k < nd && layer < 0; k++)
+            if (x->d[k].layer != y->d[k].layer || x->d[k].kind != y->d[k].kind ||
+                !ls_digest_equal(&x->d[k].digest, &y->d[k].digest))
+                layer = x->d[k].layer;
+        int other = x->r.token != y->r.token || x->r.next_token != y->r.next_token ||
+                    x->r.logprob_bits != y->r.logprob_bits || x->r.n_digests != y->r.n_digests ||
+                    memcmp(x->r.topk_ids, y->r.topk_ids, sizeof x->r.topk_ids) ||
+                    memcmp(x->r.topk_logprob_bits, y->r.topk_logprob_bits, sizeof x->r.topk_logprob_bits);
+        if ((layer >= 0 || other) && (!found || x->r.pos < best_pos)) {
+            found = 1;
+            best_pos = x->r.pos;
+            *drift_layer = layer;
+            *drift_pos = x->r.pos;
+            snprintf(msg, msz, "seq %u pos %u: layer %d, token %d/%d next %d/%d logprob 0x%08x/0x%08x",
+                     x->r.seq, x->r.pos, layer, x->r.token, y->r.token, x->r.next_token,
+                     y->r.next_token, x->r.logprob_bits, y->r.logprob_bits);
+        }
+    }
+    return found;
+}
+
+static void mfree(mtrace *t)
+{
+    free(t->v);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- fixture ---------------------------------------------------------------------- */
+
+static char *g_dir;
+static ls_checkpoint *g_ck;
+static ls_model *g_model;
+
+static void setup(void)
+{
+    if (g_model) return;
+    g_dir = ls_test_tmpdir("engine");
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "synth --preset tiny --seed 7 --out %s/tiny", g_dir);
+    ck_assert_msg(rc == 0, "synth failed: %s", out ? out : "");
+    free(out);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/tiny", g_dir);
+    ls_error err;
+    ck_assert_msg(ls_checkpoint_open(path, &g_ck, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_model_open(g_ck, &g_model, &err) == LS_OK, "%s", err.msg);
+}
+
+static int32_t *prompt(long n, uint32_t salt)
+{
+    int32_t *p = malloc(sizeof(int32_t) * (size_t)n);
+    uint64_t x = 0x1234567ull + salt * 7919ull;
+    for (long i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        p[i] = (int32_t)((x >> 33) % (uint64_t)g_model->cfg.vocab);
+    }
+    return p;
+}
+
+static ls_engine *mk(int threads, int act, int pl, ls_perturb_op op, long max_seqs, long max_rows)
+{
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.n_threads = threads;
+    o.act_bf16 = act;
+    o.perturb_layer = pl;
+    o.perturb_op = op;
+    o.max_rows = max_rows;
+    ls_engine *e;
+    ls_error err;
+    ck_assert_msg(ls_engine_create(g_model, &o, max_seqs, 256, &e, &err) == LS_OK, "%s", err.msg);
+    return e;
+}
+
+static ls_sampling greedy(void)
+{
+    ls_sampling s = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
+    return s;
+}
+
+/* Rollout of n prompts; returns the trace and the full sequences (prompt + completion). */
+static void rollout(ls_engine *e, const ls_sequence *ps, long n, long max_new, const ls_sampling *s,
+                    mtrace *tr, ls_sequence *full)
+{
+    ls_error err;
+    int32_t *comp = malloc(sizeof(int32_t) * (size_t)(n * max_new));
+    ck_assert_msg(ls_engine_rollout(e, ps, n, max_new, s, comp, collect, tr, &err) == LS_OK, "%s", err.msg);
+    for (long i = 0; full && i < n; i++) {
+        int32_t *t = malloc(sizeof(int32_t) * (size_t)(ps[i].n_tokens + max_new));
+        memcpy(t, ps[i].tokens, sizeof(int32_t) * (size_t)ps[i].n_tokens);
+        memcpy(t + ps[i].n_tokens, comp + i * max_new, sizeof(int32_t) * (size_t)max_new);
+        full[i] = (ls_sequence){ps[i].id, t, ps[i].n_tokens + max_new};
+    }
+    free(comp);
+}
+
+static void replay(ls_engine *e, const ls_sequence *fs, long n, long chunk, mtrace *tr)
+{
+    ls_error err;
+    ck_assert_msg(ls_engine_replay(e, fs, n, chunk, collect, tr, &err) == LS_OK, "%s", err.msg);
+}
+
+static void expect_equal(const char *what, const mtrace *a, const mtrace *b)
+{
+    char msg[512];
+    int layer;
+    uint32_t pos;
+    if (diff(a, b, msg, sizeof msg, &layer, &pos)) ck_abort_msg("%s: first difference %s", what, msg);
+}
+
+/* ---- tests ---------------------------------------------------------------------------- */
+
+START_TEST(test_rollout_equals_replay)
+{
+    setup();
+    long lens[] = {1, 63, 64, 65, 130};
+    long news[] = {40, 9, 1, 17, 5};
+    for (int act = 1; act >= 0; act--)
+        for (int i = 0; i < 5; i++) {
+            ls_engine *e = mk(2, act, -1, LS_PERTURB_NONE, 1, 256);
+            int32_t *p = prompt(lens[i], (uint32_t)i);
+            ls_sequence s = {(uint32_t)(10 + i), p, lens[i]}, full;
+            mtrace ro = {0}, rp = {0};
+            ls_sampling g = greedy();
+            rollout(e, &s, 1, news[i], &g, &ro, &full);
+            ck_assert_int_eq(ro.n, lens[i] + news[i] - 1);
+            replay(e, &full, 1, 64, &rp);
+            char what[64];
+            snprintf(what, sizeof what, "prompt %ld + %ld act_bf16=%d", lens[i], news[i], act);
+            expect_equal(what, &ro, &rp);
+            /* Digests are present for every kind at every position. */
+            uint32_t want = 3 + 3 * (uint32_t)g_model->cfg.n_layers;
+            for (long l = 0; l < g_model->cfg.n_layers; l++) want += g_model->cfg.is_attention[l] ? 1 : 2;
+            ck_assert_uint_eq(ro.v[0].r.n_digests, want);
+            mfree(&ro), mfree(&rp);
+            free(p), free((void *)full.tokens);
+            ls_engine_destroy(e);
+        }
+}
+END_TEST
+
+START_TEST(test_chunkings_and_packing)
+{
+    setup();
+    ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 8, 256);
+    long lens[8] = {5, 70, 1, 33, 129, 2, 64, 17};
+    ls_sequence full[8];
+    for (int i = 0; i < 8; i++) {
+        int32_t *t = prompt(lens[i] + 3, (uint32_t)(100 + i));
+        full[i] = (ls_sequence){(uint32_t)i, t, lens[i] + 3};
+    }
+    mtrace ref = {0};
+    replay(e, &full[4], 1, 1000, &ref); /* whole sequence in one chunk */
+    long chunks[] = {1, 3, 64, 100};
+    for (int c = 0; c < 4; c++) {
+        mtrace t = {0};
+        replay(e, &full[4], 1, chunks[c], &t);
+        expect_equal("chunking", &ref, &t);
+        mfree(&t);
+    }
+    /* Packed with 1..7 others, in different orders; small row budgets too. */
+    for (int k = 1; k <= 7; k++) {
+        ls_sequence batch[8];
+        int n = 0;
+        for (int j = 0; j < 8 && n < k + 1; j++) {
+            int idx = (j * 5 + k) % 8;
+            int dup = 0;
+            for (int q = 0; q < n; q++) dup |= batch[q].id == (uint32_t)idx;
+            if (!dup) batch[n++] = full[idx];
+        }
+        int have4 = 0;
+        for (int q = 0; q < n; q++) have4 |= batch[q].id == 4;
+        if (!have4) batch[n - 1] = full[4];
+        ls_engine *e2 = mk(1 + (k % 2), 1, -1, LS_PERTURB_NONE, 8, k % 3 == 0 ? 37 : 256);
+        mtrace t = {0}, only = {0};
+        replay(e2, batch, n, 1 + k * 13, &t);
+        for (long i = 0; i < t.n; i++)
+            if (t.v[i].r.seq == 4) {
+                ls_trace_record rr = t.v[i].r;
+                rr.digests = t.v[i].d;
+                collect(&only, LS_FRAME_CHUNK, &rr, 1, NULL);
+            }
+        expect_equal("packed", &ref, &only);
+        mfree(&t), mfree(&only);
+        ls_engine_destroy(e2);
+    }
+    mfree(&ref);
+    for (int i = 0; i < 8; i++) free((void *)full[i].tokens);
+    ls_engine_destroy(e);
+}
+END_TEST
+
+START_TEST(test_decode_batch_and_sampling)
+{
+    setup();
+    ls_sequence ps[8];
+    for (int i = 0; i < 8; i++) {
+        long n = 3 + i * 9;
+        ps[i] = (ls_sequence){(uint32_t)(50 + i), prompt(n, (uint32_t)(200 + i)), n};
+    }
+    ls_sampling modes[2] = {greedy(), {LS_SAMPLING_SEEDED, 42, 0.8f, 20, 0.9f}};
+    for (int m = 0; m < 2; m++) {
+        /* batch 8 (2 threads) vs each alone (1 thread), and again (reproducible). */
+        ls_engine *e8 = mk(2, 1, -1, LS_PERTURB_NONE, 8, 256);
+        mtrace all = {0};
+        ls_sequence full8[8];
+        rollout(e8, ps, 8, 12, &modes[m], &all, full8);
+        mtrace again = {0};
+        rollout(e8, ps, 8, 12, &modes[m], &again, NULL);
+        expect_equal("rollout reproduces", &all, &again);
+        ls_engine *e1 = mk(1, 1, -1, LS_PERTURB_NONE, 1, 256);
+        for (int i = 0; i < 8; i++) {
+            mtrace one = {0}, sub = {0};
+            ls_sequence full1;
+            rollout(e1, &ps[i], 1, 12, &modes[m], &one, &full1);
+            ck_assert_mem_eq(full1.tokens, full8[i].tokens, sizeof(int32_t) * (size_t)full1.n_tokens);
+            for (long r = 0; r < all.n; r++)
+                if (all.v[r].r.seq == ps[i].id) {
+                    ls_trace_record rr = all.v[r].r;
+                    rr.digests = all.v[r].d;
+                    collect(&sub, LS_FRAME_DECODE, &rr, 1, NULL);
+                }
+            expect_equal("batch 8 = batch 1", &one, &sub);
+            mfree(&one), mfree(&sub);
+            free((void *)full1.tokens), free((void *)full8[i].tokens);
+        }
+        mfree(&all), mfree(&again);
+        ls_engine_destroy(e8);
+        ls_engine_destroy(e1);
+    }
+    for (int i = 0; i < 8; i++) free((void *)ps[i].tokens);
+}
+END_TEST
+
+START_TEST(test_perturbation_detected)
+{
+    setup();
+    const ls_model_config *c = &g_model->cfg;
+    int32_t *p = prompt(20, 9);
+    ls_sequence s = {1, p, 20}, full;
+    ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 256);
+    mtrace ref = {0};
+    ls_sampling g = greedy();
+    rollout(e, &s, 1, 8, &g, &ref, &full);
+    ls_engine_destroy(e);
+    for (int op = LS_PERTURB_GDN; op < LS_PERTURB_COUNT; op++)
+        for (int l = 0; l < c->n_layers; l++) {
+            int att = c->is_attention[l];
+            if ((op == LS_PERTURB_ATTENTION && !att) || ((op == LS_PERTURB_GDN || op == LS_PERTURB_CONV) && att))
+                continue;
+            if (op == LS_PERTURB_LM_HEAD && l > 0) continue;
+            ls_engine *ep = mk(2, 1, l, (ls_perturb_op)op, 1, 256);
+            mtrace t = {0};
+            replay(ep, &full, 1, 64, &t);
+            char msg[512];
+            int layer;
+            uint32_t pos;
+            int d = diff(&ref, &t, msg, sizeof msg, &layer, &pos);
+            ck_assert_msg(d, "perturbation %s at layer %d not detected", ls_perturb_op_name(op), l);
+            int want;
+            if (op == LS_PERTURB_LM_HEAD) want = 2 + 2 * (int)c->n_layers;
+            else if (op == LS_PERTURB_ROUTER || op == LS_PERTURB_EXPERTS || op == LS_PERTURB_COMBINE)
+                want = 2 + 2 * l;
+            else want = 1 + 2 * l; /* gdn, conv, attention; norm shows at the layer's mixer */
+            ck_assert_msg(layer == want, "perturbation %s at layer %d: first drift at trace layer %d, "
+                          "expected %d (%s)", ls_perturb_op_name(op), l, layer, want, msg);
+            mfree(&t);
+            ls_engine_destroy(ep);
+        }
+    mfree(&ref);
+    free(p), free((void *)full.tokens);
+}
+END_TEST
+
+static void expect_config_rejected(const char *key, const char *value_json, const char *needle)
+{
+    setup();
+    json_t *cfg = json_deep_copy(ls_checkpoint_config_json(g_ck));
+    json_error_t je;
+    json_t *v = json_loads(value_json, JSON_DECODE_ANY, &je);
+    ck_assert_ptr_nonnull(v);
+    json_object_set_new(cfg, key, v);
+    ls_model_config mc;
+    ls_error err;
+    ls_error_clear(&err);
+    ls_status st = ls_model_parse_config(cfg, &mc, &err);
+    ck_assert_msg(st == LS_E_UNSUPPORTED || st == LS_E_INPUT, "%s=%s accepted", key, value_json);
+    ck_assert_msg(strstr(err.msg, needle), "%s=%s: message '%s' does not name '%s'", key, value_json,
+                  err.msg, needle);
+    json_decref(cfg);
+}
+
+START_TEST(test_config_fail_closed)
+{
+    expect_config_rejected("hidden_act", "\"gelu\"", "hidden_act");
+    expect_config_rejected("attention_bias", "true", "attention_bias");
+    expect_config_rejected("rope_scaling", "{\"type\":\"yarn\",\"factor\":4}", "rope_scaling");
+    expect_config_rejected("rope_parameters", "{\"rope_type\":\"yarn\"}", "rope_type");
+    expect_config_rejected("decoder_sparse_step", "2", "decoder_sparse_step");
+    expect_config_rejected("mlp_only_layers", "[1]", "mlp_only_layers");
+    expect_config_rejected("tie_word_embeddings", "true", "tie_word_embeddings");
+    expect_config_rejected("model_type", "\"qwen3_5_moe\"", "model_type");
+    expect_config_rejected("rms_norm_eps", "1e-5", "rms_norm_eps");
+    expect_config_rejected("layer_types", "[\"linear_attention\",\"sliding\",\"linear_attention\",\"full_attention\"]",
+                           "layer_types");
+    expect_config_rejected("hidden_size", "\"128\"", "hidden_size");
+    expect_config_rejected("num_experts_per_tok", "99", "num_experts_per_tok");
+    expect_config_rejected("partial_rotary_factor", "0.3", "partial_rotary_factor");
+    expect_config_rejected("linear_num_value_heads", "3", "linear_num_value_heads");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("engine");
+    TCase *tc = tcase_create("engine");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_config_fail_closed);
+    tcase_add_test(tc, test_rollout_equals_replay);
+    tcase_add_test(tc, test_chunkings_and_packing);
+    tcase_add_test(tc, test_decode_batch_and_sampling);
+    tcase_add_test(tc, test_perturbation_detected);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
