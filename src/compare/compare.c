@@ -541,6 +541,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
                      " records); --allow-incomplete compares the records present", path_a, r->a.records);
         goto out;
     }
+    if ((st = ls_trace_index_verify(w.ix, err))) goto out;
     r->equal = 1;
     for (size_t i = 0; i < r->n_seqs; i++) {
         ls_compare_seq *s = &r->seqs[i];

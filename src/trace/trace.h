@@ -168,9 +168,9 @@ void ls_trace_reader_close(ls_trace_reader *r);
 
 /* ---- indexed access ---------------------------------------------------------
  * Random access by (seq, pos) for the comparator. Opening scans the frame
- * headers only (payloads are skipped, not decompressed) and keeps, per
- * sequence, the list of (first position, count, frame) segments; frames are
- * decompressed and checksum-verified on first use and kept in a small cache
+ * headers only (payloads are skipped, not read) and keeps, per sequence, the
+ * list of (first position, count, frame) segments; frames are read,
+ * checksum-verified (first use only), decompressed and kept in a small cache
  * (at most LS_TRACE_INDEX_CACHE_FRAMES frames). Memory: the segment table plus
  * the cache, independent of record bytes. */
 #define LS_TRACE_INDEX_CACHE_FRAMES 8
@@ -191,6 +191,10 @@ uint64_t ls_trace_index_seq_positions(const ls_trace_index *ix, uint32_t seq);
 uint32_t ls_trace_index_seq_end(const ls_trace_index *ix, uint32_t seq);
 /* Total records. */
 uint64_t ls_trace_index_records(const ls_trace_index *ix);
+/* Verifies the checksum of every frame not loaded so far. Call it before
+ * trusting a result built from the index: until then a corrupted segment
+ * table in a frame never loaded would go unnoticed. */
+ls_status ls_trace_index_verify(ls_trace_index *ix, ls_error *err);
 void ls_trace_index_close(ls_trace_index *ix);
 
 /* Parses a family / digest-kind name; returns -1 when unknown. */

@@ -214,6 +214,7 @@ struct ls_trace_index {
     ls_trace_header_owned hdr;
     int complete;
     uint64_t *frame_off; size_t n_frames, frame_cap;
+    uint8_t *verified;       /* [frame_cap] 1 once the frame's checksum was checked */
     seq_track track;         /* seq -> index into seqs */
     ix_seq *seqs; size_t seqs_cap;
     uint32_t *sorted;        /* seqs ascending */
@@ -270,6 +271,11 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
             chain_open = 0;
             st = ls_sha256_final(&chain, &cd, err);
             if (!st) st = ls_trace_check_trailer(t, path, off, ix->n_frames, ix->n_records, bytes, cd.bytes, err);
+            if (st == LS_E_INPUT) {
+                /* Name the corrupted frame, when it is one, rather than the trailer. */
+                ls_error frame_err;
+                if (ls_trace_index_verify(ix, &frame_err) != LS_OK && err) *err = frame_err;
+            }
             if (!st && left > LS_TRACE_TRAILER_BYTES)
                 st = ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": %" PRIu64 " unexpected bytes after the trailer", path,
                              off + LS_TRACE_TRAILER_BYTES, left - LS_TRACE_TRAILER_BYTES);
@@ -282,8 +288,9 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
             break;
         }
         fb.offset = off;
-        /* Header and checksum verified now; the payload is decompressed on use. */
-        if ((st = ls_frame_load(ix->fp, path, ix->file_bytes, &fb, &ix->dec, 0, 1, err))) break;
+        /* Headers only: each frame's checksum is verified when it is first
+         * loaded, and ls_trace_index_verify checks the ones never loaded. */
+        if ((st = ls_frame_load(ix->fp, path, ix->file_bytes, &fb, &ix->dec, 0, 0, err))) break;
         if (fb.frame_index != ix->n_frames) {
             st = ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame index %u, expected %zu", path, off, fb.frame_index,
                          ix->n_frames);
@@ -292,11 +299,14 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
         if (ix->n_frames == ix->frame_cap) {
             size_t nc = ix->frame_cap ? ix->frame_cap * 2 : 64;
             uint64_t *q = realloc(ix->frame_off, nc * sizeof *q);
-            if (!q) { st = ls_fail(err, LS_E_NOMEM, "out of memory"); break; }
-            ix->frame_off = q;
+            if (q) ix->frame_off = q;
+            uint8_t *v = realloc(ix->verified, nc);
+            if (v) ix->verified = v;
+            if (!q || !v) { st = ls_fail(err, LS_E_NOMEM, "out of memory"); break; }
             ix->frame_cap = nc;
         }
         ix->frame_off[ix->n_frames] = off;
+        ix->verified[ix->n_frames] = 0;
         uint32_t rec_first = 0;
         for (uint32_t i = 0; i < fb.n_segments && !st; i++) {
             uint32_t si;
@@ -398,14 +408,28 @@ ls_status ls_trace_index_find(ls_trace_index *ix, uint32_t seq, uint32_t pos, co
         slot = victim;
         slot->frame = -1;
         slot->fb.offset = ix->frame_off[g->frame];
-        /* Checksum verified by the scan in ls_trace_index_open. */
-        LS_TRY(ls_frame_load(ix->fp, ix->path, ix->file_bytes, &slot->fb, &ix->dec, 1, 0, err));
+        LS_TRY(ls_frame_load(ix->fp, ix->path, ix->file_bytes, &slot->fb, &ix->dec, 1, !ix->verified[g->frame], err));
+        ix->verified[g->frame] = 1;
         slot->frame = g->frame;
     }
     slot->used = ++ix->clock;
     LS_TRY(ls_frame_record(&slot->fb, &ix->dec, g->rec_first + (pos - g->pos_first), err));
     *rec = &ix->dec.rec;
     return LS_OK;
+}
+
+ls_status ls_trace_index_verify(ls_trace_index *ix, ls_error *err)
+{
+    ls_frame_buf fb = {0};
+    ls_status st = LS_OK;
+    for (size_t f = 0; f < ix->n_frames && !st; f++) {
+        if (ix->verified[f]) continue;
+        fb.offset = ix->frame_off[f];
+        st = ls_frame_load(ix->fp, ix->path, ix->file_bytes, &fb, &ix->dec, 0, 1, err);
+        if (!st) ix->verified[f] = 1;
+    }
+    ls_frame_buf_free(&fb);
+    return st;
 }
 
 void ls_trace_index_close(ls_trace_index *ix)
@@ -417,6 +441,7 @@ void ls_trace_index_close(ls_trace_index *ix)
     free(ix->seqs);
     free(ix->sorted);
     free(ix->frame_off);
+    free(ix->verified);
     ls_rec_decoder_free(&ix->dec);
     ls_trace_header_owned_free(&ix->hdr);
     track_free(&ix->track);

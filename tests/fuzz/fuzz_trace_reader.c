@@ -36,6 +36,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 if (ls_trace_index_find(ix, seq, p, &rec, &err) != LS_OK) break;
             }
         }
+        ls_trace_index_verify(ix, &err);
         ls_trace_index_close(ix);
     }
     unlink(path);
