@@ -53,7 +53,9 @@ typedef struct ls_tensor {
     int ndim;
     int64_t shape[LS_TENSOR_MAX_DIMS];
     uint64_t numel;                    /* product of shape (1 for a scalar) */
-    const void *data;                  /* mmap'ed bytes, little-endian, size_bytes long */
+    const void *data;                  /* mmap'ed bytes, little-endian, size_bytes long; NOT
+                                          necessarily aligned (safetensors does not require the
+                                          header length to be a multiple of 8): memcpy elements */
     uint64_t size_bytes;
     uint64_t file_offset_bytes;        /* absolute offset of data in its file */
     int shard;                         /* index into ls_checkpoint_shard_path() */
@@ -66,13 +68,16 @@ typedef struct ls_safetensors ls_safetensors;
 /* Maps and validates one safetensors file. *out is owned by the caller. */
 ls_status ls_safetensors_open(const char *path, ls_safetensors **out, ls_error *err);
 /* Validates a header held in memory (whole file image of file_len bytes); used
- * by tests and the fuzzer. Same rules and messages as ls_safetensors_open. */
+ * by tests and the fuzzer. Same rules and messages as ls_safetensors_open.
+ * image is borrowed: it must outlive *out (tensor data points into it). */
 ls_status ls_safetensors_open_mem(const char *label, const void *image, size_t file_len,
                                   ls_safetensors **out, ls_error *err);
+/* The path (or label) the file was opened with; owned by st. */
+const char *ls_safetensors_label(const ls_safetensors *st);
 size_t ls_safetensors_count(const ls_safetensors *st);
 const ls_tensor *ls_safetensors_at(const ls_safetensors *st, size_t i); /* data order */
 const ls_tensor *ls_safetensors_find(const ls_safetensors *st, const char *name);
-/* __metadata__ entries (string map), NULL-terminated key/value arrays. */
+/* __metadata__ entries (string map), sorted by key; strings owned by st. */
 size_t ls_safetensors_metadata_count(const ls_safetensors *st);
 void ls_safetensors_metadata_at(const ls_safetensors *st, size_t i, const char **key,
                                 const char **value);
@@ -114,6 +119,8 @@ size_t ls_checkpoint_ignored_count(const ls_checkpoint *ck); /* visual / mtp ten
 
 size_t ls_checkpoint_shard_count(const ls_checkpoint *ck);
 const char *ls_checkpoint_shard_path(const ls_checkpoint *ck, size_t i);
+/* The opened shard i (its __metadata__, data-order tensors); owned by ck. */
+const ls_safetensors *ls_checkpoint_shard(const ls_checkpoint *ck, size_t i);
 uint64_t ls_checkpoint_total_bytes(const ls_checkpoint *ck); /* sum of tensor sizes */
 
 /* A 2-D weight matrix view [rows, cols], row-major, dtype as stored. */
