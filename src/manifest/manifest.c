@@ -1,0 +1,658 @@
+/* lockstep — manifests: pin, load, validate, diff, verify. */
+#include "manifest/manifest.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/providers.h"
+#include "core/build_info.h"
+#include "core/util.h"
+#include "fingerprint/fingerprint.h"
+#include "io/json.h"
+#include "manifest/runtime.h"
+
+/* ---- options ------------------------------------------------------------------ */
+
+ls_manifest_opts ls_manifest_opts_default(void)
+{
+    ls_manifest_opts o;
+    memset(&o, 0, sizeof o);
+    o.backend = "cpu";
+    o.mode = "strict";
+    o.world_size = o.tp_degree = o.ep_degree = 1;
+    return o;
+}
+
+/* ---- pin: sections ----------------------------------------------------------- */
+
+static json_t *hex_json(const ls_digest *d)
+{
+    char hex[65];
+    ls_digest_to_hex(d, hex);
+    return json_string(hex);
+}
+
+static ls_status checkpoint_section(const ls_checkpoint *ck, const ls_manifest_opts *o,
+                                    json_t **out, ls_error *err)
+{
+    ls_fingerprint fp;
+    ls_fingerprint_opts fo = {o->threads, o->progress};
+    LS_TRY(ls_fingerprint_checkpoint(ck, &fo, &fp, err));
+    json_t *tensors = json_object();
+    json_t *sec = json_object();
+    if (!tensors || !sec) goto nomem;
+    for (size_t i = 0; i < fp.count; i++) {
+        const ls_tensor_fp *t = &fp.tensors[i];
+        json_t *shape = json_array();
+        if (!shape) goto nomem;
+        for (int d = 0; d < t->ndim; d++) json_array_append_new(shape, json_integer(t->shape[d]));
+        json_t *e = json_pack("{s:s, s:o, s:I, s:o}", "dtype", ls_dtype_name(t->dtype), "shape",
+                              shape, "size_bytes", (json_int_t)t->size_bytes, "sha256",
+                              hex_json(&t->digest));
+        if (!e || json_object_set_new(tensors, t->name, e) != 0) goto nomem;
+    }
+    json_object_set_new(sec, "path", json_string(ls_checkpoint_dir(ck)));
+    json_object_set_new(sec, "config_sha256", hex_json(&fp.config_digest));
+    json_object_set_new(sec, "tensor_count", json_integer((json_int_t)fp.count));
+    json_object_set_new(sec, "total_bytes", json_integer((json_int_t)fp.total_bytes));
+    /* Tensors before the root: verify names the first voiding difference in
+     * document order, and the tensor is the useful one to name. */
+    json_object_set_new(sec, "tensors", tensors);
+    json_object_set_new(sec, "merkle_root", hex_json(&fp.merkle_root));
+    ls_fingerprint_free(&fp);
+    *out = sec;
+    return LS_OK;
+nomem:
+    json_decref(tensors);
+    json_decref(sec);
+    ls_fingerprint_free(&fp);
+    return ls_fail(err, LS_E_NOMEM, "manifest: out of memory building checkpoint section");
+}
+
+/* config.json fields that define the architecture; looked up at the top level
+ * and then under "text_config" (Qwen3.5 nests the language model there). */
+static const char *const arch_fields[] = {
+    "architectures", "model_type", "hidden_size", "num_hidden_layers", "layer_types",
+    "full_attention_interval", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+    "linear_value_head_dim", "linear_conv_kernel_dim", "intermediate_size", "num_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+    "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "vocab_size", "rope_theta",
+    "partial_rotary_factor", "rope_scaling", "rope_parameters", "rms_norm_eps",
+    "max_position_embeddings", "tie_word_embeddings", "attention_bias", "torch_dtype", "dtype",
+    NULL};
+
+static json_t *architecture_section(const json_t *cfg)
+{
+    json_t *sec = json_object();
+    if (!sec) return NULL;
+    const json_t *text = json_is_object(cfg) ? json_object_get(cfg, "text_config") : NULL;
+    for (size_t i = 0; arch_fields[i]; i++) {
+        json_t *v = json_is_object(cfg) ? json_object_get(cfg, arch_fields[i]) : NULL;
+        if (!v && json_is_object(text)) v = json_object_get(text, arch_fields[i]);
+        if (v) json_object_set(sec, arch_fields[i], v);
+    }
+    return sec;
+}
+
+static ls_status numerics_section(const ls_manifest_opts *o, json_t **out, ls_error *err)
+{
+    size_t n;
+    const ls_provider *rows = ls_backend_list_providers(o->backend, &n);
+    if (!rows)
+        return ls_fail(err, LS_E_USAGE, "unknown backend '%s' (known: cpu, cuda)", o->backend);
+    if (n == 0)
+        return ls_fail(err, LS_E_UNSUPPORTED,
+                       "backend '%s' has no registered providers (src/backend/providers.c)",
+                       o->backend);
+    json_t *ops = json_object();
+    if (!ops) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    int tensor_core = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ls_provider *p = &rows[i];
+        /* One row per op: a row of the requested mode wins over a strict one
+         * (fast mode keeps strict providers for ops with no fast variant). */
+        json_t *have = json_object_get(ops, p->op);
+        if (have && strcmp(p->mode, o->mode) != 0) continue;
+        if (!have && strcmp(p->mode, o->mode) != 0 && strcmp(p->mode, "strict") != 0) continue;
+        if (strcmp(p->tier, "tensor-core") == 0) tensor_core = 1;
+        json_object_set_new(ops, p->op,
+                            json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "provider",
+                                      p->provider, "kernel_id", p->kernel_id, "tile_shape",
+                                      p->tile_shape, "split_policy", p->split_policy,
+                                      "accumulator_dtype", p->accumulator_dtype,
+                                      "reduction_order", p->reduction_order, "tier", p->tier,
+                                      "mode", p->mode));
+    }
+    *out = json_pack("{s:s, s:s, s:s, s:o, s:o}", "backend", o->backend, "mode", o->mode, "tier",
+                     tensor_core ? "tensor-core" : "portable", "perturbation",
+                     o->perturbation ? json_string(o->perturbation) : json_null(), "operators", ops);
+    if (!*out) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    return LS_OK;
+}
+
+static ls_status build_section(json_t **out, ls_error *err)
+{
+    ls_digest d;
+    char hex[65] = "unknown";
+    char *img = NULL;
+    size_t len = 0;
+    ls_error rerr;
+    if (ls_read_file("/proc/self/exe", &img, &len, &rerr) == LS_OK) {
+        if (ls_sha256_buf(img, len, &d, err) != LS_OK) {
+            free(img);
+            return err->status;
+        }
+        ls_digest_to_hex(&d, hex);
+        free(img);
+    }
+#ifdef LOCKSTEP_HAVE_CUDA
+    const char *cuda = LS_CUDA_COMPILER;
+#else
+    const char *cuda = "not built";
+#endif
+    *out = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "version", LS_VERSION,
+                     "source_revision", LS_SOURCE_REVISION, "build_type", LS_BUILD_TYPE,
+                     "compiler", LS_C_COMPILER, "flags", LS_C_FLAGS_STRING, "cuda_compiler",
+                     cuda, "binary_sha256", hex);
+    if (!*out) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    return LS_OK;
+}
+
+ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error *err)
+{
+    *out = NULL;
+    ls_manifest_opts o = opts ? *opts : ls_manifest_opts_default();
+    if (!o.backend) o.backend = "cpu";
+    if (!o.mode) o.mode = "strict";
+    if (strcmp(o.mode, "strict") != 0 && strcmp(o.mode, "fast") != 0)
+        return ls_fail(err, LS_E_USAGE, "mode '%s': expected strict or fast", o.mode);
+    if (o.perturbation && strcmp(o.mode, "strict") == 0)
+        return ls_fail(err, LS_E_USAGE, "a perturbation requires mode fast (strict has none)");
+    if (o.world_size <= 0) o.world_size = 1;
+    if (o.tp_degree <= 0) o.tp_degree = 1;
+    if (o.ep_degree <= 0) o.ep_degree = 1;
+    if (!o.checkpoint && !o.checkpoint_dir)
+        return ls_fail(err, LS_E_USAGE, "manifest: no checkpoint given");
+
+    json_t *num = NULL, *build = NULL, *ck_sec = NULL, *arch = NULL;
+    void *rt = NULL;
+    ls_checkpoint *owned = NULL;
+    ls_status st = numerics_section(&o, &num, err);
+    if (st == LS_OK) st = build_section(&build, err);
+    if (st == LS_OK) st = ls_runtime_describe(&rt, err);
+    const ls_checkpoint *ck = o.checkpoint;
+    if (st == LS_OK && !ck) {
+        st = ls_checkpoint_open(o.checkpoint_dir, &owned, err);
+        ck = owned;
+    }
+    if (st == LS_OK) st = checkpoint_section(ck, &o, &ck_sec, err);
+    if (st == LS_OK) {
+        arch = architecture_section(ls_checkpoint_config_json(ck));
+        if (!arch) st = ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    }
+    if (owned) ls_checkpoint_close(owned);
+    if (st != LS_OK) {
+        json_decref(num);
+        json_decref(build);
+        json_decref(rt);
+        json_decref(ck_sec);
+        json_decref(arch);
+        return st;
+    }
+    json_t *topo = json_pack("{s:i, s:i, s:i}", "world_size", o.world_size, "tp_degree",
+                             o.tp_degree, "ep_degree", o.ep_degree);
+    /* Key order = the order diff and verify report differences in. */
+    *out = json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "manifest_version",
+                     LS_MANIFEST_VERSION, "checkpoint", ck_sec, "architecture", arch, "numerics",
+                     num, "topology", topo, "build", build, "runtime", (json_t *)rt);
+    if (!*out) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    return LS_OK;
+}
+
+ls_status ls_manifest_digest(const json_t *manifest, ls_digest *out, ls_error *err)
+{
+    char *s = ls_fingerprint_canonical_json(manifest, err);
+    if (!s) return err ? err->status : LS_E_NOMEM;
+    ls_status st = ls_sha256_buf(s, strlen(s), out, err);
+    free(s);
+    return st;
+}
+
+ls_status ls_manifest_save(const json_t *manifest, const char *path, ls_error *err)
+{
+    char *s = json_dumps(manifest, JSON_INDENT(2) | JSON_REAL_PRECISION(17));
+    if (!s) return ls_fail(err, LS_E_NOMEM, "%s: could not serialise the manifest", path);
+    ls_outfile of;
+    ls_status st = ls_outfile_open(&of, path, err);
+    if (st == LS_OK) {
+        if (fputs(s, of.fp) == EOF || fputc('\n', of.fp) == EOF) {
+            ls_outfile_abort(&of);
+            st = ls_fail(err, LS_E_IO, "%s: write failed", path);
+        } else {
+            st = ls_outfile_commit(&of, err);
+        }
+    }
+    free(s);
+    return st;
+}
+
+/* ---- validation ----------------------------------------------------------------- */
+
+static int is_hex64(const json_t *v)
+{
+    if (!json_is_string(v) || json_string_length(v) != 64) return 0;
+    const char *s = json_string_value(v);
+    for (int i = 0; i < 64; i++)
+        if (!isxdigit((unsigned char)s[i])) return 0;
+    return 1;
+}
+
+#define VFAIL(...) return ls_fail(err, LS_E_INPUT, __VA_ARGS__)
+
+static ls_status need_object(const json_t *parent, const char *key, const char *where,
+                             const char *label, const json_t **out, ls_error *err)
+{
+    const json_t *v = json_object_get(parent, key);
+    if (!json_is_object(v)) VFAIL("%s: field %s%s%s: %s", label, where, *where ? "." : "", key,
+                                  v ? "expected an object" : "missing");
+    *out = v;
+    return LS_OK;
+}
+
+static ls_status need_string(const json_t *parent, const char *key, const char *where,
+                             const char *label, ls_error *err)
+{
+    const json_t *v = json_object_get(parent, key);
+    if (!json_is_string(v)) VFAIL("%s: field %s.%s: %s", label, where, key,
+                                  v ? "expected a string" : "missing");
+    return LS_OK;
+}
+
+static ls_status need_count(const json_t *parent, const char *key, const char *where,
+                            json_int_t min, const char *label, ls_error *err)
+{
+    const json_t *v = json_object_get(parent, key);
+    if (!json_is_integer(v) || json_integer_value(v) < min)
+        VFAIL("%s: field %s.%s: %s", label, where, key,
+              v ? "expected an integer in range" : "missing");
+    return LS_OK;
+}
+
+static ls_status validate_tensors(const json_t *ck, const char *label, ls_error *err)
+{
+    const json_t *tensors = json_object_get(ck, "tensors");
+    if (!json_is_object(tensors)) VFAIL("%s: field checkpoint.tensors: %s", label,
+                                        tensors ? "expected an object" : "missing");
+    size_t n = json_object_size(tensors);
+    const json_t *cnt = json_object_get(ck, "tensor_count");
+    if (!json_is_integer(cnt) || json_integer_value(cnt) != (json_int_t)n)
+        VFAIL("%s: field checkpoint.tensor_count: missing or not the number of tensors (%zu)",
+              label, n);
+    /* Leaves in byte order of the names, as the fingerprint defines them. */
+    const char **names = malloc((n ? n : 1) * sizeof *names);
+    ls_digest *leaves = malloc((n ? n : 1) * sizeof *leaves);
+    if (!names || !leaves) {
+        free(names);
+        free(leaves);
+        return ls_fail(err, LS_E_NOMEM, "%s: out of memory", label);
+    }
+    size_t k = 0;
+    const char *name;
+    json_t *t;
+    ls_status st = LS_OK;
+    void *iter = json_object_iter((json_t *)tensors);
+    for (; iter; iter = json_object_iter_next((json_t *)tensors, iter)) names[k++] = json_object_iter_key(iter);
+    for (size_t i = 1; i < n; i++) { /* insertion sort by strcmp: n is small enough */
+        const char *x = names[i];
+        size_t j = i;
+        for (; j > 0 && strcmp(names[j - 1], x) > 0; j--) names[j] = names[j - 1];
+        names[j] = x;
+    }
+    for (size_t i = 0; i < n && st == LS_OK; i++) {
+        name = names[i];
+        t = json_object_get(tensors, name);
+        if (!json_is_object(t)) {
+            st = ls_fail(err, LS_E_INPUT, "%s: field checkpoint.tensors[\"%s\"]: expected an object",
+                         label, name);
+            break;
+        }
+        const json_t *dt = json_object_get(t, "dtype");
+        const json_t *shape = json_object_get(t, "shape");
+        const json_t *sha = json_object_get(t, "sha256");
+        ls_dtype dtv;
+        if (!json_is_string(dt) || ls_dtype_parse(json_string_value(dt), &dtv) != 0) {
+            st = ls_fail(err, LS_E_INPUT, "%s: field checkpoint.tensors[\"%s\"].dtype: missing or "
+                         "not a safetensors dtype", label, name);
+            break;
+        }
+        if (!json_is_array(shape) || json_array_size(shape) > LS_TENSOR_MAX_DIMS) {
+            st = ls_fail(err, LS_E_INPUT, "%s: field checkpoint.tensors[\"%s\"].shape: expected an "
+                         "array of at most %d integers", label, name, LS_TENSOR_MAX_DIMS);
+            break;
+        }
+        int64_t dims[LS_TENSOR_MAX_DIMS];
+        int ndim = (int)json_array_size(shape);
+        for (int d = 0; d < ndim && st == LS_OK; d++) {
+            const json_t *v = json_array_get(shape, (size_t)d);
+            if (!json_is_integer(v) || json_integer_value(v) < 0)
+                st = ls_fail(err, LS_E_INPUT, "%s: field checkpoint.tensors[\"%s\"].shape[%d]: "
+                             "expected a non-negative integer", label, name, d);
+            else
+                dims[d] = (int64_t)json_integer_value(v);
+        }
+        if (st != LS_OK) break;
+        const json_t *sz = json_object_get(t, "size_bytes");
+        if (!json_is_integer(sz) || json_integer_value(sz) < 0) {
+            st = ls_fail(err, LS_E_INPUT, "%s: field checkpoint.tensors[\"%s\"].size_bytes: "
+                         "expected a non-negative integer", label, name);
+            break;
+        }
+        ls_digest td;
+        if (!is_hex64(sha) || ls_digest_from_hex(json_string_value(sha), &td, NULL) != LS_OK) {
+            st = ls_fail(err, LS_E_INPUT, "%s: field checkpoint.tensors[\"%s\"].sha256: expected 64 "
+                         "hex digits", label, name);
+            break;
+        }
+        st = ls_fingerprint_hash_leaf(name, json_string_value(dt), ndim, dims, &td, &leaves[i], err);
+    }
+    ls_digest root, pinned;
+    if (st == LS_OK) st = ls_fingerprint_merkle_root(leaves, n, &root, err);
+    free(names);
+    free(leaves);
+    if (st != LS_OK) return st;
+    const json_t *mr = json_object_get(ck, "merkle_root");
+    if (!is_hex64(mr) || ls_digest_from_hex(json_string_value(mr), &pinned, NULL) != LS_OK)
+        VFAIL("%s: field checkpoint.merkle_root: expected 64 hex digits", label);
+    if (!ls_digest_equal(&root, &pinned))
+        VFAIL("%s: field checkpoint.merkle_root: does not match the tensors listed in "
+              "checkpoint.tensors (edited or corrupted manifest)", label);
+    return LS_OK;
+}
+
+ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err)
+{
+    if (!json_is_object(m)) VFAIL("%s: a manifest is a JSON object", label);
+    const json_t *ver = json_object_get(m, "manifest_version");
+    if (!json_is_integer(ver)) VFAIL("%s: field manifest_version: %s", label,
+                                     ver ? "expected an integer" : "missing");
+    if (json_integer_value(ver) != LS_MANIFEST_VERSION)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field manifest_version: %lld is not supported "
+                       "(this lockstep reads version %d)", label,
+                       (long long)json_integer_value(ver), LS_MANIFEST_VERSION);
+    const json_t *ck = NULL, *arch = NULL, *num = NULL, *topo = NULL, *build = NULL, *rt = NULL, *ops = NULL;
+    LS_TRY(need_object(m, "checkpoint", "", label, &ck, err));
+    LS_TRY(need_object(m, "architecture", "", label, &arch, err));
+    LS_TRY(need_object(m, "numerics", "", label, &num, err));
+    LS_TRY(need_object(m, "topology", "", label, &topo, err));
+    LS_TRY(need_object(m, "build", "", label, &build, err));
+    LS_TRY(need_object(m, "runtime", "", label, &rt, err));
+
+    if (!is_hex64(json_object_get(ck, "config_sha256")))
+        VFAIL("%s: field checkpoint.config_sha256: missing or not 64 hex digits", label);
+    LS_TRY(need_count(ck, "total_bytes", "checkpoint", 0, label, err));
+    LS_TRY(validate_tensors(ck, label, err));
+
+    LS_TRY(need_string(num, "backend", "numerics", label, err));
+    LS_TRY(need_string(num, "mode", "numerics", label, err));
+    LS_TRY(need_string(num, "tier", "numerics", label, err));
+    const char *mode = json_string_value(json_object_get(num, "mode"));
+    if (strcmp(mode, "strict") != 0 && strcmp(mode, "fast") != 0)
+        VFAIL("%s: field numerics.mode: expected \"strict\" or \"fast\"", label);
+    const json_t *pert = json_object_get(num, "perturbation");
+    if (!json_is_null(pert) && !json_is_string(pert))
+        VFAIL("%s: field numerics.perturbation: expected null or a string", label);
+    if (json_is_string(pert) && strcmp(mode, "strict") == 0)
+        VFAIL("%s: field numerics.perturbation: must be null in strict mode", label);
+    LS_TRY(need_object(num, "operators", "numerics", label, &ops, err));
+    const char *op;
+    json_t *row;
+    static const char *const row_fields[] = {"provider", "kernel_id", "tile_shape",
+                                             "split_policy", "accumulator_dtype",
+                                             "reduction_order", "tier", "mode", NULL};
+    json_object_foreach((json_t *)ops, op, row) {
+        if (!json_is_object(row)) VFAIL("%s: field numerics.operators.%s: expected an object", label, op);
+        for (size_t i = 0; row_fields[i]; i++)
+            if (!json_is_string(json_object_get(row, row_fields[i])))
+                VFAIL("%s: field numerics.operators.%s.%s: missing or not a string", label, op,
+                      row_fields[i]);
+    }
+    LS_TRY(need_count(topo, "world_size", "topology", 1, label, err));
+    LS_TRY(need_count(topo, "tp_degree", "topology", 1, label, err));
+    LS_TRY(need_count(topo, "ep_degree", "topology", 1, label, err));
+    LS_TRY(need_string(build, "source_revision", "build", label, err));
+    LS_TRY(need_string(build, "binary_sha256", "build", label, err));
+    return LS_OK;
+}
+
+ls_status ls_manifest_parse(const char *label, const char *text, size_t len, json_t **out,
+                            ls_error *err)
+{
+    *out = NULL;
+    json_t *m;
+    LS_TRY(ls_json_load_buf(label, text, len, &m, err));
+    ls_status st = ls_manifest_validate(m, label, err);
+    if (st != LS_OK) {
+        json_decref(m);
+        return st;
+    }
+    *out = m;
+    return LS_OK;
+}
+
+ls_status ls_manifest_load(const char *path, json_t **out, ls_error *err)
+{
+    *out = NULL;
+    char *text;
+    size_t len;
+    LS_TRY(ls_read_file(path, &text, &len, err));
+    ls_status st = ls_manifest_parse(path, text, len, out, err);
+    free(text);
+    return st;
+}
+
+/* ---- classification ------------------------------------------------------------- */
+
+/* Differences at these paths (or below them) do not void a claim. Everything
+ * else does: an unknown field is voiding (fail closed). */
+static const char *const informational_paths[] = {
+    "checkpoint.path",          /* where the files were, not what they hold */
+    "runtime.host_name",
+    "runtime.pinned_at",
+    "runtime.os.release",       /* kernel build; numerics run in user space */
+    "runtime.os.version",
+    "runtime.cpu.model",        /* the strict CPU path depends on features, not the model name */
+    "runtime.cpu.logical_cores",
+    "runtime.gpu.uuid",         /* which board, not which kind */
+    "runtime.gpu.memory_bytes",
+    "runtime.gpu.device_count",
+    NULL};
+
+static int path_under(const char *path, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    return strncmp(path, prefix, n) == 0 && (path[n] == '\0' || path[n] == '.' || path[n] == '[');
+}
+
+static int revision_pins_source(const json_t *m)
+{
+    const char *rev = json_string_value(json_object_get(json_object_get(m, "build"), "source_revision"));
+    if (!rev || strcmp(rev, "unknown") == 0) return 0;
+    size_t n = strlen(rev);
+    return !(n >= 6 && strcmp(rev + n - 6, "-dirty") == 0);
+}
+
+static int backend_is(const json_t *m, const char *name)
+{
+    const char *b = json_string_value(json_object_get(json_object_get(m, "numerics"), "backend"));
+    return b && strcmp(b, name) == 0;
+}
+
+ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, const json_t *new_m)
+{
+    for (size_t i = 0; informational_paths[i]; i++)
+        if (path_under(path, informational_paths[i])) return LS_CHANGE_INFORMATIONAL;
+    /* The binary's digest changes with every rebuild of the same source; it
+     * voids only when the source revision does not identify the source. */
+    if (path_under(path, "build.binary_sha256"))
+        return revision_pins_source(old_m) && revision_pins_source(new_m)
+                   ? LS_CHANGE_INFORMATIONAL
+                   : LS_CHANGE_VOIDING;
+    /* A GPU appearing, disappearing or changing does not touch a CPU claim. */
+    if (path_under(path, "runtime.gpu") && backend_is(old_m, "cpu") && backend_is(new_m, "cpu"))
+        return LS_CHANGE_INFORMATIONAL;
+    return LS_CHANGE_VOIDING;
+}
+
+const char *ls_change_class_name(ls_change_class c)
+{
+    return c == LS_CHANGE_VOIDING ? "voiding" : "informational";
+}
+
+/* ---- diff --------------------------------------------------------------------------- */
+
+#define LS_DIFF_VALUE_MAX 200 /* characters of a value kept for display */
+
+typedef struct diff_ctx {
+    ls_manifest_delta *d;
+    size_t cap;
+    const json_t *old_root, *new_root;
+    ls_error *err;
+} diff_ctx;
+
+static char *value_text(const json_t *v)
+{
+    if (!v) return strdup("(absent)");
+    char *s = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_SORT_KEYS | JSON_REAL_PRECISION(17));
+    if (!s) return NULL;
+    size_t n = strlen(s);
+    if (n > LS_DIFF_VALUE_MAX) strcpy(s + LS_DIFF_VALUE_MAX - 3, "...");
+    return s;
+}
+
+static ls_status add_change(diff_ctx *c, const char *path, const json_t *a, const json_t *b)
+{
+    ls_manifest_delta *d = c->d;
+    if (d->count == c->cap) {
+        size_t cap = c->cap ? 2 * c->cap : 16;
+        ls_manifest_change *p = realloc(d->changes, cap * sizeof *p);
+        if (!p) return ls_fail(c->err, LS_E_NOMEM, "diff: out of memory");
+        d->changes = p;
+        c->cap = cap;
+    }
+    ls_manifest_change *ch = &d->changes[d->count];
+    ch->path = strdup(path);
+    ch->old_value = value_text(a);
+    ch->new_value = value_text(b);
+    if (!ch->path || !ch->old_value || !ch->new_value) {
+        free(ch->path);
+        free(ch->old_value);
+        free(ch->new_value);
+        return ls_fail(c->err, LS_E_NOMEM, "diff: out of memory");
+    }
+    ch->cls = ls_manifest_classify(path, c->old_root, c->new_root);
+    if (ch->cls == LS_CHANGE_VOIDING) d->voiding++;
+    d->count++;
+    return LS_OK;
+}
+
+static int plain_key(const char *k)
+{
+    if (!*k) return 0;
+    for (const char *p = k; *p; p++)
+        if (!isalnum((unsigned char)*p) && *p != '_') return 0;
+    return 1;
+}
+
+/* Appends ".key" (or ["key"] when the key holds other characters) to path. */
+static char *child_path(const char *path, const char *key)
+{
+    size_t n = strlen(path) + 2 * strlen(key) + 8;
+    char *s = malloc(n);
+    if (!s) return NULL;
+    if (plain_key(key)) {
+        snprintf(s, n, "%s%s%s", path, *path ? "." : "", key);
+    } else {
+        size_t k = (size_t)snprintf(s, n, "%s[\"", path);
+        for (const char *p = key; *p; p++) {
+            if (*p == '"' || *p == '\\') s[k++] = '\\';
+            s[k++] = *p;
+        }
+        s[k] = '\0';
+        strcat(s, "\"]");
+    }
+    return s;
+}
+
+static ls_status diff_value(diff_ctx *c, const char *path, const json_t *a, const json_t *b, int depth)
+{
+    if (json_is_object(a) && json_is_object(b) && depth < 64) {
+        const char *k;
+        json_t *va;
+        ls_status st = LS_OK;
+        json_object_foreach((json_t *)a, k, va) {
+            char *p = child_path(path, k);
+            if (!p) return ls_fail(c->err, LS_E_NOMEM, "diff: out of memory");
+            st = diff_value(c, p, va, json_object_get(b, k), depth + 1);
+            free(p);
+            if (st != LS_OK) return st;
+        }
+        json_t *vb;
+        json_object_foreach((json_t *)b, k, vb) {
+            if (json_object_get(a, k)) continue;
+            char *p = child_path(path, k);
+            if (!p) return ls_fail(c->err, LS_E_NOMEM, "diff: out of memory");
+            st = add_change(c, p, NULL, vb);
+            free(p);
+            if (st != LS_OK) return st;
+        }
+        return LS_OK;
+    }
+    if (json_is_array(a) && json_is_array(b) && json_array_size(a) == json_array_size(b) &&
+        depth < 64) {
+        for (size_t i = 0; i < json_array_size(a); i++) {
+            char p[4096];
+            if ((size_t)snprintf(p, sizeof p, "%s[%zu]", path, i) >= sizeof p)
+                return add_change(c, path, a, b);
+            LS_TRY(diff_value(c, p, json_array_get(a, i), json_array_get(b, i), depth + 1));
+        }
+        return LS_OK;
+    }
+    if (a && b && json_equal((json_t *)a, (json_t *)b)) return LS_OK;
+    return add_change(c, path, a, b);
+}
+
+ls_status ls_manifest_diff(const json_t *old_m, const json_t *new_m, ls_manifest_delta *out,
+                           ls_error *err)
+{
+    memset(out, 0, sizeof *out);
+    diff_ctx c = {out, 0, old_m, new_m, err};
+    ls_status st = diff_value(&c, "", old_m, new_m, 0);
+    if (st != LS_OK) ls_manifest_diff_free(out);
+    return st;
+}
+
+void ls_manifest_diff_free(ls_manifest_delta *d)
+{
+    if (!d) return;
+    for (size_t i = 0; i < d->count; i++) {
+        free(d->changes[i].path);
+        free(d->changes[i].old_value);
+        free(d->changes[i].new_value);
+    }
+    free(d->changes);
+    memset(d, 0, sizeof *d);
+}
+
+ls_status ls_manifest_verify(const json_t *pinned, const ls_manifest_opts *live_opts,
+                             ls_manifest_delta *out, ls_error *err)
+{
+    memset(out, 0, sizeof *out);
+    json_t *live;
+    LS_TRY(ls_manifest_build(live_opts, &live, err));
+    ls_status st = ls_manifest_diff(pinned, live, out, err);
+    json_decref(live);
+    return st;
+}

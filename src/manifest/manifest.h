@@ -1,0 +1,116 @@
+/* lockstep — manifests: pin, load, diff, verify.
+ *
+ * A manifest is a JSON document (manifest/README.md documents every field,
+ * manifest/schema.json is its JSON Schema) that pins what a determinism claim
+ * depends on: the checkpoint (config digest, per-tensor SHA-256, Merkle root),
+ * the architecture read from config.json, the numerics (mode, tier,
+ * perturbation, the provider of every operator), the topology, the build and
+ * the live runtime. Every value is a jansson json_t; the caller owns what a
+ * function hands out and releases it with json_decref.
+ *
+ * Typical use by the engine: build in process, then embed the digest in the
+ * trace header:
+ *
+ *     ls_manifest_opts o = ls_manifest_opts_default();
+ *     o.checkpoint = ck;                    // already open
+ *     json_t *m; ls_digest d;
+ *     LS_TRY(ls_manifest_build(&o, &m, err));
+ *     LS_TRY(ls_manifest_digest(m, &d, err));
+ */
+#ifndef LS_MANIFEST_MANIFEST_H
+#define LS_MANIFEST_MANIFEST_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "core/status.h"
+#include "fingerprint/sha256.h"
+#include "io/checkpoint.h"
+
+#define LS_MANIFEST_VERSION 1
+
+/* ---- building ---------------------------------------------------------------- */
+
+typedef struct ls_manifest_opts {
+    const char *checkpoint_dir;          /* opened when checkpoint is NULL */
+    const ls_checkpoint *checkpoint;     /* already open (borrowed), or NULL */
+    const char *backend;                 /* "cpu" (default) | "cuda" */
+    const char *mode;                    /* "strict" (default) | "fast" */
+    const char *perturbation;            /* spec string; NULL for none (required NULL when strict) */
+    int threads;                         /* fingerprint threads; <= 0 = online cores */
+    int progress;                        /* 1: progress bar on a terminal */
+    int world_size, tp_degree, ep_degree;/* topology; <= 0 means 1 */
+} ls_manifest_opts;
+
+/* Defaults: backend "cpu", mode "strict", no perturbation, all threads,
+ * topology 1/1/1, no progress bar. */
+ls_manifest_opts ls_manifest_opts_default(void);
+
+/* Pins the live system: fingerprints the checkpoint and describes build,
+ * runtime, numerics and topology. *out is a new object (caller decrefs).
+ * Fails LS_E_USAGE for bad options, LS_E_UNSUPPORTED for a backend with no
+ * registered providers, or whatever opening/hashing the checkpoint reports. */
+ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error *err);
+
+/* SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace; see
+ * ls_fingerprint_canonical_json). This is the digest traces embed. */
+ls_status ls_manifest_digest(const json_t *manifest, ls_digest *out, ls_error *err);
+
+/* Writes the manifest (indented, keys in pin order, trailing newline)
+ * atomically; path "-" is stdout. */
+ls_status ls_manifest_save(const json_t *manifest, const char *path, ls_error *err);
+
+/* ---- reading ----------------------------------------------------------------- */
+
+/* Reads and validates a manifest file (duplicate keys rejected, version 1
+ * only, structure as in manifest/schema.json, Merkle root consistent with the
+ * tensor table). Failures name the file and the field. */
+ls_status ls_manifest_load(const char *path, json_t **out, ls_error *err);
+
+/* Same rules for a manifest held in memory; label names it in messages. */
+ls_status ls_manifest_parse(const char *label, const char *text, size_t len, json_t **out,
+                            ls_error *err);
+
+/* Structural validation of an already parsed manifest. */
+ls_status ls_manifest_validate(const json_t *manifest, const char *label, ls_error *err);
+
+/* ---- comparing --------------------------------------------------------------- */
+
+typedef enum ls_change_class {
+    LS_CHANGE_INFORMATIONAL = 0,         /* does not affect the claim (host, time, paths) */
+    LS_CHANGE_VOIDING = 1                /* the pinned claim no longer holds */
+} ls_change_class;
+
+typedef struct ls_manifest_change {
+    char *path;                          /* e.g. checkpoint.tensors["model.norm.weight"].sha256; owned */
+    char *old_value;                     /* compact JSON, "(absent)" when missing; owned, may be shortened */
+    char *new_value;                     /* same for the new side; owned */
+    ls_change_class cls;
+} ls_manifest_change;
+
+typedef struct ls_manifest_delta {
+    size_t count;                        /* number of changes */
+    ls_manifest_change *changes;         /* [count], in document order of the old manifest; owned */
+    size_t voiding;                      /* how many of them are voiding */
+} ls_manifest_delta;
+
+/* Lists every difference between two (validated) manifests, leaf by leaf,
+ * and classifies each (rule table in manifest/README.md). The caller
+ * releases *out with ls_manifest_diff_free. */
+ls_status ls_manifest_diff(const json_t *old_m, const json_t *new_m, ls_manifest_delta *out,
+                           ls_error *err);
+void ls_manifest_diff_free(ls_manifest_delta *d);
+
+/* The class of a difference at `path`, given both manifests (some rules look
+ * at context, e.g. the binary digest voids when the source revision is dirty). */
+ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, const json_t *new_m);
+
+const char *ls_change_class_name(ls_change_class c); /* "informational" | "voiding" */
+
+/* Re-pins the live system with live_opts (checkpoint, backend ...) and diffs
+ * the pinned manifest against it. *out holds every difference; the claim
+ * holds when out->voiding == 0. */
+ls_status ls_manifest_verify(const json_t *pinned, const ls_manifest_opts *live_opts,
+                             ls_manifest_delta *out, ls_error *err);
+
+#endif
