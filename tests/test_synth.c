@@ -179,6 +179,13 @@ START_TEST(test_writer_layout)
     ck_assert_int_eq(ls_safetensors_writer_write(w, path, &err), LS_OK);
     ls_safetensors_writer_free(w);
 
+    /* The project's strict reader accepts it. */
+    ls_safetensors *rd = NULL;
+    ck_assert_msg(ls_safetensors_open(path, &rd, &err) == LS_OK, "%s", err.msg);
+    ck_assert_uint_eq(ls_safetensors_count(rd), 5);
+    ck_assert_str_eq(ls_safetensors_at(rd, 0)->name, "alpha");
+    ls_safetensors_close(rd);
+
     st_file f;
     st_load(path, &f);
     ck_assert_uint_eq(f.n, 5);
@@ -510,6 +517,77 @@ START_TEST(test_sharded_index)
 }
 END_TEST
 
+/* Read back through the checkpoint reader (src/io): every tensor the config
+ * implies is present with its shape, single file and shards agree. */
+START_TEST(test_reader_roundtrip)
+{
+    char *dir = ls_test_tmpdir("synth");
+    char *out = NULL;
+    ck_assert_int_eq(ls_test_cli(&out, "synth --preset tiny --seed 3 --out '%s/one'", dir), 0);
+    free(out);
+    ck_assert_int_eq(ls_test_cli(&out, "synth --preset tiny --seed 3 --max-shard-bytes 700000 "
+                                       "--out '%s/sh'", dir), 0);
+    free(out);
+    char path[4200];
+    ls_error err;
+    ls_checkpoint *one = NULL, *sh = NULL;
+    snprintf(path, sizeof path, "%s/one", dir);
+    ck_assert_msg(ls_checkpoint_open(path, &one, &err) == LS_OK, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/sh", dir);
+    ck_assert_msg(ls_checkpoint_open(path, &sh, &err) == LS_OK, "%s", err.msg);
+    ck_assert_uint_eq(ls_checkpoint_shard_count(one), 1);
+    ck_assert_uint_ge(ls_checkpoint_shard_count(sh), 4);
+
+    ls_synth_config cfg;
+    ck_assert_int_eq(ls_synth_preset("tiny", &cfg, &err), LS_OK);
+    ls_synth_tensor *t = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(ls_synth_list_tensors(&cfg, &t, &n, &err), LS_OK);
+    ck_assert_uint_eq(ls_checkpoint_count(one), n);
+    ck_assert_uint_eq(ls_checkpoint_count(sh), n);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        const ls_tensor *a = ls_checkpoint_find(one, t[i].name), *b = ls_checkpoint_find(sh, t[i].name);
+        ck_assert_msg(a && b, "%s missing", t[i].name);
+        ck_assert_int_eq(a->dtype, LS_DTYPE_BF16);
+        ck_assert_int_eq(a->ndim, t[i].ndim);
+        ck_assert_int_eq(b->ndim, t[i].ndim);
+        for (int d = 0; d < t[i].ndim; d++) {
+            ck_assert_int_eq(a->shape[d], t[i].shape[d]);
+            ck_assert_int_eq(b->shape[d], t[i].shape[d]);
+        }
+        ck_assert_uint_eq(a->size_bytes, b->size_bytes);
+        ck_assert_msg(memcmp(a->data, b->data, a->size_bytes) == 0, "%s differs", t[i].name);
+        total += a->size_bytes;
+    }
+    ck_assert_uint_eq(ls_checkpoint_total_bytes(sh), total);
+    /* Metadata: the format HF expects, plus provenance. */
+    const ls_safetensors *st = ls_checkpoint_shard(one, 0);
+    int have_format = 0;
+    for (size_t i = 0; i < ls_safetensors_metadata_count(st); i++) {
+        const char *k, *v;
+        ls_safetensors_metadata_at(st, i, &k, &v);
+        if (strcmp(k, "format") == 0) have_format = strcmp(v, "pt") == 0;
+    }
+    ck_assert(have_format);
+    /* Per-expert layout as the hub stores Qwen3-Next. */
+    ls_matrix_view mv;
+    ck_assert_msg(ls_checkpoint_expert(sh, 3, 7, LS_EXPERT_DOWN, &mv, &err) == LS_OK, "%s", err.msg);
+    ck_assert_int_eq(mv.rows, 128);
+    ck_assert_int_eq(mv.cols, 64);
+    free(t);
+    ls_checkpoint_close(one);
+    ls_checkpoint_close(sh);
+
+    /* The manifest pins it (the acceptance path of harness/hf_interop.py). */
+    int rc = ls_test_cli(&out, "manifest pin --checkpoint '%s/sh' -o '%s/m.json'", dir, dir);
+    ck_assert_msg(rc == 0, "manifest pin failed: %s", out);
+    free(out);
+    ls_test_sh(NULL, "rm -rf '%s'", dir);
+    free(dir);
+}
+END_TEST
+
 static void expect_fail(const char *args, const char *needle)
 {
     char *out = NULL;
@@ -617,6 +695,7 @@ int main(void)
     tcase_add_test(tc, test_tiny_tensors_and_seeds);
     tcase_add_test(tc, test_layers_and_config_only);
     tcase_add_test(tc, test_sharded_index);
+    tcase_add_test(tc, test_reader_roundtrip);
     tcase_add_test(tc, test_bad_input_exit_2);
     tcase_add_test(tc, test_help);
     suite_add_tcase(s, tc);
