@@ -124,7 +124,9 @@ double ls_synth_exp(double x)
     if (x < -708.0) return 0.0;
     double q = x / LN2_D;
     int k = (int)(q >= 0.0 ? q + 0.5 : q - 0.5);
-    double r = x - (double)k * LN2_D; /* |r| <= 0.35 */
+    /* Cody–Waite: ln 2 split so that k * LN2_HI is exact for |k| < 2^11. */
+    const double LN2_HI = 6.93147180369123816490e-01, LN2_LO = 1.90821492927058770002e-10;
+    double r = (x - (double)k * LN2_HI) - (double)k * LN2_LO; /* |r| <= 0.35 */
     double p = 1.0;
     for (int n = 25; n >= 1; n--) p = 1.0 + r * p / (double)n; /* Taylor, Horner form */
     return p * pow2i(k);
