@@ -23,20 +23,6 @@
 #include "core/util.h"
 #include "io/checkpoint.h"
 
-/* ---- dtype table (local: the reader owns ls_dtype_size/name) -------------- */
-
-static const struct {
-    const char *name;
-    size_t size;
-} writer_dtypes[LS_DTYPE_COUNT] = {
-    [LS_DTYPE_BF16] = {"BF16", 2},    [LS_DTYPE_F16] = {"F16", 2},
-    [LS_DTYPE_F32] = {"F32", 4},      [LS_DTYPE_F64] = {"F64", 8},
-    [LS_DTYPE_F8_E4M3] = {"F8_E4M3", 1}, [LS_DTYPE_F8_E5M2] = {"F8_E5M2", 1},
-    [LS_DTYPE_I8] = {"I8", 1},        [LS_DTYPE_U8] = {"U8", 1},
-    [LS_DTYPE_I16] = {"I16", 2},      [LS_DTYPE_I32] = {"I32", 4},
-    [LS_DTYPE_I64] = {"I64", 8},      [LS_DTYPE_BOOL] = {"BOOL", 1},
-};
-
 /* ---- writer state ---------------------------------------------------------- */
 
 typedef struct writer_tensor {
@@ -151,7 +137,7 @@ ls_status ls_safetensors_writer_add(ls_safetensors_writer *w, const char *name, 
                            name);
         numel *= d;
     }
-    size_t esize = writer_dtypes[dt].size;
+    size_t esize = ls_dtype_size(dt);
     if (numel > UINT64_MAX / esize)
         return ls_fail(err, LS_E_USAGE, "safetensors writer: tensor '%s': size overflows", name);
     uint64_t bytes = numel * esize;
@@ -244,7 +230,7 @@ static ls_status build_header(const ls_safetensors_writer *w, strbuf *b, ls_erro
         sb_put(b, ",", 1);
         sb_json_string(b, t->name);
         sb_str(b, ":{\"dtype\":\"");
-        sb_str(b, writer_dtypes[t->dtype].name);
+        sb_str(b, ls_dtype_name(t->dtype));
         sb_str(b, "\",\"shape\":[");
         for (int d = 0; d < t->ndim; d++) {
             if (d) sb_put(b, ",", 1);
