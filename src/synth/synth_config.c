@@ -171,6 +171,32 @@ static ls_status check_rope_type(const char *label, json_t *obj, const char *fie
     return LS_OK;
 }
 
+static int interval_matches(const ls_synth_config *c, int64_t n)
+{
+    for (int64_t i = 0; i < c->num_hidden_layers; i++)
+        if (c->layer_full[i] != ((i + 1) % n == 0)) return 0;
+    return 1;
+}
+
+/* Records an interval that yields the layer pattern (HF ignores
+ * full_attention_interval when layer_types is given, so the file's value may
+ * disagree): the stated one when it matches, else the smallest match in
+ * 1..L+1, else 0. Re-reading synth's output then gives the same config. */
+static void derive_interval(ls_synth_config *c, int64_t stated)
+{
+    c->full_attention_interval = 0;
+    if (interval_matches(c, stated)) {
+        c->full_attention_interval = stated;
+        return;
+    }
+    for (int64_t n = 1; n <= c->num_hidden_layers + 1; n++) {
+        if (interval_matches(c, n)) {
+            c->full_attention_interval = n;
+            return;
+        }
+    }
+}
+
 static ls_status parse_root(const char *label, json_t *root, ls_synth_config *c, ls_error *err)
 {
     memset(c, 0, sizeof *c);
@@ -294,7 +320,6 @@ static ls_status parse_root(const char *label, json_t *root, ls_synth_config *c,
             return ls_fail(err, LS_E_INPUT,
                            "%s: field 'layer_types' must be a list of num_hidden_layers (%lld) strings",
                            label, (long long)c->num_hidden_layers);
-        int matches = 1;
         for (int64_t i = 0; i < c->num_hidden_layers; i++) {
             json_t *s = json_array_get(lt, (size_t)i);
             const char *v = json_is_string(s) ? json_string_value(s) : "";
@@ -306,9 +331,8 @@ static ls_status parse_root(const char *label, json_t *root, ls_synth_config *c,
                 return ls_fail(err, LS_E_INPUT,
                                "%s: field 'layer_types[%lld]' must be \"linear_attention\" or \"full_attention\"",
                                label, (long long)i);
-            if (c->layer_full[i] != ((i + 1) % interval == 0)) matches = 0;
         }
-        c->full_attention_interval = matches ? interval : 0;
+        derive_interval(c, interval);
     } else {
         set_interval(c, interval);
     }
