@@ -197,6 +197,40 @@ START_TEST(test_models_and_coverage)
 }
 END_TEST
 
+START_TEST(test_import_jsonl)
+{
+    char ja[4200], jb[4200], jc[4200];
+    snprintf(ja, sizeof ja, "%s/a.jsonl", dir);
+    snprintf(jb, sizeof jb, "%s/b.jsonl", dir);
+    snprintf(jc, sizeof jc, "%s/c.jsonl", dir);
+    const char *fp = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    /* -0.1 as text must give fp32 0xbdcccccd (nearest float), not the double-rounded value */
+    const char *la = "{\"seq\":0,\"pos\":3,\"token\":5,\"logprob\":-0.1,\"top_logprobs\":{\"5\":-0.1,\"9\":\"-0x1.8p+1\"}}\n"
+                     "{\"seq\":0,\"pos\":4,\"token\":6,\"logprob\":-2.5,\"top_logprobs\":{\"6\":-2.5}}\n";
+    /* B: the second logprob one ULP away (-2.5000002) */
+    const char *lb = "{\"seq\":0,\"pos\":3,\"token\":5,\"logprob\":-0.1,\"top_logprobs\":{\"5\":-0.1,\"9\":-3}}\n"
+                     "{\"seq\":0,\"pos\":4,\"token\":6,\"logprob\":-2.5000002,\"top_logprobs\":{\"6\":-2.5}}\n";
+    ls_test_write(ja, la, strlen(la));
+    ls_test_write(jb, lb, strlen(lb));
+    ls_test_write(jc, "{\"seq\":0,\"pos\":3,\"token\":5,\"logprob\":-1}\n{\"seq\":0,\"pos\":x}\n", 59);
+    char *out = NULL;
+    ck_assert_int_eq(ls_test_cli(&out, "import jsonl '%s' -o '%s' --model-fingerprint %s", ja, pa, fp), 0);
+    free(out);
+    ck_assert_int_eq(ls_test_cli(&out, "import jsonl '%s' -o '%s' --model-fingerprint %s", jb, pb, fp), 0);
+    free(out);
+    ck_assert_int_eq(ls_test_cli(&out, "trace dump '%s'", pa), 0);
+    ck_assert_msg(strstr(out, "seq 0 pos 2: token -1 -> next 5 logprob 0xbdcccccd") && strstr(out, "9:-3"), "%s", out);
+    free(out);
+    ck_assert_int_eq(ls_test_cli(&out, "compare '%s' '%s'", pa, pb), 1);
+    ck_assert_msg(strstr(out, "seq 0 pos 3: selected-token logprob bits differ: A 0xc0200000") &&
+                  strstr(out, "no digests") && strstr(out, "input tokens not compared"), "%s", out);
+    free(out);
+    ck_assert_int_eq(ls_test_cli(&out, "import jsonl '%s' -o '%s' --model-fingerprint %s", jc, pb, fp), 2);
+    ck_assert_msg(strstr(out, "line 2, byte offset 56: expected a number"), "%s", out);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("compare");
@@ -206,6 +240,7 @@ int main(void)
     tcase_add_loop_test(tc, test_planted, 0, 2 * (int)(sizeof cases / sizeof cases[0]));
     tcase_add_test(tc, test_tensor_and_router_detail);
     tcase_add_test(tc, test_models_and_coverage);
+    tcase_add_test(tc, test_import_jsonl);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
