@@ -432,16 +432,358 @@ START_TEST(test_bf16_vs_transformers)
 }
 END_TEST
 
+
+/* ---- lockstep's own bitwise goldens ------------------------------------------------------- */
+
+static void put_u32(ls_sha256 *h, uint32_t v)
+{
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    ls_error err;
+    ck_assert(ls_sha256_update(h, b, 4, &err) == LS_OK);
+}
+
+static void put_digest(ls_sha256 *h, const ls_trace_digest *d)
+{
+    uint8_t b[3] = {(uint8_t)d->layer, (uint8_t)(d->layer >> 8), d->kind};
+    ls_error err;
+    ck_assert(ls_sha256_update(h, b, 3, &err) == LS_OK);
+    ck_assert(ls_sha256_update(h, d->digest.bytes, 32, &err) == LS_OK);
+}
+
+/* Canonical bytes of a record (little-endian): pos, token, next token,
+ * logprob bits, top-5 ids, top-5 logprob bits, n_digests, then every digest
+ * as (layer u16, kind u8, 32 bytes) in record order. */
+static void put_record(ls_sha256 *h, const ls_trace_record *r)
+{
+    put_u32(h, r->pos);
+    put_u32(h, (uint32_t)r->token);
+    put_u32(h, (uint32_t)r->next_token);
+    put_u32(h, r->logprob_bits);
+    for (int j = 0; j < 5; j++) put_u32(h, (uint32_t)r->topk_ids[j]);
+    for (int j = 0; j < 5; j++) put_u32(h, r->topk_logprob_bits[j]);
+    put_u32(h, r->n_digests);
+    for (uint32_t k = 0; k < r->n_digests; k++) put_digest(h, &r->digests[k]);
+}
+
+static void hash8(ls_sha256 *h, char out[9])
+{
+    ls_digest d;
+    ls_error err;
+    ck_assert(ls_sha256_final(h, &d, &err) == LS_OK);
+    char hex[65];
+    ls_digest_to_hex(&d, hex);
+    memcpy(out, hex, 8);
+    out[8] = 0;
+}
+
+/* One line per record: "pos token next logprob-bits top5-hash L0 L1 ...",
+ * the hashes being the first 32 bits of SHA-256 over the top-5 (ids, bits)
+ * and over each trace layer's digests. */
+static char *position_line(const ls_trace_record *r, int n_tl)
+{
+    size_t cap = 64 + 9 * (size_t)(n_tl + 1);
+    char *line = malloc(cap), h8[9];
+    ls_sha256 h;
+    ls_error err;
+    ck_assert(ls_sha256_init(&h, &err) == LS_OK);
+    for (int j = 0; j < 5; j++) put_u32(&h, (uint32_t)r->topk_ids[j]);
+    for (int j = 0; j < 5; j++) put_u32(&h, r->topk_logprob_bits[j]);
+    hash8(&h, h8);
+    int off = snprintf(line, cap, "%u %d %d %08x %s", r->pos, r->token, r->next_token,
+                       r->logprob_bits, h8);
+    for (int l = 0; l < n_tl; l++) {
+        ck_assert(ls_sha256_init(&h, &err) == LS_OK);
+        for (uint32_t k = 0; k < r->n_digests; k++)
+            if (r->digests[k].layer == l) put_digest(&h, &r->digests[k]);
+        hash8(&h, h8);
+        off += snprintf(line + off, cap - (size_t)off, " %s", h8);
+    }
+    return line;
+}
+
+static json_t *strict_run(ls_engine *e, const char *act, const char *mode, int seq, const recs *t,
+                          const int32_t *gen)
+{
+    int n_tl;
+    const ls_trace_layer *tl = ls_engine_layers(e, &n_tl);
+    (void)tl;
+    json_t *run = json_object();
+    char name[96];
+    snprintf(name, sizeof name, "%s %s seq %d", act, mode, seq);
+    json_object_set_new(run, "run", json_string(name));
+    json_object_set_new(run, "records", json_integer(t->n));
+    if (gen) {
+        json_t *g = json_array();
+        for (int k = 0; k < GEN_STEPS; k++) json_array_append_new(g, json_integer(gen[k]));
+        json_object_set_new(run, "generated", g);
+    }
+    ls_sha256 h;
+    ls_error err;
+    ck_assert(ls_sha256_init(&h, &err) == LS_OK);
+    json_t *lines = json_array();
+    for (long i = 0; i < t->n; i++) {
+        put_record(&h, &t->v[i].r);
+        char *line = position_line(&t->v[i].r, n_tl);
+        json_array_append_new(lines, json_string(line));
+        free(line);
+    }
+    ls_digest d;
+    ck_assert(ls_sha256_final(&h, &d, &err) == LS_OK);
+    char hex[65];
+    ls_digest_to_hex(&d, hex);
+    json_object_set_new(run, "sha256", json_string(hex));
+    json_t *last = json_array();
+    const ls_trace_record *r = &t->v[t->n - 1].r;
+    for (uint32_t k = 0; k < r->n_digests; k++) {
+        char item[128];
+        ls_digest_to_hex(&r->digests[k].digest, hex);
+        snprintf(item, sizeof item, "%u %s %s", r->digests[k].layer,
+                 ls_digest_kind_name((ls_digest_kind)r->digests[k].kind), hex);
+        json_array_append_new(last, json_string(item));
+    }
+    json_object_set_new(run, "last_position_digests", last);
+    json_object_set_new(run, "positions", lines);
+    return run;
+}
+
+/* Runs every strict run of a model: for bf16 then fp32 activations, replay
+ * of each sequence, then greedy rollout (GEN_STEPS) from prompts 1 and 2. */
+static json_t *strict_doc(const loaded *L, int32_t *const *seqs, const long *lens, int n_seqs)
+{
+    json_t *doc = json_object();
+    json_object_set_new(doc, "format", json_string("lockstep-strict-goldens"));
+    json_object_set_new(doc, "version", json_integer(1));
+    json_object_set_new(doc, "model", json_string(L->name));
+    json_object_set_new(doc, "about", json_string(
+        "lockstep CPU strict-path results, bit for bit; checked by tests/test_goldens.c, "
+        "regenerated by harness/goldens/update_strict (see goldens/README.md)"));
+    json_t *runs = json_array(), *layers = json_array();
+    for (int act = 1; act >= 0; act--) {
+        ls_engine *e = mk_engine(L, act);
+        if (act) {
+            int n_tl;
+            const ls_trace_layer *tl = ls_engine_layers(e, &n_tl);
+            for (int l = 0; l < n_tl; l++) {
+                char nm[64];
+                if (tl[l].decoder_layer >= 0)
+                    snprintf(nm, sizeof nm, "%s %d", ls_layer_family_name(tl[l].family), tl[l].decoder_layer);
+                else
+                    snprintf(nm, sizeof nm, "%s", ls_layer_family_name(tl[l].family));
+                json_array_append_new(layers, json_string(nm));
+            }
+        }
+        const char *an = act ? "bf16" : "fp32";
+        for (int s = 0; s < n_seqs; s++) {
+            recs t = {0};
+            run_replay(e, (uint32_t)s, seqs[s], lens[s], &t);
+            json_array_append_new(runs, strict_run(e, an, "replay", s, &t, NULL));
+            recs_free(&t);
+        }
+        for (int s = 1; s <= 2; s++) {
+            recs t = {0};
+            int32_t gen[GEN_STEPS];
+            run_greedy(e, (uint32_t)s, seqs[s], lens[s], gen, &t);
+            json_array_append_new(runs, strict_run(e, an, "greedy", s, &t, gen));
+            recs_free(&t);
+        }
+        ls_engine_destroy(e);
+    }
+    json_object_set_new(doc, "trace_layers", layers);
+    json_object_set_new(doc, "runs", runs);
+    return doc;
+}
+
+/* Compares a recomputed strict document with the committed one; returns 1
+ * and a message naming the first run, record and trace layer (or record
+ * field) that changed, 0 when equal. */
+static int strict_diff(const char *path, const json_t *want, const json_t *got, char *msg, size_t msz)
+{
+    const json_t *wr = json_object_get(want, "runs"), *gr = json_object_get(got, "runs");
+    const json_t *names = json_object_get(got, "trace_layers");
+    if (json_array_size(wr) != json_array_size(gr)) {
+        snprintf(msg, msz, "%s: %zu runs stored, %zu computed", path, json_array_size(wr),
+                 json_array_size(gr));
+        return 1;
+    }
+    for (size_t i = 0; i < json_array_size(gr); i++) {
+        const json_t *a = json_array_get(wr, i), *b = json_array_get(gr, i);
+        const char *run = json_string_value(json_object_get(b, "run"));
+        if (!json_equal(json_object_get(a, "run"), json_object_get(b, "run"))) {
+            snprintf(msg, msz, "%s: run %zu is '%s', stored '%s'", path, i, run,
+                     json_string_value(json_object_get(a, "run")));
+            return 1;
+        }
+        if (json_equal(a, b)) continue;
+        const json_t *pa = json_object_get(a, "positions"), *pb = json_object_get(b, "positions");
+        for (size_t k = 0; k < json_array_size(pb) && k < json_array_size(pa); k++) {
+            const char *la = json_string_value(json_array_get(pa, k));
+            const char *lb = json_string_value(json_array_get(pb, k));
+            if (!la || !lb || strcmp(la, lb) == 0) continue;
+            /* fields: pos token next logprob top5 L0 L1 ... */
+            char *ca = strdup(la), *cb = strdup(lb), *sa, *sb;
+            char *fa = strtok_r(ca, " ", &sa), *fb = strtok_r(cb, " ", &sb);
+            int f = 0;
+            while (fa && fb && strcmp(fa, fb) == 0) {
+                fa = strtok_r(NULL, " ", &sa), fb = strtok_r(NULL, " ", &sb);
+                f++;
+            }
+            static const char *const fields[] = {"position", "token", "next token", "logprob bits",
+                                                 "top-5 (ids, logprob bits)"};
+            char what[160];
+            if (f < 5)
+                snprintf(what, sizeof what, "%s", fields[f]);
+            else
+                snprintf(what, sizeof what, "trace layer %d (%s) digests", f - 5,
+                         json_string_value(json_array_get(names, (size_t)(f - 5))));
+            snprintf(msg, msz, "%s: run '%s', record %zu (position %lu): first change in %s: "
+                     "stored '%s', now '%s' (stored line '%s', now '%s')", path, run, k,
+                     strtoul(lb, NULL, 10), what, fa ? fa : "", fb ? fb : "", la, lb);
+            free(ca), free(cb);
+            return 1;
+        }
+        const json_t *da = json_object_get(a, "last_position_digests"), *db = json_object_get(b, "last_position_digests");
+        for (size_t k = 0; k < json_array_size(db); k++)
+            if (!json_equal(json_array_get(da, k), json_array_get(db, k))) {
+                snprintf(msg, msz, "%s: run '%s' last position digest %zu: stored '%s', now '%s'",
+                         path, run, k, json_string_value(json_array_get(da, k)),
+                         json_string_value(json_array_get(db, k)));
+                return 1;
+            }
+        snprintf(msg, msz, "%s: run '%s' differs (sha256 stored %s, now %s; records %lld vs %lld)",
+                 path, run, json_string_value(json_object_get(a, "sha256")),
+                 json_string_value(json_object_get(b, "sha256")),
+                 (long long)json_integer_value(json_object_get(a, "records")),
+                 (long long)json_integer_value(json_object_get(b, "records")));
+        return 1;
+    }
+    return 0;
+}
+
+/* The comparator names a planted change: one trace layer's digest hash, then
+ * the logprob bits, of one record of one run. */
+static void strict_diff_selftest(const json_t *doc)
+{
+    static const int field[2] = {5 + 3, 3};
+    static const char *const want[2] = {"trace layer 3 (", "logprob bits"};
+    for (int c = 0; c < 2; c++) {
+        json_t *mut = json_deep_copy(doc);
+        json_t *run = json_array_get(json_object_get(mut, "runs"), 2);
+        json_t *lines = json_object_get(run, "positions");
+        char *line = strdup(json_string_value(json_array_get(lines, 10)));
+        char *p = line;
+        for (int f = 0; f < field[c]; f++) p = strchr(p, ' ') + 1;
+        *p = *p == '0' ? '1' : '0'; /* one hex digit of that field */
+        json_array_set_new(lines, 10, json_string(line));
+        char msg[2048];
+        ck_assert_msg(strict_diff("selftest", doc, mut, msg, sizeof msg), "planted change not found");
+        ck_assert_msg(strstr(msg, "record 10 ") && strstr(msg, want[c]) &&
+                      strstr(msg, json_string_value(json_object_get(run, "run"))),
+                      "planted change in '%s' of record 10 reported as: %s", want[c], msg);
+        free(line);
+        json_decref(mut);
+    }
+}
+
+static int g_update;
+
+static void strict_check_or_update(const char *path, const json_t *got)
+{
+    if (g_update) {
+        ck_assert_msg(json_dump_file(got, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER) == 0,
+                      "cannot write %s", path);
+        printf("wrote %s\n", path);
+        return;
+    }
+    json_t *want;
+    ls_error err;
+    ck_assert_msg(ls_json_load_file(path, &want, &err) == LS_OK, "%s (regenerate with "
+                  "harness/goldens/update_strict)", err.msg);
+    char msg[2048];
+    if (strict_diff(path, want, got, msg, sizeof msg)) ck_abort_msg("%s", msg);
+    printf("%s: %zu runs bit-identical\n", path, json_array_size(json_object_get(got, "runs")));
+    fflush(stdout);
+    json_decref(want);
+}
+
+START_TEST(test_strict_goldens)
+{
+    loaded L = {0};
+    load_golden(&L, GOLDENS[_i]);
+    int32_t *seqs[4];
+    long lens[4];
+    for (int s = 0; s < 4; s++)
+        seqs[s] = json_tokens(json_object_get(find_run(&L, "teacher_forced", "float32", s), "tokens"), &lens[s]);
+    json_t *doc = strict_doc(&L, seqs, lens, 4);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/goldens/%s/lockstep-strict.json", LS_SOURCE_DIR, L.name);
+    strict_check_or_update(path, doc);
+    if (_i == 0) strict_diff_selftest(doc);
+    json_decref(doc);
+    for (int s = 0; s < 4; s++) free(seqs[s]);
+    unload(&L);
+}
+END_TEST
+
+START_TEST(test_strict_synth_tiny)
+{
+    ls_synth_config cfg;
+    ls_error err;
+    ck_assert_msg(ls_synth_preset("tiny", &cfg, &err) == LS_OK, "%s", err.msg);
+    char *tmp = ls_test_tmpdir("goldens"), dir[4200];
+    snprintf(dir, sizeof dir, "%s/tiny", tmp);
+    ls_synth_options opt = ls_synth_options_default();
+    ck_assert_msg(ls_synth_write(&cfg, SYNTH_SEED, dir, &opt, &err) == LS_OK, "%s", err.msg);
+    loaded L = {0};
+    load_dir(&L, "synth-tiny", dir);
+    long lens[4] = {1, 7, 65, 130};
+    int32_t *seqs[4];
+    uint64_t x = 0x5eed5eedull;
+    for (int s = 0; s < 4; s++) {
+        seqs[s] = malloc(sizeof(int32_t) * (size_t)lens[s]);
+        for (long i = 0; i < lens[s]; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            seqs[s][i] = (int32_t)((x >> 33) % (uint64_t)L.m->cfg.vocab);
+        }
+    }
+    json_t *doc = strict_doc(&L, seqs, lens, 4);
+    json_object_set_new(doc, "synth", json_pack("{s:s, s:I}", "preset", "tiny", "seed", (json_int_t)SYNTH_SEED));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/goldens/synth-tiny-strict.json", LS_SOURCE_DIR);
+    strict_check_or_update(path, doc);
+    json_decref(doc);
+    for (int s = 0; s < 4; s++) free(seqs[s]);
+    unload(&L);
+    char *out = NULL;
+    ls_test_sh(&out, "rm -rf '%s'", tmp);
+    free(out);
+    free(tmp);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    g_update = argc == 2 && strcmp(argv[1], "--update-strict") == 0;
+    if (argc > 1 && !g_update) {
+        fprintf(stderr, "usage: test_goldens [--update-strict]\n");
+        return 2;
+    }
     Suite *s = suite_create("goldens");
     TCase *tc = tcase_create("goldens");
     tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, test_strict_goldens, 0, N_GOLDENS);
+    tcase_add_test(tc, test_strict_synth_tiny);
+    suite_add_tcase(s, tc);
+    if (g_update) {
+        /* only the strict goldens, in this process (no fork) so a failure stops */
+        SRunner *sr = srunner_create(s);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_NORMAL);
+        int failed = srunner_ntests_failed(sr);
+        srunner_free(sr);
+        return failed ? 1 : 0;
+    }
     tcase_add_loop_test(tc, test_fp32_vs_transformers, 0, N_GOLDENS);
     tcase_add_loop_test(tc, test_bf16_vs_transformers, 0, N_GOLDENS);
-    suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
