@@ -32,13 +32,17 @@
 
 #define FP32_TOL 1e-4
 #define SWAP_TOL 1e-5
-/* bf16: lockstep-bf16 vs transformers-fp32 may be at most BF16_K times
+/* bf16: lockstep-bf16 must be closer to transformers-bf16 than
+ * transformers-bf16 is to transformers-fp32 (at most BF16_SAME times at the
+ * median and p90: the same rounding points, so mostly the same roundings);
+ * lockstep-bf16 vs transformers-fp32 may be at most BF16_K times
  * transformers' own bf16-vs-fp32 gap at the median and at p90; its top-1
  * disagreements with transformers-fp32 at most transformers-bf16's own plus
  * BF16_TOP1_SLACK, each at a position whose transformers-fp32 margin (top-1
  * minus the token lockstep chose) is at most BF16_K times the largest margin
  * transformers-bf16 itself flips (docs/numerics.md §8). */
 #define BF16_K 1.5
+#define BF16_SAME 0.75
 #define BF16_TOP1_SLACK 2
 
 #define MAXD 256
@@ -411,16 +415,22 @@ START_TEST(test_bf16_vs_transformers)
            "  lockstep-bf16 vs HF-fp32: max %.4g median %.4g p90 %.4g, top-1 = HF-fp32 %ld/%ld\n"
            "  lockstep-bf16 vs HF-bf16: max %.4g median %.4g p90 %.4g, top-1 = HF-bf16 %ld/%ld\n"
            "  HF-bf16 vs HF-fp32:       max %.4g median %.4g p90 %.4g, top-1 = HF-fp32 %ld/%ld\n"
-           "  ratios vs HF's own gap: median %.3f p90 %.3f (bound %.1f)\n"
+           "  ratios vs HF's own gap: median %.3f p90 %.3f (bound %.2f); to HF-bf16: median %.3f "
+           "p90 %.3f (bound %.2f)\n"
            "  largest HF-fp32 top-1 margin flipped: lockstep-bf16 %.4g, HF-bf16 %.4g\n",
            L.name, n_next, n_pos, a.max, a.median, a.p90, top1_ls, n_pos, b.max, b.median, b.p90,
            top1_ls_hf16, n_pos, h.max, h.median, h.p90, top1_hf, n_pos, a.median / h.median,
-           a.p90 / h.p90, BF16_K, max_margin_ls, max_margin_hf);
+           a.p90 / h.p90, BF16_K, b.median / h.median, b.p90 / h.p90, BF16_SAME, max_margin_ls,
+           max_margin_hf);
     fflush(stdout);
     ck_assert_msg(a.median <= BF16_K * h.median, "%s: bf16 median |d| vs HF-fp32 %.4g > %.1f x HF's "
                   "own %.4g", L.name, a.median, BF16_K, h.median);
     ck_assert_msg(a.p90 <= BF16_K * h.p90, "%s: bf16 p90 |d| vs HF-fp32 %.4g > %.1f x HF's own %.4g",
                   L.name, a.p90, BF16_K, h.p90);
+    ck_assert_msg(b.median <= BF16_SAME * h.median && b.p90 <= BF16_SAME * h.p90, "%s: lockstep-bf16 "
+                  "vs HF-bf16 (median %.4g, p90 %.4g) is not within %.2f x HF-bf16 vs HF-fp32 (%.4g, "
+                  "%.4g): bf16 rounding points differ from the reference's", L.name, b.median, b.p90,
+                  BF16_SAME, h.median, h.p90);
     ck_assert_msg(n_pos - top1_ls <= n_pos - top1_hf + BF16_TOP1_SLACK, "%s: bf16 top-1 "
                   "disagreements with HF-fp32 %ld/%ld > HF-bf16's own %ld + %d", L.name,
                   n_pos - top1_ls, n_pos, n_pos - top1_hf, BF16_TOP1_SLACK);
