@@ -403,6 +403,26 @@ START_TEST(test_bf16_vs_transformers)
         recs_free(&out);
         free(tok);
     }
+    /* Greedy in bf16: reported only (transformers' own bf16 greedy differs from
+     * its fp32 greedy on tiny_a), as the number of leading steps equal. */
+    int lead32[2], lead16[2];
+    for (int s = 1; s <= 2; s++) {
+        const json_t *g32 = json_object_get(find_run(&L, "greedy", "float32", s), "generated");
+        const json_t *g16 = json_object_get(find_run(&L, "greedy", "bfloat16", s), "generated");
+        long n;
+        int32_t *pr = json_tokens(json_object_get(find_run(&L, "greedy", "bfloat16", s), "prompt"), &n);
+        int32_t gen[GEN_STEPS];
+        recs out = {0};
+        run_greedy(e, (uint32_t)(10 + s), pr, n, gen, &out);
+        int k32 = 0, k16 = 0;
+        while (k32 < GEN_STEPS && gen[k32] == json_integer_value(json_array_get(g32, (size_t)k32))) k32++;
+        while (k16 < GEN_STEPS && gen[k16] == json_integer_value(json_array_get(g16, (size_t)k16))) k16++;
+        lead32[s - 1] = k32, lead16[s - 1] = k16;
+        recs_free(&out);
+        free(pr);
+    }
+    printf("%s bf16 greedy (2 prompts x %d steps), leading steps equal: to HF-fp32 %d, %d; to "
+           "HF-bf16 %d, %d\n", L.name, GEN_STEPS, lead32[0], lead32[1], lead16[0], lead16[1]);
     dist a = stats(d_ls_hf32, n_next), b = stats(d_ls_hf16, n_next), h = stats(d_hf, n_next);
     /* Our recomputation of transformers' own gap must equal the stored summary. */
     const json_t *gap = json_object_get(L.exp, "fp32_vs_bf16");
