@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include "trace/trace_internal.h"
 
@@ -432,8 +433,37 @@ ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t 
     return decode_record(fb, dec, fb->rec_off[i], &len, 1, "trace", err);
 }
 
+/* Checks what the format requires of a payload before it is decompressed:
+ * exactly one zstd frame of compressed_bytes, with its content size equal to
+ * uncompressed_bytes and a content checksum equal to the header's copy
+ * (docs/trace-format.md, section 4). */
+static ls_status check_payload(const ls_frame_buf *fb, const char *path, ls_error *err)
+{
+    const uint8_t *z = fb->comp;
+    uint64_t n = fb->compressed_bytes;
+    uint64_t first = fb->next_offset - n, last = fb->next_offset - 1;
+    /* Frame_Header_Descriptor bit 2 is Content_Checksum_flag (RFC 8878, 3.1.1.1.1). */
+    if (n < 9 || ls_rd32(z) != 0xFD2FB528u || !(z[4] & 0x04))
+        return ls_fail(err, LS_E_INPUT,
+                       "%s: offset %" PRIu64 ": frame %u: payload (bytes %" PRIu64 "..%" PRIu64 ") is not a zstd frame "
+                       "with a content checksum", path, fb->offset, fb->frame_index, first, last);
+    unsigned long long cs = ZSTD_getFrameContentSize(z, n);
+    size_t fs = ZSTD_findFrameCompressedSize(z, n);
+    if (cs != fb->uncompressed_bytes || ZSTD_isError(fs) || fs != n)
+        return ls_fail(err, LS_E_INPUT,
+                       "%s: offset %" PRIu64 ": frame %u: payload (bytes %" PRIu64 "..%" PRIu64 ") is not one zstd frame "
+                       "of %" PRIu64 " bytes decompressing to %" PRIu64 " bytes", path, fb->offset, fb->frame_index,
+                       first, last, n, fb->uncompressed_bytes);
+    if (ls_rd32(z + n - 4) != fb->payload_checksum)
+        return ls_fail(err, LS_E_INPUT,
+                       "%s: offset %" PRIu64 ": frame %u checksum mismatch: payload content checksum %08x, header says "
+                       "%08x (bytes %" PRIu64 "..%" PRIu64 " corrupted)", path, fb->offset, fb->frame_index,
+                       ls_rd32(z + n - 4), fb->payload_checksum, first, last);
+    return LS_OK;
+}
+
 ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_frame_buf *fb, ls_rec_decoder *dec,
-                        int payload, int verify, ls_error *err)
+                        int payload, ls_error *err)
 {
     uint64_t off = fb->offset;
     uint8_t fixed[LS_TRACE_FRAME_FIXED_BYTES];
@@ -448,13 +478,14 @@ ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_fram
     fb->frame_index = ls_rd32(fixed + 8);
     fb->n_records = ls_rd32(fixed + 12);
     fb->n_segments = ls_rd32(fixed + 16);
+    fb->payload_checksum = ls_rd32(fixed + 20);
     fb->uncompressed_bytes = ls_rd64(fixed + 24);
     fb->compressed_bytes = ls_rd64(fixed + 32);
     uint64_t min_rec = LS_TRACE_RECORD_FIXED_BYTES + 8 * (uint64_t)dec->topk + 4;
-    if (fb->kind >= LS_TRACE_FRAME_KIND_COUNT || fixed[5] || ls_rd16(fixed + 6) || ls_rd32(fixed + 20) ||
+    if (fb->kind >= LS_TRACE_FRAME_KIND_COUNT || fixed[5] || ls_rd16(fixed + 6) ||
         fb->n_records == 0 || fb->n_segments == 0 || fb->n_segments > fb->n_records ||
         fb->uncompressed_bytes > LS_TRACE_FRAME_MAX_BYTES || fb->uncompressed_bytes < fb->n_records * min_rec ||
-        fb->compressed_bytes == 0 || fb->compressed_bytes > ZSTD_compressBound(LS_TRACE_FRAME_MAX_BYTES))
+        fb->compressed_bytes < 9 || fb->compressed_bytes > ZSTD_compressBound(LS_TRACE_FRAME_MAX_BYTES) + 4)
         return ls_fail(err, LS_E_INPUT,
                        "%s: offset %" PRIu64 ": frame header corrupted (kind %u, %u records, %u segments, %" PRIu64
                        " / %" PRIu64 " bytes)",
@@ -471,6 +502,13 @@ ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_fram
     if (fread(fb->head + sizeof fixed, 1, head_bytes - sizeof fixed + 32, fp) != head_bytes - sizeof fixed + 32)
         return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
     memcpy(fb->checksum, fb->head + head_bytes, 32);
+    /* The header checksum is always verified: it is small, and the index
+     * trusts segment tables without reading payloads. */
+    ls_digest d;
+    LS_TRY(ls_sha256_buf(fb->head, head_bytes, &d, err));
+    if (memcmp(d.bytes, fb->checksum, 32) != 0)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u header checksum mismatch (bytes %" PRIu64 "..%" PRIu64 " corrupted)",
+                       path, off, fb->frame_index, off, off + head_bytes + 31);
     uint64_t nrec = 0;
     for (uint32_t i = 0; i < fb->n_segments; i++) {
         const uint8_t *s = fb->head + LS_TRACE_FRAME_FIXED_BYTES + (size_t)i * LS_TRACE_SEGMENT_BYTES;
@@ -483,28 +521,20 @@ ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_fram
     if (nrec != fb->n_records)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: segments hold %" PRIu64 " records, header says %u",
                        path, off, fb->frame_index, nrec, fb->n_records);
-    if (!payload && !verify) return fseeko(fp, (off_t)fb->next_offset, SEEK_SET) ? ls_fail(err, LS_E_IO, "%s: seek failed", path) : LS_OK;
+    if (!payload) return fseeko(fp, (off_t)fb->next_offset, SEEK_SET) ? ls_fail(err, LS_E_IO, "%s: seek failed", path) : LS_OK;
     LS_TRY(grow((void **)&fb->comp, &fb->comp_cap, fb->compressed_bytes, 1, err));
     if (fread(fb->comp, 1, fb->compressed_bytes, fp) != fb->compressed_bytes)
         return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
-    if (verify) {
-        ls_sha256 h;
-        ls_digest d;
-        ls_status st = ls_sha256_init(&h, err);
-        if (!st) st = ls_sha256_update(&h, fb->head, head_bytes, err);
-        if (!st) st = ls_sha256_update(&h, fb->comp, fb->compressed_bytes, err);
-        if (!st) st = ls_sha256_final(&h, &d, err); else ls_sha256_discard(&h);
-        if (st) return st;
-        if (memcmp(d.bytes, fb->checksum, 32) != 0)
-            return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u checksum mismatch (bytes %" PRIu64 "..%" PRIu64 " corrupted)",
-                           path, off, fb->frame_index, off, fb->next_offset - 1);
-    }
-    if (!payload) return LS_OK;
+    LS_TRY(check_payload(fb, path, err));
     if (!fb->dctx && !(fb->dctx = ZSTD_createDCtx())) return ls_fail(err, LS_E_NOMEM, "out of memory (zstd)");
     LS_TRY(grow((void **)&fb->data, &fb->data_cap, fb->uncompressed_bytes, 1, err));
-    unsigned long long cs = ZSTD_getFrameContentSize(fb->comp, fb->compressed_bytes);
+    /* zstd verifies the content checksum (XXH64 of the decompressed bytes) here. */
     size_t r = ZSTD_decompressDCtx(fb->dctx, fb->data, fb->uncompressed_bytes, fb->comp, fb->compressed_bytes);
-    if (cs != fb->uncompressed_bytes || ZSTD_isError(r) || r != fb->uncompressed_bytes)
+    if (ZSTD_isError(r) && ZSTD_getErrorCode(r) == ZSTD_error_checksum_wrong)
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u checksum mismatch: payload content checksum fails "
+                       "(bytes %" PRIu64 "..%" PRIu64 " corrupted)", path, off, fb->frame_index,
+                       fb->next_offset - fb->compressed_bytes, fb->next_offset - 1);
+    if (ZSTD_isError(r) || r != fb->uncompressed_bytes)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: payload does not decompress to %" PRIu64 " bytes (%s)",
                        path, off, fb->frame_index, fb->uncompressed_bytes,
                        ZSTD_isError(r) ? ZSTD_getErrorName(r) : "size mismatch");
