@@ -344,10 +344,10 @@ void ls_rec_decoder_free(ls_rec_decoder *d)
     d->dg = NULL; d->dm = NULL; d->dg_cap = d->dm_cap = 0;
 }
 
-/* Validates the record at data[off..] and returns its byte length in *len.
- * With dec->rec filled when `fill`. */
-static ls_status decode_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint64_t off, uint32_t *len, int fill,
-                               const char *path, ls_error *err)
+/* Validates the record at data[off..] (section 5 of docs/trace-format.md)
+ * and returns its byte length in *len. */
+static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec, uint64_t off, uint32_t *len,
+                              const char *path, ls_error *err)
 {
     const uint8_t *p = fb->data + off;
     uint64_t avail = fb->uncompressed_bytes - off;
@@ -360,10 +360,6 @@ static ls_status decode_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint
     uint16_t nd = ls_rd16(p + fixed - 4), nm = ls_rd16(p + fixed - 2);
     uint64_t q = fixed + (uint64_t)nd * LS_TRACE_DIGEST_ENTRY_BYTES;
     if (q > rb) return BAD("%u digests run past the record", BADA, nd);
-    if (fill) {
-        LS_TRY(grow((void **)&dec->dg, &dec->dg_cap, nd ? nd : 1, sizeof *dec->dg, err));
-        LS_TRY(grow((void **)&dec->dm, &dec->dm_cap, nm ? nm : 1, sizeof *dec->dm, err));
-    }
     int prev = -1;
     for (uint32_t i = 0; i < nd; i++) {
         const uint8_t *e = p + fixed + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES;
@@ -374,11 +370,6 @@ static ls_status decode_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint
         int key = layer * LS_DIGEST_COUNT + kind;
         if (key <= prev) return BAD("digest %u: not ordered by (layer, kind)", BADA, i);
         prev = key;
-        if (fill) {
-            dec->dg[i].layer = layer;
-            dec->dg[i].kind = kind;
-            memcpy(dec->dg[i].digest.bytes, e + 4, 32);
-        }
     }
     prev = -1;
     for (uint32_t i = 0; i < nm; i++) {
@@ -396,30 +387,9 @@ static ls_status decode_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint
         prev = key;
         uint64_t body = ((uint64_t)n * es + 3) & ~(uint64_t)3;
         if (q + LS_TRACE_DUMP_HEAD_BYTES + body > rb) return BAD("dump %u data runs past the record", BADA, i);
-        if (fill) dec->dm[i] = (ls_trace_dump){layer, kind, dtype, n, e + LS_TRACE_DUMP_HEAD_BYTES};
         q += LS_TRACE_DUMP_HEAD_BYTES + body;
     }
     if (q != rb) return BAD("record length %u does not match its contents (%" PRIu64 ")", BADA, rb, q);
-    if (fill) {
-        ls_trace_record *r = &dec->rec;
-        r->seq = ls_rd32(p + 4);
-        r->pos = ls_rd32(p + 8);
-        r->token = (int32_t)ls_rd32(p + 12);
-        r->next_token = (int32_t)ls_rd32(p + 16);
-        r->logprob_bits = ls_rd32(p + 20);
-        for (int k = 0; k < dec->topk; k++) {
-            r->topk_ids[k] = (int32_t)ls_rd32(p + 24 + 8 * k);
-            r->topk_logprob_bits[k] = ls_rd32(p + 28 + 8 * k);
-        }
-        r->n_digests = nd;
-        r->digests = dec->dg;
-        r->n_dumps = nm;
-        r->dumps = dec->dm;
-        r->raw = p;
-        r->raw_bytes = rb;
-        r->frame_index = fb->frame_index;
-        r->frame_offset = fb->offset;
-    }
     *len = rb;
     return LS_OK;
 #undef BAD
@@ -428,9 +398,43 @@ static ls_status decode_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint
 
 ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t i, ls_error *err)
 {
-    uint32_t len;
     if (i >= fb->n_records) return ls_fail(err, LS_E_INTERNAL, "record %u out of range", i);
-    return decode_record(fb, dec, fb->rec_off[i], &len, 1, "trace", err);
+    /* ls_frame_load validated every record of the frame: decode without re-checking. */
+    const uint8_t *p = fb->data + fb->rec_off[i];
+    size_t fixed = LS_TRACE_RECORD_FIXED_BYTES + 8 * (size_t)dec->topk + 4;
+    uint16_t nd = ls_rd16(p + fixed - 4), nm = ls_rd16(p + fixed - 2);
+    LS_TRY(grow((void **)&dec->dg, &dec->dg_cap, nd ? nd : 1, sizeof *dec->dg, err));
+    LS_TRY(grow((void **)&dec->dm, &dec->dm_cap, nm ? nm : 1, sizeof *dec->dm, err));
+    const uint8_t *e = p + fixed;
+    for (uint32_t k = 0; k < nd; k++, e += LS_TRACE_DIGEST_ENTRY_BYTES) {
+        dec->dg[k].layer = ls_rd16(e);
+        dec->dg[k].kind = e[2];
+        memcpy(dec->dg[k].digest.bytes, e + 4, 32);
+    }
+    for (uint32_t k = 0; k < nm; k++) {
+        uint32_t n = ls_rd32(e + 4);
+        dec->dm[k] = (ls_trace_dump){ls_rd16(e), e[2], e[3], n, e + LS_TRACE_DUMP_HEAD_BYTES};
+        e += LS_TRACE_DUMP_HEAD_BYTES + (((uint64_t)n * ls_dump_dtype_size(e[3]) + 3) & ~(uint64_t)3);
+    }
+    ls_trace_record *r = &dec->rec;
+    r->seq = ls_rd32(p + 4);
+    r->pos = ls_rd32(p + 8);
+    r->token = (int32_t)ls_rd32(p + 12);
+    r->next_token = (int32_t)ls_rd32(p + 16);
+    r->logprob_bits = ls_rd32(p + 20);
+    for (int k = 0; k < dec->topk; k++) {
+        r->topk_ids[k] = (int32_t)ls_rd32(p + 24 + 8 * k);
+        r->topk_logprob_bits[k] = ls_rd32(p + 28 + 8 * k);
+    }
+    r->n_digests = nd;
+    r->digests = dec->dg;
+    r->n_dumps = nm;
+    r->dumps = dec->dm;
+    r->raw = p;
+    r->raw_bytes = ls_rd32(p);
+    r->frame_index = fb->frame_index;
+    r->frame_offset = fb->offset;
+    return LS_OK;
 }
 
 /* Checks what the format requires of a payload before it is decompressed:
@@ -542,12 +546,12 @@ ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_fram
     uint64_t q = 0;
     uint32_t seg = 0, in_seg = 0;
     for (uint32_t i = 0; i < fb->n_records; i++) {
-        uint32_t len;
+        uint32_t len = 0;
         fb->rec_off[i] = (uint32_t)q;
         if (q >= fb->uncompressed_bytes)
             return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: %u records declared, payload holds %u", path,
                            off, fb->frame_index, fb->n_records, i);
-        LS_TRY(decode_record(fb, dec, q, &len, 0, path, err));
+        LS_TRY(check_record(fb, dec, q, &len, path, err));
         uint32_t rs = ls_rd32(fb->data + q + 4), rp = ls_rd32(fb->data + q + 8);
         if (rs != fb->segs[seg].seq || rp != fb->segs[seg].pos_first + in_seg)
             return ls_fail(err, LS_E_INPUT,

@@ -386,17 +386,34 @@ uint32_t ls_trace_index_seq_end(const ls_trace_index *ix, uint32_t seq)
     return g->pos_first + g->n_pos;
 }
 
+/* Index of the first segment of s with pos_first > pos. */
+static size_t seg_after(const ix_seq *s, uint32_t pos)
+{
+    size_t lo = 0, hi = s->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (s->segs[mid].pos_first <= pos) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+int64_t ls_trace_index_next_pos(const ls_trace_index *ix, uint32_t seq, uint32_t from)
+{
+    uint32_t si;
+    if (!ls_seqmap_get(&ix->track.map, seq, &si)) return -1;
+    const ix_seq *s = &ix->seqs[si];
+    size_t i = seg_after(s, from);
+    if (i > 0 && from < s->segs[i - 1].pos_first + s->segs[i - 1].n_pos) return from;
+    return i < s->n ? (int64_t)s->segs[i].pos_first : -1;
+}
+
 ls_status ls_trace_index_find(ls_trace_index *ix, uint32_t seq, uint32_t pos, const ls_trace_record **rec, ls_error *err)
 {
     *rec = NULL;
     uint32_t si;
     if (!ls_seqmap_get(&ix->track.map, seq, &si)) return LS_OK;
     const ix_seq *s = &ix->seqs[si];
-    size_t lo = 0, hi = s->n; /* first segment with pos_first > pos */
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (s->segs[mid].pos_first <= pos) lo = mid + 1; else hi = mid;
-    }
+    size_t lo = seg_after(s, pos);
     if (lo == 0) return LS_OK;
     const ix_seg *g = &s->segs[lo - 1];
     if (pos >= g->pos_first + g->n_pos) return LS_OK;
