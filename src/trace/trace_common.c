@@ -4,6 +4,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include <jansson.h>
 #include <zstd.h>
@@ -330,6 +331,27 @@ static ls_status grow(void **p, size_t *cap, size_t need, size_t elem, ls_error 
     return LS_OK;
 }
 
+/* Like grow, for a payload buffer whose contents need not survive growth.
+ * Buffers of megabytes are 2 MiB aligned and offered to the kernel for huge
+ * pages: a fresh multi-megabyte frame otherwise costs one page fault per
+ * 4 KiB, which showed up as a fifth of 'lockstep compare' time. */
+static ls_status grow_payload(uint8_t **p, size_t *cap, size_t need, ls_error *err)
+{
+    const size_t huge = (size_t)2 << 20;
+    if (need <= *cap) return LS_OK;
+    if (need < huge) return grow((void **)p, cap, need, 1, err);
+    size_t n = (need + huge - 1) & ~(huge - 1);
+    void *q = NULL;
+    if (posix_memalign(&q, huge, n) != 0) return ls_fail(err, LS_E_NOMEM, "out of memory (%zu bytes)", n);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(q, n, MADV_HUGEPAGE); /* advice only: without huge pages it still works */
+#endif
+    free(*p);
+    *p = q;
+    *cap = n;
+    return LS_OK;
+}
+
 void ls_frame_buf_free(ls_frame_buf *fb)
 {
     free(fb->segs); free(fb->head); free(fb->comp); free(fb->data); free(fb->rec_off);
@@ -526,12 +548,12 @@ ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_fram
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: segments hold %" PRIu64 " records, header says %u",
                        path, off, fb->frame_index, nrec, fb->n_records);
     if (!payload) return fseeko(fp, (off_t)fb->next_offset, SEEK_SET) ? ls_fail(err, LS_E_IO, "%s: seek failed", path) : LS_OK;
-    LS_TRY(grow((void **)&fb->comp, &fb->comp_cap, fb->compressed_bytes, 1, err));
+    LS_TRY(grow_payload(&fb->comp, &fb->comp_cap, fb->compressed_bytes, err));
     if (fread(fb->comp, 1, fb->compressed_bytes, fp) != fb->compressed_bytes)
         return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
     LS_TRY(check_payload(fb, path, err));
     if (!fb->dctx && !(fb->dctx = ZSTD_createDCtx())) return ls_fail(err, LS_E_NOMEM, "out of memory (zstd)");
-    LS_TRY(grow((void **)&fb->data, &fb->data_cap, fb->uncompressed_bytes, 1, err));
+    LS_TRY(grow_payload(&fb->data, &fb->data_cap, fb->uncompressed_bytes, err));
     /* zstd verifies the content checksum (XXH64 of the decompressed bytes) here. */
     size_t r = ZSTD_decompressDCtx(fb->dctx, fb->data, fb->uncompressed_bytes, fb->comp, fb->compressed_bytes);
     if (ZSTD_isError(r) && ZSTD_getErrorCode(r) == ZSTD_error_checksum_wrong)
