@@ -543,7 +543,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
             best = w.drift_order[i];
             first_seq_id = r->seqs[i].seq;
         }
-    qsort(r->seqs, r->n_seqs, sizeof *r->seqs, cmp_seq);
+    if (r->n_seqs) qsort(r->seqs, r->n_seqs, sizeof *r->seqs, cmp_seq); /* seqs is NULL when empty */
     for (size_t i = 0; best && i < r->n_seqs; i++)
         if (r->seqs[i].seq == first_seq_id) r->first_seq = (int)i;
 out:
