@@ -161,6 +161,27 @@ START_TEST(test_flips)
 }
 END_TEST
 
+/* A header whose content_checksum no longer matches its payload, with the
+ * header checksum recomputed so that only the header-payload binding fails. */
+START_TEST(test_content_checksum_binding)
+{
+    char want[96];
+    unsigned char *c = malloc(file_len);
+    for (int f = 0; f < n_frames; f++) {
+        uint64_t b = bounds[f], hb = 40 + 12 * (uint64_t)rd32(file + b + 16);
+        memcpy(c, file, file_len);
+        c[b + 20] ^= 0x01;
+        ls_digest d;
+        ck_assert_int_eq(ls_sha256_buf(c + b, hb, &d, NULL), LS_OK);
+        memcpy(c + b + hb, d.bytes, 32);
+        ls_test_write(bad, c, file_len);
+        snprintf(want, sizeof want, "offset %" PRIu64 ": frame %d checksum mismatch", b, f);
+        expect_error(want, "content checksum");
+    }
+    free(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("trace_corrupt");
@@ -170,6 +191,7 @@ int main(void)
     tcase_add_test(tc, test_truncate_at_boundaries);
     tcase_add_test(tc, test_truncate_inside);
     tcase_add_test(tc, test_flips);
+    tcase_add_test(tc, test_content_checksum_binding);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -92,7 +92,8 @@ class TraceWriter:
         head = b"LSTRACE\0" + struct.pack("<HHI", VERSION_MAJOR, VERSION_MINOR, len(js)) + js
         self.fp = open(self.tmp, "wb")
         self.fp.write(head + hashlib.sha256(head).digest())
-        self.cctx = zstandard.ZstdCompressor(level=level, write_content_size=True)
+        # every payload carries its content size and content checksum (format section 4)
+        self.cctx = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
         self.chain = hashlib.sha256()
         self.n_frames = self.n_records = self.n_bytes = 0
         self.last = {}
@@ -138,9 +139,11 @@ class TraceWriter:
             return
         comp = self.cctx.compress(bytes(buf))
         n_rec = sum(s[2] for s in segs)
-        head = b"LSFR" + struct.pack("<BBHIIIIQQ", kind, 0, 0, self.n_frames, n_rec, len(segs), 0, len(buf), len(comp))
+        content_checksum = struct.unpack("<I", comp[-4:])[0]  # the zstd frame's last 4 bytes
+        head = b"LSFR" + struct.pack("<BBHIIIIQQ", kind, 0, 0, self.n_frames, n_rec, len(segs), content_checksum,
+                                     len(buf), len(comp))
         head += b"".join(struct.pack("<III", *s) for s in segs)
-        chk = hashlib.sha256(head + comp).digest()
+        chk = hashlib.sha256(head).digest()  # header checksum: the header and segment table only
         self.fp.write(head + chk + comp)
         self.fp.flush()
         self.chain.update(chk)

@@ -244,22 +244,6 @@ static void mark_missing(walk *w, ls_compare_seq *s, size_t si, uint32_t pos, in
     set_first(w, s, si, &d);
 }
 
-/* Smallest position of seq in B that is >= from, or -1. */
-static int64_t b_next_pos(walk *w, uint32_t seq, uint32_t from, ls_error *err, ls_status *st)
-{
-    /* Positions are sparse only at segment boundaries; probe with find. A
-     * linear probe would be O(gap); segments are few, so step via find
-     * only for the next few positions and otherwise give up precision. */
-    const ls_trace_record *rec;
-    uint32_t end = ls_trace_index_seq_end(w->ix, seq);
-    for (uint32_t p = from; p < end && p < from + 4096u; p++) {
-        *st = ls_trace_index_find(w->ix, seq, p, &rec, err);
-        if (*st) return -1;
-        if (rec) return p;
-    }
-    return -1;
-}
-
 static void compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_record *a, const ls_trace_record *b)
 {
     ls_compare_result *r = w->r;
@@ -519,8 +503,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         if ((st = seq_slot(&w, a->seq, &s, &si, err))) goto out;
         if (s->pass) {
             /* a position of B skipped by A is a drift before this one */
-            int64_t q = b_next_pos(&w, a->seq, (uint32_t)(w.last_pos[si] + 1), err, &st);
-            if (st) goto out;
+            int64_t q = ls_trace_index_next_pos(w.ix, a->seq, (uint32_t)(w.last_pos[si] + 1));
             if (q >= 0 && q < (int64_t)a->pos) mark_missing(&w, s, si, (uint32_t)q, 0);
         }
         w.last_pos[si] = a->pos;
@@ -548,8 +531,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         uint64_t in_b = ls_trace_index_seq_positions(w.ix, s->seq);
         s->positions_only_b = in_b - s->positions_compared;
         if (s->positions_only_b && s->pass) {
-            int64_t q = b_next_pos(&w, s->seq, (uint32_t)(w.last_pos[i] + 1), err, &st);
-            if (st) goto out;
+            int64_t q = ls_trace_index_next_pos(w.ix, s->seq, (uint32_t)(w.last_pos[i] + 1));
             mark_missing(&w, s, i, q >= 0 ? (uint32_t)q : (uint32_t)(w.last_pos[i] + 1), 0);
         }
         if (!s->pass) r->equal = 0;
@@ -561,7 +543,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
             best = w.drift_order[i];
             first_seq_id = r->seqs[i].seq;
         }
-    if (r->n_seqs) qsort(r->seqs, r->n_seqs, sizeof *r->seqs, cmp_seq);
+    if (r->n_seqs) qsort(r->seqs, r->n_seqs, sizeof *r->seqs, cmp_seq); /* seqs is NULL when empty */
     for (size_t i = 0; best && i < r->n_seqs; i++)
         if (r->seqs[i].seq == first_seq_id) r->first_seq = (int)i;
 out:

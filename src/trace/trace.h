@@ -189,6 +189,9 @@ uint32_t ls_trace_index_seq(const ls_trace_index *ix, size_t i);
 uint64_t ls_trace_index_seq_positions(const ls_trace_index *ix, uint32_t seq);
 /* Largest position of seq + 1 (0 if absent). */
 uint32_t ls_trace_index_seq_end(const ls_trace_index *ix, uint32_t seq);
+/* Smallest position >= from that seq has in the trace, or -1 (segment table
+ * only: loads no frame). */
+int64_t ls_trace_index_next_pos(const ls_trace_index *ix, uint32_t seq, uint32_t from);
 /* Total records. */
 uint64_t ls_trace_index_records(const ls_trace_index *ix);
 /* Verifies the checksum of every frame not loaded so far. Call it before

@@ -80,8 +80,9 @@ typedef struct ls_frame_buf {
     uint8_t kind;
     uint32_t frame_index, n_records, n_segments;
     uint64_t uncompressed_bytes, compressed_bytes;
+    uint32_t payload_checksum; /* header copy of the payload's zstd content checksum */
     ls_frame_seg *segs; size_t segs_cap;          /* [n_segments] */
-    uint8_t checksum[32];      /* as stored */
+    uint8_t checksum[32];      /* header checksum as stored (verified on every load) */
     uint8_t *head; size_t head_cap;                /* raw frame header bytes (for the checksum) */
     uint8_t *comp; size_t comp_cap;                /* compressed payload */
     uint8_t *data; size_t data_cap;                /* uncompressed payload */
@@ -99,12 +100,13 @@ typedef struct ls_rec_decoder {
     ls_trace_dump *dm; size_t dm_cap;
 } ls_rec_decoder;
 
-/* Reads the frame header at fb->offset (fp positioned there; 4-byte magic
- * already checked by the caller and included). With `payload`, reads the
- * payload, verifies the checksum, decompresses and validates every record;
- * without it, seeks past the payload after hashing it when `verify`. */
+/* Reads the frame header at fb->offset and verifies its checksum. With
+ * `payload`, also reads the payload, checks it is one zstd frame whose
+ * content checksum matches the header's copy, decompresses it (zstd verifies
+ * the content checksum) and validates every record; without it, seeks past
+ * the payload. Errors name fb->offset. */
 ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_frame_buf *fb,
-                        ls_rec_decoder *dec, int payload, int verify, ls_error *err);
+                        ls_rec_decoder *dec, int payload, ls_error *err);
 void ls_frame_buf_free(ls_frame_buf *fb);
 
 /* Decodes record i of a loaded frame into dec->rec. */

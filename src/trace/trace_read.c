@@ -144,7 +144,7 @@ static ls_status next_frame(ls_trace_reader *r, ls_error *err)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": expected a frame (LSFR) or the trailer (LSEN), found %02x %02x %02x %02x",
                        r->path, r->offset, magic[0], magic[1], magic[2], magic[3]);
     r->fb.offset = r->offset;
-    LS_TRY(ls_frame_load(r->fp, r->path, r->file_bytes, &r->fb, &r->dec, 1, 1, err));
+    LS_TRY(ls_frame_load(r->fp, r->path, r->file_bytes, &r->fb, &r->dec, 1, err));
     if (r->fb.frame_index != r->n_frames)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame index %u, expected %" PRIu64, r->path, r->offset,
                        r->fb.frame_index, r->n_frames);
@@ -214,7 +214,7 @@ struct ls_trace_index {
     ls_trace_header_owned hdr;
     int complete;
     uint64_t *frame_off; size_t n_frames, frame_cap;
-    uint8_t *verified;       /* [frame_cap] 1 once the frame's checksum was checked */
+    uint8_t *verified;       /* [frame_cap] 1 once the frame's payload was checked (decompressed) */
     seq_track track;         /* seq -> index into seqs */
     ix_seq *seqs; size_t seqs_cap;
     uint32_t *sorted;        /* seqs ascending */
@@ -288,9 +288,10 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
             break;
         }
         fb.offset = off;
-        /* Headers only: each frame's checksum is verified when it is first
-         * loaded, and ls_trace_index_verify checks the ones never loaded. */
-        if ((st = ls_frame_load(ix->fp, path, ix->file_bytes, &fb, &ix->dec, 0, 0, err))) break;
+        /* Headers only (their checksums are verified here); each payload is
+         * verified when it is loaded, and ls_trace_index_verify checks the
+         * ones never loaded. */
+        if ((st = ls_frame_load(ix->fp, path, ix->file_bytes, &fb, &ix->dec, 0, err))) break;
         if (fb.frame_index != ix->n_frames) {
             st = ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame index %u, expected %zu", path, off, fb.frame_index,
                          ix->n_frames);
@@ -385,17 +386,34 @@ uint32_t ls_trace_index_seq_end(const ls_trace_index *ix, uint32_t seq)
     return g->pos_first + g->n_pos;
 }
 
+/* Index of the first segment of s with pos_first > pos. */
+static size_t seg_after(const ix_seq *s, uint32_t pos)
+{
+    size_t lo = 0, hi = s->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (s->segs[mid].pos_first <= pos) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+int64_t ls_trace_index_next_pos(const ls_trace_index *ix, uint32_t seq, uint32_t from)
+{
+    uint32_t si;
+    if (!ls_seqmap_get(&ix->track.map, seq, &si)) return -1;
+    const ix_seq *s = &ix->seqs[si];
+    size_t i = seg_after(s, from);
+    if (i > 0 && from < s->segs[i - 1].pos_first + s->segs[i - 1].n_pos) return from;
+    return i < s->n ? (int64_t)s->segs[i].pos_first : -1;
+}
+
 ls_status ls_trace_index_find(ls_trace_index *ix, uint32_t seq, uint32_t pos, const ls_trace_record **rec, ls_error *err)
 {
     *rec = NULL;
     uint32_t si;
     if (!ls_seqmap_get(&ix->track.map, seq, &si)) return LS_OK;
     const ix_seq *s = &ix->seqs[si];
-    size_t lo = 0, hi = s->n; /* first segment with pos_first > pos */
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (s->segs[mid].pos_first <= pos) lo = mid + 1; else hi = mid;
-    }
+    size_t lo = seg_after(s, pos);
     if (lo == 0) return LS_OK;
     const ix_seg *g = &s->segs[lo - 1];
     if (pos >= g->pos_first + g->n_pos) return LS_OK;
@@ -408,7 +426,7 @@ ls_status ls_trace_index_find(ls_trace_index *ix, uint32_t seq, uint32_t pos, co
         slot = victim;
         slot->frame = -1;
         slot->fb.offset = ix->frame_off[g->frame];
-        LS_TRY(ls_frame_load(ix->fp, ix->path, ix->file_bytes, &slot->fb, &ix->dec, 1, !ix->verified[g->frame], err));
+        LS_TRY(ls_frame_load(ix->fp, ix->path, ix->file_bytes, &slot->fb, &ix->dec, 1, err));
         ix->verified[g->frame] = 1;
         slot->frame = g->frame;
     }
@@ -425,7 +443,7 @@ ls_status ls_trace_index_verify(ls_trace_index *ix, ls_error *err)
     for (size_t f = 0; f < ix->n_frames && !st; f++) {
         if (ix->verified[f]) continue;
         fb.offset = ix->frame_off[f];
-        st = ls_frame_load(ix->fp, ix->path, ix->file_bytes, &fb, &ix->dec, 0, 1, err);
+        st = ls_frame_load(ix->fp, ix->path, ix->file_bytes, &fb, &ix->dec, 1, err);
         if (!st) ix->verified[f] = 1;
     }
     ls_frame_buf_free(&fb);

@@ -22,7 +22,7 @@ struct ls_trace_writer {
     uint8_t *head; size_t head_cap;
     uint8_t *cbuf; size_t ccap;
     ZSTD_CCtx *cctx;
-    ls_sha256 chain;                             /* SHA-256 over frame checksums */
+    ls_sha256 chain;                             /* SHA-256 over frame header checksums */
     int chain_open;
     uint64_t n_frames, n_records_total, bytes_total;
     ls_seqmap last;                              /* seq -> index into last_pos */
@@ -73,6 +73,11 @@ ls_status ls_trace_writer_open(const char *path, const ls_trace_header *hdr, ls_
     if (st) { free(json); free(w); return st; }
     w->cctx = ZSTD_createCCtx();
     if (!w->cctx) st = ls_fail(err, LS_E_NOMEM, "trace writer: out of memory (zstd)");
+    /* Level 1, content size and content checksum in every payload (docs/trace-format.md, section 4). */
+    if (!st && (ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, 1)) ||
+                ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_contentSizeFlag, 1)) ||
+                ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1))))
+        st = ls_fail(err, LS_E_INTERNAL, "trace writer: zstd rejects the frame parameters");
     if (!st) st = ls_sha256_init(&w->chain, err);
     if (!st) w->chain_open = 1;
     size_t jlen = strlen(json);
@@ -210,8 +215,9 @@ ls_status ls_trace_writer_end_frame(ls_trace_writer *w, ls_error *err)
     if (w->n_records == 0) return LS_OK; /* an empty frame is not written */
     size_t bound = ZSTD_compressBound(w->len);
     LS_TRY(wgrow((void **)&w->cbuf, &w->ccap, bound, 1, err));
-    size_t c = ZSTD_compressCCtx(w->cctx, w->cbuf, bound, w->buf, w->len, 1);
+    size_t c = ZSTD_compress2(w->cctx, w->cbuf, bound, w->buf, w->len);
     if (ZSTD_isError(c)) return ls_fail(err, LS_E_INTERNAL, "trace writer: zstd: %s", ZSTD_getErrorName(c));
+    if (c < 9) return ls_fail(err, LS_E_INTERNAL, "trace writer: zstd frame of %zu bytes has no content checksum", c);
     size_t hb = LS_TRACE_FRAME_FIXED_BYTES + w->n_segs * LS_TRACE_SEGMENT_BYTES;
     LS_TRY(wgrow((void **)&w->head, &w->head_cap, hb + 32, 1, err));
     uint8_t *h = w->head;
@@ -221,6 +227,7 @@ ls_status ls_trace_writer_end_frame(ls_trace_writer *w, ls_error *err)
     ls_wr32(h + 8, (uint32_t)w->n_frames);
     ls_wr32(h + 12, w->n_records);
     ls_wr32(h + 16, (uint32_t)w->n_segs);
+    ls_wr32(h + 20, ls_rd32(w->cbuf + c - 4)); /* the payload's content checksum */
     ls_wr64(h + 24, w->len);
     ls_wr64(h + 32, c);
     for (size_t i = 0; i < w->n_segs; i++) {
@@ -229,13 +236,8 @@ ls_status ls_trace_writer_end_frame(ls_trace_writer *w, ls_error *err)
         ls_wr32(s + 4, w->segs[i].pos_first);
         ls_wr32(s + 8, w->segs[i].n_pos);
     }
-    ls_sha256 sh;
     ls_digest d;
-    LS_TRY(ls_sha256_init(&sh, err));
-    ls_status st = ls_sha256_update(&sh, h, hb, err);
-    if (!st) st = ls_sha256_update(&sh, w->cbuf, c, err);
-    if (!st) st = ls_sha256_final(&sh, &d, err); else ls_sha256_discard(&sh);
-    if (st) return st;
+    LS_TRY(ls_sha256_buf(h, hb, &d, err));
     memcpy(h + hb, d.bytes, 32);
     LS_TRY(put(w, h, hb + 32, err));
     LS_TRY(put(w, w->cbuf, c, err));

@@ -1,6 +1,6 @@
 /* libFuzzer: record decoding behind a valid frame. The input is one segment
  * (seq, first position, count: 12 bytes) and an uncompressed payload; the
- * target wraps it in a correct header, frame checksum and trailer, so the
+ * target wraps it in a correct file header and frame checksums, so the
  * fuzzer reaches record validation, which the checksums otherwise guard. */
 #include <stdint.h>
 #include <stdio.h>
@@ -49,22 +49,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t n_pos = ls_rd32(data + 8) % 64 + 1;
     size_t bound = ZSTD_compressBound(plen);
     uint8_t *comp = malloc(bound);
-    size_t clen = ZSTD_compress(comp, bound, payload, plen, 1);
+    ZSTD_CCtx *cctx = ZSTD_createCCtx();
+    ZSTD_CCtx_setParameter(cctx, ZSTD_c_checksumFlag, 1);
+    size_t clen = ZSTD_compress2(cctx, comp, bound, payload, plen);
+    ZSTD_freeCCtx(cctx);
+    if (ZSTD_isError(clen)) abort();
     uint8_t fh[LS_TRACE_FRAME_FIXED_BYTES + LS_TRACE_SEGMENT_BYTES + 32];
     memset(fh, 0, sizeof fh);
     memcpy(fh, LS_TRACE_FRAME_MAGIC, 4);
     fh[4] = LS_FRAME_CHUNK;
     ls_wr32(fh + 12, n_pos);
     ls_wr32(fh + 16, 1);
+    ls_wr32(fh + 20, ls_rd32(comp + clen - 4));
     ls_wr64(fh + 24, plen);
     ls_wr64(fh + 32, clen);
     ls_wr32(fh + 40, ls_rd32(data));
     ls_wr32(fh + 44, ls_rd32(data + 4));
     ls_wr32(fh + 48, n_pos);
-    ls_sha256_init(&sh, NULL);
-    ls_sha256_update(&sh, fh, 52, NULL);
-    ls_sha256_update(&sh, comp, clen, NULL);
-    ls_sha256_final(&sh, &d, NULL);
+    ls_sha256_buf(fh, 52, &d, NULL);
     memcpy(fh + 52, d.bytes, 32);
     fwrite(fh, 1, sizeof fh, f);
     fwrite(comp, 1, clen, f);
