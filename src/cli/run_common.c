@@ -1,7 +1,10 @@
 /* lockstep CLI — running the engine; see run_common.h. */
 #include "cli/run_common.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +35,49 @@ ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, lo
         return ls_fail(err, LS_E_USAGE, "%s '%s': expected an integer in %ld..%ld", opt, v, lo, hi);
     *out = x;
     return LS_OK;
+}
+
+ls_status ls_cli_workdir(const char *given, const char *tag, char *out, size_t out_size, int *temporary,
+                         ls_error *err)
+{
+    *temporary = 0;
+    if (given) {
+        if (mkdir(given, 0777) != 0 && errno != EEXIST)
+            return ls_fail(err, LS_E_IO, "%s: cannot create directory: %s", given, strerror(errno));
+        if ((size_t)snprintf(out, out_size, "%s", given) >= out_size)
+            return ls_fail(err, LS_E_USAGE, "%s: path too long", given);
+        return LS_OK;
+    }
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp) tmp = "/tmp";
+    if ((size_t)snprintf(out, out_size, "%s/lockstep-%s.XXXXXX", tmp, tag) >= out_size)
+        return ls_fail(err, LS_E_USAGE, "TMPDIR is too long");
+    if (!mkdtemp(out)) return ls_fail(err, LS_E_IO, "%s: cannot create a temporary directory: %s", out, strerror(errno));
+    *temporary = 1;
+    return LS_OK;
+}
+
+static void remove_tree(const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char path[4600];
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (lstat(path, &sb) != 0) continue;
+        if (S_ISDIR(sb.st_mode) && depth < 2) remove_tree(path, depth + 1);
+        else if (S_ISREG(sb.st_mode)) unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+void ls_cli_workdir_remove(const char *dir)
+{
+    remove_tree(dir, 0);
 }
 
 void ls_run_spec_default(ls_run_spec *s)

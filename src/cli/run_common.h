@@ -72,6 +72,13 @@ typedef struct ls_run_result {
  * numerics.perturbation, mode "fast"), runs the engine and writes the trace. */
 ls_status ls_cli_run_engine(const ls_run_spec *s, ls_run_result *res, ls_error *err);
 
+/* A working directory: `given` (created if missing, kept) or a fresh
+ * temporary one (*temporary = 1; remove it with ls_cli_workdir_remove). */
+ls_status ls_cli_workdir(const char *given, const char *tag, char *out, size_t out_size, int *temporary,
+                         ls_error *err);
+/* Removes the regular files directly inside dir, then dir. */
+void ls_cli_workdir_remove(const char *dir);
+
 /* Parses an unsigned decimal option value into [lo, hi]. */
 ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, long *out, ls_error *err);
 
