@@ -73,6 +73,7 @@ START_TEST(test_run_replay_compare)
     out = expect_rc(1, cmd("compare @/ro.trace @/pt.trace", NULL));
     ck_assert_msg(strstr(out, "layer 5 (gdn, decoder layer 2)"), "drift not named at decoder layer 2:\n%s", out);
     ck_assert_msg(strstr(out, "FAIL"), "no FAIL:\n%s", out);
+    ck_assert_msg(strstr(out, "perturbation A none, B layer=2,op=gdn"), "no perturbation note:\n%s", out);
     free(out);
 }
 END_TEST
