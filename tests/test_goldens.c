@@ -196,7 +196,7 @@ static void run_replay(ls_engine *e, uint32_t id, const int32_t *tokens, long n,
     int32_t *t = malloc(sizeof(int32_t) * (size_t)(n + 1));
     memcpy(t, tokens, sizeof(int32_t) * (size_t)n);
     t[n] = 0;
-    ls_sequence s = {id, t, n + 1};
+    ls_sequence s = {id, t, n + 1, n + 1}; /* all of it is prompt */
     ls_error err;
     ck_assert_msg(ls_engine_replay(e, &s, 1, 64, collect, out, &err) == LS_OK, "%s", err.msg);
     ck_assert_int_eq(out->n, n);
@@ -207,7 +207,7 @@ static void run_replay(ls_engine *e, uint32_t id, const int32_t *tokens, long n,
 static void run_greedy(ls_engine *e, uint32_t id, const int32_t *prompt, long n, int32_t *gen,
                        recs *out)
 {
-    ls_sequence s = {id, prompt, n};
+    ls_sequence s = {id, prompt, n, n};
     ls_sampling g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     ls_error err;
     ck_assert_msg(ls_engine_rollout(e, &s, 1, GEN_STEPS, &g, gen, collect, out, &err) == LS_OK,
