@@ -89,7 +89,7 @@ int ls_cmd_demo(int argc, char **argv)
     json_decref(man);
     if (st == LS_OK)
         printf("lockstep demo\n\n1. wrote the synthetic 'tiny' Qwen3-Next checkpoint (seed 7: hidden 128, 4 "
-               "layers of gated DeltaNet / full attention, 8 experts, vocab 1000) and pinned its manifest\n");
+               "layers of gated DeltaNet / full attention, 8 experts, vocab 1000) and pinned its manifest.\n");
 
     /* 2-4. rollout, strict replays, perturbed replay */
     ls_cli_batch b = {4, NULL};
@@ -122,10 +122,15 @@ int ls_cmd_demo(int argc, char **argv)
     ls_gate_result r;
     memset(&r, 0, sizeof r);
     if (st == LS_OK) {
-        printf("2. rollout of 4 built-in prompts (1-12 tokens) + 12 greedy tokens each, backend %s;\n"
-               "3. teacher-forced replays, compared bitwise with the rollout;\n"
-               "4. a replay with the GDN reduction order reversed in decoder layer %d.\n\n",
-               backend, perturb_layer);
+        printf("2. rollout of 4 built-in prompts (1-12 tokens) + 12 greedy tokens each, backend %s.\n"
+               "3. teacher-forced replays, compared bitwise with the rollout.\n",
+               backend);
+        if (go.n_variants == 3)
+            printf("4. a replay with the GDN reduction order reversed in decoder layer %d.\n",
+                   perturb_layer);
+        else
+            printf("4. (the perturbation switch is CPU-only: no perturbed replay on %s)\n", backend);
+        printf("\n");
         fflush(stdout);
         st = ls_gate_run(&go, &b, stdout, &r, &err);
     }
