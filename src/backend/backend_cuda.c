@@ -35,7 +35,7 @@ typedef struct moe_entry {     /* device pointer tables of one MoE block */
 typedef struct cuda_impl {
     ls_arena host;             /* ls_buf structs, moe entries */
     ls_cuda_arena dev;         /* every device buffer of the run */
-    void *scratch;             /* MoE scratch, cudaMalloc, grows */
+    void *scratch;             /* MoE / digest scratch inside the arena */
     size_t scratch_bytes;
     moe_entry *moe;
 } cuda_impl;
@@ -99,12 +99,26 @@ static void cu_destroy(ls_backend *be)
     if (!be) return;
     cuda_impl *im = IMPL(be);
     if (im) {
-        ls_cuda_free(im->scratch);
         ls_cuda_arena_free(&im->dev);
         ls_arena_free(&im->host);
         free(im);
     }
     free(be);
+}
+
+/* Scratch shared by the MoE and digest ops, from the run's arena. The arena
+ * only grows, so a larger need takes a new region of at least twice the old
+ * size; the old one stays unused until the run ends (at most the final size
+ * again). */
+static ls_status scratch_reserve(cuda_impl *im, size_t need, ls_error *err)
+{
+    if (need <= im->scratch_bytes) return LS_OK;
+    size_t want = need > 2 * im->scratch_bytes ? need : 2 * im->scratch_bytes;
+    void *p = ls_cuda_arena_alloc(&im->dev, want, err);
+    if (!p) return LS_E_NOMEM;
+    im->scratch = p;
+    im->scratch_bytes = want;
+    return LS_OK;
 }
 
 /* ---- operators ------------------------------------------------------------------ */
@@ -271,13 +285,7 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
     if (chunk < 1) return ls_fail(err, LS_E_UNSUPPORTED, "cuda portable moe: top-k %ld too large", k);
     long Tc = T < chunk ? T : chunk;
     size_t need = ls_cuda_moe_scratch_bytes(cm, Tc, k);
-    if (need > im->scratch_bytes) {
-        ls_cuda_free(im->scratch);
-        im->scratch = NULL;
-        im->scratch_bytes = 0;
-        LS_TRY(ls_cuda_malloc(&im->scratch, need, err));
-        im->scratch_bytes = need;
-    }
+    LS_TRY(scratch_reserve(im, need, err));
     for (long t0 = 0; t0 < T; t0 += chunk) {
         long n = T - t0 < chunk ? T - t0 : chunk;
         LS_TRY(ls_cuda_moe_forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k,
