@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "fingerprint/sha256.h"
 #include "backend/cpu_ops.h"
 #include "numerics/lsmath.h"
 #include "numerics/reduce.h"
@@ -520,6 +521,57 @@ START_TEST(test_backend_threads)
 }
 END_TEST
 
+START_TEST(test_backend_digest)
+{
+    /* The digest op hashes exactly the canonical bytes: bf16 spans as 2 bytes
+     * LE of each element's bf16, raw spans as 4 bytes LE, strided rows in order,
+     * span 0 then span 1; same digests with 1 and 3 threads. */
+    float v[3 * 4];
+    for (int i = 0; i < 12; i++) v[i] = ls_round_bf16((float)(i - 5) * 0.375f + 0.0078125f * (float)i);
+    ls_digest want[3], got[2][3];
+    unsigned char bytes[64];
+    size_t n = 0;
+    for (int r = 0; r < 3; r++) /* job 0: rows 1..3 of each 4-element row, bf16 */
+        for (int c = 1; c < 4; c++) {
+            uint16_t h = ls_f32_to_bf16(v[r * 4 + c]);
+            bytes[n++] = (unsigned char)(h & 0xff);
+            bytes[n++] = (unsigned char)(h >> 8);
+        }
+    ls_error err;
+    ck_assert_int_eq(ls_sha256_buf(bytes, n, &want[0], &err), LS_OK);
+    n = 0;
+    for (int i = 0; i < 5; i++) { /* job 1: v[0..1] raw then v[8..10] raw */
+        uint32_t u = ls_f32_bits(v[i < 2 ? i : 6 + i]);
+        for (int b = 0; b < 4; b++) bytes[n++] = (unsigned char)(u >> (8 * b));
+    }
+    ck_assert_int_eq(ls_sha256_buf(bytes, n, &want[1], &err), LS_OK);
+    ck_assert_int_eq(ls_sha256_buf(bytes, 0, &want[2], &err), LS_OK); /* job 2: empty */
+    for (int th = 0; th < 2; th++) {
+        ls_backend *be;
+        ck_assert_int_eq(ls_backend_cpu_create(th ? 3 : 1, &be, &err), LS_OK);
+        ck_assert_ptr_nonnull(be->digest);
+        ls_buf *b;
+        ck_assert_int_eq(be->alloc(be, sizeof v, &b, &err), LS_OK);
+        ls_view bv = {b, 0};
+        ck_assert_int_eq(be->upload(be, bv, v, sizeof v, &err), LS_OK);
+        ls_digest_job jobs[3];
+        memset(jobs, 0, sizeof jobs);
+        jobs[0].span[0] = (ls_digest_span){ls_view_at(bv, 1), 3, 3, 4, 1};
+        jobs[1].span[0] = (ls_digest_span){bv, 1, 2, 2, 0};
+        jobs[1].span[1] = (ls_digest_span){ls_view_at(bv, 8), 1, 3, 3, 0};
+        for (int j = 0; j < 3; j++) jobs[j].out = &got[th][j];
+        ck_assert_int_eq(be->digest(be, jobs, 3, &err), LS_OK);
+        for (int j = 0; j < 3; j++)
+            ck_assert_msg(ls_digest_equal(&got[th][j], &want[j]), "digest job %d (threads %d) differs", j,
+                          th ? 3 : 1);
+        /* A span beyond its buffer is refused. */
+        jobs[0].span[0].rows = 4;
+        ck_assert_int_ne(be->digest(be, jobs, 1, &err), LS_OK);
+        be->destroy(be);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("cpu_ops");
@@ -535,6 +587,7 @@ int main(void)
     tcase_add_test(tc, test_logprobs_topk);
     tcase_add_test(tc, test_reversed_order_differs);
     tcase_add_test(tc, test_backend_threads);
+    tcase_add_test(tc, test_backend_digest);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

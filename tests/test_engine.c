@@ -139,6 +139,7 @@ static ls_engine *mk(int threads, int act, int pl, ls_perturb_op op, long max_se
     o.perturb_layer = pl;
     o.perturb_op = op;
     o.max_rows = max_rows;
+    o.state_digest_every = 1; /* every kind at every position */
     ls_engine *e;
     ls_error err;
     ck_assert_msg(ls_engine_create(g_model, &o, max_seqs, 256, &e, &err) == LS_OK, "%s", err.msg);
@@ -162,7 +163,7 @@ static void rollout(ls_engine *e, const ls_sequence *ps, long n, long max_new, c
         int32_t *t = malloc(sizeof(int32_t) * (size_t)(ps[i].n_tokens + max_new));
         memcpy(t, ps[i].tokens, sizeof(int32_t) * (size_t)ps[i].n_tokens);
         memcpy(t + ps[i].n_tokens, comp + i * max_new, sizeof(int32_t) * (size_t)max_new);
-        full[i] = (ls_sequence){ps[i].id, t, ps[i].n_tokens + max_new};
+        full[i] = (ls_sequence){ps[i].id, t, ps[i].n_tokens + max_new, ps[i].n_tokens};
     }
     free(comp);
 }
@@ -192,7 +193,7 @@ START_TEST(test_rollout_equals_replay)
         for (int i = 0; i < 5; i++) {
             ls_engine *e = mk(2, act, -1, LS_PERTURB_NONE, 1, 256);
             int32_t *p = prompt(lens[i], (uint32_t)i);
-            ls_sequence s = {(uint32_t)(10 + i), p, lens[i]}, full;
+            ls_sequence s = {(uint32_t)(10 + i), p, lens[i], 0}, full;
             mtrace ro = {0}, rp = {0};
             ls_sampling g = greedy();
             rollout(e, &s, 1, news[i], &g, &ro, &full);
@@ -220,7 +221,7 @@ START_TEST(test_chunkings_and_packing)
     ls_sequence full[8];
     for (int i = 0; i < 8; i++) {
         int32_t *t = prompt(lens[i] + 3, (uint32_t)(100 + i));
-        full[i] = (ls_sequence){(uint32_t)i, t, lens[i] + 3};
+        full[i] = (ls_sequence){(uint32_t)i, t, lens[i] + 3, lens[i]};
     }
     mtrace ref = {0};
     replay(e, &full[4], 1, 1000, &ref); /* whole sequence in one chunk */
@@ -269,7 +270,7 @@ START_TEST(test_decode_batch_and_sampling)
     ls_sequence ps[8];
     for (int i = 0; i < 8; i++) {
         long n = 3 + i * 9;
-        ps[i] = (ls_sequence){(uint32_t)(50 + i), prompt(n, (uint32_t)(200 + i)), n};
+        ps[i] = (ls_sequence){(uint32_t)(50 + i), prompt(n, (uint32_t)(200 + i)), n, 0};
     }
     ls_sampling modes[2] = {greedy(), {LS_SAMPLING_SEEDED, 42, 0.8f, 20, 0.9f}};
     for (int m = 0; m < 2; m++) {
@@ -310,7 +311,7 @@ START_TEST(test_perturbation_detected)
     setup();
     const ls_model_config *c = &g_model->cfg;
     int32_t *p = prompt(20, 9);
-    ls_sequence s = {1, p, 20}, full;
+    ls_sequence s = {1, p, 20, 0}, full;
     ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 256);
     mtrace ref = {0};
     ls_sampling g = greedy();

@@ -23,6 +23,7 @@
 
 #include "backend/cpu_ops.h"
 #include "core/status.h"
+#include "fingerprint/sha256.h"
 
 typedef struct ls_buf ls_buf;            /* opaque, backend-owned */
 typedef struct ls_backend ls_backend;
@@ -53,6 +54,27 @@ typedef struct ls_bmoe {
     const ls_bweight *sh_down;           /* [D, Is] */
     const ls_bweight *sh_gate_w;         /* shared_expert_gate [1, D] */
 } ls_bmoe;
+
+/* One span of a digest: `rows` rows of `len` elements (4 bytes each, fp32 or
+ * int32) starting at src, row starts `stride` elements apart, hashed row by
+ * row in order. rows = 0 marks an unused span. */
+typedef struct ls_digest_span {
+    ls_view src;                         /* first element of row 0 */
+    long rows;                           /* >= 0; 0 = span unused */
+    long len;                            /* elements per row, >= 0 */
+    long stride;                         /* elements between row starts (>= len) */
+    int bf16;                            /* 1: each fp32 element hashed as ls_f32_to_bf16 of it
+                                            (2 bytes LE; the values are bf16-exact);
+                                            0: the raw 4 bytes LE (fp32 or int32) */
+} ls_digest_span;
+
+/* One SHA-256: span[0]'s bytes then span[1]'s (docs/trace-format.md §6 gives
+ * the canonical bytes of each digest kind; e.g. conv_state is one span of
+ * conv_dim rows of W-1 elements at stride W, kv is the K row then the V row). */
+typedef struct ls_digest_job {
+    ls_digest_span span[2];
+    ls_digest *out;                      /* host destination, 32 bytes */
+} ls_digest_job;
 
 struct ls_backend {
     const char *name;                    /* "cpu", "cuda-portable", ... */
@@ -126,6 +148,15 @@ struct ls_backend {
                           int act_bf16, ls_error *err);
     ls_status (*logprobs)(ls_backend *be, ls_view logits /* [R, V] */, ls_view lp /* [R, V] */,
                           long R, long V, ls_order order, ls_error *err);
+
+    /* ---- digests ----------------------------------------------------------- */
+    /* Computes n_jobs independent SHA-256 digests over backend buffers and
+     * writes each to its job's host `out` (a GPU hashes on the device and
+     * downloads 32 bytes per job). The engine batches a layer's rows into one
+     * call; every digest lockstep records goes through here. Jobs complete
+     * before the call returns; the spans are read, never written. NULL on a
+     * backend without the op: the engine then refuses to run (fail closed). */
+    ls_status (*digest)(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err);
 };
 
 /* The CPU reference backend. n_threads >= 1 worker threads split rows,

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/pool.h"
 #include "core/util.h"
+#include "numerics/reduce.h"
 
 struct ls_buf {
     void *ptr;                 /* host memory; arena-owned or borrowed */
@@ -400,6 +401,84 @@ static ls_status cpu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R
     return LS_OK;
 }
 
+/* ---- digests ---------------------------------------------------------------------- */
+
+typedef struct digest_ctx {
+    const ls_digest_job *jobs;
+    ls_status *st;             /* [n_jobs] */
+} digest_ctx;
+
+/* Hashes one span row by row, converting through a small stack buffer. */
+static ls_status digest_span(ls_sha256 *h, const ls_digest_span *sp)
+{
+    unsigned char buf[4096];
+    for (long r = 0; r < sp->rows; r++) {
+        const float *row = F(sp->src) + r * sp->stride;
+        for (long i = 0; i < sp->len;) {
+            long n = 0;
+            size_t len = 0;
+            if (sp->bf16) {
+                for (; i < sp->len && n < (long)sizeof buf / 2; i++, n++) {
+                    uint16_t b = ls_f32_to_bf16(row[i]);
+                    buf[len++] = (unsigned char)(b & 0xff);
+                    buf[len++] = (unsigned char)(b >> 8);
+                }
+            } else {
+                for (; i < sp->len && n < (long)sizeof buf / 4; i++, n++) {
+                    uint32_t u;
+                    memcpy(&u, &row[i], 4);
+                    for (int k = 0; k < 4; k++) buf[len++] = (unsigned char)(u >> (8 * k));
+                }
+            }
+            ls_status st = ls_sha256_update(h, buf, len, NULL);
+            if (st != LS_OK) return st;
+        }
+    }
+    return LS_OK;
+}
+
+static void digest_part(void *ctx, int thread, long b, long e)
+{
+    (void)thread;
+    digest_ctx *c = ctx;
+    for (long j = b; j < e; j++) {
+        const ls_digest_job *job = &c->jobs[j];
+        ls_sha256 h;
+        ls_status st = ls_sha256_init(&h, NULL);
+        for (int s = 0; st == LS_OK && s < 2; s++) st = digest_span(&h, &job->span[s]);
+        if (st == LS_OK) st = ls_sha256_final(&h, job->out, NULL);
+        else ls_sha256_discard(&h);
+        c->st[j] = st;
+    }
+}
+
+static ls_status cpu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
+{
+    if (n_jobs <= 0) return LS_OK;
+    for (long j = 0; j < n_jobs; j++)
+        for (int s = 0; s < 2; s++) {
+            const ls_digest_span *sp = &jobs[j].span[s];
+            if (sp->rows == 0) continue;
+            if (sp->rows < 0 || sp->len < 0 || sp->stride < sp->len || !jobs[j].out)
+                return ls_fail(err, LS_E_INTERNAL, "cpu backend: digest job %ld span %d has rows %ld, "
+                               "len %ld, stride %ld", j, s, sp->rows, sp->len, sp->stride);
+            size_t last = (size_t)((sp->rows - 1) * sp->stride + sp->len) * 4;
+            LS_TRY(check_range(sp->src, last, "digest", err));
+        }
+    ls_status *st = calloc((size_t)n_jobs, sizeof *st);
+    if (!st) return ls_fail(err, LS_E_NOMEM, "cpu backend: out of memory");
+    digest_ctx c = {jobs, st};
+    ls_pool_run(IMPL(be)->pool, n_jobs, digest_part, &c);
+    for (long j = 0; j < n_jobs; j++)
+        if (st[j] != LS_OK) {
+            ls_status s = st[j];
+            free(st);
+            return ls_fail(err, s, "cpu backend: SHA-256 of digest job %ld failed (OpenSSL)", j);
+        }
+    free(st);
+    return LS_OK;
+}
+
 ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
 {
     ls_backend *be = calloc(1, sizeof *be);
@@ -446,6 +525,7 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
     be->moe = cpu_moe;
     be->residual = cpu_residual;
     be->logprobs = cpu_logprobs;
+    be->digest = cpu_digest;
     *out = be;
     return LS_OK;
 }

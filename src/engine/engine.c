@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "backend/backend_cuda.h"
 #include "fingerprint/sha256.h"
 
 static const char *const op_names[LS_PERTURB_COUNT] = {
@@ -36,10 +37,11 @@ ls_status ls_perturb_parse(const char *spec, int *layer, ls_perturb_op *op, ls_e
 void ls_engine_opts_default(ls_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
+    o->backend = "cpu";
     o->act_bf16 = 1;
     o->n_threads = 1;
     o->max_rows = 256;
-    o->state_digest_every = 1;
+    o->state_digest_every = 64;
     o->perturb_layer = -1;
     o->perturb_op = LS_PERTURB_NONE;
 }
@@ -59,6 +61,9 @@ typedef struct layer_w {
 } layer_w;
 
 typedef struct seq_state {
+    int active;                           /* joined */
+    uint32_t id;                          /* sequence id */
+    long prompt_len;                      /* 0 = unknown */
     long len;                             /* tokens processed */
     ls_buf **conv, **gdn;                 /* [L] (NULL for attention layers): [C, K], [Hv, dk, dv] */
     ls_buf **kc, **vc;                    /* [L] (NULL for gdn layers): [Hkv, cap, d] each */
@@ -70,6 +75,7 @@ typedef struct seg {
     long n;
     long row0;                            /* first packed row */
     long pos0;                            /* position of the first token */
+    int last;                             /* the last token is the sequence's last position */
 } seg;
 
 #define N_KINDS LS_DIGEST_COUNT
@@ -104,6 +110,21 @@ struct ls_engine {
     int32_t *sample_ids;                  /* [V] */
     ls_trace_record *recs;                /* [T] */
     ls_trace_digest *rec_dig;             /* [T, n_slots] compacted */
+    /* digest queue: jobs wait until a buffer they read is about to change */
+    ls_digest_job *jobs;                  /* [jobs_cap] */
+    long n_jobs, jobs_cap;
+    /* the last step */
+    seg *sg;                              /* [T] segments */
+    long step_rows;
+    int32_t *row_seq;                     /* [T] sequence id of each row */
+    /* dumps (--dump-layers) */
+    int dumping;
+    unsigned char *dump_data;             /* [T, n_slots, dump_bytes] canonical bytes */
+    size_t dump_bytes;
+    ls_trace_dump *dumps;                 /* [T, n_slots] */
+    uint32_t *dump_elems;                 /* [T, n_slots] 0 = none */
+    uint8_t *dump_dtype;                  /* [T, n_slots] */
+    ls_trace_dump *rec_dumps;             /* [T, n_slots] compacted */
 };
 
 #define BEV(b) ((ls_view){(b), 0})
@@ -163,6 +184,8 @@ void ls_engine_destroy(ls_engine *e)
     free(e->h_tok), free(e->h_pos), free(e->h_cos), free(e->h_sin), free(e->h_lp);
     free(e->h_tmp), free(e->h_bytes), free(e->layers), free(e->slot_of), free(e->dig);
     free(e->have), free(e->sample_ids), free(e->recs), free(e->rec_dig);
+    free(e->jobs), free(e->sg), free(e->row_seq), free(e->dump_data), free(e->dumps);
+    free(e->dump_elems), free(e->dump_dtype), free(e->rec_dumps);
     free(e);
 }
 
@@ -182,8 +205,26 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     long K = c->conv_kernel, E = c->n_experts, k = c->topk;
     e->conv_dim = 2 * Hk * dk + Hv * dv;
     e->wqkvz = 2 * Hk * dk + 2 * Hv * dv;
-    LS_TRY(ls_backend_cpu_create(e->o.n_threads, &e->be, err));
+    const char *bn = e->o.backend ? e->o.backend : "cpu";
+    if (strcmp(bn, "cpu") == 0) {
+        LS_TRY(ls_backend_cpu_create(e->o.n_threads, &e->be, err));
+    } else if (strcmp(bn, "cuda") == 0) {
+        ls_error inner;
+        ls_error_clear(&inner);
+        ls_status st = ls_backend_cuda_create(0, &e->be, &inner);
+        if (st != LS_OK)
+            return ls_fail(err, st == LS_E_NOMEM ? st : LS_E_UNSUPPORTED,
+                           "--backend cuda is not available: %s", inner.msg);
+        if (e->o.perturb_op != LS_PERTURB_NONE)
+            return ls_fail(err, LS_E_UNSUPPORTED, "--perturb is implemented on the cpu backend "
+                           "only (the cuda backend has no reversed-order kernels)");
+    } else {
+        return ls_fail(err, LS_E_USAGE, "--backend '%s': expected cpu or cuda", bn);
+    }
     ls_backend *be = e->be;
+    if (!be->digest)
+        return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no digest op: lockstep records "
+                       "every digest through it and will not run without it", be->name);
     LS_TRY(wrap(e, &m->embed, &e->embed, err));
     LS_TRY(wrap(e, &m->lm_head, &e->lm_head, err));
     LS_TRY(small(e, m->final_norm, D, &e->final_norm, err));
@@ -326,10 +367,31 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     e->sample_ids = malloc(sizeof(int32_t) * (size_t)V);
     e->recs = calloc((size_t)T, sizeof *e->recs);
     e->rec_dig = calloc((size_t)(T * ns), sizeof *e->rec_dig);
+    e->jobs_cap = 4 * T + 16;
+    e->jobs = calloc((size_t)e->jobs_cap, sizeof *e->jobs);
+    e->sg = calloc((size_t)T, sizeof *e->sg);
+    e->row_seq = calloc((size_t)T, sizeof *e->row_seq);
     if (!e->h_tok || !e->h_pos || !e->h_cos || !e->h_sin || !e->h_lp || !e->h_tmp ||
-        !e->h_bytes || !e->dig || !e->have || !e->sample_ids || !e->recs || !e->rec_dig)
+        !e->h_bytes || !e->dig || !e->have || !e->sample_ids || !e->recs || !e->rec_dig ||
+        !e->jobs || !e->sg || !e->row_seq)
         return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
-    (void)be;
+    if (e->o.dump_decoder_layers) {
+        for (long l = 0; l < L; l++) e->dumping |= e->o.dump_decoder_layers[l] != 0;
+    }
+    if (e->dumping) {
+        e->dump_bytes = (4 * tmp + 3) & ~(size_t)3;
+        size_t cells = (size_t)(T * ns);
+        if (cells * e->dump_bytes > ((size_t)1 << 32))
+            return ls_fail(err, LS_E_USAGE, "--dump-layers: %zu bytes of dump buffers for %ld rows; "
+                           "lower --max-rows", cells * e->dump_bytes, T);
+        e->dump_data = malloc(cells * e->dump_bytes);
+        e->dumps = calloc(cells, sizeof *e->dumps);
+        e->dump_elems = calloc(cells, sizeof *e->dump_elems);
+        e->dump_dtype = calloc(cells, 1);
+        e->rec_dumps = calloc(cells, sizeof *e->rec_dumps);
+        if (!e->dump_data || !e->dumps || !e->dump_elems || !e->dump_dtype || !e->rec_dumps)
+            return ls_fail(err, LS_E_NOMEM, "engine: out of memory for --dump-layers buffers");
+    }
     return LS_OK;
 }
 
@@ -372,66 +434,107 @@ ls_status ls_engine_create(const ls_model *m, const ls_engine_opts *o, long max_
     return LS_OK;
 }
 
-/* ---- digests ----------------------------------------------------------------------- */
+/* ---- digests ------------------------------------------------------------------------
+ * Every digest goes through the backend's digest op. Jobs are queued and run
+ * in one call just before a buffer they read changes (before each residual
+ * add, before a carried state advances past a digested position, at the end
+ * of the forward), so one call covers a layer's rows. */
 
-/* Canonical bytes of n activation values (bf16 or fp32, little-endian). */
-static size_t act_bytes(const ls_engine *e, const float *v, size_t n, unsigned char *out)
+const char *ls_engine_backend(const ls_engine *e)
 {
-    if (e->o.act_bf16) {
-        for (size_t i = 0; i < n; i++) {
-            uint16_t h = ls_f32_to_bf16(v[i]);
-            out[2 * i] = (unsigned char)(h & 0xff);
-            out[2 * i + 1] = (unsigned char)(h >> 8);
+    return e->o.backend && strcmp(e->o.backend, "cuda") == 0 ? "cuda" : "cpu";
+}
+
+const char *ls_engine_trace_name(const ls_engine *e)
+{
+    return strcmp(ls_engine_backend(e), "cuda") == 0 ? "lockstep-cuda" : "lockstep-cpu";
+}
+
+static ls_digest_span span(ls_view v, long rows, long len, long stride, int bf16)
+{
+    ls_digest_span s = {v, rows, len, stride, bf16};
+    return s;
+}
+
+static const ls_digest_span no_span = {{NULL, 0}, 0, 0, 0, 0};
+
+static ls_status dq_flush(ls_engine *e, ls_error *err)
+{
+    long n = e->n_jobs;
+    e->n_jobs = 0;
+    return n > 0 ? e->be->digest(e->be, e->jobs, n, err) : LS_OK;
+}
+
+/* Canonical bytes of one span, downloaded, appended at out (dumps only). */
+static ls_status span_bytes(ls_engine *e, const ls_digest_span *sp, unsigned char *out, size_t *len,
+                            ls_error *err)
+{
+    for (long r = 0; r < sp->rows; r++) {
+        LS_TRY(e->be->download(e->be, e->h_tmp, ls_view_at(sp->src, (size_t)(r * sp->stride)),
+                               (size_t)sp->len * 4, err));
+        for (long i = 0; i < sp->len; i++) {
+            if (sp->bf16) {
+                uint16_t h = ls_f32_to_bf16(e->h_tmp[i]);
+                out[(*len)++] = (unsigned char)(h & 0xff);
+                out[(*len)++] = (unsigned char)(h >> 8);
+            } else {
+                uint32_t u = ls_f32_bits(e->h_tmp[i]);
+                for (int b = 0; b < 4; b++) out[(*len)++] = (unsigned char)(u >> (8 * b));
+            }
         }
-        return 2 * n;
     }
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = ls_f32_bits(v[i]);
-        for (int b = 0; b < 4; b++) out[4 * i + b] = (unsigned char)(u >> (8 * b));
-    }
-    return 4 * n;
+    return LS_OK;
 }
 
-static size_t f32_bytes(const float *v, size_t n, unsigned char *out)
+/* Queues the digest of (row, trace layer, kind) over spans a then b; copies the
+ * canonical bytes into the row's dumps when the layer is dumped. */
+static ls_status dq_push(ls_engine *e, long row, int tl, ls_digest_kind kind, ls_digest_span a,
+                         ls_digest_span b, ls_error *err)
 {
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = ls_f32_bits(v[i]);
-        for (int b = 0; b < 4; b++) out[4 * i + b] = (unsigned char)(u >> (8 * b));
-    }
-    return 4 * n;
-}
-
-static ls_trace_digest *slot(ls_engine *e, long row, int tl, ls_digest_kind kind)
-{
+    if (e->n_jobs == e->jobs_cap) LS_TRY(dq_flush(e, err));
     int s = e->slot_of[tl * N_KINDS + kind];
-    e->have[row * e->n_slots + s] = 1;
-    ls_trace_digest *d = &e->dig[row * e->n_slots + s];
+    long cell = row * e->n_slots + s;
+    e->have[cell] = 1;
+    ls_trace_digest *d = &e->dig[cell];
     d->layer = (uint16_t)tl;
     d->kind = (uint8_t)kind;
-    return d;
+    ls_digest_job *j = &e->jobs[e->n_jobs++];
+    j->span[0] = a;
+    j->span[1] = b;
+    j->out = &d->digest;
+    int dl = e->layers[tl].decoder_layer;
+    if (e->dumping && dl >= 0 && e->o.dump_decoder_layers[dl]) {
+        unsigned char *out = e->dump_data + (size_t)cell * e->dump_bytes;
+        size_t len = 0;
+        LS_TRY(span_bytes(e, &a, out, &len, err));
+        LS_TRY(span_bytes(e, &b, out, &len, err));
+        long elems = a.rows * a.len + b.rows * b.len;
+        e->dump_elems[cell] = (uint32_t)elems;
+        e->dump_dtype[cell] = kind == LS_DIGEST_ROUTER ? LS_DUMP_ROUTER
+                              : a.bf16 ? LS_DUMP_BF16 : LS_DUMP_FP32;
+    }
+    return LS_OK;
 }
 
-/* Digest of n values at v (activation dtype unless f32). */
-static ls_status digest_view(ls_engine *e, ls_view v, size_t n, int f32, long row, int tl,
-                             ls_digest_kind kind, ls_error *err)
+/* HIDDEN digests of T rows of width `width` (act dtype, or fp32 when f32). */
+static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, int f32, ls_error *err)
 {
-    LS_TRY(e->be->download(e->be, e->h_tmp, v, n * 4, err));
-    size_t len = f32 ? f32_bytes(e->h_tmp, n, e->h_bytes) : act_bytes(e, e->h_tmp, n, e->h_bytes);
-    return ls_sha256_buf(e->h_bytes, len, &slot(e, row, tl, kind)->digest, err);
-}
-
-static ls_status digest_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, ls_error *err)
-{
+    int bf = f32 ? 0 : e->o.act_bf16;
     for (long r = 0; r < T; r++)
-        LS_TRY(digest_view(e, AT(b, r * width), (size_t)width, 0, r, tl, LS_DIGEST_HIDDEN, err));
+        LS_TRY(dq_push(e, r, tl, LS_DIGEST_HIDDEN, span(AT(b, r * width), 1, width, width, bf),
+                       no_span, err));
     return LS_OK;
 }
 
 /* ---- forward ------------------------------------------------------------------------- */
 
-static int state_due(const ls_engine *e, long pos)
+/* Carried-state digests: p % N == N - 1, the last prompt position, and the
+ * sequence's last position (docs/trace-format.md §3). */
+static int state_due(const ls_engine *e, const seg *sg, long j)
 {
-    return pos % e->o.state_digest_every == 0;
+    long p = sg->pos0 + j, N = e->o.state_digest_every;
+    long prompt = e->ss[sg->slot].prompt_len;
+    return p % N == N - 1 || (prompt > 0 && p == prompt - 1) || (sg->last && j == sg->n - 1);
 }
 
 static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
@@ -441,7 +544,8 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     layer_w *w = &e->lw[l];
     int act = e->o.act_bf16;
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-    long K = c->conv_kernel, C = e->conv_dim, Wp = e->wqkvz, r = Hv / Hk, tl = 1 + 2 * l;
+    long K = c->conv_kernel, C = e->conv_dim, Wp = e->wqkvz, r = Hv / Hk;
+    int tl = (int)(1 + 2 * l);
     LS_TRY(be->linear(be, &w->qkvz, BEV(e->XN), BEV(e->P), T, act, LS_ORDER_CANONICAL, err));
     LS_TRY(be->linear(be, &w->ba, BEV(e->XN), BEV(e->BA), T, act, LS_ORDER_CANONICAL, err));
     /* De-interleave per key-head group (spec §2.3). */
@@ -458,18 +562,22 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
         LS_TRY(be->copy_rows(be, AT(e->Av, g * r), Hv, AT(e->BA, g * 2 * r + r), 2 * Hv, T, r, err));
     }
     ls_order oc = ord(e, l, LS_PERTURB_CONV), og = ord(e, l, LS_PERTURB_GDN);
-    /* Conv per sequence, in runs that end where a state digest is due. */
+    /* Conv per sequence, in runs that end where a state digest is due; a
+     * queued state digest is flushed before the next run advances the state. */
     for (long s = 0; s < nseg; s++) {
         ls_buf *cs = e->ss[sg[s].slot].conv[l];
+        int pending = 0;
         for (long i = 0; i < sg[s].n;) {
             long j = i;
-            while (j < sg[s].n - 1 && !state_due(e, sg[s].pos0 + j)) j++;
+            while (j < sg[s].n - 1 && !state_due(e, &sg[s], j)) j++;
+            if (pending) LS_TRY(dq_flush(e, err));
             long row = sg[s].row0 + i;
             LS_TRY(be->conv_silu(be, AT(e->X, row * C), C, &w->conv, BEV(cs), AT(e->Y, row * C), C,
                                  j - i + 1, C, K, act, oc, err));
-            if (state_due(e, sg[s].pos0 + j))
-                LS_TRY(digest_view(e, BEV(cs), (size_t)(C * K), 0, sg[s].row0 + j, (int)tl,
-                                   LS_DIGEST_CONV_STATE, err));
+            pending = state_due(e, &sg[s], j);
+            if (pending) /* [conv_dim, W-1]: columns 1..W-1 of the [C, W] state */
+                LS_TRY(dq_push(e, sg[s].row0 + j, tl, LS_DIGEST_CONV_STATE,
+                               span(AT(cs, 1), C, K - 1, K, act), no_span, err));
             i = j + 1;
         }
     }
@@ -480,19 +588,23 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     LS_TRY(be->l2norm_scale(be, BEV(e->K), T * Hk, dk, 1.0f, og, err));
     LS_TRY(be->gdn_gates(be, BEV(e->Bv), BEV(e->Av), BEV(w->A_log), BEV(w->dt_bias), BEV(e->beta),
                          BEV(e->alpha), T, Hv, act, err));
+    long SN = Hv * dk * dv;
     for (long s = 0; s < nseg; s++) {
         ls_buf *gs = e->ss[sg[s].slot].gdn[l];
+        int pending = 0;
         for (long i = 0; i < sg[s].n;) {
             long j = i;
-            while (j < sg[s].n - 1 && !state_due(e, sg[s].pos0 + j)) j++;
+            while (j < sg[s].n - 1 && !state_due(e, &sg[s], j)) j++;
+            if (pending) LS_TRY(dq_flush(e, err));
             long row = sg[s].row0 + i;
             LS_TRY(be->gdn_recurrent(be, AT(e->Q, row * Hk * dk), AT(e->K, row * Hk * dk),
                                      AT(e->V, row * Hv * dv), AT(e->alpha, row * Hv),
                                      AT(e->beta, row * Hv), BEV(gs), AT(e->O, row * Hv * dv),
                                      j - i + 1, Hk, Hv, dk, dv, act, og, err));
-            if (state_due(e, sg[s].pos0 + j))
-                LS_TRY(digest_view(e, BEV(gs), (size_t)(Hv * dk * dv), 1, sg[s].row0 + j, (int)tl,
-                                   LS_DIGEST_GDN_STATE, err));
+            pending = state_due(e, &sg[s], j);
+            if (pending)
+                LS_TRY(dq_push(e, sg[s].row0 + j, tl, LS_DIGEST_GDN_STATE, span(BEV(gs), 1, SN, SN, 0),
+                               no_span, err));
             i = j + 1;
         }
     }
@@ -507,7 +619,8 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     const ls_model_config *c = &e->c;
     layer_w *w = &e->lw[l];
     int act = e->o.act_bf16;
-    long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim, tl = 1 + 2 * l;
+    long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim;
+    int tl = (int)(1 + 2 * l);
     LS_TRY(be->linear(be, &w->q, BEV(e->XN), BEV(e->QG), T, act, LS_ORDER_CANONICAL, err));
     LS_TRY(be->linear(be, &w->k, BEV(e->XN), BEV(e->K), T, act, LS_ORDER_CANONICAL, err));
     LS_TRY(be->linear(be, &w->v, BEV(e->XN), BEV(e->V), T, act, LS_ORDER_CANONICAL, err));
@@ -536,13 +649,11 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
         LS_TRY(be->attention(be, AT(e->Q, r0 * Hq * d), BEV(q->kc[l]), BEV(q->vc[l]), e->cap,
                              AT(e->pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa, err));
     }
-    /* KV digests: the K and V rows written at each position. */
-    for (long r = 0; r < T; r++) {
-        LS_TRY(be->download(be, e->h_tmp, AT(e->K, r * Hkv * d), (size_t)(Hkv * d) * 4, err));
-        LS_TRY(be->download(be, e->h_tmp + Hkv * d, AT(e->V, r * Hkv * d), (size_t)(Hkv * d) * 4, err));
-        size_t len = act_bytes(e, e->h_tmp, (size_t)(2 * Hkv * d), e->h_bytes);
-        LS_TRY(ls_sha256_buf(e->h_bytes, len, &slot(e, r, (int)tl, LS_DIGEST_KV)->digest, err));
-    }
+    /* KV digests: the K row then the V row written at each position. */
+    long W = Hkv * d;
+    for (long r = 0; r < T; r++)
+        LS_TRY(dq_push(e, r, tl, LS_DIGEST_KV, span(AT(e->K, r * W), 1, W, W, act),
+                       span(AT(e->V, r * W), 1, W, W, act), err));
     LS_TRY(be->sigmoid_gate(be, BEV(e->O), BEV(e->G), T * Hq * d, act, err));
     return be->linear(be, &w->o, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
 }
@@ -556,17 +667,22 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     for (long s = 0; s < nseg; s++) {
         seq_state *q = &e->ss[sg[s].slot];
         if (sg[s].pos0 != q->len || q->len + sg[s].n > e->cap)
-            return ls_fail(err, LS_E_INTERNAL, "engine: segment beyond the sequence capacity");
+            return ls_fail(err, LS_E_USAGE, "engine: sequence %u needs positions up to %ld "
+                           "(capacity %ld)", q->id, q->len + sg[s].n, e->cap);
         for (long i = 0; i < sg[s].n; i++) {
             e->h_tok[T] = sg[s].tokens[i];
             e->h_pos[T] = (int32_t)(sg[s].pos0 + i);
+            e->row_seq[T] = (int32_t)q->id;
             if (sg[s].tokens[i] < 0 || sg[s].tokens[i] >= V)
-                return ls_fail(err, LS_E_INPUT, "token id %d at position %ld is outside the "
-                               "vocabulary (0..%ld)", sg[s].tokens[i], sg[s].pos0 + i, V - 1);
+                return ls_fail(err, LS_E_INPUT, "sequence %u: token id %d at position %ld is outside "
+                               "the vocabulary (0..%ld)", q->id, sg[s].tokens[i], sg[s].pos0 + i, V - 1);
             T++;
         }
     }
+    e->step_rows = 0;
+    e->n_jobs = 0;
     memset(e->have, 0, (size_t)(T * e->n_slots));
+    if (e->dumping) memset(e->dump_elems, 0, sizeof(uint32_t) * (size_t)(T * e->n_slots));
     long half = c->rotary_dims / 2;
     ls_cpu_rope_table(e->h_pos, T, c->rotary_dims, c->rope_theta, e->h_cos, e->h_sin, act);
     LS_TRY(be->upload(be, BEV(e->tok), e->h_tok, (size_t)T * 4, err));
@@ -574,70 +690,54 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     LS_TRY(be->upload(be, BEV(e->cosb), e->h_cos, (size_t)(T * half) * 4, err));
     LS_TRY(be->upload(be, BEV(e->sinb), e->h_sin, (size_t)(T * half) * 4, err));
     LS_TRY(be->embed(be, &e->embed, BEV(e->tok), T, BEV(e->H), act, err));
-    LS_TRY(digest_rows(e, e->H, D, T, 0, err));
+    LS_TRY(dq_rows(e, e->H, D, T, 0, 0, err));
     for (long l = 0; l < L; l++) {
         layer_w *w = &e->lw[l];
         ls_order on = ord(e, l, LS_PERTURB_NORM);
         LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->in_norm), BEV(e->XN), T, D, act, on, err));
         if (c->is_attention[l]) LS_TRY(attn_layer(e, l, sg, nseg, T, err));
         else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
+        LS_TRY(dq_flush(e, err)); /* H changes next: previous hidden rows, states, KV */
         LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
-        LS_TRY(digest_rows(e, e->H, D, T, (int)(1 + 2 * l), err));
+        LS_TRY(dq_rows(e, e->H, D, T, (int)(1 + 2 * l), 0, err));
         LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->post_norm), BEV(e->XN), T, D, act, on, err));
         LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
                           BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
         LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
                        ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
-        LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
         int tl = (int)(2 + 2 * l);
-        LS_TRY(digest_rows(e, e->H, D, T, tl, err));
-        for (long r = 0; r < T; r++) {
-            LS_TRY(be->download(be, e->h_tmp, AT(e->ids, r * k), (size_t)k * 4, err));
-            LS_TRY(be->download(be, e->h_tmp + k, AT(e->wts, r * k), (size_t)k * 4, err));
-            /* ids are int32 and weights fp32, both 4 bytes little-endian. */
-            size_t len = f32_bytes(e->h_tmp, (size_t)(2 * k), e->h_bytes);
-            LS_TRY(ls_sha256_buf(e->h_bytes, len, &slot(e, r, tl, LS_DIGEST_ROUTER)->digest, err));
-        }
+        /* ids are int32 and weights fp32, both hashed as raw 4 bytes little-endian. */
+        for (long r = 0; r < T; r++)
+            LS_TRY(dq_push(e, r, tl, LS_DIGEST_ROUTER, span(AT(e->ids, r * k), 1, k, k, 0),
+                           span(AT(e->wts, r * k), 1, k, k, 0), err));
+        LS_TRY(dq_flush(e, err)); /* H changes next: mixer hidden rows, router */
+        LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
+        LS_TRY(dq_rows(e, e->H, D, T, tl, 0, err));
     }
     LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->final_norm), BEV(e->XN), T, D, act,
                        ord(e, L, LS_PERTURB_NORM), err));
-    LS_TRY(digest_rows(e, e->XN, D, T, e->n_tl - 2, err));
+    LS_TRY(dq_rows(e, e->XN, D, T, e->n_tl - 2, 0, err));
     LS_TRY(be->linear(be, &e->lm_head, BEV(e->XN), BEV(e->logits), T, act,
                       ord(e, -1, LS_PERTURB_LM_HEAD), err));
-    LS_TRY(digest_rows(e, e->logits, V, T, e->n_tl - 1, err));
+    LS_TRY(dq_rows(e, e->logits, V, T, e->n_tl - 1, 1, err));
+    LS_TRY(dq_flush(e, err));
     LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
     LS_TRY(be->download(be, e->h_lp, BEV(e->lp), (size_t)(T * V) * 4, err));
     for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
+    e->step_rows = T;
     return LS_OK;
 }
 
-/* Builds the record of packed row r (next = the selected next token or -1). */
-static void make_record(ls_engine *e, long r, uint32_t seq, int32_t next)
-{
-    ls_trace_record *rec = &e->recs[r];
-    long V = e->c.vocab;
-    const float *lp = e->h_lp + r * V;
-    memset(rec, 0, sizeof *rec);
-    rec->seq = seq;
-    rec->pos = (uint32_t)e->h_pos[r];
-    rec->token = e->h_tok[r];
-    rec->next_token = next;
-    rec->logprob_bits = next >= 0 ? ls_f32_bits(lp[next]) : 0x7fc00000u;
-    long kk = V < 5 ? V : 5;
-    float vals[5];
-    ls_cpu_topk(lp, V, kk, rec->topk_ids, vals);
-    for (long i = 0; i < kk; i++) rec->topk_logprob_bits[i] = ls_f32_bits(vals[i]);
-    ls_trace_digest *out = e->rec_dig + r * e->n_slots;
-    uint32_t n = 0;
-    for (int s = 0; s < e->n_slots; s++)
-        if (e->have[r * e->n_slots + s]) out[n++] = e->dig[r * e->n_slots + s];
-    rec->n_digests = n;
-    rec->digests = out;
-}
+/* ---- step API ------------------------------------------------------------------------ */
 
-static ls_status reset_slot(ls_engine *e, long s, ls_error *err)
+ls_status ls_engine_join(ls_engine *e, long slot, uint32_t seq_id, long prompt_len, ls_error *err)
 {
-    seq_state *q = &e->ss[s];
+    if (slot < 0 || slot >= e->max_seqs)
+        return ls_fail(err, LS_E_USAGE, "engine: slot %ld is outside 0..%ld", slot, e->max_seqs - 1);
+    if (e->ss[slot].active)
+        return ls_fail(err, LS_E_USAGE, "engine: slot %ld is taken by sequence %u", slot,
+                       e->ss[slot].id);
+    seq_state *q = &e->ss[slot];
     const ls_model_config *c = &e->c;
     for (long l = 0; l < c->n_layers; l++) {
         if (c->is_attention[l]) {
@@ -651,7 +751,98 @@ static ls_status reset_slot(ls_engine *e, long s, ls_error *err)
         }
     }
     q->len = 0;
+    q->id = seq_id;
+    q->prompt_len = prompt_len > 0 ? prompt_len : 0;
+    q->active = 1;
     return LS_OK;
+}
+
+void ls_engine_leave(ls_engine *e, long slot)
+{
+    if (slot >= 0 && slot < e->max_seqs) e->ss[slot].active = 0;
+}
+
+long ls_engine_slot_len(const ls_engine *e, long slot)
+{
+    return slot >= 0 && slot < e->max_seqs ? e->ss[slot].len : -1;
+}
+
+ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err)
+{
+    e->step_rows = 0;
+    if (n_items < 1 || n_items > e->T)
+        return ls_fail(err, LS_E_USAGE, "engine step: %ld items (1..%ld)", n_items, e->T);
+    long rows = 0;
+    for (long i = 0; i < n_items; i++) {
+        const ls_engine_item *it = &items[i];
+        if (it->slot < 0 || it->slot >= e->max_seqs || !e->ss[it->slot].active)
+            return ls_fail(err, LS_E_USAGE, "engine step: item %ld names slot %ld, which holds no "
+                           "sequence", i, it->slot);
+        if (it->n < 1 || !it->tokens)
+            return ls_fail(err, LS_E_USAGE, "engine step: item %ld has no tokens", i);
+        for (long j = 0; j < i; j++)
+            if (items[j].slot == it->slot)
+                return ls_fail(err, LS_E_USAGE, "engine step: slot %ld appears twice", it->slot);
+        if (it->n > e->T - rows)
+            return ls_fail(err, LS_E_USAGE, "engine step: more than %ld tokens (--max-rows)", e->T);
+        e->sg[i] = (seg){it->slot, it->tokens, it->n, rows, e->ss[it->slot].len, it->last != 0};
+        rows += it->n;
+    }
+    return forward(e, e->sg, n_items, err);
+}
+
+long ls_engine_step_rows(const ls_engine *e)
+{
+    return e->step_rows;
+}
+
+const float *ls_engine_logprobs(const ls_engine *e, long row)
+{
+    return row >= 0 && row < e->step_rows ? e->h_lp + row * e->c.vocab : NULL;
+}
+
+const ls_trace_record *ls_engine_record(ls_engine *e, long r, int32_t next)
+{
+    if (r < 0 || r >= e->step_rows) return NULL;
+    ls_trace_record *rec = &e->recs[r];
+    long V = e->c.vocab;
+    const float *lp = e->h_lp + r * V;
+    memset(rec, 0, sizeof *rec);
+    rec->seq = (uint32_t)e->row_seq[r];
+    rec->pos = (uint32_t)e->h_pos[r];
+    rec->token = e->h_tok[r];
+    rec->next_token = next;
+    rec->logprob_bits = next >= 0 && next < V ? ls_f32_bits(lp[next]) : 0x7fc00000u;
+    long kk = V < 5 ? V : 5;
+    float vals[5];
+    for (int i = 0; i < LS_TRACE_TOPK_MAX; i++) {
+        rec->topk_ids[i] = -1;
+        rec->topk_logprob_bits[i] = 0x7fc00000u;
+    }
+    ls_cpu_topk(lp, V, kk, rec->topk_ids, vals);
+    for (long i = 0; i < kk; i++) rec->topk_logprob_bits[i] = ls_f32_bits(vals[i]);
+    long base = r * e->n_slots;
+    ls_trace_digest *out = e->rec_dig + base;
+    uint32_t n = 0, nd = 0;
+    for (int s = 0; s < e->n_slots; s++)
+        if (e->have[base + s]) out[n++] = e->dig[base + s];
+    rec->n_digests = n;
+    rec->digests = out;
+    if (e->dumping) {
+        ls_trace_dump *du = e->rec_dumps + base;
+        for (int s = 0; s < e->n_slots; s++)
+            if (e->have[base + s] && e->dump_elems[base + s]) {
+                du[nd].layer = e->dig[base + s].layer;
+                du[nd].kind = e->dig[base + s].kind;
+                du[nd].dtype = e->dump_dtype[base + s];
+                du[nd].n_elems = e->dump_elems[base + s];
+                du[nd].data = e->dump_data + (size_t)(base + s) * e->dump_bytes;
+                nd++;
+            }
+        rec->n_dumps = nd;
+        rec->dumps = du;
+    }
+    return rec;
 }
 
 /* ---- rollout ---------------------------------------------------------------------------- */
@@ -669,44 +860,45 @@ ls_status ls_engine_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, 
         if (seqs[i].n_tokens + max_new - 1 > e->cap)
             return ls_fail(err, LS_E_USAGE, "rollout: sequence %u needs %ld positions (capacity %ld)",
                            seqs[i].id, seqs[i].n_tokens + max_new - 1, e->cap);
-        LS_TRY(reset_slot(e, i, err));
     }
+    for (long i = 0; i < e->max_seqs; i++) ls_engine_leave(e, i);
+    for (long i = 0; i < n_seqs; i++) LS_TRY(ls_engine_join(e, i, seqs[i].id, seqs[i].n_tokens, err));
     int32_t *gen = calloc((size_t)(n_seqs * max_new), sizeof(int32_t)); /* [n_seqs, max_new] */
-    seg *sg = calloc((size_t)(n_seqs > e->T ? n_seqs : e->T), sizeof *sg);
-    if (!gen || !sg) {
-        free(gen);
-        free(sg);
+    long *done = calloc((size_t)n_seqs, sizeof(long));
+    ls_engine_item *it = calloc((size_t)e->T, sizeof *it);
+    if (!gen || !done || !it) {
+        free(gen), free(done), free(it);
         return ls_fail(err, LS_E_NOMEM, "rollout: out of memory");
     }
     ls_status st = LS_OK;
     long V = e->c.vocab;
     /* Prefill, packed, at most T rows per step. */
-    long *done = calloc((size_t)n_seqs, sizeof(long));
-    if (!done) st = ls_fail(err, LS_E_NOMEM, "rollout: out of memory");
-    for (;;) {
-        if (st != LS_OK) break;
-        long nseg = 0, rows = 0;
+    while (st == LS_OK) {
+        long n = 0, rows = 0;
         for (long i = 0; i < n_seqs && rows < e->T; i++) {
             long left = seqs[i].n_tokens - done[i];
             if (left <= 0) continue;
             long take = left < e->T - rows ? left : e->T - rows;
-            sg[nseg++] = (seg){i, seqs[i].tokens + done[i], take, rows, done[i]};
+            it[n++] = (ls_engine_item){i, seqs[i].tokens + done[i], take,
+                                       max_new == 1 && take == left};
             rows += take;
         }
-        if (nseg == 0) break;
-        st = forward(e, sg, nseg, err);
-        for (long s = 0; st == LS_OK && s < nseg; s++) {
-            long i = sg[s].slot;
-            for (long j = 0; st == LS_OK && j < sg[s].n; j++) {
-                long p = sg[s].pos0 + j, r = sg[s].row0 + j;
+        if (n == 0) break;
+        st = ls_engine_step(e, it, n, err);
+        for (long s = 0, r = 0; st == LS_OK && s < n; s++) {
+            long i = it[s].slot;
+            for (long j = 0; st == LS_OK && j < it[s].n; j++, r++) {
+                long p = done[i] + j;
                 int32_t next;
                 if (p + 1 < seqs[i].n_tokens) next = seqs[i].tokens[p + 1];
-                else st = ls_sample_select(sampling, e->h_lp + r * V, V, seqs[i].id, (uint32_t)(p + 1),
-                                           e->sample_ids, &next, err);
-                if (p + 1 >= seqs[i].n_tokens) gen[i * max_new] = next;
-                make_record(e, r, seqs[i].id, next);
+                else {
+                    st = ls_sample_select(sampling, ls_engine_logprobs(e, r), V, seqs[i].id,
+                                          (uint32_t)(p + 1), e->sample_ids, &next, err);
+                    gen[i * max_new] = next;
+                }
+                ls_engine_record(e, r, next);
             }
-            done[i] += sg[s].n;
+            done[i] += it[s].n;
         }
         if (st == LS_OK) st = sink(ctx, LS_FRAME_PREFILL, e->recs, rows, err);
     }
@@ -716,24 +908,23 @@ ls_status ls_engine_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, 
             long nb = n_seqs - b0 < e->T ? n_seqs - b0 : e->T;
             for (long s = 0; s < nb; s++) {
                 long i = b0 + s;
-                sg[s] = (seg){i, &gen[i * max_new + step - 1], 1, s, seqs[i].n_tokens + step - 1};
+                it[s] = (ls_engine_item){i, &gen[i * max_new + step - 1], 1, step == max_new - 1};
             }
-            st = forward(e, sg, nb, err);
+            st = ls_engine_step(e, it, nb, err);
             for (long s = 0; st == LS_OK && s < nb; s++) {
                 long i = b0 + s;
                 int32_t next;
-                st = ls_sample_select(sampling, e->h_lp + s * V, V, seqs[i].id,
-                                      (uint32_t)(sg[s].pos0 + 1), e->sample_ids, &next, err);
+                st = ls_sample_select(sampling, ls_engine_logprobs(e, s), V, seqs[i].id,
+                                      (uint32_t)(e->h_pos[s] + 1), e->sample_ids, &next, err);
                 gen[i * max_new + step] = next;
-                make_record(e, s, seqs[i].id, next);
+                ls_engine_record(e, s, next);
             }
             if (st == LS_OK) st = sink(ctx, LS_FRAME_DECODE, e->recs, nb, err);
         }
     }
     if (st == LS_OK && completion) memcpy(completion, gen, sizeof(int32_t) * (size_t)(n_seqs * max_new));
-    free(done);
-    free(gen);
-    free(sg);
+    for (long i = 0; i < n_seqs; i++) ls_engine_leave(e, i);
+    free(done), free(gen), free(it);
     return st;
 }
 
@@ -752,43 +943,39 @@ ls_status ls_engine_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, l
         if (seqs[i].n_tokens - 1 > e->cap)
             return ls_fail(err, LS_E_USAGE, "replay: sequence %u needs %ld positions (capacity %ld)",
                            seqs[i].id, seqs[i].n_tokens - 1, e->cap);
-        LS_TRY(reset_slot(e, i, err));
     }
-    seg *sg = calloc((size_t)(n_seqs > e->T ? n_seqs : e->T), sizeof *sg);
+    for (long i = 0; i < e->max_seqs; i++) ls_engine_leave(e, i);
+    for (long i = 0; i < n_seqs; i++) LS_TRY(ls_engine_join(e, i, seqs[i].id, seqs[i].prompt_len, err));
+    ls_engine_item *it = calloc((size_t)e->T, sizeof *it);
     long *done = calloc((size_t)n_seqs, sizeof(long));
-    if (!sg || !done) {
-        free(sg);
-        free(done);
+    if (!it || !done) {
+        free(it), free(done);
         return ls_fail(err, LS_E_NOMEM, "replay: out of memory");
     }
     ls_status st = LS_OK;
     long start = 0; /* rotate which sequence gets rows first when the budget is short */
-    for (;;) {
-        long nseg = 0, rows = 0;
+    while (st == LS_OK) {
+        long n = 0, rows = 0;
         for (long o = 0; o < n_seqs && rows < e->T; o++) {
             long i = (start + o) % n_seqs;
             long left = seqs[i].n_tokens - 1 - done[i];
             if (left <= 0) continue;
             long take = left < chunk ? left : chunk;
             if (take > e->T - rows) take = e->T - rows;
-            sg[nseg++] = (seg){i, seqs[i].tokens + done[i], take, rows, done[i]};
+            it[n++] = (ls_engine_item){i, seqs[i].tokens + done[i], take, take == left};
             rows += take;
         }
-        if (nseg == 0) break;
+        if (n == 0) break;
         start++;
-        st = forward(e, sg, nseg, err);
-        for (long s = 0; st == LS_OK && s < nseg; s++) {
-            long i = sg[s].slot;
-            for (long j = 0; j < sg[s].n; j++) {
-                long p = sg[s].pos0 + j;
-                make_record(e, sg[s].row0 + j, seqs[i].id, seqs[i].tokens[p + 1]);
-            }
-            done[i] += sg[s].n;
+        st = ls_engine_step(e, it, n, err);
+        for (long s = 0, r = 0; st == LS_OK && s < n; s++) {
+            long i = it[s].slot;
+            for (long j = 0; j < it[s].n; j++, r++) ls_engine_record(e, r, seqs[i].tokens[done[i] + j + 1]);
+            done[i] += it[s].n;
         }
         if (st == LS_OK) st = sink(ctx, LS_FRAME_CHUNK, e->recs, rows, err);
-        if (st != LS_OK) break;
     }
-    free(sg);
-    free(done);
+    for (long i = 0; i < n_seqs; i++) ls_engine_leave(e, i);
+    free(it), free(done);
     return st;
 }

@@ -1,23 +1,33 @@
 /* lockstep — the engine: rollout (prefill + decode) and replay (teacher-forced,
  * chunked) over the operator table, with packed batches of sequences.
  *
- * Both modes emit ls_trace_record values (src/trace/trace.h) through a sink,
- * one call per engine step (frame). Record at position p of a sequence: the
- * token at p, the selected next token (the following prompt token, the
- * sampled one, or in replay the teacher-forced one), its logprob, the top-5
- * and the digests of every trace layer after processing p.
+ * Everything runs through one primitive, ls_engine_step: one packed forward
+ * over an arbitrary mix of items (prefill chunks of some sequences, single
+ * decode tokens of others) held in sequence slots that join and leave between
+ * steps. Rollout and replay are drivers over it; a continuous-batching
+ * scheduler can drive it directly. Row invariance (numerics contract rule 1)
+ * makes a sequence's records independent of what else shares its steps.
+ *
+ * Records (src/trace/trace.h) at position p of a sequence: the token at p,
+ * the selected next token (the following prompt token, the sampled one, or in
+ * replay the teacher-forced one), its logprob, the top-5 and the digests of
+ * every trace layer after processing p.
  *
  * Trace layers: 0 embed; for decoder layer l: 1 + 2l its mixer (gdn or
  * attention), 2 + 2l its moe; 1 + 2L the final norm; 2 + 2L lm_head.
- * Digests (SHA-256 of canonical bytes: little-endian, row-major; activation
- * values as bf16 = 2 bytes in bf16 mode, fp32 = 4 bytes in fp32 mode):
- *   HIDDEN      every trace layer: the hidden row after it (embed, mixer
- *               residual, moe residual, final norm) or the logits row (lm_head)
+ * Digests are SHA-256 of the canonical bytes of docs/trace-format.md §6,
+ * computed by the backend's digest op (backend.h), batched per layer:
+ *   HIDDEN      every trace layer, every position: the hidden row after it
+ *               (embed, mixer residual, moe residual, final norm; activation
+ *               dtype) or the logits row (lm_head; fp32)
  *   GDN_STATE   gdn layers: the fp32 state [H_v, d_k, d_v] after p
- *   CONV_STATE  gdn layers: the conv state [conv_dim, K] after p (activation dtype)
- *   KV          attention layers: K rows [H_kv, d] then V rows [H_kv, d] written at p
- *   ROUTER      moe layers: top-k ids (int32) then weights (fp32)
- * GDN_STATE and CONV_STATE are recorded at positions p with p % every == 0. */
+ *   CONV_STATE  gdn layers: the conv state [conv_dim, W-1] after p, oldest
+ *               column first (activation dtype)
+ *   KV          attention layers, every position: K row [H_kv, d] then V row
+ *   ROUTER      moe layers, every position: top-k ids (int32) then weights (fp32)
+ * GDN_STATE and CONV_STATE (carried state) are recorded at positions p with
+ * p % N == N - 1 (N = state_digest_every), at the last prompt position (the
+ * prompt/completion boundary) and at each sequence's last position. */
 #ifndef LS_ENGINE_ENGINE_H
 #define LS_ENGINE_ENGINE_H
 
@@ -48,12 +58,15 @@ const char *ls_perturb_op_name(ls_perturb_op op);
 ls_status ls_perturb_parse(const char *spec, int *layer, ls_perturb_op *op, ls_error *err);
 
 typedef struct ls_engine_opts {
+    const char *backend;       /* "cpu" (default) | "cuda" (fails closed without CUDA or a GPU) */
     int act_bf16;              /* 1 = bf16 activations (default), 0 = fp32 */
     int n_threads;             /* >= 1 */
     long max_rows;             /* rows per forward call (packed tokens); default 256 */
-    long state_digest_every;   /* >= 1 */
+    long state_digest_every;   /* >= 1; default 64 */
     int perturb_layer;         /* decoder layer, -1 = none */
     ls_perturb_op perturb_op;
+    const unsigned char *dump_decoder_layers; /* [n_layers] 1 = dump this decoder layer's
+                                          tensors (both trace layers) in the records; NULL = none */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -69,6 +82,11 @@ ls_status ls_engine_create(const ls_model *m, const ls_engine_opts *o, long max_
                            long max_len, ls_engine **out, ls_error *err);
 void ls_engine_destroy(ls_engine *e);
 
+/* The backend running the engine ("cpu" | "cuda") and the trace header's
+ * engine name ("lockstep-cpu" | "lockstep-cuda"). Static strings. */
+const char *ls_engine_backend(const ls_engine *e);
+const char *ls_engine_trace_name(const ls_engine *e);
+
 /* The trace layer table for this model ([2 + 2L + 1] entries, static storage
  * owned by the engine). */
 const ls_trace_layer *ls_engine_layers(const ls_engine *e, int *n);
@@ -77,7 +95,41 @@ typedef struct ls_sequence {
     uint32_t id;               /* sequence id in the trace */
     const int32_t *tokens;     /* [n_tokens] prompt (rollout) or prompt + completion (replay) */
     long n_tokens;
+    long prompt_len;           /* replay: prompt tokens (the rollout trace's run params), for the
+                                  boundary state digest; 0 = unknown. Rollout: ignored */
 } ls_sequence;
+
+/* ---- step API (continuous batching) -------------------------------------------
+ * A slot (0 .. max_seqs-1) holds one sequence's carried state (KV cache, GDN
+ * and conv state). ls_engine_join starts a sequence in a slot (its state
+ * zeroed); ls_engine_leave frees the slot. Between steps any slot may join or
+ * leave. */
+ls_status ls_engine_join(ls_engine *e, long slot, uint32_t seq_id, long prompt_len, ls_error *err);
+void ls_engine_leave(ls_engine *e, long slot);
+/* Tokens the slot's sequence has processed (its next position). */
+long ls_engine_slot_len(const ls_engine *e, long slot);
+
+typedef struct ls_engine_item {
+    long slot;                 /* a joined slot; at most one item per slot per step */
+    const int32_t *tokens;     /* [n] the tokens at positions len .. len+n-1 of the slot */
+    long n;                    /* >= 1: a prefill chunk, or 1 for a decode token */
+    int last;                  /* 1: the item's last token is the sequence's last position
+                                  (carried-state digests are recorded there) */
+} ls_engine_item;
+
+/* Runs one packed forward over the items (total tokens <= max_rows). Rows are
+ * the items' tokens in item order. After it returns, until the next step:
+ * ls_engine_logprobs gives a row's logprobs [vocab] (for sampling) and
+ * ls_engine_record builds the row's record with the chosen next token. */
+ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err);
+long ls_engine_step_rows(const ls_engine *e);
+const float *ls_engine_logprobs(const ls_engine *e, long row);
+/* Builds and returns row's record (next = selected next token or -1). The
+ * records of one step are contiguous: ls_engine_record(e, 0, ..) + r is row
+ * r's, so a frame of rows [a, b) can go to a sink in one call once built. */
+const ls_trace_record *ls_engine_record(ls_engine *e, long row, int32_t next);
+
+/* ---- drivers ------------------------------------------------------------------ */
 
 /* Rollout: prefill every prompt (packed), then decode max_new tokens one at a
  * time for all sequences together. completion[i] receives max_new tokens
