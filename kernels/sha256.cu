@@ -218,6 +218,8 @@ extern "C" ls_status ls_cuda_merkle_sha256(const void *d_data, size_t n_bytes, s
 typedef struct ls_digest_entry {   /* device copy of one job */
     uint64_t src[2];               /* device addresses */
     uint64_t n[2];                 /* elements */
+    uint64_t row_len[2];           /* 0 = contiguous */
+    uint64_t stride[2];
     uint64_t off;                  /* encoded bytes start in the scratch (16-aligned) */
     uint64_t len;                  /* encoded bytes */
     uint32_t bf16[2];
@@ -261,7 +263,8 @@ __global__ void ls_digest_encode_kernel(const ls_digest_entry *ent, int n_jobs, 
              i += (uint64_t)gridDim.x * blockDim.x) {
             int s = i < e.n[0] ? 0 : 1;
             uint64_t el = s ? i - e.n[0] : i;
-            uint32_t bits = ((const uint32_t *)e.src[s])[el];
+            uint64_t src = e.row_len[s] ? (el / e.row_len[s]) * e.stride[s] + el % e.row_len[s] : el;
+            uint32_t bits = ((const uint32_t *)e.src[s])[src];
             uint8_t *dst = bytes + e.off + (s ? e.n[0] * w0 + el * (e.bf16[1] ? 2u : 4u) : el * w0);
             if (e.bf16[s]) {
                 uint16_t h = ls_f32_to_bf16(ls_f32_from_bits(bits));
@@ -306,6 +309,8 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         for (int s = 0; s < 2; s++) {
             h[i].src[s] = (uint64_t)(uintptr_t)jobs[i].src[s];
             h[i].n[s] = jobs[i].n[s];
+            h[i].row_len[s] = jobs[i].row_len[s];
+            h[i].stride[s] = jobs[i].stride[s];
             h[i].bf16[s] = jobs[i].bf16[s] ? 1u : 0u;
         }
         h[i].off = off;

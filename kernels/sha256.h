@@ -57,10 +57,14 @@ ls_status ls_cuda_merkle_sha256(const void *d_data, size_t n_bytes, size_t leaf_
  * the fp32 value rounded to bf16 by ls_f32_to_bf16, 2 bytes little-endian) or
  * raw (bf16 = 0: the 4 bytes as stored, little-endian). The digest equals
  * SHA-256 of the same canonical bytes built on the host (the CPU backend).
- * A span with n = 0 contributes nothing (src may then be NULL). */
+ * A span is n elements read row by row (rows of row_len elements whose
+ * starts are stride elements apart). A span with n = 0 contributes nothing
+ * (src may then be NULL). */
 typedef struct ls_cuda_digest_job {
-    const void *src[2];          /* device [n[s]] elements */
-    uint64_t n[2];               /* elements of each span */
+    const void *src[2];          /* device: first element of row 0 */
+    uint64_t n[2];               /* elements of each span (all its rows) */
+    uint64_t row_len[2];         /* elements per row; 0 = one contiguous row of n */
+    uint64_t stride[2];          /* elements between row starts (row_len > 0) */
     uint8_t bf16[2];             /* 1 = bf16 encoding, 0 = raw 4 bytes */
 } ls_cuda_digest_job;
 

@@ -18,8 +18,10 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
 #include <string.h>
 
 #include "core/util.h"
+#include "fingerprint/sha256.h"
 #include "ls_cuda.h"
 #include "ops.h"
+#include "sha256.h"
 
 struct ls_buf {
     void *ptr;                 /* device memory inside the arena */
@@ -308,6 +310,60 @@ static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R,
     return ls_cuda_logprobs(F(logits), F(lp), R, V, (int)order, NULL, err);
 }
 
+/* ---- digests ------------------------------------------------------------------------ */
+
+/* Jobs longer than this many encoded bytes are hashed on the host: SHA-256 is
+ * serial within a message, one GPU thread hashes ~50 MB/s and a CPU core with
+ * SHA extensions 1-2 GB/s, so a 2 MiB GDN state or a logits row is faster
+ * downloaded (encoded) and hashed by OpenSSL, while the many short rows
+ * (hidden, KV, router) hash in parallel on the device, 32 bytes back each.
+ * Either way the digest is SHA-256 of the same canonical bytes. */
+#define LS_CUDA_DIGEST_DEVICE_MAX_BYTES 32768
+
+static int host_sha256(const void *data, size_t len, uint8_t out[32])
+{
+    ls_error err;
+    ls_digest d;
+    if (ls_sha256_buf(data, len, &d, &err) != LS_OK) return 1;
+    memcpy(out, d.bytes, 32);
+    return 0;
+}
+
+static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    if (n_jobs <= 0) return LS_OK;
+    if (n_jobs > 0x7fffffffL)
+        return ls_fail(err, LS_E_UNSUPPORTED, "cuda digest: %ld jobs in one call (at most 2^31-1)", n_jobs);
+    ls_cuda_digest_job *cj = calloc((size_t)n_jobs, sizeof *cj);
+    uint8_t *dig = malloc((size_t)n_jobs * 32);
+    ls_status st = LS_OK;
+    if (!cj || !dig) st = ls_fail(err, LS_E_NOMEM, "cuda digest: %ld jobs", n_jobs);
+    for (long j = 0; st == LS_OK && j < n_jobs; j++)
+        for (int s = 0; s < 2; s++) {
+            const ls_digest_span *sp = &jobs[j].span[s];
+            if (sp->rows < 0 || sp->len < 0 || (sp->rows > 1 && sp->stride < sp->len)) {
+                st = ls_fail(err, LS_E_INTERNAL, "cuda digest: job %ld span %d has rows %ld, len %ld, "
+                             "stride %ld", j, s, sp->rows, sp->len, sp->stride);
+                break;
+            }
+            if (sp->rows == 0 || sp->len == 0) continue;
+            cj[j].src[s] = F(sp->src);
+            cj[j].n[s] = (uint64_t)sp->rows * (uint64_t)sp->len;
+            cj[j].row_len[s] = sp->rows > 1 && sp->stride != sp->len ? (uint64_t)sp->len : 0;
+            cj[j].stride[s] = (uint64_t)sp->stride;
+            cj[j].bf16[s] = sp->bf16 ? 1 : 0;
+        }
+    if (st == LS_OK) st = scratch_reserve(im, ls_cuda_digest_scratch_bytes(cj, (int)n_jobs), err);
+    if (st == LS_OK)
+        st = ls_cuda_digest(cj, (int)n_jobs, im->scratch, im->scratch_bytes,
+                            LS_CUDA_DIGEST_DEVICE_MAX_BYTES, host_sha256, dig, NULL, err);
+    for (long j = 0; st == LS_OK && j < n_jobs; j++) memcpy(jobs[j].out->bytes, dig + 32 * j, 32);
+    free(cj);
+    free(dig);
+    return st;
+}
+
 ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err)
 {
     *out = NULL;
@@ -352,6 +408,7 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
     be->moe = cu_moe;
     be->residual = cu_residual;
     be->logprobs = cu_logprobs;
+    be->digest = cu_digest;
     *out = be;
     return LS_OK;
 }

@@ -34,15 +34,17 @@ static uint32_t rnd_bits(void)
 }
 
 /* Canonical bytes of one span appended at out; returns the bytes written. */
-static size_t encode(const uint32_t *v, size_t n, int bf16, uint8_t *out)
+static size_t encode(const uint32_t *v0, size_t n, size_t row_len, size_t stride, int bf16,
+                     uint8_t *out)
 {
     for (size_t i = 0; i < n; i++) {
+        uint32_t x = v0[row_len ? (i / row_len) * stride + i % row_len : i];
         if (bf16) {
-            uint16_t h = ls_f32_to_bf16(ls_f32_from_bits(v[i]));
+            uint16_t h = ls_f32_to_bf16(ls_f32_from_bits(x));
             out[2 * i] = (uint8_t)h;
             out[2 * i + 1] = (uint8_t)(h >> 8);
         } else {
-            for (int b = 0; b < 4; b++) out[4 * i + (size_t)b] = (uint8_t)(v[i] >> (8 * b));
+            for (int b = 0; b < 4; b++) out[4 * i + (size_t)b] = (uint8_t)(x >> (8 * b));
         }
     }
     return n * (bf16 ? 2 : 4);
@@ -61,7 +63,7 @@ static void run_case(int n_jobs, size_t max_elems, size_t device_max)
 {
     ls_error err;
     ls_error_clear(&err);
-    size_t pool = (size_t)n_jobs * 2 * max_elems + 8;
+    size_t pool = (size_t)n_jobs * 2 * (3 * max_elems + 3) + 8;
     uint32_t *h = malloc(pool * 4);
     ck_assert_ptr_nonnull(h);
     for (size_t i = 0; i < pool; i++) h[i] = rnd_bits();
@@ -80,6 +82,13 @@ static void run_case(int n_jobs, size_t max_elems, size_t device_max)
             jobs[j].src[s] = (const uint32_t *)d + cur + skew;
             jobs[j].n[s] = n;
             jobs[j].bf16[s] = (uint8_t)(rnd() % 2);
+            if (n > 3 && rnd() % 2) { /* strided rows: rows of len, stride len + gap */
+                size_t len = 1 + (size_t)(rnd() % 7), rows = n / len;
+                jobs[j].n[s] = rows * len;
+                jobs[j].row_len[s] = len;
+                jobs[j].stride[s] = len + (size_t)(rnd() % 3);
+                n = rows * (size_t)jobs[j].stride[s];
+            }
             cur += n + skew;
         }
     }
@@ -95,7 +104,8 @@ static void run_case(int n_jobs, size_t max_elems, size_t device_max)
     for (int j = 0; j < n_jobs; j++) {
         size_t len = 0;
         for (int s = 0; s < 2; s++)
-            len += encode(h + at[2 * j + s], jobs[j].n[s], jobs[j].bf16[s], bytes + len);
+            len += encode(h + at[2 * j + s], jobs[j].n[s], jobs[j].row_len[s], jobs[j].stride[s],
+                          jobs[j].bf16[s], bytes + len);
         ls_digest want;
         ck_assert_int_eq(ls_sha256_buf(bytes, len, &want, &err), LS_OK);
         if (memcmp(want.bytes, got + 32 * (size_t)j, 32) != 0) {
