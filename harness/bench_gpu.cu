@@ -258,6 +258,9 @@ static void copy2d(cudaStream_t st, float *dst, long dpitch, const float *src, l
 
 /* One forward over nseq sequences of n tokens each (rows packed sequence by
  * sequence), positions p0.. of every sequence. Mirrors engine.c forward(). */
+/* Parts of the step left out, to place the time (bench only): 1 mixers, 2 MoE. */
+static int g_skip;
+
 static void forward(model *m, int nseq, long n, long p0, int act)
 {
     ls_error err; ls_error_clear(&err);
@@ -268,7 +271,8 @@ static void forward(model *m, int nseq, long n, long p0, int act)
     for (int li = 0; li < m->L; li++) {
         layer *l = &m->ly[li];
         T_(ls_cuda_rmsnorm(m->H, l->in_norm, m->XN, T, D, act, 0, s, &err));
-        if (!l->attn) {
+        if (g_skip & 1) {
+        } else if (!l->attn) {
             T_(ls_cuda_linear(l->qkvz, 0, QKVZ, D, m->XN, m->P, T, act, 0, s, &err));
             T_(ls_cuda_linear(l->ba, 0, 2 * HV, D, m->XN, m->BAo, T, act, 0, s, &err));
             copy2d(st, m->Z, HV * DV, m->P + CONV, QKVZ, HV * DV, T);
@@ -319,7 +323,7 @@ static void forward(model *m, int nseq, long n, long p0, int act)
         T_(ls_cuda_rmsnorm(m->H, l->post_norm, m->XN, T, D, act, 0, s, &err));
         T_(ls_cuda_router(l->router, 0, E, D, m->XN, T, TOPK, 1, m->probs, m->ids, m->wts, act, 0, s, &err));
         long chunk = 65535 / (TOPK + 1);
-        for (long t0 = 0; t0 < T; t0 += chunk) {
+        for (long t0 = 0; t0 < T && !(g_skip & 2); t0 += chunk) {
             long c = T - t0 < chunk ? T - t0 : chunk;
             T_(ls_cuda_moe_forward(&l->moe, m->XN + t0 * D, m->ids + t0 * TOPK, m->wts + t0 * TOPK, TOPK,
                                    m->A + t0 * D, c, m->moe_scratch, act, 0, 0, s, &err));
@@ -475,6 +479,21 @@ int main(int argc, char **argv)
             if (r >= 2) t[r - 2] = ms;
         }
         dec_ms[bi] = median(t, reps);
+        float part[3];
+        for (int v = 1; v <= 3; v++) { /* time left out: mixers, MoE experts, both */
+            g_skip = v;
+            for (int r = 0; r < 1 + reps; r++) {
+                tstart(&tm, m.st);
+                forward(&m, B, 1, p0, act_bf16);
+                float ms = tstop(&tm, m.st);
+                if (r >= 1) t[r - 1] = ms;
+            }
+            part[v - 1] = median(t, reps);
+            g_skip = 0;
+        }
+        printf("decode batch %d breakdown: mixers (gdn/attention) %.3f ms, moe experts %.3f ms, rest "
+               "(norms, router, residuals, lm_head, logprobs) %.3f ms\n", B, dec_ms[bi] - part[0],
+               dec_ms[bi] - part[1], part[2]);
         /* Bytes the step must read: every dense weight, the distinct experts
          * the batch routes to (counted per layer on an untimed pass), the
          * lm_head, B embedding rows, states read and written, KV rows read. */

@@ -233,6 +233,28 @@ int main(int argc, char **argv)
     ls_engine *g = make_engine(m, gb, MAXN, 1024 + GEN, 256);
     ls_engine *c = make_engine(m, "cpu", 8, 256 + GEN, 256);
     int32_t *comp = calloc(MAXN * GEN, sizeof(int32_t)), *comp_b = calloc(MAXN * GEN, sizeof(int32_t));
+    /* mixed prefill + decode, joining and leaving */
+    {
+        long plens[3] = {8, 64, quick ? 64 : 256};
+        int nseq = 9;
+        double tc = now_s();
+        recs mg = {0}, mc = {0}, single = {0};
+        mixed(g, m, 500, nseq, 4, 64, plens, &mg);
+        mixed(c, m, 500, nseq, 4, 64, plens, &mc);
+        for (int i = 0; i < nseq; i++) {
+            seqset one;
+            seqset_make(&one, 500 + (uint32_t)i, 1, plens[i % 3], V);
+            int32_t cc[GEN];
+            TRY(ls_engine_rollout(g, one.s, 1, GEN, &GREEDY, cc, recs_sink, &single, E_));
+            free(one.tok);
+            free(one.s);
+        }
+        recs_sort(&single);
+        row("mixed", 9, 0, "step API: mixed, join/leave (4 slots, 64 rows)", &mg, &single, &mc, now_s() - tc);
+        recs_free(&mg);
+        recs_free(&mc);
+        recs_free(&single);
+    }
     for (int pi = 0; pi < nP; pi++) {
         long P = Ps[pi];
         seqset q;
@@ -282,28 +304,6 @@ int main(int argc, char **argv)
         recs_free(&cpu);
         free(q.tok);
         free(q.s);
-    }
-    /* mixed prefill + decode, joining and leaving */
-    {
-        long plens[3] = {8, 64, quick ? 64 : 256};
-        int nseq = 9;
-        double tc = now_s();
-        recs mg = {0}, mc = {0}, single = {0};
-        mixed(g, m, 500, nseq, 4, 64, plens, &mg);
-        mixed(c, m, 500, nseq, 4, 64, plens, &mc);
-        for (int i = 0; i < nseq; i++) {
-            seqset one;
-            seqset_make(&one, 500 + (uint32_t)i, 1, plens[i % 3], V);
-            int32_t cc[GEN];
-            TRY(ls_engine_rollout(g, one.s, 1, GEN, &GREEDY, cc, recs_sink, &single, E_));
-            free(one.tok);
-            free(one.s);
-        }
-        recs_sort(&single);
-        row("mixed", 9, 0, "step API: mixed, join/leave (4 slots, 64 rows)", &mg, &single, &mc, now_s() - tc);
-        recs_free(&mg);
-        recs_free(&mc);
-        recs_free(&single);
     }
     ls_engine_destroy(g);
     ls_engine_destroy(c);

@@ -319,6 +319,17 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
         if (h[i].len > device_max_bytes && h[i].len > max_host) max_host = h[i].len;
     }
+    /* The device hashes all jobs at once, so its time is set by the longest
+     * (~30 MB/s per thread); the host hashes the long jobs one after another
+     * (~1 GB/s). Many long jobs (every-position GDN states of a batch): all on
+     * the device. */
+    uint64_t sum_host = 0;
+    for (int i = 0; i < n_jobs; i++)
+        if (h[i].len > device_max_bytes) sum_host += h[i].len;
+    if (sum_host > 32 * max_host) {
+        device_max_bytes = SIZE_MAX;
+        max_host = 0;
+    }
     uint8_t *h_big = max_host ? (uint8_t *)malloc(max_host) : NULL;
     if (max_host && !h_big) {
         free(h);
