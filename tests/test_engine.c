@@ -346,6 +346,146 @@ START_TEST(test_perturbation_detected)
 }
 END_TEST
 
+/* Continuous batching through the step API: sequences join and leave slots
+ * between steps, prefill chunks of some share steps with decode tokens of
+ * others; each sequence's records equal those of its rollout alone. */
+typedef struct cb_seq {
+    uint32_t id;
+    int32_t *tok;              /* [prompt + max_new] prompt, then generated */
+    long prompt, max_new, n_gen, fed, join_step;
+    long slot;                 /* -1 = not joined / finished */
+} cb_seq;
+
+START_TEST(test_step_continuous_batching)
+{
+    setup();
+    const long NS = 6, every = 5;
+    long prompts[6] = {23, 4, 41, 1, 17, 9}, news[6] = {10, 7, 3, 12, 6, 8}, joins[6] = {2, 0, 0, 3, 5, 9};
+    cb_seq q[6];
+    for (int i = 0; i < NS; i++) {
+        q[i] = (cb_seq){(uint32_t)(70 + i), malloc(sizeof(int32_t) * (size_t)(prompts[i] + news[i])),
+                        prompts[i], news[i], 0, 0, joins[i], -1};
+        int32_t *p = prompt(prompts[i], (uint32_t)(300 + i));
+        memcpy(q[i].tok, p, sizeof(int32_t) * (size_t)prompts[i]);
+        free(p);
+    }
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.n_threads = 2;
+    o.max_rows = 16;
+    o.state_digest_every = every;
+    ls_engine *e;
+    ls_error err;
+    ck_assert_msg(ls_engine_create(g_model, &o, 3, 128, &e, &err) == LS_OK, "%s", err.msg);
+    ls_sampling g = greedy();
+    mtrace all = {0};
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)g_model->cfg.vocab);
+    long V = g_model->cfg.vocab, finished = 0, mixed_steps = 0;
+    for (long step = 0; finished < NS; step++) {
+        ck_assert_int_lt(step, 1000);
+        /* Join: free slots go to waiting sequences whose time has come. */
+        for (int i = 0; i < NS; i++) {
+            if (q[i].slot >= 0 || q[i].n_gen == q[i].max_new || q[i].join_step > step) continue;
+            for (long sl = 0; sl < 3; sl++) {
+                int used = 0;
+                for (int j = 0; j < NS; j++) used |= q[j].slot == sl;
+                if (!used) {
+                    ck_assert_msg(ls_engine_join(e, sl, q[i].id, q[i].prompt, &err) == LS_OK, "%s", err.msg);
+                    q[i].slot = sl;
+                    break;
+                }
+            }
+        }
+        ls_engine_item it[16];
+        int owner[16];
+        long n = 0, rows = 0, pre = 0, dec = 0;
+        for (int i = 0; i < NS && rows < 16; i++) {
+            if (q[i].slot < 0) continue;
+            long avail = q[i].prompt + q[i].n_gen - q[i].fed; /* known tokens not fed yet */
+            long take = avail;
+            if (q[i].fed < q[i].prompt) { /* prefill: a varying chunk */
+                long c = 1 + (step * 7 + i) % 9;
+                take = avail < c ? avail : c;
+                pre++;
+            } else {
+                dec++;
+            }
+            if (take > 16 - rows) take = 16 - rows;
+            if (take <= 0) continue;
+            long last_pos = q[i].prompt + q[i].max_new - 2;
+            it[n] = (ls_engine_item){q[i].slot, q[i].tok + q[i].fed, take, q[i].fed + take - 1 == last_pos};
+            owner[n++] = i;
+            rows += take;
+        }
+        if (n == 0) continue;
+        mixed_steps += pre > 0 && dec > 0;
+        ck_assert_msg(ls_engine_step(e, it, n, &err) == LS_OK, "%s", err.msg);
+        ck_assert_int_eq(ls_engine_step_rows(e), rows);
+        for (long s = 0, r = 0; s < n; s++) {
+            cb_seq *x = &q[owner[s]];
+            for (long j = 0; j < it[s].n; j++, r++) {
+                long p = x->fed + j;
+                int32_t next;
+                if (p + 1 < x->prompt) next = x->tok[p + 1];
+                else {
+                    ck_assert_int_eq(ls_sample_select(&g, ls_engine_logprobs(e, r), V, x->id,
+                                                      (uint32_t)(p + 1), ids, &next, &err), LS_OK);
+                    x->tok[x->prompt + x->n_gen++] = next;
+                }
+                const ls_trace_record *rec = ls_engine_record(e, r, next);
+                ck_assert_uint_eq(rec->seq, x->id);
+                ck_assert_uint_eq(rec->pos, (uint32_t)p);
+                collect(&all, LS_FRAME_DECODE, rec, 1, NULL);
+            }
+            x->fed += it[s].n;
+            if (x->n_gen == x->max_new) {
+                ls_engine_leave(e, x->slot);
+                x->slot = -1;
+                finished++;
+            }
+        }
+    }
+    ck_assert_msg(mixed_steps > 0, "no step mixed prefill and decode");
+    ls_engine_destroy(e);
+    /* Each sequence alone, through the rollout driver. */
+    ck_assert_msg(ls_engine_create(g_model, &o, 1, 128, &e, &err) == LS_OK, "%s", err.msg);
+    int gdn_tl = -1;
+    for (long l = 0; l < g_model->cfg.n_layers && gdn_tl < 0; l++)
+        if (!g_model->cfg.is_attention[l]) gdn_tl = (int)(1 + 2 * l);
+    for (int i = 0; i < NS; i++) {
+        ls_sequence s = {q[i].id, q[i].tok, q[i].prompt, 0}, full;
+        mtrace one = {0}, sub = {0};
+        rollout(e, &s, 1, q[i].max_new, &g, &one, &full);
+        ck_assert_mem_eq(full.tokens, q[i].tok, sizeof(int32_t) * (size_t)full.n_tokens);
+        for (long r = 0; r < all.n; r++)
+            if (all.v[r].r.seq == q[i].id) {
+                ls_trace_record rr = all.v[r].r;
+                rr.digests = all.v[r].d;
+                collect(&sub, LS_FRAME_DECODE, &rr, 1, NULL);
+            }
+        char what[96];
+        snprintf(what, sizeof what, "sequence %u amid joins/leaves = alone", q[i].id);
+        expect_equal(what, &one, &sub);
+        /* Carried-state cadence: p % 5 == 4, the last prompt position, the last position. */
+        long last = q[i].prompt + q[i].max_new - 2;
+        for (long r = 0; r < one.n; r++) {
+            long p = one.v[r].r.pos;
+            int want = p % every == every - 1 || p == q[i].prompt - 1 || p == last, have = 0;
+            for (uint32_t k = 0; k < one.v[r].r.n_digests; k++)
+                have |= one.v[r].d[k].layer == gdn_tl && one.v[r].d[k].kind == LS_DIGEST_GDN_STATE;
+            ck_assert_msg(have == want, "seq %u pos %ld: gdn_state digest %s (prompt %ld, last %ld)",
+                          q[i].id, p, have ? "present" : "missing", q[i].prompt, last);
+        }
+        mfree(&one), mfree(&sub);
+        free((void *)full.tokens);
+    }
+    ls_engine_destroy(e);
+    mfree(&all);
+    free(ids);
+    for (int i = 0; i < NS; i++) free(q[i].tok);
+}
+END_TEST
+
 static void expect_config_rejected(const char *key, const char *value_json, const char *needle)
 {
     setup();
@@ -394,6 +534,7 @@ int main(void)
     tcase_add_test(tc, test_chunkings_and_packing);
     tcase_add_test(tc, test_decode_batch_and_sampling);
     tcase_add_test(tc, test_perturbation_detected);
+    tcase_add_test(tc, test_step_continuous_batching);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -1,4 +1,6 @@
-/* lockstep — provider registry tables. CPU rows follow docs/numerics.md; the
+/* lockstep — provider registry tables. CPU rows follow docs/numerics.md and
+ * name the cpu_ops.h functions backend_cpu.c actually calls (the engine runs
+ * every op through that table, digests included); the
  * CUDA rows are added by the CUDA backend. */
 #include "backend/providers.h"
 
@@ -14,20 +16,21 @@ static const ls_provider cpu_rows[] = {
     CPU("gated_rmsnorm", "ls_cpu_gated_rmsnorm", "1x32", "fp32", "dot32-lanes32-butterfly"),
     CPU("conv_silu", "ls_cpu_conv_silu", "-", "fp32", "sequential-taps"),
     CPU("gdn_gates", "ls_cpu_gdn_gates", "-", "fp32", "elementwise"),
-    CPU("l2norm", "ls_cpu_l2norm", "1x32", "fp32", "dot32-lanes32-butterfly"),
-    CPU("gdn_recurrent", "ls_cpu_gdn_recurrent", "1x32", "fp32", "gdn-recurrent-dot32"),
-    CPU("rope", "ls_cpu_rope", "-", "fp32", "elementwise"),
-    CPU("attention", "ls_cpu_attention", "1x32", "fp32", "online-softmax-block32"),
-    CPU("router_softmax", "ls_cpu_router_softmax", "1x32", "fp32", "dot32-max-exp-sum32"),
-    CPU("topk", "ls_cpu_topk", "-", "fp32", "sequential-topk-order"),
-    CPU("renormalise", "ls_cpu_renormalise", "-", "fp32", "sequential-topk-order"),
-    CPU("experts", "ls_cpu_experts", "1x32", "fp32", "dot32-lanes32-butterfly"),
-    CPU("combine", "ls_cpu_combine", "-", "fp32", "sequential-topk-order"),
-    CPU("shared_expert", "ls_cpu_shared_expert", "1x32", "fp32", "dot32-lanes32-butterfly"),
-    CPU("lm_head", "ls_cpu_lm_head", "1x32", "fp32", "dot32-lanes32-butterfly"),
+    CPU("l2norm", "ls_cpu_l2norm_scale", "1x32", "fp32", "dot32-lanes32-butterfly"),
+    CPU("gdn_recurrent", "ls_cpu_gdn_recurrent_heads", "1x32", "fp32", "gdn-recurrent-dot32"),
+    CPU("rope", "ls_cpu_rope_table+ls_cpu_rope_apply", "-", "fp32", "elementwise"),
+    CPU("attention", "ls_cpu_attention_heads", "1x32", "fp32", "online-softmax-block32"),
+    CPU("router_softmax", "ls_cpu_router", "1x32", "fp32", "dot32-max-exp-sum32"),
+    CPU("topk", "ls_cpu_router", "-", "fp32", "sequential-topk-order"),
+    CPU("renormalise", "ls_cpu_router", "-", "fp32", "sequential-topk-order"),
+    CPU("experts", "ls_cpu_moe_slot", "1x32", "fp32", "dot32-lanes32-butterfly"),
+    CPU("combine", "ls_cpu_moe_combine", "-", "fp32", "sequential-topk-order"),
+    CPU("shared_expert", "ls_cpu_moe_slot", "1x32", "fp32", "dot32-lanes32-butterfly"),
+    CPU("lm_head", "ls_cpu_linear", "1x32", "fp32", "dot32-lanes32-butterfly"),
     CPU("logprobs", "ls_cpu_logprobs", "1x32", "fp32", "max-exp-sum32-log"),
-    CPU("sampling", "ls_cpu_sampling", "-", "fp32", "greedy-lower-id-or-counter-rng"),
-    CPU("digest", "ls_cpu_digest", "-", "none", "sha256-row-major"),
+    CPU("sampling", "ls_sample_select", "-", "fp32", "greedy-lower-id-or-counter-rng"),
+    CPU("digest", "cpu_digest (OpenSSL EVP SHA-256, jobs split across threads)", "-", "none",
+        "sha256-row-major"),
 };
 
 #define CUDA(op, kernel, tile, order) \

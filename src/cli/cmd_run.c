@@ -1,0 +1,163 @@
+/* lockstep run — rollout or replay on a checkpoint, writing a trace. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/run_common.h"
+#include "core/util.h"
+
+static const char usage_text[] =
+    "usage: lockstep run --checkpoint DIR --mode rollout --prompts FILE --max-new-tokens N -o TRACE [options]\n"
+    "       lockstep run --checkpoint DIR --mode replay (--from ROLLOUT_TRACE | --tokens FILE) -o TRACE [options]\n"
+    "\n"
+    "Runs the model with the strict (fixed-order, batch-invariant) engine and writes\n"
+    "a trace: per position the token, the selected next token, its logprob, the\n"
+    "top-5 and per-layer digests (hidden rows, router, KV every position; GDN and\n"
+    "conv state every --state-digest-every positions, at the prompt boundary and\n"
+    "at each sequence's last position). The header pins the checkpoint's Merkle\n"
+    "root, the digest of the manifest built in process and the run parameters.\n"
+    "\n"
+    "Rollout prefills every prompt (packed) and decodes token by token. Replay\n"
+    "recomputes each full sequence teacher-forced, --chunk tokens per step; with\n"
+    "--from it takes the sequences, prompt lengths, activations and state cadence\n"
+    "from the rollout trace. `lockstep compare ROLLOUT REPLAY` then checks them.\n"
+    "\n"
+    "inputs:\n"
+    "  --checkpoint DIR          Hugging Face checkpoint directory (Qwen3-Next)\n"
+    "  --prompts FILE            rollout: JSONL, one {\"id\": N, \"tokens\": [...]} per line\n"
+    "  --from TRACE              replay: the rollout trace to recompute\n"
+    "  --tokens FILE             replay: JSONL {\"id\", \"tokens\" (prompt + completion), \"prompt_len\"}\n"
+    "options:\n"
+    "  --max-new-tokens N        rollout: tokens to generate per sequence (default 16)\n"
+    "  --chunk N                 replay: tokens per sequence per step (default: whole sequence)\n"
+    "  --sampling greedy|seeded  token selection (default greedy; seeded is keyed by seed, sequence, position)\n"
+    "  --seed S --temperature T --top-k K --top-p P   seeded sampling parameters\n"
+    "  --activations bf16|fp32   activation dtype (default bf16; replay --from: the rollout's)\n"
+    "  --backend cpu|cuda        operator backend (default cpu; cuda needs a CUDA build and a GPU)\n"
+    "  --threads N               CPU worker threads (no effect on any bit; default 1)\n"
+    "  --state-digest-every N    carried-state digest cadence (default 64; replay --from: the rollout's)\n"
+    "  --perturb layer=L,op=OP   reverse one operator's reduction order in decoder layer L\n"
+    "                            (gdn, conv, attention, router, experts, combine, norm, lm_head);\n"
+    "                            recorded in the manifest and run params, never a strict run\n"
+    "  --dump-layers L,...       also store the full tensors of these decoder layers\n"
+    "  --max-rows N              packed tokens per forward (default 256)\n"
+    "  --reverse-batch           pack the batch in reverse order\n"
+    "  -o, --out TRACE           the trace to write (temporary name, renamed when complete)\n"
+    "\n"
+    "exit status: 0 trace written, 2 could not run (usage, bad input, no GPU, I/O)\n";
+
+static ls_status parse_float(const char *opt, const char *v, float lo, float hi, float *out, ls_error *err)
+{
+    char *end;
+    float x = strtof(v, &end);
+    if (end == v || *end || !(x >= lo && x <= hi))
+        return ls_fail(err, LS_E_USAGE, "%s '%s': expected a number in %g..%g", opt, v, (double)lo, (double)hi);
+    *out = x;
+    return LS_OK;
+}
+
+int ls_cmd_run(int argc, char **argv)
+{
+    ls_run_spec s;
+    ls_run_spec_default(&s);
+    const char *prompts = NULL, *from = NULL, *tokens = NULL, *sampling = "greedy", *act = NULL;
+    long state_every = 0, v;
+    int have_seed = 0;
+    ls_error err;
+    ls_error_clear(&err);
+    ls_status st = LS_OK;
+    for (int i = 1; st == LS_OK && i < argc; i++) {
+        const char *a = argv[i];
+        if (ls_cli_is_help(a)) {
+            fputs(usage_text, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--reverse-batch")) {
+            s.reverse_batch = 1;
+            continue;
+        }
+        if (a[0] != '-' || i + 1 >= argc) {
+            st = ls_fail(&err, LS_E_USAGE, "unexpected argument or missing value: %s", a);
+            break;
+        }
+        const char *x = argv[++i];
+        if (!strcmp(a, "--checkpoint")) s.checkpoint = x;
+        else if (!strcmp(a, "--mode")) s.mode = x;
+        else if (!strcmp(a, "--prompts")) prompts = x;
+        else if (!strcmp(a, "--from")) from = x;
+        else if (!strcmp(a, "--tokens")) tokens = x;
+        else if (!strcmp(a, "-o") || !strcmp(a, "--out")) s.out = x;
+        else if (!strcmp(a, "--max-new-tokens")) st = ls_cli_parse_long(a, x, 1, 1L << 24, &s.max_new, &err);
+        else if (!strcmp(a, "--chunk")) st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.chunk, &err);
+        else if (!strcmp(a, "--sampling")) sampling = x;
+        else if (!strcmp(a, "--seed")) {
+            char *end;
+            s.sampling.seed = strtoull(x, &end, 10);
+            if (end == x || *end || x[0] == '-') st = ls_fail(&err, LS_E_USAGE, "--seed '%s': expected an unsigned integer", x);
+            have_seed = 1;
+        } else if (!strcmp(a, "--temperature")) st = parse_float(a, x, 1e-6f, 1e6f, &s.sampling.temperature, &err);
+        else if (!strcmp(a, "--top-k")) st = ls_cli_parse_long(a, x, 0, 1L << 30, &s.sampling.top_k, &err);
+        else if (!strcmp(a, "--top-p")) {
+            st = parse_float(a, x, 0.0f, 1.0f, &s.sampling.top_p, &err);
+            if (st == LS_OK && s.sampling.top_p <= 0.0f) st = ls_fail(&err, LS_E_USAGE, "--top-p must be > 0");
+        } else if (!strcmp(a, "--activations")) act = x;
+        else if (!strcmp(a, "--backend")) s.backend = x;
+        else if (!strcmp(a, "--threads")) {
+            st = ls_cli_parse_long(a, x, 1, 1024, &v, &err);
+            s.threads = (int)v;
+        } else if (!strcmp(a, "--state-digest-every")) st = ls_cli_parse_long(a, x, 1, 1L << 30, &state_every, &err);
+        else if (!strcmp(a, "--perturb")) s.perturb = x;
+        else if (!strcmp(a, "--dump-layers")) s.dump_layers = x;
+        else if (!strcmp(a, "--max-rows")) st = ls_cli_parse_long(a, x, 1, 1L << 20, &s.max_rows, &err);
+        else st = ls_fail(&err, LS_E_USAGE, "unknown option: %s", a);
+    }
+    if (st != LS_OK) return ls_cli_report("run", &err);
+    int rollout = !strcmp(s.mode, "rollout");
+    if (!rollout && strcmp(s.mode, "replay"))
+        st = ls_fail(&err, LS_E_USAGE, "--mode '%s': expected rollout or replay", s.mode);
+    else if (!s.checkpoint) st = ls_fail(&err, LS_E_USAGE, "--checkpoint DIR is required");
+    else if (!s.out) st = ls_fail(&err, LS_E_USAGE, "-o TRACE is required");
+    else if (rollout && (!prompts || from || tokens))
+        st = ls_fail(&err, LS_E_USAGE, "--mode rollout takes --prompts FILE (not --from/--tokens)");
+    else if (!rollout && (prompts || !from == !tokens))
+        st = ls_fail(&err, LS_E_USAGE, "--mode replay takes exactly one of --from TRACE or --tokens FILE");
+    else if (strcmp(s.backend, "cpu") && strcmp(s.backend, "cuda"))
+        st = ls_fail(&err, LS_E_USAGE, "--backend '%s': expected cpu or cuda", s.backend);
+    else if (act && strcmp(act, "bf16") && strcmp(act, "fp32"))
+        st = ls_fail(&err, LS_E_USAGE, "--activations '%s': expected bf16 or fp32", act);
+    else if (!strcmp(sampling, "seeded")) {
+        s.sampling.kind = LS_SAMPLING_SEEDED;
+        if (!have_seed) st = ls_fail(&err, LS_E_USAGE, "--sampling seeded needs --seed S");
+    } else if (strcmp(sampling, "greedy"))
+        st = ls_fail(&err, LS_E_USAGE, "--sampling '%s': expected greedy or seeded", sampling);
+    if (st != LS_OK) return ls_cli_report("run", &err);
+
+    ls_cli_batch b = {0, NULL};
+    if (rollout) st = ls_cli_load_prompts(prompts, 0, &b, &err);
+    else if (tokens) st = ls_cli_load_tokens(tokens, 0, &b, &err);
+    else {
+        ls_cli_rollout_info info;
+        st = ls_cli_load_rollout(from, &b, &info, &err);
+        if (st == LS_OK) {
+            if (!act) s.act_bf16 = info.act_bf16;
+            if (!state_every) state_every = info.state_digest_every;
+        }
+    }
+    if (st != LS_OK) return ls_cli_report("run", &err);
+    if (act) s.act_bf16 = !strcmp(act, "bf16");
+    if (state_every) s.state_digest_every = state_every;
+    s.batch = &b;
+    s.progress = 1;
+    ls_run_result res;
+    st = ls_cli_run_engine(&s, &res, &err);
+    ls_cli_batch_free(&b);
+    if (st != LS_OK) return ls_cli_report("run", &err);
+    free(res.completions);
+    ls_log_info("%s: %llu records, %llu positions in %.2f s (%.1f tokens/s), backend %s, model %.16s..., "
+                "manifest %.16s...%s",
+                s.out, (unsigned long long)res.records, (unsigned long long)res.positions, res.seconds,
+                res.seconds > 0 ? (double)res.positions / res.seconds : 0.0, s.backend, res.merkle_root,
+                res.manifest_digest, s.perturb ? " (perturbed: not a strict run)" : "");
+    return 0;
+}

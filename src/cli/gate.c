@@ -1,0 +1,226 @@
+/* lockstep CLI — the gate; see gate.h. */
+#include "cli/gate.h"
+
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compare/compare.h"
+#include "core/util.h"
+#include "report/report.h"
+
+static const ls_gate_variant standard[] = {
+    {"chunk 1", 1, 0, NULL},
+    {"chunk 3", 3, 0, NULL},
+    {"chunk 64", 64, 0, NULL},
+    {"whole sequence", 0, 0, NULL},
+    {"chunk 64, batch reversed", 64, 1, NULL},
+};
+
+static void xml_text(FILE *f, const char *s)
+{
+    for (; *s; s++) {
+        switch (*s) {
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '&': fputs("&amp;", f); break;
+        case '"': fputs("&quot;", f); break;
+        default:
+            if ((unsigned char)*s >= 0x20 || *s == '\n' || *s == '\t') fputc(*s, f);
+        }
+    }
+}
+
+static ls_status write_junit(const char *path, const ls_gate_result *r, ls_error *err)
+{
+    ls_outfile f;
+    LS_TRY(ls_outfile_open(&f, path, err));
+    int failures = 0;
+    for (int i = 0; i < r->n_rows; i++) failures += !r->rows[i].equal && !r->rows[i].perturbed;
+    fprintf(f.fp, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"lockstep gate\" tests=\"%d\" "
+            "failures=\"%d\">\n", r->n_rows, failures);
+    for (int i = 0; i < r->n_rows; i++) {
+        const ls_gate_row *w = &r->rows[i];
+        int fail = w->perturbed ? w->equal : !w->equal;
+        fprintf(f.fp, "  <testsuite name=\"rollout vs replay ");
+        xml_text(f.fp, w->name);
+        fprintf(f.fp, "\" tests=\"1\" failures=\"%d\" time=\"%.3f\">\n    <testcase classname=\"lockstep.gate\" "
+                "name=\"", fail, w->seconds);
+        xml_text(f.fp, w->name);
+        fprintf(f.fp, "\" time=\"%.3f\">", w->seconds);
+        if (fail) {
+            fputs("\n      <failure message=\"", f.fp);
+            xml_text(f.fp, w->perturbed ? "perturbed replay was not detected" : w->first);
+            fputs("\"/>\n    ", f.fp);
+        }
+        fprintf(f.fp, "</testcase>\n  </testsuite>\n");
+    }
+    fputs("</testsuites>\n", f.fp);
+    return ls_outfile_commit(&f, err);
+}
+
+static ls_status write_json(const char *path, const ls_gate_opts *o, const ls_gate_result *r, ls_error *err)
+{
+    json_t *rows = json_array();
+    for (int i = 0; i < r->n_rows; i++) {
+        const ls_gate_row *w = &r->rows[i];
+        json_t *row = json_pack("{s:s, s:b, s:b, s:I, s:I, s:I, s:I, s:f, s:f}", "replay", w->name, "perturbed",
+                                w->perturbed, "equal", w->equal, "positions", (json_int_t)w->positions,
+                                "positions_total", (json_int_t)w->positions_total, "tokens_equal",
+                                (json_int_t)w->tokens_equal, "topk_sets_equal", (json_int_t)w->topk_equal,
+                                "max_abs_dlogprob", w->max_dlogprob, "seconds", w->seconds);
+        if (w->has_drift)
+            json_object_set_new(row, "first_drift",
+                                json_pack("{s:s, s:I, s:I, s:i, s:s, s:i}", "message", w->first, "seq",
+                                          (json_int_t)w->seq, "pos", (json_int_t)w->pos, "layer", w->layer,
+                                          "family", w->layer >= 0 ? ls_layer_family_name(w->family) : "",
+                                          "decoder_layer", w->decoder_layer));
+        json_array_append_new(rows, row);
+    }
+    json_t *doc = json_pack("{s:s, s:b, s:s, s:s, s:s, s:I, s:I, s:f, s:o}", "gate", "lockstep rollout-replay",
+                            "pass", r->all_equal, "model_fingerprint", r->merkle_root, "manifest_digest",
+                            r->manifest_digest, "backend", o->backend, "max_new_tokens", (json_int_t)o->max_new,
+                            "rollout_positions", (json_int_t)r->rollout_positions, "rollout_seconds",
+                            r->rollout_seconds, "replays", rows);
+    char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(doc);
+    if (!text) return ls_fail(err, LS_E_NOMEM, "out of memory");
+    size_t n = strlen(text);
+    ls_status st;
+    if (!strcmp(path, "-")) {
+        fwrite(text, 1, n, stdout);
+        fputc('\n', stdout);
+        st = LS_OK;
+    } else {
+        text[n] = '\n';
+        st = ls_write_file_atomic(path, text, n + 1, err);
+    }
+    free(text);
+    return st;
+}
+
+static void summarise(const ls_compare_result *c, ls_gate_row *w)
+{
+    w->equal = c->equal;
+    for (size_t i = 0; i < c->n_seqs; i++) {
+        const ls_compare_seq *s = &c->seqs[i];
+        w->positions += s->positions_compared;
+        w->positions_total += s->positions_compared + s->positions_only_a + s->positions_only_b;
+        w->tokens_equal += s->tokens_equal;
+        w->topk_equal += s->topk_set_equal;
+        if (s->max_abs_dlogprob > w->max_dlogprob) w->max_dlogprob = s->max_abs_dlogprob;
+    }
+    if (c->first_seq >= 0) {
+        const ls_compare_drift *d = &c->seqs[c->first_seq].first;
+        w->has_drift = 1;
+        snprintf(w->first, sizeof w->first, "%s", d->message);
+        w->seq = d->seq;
+        w->pos = d->pos;
+        w->layer = d->layer;
+        w->family = d->family;
+        w->decoder_layer = d->decoder_layer;
+        w->kind = d->kind;
+        w->digest_drift = d->what == LS_DRIFT_DIGEST;
+    }
+}
+
+ls_status ls_gate_run(const ls_gate_opts *o, const ls_cli_batch *batch, FILE *out, ls_gate_result *r,
+                      ls_error *err)
+{
+    memset(r, 0, sizeof *r);
+    const ls_gate_variant *vars = o->variants ? o->variants : standard;
+    int nv = o->variants ? o->n_variants : (int)(sizeof standard / sizeof standard[0]);
+    if (nv < 1 || nv > LS_GATE_MAX_VARIANTS) return ls_fail(err, LS_E_USAGE, "gate: %d replays (1..%d)", nv,
+                                                              LS_GATE_MAX_VARIANTS);
+    char dir[4096], ro_path[4200], rp_path[4200], rep[4300];
+    int temporary;
+    LS_TRY(ls_cli_workdir(o->workdir, "gate", dir, sizeof dir, &temporary, err));
+    snprintf(ro_path, sizeof ro_path, "%s/rollout.trace", dir);
+    ls_run_spec s;
+    ls_run_spec_default(&s);
+    s.checkpoint = o->checkpoint;
+    s.max_new = o->max_new;
+    s.backend = o->backend;
+    s.threads = o->threads;
+    s.batch = batch;
+    s.out = ro_path;
+    s.progress = out != NULL;
+    ls_run_result res;
+    ls_cli_batch full = {0, NULL};
+    ls_cli_rollout_info info;
+    ls_status st = ls_cli_run_engine(&s, &res, err);
+    if (st == LS_OK) {
+        free(res.completions);
+        memcpy(r->merkle_root, res.merkle_root, 65);
+        memcpy(r->manifest_digest, res.manifest_digest, 65);
+        r->rollout_positions = res.positions;
+        r->rollout_seconds = res.seconds;
+        st = ls_cli_load_rollout(ro_path, &full, &info, err);
+    }
+    if (st == LS_OK && out)
+        fprintf(out, "rollout: %ld sequences, %llu positions in %.2f s (%.0f tokens/s), backend %s\n"
+                "model %s\n\n%-26s %-13s %-13s %-13s %-15s %s\n", batch->n,
+                (unsigned long long)res.positions, res.seconds,
+                res.seconds > 0 ? (double)res.positions / res.seconds : 0.0, o->backend, r->merkle_root,
+                "replay", "positions", "tokens", "top-5 sets", "max|dlogprob|", "result");
+    r->all_equal = 1;
+    for (int v = 0; st == LS_OK && v < nv; v++) {
+        ls_gate_row *w = &r->rows[r->n_rows++];
+        snprintf(w->name, sizeof w->name, "%s", vars[v].name);
+        w->perturbed = vars[v].perturb != NULL;
+        w->layer = -1;
+        snprintf(rp_path, sizeof rp_path, "%s/replay-%d.trace", dir, v + 1);
+        s.mode = "replay";
+        s.batch = &full;
+        s.chunk = vars[v].chunk;
+        s.reverse_batch = vars[v].reverse;
+        s.perturb = vars[v].perturb;
+        s.act_bf16 = info.act_bf16;
+        s.state_digest_every = info.state_digest_every;
+        s.out = rp_path;
+        st = ls_cli_run_engine(&s, &res, err);
+        if (st != LS_OK) break;
+        w->seconds = res.seconds;
+        ls_compare_result c;
+        st = ls_compare_files(ro_path, rp_path, NULL, &c, err);
+        if (st == LS_OK) {
+            summarise(&c, w);
+            if (o->workdir) { /* per-replay reports beside the traces */
+                snprintf(rep, sizeof rep, "%s/compare-%d.json", dir, v + 1);
+                st = ls_report_write_json(rep, &c, err);
+                snprintf(rep, sizeof rep, "%s/compare-%d.junit.xml", dir, v + 1);
+                if (st == LS_OK) st = ls_report_write_junit(rep, &c, err);
+            }
+        }
+        ls_compare_result_free(&c);
+        if (st != LS_OK) break;
+        if (!w->perturbed && !w->equal) r->all_equal = 0;
+        if (out) {
+            char pos[32], tok[32], top[32];
+            snprintf(pos, sizeof pos, "%llu/%llu", (unsigned long long)w->positions,
+                     (unsigned long long)w->positions_total);
+            snprintf(tok, sizeof tok, "%llu/%llu", (unsigned long long)w->tokens_equal,
+                     (unsigned long long)w->positions);
+            snprintf(top, sizeof top, "%llu/%llu", (unsigned long long)w->topk_equal,
+                     (unsigned long long)w->positions);
+            fprintf(out, "%-26s %-13s %-13s %-13s %-15.9g %s%s\n", w->name, pos, tok, top, w->max_dlogprob,
+                    w->equal ? "PASS" : "FAIL", w->perturbed ? " (perturbed: drift expected)" : "");
+            fflush(out);
+        }
+    }
+    if (st == LS_OK && out) {
+        int n_strict = 0, n_pass = 0;
+        for (int i = 0; i < r->n_rows; i++)
+            if (!r->rows[i].perturbed) n_strict++, n_pass += r->rows[i].equal;
+        fprintf(out, "\n%s: %d/%d replays bitwise equal to the rollout\n", r->all_equal ? "PASS" : "FAIL", n_pass,
+                n_strict);
+        for (int i = 0; i < r->n_rows; i++)
+            if (r->rows[i].has_drift)
+                fprintf(out, "first drift (%s): %s\n", r->rows[i].name, r->rows[i].first);
+    }
+    if (st == LS_OK && o->junit) st = write_junit(o->junit, r, err);
+    if (st == LS_OK && o->json) st = write_json(o->json, o, r, err);
+    ls_cli_batch_free(&full);
+    if (temporary) ls_cli_workdir_remove(dir);
+    return st;
+}
