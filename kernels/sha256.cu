@@ -208,3 +208,169 @@ extern "C" ls_status ls_cuda_merkle_sha256(const void *d_data, size_t n_bytes, s
     LS_CUDA_CHECK_LAUNCH("ls_sha256_one_kernel", err);
     return LS_OK;
 }
+
+/* ---- digests of encoded activation spans ------------------------------------------ */
+
+#include <stdlib.h>
+
+#include "numerics/reduce.h"
+
+typedef struct ls_digest_entry {   /* device copy of one job */
+    uint64_t src[2];               /* device addresses */
+    uint64_t n[2];                 /* elements */
+    uint64_t row_len[2];           /* 0 = contiguous */
+    uint64_t stride[2];
+    uint64_t off;                  /* encoded bytes start in the scratch (16-aligned) */
+    uint64_t len;                  /* encoded bytes */
+    uint32_t bf16[2];
+} ls_digest_entry;
+
+#define LS_ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+static uint64_t ls_job_bytes(const ls_cuda_digest_job *j)
+{
+    return j->n[0] * (j->bf16[0] ? 2u : 4u) + j->n[1] * (j->bf16[1] ? 2u : 4u);
+}
+
+/* Scratch layout: [entries][digests][encoded bytes], each part 256-aligned. */
+static void ls_digest_layout(const ls_cuda_digest_job *jobs, int n, size_t *digests_at,
+                             size_t *bytes_at, size_t *total)
+{
+    size_t a = LS_ALIGN_UP(sizeof(ls_digest_entry) * (size_t)n, 256);
+    size_t b = a + LS_ALIGN_UP((size_t)n * 32, 256);
+    size_t c = 0;
+    for (int i = 0; i < n; i++) c += LS_ALIGN_UP(ls_job_bytes(&jobs[i]), 16);
+    *digests_at = a;
+    *bytes_at = b;
+    *total = b + c + 16;
+}
+
+extern "C" size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, int n_jobs)
+{
+    size_t a, b, t;
+    ls_digest_layout(jobs, n_jobs, &a, &b, &t);
+    return t;
+}
+
+/* One (job, element) per thread: blockIdx.y strides the jobs, x the elements. */
+__global__ void ls_digest_encode_kernel(const ls_digest_entry *ent, int n_jobs, uint8_t *bytes)
+{
+    for (int j = blockIdx.y; j < n_jobs; j += gridDim.y) {
+        ls_digest_entry e = ent[j];
+        uint64_t total = e.n[0] + e.n[1];
+        uint64_t w0 = e.bf16[0] ? 2u : 4u;
+        for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+             i += (uint64_t)gridDim.x * blockDim.x) {
+            int s = i < e.n[0] ? 0 : 1;
+            uint64_t el = s ? i - e.n[0] : i;
+            uint64_t src = e.row_len[s] ? (el / e.row_len[s]) * e.stride[s] + el % e.row_len[s] : el;
+            uint32_t bits = ((const uint32_t *)e.src[s])[src];
+            uint8_t *dst = bytes + e.off + (s ? e.n[0] * w0 + el * (e.bf16[1] ? 2u : 4u) : el * w0);
+            if (e.bf16[s]) {
+                uint16_t h = ls_f32_to_bf16(ls_f32_from_bits(bits));
+                dst[0] = (uint8_t)h;
+                dst[1] = (uint8_t)(h >> 8);
+            } else if ((((uintptr_t)dst) & 3u) == 0) {
+                *(uint32_t *)dst = bits; /* little-endian device */
+            } else {
+                dst[0] = (uint8_t)bits;
+                dst[1] = (uint8_t)(bits >> 8);
+                dst[2] = (uint8_t)(bits >> 16);
+                dst[3] = (uint8_t)(bits >> 24);
+            }
+        }
+    }
+}
+
+__global__ void ls_digest_hash_kernel(const ls_digest_entry *ent, int n_jobs, const uint8_t *bytes,
+                                      uint64_t device_max, uint8_t *digests)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n_jobs || ent[j].len > device_max) return;
+    ls_sha256_device(bytes + ent[j].off, ent[j].len, digests + (uint64_t)j * 32);
+}
+
+extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, void *d_scratch,
+                                    size_t scratch_bytes, size_t device_max_bytes,
+                                    ls_cuda_host_sha256_fn host_sha256, uint8_t *h_digests,
+                                    void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(n_jobs >= 0, err, "digest: n_jobs %d < 0", n_jobs);
+    if (n_jobs == 0) return LS_OK;
+    size_t dig_at, bytes_at, total;
+    ls_digest_layout(jobs, n_jobs, &dig_at, &bytes_at, &total);
+    LS_CUDA_REQUIRE(total <= scratch_bytes, err, "digest: scratch of %zu bytes, %zu needed",
+                    scratch_bytes, total);
+    ls_digest_entry *h = (ls_digest_entry *)malloc(sizeof *h * (size_t)n_jobs);
+    if (!h) return ls_fail(err, LS_E_NOMEM, "digest: %d job entries", n_jobs);
+    if (!host_sha256) device_max_bytes = SIZE_MAX;
+    uint64_t off = 0, max_el = 0, max_host = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        for (int s = 0; s < 2; s++) {
+            h[i].src[s] = (uint64_t)(uintptr_t)jobs[i].src[s];
+            h[i].n[s] = jobs[i].n[s];
+            h[i].row_len[s] = jobs[i].row_len[s];
+            h[i].stride[s] = jobs[i].stride[s];
+            h[i].bf16[s] = jobs[i].bf16[s] ? 1u : 0u;
+        }
+        h[i].off = off;
+        h[i].len = ls_job_bytes(&jobs[i]);
+        off += LS_ALIGN_UP(h[i].len, 16);
+        if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
+        if (h[i].len > device_max_bytes && h[i].len > max_host) max_host = h[i].len;
+    }
+    /* The device hashes all jobs at once, so its time is set by the longest
+     * (~30 MB/s per thread); the host hashes the long jobs one after another
+     * (~1 GB/s). Many long jobs (every-position GDN states of a batch): all on
+     * the device. */
+    uint64_t sum_host = 0;
+    for (int i = 0; i < n_jobs; i++)
+        if (h[i].len > device_max_bytes) sum_host += h[i].len;
+    if (sum_host > 32 * max_host) {
+        device_max_bytes = SIZE_MAX;
+        max_host = 0;
+    }
+    uint8_t *h_big = max_host ? (uint8_t *)malloc(max_host) : NULL;
+    if (max_host && !h_big) {
+        free(h);
+        return ls_fail(err, LS_E_NOMEM, "digest: %llu bytes of host staging",
+                       (unsigned long long)max_host);
+    }
+    cudaStream_t s = (cudaStream_t)stream;
+    uint8_t *base = (uint8_t *)d_scratch;
+    ls_digest_entry *d_ent = (ls_digest_entry *)base;
+    cudaError_t ce = cudaMemcpyAsync(d_ent, h, sizeof *h * (size_t)n_jobs, cudaMemcpyHostToDevice, s);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+    if (ce != cudaSuccess) {
+        free(h);
+        free(h_big);
+    }
+    LS_CUDA_CHECK(ce, err, "digest: job table upload");
+    if (max_el > 0) {
+        uint64_t bx = (max_el + 255) / 256;
+        dim3 grid((unsigned)(bx < 64 ? bx : 64), (unsigned)(n_jobs < 65535 ? n_jobs : 65535));
+        ls_digest_encode_kernel<<<grid, 256, 0, s>>>(d_ent, n_jobs, base + bytes_at);
+        LS_CUDA_CHECK_LAUNCH("ls_digest_encode_kernel", err);
+    }
+    ls_digest_hash_kernel<<<(n_jobs + 63) / 64, 64, 0, s>>>(d_ent, n_jobs, base + bytes_at,
+                                                             device_max_bytes, base + dig_at);
+    ce = cudaGetLastError();
+    if (ce == cudaSuccess)
+        ce = cudaMemcpyAsync(h_digests, base + dig_at, (size_t)n_jobs * 32, cudaMemcpyDeviceToHost, s);
+    /* Long jobs: encoded bytes to the host, hashed there while nothing else waits. */
+    for (int i = 0; ce == cudaSuccess && max_host && i < n_jobs; i++) {
+        if (h[i].len <= device_max_bytes) continue;
+        ce = cudaMemcpyAsync(h_big, base + bytes_at + h[i].off, h[i].len, cudaMemcpyDeviceToHost, s);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+        if (ce == cudaSuccess && host_sha256(h_big, h[i].len, h_digests + 32 * (size_t)i) != 0) {
+            free(h);
+            free(h_big);
+            return ls_fail(err, LS_E_CRYPTO, "digest: host SHA-256 of job %d failed", i);
+        }
+    }
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+    free(h);
+    free(h_big);
+    LS_CUDA_CHECK(ce, err, "digest: a kernel or copy faulted (run compute-sanitizer)");
+    return LS_OK;
+}

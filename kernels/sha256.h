@@ -50,6 +50,45 @@ ls_status ls_cuda_merkle_sha256(const void *d_data, size_t n_bytes, size_t leaf_
                                 uint8_t *d_root,      /* device [32] */
                                 void *stream, ls_error *err);
 
+
+/* ---- digests of encoded activation spans (the backend's digest op) ---------
+ * A job hashes the concatenation of up to two spans of 4-byte elements
+ * (fp32 or int32) in device memory, each encoded either as bf16 (bf16 = 1:
+ * the fp32 value rounded to bf16 by ls_f32_to_bf16, 2 bytes little-endian) or
+ * raw (bf16 = 0: the 4 bytes as stored, little-endian). The digest equals
+ * SHA-256 of the same canonical bytes built on the host (the CPU backend).
+ * A span is n elements read row by row (rows of row_len elements whose
+ * starts are stride elements apart). A span with n = 0 contributes nothing
+ * (src may then be NULL). */
+typedef struct ls_cuda_digest_job {
+    const void *src[2];          /* device: first element of row 0 */
+    uint64_t n[2];               /* elements of each span (all its rows) */
+    uint64_t row_len[2];         /* elements per row; 0 = one contiguous row of n */
+    uint64_t stride[2];          /* elements between row starts (row_len > 0) */
+    uint8_t bf16[2];             /* 1 = bf16 encoding, 0 = raw 4 bytes */
+} ls_cuda_digest_job;
+
+/* Device scratch ls_cuda_digest needs for these jobs (bytes). */
+size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, int n_jobs);
+
+/* Host SHA-256 for the jobs too long to hash well with one GPU thread
+ * (SHA-256 is serial within a message: one thread does roughly 50 MB/s, a CPU
+ * core with SHA extensions 1-2 GB/s). Returns 0 on success. */
+typedef int (*ls_cuda_host_sha256_fn)(const void *data, size_t len, uint8_t out[32]);
+
+/* Encodes every job's spans on the device (one launch) and hashes each job of
+ * at most device_max_bytes encoded bytes with one GPU thread (one launch);
+ * longer jobs (when host_sha256 is not NULL) are downloaded encoded and hashed
+ * by host_sha256 (device_max_bytes = SIZE_MAX, or host_sha256 NULL: all on the
+ * device; so are all jobs when the long ones add up to more than 32 times the
+ * longest, where the device's parallel hashing wins). Copies the n_jobs x 32
+ * digest bytes to the host (synchronous).
+ * d_scratch: device memory of ls_cuda_digest_scratch_bytes. */
+ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs /* host [n_jobs] */, int n_jobs,
+                         void *d_scratch, size_t scratch_bytes, size_t device_max_bytes,
+                         ls_cuda_host_sha256_fn host_sha256,
+                         uint8_t *h_digests /* host [n_jobs][32] */, void *stream, ls_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,8 +18,10 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
 #include <string.h>
 
 #include "core/util.h"
+#include "fingerprint/sha256.h"
 #include "ls_cuda.h"
 #include "ops.h"
+#include "sha256.h"
 
 struct ls_buf {
     void *ptr;                 /* device memory inside the arena */
@@ -35,7 +37,7 @@ typedef struct moe_entry {     /* device pointer tables of one MoE block */
 typedef struct cuda_impl {
     ls_arena host;             /* ls_buf structs, moe entries */
     ls_cuda_arena dev;         /* every device buffer of the run */
-    void *scratch;             /* MoE scratch, cudaMalloc, grows */
+    void *scratch;             /* MoE / digest scratch inside the arena */
     size_t scratch_bytes;
     moe_entry *moe;
 } cuda_impl;
@@ -99,12 +101,26 @@ static void cu_destroy(ls_backend *be)
     if (!be) return;
     cuda_impl *im = IMPL(be);
     if (im) {
-        ls_cuda_free(im->scratch);
         ls_cuda_arena_free(&im->dev);
         ls_arena_free(&im->host);
         free(im);
     }
     free(be);
+}
+
+/* Scratch shared by the MoE and digest ops, from the run's arena. The arena
+ * only grows, so a larger need takes a new region of at least twice the old
+ * size; the old one stays unused until the run ends (at most the final size
+ * again). */
+static ls_status scratch_reserve(cuda_impl *im, size_t need, ls_error *err)
+{
+    if (need <= im->scratch_bytes) return LS_OK;
+    size_t want = need > 2 * im->scratch_bytes ? need : 2 * im->scratch_bytes;
+    void *p = ls_cuda_arena_alloc(&im->dev, want, err);
+    if (!p) return LS_E_NOMEM;
+    im->scratch = p;
+    im->scratch_bytes = want;
+    return LS_OK;
 }
 
 /* ---- operators ------------------------------------------------------------------ */
@@ -271,13 +287,7 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
     if (chunk < 1) return ls_fail(err, LS_E_UNSUPPORTED, "cuda portable moe: top-k %ld too large", k);
     long Tc = T < chunk ? T : chunk;
     size_t need = ls_cuda_moe_scratch_bytes(cm, Tc, k);
-    if (need > im->scratch_bytes) {
-        ls_cuda_free(im->scratch);
-        im->scratch = NULL;
-        im->scratch_bytes = 0;
-        LS_TRY(ls_cuda_malloc(&im->scratch, need, err));
-        im->scratch_bytes = need;
-    }
+    LS_TRY(scratch_reserve(im, need, err));
     for (long t0 = 0; t0 < T; t0 += chunk) {
         long n = T - t0 < chunk ? T - t0 : chunk;
         LS_TRY(ls_cuda_moe_forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k,
@@ -298,6 +308,60 @@ static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R,
 {
     (void)be;
     return ls_cuda_logprobs(F(logits), F(lp), R, V, (int)order, NULL, err);
+}
+
+/* ---- digests ------------------------------------------------------------------------ */
+
+/* Jobs longer than this many encoded bytes are hashed on the host: SHA-256 is
+ * serial within a message, one GPU thread hashes ~50 MB/s and a CPU core with
+ * SHA extensions 1-2 GB/s, so a 2 MiB GDN state or a logits row is faster
+ * downloaded (encoded) and hashed by OpenSSL, while the many short rows
+ * (hidden, KV, router) hash in parallel on the device, 32 bytes back each.
+ * Either way the digest is SHA-256 of the same canonical bytes. */
+#define LS_CUDA_DIGEST_DEVICE_MAX_BYTES 32768
+
+static int host_sha256(const void *data, size_t len, uint8_t out[32])
+{
+    ls_error err;
+    ls_digest d;
+    if (ls_sha256_buf(data, len, &d, &err) != LS_OK) return 1;
+    memcpy(out, d.bytes, 32);
+    return 0;
+}
+
+static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    if (n_jobs <= 0) return LS_OK;
+    if (n_jobs > 0x7fffffffL)
+        return ls_fail(err, LS_E_UNSUPPORTED, "cuda digest: %ld jobs in one call (at most 2^31-1)", n_jobs);
+    ls_cuda_digest_job *cj = calloc((size_t)n_jobs, sizeof *cj);
+    uint8_t *dig = malloc((size_t)n_jobs * 32);
+    ls_status st = LS_OK;
+    if (!cj || !dig) st = ls_fail(err, LS_E_NOMEM, "cuda digest: %ld jobs", n_jobs);
+    for (long j = 0; st == LS_OK && j < n_jobs; j++)
+        for (int s = 0; s < 2; s++) {
+            const ls_digest_span *sp = &jobs[j].span[s];
+            if (sp->rows < 0 || sp->len < 0 || (sp->rows > 1 && sp->stride < sp->len)) {
+                st = ls_fail(err, LS_E_INTERNAL, "cuda digest: job %ld span %d has rows %ld, len %ld, "
+                             "stride %ld", j, s, sp->rows, sp->len, sp->stride);
+                break;
+            }
+            if (sp->rows == 0 || sp->len == 0) continue;
+            cj[j].src[s] = F(sp->src);
+            cj[j].n[s] = (uint64_t)sp->rows * (uint64_t)sp->len;
+            cj[j].row_len[s] = sp->rows > 1 && sp->stride != sp->len ? (uint64_t)sp->len : 0;
+            cj[j].stride[s] = (uint64_t)sp->stride;
+            cj[j].bf16[s] = sp->bf16 ? 1 : 0;
+        }
+    if (st == LS_OK) st = scratch_reserve(im, ls_cuda_digest_scratch_bytes(cj, (int)n_jobs), err);
+    if (st == LS_OK)
+        st = ls_cuda_digest(cj, (int)n_jobs, im->scratch, im->scratch_bytes,
+                            LS_CUDA_DIGEST_DEVICE_MAX_BYTES, host_sha256, dig, NULL, err);
+    for (long j = 0; st == LS_OK && j < n_jobs; j++) memcpy(jobs[j].out->bytes, dig + 32 * j, 32);
+    free(cj);
+    free(dig);
+    return st;
 }
 
 ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err)
@@ -344,6 +408,7 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
     be->moe = cu_moe;
     be->residual = cu_residual;
     be->logprobs = cu_logprobs;
+    be->digest = cu_digest;
     *out = be;
     return LS_OK;
 }

@@ -11,8 +11,8 @@
 
 /* Creates the backend on the current CUDA device. Device memory for the run
  * (weights, activations, caches) comes from one arena of arena_bytes
- * (0 = 90 % of the free device memory), taken with one cudaMalloc; MoE
- * scratch grows separately. The reversed-order perturbation is not
+ * (0 = 90 % of the free device memory), taken with one cudaMalloc; MoE and
+ * digest scratch come from it too. The reversed-order perturbation is not
  * implemented on CUDA: such ops return LS_E_UNSUPPORTED. */
 ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err);
 

@@ -1,0 +1,317 @@
+/* lockstep — the batch-invariance matrix on the strict CUDA engine
+ * (harness/gpu_matrix runs it and writes reports/batch-invariance-h200.md).
+ *
+ * Every sequence's records (tokens, logprob bits, top-5, every digest) must
+ * be bitwise equal to the records of the same sequence run alone, whatever
+ * else shares its steps:
+ *   rollout   N = 1, 4, 16, 64 concurrent sequences x prompt length 8, 64,
+ *             256, 1024 (greedy, 4 new tokens)
+ *   replay    the same sequences (prompt + completion) whole and in chunks
+ *             (rollout = replay)
+ *   mixed     the step API: prefill chunks of some sequences and decode
+ *             tokens of others in one step, unrelated sequences joining and
+ *             leaving slots between steps
+ * and a subset is compared with the CPU reference engine (listed in the
+ * table: the CPU runs the short prompts; 1024-token prompts x 64 sequences
+ * would take it too long on the device machine's cores).
+ *
+ *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "engine/sample.h"
+#include "engine_records.h"
+#include "io/checkpoint.h"
+#include "model/model.h"
+
+#define GEN 4
+#define MAXN 64
+
+static FILE *g_md;
+static int g_fail, g_cells;
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+#define TRY(call) do { ls_error err_; ls_error_clear(&err_); if ((call) != LS_OK) { \
+    fprintf(stderr, "gpu_matrix: %s:%d: %s\n", __FILE__, __LINE__, err_.msg); exit(2); } } while (0)
+#define E_ (&err_)
+
+/* Prompt of sequence id at length P: counter-based, so every cell and the
+ * single-sequence runs see the same tokens. */
+static void prompt(uint32_t id, long P, long V, int32_t *out)
+{
+    for (long i = 0; i < P; i++) {
+        uint64_t x = ((uint64_t)id << 32) ^ (uint64_t)(i + 1) ^ ((uint64_t)P << 48);
+        x ^= x >> 33; x *= 0xff51afd7ed558ccdull; x ^= x >> 33; x *= 0xc4ceb9fe1a85ec53ull; x ^= x >> 33;
+        out[i] = (int32_t)(x % (uint64_t)V);
+    }
+}
+
+typedef struct seqset {
+    long n, P;
+    int32_t *tok;          /* [n, P + GEN] prompt then completion */
+    ls_sequence *s;
+} seqset;
+
+static void seqset_make(seqset *q, uint32_t id0, long n, long P, long V)
+{
+    q->n = n;
+    q->P = P;
+    q->tok = calloc((size_t)(n * (P + GEN)), sizeof(int32_t));
+    q->s = calloc((size_t)n, sizeof(ls_sequence));
+    for (long i = 0; i < n; i++) {
+        prompt(id0 + (uint32_t)i, P, V, q->tok + i * (P + GEN));
+        q->s[i] = (ls_sequence){id0 + (uint32_t)i, q->tok + i * (P + GEN), P, P};
+    }
+}
+
+static const ls_sampling GREEDY = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
+
+static void rollout(ls_engine *e, const seqset *q, long n, recs *out, int32_t *comp)
+{
+    TRY(ls_engine_rollout(e, q->s, n, GEN, &GREEDY, comp, recs_sink, out, E_));
+    recs_sort(out);
+}
+
+/* Replay of prompt + completion (completion from comp [n, GEN]). */
+static void replay(ls_engine *e, const seqset *q, long n, const int32_t *comp, long chunk, recs *out)
+{
+    ls_sequence *s = calloc((size_t)n, sizeof *s);
+    for (long i = 0; i < n; i++) {
+        int32_t *t = q->tok + i * (q->P + GEN);
+        memcpy(t + q->P, comp + i * GEN, sizeof(int32_t) * GEN);
+        s[i] = (ls_sequence){q->s[i].id, t, q->P + GEN, q->P};
+    }
+    TRY(ls_engine_replay(e, s, n, chunk, recs_sink, out, E_));
+    free(s);
+    recs_sort(out);
+}
+
+/* Singles: each sequence run alone on engine e; records appended to out. */
+static void singles(ls_engine *e, const seqset *q, long n, recs *out, int32_t *comp)
+{
+    for (long i = 0; i < n; i++) {
+        seqset one = {1, q->P, q->tok + i * (q->P + GEN), q->s + i};
+        TRY(ls_engine_rollout(e, one.s, 1, GEN, &GREEDY, comp + i * GEN, recs_sink, out, E_));
+    }
+    recs_sort(out);
+}
+
+static void row(const char *cell, long N, long P, const char *mode, const recs *got, const recs *single,
+                const recs *cpu, double secs)
+{
+    char m1[400], m2[400] = "not run (subset)";
+    int d1 = recs_diff(got, single, 1, m1, sizeof m1);
+    int d2 = 0;
+    if (cpu) d2 = recs_diff(got, cpu, 1, m2, sizeof m2);
+    g_cells++;
+    if (d1 || d2) g_fail++;
+    fprintf(g_md, "| %s | %ld | %ld | %s | %ld | %s | %s | %.1f |\n", cell, N, P, mode, got->n,
+            d1 ? m1 : "equal", cpu ? (d2 ? m2 : "equal") : "—", secs);
+    fflush(g_md);
+    printf("%-6s %-8s N=%-3ld P=%-5ld %-22s records %-6ld single: %s; cpu: %s (%.1fs)\n",
+           (d1 || d2) ? "FAIL" : "ok", cell, N, P, mode, got->n, d1 ? m1 : "equal",
+           cpu ? (d2 ? m2 : "equal") : "-", secs);
+    fflush(stdout);
+}
+
+/* Mixed steps through the step API on engine e: `nseq` sequences (ids from
+ * id0, prompt lengths cycling through plens) share `slots` slots; each joins
+ * when a slot is free and its join step has come, prefills in chunks of its
+ * own size while others decode, and leaves after its last position. */
+static void mixed(ls_engine *e, const ls_model *m, uint32_t id0, int nseq, int slots, long max_rows,
+                  const long *plens, recs *out)
+{
+    long V = m->cfg.vocab;
+    int32_t *scratch = malloc(sizeof(int32_t) * (size_t)V);
+    typedef struct mseq { int32_t tok[1024 + GEN]; long P, done, slot, join_step; long chunk; int state; } mseq;
+    mseq *q = calloc((size_t)nseq, sizeof *q);
+    for (int i = 0; i < nseq; i++) {
+        q[i].P = plens[i % 3];
+        prompt(id0 + (uint32_t)i, q[i].P, V, q[i].tok);
+        q[i].slot = -1;
+        q[i].join_step = 2 * i;
+        q[i].chunk = (long[]){3, 16, 40, 7}[i % 4];
+    }
+    int *slot_used = calloc((size_t)slots, sizeof(int));
+    ls_engine_item *it = calloc((size_t)slots, sizeof *it);
+    int *who = calloc((size_t)slots, sizeof(int));
+    int finished = 0;
+    for (long step = 0; finished < nseq; step++) {
+        for (int i = 0; i < nseq; i++)
+            if (q[i].state == 0 && q[i].join_step <= step)
+                for (int s = 0; s < slots; s++)
+                    if (!slot_used[s]) {
+                        slot_used[s] = 1;
+                        q[i].slot = s;
+                        q[i].state = 1;
+                        TRY(ls_engine_join(e, s, id0 + (uint32_t)i, q[i].P, E_));
+                        break;
+                    }
+        long n = 0, rows = 0;
+        for (int i = 0; i < nseq; i++) {
+            if (q[i].state != 1) continue;
+            long last_pos = q[i].P + GEN - 2, p = q[i].done;
+            long take = p < q[i].P ? q[i].P - p : 1;
+            if (take > q[i].chunk) take = q[i].chunk;
+            if (rows + take > max_rows) take = max_rows - rows;
+            if (take <= 0) continue;
+            it[n] = (ls_engine_item){q[i].slot, q[i].tok + p, take, p + take - 1 == last_pos};
+            who[n++] = i;
+            rows += take;
+        }
+        if (n == 0) continue;
+        TRY(ls_engine_step(e, it, n, E_));
+        for (long k = 0, r = 0; k < n; k++) {
+            mseq *s = &q[who[k]];
+            for (long j = 0; j < it[k].n; j++, r++) {
+                long p = s->done + j;
+                int32_t next;
+                if (p + 1 < s->P) next = s->tok[p + 1];
+                else {
+                    TRY(ls_sample_select(&GREEDY, ls_engine_logprobs(e, r), V, id0 + (uint32_t)who[k],
+                                         (uint32_t)(p + 1), scratch, &next, E_));
+                    s->tok[p + 1] = next;
+                }
+                TRY(recs_add(out, ls_engine_record(e, r, next), E_));
+            }
+            s->done += it[k].n;
+            if (s->done == s->P + GEN - 1) {
+                ls_engine_leave(e, s->slot);
+                slot_used[s->slot] = 0;
+                s->state = 2;
+                finished++;
+            }
+        }
+    }
+    recs_sort(out);
+    free(q), free(slot_used), free(it), free(who), free(scratch);
+}
+
+static ls_engine *make_engine(const ls_model *m, const char *backend, long max_seqs, long max_len, long rows)
+{
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.backend = backend;
+    o.max_rows = rows;
+    o.state_digest_every = 16;
+    o.n_threads = 16;
+    ls_engine *e = NULL;
+    TRY(ls_engine_create(m, &o, max_seqs, max_len, &e, E_));
+    return e;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: gpu_matrix CHECKPOINT_DIR OUT.md [--quick]\n");
+        return 2;
+    }
+    int quick = argc > 3 && strcmp(argv[3], "--quick") == 0;
+    ls_checkpoint *ck = NULL;
+    ls_model *m = NULL;
+    TRY(ls_checkpoint_open(argv[1], &ck, E_));
+    TRY(ls_model_open(ck, &m, E_));
+    long V = m->cfg.vocab;
+    g_md = fopen(argv[2], "w");
+    if (!g_md) { perror(argv[2]); return 2; }
+    fprintf(g_md, "| cell | sequences | prompt | mode | records | vs single-sequence run | vs CPU engine | s |\n"
+                  "|---|---|---|---|---|---|---|---|\n");
+    double t0 = now_s();
+    long Ps[4] = {8, 64, 256, 1024}, Ns[4] = {1, 4, 16, 64};
+    int nP = quick ? 2 : 4;
+    /* LS_MATRIX_BACKEND=cpu runs the driver itself on a machine without a GPU. */
+    const char *gb = getenv("LS_MATRIX_BACKEND") ? getenv("LS_MATRIX_BACKEND") : "cuda";
+    ls_engine *g = make_engine(m, gb, MAXN, 1024 + GEN, 256);
+    ls_engine *c = make_engine(m, "cpu", 8, 256 + GEN, 256);
+    int32_t *comp = calloc(MAXN * GEN, sizeof(int32_t)), *comp_b = calloc(MAXN * GEN, sizeof(int32_t));
+    /* mixed prefill + decode, joining and leaving */
+    {
+        long plens[3] = {8, 64, quick ? 64 : 256};
+        int nseq = 9;
+        double tc = now_s();
+        recs mg = {0}, mc = {0}, single = {0};
+        mixed(g, m, 500, nseq, 4, 64, plens, &mg);
+        mixed(c, m, 500, nseq, 4, 64, plens, &mc);
+        for (int i = 0; i < nseq; i++) {
+            seqset one;
+            seqset_make(&one, 500 + (uint32_t)i, 1, plens[i % 3], V);
+            int32_t cc[GEN];
+            TRY(ls_engine_rollout(g, one.s, 1, GEN, &GREEDY, cc, recs_sink, &single, E_));
+            free(one.tok);
+            free(one.s);
+        }
+        recs_sort(&single);
+        row("mixed", 9, 0, "step API: mixed, join/leave (4 slots, 64 rows)", &mg, &single, &mc, now_s() - tc);
+        recs_free(&mg);
+        recs_free(&mc);
+        recs_free(&single);
+    }
+    for (int pi = 0; pi < nP; pi++) {
+        long P = Ps[pi];
+        seqset q;
+        seqset_make(&q, 0, MAXN, P, V);
+        double ts = now_s();
+        recs single = {0}, cpu = {0};
+        singles(g, &q, MAXN, &single, comp);
+        int cpu_on = P <= 64;
+        if (cpu_on) { /* CPU: 4 sequences alone, then as a batch of 4 */
+            int32_t cc[4 * GEN];
+            singles(c, &q, 4, &cpu, cc);
+            row("single", 1, P, "rollout, each alone", &cpu, &single, NULL, now_s() - ts);
+        }
+        for (int ni = 0; ni < 4; ni++) {
+            long N = Ns[ni];
+            char cell[16];
+            snprintf(cell, sizeof cell, "r%ld.%ld", N, P);
+            double tc = now_s();
+            recs b = {0};
+            rollout(g, &q, N, &b, comp_b);
+            row(cell, N, P, "rollout (prefill+decode)", &b, &single, cpu_on && N <= 4 ? &cpu : NULL, now_s() - tc);
+            recs_free(&b);
+            long chunks[4] = {P + GEN, 128, 16, 1};
+            int nch = P <= 64 ? 4 : 3;
+            for (int k = 0; k < nch; k++) {
+                if (chunks[k] >= P + GEN && k > 0) continue;
+                tc = now_s();
+                recs r = {0};
+                replay(g, &q, N, comp, chunks[k], &r);
+                char mode[48];
+                if (k == 0) snprintf(mode, sizeof mode, "replay whole");
+                else snprintf(mode, sizeof mode, "replay chunk %ld", chunks[k]);
+                snprintf(cell, sizeof cell, "p%ld.%ld.%ld", N, P, chunks[k]);
+                row(cell, N, P, mode, &r, &single, cpu_on && N <= 4 ? &cpu : NULL, now_s() - tc);
+                recs_free(&r);
+            }
+            if (cpu_on && N == 4) { /* the CPU engine on the same batch */
+                tc = now_s();
+                recs cb = {0};
+                int32_t cc[4 * GEN];
+                rollout(c, &q, 4, &cb, cc);
+                row("cpu-batch", 4, P, "CPU rollout, batch of 4", &cb, &single, &cpu, now_s() - tc);
+                recs_free(&cb);
+            }
+        }
+        recs_free(&single);
+        recs_free(&cpu);
+        free(q.tok);
+        free(q.s);
+    }
+    ls_engine_destroy(g);
+    ls_engine_destroy(c);
+    fprintf(g_md, "\n%d cells, %d failed, %.0f s\n", g_cells, g_fail, now_s() - t0);
+    fclose(g_md);
+    printf("gpu_matrix: %d cells, %d failed, %.0f s\n", g_cells, g_fail, now_s() - t0);
+    free(comp), free(comp_b);
+    ls_model_close(m);
+    ls_checkpoint_close(ck);
+    return g_fail ? 1 : 0;
+}

@@ -1,0 +1,191 @@
+/* CUDA digest of encoded spans (kernels/sha256.h ls_cuda_digest) against the
+ * canonical bytes built on the host and hashed by OpenSSL: random spans of
+ * fp32 values (including NaN, infinities, signed zeros, values that round
+ * up), bf16 and raw encodings, one and two spans per job, odd lengths, empty
+ * spans; every job hashed on the device, and again with the long jobs hashed
+ * on the host. */
+#include "gpu_testutil.h"
+
+#include "fingerprint/sha256.h"
+
+#ifdef LOCKSTEP_HAVE_CUDA
+#include "sha256.h"
+
+static uint64_t rng_state = 0x1234abcdu;
+static uint64_t rnd(void)
+{
+    uint64_t x = (rng_state += 0x9E3779B97F4A7C15ull);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static uint32_t rnd_bits(void)
+{
+    switch (rnd() % 16) {
+    case 0: return 0x7fc00001u;            /* NaN with payload */
+    case 1: return 0x7f800000u;            /* +inf */
+    case 2: return 0x80000000u;            /* -0 */
+    case 3: return 0x3f80ffffu;            /* rounds up in bf16 */
+    case 4: return 0x3f808000u;            /* tie, even */
+    case 5: return 0x3f818000u;            /* tie, odd */
+    default: return (uint32_t)rnd();
+    }
+}
+
+/* Canonical bytes of one span appended at out; returns the bytes written. */
+static size_t encode(const uint32_t *v0, size_t n, size_t row_len, size_t stride, int bf16,
+                     uint8_t *out)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x = v0[row_len ? (i / row_len) * stride + i % row_len : i];
+        if (bf16) {
+            uint16_t h = ls_f32_to_bf16(ls_f32_from_bits(x));
+            out[2 * i] = (uint8_t)h;
+            out[2 * i + 1] = (uint8_t)(h >> 8);
+        } else {
+            for (int b = 0; b < 4; b++) out[4 * i + (size_t)b] = (uint8_t)(x >> (8 * b));
+        }
+    }
+    return n * (bf16 ? 2 : 4);
+}
+
+static int host_sha(const void *p, size_t len, uint8_t out[32])
+{
+    ls_error err;
+    ls_digest d;
+    if (ls_sha256_buf(p, len, &d, &err) != LS_OK) return 1;
+    memcpy(out, d.bytes, 32);
+    return 0;
+}
+
+static void run_case(int n_jobs, size_t max_elems, size_t device_max)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    size_t pool = (size_t)n_jobs * 2 * (3 * max_elems + 3) + 8;
+    uint32_t *h = malloc(pool * 4);
+    ck_assert_ptr_nonnull(h);
+    for (size_t i = 0; i < pool; i++) h[i] = rnd_bits();
+    void *d = NULL;
+    ck_assert_int_eq(ls_cuda_malloc(&d, pool * 4, &err), LS_OK);
+    ck_assert_int_eq(ls_cuda_upload(d, h, pool * 4, &err), LS_OK);
+    ls_cuda_digest_job *jobs = calloc((size_t)n_jobs, sizeof *jobs);
+    size_t *at = calloc((size_t)n_jobs * 2, sizeof *at);
+    size_t cur = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        int spans = 1 + (int)(rnd() % 2);
+        for (int s = 0; s < spans; s++) {
+            size_t n = (size_t)(rnd() % (max_elems + 1));
+            size_t skew = (size_t)(rnd() % 3); /* start at any element, not only aligned ones */
+            at[2 * j + s] = cur + skew;
+            jobs[j].src[s] = (const uint32_t *)d + cur + skew;
+            jobs[j].n[s] = n;
+            jobs[j].bf16[s] = (uint8_t)(rnd() % 2);
+            if (n > 3 && rnd() % 2) { /* strided rows: rows of len, stride len + gap */
+                size_t len = 1 + (size_t)(rnd() % 7), rows = n / len;
+                jobs[j].n[s] = rows * len;
+                jobs[j].row_len[s] = len;
+                jobs[j].stride[s] = len + (size_t)(rnd() % 3);
+                n = rows * (size_t)jobs[j].stride[s];
+            }
+            cur += n + skew;
+        }
+    }
+    ck_assert_uint_le(cur, pool);
+    size_t sb = ls_cuda_digest_scratch_bytes(jobs, n_jobs);
+    void *scr = NULL;
+    ck_assert_int_eq(ls_cuda_malloc(&scr, sb, &err), LS_OK);
+    uint8_t *got = malloc((size_t)n_jobs * 32 + 1);
+    ck_assert_int_eq(ls_cuda_digest(jobs, n_jobs, scr, sb, device_max,
+                                    device_max == SIZE_MAX ? NULL : host_sha, got, NULL, &err),
+                     LS_OK);
+    uint8_t *bytes = malloc(8 * max_elems + 8);
+    for (int j = 0; j < n_jobs; j++) {
+        size_t len = 0;
+        for (int s = 0; s < 2; s++)
+            len += encode(h + at[2 * j + s], jobs[j].n[s], jobs[j].row_len[s], jobs[j].stride[s],
+                          jobs[j].bf16[s], bytes + len);
+        ls_digest want;
+        ck_assert_int_eq(ls_sha256_buf(bytes, len, &want, &err), LS_OK);
+        if (memcmp(want.bytes, got + 32 * (size_t)j, 32) != 0) {
+            char a[65], b[65];
+            ls_digest g;
+            memcpy(g.bytes, got + 32 * (size_t)j, 32);
+            ls_digest_to_hex(&want, a);
+            ls_digest_to_hex(&g, b);
+            printf("MISMATCH digest job %d (spans %llu %s + %llu %s, %zu bytes): cpu %s gpu %s\n", j,
+                   (unsigned long long)jobs[j].n[0], jobs[j].bf16[0] ? "bf16" : "raw",
+                   (unsigned long long)jobs[j].n[1], jobs[j].bf16[1] ? "bf16" : "raw", len, a, b);
+            ck_abort_msg("digest job %d differs", j);
+        }
+    }
+    printf("  ok digest: %d jobs, up to %zu elements per span, %s\n", n_jobs, max_elems,
+           device_max == SIZE_MAX ? "all on the device" : "long jobs on the host");
+    free(bytes);
+    free(got);
+    free(at);
+    free(jobs);
+    free(h);
+    ls_cuda_free(scr);
+    ls_cuda_free(d);
+}
+
+START_TEST(test_digest_small_spans)
+{
+    run_case(500, 40, SIZE_MAX);
+}
+END_TEST
+
+START_TEST(test_digest_rows)
+{
+    run_case(200, 3000, SIZE_MAX);
+}
+END_TEST
+
+START_TEST(test_digest_long_host_and_device)
+{
+    int quick = getenv("LS_GPU_QUICK") != NULL;
+    run_case(quick ? 6 : 24, quick ? 20000 : 300000, 4096);
+    run_case(quick ? 4 : 8, quick ? 20000 : 100000, SIZE_MAX);
+}
+END_TEST
+
+START_TEST(test_digest_empty)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ls_cuda_digest_job j;
+    memset(&j, 0, sizeof j);
+    size_t sb = ls_cuda_digest_scratch_bytes(&j, 1);
+    void *scr = NULL;
+    ck_assert_int_eq(ls_cuda_malloc(&scr, sb, &err), LS_OK);
+    uint8_t got[32];
+    ck_assert_int_eq(ls_cuda_digest(&j, 1, scr, sb, SIZE_MAX, NULL, got, NULL, &err), LS_OK);
+    ls_digest want;
+    ck_assert_int_eq(ls_sha256_buf("", 0, &want, &err), LS_OK);
+    ck_assert_mem_eq(want.bytes, got, 32);
+    /* too little scratch fails closed */
+    ck_assert_int_eq(ls_cuda_digest(&j, 1, scr, 16, SIZE_MAX, NULL, got, NULL, &err), LS_E_UNSUPPORTED);
+    ls_cuda_free(scr);
+}
+END_TEST
+#endif
+
+int main(void)
+{
+    if (!ls_gpu_available()) return LS_GPU_SKIP;
+#ifdef LOCKSTEP_HAVE_CUDA
+    Suite *s = suite_create("gpu_digest");
+    TCase *tc = tcase_create("digest");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_digest_small_spans);
+    tcase_add_test(tc, test_digest_rows);
+    tcase_add_test(tc, test_digest_long_host_and_device);
+    tcase_add_test(tc, test_digest_empty);
+    suite_add_tcase(s, tc);
+    return ls_gpu_run_suite(s);
+#else
+    return LS_GPU_SKIP;
+#endif
+}

@@ -1,0 +1,205 @@
+/* Whole-model strict CUDA engine = CPU reference engine, bit for bit: the
+ * synth `tiny` checkpoint and every committed golden checkpoint, bf16 and
+ * fp32 activations, greedy and seeded rollouts (tokens, logprob bits, top-5,
+ * every digest), and replay at several chunkings on CUDA against the CPU's
+ * whole-sequence replay. */
+#include "gpu_testutil.h"
+
+#include "engine_records.h"
+#include "io/checkpoint.h"
+#include "model/model.h"
+#include "synth/synth.h"
+#include "testutil.h"
+
+#define N_SEQS 3
+#define MAX_NEW 6
+
+static const char *g_dirs[8];
+static int g_n_dirs;
+
+static void setup_models(void)
+{
+    if (g_n_dirs) return;
+    ls_error err;
+    ls_error_clear(&err);
+    char *tmp = ls_test_tmpdir("gpu_engine");
+    static char tiny[4096];
+    snprintf(tiny, sizeof tiny, "%s/tiny", tmp);
+    ls_synth_config cfg;
+    ck_assert_msg(ls_synth_preset("tiny", &cfg, &err) == LS_OK, "%s", err.msg);
+    ls_synth_options opt = ls_synth_options_default();
+    ck_assert_msg(ls_synth_write(&cfg, 7, tiny, &opt, &err) == LS_OK, "%s", err.msg);
+    g_dirs[g_n_dirs++] = tiny;
+    static char gold[3][4096];
+    const char *names[3] = {"qwen3next_tiny_a", "qwen3next_tiny_b", "qwen3next_tiny_c"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(gold[i], sizeof gold[i], "%s/goldens/%s", LS_SOURCE_DIR, names[i]);
+        g_dirs[g_n_dirs++] = gold[i];
+    }
+}
+
+typedef struct run_cfg {
+    const char *backend;
+    int act_bf16;
+    const ls_sampling *sampling;
+} run_cfg;
+
+static void make_prompts(const ls_model *m, int32_t toks[N_SEQS][32], ls_sequence *seqs)
+{
+    static const long lens[N_SEQS] = {5, 11, 17};
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int s = 0; s < N_SEQS; s++) {
+        for (long i = 0; i < lens[s]; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            toks[s][i] = (int32_t)((x >> 33) % (uint64_t)m->cfg.vocab);
+        }
+        seqs[s].id = (uint32_t)(10 + s);
+        seqs[s].tokens = toks[s];
+        seqs[s].n_tokens = lens[s];
+        seqs[s].prompt_len = lens[s];
+    }
+}
+
+static ls_engine *engine(const ls_model *m, const char *backend, int act_bf16)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.backend = backend;
+    o.act_bf16 = act_bf16;
+    o.state_digest_every = 3; /* carried-state digests at many positions */
+    o.max_rows = 64;
+    ls_engine *e = NULL;
+    ck_assert_msg(ls_engine_create(m, &o, N_SEQS, 64, &e, &err) == LS_OK, "%s", err.msg);
+    return e;
+}
+
+static void rollout(const ls_model *m, const run_cfg *rc, recs *out, int32_t comp[N_SEQS][MAX_NEW])
+{
+    ls_error err;
+    ls_error_clear(&err);
+    int32_t toks[N_SEQS][32];
+    ls_sequence seqs[N_SEQS];
+    make_prompts(m, toks, seqs);
+    ls_engine *e = engine(m, rc->backend, rc->act_bf16);
+    ck_assert_msg(ls_engine_rollout(e, seqs, N_SEQS, MAX_NEW, rc->sampling, &comp[0][0], recs_sink, out,
+                                    &err) == LS_OK, "%s rollout: %s", rc->backend, err.msg);
+    ls_engine_destroy(e);
+    recs_sort(out);
+}
+
+static void replay(const ls_model *m, const char *backend, int act_bf16, int32_t comp[N_SEQS][MAX_NEW],
+                   long chunk, recs *out)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    int32_t toks[N_SEQS][32], full[N_SEQS][32 + MAX_NEW];
+    ls_sequence seqs[N_SEQS];
+    make_prompts(m, toks, seqs);
+    for (int s = 0; s < N_SEQS; s++) {
+        memcpy(full[s], toks[s], sizeof(int32_t) * (size_t)seqs[s].n_tokens);
+        memcpy(full[s] + seqs[s].n_tokens, comp[s], sizeof(int32_t) * MAX_NEW);
+        seqs[s].tokens = full[s];
+        seqs[s].n_tokens += MAX_NEW;
+    }
+    ls_engine *e = engine(m, backend, act_bf16);
+    ck_assert_msg(ls_engine_replay(e, seqs, N_SEQS, chunk, recs_sink, out, &err) == LS_OK, "%s replay: %s",
+                  backend, err.msg);
+    ls_engine_destroy(e);
+    recs_sort(out);
+}
+
+static void check_model(const char *dir)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ls_checkpoint *ck = NULL;
+    ls_model *m = NULL;
+    ck_assert_msg(ls_checkpoint_open(dir, &ck, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_model_open(ck, &m, &err) == LS_OK, "%s", err.msg);
+    ls_sampling greedy = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
+    ls_sampling seeded = {LS_SAMPLING_SEEDED, 1234, 0.8f, 40, 0.95f};
+    const ls_sampling *samp[2] = {&greedy, &seeded};
+    for (int act = 1; act >= 0; act--)
+        for (int si = 0; si < 2; si++) {
+            char msg[512];
+            recs cpu = {0}, gpu = {0};
+            int32_t comp_c[N_SEQS][MAX_NEW], comp_g[N_SEQS][MAX_NEW];
+            run_cfg rc = {"cpu", act, samp[si]}, rg = {"cuda", act, samp[si]};
+            rollout(m, &rc, &cpu, comp_c);
+            rollout(m, &rg, &gpu, comp_g);
+            int d = recs_diff(&cpu, &gpu, 0, msg, sizeof msg);
+            const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+            printf("%s %s %s %s rollout cuda vs cpu: %s\n", d ? "MISMATCH" : "  ok", base,
+                   act ? "bf16" : "fp32", si ? "seeded" : "greedy", msg);
+            ck_assert_msg(!d, "%s: %s %s rollout: %s", dir, act ? "bf16" : "fp32", si ? "seeded" : "greedy", msg);
+            ck_assert_mem_eq(comp_c, comp_g, sizeof comp_c);
+            recs_free(&gpu);
+            /* replay: CPU whole-sequence vs CUDA at several chunkings */
+            recs rep_cpu = {0};
+            replay(m, "cpu", act, comp_c, 64, &rep_cpu);
+            static const long chunks[] = {1, 4, 7, 64};
+            for (int c = 0; c < 4; c++) {
+                recs rep = {0};
+                replay(m, "cuda", act, comp_c, chunks[c], &rep);
+                d = recs_diff(&rep_cpu, &rep, 0, msg, sizeof msg);
+                printf("%s %s replay chunk %ld cuda vs cpu: %s\n", d ? "MISMATCH" : "  ok", act ? "bf16" : "fp32",
+                       chunks[c], msg);
+                ck_assert_msg(!d, "%s: %s replay chunk %ld: %s", dir, act ? "bf16" : "fp32", chunks[c], msg);
+                recs_free(&rep);
+            }
+            recs_free(&rep_cpu);
+            recs_free(&cpu);
+            fflush(stdout);
+        }
+    ls_model_close(m);
+    ls_checkpoint_close(ck);
+}
+
+START_TEST(test_engine_cuda_equals_cpu)
+{
+    setup_models();
+    check_model(g_dirs[_i < g_n_dirs ? _i : 0]);
+}
+END_TEST
+
+START_TEST(test_engine_cuda_fails_closed_on_perturb)
+{
+    setup_models();
+    ls_error err;
+    ls_error_clear(&err);
+    ls_checkpoint *ck = NULL;
+    ls_model *m = NULL;
+    ck_assert_msg(ls_checkpoint_open(g_dirs[0], &ck, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_model_open(ck, &m, &err) == LS_OK, "%s", err.msg);
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.backend = "cuda";
+    o.perturb_layer = 0;
+    o.perturb_op = LS_PERTURB_GDN;
+    ls_engine *e = NULL;
+    ck_assert_int_ne(ls_engine_create(m, &o, 1, 16, &e, &err), LS_OK);
+    ck_assert_ptr_null(e);
+    printf("  ok perturbation on cuda fails closed: %s\n", err.msg);
+    ls_model_close(m);
+    ls_checkpoint_close(ck);
+}
+END_TEST
+
+int main(void)
+{
+    if (!ls_gpu_available()) return LS_GPU_SKIP;
+#ifdef LOCKSTEP_HAVE_CUDA
+    Suite *s = suite_create("gpu_engine");
+    TCase *tc = tcase_create("engine");
+    tcase_set_timeout(tc, 900);
+    int n = getenv("LS_GPU_QUICK") ? 1 : 4; /* tiny synth + three goldens */
+    tcase_add_loop_test(tc, test_engine_cuda_equals_cpu, 0, n);
+    tcase_add_test(tc, test_engine_cuda_fails_closed_on_perturb);
+    suite_add_tcase(s, tc);
+    return ls_gpu_run_suite(s);
+#else
+    return LS_GPU_SKIP;
+#endif
+}
