@@ -26,7 +26,7 @@ static void usage(FILE *out)
             "commands:\n",
             LS_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].summary);
+        fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
     fprintf(out,
             "\n'lockstep <command> --help' describes a command.\n"
             "exit codes: 0 ok / equal, 1 difference found, 2 could not do the job\n");
