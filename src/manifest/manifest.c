@@ -212,14 +212,6 @@ ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error
     return LS_OK;
 }
 
-ls_status ls_manifest_digest(const json_t *manifest, ls_digest *out, ls_error *err)
-{
-    char *s = ls_fingerprint_canonical_json(manifest, err);
-    if (!s) return err ? err->status : LS_E_NOMEM;
-    ls_status st = ls_sha256_buf(s, strlen(s), out, err);
-    free(s);
-    return st;
-}
 
 ls_status ls_manifest_save(const json_t *manifest, const char *path, ls_error *err)
 {
@@ -504,6 +496,42 @@ ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, cons
     if (path_under(path, "runtime.gpu") && backend_is(old_m, "cpu") && backend_is(new_m, "cpu"))
         return LS_CHANGE_INFORMATIONAL;
     return LS_CHANGE_VOIDING;
+}
+
+/* Removes the member at a dotted path (plain keys only) if present. */
+static void remove_path(json_t *root, const char *path)
+{
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", path);
+    json_t *obj = root;
+    char *key = buf;
+    for (char *dot; (dot = strchr(key, '.')) != NULL; key = dot + 1) {
+        *dot = '\0';
+        obj = json_object_get(obj, key);
+        if (!json_is_object(obj)) return;
+    }
+    json_object_del(obj, key);
+}
+
+ls_status ls_manifest_digest(const json_t *manifest, ls_digest *out, ls_error *err)
+{
+    /* The claim is what a diff would call voiding: drop exactly the leaves
+     * ls_manifest_classify calls informational when the manifest is compared
+     * with itself, so identical claims pinned on different hosts or at
+     * different times share one digest. */
+    json_t *claim = json_deep_copy(manifest);
+    if (!claim) return ls_fail(err, LS_E_NOMEM, "manifest digest: out of memory");
+    for (size_t i = 0; informational_paths[i]; i++) remove_path(claim, informational_paths[i]);
+    if (ls_manifest_classify("build.binary_sha256", manifest, manifest) == LS_CHANGE_INFORMATIONAL)
+        remove_path(claim, "build.binary_sha256");
+    if (ls_manifest_classify("runtime.gpu", manifest, manifest) == LS_CHANGE_INFORMATIONAL)
+        remove_path(claim, "runtime.gpu");
+    char *s = ls_fingerprint_canonical_json(claim, err);
+    json_decref(claim);
+    if (!s) return err ? err->status : LS_E_NOMEM;
+    ls_status st = ls_sha256_buf(s, strlen(s), out, err);
+    free(s);
+    return st;
 }
 
 const char *ls_change_class_name(ls_change_class c)

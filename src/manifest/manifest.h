@@ -52,8 +52,10 @@ ls_manifest_opts ls_manifest_opts_default(void);
  * registered providers, or whatever opening/hashing the checkpoint reports. */
 ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error *err);
 
-/* SHA-256 of the manifest's canonical JSON (sorted keys, no whitespace; see
- * ls_fingerprint_canonical_json). This is the digest traces embed. */
+/* The claim digest: SHA-256 of the manifest's canonical JSON (sorted keys,
+ * no whitespace; see ls_fingerprint_canonical_json) without the fields that
+ * ls_manifest_classify calls informational (host, pin time, paths, ...). Two
+ * manifests whose diff is informational only share it. Traces embed it. */
 ls_status ls_manifest_digest(const json_t *manifest, ls_digest *out, ls_error *err);
 
 /* Writes the manifest (indented, keys in pin order, trailing newline)
