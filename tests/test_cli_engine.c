@@ -78,6 +78,51 @@ START_TEST(test_run_replay_compare)
 }
 END_TEST
 
+/* Mutation through the CLI: for every operator of the perturbation switch, at
+ * layers of the right kind (tiny: gated DeltaNet at 0 and 2, full attention at
+ * 1 and 3), `lockstep compare` exits 1 and names exactly the perturbed trace
+ * layer (mixer 1+2l, moe 2+2l, lm_head 2+2L) and its family as the first drift. */
+START_TEST(test_mutation_named_by_compare)
+{
+    setup();
+    static const struct {
+        const char *op;
+        int layer;
+        const char *where; /* expected first-drift text */
+    } cases[] = {
+        {"gdn", 0, "layer 1 (gdn, decoder layer 0)"},
+        {"gdn", 2, "layer 5 (gdn, decoder layer 2)"},
+        {"conv", 0, "layer 1 (gdn, decoder layer 0)"},
+        {"conv", 2, "layer 5 (gdn, decoder layer 2)"},
+        {"attention", 1, "layer 3 (attention, decoder layer 1)"},
+        {"attention", 3, "layer 7 (attention, decoder layer 3)"},
+        {"norm", 0, "layer 1 (gdn, decoder layer 0)"},
+        {"norm", 3, "layer 7 (attention, decoder layer 3)"},
+        {"router", 0, "layer 2 (moe, decoder layer 0)"},
+        {"router", 3, "layer 8 (moe, decoder layer 3)"},
+        {"experts", 1, "layer 4 (moe, decoder layer 1)"},
+        {"experts", 2, "layer 6 (moe, decoder layer 2)"},
+        {"combine", 0, "layer 2 (moe, decoder layer 0)"},
+        {"combine", 3, "layer 8 (moe, decoder layer 3)"},
+        {"lm_head", 0, "layer 10 (lm_head"},
+    };
+    free(expect_rc(0, cmd("run --checkpoint @/ck --mode rollout --prompts @/prompts.jsonl --max-new-tokens 12 "
+                          "--state-digest-every 1 -o @/mut-ro.trace", NULL)));
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, " --perturb layer=%d,op=%s", cases[i].layer, cases[i].op);
+        free(expect_rc(0, cmd("run --checkpoint @/ck --mode replay --from @/mut-ro.trace --chunk 5 "
+                              "-o @/mut-pt.trace", extra)));
+        char *out = expect_rc(1, cmd("compare @/mut-ro.trace @/mut-pt.trace", NULL));
+        const char *first = strstr(out, "first drift");
+        ck_assert_msg(first && strstr(first, cases[i].where),
+                      "perturb layer=%d,op=%s: first drift not at '%s':\n%s", cases[i].layer, cases[i].op,
+                      cases[i].where, out);
+        free(out);
+    }
+}
+END_TEST
+
 START_TEST(test_gate)
 {
     setup();
@@ -178,6 +223,7 @@ int main(void)
     TCase *tc = tcase_create("cli_engine");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_run_replay_compare);
+    tcase_add_test(tc, test_mutation_named_by_compare);
     tcase_add_test(tc, test_gate);
     tcase_add_test(tc, test_demo);
     tcase_add_test(tc, test_errors);
