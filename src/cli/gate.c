@@ -7,6 +7,8 @@
 
 #include "compare/compare.h"
 #include "core/util.h"
+#include "fingerprint/fingerprint.h"
+#include "io/checkpoint.h"
 #include "report/report.h"
 
 static const ls_gate_variant standard[] = {
@@ -145,10 +147,18 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_cli_batch *batch, FILE *ou
     s.batch = batch;
     s.out = ro_path;
     s.progress = out != NULL;
+    /* Hash the checkpoint once: every run pins the same checkpoint section
+     * (hashing a 160 GB checkpoint per run would dominate a gate). */
+    ls_checkpoint *ck = NULL;
+    ls_fingerprint fp = {0};
+    ls_fingerprint_opts fo = {0, out != NULL};
+    ls_status st = ls_checkpoint_open(o->checkpoint, &ck, err);
+    if (st == LS_OK) st = ls_fingerprint_checkpoint(ck, &fo, &fp, err);
+    s.fingerprint = &fp;
     ls_run_result res;
     ls_cli_batch full = {0, NULL};
     ls_cli_rollout_info info;
-    ls_status st = ls_cli_run_engine(&s, &res, err);
+    if (st == LS_OK) st = ls_cli_run_engine(&s, &res, err);
     if (st == LS_OK) {
         free(res.completions);
         memcpy(r->merkle_root, res.merkle_root, 65);
@@ -221,6 +231,8 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_cli_batch *batch, FILE *ou
     if (st == LS_OK && o->junit) st = write_junit(o->junit, r, err);
     if (st == LS_OK && o->json) st = write_json(o->json, o, r, err);
     ls_cli_batch_free(&full);
+    ls_fingerprint_free(&fp);
+    ls_checkpoint_close(ck);
     if (temporary) ls_cli_workdir_remove(dir);
     return st;
 }

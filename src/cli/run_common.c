@@ -401,6 +401,7 @@ ls_status ls_cli_run_engine(const ls_run_spec *s, ls_run_result *res, ls_error *
         mo.backend = s->backend;
         mo.threads = s->threads;
         mo.progress = s->progress;
+        mo.fingerprint = s->fingerprint;
         if (s->perturb) {
             mo.mode = "fast";
             mo.perturbation = s->perturb;

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "core/status.h"
+#include "fingerprint/fingerprint.h"
 #include "engine/engine.h"
 
 /* A batch of sequences; every token array is owned by the batch. */
@@ -55,6 +56,7 @@ typedef struct ls_run_spec {
     const char *dump_layers;       /* "L,L,..." or NULL */
     const char *out;               /* trace path */
     int progress;                  /* progress bar on a terminal */
+    const ls_fingerprint *fingerprint; /* the checkpoint's, already computed (borrowed), or NULL */
 } ls_run_spec;
 
 void ls_run_spec_default(ls_run_spec *s);

@@ -37,9 +37,14 @@ static json_t *hex_json(const ls_digest *d)
 static ls_status checkpoint_section(const ls_checkpoint *ck, const ls_manifest_opts *o,
                                     json_t **out, ls_error *err)
 {
-    ls_fingerprint fp;
-    ls_fingerprint_opts fo = {o->threads, o->progress};
-    LS_TRY(ls_fingerprint_checkpoint(ck, &fo, &fp, err));
+    ls_fingerprint own = {0};
+    const ls_fingerprint *fpp = o->fingerprint;
+    if (!fpp) {
+        ls_fingerprint_opts fo = {o->threads, o->progress};
+        LS_TRY(ls_fingerprint_checkpoint(ck, &fo, &own, err));
+        fpp = &own;
+    }
+    const ls_fingerprint fp = *fpp;
     json_t *tensors = json_object();
     json_t *sec = json_object();
     if (!tensors || !sec) goto nomem;
@@ -61,13 +66,13 @@ static ls_status checkpoint_section(const ls_checkpoint *ck, const ls_manifest_o
      * document order, and the tensor is the useful one to name. */
     json_object_set_new(sec, "tensors", tensors);
     json_object_set_new(sec, "merkle_root", hex_json(&fp.merkle_root));
-    ls_fingerprint_free(&fp);
+    ls_fingerprint_free(&own);
     *out = sec;
     return LS_OK;
 nomem:
     json_decref(tensors);
     json_decref(sec);
-    ls_fingerprint_free(&fp);
+    ls_fingerprint_free(&own);
     return ls_fail(err, LS_E_NOMEM, "manifest: out of memory building checkpoint section");
 }
 

@@ -24,6 +24,7 @@
 #include <stddef.h>
 
 #include "core/status.h"
+#include "fingerprint/fingerprint.h"
 #include "fingerprint/sha256.h"
 #include "io/checkpoint.h"
 
@@ -40,6 +41,9 @@ typedef struct ls_manifest_opts {
     int threads;                         /* fingerprint threads; <= 0 = online cores */
     int progress;                        /* 1: progress bar on a terminal */
     int world_size, tp_degree, ep_degree;/* topology; <= 0 means 1 */
+    const ls_fingerprint *fingerprint;   /* the checkpoint's fingerprint, already computed
+                                            (borrowed; a gate hashes once for all its
+                                            runs), or NULL to compute it */
 } ls_manifest_opts;
 
 /* Defaults: backend "cpu", mode "strict", no perturbation, all threads,
