@@ -123,6 +123,23 @@ START_TEST(test_mutation_named_by_compare)
 }
 END_TEST
 
+/* --dump-layers: both traces carry the full tensors of decoder layer 2, so
+ * compare names the first differing element with hex bits and ULP distance. */
+START_TEST(test_dump_layers_element_diagnosis)
+{
+    setup();
+    free(expect_rc(0, cmd("run --checkpoint @/ck --mode rollout --prompts @/prompts.jsonl --max-new-tokens 6 "
+                          "--dump-layers 2 -o @/dump-ro.trace", NULL)));
+    free(expect_rc(0, cmd("run --checkpoint @/ck --mode replay --from @/dump-ro.trace --chunk 4 --dump-layers 2 "
+                          "--perturb layer=2,op=gdn -o @/dump-pt.trace", NULL)));
+    char *out = expect_rc(1, cmd("compare --no-color @/dump-ro.trace @/dump-pt.trace", NULL));
+    const char *t = strstr(out, "tensor: first differing element");
+    ck_assert_msg(t && strstr(t, " ULP") && strstr(t, "(0x") == NULL && strstr(t, "A 0x") && strstr(t, "B 0x"),
+                  "no element-level diagnosis:\n%s", out);
+    free(out);
+}
+END_TEST
+
 START_TEST(test_gate)
 {
     setup();
@@ -224,6 +241,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_run_replay_compare);
     tcase_add_test(tc, test_mutation_named_by_compare);
+    tcase_add_test(tc, test_dump_layers_element_diagnosis);
     tcase_add_test(tc, test_gate);
     tcase_add_test(tc, test_demo);
     tcase_add_test(tc, test_errors);
