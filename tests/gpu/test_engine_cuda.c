@@ -190,7 +190,6 @@ END_TEST
 int main(void)
 {
     if (!ls_gpu_available()) return LS_GPU_SKIP;
-#ifdef LOCKSTEP_HAVE_CUDA
     Suite *s = suite_create("gpu_engine");
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 900);
@@ -199,7 +198,4 @@ int main(void)
     tcase_add_test(tc, test_engine_cuda_fails_closed_on_perturb);
     suite_add_tcase(s, tc);
     return ls_gpu_run_suite(s);
-#else
-    return LS_GPU_SKIP;
-#endif
 }
