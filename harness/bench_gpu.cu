@@ -261,9 +261,19 @@ static void copy2d(cudaStream_t st, float *dst, long dpitch, const float *src, l
 /* Parts of the step left out, to place the time (bench only): 1 mixers, 2 MoE. */
 static int g_skip;
 
+#define BENCH_MAX_SEQS 1024
+static float *g_st[BENCH_MAX_SEQS], *g_st2[BENCH_MAX_SEQS];
+static long g_row0[BENCH_MAX_SEQS], g_len[BENCH_MAX_SEQS], g_pos0[BENCH_MAX_SEQS];
+
 static void forward(model *m, int nseq, long n, long p0, int act)
 {
     ls_error err; ls_error_clear(&err);
+    if (nseq > BENCH_MAX_SEQS) { fprintf(stderr, "bench_gpu: %d sequences\n", nseq); exit(2); }
+    for (int q = 0; q < nseq; q++) {
+        g_row0[q] = (long)q * n;
+        g_len[q] = n;
+        g_pos0[q] = p0;
+    }
     cudaStream_t st = m->st;
     void *s = (void *)st;
     long T = (long)nseq * n;
@@ -278,21 +288,19 @@ static void forward(model *m, int nseq, long n, long p0, int act)
             copy2d(st, m->Z, HV * DV, m->P + CONV, QKVZ, HV * DV, T);
             copy2d(st, m->Bv, HV, m->BAo, 2 * HV, HV, T);
             copy2d(st, m->Av, HV, m->BAo + HV, 2 * HV, HV, T);
-            for (int q = 0; q < nseq; q++)
-                T_(ls_cuda_conv_silu(m->P + (size_t)q * n * QKVZ, QKVZ, l->conv, 0, m->ss[q].conv[li],
-                                     m->Y + (size_t)q * n * CONV, CONV, n, CONV, CK, act, 0, s, &err));
+            /* One launch over all sequences (the engine's batched mixer ops). */
+            for (int q = 0; q < nseq; q++) g_st[q] = m->ss[q].conv[li];
+            T_(ls_cuda_conv_silu_batch(m->P, QKVZ, l->conv, 0, g_st, g_row0, g_len, nseq, m->Y, CONV,
+                                       CONV, CK, act, 0, s, &err));
             copy2d(st, m->Q, HK * DK, m->Y, CONV, HK * DK, T);
             copy2d(st, m->K, HK * DK, m->Y + HK * DK, CONV, HK * DK, T);
             copy2d(st, m->Vv, HV * DV, m->Y + 2 * HK * DK, CONV, HV * DV, T);
             T_(ls_cuda_l2norm_scale(m->Q, T * HK, DK, 0.08838834764831845f, 0, s, &err));
             T_(ls_cuda_l2norm_scale(m->K, T * HK, DK, 1.0f, 0, s, &err));
             T_(ls_cuda_gdn_gates(m->Bv, m->Av, l->A_log, l->dt_bias, m->beta, m->alpha, T, HV, act, s, &err));
-            for (int q = 0; q < nseq; q++) {
-                size_t r = (size_t)q * n;
-                T_(ls_cuda_gdn_recurrent(m->Q + r * HK * DK, m->K + r * HK * DK, m->Vv + r * HV * DV,
-                                         m->alpha + r * HV, m->beta + r * HV, m->ss[q].gdn[li],
-                                         m->O + r * HV * DV, n, HK, HV, DK, DV, act, 0, s, &err));
-            }
+            for (int q = 0; q < nseq; q++) g_st[q] = m->ss[q].gdn[li];
+            T_(ls_cuda_gdn_recurrent_batch(m->Q, m->K, m->Vv, m->alpha, m->beta, g_st, g_row0, g_len,
+                                           nseq, m->O, HK, HV, DK, DV, act, 0, s, &err));
             T_(ls_cuda_gated_rmsnorm(m->O, m->Z, l->gnorm, m->O, T * HV, DV, act, 0, s, &err));
             T_(ls_cuda_linear(l->out, 0, D, HV * DV, m->O, m->A, T, act, 0, s, &err));
         } else {
@@ -306,16 +314,14 @@ static void forward(model *m, int nseq, long n, long p0, int act)
             T_(ls_cuda_rope_apply(m->Q, m->cosb, m->sinb, T, HQ, HD, ROT, act, s, &err));
             T_(ls_cuda_rope_apply(m->K, m->cosb, m->sinb, T, HKV, HD, ROT, act, s, &err));
             for (int q = 0; q < nseq; q++) {
-                size_t r = (size_t)q * n;
-                for (int h = 0; h < HKV; h++) {
-                    copy2d(st, m->ss[q].kc[li] + ((size_t)h * CAP + p0) * HD, HD, m->K + r * HKV * HD + h * HD,
-                           HKV * HD, HD, n);
-                    copy2d(st, m->ss[q].vc[li] + ((size_t)h * CAP + p0) * HD, HD, m->Vv + r * HKV * HD + h * HD,
-                           HKV * HD, HD, n);
-                }
-                T_(ls_cuda_attention(m->Q + r * HQ * HD, m->ss[q].kc[li], m->ss[q].vc[li], CAP, m->pos + r,
-                                     m->O + r * HQ * HD, n, HQ, HKV, HD, act, 0, s, &err));
+                g_st[q] = m->ss[q].kc[li];
+                g_st2[q] = m->ss[q].vc[li];
             }
+            T_(ls_cuda_kv_append_batch(m->K, m->Vv, g_st, g_st2, CAP, g_row0, g_len, g_pos0, nseq, HKV,
+                                       HD, s, &err));
+            T_(ls_cuda_attention_batch(m->Q, (const float *const *)g_st, (const float *const *)g_st2,
+                                       CAP, g_row0, g_len, nseq, m->pos, m->O, HQ, HKV, HD, act, 0, s,
+                                       &err));
             T_(ls_cuda_sigmoid_gate(m->O, m->G, T * HQ * HD, act, s, &err));
             T_(ls_cuda_linear(l->o, 0, D, HQ * HD, m->O, m->A, T, act, 0, s, &err));
         }

@@ -33,6 +33,8 @@ extern "C" {
 #define LS_CUDA_GDN_MAX_DK 128
 #define LS_CUDA_ATT_MAX_D 256
 #define LS_CUDA_CONV_MAX_K 8
+/* Sequences per launch of the batched mixer entries (more: several launches). */
+#define LS_CUDA_SEQ_CHUNK 64
 
 /* h[t] = act(E[tokens[t]]). Token ids outside [0, V) give zeros (the engine
  * validates ids first). */
@@ -63,6 +65,14 @@ ls_status ls_cuda_conv_silu(const float *x /* [T, x_stride] */, long x_stride,
                             float *y /* [T, y_stride] */, long y_stride, long T, long C, long K,
                             int act_bf16, int order, void *stream, ls_error *err);
 
+/* ls_cuda_conv_silu for nseq sequences in one launch per 64: sequence s owns
+ * rows row0[s] .. row0[s]+len[s]-1 of x and y and its own state states[s]. */
+ls_status ls_cuda_conv_silu_batch(const float *x /* [T, x_stride] */, long x_stride,
+                                  const void *w /* [C, K] */, int wtype, float *const *states,
+                                  const long *row0, const long *len, long nseq,
+                                  float *y /* [T, y_stride] */, long y_stride, long C, long K,
+                                  int act_bf16, int order, void *stream, ls_error *err);
+
 /* β = act(sigmoid(b)); α = exp(−exp(A_log) · softplus(a + dt_bias)). */
 ls_status ls_cuda_gdn_gates(const float *b /* [T, H] */, const float *a /* [T, H] */,
                             const float *A_log /* [H] */, const float *dt_bias /* [H] */,
@@ -83,6 +93,16 @@ ls_status ls_cuda_gdn_recurrent(const float *q /* [T, Hk, dk] */, const float *k
                                 float *o /* [T, Hv, dv] */, long T, long Hk, long Hv, long dk,
                                 long dv, int act_bf16, int order, void *stream, ls_error *err);
 
+/* ls_cuda_gdn_recurrent for nseq sequences in one launch per 64: sequence s
+ * owns rows row0[s] .. row0[s]+len[s]-1 of q, k, v, alpha, beta and o (a
+ * packed batch) and its own state states[s] (device). Host arrays; len 0 =
+ * skipped. Each sequence's bits are those of its own ls_cuda_gdn_recurrent. */
+ls_status ls_cuda_gdn_recurrent_batch(const float *q, const float *k, const float *v,
+                                      const float *alpha, const float *beta,
+                                      float *const *states, const long *row0, const long *len,
+                                      long nseq, float *o, long Hk, long Hv, long dk, long dv,
+                                      int act_bf16, int order, void *stream, ls_error *err);
+
 /* Partial rotate-half RoPE in place; tables from ls_cpu_rope_table (host),
  * uploaded: cos_t/sin_t [T, R/2], one row per token of the call. */
 ls_status ls_cuda_rope_apply(float *x /* [T, H, d] */, const float *cos_t /* [T, R/2] */,
@@ -96,6 +116,22 @@ ls_status ls_cuda_attention(const float *q /* [T, Hq, d] */, const float *kc /* 
                             const int32_t *pos /* [T] */, float *o /* [T, Hq, d] */, long T,
                             long Hq, long Hkv, long d, int act_bf16, int order, void *stream,
                             ls_error *err);
+
+/* ls_cuda_attention for nseq sequences in one launch per 64: sequence s owns
+ * rows row0[s] .. row0[s]+len[s]-1 of q, pos and o, and its own caches
+ * kcs[s], vcs[s] (device pointers in host arrays). */
+ls_status ls_cuda_attention_batch(const float *q, const float *const *kcs,
+                                  const float *const *vcs, long cap, const long *row0,
+                                  const long *len, long nseq, const int32_t *pos, float *o,
+                                  long Hq, long Hkv, long d, int act_bf16, int order, void *stream,
+                                  ls_error *err);
+
+/* KV-cache append for nseq sequences: rows row0[s] + i of k, v [T, Hkv, d]
+ * go to position pos0[s] + i of head h of kcs[s], vcs[s] [Hkv, cap, d]. */
+ls_status ls_cuda_kv_append_batch(const float *k, const float *v, float *const *kcs,
+                                  float *const *vcs, long cap, const long *row0, const long *len,
+                                  const long *pos0, long nseq, long Hkv, long d, void *stream,
+                                  ls_error *err);
 
 /* o_i = act(o_i · act(sigmoid(gate_i))). */
 ls_status ls_cuda_sigmoid_gate(float *o /* [n] */, const float *gate /* [n] */, long n,

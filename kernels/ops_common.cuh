@@ -26,6 +26,21 @@ __device__ __forceinline__ float ls_warp_tree(float p)
     return p;
 }
 
+/* The LS_DOT32 tree over 32 partials held by one thread (ls_tree32 order:
+ * p[l] = p[l] + p[l + s] for l < s, s = 16 .. 1), bitwise equal to the warp
+ * butterfly over the same partials. Stages spelled out so that the array
+ * stays in registers. */
+#define LS_TREE32_STAGE(p, S)                                   \
+    _Pragma("unroll") for (int l_ = 0; l_ < (S); l_++) (p)[l_] = (p)[l_] + (p)[l_ + (S)]
+#define LS_TREE32(p)                                            \
+    do {                                                        \
+        LS_TREE32_STAGE(p, 16);                                 \
+        LS_TREE32_STAGE(p, 8);                                  \
+        LS_TREE32_STAGE(p, 4);                                  \
+        LS_TREE32_STAGE(p, 2);                                  \
+        LS_TREE32_STAGE(p, 1);                                  \
+    } while (0)
+
 /* Exact maximum over the warp: the value of the first maximum in element
  * order, as the CPU's `if (x > m) m = x` scan from -inf finds it (this only
  * matters for the sign of a zero). Each lane passes its own first maximum and

@@ -241,12 +241,24 @@ extern "C" ls_status ls_cuda_residual(float *h, const float *a, long n, int act_
 
 /* One thread per channel; the K-entry window lives in registers (indices are
  * compile-time after unrolling to LS_CUDA_CONV_MAX_K with guards). */
-__global__ void ls_conv_silu_kernel(const float *x, long x_stride, const void *w, int wtype,
-                                    float *state, float *y, long y_stride, long T, long C, long K,
+typedef struct ls_conv_seqs {
+    long row0[LS_CUDA_SEQ_CHUNK];
+    long len[LS_CUDA_SEQ_CHUNK];
+    float *state[LS_CUDA_SEQ_CHUNK];
+} ls_conv_seqs;
+
+/* Sequence blockIdx.y: its rows of x and y, its own state. */
+__global__ void ls_conv_silu_kernel(const float *x0, long x_stride, const void *w, int wtype,
+                                    ls_conv_seqs sq, float *y0, long y_stride, long C, long K,
                                     int act)
 {
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    int sidx = (int)blockIdx.y;
+    long T = sq.len[sidx];
+    if (c >= C || T <= 0) return;
+    float *state = sq.state[sidx];
+    const float *x = x0 + sq.row0[sidx] * x_stride;
+    float *y = y0 + sq.row0[sidx] * y_stride;
     const uint8_t *wr = (const uint8_t *)w + (size_t)c * K * ls_welem_bytes(wtype);
     float st[LS_CUDA_CONV_MAX_K], wv[LS_CUDA_CONV_MAX_K];
 #pragma unroll
@@ -278,6 +290,38 @@ __global__ void ls_conv_silu_kernel(const float *x, long x_stride, const void *w
         if (j < K) state[c * K + j] = st[j];
 }
 
+extern "C" ls_status ls_cuda_conv_silu_batch(const float *x, long x_stride, const void *w,
+                                             int wtype, float *const *states, const long *row0,
+                                             const long *len, long nseq, float *y, long y_stride,
+                                             long C, long K, int act_bf16, int order,
+                                             void *stream, ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order, err, "conv_silu");
+    LS_REQUIRE_WTYPE(wtype, err, "conv_silu");
+    LS_CUDA_REQUIRE(K >= 1 && K <= LS_CUDA_CONV_MAX_K, err,
+                    "cuda portable conv_silu: kernel size K %ld not in 1..%d (channels %ld)", K,
+                    LS_CUDA_CONV_MAX_K, C);
+    if (C <= 0) return LS_OK;
+    for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
+        long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK;
+        ls_conv_seqs sq;
+        memset(&sq, 0, sizeof sq);
+        long any = 0;
+        for (long s = 0; s < n; s++) {
+            sq.row0[s] = row0[s0 + s];
+            sq.len[s] = len[s0 + s];
+            sq.state[s] = states[s0 + s];
+            if (sq.len[s] > 0) any = 1;
+        }
+        if (!any) continue;
+        dim3 grid(ls_blocks_for(C, 128), (unsigned)n);
+        ls_conv_silu_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(
+            x, x_stride, w, wtype, sq, y, y_stride, C, K, act_bf16);
+        LS_CUDA_CHECK_LAUNCH("ls_conv_silu_kernel", err);
+    }
+    return LS_OK;
+}
+
 extern "C" ls_status ls_cuda_conv_silu(const float *x, long x_stride, const void *w, int wtype,
                                        float *state, float *y, long y_stride, long T, long C,
                                        long K, int act_bf16, int order, void *stream,
@@ -289,10 +333,9 @@ extern "C" ls_status ls_cuda_conv_silu(const float *x, long x_stride, const void
                     "cuda portable conv_silu: kernel size K %ld not in 1..%d (channels %ld)", K,
                     LS_CUDA_CONV_MAX_K, C);
     if (T <= 0 || C <= 0) return LS_OK;
-    ls_conv_silu_kernel<<<ls_blocks_for(C, 128), 128, 0, (cudaStream_t)stream>>>(
-        x, x_stride, w, wtype, state, y, y_stride, T, C, K, act_bf16);
-    LS_CUDA_CHECK_LAUNCH("ls_conv_silu_kernel", err);
-    return LS_OK;
+    long row0 = 0;
+    return ls_cuda_conv_silu_batch(x, x_stride, w, wtype, &state, &row0, &T, 1, y, y_stride, C, K,
+                                   act_bf16, order, stream, err);
 }
 
 /* ---- logprobs ----------------------------------------------------------------- */

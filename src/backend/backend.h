@@ -149,6 +149,31 @@ struct ls_backend {
     ls_status (*logprobs)(ls_backend *be, ls_view logits /* [R, V] */, ls_view lp /* [R, V] */,
                           long R, long V, ls_order order, ls_error *err);
 
+    /* ---- batched mixers (optional) ------------------------------------------ */
+    /* NULL on a backend without them: the engine then calls the per-sequence
+     * op once per sequence. Sequence s of nseq owns rows row0[s] .. row0[s] +
+     * len[s] - 1 of the packed activations (views at row 0) and its own state
+     * buffers (offset 0); each sequence's results are those of the
+     * per-sequence op called for it alone (host arrays, len 0 = skipped). */
+    ls_status (*conv_silu_batch)(ls_backend *be, ls_view x, long x_stride, const ls_bweight *w,
+                                 ls_buf *const *states, const long *row0, const long *len,
+                                 long nseq, ls_view y, long y_stride, long C, long K,
+                                 int act_bf16, ls_order order, ls_error *err);
+    ls_status (*gdn_recurrent_batch)(ls_backend *be, ls_view q, ls_view k, ls_view v,
+                                     ls_view alpha, ls_view beta, ls_buf *const *states,
+                                     const long *row0, const long *len, long nseq, ls_view o,
+                                     long Hk, long Hv, long dk, long dv, int act_bf16,
+                                     ls_order order, ls_error *err);
+    /* copy_rows of each sequence's K and V rows [len, Hkv, d] to positions
+     * pos0[s].. of each head of its caches [Hkv, cap, d]. */
+    ls_status (*kv_append_batch)(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
+                                 ls_buf *const *vcs, long cap, const long *row0, const long *len,
+                                 const long *pos0, long nseq, long Hkv, long d, ls_error *err);
+    ls_status (*attention_batch)(ls_backend *be, ls_view q, ls_buf *const *kcs,
+                                 ls_buf *const *vcs, long cap, const long *row0, const long *len,
+                                 long nseq, ls_view pos, ls_view o, long Hq, long Hkv, long d,
+                                 int act_bf16, ls_order order, ls_error *err);
+
     /* ---- digests ----------------------------------------------------------- */
     /* Computes n_jobs independent SHA-256 digests over backend buffers and
      * writes each to its job's host `out` (a GPU hashes on the device and

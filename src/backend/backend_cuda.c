@@ -205,6 +205,89 @@ static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc,
                              (int)order, NULL, err);
 }
 
+/* Device pointers of nseq state buffers (offset 0), in a malloc'd array. */
+static float **dev_ptrs(ls_buf *const *bufs, long nseq, ls_error *err)
+{
+    float **p = malloc(sizeof(float *) * (size_t)(nseq > 0 ? nseq : 1));
+    if (!p) {
+        ls_fail(err, LS_E_NOMEM, "cuda backend: %ld sequence pointers", nseq);
+        return NULL;
+    }
+    for (long s = 0; s < nseq; s++) p[s] = (float *)bufs[s]->ptr;
+    return p;
+}
+
+static ls_status cu_conv_silu_batch(ls_backend *be, ls_view x, long x_stride, const ls_bweight *w,
+                                    ls_buf *const *states, const long *row0, const long *len,
+                                    long nseq, ls_view y, long y_stride, long C, long K,
+                                    int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    float **st = dev_ptrs(states, nseq, err);
+    if (!st) return LS_E_NOMEM;
+    ls_status r = ls_cuda_conv_silu_batch(F(x), x_stride, W(w), (int)w->wtype, st, row0, len, nseq,
+                                          F(y), y_stride, C, K, act_bf16, (int)order, NULL, err);
+    free(st);
+    return r;
+}
+
+static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls_view v,
+                                        ls_view alpha, ls_view beta, ls_buf *const *states,
+                                        const long *row0, const long *len, long nseq, ls_view o,
+                                        long Hk, long Hv, long dk, long dv, int act_bf16,
+                                        ls_order order, ls_error *err)
+{
+    (void)be;
+    float **st = dev_ptrs(states, nseq, err);
+    if (!st) return LS_E_NOMEM;
+    ls_status r = ls_cuda_gdn_recurrent_batch(F(q), F(k), F(v), F(alpha), F(beta), st, row0, len,
+                                              nseq, F(o), Hk, Hv, dk, dv, act_bf16, (int)order,
+                                              NULL, err);
+    free(st);
+    return r;
+}
+
+static ls_status cu_kv_append_batch(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
+                                    ls_buf *const *vcs, long cap, const long *row0,
+                                    const long *len, const long *pos0, long nseq, long Hkv, long d,
+                                    ls_error *err)
+{
+    (void)be;
+    float **kp = dev_ptrs(kcs, nseq, err);
+    if (!kp) return LS_E_NOMEM;
+    float **vp = dev_ptrs(vcs, nseq, err);
+    if (!vp) {
+        free(kp);
+        return LS_E_NOMEM;
+    }
+    ls_status r = ls_cuda_kv_append_batch(F(k), F(v), kp, vp, cap, row0, len, pos0, nseq, Hkv, d,
+                                          NULL, err);
+    free(kp);
+    free(vp);
+    return r;
+}
+
+static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kcs,
+                                    ls_buf *const *vcs, long cap, const long *row0,
+                                    const long *len, long nseq, ls_view pos, ls_view o, long Hq,
+                                    long Hkv, long d, int act_bf16, ls_order order, ls_error *err)
+{
+    (void)be;
+    float **kp = dev_ptrs(kcs, nseq, err);
+    if (!kp) return LS_E_NOMEM;
+    float **vp = dev_ptrs(vcs, nseq, err);
+    if (!vp) {
+        free(kp);
+        return LS_E_NOMEM;
+    }
+    ls_status r = ls_cuda_attention_batch(F(q), (const float *const *)kp, (const float *const *)vp,
+                                          cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,
+                                          act_bf16, (int)order, NULL, err);
+    free(kp);
+    free(vp);
+    return r;
+}
+
 static ls_status cu_sigmoid_gate(ls_backend *be, ls_view o, ls_view gate, long n, int act_bf16,
                                  ls_error *err)
 {
@@ -403,6 +486,10 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
     be->gdn_recurrent = cu_gdn_recurrent;
     be->rope_apply = cu_rope_apply;
     be->attention = cu_attention;
+    be->conv_silu_batch = cu_conv_silu_batch;
+    be->gdn_recurrent_batch = cu_gdn_recurrent_batch;
+    be->kv_append_batch = cu_kv_append_batch;
+    be->attention_batch = cu_attention_batch;
     be->sigmoid_gate = cu_sigmoid_gate;
     be->router = cu_router;
     be->moe = cu_moe;

@@ -537,6 +537,52 @@ static int state_due(const ls_engine *e, const seg *sg, long j)
     return p % N == N - 1 || (prompt > 0 && p == prompt - 1) || (sg->last && j == sg->n - 1);
 }
 
+/* 1 when no sequence's rows need a carried-state digest before its last row:
+ * each sequence then runs its mixer in one call, and the backend's batched
+ * mixer ops can run all sequences in one launch with the same bits. */
+static int single_runs(const ls_engine *e, const seg *sg, long nseg)
+{
+    for (long s = 0; s < nseg; s++)
+        for (long j = 0; j < sg[s].n - 1; j++)
+            if (state_due(e, &sg[s], j)) return 0;
+    return 1;
+}
+
+/* Per-sequence row spans and state buffers for the batched mixer ops. */
+typedef struct batch_args {
+    long *row0, *len, *pos0;
+    ls_buf **st, **st2;
+} batch_args;
+
+static void batch_free(batch_args *b)
+{
+    free(b->row0);
+    free(b->len);
+    free(b->pos0);
+    free(b->st);
+    free(b->st2);
+}
+
+static ls_status batch_init(const seg *sg, long nseg, batch_args *b, ls_error *err)
+{
+    size_t n = (size_t)(nseg > 0 ? nseg : 1);
+    b->row0 = malloc(n * sizeof(long));
+    b->len = malloc(n * sizeof(long));
+    b->pos0 = malloc(n * sizeof(long));
+    b->st = malloc(n * sizeof(ls_buf *));
+    b->st2 = malloc(n * sizeof(ls_buf *));
+    if (!b->row0 || !b->len || !b->pos0 || !b->st || !b->st2) {
+        batch_free(b);
+        return ls_fail(err, LS_E_NOMEM, "engine: batch tables for %ld sequences", nseg);
+    }
+    for (long s = 0; s < nseg; s++) {
+        b->row0[s] = sg[s].row0;
+        b->len[s] = sg[s].n;
+        b->pos0[s] = sg[s].pos0;
+    }
+    return LS_OK;
+}
+
 static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
 {
     ls_backend *be = e->be;
@@ -562,9 +608,26 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
         LS_TRY(be->copy_rows(be, AT(e->Av, g * r), Hv, AT(e->BA, g * 2 * r + r), 2 * Hv, T, r, err));
     }
     ls_order oc = ord(e, l, LS_PERTURB_CONV), og = ord(e, l, LS_PERTURB_GDN);
+    int batched = be->conv_silu_batch && be->gdn_recurrent_batch && nseg > 1 &&
+                  single_runs(e, sg, nseg);
+    batch_args ba = {0};
+    if (batched) {
+        LS_TRY(batch_init(sg, nseg, &ba, err));
+        for (long s = 0; s < nseg; s++) ba.st[s] = e->ss[sg[s].slot].conv[l];
+        ls_status st = be->conv_silu_batch(be, BEV(e->X), C, &w->conv, ba.st, ba.row0, ba.len, nseg,
+                                           BEV(e->Y), C, C, K, act, oc, err);
+        for (long s = 0; s < nseg && st == LS_OK; s++)
+            if (state_due(e, &sg[s], sg[s].n - 1))
+                st = dq_push(e, sg[s].row0 + sg[s].n - 1, tl, LS_DIGEST_CONV_STATE,
+                             span(AT(ba.st[s], 1), C, K - 1, K, act), no_span, err);
+        if (st != LS_OK) {
+            batch_free(&ba);
+            return st;
+        }
+    }
     /* Conv per sequence, in runs that end where a state digest is due; a
      * queued state digest is flushed before the next run advances the state. */
-    for (long s = 0; s < nseg; s++) {
+    for (long s = 0; s < nseg && !batched; s++) {
         ls_buf *cs = e->ss[sg[s].slot].conv[l];
         int pending = 0;
         for (long i = 0; i < sg[s].n;) {
@@ -589,7 +652,19 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     LS_TRY(be->gdn_gates(be, BEV(e->Bv), BEV(e->Av), BEV(w->A_log), BEV(w->dt_bias), BEV(e->beta),
                          BEV(e->alpha), T, Hv, act, err));
     long SN = Hv * dk * dv;
-    for (long s = 0; s < nseg; s++) {
+    if (batched) {
+        for (long s = 0; s < nseg; s++) ba.st[s] = e->ss[sg[s].slot].gdn[l];
+        ls_status st = be->gdn_recurrent_batch(be, BEV(e->Q), BEV(e->K), BEV(e->V), BEV(e->alpha),
+                                               BEV(e->beta), ba.st, ba.row0, ba.len, nseg, BEV(e->O),
+                                               Hk, Hv, dk, dv, act, og, err);
+        for (long s = 0; s < nseg && st == LS_OK; s++)
+            if (state_due(e, &sg[s], sg[s].n - 1))
+                st = dq_push(e, sg[s].row0 + sg[s].n - 1, tl, LS_DIGEST_GDN_STATE,
+                             span(BEV(ba.st[s]), 1, SN, SN, 0), no_span, err);
+        batch_free(&ba);
+        LS_TRY(st);
+    }
+    for (long s = 0; s < nseg && !batched; s++) {
         ls_buf *gs = e->ss[sg[s].slot].gdn[l];
         int pending = 0;
         for (long i = 0; i < sg[s].n;) {
@@ -636,7 +711,23 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     LS_TRY(be->rope_apply(be, BEV(e->Q), BEV(e->cosb), BEV(e->sinb), T, Hq, d, c->rotary_dims, act, err));
     LS_TRY(be->rope_apply(be, BEV(e->K), BEV(e->cosb), BEV(e->sinb), T, Hkv, d, c->rotary_dims, act, err));
     ls_order oa = ord(e, l, LS_PERTURB_ATTENTION);
-    for (long s = 0; s < nseg; s++) {
+    int batched = be->kv_append_batch && be->attention_batch && nseg > 1;
+    if (batched) {
+        batch_args ba = {0};
+        LS_TRY(batch_init(sg, nseg, &ba, err));
+        for (long s = 0; s < nseg; s++) {
+            ba.st[s] = e->ss[sg[s].slot].kc[l];
+            ba.st2[s] = e->ss[sg[s].slot].vc[l];
+        }
+        ls_status st = be->kv_append_batch(be, BEV(e->K), BEV(e->V), ba.st, ba.st2, e->cap, ba.row0,
+                                           ba.len, ba.pos0, nseg, Hkv, d, err);
+        if (st == LS_OK)
+            st = be->attention_batch(be, BEV(e->Q), ba.st, ba.st2, e->cap, ba.row0, ba.len, nseg,
+                                     BEV(e->pos), BEV(e->O), Hq, Hkv, d, act, oa, err);
+        batch_free(&ba);
+        LS_TRY(st);
+    }
+    for (long s = 0; s < nseg && !batched; s++) {
         seq_state *q = &e->ss[sg[s].slot];
         long r0 = sg[s].row0, n = sg[s].n;
         for (long h = 0; h < Hkv; h++) {
