@@ -427,16 +427,15 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
 #undef BADA
 }
 
-ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t i, ls_error *err)
+ls_status ls_rec_decoder_fill(ls_rec_decoder *dec, ls_error *err)
 {
-    if (i >= fb->n_records) return ls_fail(err, LS_E_INTERNAL, "record %u out of range", i);
+    ls_trace_record *r = &dec->rec;
+    if ((r->digests || !r->n_digests) && (r->dumps || !r->n_dumps)) return LS_OK;
     /* ls_frame_load validated every record of the frame: decode without re-checking. */
-    const uint8_t *p = fb->data + fb->rec_off[i];
-    size_t fixed = LS_TRACE_RECORD_FIXED_BYTES + 8 * (size_t)dec->topk + 4;
-    uint16_t nd = ls_rd16(p + fixed - 4), nm = ls_rd16(p + fixed - 2);
+    uint32_t nd = r->n_digests, nm = r->n_dumps;
     LS_TRY(grow((void **)&dec->dg, &dec->dg_cap, nd ? nd : 1, sizeof *dec->dg, err));
     LS_TRY(grow((void **)&dec->dm, &dec->dm_cap, nm ? nm : 1, sizeof *dec->dm, err));
-    const uint8_t *e = p + fixed;
+    const uint8_t *e = r->raw + ls_trace_record_head_bytes(dec->topk);
     for (uint32_t k = 0; k < nd; k++, e += LS_TRACE_DIGEST_ENTRY_BYTES) {
         dec->dg[k].layer = ls_rd16(e);
         dec->dg[k].kind = e[2];
@@ -447,6 +446,16 @@ ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t 
         dec->dm[k] = (ls_trace_dump){ls_rd16(e), e[2], e[3], n, e + LS_TRACE_DUMP_HEAD_BYTES};
         e += LS_TRACE_DUMP_HEAD_BYTES + (((uint64_t)n * ls_dump_dtype_size(e[3]) + 3) & ~(uint64_t)3);
     }
+    r->digests = dec->dg;
+    r->dumps = dec->dm;
+    return LS_OK;
+}
+
+ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t i, ls_error *err)
+{
+    if (i >= fb->n_records) return ls_fail(err, LS_E_INTERNAL, "record %u out of range", i);
+    const uint8_t *p = fb->data + fb->rec_off[i];
+    size_t fixed = ls_trace_record_head_bytes(dec->topk);
     ls_trace_record *r = &dec->rec;
     r->seq = ls_rd32(p + 4);
     r->pos = ls_rd32(p + 8);
@@ -457,15 +466,15 @@ ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t 
         r->topk_ids[k] = (int32_t)ls_rd32(p + 24 + 8 * k);
         r->topk_logprob_bits[k] = ls_rd32(p + 28 + 8 * k);
     }
-    r->n_digests = nd;
-    r->digests = dec->dg;
-    r->n_dumps = nm;
-    r->dumps = dec->dm;
+    r->n_digests = ls_rd16(p + fixed - 4);
+    r->digests = NULL;
+    r->n_dumps = ls_rd16(p + fixed - 2);
+    r->dumps = NULL;
     r->raw = p;
     r->raw_bytes = ls_rd32(p);
     r->frame_index = fb->frame_index;
     r->frame_offset = fb->offset;
-    return LS_OK;
+    return dec->lazy ? LS_OK : ls_rec_decoder_fill(dec, err);
 }
 
 /* Checks what the format requires of a payload before it is decompressed:

@@ -116,6 +116,7 @@ typedef struct ls_rec_decoder {
     int topk;
     int n_layers;
     uint32_t kinds_mask;
+    int lazy;                  /* 1: ls_frame_record leaves digests/dumps NULL until ls_rec_decoder_fill */
     ls_trace_record rec;
     ls_trace_digest *dg; size_t dg_cap;
     ls_trace_dump *dm; size_t dm_cap;
@@ -129,8 +130,19 @@ typedef struct ls_rec_decoder {
 ls_status ls_frame_load(ls_trace_file *f, ls_frame_buf *fb, ls_rec_decoder *dec, int payload, ls_error *err);
 void ls_frame_buf_free(ls_frame_buf *fb);
 
-/* Decodes record i of a loaded frame into dec->rec. */
+/* Decodes record i of a loaded frame into dec->rec. With dec->lazy, the
+ * digest and dump arrays are left NULL (their counts and rec.raw are set):
+ * a reader of raw bytes (the comparator's equal-record path) skips copying
+ * them, and ls_rec_decoder_fill decodes them when needed. */
 ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t i, ls_error *err);
+/* Decodes the digests and dumps of dec->rec (a no-op when already done). */
+ls_status ls_rec_decoder_fill(ls_rec_decoder *dec, ls_error *err);
+/* Bytes before a record's digest array: the fixed fields, the top-k, the two counts. */
+static inline size_t ls_trace_record_head_bytes(int topk) { return LS_TRACE_RECORD_FIXED_BYTES + 8 * (size_t)topk + 4; }
+
+/* The decoders of a reader and an index, for callers that want lazy records. */
+ls_rec_decoder *ls_trace_reader_decoder(ls_trace_reader *r);
+ls_rec_decoder *ls_trace_index_decoder(ls_trace_index *ix);
 void ls_rec_decoder_free(ls_rec_decoder *d);
 
 /* Checks that the 96 trailer bytes at `offset` are well formed and match the counts. */

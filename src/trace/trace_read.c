@@ -157,6 +157,8 @@ ls_status ls_trace_reader_next(ls_trace_reader *r, const ls_trace_record **rec, 
     return LS_OK;
 }
 
+ls_rec_decoder *ls_trace_reader_decoder(ls_trace_reader *r) { return &r->dec; }
+
 void ls_trace_reader_close(ls_trace_reader *r)
 {
     if (!r) return;
@@ -427,6 +429,8 @@ ls_status ls_trace_index_verify(ls_trace_index *ix, ls_error *err)
     ls_frame_buf_free(&fb);
     return st;
 }
+
+ls_rec_decoder *ls_trace_index_decoder(ls_trace_index *ix) { return &ix->dec; }
 
 void ls_trace_index_close(ls_trace_index *ix)
 {
