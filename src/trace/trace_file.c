@@ -4,7 +4,12 @@
  * Mapping saves copying every payload out of the kernel (the largest single
  * cost of 'lockstep compare' when reading). The size is fixed at open, so a
  * file still being appended to (a running writer's temporary file) reads as
- * the prefix that existed then, exactly as with read(). */
+ * the prefix that existed then, exactly as with read(). Mapped pages are page
+ * cache, not heap: the kernel reclaims them under pressure, so the heap bound
+ * of the reader and the index (a few frames) holds whatever the file size. A
+ * file truncated by another process while mapped would fault (SIGBUS) where
+ * read() reports a short read: LOCKSTEP_TRACE_NO_MMAP=1 selects read() for
+ * files that may shrink under the reader. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
