@@ -152,6 +152,65 @@ START_TEST(test_tensor_and_router_detail)
 }
 END_TEST
 
+/* Digest accounting does not depend on which path compared a record: equal
+ * raw bytes, equal digest arrays behind a differing logprob, or the
+ * per-digest walk (traces carrying different digest kinds). */
+START_TEST(test_digest_accounting)
+{
+    ls_compare_result r;
+    syn_opts a = {.n_seqs = 3, .prompt_len = 4, .gen_len = 8};
+    ck_assert_int_eq(syn_write(pa, &a), 0);
+    syn_opts b = a;
+    b.chunk = 3;
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    run(&r, 1);
+    uint64_t all = r.seqs[1].digests_compared;
+    ck_assert_uint_gt(all, 12);
+    ls_compare_result_free(&r);
+    /* a differing logprob: the digests are still all compared, all equal */
+    b.plant = (syn_plant){SYN_LOGPROB, 1, 6, 0, 0, 0};
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    run(&r, 0);
+    const ls_compare_seq *s = &r.seqs[1];
+    ck_assert_int_eq(s->first.what, LS_DRIFT_LOGPROB);
+    ck_assert_uint_eq(s->digests_compared, all);
+    ck_assert_uint_eq(s->digests_differ, 0);
+    ck_assert_uint_eq(s->pos_per_col, 1);
+    for (int l = 0; l < r.n_layers; l++)
+        ck_assert_msg(s->cells[(size_t)(1 + l) * s->cols + 6] == LS_CELL_EQUAL, "layer %d cell %u", l,
+                      s->cells[(size_t)(1 + l) * s->cols + 6]);
+    ck_assert_uint_eq(s->cells[(size_t)(r.n_layers + 1) * s->cols + 6], LS_CELL_FIRST);
+    ls_compare_result_free(&r);
+    /* B carries hidden and router digests only: those are compared, walked record by record */
+    uint32_t sub = (1u << LS_DIGEST_HIDDEN) | (1u << LS_DIGEST_ROUTER);
+    b.plant = (syn_plant){SYN_NONE, 0, 0, 0, 0, 0};
+    b.kinds_mask = (int)sub;
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    run(&r, 1);
+    ck_assert_uint_eq(r.kinds_compared, sub);
+    uint64_t shared = r.seqs[1].digests_compared;
+    ck_assert(shared > 0 && shared < all);
+    ls_compare_result_free(&r);
+    syn_opts a2 = a;
+    a2.kinds_mask = (int)sub;
+    ck_assert_int_eq(syn_write(pa, &a2), 0);
+    run(&r, 1);
+    ck_assert_uint_eq(r.seqs[1].digests_compared, shared);
+    ls_compare_result_free(&r);
+    /* and a digest drift among the shared kinds is found at its layer */
+    ck_assert_int_eq(syn_write(pa, &a), 0);
+    b.plant = (syn_plant){SYN_DIGEST, 1, 6, 4, LS_DIGEST_ROUTER, 0};
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    run(&r, 0);
+    s = &r.seqs[1];
+    ck_assert_int_eq(s->first.what, LS_DRIFT_DIGEST);
+    ck_assert_int_eq(s->first.layer, 4);
+    ck_assert_int_eq(s->first.kind, LS_DIGEST_ROUTER);
+    ck_assert_uint_eq(s->digests_differ, 1);
+    ls_compare_result_free(&r);
+}
+END_TEST
+
 START_TEST(test_models_and_coverage)
 {
     char other[65];
@@ -239,6 +298,7 @@ int main(void)
     tcase_add_test(tc, test_equal_and_framings);
     tcase_add_loop_test(tc, test_planted, 0, 2 * (int)(sizeof cases / sizeof cases[0]));
     tcase_add_test(tc, test_tensor_and_router_detail);
+    tcase_add_test(tc, test_digest_accounting);
     tcase_add_test(tc, test_models_and_coverage);
     tcase_add_test(tc, test_import_jsonl);
     suite_add_tcase(s, tc);

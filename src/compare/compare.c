@@ -119,6 +119,9 @@ typedef struct walk {
     uint64_t first_order;        /* drift discovery counter */
     uint64_t *drift_order;       /* [seqs_cap] order of each seq's first drift (0 = none) */
     int skip_token;              /* an imported trace has no input tokens */
+    int same_layout;             /* same top-k width and digest kinds: equal raw bytes mean equal records */
+    size_t head_a, head_b;       /* bytes before a record's digest array, per trace */
+    ls_rec_decoder *dec_a, *dec_b;   /* lazy decoders of A's reader and B's index */
 } walk;
 
 static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *idx, ls_error *err)
@@ -244,25 +247,47 @@ static void mark_missing(walk *w, ls_compare_seq *s, size_t si, uint32_t pos, in
     set_first(w, s, si, &d);
 }
 
-static void compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_record *a, const ls_trace_record *b)
+/* Counts every digest of a record as compared and equal, and marks the heat
+ * map, reading (layer, kind) from the record's raw bytes (head: bytes before
+ * its digest array) so a lazily decoded record needs no digest copies. */
+static void mark_digests_equal(const walk *w, ls_compare_seq *s, const ls_trace_record *a, size_t head)
+{
+    s->digests_compared += a->n_digests;
+    if (!s->cells || a->pos >= s->pos_end) return;
+    uint8_t *col = s->cells + a->pos / s->pos_per_col;
+    const uint8_t *e = a->raw + head;
+    int last = -1;
+    (void)w;
+    /* digests are ordered by layer: one heat-map cell per run of a layer */
+    for (uint32_t i = 0; i < a->n_digests; i++, e += LS_TRACE_DIGEST_ENTRY_BYTES) {
+        int layer = ls_rd16(e);
+        if (layer == last) continue;
+        last = layer;
+        uint8_t *c = col + (size_t)(1 + layer) * s->cols;
+        if (*c < LS_CELL_EQUAL) *c = LS_CELL_EQUAL;
+    }
+}
+
+/* Compares one position present in both traces. Returns an error only when
+ * decoding a record's digests fails (out of memory). */
+static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_record *a, const ls_trace_record *b,
+                              ls_error *err)
 {
     ls_compare_result *r = w->r;
     int k = r->topk_compared;
     int n_layers = r->n_layers;
     uint32_t pos = a->pos;
     s->positions_compared++;
-    int fast = a->raw_bytes == b->raw_bytes && r->a.topk == r->b.topk && r->a.kinds_mask == r->b.kinds_mask &&
-               memcmp(a->raw, b->raw, a->raw_bytes) == 0;
+    int fast = w->same_layout && a->raw_bytes == b->raw_bytes && memcmp(a->raw, b->raw, a->raw_bytes) == 0;
     if (fast) {
         s->tokens_equal++;
         s->topk_set_equal++;
         if (a->next_token >= 0) s->steps++;
-        s->digests_compared += a->n_digests;
         cell(w, s, 0, pos, LS_CELL_EQUAL);
-        for (uint32_t i = 0; i < a->n_digests; i++) cell(w, s, 1 + a->digests[i].layer, pos, LS_CELL_EQUAL);
+        mark_digests_equal(w, s, a, w->head_a);
         cell(w, s, n_layers + 1, pos, LS_CELL_EQUAL);
         cell(w, s, n_layers + 2, pos, LS_CELL_EQUAL);
-        return;
+        return 0;
     }
     ls_compare_drift d = {0};
     d.seq = a->seq;
@@ -281,8 +306,20 @@ static void compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_r
     } else {
         cell(w, s, 0, pos, LS_CELL_EQUAL);
     }
-    /* 2. layers in order, kinds in order */
+    /* 2. layers in order, kinds in order. Equal digest arrays (same (layer,
+     * kind) list, same digests: one memcmp) are all equal; otherwise walk them
+     * to find the first differing one. */
     uint32_t i = 0, j = 0;
+    if (a->n_digests == b->n_digests &&
+        memcmp(a->raw + w->head_a, b->raw + w->head_b, (size_t)a->n_digests * LS_TRACE_DIGEST_ENTRY_BYTES) == 0) {
+        /* every kind present in both records is in both headers: all are compared */
+        mark_digests_equal(w, s, a, w->head_a);
+        i = a->n_digests; /* skip the walk */
+    } else {
+        ls_status st = ls_rec_decoder_fill(w->dec_a, err);
+        if (!st) st = ls_rec_decoder_fill(w->dec_b, err);
+        if (st) return st;
+    }
     while (i < a->n_digests && j < b->n_digests) {
         const ls_trace_digest *x = &a->digests[i], *y = &b->digests[j];
         int kx = x->layer * LS_DIGEST_COUNT + x->kind, ky = y->layer * LS_DIGEST_COUNT + y->kind;
@@ -397,6 +434,7 @@ static void compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_r
                   : (d.what == LS_DRIFT_NEXT_TOKEN || d.what == LS_DRIFT_LOGPROB) ? n_layers + 1 : n_layers + 2;
         if (row >= 0) cell(w, s, row, pos, LS_CELL_FIRST);
     }
+    return LS_OK;
 }
 
 static void fill_side(ls_compare_side *s, const char *path, const ls_trace_header *h)
@@ -478,6 +516,12 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
     else if (ha->digest_kinds_mask != hb->digest_kinds_mask)
         snprintf(r->note, sizeof r->note, "digest kinds differ between the traces: compared only the kinds both carry");
     w.skip_token = !strcmp(ha->mode, "import") || !strcmp(hb->mode, "import");
+    w.same_layout = ha->topk == hb->topk && ha->digest_kinds_mask == hb->digest_kinds_mask;
+    w.head_a = ls_trace_record_head_bytes(ha->topk);
+    w.head_b = ls_trace_record_head_bytes(hb->topk);
+    w.dec_a = ls_trace_reader_decoder(ra);
+    w.dec_b = ls_trace_index_decoder(w.ix);
+    w.dec_a->lazy = w.dec_b->lazy = 1;
     if (w.skip_token) {
         size_t n = strlen(r->note);
         snprintf(r->note + n, sizeof r->note - n, "%san imported trace carries generated tokens only: input tokens not compared",
@@ -513,7 +557,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
             if (s->pass) mark_missing(&w, s, si, a->pos, 1);
             continue;
         }
-        compare_pair(&w, s, si, a, b);
+        if ((st = compare_pair(&w, s, si, a, b, err))) goto out;
     }
     r->a.complete = ls_trace_reader_complete(ra);
     r->a.records = ls_trace_reader_records(ra);

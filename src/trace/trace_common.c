@@ -267,18 +267,31 @@ out:
     return st;
 }
 
-ls_status ls_trace_read_file_header(FILE *fp, const char *path, uint64_t file_bytes, ls_trace_header_owned *out,
-                                    uint64_t *end_offset, ls_error *err)
+ls_status ls_trace_read_file_header(ls_trace_file *f, ls_trace_header_owned *out, uint64_t *end_offset,
+                                    ls_error *err)
 {
-    uint8_t head[LS_TRACE_FILE_HEAD_BYTES];
-    size_t got = fread(head, 1, sizeof head, fp);
-    if (got < 8 || memcmp(head, LS_TRACE_MAGIC, 8) != 0)
+    const char *path = f->path;
+    uint64_t file_bytes = f->bytes;
+    size_t got = file_bytes < LS_TRACE_FILE_HEAD_BYTES ? (size_t)file_bytes : LS_TRACE_FILE_HEAD_BYTES;
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    const uint8_t *head;
+    ls_status st = ls_trace_file_view(f, 0, got, &buf, &cap, &head, err);
+    if (st) { free(buf); return st; }
+    if (got < 8 || memcmp(head, LS_TRACE_MAGIC, 8) != 0) {
+        free(buf);
         return ls_fail(err, LS_E_INPUT, "%s: offset 0: not a lockstep trace (bad magic)", path);
-    if (got < sizeof head)
+    }
+    if (got < LS_TRACE_FILE_HEAD_BYTES) {
+        free(buf);
         return ls_fail(err, LS_E_INPUT, "%s: offset %zu: truncated file header (file is %" PRIu64 " bytes)", path,
                        got, file_bytes);
+    }
     uint16_t major = ls_rd16(head + 8), minor = ls_rd16(head + 10);
     uint32_t jlen = ls_rd32(head + 12);
+    free(buf); /* fields copied out: head is not used below */
+    buf = NULL;
+    cap = 0;
     if (major != LS_TRACE_VERSION_MAJOR)
         return ls_fail(err, LS_E_UNSUPPORTED,
                        "%s: offset 8: trace format version %u.%u; this lockstep reads major version %u only", path,
@@ -286,31 +299,27 @@ ls_status ls_trace_read_file_header(FILE *fp, const char *path, uint64_t file_by
     if (jlen > LS_TRACE_JSON_MAX_BYTES)
         return ls_fail(err, LS_E_INPUT, "%s: offset 12: header JSON length %u exceeds %u", path, jlen,
                        LS_TRACE_JSON_MAX_BYTES);
-    if (LS_TRACE_FILE_HEAD_BYTES + (uint64_t)jlen + 32 > file_bytes)
+    uint64_t all = LS_TRACE_FILE_HEAD_BYTES + (uint64_t)jlen + 32;
+    if (all > file_bytes)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": truncated header (needs %" PRIu64 " bytes, file is %" PRIu64 ")",
-                       path, file_bytes, LS_TRACE_FILE_HEAD_BYTES + (uint64_t)jlen + 32, file_bytes);
-    char *json = malloc((size_t)jlen + 32 + 1);
-    if (!json) return ls_fail(err, LS_E_NOMEM, "out of memory");
-    if (fread(json, 1, (size_t)jlen + 32, fp) != (size_t)jlen + 32) {
-        free(json);
-        return ls_fail(err, LS_E_IO, "%s: offset 16: read failed", path);
+                       path, file_bytes, all, file_bytes);
+    /* the checksum covers bytes 0 .. 16 + jlen - 1: view them again, whole */
+    if ((st = ls_trace_file_view(f, 0, (size_t)all, &buf, &cap, &head, err))) {
+        free(buf);
+        return st == LS_E_IO ? ls_fail(err, LS_E_IO, "%s: offset 16: read failed", path) : st;
     }
-    ls_sha256 h;
+    const char *json = (const char *)head + LS_TRACE_FILE_HEAD_BYTES;
     ls_digest d;
-    ls_status st = ls_sha256_init(&h, err);
-    if (!st) st = ls_sha256_update(&h, head, sizeof head, err);
-    if (!st) st = ls_sha256_update(&h, json, jlen, err);
-    if (!st) st = ls_sha256_final(&h, &d, err); else ls_sha256_discard(&h);
-    if (st) { free(json); return st; }
+    if ((st = ls_sha256_buf(head, LS_TRACE_FILE_HEAD_BYTES + (size_t)jlen, &d, err))) { free(buf); return st; }
     if (memcmp(d.bytes, json + jlen, 32) != 0) {
-        free(json);
+        free(buf);
         return ls_fail(err, LS_E_INPUT, "%s: offset 0: header checksum mismatch (header bytes 0..%u corrupted)", path,
                        (unsigned)(LS_TRACE_FILE_HEAD_BYTES + jlen + 31));
     }
     char where[600];
     snprintf(where, sizeof where, "%s: offset 16", path);
     st = ls_trace_header_from_json(json, jlen, out, where, err);
-    free(json);
+    free(buf);
     if (st) return st;
     out->h.version_major = major;
     out->h.version_minor = minor;
@@ -354,7 +363,7 @@ static ls_status grow_payload(uint8_t **p, size_t *cap, size_t need, ls_error *e
 
 void ls_frame_buf_free(ls_frame_buf *fb)
 {
-    free(fb->segs); free(fb->head); free(fb->comp); free(fb->data); free(fb->rec_off);
+    free(fb->segs); free(fb->head_buf); free(fb->comp_buf); free(fb->data); free(fb->rec_off);
     ZSTD_freeDCtx(fb->dctx);
     memset(fb, 0, sizeof *fb);
 }
@@ -418,16 +427,15 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
 #undef BADA
 }
 
-ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t i, ls_error *err)
+ls_status ls_rec_decoder_fill(ls_rec_decoder *dec, ls_error *err)
 {
-    if (i >= fb->n_records) return ls_fail(err, LS_E_INTERNAL, "record %u out of range", i);
+    ls_trace_record *r = &dec->rec;
+    if ((r->digests || !r->n_digests) && (r->dumps || !r->n_dumps)) return LS_OK;
     /* ls_frame_load validated every record of the frame: decode without re-checking. */
-    const uint8_t *p = fb->data + fb->rec_off[i];
-    size_t fixed = LS_TRACE_RECORD_FIXED_BYTES + 8 * (size_t)dec->topk + 4;
-    uint16_t nd = ls_rd16(p + fixed - 4), nm = ls_rd16(p + fixed - 2);
+    uint32_t nd = r->n_digests, nm = r->n_dumps;
     LS_TRY(grow((void **)&dec->dg, &dec->dg_cap, nd ? nd : 1, sizeof *dec->dg, err));
     LS_TRY(grow((void **)&dec->dm, &dec->dm_cap, nm ? nm : 1, sizeof *dec->dm, err));
-    const uint8_t *e = p + fixed;
+    const uint8_t *e = r->raw + ls_trace_record_head_bytes(dec->topk);
     for (uint32_t k = 0; k < nd; k++, e += LS_TRACE_DIGEST_ENTRY_BYTES) {
         dec->dg[k].layer = ls_rd16(e);
         dec->dg[k].kind = e[2];
@@ -438,6 +446,16 @@ ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t 
         dec->dm[k] = (ls_trace_dump){ls_rd16(e), e[2], e[3], n, e + LS_TRACE_DUMP_HEAD_BYTES};
         e += LS_TRACE_DUMP_HEAD_BYTES + (((uint64_t)n * ls_dump_dtype_size(e[3]) + 3) & ~(uint64_t)3);
     }
+    r->digests = dec->dg;
+    r->dumps = dec->dm;
+    return LS_OK;
+}
+
+ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t i, ls_error *err)
+{
+    if (i >= fb->n_records) return ls_fail(err, LS_E_INTERNAL, "record %u out of range", i);
+    const uint8_t *p = fb->data + fb->rec_off[i];
+    size_t fixed = ls_trace_record_head_bytes(dec->topk);
     ls_trace_record *r = &dec->rec;
     r->seq = ls_rd32(p + 4);
     r->pos = ls_rd32(p + 8);
@@ -448,15 +466,15 @@ ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t 
         r->topk_ids[k] = (int32_t)ls_rd32(p + 24 + 8 * k);
         r->topk_logprob_bits[k] = ls_rd32(p + 28 + 8 * k);
     }
-    r->n_digests = nd;
-    r->digests = dec->dg;
-    r->n_dumps = nm;
-    r->dumps = dec->dm;
+    r->n_digests = ls_rd16(p + fixed - 4);
+    r->digests = NULL;
+    r->n_dumps = ls_rd16(p + fixed - 2);
+    r->dumps = NULL;
     r->raw = p;
     r->raw_bytes = ls_rd32(p);
     r->frame_index = fb->frame_index;
     r->frame_offset = fb->offset;
-    return LS_OK;
+    return dec->lazy ? LS_OK : ls_rec_decoder_fill(dec, err);
 }
 
 /* Checks what the format requires of a payload before it is decompressed:
@@ -488,16 +506,16 @@ static ls_status check_payload(const ls_frame_buf *fb, const char *path, ls_erro
     return LS_OK;
 }
 
-ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_frame_buf *fb, ls_rec_decoder *dec,
-                        int payload, ls_error *err)
+ls_status ls_frame_load(ls_trace_file *f, ls_frame_buf *fb, ls_rec_decoder *dec, int payload, ls_error *err)
 {
+    const char *path = f->path;
+    uint64_t file_bytes = f->bytes;
     uint64_t off = fb->offset;
-    uint8_t fixed[LS_TRACE_FRAME_FIXED_BYTES];
+    const uint8_t *fixed;
     if (file_bytes - off < LS_TRACE_FRAME_FIXED_BYTES)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame truncated: header needs %d bytes, file ends at %" PRIu64,
                        path, off, LS_TRACE_FRAME_FIXED_BYTES, file_bytes);
-    if (fseeko(fp, (off_t)off, SEEK_SET) || fread(fixed, 1, sizeof fixed, fp) != sizeof fixed)
-        return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
+    LS_TRY(ls_trace_file_view(f, off, LS_TRACE_FRAME_FIXED_BYTES, &fb->head_buf, &fb->head_cap, &fixed, err));
     if (memcmp(fixed, LS_TRACE_FRAME_MAGIC, 4) != 0)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": expected a frame", path, off);
     fb->kind = fixed[4];
@@ -522,22 +540,20 @@ ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_fram
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u truncated: needs %" PRIu64 " bytes, file ends at %" PRIu64,
                        path, off, fb->frame_index, total, file_bytes);
     fb->next_offset = off + total;
-    LS_TRY(grow((void **)&fb->head, &fb->head_cap, head_bytes + 32, 1, err));
     LS_TRY(grow((void **)&fb->segs, &fb->segs_cap, fb->n_segments, sizeof *fb->segs, err));
-    memcpy(fb->head, fixed, sizeof fixed);
-    if (fread(fb->head + sizeof fixed, 1, head_bytes - sizeof fixed + 32, fp) != head_bytes - sizeof fixed + 32)
-        return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
-    memcpy(fb->checksum, fb->head + head_bytes, 32);
+    const uint8_t *head; /* [head_bytes + 32]: header, segment table, header checksum */
+    LS_TRY(ls_trace_file_view(f, off, head_bytes + 32, &fb->head_buf, &fb->head_cap, &head, err));
+    memcpy(fb->checksum, head + head_bytes, 32);
     /* The header checksum is always verified: it is small, and the index
      * trusts segment tables without reading payloads. */
     ls_digest d;
-    LS_TRY(ls_sha256_buf(fb->head, head_bytes, &d, err));
+    LS_TRY(ls_sha256_buf(head, head_bytes, &d, err));
     if (memcmp(d.bytes, fb->checksum, 32) != 0)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u header checksum mismatch (bytes %" PRIu64 "..%" PRIu64 " corrupted)",
                        path, off, fb->frame_index, off, off + head_bytes + 31);
     uint64_t nrec = 0;
     for (uint32_t i = 0; i < fb->n_segments; i++) {
-        const uint8_t *s = fb->head + LS_TRACE_FRAME_FIXED_BYTES + (size_t)i * LS_TRACE_SEGMENT_BYTES;
+        const uint8_t *s = head + LS_TRACE_FRAME_FIXED_BYTES + (size_t)i * LS_TRACE_SEGMENT_BYTES;
         fb->segs[i] = (ls_frame_seg){ls_rd32(s), ls_rd32(s + 4), ls_rd32(s + 8)};
         if (fb->segs[i].n_pos == 0 || (uint64_t)fb->segs[i].pos_first + fb->segs[i].n_pos > UINT32_MAX)
             return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: segment %u is empty or overflows", path, off,
@@ -547,10 +563,9 @@ ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_fram
     if (nrec != fb->n_records)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: segments hold %" PRIu64 " records, header says %u",
                        path, off, fb->frame_index, nrec, fb->n_records);
-    if (!payload) return fseeko(fp, (off_t)fb->next_offset, SEEK_SET) ? ls_fail(err, LS_E_IO, "%s: seek failed", path) : LS_OK;
-    LS_TRY(grow_payload(&fb->comp, &fb->comp_cap, fb->compressed_bytes, err));
-    if (fread(fb->comp, 1, fb->compressed_bytes, fp) != fb->compressed_bytes)
-        return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
+    if (!payload) return LS_OK;
+    LS_TRY(ls_trace_file_view(f, fb->next_offset - fb->compressed_bytes, fb->compressed_bytes, &fb->comp_buf,
+                              &fb->comp_cap, &fb->comp, err));
     LS_TRY(check_payload(fb, path, err));
     if (!fb->dctx && !(fb->dctx = ZSTD_createDCtx())) return ls_fail(err, LS_E_NOMEM, "out of memory (zstd)");
     LS_TRY(grow_payload(&fb->data, &fb->data_cap, fb->uncompressed_bytes, err));

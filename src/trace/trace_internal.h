@@ -49,6 +49,26 @@ int ls_seqmap_get(const ls_seqmap *m, uint32_t key, uint32_t *val);
 ls_status ls_seqmap_put(ls_seqmap *m, uint32_t key, uint32_t val, ls_error *err);
 void ls_seqmap_free(ls_seqmap *m);
 
+/* ---- file access (trace_file.c) ---------------------------------------------- */
+/* A trace file opened read-only: mapped whole when possible, else read with
+ * pread(). Setting LOCKSTEP_TRACE_NO_MMAP=1 forces the read() path. */
+typedef struct ls_trace_file {
+    int fd;                  /* -1 when closed */
+    const uint8_t *map;      /* [bytes] the file, or NULL (read() path) */
+    uint64_t bytes;          /* file size at open; every offset check uses it */
+    const char *path;        /* for messages; not owned */
+} ls_trace_file;
+
+/* Opens path (a regular file). `sequential`: the file is read front to back once. */
+ls_status ls_trace_file_open(const char *path, int sequential, ls_trace_file *f, ls_error *err);
+/* Sets *out to bytes [off, off + len) of the file, which the caller has
+ * checked lie inside it: a pointer into the mapping, or into *buf (grown as
+ * needed, owned by the caller) after reading them. Valid until the next view
+ * into the same buffer or the file's close. */
+ls_status ls_trace_file_view(ls_trace_file *f, uint64_t off, size_t len, uint8_t **buf, size_t *cap,
+                             const uint8_t **out, ls_error *err);
+void ls_trace_file_close(ls_trace_file *f);
+
 /* ---- header ------------------------------------------------------------------ */
 /* A parsed header with owned strings. */
 typedef struct ls_trace_header_owned {
@@ -65,8 +85,8 @@ ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_heade
 void ls_trace_header_owned_free(ls_trace_header_owned *o);
 
 /* Reads and verifies the file header; sets *end_offset to the first frame. */
-ls_status ls_trace_read_file_header(FILE *fp, const char *path, uint64_t file_bytes,
-                                    ls_trace_header_owned *out, uint64_t *end_offset, ls_error *err);
+ls_status ls_trace_read_file_header(ls_trace_file *f, ls_trace_header_owned *out, uint64_t *end_offset,
+                                    ls_error *err);
 
 /* ---- frames ---------------------------------------------------------------------- */
 typedef struct ls_frame_seg {
@@ -83,9 +103,10 @@ typedef struct ls_frame_buf {
     uint32_t payload_checksum; /* header copy of the payload's zstd content checksum */
     ls_frame_seg *segs; size_t segs_cap;          /* [n_segments] */
     uint8_t checksum[32];      /* header checksum as stored (verified on every load) */
-    uint8_t *head; size_t head_cap;                /* raw frame header bytes (for the checksum) */
-    uint8_t *comp; size_t comp_cap;                /* compressed payload */
-    uint8_t *data; size_t data_cap;                /* uncompressed payload */
+    const uint8_t *comp;       /* [compressed_bytes] the payload: in the mapping or comp_buf */
+    uint8_t *head_buf; size_t head_cap;            /* read() path: frame header bytes */
+    uint8_t *comp_buf; size_t comp_cap;            /* read() path: compressed payload */
+    uint8_t *data; size_t data_cap;                /* uncompressed payload (reused across loads) */
     uint32_t *rec_off; size_t rec_off_cap;         /* [n_records] record offsets into data */
     void *dctx;                                    /* ZSTD_DCtx*, owned */
 } ls_frame_buf;
@@ -95,6 +116,7 @@ typedef struct ls_rec_decoder {
     int topk;
     int n_layers;
     uint32_t kinds_mask;
+    int lazy;                  /* 1: ls_frame_record leaves digests/dumps NULL until ls_rec_decoder_fill */
     ls_trace_record rec;
     ls_trace_digest *dg; size_t dg_cap;
     ls_trace_dump *dm; size_t dm_cap;
@@ -103,14 +125,24 @@ typedef struct ls_rec_decoder {
 /* Reads the frame header at fb->offset and verifies its checksum. With
  * `payload`, also reads the payload, checks it is one zstd frame whose
  * content checksum matches the header's copy, decompresses it (zstd verifies
- * the content checksum) and validates every record; without it, seeks past
+ * the content checksum) and validates every record; without it, skips
  * the payload. Errors name fb->offset. */
-ls_status ls_frame_load(FILE *fp, const char *path, uint64_t file_bytes, ls_frame_buf *fb,
-                        ls_rec_decoder *dec, int payload, ls_error *err);
+ls_status ls_frame_load(ls_trace_file *f, ls_frame_buf *fb, ls_rec_decoder *dec, int payload, ls_error *err);
 void ls_frame_buf_free(ls_frame_buf *fb);
 
-/* Decodes record i of a loaded frame into dec->rec. */
+/* Decodes record i of a loaded frame into dec->rec. With dec->lazy, the
+ * digest and dump arrays are left NULL (their counts and rec.raw are set):
+ * a reader of raw bytes (the comparator's equal-record path) skips copying
+ * them, and ls_rec_decoder_fill decodes them when needed. */
 ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t i, ls_error *err);
+/* Decodes the digests and dumps of dec->rec (a no-op when already done). */
+ls_status ls_rec_decoder_fill(ls_rec_decoder *dec, ls_error *err);
+/* Bytes before a record's digest array: the fixed fields, the top-k, the two counts. */
+static inline size_t ls_trace_record_head_bytes(int topk) { return LS_TRACE_RECORD_FIXED_BYTES + 8 * (size_t)topk + 4; }
+
+/* The decoders of a reader and an index, for callers that want lazy records. */
+ls_rec_decoder *ls_trace_reader_decoder(ls_trace_reader *r);
+ls_rec_decoder *ls_trace_index_decoder(ls_trace_index *ix);
 void ls_rec_decoder_free(ls_rec_decoder *d);
 
 /* Checks that the 96 trailer bytes at `offset` are well formed and match the counts. */

@@ -1,26 +1,9 @@
 /* lockstep — streaming trace reader and the (seq, pos) index. */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "trace/trace_internal.h"
-
-/* ---- shared open ------------------------------------------------------------------ */
-static ls_status open_file(const char *path, FILE **fp, uint64_t *bytes, ls_error *err)
-{
-    *fp = fopen(path, "rb");
-    if (!*fp) return ls_fail(err, LS_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat stt;
-    if (fstat(fileno(*fp), &stt) != 0 || !S_ISREG(stt.st_mode)) {
-        fclose(*fp);
-        *fp = NULL;
-        return ls_fail(err, LS_E_IO, "%s: not a regular file", path);
-    }
-    *bytes = (uint64_t)stt.st_size;
-    return LS_OK;
-}
 
 /* Per-sequence position tracking: positions must increase through the file. */
 typedef struct seq_track {
@@ -63,9 +46,10 @@ static void track_free(seq_track *t)
 
 /* ---- streaming reader ------------------------------------------------------------- */
 struct ls_trace_reader {
-    FILE *fp;
+    ls_trace_file f;
     char *path;
     uint64_t file_bytes, offset;   /* offset: next frame/trailer */
+    uint8_t *buf; size_t buf_cap;  /* read() path: magic and trailer bytes */
     ls_trace_header_owned hdr;
     ls_frame_buf fb;
     ls_rec_decoder dec;
@@ -83,8 +67,10 @@ ls_status ls_trace_reader_open(const char *path, ls_trace_reader **out, ls_error
     ls_trace_reader *r = calloc(1, sizeof *r);
     if (!r) return ls_fail(err, LS_E_NOMEM, "out of memory");
     r->path = strdup(path);
-    ls_status st = r->path ? open_file(path, &r->fp, &r->file_bytes, err) : ls_fail(err, LS_E_NOMEM, "out of memory");
-    if (!st) st = ls_trace_read_file_header(r->fp, path, r->file_bytes, &r->hdr, &r->offset, err);
+    r->f.fd = -1;
+    ls_status st = r->path ? ls_trace_file_open(r->path, 1, &r->f, err) : ls_fail(err, LS_E_NOMEM, "out of memory");
+    r->file_bytes = r->f.bytes;
+    if (!st) st = ls_trace_read_file_header(&r->f, &r->hdr, &r->offset, err);
     if (!st) st = ls_sha256_init(&r->chain, err);
     if (st) {
         ls_trace_reader_close(r);
@@ -115,20 +101,16 @@ static ls_status next_frame(ls_trace_reader *r, ls_error *err)
         r->complete = 0;
         return LS_OK;
     }
-    uint8_t magic[4];
+    const uint8_t *magic, *t;
     if (left < 4)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": truncated: %" PRIu64 " stray bytes after the last frame",
                        r->path, r->offset, left);
-    if (fseeko(r->fp, (off_t)r->offset, SEEK_SET) || fread(magic, 1, 4, r->fp) != 4)
-        return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", r->path, r->offset);
+    LS_TRY(ls_trace_file_view(&r->f, r->offset, 4, &r->buf, &r->buf_cap, &magic, err));
     if (memcmp(magic, LS_TRACE_TRAILER_MAGIC, 4) == 0) {
-        uint8_t t[LS_TRACE_TRAILER_BYTES];
         if (left < LS_TRACE_TRAILER_BYTES)
             return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer truncated: needs %d bytes, file ends at %" PRIu64,
                            r->path, r->offset, LS_TRACE_TRAILER_BYTES, r->file_bytes);
-        memcpy(t, magic, 4);
-        if (fread(t + 4, 1, sizeof t - 4, r->fp) != sizeof t - 4)
-            return ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", r->path, r->offset);
+        LS_TRY(ls_trace_file_view(&r->f, r->offset, LS_TRACE_TRAILER_BYTES, &r->buf, &r->buf_cap, &t, err));
         ls_digest chain;
         r->chain_open = 0;
         LS_TRY(ls_sha256_final(&r->chain, &chain, err));
@@ -144,7 +126,7 @@ static ls_status next_frame(ls_trace_reader *r, ls_error *err)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": expected a frame (LSFR) or the trailer (LSEN), found %02x %02x %02x %02x",
                        r->path, r->offset, magic[0], magic[1], magic[2], magic[3]);
     r->fb.offset = r->offset;
-    LS_TRY(ls_frame_load(r->fp, r->path, r->file_bytes, &r->fb, &r->dec, 1, err));
+    LS_TRY(ls_frame_load(&r->f, &r->fb, &r->dec, 1, err));
     if (r->fb.frame_index != r->n_frames)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame index %u, expected %" PRIu64, r->path, r->offset,
                        r->fb.frame_index, r->n_frames);
@@ -175,10 +157,13 @@ ls_status ls_trace_reader_next(ls_trace_reader *r, const ls_trace_record **rec, 
     return LS_OK;
 }
 
+ls_rec_decoder *ls_trace_reader_decoder(ls_trace_reader *r) { return &r->dec; }
+
 void ls_trace_reader_close(ls_trace_reader *r)
 {
     if (!r) return;
-    if (r->fp) fclose(r->fp);
+    ls_trace_file_close(&r->f);
+    free(r->buf);
     if (r->chain_open) ls_sha256_discard(&r->chain);
     ls_frame_buf_free(&r->fb);
     ls_rec_decoder_free(&r->dec);
@@ -208,9 +193,10 @@ typedef struct ix_slot {
 } ix_slot;
 
 struct ls_trace_index {
-    FILE *fp;
+    ls_trace_file f;
     char *path;
     uint64_t file_bytes;
+    uint8_t *buf; size_t buf_cap;  /* read() path: magic and trailer bytes */
     ls_trace_header_owned hdr;
     int complete;
     uint64_t *frame_off; size_t n_frames, frame_cap;
@@ -235,8 +221,10 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
     ls_frame_buf fb = {0};
     ls_sha256 chain;
     int chain_open = 0;
-    ls_status st = ix->path ? open_file(path, &ix->fp, &ix->file_bytes, err) : ls_fail(err, LS_E_NOMEM, "out of memory");
-    if (!st) st = ls_trace_read_file_header(ix->fp, path, ix->file_bytes, &ix->hdr, &off, err);
+    ix->f.fd = -1;
+    ls_status st = ix->path ? ls_trace_file_open(ix->path, 0, &ix->f, err) : ls_fail(err, LS_E_NOMEM, "out of memory");
+    ix->file_bytes = ix->f.bytes;
+    if (!st) st = ls_trace_read_file_header(&ix->f, &ix->hdr, &off, err);
     if (!st) st = ls_sha256_init(&chain, err);
     if (!st) chain_open = 1;
     ix->dec.topk = ix->hdr.h.topk;
@@ -245,29 +233,21 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
     while (!st) {
         uint64_t left = ix->file_bytes - off;
         if (left == 0) break; /* incomplete */
-        uint8_t magic[4];
+        const uint8_t *magic, *t;
         if (left < 4) {
             st = ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": truncated: %" PRIu64 " stray bytes after the last frame",
                          path, off, left);
             break;
         }
-        if (fseeko(ix->fp, (off_t)off, SEEK_SET) || fread(magic, 1, 4, ix->fp) != 4) {
-            st = ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
-            break;
-        }
+        if ((st = ls_trace_file_view(&ix->f, off, 4, &ix->buf, &ix->buf_cap, &magic, err))) break;
         if (memcmp(magic, LS_TRACE_TRAILER_MAGIC, 4) == 0) {
-            uint8_t t[LS_TRACE_TRAILER_BYTES];
             ls_digest cd;
             if (left < LS_TRACE_TRAILER_BYTES) {
                 st = ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer truncated: needs %d bytes, file ends at %" PRIu64,
                              path, off, LS_TRACE_TRAILER_BYTES, ix->file_bytes);
                 break;
             }
-            memcpy(t, magic, 4);
-            if (fread(t + 4, 1, sizeof t - 4, ix->fp) != sizeof t - 4) {
-                st = ls_fail(err, LS_E_IO, "%s: offset %" PRIu64 ": read failed", path, off);
-                break;
-            }
+            if ((st = ls_trace_file_view(&ix->f, off, LS_TRACE_TRAILER_BYTES, &ix->buf, &ix->buf_cap, &t, err))) break;
             chain_open = 0;
             st = ls_sha256_final(&chain, &cd, err);
             if (!st) st = ls_trace_check_trailer(t, path, off, ix->n_frames, ix->n_records, bytes, cd.bytes, err);
@@ -291,7 +271,7 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
         /* Headers only (their checksums are verified here); each payload is
          * verified when it is loaded, and ls_trace_index_verify checks the
          * ones never loaded. */
-        if ((st = ls_frame_load(ix->fp, path, ix->file_bytes, &fb, &ix->dec, 0, err))) break;
+        if ((st = ls_frame_load(&ix->f, &fb, &ix->dec, 0, err))) break;
         if (fb.frame_index != ix->n_frames) {
             st = ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame index %u, expected %zu", path, off, fb.frame_index,
                          ix->n_frames);
@@ -426,7 +406,7 @@ ls_status ls_trace_index_find(ls_trace_index *ix, uint32_t seq, uint32_t pos, co
         slot = victim;
         slot->frame = -1;
         slot->fb.offset = ix->frame_off[g->frame];
-        LS_TRY(ls_frame_load(ix->fp, ix->path, ix->file_bytes, &slot->fb, &ix->dec, 1, err));
+        LS_TRY(ls_frame_load(&ix->f, &slot->fb, &ix->dec, 1, err));
         ix->verified[g->frame] = 1;
         slot->frame = g->frame;
     }
@@ -443,17 +423,20 @@ ls_status ls_trace_index_verify(ls_trace_index *ix, ls_error *err)
     for (size_t f = 0; f < ix->n_frames && !st; f++) {
         if (ix->verified[f]) continue;
         fb.offset = ix->frame_off[f];
-        st = ls_frame_load(ix->fp, ix->path, ix->file_bytes, &fb, &ix->dec, 1, err);
+        st = ls_frame_load(&ix->f, &fb, &ix->dec, 1, err);
         if (!st) ix->verified[f] = 1;
     }
     ls_frame_buf_free(&fb);
     return st;
 }
 
+ls_rec_decoder *ls_trace_index_decoder(ls_trace_index *ix) { return &ix->dec; }
+
 void ls_trace_index_close(ls_trace_index *ix)
 {
     if (!ix) return;
-    if (ix->fp) fclose(ix->fp);
+    ls_trace_file_close(&ix->f);
+    free(ix->buf);
     for (int i = 0; i < LS_TRACE_INDEX_CACHE_FRAMES; i++) ls_frame_buf_free(&ix->slots[i].fb);
     for (size_t i = 0; i < ix->track.n && ix->seqs; i++) free(ix->seqs[i].segs);
     free(ix->seqs);
