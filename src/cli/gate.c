@@ -19,20 +19,6 @@ static const ls_gate_variant standard[] = {
     {"chunk 64, batch reversed", 64, 1, NULL},
 };
 
-static void xml_text(FILE *f, const char *s)
-{
-    for (; *s; s++) {
-        switch (*s) {
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '&': fputs("&amp;", f); break;
-        case '"': fputs("&quot;", f); break;
-        default:
-            if ((unsigned char)*s >= 0x20 || *s == '\n' || *s == '\t') fputc(*s, f);
-        }
-    }
-}
-
 static ls_status write_junit(const char *path, const ls_gate_result *r, ls_error *err)
 {
     ls_outfile f;
@@ -45,14 +31,14 @@ static ls_status write_junit(const char *path, const ls_gate_result *r, ls_error
         const ls_gate_row *w = &r->rows[i];
         int fail = w->perturbed ? w->equal : !w->equal;
         fprintf(f.fp, "  <testsuite name=\"rollout vs replay ");
-        xml_text(f.fp, w->name);
+        ls_report_xml_escape(f.fp, w->name);
         fprintf(f.fp, "\" tests=\"1\" failures=\"%d\" time=\"%.3f\">\n    <testcase classname=\"lockstep.gate\" "
                 "name=\"", fail, w->seconds);
-        xml_text(f.fp, w->name);
+        ls_report_xml_escape(f.fp, w->name);
         fprintf(f.fp, "\" time=\"%.3f\">", w->seconds);
         if (fail) {
             fputs("\n      <failure message=\"", f.fp);
-            xml_text(f.fp, w->perturbed ? "perturbed replay was not detected" : w->first);
+            ls_report_xml_escape(f.fp, w->perturbed ? "perturbed replay was not detected" : w->first);
             fputs("\"/>\n    ", f.fp);
         }
         fprintf(f.fp, "</testcase>\n  </testsuite>\n");

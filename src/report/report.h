@@ -18,4 +18,8 @@ ls_status ls_report_write_junit(const char *path, const ls_compare_result *r, ls
 /* One self-contained HTML page: layers x positions heat map, |Δ logprob| plot. */
 ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_error *err);
 
+/* Writes s with XML/HTML special characters escaped (control characters other
+ * than newline and tab become '?'), for other writers of JUnit or HTML. */
+void ls_report_xml_escape(FILE *f, const char *s);
+
 #endif

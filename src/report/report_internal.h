@@ -14,7 +14,4 @@ void ls_report_router_line(const ls_tensor_diff *t, char *buf, size_t n);
 /* "layer 3 (attention, decoder layer 1)". */
 void ls_report_layer_name(const ls_compare_result *r, int layer, char *buf, size_t n);
 
-/* Writes s with XML/HTML special characters escaped. */
-void ls_report_xml_escape(FILE *f, const char *s);
-
 #endif
