@@ -391,6 +391,7 @@ START_TEST(test_step_continuous_batching)
                 for (int j = 0; j < NS; j++) used |= q[j].slot == sl;
                 if (!used) {
                     ck_assert_msg(ls_engine_join(e, sl, q[i].id, q[i].prompt, &err) == LS_OK, "%s", err.msg);
+                    ck_assert_int_eq(ls_engine_slot_len(e, sl), 0);
                     q[i].slot = sl;
                     break;
                 }
@@ -438,6 +439,7 @@ START_TEST(test_step_continuous_batching)
                 collect(&all, LS_FRAME_DECODE, rec, 1, NULL);
             }
             x->fed += it[s].n;
+            ck_assert_int_eq(ls_engine_slot_len(e, x->slot), x->fed); /* tokens the slot holds */
             if (x->n_gen == x->max_new) {
                 ls_engine_leave(e, x->slot);
                 x->slot = -1;

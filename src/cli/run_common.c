@@ -412,6 +412,9 @@ ls_status ls_cli_run_engine(const ls_run_spec *s, ls_run_result *res, ls_error *
     if (st == LS_OK) st = ls_manifest_digest(man, &md, err);
     if (st == LS_OK) {
         ls_digest_to_hex(&md, res->manifest_digest);
+        ls_log_verbose("%s: %zu tensors, %.3f GB; manifest pinned (backend %s, mode %s), digest %s",
+                       s->checkpoint, ls_checkpoint_count(ck), (double)ls_checkpoint_total_bytes(ck) / 1e9,
+                       s->backend, s->perturb ? "fast" : "strict", res->manifest_digest);
         const char *root = json_string_value(json_object_get(json_object_get(man, "checkpoint"), "merkle_root"));
         if (!root || strlen(root) != 64) st = ls_fail(err, LS_E_INTERNAL, "manifest without checkpoint.merkle_root");
         else memcpy(res->merkle_root, root, 65);
@@ -463,6 +466,8 @@ ls_status ls_cli_run_engine(const ls_run_spec *s, ls_run_result *res, ls_error *
         }
         res->seconds = (double)(ls_now_ns() - t0) / 1e9;
         if (s->progress) ls_progress_end(&sc.prog);
+        ls_log_verbose("%s: %llu records in %.3f s on backend %s (max %ld rows per step)", s->mode,
+                       (unsigned long long)sc.records, res->seconds, s->backend, eo.max_rows);
         if (st == LS_OK) st = ls_trace_writer_close(sc.w, err);
         else ls_trace_writer_abort(sc.w);
         res->records = sc.records;

@@ -105,16 +105,4 @@ LS_HD float ls_sum32(const float *a, long n)
     return ls_tree32(p);
 }
 
-/* LS_DOT32 with a stride on both operands (columns of a row-major matrix). */
-LS_HD float ls_dot32_strided(const float *a, long stride_a, const float *b, long stride_b, long n)
-{
-    float p[LS_LANES];
-    for (int l = 0; l < LS_LANES; l++) p[l] = 0.0f;
-    for (long k = 0; k < n; k++) {
-        float prod = a[k * stride_a] * b[k * stride_b];
-        p[k % LS_LANES] = p[k % LS_LANES] + prod;
-    }
-    return ls_tree32(p);
-}
-
 #endif
