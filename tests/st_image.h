@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "testutil.h"
+
 /* Image = 8-byte LE length of header, header bytes, data_len data bytes where
  * byte i of the data region is (i * 7 + 3) & 0xff unless data is given.
  * Caller frees; *len receives the total size. */
@@ -84,6 +86,17 @@ static inline unsigned char *st_image_of(const st_spec *ts, size_t n, const char
     free(h);
     free(data);
     return img;
+}
+
+/* Writes the image of ts[0..n) (metadata {"format":"pt"}) to DIR/NAME. */
+static inline void st_write_file(const char *dir, const char *name, const st_spec *ts, size_t n)
+{
+    size_t len;
+    unsigned char *img = st_image_of(ts, n, "{\"format\":\"pt\"}", &len);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ls_test_write(path, img, len);
+    free(img);
 }
 
 #endif

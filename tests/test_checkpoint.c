@@ -12,31 +12,7 @@
 #include "st_image.h"
 #include "testutil.h"
 
-/* Removes a test's temporary directory and frees its path. */
-static void rm_dir(char *dir)
-{
-    ls_test_sh(NULL, "rm -rf '%s'", dir);
-    free(dir);
-}
-
 static const char k_config[] = "{\"model_type\":\"qwen3_next\",\"hidden_size\":4}";
-
-static void write_text(const char *dir, const char *name, const char *text)
-{
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    ls_test_write(path, text, strlen(text));
-}
-
-static void write_shard(const char *dir, const char *name, const st_spec *ts, size_t n)
-{
-    size_t len;
-    unsigned char *img = st_image_of(ts, n, "{\"format\":\"pt\"}", &len);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    ls_test_write(path, img, len);
-    free(img);
-}
 
 /* Index text mapping each tensor of each shard to the shard's file name. */
 static char *index_text(const char *const *files, const st_spec *const *shards, const size_t *counts,
@@ -91,7 +67,7 @@ static const st_spec k_all[] = {
 static char *make_sharded(const char *tag)
 {
     char *dir = ls_test_tmpdir(tag);
-    write_text(dir, "config.json", k_config);
+    ls_test_write_text(dir, "config.json", k_config);
     /* Shards take the tensors in a different order from k_all. */
     const st_spec s0[] = {k_all[5], k_all[0]};
     const st_spec s1[] = {k_all[2], k_all[1], k_all[3]};
@@ -100,9 +76,9 @@ static char *make_sharded(const char *tag)
                            "model-00003-of-00003.safetensors"};
     const st_spec *shards[] = {s0, s1, s2};
     size_t counts[] = {2, 3, 1};
-    for (int i = 0; i < 3; i++) write_shard(dir, files[i], shards[i], counts[i]);
+    for (int i = 0; i < 3; i++) st_write_file(dir, files[i], shards[i], counts[i]);
     char *idx = index_text(files, shards, counts, 3);
-    write_text(dir, "model.safetensors.index.json", idx);
+    ls_test_write_text(dir, "model.safetensors.index.json", idx);
     free(idx);
     return dir;
 }
@@ -110,8 +86,8 @@ static char *make_sharded(const char *tag)
 START_TEST(test_single_and_sharded_agree)
 {
     char *d1 = ls_test_tmpdir("ck1");
-    write_text(d1, "config.json", k_config);
-    write_shard(d1, "model.safetensors", k_all, N_ALL);
+    ls_test_write_text(d1, "config.json", k_config);
+    st_write_file(d1, "model.safetensors", k_all, N_ALL);
     char *d3 = make_sharded("ck3");
     ls_checkpoint *a = open_ok(d1), *b = open_ok(d3);
     ck_assert_uint_eq(ls_checkpoint_shard_count(a), 1);
@@ -146,8 +122,8 @@ START_TEST(test_single_and_sharded_agree)
     ck_assert_str_eq(ls_checkpoint_dir(a), d1);
     ls_checkpoint_close(a);
     ls_checkpoint_close(b);
-    rm_dir(d1);
-    rm_dir(d3);
+    ls_test_rm_tmpdir(d1);
+    ls_test_rm_tmpdir(d3);
 }
 END_TEST
 
@@ -156,7 +132,7 @@ END_TEST
 START_TEST(test_normalise_and_ignore)
 {
     char *d = ls_test_tmpdir("norm");
-    write_text(d, "config.json", k_config);
+    ls_test_write_text(d, "config.json", k_config);
     const st_spec ts[] = {
         {"model.language_model.embed_tokens.weight", "BF16", 2, {8, 4}, 2, NULL},
         {"model.language_model.layers.0.mlp.gate.weight", "BF16", 2, {2, 4}, 2, NULL},
@@ -164,7 +140,7 @@ START_TEST(test_normalise_and_ignore)
         {"mtp.fc.weight", "BF16", 2, {4, 8}, 2, NULL},
         {"lm_head.weight", "BF16", 2, {8, 4}, 2, NULL},
     };
-    write_shard(d, "model.safetensors", ts, 5);
+    st_write_file(d, "model.safetensors", ts, 5);
     ls_checkpoint *ck = open_ok(d);
     ck_assert_uint_eq(ls_checkpoint_count(ck), 3);
     ck_assert_uint_eq(ls_checkpoint_ignored_count(ck), 2);
@@ -177,21 +153,21 @@ START_TEST(test_normalise_and_ignore)
     ck_assert_ptr_null(ls_checkpoint_find(ck, "model.visual.blocks.0.attn.qkv.weight"));
     ck_assert_uint_eq(ls_checkpoint_total_bytes(ck), 64 + 16 + 64);
     ls_checkpoint_close(ck);
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 
 START_TEST(test_normalise_collision)
 {
     char *d = ls_test_tmpdir("coll");
-    write_text(d, "config.json", k_config);
+    ls_test_write_text(d, "config.json", k_config);
     const st_spec ts[] = {
         {"model.language_model.norm.weight", "BF16", 1, {4}, 2, NULL},
         {"model.norm.weight", "BF16", 1, {4}, 2, NULL},
     };
-    write_shard(d, "model.safetensors", ts, 2);
+    st_write_file(d, "model.safetensors", ts, 2);
     open_bad(d, LS_E_INPUT, "both normalise to 'model.norm.weight'", "'model.language_model.norm.weight'");
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 
@@ -200,31 +176,31 @@ END_TEST
 START_TEST(test_index_shard_name_escapes)
 {
     char *d = ls_test_tmpdir("esc");
-    write_text(d, "config.json", k_config);
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"../x.safetensors\"}}");
+    ls_test_write_text(d, "config.json", k_config);
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"../x.safetensors\"}}");
     open_bad(d, LS_E_INPUT, "names shard '../x.safetensors'", "not a plain file name");
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"sub/x.safetensors\"}}");
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"sub/x.safetensors\"}}");
     open_bad(d, LS_E_INPUT, "names shard 'sub/x.safetensors'", "weight_map['a']");
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"\"}}");
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"\"}}");
     open_bad(d, LS_E_INPUT, "names shard ''", NULL);
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\".\"}}");
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\".\"}}");
     open_bad(d, LS_E_INPUT, "names shard '.'", NULL);
-    write_text(d, "model.safetensors.index.json", "{\"metadata\":3,\"weight_map\":{\"a\":\"x\"}}");
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"metadata\":3,\"weight_map\":{\"a\":\"x\"}}");
     open_bad(d, LS_E_INPUT, "field 'metadata' is not an object", NULL);
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":3}}");
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":3}}");
     open_bad(d, LS_E_INPUT, "weight_map['a'] is not a string", NULL);
-    write_text(d, "model.safetensors.index.json", "{\"metadata\":{}}");
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"metadata\":{}}");
     open_bad(d, LS_E_INPUT, "field 'weight_map' is missing", NULL);
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{}}");
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"weight_map\":{}}");
     open_bad(d, LS_E_INPUT, "lists no tensors", NULL);
-    write_text(d, "model.safetensors.index.json", "[]");
+    ls_test_write_text(d, "model.safetensors.index.json", "[]");
     open_bad(d, LS_E_INPUT, "model.safetensors.index.json: not a JSON object", NULL);
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"x\",\"a\":\"y\"}}");
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"x\",\"a\":\"y\"}}");
     open_bad(d, LS_E_INPUT, "duplicate object key", "\"a\"");
     /* A shard the index names but that does not exist. */
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"gone.safetensors\"}}");
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"weight_map\":{\"a\":\"gone.safetensors\"}}");
     open_bad(d, LS_E_IO, "gone.safetensors: cannot open", NULL);
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 
@@ -233,10 +209,10 @@ START_TEST(test_index_tensor_in_two_shards)
     char *d = make_sharded("two");
     /* Put model.norm.weight into shard 1 as well (index still maps it to 3). */
     const st_spec s0[] = {k_all[5], k_all[0], k_all[4]};
-    write_shard(d, "model-00001-of-00003.safetensors", s0, 3);
+    st_write_file(d, "model-00001-of-00003.safetensors", s0, 3);
     open_bad(d, LS_E_INPUT, "tensor 'model.norm.weight' is in two shards",
              "model-00001-of-00003.safetensors (byte offset");
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 
@@ -244,10 +220,10 @@ START_TEST(test_index_tensor_missing_from_shard)
 {
     char *d = make_sharded("miss");
     const st_spec s0[] = {k_all[5]}; /* embed_tokens dropped from shard 1 */
-    write_shard(d, "model-00001-of-00003.safetensors", s0, 1);
+    st_write_file(d, "model-00001-of-00003.safetensors", s0, 1);
     open_bad(d, LS_E_INPUT, "tensor 'model.embed_tokens.weight' is mapped to shard "
              "model-00001-of-00003.safetensors, which does not contain it", NULL);
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 
@@ -256,10 +232,10 @@ START_TEST(test_index_tensor_not_listed)
     char *d = make_sharded("unl");
     const st_spec extra = {"model.extra.weight", "BF16", 1, {4}, 2, NULL};
     const st_spec s2[] = {k_all[4], extra};
-    write_shard(d, "model-00003-of-00003.safetensors", s2, 2);
+    st_write_file(d, "model-00003-of-00003.safetensors", s2, 2);
     open_bad(d, LS_E_INPUT, "model-00003-of-00003.safetensors: tensor 'model.extra.weight'",
              "is not listed in");
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 
@@ -269,8 +245,8 @@ START_TEST(test_index_tensor_in_wrong_shard)
     /* Move model.norm.weight from shard 3 to shard 2; the index still says 3. */
     const st_spec s1[] = {k_all[2], k_all[1], k_all[3], k_all[4]};
     const st_spec s2[] = {{"model.layers.9.dummy", "U8", 1, {1}, 1, NULL}};
-    write_shard(d, "model-00002-of-00003.safetensors", s1, 4);
-    write_shard(d, "model-00003-of-00003.safetensors", s2, 1);
+    st_write_file(d, "model-00002-of-00003.safetensors", s1, 4);
+    st_write_file(d, "model-00003-of-00003.safetensors", s2, 1);
     ls_checkpoint *ck = NULL;
     ls_error err;
     ck_assert_int_eq(ls_checkpoint_open(d, &ck, &err), LS_E_INPUT);
@@ -278,7 +254,7 @@ START_TEST(test_index_tensor_in_wrong_shard)
      * depending on shard order; shard 2 comes first. */
     ck_assert_msg(strstr(err.msg, "'model.norm.weight' is mapped to shard model-00003-of-00003.safetensors "
                                   "but is stored in model-00002-of-00003.safetensors") != NULL, "%s", err.msg);
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 
@@ -286,36 +262,36 @@ START_TEST(test_dir_layout_errors)
 {
     char *d = ls_test_tmpdir("lay");
     open_bad(d, LS_E_IO, "config.json: cannot open", NULL);
-    write_text(d, "config.json", k_config);
+    ls_test_write_text(d, "config.json", k_config);
     open_bad(d, LS_E_INPUT, "neither model.safetensors nor model.safetensors.index.json", NULL);
-    write_shard(d, "model.safetensors", k_all, 1);
-    write_text(d, "model.safetensors.index.json", "{\"weight_map\":{}}");
+    st_write_file(d, "model.safetensors", k_all, 1);
+    ls_test_write_text(d, "model.safetensors.index.json", "{\"weight_map\":{}}");
     open_bad(d, LS_E_INPUT, "holds both model.safetensors and model.safetensors.index.json", NULL);
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", d);
     remove(path);
     /* A bad shard's message names the shard file. */
-    write_text(d, "model.safetensors", "tiny");
+    ls_test_write_text(d, "model.safetensors", "tiny");
     open_bad(d, LS_E_INPUT, "model.safetensors: file is 4 bytes", NULL);
     snprintf(path, sizeof path, "%s/model.safetensors", d);
     open_bad(path, LS_E_IO, "not a directory", NULL);
     snprintf(path, sizeof path, "%s/nothing", d);
     open_bad(path, LS_E_IO, "cannot open checkpoint directory", NULL);
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 
 START_TEST(test_config_rules)
 {
     char *d = ls_test_tmpdir("cfg");
-    write_shard(d, "model.safetensors", k_all, N_ALL);
-    write_text(d, "config.json", "{\"hidden_size\":4,\n \"num_experts\":8,\n \"hidden_size\":5}");
+    st_write_file(d, "model.safetensors", k_all, N_ALL);
+    ls_test_write_text(d, "config.json", "{\"hidden_size\":4,\n \"num_experts\":8,\n \"hidden_size\":5}");
     open_bad(d, LS_E_INPUT, "config.json: invalid JSON at line 3", "duplicate object key near '\"hidden_size\"'");
-    write_text(d, "config.json", "[1]");
+    ls_test_write_text(d, "config.json", "[1]");
     open_bad(d, LS_E_INPUT, "config.json: not a JSON object", NULL);
-    write_text(d, "config.json", "{\"a\":1} {}");
+    ls_test_write_text(d, "config.json", "{\"a\":1} {}");
     open_bad(d, LS_E_INPUT, "config.json: invalid JSON", NULL);
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 
@@ -332,7 +308,7 @@ static uint16_t ev(int layer, int e, int p, int r, int c)
 static char *make_experts(const char *tag, int fused)
 {
     char *d = ls_test_tmpdir(tag);
-    write_text(d, "config.json", k_config);
+    ls_test_write_text(d, "config.json", k_config);
     static uint16_t split[2][E][3][D * I];
     static uint16_t gate_up[2][E * 2 * I * D], down[2][E * D * I];
     static char names[2][E][3][96];
@@ -367,7 +343,7 @@ static char *make_experts(const char *tag, int fused)
                                 "BF16", 3, {E, D, I}, 2, down[l]};
         }
     }
-    write_shard(d, "model.safetensors", ts, n);
+    st_write_file(d, "model.safetensors", ts, n);
     return d;
 }
 
@@ -406,15 +382,15 @@ START_TEST(test_expert_layouts_identical)
     ck_assert_int_eq(ls_checkpoint_expert(cs, -1, 0, LS_EXPERT_DOWN, &v, &err), LS_E_USAGE);
     ls_checkpoint_close(cs);
     ls_checkpoint_close(cf);
-    rm_dir(ds);
-    rm_dir(df);
+    ls_test_rm_tmpdir(ds);
+    ls_test_rm_tmpdir(df);
 }
 END_TEST
 
 START_TEST(test_expert_bad_shapes)
 {
     char *d = ls_test_tmpdir("exb");
-    write_text(d, "config.json", k_config);
+    ls_test_write_text(d, "config.json", k_config);
     const st_spec ts[] = {
         {"model.layers.0.mlp.experts.0.gate_proj.weight", "BF16", 2, {2, 4}, 2, NULL},
         {"model.layers.0.mlp.experts.0.up_proj.weight", "BF16", 2, {2, 4}, 2, NULL},
@@ -428,7 +404,7 @@ START_TEST(test_expert_bad_shapes)
         {"model.layers.3.mlp.experts.gate_up_proj", "BF16", 3, {2, 4, 4}, 2, NULL},
         {"model.layers.3.mlp.experts.0.up_proj.weight", "BF16", 2, {2, 4}, 2, NULL},
     };
-    write_shard(d, "model.safetensors", ts, sizeof ts / sizeof ts[0]);
+    st_write_file(d, "model.safetensors", ts, sizeof ts / sizeof ts[0]);
     ls_checkpoint *ck = open_ok(d);
     ls_matrix_view v;
     ls_error err;
@@ -452,7 +428,7 @@ START_TEST(test_expert_bad_shapes)
     ck_assert_int_eq(ls_checkpoint_expert(ck, 3, 1, LS_EXPERT_DOWN, &v, &err), LS_E_INPUT);
     ck_assert_ptr_nonnull(strstr(err.msg, "'model.layers.3.mlp.experts.down_proj' not found"));
     ls_checkpoint_close(ck);
-    rm_dir(d);
+    ls_test_rm_tmpdir(d);
 }
 END_TEST
 

@@ -34,29 +34,12 @@ static const st_spec specs[] = {
 };
 #define NSPECS (sizeof specs / sizeof specs[0])
 
-static void write_file_text(const char *dir, const char *name, const char *text)
-{
-    char path[4300];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    ls_test_write(path, text, strlen(text));
-}
-
-static void write_shard(const char *dir, const char *name, const st_spec *ts, size_t n)
-{
-    size_t len;
-    unsigned char *img = st_image_of(ts, n, "{\"format\":\"pt\"}", &len);
-    char path[4300];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    ls_test_write(path, img, len);
-    free(img);
-}
-
 /* One model.safetensors with all tensors. Caller frees the path. */
 static char *make_single(void)
 {
     char *dir = ls_test_tmpdir("ck1");
-    write_file_text(dir, "config.json", config_json);
-    write_shard(dir, "model.safetensors", specs, NSPECS);
+    ls_test_write_text(dir, "config.json", config_json);
+    st_write_file(dir, "model.safetensors", specs, NSPECS);
     return dir;
 }
 
@@ -64,11 +47,11 @@ static char *make_single(void)
 static char *make_sharded(void)
 {
     char *dir = ls_test_tmpdir("ck3");
-    write_file_text(dir, "config.json", config_json);
+    ls_test_write_text(dir, "config.json", config_json);
     st_spec a[] = {specs[5], specs[0]}, b[] = {specs[3], specs[1]}, c[] = {specs[4], specs[2]};
-    write_shard(dir, "model-00001-of-00003.safetensors", a, 2);
-    write_shard(dir, "model-00002-of-00003.safetensors", b, 2);
-    write_shard(dir, "model-00003-of-00003.safetensors", c, 2);
+    st_write_file(dir, "model-00001-of-00003.safetensors", a, 2);
+    st_write_file(dir, "model-00002-of-00003.safetensors", b, 2);
+    st_write_file(dir, "model-00003-of-00003.safetensors", c, 2);
     const char *names[] = {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                            "model-00003-of-00003.safetensors"};
     const st_spec *parts[] = {a, b, c};
@@ -79,7 +62,7 @@ static char *make_sharded(void)
             k += (size_t)snprintf(idx + k, sizeof idx - k, "%s\"%s\": \"%s\"", (s || t) ? ", " : "",
                                   parts[s][t].name, names[s]);
     snprintf(idx + k, sizeof idx - k, "}}\n");
-    write_file_text(dir, "model.safetensors.index.json", idx);
+    ls_test_write_text(dir, "model.safetensors.index.json", idx);
     return dir;
 }
 

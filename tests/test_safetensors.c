@@ -10,13 +10,6 @@
 #include "st_image.h"
 #include "testutil.h"
 
-/* Removes a test's temporary directory and frees its path. */
-static void rm_dir(char *dir)
-{
-    ls_test_sh(NULL, "rm -rf '%s'", dir);
-    free(dir);
-}
-
 /* Opens header + data_len pattern bytes from memory; expects LS_E_INPUT with
  * every one of the NULL-terminated substrings in the message. */
 static void expect_bad_image(const unsigned char *img, size_t len, const char *const *subs)
@@ -316,7 +309,7 @@ START_TEST(test_valid_file)
         ls_safetensors_close(st);
     }
     free(img);
-    rm_dir(dir);
+    ls_test_rm_tmpdir(dir);
 }
 END_TEST
 
@@ -334,7 +327,7 @@ START_TEST(test_open_missing_and_empty_file)
     ck_assert_ptr_nonnull(strstr(err.msg, "0 bytes, too short"));
     ck_assert_int_eq(ls_safetensors_open(dir, &st, &err), LS_E_IO);
     ck_assert_ptr_null(st);
-    rm_dir(dir);
+    ls_test_rm_tmpdir(dir);
 }
 END_TEST
 

@@ -71,6 +71,19 @@ void ls_test_write(const char *path, const void *data, size_t len)
     fclose(f);
 }
 
+void ls_test_write_text(const char *dir, const char *name, const char *text)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    ls_test_write(path, text, strlen(text));
+}
+
+void ls_test_rm_tmpdir(char *dir)
+{
+    ls_test_sh(NULL, "rm -rf '%s'", dir);
+    free(dir);
+}
+
 char *ls_test_read(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");

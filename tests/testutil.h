@@ -18,6 +18,12 @@ int ls_test_sh(char **output, const char *cmd_fmt, ...) __attribute__((format(pr
 /* Writes len bytes to path (aborts the test on failure). */
 void ls_test_write(const char *path, const void *data, size_t len);
 
+/* Writes text to DIR/NAME (aborts the test on failure). */
+void ls_test_write_text(const char *dir, const char *name, const char *text);
+
+/* Removes a test's temporary directory (recursively) and frees its path. */
+void ls_test_rm_tmpdir(char *dir);
+
 /* Reads a whole file; caller frees. *len may be NULL. */
 char *ls_test_read(const char *path, size_t *len);
 
