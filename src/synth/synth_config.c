@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/util.h"
+#include "io/json.h"
 #include "synth/synth.h"
 
 /* ---- presets ------------------------------------------------------------------ */
@@ -342,11 +342,8 @@ static ls_status parse_root(const char *label, json_t *root, ls_synth_config *c,
 ls_status ls_synth_config_parse(const char *label, const char *text, size_t len,
                                 ls_synth_config *cfg, ls_error *err)
 {
-    json_error_t jerr;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return ls_fail(err, LS_E_INPUT, "%s: line %d column %d: %s", label, jerr.line,
-                       jerr.column, jerr.text);
+    json_t *root = NULL;
+    LS_TRY(ls_json_load_buf(label, text, len, &root, err));
     ls_status st = parse_root(label, root, cfg, err);
     json_decref(root);
     return st;
@@ -354,11 +351,10 @@ ls_status ls_synth_config_parse(const char *label, const char *text, size_t len,
 
 ls_status ls_synth_config_load(const char *path, ls_synth_config *cfg, ls_error *err)
 {
-    char *text = NULL;
-    size_t len = 0;
-    LS_TRY(ls_read_file(path, &text, &len, err));
-    ls_status st = ls_synth_config_parse(path, text, len, cfg, err);
-    free(text);
+    json_t *root = NULL;
+    LS_TRY(ls_json_load_file(path, &root, err));
+    ls_status st = parse_root(path, root, cfg, err);
+    json_decref(root);
     return st;
 }
 
