@@ -16,7 +16,10 @@
  *   digest    per decode step: default digest set, and with every-position
  *             state digests, vs the step time
  *
- *   bench_gpu [--layers N] [--prefill T] [--reps N] */
+ * --breakdown adds, for decode and prefill, the time of every op of the step
+ * (CUDA events between ops; the events themselves add a little).
+ *
+ *   bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown] */
 #include <cuda_runtime.h>
 
 #include <stdio.h>
@@ -261,6 +264,62 @@ static void copy2d(cudaStream_t st, float *dst, long dpitch, const float *src, l
 /* Parts of the step left out, to place the time (bench only): 1 mixers, 2 MoE. */
 static int g_skip;
 
+/* --breakdown: an event before every op of a forward; the time between two
+ * events goes to the op that follows the first (bench only). */
+#define PROF_MAX 4096
+static int g_prof, g_nmark;
+static cudaEvent_t g_ev[PROF_MAX];
+static const char *g_evname[PROF_MAX];
+typedef struct bucket { const char *name; double ms; long n; } bucket;
+static bucket g_bk[64];
+static int g_nbk;
+
+static void mark(cudaStream_t st, const char *name)
+{
+    if (!g_prof) return;
+    if (g_nmark == PROF_MAX) { fprintf(stderr, "bench_gpu: too many marks\n"); exit(2); }
+    if (!g_ev[g_nmark]) CU_(cudaEventCreate(&g_ev[g_nmark]));
+    CU_(cudaEventRecord(g_ev[g_nmark], st));
+    g_evname[g_nmark++] = name;
+}
+
+/* Called after the stream is synchronised: adds the marked spans. */
+static void prof_collect(void)
+{
+    for (int i = 0; i + 1 < g_nmark; i++) {
+        float ms;
+        CU_(cudaEventElapsedTime(&ms, g_ev[i], g_ev[i + 1]));
+        int b = 0;
+        while (b < g_nbk && strcmp(g_bk[b].name, g_evname[i])) b++;
+        if (b == g_nbk) {
+            if (g_nbk == 64) continue;
+            g_bk[g_nbk++] = (bucket){g_evname[i], 0.0, 0};
+        }
+        g_bk[b].ms += ms;
+        g_bk[b].n++;
+    }
+    g_nmark = 0;
+}
+
+static int cmp_bucket(const void *a, const void *b)
+{
+    double x = ((const bucket *)a)->ms, y = ((const bucket *)b)->ms;
+    return (x < y) - (x > y);
+}
+
+/* Prints the buckets over `runs` forwards (per forward), largest first. */
+static void prof_print(const char *what, int runs)
+{
+    double tot = 0;
+    for (int b = 0; b < g_nbk; b++) tot += g_bk[b].ms;
+    qsort(g_bk, (size_t)g_nbk, sizeof(bucket), cmp_bucket);
+    printf("breakdown of %s (per step, an event between every two ops; total %.3f ms):\n", what, tot / runs);
+    for (int b = 0; b < g_nbk; b++)
+        printf("  %-28s %8.3f ms  %5.1f %%  %6ld launches\n", g_bk[b].name, g_bk[b].ms / runs,
+               100.0 * g_bk[b].ms / tot, g_bk[b].n / runs);
+    g_nbk = 0;
+}
+
 #define BENCH_MAX_SEQS 1024
 static float *g_st[BENCH_MAX_SEQS], *g_st2[BENCH_MAX_SEQS];
 static long g_row0[BENCH_MAX_SEQS], g_len[BENCH_MAX_SEQS], g_pos0[BENCH_MAX_SEQS];
@@ -277,68 +336,97 @@ static void forward(model *m, int nseq, long n, long p0, int act)
     cudaStream_t st = m->st;
     void *s = (void *)st;
     long T = (long)nseq * n;
+    mark(st, "embed");
     T_(ls_cuda_embed(m->embed, 0, V, D, m->tok, T, m->H, act, s, &err));
     for (int li = 0; li < m->L; li++) {
         layer *l = &m->ly[li];
+        mark(st, "rmsnorm (input)");
         T_(ls_cuda_rmsnorm(m->H, l->in_norm, m->XN, T, D, act, 0, s, &err));
         if (g_skip & 1) {
         } else if (!l->attn) {
+            mark(st, "linear qkvz");
             T_(ls_cuda_linear(l->qkvz, 0, QKVZ, D, m->XN, m->P, T, act, 0, s, &err));
+            mark(st, "linear ba");
             T_(ls_cuda_linear(l->ba, 0, 2 * HV, D, m->XN, m->BAo, T, act, 0, s, &err));
+            mark(st, "copies (split)");
             copy2d(st, m->Z, HV * DV, m->P + CONV, QKVZ, HV * DV, T);
             copy2d(st, m->Bv, HV, m->BAo, 2 * HV, HV, T);
             copy2d(st, m->Av, HV, m->BAo + HV, 2 * HV, HV, T);
             /* One launch over all sequences (the engine's batched mixer ops). */
             for (int q = 0; q < nseq; q++) g_st[q] = m->ss[q].conv[li];
+            mark(st, "conv+silu");
             T_(ls_cuda_conv_silu_batch(m->P, QKVZ, l->conv, 0, g_st, g_row0, g_len, nseq, m->Y, CONV,
                                        CONV, CK, act, 0, s, &err));
+            mark(st, "copies (split)");
             copy2d(st, m->Q, HK * DK, m->Y, CONV, HK * DK, T);
             copy2d(st, m->K, HK * DK, m->Y + HK * DK, CONV, HK * DK, T);
             copy2d(st, m->Vv, HV * DV, m->Y + 2 * HK * DK, CONV, HV * DV, T);
+            mark(st, "l2norm q,k");
             T_(ls_cuda_l2norm_scale(m->Q, T * HK, DK, 0.08838834764831845f, 0, s, &err));
             T_(ls_cuda_l2norm_scale(m->K, T * HK, DK, 1.0f, 0, s, &err));
+            mark(st, "gdn gates");
             T_(ls_cuda_gdn_gates(m->Bv, m->Av, l->A_log, l->dt_bias, m->beta, m->alpha, T, HV, act, s, &err));
             for (int q = 0; q < nseq; q++) g_st[q] = m->ss[q].gdn[li];
+            mark(st, "gdn recurrent");
             T_(ls_cuda_gdn_recurrent_batch(m->Q, m->K, m->Vv, m->alpha, m->beta, g_st, g_row0, g_len,
                                            nseq, m->O, HK, HV, DK, DV, act, 0, s, &err));
+            mark(st, "gated rmsnorm");
             T_(ls_cuda_gated_rmsnorm(m->O, m->Z, l->gnorm, m->O, T * HV, DV, act, 0, s, &err));
+            mark(st, "linear out (gdn)");
             T_(ls_cuda_linear(l->out, 0, D, HV * DV, m->O, m->A, T, act, 0, s, &err));
         } else {
+            mark(st, "linear q (attn)");
             T_(ls_cuda_linear(l->q, 0, 2 * HQ * HD, D, m->XN, m->QG, T, act, 0, s, &err));
+            mark(st, "linear k,v (attn)");
             T_(ls_cuda_linear(l->k, 0, HKV * HD, D, m->XN, m->K, T, act, 0, s, &err));
             T_(ls_cuda_linear(l->v, 0, HKV * HD, D, m->XN, m->Vv, T, act, 0, s, &err));
+            mark(st, "copies (split)");
             copy2d(st, m->Q, HD, m->QG, 2 * HD, HD, T * HQ);
             copy2d(st, m->G, HD, m->QG + HD, 2 * HD, HD, T * HQ);
+            mark(st, "q/k norm + rope");
             T_(ls_cuda_rmsnorm(m->Q, l->q_norm, m->Q, T * HQ, HD, act, 0, s, &err));
             T_(ls_cuda_rmsnorm(m->K, l->k_norm, m->K, T * HKV, HD, act, 0, s, &err));
             T_(ls_cuda_rope_apply(m->Q, m->cosb, m->sinb, T, HQ, HD, ROT, act, s, &err));
             T_(ls_cuda_rope_apply(m->K, m->cosb, m->sinb, T, HKV, HD, ROT, act, s, &err));
+            mark(st, "kv append");
             for (int q = 0; q < nseq; q++) {
                 g_st[q] = m->ss[q].kc[li];
                 g_st2[q] = m->ss[q].vc[li];
             }
             T_(ls_cuda_kv_append_batch(m->K, m->Vv, g_st, g_st2, CAP, g_row0, g_len, g_pos0, nseq, HKV,
                                        HD, s, &err));
+            mark(st, "attention");
             T_(ls_cuda_attention_batch(m->Q, (const float *const *)g_st, (const float *const *)g_st2,
                                        CAP, g_row0, g_len, nseq, m->pos, m->O, HQ, HKV, HD, act, 0, s,
                                        &err));
+            mark(st, "sigmoid gate");
             T_(ls_cuda_sigmoid_gate(m->O, m->G, T * HQ * HD, act, s, &err));
+            mark(st, "linear o (attn)");
             T_(ls_cuda_linear(l->o, 0, D, HQ * HD, m->O, m->A, T, act, 0, s, &err));
         }
+        mark(st, "residual");
         T_(ls_cuda_residual(m->H, m->A, T * D, act, s, &err));
+        mark(st, "rmsnorm (post)");
         T_(ls_cuda_rmsnorm(m->H, l->post_norm, m->XN, T, D, act, 0, s, &err));
+        mark(st, "router");
         T_(ls_cuda_router(l->router, 0, E, D, m->XN, T, TOPK, 1, m->probs, m->ids, m->wts, act, 0, s, &err));
         long chunk = 65535 / (TOPK + 1);
         for (long t0 = 0; t0 < T && !(g_skip & 2); t0 += chunk) {
             long c = T - t0 < chunk ? T - t0 : chunk;
+            if (t0 == 0) mark(st, "moe experts");
             T_(ls_cuda_moe_forward(&l->moe, m->XN + t0 * D, m->ids + t0 * TOPK, m->wts + t0 * TOPK, TOPK,
                                    m->A + t0 * D, c, m->moe_scratch, act, 0, 0, s, &err));
         }
+        mark(st, "residual");
         T_(ls_cuda_residual(m->H, m->A, T * D, act, s, &err));
     }
+    mark(st, "final norm");
     T_(ls_cuda_rmsnorm(m->H, m->final_norm, m->XN, T, D, act, 0, s, &err));
+    mark(st, "lm_head");
     T_(ls_cuda_linear(m->lm_head, 0, V, D, m->XN, m->logits, T, act, 0, s, &err));
+    mark(st, "logprobs");
     T_(ls_cuda_logprobs(m->logits, m->logits, T, V, 0, s, &err));
+    mark(st, "end");
 }
 
 /* Positions p0 .. p0+n-1 for each of nseq sequences. */
@@ -420,11 +508,14 @@ int main(int argc, char **argv)
 {
     int L = 0, reps = 5;
     long prefill = 1024;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    int breakdown = 0;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--breakdown")) { breakdown = 1; i--; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "bench_gpu: %s needs a value\n", argv[i]); return 2; }
         if (!strcmp(argv[i], "--layers")) L = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill")) prefill = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
-        else { fprintf(stderr, "usage: bench_gpu [--layers N] [--prefill T] [--reps N]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown]\n"); return 2; }
     }
     if (ls_cuda_device_count() < 1) { printf("SKIP: no CUDA device\n"); return 77; }
     cudaDeviceProp prop;
@@ -485,6 +576,18 @@ int main(int argc, char **argv)
             if (r >= 2) t[r - 2] = ms;
         }
         dec_ms[bi] = median(t, reps);
+        if (breakdown) {
+            g_prof = 1;
+            for (int r = 0; r < reps; r++) {
+                forward(&m, B, 1, p0, act_bf16);
+                CU_(cudaStreamSynchronize(m.st));
+                prof_collect();
+            }
+            g_prof = 0;
+            char what[64];
+            snprintf(what, sizeof what, "decode batch %d", B);
+            prof_print(what, reps);
+        }
         float part[3];
         for (int v = 1; v <= 3; v++) { /* time left out: mixers, MoE experts, both */
             g_skip = v;
@@ -573,6 +676,14 @@ int main(int argc, char **argv)
             if (r >= 1) t[r - 1] = ms;
         }
         float pm = median(t, r2);
+        if (breakdown) {
+            g_prof = 1;
+            forward(&m, 1, prefill, 0, act_bf16);
+            CU_(cudaStreamSynchronize(m.st));
+            prof_collect();
+            g_prof = 0;
+            prof_print("prefill", 1);
+        }
         printf("prefill %ld tokens, one call: %.1f ms -> %.0f tokens/s\n", prefill, pm, prefill / (pm * 1e-3));
         long chunk = 256 < prefill ? 256 : prefill;
         for (int r = 0; r < 1 + r2; r++) {
