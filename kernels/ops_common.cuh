@@ -45,17 +45,22 @@ __device__ __forceinline__ float ls_warp_tree(float p)
  * order, as the CPU's `if (x > m) m = x` scan from -inf finds it (this only
  * matters for the sign of a zero). Each lane passes its own first maximum and
  * that element's index (-1 when it has none). */
-__device__ __forceinline__ float ls_warp_max_first(float v, long idx)
+__device__ __forceinline__ void ls_warp_max_first_i(float *v, long *idx)
 {
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) {
-        float ov = __shfl_xor_sync(LS_FULL_MASK, v, s);
-        long oi = __shfl_xor_sync(LS_FULL_MASK, idx, s);
-        if (oi >= 0 && (idx < 0 || ov > v || (!(ov < v) && oi < idx))) {
-            v = ov;
-            idx = oi;
+        float ov = __shfl_xor_sync(LS_FULL_MASK, *v, s);
+        long oi = __shfl_xor_sync(LS_FULL_MASK, *idx, s);
+        if (oi >= 0 && (*idx < 0 || ov > *v || (!(ov < *v) && oi < *idx))) {
+            *v = ov;
+            *idx = oi;
         }
     }
+}
+
+__device__ __forceinline__ float ls_warp_max_first(float v, long idx)
+{
+    ls_warp_max_first_i(&v, &idx);
     return v;
 }
 
@@ -65,11 +70,17 @@ __device__ __forceinline__ float ls_warp_max_of(const float *x, long n)
     int lane = (int)(threadIdx.x & 31u);
     float m = -INFINITY;
     long mi = -1;
-    for (long e = lane; e < n; e += LS_WARP)
-        if (x[e] > m) {
-            m = x[e];
-            mi = e;
-        }
+    for (long e0 = lane; e0 < n; e0 += LS_WARP * 8) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = e0 + u * LS_WARP < n ? x[e0 + u * LS_WARP] : -INFINITY;
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (v[u] > m) {
+                m = v[u];
+                mi = e0 + u * LS_WARP;
+            }
+    }
     return ls_warp_max_first(m, mi);
 }
 
@@ -90,14 +101,32 @@ __device__ __forceinline__ size_t ls_welem_bytes(int wtype)
     return wtype == LS_WTYPE_BF16_ID ? 2 : 4;
 }
 
+/* Loads in flight per lane in the warp loops below: element k of lane l is
+ * still added in ascending k (k ≡ l mod 32), but LS_PF loads are issued before
+ * the first of their adds, so one warp alone is not bound by one memory
+ * latency per element. Absent elements are skipped, not added as zeros (that
+ * would turn a −0 partial into +0). */
+#define LS_PF 8
+
 /* Canonical warp DOT32 of a weight row with an fp32 vector (all lanes get it). */
 __device__ __forceinline__ float ls_warp_dot_w(const void *row, int wtype, const float *x, long n)
 {
     int lane = (int)(threadIdx.x & 31u);
     float p = 0.0f;
-    for (long k = lane; k < n; k += LS_WARP) {
-        float prod = ls_wload(row, wtype, k) * x[k];
-        p = p + prod;
+    for (long k0 = lane; k0 < n; k0 += LS_WARP * LS_PF) {
+        float wv[LS_PF], xv[LS_PF];
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) {
+            long k = k0 + (long)u * LS_WARP;
+            wv[u] = k < n ? ls_wload(row, wtype, k) : 0.0f;
+            xv[u] = k < n ? x[k] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++)
+            if (k0 + (long)u * LS_WARP < n) {
+                float prod = wv[u] * xv[u];
+                p = p + prod;
+            }
     }
     return ls_warp_tree(p);
 }
@@ -107,11 +136,104 @@ __device__ __forceinline__ float ls_warp_dot(const float *a, const float *b, lon
 {
     int lane = (int)(threadIdx.x & 31u);
     float p = 0.0f;
-    for (long k = lane; k < n; k += LS_WARP) {
-        float prod = a[k] * b[k];
-        p = p + prod;
+    for (long k0 = lane; k0 < n; k0 += LS_WARP * LS_PF) {
+        float av[LS_PF], bv[LS_PF];
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) {
+            long k = k0 + (long)u * LS_WARP;
+            av[u] = k < n ? a[k] : 0.0f;
+            bv[u] = k < n ? b[k] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++)
+            if (k0 + (long)u * LS_WARP < n) {
+                float prod = av[u] * bv[u];
+                p = p + prod;
+            }
     }
     return ls_warp_tree(p);
+}
+
+/* ---- weight rows against several activation rows, 16-byte loads ------------- */
+
+/* A warp forms, for one weight row w[0..n) and nt <= NT activation rows xs[t],
+ * out[t] = DOT32(w, xs[t]) in the canonical order, reading the weights with
+ * 16-byte loads: a chunk of 32 x 16 bytes (256 bf16 or 128 fp32 elements) is
+ * loaded by lane L as elements 8L..8L+7 (bf16), staged through the warp's
+ * shared buffer `wsm` (LS_ROWDOT_SMEM floats) as fp32, and lane l then takes
+ * the chunk's elements k ≡ l (mod 32) in ascending order, exactly the scalar
+ * loop's adds. Up to LS_ROWDOT_CHUNKS chunks are loaded before the first add.
+ * The vector path needs a 16-byte aligned row; otherwise, and for the tail
+ * after the last whole chunk, elements are read one by one in the same order.
+ * Every lane gets every out[t]. */
+#define LS_ROWDOT_CHUNKS 4
+#define LS_ROWDOT_SMEM (LS_ROWDOT_CHUNKS * 256)
+
+template <int NT>
+__device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long n,
+                                               const float *const *xs, int nt, float *wsm,
+                                               float *out)
+{
+    int lane = (int)(threadIdx.x & 31u);
+    float p[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) p[t] = 0.0f;
+    int per = wtype == LS_WTYPE_BF16_ID ? 8 : 4; /* elements per 16 bytes */
+    long chunk = (long)per * LS_WARP;
+    long whole = ((uintptr_t)row & 15u) == 0 ? n / chunk : 0;
+    long k_done = 0;
+    for (long c0 = 0; c0 < whole; c0 += LS_ROWDOT_CHUNKS) {
+        int nc = whole - c0 < LS_ROWDOT_CHUNKS ? (int)(whole - c0) : LS_ROWDOT_CHUNKS;
+        uint4 raw[LS_ROWDOT_CHUNKS];
+        const uint4 *src = (const uint4 *)((const uint8_t *)row + (size_t)c0 * chunk *
+                                           ls_welem_bytes(wtype));
+#pragma unroll
+        for (int c = 0; c < LS_ROWDOT_CHUNKS; c++)
+            if (c < nc) raw[c] = src[(long)c * LS_WARP + lane];
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < LS_ROWDOT_CHUNKS; c++) {
+            if (c >= nc) break;
+            float *dst = wsm + c * 256 + lane * per;
+            uint32_t u[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
+            if (per == 8) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    dst[2 * i] = ls_bf16_to_f32((uint16_t)(u[i] & 0xffffu));
+                    dst[2 * i + 1] = ls_bf16_to_f32((uint16_t)(u[i] >> 16));
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 4; i++) dst[i] = ls_f32_from_bits(u[i]);
+            }
+        }
+        __syncwarp();
+        for (int c = 0; c < nc; c++) {
+            long kb = (c0 + c) * chunk;
+            for (int m = 0; m < per; m++) {
+                float w = wsm[c * 256 + m * LS_WARP + lane];
+                long k = kb + (long)m * LS_WARP + lane;
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (t < nt) {
+                        float prod = w * xs[t][k];
+                        p[t] = p[t] + prod;
+                    }
+            }
+        }
+        k_done = (c0 + nc) * chunk;
+    }
+    for (long k = k_done + lane; k < n; k += LS_WARP) {
+        float w = ls_wload(row, wtype, k);
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < nt) {
+                float prod = w * xs[t][k];
+                p[t] = p[t] + prod;
+            }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) out[t] = ls_warp_tree(p[t]);
 }
 
 /* (a, ia) precedes (b, ib) in the order "value descending, index ascending". */
@@ -154,6 +276,30 @@ __device__ __forceinline__ void ls_warp_topk_dev(const float *x, long n, long k,
         pv = bv;
         pi = bi;
     }
+}
+
+/* Per-launch table of the sequences of a batched mixer launch (conv, GDN),
+ * passed by value (no device upload): sequence s's rows of the packed
+ * activations and its own carried state. */
+typedef struct ls_cuda_seqs {
+    long row0[LS_CUDA_SEQ_CHUNK];
+    long len[LS_CUDA_SEQ_CHUNK];
+    float *state[LS_CUDA_SEQ_CHUNK];
+} ls_cuda_seqs;
+
+/* Fills sq with sequences s0 .. s0+n-1; returns the longest length. */
+static inline long ls_cuda_seqs_fill(ls_cuda_seqs *sq, float *const *states, const long *row0,
+                                     const long *len, long s0, long n)
+{
+    long maxlen = 0;
+    memset(sq, 0, sizeof *sq);
+    for (long s = 0; s < n; s++) {
+        sq->row0[s] = row0[s0 + s];
+        sq->len[s] = len[s0 + s];
+        sq->state[s] = states[s0 + s];
+        if (sq->len[s] > maxlen) maxlen = sq->len[s];
+    }
+    return maxlen;
 }
 
 #define LS_REQUIRE_CANONICAL(order, err, opname)                                          \

@@ -241,15 +241,10 @@ extern "C" ls_status ls_cuda_residual(float *h, const float *a, long n, int act_
 
 /* One thread per channel; the K-entry window lives in registers (indices are
  * compile-time after unrolling to LS_CUDA_CONV_MAX_K with guards). */
-typedef struct ls_conv_seqs {
-    long row0[LS_CUDA_SEQ_CHUNK];
-    long len[LS_CUDA_SEQ_CHUNK];
-    float *state[LS_CUDA_SEQ_CHUNK];
-} ls_conv_seqs;
 
 /* Sequence blockIdx.y: its rows of x and y, its own state. */
 __global__ void ls_conv_silu_kernel(const float *x0, long x_stride, const void *w, int wtype,
-                                    ls_conv_seqs sq, float *y0, long y_stride, long C, long K,
+                                    ls_cuda_seqs sq, float *y0, long y_stride, long C, long K,
                                     int act)
 {
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -304,16 +299,8 @@ extern "C" ls_status ls_cuda_conv_silu_batch(const float *x, long x_stride, cons
     if (C <= 0) return LS_OK;
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
         long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK;
-        ls_conv_seqs sq;
-        memset(&sq, 0, sizeof sq);
-        long any = 0;
-        for (long s = 0; s < n; s++) {
-            sq.row0[s] = row0[s0 + s];
-            sq.len[s] = len[s0 + s];
-            sq.state[s] = states[s0 + s];
-            if (sq.len[s] > 0) any = 1;
-        }
-        if (!any) continue;
+        ls_cuda_seqs sq;
+        if (ls_cuda_seqs_fill(&sq, states, row0, len, s0, n) <= 0) continue;
         dim3 grid(ls_blocks_for(C, 128), (unsigned)n);
         ls_conv_silu_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(
             x, x_stride, w, wtype, sq, y, y_stride, C, K, act_bf16);
