@@ -34,36 +34,45 @@ extern "C" ls_status ls_cuda_embed(const void *emb, int wtype, long V, long D,
 /* ---- linear ------------------------------------------------------------------- */
 
 #define LS_LIN_WARPS 8 /* output rows per block, one warp each */
-#define LS_LIN_TT 4    /* tokens sharing a warp's weight loads */
 
-/* grid (ceil(out / 8), ceil(T / 4)). Lane l walks k = l, l+32, ... once,
- * adding w·x_t to token t's partial: per token exactly LS_DOT32. */
-__global__ void ls_linear_kernel(const void *w, int wtype, long out, long in, const float *x,
-                                 float *y, long T, int act)
+/* grid (ceil(out / 8), ceil(T / NT)): warp = one output row o for NT tokens;
+ * ls_warp_rowdot reads the row once (16-byte loads) and forms each token's
+ * LS_DOT32 in the canonical order. NT only sets how many tokens share a weight
+ * load; no token's bits depend on it. */
+template <int NT>
+__global__ void __launch_bounds__(LS_LIN_WARPS * LS_WARP)
+ls_linear_kernel(const void *w, int wtype, long out, long in, const float *x, float *y, long T,
+                 int act)
 {
+    __shared__ float wsm[LS_LIN_WARPS][LS_ROWDOT_SMEM];
     int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     long o = (long)blockIdx.x * LS_LIN_WARPS + warp;
-    long t0 = (long)blockIdx.y * LS_LIN_TT;
+    long t0 = (long)blockIdx.y * NT;
     if (o >= out) return; /* whole warp */
-    const uint8_t *row = (const uint8_t *)w + (size_t)o * in * ls_welem_bytes(wtype);
-    float p[LS_LIN_TT];
+    int nt = T - t0 < NT ? (int)(T - t0) : NT;
+    const float *xs[NT];
 #pragma unroll
-    for (int tt = 0; tt < LS_LIN_TT; tt++) p[tt] = 0.0f;
-    for (long k = lane; k < in; k += LS_WARP) {
-        float wv = ls_wload(row, wtype, k);
+    for (int t = 0; t < NT; t++) xs[t] = x + (t0 + (t < nt ? t : 0)) * in;
+    float r[NT];
+    ls_warp_rowdot<NT>((const uint8_t *)w + (size_t)o * in * ls_welem_bytes(wtype), wtype, in, xs,
+                       nt, wsm[warp], r);
 #pragma unroll
-        for (int tt = 0; tt < LS_LIN_TT; tt++) {
-            if (t0 + tt < T) {
-                float prod = wv * x[(t0 + tt) * in + k];
-                p[tt] = p[tt] + prod;
-            }
-        }
-    }
-#pragma unroll
-    for (int tt = 0; tt < LS_LIN_TT; tt++) {
-        float s = ls_warp_tree(p[tt]);
-        if (lane == 0 && t0 + tt < T) y[(t0 + tt) * out + o] = ls_act_d(s, act);
-    }
+    for (int t = 0; t < NT; t++)
+        if (lane == t && t < nt) y[(t0 + t) * out + o] = ls_act_d(r[t], act);
+}
+
+template <int NT>
+static ls_status linear_launch(const void *w, int wtype, long out, long in, const float *x,
+                               float *y, long T, int act_bf16, cudaStream_t stream, ls_error *err)
+{
+    long ty = (T + NT - 1) / NT;
+    LS_CUDA_REQUIRE(ty <= 65535 && ls_blocks_for(out, LS_LIN_WARPS) <= 0x7fffffffu, err,
+                    "cuda portable linear: shape [%ld, %ld] with T %ld exceeds the grid", out, in, T);
+    dim3 grid(ls_blocks_for(out, LS_LIN_WARPS), (unsigned)ty);
+    ls_linear_kernel<NT><<<grid, LS_LIN_WARPS * LS_WARP, 0, stream>>>(w, wtype, out, in, x, y, T,
+                                                                       act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_linear_kernel", err);
+    return LS_OK;
 }
 
 extern "C" ls_status ls_cuda_linear(const void *w, int wtype, long out, long in, const float *x,
@@ -74,14 +83,11 @@ extern "C" ls_status ls_cuda_linear(const void *w, int wtype, long out, long in,
     LS_REQUIRE_WTYPE(wtype, err, "linear");
     LS_CUDA_REQUIRE(out >= 0 && in >= 0 && T >= 0, err, "cuda portable linear: bad shape [%ld, %ld] x T %ld", out, in, T);
     if (T == 0 || out == 0) return LS_OK;
-    long ty = (T + LS_LIN_TT - 1) / LS_LIN_TT;
-    LS_CUDA_REQUIRE(ty <= 65535 && ls_blocks_for(out, LS_LIN_WARPS) <= 0x7fffffffu, err,
-                    "cuda portable linear: shape [%ld, %ld] with T %ld exceeds the grid", out, in, T);
-    dim3 grid(ls_blocks_for(out, LS_LIN_WARPS), (unsigned)ty);
-    ls_linear_kernel<<<grid, LS_LIN_WARPS * LS_WARP, 0, (cudaStream_t)stream>>>(w, wtype, out, in, x,
-                                                                              y, T, act_bf16);
-    LS_CUDA_CHECK_LAUNCH("ls_linear_kernel", err);
-    return LS_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (T == 1) return linear_launch<1>(w, wtype, out, in, x, y, T, act_bf16, s, err);
+    if (T <= 4) return linear_launch<4>(w, wtype, out, in, x, y, T, act_bf16, s, err);
+    if (T <= 8) return linear_launch<8>(w, wtype, out, in, x, y, T, act_bf16, s, err);
+    return linear_launch<16>(w, wtype, out, in, x, y, T, act_bf16, s, err);
 }
 
 /* ---- norms -------------------------------------------------------------------- */
@@ -104,6 +110,7 @@ __global__ void ls_rmsnorm_kernel(const float *x, const float *w, float *y, long
     const float *xr = x + r * n; /* [n] */
     float *yr = y + r * n;       /* [n] */
     float f = ls_rms_factor(xr, n);
+#pragma unroll 8
     for (long i = lane; i < n; i += LS_WARP) {
         float onew = 1.0f + w[i];
         float xn = xr[i] * f;
@@ -120,6 +127,7 @@ __global__ void ls_gated_rmsnorm_kernel(const float *x, const float *z, const fl
     const float *xr = x + r * n, *zr = z + r * n; /* [n] */
     float *yr = y + r * n;                         /* [n] */
     float f = ls_rms_factor(xr, n);
+#pragma unroll 8
     for (long i = lane; i < n; i += LS_WARP) {
         float nn = ls_act_d(xr[i] * f, act);
         float p = ls_act_d(w[i] * nn, act);
@@ -327,34 +335,82 @@ extern "C" ls_status ls_cuda_conv_silu(const float *x, long x_stride, const void
 
 /* ---- logprobs ----------------------------------------------------------------- */
 
-/* One warp per row: exact max, SUM32 of exp(l − m) (lane l sums v ≡ l mod 32
- * ascending, then the butterfly), lp = l − (m + log(sum)). */
-__global__ void ls_logprobs_kernel(const float *logits, float *lp, long R, long V)
+/* One block per row (the vocabulary is long: one warp alone is bound by one
+ * memory latency and one exp after another). The exact maximum is order-free:
+ * each thread's first maximum over its elements, combined over the block by
+ * (value, first index). The sum keeps the canonical SUM32 order: the block
+ * writes exp(l − m) of a tile of LS_LP_TILE elements into shared memory, then
+ * warp 0 adds the tile's elements v ≡ lane (mod 32) in ascending v (tiles in
+ * order, so each lane's partial runs over all its v ascending), and the
+ * butterfly. lp = l − (m + log(sum)); every element is read before any is
+ * written by the same thread, so lp may be logits. */
+#define LS_LP_THREADS 1024
+#define LS_LP_TILE 8192
+
+__global__ void __launch_bounds__(LS_LP_THREADS)
+ls_logprobs_kernel(const float *logits, float *lp, long V)
 {
-    long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
-    int lane = (int)(threadIdx.x & 31u);
-    if (r >= R) return;
-    const float *l = logits + r * V; /* [V] */
-    float *o = lp + r * V;           /* [V] */
-    float m = ls_warp_max_of(l, V);
-    float p = 0.0f;
-    for (long v = lane; v < V; v += LS_WARP) {
-        float e = ls_expf(l[v] - m);
-        p = p + e;
+    __shared__ float tile[LS_LP_TILE];
+    __shared__ float wv[LS_WARP];
+    __shared__ long wi[LS_WARP];
+    __shared__ float s_m, s_lse;
+    int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const float *l = logits + (long)blockIdx.x * V; /* [V] */
+    float *o = lp + (long)blockIdx.x * V;           /* [V] */
+    float m = -INFINITY;
+    long mi = -1;
+    for (long v = tid; v < V; v += LS_LP_THREADS)
+        if (l[v] > m) {
+            m = l[v];
+            mi = v;
+        }
+    ls_warp_max_first_i(&m, &mi);
+    if (lane == 0) {
+        wv[warp] = m;
+        wi[warp] = mi;
     }
-    float sum = ls_warp_tree(p);
-    float lse = m + ls_logf(sum);
-    for (long v = lane; v < V; v += LS_WARP) o[v] = l[v] - lse;
+    __syncthreads();
+    if (warp == 0) {
+        m = wv[lane];
+        mi = wi[lane];
+        ls_warp_max_first_i(&m, &mi);
+        if (lane == 0) s_m = m;
+    }
+    __syncthreads();
+    m = s_m;
+    float p = 0.0f;
+    for (long t0 = 0; t0 < V; t0 += LS_LP_TILE) {
+        long n = V - t0 < LS_LP_TILE ? V - t0 : LS_LP_TILE;
+        for (long i = tid; i < n; i += LS_LP_THREADS) tile[i] = ls_expf(l[t0 + i] - m);
+        __syncthreads();
+        if (warp == 0)
+            for (long i0 = lane; i0 < n; i0 += LS_WARP * LS_PF) {
+                float e[LS_PF];
+#pragma unroll
+                for (int u = 0; u < LS_PF; u++) e[u] = i0 + u * LS_WARP < n ? tile[i0 + u * LS_WARP] : 0.0f;
+#pragma unroll
+                for (int u = 0; u < LS_PF; u++)
+                    if (i0 + u * LS_WARP < n) p = p + e[u];
+            }
+        __syncthreads();
+    }
+    if (warp == 0) {
+        float sum = ls_warp_tree(p);
+        if (lane == 0) s_lse = m + ls_logf(sum);
+    }
+    __syncthreads();
+    float lse = s_lse;
+    for (long v = tid; v < V; v += LS_LP_THREADS) o[v] = l[v] - lse;
 }
 
 extern "C" ls_status ls_cuda_logprobs(const float *logits, float *lp, long R, long V, int order,
                                       void *stream, ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order, err, "logprobs");
-    LS_CUDA_REQUIRE(V > 0 && R >= 0, err, "cuda portable logprobs: bad shape [%ld, %ld]", R, V);
+    LS_CUDA_REQUIRE(V > 0 && R >= 0 && R <= 0x7fffffffL, err,
+                    "cuda portable logprobs: bad shape [%ld, %ld]", R, V);
     if (R == 0) return LS_OK;
-    ls_logprobs_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
-                         (cudaStream_t)stream>>>(logits, lp, R, V);
+    ls_logprobs_kernel<<<(unsigned)R, LS_LP_THREADS, 0, (cudaStream_t)stream>>>(logits, lp, V);
     LS_CUDA_CHECK_LAUNCH("ls_logprobs_kernel", err);
     return LS_OK;
 }

@@ -1,108 +1,153 @@
 /* lockstep — portable strict Gated DeltaNet recurrent scan (see ops.h).
  *
- * Block = one warp = 32 value columns of one value head of one sequence;
- * thread j owns column j and keeps all dk <= 128 key rows of it in shared
- * memory (column j of a [128][32] tile: bank j, no conflicts; no other thread
- * touches it) for all T tokens. Each column's DOT32 over the key dim is formed by that
- * thread in the canonical order: partial l accumulates rows i ≡ l (mod 32) in
- * ascending i, then the 32 partials are combined in the LS_DOT32 tree
- * (ls_tree32 order, equal bitwise to the warp butterfly) — the CPU's
- * col_dots, column by column. Loads and stores of the state are coalesced:
- * for a key row i the warp touches 32 consecutive floats of that row. The
- * state is read from device memory once before the first token and written
- * once after the last: a call with T tokens and T calls with one token give
- * the same bits. The batched entry runs many sequences in one launch
- * (blockIdx.z = sequence), each with its own state and rows. */
+ * One warp = LS_GDN_CPW value columns j0.. of one value head of one sequence;
+ * lane l holds key rows i = l, l+32, l+64, l+96 (< dk) of those columns in
+ * registers for all T tokens. For each column the key-dim DOT32 is the
+ * canonical one: lane l's partial accumulates its rows i ≡ l (mod 32) in
+ * ascending i, then the butterfly (ls_warp_tree: the LS_DOT32 tree) — the
+ * CPU's col_dots, column by column. A token's columns are independent, so the
+ * warp works on LS_GDN_CPW butterflies at once, and the next token's q, k, v,
+ * α, β are loaded while the current one is computed. The state is read from
+ * device memory once before the first token (each lane: 32 bytes of each of
+ * its rows, whole sectors) and written once after the last: a call with T
+ * tokens and T calls with one token give the same bits. The batched entry
+ * runs many sequences in one launch (blockIdx.z = sequence), each with its
+ * own state and rows. */
 #include "ops.h"
 #include "ops_common.cuh"
 
-#define LS_GDN_ROWS LS_CUDA_GDN_MAX_DK /* key rows per column, in registers */
-#define LS_GDN_COLS LS_WARP            /* value columns per block (one per thread) */
+#define LS_GDN_CPW 8                               /* value columns per warp */
+#define LS_GDN_WPB 4                               /* warps per block */
+#define LS_GDN_RPL (LS_CUDA_GDN_MAX_DK / LS_WARP)  /* key rows per lane */
 
-/* Per-launch sequence table, passed by value (no device upload). */
-typedef struct ls_gdn_seqs {
-    long row0[LS_CUDA_SEQ_CHUNK];
-    long len[LS_CUDA_SEQ_CHUNK];
-    float *state[LS_CUDA_SEQ_CHUNK];
-} ls_gdn_seqs;
-
-__global__ void __launch_bounds__(LS_GDN_COLS)
-ls_gdn_recurrent_kernel(const float *q, const float *k, const float *v, const float *alpha,
-                        const float *beta, ls_gdn_seqs sq, float *o, long Hk, long Hv, long dk,
-                        long dv, int act)
+__device__ __forceinline__ void ls_gdn_tree8(float *p)
 {
-    __shared__ float ks[LS_GDN_ROWS], qs[LS_GDN_ROWS];
-    __shared__ float Ssm[LS_GDN_ROWS][LS_GDN_COLS];
-    int lane = (int)threadIdx.x;
-    int sidx = (int)blockIdx.z;
-    long T = sq.len[sidx], row0 = sq.row0[sidx];
-    if (T <= 0) return; /* whole block */
-    long h = blockIdx.y;
-    long kh = h * Hk / Hv;
-    long j = (long)blockIdx.x * LS_GDN_COLS + lane;
-    int jok = j < dv;
-    float *Sh = sq.state[sidx] + h * dk * dv; /* [dk, dv] */
-#define S(i) Ssm[i][lane]
 #pragma unroll
-    for (int i = 0; i < LS_GDN_ROWS; i++) S(i) = (i < dk && jok) ? Sh[i * dv + j] : 0.0f;
-    for (long t = row0; t < row0 + T; t++) {
-        const float *qt = q + (t * Hk + kh) * dk; /* [dk] */
-        const float *kt = k + (t * Hk + kh) * dk; /* [dk] */
-        const float *vt = v + (t * Hv + h) * dv;  /* [dv] */
-        __syncwarp();
+    for (int s = 16; s >= 1; s >>= 1)
 #pragma unroll
-        for (int r = 0; r < LS_GDN_ROWS / LS_WARP; r++) {
-            int i = lane + r * LS_WARP;
-            ks[i] = i < dk ? kt[i] : 0.0f;
-            qs[i] = i < dk ? qt[i] : 0.0f;
+        for (int c = 0; c < LS_GDN_CPW; c++) {
+            float other = __shfl_xor_sync(LS_FULL_MASK, p[c], s);
+            p[c] = p[c] + other;
         }
-        float vj = jok ? vt[j] : 0.0f;
-        float a = alpha[t * Hv + h], b = beta[t * Hv + h];
-        __syncwarp();
-        /* S' = α S, then m_j = DOT32_i(S'[i][j], k_i). */
-        float p[LS_WARP];
+}
+
+/* q, k of one token for this lane's rows; v of the warp's columns; α, β. */
+typedef struct ls_gdn_tok {
+    float q[LS_GDN_RPL], k[LS_GDN_RPL], v[LS_GDN_CPW], a, b;
+} ls_gdn_tok;
+
+__device__ __forceinline__ void ls_gdn_load(ls_gdn_tok *x, const float *q, const float *k,
+                                            const float *v, const float *alpha, const float *beta,
+                                            long t, long h, long kh, long Hk, long Hv, long dk,
+                                            long dv, long j0, int lane)
+{
+    const float *qt = q + (t * Hk + kh) * dk; /* [dk] */
+    const float *kt = k + (t * Hk + kh) * dk; /* [dk] */
+    const float *vt = v + (t * Hv + h) * dv;  /* [dv] */
 #pragma unroll
-        for (int l = 0; l < LS_WARP; l++) p[l] = 0.0f;
-#pragma unroll 1
-        for (int r = 0; r < LS_GDN_ROWS / LS_WARP; r++) /* rows ascending per partial */
-#pragma unroll
-            for (int l = 0; l < LS_WARP; l++) {
-                int i = r * LS_WARP + l;
-                float sp = a * S(i);
-                S(i) = sp;
-                if (i < dk) {
-                    float prod = sp * ks[i];
-                    p[l] = p[l] + prod;
-                }
-            }
-        LS_TREE32(p);
-        float m = p[0];
-        float diff = vj - m;
-        float u = diff * b;
-        /* S = S' + k ⊗ u, then o_j = act(DOT32_i(S[i][j], q_i)). */
-#pragma unroll
-        for (int l = 0; l < LS_WARP; l++) p[l] = 0.0f;
-#pragma unroll 1
-        for (int r = 0; r < LS_GDN_ROWS / LS_WARP; r++)
-#pragma unroll
-            for (int l = 0; l < LS_WARP; l++) {
-                int i = r * LS_WARP + l;
-                float prod = ks[i] * u;
-                float sn = S(i) + prod;
-                S(i) = sn;
-                if (i < dk) {
-                    float prod2 = sn * qs[i];
-                    p[l] = p[l] + prod2;
-                }
-            }
-        LS_TREE32(p);
-        float oj = p[0];
-        if (jok) o[(t * Hv + h) * dv + j] = ls_act_d(oj, act);
+    for (int r = 0; r < LS_GDN_RPL; r++) {
+        long i = lane + (long)r * LS_WARP;
+        x->q[r] = i < dk ? qt[i] : 0.0f;
+        x->k[r] = i < dk ? kt[i] : 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < LS_GDN_ROWS; i++)
-        if (i < dk && jok) Sh[i * dv + j] = S(i);
-#undef S
+    for (int c = 0; c < LS_GDN_CPW; c++) x->v[c] = j0 + c < dv ? vt[j0 + c] : 0.0f;
+    x->a = alpha[t * Hv + h];
+    x->b = beta[t * Hv + h];
+}
+
+__global__ void __launch_bounds__(LS_GDN_WPB * LS_WARP)
+ls_gdn_recurrent_kernel(const float *q, const float *k, const float *v, const float *alpha,
+                        const float *beta, ls_cuda_seqs sq, float *o, long Hk, long Hv, long dk,
+                        long dv, int act)
+{
+    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    int sidx = (int)blockIdx.z;
+    long T = sq.len[sidx], row0 = sq.row0[sidx];
+    long h = blockIdx.y;
+    long j0 = ((long)blockIdx.x * LS_GDN_WPB + warp) * LS_GDN_CPW;
+    if (T <= 0 || j0 >= dv) return; /* whole warp */
+    long kh = h * Hk / Hv;
+    float *Sh = sq.state[sidx] + h * dk * dv; /* [dk, dv] */
+    float S[LS_GDN_RPL][LS_GDN_CPW];
+    int vec = j0 + LS_GDN_CPW <= dv && dv % 4 == 0 && ((uintptr_t)Sh & 15u) == 0;
+#pragma unroll
+    for (int r = 0; r < LS_GDN_RPL; r++) {
+        long i = lane + (long)r * LS_WARP;
+        if (i < dk && vec) {
+            const float4 *src = (const float4 *)(Sh + i * dv + j0);
+            float4 a = src[0], b = src[1];
+            S[r][0] = a.x, S[r][1] = a.y, S[r][2] = a.z, S[r][3] = a.w;
+            S[r][4] = b.x, S[r][5] = b.y, S[r][6] = b.z, S[r][7] = b.w;
+        } else {
+#pragma unroll
+            for (int c = 0; c < LS_GDN_CPW; c++)
+                S[r][c] = i < dk && j0 + c < dv ? Sh[i * dv + j0 + c] : 0.0f;
+        }
+    }
+    ls_gdn_tok cur, nxt;
+    ls_gdn_load(&cur, q, k, v, alpha, beta, row0, h, kh, Hk, Hv, dk, dv, j0, lane);
+    for (long t = row0; t < row0 + T; t++) {
+        if (t + 1 < row0 + T)
+            ls_gdn_load(&nxt, q, k, v, alpha, beta, t + 1, h, kh, Hk, Hv, dk, dv, j0, lane);
+        /* S' = α S, then m_j = DOT32_i(S'[i][j], k_i). */
+        float p[LS_GDN_CPW];
+#pragma unroll
+        for (int c = 0; c < LS_GDN_CPW; c++) p[c] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < LS_GDN_RPL; r++) {
+            if (lane + r * LS_WARP < dk) {
+#pragma unroll
+                for (int c = 0; c < LS_GDN_CPW; c++) {
+                    float sp = cur.a * S[r][c];
+                    S[r][c] = sp;
+                    float prod = sp * cur.k[r];
+                    p[c] = p[c] + prod;
+                }
+            }
+        }
+        ls_gdn_tree8(p);
+        float u[LS_GDN_CPW];
+#pragma unroll
+        for (int c = 0; c < LS_GDN_CPW; c++) {
+            float diff = cur.v[c] - p[c];
+            u[c] = diff * cur.b;
+            p[c] = 0.0f;
+        }
+        /* S = S' + k ⊗ u, then o_j = act(DOT32_i(S[i][j], q_i)). */
+#pragma unroll
+        for (int r = 0; r < LS_GDN_RPL; r++) {
+            if (lane + r * LS_WARP < dk) {
+#pragma unroll
+                for (int c = 0; c < LS_GDN_CPW; c++) {
+                    float prod = cur.k[r] * u[c];
+                    float sn = S[r][c] + prod;
+                    S[r][c] = sn;
+                    float prod2 = sn * cur.q[r];
+                    p[c] = p[c] + prod2;
+                }
+            }
+        }
+        ls_gdn_tree8(p);
+        float *ot = o + (t * Hv + h) * dv + j0;
+#pragma unroll
+        for (int c = 0; c < LS_GDN_CPW; c++)
+            if (lane == c && j0 + c < dv) ot[c] = ls_act_d(p[c], act);
+        cur = nxt;
+    }
+#pragma unroll
+    for (int r = 0; r < LS_GDN_RPL; r++) {
+        long i = lane + (long)r * LS_WARP;
+        if (i < dk && vec) {
+            float4 *dst = (float4 *)(Sh + i * dv + j0);
+            dst[0] = make_float4(S[r][0], S[r][1], S[r][2], S[r][3]);
+            dst[1] = make_float4(S[r][4], S[r][5], S[r][6], S[r][7]);
+        } else {
+#pragma unroll
+            for (int c = 0; c < LS_GDN_CPW; c++)
+                if (i < dk && j0 + c < dv) Sh[i * dv + j0 + c] = S[r][c];
+        }
+    }
 }
 
 static ls_status gdn_check(long Hk, long Hv, long dk, long dv, int order, ls_error *err)
@@ -128,18 +173,10 @@ extern "C" ls_status ls_cuda_gdn_recurrent_batch(const float *q, const float *k,
     if (st != LS_OK) return st;
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
         long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK;
-        ls_gdn_seqs sq;
-        memset(&sq, 0, sizeof sq);
-        long any = 0;
-        for (long s = 0; s < n; s++) {
-            sq.row0[s] = row0[s0 + s];
-            sq.len[s] = len[s0 + s];
-            sq.state[s] = states[s0 + s];
-            if (sq.len[s] > 0) any = 1;
-        }
-        if (!any) continue;
-        dim3 grid(ls_blocks_for(dv, LS_GDN_COLS), (unsigned)Hv, (unsigned)n);
-        ls_gdn_recurrent_kernel<<<grid, LS_GDN_COLS, 0, (cudaStream_t)stream>>>(
+        ls_cuda_seqs sq;
+        if (ls_cuda_seqs_fill(&sq, states, row0, len, s0, n) <= 0) continue;
+        dim3 grid(ls_blocks_for(dv, LS_GDN_CPW * LS_GDN_WPB), (unsigned)Hv, (unsigned)n);
+        ls_gdn_recurrent_kernel<<<grid, LS_GDN_WPB * LS_WARP, 0, (cudaStream_t)stream>>>(
             q, k, v, alpha, beta, sq, o, Hk, Hv, dk, dv, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_gdn_recurrent_kernel", err);
     }

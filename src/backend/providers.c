@@ -40,13 +40,13 @@ static const ls_provider cpu_rows[] = {
  * reduction in the CPU's orders, so the reduction-order ids equal the CPU's.
  * Tile shapes are launch configurations (warps x lanes, or threads). */
 static const ls_provider cuda_rows[] = {
-    CUDA("linear", "ls_linear_kernel", "8warps-x-4tokens/block, warp per output row", "dot32-lanes32-butterfly"),
+    CUDA("linear", "ls_linear_kernel", "8warps-x-(1|4|8|16)tokens/block, warp per output row, 16-byte weight loads via shared memory", "dot32-lanes32-butterfly"),
     CUDA("rmsnorm", "ls_rmsnorm_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
     CUDA("gated_rmsnorm", "ls_gated_rmsnorm_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
     CUDA("conv_silu", "ls_conv_silu_kernel", "128threads/block, thread per channel", "sequential-taps"),
     CUDA("gdn_gates", "ls_gdn_gates_kernel", "256threads/block", "elementwise"),
     CUDA("l2norm", "ls_l2norm_scale_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
-    CUDA("gdn_recurrent", "ls_gdn_recurrent_kernel", "4warps x 8cols/block, lane = key row mod 32", "gdn-recurrent-dot32"),
+    CUDA("gdn_recurrent", "ls_gdn_recurrent_kernel", "4warps x 8cols/block, lane = key rows l+32r in registers", "gdn-recurrent-dot32"),
     CUDA("rope", "ls_rope_kernel", "256threads/block, thread per pair", "elementwise"),
     CUDA("attention", "ls_attention_kernel", "4warps/block, warp per (query, head), lane = key in block", "online-softmax-block32"),
     CUDA("router_softmax", "ls_router_softmax_topk_kernel", "warp per token", "dot32-max-exp-sum32"),
@@ -55,8 +55,8 @@ static const ls_provider cuda_rows[] = {
     CUDA("experts", "ls_moe_gate_up_kernel+ls_moe_down_kernel", "8warps/block, warp per (token, slot, row)", "dot32-lanes32-butterfly"),
     CUDA("combine", "ls_moe_combine_kernel", "256threads/block, thread per (token, column)", "sequential-topk-order"),
     CUDA("shared_expert", "ls_moe_gate_up_kernel+ls_moe_shared_gate_kernel+ls_moe_down_kernel", "8warps/block", "dot32-lanes32-butterfly"),
-    CUDA("lm_head", "ls_linear_kernel", "8warps-x-4tokens/block, warp per output row", "dot32-lanes32-butterfly"),
-    CUDA("logprobs", "ls_logprobs_kernel", "4warps/block, warp per row", "max-exp-sum32-log"),
+    CUDA("lm_head", "ls_linear_kernel", "8warps-x-(1|4|8|16)tokens/block, warp per output row, 16-byte weight loads via shared memory", "dot32-lanes32-butterfly"),
+    CUDA("logprobs", "ls_logprobs_kernel", "1024threads/block per row, exp tiles of 8192 in shared memory, warp 0 sums", "max-exp-sum32-log"),
     CUDA("digest", "ls_sha256_rows_kernel", "128threads/block, thread per row", "sha256-row-major"),
 };
 
