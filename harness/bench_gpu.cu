@@ -10,7 +10,8 @@
  * Every figure is a ratio of two times measured in this one run (median of
  * repeats, CUDA events, after warm-up):
  *   copy      device-to-device cudaMemcpy bandwidth (read + write bytes / time)
- *   decode    one step at batch 1 and 32 vs the bytes it must read / copy bandwidth
+ *   decode    one step at batch 1 and 32 vs the bytes it must read / copy bandwidth;
+ *             also the same step replayed as one CUDA graph (the launch cost)
  *   gdn_scan  strict recurrent GDN over 8192 tokens, one layer, vs FLA's 0.472 ms
  *   prefill   tokens/s of the layer stack, one call; replay in chunks
  *   digest    per decode step: default digest set, and with every-position
@@ -576,6 +577,25 @@ int main(int argc, char **argv)
             if (r >= 2) t[r - 2] = ms;
         }
         dec_ms[bi] = median(t, reps);
+        { /* the same step captured once as a CUDA graph: what the launches cost */
+            cudaGraph_t gr;
+            cudaGraphExec_t ge;
+            CU_(cudaStreamBeginCapture(m.st, cudaStreamCaptureModeThreadLocal));
+            forward(&m, B, 1, p0, act_bf16);
+            CU_(cudaStreamEndCapture(m.st, &gr));
+            CU_(cudaGraphInstantiate(&ge, gr, 0));
+            for (int r = 0; r < 2 + reps; r++) {
+                tstart(&tm, m.st);
+                CU_(cudaGraphLaunch(ge, m.st));
+                float ms = tstop(&tm, m.st);
+                if (r >= 2) t[r - 2] = ms;
+            }
+            float gms = median(t, reps);
+            printf("decode batch %d as one CUDA graph: %.3f ms/step (launched op by op: %.3f ms)\n", B, gms,
+                   dec_ms[bi]);
+            CU_(cudaGraphExecDestroy(ge));
+            CU_(cudaGraphDestroy(gr));
+        }
         if (breakdown) {
             g_prof = 1;
             for (int r = 0; r < reps; r++) {

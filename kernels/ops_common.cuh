@@ -159,72 +159,84 @@ __device__ __forceinline__ float ls_warp_dot(const float *a, const float *b, lon
 /* A warp forms, for one weight row w[0..n) and nt <= NT activation rows xs[t],
  * out[t] = DOT32(w, xs[t]) in the canonical order, reading the weights with
  * 16-byte loads: a chunk of 32 x 16 bytes (256 bf16 or 128 fp32 elements) is
- * loaded by lane L as elements 8L..8L+7 (bf16), staged through the warp's
- * shared buffer `wsm` (LS_ROWDOT_SMEM floats) as fp32, and lane l then takes
- * the chunk's elements k ≡ l (mod 32) in ascending order, exactly the scalar
- * loop's adds. Up to LS_ROWDOT_CHUNKS chunks are loaded before the first add.
- * The vector path needs a 16-byte aligned row; otherwise, and for the tail
- * after the last whole chunk, elements are read one by one in the same order.
- * Every lane gets every out[t]. */
-#define LS_ROWDOT_CHUNKS 4
-#define LS_ROWDOT_SMEM (LS_ROWDOT_CHUNKS * 256)
+ * loaded by lane L as elements per·L .. per·L+per−1, staged through the warp's
+ * shared buffer `wsm` (LS_ROWDOT_SMEM(NT) floats) as fp32, and lane l then
+ * takes the chunk's elements k ≡ l (mod 32) in ascending order, exactly the
+ * scalar loop's adds. A group of LS_ROWDOT_CH(NT) chunks — their weights and
+ * the activations they meet — is loaded before the first add. The vector path
+ * needs a 16-byte aligned row; otherwise, and for the tail after the last
+ * whole chunk, elements are read one by one in the same order. Every lane
+ * gets every out[t]. NT <= 8. */
+#define LS_ROWDOT_CH(NT) ((NT) == 1 ? 4 : (NT) <= 4 ? 2 : 1)
+#define LS_ROWDOT_SMEM(NT) (LS_ROWDOT_CH(NT) * 256)
 
-template <int NT>
-__device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long n,
-                                               const float *const *xs, int nt, float *wsm,
-                                               float *out)
+template <int NT, int BF16>
+__device__ __forceinline__ void ls_warp_rowdot_t(const void *row, long n, const float *const *xs,
+                                                 int nt, float *wsm, float *out)
 {
+    constexpr int CH = LS_ROWDOT_CH(NT);
+    constexpr int PER = BF16 ? 8 : 4; /* elements per 16 bytes */
+    constexpr int ESZ = BF16 ? 2 : 4;
+    const long chunk = (long)PER * LS_WARP;
     int lane = (int)(threadIdx.x & 31u);
     float p[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) p[t] = 0.0f;
-    int per = wtype == LS_WTYPE_BF16_ID ? 8 : 4; /* elements per 16 bytes */
-    long chunk = (long)per * LS_WARP;
     long whole = ((uintptr_t)row & 15u) == 0 ? n / chunk : 0;
     long k_done = 0;
-    for (long c0 = 0; c0 < whole; c0 += LS_ROWDOT_CHUNKS) {
-        int nc = whole - c0 < LS_ROWDOT_CHUNKS ? (int)(whole - c0) : LS_ROWDOT_CHUNKS;
-        uint4 raw[LS_ROWDOT_CHUNKS];
-        const uint4 *src = (const uint4 *)((const uint8_t *)row + (size_t)c0 * chunk *
-                                           ls_welem_bytes(wtype));
+    for (long c0 = 0; c0 < whole; c0 += CH) {
+        int nc = whole - c0 < CH ? (int)(whole - c0) : CH;
+        uint4 raw[CH];
+        float xv[CH][PER][NT];
+        const uint4 *src = (const uint4 *)((const uint8_t *)row + (size_t)c0 * chunk * ESZ);
+        long kb = c0 * chunk + lane;
 #pragma unroll
-        for (int c = 0; c < LS_ROWDOT_CHUNKS; c++)
-            if (c < nc) raw[c] = src[(long)c * LS_WARP + lane];
+        for (int c = 0; c < CH; c++)
+            if (c < nc) {
+                raw[c] = src[(long)c * LS_WARP + lane];
+#pragma unroll
+                for (int m = 0; m < PER; m++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+                        xv[c][m][t] = t < nt ? xs[t][kb + c * chunk + m * LS_WARP] : 0.0f;
+            }
         __syncwarp();
 #pragma unroll
-        for (int c = 0; c < LS_ROWDOT_CHUNKS; c++) {
-            if (c >= nc) break;
-            float *dst = wsm + c * 256 + lane * per;
-            uint32_t u[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
-            if (per == 8) {
+        for (int c = 0; c < CH; c++) {
+            if (c < nc) {
+                float *dst = wsm + c * 256 + lane * PER;
+                uint32_t u[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    dst[2 * i] = ls_bf16_to_f32((uint16_t)(u[i] & 0xffffu));
-                    dst[2 * i + 1] = ls_bf16_to_f32((uint16_t)(u[i] >> 16));
+                    if (BF16) {
+                        dst[2 * i] = ls_bf16_to_f32((uint16_t)(u[i] & 0xffffu));
+                        dst[2 * i + 1] = ls_bf16_to_f32((uint16_t)(u[i] >> 16));
+                    } else {
+                        dst[i] = ls_f32_from_bits(u[i]);
+                    }
                 }
-            } else {
-#pragma unroll
-                for (int i = 0; i < 4; i++) dst[i] = ls_f32_from_bits(u[i]);
             }
         }
         __syncwarp();
-        for (int c = 0; c < nc; c++) {
-            long kb = (c0 + c) * chunk;
-            for (int m = 0; m < per; m++) {
-                float w = wsm[c * 256 + m * LS_WARP + lane];
-                long k = kb + (long)m * LS_WARP + lane;
 #pragma unroll
-                for (int t = 0; t < NT; t++)
-                    if (t < nt) {
-                        float prod = w * xs[t][k];
-                        p[t] = p[t] + prod;
-                    }
+        for (int c = 0; c < CH; c++) {
+            if (c < nc) {
+#pragma unroll
+                for (int m = 0; m < PER; m++) {
+                    float w = wsm[c * 256 + m * LS_WARP + lane];
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+                        if (t < nt) {
+                            float prod = w * xv[c][m][t];
+                            p[t] = p[t] + prod;
+                        }
+                }
             }
         }
         k_done = (c0 + nc) * chunk;
     }
     for (long k = k_done + lane; k < n; k += LS_WARP) {
-        float w = ls_wload(row, wtype, k);
+        float w = BF16 ? ls_bf16_to_f32(((const uint16_t *)row)[k]) : ((const float *)row)[k];
 #pragma unroll
         for (int t = 0; t < NT; t++)
             if (t < nt) {
@@ -234,6 +246,15 @@ __device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long 
     }
 #pragma unroll
     for (int t = 0; t < NT; t++) out[t] = ls_warp_tree(p[t]);
+}
+
+template <int NT>
+__device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long n,
+                                               const float *const *xs, int nt, float *wsm,
+                                               float *out)
+{
+    if (wtype == LS_WTYPE_BF16_ID) ls_warp_rowdot_t<NT, 1>(row, n, xs, nt, wsm, out);
+    else ls_warp_rowdot_t<NT, 0>(row, n, xs, nt, wsm, out);
 }
 
 /* (a, ia) precedes (b, ib) in the order "value descending, index ascending". */

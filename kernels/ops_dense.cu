@@ -35,7 +35,7 @@ extern "C" ls_status ls_cuda_embed(const void *emb, int wtype, long V, long D,
 
 #define LS_LIN_WARPS 8 /* output rows per block, one warp each */
 
-/* grid (ceil(out / 8), ceil(T / NT)): warp = one output row o for NT tokens;
+/* grid (ceil(out / 8), ceil(T / NT)), NT = 1, 4 or 8: warp = one output row o for NT tokens;
  * ls_warp_rowdot reads the row once (16-byte loads) and forms each token's
  * LS_DOT32 in the canonical order. NT only sets how many tokens share a weight
  * load; no token's bits depend on it. */
@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(LS_LIN_WARPS * LS_WARP)
 ls_linear_kernel(const void *w, int wtype, long out, long in, const float *x, float *y, long T,
                  int act)
 {
-    __shared__ float wsm[LS_LIN_WARPS][LS_ROWDOT_SMEM];
+    __shared__ float wsm[LS_LIN_WARPS][LS_ROWDOT_SMEM(NT)];
     int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     long o = (long)blockIdx.x * LS_LIN_WARPS + warp;
     long t0 = (long)blockIdx.y * NT;
@@ -86,8 +86,7 @@ extern "C" ls_status ls_cuda_linear(const void *w, int wtype, long out, long in,
     cudaStream_t s = (cudaStream_t)stream;
     if (T == 1) return linear_launch<1>(w, wtype, out, in, x, y, T, act_bf16, s, err);
     if (T <= 4) return linear_launch<4>(w, wtype, out, in, x, y, T, act_bf16, s, err);
-    if (T <= 8) return linear_launch<8>(w, wtype, out, in, x, y, T, act_bf16, s, err);
-    return linear_launch<16>(w, wtype, out, in, x, y, T, act_bf16, s, err);
+    return linear_launch<8>(w, wtype, out, in, x, y, T, act_bf16, s, err);
 }
 
 /* ---- norms -------------------------------------------------------------------- */

@@ -40,7 +40,7 @@ static const ls_provider cpu_rows[] = {
  * reduction in the CPU's orders, so the reduction-order ids equal the CPU's.
  * Tile shapes are launch configurations (warps x lanes, or threads). */
 static const ls_provider cuda_rows[] = {
-    CUDA("linear", "ls_linear_kernel", "8warps-x-(1|4|8|16)tokens/block, warp per output row, 16-byte weight loads via shared memory", "dot32-lanes32-butterfly"),
+    CUDA("linear", "ls_linear_kernel", "8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads via shared memory", "dot32-lanes32-butterfly"),
     CUDA("rmsnorm", "ls_rmsnorm_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
     CUDA("gated_rmsnorm", "ls_gated_rmsnorm_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
     CUDA("conv_silu", "ls_conv_silu_kernel", "128threads/block, thread per channel", "sequential-taps"),
@@ -55,7 +55,7 @@ static const ls_provider cuda_rows[] = {
     CUDA("experts", "ls_moe_gate_up_kernel+ls_moe_down_kernel", "8warps/block, warp per (token, slot, row)", "dot32-lanes32-butterfly"),
     CUDA("combine", "ls_moe_combine_kernel", "256threads/block, thread per (token, column)", "sequential-topk-order"),
     CUDA("shared_expert", "ls_moe_gate_up_kernel+ls_moe_shared_gate_kernel+ls_moe_down_kernel", "8warps/block", "dot32-lanes32-butterfly"),
-    CUDA("lm_head", "ls_linear_kernel", "8warps-x-(1|4|8|16)tokens/block, warp per output row, 16-byte weight loads via shared memory", "dot32-lanes32-butterfly"),
+    CUDA("lm_head", "ls_linear_kernel", "8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads via shared memory", "dot32-lanes32-butterfly"),
     CUDA("logprobs", "ls_logprobs_kernel", "1024threads/block per row, exp tiles of 8192 in shared memory, warp 0 sums", "max-exp-sum32-log"),
     CUDA("digest", "ls_sha256_rows_kernel", "128threads/block, thread per row", "sha256-row-major"),
 };
