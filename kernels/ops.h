@@ -162,9 +162,11 @@ typedef struct ls_cuda_moe {
 /* Scratch the MoE needs for T tokens (bytes of device memory). */
 size_t ls_cuda_moe_scratch_bytes(const ls_cuda_moe *mw, long T, long k);
 
-/* Routed experts + combine + gated shared expert (ls_cpu_moe): each
- * (token, slot) computed by its own warps, independent of which other tokens
- * chose the expert; combine a sequential fp32 sum in top-k order. */
+/* Routed experts + combine + gated shared expert (ls_cpu_moe): pairs are
+ * grouped by expert so that its weights are read once per call, each pair's
+ * dots still the canonical DOT32 of its own activations, so a token's output
+ * does not depend on which other tokens chose the expert; combine a
+ * sequential fp32 sum in top-k order. T k must fit int32. */
 ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x /* [T, D] */,
                               const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,
                               long k, float *out /* [T, D] */, long T, void *scratch,

@@ -1,7 +1,10 @@
 /* lockstep — portable strict router and MoE (see ops.h, docs/numerics.md §3,
- * DESIGN rule 8). Every (token, slot) pair is computed by its own warps with
- * the same order whatever other tokens chose, so a token's output does not
- * depend on the batch; the combine is a sequential fp32 sum in top-k order. */
+ * DESIGN rule 8). The (token, slot) pairs are grouped by expert so that an
+ * expert's weights are read once per call, but every pair's dot products are
+ * still the canonical warp DOT32 of the same weight row against that pair's
+ * own activations: sharing the weight load changes no operand and no order,
+ * so a token's output does not depend on which other tokens chose the same
+ * expert; the combine is a sequential fp32 sum in top-k order. */
 #include "ops.h"
 #include "ops_common.cuh"
 
@@ -60,19 +63,38 @@ extern "C" ls_status ls_cuda_router(const void *w, int wtype, long E, long D, co
 
 /* ---- experts ------------------------------------------------------------------ */
 
-/* Scratch layout for T tokens, k routed slots plus the shared slot (index k):
- *   mid   [T, k+1, W]   W = max(I, Is): act(act(silu(g)) · u)
- *   c     [T, k+1, D]   slot outputs (c_i = act(y·w_i); shared: act(γ·y))
- *   gamma [T]           act(sigmoid(act(w_sg · x))) */
+#define LS_MOE_NT 8    /* pairs per weight-row pass (ls_warp_rowdot) */
+#define LS_MOE_TILE 64 /* most pairs per block: bounds a block's work so that a
+                          popular expert or the shared one does not leave a
+                          tail of a few long blocks */
+
+/* Scratch layout for T tokens, k routed slots plus the shared slot (index k),
+ * P = T k routed pairs (pair p = t k + slot), tiles = min(E, P) + P / TILE:
+ *   mid     [T, k+1, W]  W = max(I, Is): act(act(silu(g)) · u)
+ *   c       [T, k+1, D]  slot outputs (c_i = act(y·w_i); shared: act(γ·y))
+ *   gamma   [T]          act(sigmoid(act(w_sg · x)))
+ *   count   [E]   int32  pairs per expert
+ *   pairs   [P]   int32  pair indices grouped by expert, ascending within one
+ *   tile    [3, tiles]   int32 per tile: expert, first entry in pairs, pairs
+ *   ntiles  [1]   int32  tiles in use */
 static size_t ls_moe_width(const ls_cuda_moe *mw)
 {
     return (size_t)(mw->I > mw->Is ? mw->I : mw->Is);
 }
 
+static size_t ls_moe_max_tiles(long E, long P)
+{
+    /* Σ_e ceil(c_e / TILE) <= #active + Σ_e floor((c_e − 1) / TILE) <= min(E, P) + P / TILE */
+    return (size_t)((E < P ? E : P) + P / LS_MOE_TILE);
+}
+
 extern "C" size_t ls_cuda_moe_scratch_bytes(const ls_cuda_moe *mw, long T, long k)
 {
     size_t slots = (size_t)T * (size_t)(k + 1);
-    return sizeof(float) * (slots * ls_moe_width(mw) + slots * (size_t)mw->D + (size_t)T);
+    size_t P = (size_t)T * (size_t)k;
+    size_t floats = slots * ls_moe_width(mw) + slots * (size_t)mw->D + (size_t)T;
+    size_t ints = (size_t)mw->E + P + 3 * ls_moe_max_tiles(mw->E, (long)P) + 1;
+    return sizeof(float) * floats + sizeof(int32_t) * ints;
 }
 
 /* Row pointer of matrix `which` (0 gate, 1 up, 2 down) for a slot. */
@@ -83,28 +105,183 @@ __device__ __forceinline__ const void *ls_moe_matrix(const ls_cuda_moe mw, long 
     return which == 0 ? mw.gate[e] : which == 1 ? mw.up[e] : mw.down[e];
 }
 
-/* grid (ceil(W / 8), T * (k+1)): warp per (token, slot, hidden unit i). */
-__global__ void ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const int32_t *ids,
-                                      long k, long W, float *mid, int act)
+/* Grouping. Integer counts and positions only, each found by a warp scanning
+ * the ids in pair order, so the lists are the same on every run; ids outside
+ * [0, E) belong to no expert (their slots are settled in the combine). */
+
+/* grid ceil(E / 8): warp per expert e, count[e] = #{p : ids[p] == e}. */
+__global__ void ls_moe_count_kernel(const int32_t *ids, long P, long E, int32_t *count)
 {
-    long ts = blockIdx.y;
-    long t = ts / (k + 1), slot = ts % (k + 1);
-    int shared = slot == k;
-    if (shared && mw.sh_gate == NULL) return;
+    long e = (long)blockIdx.x * LS_MOE_WARPS + (threadIdx.x >> 5);
+    int lane = (int)(threadIdx.x & 31u);
+    if (e >= E) return; /* whole warp */
+    int n = 0;
+    for (long p0 = 0; p0 < P; p0 += LS_WARP) {
+        long p = p0 + lane;
+        int hit = p < P && ids[p] == e;
+        n += __popc(__ballot_sync(LS_FULL_MASK, hit));
+    }
+    if (lane == 0) count[e] = n;
+}
+
+/* grid ceil(E / 8): warp per expert e. Its pairs go, ascending, to
+ * pairs[off_e ..), off_e = Σ_{e' < e} count[e']; its tiles (runs of at most
+ * TILE pairs) follow those of the experts before it. */
+__global__ void ls_moe_group_kernel(const int32_t *ids, long P, long E, const int32_t *count,
+                                    int32_t *pairs, int32_t *tile_e, int32_t *tile_p0,
+                                    int32_t *tile_n, int32_t *ntiles)
+{
+    long e = (long)blockIdx.x * LS_MOE_WARPS + (threadIdx.x >> 5);
+    int lane = (int)(threadIdx.x & 31u);
+    if (e >= E) return; /* whole warp */
+    int off = 0, tiles0 = 0;
+    for (long e2 = lane; e2 < e; e2 += LS_WARP) {
+        int c2 = count[e2];
+        off += c2;
+        tiles0 += (c2 + LS_MOE_TILE - 1) / LS_MOE_TILE;
+    }
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        off += __shfl_xor_sync(LS_FULL_MASK, off, s);
+        tiles0 += __shfl_xor_sync(LS_FULL_MASK, tiles0, s);
+    }
+    int c = count[e];
+    int ntile = (c + LS_MOE_TILE - 1) / LS_MOE_TILE;
+    if (c > 0) {
+        int pos = off;
+        unsigned below = (1u << lane) - 1u;
+        for (long p0 = 0; p0 < P; p0 += LS_WARP) {
+            long p = p0 + lane;
+            int hit = p < P && ids[p] == e;
+            unsigned m = __ballot_sync(LS_FULL_MASK, hit);
+            if (hit) pairs[pos + __popc(m & below)] = (int32_t)p;
+            pos += __popc(m);
+        }
+        for (int q = lane; q < ntile; q += LS_WARP) {
+            tile_e[tiles0 + q] = (int32_t)e;
+            tile_p0[tiles0 + q] = off + q * LS_MOE_TILE;
+            tile_n[tiles0 + q] = c - q * LS_MOE_TILE < LS_MOE_TILE ? c - q * LS_MOE_TILE
+                                                                   : LS_MOE_TILE;
+        }
+    }
+    if (e == E - 1 && lane == 0) *ntiles = tiles0 + ntile;
+}
+
+/* The tiles of one launch: blockIdx.y < sh_tiles is a run of tokens through
+ * the shared expert, then the routed tiles of the grouping (blocks past
+ * *ntiles return). */
+typedef struct ls_moe_tiles {
+    const int32_t *pairs;  /* [P] */
+    const int32_t *tile_e; /* [tiles] */
+    const int32_t *tile_p0;
+    const int32_t *tile_n;
+    const int32_t *ntiles; /* [1] */
+    long T, k, sh_tiles;
+} ls_moe_tiles;
+
+/* This block's tile: 0 when it has none; else *shared, expert *e and, for
+ * its pairs q < *n, ls_moe_pair gives token and slot. */
+__device__ __forceinline__ int ls_moe_tile_of(const ls_moe_tiles tl, int *shared, long *e,
+                                              long *p0, int *n)
+{
+    long y = blockIdx.y;
+    if (y < tl.sh_tiles) {
+        *shared = 1;
+        *e = 0;
+        *p0 = y * LS_MOE_TILE;
+        *n = tl.T - *p0 < LS_MOE_TILE ? (int)(tl.T - *p0) : LS_MOE_TILE;
+        return 1;
+    }
+    long r = y - tl.sh_tiles;
+    if (r >= *tl.ntiles) return 0;
+    *shared = 0;
+    *e = tl.tile_e[r];
+    *p0 = tl.tile_p0[r];
+    *n = tl.tile_n[r];
+    return 1;
+}
+
+/* Token and slot of pair q of the tile: shared tiles are runs of tokens (slot
+ * k), routed ones entries of the pair list (p = t k + slot). */
+__device__ __forceinline__ void ls_moe_pair(const ls_moe_tiles tl, int shared, long p0, long q,
+                                            long *t, long *slot)
+{
+    if (shared) {
+        *t = p0 + q;
+        *slot = tl.k;
+        return;
+    }
+    long p = tl.pairs[p0 + q];
+    *t = p / tl.k;
+    *slot = p % tl.k;
+}
+
+/* Pairs q0 .. q0+nt-1 of a tile (nt <= NT) through gate and up row i. */
+template <int NT>
+__device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const float *x,
+                                                    const ls_moe_tiles &tl, int shared, long p0,
+                                                    int q0, int nt, const uint8_t *wg,
+                                                    const uint8_t *wu, long i, long W, float *mid,
+                                                    float *wsm, int act)
+{
+    int lane = (int)(threadIdx.x & 31u);
+    const float *xs[NT]; /* [D] each */
+#pragma unroll
+    for (int q = 0; q < NT; q++) {
+        long t = 0, slot = 0;
+        if (q < nt) ls_moe_pair(tl, shared, p0, q0 + q, &t, &slot);
+        xs[q] = x + t * mw.D;
+    }
+    float g[NT], u[NT];
+    ls_warp_rowdot<NT>(wg, mw.wtype, mw.D, xs, nt, wsm, g);
+    ls_warp_rowdot<NT>(wu, mw.wtype, mw.D, xs, nt, wsm, u);
+    if (lane < nt) { /* lane q finishes pair q */
+        float gq = g[0], uq = u[0];
+#pragma unroll
+        for (int q = 1; q < NT; q++)
+            if (lane == q) {
+                gq = g[q];
+                uq = u[q];
+            }
+        long t, slot;
+        ls_moe_pair(tl, shared, p0, q0 + lane, &t, &slot);
+        gq = ls_act_d(gq, act);
+        uq = ls_act_d(uq, act);
+        float sg = ls_act_d(ls_siluf(gq), act);
+        mid[(t * (tl.k + 1) + slot) * W + i] = ls_act_d(sg * uq, act);
+    }
+}
+
+/* Shared memory per warp: enough for the one-pair pass and the LS_MOE_NT one. */
+#define LS_MOE_WSM (LS_ROWDOT_SMEM(1) > LS_ROWDOT_SMEM(LS_MOE_NT) ? LS_ROWDOT_SMEM(1) \
+                                                                   : LS_ROWDOT_SMEM(LS_MOE_NT))
+
+/* grid (ceil(W / 8), tiles): warp per (tile, hidden unit i); the gate and up
+ * rows i are each read once per LS_MOE_NT pairs (a tile of one pair, the
+ * common case in decode, takes the one-token pass with more loads in flight). */
+__global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
+ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
+                      float *mid, int act)
+{
+    __shared__ float wsm[LS_MOE_WARPS][LS_MOE_WSM];
+    int shared, n;
+    long e, p0;
+    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
     long width = shared ? mw.Is : mw.I;
-    long i = (long)blockIdx.x * LS_MOE_WARPS + (threadIdx.x >> 5);
+    int warp = (int)(threadIdx.x >> 5);
+    long i = (long)blockIdx.x * LS_MOE_WARPS + warp;
     if (i >= width) return; /* whole warp */
-    long e = shared ? 0 : ids[t * k + slot];
-    if (!shared && (e < 0 || e >= mw.E)) return;
     size_t rowb = (size_t)mw.D * ls_welem_bytes(mw.wtype);
     const uint8_t *wg = (const uint8_t *)ls_moe_matrix(mw, e, shared, 0) + (size_t)i * rowb;
     const uint8_t *wu = (const uint8_t *)ls_moe_matrix(mw, e, shared, 1) + (size_t)i * rowb;
-    const float *xt = x + t * mw.D; /* [D] */
-    float g = ls_act_d(ls_warp_dot_w(wg, mw.wtype, xt, mw.D), act);
-    float u = ls_act_d(ls_warp_dot_w(wu, mw.wtype, xt, mw.D), act);
-    if ((threadIdx.x & 31u) == 0) {
-        float sg = ls_act_d(ls_siluf(g), act);
-        mid[ts * W + i] = ls_act_d(sg * u, act);
+    if (n == 1) {
+        ls_moe_gate_up_pass<1>(mw, x, tl, shared, p0, 0, 1, wg, wu, i, W, mid, wsm[warp], act);
+        return;
+    }
+    for (int q0 = 0; q0 < n; q0 += LS_MOE_NT) {
+        int nt = n - q0 < LS_MOE_NT ? n - q0 : LS_MOE_NT;
+        ls_moe_gate_up_pass<LS_MOE_NT>(mw, x, tl, shared, p0, q0, nt, wg, wu, i, W, mid,
+                                       wsm[warp], act);
     }
 }
 
@@ -118,42 +295,90 @@ __global__ void ls_moe_shared_gate_kernel(const ls_cuda_moe mw, const float *x, 
     if (threadIdx.x == 0) gamma[t] = ls_act_d(ls_sigmoidf(gl), act);
 }
 
-/* grid (ceil(D / 8), T * (k+1)): warp per (token, slot, output j). */
-__global__ void ls_moe_down_kernel(const ls_cuda_moe mw, const int32_t *ids, const float *weights,
-                                   long k, long W, const float *mid, const float *gamma, float *cbuf,
-                                   int act)
+/* Pairs q0 .. q0+nt-1 of a tile (nt <= NT) through down row j. */
+template <int NT>
+__device__ __forceinline__ void ls_moe_down_pass(const ls_cuda_moe &mw, const ls_moe_tiles &tl,
+                                                 int shared, long p0, int q0, int nt,
+                                                 const uint8_t *wd, long width, long j,
+                                                 const float *weights, long W, const float *mid,
+                                                 const float *gamma, float *cbuf, float *wsm,
+                                                 int act)
 {
-    long ts = blockIdx.y;
-    long t = ts / (k + 1), slot = ts % (k + 1);
-    int shared = slot == k;
-    if (shared && mw.sh_gate == NULL) return;
-    long width = shared ? mw.Is : mw.I;
-    long j = (long)blockIdx.x * LS_MOE_WARPS + (threadIdx.x >> 5);
-    if (j >= mw.D) return; /* whole warp */
-    long e = shared ? 0 : ids[t * k + slot];
-    float y = 0.0f;
-    if (shared || (e >= 0 && e < mw.E)) {
-        const uint8_t *wd = (const uint8_t *)ls_moe_matrix(mw, e, shared, 2) +
-                            (size_t)j * width * ls_welem_bytes(mw.wtype);
-        y = ls_act_d(ls_warp_dot_w(wd, mw.wtype, mid + ts * W, width), act);
+    int lane = (int)(threadIdx.x & 31u);
+    const float *ms[NT]; /* [width] each */
+#pragma unroll
+    for (int q = 0; q < NT; q++) {
+        long t = 0, slot = 0;
+        if (q < nt) ls_moe_pair(tl, shared, p0, q0 + q, &t, &slot);
+        ms[q] = mid + (t * (tl.k + 1) + slot) * W;
     }
-    if ((threadIdx.x & 31u) == 0) {
-        float c = shared ? ls_act_d(gamma[t] * y, act) : ls_act_d(y * weights[t * k + slot], act);
-        cbuf[ts * mw.D + j] = c;
+    float y[NT];
+    ls_warp_rowdot<NT>(wd, mw.wtype, width, ms, nt, wsm, y);
+    if (lane < nt) { /* lane q finishes pair q */
+        float yq = y[0];
+#pragma unroll
+        for (int q = 1; q < NT; q++)
+            if (lane == q) yq = y[q];
+        long t, slot;
+        ls_moe_pair(tl, shared, p0, q0 + lane, &t, &slot);
+        yq = ls_act_d(yq, act);
+        float c = shared ? ls_act_d(gamma[t] * yq, act)
+                         : ls_act_d(yq * weights[t * tl.k + slot], act);
+        cbuf[(t * (tl.k + 1) + slot) * mw.D + j] = c;
+    }
+}
+
+/* grid (ceil(D / 8), tiles): warp per (tile, output j); the down row j is read
+ * once per LS_MOE_NT pairs (one-pair tiles as in the gate/up kernel). */
+__global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
+ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
+                   const float *mid, const float *gamma, float *cbuf, int act)
+{
+    __shared__ float wsm[LS_MOE_WARPS][LS_MOE_WSM];
+    int shared, n;
+    long e, p0;
+    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
+    long width = shared ? mw.Is : mw.I;
+    int warp = (int)(threadIdx.x >> 5);
+    long j = (long)blockIdx.x * LS_MOE_WARPS + warp;
+    if (j >= mw.D) return; /* whole warp */
+    const uint8_t *wd = (const uint8_t *)ls_moe_matrix(mw, e, shared, 2) +
+                        (size_t)j * width * ls_welem_bytes(mw.wtype);
+    if (n == 1) {
+        ls_moe_down_pass<1>(mw, tl, shared, p0, 0, 1, wd, width, j, weights, W, mid, gamma, cbuf,
+                            wsm[warp], act);
+        return;
+    }
+    for (int q0 = 0; q0 < n; q0 += LS_MOE_NT) {
+        int nt = n - q0 < LS_MOE_NT ? n - q0 : LS_MOE_NT;
+        ls_moe_down_pass<LS_MOE_NT>(mw, tl, shared, p0, q0, nt, wd, width, j, weights, W, mid,
+                                    gamma, cbuf, wsm[warp], act);
     }
 }
 
 /* One thread per (token, j): routed = act(Σ_i c_i) in top-k order from +0,
- * out = act(routed + shared). */
-__global__ void ls_moe_combine_kernel(const float *cbuf, long T, long k, long D, int has_shared,
-                                      float *out, int act)
+ * out = act(routed + shared). A slot whose id is outside [0, E) has y = 0,
+ * so c_i = act(0 · w_i); it is in no tile, so it is formed here. */
+__global__ void ls_moe_combine_kernel(const float *cbuf, const int32_t *ids, const float *weights,
+                                      long E, long T, long k, long D, int has_shared, float *out,
+                                      int act)
 {
     long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= T * D) return;
     long t = e / D, j = e % D;
     const float *c = cbuf + t * (k + 1) * D; /* [k+1, D] */
     float s = 0.0f;
-    for (long i = 0; i < k; i++) s = s + c[i * D + j];
+    for (long i = 0; i < k; i++) {
+        long id = ids[t * k + i];
+        float ci;
+        if (id >= 0 && id < E) {
+            ci = c[i * D + j];
+        } else {
+            float y = 0.0f;
+            ci = ls_act_d(y * weights[t * k + i], act);
+        }
+        s = s + ci;
+    }
     float routed = ls_act_d(s, act);
     out[e] = has_shared ? ls_act_d(routed + c[k * D + j], act) : routed;
 }
@@ -166,32 +391,50 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
     LS_REQUIRE_CANONICAL(order_experts, err, "moe (experts)");
     LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
     LS_REQUIRE_WTYPE(mw->wtype, err, "moe");
-    LS_CUDA_REQUIRE(k >= 1 && mw->D >= 1 && mw->I >= 1 && (mw->sh_gate == NULL || mw->Is >= 1),
+    LS_CUDA_REQUIRE(k >= 1 && mw->E >= 1 && mw->D >= 1 && mw->I >= 1 &&
+                        (mw->sh_gate == NULL || mw->Is >= 1),
                     err, "cuda portable moe: shape E %ld D %ld I %ld Is %ld k %ld not supported",
                     mw->E, mw->D, mw->I, mw->Is, k);
     if (T <= 0) return LS_OK;
+    long P = T * k;
+    long sh_tiles = mw->sh_gate ? (T + LS_MOE_TILE - 1) / LS_MOE_TILE : 0;
+    long max_tiles = (long)ls_moe_max_tiles(mw->E, P);
+    LS_CUDA_REQUIRE(P <= INT32_MAX && sh_tiles + max_tiles <= 65535, err,
+                    "cuda portable moe: T %ld x k %ld pairs over E %ld experts exceed one launch; "
+                    "call with fewer tokens", T, k, mw->E);
     long slots = T * (k + 1);
-    LS_CUDA_REQUIRE(slots <= 65535, err,
-                    "cuda portable moe: T %ld x (k %ld + 1) slots exceed one launch (65535); "
-                    "call with fewer tokens", T, k);
     long W = (long)ls_moe_width(mw);
     float *mid = (float *)scratch;                 /* [T, k+1, W] */
     float *cbuf = mid + (size_t)slots * W;         /* [T, k+1, D] */
     float *gamma = cbuf + (size_t)slots * mw->D;   /* [T] */
+    int32_t *count = (int32_t *)(gamma + T);       /* [E] */
+    int32_t *pairs = count + mw->E;                /* [P] */
+    int32_t *tile_e = pairs + P;                   /* [max_tiles] */
+    int32_t *tile_p0 = tile_e + max_tiles;         /* [max_tiles] */
+    int32_t *tile_n = tile_p0 + max_tiles;         /* [max_tiles] */
+    int32_t *ntiles = tile_n + max_tiles;          /* [1] */
     cudaStream_t s = (cudaStream_t)stream;
-    dim3 g1(ls_blocks_for(W, LS_MOE_WARPS), (unsigned)slots);
-    ls_moe_gate_up_kernel<<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, ids, k, W, mid, act_bf16);
+    unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
+    ls_moe_count_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_count_kernel", err);
+    ls_moe_group_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count, pairs, tile_e,
+                                                               tile_p0, tile_n, ntiles);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
+    ls_moe_tiles tl = {pairs, tile_e, tile_p0, tile_n, ntiles, T, k, sh_tiles};
+    unsigned gy = (unsigned)(sh_tiles + max_tiles);
+    dim3 g1(ls_blocks_for(W, LS_MOE_WARPS), gy);
+    ls_moe_gate_up_kernel<<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_kernel", err);
     if (mw->sh_gate) {
         ls_moe_shared_gate_kernel<<<(unsigned)T, LS_WARP, 0, s>>>(*mw, x, T, gamma, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     }
-    dim3 g2(ls_blocks_for(mw->D, LS_MOE_WARPS), (unsigned)slots);
-    ls_moe_down_kernel<<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, ids, weights, k, W, mid, gamma,
-                                                              cbuf, act_bf16);
+    dim3 g2(ls_blocks_for(mw->D, LS_MOE_WARPS), gy);
+    ls_moe_down_kernel<<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma, cbuf,
+                                                              act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_down_kernel", err);
     ls_moe_combine_kernel<<<ls_blocks_for(T * mw->D, 256), 256, 0, s>>>(
-        cbuf, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
+        cbuf, ids, weights, mw->E, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
     return LS_OK;
 }
