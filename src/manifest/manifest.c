@@ -465,6 +465,7 @@ static const char *const informational_paths[] = {
     "runtime.gpu.uuid",         /* which board, not which kind */
     "runtime.gpu.memory_bytes",
     "runtime.gpu.device_count",
+    "runtime.gpu.kernel_driver", /* kernels are built ahead of time (sm_90 code in the binary) */
     NULL};
 
 static int path_under(const char *path, const char *prefix)

@@ -69,16 +69,43 @@ static void read_cpuinfo(char *model, size_t model_len, json_t *flags)
     fclose(f);
 }
 
+/* The NVIDIA kernel driver's release ("580.159.04"), from the first line of
+ * /proc/driver/nvidia/version ("NVRM version: NVIDIA UNIX x86_64 Kernel Module
+ * 580.159.04  <date>"); "" where that file is absent or says something else.
+ * cudaDriverGetVersion only gives the CUDA API level the driver supports. */
+static void kernel_driver_release(char *out, size_t cap)
+{
+    out[0] = '\0';
+    FILE *f = fopen("/proc/driver/nvidia/version", "r");
+    if (!f) return;
+    char line[512];
+    if (fgets(line, sizeof line, f)) {
+        const char *key = "Kernel Module";
+        char *p = strstr(line, key);
+        if (p) {
+            p += strlen(key);
+            while (*p == ' ' || *p == '\t') p++;
+            size_t n = strspn(p, "0123456789.");
+            if (n > 0 && n < cap) {
+                memcpy(out, p, n);
+                out[n] = '\0';
+            }
+        }
+    }
+    fclose(f);
+}
+
 static json_t *gpu_json(const ls_gpu_info *g)
 {
-    char cc[16];
+    char cc[16], release[64];
     snprintf(cc, sizeof cc, "%d.%d", g->cc_major, g->cc_minor);
-    return json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:i, s:i, s:i, s:i}", "name", g->name,
+    kernel_driver_release(release, sizeof release);
+    return json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:i, s:s, s:i, s:i, s:i}", "name", g->name,
                      "uuid", g->uuid, "device_count", g->device_count, "sm_count", g->sm_count,
                      "compute_capability", cc, "memory_bytes", (json_int_t)g->memory_bytes,
-                     "driver_version", g->driver_version, "cuda_runtime_version",
-                     g->runtime_version, "cublas_version", g->cublas_version, "nccl_version",
-                     g->nccl_version);
+                     "driver_version", g->driver_version, "kernel_driver", release,
+                     "cuda_runtime_version", g->runtime_version, "cublas_version",
+                     g->cublas_version, "nccl_version", g->nccl_version);
 }
 
 ls_status ls_runtime_describe(void **out_json, ls_error *err)
