@@ -41,10 +41,12 @@ extern "C" ls_status ls_cuda_rope_apply(float *x, const float *cos_t, const floa
 
 /* ---- attention ---------------------------------------------------------------- */
 
-#define LS_ATT_THREADS LS_CUDA_ATT_MAX_D          /* one block per (query, head) */
-#define LS_ATT_WARPS (LS_ATT_THREADS / LS_WARP)  /* 8 */
-#define LS_ATT_KPW (LS_WARP / LS_ATT_WARPS)       /* keys per warp per block of 32 */
-#define LS_ATT_DR (LS_CUDA_ATT_MAX_D / LS_WARP)   /* head dims per lane: d = lane + 32 r */
+#define LS_ATT_THREADS LS_CUDA_ATT_MAX_D            /* one block per (query, head) */
+#define LS_ATT_WARPS (LS_ATT_THREADS / LS_WARP)    /* 8 */
+#define LS_ATT_DR (LS_CUDA_ATT_MAX_D / LS_WARP)     /* head dims per lane: d = lane + 32 r */
+#define LS_ATT_TILE_BLOCKS LS_ATT_WARPS             /* blocks of 32 keys per tile: one per warp */
+#define LS_ATT_TILE (LS_ATT_TILE_BLOCKS * LS_WARP)  /* 256 keys */
+#define LS_ATT_KG 8                                 /* key rows per warp loaded before their dots */
 
 /* Per-launch sequence table, passed by value (no device upload). */
 typedef struct ls_att_seqs {
@@ -54,23 +56,58 @@ typedef struct ls_att_seqs {
     const float *vc[LS_CUDA_SEQ_CHUNK];
 } ls_att_seqs;
 
+/* Column `col` of the value rows of keys b0 .. b0+nb-1 into vb[0..nb) and 0
+ * after (nb <= 0: all 0). The loads are issued together, so one thread has
+ * up to 32 in flight. */
+__device__ __forceinline__ void ls_att_vload(float *vb, const float *V, long b0, long nb, long d,
+                                             int col)
+{
+    const float *vcol = V + b0 * d + col; /* [nb] with stride d */
+#pragma unroll
+    for (int jj = 0; jj < LS_WARP; jj++) vb[jj] = jj < nb ? __ldg(vcol + (long)jj * d) : 0.0f;
+}
+
 /* Per block of 32 keys (key j = lane j of the canonical formulation):
- *   s_j  = DOT32(q, k_j) · scale        (warp DOT32 per key: lane l strides
- *                                        dims l, l+32, ..., then the butterfly)
+ *   s_j  = DOT32(q, k_j) · scale
  *   M'   = max(M, max_j s_j);  c = M == −inf ? 0 : exp(M − M');  p_j = exp(s_j − M')
  *   l    = l·c + DOT32_lanes(p, 1);  acc_d = acc_d·c + DOT32_lanes(p, v[·][d])
- * exactly ls_cpu_attention's operations. Warp w forms s_j for keys
- * j = 4w .. 4w+3 (rows read coalesced); every warp then forms the same M', c,
- * p_j and l from the 32 scores (identical operations, so identical values);
- * thread d owns acc_d and forms DOT32_lanes(p, v[·][d]) itself: partial j is
- * 0 + p_j · v_j[d] (the single term of "lane" j), combined in the LS_DOT32
- * tree order, which is bitwise the warp butterfly's result. The value rows
- * are read coalesced (thread d reads column d of each row). */
+ * exactly ls_cpu_attention's operations, in the same order.
+ *
+ * Only (M, l, acc) carry from block to block; the scores do not depend on
+ * them, and c, p_j of a block depend only on the scores and the chain of
+ * maxima. So keys are taken in tiles of 8 blocks (256 keys), two barriers
+ * per tile:
+ *  (1) warp w forms the scores of block w of the tile, one warp DOT32 per key
+ *      as the canonical formulation has it (lane l strides dims l, l+32, ...,
+ *      product then add, then the butterfly, then · scale), with the rows of
+ *      LS_ATT_KG keys loaded before the first of their dots; after the
+ *      butterfly every lane holds s_j and lane j keeps it. The warp forms its
+ *      block maximum (ls_warp_max_first over lanes < nb, as before) for the
+ *      shared table. The value rows of the tile's first two blocks are
+ *      loaded before the barrier.
+ *  (2) every thread replays the chain M' = M > bm ? M : bm over the tile's
+ *      blocks in order (selects only, so every thread has the same values and
+ *      ends with the M the next tile starts from); warp w then forms c, p_j
+ *      and DOT32_lanes(p, 1) of its block from its M and M' and stores them.
+ *  (3) every thread applies l = l·c + DOT32_lanes(p, 1) block by block in
+ *      order, and thread d (d < head dim) owns acc_d: for each block in order
+ *      partial j is 0 + p_j · v_j[d] (the single term of "lane" j), combined
+ *      in the LS_DOT32 tree order, which is bitwise the warp butterfly's
+ *      result, then acc_d = acc_d·c + that. The value rows are read coalesced
+ *      (thread d reads column d) two blocks ahead of their use.
+ * A partial last block (nb < 32 keys) contributes score −inf / probability 0
+ * in lanes >= nb exactly as the canonical block does; blocks past the query's
+ * position are not formed at all. The kernel takes about 200 registers a
+ * thread (one block per SM): what bounds it is the loads in flight, not the
+ * number of resident warps. */
 __global__ void __launch_bounds__(LS_ATT_THREADS)
 ls_attention_kernel(const float *q, ls_att_seqs sq, long cap, const int32_t *pos, float *o,
                     long Hq, long Hkv, long d, float scale, int act)
 {
-    __shared__ float s_sm[LS_WARP], p_sm[LS_WARP];
+    __shared__ float bm_sm[LS_ATT_TILE_BLOCKS]; /* block maxima of the tile */
+    __shared__ float c_sm[LS_ATT_TILE_BLOCKS];  /* c of each block */
+    __shared__ float l_sm[LS_ATT_TILE_BLOCKS];  /* DOT32_lanes(p, 1) of each block */
+    __shared__ float p_sm[LS_ATT_TILE];         /* p_j of the tile's keys */
     int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
     int sidx = (int)blockIdx.y;
     long len = sq.len[sidx];
@@ -93,64 +130,109 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long cap, const int32_t *pos
     int dok = tid < d;
     float acc = 0.0f;
     float M = -INFINITY, l = 0.0f;
-    for (long b0 = 0; b0 <= last; b0 += LS_WARP) {
+    for (long t0 = 0; t0 <= last; t0 += LS_ATT_TILE) {
+        long nt = last - t0 + 1;
+        if (nt > LS_ATT_TILE) nt = LS_ATT_TILE;
+        int nblk = (int)((nt + LS_WARP - 1) / LS_WARP); /* blocks of this tile, >= 1 */
+        /* (1) Scores of block `warp`: keys b0 .. b0+nb-1 (nb <= 0: none). */
+        long b0 = t0 + (long)warp * LS_WARP;
         long nb = last - b0 + 1;
         if (nb > LS_WARP) nb = LS_WARP;
-        /* Scores of this warp's keys. */
-        float pk[LS_ATT_KPW];
+        float my_s = -INFINITY; /* s of key b0 + lane */
+        if (nb > 0) {           /* uniform over the warp */
+            for (int j0 = 0; j0 < nb; j0 += LS_ATT_KG) {
+                float kv[LS_ATT_KG][LS_ATT_DR];
 #pragma unroll
-        for (int kk = 0; kk < LS_ATT_KPW; kk++) {
-            long j = (long)warp * LS_ATT_KPW + kk;
-            pk[kk] = 0.0f;
-            if (j < nb) { /* uniform over the warp */
-                const float *kj = K + (b0 + j) * d; /* [d] */
+                for (int g = 0; g < LS_ATT_KG; g++) {
+                    /* Keys past the block read the block's last row again
+                     * (in the cache, never used): no per-key predicate. */
+                    long j = j0 + g < nb ? j0 + g : nb - 1;
+                    const float *kl = K + (b0 + j) * d + lane; /* [d - lane], stride 32 */
 #pragma unroll
-                for (int r = 0; r < LS_ATT_DR; r++) {
-                    long dd = lane + (long)r * LS_WARP;
-                    if (dd < d) {
-                        float prod = qr[r] * kj[dd];
-                        pk[kk] = pk[kk] + prod;
+                    for (int r = 0; r < LS_ATT_DR; r++)
+                        kv[g][r] = lane + r * LS_WARP < d ? __ldg(kl + r * LS_WARP) : 0.0f;
+                }
+#pragma unroll
+                for (int g = 0; g < LS_ATT_KG; g++) {
+                    float pk = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < LS_ATT_DR; r++) {
+                        long dd = lane + (long)r * LS_WARP;
+                        if (dd < d) {
+                            float prod = qr[r] * kv[g][r];
+                            pk = pk + prod;
+                        }
+                    }
+                    float sj = ls_warp_tree(pk) * scale;
+                    if (lane == j0 + g && lane < nb) my_s = sj;
+                }
+            }
+            float bm = ls_warp_max_first(my_s, lane < nb ? (long)lane : -1L);
+            if (lane == 0) bm_sm[warp] = bm;
+        }
+        float va[LS_WARP], vb[LS_WARP]; /* value columns of the next two blocks */
+        if (dok) {
+            ls_att_vload(va, V, t0, nt, d, tid);
+            ls_att_vload(vb, V, t0 + LS_WARP, nt - LS_WARP, d, tid);
+        }
+        __syncthreads();
+        /* (2) The chain of maxima; c, p_j and DOT32_lanes(p, 1) of block `warp`. */
+        float Mb = M, Mnb = M; /* M before and after block `warp` */
+        for (int b = 0; b < nblk; b++) {
+            float bmb = bm_sm[b];
+            float Mn = M > bmb ? M : bmb;
+            if (b == warp) {
+                Mb = M;
+                Mnb = Mn;
+            }
+            M = Mn;
+        }
+        if (nb > 0) {
+            float c = (Mb == -INFINITY) ? 0.0f : ls_expf(Mb - Mnb);
+            float pj = lane < nb ? ls_expf(my_s - Mnb) : 0.0f;
+            float pone = 0.0f;
+            if (lane < nb) {
+                float prod = pj * 1.0f;
+                pone = pone + prod;
+            }
+            float lsum = ls_warp_tree(pone);
+            p_sm[warp * LS_WARP + lane] = pj;
+            if (lane == 0) {
+                c_sm[warp] = c;
+                l_sm[warp] = lsum;
+            }
+        }
+        __syncthreads();
+        /* (3) l and acc_d, block by block in order. */
+#pragma unroll
+        for (int b = 0; b < LS_ATT_TILE_BLOCKS; b++) {
+            if (b >= nblk) break;
+            float c = c_sm[b];
+            float lc = l * c;
+            l = lc + l_sm[b];
+            if (dok) {
+                long nbb = nt - (long)b * LS_WARP; /* keys of block b (> 0) */
+                float vn[LS_WARP];
+                ls_att_vload(vn, V, t0 + (long)(b + 2) * LS_WARP, nbb - 2 * LS_WARP, d, tid);
+                float pv[LS_WARP];
+#pragma unroll
+                for (int jj = 0; jj < LS_WARP; jj++) {
+                    pv[jj] = 0.0f;
+                    if (jj < nbb) {
+                        float prod = p_sm[b * LS_WARP + jj] * va[jj];
+                        pv[jj] = pv[jj] + prod;
                     }
                 }
-            }
-        }
+                LS_TREE32(pv);
+                float ac = acc * c;
+                acc = ac + pv[0];
 #pragma unroll
-        for (int kk = 0; kk < LS_ATT_KPW; kk++) {
-            long j = (long)warp * LS_ATT_KPW + kk;
-            float sj = ls_warp_tree(pk[kk]) * scale;
-            if (lane == 0 && j < nb) s_sm[j] = sj;
-        }
-        __syncthreads();
-        float my_s = lane < nb ? s_sm[lane] : -INFINITY;
-        float bm = ls_warp_max_first(my_s, lane < nb ? (long)lane : -1L);
-        float Mn = M > bm ? M : bm;
-        float c = (M == -INFINITY) ? 0.0f : ls_expf(M - Mn);
-        float pj = lane < nb ? ls_expf(my_s - Mn) : 0.0f;
-        float lc = l * c;
-        float pone = 0.0f;
-        if (lane < nb) {
-            float prod = pj * 1.0f;
-            pone = pone + prod;
-        }
-        l = lc + ls_warp_tree(pone);
-        if (warp == 0) p_sm[lane] = pj;
-        __syncthreads();
-        if (dok) {
-            const float *vcol = V + b0 * d + tid;
-            float pv[LS_WARP];
-#pragma unroll
-            for (int jj = 0; jj < LS_WARP; jj++) {
-                pv[jj] = 0.0f;
-                if (jj < nb) {
-                    float prod = p_sm[jj] * vcol[(long)jj * d];
-                    pv[jj] = pv[jj] + prod;
+                for (int jj = 0; jj < LS_WARP; jj++) {
+                    va[jj] = vb[jj];
+                    vb[jj] = vn[jj];
                 }
             }
-            LS_TREE32(pv);
-            float ac = acc * c;
-            acc = ac + pv[0];
         }
-        M = Mn;
     }
     if (dok) o[pair * d + tid] = ls_act_d(acc / l, act);
 }
