@@ -48,7 +48,7 @@ static const ls_provider cuda_rows[] = {
     CUDA("l2norm", "ls_l2norm_scale_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
     CUDA("gdn_recurrent", "ls_gdn_recurrent_kernel", "4warps x 8cols/block, lane = key rows l+32r in registers", "gdn-recurrent-dot32"),
     CUDA("rope", "ls_rope_kernel", "256threads/block, thread per pair", "elementwise"),
-    CUDA("attention", "ls_attention_kernel", "4warps/block, warp per (query, head), lane = key in block", "online-softmax-block32"),
+    CUDA("attention", "ls_attention_kernel", "8warps/block per (query, head), key tiles of 8 blocks of 32, warp per block for scores, thread per head dim for values", "online-softmax-block32"),
     CUDA("router_softmax", "ls_router_softmax_topk_kernel", "warp per token", "dot32-max-exp-sum32"),
     CUDA("topk", "ls_router_softmax_topk_kernel", "warp per token", "sequential-topk-order"),
     CUDA("renormalise", "ls_router_softmax_topk_kernel", "lane 0 per token", "sequential-topk-order"),
