@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(LS_LIN_WARPS * LS_WARP)
 ls_linear_kernel(const void *w, int wtype, long out, long in, const float *x, float *y, long T,
                  int act)
 {
-    __shared__ float wsm[LS_LIN_WARPS][LS_ROWDOT_SMEM(NT)];
+    __shared__ float wsm[LS_LIN_WARPS][LS_ROWDOT_SMEM];
     int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     long o = (long)blockIdx.x * LS_LIN_WARPS + warp;
     long t0 = (long)blockIdx.y * NT;
@@ -109,11 +109,24 @@ __global__ void ls_rmsnorm_kernel(const float *x, const float *w, float *y, long
     const float *xr = x + r * n; /* [n] */
     float *yr = y + r * n;       /* [n] */
     float f = ls_rms_factor(xr, n);
-#pragma unroll 8
-    for (long i = lane; i < n; i += LS_WARP) {
-        float onew = 1.0f + w[i];
-        float xn = xr[i] * f;
-        yr[i] = ls_act_d(xn * onew, act);
+    /* Batches of LS_PF elements: loads first (y may be x, element by element). */
+    for (long i0 = lane; i0 < n; i0 += LS_WARP * LS_PF) {
+        float xv[LS_PF], wv[LS_PF];
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) {
+            long i = i0 + (long)u * LS_WARP;
+            xv[u] = i < n ? xr[i] : 0.0f;
+            wv[u] = i < n ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) {
+            long i = i0 + (long)u * LS_WARP;
+            if (i < n) {
+                float onew = 1.0f + wv[u];
+                float xn = xv[u] * f;
+                yr[i] = ls_act_d(xn * onew, act);
+            }
+        }
     }
 }
 
@@ -126,11 +139,24 @@ __global__ void ls_gated_rmsnorm_kernel(const float *x, const float *z, const fl
     const float *xr = x + r * n, *zr = z + r * n; /* [n] */
     float *yr = y + r * n;                         /* [n] */
     float f = ls_rms_factor(xr, n);
-#pragma unroll 8
-    for (long i = lane; i < n; i += LS_WARP) {
-        float nn = ls_act_d(xr[i] * f, act);
-        float p = ls_act_d(w[i] * nn, act);
-        yr[i] = ls_act_d(p * ls_siluf(zr[i]), act);
+    for (long i0 = lane; i0 < n; i0 += LS_WARP * LS_PF) { /* loads first, as in rmsnorm */
+        float xv[LS_PF], zv[LS_PF], wv[LS_PF];
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) {
+            long i = i0 + (long)u * LS_WARP;
+            xv[u] = i < n ? xr[i] : 0.0f;
+            zv[u] = i < n ? zr[i] : 0.0f;
+            wv[u] = i < n ? w[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) {
+            long i = i0 + (long)u * LS_WARP;
+            if (i < n) {
+                float nn = ls_act_d(xv[u] * f, act);
+                float p = ls_act_d(wv[u] * nn, act);
+                yr[i] = ls_act_d(p * ls_siluf(zv[u]), act);
+            }
+        }
     }
 }
 
@@ -141,9 +167,16 @@ __global__ void ls_l2norm_scale_kernel(float *x, long R, long d, float scale)
     if (r >= R) return;
     float *xr = x + r * d; /* [d] */
     float f = ls_rsqrtf(ls_warp_dot(xr, xr, d) + 1e-6f);
-    for (long i = lane; i < d; i += LS_WARP) {
-        float v = xr[i] * f;
-        xr[i] = v * scale;
+    for (long i0 = lane; i0 < d; i0 += LS_WARP * LS_PF) { /* loads first, as in rmsnorm */
+        float xv[LS_PF];
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) xv[u] = i0 + u * LS_WARP < d ? xr[i0 + u * LS_WARP] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++)
+            if (i0 + u * LS_WARP < d) {
+                float v = xv[u] * f;
+                xr[i0 + u * LS_WARP] = v * scale;
+            }
     }
 }
 
@@ -399,7 +432,19 @@ ls_logprobs_kernel(const float *logits, float *lp, long V)
     }
     __syncthreads();
     float lse = s_lse;
-    for (long v = tid; v < V; v += LS_LP_THREADS) o[v] = l[v] - lse;
+    for (long v0 = tid; v0 < V; v0 += LS_LP_THREADS * LS_PF) { /* loads first: o may be l */
+        float lv[LS_PF];
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) {
+            long v = v0 + (long)u * LS_LP_THREADS;
+            lv[u] = v < V ? l[v] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) {
+            long v = v0 + (long)u * LS_LP_THREADS;
+            if (v < V) o[v] = lv[u] - lse;
+        }
+    }
 }
 
 extern "C" ls_status ls_cuda_logprobs(const float *logits, float *lp, long R, long V, int order,

@@ -23,13 +23,28 @@ __global__ void ls_router_softmax_topk_kernel(float *probs, long T, long E, long
     float *pr = probs + t * E; /* [E] */
     float m = ls_warp_max_of(pr, E);
     float p = 0.0f;
-    for (long e = lane; e < E; e += LS_WARP) {
-        float ex = ls_expf(pr[e] - m);
-        pr[e] = ex;
-        p = p + ex;
+    /* Batches of LS_PF: loads before the stores back into probs. */
+    for (long e0 = lane; e0 < E; e0 += LS_WARP * LS_PF) {
+        float v[LS_PF];
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) v[u] = e0 + u * LS_WARP < E ? pr[e0 + u * LS_WARP] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++)
+            if (e0 + u * LS_WARP < E) {
+                float ex = ls_expf(v[u] - m);
+                pr[e0 + u * LS_WARP] = ex;
+                p = p + ex;
+            }
     }
     float sum = ls_warp_tree(p);
-    for (long e = lane; e < E; e += LS_WARP) pr[e] = pr[e] / sum;
+    for (long e0 = lane; e0 < E; e0 += LS_WARP * LS_PF) {
+        float v[LS_PF];
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) v[u] = e0 + u * LS_WARP < E ? pr[e0 + u * LS_WARP] : 0.0f;
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++)
+            if (e0 + u * LS_WARP < E) pr[e0 + u * LS_WARP] = v[u] / sum;
+    }
     __syncwarp();
     int32_t *id = ids + t * k;  /* [k] */
     float *wt = weights + t * k; /* [k] */
@@ -252,10 +267,6 @@ __device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const
     }
 }
 
-/* Shared memory per warp: enough for the one-pair pass and the LS_MOE_NT one. */
-#define LS_MOE_WSM (LS_ROWDOT_SMEM(1) > LS_ROWDOT_SMEM(LS_MOE_NT) ? LS_ROWDOT_SMEM(1) \
-                                                                   : LS_ROWDOT_SMEM(LS_MOE_NT))
-
 /* grid (ceil(W / 8), tiles): warp per (tile, hidden unit i); the gate and up
  * rows i are each read once per LS_MOE_NT pairs (a tile of one pair, the
  * common case in decode, takes the one-token pass with more loads in flight). */
@@ -263,7 +274,7 @@ __global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
 ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                       float *mid, int act)
 {
-    __shared__ float wsm[LS_MOE_WARPS][LS_MOE_WSM];
+    __shared__ float wsm[LS_MOE_WARPS][LS_ROWDOT_SMEM];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
@@ -334,7 +345,7 @@ __global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
 ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                    const float *mid, const float *gamma, float *cbuf, int act)
 {
-    __shared__ float wsm[LS_MOE_WARPS][LS_MOE_WSM];
+    __shared__ float wsm[LS_MOE_WARPS][LS_ROWDOT_SMEM];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
