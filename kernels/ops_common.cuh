@@ -160,81 +160,84 @@ __device__ __forceinline__ float ls_warp_dot(const float *a, const float *b, lon
  * out[t] = DOT32(w, xs[t]) in the canonical order, reading the weights with
  * 16-byte loads: a chunk of 32 x 16 bytes (256 bf16 or 128 fp32 elements) is
  * loaded by lane L as elements per·L .. per·L+per−1, staged through the warp's
- * shared buffer `wsm` (LS_ROWDOT_SMEM floats) as fp32, and lane l then takes
- * the chunk's elements k ≡ l (mod 32) in ascending order, exactly the scalar
- * loop's adds. LS_ROWDOT_CH chunks are loaded before the first add (2 KiB per
- * warp in flight); with one token its activations are loaded with them, with
- * more they are read as the adds need them (the warps of a block share them,
- * so they come from L1). The vector path needs a 16-byte aligned row;
- * otherwise, and for the tail after the last whole chunk, elements are read
- * one by one in the same order. Every lane gets every out[t]. */
-#define LS_ROWDOT_CH 4
-#define LS_ROWDOT_SMEM (LS_ROWDOT_CH * 256)
+ * shared buffer `wsm` (LS_ROWDOT_SMEM(NT) floats) as fp32, and lane l then
+ * takes the chunk's elements k ≡ l (mod 32) in ascending order, exactly the
+ * scalar loop's adds. A group of LS_ROWDOT_CH(NT) chunks — their weights and
+ * the activations they meet — is loaded before the first add. The vector path
+ * needs a 16-byte aligned row; otherwise, and for the tail after the last
+ * whole chunk, elements are read one by one in the same order. Every lane
+ * gets every out[t]. NT <= 8: with more tokens the activations held in
+ * registers leave room for fewer chunks (one token: 4 chunks, 2 KiB of weights
+ * per warp in flight). */
+#define LS_ROWDOT_CH(NT) ((NT) == 1 ? 4 : (NT) <= 4 ? 2 : 1)
+#define LS_ROWDOT_SMEM(NT) (LS_ROWDOT_CH(NT) * 256)
 
 template <int NT, int BF16>
 __device__ __forceinline__ void ls_warp_rowdot_t(const void *row, long n, const float *const *xs,
                                                  int nt, float *wsm, float *out)
 {
-    constexpr int CH = LS_ROWDOT_CH;
+    constexpr int CH = LS_ROWDOT_CH(NT);
     constexpr int PER = BF16 ? 8 : 4; /* elements per 16 bytes */
-    constexpr int XP = NT == 1 ? CH : 1; /* chunks of activations held in registers */
+    constexpr int ESZ = BF16 ? 2 : 4;
     const long chunk = (long)PER * LS_WARP;
     int lane = (int)(threadIdx.x & 31u);
     float p[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) p[t] = 0.0f;
-    long whole = ((uintptr_t)row & 15u) == 0 ? n / chunk : 0; /* chunks on the vector path */
-    const uint4 *src = (const uint4 *)row;
+    long whole = ((uintptr_t)row & 15u) == 0 ? n / chunk : 0;
+    long k_done = 0;
     for (long c0 = 0; c0 < whole; c0 += CH) {
         int nc = whole - c0 < CH ? (int)(whole - c0) : CH;
-        long kb = c0 * chunk + lane;
         uint4 raw[CH];
-        float xv[XP][PER];
+        float xv[CH][PER][NT];
+        const uint4 *src = (const uint4 *)((const uint8_t *)row + (size_t)c0 * chunk * ESZ);
+        long kb = c0 * chunk + lane;
 #pragma unroll
         for (int c = 0; c < CH; c++)
-            if (c < nc) raw[c] = src[(c0 + c) * LS_WARP + lane];
-        if (NT == 1) {
+            if (c < nc) {
+                raw[c] = src[(long)c * LS_WARP + lane];
 #pragma unroll
-            for (int c = 0; c < XP; c++)
-                if (c < nc)
+                for (int m = 0; m < PER; m++)
 #pragma unroll
-                    for (int m = 0; m < PER; m++) xv[c][m] = xs[0][kb + c * chunk + m * LS_WARP];
-        }
+                    for (int t = 0; t < NT; t++)
+                        xv[c][m][t] = t < nt ? xs[t][kb + c * chunk + m * LS_WARP] : 0.0f;
+            }
         __syncwarp();
 #pragma unroll
         for (int c = 0; c < CH; c++) {
-            if (c >= nc) break;
-            float *dst = wsm + c * 256 + lane * PER;
-            uint32_t u[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
+            if (c < nc) {
+                float *dst = wsm + c * 256 + lane * PER;
+                uint32_t u[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if (BF16) {
-                    dst[2 * i] = ls_bf16_to_f32((uint16_t)(u[i] & 0xffffu));
-                    dst[2 * i + 1] = ls_bf16_to_f32((uint16_t)(u[i] >> 16));
-                } else {
-                    dst[i] = ls_f32_from_bits(u[i]);
+                for (int i = 0; i < 4; i++) {
+                    if (BF16) {
+                        dst[2 * i] = ls_bf16_to_f32((uint16_t)(u[i] & 0xffffu));
+                        dst[2 * i + 1] = ls_bf16_to_f32((uint16_t)(u[i] >> 16));
+                    } else {
+                        dst[i] = ls_f32_from_bits(u[i]);
+                    }
                 }
             }
         }
         __syncwarp();
 #pragma unroll
         for (int c = 0; c < CH; c++) {
-            if (c >= nc) break;
+            if (c < nc) {
 #pragma unroll
-            for (int m = 0; m < PER; m++) {
-                float w = wsm[c * 256 + m * LS_WARP + lane];
-                long k = kb + c * chunk + m * LS_WARP;
+                for (int m = 0; m < PER; m++) {
+                    float w = wsm[c * 256 + m * LS_WARP + lane];
 #pragma unroll
-                for (int t = 0; t < NT; t++)
-                    if (t < nt) {
-                        float xk = NT == 1 ? xv[c < XP ? c : 0][m] : xs[t][k];
-                        float prod = w * xk;
-                        p[t] = p[t] + prod;
-                    }
+                    for (int t = 0; t < NT; t++)
+                        if (t < nt) {
+                            float prod = w * xv[c][m][t];
+                            p[t] = p[t] + prod;
+                        }
+                }
             }
         }
+        k_done = (c0 + nc) * chunk;
     }
-    for (long k = whole * chunk + lane; k < n; k += LS_WARP) {
+    for (long k = k_done + lane; k < n; k += LS_WARP) {
         float w = BF16 ? ls_bf16_to_f32(((const uint16_t *)row)[k]) : ((const float *)row)[k];
 #pragma unroll
         for (int t = 0; t < NT; t++)

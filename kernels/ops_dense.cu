@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(LS_LIN_WARPS * LS_WARP)
 ls_linear_kernel(const void *w, int wtype, long out, long in, const float *x, float *y, long T,
                  int act)
 {
-    __shared__ float wsm[LS_LIN_WARPS][LS_ROWDOT_SMEM];
+    __shared__ float wsm[LS_LIN_WARPS][LS_ROWDOT_SMEM(NT)];
     int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     long o = (long)blockIdx.x * LS_LIN_WARPS + warp;
     long t0 = (long)blockIdx.y * NT;

@@ -184,14 +184,17 @@ __global__ void ls_moe_group_kernel(const int32_t *ids, long P, long E, const in
 
 /* The tiles of one launch: blockIdx.y < sh_tiles is a run of tokens through
  * the shared expert, then the routed tiles of the grouping (blocks past
- * *ntiles return). */
+ * *ntiles return). Without grouping (`single`: few pairs, as in decode) every
+ * tile is one pair: shared tile y = token y, routed tile r = pair r. */
 typedef struct ls_moe_tiles {
+    const int32_t *ids;    /* [P] */
     const int32_t *pairs;  /* [P] */
     const int32_t *tile_e; /* [tiles] */
     const int32_t *tile_p0;
     const int32_t *tile_n;
     const int32_t *ntiles; /* [1] */
-    long T, k, sh_tiles;
+    long T, k, E, sh_tiles;
+    int single;
 } ls_moe_tiles;
 
 /* This block's tile: 0 when it has none; else *shared, expert *e and, for
@@ -200,14 +203,23 @@ __device__ __forceinline__ int ls_moe_tile_of(const ls_moe_tiles tl, int *shared
                                               long *p0, int *n)
 {
     long y = blockIdx.y;
+    long run = tl.single ? 1 : LS_MOE_TILE;
     if (y < tl.sh_tiles) {
         *shared = 1;
         *e = 0;
-        *p0 = y * LS_MOE_TILE;
-        *n = tl.T - *p0 < LS_MOE_TILE ? (int)(tl.T - *p0) : LS_MOE_TILE;
+        *p0 = y * run;
+        *n = tl.T - *p0 < run ? (int)(tl.T - *p0) : (int)run;
         return 1;
     }
     long r = y - tl.sh_tiles;
+    if (tl.single) {
+        if (r >= tl.T * tl.k) return 0;
+        *shared = 0;
+        *e = tl.ids[r];
+        *p0 = r;
+        *n = 1;
+        return *e >= 0 && *e < tl.E;
+    }
     if (r >= *tl.ntiles) return 0;
     *shared = 0;
     *e = tl.tile_e[r];
@@ -226,7 +238,7 @@ __device__ __forceinline__ void ls_moe_pair(const ls_moe_tiles tl, int shared, l
         *slot = tl.k;
         return;
     }
-    long p = tl.pairs[p0 + q];
+    long p = tl.single ? p0 + q : tl.pairs[p0 + q];
     *t = p / tl.k;
     *slot = p % tl.k;
 }
@@ -268,13 +280,15 @@ __device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const
 }
 
 /* grid (ceil(W / 8), tiles): warp per (tile, hidden unit i); the gate and up
- * rows i are each read once per LS_MOE_NT pairs (a tile of one pair, the
- * common case in decode, takes the one-token pass with more loads in flight). */
+ * rows i are each read once per NT pairs (a tile of one pair takes the
+ * one-token pass, which keeps more loads in flight). NT = 1 for the
+ * ungrouped launch, LS_MOE_NT for the grouped one. */
+template <int NT>
 __global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
 ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                       float *mid, int act)
 {
-    __shared__ float wsm[LS_MOE_WARPS][LS_ROWDOT_SMEM];
+    __shared__ float wsm[LS_MOE_WARPS][LS_ROWDOT_SMEM(1)];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
@@ -285,14 +299,14 @@ ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles t
     size_t rowb = (size_t)mw.D * ls_welem_bytes(mw.wtype);
     const uint8_t *wg = (const uint8_t *)ls_moe_matrix(mw, e, shared, 0) + (size_t)i * rowb;
     const uint8_t *wu = (const uint8_t *)ls_moe_matrix(mw, e, shared, 1) + (size_t)i * rowb;
-    if (n == 1) {
-        ls_moe_gate_up_pass<1>(mw, x, tl, shared, p0, 0, 1, wg, wu, i, W, mid, wsm[warp], act);
-        return;
-    }
-    for (int q0 = 0; q0 < n; q0 += LS_MOE_NT) {
-        int nt = n - q0 < LS_MOE_NT ? n - q0 : LS_MOE_NT;
-        ls_moe_gate_up_pass<LS_MOE_NT>(mw, x, tl, shared, p0, q0, nt, wg, wu, i, W, mid,
-                                       wsm[warp], act);
+    int step = (NT == 1 || n == 1) ? 1 : NT;
+    for (int q0 = 0; q0 < n; q0 += step) {
+        int nt = n - q0 < step ? n - q0 : step;
+        if (step == 1)
+            ls_moe_gate_up_pass<1>(mw, x, tl, shared, p0, q0, 1, wg, wu, i, W, mid, wsm[warp], act);
+        else
+            ls_moe_gate_up_pass<NT>(mw, x, tl, shared, p0, q0, nt, wg, wu, i, W, mid, wsm[warp],
+                                    act);
     }
 }
 
@@ -340,12 +354,13 @@ __device__ __forceinline__ void ls_moe_down_pass(const ls_cuda_moe &mw, const ls
 }
 
 /* grid (ceil(D / 8), tiles): warp per (tile, output j); the down row j is read
- * once per LS_MOE_NT pairs (one-pair tiles as in the gate/up kernel). */
+ * once per NT pairs (one-pair tiles as in the gate/up kernel). */
+template <int NT>
 __global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
 ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                    const float *mid, const float *gamma, float *cbuf, int act)
 {
-    __shared__ float wsm[LS_MOE_WARPS][LS_ROWDOT_SMEM];
+    __shared__ float wsm[LS_MOE_WARPS][LS_ROWDOT_SMEM(1)];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
@@ -355,15 +370,15 @@ ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *wei
     if (j >= mw.D) return; /* whole warp */
     const uint8_t *wd = (const uint8_t *)ls_moe_matrix(mw, e, shared, 2) +
                         (size_t)j * width * ls_welem_bytes(mw.wtype);
-    if (n == 1) {
-        ls_moe_down_pass<1>(mw, tl, shared, p0, 0, 1, wd, width, j, weights, W, mid, gamma, cbuf,
-                            wsm[warp], act);
-        return;
-    }
-    for (int q0 = 0; q0 < n; q0 += LS_MOE_NT) {
-        int nt = n - q0 < LS_MOE_NT ? n - q0 : LS_MOE_NT;
-        ls_moe_down_pass<LS_MOE_NT>(mw, tl, shared, p0, q0, nt, wd, width, j, weights, W, mid,
-                                    gamma, cbuf, wsm[warp], act);
+    int step = (NT == 1 || n == 1) ? 1 : NT;
+    for (int q0 = 0; q0 < n; q0 += step) {
+        int nt = n - q0 < step ? n - q0 : step;
+        if (step == 1)
+            ls_moe_down_pass<1>(mw, tl, shared, p0, q0, 1, wd, width, j, weights, W, mid, gamma,
+                                cbuf, wsm[warp], act);
+        else
+            ls_moe_down_pass<NT>(mw, tl, shared, p0, q0, nt, wd, width, j, weights, W, mid, gamma,
+                                 cbuf, wsm[warp], act);
     }
 }
 
@@ -408,8 +423,12 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
                     mw->E, mw->D, mw->I, mw->Is, k);
     if (T <= 0) return LS_OK;
     long P = T * k;
-    long sh_tiles = mw->sh_gate ? (T + LS_MOE_TILE - 1) / LS_MOE_TILE : 0;
-    long max_tiles = (long)ls_moe_max_tiles(mw->E, P);
+    /* Few pairs (P <= E, as in decode): most experts get at most one, so
+     * grouping saves little and its wide passes cost registers; every pair
+     * (and every token through the shared expert) is its own tile then. */
+    int single = P <= mw->E;
+    long sh_tiles = !mw->sh_gate ? 0 : single ? T : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
+    long max_tiles = single ? P : (long)ls_moe_max_tiles(mw->E, P);
     LS_CUDA_REQUIRE(P <= INT32_MAX && sh_tiles + max_tiles <= 65535, err,
                     "cuda portable moe: T %ld x k %ld pairs over E %ld experts exceed one launch; "
                     "call with fewer tokens", T, k, mw->E);
@@ -425,24 +444,34 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
     int32_t *tile_n = tile_p0 + max_tiles;         /* [max_tiles] */
     int32_t *ntiles = tile_n + max_tiles;          /* [1] */
     cudaStream_t s = (cudaStream_t)stream;
-    unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
-    ls_moe_count_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_count_kernel", err);
-    ls_moe_group_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count, pairs, tile_e,
-                                                               tile_p0, tile_n, ntiles);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
-    ls_moe_tiles tl = {pairs, tile_e, tile_p0, tile_n, ntiles, T, k, sh_tiles};
+    if (!single) {
+        unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
+        ls_moe_count_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_count_kernel", err);
+        ls_moe_group_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(
+            ids, P, mw->E, count, pairs, tile_e, tile_p0, tile_n, ntiles);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
+    }
+    ls_moe_tiles tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, single};
     unsigned gy = (unsigned)(sh_tiles + max_tiles);
     dim3 g1(ls_blocks_for(W, LS_MOE_WARPS), gy);
-    ls_moe_gate_up_kernel<<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act_bf16);
+    if (single)
+        ls_moe_gate_up_kernel<1><<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act_bf16);
+    else
+        ls_moe_gate_up_kernel<LS_MOE_NT><<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid,
+                                                                             act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_kernel", err);
     if (mw->sh_gate) {
         ls_moe_shared_gate_kernel<<<(unsigned)T, LS_WARP, 0, s>>>(*mw, x, T, gamma, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     }
     dim3 g2(ls_blocks_for(mw->D, LS_MOE_WARPS), gy);
-    ls_moe_down_kernel<<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma, cbuf,
-                                                              act_bf16);
+    if (single)
+        ls_moe_down_kernel<1><<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
+                                                                     cbuf, act_bf16);
+    else
+        ls_moe_down_kernel<LS_MOE_NT><<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(
+            *mw, tl, weights, W, mid, gamma, cbuf, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_down_kernel", err);
     ls_moe_combine_kernel<<<ls_blocks_for(T * mw->D, 256), 256, 0, s>>>(
         cbuf, ids, weights, mw->E, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
