@@ -42,8 +42,8 @@ ls_status ls_cuda_embed(const void *emb /* [V, D] */, int wtype, long V, long D,
                         const int32_t *tokens /* [T] */, long T, float *h /* [T, D] */,
                         int act_bf16, void *stream, ls_error *err);
 
-/* y[t][o] = act(DOT32(W[o,:], x[t,:])): one warp per output row, reusing its
- * weight loads across up to 4 tokens, each token's order LS_DOT32. */
+/* y[t][o] = act(DOT32(W[o,:], x[t,:])): one warp per output row, 16-byte
+ * weight loads reused across up to 8 tokens, each token's order LS_DOT32. */
 ls_status ls_cuda_linear(const void *w /* [out, in] */, int wtype, long out, long in,
                          const float *x /* [T, in] */, float *y /* [T, out] */, long T,
                          int act_bf16, int order, void *stream, ls_error *err);
@@ -162,10 +162,11 @@ typedef struct ls_cuda_moe {
 /* Scratch the MoE needs for T tokens (bytes of device memory). */
 size_t ls_cuda_moe_scratch_bytes(const ls_cuda_moe *mw, long T, long k);
 
-/* Routed experts + combine + gated shared expert (ls_cpu_moe): pairs are
- * grouped by expert so that its weights are read once per call, each pair's
- * dots still the canonical DOT32 of its own activations, so a token's output
- * does not depend on which other tokens chose the expert; combine a
+/* Routed experts + combine + gated shared expert (ls_cpu_moe): when T k > E
+ * the pairs are grouped by expert so that its weights are read once per
+ * call; with fewer pairs (decode) each pair runs on its own. Either way each
+ * pair's dots are the canonical DOT32 of its own activations, so a token's
+ * output does not depend on which other tokens chose the expert; combine a
  * sequential fp32 sum in top-k order. T k must fit int32. */
 ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x /* [T, D] */,
                               const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,

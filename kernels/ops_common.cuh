@@ -131,6 +131,20 @@ __device__ __forceinline__ float ls_warp_dot_w(const void *row, int wtype, const
     return ls_warp_tree(p);
 }
 
+/* The same DOT32 with one element in flight per lane: the fewest registers,
+ * for kernels whose parallelism is many small warps (the decode experts). */
+__device__ __forceinline__ float ls_warp_dot_w_lean(const void *row, int wtype, const float *x,
+                                                    long n)
+{
+    int lane = (int)(threadIdx.x & 31u);
+    float p = 0.0f;
+    for (long k = lane; k < n; k += LS_WARP) {
+        float prod = ls_wload(row, wtype, k) * x[k];
+        p = p + prod;
+    }
+    return ls_warp_tree(p);
+}
+
 /* Canonical warp DOT32 of two fp32 vectors. */
 __device__ __forceinline__ float ls_warp_dot(const float *a, const float *b, long n)
 {

@@ -243,8 +243,9 @@ __device__ __forceinline__ void ls_moe_pair(const ls_moe_tiles tl, int shared, l
     *slot = p % tl.k;
 }
 
-/* Pairs q0 .. q0+nt-1 of a tile (nt <= NT) through gate and up row i. */
-template <int NT>
+/* Pairs q0 .. q0+nt-1 of a tile (nt <= NT) through gate and up row i; LEAN
+ * (NT = 1): the low-register scalar dot instead of the row pass. */
+template <int NT, int LEAN>
 __device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const float *x,
                                                     const ls_moe_tiles &tl, int shared, long p0,
                                                     int q0, int nt, const uint8_t *wg,
@@ -260,8 +261,13 @@ __device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const
         xs[q] = x + t * mw.D;
     }
     float g[NT], u[NT];
-    ls_warp_rowdot<NT>(wg, mw.wtype, mw.D, xs, nt, wsm, g);
-    ls_warp_rowdot<NT>(wu, mw.wtype, mw.D, xs, nt, wsm, u);
+    if (LEAN) {
+        g[0] = ls_warp_dot_w_lean(wg, mw.wtype, xs[0], mw.D);
+        u[0] = ls_warp_dot_w_lean(wu, mw.wtype, xs[0], mw.D);
+    } else {
+        ls_warp_rowdot<NT>(wg, mw.wtype, mw.D, xs, nt, wsm, g);
+        ls_warp_rowdot<NT>(wu, mw.wtype, mw.D, xs, nt, wsm, u);
+    }
     if (lane < nt) { /* lane q finishes pair q */
         float gq = g[0], uq = u[0];
 #pragma unroll
@@ -280,15 +286,16 @@ __device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const
 }
 
 /* grid (ceil(W / 8), tiles): warp per (tile, hidden unit i); the gate and up
- * rows i are each read once per NT pairs (a tile of one pair takes the
- * one-token pass, which keeps more loads in flight). NT = 1 for the
- * ungrouped launch, LS_MOE_NT for the grouped one. */
+ * rows i are each read once per NT pairs. NT = 1 for the ungrouped launch
+ * (one pair per tile, many small warps: the lean dot keeps the registers low
+ * and the SMs full), LS_MOE_NT for the grouped one (a tile of one pair there
+ * takes the one-token row pass). */
 template <int NT>
 __global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
 ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                       float *mid, int act)
 {
-    __shared__ float wsm[LS_MOE_WARPS][LS_ROWDOT_SMEM(1)];
+    __shared__ float wsm[LS_MOE_WARPS][NT == 1 ? 1 : LS_ROWDOT_SMEM(1)];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
@@ -303,9 +310,9 @@ ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles t
     for (int q0 = 0; q0 < n; q0 += step) {
         int nt = n - q0 < step ? n - q0 : step;
         if (step == 1)
-            ls_moe_gate_up_pass<1>(mw, x, tl, shared, p0, q0, 1, wg, wu, i, W, mid, wsm[warp], act);
+            ls_moe_gate_up_pass<1, NT == 1>(mw, x, tl, shared, p0, q0, 1, wg, wu, i, W, mid, wsm[warp], act);
         else
-            ls_moe_gate_up_pass<NT>(mw, x, tl, shared, p0, q0, nt, wg, wu, i, W, mid, wsm[warp],
+            ls_moe_gate_up_pass<NT, 0>(mw, x, tl, shared, p0, q0, nt, wg, wu, i, W, mid, wsm[warp],
                                     act);
     }
 }
@@ -320,8 +327,8 @@ __global__ void ls_moe_shared_gate_kernel(const ls_cuda_moe mw, const float *x, 
     if (threadIdx.x == 0) gamma[t] = ls_act_d(ls_sigmoidf(gl), act);
 }
 
-/* Pairs q0 .. q0+nt-1 of a tile (nt <= NT) through down row j. */
-template <int NT>
+/* Pairs q0 .. q0+nt-1 of a tile (nt <= NT) through down row j (LEAN as above). */
+template <int NT, int LEAN>
 __device__ __forceinline__ void ls_moe_down_pass(const ls_cuda_moe &mw, const ls_moe_tiles &tl,
                                                  int shared, long p0, int q0, int nt,
                                                  const uint8_t *wd, long width, long j,
@@ -338,7 +345,8 @@ __device__ __forceinline__ void ls_moe_down_pass(const ls_cuda_moe &mw, const ls
         ms[q] = mid + (t * (tl.k + 1) + slot) * W;
     }
     float y[NT];
-    ls_warp_rowdot<NT>(wd, mw.wtype, width, ms, nt, wsm, y);
+    if (LEAN) y[0] = ls_warp_dot_w_lean(wd, mw.wtype, ms[0], width);
+    else ls_warp_rowdot<NT>(wd, mw.wtype, width, ms, nt, wsm, y);
     if (lane < nt) { /* lane q finishes pair q */
         float yq = y[0];
 #pragma unroll
@@ -360,7 +368,7 @@ __global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
 ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                    const float *mid, const float *gamma, float *cbuf, int act)
 {
-    __shared__ float wsm[LS_MOE_WARPS][LS_ROWDOT_SMEM(1)];
+    __shared__ float wsm[LS_MOE_WARPS][NT == 1 ? 1 : LS_ROWDOT_SMEM(1)];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
@@ -374,10 +382,10 @@ ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *wei
     for (int q0 = 0; q0 < n; q0 += step) {
         int nt = n - q0 < step ? n - q0 : step;
         if (step == 1)
-            ls_moe_down_pass<1>(mw, tl, shared, p0, q0, 1, wd, width, j, weights, W, mid, gamma,
+            ls_moe_down_pass<1, NT == 1>(mw, tl, shared, p0, q0, 1, wd, width, j, weights, W, mid, gamma,
                                 cbuf, wsm[warp], act);
         else
-            ls_moe_down_pass<NT>(mw, tl, shared, p0, q0, nt, wd, width, j, weights, W, mid, gamma,
+            ls_moe_down_pass<NT, 0>(mw, tl, shared, p0, q0, nt, wd, width, j, weights, W, mid, gamma,
                                  cbuf, wsm[warp], act);
     }
 }
