@@ -145,27 +145,35 @@ __device__ __forceinline__ float ls_warp_dot_w_lean(const void *row, int wtype, 
     return ls_warp_tree(p);
 }
 
-/* Canonical warp DOT32 of two fp32 vectors. */
+/* Canonical warp DOT32 of two fp32 vectors (a as an fp32 "weight row": the
+ * same products and adds). */
 __device__ __forceinline__ float ls_warp_dot(const float *a, const float *b, long n)
 {
-    int lane = (int)(threadIdx.x & 31u);
-    float p = 0.0f;
-    for (long k0 = lane; k0 < n; k0 += LS_WARP * LS_PF) {
-        float av[LS_PF], bv[LS_PF];
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) {
-            long k = k0 + (long)u * LS_WARP;
-            av[u] = k < n ? a[k] : 0.0f;
-            bv[u] = k < n ? b[k] : 0.0f;
-        }
+    return ls_warp_dot_w(a, LS_WTYPE_F32_ID, b, n);
+}
+
+/* Elementwise pass over i = first, first + stride, ... < n in batches of
+ * LS_PF: the NIN inputs of a batch are loaded before any of its outputs is
+ * stored (an output may be an input, element by element), so one warp is not
+ * bound by a memory latency per element. store(i, v) gets v[j] = in[j][i] and
+ * is called in ascending i. */
+template <int NIN, typename F>
+__device__ __forceinline__ void ls_batched_map(const float *const (&in)[NIN], long first,
+                                               long stride, long n, F store)
+{
+    for (long i0 = first; i0 < n; i0 += stride * LS_PF) {
+        float v[LS_PF][NIN];
 #pragma unroll
         for (int u = 0; u < LS_PF; u++)
-            if (k0 + (long)u * LS_WARP < n) {
-                float prod = av[u] * bv[u];
-                p = p + prod;
+#pragma unroll
+            for (int j = 0; j < NIN; j++) {
+                long i = i0 + u * stride;
+                v[u][j] = i < n ? in[j][i] : 0.0f;
             }
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++)
+            if (i0 + u * stride < n) store(i0 + u * stride, v[u]);
     }
-    return ls_warp_tree(p);
 }
 
 /* ---- weight rows against several activation rows, 16-byte loads ------------- */

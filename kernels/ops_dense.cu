@@ -109,25 +109,12 @@ __global__ void ls_rmsnorm_kernel(const float *x, const float *w, float *y, long
     const float *xr = x + r * n; /* [n] */
     float *yr = y + r * n;       /* [n] */
     float f = ls_rms_factor(xr, n);
-    /* Batches of LS_PF elements: loads first (y may be x, element by element). */
-    for (long i0 = lane; i0 < n; i0 += LS_WARP * LS_PF) {
-        float xv[LS_PF], wv[LS_PF];
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) {
-            long i = i0 + (long)u * LS_WARP;
-            xv[u] = i < n ? xr[i] : 0.0f;
-            wv[u] = i < n ? w[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) {
-            long i = i0 + (long)u * LS_WARP;
-            if (i < n) {
-                float onew = 1.0f + wv[u];
-                float xn = xv[u] * f;
-                yr[i] = ls_act_d(xn * onew, act);
-            }
-        }
-    }
+    const float *in[2] = {xr, w};
+    ls_batched_map<2>(in, lane, LS_WARP, n, [&](long i, const float *v) {
+        float onew = 1.0f + v[1];
+        float xn = v[0] * f;
+        yr[i] = ls_act_d(xn * onew, act);
+    });
 }
 
 __global__ void ls_gated_rmsnorm_kernel(const float *x, const float *z, const float *w, float *y,
@@ -139,25 +126,12 @@ __global__ void ls_gated_rmsnorm_kernel(const float *x, const float *z, const fl
     const float *xr = x + r * n, *zr = z + r * n; /* [n] */
     float *yr = y + r * n;                         /* [n] */
     float f = ls_rms_factor(xr, n);
-    for (long i0 = lane; i0 < n; i0 += LS_WARP * LS_PF) { /* loads first, as in rmsnorm */
-        float xv[LS_PF], zv[LS_PF], wv[LS_PF];
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) {
-            long i = i0 + (long)u * LS_WARP;
-            xv[u] = i < n ? xr[i] : 0.0f;
-            zv[u] = i < n ? zr[i] : 0.0f;
-            wv[u] = i < n ? w[i] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) {
-            long i = i0 + (long)u * LS_WARP;
-            if (i < n) {
-                float nn = ls_act_d(xv[u] * f, act);
-                float p = ls_act_d(wv[u] * nn, act);
-                yr[i] = ls_act_d(p * ls_siluf(zv[u]), act);
-            }
-        }
-    }
+    const float *in[3] = {xr, zr, w};
+    ls_batched_map<3>(in, lane, LS_WARP, n, [&](long i, const float *v) {
+        float nn = ls_act_d(v[0] * f, act);
+        float p = ls_act_d(v[2] * nn, act);
+        yr[i] = ls_act_d(p * ls_siluf(v[1]), act);
+    });
 }
 
 __global__ void ls_l2norm_scale_kernel(float *x, long R, long d, float scale)
@@ -167,17 +141,11 @@ __global__ void ls_l2norm_scale_kernel(float *x, long R, long d, float scale)
     if (r >= R) return;
     float *xr = x + r * d; /* [d] */
     float f = ls_rsqrtf(ls_warp_dot(xr, xr, d) + 1e-6f);
-    for (long i0 = lane; i0 < d; i0 += LS_WARP * LS_PF) { /* loads first, as in rmsnorm */
-        float xv[LS_PF];
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) xv[u] = i0 + u * LS_WARP < d ? xr[i0 + u * LS_WARP] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++)
-            if (i0 + u * LS_WARP < d) {
-                float v = xv[u] * f;
-                xr[i0 + u * LS_WARP] = v * scale;
-            }
-    }
+    const float *in[1] = {xr};
+    ls_batched_map<1>(in, lane, LS_WARP, d, [&](long i, const float *v) {
+        float xn = v[0] * f;
+        xr[i] = xn * scale;
+    });
 }
 
 extern "C" ls_status ls_cuda_rmsnorm(const float *x, const float *w, float *y, long R, long n,
@@ -432,19 +400,8 @@ ls_logprobs_kernel(const float *logits, float *lp, long V)
     }
     __syncthreads();
     float lse = s_lse;
-    for (long v0 = tid; v0 < V; v0 += LS_LP_THREADS * LS_PF) { /* loads first: o may be l */
-        float lv[LS_PF];
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) {
-            long v = v0 + (long)u * LS_LP_THREADS;
-            lv[u] = v < V ? l[v] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) {
-            long v = v0 + (long)u * LS_LP_THREADS;
-            if (v < V) o[v] = lv[u] - lse;
-        }
-    }
+    const float *in[1] = {l};
+    ls_batched_map<1>(in, tid, LS_LP_THREADS, V, [&](long v, const float *x) { o[v] = x[0] - lse; });
 }
 
 extern "C" ls_status ls_cuda_logprobs(const float *logits, float *lp, long R, long V, int order,

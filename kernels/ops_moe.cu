@@ -23,28 +23,14 @@ __global__ void ls_router_softmax_topk_kernel(float *probs, long T, long E, long
     float *pr = probs + t * E; /* [E] */
     float m = ls_warp_max_of(pr, E);
     float p = 0.0f;
-    /* Batches of LS_PF: loads before the stores back into probs. */
-    for (long e0 = lane; e0 < E; e0 += LS_WARP * LS_PF) {
-        float v[LS_PF];
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) v[u] = e0 + u * LS_WARP < E ? pr[e0 + u * LS_WARP] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++)
-            if (e0 + u * LS_WARP < E) {
-                float ex = ls_expf(v[u] - m);
-                pr[e0 + u * LS_WARP] = ex;
-                p = p + ex;
-            }
-    }
+    const float *in[1] = {pr};
+    ls_batched_map<1>(in, lane, LS_WARP, E, [&](long e, const float *v) {
+        float ex = ls_expf(v[0] - m);
+        pr[e] = ex;
+        p = p + ex;
+    });
     float sum = ls_warp_tree(p);
-    for (long e0 = lane; e0 < E; e0 += LS_WARP * LS_PF) {
-        float v[LS_PF];
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++) v[u] = e0 + u * LS_WARP < E ? pr[e0 + u * LS_WARP] : 0.0f;
-#pragma unroll
-        for (int u = 0; u < LS_PF; u++)
-            if (e0 + u * LS_WARP < E) pr[e0 + u * LS_WARP] = v[u] / sum;
-    }
+    ls_batched_map<1>(in, lane, LS_WARP, E, [&](long e, const float *v) { pr[e] = v[0] / sum; });
     __syncwarp();
     int32_t *id = ids + t * k;  /* [k] */
     float *wt = weights + t * k; /* [k] */
