@@ -16,6 +16,7 @@
  * equal those records, and every cell is compared with them as well.
  *
  *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick] */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +104,58 @@ static void singles(ls_engine *e, const seqset *q, long n, recs *out, int32_t *c
         TRY(ls_engine_rollout(e, one.s, 1, GEN, &GREEDY, comp + i * GEN, recs_sink, out, E_));
     }
     recs_sort(out);
+}
+
+/* The CPU reference's single-sequence runs, one engine (one thread) per
+ * worker so that the 64 sequences run side by side on the machine's cores;
+ * each run is still one sequence alone on its own engine. */
+#define CPU_WORKERS 16
+
+typedef struct cpu_job {
+    ls_engine *e;
+    const seqset *q;
+    long n, w, nw;
+    recs out;
+    int32_t comp[MAXN * GEN];
+} cpu_job;
+
+static void *cpu_worker(void *arg)
+{
+    cpu_job *j = arg;
+    for (long i = j->w; i < j->n; i += j->nw) {
+        seqset one = {1, j->q->P, j->q->tok + i * (j->q->P + GEN), j->q->s + i};
+        TRY(ls_engine_rollout(j->e, one.s, 1, GEN, &GREEDY, j->comp + i * GEN, recs_sink, &j->out, E_));
+    }
+    return NULL;
+}
+
+static void cpu_singles(ls_engine **cpu, int nw, const seqset *q, long n, recs *out)
+{
+    cpu_job *jobs = calloc((size_t)nw, sizeof *jobs);
+    pthread_t *th = calloc((size_t)nw, sizeof *th);
+    for (int w = 0; w < nw; w++) {
+        jobs[w] = (cpu_job){.e = cpu[w], .q = q, .n = n, .w = w, .nw = nw};
+        if (pthread_create(&th[w], NULL, cpu_worker, &jobs[w]) != 0) {
+            fprintf(stderr, "gpu_matrix: cannot start a CPU worker\n");
+            exit(2);
+        }
+    }
+    for (int w = 0; w < nw; w++) {
+        pthread_join(th[w], NULL);
+        for (long i = 0; i < jobs[w].out.n; i++) {
+            ls_error err_;
+            ls_trace_record r = jobs[w].out.v[i].r;
+            r.digests = jobs[w].out.v[i].d;
+            if (recs_add(out, &r, &err_) != LS_OK) {
+                fprintf(stderr, "gpu_matrix: %s\n", err_.msg);
+                exit(2);
+            }
+        }
+        recs_free(&jobs[w].out);
+    }
+    recs_sort(out);
+    free(jobs);
+    free(th);
 }
 
 static void row(const char *cell, long N, long P, const char *mode, const recs *got, const recs *single,
@@ -196,14 +249,15 @@ static void mixed(ls_engine *e, const ls_model *m, uint32_t id0, int nseq, int s
     free(q), free(slot_used), free(it), free(who), free(scratch);
 }
 
-static ls_engine *make_engine(const ls_model *m, const char *backend, long max_seqs, long max_len, long rows)
+static ls_engine *make_engine(const ls_model *m, const char *backend, long max_seqs, long max_len, long rows,
+                              int threads)
 {
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.backend = backend;
     o.max_rows = rows;
     o.state_digest_every = 16;
-    o.n_threads = 16;
+    o.n_threads = threads;
     ls_engine *e = NULL;
     TRY(ls_engine_create(m, &o, max_seqs, max_len, &e, E_));
     return e;
@@ -230,8 +284,10 @@ int main(int argc, char **argv)
     int nP = quick ? 2 : 4;
     /* LS_MATRIX_BACKEND=cpu runs the driver itself on a machine without a GPU. */
     const char *gb = getenv("LS_MATRIX_BACKEND") ? getenv("LS_MATRIX_BACKEND") : "cuda";
-    ls_engine *g = make_engine(m, gb, MAXN, 1024 + GEN, 256);
-    ls_engine *c = make_engine(m, "cpu", 8, 1024 + GEN, 256);
+    ls_engine *g = make_engine(m, gb, MAXN, 1024 + GEN, 256, 16);
+    ls_engine *c = make_engine(m, "cpu", 8, 256 + GEN, 256, 16);
+    ls_engine *cw[CPU_WORKERS];
+    for (int w = 0; w < CPU_WORKERS; w++) cw[w] = make_engine(m, "cpu", 1, 1024 + GEN, 256, 1);
     int32_t *comp = calloc(MAXN * GEN, sizeof(int32_t)), *comp_b = calloc(MAXN * GEN, sizeof(int32_t));
     /* mixed prefill + decode, joining and leaving */
     {
@@ -262,8 +318,7 @@ int main(int argc, char **argv)
         double ts = now_s();
         recs single = {0}, cpu = {0};
         singles(g, &q, MAXN, &single, comp);
-        int32_t cc[MAXN * GEN];
-        singles(c, &q, MAXN, &cpu, cc); /* the CPU engine, each sequence alone */
+        cpu_singles(cw, CPU_WORKERS, &q, MAXN, &cpu); /* the CPU engine, each sequence alone */
         row("single", MAXN, P, "CPU engine, each sequence alone (vs the CUDA ones)", &cpu, &single, NULL,
             now_s() - ts);
         for (int ni = 0; ni < 4; ni++) {
@@ -292,6 +347,7 @@ int main(int argc, char **argv)
             if (P <= 64 && N == 4) { /* the CPU engine on the same batch */
                 tc = now_s();
                 recs cb = {0};
+                int32_t cc[4 * GEN];
                 rollout(c, &q, 4, &cb, cc);
                 row("cpu-batch", 4, P, "CPU rollout, batch of 4", &cb, &single, &cpu, now_s() - tc);
                 recs_free(&cb);
@@ -304,6 +360,7 @@ int main(int argc, char **argv)
     }
     ls_engine_destroy(g);
     ls_engine_destroy(c);
+    for (int w = 0; w < CPU_WORKERS; w++) ls_engine_destroy(cw[w]);
     fprintf(g_md, "\n%d cells, %d failed, %.0f s\n", g_cells, g_fail, now_s() - t0);
     fclose(g_md);
     printf("gpu_matrix: %d cells, %d failed, %.0f s\n", g_cells, g_fail, now_s() - t0);
