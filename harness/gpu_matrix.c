@@ -323,7 +323,7 @@ int main(int argc, char **argv)
             now_s() - ts);
         for (int ni = 0; ni < 4; ni++) {
             long N = Ns[ni];
-            char cell[16];
+            char cell[64];
             snprintf(cell, sizeof cell, "r%ld.%ld", N, P);
             double tc = now_s();
             recs b = {0};
