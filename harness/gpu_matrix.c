@@ -15,7 +15,10 @@
  * runs each of the 64 sequences alone, the CUDA single-sequence runs must
  * equal those records, and every cell is compared with them as well.
  *
- *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick] */
+ *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...]
+ *
+ * --quick: prompts 8 and 64 only. --prompts: only these prompt lengths (of
+ * 8, 64, 256, 1024) and no mixed cell, to run part of the matrix on its own. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -265,11 +268,40 @@ static ls_engine *make_engine(const ls_model *m, const char *backend, long max_s
 
 int main(int argc, char **argv)
 {
-    if (argc < 3) {
-        fprintf(stderr, "usage: gpu_matrix CHECKPOINT_DIR OUT.md [--quick]\n");
+    const char *usage = "usage: gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...]\n";
+    if (argc < 3 || argc > 5) {
+        fputs(usage, stderr);
         return 2;
     }
-    int quick = argc > 3 && strcmp(argv[3], "--quick") == 0;
+    int quick = 0, want[4] = {1, 1, 1, 1}, mixed_on = 1;
+    long Ps[4] = {8, 64, 256, 1024}, Ns[4] = {1, 4, 16, 64};
+    if (argc == 4 && strcmp(argv[3], "--quick") == 0) {
+        quick = 1;
+        want[2] = want[3] = 0;
+    } else if (argc == 5 && strcmp(argv[3], "--prompts") == 0) {
+        mixed_on = 0;
+        for (int i = 0; i < 4; i++) want[i] = 0;
+        char *list = argv[4], *end;
+        for (;;) {
+            long v = strtol(list, &end, 10);
+            int hit = 0;
+            for (int i = 0; i < 4; i++)
+                if (end != list && Ps[i] == v) want[i] = hit = 1;
+            if (!hit) {
+                fprintf(stderr, "gpu_matrix: --prompts: '%s' is not a list of 8, 64, 256, 1024\n", argv[4]);
+                return 2;
+            }
+            if (*end == '\0') break;
+            if (*end != ',') {
+                fprintf(stderr, "gpu_matrix: --prompts: '%s' is not a list of 8, 64, 256, 1024\n", argv[4]);
+                return 2;
+            }
+            list = end + 1;
+        }
+    } else if (argc > 3) {
+        fputs(usage, stderr);
+        return 2;
+    }
     ls_checkpoint *ck = NULL;
     ls_model *m = NULL;
     TRY(ls_checkpoint_open(argv[1], &ck, E_));
@@ -280,8 +312,6 @@ int main(int argc, char **argv)
     fprintf(g_md, "| cell | sequences | prompt | mode | records | vs single-sequence run | vs CPU engine | s |\n"
                   "|---|---|---|---|---|---|---|---|\n");
     double t0 = now_s();
-    long Ps[4] = {8, 64, 256, 1024}, Ns[4] = {1, 4, 16, 64};
-    int nP = quick ? 2 : 4;
     /* LS_MATRIX_BACKEND=cpu runs the driver itself on a machine without a GPU. */
     const char *gb = getenv("LS_MATRIX_BACKEND") ? getenv("LS_MATRIX_BACKEND") : "cuda";
     ls_engine *g = make_engine(m, gb, MAXN, 1024 + GEN, 256, 16);
@@ -290,7 +320,7 @@ int main(int argc, char **argv)
     for (int w = 0; w < CPU_WORKERS; w++) cw[w] = make_engine(m, "cpu", 1, 1024 + GEN, 256, 1);
     int32_t *comp = calloc(MAXN * GEN, sizeof(int32_t)), *comp_b = calloc(MAXN * GEN, sizeof(int32_t));
     /* mixed prefill + decode, joining and leaving */
-    {
+    if (mixed_on) {
         long plens[3] = {8, 64, quick ? 64 : 256};
         int nseq = 9;
         double tc = now_s();
@@ -311,7 +341,8 @@ int main(int argc, char **argv)
         recs_free(&mc);
         recs_free(&single);
     }
-    for (int pi = 0; pi < nP; pi++) {
+    for (int pi = 0; pi < 4; pi++) {
+        if (!want[pi]) continue;
         long P = Ps[pi];
         seqset q;
         seqset_make(&q, 0, MAXN, P, V);
