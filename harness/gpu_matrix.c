@@ -100,12 +100,18 @@ static void replay(ls_engine *e, const seqset *q, long n, const int32_t *comp, l
 }
 
 /* Singles: each sequence run alone on engine e; records appended to out. */
+/* Sequences w, w + nw, ... (< n) of q, each alone on engine e; records
+ * appended to out (unsorted), completions to comp [n, GEN]. */
+static void singles_strided(ls_engine *e, const seqset *q, long n, long w, long nw, recs *out,
+                            int32_t *comp)
+{
+    for (long i = w; i < n; i += nw)
+        TRY(ls_engine_rollout(e, q->s + i, 1, GEN, &GREEDY, comp + i * GEN, recs_sink, out, E_));
+}
+
 static void singles(ls_engine *e, const seqset *q, long n, recs *out, int32_t *comp)
 {
-    for (long i = 0; i < n; i++) {
-        seqset one = {1, q->P, q->tok + i * (q->P + GEN), q->s + i};
-        TRY(ls_engine_rollout(e, one.s, 1, GEN, &GREEDY, comp + i * GEN, recs_sink, out, E_));
-    }
+    singles_strided(e, q, n, 0, 1, out, comp);
     recs_sort(out);
 }
 
@@ -125,10 +131,7 @@ typedef struct cpu_job {
 static void *cpu_worker(void *arg)
 {
     cpu_job *j = arg;
-    for (long i = j->w; i < j->n; i += j->nw) {
-        seqset one = {1, j->q->P, j->q->tok + i * (j->q->P + GEN), j->q->s + i};
-        TRY(ls_engine_rollout(j->e, one.s, 1, GEN, &GREEDY, j->comp + i * GEN, recs_sink, &j->out, E_));
-    }
+    singles_strided(j->e, j->q, j->n, j->w, j->nw, &j->out, j->comp);
     return NULL;
 }
 

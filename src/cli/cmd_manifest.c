@@ -45,16 +45,21 @@ static int usage_error(const char *fmt, const char *arg)
 }
 
 /* Parses the options pin and verify share; positional arguments are handed
- * back in pos[] (at most 2). Returns -1 on success or an exit code. */
+ * back in pos[] (at most 2). A perturbation without --mode pins mode fast;
+ * progress goes to stderr. Returns -1 on success or an exit code. */
 static int parse_live(int argc, char **argv, ls_manifest_opts *o, const char **out_path,
                       int *as_json, const char **pos, int *npos)
 {
+    int mode_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
         if (strcmp(a, "--checkpoint") == 0 && has) o->checkpoint_dir = argv[++i];
         else if (strcmp(a, "--backend") == 0 && has) o->backend = argv[++i];
-        else if (strcmp(a, "--mode") == 0 && has) o->mode = argv[++i];
+        else if (strcmp(a, "--mode") == 0 && has) {
+            o->mode = argv[++i];
+            mode_given = 1;
+        }
         else if (strcmp(a, "--perturb") == 0 && has) o->perturbation = argv[++i];
         else if (strcmp(a, "--threads") == 0 && has) {
             char *end;
@@ -69,6 +74,8 @@ static int parse_live(int argc, char **argv, ls_manifest_opts *o, const char **o
         else if (*npos < 2) pos[(*npos)++] = a;
         else return usage_error("unexpected argument '%s'", a);
     }
+    if (o->perturbation && !mode_given) o->mode = "fast"; /* a perturbed run is never strict */
+    o->progress = 1;
     return -1;
 }
 
@@ -108,10 +115,6 @@ static int cmd_pin(int argc, char **argv)
     if (npos) return usage_error("unexpected argument '%s'", pos[0]);
     if (!o.checkpoint_dir) return usage_error("%s", "pin: --checkpoint DIR is required");
     if (!out) return usage_error("%s", "pin: -o FILE is required");
-    int mode_given = 0;
-    for (int i = 1; i < argc; i++) mode_given |= strcmp(argv[i], "--mode") == 0;
-    if (o.perturbation && !mode_given) o.mode = "fast";
-    o.progress = 1;
     ls_error err;
     ls_error_clear(&err);
     json_t *m;
@@ -168,10 +171,6 @@ static int cmd_verify(int argc, char **argv)
     if (rc >= 0) return rc;
     if (npos != 1) return usage_error("%s", "verify: exactly one manifest FILE is required");
     if (!o.checkpoint_dir) return usage_error("%s", "verify: --checkpoint DIR is required");
-    int mode_given = 0;
-    for (int i = 1; i < argc; i++) mode_given |= strcmp(argv[i], "--mode") == 0;
-    if (o.perturbation && !mode_given) o.mode = "fast";
-    o.progress = 1;
     ls_error err;
     ls_error_clear(&err);
     json_t *pinned;
