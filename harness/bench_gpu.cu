@@ -20,7 +20,12 @@
  * --breakdown adds, for decode and prefill, the time of every op of the step
  * (CUDA events between ops; the events themselves add a little).
  *
- *   bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown] */
+ * --moe-plans adds the MoE experts alone under every kernel plan of
+ * ls_cuda_moe_forward_plan, at 1 .. prefill tokens, vs the bytes of the
+ * distinct experts routed to / copy bandwidth (and checks that every plan
+ * gives the same bits).
+ *
+ *   bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans] */
 #include <cuda_runtime.h>
 
 #include <stdio.h>
@@ -505,18 +510,76 @@ static int digest_jobs(model *m, int nseq, int states, ls_cuda_digest_job *j)
     return n;
 }
 
+/* The MoE experts of one layer alone at T tokens under every plan: time, the
+ * bytes of the distinct experts routed to (+ the shared expert) over the copy
+ * bandwidth, and whether the plan's output bits equal plan 0's. Routing: token
+ * t takes experts (h(t) + 37 i) mod E, i < TOPK (distinct). The layer used
+ * rotates with the repeat so that its weights are not all in L2. */
+static void moe_plan_table(model *m, timer *tm, double bw, long tmax, int reps)
+{
+    long Ts[] = {1, 4, 32, 256, 1024, 4096};
+    int np = ls_cuda_moe_plan_count();
+    float *ref = (float *)malloc(sizeof(float) * (size_t)tmax * D);
+    float *got = (float *)malloc(sizeof(float) * (size_t)tmax * D);
+    int32_t *ids = (int32_t *)malloc(sizeof(int32_t) * (size_t)tmax * TOPK);
+    printf("moe experts alone, one layer, by kernel plan (time; bytes of the distinct experts / copy "
+           "bandwidth; bits vs plan 0):\n");
+    float t[64];
+    for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]); ti++) {
+        long T = Ts[ti];
+        if (T > tmax) break;
+        char used[E];
+        memset(used, 0, sizeof used);
+        for (long q = 0; q < T; q++) {
+            uint64_t h = mix64(0x5eedull + (uint64_t)q);
+            for (int i = 0; i < TOPK; i++) {
+                ids[q * TOPK + i] = (int32_t)((h + 37u * (uint64_t)i) % E);
+                used[ids[q * TOPK + i]] = 1;
+            }
+        }
+        int distinct = 0;
+        for (int e = 0; e < E; e++) distinct += used[e];
+        CU_(cudaMemcpy(m->ids, ids, sizeof(int32_t) * (size_t)T * TOPK, cudaMemcpyHostToDevice));
+        double bytes = (double)(distinct + 1) * 3 * I * D * 2;
+        double roof = bytes / bw * 1e3;
+        for (int p = 0; p < np; p++) {
+            ls_error err; ls_error_clear(&err);
+            for (int r = 0; r < 1 + reps; r++) {
+                layer *l = &m->ly[r % m->L];
+                tstart(tm, m->st);
+                T_(ls_cuda_moe_forward_plan(&l->moe, m->XN, m->ids, m->wts, TOPK, m->A, T, m->moe_scratch,
+                                            1, 0, 0, p, (void *)m->st, &err));
+                float ms = tstop(tm, m->st);
+                if (r >= 1) t[r - 1] = ms;
+            }
+            float ms = median(t, reps);
+            /* bits: the last repeat's layer, run once more on its own */
+            T_(ls_cuda_moe_forward_plan(&m->ly[0].moe, m->XN, m->ids, m->wts, TOPK, m->A, T, m->moe_scratch, 1,
+                                        0, 0, p, (void *)m->st, &err));
+            CU_(cudaMemcpyAsync(p == 0 ? ref : got, m->A, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToHost,
+                                m->st));
+            CU_(cudaStreamSynchronize(m->st));
+            int same = p == 0 || !memcmp(ref, got, sizeof(float) * (size_t)T * D);
+            printf("  T %5ld (%3d experts) %-20s %9.3f ms = %6.2f x %.3f ms (%4.1f %%)  %s\n", T, distinct,
+                   ls_cuda_moe_plan_name(p), ms, ms / roof, roof, 100.0 * roof / ms, same ? "same bits" : "BITS DIFFER");
+        }
+    }
+    free(ref); free(got); free(ids);
+}
+
 int main(int argc, char **argv)
 {
     int L = 0, reps = 5;
     long prefill = 1024;
-    int breakdown = 0;
+    int breakdown = 0, moe_plans = 0;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--breakdown")) { breakdown = 1; i--; continue; }
+        if (!strcmp(argv[i], "--moe-plans")) { moe_plans = 1; i--; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "bench_gpu: %s needs a value\n", argv[i]); return 2; }
         if (!strcmp(argv[i], "--layers")) L = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill")) prefill = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
-        else { fprintf(stderr, "usage: bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown]\n"); return 2; }
+        else { fprintf(stderr, "usage: bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans]\n"); return 2; }
     }
     if (ls_cuda_device_count() < 1) { printf("SKIP: no CUDA device\n"); return 77; }
     cudaDeviceProp prop;
@@ -560,6 +623,8 @@ int main(int argc, char **argv)
     float copy_ms = median(t, reps);
     double bw = 2.0 * cb / (copy_ms * 1e-3); /* bytes read + written per second */
     printf("copy: %.3f ms for %zu bytes -> %.0f GB/s (read + write)\n", copy_ms, cb, bw / 1e9);
+
+    if (moe_plans) moe_plan_table(&m, &tm, bw, prefill, reps);
 
     /* ---- decode steps ---- */
     int act_bf16 = 1;

@@ -76,14 +76,32 @@ extern "C" ls_status ls_cuda_sync(ls_error *err)
     return LS_OK;
 }
 
-extern "C" ls_status ls_cuda_copy_rows(void *dst_dev, size_t dst_pitch_bytes, const void *src_dev,
-                                       size_t src_pitch_bytes, size_t width_bytes, size_t rows,
-                                       ls_error *err)
+/* Thread per element, element (r, g, i) at flat index (r groups + g) len + i. */
+__global__ void ls_copy_blocks_kernel(float *dst, const float *src, long groups, long len, long n,
+                                      long dst_stride, long dst_step, long src_stride,
+                                      long src_step)
 {
-    if (rows == 0 || width_bytes == 0) return LS_OK;
-    LS_CUDA_CHECK(cudaMemcpy2D(dst_dev, dst_pitch_bytes, src_dev, src_pitch_bytes, width_bytes, rows,
-                               cudaMemcpyDeviceToDevice),
-                  err, "device row copy; check pitches and buffer sizes");
+    for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (long)gridDim.x * blockDim.x) {
+        long i = e % len, rg = e / len;
+        long g = rg % groups, r = rg / groups;
+        dst[r * dst_stride + g * dst_step + i] = src[r * src_stride + g * src_step + i];
+    }
+}
+
+extern "C" ls_status ls_cuda_copy_blocks(float *dst, const float *src, long rows, long groups,
+                                         long len, long dst_stride, long dst_step, long src_stride,
+                                         long src_step, void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(rows >= 0 && groups >= 0 && len >= 0, err,
+                    "device block copy: rows %ld, groups %ld, len %ld", rows, groups, len);
+    long n = rows * groups * len;
+    if (n == 0) return LS_OK;
+    long blocks = (n + 255) / 256;
+    ls_copy_blocks_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0,
+                            (cudaStream_t)stream>>>(dst, src, groups, len, n, dst_stride, dst_step,
+                                                    src_stride, src_step);
+    LS_CUDA_CHECK_LAUNCH("ls_copy_blocks_kernel", err);
     return LS_OK;
 }
 

@@ -42,11 +42,12 @@ void ls_cuda_arena_free(ls_cuda_arena *a);
 ls_status ls_cuda_upload(void *dst_dev, const void *src_host, size_t bytes, ls_error *err);
 ls_status ls_cuda_download(void *dst_host, const void *src_dev, size_t bytes, ls_error *err);
 ls_status ls_cuda_memset(void *dst_dev, int value, size_t bytes, ls_error *err);
-/* Copies rows of a strided 2-D region between device buffers (exact bytes):
- * dst[r*dst_pitch + i] = src[r*src_pitch + i] for i < width_bytes. */
-ls_status ls_cuda_copy_rows(void *dst_dev, size_t dst_pitch_bytes, const void *src_dev,
-                            size_t src_pitch_bytes, size_t width_bytes, size_t rows,
-                            ls_error *err);
+/* One launch copying rows x groups blocks of len 4-byte elements between
+ * device buffers that do not overlap:
+ * dst[r*dst_stride + g*dst_step + i] = src[r*src_stride + g*src_step + i]. */
+ls_status ls_cuda_copy_blocks(float *dst, const float *src, long rows, long groups, long len,
+                              long dst_stride, long dst_step, long src_stride, long src_step,
+                              void *stream, ls_error *err);
 /* Free device memory on the current device in bytes (0 on failure). */
 size_t ls_cuda_mem_free_bytes(void);
 /* Plain cudaMalloc / cudaFree for buffers outside the arena (scratch that grows). */

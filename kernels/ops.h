@@ -174,6 +174,15 @@ ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x /* [T, D] */
                               int act_bf16, int order_experts, int order_combine, void *stream,
                               ls_error *err);
 
+/* The same with an explicit kernel plan (0 .. ls_cuda_moe_plan_count()-1;
+ * -1 = the default choice above); every plan gives the same bits. */
+ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                   const float *weights, long k, float *out, long T, void *scratch,
+                                   int act_bf16, int order_experts, int order_combine, int plan,
+                                   void *stream, ls_error *err);
+int ls_cuda_moe_plan_count(void);
+const char *ls_cuda_moe_plan_name(int plan);
+
 /* h_i = act(h_i + a_i). */
 ls_status ls_cuda_residual(float *h /* [n] */, const float *a /* [n] */, long n, int act_bf16,
                            void *stream, ls_error *err);

@@ -287,6 +287,20 @@ __device__ __forceinline__ int ls_rank_before(float a, long ia, float b, long ib
     return a > b || (!(a < b) && ia < ib);
 }
 
+/* The warp's first (value, index) in that order; lanes with none pass index -1. */
+__device__ __forceinline__ void ls_warp_best_first(float *bv, long *bi)
+{
+#pragma unroll
+    for (int s = 16; s >= 1; s >>= 1) {
+        float ov = __shfl_xor_sync(LS_FULL_MASK, *bv, s);
+        long oi = __shfl_xor_sync(LS_FULL_MASK, *bi, s);
+        if (oi >= 0 && (*bi < 0 || ls_rank_before(ov, oi, *bv, *bi))) {
+            *bv = ov;
+            *bi = oi;
+        }
+    }
+}
+
 /* Pick i is the first element, in the order above, after pick i−1: no marks
  * needed, and the picks are ls_cpu_topk's (for values that are not NaN). */
 __device__ __forceinline__ void ls_warp_topk_dev(const float *x, long n, long k, int32_t *ids, float *vals)
@@ -305,15 +319,7 @@ __device__ __forceinline__ void ls_warp_topk_dev(const float *x, long n, long k,
                 bi = e;
             }
         }
-#pragma unroll
-        for (int s = 16; s >= 1; s >>= 1) {
-            float ov = __shfl_xor_sync(LS_FULL_MASK, bv, s);
-            long oi = __shfl_xor_sync(LS_FULL_MASK, bi, s);
-            if (oi >= 0 && (bi < 0 || ls_rank_before(ov, oi, bv, bi))) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        ls_warp_best_first(&bv, &bi);
         if (lane == 0) {
             ids[i] = (int32_t)bi;
             vals[i] = bv;

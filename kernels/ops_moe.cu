@@ -12,6 +12,19 @@
 
 /* ---- router ------------------------------------------------------------------- */
 
+/* Lane l's top-k weights and their renormalisation (lane 0 writes). */
+__device__ __forceinline__ void ls_router_finish(float *wt, long k, int norm_topk, int act)
+{
+    if ((threadIdx.x & 31u) != 0) return;
+    if (norm_topk) {
+        float s = 0.0f;
+        for (long i = 0; i < k; i++) s = s + wt[i];
+        for (long i = 0; i < k; i++) wt[i] = ls_act_d(wt[i] / s, act);
+    } else {
+        for (long i = 0; i < k; i++) wt[i] = ls_act_d(wt[i], act);
+    }
+}
+
 /* One warp per token, after the logits (probs = act(W x)) are in place:
  * softmax (exact max, exp, SUM32, divide), top-k, renormalisation. */
 __global__ void ls_router_softmax_topk_kernel(float *probs, long T, long E, long k, int norm_topk,
@@ -36,15 +49,80 @@ __global__ void ls_router_softmax_topk_kernel(float *probs, long T, long E, long
     float *wt = weights + t * k; /* [k] */
     ls_warp_topk_dev(pr, E, k, id, wt);
     __syncwarp();
-    if (lane == 0) {
-        if (norm_topk) {
-            float s = 0.0f;
-            for (long i = 0; i < k; i++) s = s + wt[i];
-            for (long i = 0; i < k; i++) wt[i] = ls_act_d(wt[i] / s, act);
-        } else {
-            for (long i = 0; i < k; i++) wt[i] = ls_act_d(wt[i], act);
+    ls_router_finish(wt, k, norm_topk, act);
+}
+
+/* The same for E <= 32 NPL, with a token's E logits held in registers (lane
+ * l: elements l, l+32, ... in ascending order, the order of every lane loop
+ * above), so the max, exp, sum, divide and the k top-k passes read memory
+ * once: same operations in the same order, same bits. */
+template <int NPL>
+__global__ void ls_router_regs_kernel(float *probs, long T, long E, long k, int norm_topk,
+                                      int32_t *ids, float *weights, int act)
+{
+    long t = (long)blockIdx.x * 4 + (threadIdx.x >> 5);
+    int lane = (int)(threadIdx.x & 31u);
+    if (t >= T) return;
+    float *pr = probs + t * E; /* [E] */
+    float v[NPL];
+    float m = -INFINITY;
+    long mi = -1;
+#pragma unroll
+    for (int j = 0; j < NPL; j++) {
+        long e = lane + (long)j * LS_WARP;
+        v[j] = e < E ? pr[e] : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < NPL; j++) /* the lane's first maximum, as ls_warp_max_of */
+        if (lane + (long)j * LS_WARP < E && v[j] > m) {
+            m = v[j];
+            mi = lane + (long)j * LS_WARP;
+        }
+    m = ls_warp_max_first(m, mi);
+    float p = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NPL; j++)
+        if (lane + (long)j * LS_WARP < E) {
+            v[j] = ls_expf(v[j] - m);
+            p = p + v[j];
+        }
+    float sum = ls_warp_tree(p);
+#pragma unroll
+    for (int j = 0; j < NPL; j++) {
+        long e = lane + (long)j * LS_WARP;
+        if (e < E) {
+            v[j] = v[j] / sum;
+            pr[e] = v[j];
         }
     }
+    /* Top-k as ls_warp_topk_dev: pick i is the first element in the order
+     * (value descending, index ascending) after pick i-1. */
+    int32_t *id = ids + t * k;   /* [k] */
+    float *wt = weights + t * k; /* [k] */
+    float pv = INFINITY;
+    long pi = -1;
+    for (long i = 0; i < k; i++) {
+        float bv = -INFINITY;
+        long bi = -1;
+#pragma unroll
+        for (int j = 0; j < NPL; j++) {
+            long e = lane + (long)j * LS_WARP;
+            if (e < E && (pi < 0 || ls_rank_before(pv, pi, v[j], e)) &&
+                (bi < 0 || ls_rank_before(v[j], e, bv, bi))) {
+                bv = v[j];
+                bi = e;
+            }
+        }
+        ls_warp_best_first(&bv, &bi);
+        if (lane == 0) {
+            id[i] = (int32_t)bi;
+            wt[i] = bv;
+        }
+        pv = bv;
+        pi = bi;
+    }
+    __syncwarp();
+    ls_router_finish(wt, k, norm_topk, act);
 }
 
 extern "C" ls_status ls_cuda_router(const void *w, int wtype, long E, long D, const float *x,
@@ -56,8 +134,17 @@ extern "C" ls_status ls_cuda_router(const void *w, int wtype, long E, long D, co
                     "cuda portable router: top-k %ld not in 1..min(64, experts %ld)", k, E);
     LS_TRY(ls_cuda_linear(w, wtype, E, D, x, probs, T, act_bf16, order, stream, err));
     if (T <= 0) return LS_OK;
-    ls_router_softmax_topk_kernel<<<ls_blocks_for(T, 4), 4 * LS_WARP, 0, (cudaStream_t)stream>>>(
-        probs, T, E, k, norm_topk, ids, weights, act_bf16);
+    dim3 grid(ls_blocks_for(T, 4)), block(4 * LS_WARP);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (E <= 16 * LS_WARP)
+        ls_router_regs_kernel<16><<<grid, block, 0, s>>>(probs, T, E, k, norm_topk, ids, weights,
+                                                         act_bf16);
+    else if (E <= 32 * LS_WARP)
+        ls_router_regs_kernel<32><<<grid, block, 0, s>>>(probs, T, E, k, norm_topk, ids, weights,
+                                                         act_bf16);
+    else
+        ls_router_softmax_topk_kernel<<<grid, block, 0, s>>>(probs, T, E, k, norm_topk, ids,
+                                                             weights, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_router_softmax_topk_kernel", err);
     return LS_OK;
 }
@@ -271,17 +358,20 @@ __device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const
     }
 }
 
+/* Launch shape of a plan: NT pairs per weight-row pass (NT = 1: every tile
+ * is one pair), LEAN the scalar dot, MINB the blocks per SM the registers
+ * are budgeted for. Shared memory per warp: the one-pair row pass, the most
+ * chunks in flight (a grouped tile of one pair takes it). */
+#define LS_MOE_SMEM(LEAN) ((LEAN) ? 1 : LS_ROWDOT_SMEM(1))
+
 /* grid (ceil(W / 8), tiles): warp per (tile, hidden unit i); the gate and up
- * rows i are each read once per NT pairs. NT = 1 for the ungrouped launch
- * (one pair per tile, many small warps: the lean dot keeps the registers low
- * and the SMs full), LS_MOE_NT for the grouped one (a tile of one pair there
- * takes the one-token row pass). */
-template <int NT>
-__global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
+ * rows i are each read once per NT pairs. */
+template <int NT, int LEAN, int MINB>
+__global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP, MINB)
 ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                       float *mid, int act)
 {
-    __shared__ float wsm[LS_MOE_WARPS][NT == 1 ? 1 : LS_ROWDOT_SMEM(1)];
+    __shared__ float wsm[LS_MOE_WARPS][LS_MOE_SMEM(LEAN)];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
@@ -296,10 +386,11 @@ ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles t
     for (int q0 = 0; q0 < n; q0 += step) {
         int nt = n - q0 < step ? n - q0 : step;
         if (step == 1)
-            ls_moe_gate_up_pass<1, NT == 1>(mw, x, tl, shared, p0, q0, 1, wg, wu, i, W, mid, wsm[warp], act);
+            ls_moe_gate_up_pass<1, LEAN>(mw, x, tl, shared, p0, q0, 1, wg, wu, i, W, mid,
+                                         wsm[warp], act);
         else
             ls_moe_gate_up_pass<NT, 0>(mw, x, tl, shared, p0, q0, nt, wg, wu, i, W, mid, wsm[warp],
-                                    act);
+                                       act);
     }
 }
 
@@ -349,12 +440,12 @@ __device__ __forceinline__ void ls_moe_down_pass(const ls_cuda_moe &mw, const ls
 
 /* grid (ceil(D / 8), tiles): warp per (tile, output j); the down row j is read
  * once per NT pairs (one-pair tiles as in the gate/up kernel). */
-template <int NT>
-__global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP)
+template <int NT, int LEAN, int MINB>
+__global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP, MINB)
 ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                    const float *mid, const float *gamma, float *cbuf, int act)
 {
-    __shared__ float wsm[LS_MOE_WARPS][NT == 1 ? 1 : LS_ROWDOT_SMEM(1)];
+    __shared__ float wsm[LS_MOE_WARPS][LS_MOE_SMEM(LEAN)];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
@@ -368,11 +459,11 @@ ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *wei
     for (int q0 = 0; q0 < n; q0 += step) {
         int nt = n - q0 < step ? n - q0 : step;
         if (step == 1)
-            ls_moe_down_pass<1, NT == 1>(mw, tl, shared, p0, q0, 1, wd, width, j, weights, W, mid, gamma,
-                                cbuf, wsm[warp], act);
+            ls_moe_down_pass<1, LEAN>(mw, tl, shared, p0, q0, 1, wd, width, j, weights, W, mid,
+                                      gamma, cbuf, wsm[warp], act);
         else
-            ls_moe_down_pass<NT, 0>(mw, tl, shared, p0, q0, nt, wd, width, j, weights, W, mid, gamma,
-                                 cbuf, wsm[warp], act);
+            ls_moe_down_pass<NT, 0>(mw, tl, shared, p0, q0, nt, wd, width, j, weights, W, mid,
+                                    gamma, cbuf, wsm[warp], act);
     }
 }
 
@@ -403,10 +494,53 @@ __global__ void ls_moe_combine_kernel(const float *cbuf, const int32_t *ids, con
     out[e] = has_shared ? ls_act_d(routed + c[k * D + j], act) : routed;
 }
 
-extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
-                                         const float *weights, long k, float *out, long T,
-                                         void *scratch, int act_bf16, int order_experts,
-                                         int order_combine, void *stream, ls_error *err)
+template <int NT, int LEAN, int MINB>
+static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, const ls_moe_tiles &tl,
+                                       const float *weights, long W, long tiles, float *mid,
+                                       float *gamma, float *cbuf, int act, cudaStream_t s,
+                                       ls_error *err)
+{
+    dim3 g1(ls_blocks_for(W, LS_MOE_WARPS), (unsigned)tiles);
+    ls_moe_gate_up_kernel<NT, LEAN, MINB><<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid,
+                                                                               act);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_kernel", err);
+    if (mw->sh_gate) {
+        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
+    }
+    dim3 g2(ls_blocks_for(mw->D, LS_MOE_WARPS), (unsigned)tiles);
+    ls_moe_down_kernel<NT, LEAN, MINB><<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(
+        *mw, tl, weights, W, mid, gamma, cbuf, act);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_down_kernel", err);
+    return LS_OK;
+}
+
+/* The plans, chosen by measurement on the H200 (reports/perf-h200.md,
+ * bench_gpu --moe-plans):
+ *   0  few pairs (decode): every pair its own tile, the lean scalar dot, 40
+ *      registers for 6 blocks per SM. Grouping, 16-byte row passes and
+ *      fused gate/up passes were no faster at 1-32 tokens.
+ *   1  many pairs (prefill, replay chunks): grouped by expert, 8 pairs per
+ *      row pass, registers cut to 128 for 2 blocks per SM: 1.4x faster than
+ *      one block per SM at 256 and 1024 tokens, the spills notwithstanding. */
+static const char *const ls_moe_plan_names[] = {"single pairs, lean dot",
+                                                "grouped by expert, 8 pairs per pass"};
+
+extern "C" int ls_cuda_moe_plan_count(void)
+{
+    return (int)(sizeof ls_moe_plan_names / sizeof ls_moe_plan_names[0]);
+}
+
+extern "C" const char *ls_cuda_moe_plan_name(int plan)
+{
+    return plan >= 0 && plan < ls_cuda_moe_plan_count() ? ls_moe_plan_names[plan] : "?";
+}
+
+extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float *x,
+                                              const int32_t *ids, const float *weights, long k,
+                                              float *out, long T, void *scratch, int act_bf16,
+                                              int order_experts, int order_combine, int plan,
+                                              void *stream, ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order_experts, err, "moe (experts)");
     LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
@@ -417,10 +551,9 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
                     mw->E, mw->D, mw->I, mw->Is, k);
     if (T <= 0) return LS_OK;
     long P = T * k;
-    /* Few pairs (P <= E, as in decode): most experts get at most one, so
-     * grouping saves little and its wide passes cost registers; every pair
-     * (and every token through the shared expert) is its own tile then. */
-    int single = P <= mw->E;
+    if (plan < 0) plan = P <= mw->E ? 0 : 1;
+    LS_CUDA_REQUIRE(plan < ls_cuda_moe_plan_count(), err, "cuda portable moe: no plan %d", plan);
+    int single = plan == 0;
     long sh_tiles = !mw->sh_gate ? 0 : single ? T : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
     long max_tiles = single ? P : (long)ls_moe_max_tiles(mw->E, P);
     LS_CUDA_REQUIRE(P <= INT32_MAX && sh_tiles + max_tiles <= 65535, err,
@@ -447,28 +580,24 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
         LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
     }
     ls_moe_tiles tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, single};
-    unsigned gy = (unsigned)(sh_tiles + max_tiles);
-    dim3 g1(ls_blocks_for(W, LS_MOE_WARPS), gy);
+    long tiles = sh_tiles + max_tiles;
     if (single)
-        ls_moe_gate_up_kernel<1><<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act_bf16);
+        LS_TRY((ls_moe_experts_launch<1, 1, 6>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf,
+                                               act_bf16, s, err)));
     else
-        ls_moe_gate_up_kernel<LS_MOE_NT><<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid,
-                                                                             act_bf16);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_kernel", err);
-    if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)T, LS_WARP, 0, s>>>(*mw, x, T, gamma, act_bf16);
-        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
-    }
-    dim3 g2(ls_blocks_for(mw->D, LS_MOE_WARPS), gy);
-    if (single)
-        ls_moe_down_kernel<1><<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
-                                                                     cbuf, act_bf16);
-    else
-        ls_moe_down_kernel<LS_MOE_NT><<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(
-            *mw, tl, weights, W, mid, gamma, cbuf, act_bf16);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_down_kernel", err);
+        LS_TRY((ls_moe_experts_launch<LS_MOE_NT, 0, 2>(mw, x, tl, weights, W, tiles, mid, gamma,
+                                                       cbuf, act_bf16, s, err)));
     ls_moe_combine_kernel<<<ls_blocks_for(T * mw->D, 256), 256, 0, s>>>(
         cbuf, ids, weights, mw->E, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
     return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                         const float *weights, long k, float *out, long T,
+                                         void *scratch, int act_bf16, int order_experts,
+                                         int order_combine, void *stream, ls_error *err)
+{
+    return ls_cuda_moe_forward_plan(mw, x, ids, weights, k, out, T, scratch, act_bf16,
+                                    order_experts, order_combine, -1, stream, err);
 }

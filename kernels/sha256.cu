@@ -350,27 +350,55 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         uint64_t bx = (max_el + 255) / 256;
         dim3 grid((unsigned)(bx < 64 ? bx : 64), (unsigned)(n_jobs < 65535 ? n_jobs : 65535));
         ls_digest_encode_kernel<<<grid, 256, 0, s>>>(d_ent, n_jobs, base + bytes_at);
-        LS_CUDA_CHECK_LAUNCH("ls_digest_encode_kernel", err);
+        ce = cudaGetLastError();
     }
-    ls_digest_hash_kernel<<<(n_jobs + 63) / 64, 64, 0, s>>>(d_ent, n_jobs, base + bytes_at,
-                                                             device_max_bytes, base + dig_at);
-    ce = cudaGetLastError();
-    if (ce == cudaSuccess)
-        ce = cudaMemcpyAsync(h_digests, base + dig_at, (size_t)n_jobs * 32, cudaMemcpyDeviceToHost, s);
-    /* Long jobs: encoded bytes to the host, hashed there while nothing else waits. */
+    /* The long jobs' encoded bytes go to the host on a second stream that
+     * waits only for the encoding, so the host hashes them while the device
+     * hashes the short ones. */
+    cudaStream_t s2 = NULL;
+    cudaEvent_t encoded = NULL;
+    if (ce == cudaSuccess && max_host) {
+        ce = cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+        if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&encoded, cudaEventDisableTiming);
+        if (ce == cudaSuccess) ce = cudaEventRecord(encoded, s);
+        if (ce == cudaSuccess) ce = cudaStreamWaitEvent(s2, encoded, 0);
+    }
+    if (ce == cudaSuccess) {
+        ls_digest_hash_kernel<<<(n_jobs + 63) / 64, 64, 0, s>>>(d_ent, n_jobs, base + bytes_at,
+                                                                 device_max_bytes, base + dig_at);
+        ce = cudaGetLastError();
+    }
+    int host_failed = -1;
     for (int i = 0; ce == cudaSuccess && max_host && i < n_jobs; i++) {
         if (h[i].len <= device_max_bytes) continue;
-        ce = cudaMemcpyAsync(h_big, base + bytes_at + h[i].off, h[i].len, cudaMemcpyDeviceToHost, s);
-        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+        ce = cudaMemcpyAsync(h_big, base + bytes_at + h[i].off, h[i].len, cudaMemcpyDeviceToHost, s2);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s2);
         if (ce == cudaSuccess && host_sha256(h_big, h[i].len, h_digests + 32 * (size_t)i) != 0) {
-            free(h);
-            free(h_big);
-            return ls_fail(err, LS_E_CRYPTO, "digest: host SHA-256 of job %d failed", i);
+            host_failed = i;
+            break;
         }
     }
+    /* Short jobs' digests; a long job's slot was written by the host above and
+     * is not in the device's set (the device left it alone), so copy the
+     * device's slots one run at a time around the host's. */
+    for (int i = 0; ce == cudaSuccess && host_failed < 0 && i < n_jobs;) {
+        if (h[i].len > device_max_bytes) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < n_jobs && h[j].len <= device_max_bytes) j++;
+        ce = cudaMemcpyAsync(h_digests + 32 * (size_t)i, base + dig_at + 32 * (size_t)i,
+                             32 * (size_t)(j - i), cudaMemcpyDeviceToHost, s);
+        i = j;
+    }
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+    if (s2) cudaStreamDestroy(s2);
+    if (encoded) cudaEventDestroy(encoded);
     free(h);
     free(h_big);
+    if (host_failed >= 0)
+        return ls_fail(err, LS_E_CRYPTO, "digest: host SHA-256 of job %d failed", host_failed);
     LS_CUDA_CHECK(ce, err, "digest: a kernel or copy faulted (run compute-sanitizer)");
     return LS_OK;
 }

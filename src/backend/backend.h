@@ -55,6 +55,12 @@ typedef struct ls_bmoe {
     const ls_bweight *sh_gate_w;         /* shared_expert_gate [1, D] */
 } ls_bmoe;
 
+/* The shape of a copy_blocks call (see there). */
+typedef struct ls_copy_shape {
+    long rows, groups, len;
+    long dst_stride, dst_step, src_stride, src_step;
+} ls_copy_shape;
+
 /* One span of a digest: `rows` rows of `len` elements (4 bytes each, fp32 or
  * int32) starting at src, row starts `stride` elements apart, hashed row by
  * row in order. rows = 0 marks an unused span. */
@@ -92,9 +98,12 @@ struct ls_backend {
     ls_status (*download)(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err);
     /* Sets n elements (4 bytes each) to zero. */
     ls_status (*zero)(ls_backend *be, ls_view dst, size_t n, ls_error *err);
-    /* Copies `rows` rows of `len` elements: dst[r*dst_stride + i] = src[r*src_stride + i]. */
-    ls_status (*copy_rows)(ls_backend *be, ls_view dst, long dst_stride, ls_view src,
-                           long src_stride, long rows, long len, ls_error *err);
+    /* Copies rows x groups blocks of len elements (4 bytes each), in one call:
+     * dst[r*dst_stride + g*dst_step + i] = src[r*src_stride + g*src_step + i]
+     * for r < rows, g < groups, i < len; dst and src must not overlap. One
+     * group is a plain strided row copy (ls_copy_rows). */
+    ls_status (*copy_blocks)(ls_backend *be, ls_view dst, ls_view src, const ls_copy_shape *sh,
+                             ls_error *err);
     /* Frees every buffer and the backend itself. */
     void (*destroy)(ls_backend *be);
 
@@ -164,7 +173,7 @@ struct ls_backend {
                                      const long *row0, const long *len, long nseq, ls_view o,
                                      long Hk, long Hv, long dk, long dv, int act_bf16,
                                      ls_order order, ls_error *err);
-    /* copy_rows of each sequence's K and V rows [len, Hkv, d] to positions
+    /* copy_blocks of each sequence's K and V rows [len, Hkv, d] to positions
      * pos0[s].. of each head of its caches [Hkv, cap, d]. */
     ls_status (*kv_append_batch)(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
                                  ls_buf *const *vcs, long cap, const long *row0, const long *len,
@@ -187,5 +196,14 @@ struct ls_backend {
 /* The CPU reference backend. n_threads >= 1 worker threads split rows,
  * output columns and tokens without changing any result bit. */
 ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err);
+
+/* copy_blocks of one group: `rows` rows of `len` elements,
+ * dst[r*dst_stride + i] = src[r*src_stride + i]. */
+static inline ls_status ls_copy_rows(ls_backend *be, ls_view dst, long dst_stride, ls_view src,
+                                     long src_stride, long rows, long len, ls_error *err)
+{
+    ls_copy_shape sh = {rows, 1, len, dst_stride, 0, src_stride, 0};
+    return be->copy_blocks(be, dst, src, &sh, err);
+}
 
 #endif

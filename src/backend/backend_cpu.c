@@ -110,15 +110,17 @@ static ls_status cpu_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
     return LS_OK;
 }
 
-static ls_status cpu_copy_rows(ls_backend *be, ls_view dst, long dst_stride, ls_view src,
-                               long src_stride, long rows, long len, ls_error *err)
+static ls_status cpu_copy_blocks(ls_backend *be, ls_view dst, ls_view src, const ls_copy_shape *sh,
+                                 ls_error *err)
 {
     (void)be;
     (void)err;
     float *d = F(dst);
     const float *s = F(src);
-    for (long r = 0; r < rows; r++)
-        memmove(d + r * dst_stride, s + r * src_stride, (size_t)len * sizeof(float));
+    for (long r = 0; r < sh->rows; r++)
+        for (long g = 0; g < sh->groups; g++)
+            memcpy(d + r * sh->dst_stride + g * sh->dst_step, s + r * sh->src_stride + g * sh->src_step,
+                   (size_t)sh->len * sizeof(float));
     return LS_OK;
 }
 
@@ -509,7 +511,7 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
     be->upload = cpu_upload;
     be->download = cpu_download;
     be->zero = cpu_zero;
-    be->copy_rows = cpu_copy_rows;
+    be->copy_blocks = cpu_copy_blocks;
     be->embed = cpu_embed;
     be->linear = cpu_linear;
     be->rmsnorm = cpu_rmsnorm;

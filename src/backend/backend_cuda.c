@@ -88,12 +88,12 @@ static ls_status cu_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
     return ls_cuda_memset(F(dst), 0, n * 4, err);
 }
 
-static ls_status cu_copy_rows(ls_backend *be, ls_view dst, long dst_stride, ls_view src,
-                              long src_stride, long rows, long len, ls_error *err)
+static ls_status cu_copy_blocks(ls_backend *be, ls_view dst, ls_view src, const ls_copy_shape *sh,
+                                ls_error *err)
 {
     (void)be;
-    return ls_cuda_copy_rows(F(dst), (size_t)dst_stride * 4, F(src), (size_t)src_stride * 4,
-                             (size_t)len * 4, (size_t)rows, err);
+    return ls_cuda_copy_blocks(F(dst), F(src), sh->rows, sh->groups, sh->len, sh->dst_stride,
+                               sh->dst_step, sh->src_stride, sh->src_step, NULL, err);
 }
 
 static void cu_destroy(ls_backend *be)
@@ -474,7 +474,7 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
     be->upload = cu_upload;
     be->download = cu_download;
     be->zero = cu_zero;
-    be->copy_rows = cu_copy_rows;
+    be->copy_blocks = cu_copy_blocks;
     be->destroy = cu_destroy;
     be->embed = cu_embed;
     be->linear = cu_linear;

@@ -594,19 +594,22 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     int tl = (int)(1 + 2 * l);
     LS_TRY(be->linear(be, &w->qkvz, BEV(e->XN), BEV(e->P), T, act, LS_ORDER_CANONICAL, err));
     LS_TRY(be->linear(be, &w->ba, BEV(e->XN), BEV(e->BA), T, act, LS_ORDER_CANONICAL, err));
-    /* De-interleave per key-head group (spec §2.3). */
+    /* De-interleave per key-head group (spec §2.3): group g of a row holds
+     * q, k (dk each), v, z (r dv each), and of the ba row b, a (r each). */
     long gw = 2 * dk + 2 * r * dv;
-    for (long g = 0; g < Hk; g++) {
-        long src = g * gw;
-        LS_TRY(be->copy_rows(be, AT(e->X, g * dk), C, AT(e->P, src), Wp, T, dk, err));
-        LS_TRY(be->copy_rows(be, AT(e->X, Hk * dk + g * dk), C, AT(e->P, src + dk), Wp, T, dk, err));
-        LS_TRY(be->copy_rows(be, AT(e->X, 2 * Hk * dk + g * r * dv), C, AT(e->P, src + 2 * dk), Wp,
-                             T, r * dv, err));
-        LS_TRY(be->copy_rows(be, AT(e->Z, g * r * dv), Hv * dv, AT(e->P, src + 2 * dk + r * dv),
-                             Wp, T, r * dv, err));
-        LS_TRY(be->copy_rows(be, AT(e->Bv, g * r), Hv, AT(e->BA, g * 2 * r), 2 * Hv, T, r, err));
-        LS_TRY(be->copy_rows(be, AT(e->Av, g * r), Hv, AT(e->BA, g * 2 * r + r), 2 * Hv, T, r, err));
-    }
+    const struct {
+        ls_view dst, src;
+        ls_copy_shape sh;
+    } split[6] = {
+        {AT(e->X, 0), AT(e->P, 0), {T, Hk, dk, C, dk, Wp, gw}},
+        {AT(e->X, Hk * dk), AT(e->P, dk), {T, Hk, dk, C, dk, Wp, gw}},
+        {AT(e->X, 2 * Hk * dk), AT(e->P, 2 * dk), {T, Hk, r * dv, C, r * dv, Wp, gw}},
+        {AT(e->Z, 0), AT(e->P, 2 * dk + r * dv), {T, Hk, r * dv, Hv * dv, r * dv, Wp, gw}},
+        {AT(e->Bv, 0), AT(e->BA, 0), {T, Hk, r, Hv, r, 2 * Hv, 2 * r}},
+        {AT(e->Av, 0), AT(e->BA, r), {T, Hk, r, Hv, r, 2 * Hv, 2 * r}},
+    };
+    for (int i = 0; i < 6; i++)
+        LS_TRY(be->copy_blocks(be, split[i].dst, split[i].src, &split[i].sh, err));
     ls_order oc = ord(e, l, LS_PERTURB_CONV), og = ord(e, l, LS_PERTURB_GDN);
     int batched = be->conv_silu_batch && be->gdn_recurrent_batch && nseg > 1 &&
                   single_runs(e, sg, nseg);
@@ -644,9 +647,9 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
             i = j + 1;
         }
     }
-    LS_TRY(be->copy_rows(be, BEV(e->Q), Hk * dk, AT(e->Y, 0), C, T, Hk * dk, err));
-    LS_TRY(be->copy_rows(be, BEV(e->K), Hk * dk, AT(e->Y, Hk * dk), C, T, Hk * dk, err));
-    LS_TRY(be->copy_rows(be, BEV(e->V), Hv * dv, AT(e->Y, 2 * Hk * dk), C, T, Hv * dv, err));
+    LS_TRY(ls_copy_rows(be, BEV(e->Q), Hk * dk, AT(e->Y, 0), C, T, Hk * dk, err));
+    LS_TRY(ls_copy_rows(be, BEV(e->K), Hk * dk, AT(e->Y, Hk * dk), C, T, Hk * dk, err));
+    LS_TRY(ls_copy_rows(be, BEV(e->V), Hv * dv, AT(e->Y, 2 * Hk * dk), C, T, Hv * dv, err));
     LS_TRY(be->l2norm_scale(be, BEV(e->Q), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), og, err));
     LS_TRY(be->l2norm_scale(be, BEV(e->K), T * Hk, dk, 1.0f, og, err));
     LS_TRY(be->gdn_gates(be, BEV(e->Bv), BEV(e->Av), BEV(w->A_log), BEV(w->dt_bias), BEV(e->beta),
@@ -700,11 +703,9 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     LS_TRY(be->linear(be, &w->k, BEV(e->XN), BEV(e->K), T, act, LS_ORDER_CANONICAL, err));
     LS_TRY(be->linear(be, &w->v, BEV(e->XN), BEV(e->V), T, act, LS_ORDER_CANONICAL, err));
     /* Per head: d query values, then d gate values (spec §3.3 step 1). */
-    for (long n = 0; n < Hq; n++) {
-        LS_TRY(be->copy_rows(be, AT(e->Q, n * d), Hq * d, AT(e->QG, n * 2 * d), Hq * 2 * d, T, d, err));
-        LS_TRY(be->copy_rows(be, AT(e->G, n * d), Hq * d, AT(e->QG, n * 2 * d + d), Hq * 2 * d, T, d,
-                             err));
-    }
+    ls_copy_shape heads = {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d};
+    LS_TRY(be->copy_blocks(be, BEV(e->Q), AT(e->QG, 0), &heads, err));
+    LS_TRY(be->copy_blocks(be, BEV(e->G), AT(e->QG, d), &heads, err));
     ls_order on = LS_ORDER_CANONICAL;
     LS_TRY(be->rmsnorm(be, BEV(e->Q), BEV(w->q_norm), BEV(e->Q), T * Hq, d, act, on, err));
     LS_TRY(be->rmsnorm(be, BEV(e->K), BEV(w->k_norm), BEV(e->K), T * Hkv, d, act, on, err));
@@ -730,13 +731,11 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     for (long s = 0; s < nseg && !batched; s++) {
         seq_state *q = &e->ss[sg[s].slot];
         long r0 = sg[s].row0, n = sg[s].n;
-        for (long h = 0; h < Hkv; h++) {
-            size_t dst = (size_t)(h * e->cap * d + sg[s].pos0 * d);
-            LS_TRY(be->copy_rows(be, AT(q->kc[l], dst), d, AT(e->K, r0 * Hkv * d + h * d), Hkv * d, n,
-                                 d, err));
-            LS_TRY(be->copy_rows(be, AT(q->vc[l], dst), d, AT(e->V, r0 * Hkv * d + h * d), Hkv * d, n,
-                                 d, err));
-        }
+        /* rows [n, Hkv, d] to positions pos0.. of the [Hkv, cap, d] caches */
+        ls_copy_shape kv = {n, Hkv, d, d, e->cap * d, Hkv * d, d};
+        size_t at = (size_t)(sg[s].pos0 * d);
+        LS_TRY(be->copy_blocks(be, AT(q->kc[l], at), AT(e->K, r0 * Hkv * d), &kv, err));
+        LS_TRY(be->copy_blocks(be, AT(q->vc[l], at), AT(e->V, r0 * Hkv * d), &kv, err));
         LS_TRY(be->attention(be, AT(e->Q, r0 * Hq * d), BEV(q->kc[l]), BEV(q->vc[l]), e->cap,
                              AT(e->pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa, err));
     }

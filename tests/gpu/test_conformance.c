@@ -230,6 +230,28 @@ START_TEST(test_elementwise)
 }
 END_TEST
 
+/* The GDN projection split of the engine (16 key-head groups of q, k, v, z
+ * per row), as one block copy: the device copy = the host loop. */
+START_TEST(test_copy_blocks)
+{
+    reset_arena();
+    long T = 65, G = 16, dk = 128, vz = 256, gw = 2 * dk + 2 * vz, C = G * (2 * dk + vz);
+    float *src = rand_f32((size_t)T * G * gw, 1.0f, 0);
+    float *want = calloc((size_t)T * C, sizeof(float)), *got = malloc(sizeof(float) * T * C);
+    for (long r = 0; r < T; r++)
+        for (long g = 0; g < G; g++)
+            memcpy(want + r * C + 2 * G * dk + g * vz, src + r * G * gw + g * gw + 2 * dk, 4 * vz);
+    float *dsrc = dup_dev(src, 4 * T * G * gw), *dd = dalloc(4 * T * C);
+    ls_error e_;
+    ck_assert_msg(ls_cuda_memset(dd, 0, 4 * T * C, &e_) == LS_OK, "%s", e_.msg);
+    ck_assert_msg(ls_cuda_copy_blocks(dd + 2 * G * dk, dsrc + 2 * dk, T, G, vz, C, vz, G * gw, gw,
+                                      NULL, &e_) == LS_OK, "%s", e_.msg);
+    fetch(got, dd, 4 * T * C);
+    same_f32("copy_blocks (gdn split of v)", want, got, (size_t)(T * C));
+    free(src); free(want); free(got);
+}
+END_TEST
+
 /* ---- conv ------------------------------------------------------------------------ */
 
 START_TEST(test_conv)
@@ -406,24 +428,23 @@ static void check_router(long E, long D, long T, long k, int norm, int ties)
     free(w); free(x); free(pr); free(wt); free(gpr); free(gwt); free(ids); free(gids);
 }
 
-static void check_moe(long E, long D, long I, long Is, long k, long T, int shared)
+static void check_moe(long E, long D, long I, long Is, long k, long T, int shared, int wt_)
 {
     reset_arena();
-    int wt_ = LS_WTYPE_BF16;
     ls_wmat *g = calloc(E, sizeof *g), *u = calloc(E, sizeof *u), *dn = calloc(E, sizeof *dn);
     const void **dg = calloc(E, sizeof *dg), **du = calloc(E, sizeof *du), **dd = calloc(E, sizeof *dd);
     for (long e = 0; e < E; e++) {
-        g[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), LS_WTYPE_BF16, I, D};
-        u[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), LS_WTYPE_BF16, I, D};
-        dn[e] = (ls_wmat){rand_w(D, I, wt_, 0.05f), LS_WTYPE_BF16, D, I};
+        g[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D};
+        u[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D};
+        dn[e] = (ls_wmat){rand_w(D, I, wt_, 0.05f), wt_, D, I};
         dg[e] = dup_dev(g[e].data, wbytes(I, D, wt_));
         du[e] = dup_dev(u[e].data, wbytes(I, D, wt_));
         dd[e] = dup_dev(dn[e].data, wbytes(D, I, wt_));
     }
-    ls_wmat sg = {rand_w(Is, D, wt_, 0.05f), LS_WTYPE_BF16, Is, D};
-    ls_wmat su = {rand_w(Is, D, wt_, 0.05f), LS_WTYPE_BF16, Is, D};
-    ls_wmat sd = {rand_w(D, Is, wt_, 0.05f), LS_WTYPE_BF16, D, Is};
-    ls_wmat sgw = {rand_w(1, D, wt_, 0.05f), LS_WTYPE_BF16, 1, D};
+    ls_wmat sg = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D};
+    ls_wmat su = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D};
+    ls_wmat sd = {rand_w(D, Is, wt_, 0.05f), wt_, D, Is};
+    ls_wmat sgw = {rand_w(1, D, wt_, 0.05f), wt_, 1, D};
     ls_moe_weights mw = {E, D, I, Is, g, u, dn, shared ? &sg : NULL, &su, &sd, &sgw};
     ls_cuda_moe cm = {E, D, I, Is, wt_, dup_dev(dg, sizeof(void *) * E), dup_dev(du, sizeof(void *) * E),
                       dup_dev(dd, sizeof(void *) * E), shared ? dup_dev(sg.data, wbytes(Is, D, wt_)) : NULL,
@@ -444,11 +465,16 @@ static void check_moe(long E, long D, long I, long Is, long k, long T, int share
     int32_t *dids = dup_dev(ids, 4 * T * k);
     void *dscr = dalloc(ls_cuda_moe_scratch_bytes(&cm, T, k));
     ls_error e_;
-    ck_assert_msg(ls_cuda_moe_forward(&cm, dx, dids, dw, k, dout, T, dscr, 1, 0, 0, NULL, &e_) == LS_OK, "%s", e_.msg);
-    fetch(gout, dout, 4 * T * D);
-    char what[128];
-    snprintf(what, sizeof what, "moe E %ld D %ld I %ld Is %ld k %ld T %ld shared %d", E, D, I, Is, k, T, shared);
-    same_f32(what, out, gout, (size_t)(T * D));
+    char what[160];
+    /* Every kernel plan (-1: the default choice) gives the CPU's bits. */
+    for (int plan = -1; plan < ls_cuda_moe_plan_count(); plan++) {
+        ck_assert_msg(ls_cuda_moe_forward_plan(&cm, dx, dids, dw, k, dout, T, dscr, 1, 0, 0, plan, NULL,
+                                               &e_) == LS_OK, "%s", e_.msg);
+        fetch(gout, dout, 4 * T * D);
+        snprintf(what, sizeof what, "moe E %ld D %ld I %ld Is %ld k %ld T %ld shared %d plan %s", E,
+                 D, I, Is, k, T, shared, plan < 0 ? "default" : ls_cuda_moe_plan_name(plan));
+        same_f32(what, out, gout, (size_t)(T * D));
+    }
     /* Batch independence: token T-1 alone gives the same row. */
     ck_assert_msg(ls_cuda_moe_forward(&cm, dx + (T - 1) * D, dids + (T - 1) * k, dw + (T - 1) * k, k, dout, 1, dscr, 1, 0, 0, NULL, &e_) == LS_OK, "%s", e_.msg);
     fetch(gout, dout, 4 * D);
@@ -468,10 +494,13 @@ START_TEST(test_router_moe)
     check_router(512, 2048, g_quick ? 3 : 65, 10, 1, 0);
     check_router(64, 96, 63, 8, 0, 1);
     check_router(64, 96, 5, 8, 1, 1);
-    check_moe(16, 2048, 512, 512, 10, 1, 1);
-    check_moe(16, 2048, 512, 512, 10, g_quick ? 3 : 65, 1);
-    check_moe(8, 96, 48, 80, 3, 7, 1);
-    check_moe(8, 96, 48, 80, 3, 7, 0);
+    check_router(700, 96, 5, 8, 1, 1);  /* 32 logits per lane in registers */
+    check_router(1100, 96, 5, 8, 0, 1); /* beyond the register kernels */
+    check_moe(16, 2048, 512, 512, 10, 1, 1, LS_WTYPE_BF16);
+    check_moe(16, 2048, 512, 512, 10, g_quick ? 3 : 65, 1, LS_WTYPE_BF16);
+    check_moe(16, 512, 256, 128, 4, g_quick ? 5 : 40, 1, LS_WTYPE_F32);
+    check_moe(8, 96, 48, 80, 3, 7, 1, LS_WTYPE_BF16);
+    check_moe(8, 96, 48, 80, 3, 7, 0, LS_WTYPE_BF16);
 }
 END_TEST
 
@@ -547,6 +576,7 @@ int main(void)
     tcase_add_test(tc, test_embed);
     tcase_add_test(tc, test_norms);
     tcase_add_test(tc, test_elementwise);
+    tcase_add_test(tc, test_copy_blocks);
     tcase_add_test(tc, test_conv);
     tcase_add_test(tc, test_gdn);
     tcase_add_test(tc, test_attention);
