@@ -471,10 +471,11 @@ static void check_moe(long E, long D, long I, long Is, long k, long T, int share
         ck_assert_msg(ls_cuda_moe_forward_plan(&cm, dx, dids, dw, k, dout, T, dscr, 1, 0, 0, plan, NULL,
                                                &e_) == LS_OK, "%s", e_.msg);
         fetch(gout, dout, 4 * T * D);
-        snprintf(what, sizeof what, "moe E %ld D %ld I %ld Is %ld k %ld T %ld shared %d plan %s", E,
-                 D, I, Is, k, T, shared, plan < 0 ? "default" : ls_cuda_moe_plan_name(plan));
+        snprintf(what, sizeof what, "moe plan %s", plan < 0 ? "default" : ls_cuda_moe_plan_name(plan));
         same_f32(what, out, gout, (size_t)(T * D));
     }
+    snprintf(what, sizeof what, "moe E %ld D %ld I %ld Is %ld k %ld T %ld shared %d %s, every plan", E,
+             D, I, Is, k, T, shared, wt_ == LS_WTYPE_BF16 ? "bf16" : "fp32");
     /* Batch independence: token T-1 alone gives the same row. */
     ck_assert_msg(ls_cuda_moe_forward(&cm, dx + (T - 1) * D, dids + (T - 1) * k, dw + (T - 1) * k, k, dout, 1, dscr, 1, 0, 0, NULL, &e_) == LS_OK, "%s", e_.msg);
     fetch(gout, dout, 4 * D);
