@@ -301,32 +301,47 @@ __device__ __forceinline__ void ls_warp_best_first(float *bv, long *bi)
     }
 }
 
-/* Pick i is the first element, in the order above, after pick i−1: no marks
- * needed, and the picks are ls_cpu_topk's (for values that are not NaN). */
-__device__ __forceinline__ void ls_warp_topk_dev(const float *x, long n, long k, int32_t *ids, float *vals)
+/* (v, e) becomes the lane's candidate (*bv, *bi) when it comes after the
+ * previous pick (pv, pi) (none yet: pi < 0) and before the candidate. */
+__device__ __forceinline__ void ls_topk_offer(float v, long e, float pv, long pi, float *bv,
+                                              long *bi)
 {
-    int lane = (int)(threadIdx.x & 31u);
+    if ((pi < 0 || ls_rank_before(pv, pi, v, e)) && (*bi < 0 || ls_rank_before(v, e, *bv, *bi))) {
+        *bv = v;
+        *bi = e;
+    }
+}
+
+/* Pick i is the first element, in the order above, after pick i−1: no marks
+ * needed, and the picks are ls_cpu_topk's (for values that are not NaN).
+ * offer_all(pv, pi, &bv, &bi) passes each of the lane's elements to
+ * ls_topk_offer; lane 0 writes the picks. */
+template <typename F>
+__device__ __forceinline__ void ls_warp_topk_by(long k, int32_t *ids, float *vals, F offer_all)
+{
     float pv = INFINITY;
     long pi = -1;
     for (long i = 0; i < k; i++) {
         float bv = -INFINITY;
         long bi = -1;
-        for (long e = lane; e < n; e += LS_WARP) {
-            float v = x[e];
-            int after_prev = (pi < 0) || ls_rank_before(pv, pi, v, e);
-            if (after_prev && (bi < 0 || ls_rank_before(v, e, bv, bi))) {
-                bv = v;
-                bi = e;
-            }
-        }
+        offer_all(pv, pi, &bv, &bi);
         ls_warp_best_first(&bv, &bi);
-        if (lane == 0) {
+        if ((threadIdx.x & 31u) == 0) {
             ids[i] = (int32_t)bi;
             vals[i] = bv;
         }
         pv = bv;
         pi = bi;
     }
+}
+
+/* The top k of x[0..n) (lane l: elements l, l+32, ...). */
+__device__ __forceinline__ void ls_warp_topk_dev(const float *x, long n, long k, int32_t *ids, float *vals)
+{
+    int lane = (int)(threadIdx.x & 31u);
+    ls_warp_topk_by(k, ids, vals, [&](float pv, long pi, float *bv, long *bi) {
+        for (long e = lane; e < n; e += LS_WARP) ls_topk_offer(x[e], e, pv, pi, bv, bi);
+    });
 }
 
 /* Per-launch table of the sequences of a batched mixer launch (conv, GDN),

@@ -95,32 +95,14 @@ __global__ void ls_router_regs_kernel(float *probs, long T, long E, long k, int 
             pr[e] = v[j];
         }
     }
-    /* Top-k as ls_warp_topk_dev: pick i is the first element in the order
-     * (value descending, index ascending) after pick i-1. */
     int32_t *id = ids + t * k;   /* [k] */
     float *wt = weights + t * k; /* [k] */
-    float pv = INFINITY;
-    long pi = -1;
-    for (long i = 0; i < k; i++) {
-        float bv = -INFINITY;
-        long bi = -1;
+    ls_warp_topk_by(k, id, wt, [&](float pv, long pi, float *bv, long *bi) {
 #pragma unroll
-        for (int j = 0; j < NPL; j++) {
-            long e = lane + (long)j * LS_WARP;
-            if (e < E && (pi < 0 || ls_rank_before(pv, pi, v[j], e)) &&
-                (bi < 0 || ls_rank_before(v[j], e, bv, bi))) {
-                bv = v[j];
-                bi = e;
-            }
-        }
-        ls_warp_best_first(&bv, &bi);
-        if (lane == 0) {
-            id[i] = (int32_t)bi;
-            wt[i] = bv;
-        }
-        pv = bv;
-        pi = bi;
-    }
+        for (int j = 0; j < NPL; j++)
+            if (lane + (long)j * LS_WARP < E)
+                ls_topk_offer(v[j], lane + (long)j * LS_WARP, pv, pi, bv, bi);
+    });
     __syncwarp();
     ls_router_finish(wt, k, norm_topk, act);
 }
@@ -301,6 +283,20 @@ __device__ __forceinline__ int ls_moe_tile_of(const ls_moe_tiles tl, int *shared
     return 1;
 }
 
+/* This warp's tile (as ls_moe_tile_of) and weight row: row (blockIdx.x, warp)
+ * of the gate/up rows (width I, or Is for the shared expert) or, `down`, of
+ * the D down rows. 0 when the warp has none. */
+__device__ __forceinline__ int ls_moe_warp_row(const ls_cuda_moe &mw, const ls_moe_tiles &tl,
+                                               int down, int *shared, long *e, long *p0, int *n,
+                                               int *warp, long *row)
+{
+    if (!ls_moe_tile_of(tl, shared, e, p0, n)) return 0;
+    long rows = down ? mw.D : *shared ? mw.Is : mw.I;
+    *warp = (int)(threadIdx.x >> 5);
+    *row = (long)blockIdx.x * LS_MOE_WARPS + *warp;
+    return *row < rows; /* whole warp */
+}
+
 /* Token and slot of pair q of the tile: shared tiles are runs of tokens (slot
  * k), routed ones entries of the pair list (p = t k + slot). */
 __device__ __forceinline__ void ls_moe_pair(const ls_moe_tiles tl, int shared, long p0, long q,
@@ -372,13 +368,9 @@ ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles t
                       float *mid, int act)
 {
     __shared__ float wsm[LS_MOE_WARPS][LS_MOE_SMEM(LEAN)];
-    int shared, n;
-    long e, p0;
-    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
-    long width = shared ? mw.Is : mw.I;
-    int warp = (int)(threadIdx.x >> 5);
-    long i = (long)blockIdx.x * LS_MOE_WARPS + warp;
-    if (i >= width) return; /* whole warp */
+    int shared, n, warp;
+    long e, p0, i;
+    if (!ls_moe_warp_row(mw, tl, 0, &shared, &e, &p0, &n, &warp, &i)) return;
     size_t rowb = (size_t)mw.D * ls_welem_bytes(mw.wtype);
     const uint8_t *wg = (const uint8_t *)ls_moe_matrix(mw, e, shared, 0) + (size_t)i * rowb;
     const uint8_t *wu = (const uint8_t *)ls_moe_matrix(mw, e, shared, 1) + (size_t)i * rowb;
@@ -446,13 +438,10 @@ ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *wei
                    const float *mid, const float *gamma, float *cbuf, int act)
 {
     __shared__ float wsm[LS_MOE_WARPS][LS_MOE_SMEM(LEAN)];
-    int shared, n;
-    long e, p0;
-    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
+    int shared, n, warp;
+    long e, p0, j;
+    if (!ls_moe_warp_row(mw, tl, 1, &shared, &e, &p0, &n, &warp, &j)) return;
     long width = shared ? mw.Is : mw.I;
-    int warp = (int)(threadIdx.x >> 5);
-    long j = (long)blockIdx.x * LS_MOE_WARPS + warp;
-    if (j >= mw.D) return; /* whole warp */
     const uint8_t *wd = (const uint8_t *)ls_moe_matrix(mw, e, shared, 2) +
                         (size_t)j * width * ls_welem_bytes(mw.wtype);
     int step = (NT == 1 || n == 1) ? 1 : NT;
