@@ -211,7 +211,10 @@ extern "C" ls_status ls_cuda_merkle_sha256(const void *d_data, size_t n_bytes, s
 
 /* ---- digests of encoded activation spans ------------------------------------------ */
 
+#include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "numerics/reduce.h"
 
@@ -290,6 +293,63 @@ __global__ void ls_digest_hash_kernel(const ls_digest_entry *ent, int n_jobs, co
     ls_sha256_device(bytes + ent[j].off, ent[j].len, digests + (uint64_t)j * 32);
 }
 
+/* Host hashing of the long jobs, their encoded bytes at staged[off]:
+ * up to LS_HOST_HASH_THREADS threads, thread w taking the long jobs w, w + n,
+ * ... in job order (each digest lands in its own slot, so the split changes
+ * nothing). Returns the first job whose hash failed, or -1. */
+#define LS_HOST_HASH_THREADS 16
+
+typedef struct ls_host_hash_work {
+    const ls_digest_entry *ent;
+    int n_jobs, w, n_threads;
+    uint64_t device_max;
+    const uint8_t *staged;
+    ls_cuda_host_sha256_fn fn;
+    uint8_t *digests;
+    int failed; /* first failed job, or -1 */
+} ls_host_hash_work;
+
+static void *ls_host_hash_thread(void *arg)
+{
+    ls_host_hash_work *wk = (ls_host_hash_work *)arg;
+    for (int i = 0, nth = 0; i < wk->n_jobs; i++) {
+        if (wk->ent[i].len <= wk->device_max) continue;
+        if (nth++ % wk->n_threads != wk->w) continue;
+        if (wk->fn(wk->staged + wk->ent[i].off, wk->ent[i].len,
+                   wk->digests + 32 * (size_t)i) != 0) {
+            wk->failed = i;
+            break;
+        }
+    }
+    return NULL;
+}
+
+static int ls_host_hash_jobs(const ls_digest_entry *ent, int n_jobs, uint64_t device_max,
+                             const uint8_t *staged, int n_long,
+                             ls_cuda_host_sha256_fn fn, uint8_t *digests)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = n_long < LS_HOST_HASH_THREADS ? n_long : LS_HOST_HASH_THREADS;
+    if (cores >= 1 && n > cores) n = (int)cores;
+    if (n < 1) n = 1;
+    ls_host_hash_work wk[LS_HOST_HASH_THREADS];
+    pthread_t th[LS_HOST_HASH_THREADS];
+    int started[LS_HOST_HASH_THREADS] = {0};
+    for (int w = 0; w < n; w++) {
+        wk[w] = (ls_host_hash_work){ent, n_jobs, w, n, device_max, staged, fn, digests, -1};
+        /* worker 0 runs on this thread; a thread that cannot start runs here too */
+        started[w] = w > 0 && pthread_create(&th[w], NULL, ls_host_hash_thread, &wk[w]) == 0;
+    }
+    for (int w = 0; w < n; w++)
+        if (!started[w]) ls_host_hash_thread(&wk[w]);
+    int failed = -1;
+    for (int w = 0; w < n; w++) {
+        if (started[w]) pthread_join(th[w], NULL);
+        if (wk[w].failed >= 0 && (failed < 0 || wk[w].failed < failed)) failed = wk[w].failed;
+    }
+    return failed;
+}
+
 extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, void *d_scratch,
                                     size_t scratch_bytes, size_t device_max_bytes,
                                     ls_cuda_host_sha256_fn host_sha256, uint8_t *h_digests,
@@ -304,7 +364,7 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
     ls_digest_entry *h = (ls_digest_entry *)malloc(sizeof *h * (size_t)n_jobs);
     if (!h) return ls_fail(err, LS_E_NOMEM, "digest: %d job entries", n_jobs);
     if (!host_sha256) device_max_bytes = SIZE_MAX;
-    uint64_t off = 0, max_el = 0, max_host = 0;
+    uint64_t max_el = 0, max_host = 0;
     for (int i = 0; i < n_jobs; i++) {
         for (int s = 0; s < 2; s++) {
             h[i].src[s] = (uint64_t)(uintptr_t)jobs[i].src[s];
@@ -313,28 +373,43 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
             h[i].stride[s] = jobs[i].stride[s];
             h[i].bf16[s] = jobs[i].bf16[s] ? 1u : 0u;
         }
-        h[i].off = off;
         h[i].len = ls_job_bytes(&jobs[i]);
-        off += LS_ALIGN_UP(h[i].len, 16);
         if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
         if (h[i].len > device_max_bytes && h[i].len > max_host) max_host = h[i].len;
     }
     /* The device hashes all jobs at once, so its time is set by the longest
-     * (~30 MB/s per thread); the host hashes the long jobs one after another
-     * (~1 GB/s). Many long jobs (every-position GDN states of a batch): all on
-     * the device. */
+     * (~30 MB/s per thread); the host hashes the long jobs on up to
+     * LS_HOST_HASH_THREADS threads (~1 GB/s each). Many long jobs
+     * (every-position GDN states of a batch): all on the device. */
     uint64_t sum_host = 0;
+    int n_long = 0;
     for (int i = 0; i < n_jobs; i++)
-        if (h[i].len > device_max_bytes) sum_host += h[i].len;
+        if (h[i].len > device_max_bytes) {
+            sum_host += h[i].len;
+            n_long++;
+        }
     if (sum_host > 32 * max_host) {
         device_max_bytes = SIZE_MAX;
         max_host = 0;
+        n_long = 0;
     }
-    uint8_t *h_big = max_host ? (uint8_t *)malloc(max_host) : NULL;
+    /* Encoded bytes: the long jobs first, so that one download fetches them
+     * all, then the short ones (16-aligned each; the layout's total). */
+    uint64_t off = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n_jobs; i++)
+            if ((h[i].len > device_max_bytes) == (pass == 0)) {
+                h[i].off = off;
+                off += LS_ALIGN_UP(h[i].len, 16);
+            }
+    uint64_t staged = 0; /* bytes of the long jobs' part */
+    for (int i = 0; i < n_jobs; i++)
+        if (h[i].len > device_max_bytes) staged = h[i].off + h[i].len;
+    uint8_t *h_big = max_host ? (uint8_t *)malloc(staged) : NULL;
     if (max_host && !h_big) {
         free(h);
         return ls_fail(err, LS_E_NOMEM, "digest: %llu bytes of host staging",
-                       (unsigned long long)max_host);
+                       (unsigned long long)staged);
     }
     cudaStream_t s = (cudaStream_t)stream;
     uint8_t *base = (uint8_t *)d_scratch;
@@ -352,9 +427,9 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         ls_digest_encode_kernel<<<grid, 256, 0, s>>>(d_ent, n_jobs, base + bytes_at);
         ce = cudaGetLastError();
     }
-    /* The long jobs' encoded bytes go to the host on a second stream that
-     * waits only for the encoding, so the host hashes them while the device
-     * hashes the short ones. */
+    /* The long jobs' bytes go to the host on a second stream that waits only
+     * for the encoding, so the host hashes them while the device hashes the
+     * short ones. */
     cudaStream_t s2 = NULL;
     cudaEvent_t encoded = NULL;
     if (ce == cudaSuccess && max_host) {
@@ -369,28 +444,25 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         ce = cudaGetLastError();
     }
     int host_failed = -1;
-    for (int i = 0; ce == cudaSuccess && max_host && i < n_jobs; i++) {
-        if (h[i].len <= device_max_bytes) continue;
-        ce = cudaMemcpyAsync(h_big, base + bytes_at + h[i].off, h[i].len, cudaMemcpyDeviceToHost, s2);
+    if (ce == cudaSuccess && max_host) {
+        ce = cudaMemcpyAsync(h_big, base + bytes_at, staged, cudaMemcpyDeviceToHost, s2);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(s2);
-        if (ce == cudaSuccess && host_sha256(h_big, h[i].len, h_digests + 32 * (size_t)i) != 0) {
-            host_failed = i;
-            break;
-        }
+        if (ce == cudaSuccess)
+            host_failed = ls_host_hash_jobs(h, n_jobs, device_max_bytes, h_big, n_long,
+                                            host_sha256, h_digests);
     }
-    /* Short jobs' digests; a long job's slot was written by the host above and
-     * is not in the device's set (the device left it alone), so copy the
-     * device's slots one run at a time around the host's. */
-    for (int i = 0; ce == cudaSuccess && host_failed < 0 && i < n_jobs;) {
-        if (h[i].len > device_max_bytes) {
-            i++;
-            continue;
-        }
-        int j = i;
-        while (j < n_jobs && h[j].len <= device_max_bytes) j++;
-        ce = cudaMemcpyAsync(h_digests + 32 * (size_t)i, base + dig_at + 32 * (size_t)i,
-                             32 * (size_t)(j - i), cudaMemcpyDeviceToHost, s);
-        i = j;
+    /* The device's digests, one copy; the long jobs' slots keep the host's. */
+    if (ce == cudaSuccess && host_failed < 0 && !max_host)
+        ce = cudaMemcpyAsync(h_digests, base + dig_at, (size_t)n_jobs * 32, cudaMemcpyDeviceToHost, s);
+    if (ce == cudaSuccess && host_failed < 0 && max_host) {
+        uint8_t *dev = (uint8_t *)malloc((size_t)n_jobs * 32);
+        if (!dev) ce = cudaErrorMemoryAllocation;
+        if (ce == cudaSuccess)
+            ce = cudaMemcpyAsync(dev, base + dig_at, (size_t)n_jobs * 32, cudaMemcpyDeviceToHost, s);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+        for (int i = 0; ce == cudaSuccess && i < n_jobs; i++)
+            if (h[i].len <= device_max_bytes) memcpy(h_digests + 32 * (size_t)i, dev + 32 * (size_t)i, 32);
+        free(dev);
     }
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
     if (s2) cudaStreamDestroy(s2);

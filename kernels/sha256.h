@@ -78,11 +78,13 @@ typedef int (*ls_cuda_host_sha256_fn)(const void *data, size_t len, uint8_t out[
 
 /* Encodes every job's spans on the device (one launch) and hashes each job of
  * at most device_max_bytes encoded bytes with one GPU thread (one launch);
- * longer jobs (when host_sha256 is not NULL) are downloaded encoded and hashed
- * by host_sha256 (device_max_bytes = SIZE_MAX, or host_sha256 NULL: all on the
- * device; so are all jobs when the long ones add up to more than 32 times the
- * longest, where the device's parallel hashing wins). Copies the n_jobs x 32
- * digest bytes to the host (synchronous).
+ * longer jobs (when host_sha256 is not NULL) are downloaded encoded (one copy,
+ * while the device hashes the short ones) and hashed by host_sha256 on up to
+ * 16 host threads at once, so host_sha256 must be thread-safe
+ * (device_max_bytes = SIZE_MAX, or host_sha256 NULL: all on the device; so
+ * are all jobs when the long ones add up to more than 32 times the longest,
+ * where the device's parallel hashing wins). Copies the n_jobs x 32 digest
+ * bytes to the host (synchronous).
  * d_scratch: device memory of ls_cuda_digest_scratch_bytes. */
 ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs /* host [n_jobs] */, int n_jobs,
                          void *d_scratch, size_t scratch_bytes, size_t device_max_bytes,
