@@ -403,6 +403,7 @@ static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R,
  * Either way the digest is SHA-256 of the same canonical bytes. */
 #define LS_CUDA_DIGEST_DEVICE_MAX_BYTES 32768
 
+/* Called from up to 16 threads at once (ls_cuda_digest); keeps no shared state. */
 static int host_sha256(const void *data, size_t len, uint8_t out[32])
 {
     ls_error err;
