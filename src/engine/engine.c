@@ -583,6 +583,78 @@ static ls_status batch_init(const seg *sg, long nseg, batch_args *b, ls_error *e
     return LS_OK;
 }
 
+/* Trace layer of decoder layer l's mixer (its MoE is the next one). */
+static int mixer_tl(long l)
+{
+    return (int)(1 + 2 * l);
+}
+
+/* Carried-state op of layer l on rows row .. row+n-1 of the packed batch. */
+typedef ls_status (*state_op)(ls_engine *e, long l, long row, long n, ls_buf *state,
+                              ls_error *err);
+
+static ls_status conv_op(ls_engine *e, long l, long row, long n, ls_buf *cs, ls_error *err)
+{
+    long C = e->conv_dim;
+    return e->be->conv_silu(e->be, AT(e->X, row * C), C, &e->lw[l].conv, BEV(cs),
+                            AT(e->Y, row * C), C, n, C, e->c.conv_kernel, e->o.act_bf16,
+                            ord(e, l, LS_PERTURB_CONV), err);
+}
+
+static ls_status gdn_op(ls_engine *e, long l, long row, long n, ls_buf *gs, ls_error *err)
+{
+    const ls_model_config *c = &e->c;
+    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    return e->be->gdn_recurrent(e->be, AT(e->Q, row * Hk * dk), AT(e->K, row * Hk * dk),
+                                AT(e->V, row * Hv * dv), AT(e->alpha, row * Hv),
+                                AT(e->beta, row * Hv), BEV(gs), AT(e->O, row * Hv * dv), n, Hk,
+                                Hv, dk, dv, e->o.act_bf16, ord(e, l, LS_PERTURB_GDN), err);
+}
+
+/* The digested part of a carried state: conv, [conv_dim, W-1] = columns
+ * 1..W-1 of the [C, W] state in the activation dtype; GDN, the fp32 state. */
+static ls_digest_span state_span(const ls_engine *e, ls_digest_kind kind, ls_buf *st)
+{
+    const ls_model_config *c = &e->c;
+    long K = c->conv_kernel, SN = c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+    if (kind == LS_DIGEST_CONV_STATE)
+        return span(AT(st, 1), e->conv_dim, K - 1, K, e->o.act_bf16);
+    return span(BEV(st), 1, SN, SN, 0);
+}
+
+/* After a batched op ran every sequence in one call (single_runs): the state
+ * digest of each sequence whose last row is due. */
+static ls_status last_state_digests(ls_engine *e, long l, const seg *sg, long nseg,
+                                   ls_buf *const *st, ls_digest_kind kind, ls_error *err)
+{
+    for (long s = 0; s < nseg; s++)
+        if (state_due(e, &sg[s], sg[s].n - 1))
+            LS_TRY(dq_push(e, sg[s].row0 + sg[s].n - 1, mixer_tl(l), kind,
+                           state_span(e, kind, st[s]), no_span, err));
+    return LS_OK;
+}
+
+/* Sequence q through a carried-state op in runs that end where a state
+ * digest is due; the digest is queued after its run and flushed before the
+ * next run advances the state. */
+static ls_status state_runs(ls_engine *e, long l, const seg *q, ls_buf *st, ls_digest_kind kind,
+                            state_op op, ls_error *err)
+{
+    int pending = 0;
+    for (long i = 0; i < q->n;) {
+        long j = i;
+        while (j < q->n - 1 && !state_due(e, q, j)) j++;
+        if (pending) LS_TRY(dq_flush(e, err));
+        LS_TRY(op(e, l, q->row0 + i, j - i + 1, st, err));
+        pending = state_due(e, q, j);
+        if (pending)
+            LS_TRY(dq_push(e, q->row0 + j, mixer_tl(l), kind, state_span(e, kind, st),
+                           no_span, err));
+        i = j + 1;
+    }
+    return LS_OK;
+}
+
 static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
 {
     ls_backend *be = e->be;
@@ -591,7 +663,6 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     int act = e->o.act_bf16;
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
     long K = c->conv_kernel, C = e->conv_dim, Wp = e->wqkvz, r = Hv / Hk;
-    int tl = (int)(1 + 2 * l);
     LS_TRY(be->linear(be, &w->qkvz, BEV(e->XN), BEV(e->P), T, act, LS_ORDER_CANONICAL, err));
     LS_TRY(be->linear(be, &w->ba, BEV(e->XN), BEV(e->BA), T, act, LS_ORDER_CANONICAL, err));
     /* De-interleave per key-head group (spec §2.3): group g of a row holds
@@ -619,34 +690,15 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
         for (long s = 0; s < nseg; s++) ba.st[s] = e->ss[sg[s].slot].conv[l];
         ls_status st = be->conv_silu_batch(be, BEV(e->X), C, &w->conv, ba.st, ba.row0, ba.len, nseg,
                                            BEV(e->Y), C, C, K, act, oc, err);
-        for (long s = 0; s < nseg && st == LS_OK; s++)
-            if (state_due(e, &sg[s], sg[s].n - 1))
-                st = dq_push(e, sg[s].row0 + sg[s].n - 1, tl, LS_DIGEST_CONV_STATE,
-                             span(AT(ba.st[s], 1), C, K - 1, K, act), no_span, err);
+        if (st == LS_OK) st = last_state_digests(e, l, sg, nseg, ba.st, LS_DIGEST_CONV_STATE, err);
         if (st != LS_OK) {
             batch_free(&ba);
             return st;
         }
     }
-    /* Conv per sequence, in runs that end where a state digest is due; a
-     * queued state digest is flushed before the next run advances the state. */
-    for (long s = 0; s < nseg && !batched; s++) {
-        ls_buf *cs = e->ss[sg[s].slot].conv[l];
-        int pending = 0;
-        for (long i = 0; i < sg[s].n;) {
-            long j = i;
-            while (j < sg[s].n - 1 && !state_due(e, &sg[s], j)) j++;
-            if (pending) LS_TRY(dq_flush(e, err));
-            long row = sg[s].row0 + i;
-            LS_TRY(be->conv_silu(be, AT(e->X, row * C), C, &w->conv, BEV(cs), AT(e->Y, row * C), C,
-                                 j - i + 1, C, K, act, oc, err));
-            pending = state_due(e, &sg[s], j);
-            if (pending) /* [conv_dim, W-1]: columns 1..W-1 of the [C, W] state */
-                LS_TRY(dq_push(e, sg[s].row0 + j, tl, LS_DIGEST_CONV_STATE,
-                               span(AT(cs, 1), C, K - 1, K, act), no_span, err));
-            i = j + 1;
-        }
-    }
+    for (long s = 0; s < nseg && !batched; s++)
+        LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].conv[l], LS_DIGEST_CONV_STATE, conv_op,
+                          err));
     LS_TRY(ls_copy_rows(be, BEV(e->Q), Hk * dk, AT(e->Y, 0), C, T, Hk * dk, err));
     LS_TRY(ls_copy_rows(be, BEV(e->K), Hk * dk, AT(e->Y, Hk * dk), C, T, Hk * dk, err));
     LS_TRY(ls_copy_rows(be, BEV(e->V), Hv * dv, AT(e->Y, 2 * Hk * dk), C, T, Hv * dv, err));
@@ -654,38 +706,17 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     LS_TRY(be->l2norm_scale(be, BEV(e->K), T * Hk, dk, 1.0f, og, err));
     LS_TRY(be->gdn_gates(be, BEV(e->Bv), BEV(e->Av), BEV(w->A_log), BEV(w->dt_bias), BEV(e->beta),
                          BEV(e->alpha), T, Hv, act, err));
-    long SN = Hv * dk * dv;
     if (batched) {
         for (long s = 0; s < nseg; s++) ba.st[s] = e->ss[sg[s].slot].gdn[l];
         ls_status st = be->gdn_recurrent_batch(be, BEV(e->Q), BEV(e->K), BEV(e->V), BEV(e->alpha),
                                                BEV(e->beta), ba.st, ba.row0, ba.len, nseg, BEV(e->O),
                                                Hk, Hv, dk, dv, act, og, err);
-        for (long s = 0; s < nseg && st == LS_OK; s++)
-            if (state_due(e, &sg[s], sg[s].n - 1))
-                st = dq_push(e, sg[s].row0 + sg[s].n - 1, tl, LS_DIGEST_GDN_STATE,
-                             span(BEV(ba.st[s]), 1, SN, SN, 0), no_span, err);
+        if (st == LS_OK) st = last_state_digests(e, l, sg, nseg, ba.st, LS_DIGEST_GDN_STATE, err);
         batch_free(&ba);
         LS_TRY(st);
     }
-    for (long s = 0; s < nseg && !batched; s++) {
-        ls_buf *gs = e->ss[sg[s].slot].gdn[l];
-        int pending = 0;
-        for (long i = 0; i < sg[s].n;) {
-            long j = i;
-            while (j < sg[s].n - 1 && !state_due(e, &sg[s], j)) j++;
-            if (pending) LS_TRY(dq_flush(e, err));
-            long row = sg[s].row0 + i;
-            LS_TRY(be->gdn_recurrent(be, AT(e->Q, row * Hk * dk), AT(e->K, row * Hk * dk),
-                                     AT(e->V, row * Hv * dv), AT(e->alpha, row * Hv),
-                                     AT(e->beta, row * Hv), BEV(gs), AT(e->O, row * Hv * dv),
-                                     j - i + 1, Hk, Hv, dk, dv, act, og, err));
-            pending = state_due(e, &sg[s], j);
-            if (pending)
-                LS_TRY(dq_push(e, sg[s].row0 + j, tl, LS_DIGEST_GDN_STATE, span(BEV(gs), 1, SN, SN, 0),
-                               no_span, err));
-            i = j + 1;
-        }
-    }
+    for (long s = 0; s < nseg && !batched; s++)
+        LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].gdn[l], LS_DIGEST_GDN_STATE, gdn_op, err));
     LS_TRY(be->gated_rmsnorm(be, BEV(e->O), BEV(e->Z), BEV(w->gnorm), BEV(e->O), T * Hv, dv, act,
                              LS_ORDER_CANONICAL, err));
     return be->linear(be, &w->out_proj, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
@@ -698,7 +729,7 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     layer_w *w = &e->lw[l];
     int act = e->o.act_bf16;
     long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim;
-    int tl = (int)(1 + 2 * l);
+    int tl = mixer_tl(l);
     LS_TRY(be->linear(be, &w->q, BEV(e->XN), BEV(e->QG), T, act, LS_ORDER_CANONICAL, err));
     LS_TRY(be->linear(be, &w->k, BEV(e->XN), BEV(e->K), T, act, LS_ORDER_CANONICAL, err));
     LS_TRY(be->linear(be, &w->v, BEV(e->XN), BEV(e->V), T, act, LS_ORDER_CANONICAL, err));
@@ -789,13 +820,13 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
         else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
         LS_TRY(dq_flush(e, err)); /* H changes next: previous hidden rows, states, KV */
         LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
-        LS_TRY(dq_rows(e, e->H, D, T, (int)(1 + 2 * l), 0, err));
+        LS_TRY(dq_rows(e, e->H, D, T, mixer_tl(l), 0, err));
         LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->post_norm), BEV(e->XN), T, D, act, on, err));
         LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
                           BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
         LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
                        ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
-        int tl = (int)(2 + 2 * l);
+        int tl = mixer_tl(l) + 1;
         /* ids are int32 and weights fp32, both hashed as raw 4 bytes little-endian. */
         for (long r = 0; r < T; r++)
             LS_TRY(dq_push(e, r, tl, LS_DIGEST_ROUTER, span(AT(e->ids, r * k), 1, k, k, 0),
