@@ -52,9 +52,28 @@ extern "C" ls_status ls_cuda_rope_apply(float *x, const float *cos_t, const floa
 typedef struct ls_att_seqs {
     long row0[LS_CUDA_SEQ_CHUNK];
     long len[LS_CUDA_SEQ_CHUNK];
-    const float *kc[LS_CUDA_SEQ_CHUNK];
-    const float *vc[LS_CUDA_SEQ_CHUNK];
+    long pos0[LS_CUDA_SEQ_CHUNK];  /* first cache position written (KV append) */
+    float *kc[LS_CUDA_SEQ_CHUNK];  /* read-only in attention */
+    float *vc[LS_CUDA_SEQ_CHUNK];
 } ls_att_seqs;
+
+/* Fills sq with sequences s0 .. s0+n-1 (pos0 NULL: zeros); returns the
+ * longest length. */
+static long ls_att_seqs_fill(ls_att_seqs *sq, const float *const *kcs, const float *const *vcs,
+                             const long *row0, const long *len, const long *pos0, long s0, long n)
+{
+    long maxlen = 0;
+    memset(sq, 0, sizeof *sq);
+    for (long s = 0; s < n; s++) {
+        sq->row0[s] = row0[s0 + s];
+        sq->len[s] = len[s0 + s];
+        sq->pos0[s] = pos0 ? pos0[s0 + s] : 0;
+        sq->kc[s] = (float *)kcs[s0 + s];
+        sq->vc[s] = (float *)vcs[s0 + s];
+        if (sq->len[s] > maxlen) maxlen = sq->len[s];
+    }
+    return maxlen;
+}
 
 /* Column `col` of the value rows of keys b0 .. b0+nb-1 into vb[0..nb) and 0
  * after (nb <= 0: all 0). The loads are issued together, so one thread has
@@ -260,15 +279,7 @@ extern "C" ls_status ls_cuda_attention_batch(const float *q, const float *const 
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
         long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK;
         ls_att_seqs sq;
-        memset(&sq, 0, sizeof sq);
-        long maxlen = 0;
-        for (long s = 0; s < n; s++) {
-            sq.row0[s] = row0[s0 + s];
-            sq.len[s] = len[s0 + s];
-            sq.kc[s] = kcs[s0 + s];
-            sq.vc[s] = vcs[s0 + s];
-            if (sq.len[s] > maxlen) maxlen = sq.len[s];
-        }
+        long maxlen = ls_att_seqs_fill(&sq, kcs, vcs, row0, len, NULL, s0, n);
         if (maxlen <= 0) continue;
         LS_CUDA_REQUIRE(maxlen * Hq <= 0x7fffffffL, err,
                         "cuda portable attention: %ld tokens x %ld heads in one call", maxlen, Hq);
@@ -294,16 +305,8 @@ extern "C" ls_status ls_cuda_attention(const float *q, const float *kc, const fl
 
 /* ---- KV append ------------------------------------------------------------------- */
 
-typedef struct ls_kv_seqs {
-    long row0[LS_CUDA_SEQ_CHUNK];
-    long len[LS_CUDA_SEQ_CHUNK];
-    long pos0[LS_CUDA_SEQ_CHUNK];
-    float *kc[LS_CUDA_SEQ_CHUNK];
-    float *vc[LS_CUDA_SEQ_CHUNK];
-} ls_kv_seqs;
-
 /* Element e of (row i, kv head h, dim) of sequence blockIdx.y: a plain copy. */
-__global__ void ls_kv_append_kernel(const float *k, const float *v, ls_kv_seqs sq, long cap,
+__global__ void ls_kv_append_kernel(const float *k, const float *v, ls_att_seqs sq, long cap,
                                     long Hkv, long d)
 {
     int sidx = (int)blockIdx.y;
@@ -324,17 +327,9 @@ extern "C" ls_status ls_cuda_kv_append_batch(const float *k, const float *v, flo
 {
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
         long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK;
-        ls_kv_seqs sq;
-        memset(&sq, 0, sizeof sq);
-        long maxlen = 0;
-        for (long s = 0; s < n; s++) {
-            sq.row0[s] = row0[s0 + s];
-            sq.len[s] = len[s0 + s];
-            sq.pos0[s] = pos0[s0 + s];
-            sq.kc[s] = kcs[s0 + s];
-            sq.vc[s] = vcs[s0 + s];
-            if (sq.len[s] > maxlen) maxlen = sq.len[s];
-        }
+        ls_att_seqs sq;
+        long maxlen = ls_att_seqs_fill(&sq, (const float *const *)kcs, (const float *const *)vcs,
+                                       row0, len, pos0, s0, n);
         if (maxlen <= 0) continue;
         dim3 grid(ls_blocks_for(maxlen * Hkv * d, 256), (unsigned)n);
         ls_kv_append_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(k, v, sq, cap, Hkv, d);
