@@ -27,6 +27,7 @@
 
 #include "engine/engine.h"
 #include "engine/sample.h"
+#include "run/run.h"
 #include "engine_records.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
@@ -81,7 +82,7 @@ static const ls_sampling GREEDY = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
 
 static void rollout(ls_engine *e, const seqset *q, long n, recs *out, int32_t *comp)
 {
-    TRY(ls_engine_rollout(e, q->s, n, GEN, &GREEDY, comp, recs_sink, out, E_));
+    TRY(ls_run_rollout(e, q->s, n, GEN, &GREEDY, comp, recs_sink, out, E_));
     recs_sort(out);
 }
 
@@ -94,7 +95,7 @@ static void replay(ls_engine *e, const seqset *q, long n, const int32_t *comp, l
         memcpy(t + q->P, comp + i * GEN, sizeof(int32_t) * GEN);
         s[i] = (ls_sequence){q->s[i].id, t, q->P + GEN, q->P};
     }
-    TRY(ls_engine_replay(e, s, n, chunk, recs_sink, out, E_));
+    TRY(ls_run_replay(e, s, n, chunk, recs_sink, out, E_));
     free(s);
     recs_sort(out);
 }
@@ -106,7 +107,7 @@ static void singles_strided(ls_engine *e, const seqset *q, long n, long w, long 
                             int32_t *comp)
 {
     for (long i = w; i < n; i += nw)
-        TRY(ls_engine_rollout(e, q->s + i, 1, GEN, &GREEDY, comp + i * GEN, recs_sink, out, E_));
+        TRY(ls_run_rollout(e, q->s + i, 1, GEN, &GREEDY, comp + i * GEN, recs_sink, out, E_));
 }
 
 static void singles(ls_engine *e, const seqset *q, long n, recs *out, int32_t *comp)
@@ -260,12 +261,10 @@ static ls_engine *make_engine(const ls_model *m, const char *backend, long max_s
 {
     ls_engine_opts o;
     ls_engine_opts_default(&o);
-    o.backend = backend;
     o.max_rows = rows;
     o.state_digest_every = 16;
-    o.n_threads = threads;
     ls_engine *e = NULL;
-    TRY(ls_engine_create(m, &o, max_seqs, max_len, &e, E_));
+    TRY(ls_run_engine_open(m, backend, threads, &o, max_seqs, max_len, &e, E_));
     return e;
 }
 
@@ -334,7 +333,7 @@ int main(int argc, char **argv)
             seqset one;
             seqset_make(&one, 500 + (uint32_t)i, 1, plens[i % 3], V);
             int32_t cc[GEN];
-            TRY(ls_engine_rollout(g, one.s, 1, GEN, &GREEDY, cc, recs_sink, &single, E_));
+            TRY(ls_run_rollout(g, one.s, 1, GEN, &GREEDY, cc, recs_sink, &single, E_));
             free(one.tok);
             free(one.s);
         }

@@ -1,13 +1,11 @@
-/* lockstep — device facts for the manifest (backend/cuda_info.h). cuBLAS and
+/* lockstep — device facts (ls_cuda_query_device, ls_cuda.h). cuBLAS and
  * NCCL are not linked by the portable tier, so their versions are 0. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cuda_check.cuh"
 
-extern "C" {
-#include "backend/cuda_info.h"
-}
+#include "ls_cuda.h"
 
 extern "C" ls_status ls_cuda_query_device(int device, ls_gpu_info *out, ls_error *err)
 {

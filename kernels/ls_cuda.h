@@ -17,11 +17,17 @@
 extern "C" {
 #endif
 
+#include "core/platform.h"
 #include "core/status.h"
 
 /* Number of usable CUDA devices; 0 when there is no driver, no device, or the
  * runtime fails to initialise (never an error: callers skip or fail closed). */
 int ls_cuda_device_count(void);
+
+/* Fills *out for CUDA device `device`. Returns LS_E_DEVICE (message naming
+ * the failing call) when no device can be queried. cuBLAS and NCCL are not
+ * linked by the portable tier: their versions are 0. */
+ls_status ls_cuda_query_device(int device, ls_gpu_info *out, ls_error *err);
 
 /* ---- arena ------------------------------------------------------------------ */
 typedef struct ls_cuda_arena {

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "run/run.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
 #include "model/model.h"
@@ -134,7 +135,6 @@ static ls_engine *mk(int threads, int act, int pl, ls_perturb_op op, long max_se
 {
     ls_engine_opts o;
     ls_engine_opts_default(&o);
-    o.n_threads = threads;
     o.act_bf16 = act;
     o.perturb_layer = pl;
     o.perturb_op = op;
@@ -142,7 +142,7 @@ static ls_engine *mk(int threads, int act, int pl, ls_perturb_op op, long max_se
     o.state_digest_every = 1; /* every kind at every position */
     ls_engine *e;
     ls_error err;
-    ck_assert_msg(ls_engine_create(g_model, &o, max_seqs, 256, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_engine_open(g_model, "cpu", threads, &o, max_seqs, 256, &e, &err) == LS_OK, "%s", err.msg);
     return e;
 }
 
@@ -158,7 +158,7 @@ static void rollout(ls_engine *e, const ls_sequence *ps, long n, long max_new, c
 {
     ls_error err;
     int32_t *comp = malloc(sizeof(int32_t) * (size_t)(n * max_new));
-    ck_assert_msg(ls_engine_rollout(e, ps, n, max_new, s, comp, collect, tr, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_rollout(e, ps, n, max_new, s, comp, collect, tr, &err) == LS_OK, "%s", err.msg);
     for (long i = 0; full && i < n; i++) {
         int32_t *t = malloc(sizeof(int32_t) * (size_t)(ps[i].n_tokens + max_new));
         memcpy(t, ps[i].tokens, sizeof(int32_t) * (size_t)ps[i].n_tokens);
@@ -171,7 +171,7 @@ static void rollout(ls_engine *e, const ls_sequence *ps, long n, long max_new, c
 static void replay(ls_engine *e, const ls_sequence *fs, long n, long chunk, mtrace *tr)
 {
     ls_error err;
-    ck_assert_msg(ls_engine_replay(e, fs, n, chunk, collect, tr, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_replay(e, fs, n, chunk, collect, tr, &err) == LS_OK, "%s", err.msg);
 }
 
 static void expect_equal(const char *what, const mtrace *a, const mtrace *b)
@@ -371,12 +371,11 @@ START_TEST(test_step_continuous_batching)
     }
     ls_engine_opts o;
     ls_engine_opts_default(&o);
-    o.n_threads = 2;
     o.max_rows = 16;
     o.state_digest_every = every;
     ls_engine *e;
     ls_error err;
-    ck_assert_msg(ls_engine_create(g_model, &o, 3, 128, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_engine_open(g_model, "cpu", 2, &o, 3, 128, &e, &err) == LS_OK, "%s", err.msg);
     ls_sampling g = greedy();
     mtrace all = {0};
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)g_model->cfg.vocab);
@@ -450,7 +449,7 @@ START_TEST(test_step_continuous_batching)
     ck_assert_msg(mixed_steps > 0, "no step mixed prefill and decode");
     ls_engine_destroy(e);
     /* Each sequence alone, through the rollout driver. */
-    ck_assert_msg(ls_engine_create(g_model, &o, 1, 128, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_engine_open(g_model, "cpu", 2, &o, 1, 128, &e, &err) == LS_OK, "%s", err.msg);
     int gdn_tl = -1;
     for (long l = 0; l < g_model->cfg.n_layers && gdn_tl < 0; l++)
         if (!g_model->cfg.is_attention[l]) gdn_tl = (int)(1 + 2 * l);

@@ -23,6 +23,7 @@
 #include <zstd.h>
 
 #include "engine/engine.h"
+#include "run/run.h"
 #include "fingerprint/sha256.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
@@ -181,10 +182,9 @@ static ls_engine *mk_engine(const loaded *L, int act_bf16)
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.act_bf16 = act_bf16;
-    o.n_threads = 2;
     ls_engine *e;
     ls_error err;
-    ck_assert_msg(ls_engine_create(L->m, &o, 1, 256, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_engine_open(L->m, "cpu", 2, &o, 1, 256, &e, &err) == LS_OK, "%s", err.msg);
     return e;
 }
 
@@ -198,7 +198,7 @@ static void run_replay(ls_engine *e, uint32_t id, const int32_t *tokens, long n,
     t[n] = 0;
     ls_sequence s = {id, t, n + 1, n + 1}; /* all of it is prompt */
     ls_error err;
-    ck_assert_msg(ls_engine_replay(e, &s, 1, 64, collect, out, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_replay(e, &s, 1, 64, collect, out, &err) == LS_OK, "%s", err.msg);
     ck_assert_int_eq(out->n, n);
     for (long p = 0; p < n; p++) ck_assert_uint_eq(out->v[p].r.pos, (uint32_t)p);
     free(t);
@@ -210,7 +210,7 @@ static void run_greedy(ls_engine *e, uint32_t id, const int32_t *prompt, long n,
     ls_sequence s = {id, prompt, n, n};
     ls_sampling g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     ls_error err;
-    ck_assert_msg(ls_engine_rollout(e, &s, 1, GEN_STEPS, &g, gen, collect, out, &err) == LS_OK,
+    ck_assert_msg(ls_run_rollout(e, &s, 1, GEN_STEPS, &g, gen, collect, out, &err) == LS_OK,
                   "%s", err.msg);
     ck_assert_int_eq(out->n, n + GEN_STEPS - 1);
 }

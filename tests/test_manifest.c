@@ -526,6 +526,7 @@ START_TEST(test_build_in_process_and_digest)
     ls_manifest_opts o = ls_manifest_opts_default();
     o.checkpoint = ck;
     o.threads = 2;
+    o.providers = ls_backend_list_providers("cpu", &o.n_providers);
     json_t *m;
     ck_assert_msg(ls_manifest_build(&o, &m, &err) == LS_OK, "%s", err.msg);
     ck_assert_int_eq(ls_manifest_validate(m, "built", &err), LS_OK);

@@ -3,6 +3,8 @@
  * (download) synchronise, so kernel faults surface there with LS_E_DEVICE. */
 #include "backend/backend_cuda.h"
 
+#include <string.h>
+
 #ifndef LOCKSTEP_HAVE_CUDA
 
 ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err)
@@ -12,16 +14,34 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
     return ls_fail(err, LS_E_UNSUPPORTED, "this lockstep was built without CUDA (no nvcc at build time)");
 }
 
+ls_status ls_backend_cuda_query_gpu(int device, ls_gpu_info *out, int *present, ls_error *err)
+{
+    (void)device;
+    (void)err;
+    memset(out, 0, sizeof *out);
+    *present = 0;
+    return LS_OK;
+}
+
 #else
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "core/util.h"
 #include "fingerprint/sha256.h"
 #include "ls_cuda.h"
 #include "ops.h"
 #include "sha256.h"
+
+ls_status ls_backend_cuda_query_gpu(int device, ls_gpu_info *out, int *present, ls_error *err)
+{
+    (void)err;
+    ls_error qerr;
+    ls_error_clear(&qerr);
+    *present = ls_cuda_query_device(device, out, &qerr) == LS_OK;
+    if (!*present) memset(out, 0, sizeof *out); /* no usable device: a CPU-only system */
+    return LS_OK;
+}
 
 struct ls_buf {
     void *ptr;                 /* device memory inside the arena */

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "backend/backend.h"
+#include "core/platform.h"
 
 /* Creates the backend on the current CUDA device. Device memory for the run
  * (weights, activations, caches) comes from one arena of arena_bytes
@@ -15,5 +16,10 @@
  * digest scratch come from it too. The reversed-order perturbation is not
  * implemented on CUDA: such ops return LS_E_UNSUPPORTED. */
 ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err);
+
+/* CUDA device `device` as the runtime describes it, for the manifest.
+ * *present = 0 (and *out zeroed, LS_OK) in a build without CUDA or when no
+ * device can be queried: a CPU-only system is not an error. */
+ls_status ls_backend_cuda_query_gpu(int device, ls_gpu_info *out, int *present, ls_error *err);
 
 #endif

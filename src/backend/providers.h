@@ -10,17 +10,8 @@
 
 #include <stddef.h>
 
-typedef struct ls_provider {
-    const char *op;                 /* operator name, e.g. "linear" (docs/numerics.md §3) */
-    const char *provider;           /* implementation family, e.g. "cpu-reference" */
-    const char *kernel_id;          /* function / kernel that runs it */
-    const char *tile_shape;         /* e.g. "1x32" (rows x lanes), "-" when not tiled */
-    const char *split_policy;       /* "none" for strict providers (no split-K / split-KV) */
-    const char *accumulator_dtype;  /* "fp32" */
-    const char *reduction_order;    /* e.g. "dot32-lanes32-butterfly" */
-    const char *tier;               /* "portable" | "tensor-core" */
-    const char *mode;               /* "strict" | "fast" */
-} ls_provider;
+#include "core/platform.h"
+
 
 /* Rows registered for a backend ("cpu", "cuda"), in operator order; *count
  * receives the number of rows. Returns NULL (and *count = 0) when the backend

@@ -15,4 +15,7 @@ int ls_cli_report(const char *cmd, const ls_error *err);
 /* True when argv[i] is -h or --help. */
 int ls_cli_is_help(const char *arg);
 
+/* Parses a decimal option value into [lo, hi]; the error names opt. */
+ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, long *out, ls_error *err);
+
 #endif

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/gate.h"
-#include "cli/run_common.h"
+#include "run/gate.h"
+#include "run/run.h"
 #include "core/util.h"
 #include "manifest/manifest.h"
 #include "synth/synth.h"
@@ -68,7 +68,7 @@ int ls_cmd_demo(int argc, char **argv)
     uint64_t t0 = ls_now_ns();
     char dir[4096], ck[4200], man_path[4200];
     int temporary;
-    if (ls_cli_workdir(workdir, "demo", dir, sizeof dir, &temporary, &err)) return ls_cli_report("demo", &err);
+    if (ls_run_workdir(workdir, "demo", dir, sizeof dir, &temporary, &err)) return ls_cli_report("demo", &err);
     snprintf(ck, sizeof ck, "%s/tiny", dir);
     snprintf(man_path, sizeof man_path, "%s/manifest.json", dir);
 
@@ -82,8 +82,9 @@ int ls_cmd_demo(int argc, char **argv)
     if (st == LS_OK) {
         ls_manifest_opts mo = ls_manifest_opts_default();
         mo.checkpoint_dir = ck;
-        mo.backend = backend;
-        st = ls_manifest_build(&mo, &man, &err);
+        ls_gpu_info gpu;
+        st = ls_run_manifest_facts(backend, &mo, &gpu, &err);
+        if (st == LS_OK) st = ls_manifest_build(&mo, &man, &err);
     }
     if (st == LS_OK) st = ls_manifest_save(man, man_path, &err);
     json_decref(man);
@@ -92,7 +93,7 @@ int ls_cmd_demo(int argc, char **argv)
                "layers of gated DeltaNet / full attention, 8 experts, vocab 1000) and pinned its manifest.\n");
 
     /* 2-4. rollout, strict replays, perturbed replay */
-    ls_cli_batch b = {4, NULL};
+    ls_run_batch b = {4, NULL};
     b.seqs = calloc(4, sizeof *b.seqs);
     if (st == LS_OK && !b.seqs) st = ls_fail(&err, LS_E_NOMEM, "out of memory");
     for (int i = 0; st == LS_OK && i < 4; i++) {
@@ -134,7 +135,7 @@ int ls_cmd_demo(int argc, char **argv)
         fflush(stdout);
         st = ls_gate_run(&go, &b, stdout, &r, &err);
     }
-    ls_cli_batch_free(&b);
+    ls_run_batch_free(&b);
     int rc = 0;
     if (st != LS_OK) {
         rc = ls_cli_report("demo", &err);
@@ -166,6 +167,6 @@ int ls_cmd_demo(int argc, char **argv)
         printf("%s in %.1f s (work directory %s)\n", rc == 0 ? "demo: the story went as expected" : "demo: FAILED",
                (double)(ls_now_ns() - t0) / 1e9, temporary && !keep ? "removed" : dir);
     }
-    if (temporary && !keep) ls_cli_workdir_remove(dir);
+    if (temporary && !keep) ls_run_workdir_remove(dir);
     return rc;
 }

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/gate.h"
-#include "cli/run_common.h"
+#include "run/gate.h"
+#include "run/run.h"
 #include "compare/compare.h"
 #include "core/util.h"
 #include "report/report.h"
@@ -72,12 +72,12 @@ int ls_cmd_gate(int argc, char **argv)
     if (st == LS_OK && strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda"))
         st = ls_fail(&err, LS_E_USAGE, "--backend '%s': expected cpu or cuda", o.backend);
     if (st != LS_OK) return ls_cli_report("gate", &err);
-    ls_cli_batch b;
-    st = ls_cli_load_prompts(o.prompts, 0, &b, &err);
+    ls_run_batch b;
+    st = ls_run_load_prompts(o.prompts, 0, &b, &err);
     if (st != LS_OK) return ls_cli_report("gate", &err);
     ls_gate_result r;
     st = ls_gate_run(&o, &b, stdout, &r, &err);
-    ls_cli_batch_free(&b);
+    ls_run_batch_free(&b);
     if (st != LS_OK) return ls_cli_report("gate", &err);
     return r.all_equal ? 0 : 1;
 }

@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "core/util.h"
 #include "manifest/manifest.h"
+#include "run/run.h"
 
 static const char help[] =
     "usage: lockstep manifest pin --checkpoint DIR [--backend cpu|cuda] [--mode strict|fast]\n"
@@ -118,7 +119,10 @@ static int cmd_pin(int argc, char **argv)
     ls_error err;
     ls_error_clear(&err);
     json_t *m;
-    if (ls_manifest_build(&o, &m, &err) != LS_OK) return ls_cli_report(CMD, &err);
+    ls_gpu_info gpu;
+    if (ls_run_manifest_facts(o.backend, &o, &gpu, &err) != LS_OK ||
+        ls_manifest_build(&o, &m, &err) != LS_OK)
+        return ls_cli_report(CMD, &err);
     ls_status st = ls_manifest_save(m, out, &err);
     json_decref(m);
     if (st != LS_OK) return ls_cli_report(CMD, &err);
@@ -176,7 +180,9 @@ static int cmd_verify(int argc, char **argv)
     json_t *pinned;
     if (ls_manifest_load(pos[0], &pinned, &err) != LS_OK) return ls_cli_report(CMD, &err);
     ls_manifest_delta d;
-    ls_status st = ls_manifest_verify(pinned, &o, &d, &err);
+    ls_gpu_info gpu;
+    ls_status st = ls_run_manifest_facts(o.backend, &o, &gpu, &err);
+    if (st == LS_OK) st = ls_manifest_verify(pinned, &o, &d, &err);
     json_decref(pinned);
     if (st != LS_OK) return ls_cli_report(CMD, &err);
     if (as_json) {

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/run_common.h"
+#include "run/run.h"
 #include "core/util.h"
 
 static const char usage_text[] =
@@ -133,12 +133,12 @@ int ls_cmd_run(int argc, char **argv)
         st = ls_fail(&err, LS_E_USAGE, "--sampling '%s': expected greedy or seeded", sampling);
     if (st != LS_OK) return ls_cli_report("run", &err);
 
-    ls_cli_batch b = {0, NULL};
-    if (rollout) st = ls_cli_load_prompts(prompts, 0, &b, &err);
-    else if (tokens) st = ls_cli_load_tokens(tokens, 0, &b, &err);
+    ls_run_batch b = {0, NULL};
+    if (rollout) st = ls_run_load_prompts(prompts, 0, &b, &err);
+    else if (tokens) st = ls_run_load_tokens(tokens, 0, &b, &err);
     else {
-        ls_cli_rollout_info info;
-        st = ls_cli_load_rollout(from, &b, &info, &err);
+        ls_run_rollout_info info;
+        st = ls_run_load_rollout(from, &b, &info, &err);
         if (st == LS_OK) {
             if (!act) s.act_bf16 = info.act_bf16;
             if (!state_every) state_every = info.state_digest_every;
@@ -150,8 +150,8 @@ int ls_cmd_run(int argc, char **argv)
     s.batch = &b;
     s.progress = 1;
     ls_run_result res;
-    st = ls_cli_run_engine(&s, &res, &err);
-    ls_cli_batch_free(&b);
+    st = ls_run_execute(&s, &res, &err);
+    ls_run_batch_free(&b);
     if (st != LS_OK) return ls_cli_report("run", &err);
     free(res.completions);
     ls_log_info("%s: %llu records, %llu positions in %.2f s (%.1f tokens/s), backend %s, model %.16s..., "

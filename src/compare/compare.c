@@ -7,7 +7,8 @@
 
 #include "compare/compare.h"
 #include "core/util.h"
-#include "trace/trace_internal.h"
+#include "core/bytes.h"
+#include "core/u32map.h"
 
 static const char *const what_names[] = {"none", "token", "digest", "next_token", "logprob",
                                          "topk_set", "topk_order", "topk_logprob", "missing"};
@@ -111,7 +112,7 @@ static void tensor_diff(const ls_trace_record *a, const ls_trace_record *b, int 
 typedef struct walk {
     ls_compare_result *r;
     ls_trace_index *ix;          /* B */
-    ls_seqmap map;               /* seq -> index in r->seqs */
+    ls_u32map map;               /* seq -> index in r->seqs */
     size_t seqs_cap;
     int64_t *last_pos;           /* [seqs_cap] last A position compared/visited, -1 */
     int rows;                    /* n_layers + 3 */
@@ -120,14 +121,13 @@ typedef struct walk {
     uint64_t *drift_order;       /* [seqs_cap] order of each seq's first drift (0 = none) */
     int skip_token;              /* an imported trace has no input tokens */
     int same_layout;             /* same top-k width and digest kinds: equal raw bytes mean equal records */
-    size_t head_a, head_b;       /* bytes before a record's digest array, per trace */
-    ls_rec_decoder *dec_a, *dec_b;   /* lazy decoders of A's reader and B's index */
+    ls_trace_reader *ra;         /* A, lazy */
 } walk;
 
 static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *idx, ls_error *err)
 {
     uint32_t i;
-    if (ls_seqmap_get(&w->map, seq, &i)) {
+    if (ls_u32map_get(&w->map, seq, &i)) {
         *out = &w->r->seqs[i];
         *idx = i;
         return LS_OK;
@@ -163,7 +163,7 @@ static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *i
         s->dlogprob = calloc(s->cols, sizeof *s->dlogprob);
         if (!s->cells || !s->dlogprob) return ls_fail(err, LS_E_NOMEM, "out of memory (heat map)");
     }
-    LS_TRY(ls_seqmap_put(&w->map, seq, i, err));
+    LS_TRY(ls_u32map_put(&w->map, seq, i, err));
     *out = s;
     *idx = i;
     return LS_OK;
@@ -248,19 +248,18 @@ static void mark_missing(walk *w, ls_compare_seq *s, size_t si, uint32_t pos, in
 }
 
 /* Counts every digest of a record as compared and equal, and marks the heat
- * map, reading (layer, kind) from the record's raw bytes (head: bytes before
- * its digest array) so a lazily decoded record needs no digest copies. */
-static void mark_digests_equal(const walk *w, ls_compare_seq *s, const ls_trace_record *a, size_t head)
+ * map, reading each digest's layer from the record's encoded bytes so a
+ * lazily decoded record needs no digest copies. */
+static void mark_digests_equal(const walk *w, ls_compare_seq *s, const ls_trace_record *a)
 {
     s->digests_compared += a->n_digests;
     if (!s->cells || a->pos >= s->pos_end) return;
     uint8_t *col = s->cells + a->pos / s->pos_per_col;
-    const uint8_t *e = a->raw + head;
     int last = -1;
     (void)w;
     /* digests are ordered by layer: one heat-map cell per run of a layer */
-    for (uint32_t i = 0; i < a->n_digests; i++, e += LS_TRACE_DIGEST_ENTRY_BYTES) {
-        int layer = ls_rd16(e);
+    for (uint32_t i = 0; i < a->n_digests; i++) {
+        int layer = ls_trace_record_digest_layer(a, i);
         if (layer == last) continue;
         last = layer;
         uint8_t *c = col + (size_t)(1 + layer) * s->cols;
@@ -278,13 +277,13 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
     int n_layers = r->n_layers;
     uint32_t pos = a->pos;
     s->positions_compared++;
-    int fast = w->same_layout && a->raw_bytes == b->raw_bytes && memcmp(a->raw, b->raw, a->raw_bytes) == 0;
+    int fast = w->same_layout && ls_trace_record_bytes_equal(a, b);
     if (fast) {
         s->tokens_equal++;
         s->topk_set_equal++;
         if (a->next_token >= 0) s->steps++;
         cell(w, s, 0, pos, LS_CELL_EQUAL);
-        mark_digests_equal(w, s, a, w->head_a);
+        mark_digests_equal(w, s, a);
         cell(w, s, n_layers + 1, pos, LS_CELL_EQUAL);
         cell(w, s, n_layers + 2, pos, LS_CELL_EQUAL);
         return 0;
@@ -310,14 +309,13 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
      * kind) list, same digests: one memcmp) are all equal; otherwise walk them
      * to find the first differing one. */
     uint32_t i = 0, j = 0;
-    if (a->n_digests == b->n_digests &&
-        memcmp(a->raw + w->head_a, b->raw + w->head_b, (size_t)a->n_digests * LS_TRACE_DIGEST_ENTRY_BYTES) == 0) {
+    if (ls_trace_record_digests_equal(a, b)) {
         /* every kind present in both records is in both headers: all are compared */
-        mark_digests_equal(w, s, a, w->head_a);
+        mark_digests_equal(w, s, a);
         i = a->n_digests; /* skip the walk */
     } else {
-        ls_status st = ls_rec_decoder_fill(w->dec_a, err);
-        if (!st) st = ls_rec_decoder_fill(w->dec_b, err);
+        ls_status st = ls_trace_reader_load_digests(w->ra, err);
+        if (!st) st = ls_trace_index_load_digests(w->ix, err);
         if (st) return st;
     }
     while (i < a->n_digests && j < b->n_digests) {
@@ -517,11 +515,9 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         snprintf(r->note, sizeof r->note, "digest kinds differ between the traces: compared only the kinds both carry");
     w.skip_token = !strcmp(ha->mode, "import") || !strcmp(hb->mode, "import");
     w.same_layout = ha->topk == hb->topk && ha->digest_kinds_mask == hb->digest_kinds_mask;
-    w.head_a = ls_trace_record_head_bytes(ha->topk);
-    w.head_b = ls_trace_record_head_bytes(hb->topk);
-    w.dec_a = ls_trace_reader_decoder(ra);
-    w.dec_b = ls_trace_index_decoder(w.ix);
-    w.dec_a->lazy = w.dec_b->lazy = 1;
+    w.ra = ra;
+    ls_trace_reader_set_lazy(ra, 1);
+    ls_trace_index_set_lazy(w.ix, 1);
     if (w.skip_token) {
         size_t n = strlen(r->note);
         snprintf(r->note + n, sizeof r->note - n, "%san imported trace carries generated tokens only: input tokens not compared",
@@ -593,7 +589,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
 out:
     free(w.last_pos);
     free(w.drift_order);
-    ls_seqmap_free(&w.map);
+    ls_u32map_free(&w.map);
     ls_trace_reader_close(ra);
     ls_trace_index_close(w.ix);
     r->elapsed_ns = ls_now_ns() - t0;

@@ -4,8 +4,8 @@
  * Everything runs through one primitive, ls_engine_step: one packed forward
  * over an arbitrary mix of items (prefill chunks of some sequences, single
  * decode tokens of others) held in sequence slots that join and leave between
- * steps. Rollout and replay are drivers over it; a continuous-batching
- * scheduler can drive it directly. Row invariance (numerics contract rule 1)
+ * steps. The rollout, replay and continuous-batching drivers are written once
+ * over it in the run layer (src/run/drive.h). Row invariance (numerics contract rule 1)
  * makes a sequence's records independent of what else shares its steps.
  *
  * Records (src/trace/trace.h) at position p of a sequence: the token at p,
@@ -33,6 +33,7 @@
 
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "core/status.h"
 #include "engine/sample.h"
 #include "model/model.h"
@@ -53,14 +54,11 @@ typedef enum ls_perturb_op {
     LS_PERTURB_COUNT
 } ls_perturb_op;
 
+/* "gdn", "conv", ...; "none" for LS_PERTURB_NONE, "?" out of range. */
 const char *ls_perturb_op_name(ls_perturb_op op);
-/* Parses "layer=L,op=OP". */
-ls_status ls_perturb_parse(const char *spec, int *layer, ls_perturb_op *op, ls_error *err);
 
 typedef struct ls_engine_opts {
-    const char *backend;       /* "cpu" (default) | "cuda" (fails closed without CUDA or a GPU) */
     int act_bf16;              /* 1 = bf16 activations (default), 0 = fp32 */
-    int n_threads;             /* >= 1 */
     long max_rows;             /* rows per forward call (packed tokens); default 256 */
     long state_digest_every;   /* >= 1; default 64 */
     int perturb_layer;         /* decoder layer, -1 = none */
@@ -71,33 +69,29 @@ typedef struct ls_engine_opts {
 
 void ls_engine_opts_default(ls_engine_opts *o);
 
-/* A frame's records; the arrays are valid during the callback only. */
-typedef ls_status (*ls_engine_sink)(void *ctx, ls_frame_kind kind, const ls_trace_record *recs,
-                                    long n, ls_error *err);
-
 typedef struct ls_engine ls_engine;
 
-/* max_seqs sequences of at most max_len tokens each. */
-ls_status ls_engine_create(const ls_model *m, const ls_engine_opts *o, long max_seqs,
-                           long max_len, ls_engine **out, ls_error *err);
+/* An engine for max_seqs sequences of at most max_len tokens each, running
+ * on `be`. The engine takes the backend in every case (it is destroyed with
+ * the engine, or at once when creation fails): the backend owns every buffer
+ * the engine allocates, so one backend serves one engine. */
+ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_opts *o,
+                           long max_seqs, long max_len, ls_engine **out, ls_error *err);
 void ls_engine_destroy(ls_engine *e);
 
-/* The backend running the engine ("cpu" | "cuda") and the trace header's
- * engine name ("lockstep-cpu" | "lockstep-cuda"). Static strings. */
-const char *ls_engine_backend(const ls_engine *e);
-const char *ls_engine_trace_name(const ls_engine *e);
+/* Sizes fixed at creation: rows per step, slots, positions per sequence. */
+long ls_engine_max_rows(const ls_engine *e);
+long ls_engine_max_seqs(const ls_engine *e);
+long ls_engine_capacity(const ls_engine *e);
+/* The backend's name ("cpu", "cuda-portable", ...). */
+const char *ls_engine_backend_name(const ls_engine *e);
+/* Vocabulary size: the length of a row of ls_engine_logprobs. */
+long ls_engine_vocab(const ls_engine *e);
 
 /* The trace layer table for this model ([2 + 2L + 1] entries, static storage
  * owned by the engine). */
 const ls_trace_layer *ls_engine_layers(const ls_engine *e, int *n);
 
-typedef struct ls_sequence {
-    uint32_t id;               /* sequence id in the trace */
-    const int32_t *tokens;     /* [n_tokens] prompt (rollout) or prompt + completion (replay) */
-    long n_tokens;
-    long prompt_len;           /* replay: prompt tokens (the rollout trace's run params), for the
-                                  boundary state digest; 0 = unknown. Rollout: ignored */
-} ls_sequence;
 
 /* ---- step API (continuous batching) -------------------------------------------
  * A slot (0 .. max_seqs-1) holds one sequence's carried state (KV cache, GDN
@@ -128,20 +122,5 @@ const float *ls_engine_logprobs(const ls_engine *e, long row);
  * records of one step are contiguous: ls_engine_record(e, 0, ..) + r is row
  * r's, so a frame of rows [a, b) can go to a sink in one call once built. */
 const ls_trace_record *ls_engine_record(ls_engine *e, long row, int32_t next);
-
-/* ---- drivers ------------------------------------------------------------------ */
-
-/* Rollout: prefill every prompt (packed), then decode max_new tokens one at a
- * time for all sequences together. completion[i] receives max_new tokens
- * (caller-owned [n_seqs][max_new], may be NULL). */
-ls_status ls_engine_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, long max_new,
-                            const ls_sampling *sampling, int32_t *completion,
-                            ls_engine_sink sink, void *ctx, ls_error *err);
-
-/* Replay: teacher-forced recompute of every sequence's tokens 0..n-2 (the
- * last token is only a target), `chunk` tokens per sequence per step, all
- * sequences packed into each step. */
-ls_status ls_engine_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long chunk,
-                           ls_engine_sink sink, void *ctx, ls_error *err);
 
 #endif

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/providers.h"
 #include "core/build_info.h"
 #include "core/util.h"
 #include "fingerprint/fingerprint.h"
@@ -104,13 +103,11 @@ static json_t *architecture_section(const json_t *cfg)
 
 static ls_status numerics_section(const ls_manifest_opts *o, json_t **out, ls_error *err)
 {
-    size_t n;
-    const ls_provider *rows = ls_backend_list_providers(o->backend, &n);
-    if (!rows)
-        return ls_fail(err, LS_E_USAGE, "unknown backend '%s' (known: cpu, cuda)", o->backend);
-    if (n == 0)
-        return ls_fail(err, LS_E_UNSUPPORTED,
-                       "backend '%s' has no registered providers (src/backend/providers.c)",
+    size_t n = o->n_providers;
+    const ls_provider *rows = o->providers;
+    if (!rows || n == 0)
+        return ls_fail(err, LS_E_UNSUPPORTED, "manifest: no provider rows for backend '%s' (the "
+                       "backend's registry is handed in through ls_manifest_opts.providers)",
                        o->backend);
     json_t *ops = json_object();
     if (!ops) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
@@ -187,7 +184,7 @@ ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error
     ls_checkpoint *owned = NULL;
     ls_status st = numerics_section(&o, &num, err);
     if (st == LS_OK) st = build_section(&build, err);
-    if (st == LS_OK) st = ls_runtime_describe(&rt, err);
+    if (st == LS_OK) st = ls_runtime_describe(o.gpu, &rt, err);
     const ls_checkpoint *ck = o.checkpoint;
     if (st == LS_OK && !ck) {
         st = ls_checkpoint_open(o.checkpoint_dir, &owned, err);

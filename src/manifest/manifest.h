@@ -13,6 +13,8 @@
  *
  *     ls_manifest_opts o = ls_manifest_opts_default();
  *     o.checkpoint = ck;                    // already open
+ *     o.providers = rows;                   // told by the backend (via src/run)
+ *     o.n_providers = n;
  *     json_t *m; ls_digest d;
  *     LS_TRY(ls_manifest_build(&o, &m, err));
  *     LS_TRY(ls_manifest_digest(m, &d, err));
@@ -23,6 +25,7 @@
 #include <jansson.h>
 #include <stddef.h>
 
+#include "core/platform.h"
 #include "core/status.h"
 #include "fingerprint/fingerprint.h"
 #include "fingerprint/sha256.h"
@@ -36,6 +39,10 @@ typedef struct ls_manifest_opts {
     const char *checkpoint_dir;          /* opened when checkpoint is NULL */
     const ls_checkpoint *checkpoint;     /* already open (borrowed), or NULL */
     const char *backend;                 /* "cpu" (default) | "cuda" */
+    const ls_provider *providers;        /* [n_providers] the backend's provider rows
+                                            (borrowed); the manifest records them as told */
+    size_t n_providers;
+    const ls_gpu_info *gpu;              /* the GPU as the backend reported it, or NULL */
     const char *mode;                    /* "strict" (default) | "fast" */
     const char *perturbation;            /* spec string; NULL for none (required NULL when strict) */
     int threads;                         /* fingerprint threads; <= 0 = online cores */

@@ -9,24 +9,6 @@
 #include <time.h>
 #include <unistd.h>
 
-ls_status ls_runtime_query_gpu(ls_gpu_info *out, int *present, ls_error *err)
-{
-    memset(out, 0, sizeof *out);
-    *present = 0;
-#ifdef LOCKSTEP_HAVE_CUDA
-    ls_error qerr;
-    ls_error_clear(&qerr);
-    if (ls_cuda_query_device(0, out, &qerr) == LS_OK) {
-        *present = 1;
-    } else {
-        /* No usable device: a CPU-only pin, not a failure. */
-        memset(out, 0, sizeof *out);
-    }
-#endif
-    (void)err;
-    return LS_OK;
-}
-
 /* CPU features whose presence can select a different code path; recorded in
  * this order when present. */
 static const char *const cpu_flags_tracked[] = {
@@ -108,7 +90,7 @@ static json_t *gpu_json(const ls_gpu_info *g)
                      g->cublas_version, "nccl_version", g->nccl_version);
 }
 
-ls_status ls_runtime_describe(void **out_json, ls_error *err)
+ls_status ls_runtime_describe(const ls_gpu_info *gpu_info, void **out_json, ls_error *err)
 {
     *out_json = NULL;
     struct utsname u;
@@ -127,14 +109,7 @@ ls_status ls_runtime_describe(void **out_json, ls_error *err)
     read_cpuinfo(model, sizeof model, flags);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
-    ls_gpu_info gi;
-    int present = 0;
-    ls_status st = ls_runtime_query_gpu(&gi, &present, err);
-    if (st != LS_OK) {
-        json_decref(flags);
-        return st;
-    }
-    json_t *gpu = present ? gpu_json(&gi) : json_null();
+    json_t *gpu = gpu_info ? gpu_json(gpu_info) : json_null();
     json_t *rt = json_pack("{s:{s:s, s:s, s:s, s:s}, s:s, s:s, s:{s:s, s:I, s:o}, s:o}", "os",
                            "sysname", u.sysname, "release", u.release, "version", u.version,
                            "machine", u.machine, "host_name", host, "pinned_at", when, "cpu",

@@ -9,11 +9,11 @@
  * small parameters (norm weights, A_log, dt_bias) are widened to fp32 arrays
  * owned by the model; the engine rounds them to bf16 in bf16 activation mode,
  * as the reference does when it casts every parameter to the model dtype
- * (spec §2.4). */
+ * (docs/model.md §2.4). */
 #ifndef LS_MODEL_MODEL_H
 #define LS_MODEL_MODEL_H
 
-#include "backend/cpu_ops.h"
+#include "numerics/types.h"
 #include "core/status.h"
 #include "io/checkpoint.h"
 

@@ -117,6 +117,7 @@ typedef struct ls_trace_record {
      * bytes as stored in the frame; two records with equal bytes are equal. */
     const uint8_t *raw;
     uint32_t raw_bytes;
+    uint32_t digests_at;               /* byte offset of the digest array in raw */
     uint32_t frame_index;              /* frame the record came from */
     uint64_t frame_offset;             /* byte offset of that frame in the file */
 } ls_trace_record;
@@ -166,6 +167,21 @@ uint64_t ls_trace_reader_records(const ls_trace_reader *r);
 uint64_t ls_trace_reader_bytes(const ls_trace_reader *r);
 void ls_trace_reader_close(ls_trace_reader *r);
 
+/* ---- record access for comparators ---------------------------------------------
+ * A reader or index set lazy leaves a record's digests and dumps undecoded
+ * (NULL, counts set) until ..._load_digests is called for the current record:
+ * a comparator that finds two records' bytes equal never copies them. */
+void ls_trace_reader_set_lazy(ls_trace_reader *r, int lazy);
+ls_status ls_trace_reader_load_digests(ls_trace_reader *r, ls_error *err);
+/* 1 when two records read from traces of the same layout (top-k width,
+ * digest kinds) have identical encoded bytes, i.e. are equal in every field. */
+int ls_trace_record_bytes_equal(const ls_trace_record *a, const ls_trace_record *b);
+/* 1 when two read records carry identical digest arrays (same (layer, kind)
+ * list, same digests), compared on the encoded bytes, without decoding. */
+int ls_trace_record_digests_equal(const ls_trace_record *a, const ls_trace_record *b);
+/* Layer of digest i (< n_digests) of a read record, without decoding. */
+int ls_trace_record_digest_layer(const ls_trace_record *r, uint32_t i);
+
 /* ---- indexed access ---------------------------------------------------------
  * Random access by (seq, pos) for the comparator. Opening scans the frame
  * headers only (payloads are skipped, not read) and keeps, per sequence, the
@@ -199,6 +215,8 @@ uint64_t ls_trace_index_records(const ls_trace_index *ix);
  * table in a frame never loaded would go unnoticed. */
 ls_status ls_trace_index_verify(ls_trace_index *ix, ls_error *err);
 void ls_trace_index_close(ls_trace_index *ix);
+void ls_trace_index_set_lazy(ls_trace_index *ix, int lazy);
+ls_status ls_trace_index_load_digests(ls_trace_index *ix, ls_error *err);
 
 /* Parses a family / digest-kind name; returns -1 when unknown. */
 int ls_layer_family_parse(const char *name);

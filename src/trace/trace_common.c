@@ -46,52 +46,6 @@ size_t ls_dump_dtype_size(unsigned dtype)
     }
 }
 
-/* ---- seq map ------------------------------------------------------------------ */
-static size_t seq_hash(uint32_t k, size_t cap) { return (size_t)((k * 2654435761u) ^ (k >> 16)) & (cap - 1); }
-
-int ls_seqmap_get(const ls_seqmap *m, uint32_t key, uint32_t *val)
-{
-    if (!m->cap) return 0;
-    for (size_t i = seq_hash(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
-        if (!m->used[i]) return 0;
-        if (m->keys[i] == key) {
-            *val = m->vals[i];
-            return 1;
-        }
-    }
-}
-
-ls_status ls_seqmap_put(ls_seqmap *m, uint32_t key, uint32_t val, ls_error *err)
-{
-    if ((m->n + 1) * 2 > m->cap) {
-        size_t ncap = m->cap ? m->cap * 2 : 64;
-        ls_seqmap nm = {calloc(ncap, 4), calloc(ncap, 4), calloc(ncap, 1), ncap, 0};
-        if (!nm.keys || !nm.vals || !nm.used) {
-            ls_seqmap_free(&nm);
-            return ls_fail(err, LS_E_NOMEM, "out of memory (sequence map)");
-        }
-        for (size_t i = 0; i < m->cap; i++)
-            if (m->used[i]) LS_TRY(ls_seqmap_put(&nm, m->keys[i], m->vals[i], err));
-        ls_seqmap_free(m);
-        *m = nm;
-    }
-    size_t i = seq_hash(key, m->cap);
-    while (m->used[i] && m->keys[i] != key) i = (i + 1) & (m->cap - 1);
-    if (!m->used[i]) m->n++;
-    m->used[i] = 1;
-    m->keys[i] = key;
-    m->vals[i] = val;
-    return LS_OK;
-}
-
-void ls_seqmap_free(ls_seqmap *m)
-{
-    free(m->keys);
-    free(m->vals);
-    free(m->used);
-    memset(m, 0, sizeof *m);
-}
-
 /* ---- header JSON ----------------------------------------------------------------- */
 static int is_hex64(const char *s)
 {
@@ -472,6 +426,7 @@ ls_status ls_frame_record(const ls_frame_buf *fb, ls_rec_decoder *dec, uint32_t 
     r->dumps = NULL;
     r->raw = p;
     r->raw_bytes = ls_rd32(p);
+    r->digests_at = (uint32_t)ls_trace_record_head_bytes(dec->topk);
     r->frame_index = fb->frame_index;
     r->frame_offset = fb->offset;
     return dec->lazy ? LS_OK : ls_rec_decoder_fill(dec, err);
@@ -621,4 +576,23 @@ ls_status ls_trace_check_trailer(const uint8_t t[LS_TRACE_TRAILER_BYTES], const 
     if (memcmp(t + 32, chain, 32) != 0)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer digest over all frames does not match", path, offset);
     return LS_OK;
+}
+
+/* ---- record access ------------------------------------------------------------------ */
+
+int ls_trace_record_bytes_equal(const ls_trace_record *a, const ls_trace_record *b)
+{
+    return a->raw && b->raw && a->raw_bytes == b->raw_bytes && memcmp(a->raw, b->raw, a->raw_bytes) == 0;
+}
+
+int ls_trace_record_digests_equal(const ls_trace_record *a, const ls_trace_record *b)
+{
+    return a->raw && b->raw && a->n_digests == b->n_digests &&
+           memcmp(a->raw + a->digests_at, b->raw + b->digests_at,
+                  (size_t)a->n_digests * LS_TRACE_DIGEST_ENTRY_BYTES) == 0;
+}
+
+int ls_trace_record_digest_layer(const ls_trace_record *r, uint32_t i)
+{
+    return ls_rd16(r->raw + r->digests_at + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES);
 }

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/bytes.h"
+#include "core/u32map.h"
 #include "trace/trace.h"
 
 /* ---- byte layouts (docs/trace-format.md) ---------------------------------- */
@@ -24,30 +26,6 @@
 #define LS_TRACE_DUMP_HEAD_BYTES 8            /* layer u16, kind u8, dtype u8, n_elems u32 */
 #define LS_TRACE_FRAME_KIND_COUNT 4
 
-static inline uint16_t ls_rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static inline uint32_t ls_rd32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static inline uint64_t ls_rd64(const uint8_t *p) { return ls_rd32(p) | ((uint64_t)ls_rd32(p + 4) << 32); }
-static inline void ls_wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static inline void ls_wr32(uint8_t *p, uint32_t v)
-{
-    p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); p[2] = (uint8_t)(v >> 16); p[3] = (uint8_t)(v >> 24);
-}
-static inline void ls_wr64(uint8_t *p, uint64_t v) { ls_wr32(p, (uint32_t)v); ls_wr32(p + 4, (uint32_t)(v >> 32)); }
-
-/* ---- seq-id map: uint32 key -> uint32 value (open addressing) ------------- */
-typedef struct ls_seqmap {
-    uint32_t *keys;          /* [cap] */
-    uint32_t *vals;          /* [cap] */
-    uint8_t *used;           /* [cap] */
-    size_t cap, n;
-} ls_seqmap;
-/* Returns 1 and sets *val when key is present. */
-int ls_seqmap_get(const ls_seqmap *m, uint32_t key, uint32_t *val);
-ls_status ls_seqmap_put(ls_seqmap *m, uint32_t key, uint32_t val, ls_error *err);
-void ls_seqmap_free(ls_seqmap *m);
 
 /* ---- file access (trace_file.c) ---------------------------------------------- */
 /* A trace file opened read-only: mapped whole when possible, else read with
@@ -140,9 +118,6 @@ ls_status ls_rec_decoder_fill(ls_rec_decoder *dec, ls_error *err);
 /* Bytes before a record's digest array: the fixed fields, the top-k, the two counts. */
 static inline size_t ls_trace_record_head_bytes(int topk) { return LS_TRACE_RECORD_FIXED_BYTES + 8 * (size_t)topk + 4; }
 
-/* The decoders of a reader and an index, for callers that want lazy records. */
-ls_rec_decoder *ls_trace_reader_decoder(ls_trace_reader *r);
-ls_rec_decoder *ls_trace_index_decoder(ls_trace_index *ix);
 void ls_rec_decoder_free(ls_rec_decoder *d);
 
 /* Checks that the 96 trailer bytes at `offset` are well formed and match the counts. */

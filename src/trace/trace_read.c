@@ -7,7 +7,7 @@
 
 /* Per-sequence position tracking: positions must increase through the file. */
 typedef struct seq_track {
-    ls_seqmap map;           /* seq -> index */
+    ls_u32map map;           /* seq -> index */
     uint32_t *next_min;      /* [n] smallest position allowed next */
     size_t n, cap;
 } seq_track;
@@ -16,7 +16,7 @@ static ls_status track_segment(seq_track *t, const ls_frame_seg *s, uint32_t *in
                                uint64_t off, uint32_t frame, ls_error *err)
 {
     uint32_t i;
-    if (ls_seqmap_get(&t->map, s->seq, &i)) {
+    if (ls_u32map_get(&t->map, s->seq, &i)) {
         if (s->pos_first < t->next_min[i])
             return ls_fail(err, LS_E_INPUT,
                            "%s: offset %" PRIu64 ": frame %u: seq %u pos %u repeats or goes back (positions of a sequence "
@@ -30,7 +30,7 @@ static ls_status track_segment(seq_track *t, const ls_frame_seg *s, uint32_t *in
             t->cap = nc;
         }
         i = (uint32_t)t->n++;
-        LS_TRY(ls_seqmap_put(&t->map, s->seq, i, err));
+        LS_TRY(ls_u32map_put(&t->map, s->seq, i, err));
     }
     t->next_min[i] = s->pos_first + s->n_pos;
     if (index_out) *index_out = i;
@@ -39,7 +39,7 @@ static ls_status track_segment(seq_track *t, const ls_frame_seg *s, uint32_t *in
 
 static void track_free(seq_track *t)
 {
-    ls_seqmap_free(&t->map);
+    ls_u32map_free(&t->map);
     free(t->next_min);
     memset(t, 0, sizeof *t);
 }
@@ -157,7 +157,8 @@ ls_status ls_trace_reader_next(ls_trace_reader *r, const ls_trace_record **rec, 
     return LS_OK;
 }
 
-ls_rec_decoder *ls_trace_reader_decoder(ls_trace_reader *r) { return &r->dec; }
+void ls_trace_reader_set_lazy(ls_trace_reader *r, int lazy) { r->dec.lazy = lazy != 0; }
+ls_status ls_trace_reader_load_digests(ls_trace_reader *r, ls_error *err) { return ls_rec_decoder_fill(&r->dec, err); }
 
 void ls_trace_reader_close(ls_trace_reader *r)
 {
@@ -355,13 +356,13 @@ uint64_t ls_trace_index_records(const ls_trace_index *ix) { return ix->n_records
 uint64_t ls_trace_index_seq_positions(const ls_trace_index *ix, uint32_t seq)
 {
     uint32_t i;
-    return ls_seqmap_get(&ix->track.map, seq, &i) ? ix->seqs[i].positions : 0;
+    return ls_u32map_get(&ix->track.map, seq, &i) ? ix->seqs[i].positions : 0;
 }
 
 uint32_t ls_trace_index_seq_end(const ls_trace_index *ix, uint32_t seq)
 {
     uint32_t i;
-    if (!ls_seqmap_get(&ix->track.map, seq, &i) || !ix->seqs[i].n) return 0;
+    if (!ls_u32map_get(&ix->track.map, seq, &i) || !ix->seqs[i].n) return 0;
     const ix_seg *g = &ix->seqs[i].segs[ix->seqs[i].n - 1];
     return g->pos_first + g->n_pos;
 }
@@ -380,7 +381,7 @@ static size_t seg_after(const ix_seq *s, uint32_t pos)
 int64_t ls_trace_index_next_pos(const ls_trace_index *ix, uint32_t seq, uint32_t from)
 {
     uint32_t si;
-    if (!ls_seqmap_get(&ix->track.map, seq, &si)) return -1;
+    if (!ls_u32map_get(&ix->track.map, seq, &si)) return -1;
     const ix_seq *s = &ix->seqs[si];
     size_t i = seg_after(s, from);
     if (i > 0 && from < s->segs[i - 1].pos_first + s->segs[i - 1].n_pos) return from;
@@ -391,7 +392,7 @@ ls_status ls_trace_index_find(ls_trace_index *ix, uint32_t seq, uint32_t pos, co
 {
     *rec = NULL;
     uint32_t si;
-    if (!ls_seqmap_get(&ix->track.map, seq, &si)) return LS_OK;
+    if (!ls_u32map_get(&ix->track.map, seq, &si)) return LS_OK;
     const ix_seq *s = &ix->seqs[si];
     size_t lo = seg_after(s, pos);
     if (lo == 0) return LS_OK;
@@ -430,7 +431,8 @@ ls_status ls_trace_index_verify(ls_trace_index *ix, ls_error *err)
     return st;
 }
 
-ls_rec_decoder *ls_trace_index_decoder(ls_trace_index *ix) { return &ix->dec; }
+void ls_trace_index_set_lazy(ls_trace_index *ix, int lazy) { ix->dec.lazy = lazy != 0; }
+ls_status ls_trace_index_load_digests(ls_trace_index *ix, ls_error *err) { return ls_rec_decoder_fill(&ix->dec, err); }
 
 void ls_trace_index_close(ls_trace_index *ix)
 {

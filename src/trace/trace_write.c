@@ -25,7 +25,7 @@ struct ls_trace_writer {
     ls_sha256 chain;                             /* SHA-256 over frame header checksums */
     int chain_open;
     uint64_t n_frames, n_records_total, bytes_total;
-    ls_seqmap last;                              /* seq -> index into last_pos */
+    ls_u32map last;                              /* seq -> index into last_pos */
     uint32_t *last_pos; size_t n_last, last_cap;
 };
 
@@ -46,7 +46,7 @@ static void writer_free(ls_trace_writer *w)
     free(w->buf); free(w->segs); free(w->head); free(w->cbuf); free(w->last_pos);
     ZSTD_freeCCtx(w->cctx);
     if (w->chain_open) ls_sha256_discard(&w->chain);
-    ls_seqmap_free(&w->last);
+    ls_u32map_free(&w->last);
     free(w);
 }
 
@@ -124,7 +124,7 @@ ls_status ls_trace_writer_add(ls_trace_writer *w, const ls_trace_record *r, ls_e
     if (!w->in_frame) return ls_fail(err, LS_E_USAGE, "trace writer: add outside a frame");
     /* Positions of a sequence must increase through the trace (docs/trace-format.md, "Ordering"). */
     uint32_t li;
-    int have = ls_seqmap_get(&w->last, r->seq, &li);
+    int have = ls_u32map_get(&w->last, r->seq, &li);
     if (have && r->pos <= w->last_pos[li])
         return ls_fail(err, LS_E_USAGE, "trace writer: seq %u pos %u after pos %u: positions must increase", r->seq, r->pos,
                        w->last_pos[li]);
@@ -201,7 +201,7 @@ ls_status ls_trace_writer_add(ls_trace_writer *w, const ls_trace_record *r, ls_e
     } else {
         LS_TRY(wgrow((void **)&w->last_pos, &w->last_cap, w->n_last + 1, sizeof *w->last_pos, err));
         w->last_pos[w->n_last] = r->pos;
-        LS_TRY(ls_seqmap_put(&w->last, r->seq, (uint32_t)w->n_last, err));
+        LS_TRY(ls_u32map_put(&w->last, r->seq, (uint32_t)w->n_last, err));
         w->n_last++;
     }
     w->n_records++;

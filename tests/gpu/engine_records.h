@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "run/drive.h"
 
 typedef struct recs_item {
     ls_trace_record r;
@@ -53,7 +54,7 @@ static inline ls_status recs_add(recs *t, const ls_trace_record *r, ls_error *er
     return LS_OK;
 }
 
-/* An ls_engine_sink collecting into a recs. */
+/* An ls_run_sink collecting into a recs. */
 static inline ls_status recs_sink(void *ctx, ls_frame_kind kind, const ls_trace_record *recs_, long n,
                                   ls_error *err)
 {

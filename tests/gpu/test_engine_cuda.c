@@ -8,6 +8,7 @@
 #include "engine_records.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
+#include "run/run.h"
 #include "synth/synth.h"
 #include "testutil.h"
 
@@ -66,12 +67,11 @@ static ls_engine *engine(const ls_model *m, const char *backend, int act_bf16)
     ls_error_clear(&err);
     ls_engine_opts o;
     ls_engine_opts_default(&o);
-    o.backend = backend;
     o.act_bf16 = act_bf16;
     o.state_digest_every = 3; /* carried-state digests at many positions */
     o.max_rows = 64;
     ls_engine *e = NULL;
-    ck_assert_msg(ls_engine_create(m, &o, N_SEQS, 64, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_engine_open(m, backend, 1, &o, N_SEQS, 64, &e, &err) == LS_OK, "%s", err.msg);
     return e;
 }
 
@@ -83,7 +83,7 @@ static void rollout(const ls_model *m, const run_cfg *rc, recs *out, int32_t com
     ls_sequence seqs[N_SEQS];
     make_prompts(m, toks, seqs);
     ls_engine *e = engine(m, rc->backend, rc->act_bf16);
-    ck_assert_msg(ls_engine_rollout(e, seqs, N_SEQS, MAX_NEW, rc->sampling, &comp[0][0], recs_sink, out,
+    ck_assert_msg(ls_run_rollout(e, seqs, N_SEQS, MAX_NEW, rc->sampling, &comp[0][0], recs_sink, out,
                                     &err) == LS_OK, "%s rollout: %s", rc->backend, err.msg);
     ls_engine_destroy(e);
     recs_sort(out);
@@ -104,7 +104,7 @@ static void replay(const ls_model *m, const char *backend, int act_bf16, int32_t
         seqs[s].n_tokens += MAX_NEW;
     }
     ls_engine *e = engine(m, backend, act_bf16);
-    ck_assert_msg(ls_engine_replay(e, seqs, N_SEQS, chunk, recs_sink, out, &err) == LS_OK, "%s replay: %s",
+    ck_assert_msg(ls_run_replay(e, seqs, N_SEQS, chunk, recs_sink, out, &err) == LS_OK, "%s replay: %s",
                   backend, err.msg);
     ls_engine_destroy(e);
     recs_sort(out);
@@ -173,15 +173,34 @@ START_TEST(test_engine_cuda_fails_closed_on_perturb)
     ls_model *m = NULL;
     ck_assert_msg(ls_checkpoint_open(g_dirs[0], &ck, &err) == LS_OK, "%s", err.msg);
     ck_assert_msg(ls_model_open(ck, &m, &err) == LS_OK, "%s", err.msg);
+    /* The run layer refuses the spec ... */
+    ls_run_batch b = {0, NULL};
+    const char *jsonl = "{\"id\": 1, \"tokens\": [1, 2, 3]}\n";
+    ck_assert_int_eq(ls_run_parse_prompts("prompts", jsonl, strlen(jsonl), 0, &b, &err), LS_OK);
+    ls_run_spec spec;
+    ls_run_spec_default(&spec);
+    spec.checkpoint = g_dirs[0];
+    spec.backend = "cuda";
+    spec.batch = &b;
+    spec.out = "unused.trace";
+    spec.perturb = "layer=0,op=gdn";
+    ck_assert_int_eq(ls_run_spec_validate(&spec, &err), LS_E_UNSUPPORTED);
+    printf("  ok perturbation on cuda refused by the run layer: %s\n", err.msg);
+    /* ... and the CUDA kernels refuse a reversed order if an engine is made anyway. */
     ls_engine_opts o;
     ls_engine_opts_default(&o);
-    o.backend = "cuda";
     o.perturb_layer = 0;
     o.perturb_op = LS_PERTURB_GDN;
     ls_engine *e = NULL;
-    ck_assert_int_ne(ls_engine_create(m, &o, 1, 16, &e, &err), LS_OK);
-    ck_assert_ptr_null(e);
-    printf("  ok perturbation on cuda fails closed: %s\n", err.msg);
+    ck_assert_msg(ls_run_engine_open(m, "cuda", 1, &o, 1, 16, &e, &err) == LS_OK, "%s", err.msg);
+    ls_sampling g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
+    recs got;
+    memset(&got, 0, sizeof got);
+    ck_assert_int_eq(ls_run_rollout(e, b.seqs, 1, 2, &g, NULL, recs_sink, &got, &err), LS_E_UNSUPPORTED);
+    recs_free(&got);
+    printf("  ok perturbation on cuda fails closed in the kernels: %s\n", err.msg);
+    ls_engine_destroy(e);
+    ls_run_batch_free(&b);
     ls_model_close(m);
     ls_checkpoint_close(ck);
 }

@@ -7,7 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "cli/run_common.h"
+#include "run/run.h"
 #include "trace/trace.h"
 
 typedef struct ls_gate_variant {
@@ -58,7 +58,7 @@ typedef struct ls_gate_result {
 } ls_gate_result;
 
 /* Runs the gate on batch (prompts) and prints the table to out (NULL: quiet). */
-ls_status ls_gate_run(const ls_gate_opts *o, const ls_cli_batch *batch, FILE *out, ls_gate_result *r,
+ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *out, ls_gate_result *r,
                       ls_error *err);
 
 #endif

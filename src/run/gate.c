@@ -1,5 +1,5 @@
 /* lockstep CLI — the gate; see gate.h. */
-#include "cli/gate.h"
+#include "run/gate.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -112,7 +112,7 @@ static void summarise(const ls_compare_result *c, ls_gate_row *w)
     }
 }
 
-ls_status ls_gate_run(const ls_gate_opts *o, const ls_cli_batch *batch, FILE *out, ls_gate_result *r,
+ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *out, ls_gate_result *r,
                       ls_error *err)
 {
     memset(r, 0, sizeof *r);
@@ -122,7 +122,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_cli_batch *batch, FILE *ou
                                                               LS_GATE_MAX_VARIANTS);
     char dir[4096], ro_path[4200], rp_path[4200], rep[4300];
     int temporary;
-    LS_TRY(ls_cli_workdir(o->workdir, "gate", dir, sizeof dir, &temporary, err));
+    LS_TRY(ls_run_workdir(o->workdir, "gate", dir, sizeof dir, &temporary, err));
     snprintf(ro_path, sizeof ro_path, "%s/rollout.trace", dir);
     ls_run_spec s;
     ls_run_spec_default(&s);
@@ -142,16 +142,16 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_cli_batch *batch, FILE *ou
     if (st == LS_OK) st = ls_fingerprint_checkpoint(ck, &fo, &fp, err);
     s.fingerprint = &fp;
     ls_run_result res;
-    ls_cli_batch full = {0, NULL};
-    ls_cli_rollout_info info;
-    if (st == LS_OK) st = ls_cli_run_engine(&s, &res, err);
+    ls_run_batch full = {0, NULL};
+    ls_run_rollout_info info;
+    if (st == LS_OK) st = ls_run_execute(&s, &res, err);
     if (st == LS_OK) {
         free(res.completions);
         memcpy(r->merkle_root, res.merkle_root, 65);
         memcpy(r->manifest_digest, res.manifest_digest, 65);
         r->rollout_positions = res.positions;
         r->rollout_seconds = res.seconds;
-        st = ls_cli_load_rollout(ro_path, &full, &info, err);
+        st = ls_run_load_rollout(ro_path, &full, &info, err);
     }
     if (st == LS_OK && out)
         fprintf(out, "rollout: %ld sequences, %llu positions in %.2f s (%.0f tokens/s), backend %s\n"
@@ -174,7 +174,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_cli_batch *batch, FILE *ou
         s.act_bf16 = info.act_bf16;
         s.state_digest_every = info.state_digest_every;
         s.out = rp_path;
-        st = ls_cli_run_engine(&s, &res, err);
+        st = ls_run_execute(&s, &res, err);
         if (st != LS_OK) break;
         w->seconds = res.seconds;
         ls_compare_result c;
@@ -216,9 +216,9 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_cli_batch *batch, FILE *ou
     }
     if (st == LS_OK && o->junit) st = write_junit(o->junit, r, err);
     if (st == LS_OK && o->json) st = write_json(o->json, o, r, err);
-    ls_cli_batch_free(&full);
+    ls_run_batch_free(&full);
     ls_fingerprint_free(&fp);
     ls_checkpoint_close(ck);
-    if (temporary) ls_cli_workdir_remove(dir);
+    if (temporary) ls_run_workdir_remove(dir);
     return st;
 }

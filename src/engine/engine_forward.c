@@ -1,0 +1,420 @@
+/* lockstep — the engine's forward: the layer sequence over the operator
+ * table, and the digest queue that hashes what the layers produce; see
+ * engine.h for what is recorded where. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_internal.h"
+#include "fingerprint/sha256.h"
+
+static ls_order ord(const ls_engine *e, long layer, ls_perturb_op op)
+{
+    if (e->o.perturb_op != op) return LS_ORDER_CANONICAL;
+    if (op == LS_PERTURB_LM_HEAD || e->o.perturb_layer == layer) return LS_ORDER_REVERSED;
+    return LS_ORDER_CANONICAL;
+}
+
+/* ---- digests ------------------------------------------------------------------------
+ * Every digest goes through the backend's digest op. Jobs are queued and run
+ * in one call just before a buffer they read changes (before each residual
+ * add, before a carried state advances past a digested position, at the end
+ * of the forward), so one call covers a layer's rows. */
+
+static ls_digest_span span(ls_view v, long rows, long len, long stride, int bf16)
+{
+    ls_digest_span s = {v, rows, len, stride, bf16};
+    return s;
+}
+
+static const ls_digest_span no_span = {{NULL, 0}, 0, 0, 0, 0};
+
+static ls_status dq_flush(ls_engine *e, ls_error *err)
+{
+    long n = e->n_jobs;
+    e->n_jobs = 0;
+    return n > 0 ? e->be->digest(e->be, e->jobs, n, err) : LS_OK;
+}
+
+/* Canonical bytes of one span, downloaded, appended at out (dumps only). */
+static ls_status span_bytes(ls_engine *e, const ls_digest_span *sp, unsigned char *out, size_t *len,
+                            ls_error *err)
+{
+    for (long r = 0; r < sp->rows; r++) {
+        LS_TRY(e->be->download(e->be, e->h_tmp, ls_view_at(sp->src, (size_t)(r * sp->stride)),
+                               (size_t)sp->len * 4, err));
+        for (long i = 0; i < sp->len; i++) {
+            if (sp->bf16) {
+                uint16_t h = ls_f32_to_bf16(e->h_tmp[i]);
+                out[(*len)++] = (unsigned char)(h & 0xff);
+                out[(*len)++] = (unsigned char)(h >> 8);
+            } else {
+                uint32_t u = ls_f32_bits(e->h_tmp[i]);
+                for (int b = 0; b < 4; b++) out[(*len)++] = (unsigned char)(u >> (8 * b));
+            }
+        }
+    }
+    return LS_OK;
+}
+
+/* Queues the digest of (row, trace layer, kind) over spans a then b; copies the
+ * canonical bytes into the row's dumps when the layer is dumped. */
+static ls_status dq_push(ls_engine *e, long row, int tl, ls_digest_kind kind, ls_digest_span a,
+                         ls_digest_span b, ls_error *err)
+{
+    if (e->n_jobs == e->jobs_cap) LS_TRY(dq_flush(e, err));
+    int s = e->slot_of[tl * N_KINDS + kind];
+    long cell = row * e->n_slots + s;
+    e->have[cell] = 1;
+    ls_trace_digest *d = &e->dig[cell];
+    d->layer = (uint16_t)tl;
+    d->kind = (uint8_t)kind;
+    ls_digest_job *j = &e->jobs[e->n_jobs++];
+    j->span[0] = a;
+    j->span[1] = b;
+    j->out = &d->digest;
+    int dl = e->layers[tl].decoder_layer;
+    if (e->dumping && dl >= 0 && e->o.dump_decoder_layers[dl]) {
+        unsigned char *out = e->dump_data + (size_t)cell * e->dump_bytes;
+        size_t len = 0;
+        LS_TRY(span_bytes(e, &a, out, &len, err));
+        LS_TRY(span_bytes(e, &b, out, &len, err));
+        long elems = a.rows * a.len + b.rows * b.len;
+        e->dump_elems[cell] = (uint32_t)elems;
+        e->dump_dtype[cell] = kind == LS_DIGEST_ROUTER ? LS_DUMP_ROUTER
+                              : a.bf16 ? LS_DUMP_BF16 : LS_DUMP_FP32;
+    }
+    return LS_OK;
+}
+
+/* HIDDEN digests of T rows of width `width` (act dtype, or fp32 when f32). */
+static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, int f32, ls_error *err)
+{
+    int bf = f32 ? 0 : e->o.act_bf16;
+    for (long r = 0; r < T; r++)
+        LS_TRY(dq_push(e, r, tl, LS_DIGEST_HIDDEN, span(AT(b, r * width), 1, width, width, bf),
+                       no_span, err));
+    return LS_OK;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+/* Carried-state digests: p % N == N - 1, the last prompt position, and the
+ * sequence's last position (docs/trace-format.md §3). */
+static int state_due(const ls_engine *e, const seg *sg, long j)
+{
+    long p = sg->pos0 + j, N = e->o.state_digest_every;
+    long prompt = e->ss[sg->slot].prompt_len;
+    return p % N == N - 1 || (prompt > 0 && p == prompt - 1) || (sg->last && j == sg->n - 1);
+}
+
+/* 1 when no sequence's rows need a carried-state digest before its last row:
+ * each sequence then runs its mixer in one call, and the backend's batched
+ * mixer ops can run all sequences in one launch with the same bits. */
+static int single_runs(const ls_engine *e, const seg *sg, long nseg)
+{
+    for (long s = 0; s < nseg; s++)
+        for (long j = 0; j < sg[s].n - 1; j++)
+            if (state_due(e, &sg[s], j)) return 0;
+    return 1;
+}
+
+/* Per-sequence row spans and state buffers for the batched mixer ops. */
+typedef struct batch_args {
+    long *row0, *len, *pos0;
+    ls_buf **st, **st2;
+} batch_args;
+
+static void batch_free(batch_args *b)
+{
+    free(b->row0);
+    free(b->len);
+    free(b->pos0);
+    free(b->st);
+    free(b->st2);
+}
+
+static ls_status batch_init(const seg *sg, long nseg, batch_args *b, ls_error *err)
+{
+    size_t n = (size_t)(nseg > 0 ? nseg : 1);
+    b->row0 = malloc(n * sizeof(long));
+    b->len = malloc(n * sizeof(long));
+    b->pos0 = malloc(n * sizeof(long));
+    b->st = malloc(n * sizeof(ls_buf *));
+    b->st2 = malloc(n * sizeof(ls_buf *));
+    if (!b->row0 || !b->len || !b->pos0 || !b->st || !b->st2) {
+        batch_free(b);
+        return ls_fail(err, LS_E_NOMEM, "engine: batch tables for %ld sequences", nseg);
+    }
+    for (long s = 0; s < nseg; s++) {
+        b->row0[s] = sg[s].row0;
+        b->len[s] = sg[s].n;
+        b->pos0[s] = sg[s].pos0;
+    }
+    return LS_OK;
+}
+
+/* Trace layer of decoder layer l's mixer (its MoE is the next one). */
+static int mixer_tl(long l)
+{
+    return (int)(1 + 2 * l);
+}
+
+/* Carried-state op of layer l on rows row .. row+n-1 of the packed batch. */
+typedef ls_status (*state_op)(ls_engine *e, long l, long row, long n, ls_buf *state,
+                              ls_error *err);
+
+static ls_status conv_op(ls_engine *e, long l, long row, long n, ls_buf *cs, ls_error *err)
+{
+    long C = e->conv_dim;
+    return e->be->conv_silu(e->be, AT(e->X, row * C), C, &e->lw[l].conv, BEV(cs),
+                            AT(e->Y, row * C), C, n, C, e->c.conv_kernel, e->o.act_bf16,
+                            ord(e, l, LS_PERTURB_CONV), err);
+}
+
+static ls_status gdn_op(ls_engine *e, long l, long row, long n, ls_buf *gs, ls_error *err)
+{
+    const ls_model_config *c = &e->c;
+    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    return e->be->gdn_recurrent(e->be, AT(e->Q, row * Hk * dk), AT(e->K, row * Hk * dk),
+                                AT(e->V, row * Hv * dv), AT(e->alpha, row * Hv),
+                                AT(e->beta, row * Hv), BEV(gs), AT(e->O, row * Hv * dv), n, Hk,
+                                Hv, dk, dv, e->o.act_bf16, ord(e, l, LS_PERTURB_GDN), err);
+}
+
+/* The digested part of a carried state: conv, [conv_dim, W-1] = columns
+ * 1..W-1 of the [C, W] state in the activation dtype; GDN, the fp32 state. */
+static ls_digest_span state_span(const ls_engine *e, ls_digest_kind kind, ls_buf *st)
+{
+    const ls_model_config *c = &e->c;
+    long K = c->conv_kernel, SN = c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+    if (kind == LS_DIGEST_CONV_STATE)
+        return span(AT(st, 1), e->conv_dim, K - 1, K, e->o.act_bf16);
+    return span(BEV(st), 1, SN, SN, 0);
+}
+
+/* After a batched op ran every sequence in one call (single_runs): the state
+ * digest of each sequence whose last row is due. */
+static ls_status last_state_digests(ls_engine *e, long l, const seg *sg, long nseg,
+                                   ls_buf *const *st, ls_digest_kind kind, ls_error *err)
+{
+    for (long s = 0; s < nseg; s++)
+        if (state_due(e, &sg[s], sg[s].n - 1))
+            LS_TRY(dq_push(e, sg[s].row0 + sg[s].n - 1, mixer_tl(l), kind,
+                           state_span(e, kind, st[s]), no_span, err));
+    return LS_OK;
+}
+
+/* Sequence q through a carried-state op in runs that end where a state
+ * digest is due; the digest is queued after its run and flushed before the
+ * next run advances the state. */
+static ls_status state_runs(ls_engine *e, long l, const seg *q, ls_buf *st, ls_digest_kind kind,
+                            state_op op, ls_error *err)
+{
+    int pending = 0;
+    for (long i = 0; i < q->n;) {
+        long j = i;
+        while (j < q->n - 1 && !state_due(e, q, j)) j++;
+        if (pending) LS_TRY(dq_flush(e, err));
+        LS_TRY(op(e, l, q->row0 + i, j - i + 1, st, err));
+        pending = state_due(e, q, j);
+        if (pending)
+            LS_TRY(dq_push(e, q->row0 + j, mixer_tl(l), kind, state_span(e, kind, st),
+                           no_span, err));
+        i = j + 1;
+    }
+    return LS_OK;
+}
+
+static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    layer_w *w = &e->lw[l];
+    int act = e->o.act_bf16;
+    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    long K = c->conv_kernel, C = e->conv_dim, Wp = e->wqkvz, r = Hv / Hk;
+    LS_TRY(be->linear(be, &w->qkvz, BEV(e->XN), BEV(e->P), T, act, LS_ORDER_CANONICAL, err));
+    LS_TRY(be->linear(be, &w->ba, BEV(e->XN), BEV(e->BA), T, act, LS_ORDER_CANONICAL, err));
+    /* De-interleave per key-head group (docs/model.md §2.3): group g of a row holds
+     * q, k (dk each), v, z (r dv each), and of the ba row b, a (r each). */
+    long gw = 2 * dk + 2 * r * dv;
+    const struct {
+        ls_view dst, src;
+        ls_copy_shape sh;
+    } split[6] = {
+        {AT(e->X, 0), AT(e->P, 0), {T, Hk, dk, C, dk, Wp, gw}},
+        {AT(e->X, Hk * dk), AT(e->P, dk), {T, Hk, dk, C, dk, Wp, gw}},
+        {AT(e->X, 2 * Hk * dk), AT(e->P, 2 * dk), {T, Hk, r * dv, C, r * dv, Wp, gw}},
+        {AT(e->Z, 0), AT(e->P, 2 * dk + r * dv), {T, Hk, r * dv, Hv * dv, r * dv, Wp, gw}},
+        {AT(e->Bv, 0), AT(e->BA, 0), {T, Hk, r, Hv, r, 2 * Hv, 2 * r}},
+        {AT(e->Av, 0), AT(e->BA, r), {T, Hk, r, Hv, r, 2 * Hv, 2 * r}},
+    };
+    for (int i = 0; i < 6; i++)
+        LS_TRY(be->copy_blocks(be, split[i].dst, split[i].src, &split[i].sh, err));
+    ls_order oc = ord(e, l, LS_PERTURB_CONV), og = ord(e, l, LS_PERTURB_GDN);
+    int batched = be->conv_silu_batch && be->gdn_recurrent_batch && nseg > 1 &&
+                  single_runs(e, sg, nseg);
+    batch_args ba = {0};
+    if (batched) {
+        LS_TRY(batch_init(sg, nseg, &ba, err));
+        for (long s = 0; s < nseg; s++) ba.st[s] = e->ss[sg[s].slot].conv[l];
+        ls_status st = be->conv_silu_batch(be, BEV(e->X), C, &w->conv, ba.st, ba.row0, ba.len, nseg,
+                                           BEV(e->Y), C, C, K, act, oc, err);
+        if (st == LS_OK) st = last_state_digests(e, l, sg, nseg, ba.st, LS_DIGEST_CONV_STATE, err);
+        if (st != LS_OK) {
+            batch_free(&ba);
+            return st;
+        }
+    }
+    for (long s = 0; s < nseg && !batched; s++)
+        LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].conv[l], LS_DIGEST_CONV_STATE, conv_op,
+                          err));
+    LS_TRY(ls_copy_rows(be, BEV(e->Q), Hk * dk, AT(e->Y, 0), C, T, Hk * dk, err));
+    LS_TRY(ls_copy_rows(be, BEV(e->K), Hk * dk, AT(e->Y, Hk * dk), C, T, Hk * dk, err));
+    LS_TRY(ls_copy_rows(be, BEV(e->V), Hv * dv, AT(e->Y, 2 * Hk * dk), C, T, Hv * dv, err));
+    LS_TRY(be->l2norm_scale(be, BEV(e->Q), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), og, err));
+    LS_TRY(be->l2norm_scale(be, BEV(e->K), T * Hk, dk, 1.0f, og, err));
+    LS_TRY(be->gdn_gates(be, BEV(e->Bv), BEV(e->Av), BEV(w->A_log), BEV(w->dt_bias), BEV(e->beta),
+                         BEV(e->alpha), T, Hv, act, err));
+    if (batched) {
+        for (long s = 0; s < nseg; s++) ba.st[s] = e->ss[sg[s].slot].gdn[l];
+        ls_status st = be->gdn_recurrent_batch(be, BEV(e->Q), BEV(e->K), BEV(e->V), BEV(e->alpha),
+                                               BEV(e->beta), ba.st, ba.row0, ba.len, nseg, BEV(e->O),
+                                               Hk, Hv, dk, dv, act, og, err);
+        if (st == LS_OK) st = last_state_digests(e, l, sg, nseg, ba.st, LS_DIGEST_GDN_STATE, err);
+        batch_free(&ba);
+        LS_TRY(st);
+    }
+    for (long s = 0; s < nseg && !batched; s++)
+        LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].gdn[l], LS_DIGEST_GDN_STATE, gdn_op, err));
+    LS_TRY(be->gated_rmsnorm(be, BEV(e->O), BEV(e->Z), BEV(w->gnorm), BEV(e->O), T * Hv, dv, act,
+                             LS_ORDER_CANONICAL, err));
+    return be->linear(be, &w->out_proj, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
+}
+
+static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    layer_w *w = &e->lw[l];
+    int act = e->o.act_bf16;
+    long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim;
+    int tl = mixer_tl(l);
+    LS_TRY(be->linear(be, &w->q, BEV(e->XN), BEV(e->QG), T, act, LS_ORDER_CANONICAL, err));
+    LS_TRY(be->linear(be, &w->k, BEV(e->XN), BEV(e->K), T, act, LS_ORDER_CANONICAL, err));
+    LS_TRY(be->linear(be, &w->v, BEV(e->XN), BEV(e->V), T, act, LS_ORDER_CANONICAL, err));
+    /* Per head: d query values, then d gate values (docs/model.md §3.3 step 1). */
+    ls_copy_shape heads = {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d};
+    LS_TRY(be->copy_blocks(be, BEV(e->Q), AT(e->QG, 0), &heads, err));
+    LS_TRY(be->copy_blocks(be, BEV(e->G), AT(e->QG, d), &heads, err));
+    ls_order on = LS_ORDER_CANONICAL;
+    LS_TRY(be->rmsnorm(be, BEV(e->Q), BEV(w->q_norm), BEV(e->Q), T * Hq, d, act, on, err));
+    LS_TRY(be->rmsnorm(be, BEV(e->K), BEV(w->k_norm), BEV(e->K), T * Hkv, d, act, on, err));
+    LS_TRY(be->rope_apply(be, BEV(e->Q), BEV(e->cosb), BEV(e->sinb), T, Hq, d, c->rotary_dims, act, err));
+    LS_TRY(be->rope_apply(be, BEV(e->K), BEV(e->cosb), BEV(e->sinb), T, Hkv, d, c->rotary_dims, act, err));
+    ls_order oa = ord(e, l, LS_PERTURB_ATTENTION);
+    int batched = be->kv_append_batch && be->attention_batch && nseg > 1;
+    if (batched) {
+        batch_args ba = {0};
+        LS_TRY(batch_init(sg, nseg, &ba, err));
+        for (long s = 0; s < nseg; s++) {
+            ba.st[s] = e->ss[sg[s].slot].kc[l];
+            ba.st2[s] = e->ss[sg[s].slot].vc[l];
+        }
+        ls_status st = be->kv_append_batch(be, BEV(e->K), BEV(e->V), ba.st, ba.st2, e->cap, ba.row0,
+                                           ba.len, ba.pos0, nseg, Hkv, d, err);
+        if (st == LS_OK)
+            st = be->attention_batch(be, BEV(e->Q), ba.st, ba.st2, e->cap, ba.row0, ba.len, nseg,
+                                     BEV(e->pos), BEV(e->O), Hq, Hkv, d, act, oa, err);
+        batch_free(&ba);
+        LS_TRY(st);
+    }
+    for (long s = 0; s < nseg && !batched; s++) {
+        seq_state *q = &e->ss[sg[s].slot];
+        long r0 = sg[s].row0, n = sg[s].n;
+        /* rows [n, Hkv, d] to positions pos0.. of the [Hkv, cap, d] caches */
+        ls_copy_shape kv = {n, Hkv, d, d, e->cap * d, Hkv * d, d};
+        size_t at = (size_t)(sg[s].pos0 * d);
+        LS_TRY(be->copy_blocks(be, AT(q->kc[l], at), AT(e->K, r0 * Hkv * d), &kv, err));
+        LS_TRY(be->copy_blocks(be, AT(q->vc[l], at), AT(e->V, r0 * Hkv * d), &kv, err));
+        LS_TRY(be->attention(be, AT(e->Q, r0 * Hq * d), BEV(q->kc[l]), BEV(q->vc[l]), e->cap,
+                             AT(e->pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa, err));
+    }
+    /* KV digests: the K row then the V row written at each position. */
+    long W = Hkv * d;
+    for (long r = 0; r < T; r++)
+        LS_TRY(dq_push(e, r, tl, LS_DIGEST_KV, span(AT(e->K, r * W), 1, W, W, act),
+                       span(AT(e->V, r * W), 1, W, W, act), err));
+    LS_TRY(be->sigmoid_gate(be, BEV(e->O), BEV(e->G), T * Hq * d, act, err));
+    return be->linear(be, &w->o, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
+}
+
+ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    int act = e->o.act_bf16;
+    long D = c->hidden, V = c->vocab, k = c->topk, L = c->n_layers, T = 0;
+    for (long s = 0; s < nseg; s++) {
+        seq_state *q = &e->ss[sg[s].slot];
+        if (sg[s].pos0 != q->len || q->len + sg[s].n > e->cap)
+            return ls_fail(err, LS_E_USAGE, "engine: sequence %u needs positions up to %ld "
+                           "(capacity %ld)", q->id, q->len + sg[s].n, e->cap);
+        for (long i = 0; i < sg[s].n; i++) {
+            e->h_tok[T] = sg[s].tokens[i];
+            e->h_pos[T] = (int32_t)(sg[s].pos0 + i);
+            e->row_seq[T] = (int32_t)q->id;
+            if (sg[s].tokens[i] < 0 || sg[s].tokens[i] >= V)
+                return ls_fail(err, LS_E_INPUT, "sequence %u: token id %d at position %ld is outside "
+                               "the vocabulary (0..%ld)", q->id, sg[s].tokens[i], sg[s].pos0 + i, V - 1);
+            T++;
+        }
+    }
+    e->step_rows = 0;
+    e->n_jobs = 0;
+    memset(e->have, 0, (size_t)(T * e->n_slots));
+    if (e->dumping) memset(e->dump_elems, 0, sizeof(uint32_t) * (size_t)(T * e->n_slots));
+    long half = c->rotary_dims / 2;
+    ls_cpu_rope_table(e->h_pos, T, c->rotary_dims, c->rope_theta, e->h_cos, e->h_sin, act);
+    LS_TRY(be->upload(be, BEV(e->tok), e->h_tok, (size_t)T * 4, err));
+    LS_TRY(be->upload(be, BEV(e->pos), e->h_pos, (size_t)T * 4, err));
+    LS_TRY(be->upload(be, BEV(e->cosb), e->h_cos, (size_t)(T * half) * 4, err));
+    LS_TRY(be->upload(be, BEV(e->sinb), e->h_sin, (size_t)(T * half) * 4, err));
+    LS_TRY(be->embed(be, &e->embed, BEV(e->tok), T, BEV(e->H), act, err));
+    LS_TRY(dq_rows(e, e->H, D, T, 0, 0, err));
+    for (long l = 0; l < L; l++) {
+        layer_w *w = &e->lw[l];
+        ls_order on = ord(e, l, LS_PERTURB_NORM);
+        LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->in_norm), BEV(e->XN), T, D, act, on, err));
+        if (c->is_attention[l]) LS_TRY(attn_layer(e, l, sg, nseg, T, err));
+        else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
+        LS_TRY(dq_flush(e, err)); /* H changes next: previous hidden rows, states, KV */
+        LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
+        LS_TRY(dq_rows(e, e->H, D, T, mixer_tl(l), 0, err));
+        LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->post_norm), BEV(e->XN), T, D, act, on, err));
+        LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
+                          BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
+        LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
+                       ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
+        int tl = mixer_tl(l) + 1;
+        /* ids are int32 and weights fp32, both hashed as raw 4 bytes little-endian. */
+        for (long r = 0; r < T; r++)
+            LS_TRY(dq_push(e, r, tl, LS_DIGEST_ROUTER, span(AT(e->ids, r * k), 1, k, k, 0),
+                           span(AT(e->wts, r * k), 1, k, k, 0), err));
+        LS_TRY(dq_flush(e, err)); /* H changes next: mixer hidden rows, router */
+        LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
+        LS_TRY(dq_rows(e, e->H, D, T, tl, 0, err));
+    }
+    LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->final_norm), BEV(e->XN), T, D, act,
+                       ord(e, L, LS_PERTURB_NORM), err));
+    LS_TRY(dq_rows(e, e->XN, D, T, e->n_tl - 2, 0, err));
+    LS_TRY(be->linear(be, &e->lm_head, BEV(e->XN), BEV(e->logits), T, act,
+                      ord(e, -1, LS_PERTURB_LM_HEAD), err));
+    LS_TRY(dq_rows(e, e->logits, V, T, e->n_tl - 1, 1, err));
+    LS_TRY(dq_flush(e, err));
+    LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
+    LS_TRY(be->download(be, e->h_lp, BEV(e->lp), (size_t)(T * V) * 4, err));
+    for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
+    e->step_rows = T;
+    return LS_OK;
+}

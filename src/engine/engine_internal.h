@@ -1,0 +1,94 @@
+/* lockstep — engine internals shared by the state and step API (engine.c)
+ * and the forward with its digest queue (engine_forward.c). Not installed. */
+#ifndef LS_ENGINE_ENGINE_INTERNAL_H
+#define LS_ENGINE_ENGINE_INTERNAL_H
+
+#include "backend/backend.h"
+#include "engine/engine.h"
+
+typedef struct layer_w {
+    ls_buf *in_norm, *post_norm;          /* [D] */
+    ls_bweight qkvz, ba, conv, out_proj;  /* gdn */
+    ls_buf *A_log, *dt_bias, *gnorm;      /* [Hv], [Hv], [dv] */
+    ls_bweight q, k, v, o;                /* attention */
+    ls_buf *q_norm, *k_norm;              /* [d] */
+    ls_bweight router;
+    ls_bweight *experts;                  /* [3E]: gate, up, down */
+    ls_bweight shg, shu, shd, shw;
+    ls_bmoe moe;
+} layer_w;
+
+typedef struct seq_state {
+    int active;                           /* joined */
+    uint32_t id;                          /* sequence id */
+    long prompt_len;                      /* 0 = unknown */
+    long len;                             /* tokens processed */
+    ls_buf **conv, **gdn;                 /* [L] (NULL for attention layers): [C, K], [Hv, dk, dv] */
+    ls_buf **kc, **vc;                    /* [L] (NULL for gdn layers): [Hkv, cap, d] each */
+} seq_state;
+
+typedef struct seg {
+    long slot;                            /* sequence slot */
+    const int32_t *tokens;                /* [n] */
+    long n;
+    long row0;                            /* first packed row */
+    long pos0;                            /* position of the first token */
+    int last;                             /* the last token is the sequence's last position */
+} seg;
+
+#define N_KINDS LS_DIGEST_COUNT
+
+struct ls_engine {
+    const ls_model *m;
+    ls_model_config c;
+    ls_engine_opts o;
+    ls_backend *be;
+    long max_seqs, cap, T;                /* T = max rows per forward */
+    long conv_dim, wqkvz;
+    ls_bweight embed, lm_head;
+    ls_buf *final_norm;
+    layer_w *lw;                          /* [L] */
+    seq_state *ss;                        /* [max_seqs] */
+    /* work buffers, [T, ...] */
+    ls_buf *tok, *pos, *cosb, *sinb, *H, *XN, *A, *P, *BA, *X, *Z, *Bv, *Av, *Y, *Q, *K, *V;
+    ls_buf *beta, *alpha, *O, *QG, *G, *probs, *ids, *wts, *logits, *lp;
+    /* host */
+    int32_t *h_tok, *h_pos;               /* [T] */
+    float *h_cos, *h_sin;                 /* [T, R/2] */
+    float *h_lp;                          /* [T, V] */
+    float *h_tmp;                         /* [max tensor] download scratch */
+    unsigned char *h_bytes;               /* [4 * max tensor] canonical bytes */
+    size_t tmp_elems;
+    int n_tl;                             /* trace layers */
+    ls_trace_layer *layers;               /* [n_tl] */
+    int *slot_of;                         /* [n_tl * N_KINDS] digest slot or -1 */
+    int n_slots;
+    ls_trace_digest *dig;                 /* [T, n_slots] */
+    unsigned char *have;                  /* [T, n_slots] */
+    int32_t *sample_ids;                  /* [V] */
+    ls_trace_record *recs;                /* [T] */
+    ls_trace_digest *rec_dig;             /* [T, n_slots] compacted */
+    /* digest queue: jobs wait until a buffer they read is about to change */
+    ls_digest_job *jobs;                  /* [jobs_cap] */
+    long n_jobs, jobs_cap;
+    /* the last step */
+    seg *sg;                              /* [T] segments */
+    long step_rows;
+    int32_t *row_seq;                     /* [T] sequence id of each row */
+    /* layer dumps (dump_decoder_layers) */
+    int dumping;
+    unsigned char *dump_data;             /* [T, n_slots, dump_bytes] canonical bytes */
+    size_t dump_bytes;
+    ls_trace_dump *dumps;                 /* [T, n_slots] */
+    uint32_t *dump_elems;                 /* [T, n_slots] 0 = none */
+    uint8_t *dump_dtype;                  /* [T, n_slots] */
+    ls_trace_dump *rec_dumps;             /* [T, n_slots] compacted */
+};
+
+#define BEV(b) ((ls_view){(b), 0})
+#define AT(b, off) ((ls_view){(b), (size_t)(off)})
+
+/* One packed forward over the step's segments (engine_forward.c). */
+ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *err);
+
+#endif

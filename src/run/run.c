@@ -1,0 +1,429 @@
+/* lockstep — one run of the model; see run.h. */
+#include "run/run.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/util.h"
+#include "fingerprint/sha256.h"
+#include "io/checkpoint.h"
+#include "manifest/manifest.h"
+#include "model/model.h"
+#include "trace/trace.h"
+#include "backend/backend_cuda.h"
+#include "backend/providers.h"
+
+ls_status ls_run_workdir(const char *given, const char *tag, char *out, size_t out_size, int *temporary,
+                         ls_error *err)
+{
+    *temporary = 0;
+    if (given) {
+        if (mkdir(given, 0777) != 0 && errno != EEXIST)
+            return ls_fail(err, LS_E_IO, "%s: cannot create directory: %s", given, strerror(errno));
+        if ((size_t)snprintf(out, out_size, "%s", given) >= out_size)
+            return ls_fail(err, LS_E_USAGE, "%s: path too long", given);
+        return LS_OK;
+    }
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp) tmp = "/tmp";
+    if ((size_t)snprintf(out, out_size, "%s/lockstep-%s.XXXXXX", tmp, tag) >= out_size)
+        return ls_fail(err, LS_E_USAGE, "TMPDIR is too long");
+    if (!mkdtemp(out)) return ls_fail(err, LS_E_IO, "%s: cannot create a temporary directory: %s", out, strerror(errno));
+    *temporary = 1;
+    return LS_OK;
+}
+
+static void remove_tree(const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char path[4600];
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (lstat(path, &sb) != 0) continue;
+        if (S_ISDIR(sb.st_mode) && depth < 2) remove_tree(path, depth + 1);
+        else if (S_ISREG(sb.st_mode)) unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+void ls_run_workdir_remove(const char *dir)
+{
+    remove_tree(dir, 0);
+}
+
+void ls_run_spec_default(ls_run_spec *s)
+{
+    memset(s, 0, sizeof *s);
+    s->mode = "rollout";
+    s->max_new = 16;
+    s->sampling = (ls_sampling){LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
+    s->act_bf16 = 1;
+    s->backend = "cpu";
+    s->threads = 1;
+    s->state_digest_every = 64;
+    s->max_rows = 256;
+}
+
+ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
+{
+    int rollout = s->mode && !strcmp(s->mode, "rollout");
+    if (!rollout && !(s->mode && !strcmp(s->mode, "replay")))
+        return ls_fail(err, LS_E_USAGE, "mode (--mode) '%s': expected rollout or replay",
+                       s->mode ? s->mode : "(none)");
+    if (!s->checkpoint) return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint DIR) is required");
+    if (!s->out) return ls_fail(err, LS_E_USAGE, "out (-o TRACE) is required");
+    if (!s->batch || s->batch->n < 1)
+        return ls_fail(err, LS_E_USAGE, "batch: no sequences (--prompts, --from or --tokens)");
+    if (!s->backend || (strcmp(s->backend, "cpu") && strcmp(s->backend, "cuda")))
+        return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda",
+                       s->backend ? s->backend : "(none)");
+    if (rollout && s->max_new < 1)
+        return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) must be >= 1");
+    if (s->chunk < 0) return ls_fail(err, LS_E_USAGE, "chunk (--chunk) must be >= 1");
+    if (s->threads < 1) return ls_fail(err, LS_E_USAGE, "threads (--threads) must be >= 1");
+    if (s->state_digest_every < 1)
+        return ls_fail(err, LS_E_USAGE, "state_digest_every (--state-digest-every) must be >= 1");
+    if (s->max_rows < 1) return ls_fail(err, LS_E_USAGE, "max_rows (--max-rows) must be >= 1");
+    if (s->sampling.kind == LS_SAMPLING_SEEDED &&
+        (!(s->sampling.temperature > 0.0f) || !(s->sampling.top_p > 0.0f && s->sampling.top_p <= 1.0f) ||
+         s->sampling.top_k < 0))
+        return ls_fail(err, LS_E_USAGE, "sampling: temperature (--temperature) must be > 0, top_p "
+                       "(--top-p) in (0, 1], top_k (--top-k) >= 0");
+    if (s->perturb) {
+        int layer;
+        ls_perturb_op op;
+        LS_TRY(ls_run_parse_perturb(s->perturb, &layer, &op, err));
+        if (strcmp(s->backend, "cpu"))
+            return ls_fail(err, LS_E_UNSUPPORTED, "perturb (--perturb) is implemented on the cpu "
+                           "backend only (the cuda backend has no reversed-order kernels)");
+    }
+    for (long i = 0; i < s->batch->n; i++) {
+        const ls_sequence *q = &s->batch->seqs[i];
+        if (q->n_tokens < (rollout ? 1 : 2))
+            return ls_fail(err, LS_E_INPUT, "sequence %u has %ld tokens (%s)", q->id, q->n_tokens,
+                           rollout ? "a prompt needs one" : "a replay needs a prompt and a completion");
+    }
+    return LS_OK;
+}
+
+ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err)
+{
+    char opname[32];
+    int l, used = 0;
+    if (sscanf(spec, "layer=%d,op=%31[a-z_]%n", &l, opname, &used) != 2 || spec[used] != '\0' ||
+        l < 0)
+        return ls_fail(err, LS_E_USAGE, "perturb (--perturb) '%s': expected layer=L,op=OP", spec);
+    for (int i = 1; i < LS_PERTURB_COUNT; i++)
+        if (strcmp(opname, ls_perturb_op_name((ls_perturb_op)i)) == 0) {
+            *layer = l;
+            *op = (ls_perturb_op)i;
+            return LS_OK;
+        }
+    return ls_fail(err, LS_E_USAGE, "perturb (--perturb): unknown op '%s' (gdn, conv, attention, "
+                   "router, experts, combine, norm, lm_head)", opname);
+}
+
+ls_status ls_run_backend_create(const char *name, int threads, ls_backend **out, ls_error *err)
+{
+    *out = NULL;
+    if (name && !strcmp(name, "cpu")) return ls_backend_cpu_create(threads > 0 ? threads : 1, out, err);
+    if (!name || strcmp(name, "cuda"))
+        return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda",
+                       name ? name : "(none)");
+    ls_error inner;
+    ls_error_clear(&inner);
+    ls_status st = ls_backend_cuda_create(0, out, &inner);
+    if (st != LS_OK)
+        return ls_fail(err, st == LS_E_NOMEM ? st : LS_E_UNSUPPORTED,
+                       "backend (--backend) cuda is not available: %s", inner.msg);
+    return LS_OK;
+}
+
+ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads,
+                             const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
+                             ls_error *err)
+{
+    ls_backend *be;
+    *out = NULL;
+    LS_TRY(ls_run_backend_create(backend, threads, &be, err));
+    return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
+}
+
+ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_gpu_info *gpu,
+                                ls_error *err)
+{
+    size_t n = 0;
+    const ls_provider *rows = ls_backend_list_providers(backend, &n);
+    if (!rows)
+        return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda", backend);
+    int present = 0;
+    LS_TRY(ls_backend_cuda_query_gpu(0, gpu, &present, err));
+    mo->backend = backend;
+    mo->providers = rows;
+    mo->n_providers = n;
+    mo->gpu = present ? gpu : NULL;
+    return LS_OK;
+}
+
+/* ---- the run ------------------------------------------------------------------------ */
+
+typedef struct sink_ctx {
+    ls_trace_writer *w;
+    ls_progress prog;
+    uint64_t records;
+} sink_ctx;
+
+static ls_status write_frame(void *ctx, ls_frame_kind kind, const ls_trace_record *recs, long n,
+                             ls_error *err)
+{
+    sink_ctx *c = ctx;
+    LS_TRY(ls_trace_writer_begin_frame(c->w, kind, err));
+    for (long i = 0; i < n; i++) LS_TRY(ls_trace_writer_add(c->w, &recs[i], err));
+    LS_TRY(ls_trace_writer_end_frame(c->w, err));
+    c->records += (uint64_t)n;
+    ls_progress_add(&c->prog, (uint64_t)n);
+    return LS_OK;
+}
+
+static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n)
+{
+    json_t *batch = json_array();
+    for (long i = 0; i < n; i++) {
+        long pl = strcmp(s->mode, "rollout") == 0 ? seqs[i].n_tokens : seqs[i].prompt_len;
+        json_array_append_new(batch, json_pack("{s:I, s:I, s:I}", "id", (json_int_t)seqs[i].id, "prompt_len",
+                                               (json_int_t)pl, "n_tokens", (json_int_t)seqs[i].n_tokens));
+    }
+    json_t *samp = s->sampling.kind == LS_SAMPLING_GREEDY
+                       ? json_pack("{s:s}", "kind", "greedy")
+                       : json_pack("{s:s, s:I, s:f, s:I, s:f}", "kind", "seeded", "seed",
+                                   (json_int_t)s->sampling.seed, "temperature",
+                                   (double)s->sampling.temperature, "top_k", (json_int_t)s->sampling.top_k,
+                                   "top_p", (double)s->sampling.top_p);
+    int rollout = strcmp(s->mode, "rollout") == 0;
+    return json_pack("{s:s, s:o, s:o, s:o, s:s, s:o, s:s, s:s, s:o, s:I, s:I}", "mode", s->mode, "sampling",
+                     samp, "max_new_tokens", rollout ? json_integer(s->max_new) : json_null(), "chunk",
+                     rollout ? json_null() : s->chunk > 0 ? json_integer(s->chunk) : json_string("whole"),
+                     "batch_order", s->reverse_batch ? "reversed" : "as-given", "batch", batch,
+                     "activations", s->act_bf16 ? "bf16" : "fp32", "backend", s->backend,
+                     "perturbation", s->perturb ? json_string(s->perturb) : json_null(),
+                     "state_digest_every", (json_int_t)s->state_digest_every, "max_rows",
+                     (json_int_t)s->max_rows);
+}
+
+static ls_status parse_dump_layers(const char *spec, long L, unsigned char *mask, ls_error *err)
+{
+    const char *p = spec;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long l = strtol(p, &end, 10);
+        if (errno || end == p || l < 0 || l >= L || (*end && *end != ','))
+            return ls_fail(err, LS_E_USAGE, "--dump-layers '%s': expected decoder layers in 0..%ld, "
+                           "comma-separated", spec, L - 1);
+        mask[l] = 1;
+        p = *end ? end + 1 : end;
+    }
+    return LS_OK;
+}
+
+/* ---- execution -------------------------------------------------------------------------- */
+
+/* The checkpoint is hashed on a worker thread (all cores) while the backend
+ * takes the weights (a GPU upload, or the CPU's first touch of the mapping). */
+typedef struct hash_job {
+    const ls_checkpoint *ck;
+    int progress;
+    ls_fingerprint fp;
+    ls_error err;
+    ls_status st;
+} hash_job;
+
+static void *hash_main(void *arg)
+{
+    hash_job *j = arg;
+    ls_fingerprint_opts fo = {0, j->progress};
+    j->st = ls_fingerprint_checkpoint(j->ck, &fo, &j->fp, &j->err);
+    return NULL;
+}
+
+/* What the trace header says was verified of the checkpoint. */
+static json_t *verification_json(const ls_fingerprint *fp, int hashed_here)
+{
+    return json_pack("{s:I, s:I, s:s}", "tensors", (json_int_t)fp->count, "bytes",
+                     (json_int_t)fp->total_bytes, "sha256",
+                     hashed_here ? "every tensor hashed by this run"
+                                 : "every tensor hashed once by the caller for all its runs");
+}
+
+ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err)
+{
+    memset(res, 0, sizeof *res);
+    LS_TRY(ls_run_spec_validate(s, err));
+    int rollout = strcmp(s->mode, "rollout") == 0;
+    const ls_run_batch *b = s->batch;
+    ls_checkpoint *ck = NULL;
+    ls_model *m = NULL;
+    json_t *man = NULL, *params = NULL;
+    ls_engine *e = NULL;
+    ls_sequence *seqs = NULL;
+    unsigned char *dump = NULL;
+    char *params_text = NULL;
+    hash_job hj;
+    memset(&hj, 0, sizeof hj);
+    pthread_t hasher;
+    int hashing = 0;
+    sink_ctx sc;
+    memset(&sc, 0, sizeof sc);
+    ls_engine_opts eo;
+    ls_engine_opts_default(&eo);
+    eo.act_bf16 = s->act_bf16;
+    eo.max_rows = s->max_rows;
+    eo.state_digest_every = s->state_digest_every;
+    ls_status st = LS_OK;
+    if (s->perturb) st = ls_run_parse_perturb(s->perturb, &eo.perturb_layer, &eo.perturb_op, err);
+    if (st == LS_OK) st = ls_checkpoint_open(s->checkpoint, &ck, err);
+    if (st == LS_OK) st = ls_model_open(ck, &m, err);
+    if (st == LS_OK && s->dump_layers) {
+        dump = calloc((size_t)m->cfg.n_layers, 1);
+        if (!dump) st = ls_fail(err, LS_E_NOMEM, "out of memory");
+        else st = parse_dump_layers(s->dump_layers, m->cfg.n_layers, dump, err);
+        eo.dump_decoder_layers = dump;
+    }
+    if (st == LS_OK && s->perturb && eo.perturb_op != LS_PERTURB_LM_HEAD &&
+        eo.perturb_layer >= m->cfg.n_layers)
+        st = ls_fail(err, LS_E_USAGE, "perturb (--perturb): layer %d is outside 0..%ld",
+                     eo.perturb_layer, m->cfg.n_layers - 1);
+    long max_len = 1;
+    for (long i = 0; st == LS_OK && i < b->n; i++) {
+        const ls_sequence *q = &b->seqs[i];
+        for (long t = 0; t < q->n_tokens; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= m->cfg.vocab) {
+                st = ls_fail(err, LS_E_INPUT, "sequence %u: token %d at position %ld is outside the "
+                             "vocabulary of %s (0..%ld)", q->id, q->tokens[t], t, s->checkpoint,
+                             m->cfg.vocab - 1);
+                break;
+            }
+        long need = rollout ? q->n_tokens + s->max_new - 1 : q->n_tokens - 1;
+        if (need > max_len) max_len = need;
+    }
+    if (st == LS_OK && !s->fingerprint) {
+        hj.ck = ck;
+        hj.progress = s->progress;
+        ls_error_clear(&hj.err);
+        if (pthread_create(&hasher, NULL, hash_main, &hj) == 0) hashing = 1;
+        else hash_main(&hj);
+    }
+    if (st == LS_OK) st = ls_run_engine_open(m, s->backend, s->threads, &eo, b->n, max_len, &e, err);
+    if (hashing) pthread_join(hasher, NULL);
+    if (st == LS_OK && !s->fingerprint && hj.st != LS_OK) {
+        *err = hj.err;
+        st = hj.st;
+    }
+    const ls_fingerprint *fp = s->fingerprint ? s->fingerprint : &hj.fp;
+    /* Pin the manifest in process; a perturbed run is a "fast" run with the
+     * perturbation recorded, so its digest can never equal a strict one. */
+    ls_gpu_info gpu;
+    if (st == LS_OK) {
+        ls_manifest_opts mo = ls_manifest_opts_default();
+        mo.checkpoint = ck;
+        mo.threads = s->threads;
+        mo.progress = s->progress;
+        mo.fingerprint = fp;
+        if (s->perturb) {
+            mo.mode = "fast";
+            mo.perturbation = s->perturb;
+        }
+        st = ls_run_manifest_facts(s->backend, &mo, &gpu, err);
+        if (st == LS_OK) st = ls_manifest_build(&mo, &man, err);
+    }
+    ls_digest md;
+    if (st == LS_OK) st = ls_manifest_digest(man, &md, err);
+    if (st == LS_OK) {
+        ls_digest_to_hex(&md, res->manifest_digest);
+        ls_log_verbose("%s: %zu tensors, %.3f GB; manifest pinned (backend %s, mode %s), digest %s",
+                       s->checkpoint, ls_checkpoint_count(ck), (double)ls_checkpoint_total_bytes(ck) / 1e9,
+                       s->backend, s->perturb ? "fast" : "strict", res->manifest_digest);
+        ls_digest_to_hex(&fp->merkle_root, res->merkle_root);
+    }
+    if (st == LS_OK) {
+        seqs = malloc(sizeof *seqs * (size_t)b->n);
+        if (!seqs) st = ls_fail(err, LS_E_NOMEM, "out of memory");
+        for (long i = 0; st == LS_OK && i < b->n; i++) seqs[i] = b->seqs[s->reverse_batch ? b->n - 1 - i : i];
+    }
+    if (st == LS_OK) {
+        params = run_params(s, seqs, b->n);
+        if (params) json_object_set_new(params, "checkpoint_verified", verification_json(fp, !s->fingerprint));
+        params_text = params ? json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+        if (!params_text) st = ls_fail(err, LS_E_NOMEM, "out of memory");
+    }
+    char engine_name[64];
+    snprintf(engine_name, sizeof engine_name, "lockstep-%s", s->backend);
+    if (st == LS_OK) {
+        int nl;
+        const ls_trace_layer *layers = ls_engine_layers(e, &nl);
+        ls_trace_header h;
+        memset(&h, 0, sizeof h);
+        h.mode = s->mode;
+        h.engine = engine_name;
+        h.model_fingerprint = res->merkle_root;
+        h.manifest_digest = res->manifest_digest;
+        h.run_params_json = params_text;
+        h.topk = 5;
+        h.digest_kinds_mask = (1u << LS_DIGEST_COUNT) - 1;
+        h.state_digest_every = (uint32_t)s->state_digest_every;
+        h.n_layers = nl;
+        h.layers = layers;
+        h.activation_dtype = s->act_bf16 ? "bf16" : "fp32";
+        st = ls_trace_writer_open(s->out, &h, &sc.w, err);
+    }
+    if (st == LS_OK) {
+        uint64_t total = 0;
+        for (long i = 0; i < b->n; i++)
+            total += (uint64_t)(rollout ? b->seqs[i].n_tokens + s->max_new - 1 : b->seqs[i].n_tokens - 1);
+        res->positions = total;
+        if (s->progress) ls_progress_begin(&sc.prog, s->mode, total, "tok");
+        uint64_t t0 = ls_now_ns();
+        if (rollout) {
+            res->completions = malloc(sizeof(int32_t) * (size_t)(b->n * s->max_new));
+            if (!res->completions) st = ls_fail(err, LS_E_NOMEM, "out of memory");
+            else st = ls_run_rollout(e, seqs, b->n, s->max_new, &s->sampling, res->completions,
+                                     write_frame, &sc, err);
+        } else {
+            long chunk = s->chunk > 0 ? s->chunk : max_len;
+            st = ls_run_replay(e, seqs, b->n, chunk, write_frame, &sc, err);
+        }
+        res->seconds = (double)(ls_now_ns() - t0) / 1e9;
+        if (s->progress) ls_progress_end(&sc.prog);
+        ls_log_verbose("%s: %llu records in %.3f s on backend %s (max %ld rows per step)", s->mode,
+                       (unsigned long long)sc.records, res->seconds, s->backend, eo.max_rows);
+        if (st == LS_OK) st = ls_trace_writer_close(sc.w, err);
+        else ls_trace_writer_abort(sc.w);
+        res->records = sc.records;
+    }
+    if (st != LS_OK) {
+        free(res->completions);
+        res->completions = NULL;
+    }
+    if (!s->fingerprint) ls_fingerprint_free(&hj.fp);
+    free(params_text);
+    json_decref(params);
+    json_decref(man);
+    free(seqs);
+    free(dump);
+    ls_engine_destroy(e);
+    ls_model_close(m);
+    ls_checkpoint_close(ck);
+    return st;
+}

@@ -1,0 +1,100 @@
+/* lockstep — the run layer: one run of the model, specified once.
+ *
+ * A run specification names the checkpoint, the mode (rollout or replay),
+ * the sequences, sampling, backend, chunking, perturbation and digest
+ * cadence. ls_run_execute validates it (errors name the field and the CLI
+ * flag that sets it), opens the checkpoint and model, creates the backend,
+ * pins the manifest in process (the backend tells it its providers and
+ * device), assembles the trace header, drives the engine (src/run/drive.h)
+ * and writes the trace through a sink, one frame per engine step, to a
+ * temporary name renamed when complete.
+ *
+ * Layering (docs/architecture.md): the CLI only parses arguments into a spec
+ * and prints; the gate (run/gate.h), the demo, the tests, the harness and
+ * programs embedding liblockstep (lockstep/lockstep.h) run through here. */
+#ifndef LS_RUN_RUN_H
+#define LS_RUN_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "core/platform.h"
+#include "core/status.h"
+#include "engine/engine.h"
+#include "engine/sample.h"
+#include "fingerprint/fingerprint.h"
+#include "manifest/manifest.h"
+#include "run/drive.h"
+#include "run/load.h"
+
+typedef struct ls_run_spec {
+    const char *checkpoint;        /* directory (--checkpoint) */
+    const char *mode;              /* "rollout" | "replay" (--mode) */
+    const ls_run_batch *batch;     /* rollout: prompts; replay: full sequences (borrowed) */
+    long max_new;                  /* rollout: tokens to generate, >= 1 (--max-new-tokens) */
+    long chunk;                    /* replay: tokens per sequence per step; 0 = whole (--chunk) */
+    int reverse_batch;             /* pack the batch in reverse order (--reverse-batch) */
+    ls_sampling sampling;          /* --sampling, --seed, --temperature, --top-k, --top-p */
+    int act_bf16;                  /* 1 bf16, 0 fp32 activations (--activations) */
+    const char *backend;           /* "cpu" | "cuda" (--backend) */
+    int threads;                   /* CPU worker threads, >= 1 (--threads) */
+    long state_digest_every;       /* carried-state digest cadence, >= 1 (--state-digest-every) */
+    long max_rows;                 /* packed tokens per forward, >= 1 (--max-rows) */
+    const char *perturb;           /* "layer=L,op=OP" or NULL (--perturb) */
+    const char *dump_layers;       /* "L,L,..." or NULL (--dump-layers) */
+    const char *out;               /* trace path (-o) */
+    int progress;                  /* progress on stderr (ls_progress) */
+    const ls_fingerprint *fingerprint; /* the checkpoint's, already computed (borrowed), or NULL */
+} ls_run_spec;
+
+/* Defaults: rollout, 16 new tokens, greedy, bf16, cpu, 1 thread, state
+ * digests every 64 positions, 256 rows per step. */
+void ls_run_spec_default(ls_run_spec *s);
+
+/* Checks every field that does not need the checkpoint (LS_E_USAGE naming
+ * the field and its flag). ls_run_execute calls it first. */
+ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err);
+
+/* Parses a perturbation "layer=L,op=OP" (op one of gdn, conv, attention,
+ * router, experts, combine, norm, lm_head). */
+ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err);
+
+/* The backend called `name` ("cpu": threads workers; "cuda": device 0).
+ * LS_E_USAGE for an unknown name, LS_E_UNSUPPORTED when CUDA is not built or
+ * no GPU is usable. */
+ls_status ls_run_backend_create(const char *name, int threads, ls_backend **out, ls_error *err);
+
+/* ls_run_backend_create, then ls_engine_create on that backend (which the
+ * engine then owns). */
+ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads,
+                             const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
+                             ls_error *err);
+
+/* What a manifest is told about `backend`: its provider rows and, when a GPU
+ * is present, the device (written to *gpu, which must outlive *mo). */
+ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_gpu_info *gpu,
+                                ls_error *err);
+
+typedef struct ls_run_result {
+    char merkle_root[65];
+    char manifest_digest[65];
+    uint64_t records;
+    uint64_t positions;            /* token positions the model processed */
+    double seconds;                /* engine wall time (excludes pinning the manifest) */
+    int32_t *completions;          /* rollout: [batch n, max_new] generated tokens; owned, free() */
+} ls_run_result;
+
+/* Runs the spec and writes the trace (see the top of this file). A perturbed
+ * run pins mode "fast" with the perturbation recorded, so its manifest
+ * digest never equals a strict one. On failure no trace is left behind. */
+ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err);
+
+/* A working directory: `given` (created if missing, kept) or a fresh
+ * temporary one (*temporary = 1; remove it with ls_run_workdir_remove). */
+ls_status ls_run_workdir(const char *given, const char *tag, char *out, size_t out_size, int *temporary,
+                         ls_error *err);
+/* Removes the regular files inside dir (two levels down at most), then dir. */
+void ls_run_workdir_remove(const char *dir);
+
+#endif
