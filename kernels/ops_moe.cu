@@ -1,5 +1,5 @@
-/* lockstep — portable strict router and MoE (see ops.h, docs/numerics.md §3,
- * DESIGN rule 8). The (token, slot) pairs are grouped by expert so that an
+/* lockstep — portable strict router and MoE (see ops.h, docs/numerics.md §3
+ * and rule 8). The (token, slot) pairs are grouped by expert so that an
  * expert's weights are read once per call, but every pair's dot products are
  * still the canonical warp DOT32 of the same weight row against that pair's
  * own activations: sharing the weight load changes no operand and no order,

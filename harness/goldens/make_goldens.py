@@ -7,7 +7,7 @@ For every config in CONFIGS:
   goldens/<name>/expected.json.zst                 transformers' outputs (format: goldens/README.md)
 
 Weights are drawn from a seeded torch generator, scaled so activations and
-logits have realistic spread (DESIGN.md: "sensitive" checkpoints), and rounded
+logits have realistic spread ("sensitive" checkpoints, docs/overview.md), and rounded
 to bf16 so the one bf16 checkpoint serves both the fp32 and the bf16 runs.
 The model is then reloaded from disk with from_pretrained (dtype float32 and
 bfloat16) and run on CPU with transformers' defaults.

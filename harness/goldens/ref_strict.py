@@ -263,7 +263,7 @@ def load_layer(ckpt, layer):
     return out
 
 
-# ---- one GDN token (Qwen3-Next fused projections, spec §2.3 / docs §3) -----------------
+# ---- one GDN token (fused projections docs/model.md §2.3, ops docs/numerics.md §3) -----
 
 def gdn_token(cfg, W, x, conv_state, S, bf16_acts=True):
     """x: normed input fp32[D]; conv_state: fp32 [K-1][conv_dim] (previous X rows,
@@ -322,7 +322,7 @@ def gdn_token(cfg, W, x, conv_state, S, bf16_acts=True):
     return out, new_conv, S
 
 
-# ---- one MoE token (docs §3: router, top-k, renormalise, experts, combine, shared) -----
+# ---- one MoE token (docs/numerics.md §3: router, top-k, renormalise, experts, combine) --
 
 def moe_token(cfg, W, x, bf16_acts=True):
     ctx = Ctx(bf16_acts)

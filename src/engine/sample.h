@@ -1,4 +1,4 @@
-/* lockstep — token selection (docs/numerics.md §6, DESIGN rule 9).
+/* lockstep — token selection (docs/numerics.md §6 and rule 9).
  *
  * Greedy: the largest logprob, ties to the lower token id.
  *

@@ -1,5 +1,4 @@
-/* lockstep — own fp32 transcendentals (numerics contract, DESIGN.md rule 4,
- * docs/numerics.md §1).
+/* lockstep — own fp32 transcendentals (docs/numerics.md rule 4 and §1).
  *
  * Included unchanged by C (CPU reference) and CUDA code; under nvcc the
  * functions are __host__ __device__. They are built only from IEEE fp32

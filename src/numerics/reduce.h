@@ -1,5 +1,5 @@
 /* lockstep — canonical reductions and bf16 rounding (numerics contract,
- * DESIGN.md rules 1–2, docs/numerics.md §2).
+ * docs/numerics.md rules 1–2 and §2).
  *
  * Included unchanged by C (CPU reference) and CUDA code; under nvcc the
  * functions are __host__ __device__. Every dot product, norm and sum in the

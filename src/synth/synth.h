@@ -7,7 +7,7 @@
  * arithmetic and IEEE basic operations only (no libm), so the same seed gives
  * the same bytes on every machine and writing fewer layers gives a prefix of
  * the same model. Weights are scaled so activations and logits have a
- * realistic spread ("sensitive" checkpoints, DESIGN.md).
+ * realistic spread ("sensitive" checkpoints, docs/overview.md).
  *
  * Typical use:
  *

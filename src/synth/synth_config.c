@@ -72,7 +72,7 @@ ls_status ls_synth_preset(const char *name, ls_synth_config *c, ls_error *err)
         c->eos_token_id = 8249;
         set_interval(c, 4);
     } else if (strcmp(name, "qwen3-next-80b-a3b") == 0) {
-        /* The released Qwen3-Next-80B-A3B config (spec §1.1). */
+        /* The released Qwen3-Next-80B-A3B config (docs/model.md §1.1). */
         c->vocab_size = 151936;
         c->hidden_size = 2048;
         c->num_hidden_layers = 48;

@@ -256,7 +256,7 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
         if (c->layer_full[L]) {
             const int64_t H = c->num_attention_heads, KV = c->num_key_value_heads,
                           hd = c->head_dim;
-            /* q_proj rows: per head, hd query rows then hd gate rows (spec §3.3). */
+            /* q_proj rows: per head, hd query rows then hd gate rows (docs/model.md §3.3). */
             add(&l, N, inv_sqrt(D), 2, 2 * H * hd, D, 0, "%s.%lld.self_attn.q_proj.weight", p,
                 (long long)L);
             add(&l, N, inv_sqrt(D), 2, KV * hd, D, 0, "%s.%lld.self_attn.k_proj.weight", p,
@@ -272,7 +272,7 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
                           dk = c->linear_key_head_dim, dv = c->linear_value_head_dim,
                           K = c->linear_conv_kernel_dim;
             const int64_t conv_dim = 2 * Hk * dk + Hv * dv;
-            /* Fused, per-key-head interleaved projections (spec §2.3). */
+            /* Fused, per-key-head interleaved projections (docs/model.md §2.3). */
             add(&l, N, inv_sqrt(D), 2, 2 * Hk * dk + 2 * Hv * dv, D, 0,
                 "%s.%lld.linear_attn.in_proj_qkvz.weight", p, (long long)L);
             add(&l, N, inv_sqrt(D), 2, 2 * Hv, D, 0, "%s.%lld.linear_attn.in_proj_ba.weight", p,
