@@ -2,6 +2,8 @@
 #ifndef LS_CLI_CLI_H
 #define LS_CLI_CLI_H
 
+#include <stddef.h>
+
 #include "core/status.h"
 
 #define LS_COMMAND(name, fn, summary) int fn(int argc, char **argv);
@@ -17,5 +19,9 @@ int ls_cli_is_help(const char *arg);
 
 /* Parses a decimal option value into [lo, hi]; the error names opt. */
 ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, long *out, ls_error *err);
+
+/* Copies a library message with option field names (allow_incomplete,
+ * max_rows, ...) replaced by the flags that set them. */
+void ls_cli_flag_names(const char *msg, char *out, size_t out_size);
 
 #endif

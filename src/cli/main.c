@@ -39,7 +39,9 @@ int ls_cli_is_help(const char *arg)
 
 int ls_cli_report(const char *cmd, const ls_error *err)
 {
-    fprintf(stderr, "lockstep %s: %s\n", cmd, err->msg[0] ? err->msg : ls_status_name(err->status));
+    char msg[sizeof err->msg + 256];
+    ls_cli_flag_names(err->msg[0] ? err->msg : ls_status_name(err->status), msg, sizeof msg);
+    fprintf(stderr, "lockstep %s: %s\n", cmd, msg);
     if (err->status == LS_E_USAGE) fprintf(stderr, "(see 'lockstep %s --help')\n", cmd);
     return ls_status_exit_code(err->status == LS_OK ? LS_E_INTERNAL : err->status);
 }

@@ -1,6 +1,8 @@
 /* lockstep CLI — option value parsing shared by the subcommands. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 
@@ -13,4 +15,38 @@ ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, lo
         return ls_fail(err, LS_E_USAGE, "%s '%s': expected an integer in %ld..%ld", opt, v, lo, hi);
     *out = x;
     return LS_OK;
+}
+
+/* Library messages name option fields; the user typed flags. */
+static const char *const field_flags[][2] = {
+    {"allow_different_model", "--allow-different-model"},
+    {"allow_incomplete", "--allow-incomplete"},
+    {"max_shard_bytes", "--max-shard-bytes"},
+    {"the force option", "--force"},
+    {"max_rows", "--max-rows"},
+    {"^layers ", "--layers "},          /* '^': only at the start of the message */
+};
+
+void ls_cli_flag_names(const char *msg, char *out, size_t out_size)
+{
+    size_t n = 0;
+    const char *start = msg;
+    while (*msg && n + 1 < out_size) {
+        size_t k = 0, nf = sizeof field_flags / sizeof field_flags[0];
+        for (; k < nf; k++) {
+            const char *f = field_flags[k][0];
+            if (*f == '^' && (msg != start || strncmp(msg, f + 1, strlen(f + 1)) != 0)) continue;
+            if (*f != '^' && strncmp(msg, f, strlen(f)) != 0) continue;
+            break;
+        }
+        if (k < nf) {
+            const char *f = field_flags[k][0] + (field_flags[k][0][0] == '^');
+            n += (size_t)snprintf(out + n, out_size - n, "%s", field_flags[k][1]);
+            if (n >= out_size) n = out_size - 1;
+            msg += strlen(f);
+        } else {
+            out[n++] = *msg++;
+        }
+    }
+    out[n] = '\0';
 }

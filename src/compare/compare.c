@@ -476,14 +476,14 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         r->model_differs = 1;
         if (!opts->allow_different_model) {
             st = ls_fail(err, LS_E_INPUT,
-                         "traces are of different models (A %.16s..., B %.16s...); --allow-different-model compares them anyway",
+                         "traces are of different models (A %.16s..., B %.16s...); allow_different_model compares them anyway",
                          ha->model_fingerprint, hb->model_fingerprint);
             goto out;
         }
     }
     if (!r->b.complete && !opts->allow_incomplete) {
         st = ls_fail(err, LS_E_INPUT, "%s: trace is incomplete (no trailer: the run stopped after %" PRIu64
-                     " records); --allow-incomplete compares the records present", path_b, r->b.records);
+                     " records); allow_incomplete compares the records present", path_b, r->b.records);
         goto out;
     }
     int same_layers = ha->n_layers == hb->n_layers;
@@ -561,7 +561,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
     r->bytes_compared = ls_trace_reader_bytes(ra);
     if (!r->a.complete && !opts->allow_incomplete) {
         st = ls_fail(err, LS_E_INPUT, "%s: trace is incomplete (no trailer: the run stopped after %" PRIu64
-                     " records); --allow-incomplete compares the records present", path_a, r->a.records);
+                     " records); allow_incomplete compares the records present", path_a, r->a.records);
         goto out;
     }
     if ((st = ls_trace_index_verify(w.ix, err))) goto out;

@@ -67,7 +67,7 @@ void ls_report_write_text(FILE *out, const ls_compare_result *r, int colour)
     fprintf(out, "B: %s (%s, engine %s, %s, %" PRIu64 " records)\n", r->b.path, r->b.mode, r->b.engine,
             r->b.complete ? "complete" : "INCOMPLETE", r->b.records);
     if (r->model_differs)
-        fprintf(out, "model: %sDIFFERENT%s (A %s, B %s; compared because --allow-different-model)\n", red, off,
+        fprintf(out, "model: %sDIFFERENT%s (A %s, B %s; compared as asked: allow_different_model)\n", red, off,
                 r->a.model_fingerprint, r->b.model_fingerprint);
     else
         fprintf(out, "model: %s (same)\n", r->a.model_fingerprint);
@@ -103,7 +103,7 @@ void ls_report_write_text(FILE *out, const ls_compare_result *r, int colour)
             fprintf(out, "  digest A %s\n  digest B %s\n", ha, hb);
             ls_report_tensor_line(&s->first.tensor, line, sizeof line);
             if (line[0]) fprintf(out, "  tensor: %s\n", line);
-            else fprintf(out, "  tensor: not dumped in both traces (record it with --dump-layers for element-level diagnosis)\n");
+            else fprintf(out, "  tensor: not dumped in both traces (record layer dumps in both runs for element-level diagnosis)\n");
             ls_report_router_line(&s->first.tensor, line, sizeof line);
             if (line[0]) fprintf(out, "  %s\n", line);
         }

@@ -361,7 +361,7 @@ ls_status ls_synth_config_load(const char *path, ls_synth_config *cfg, ls_error 
 ls_status ls_synth_config_truncate(ls_synth_config *cfg, int64_t n, ls_error *err)
 {
     if (n < 1 || n > cfg->num_hidden_layers)
-        return ls_fail(err, LS_E_USAGE, "--layers %lld: must be between 1 and %lld", (long long)n,
+        return ls_fail(err, LS_E_USAGE, "layers %lld: must be between 1 and %lld", (long long)n,
                        (long long)cfg->num_hidden_layers);
     for (int64_t i = n; i < LS_SYNTH_MAX_LAYERS; i++) cfg->layer_full[i] = 0;
     cfg->num_hidden_layers = n;

@@ -41,7 +41,7 @@ static ls_status write_shard(const ls_synth_tensor *t, size_t count, uint64_t se
     uint8_t *buf = malloc(total ? (size_t)total : 1); /* all tensors of this shard, bf16 */
     if (!buf)
         return ls_fail(err, LS_E_NOMEM,
-                       "%s: cannot allocate %llu bytes for one shard (lower --max-shard-bytes)",
+                       "%s: cannot allocate %llu bytes for one shard (lower max_shard_bytes)",
                        path, (unsigned long long)total);
     ls_safetensors_writer *w = NULL;
     ls_status st = ls_safetensors_writer_new(&w, err);
@@ -195,7 +195,7 @@ ls_status ls_synth_write(const ls_synth_config *cfg, uint64_t seed, const char *
     char dir[4096];
     size_t dl = strlen(dir_in);
     if (dl == 0 || dl >= sizeof dir - 64)
-        return ls_fail(err, LS_E_USAGE, "--out: bad directory name '%s'", dir_in);
+        return ls_fail(err, LS_E_USAGE, "output directory: bad name '%s'", dir_in);
     memcpy(dir, dir_in, dl + 1);
     while (dl > 1 && dir[dl - 1] == '/') dir[--dl] = '\0';
 
@@ -204,7 +204,7 @@ ls_status ls_synth_write(const ls_synth_config *cfg, uint64_t seed, const char *
     if (state >= 0 && !is_dir)
         return ls_fail(err, LS_E_USAGE, "%s exists and is not a directory", dir);
     if (state == 1 && !opt->force)
-        return ls_fail(err, LS_E_USAGE, "%s exists and is not empty (--force replaces it)", dir);
+        return ls_fail(err, LS_E_USAGE, "%s exists and is not empty (the force option replaces it)", dir);
 
     char tmp[4200], old[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
