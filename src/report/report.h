@@ -22,4 +22,43 @@ ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_
  * than newline and tab become '?'), for other writers of JUnit or HTML. */
 void ls_report_xml_escape(FILE *f, const char *s);
 
+/* ---- the gate's summary (src/run/gate.h fills it) ------------------------------ */
+
+#define LS_GATE_MAX_VARIANTS 8
+
+typedef struct ls_gate_row {
+    char name[48];
+    int perturbed;
+    int equal;
+    uint64_t positions, positions_total, tokens_equal, topk_equal;
+    double max_dlogprob;
+    int has_drift;                 /* first drift below */
+    char first[512];               /* its one-line message */
+    uint32_t seq, pos;
+    int layer, decoder_layer;
+    ls_layer_family family;
+    ls_digest_kind kind;
+    int digest_drift;              /* the first drift is a layer digest */
+    double seconds;
+} ls_gate_row;
+
+typedef struct ls_gate_result {
+    int all_equal;                 /* every strict variant bitwise equal */
+    int n_rows;
+    ls_gate_row rows[LS_GATE_MAX_VARIANTS];
+    char merkle_root[65];
+    char manifest_digest[65];
+    uint64_t rollout_positions;
+    double rollout_seconds;
+} ls_gate_result;
+
+/* JUnit XML: one testsuite per replay, each holding one testcase (the
+ * replay compared with the rollout); a failure carries the first drift.
+ * A perturbed replay fails when it is NOT detected. */
+ls_status ls_report_write_gate_junit(const char *path, const ls_gate_result *r, ls_error *err);
+/* JSON summary: verdict, model, manifest, per replay the counts and first
+ * drift; path "-" is stdout. */
+ls_status ls_report_write_gate_json(const char *path, const char *backend, long max_new,
+                                    const ls_gate_result *r, ls_error *err);
+
 #endif

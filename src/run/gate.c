@@ -19,74 +19,6 @@ static const ls_gate_variant standard[] = {
     {"chunk 64, batch reversed", 64, 1, NULL},
 };
 
-static ls_status write_junit(const char *path, const ls_gate_result *r, ls_error *err)
-{
-    ls_outfile f;
-    LS_TRY(ls_outfile_open(&f, path, err));
-    int failures = 0;
-    for (int i = 0; i < r->n_rows; i++) failures += !r->rows[i].equal && !r->rows[i].perturbed;
-    fprintf(f.fp, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"lockstep gate\" tests=\"%d\" "
-            "failures=\"%d\">\n", r->n_rows, failures);
-    for (int i = 0; i < r->n_rows; i++) {
-        const ls_gate_row *w = &r->rows[i];
-        int fail = w->perturbed ? w->equal : !w->equal;
-        fprintf(f.fp, "  <testsuite name=\"rollout vs replay ");
-        ls_report_xml_escape(f.fp, w->name);
-        fprintf(f.fp, "\" tests=\"1\" failures=\"%d\" time=\"%.3f\">\n    <testcase classname=\"lockstep.gate\" "
-                "name=\"", fail, w->seconds);
-        ls_report_xml_escape(f.fp, w->name);
-        fprintf(f.fp, "\" time=\"%.3f\">", w->seconds);
-        if (fail) {
-            fputs("\n      <failure message=\"", f.fp);
-            ls_report_xml_escape(f.fp, w->perturbed ? "perturbed replay was not detected" : w->first);
-            fputs("\"/>\n    ", f.fp);
-        }
-        fprintf(f.fp, "</testcase>\n  </testsuite>\n");
-    }
-    fputs("</testsuites>\n", f.fp);
-    return ls_outfile_commit(&f, err);
-}
-
-static ls_status write_json(const char *path, const ls_gate_opts *o, const ls_gate_result *r, ls_error *err)
-{
-    json_t *rows = json_array();
-    for (int i = 0; i < r->n_rows; i++) {
-        const ls_gate_row *w = &r->rows[i];
-        json_t *row = json_pack("{s:s, s:b, s:b, s:I, s:I, s:I, s:I, s:f, s:f}", "replay", w->name, "perturbed",
-                                w->perturbed, "equal", w->equal, "positions", (json_int_t)w->positions,
-                                "positions_total", (json_int_t)w->positions_total, "tokens_equal",
-                                (json_int_t)w->tokens_equal, "topk_sets_equal", (json_int_t)w->topk_equal,
-                                "max_abs_dlogprob", w->max_dlogprob, "seconds", w->seconds);
-        if (w->has_drift)
-            json_object_set_new(row, "first_drift",
-                                json_pack("{s:s, s:I, s:I, s:i, s:s, s:i}", "message", w->first, "seq",
-                                          (json_int_t)w->seq, "pos", (json_int_t)w->pos, "layer", w->layer,
-                                          "family", w->layer >= 0 ? ls_layer_family_name(w->family) : "",
-                                          "decoder_layer", w->decoder_layer));
-        json_array_append_new(rows, row);
-    }
-    json_t *doc = json_pack("{s:s, s:b, s:s, s:s, s:s, s:I, s:I, s:f, s:o}", "gate", "lockstep rollout-replay",
-                            "pass", r->all_equal, "model_fingerprint", r->merkle_root, "manifest_digest",
-                            r->manifest_digest, "backend", o->backend, "max_new_tokens", (json_int_t)o->max_new,
-                            "rollout_positions", (json_int_t)r->rollout_positions, "rollout_seconds",
-                            r->rollout_seconds, "replays", rows);
-    char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(doc);
-    if (!text) return ls_fail(err, LS_E_NOMEM, "out of memory");
-    size_t n = strlen(text);
-    ls_status st;
-    if (!strcmp(path, "-")) {
-        fwrite(text, 1, n, stdout);
-        fputc('\n', stdout);
-        st = LS_OK;
-    } else {
-        text[n] = '\n';
-        st = ls_write_file_atomic(path, text, n + 1, err);
-    }
-    free(text);
-    return st;
-}
-
 static void summarise(const ls_compare_result *c, ls_gate_row *w)
 {
     w->equal = c->equal;
@@ -214,8 +146,8 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
             if (r->rows[i].has_drift)
                 fprintf(out, "first drift (%s): %s\n", r->rows[i].name, r->rows[i].first);
     }
-    if (st == LS_OK && o->junit) st = write_junit(o->junit, r, err);
-    if (st == LS_OK && o->json) st = write_json(o->json, o, r, err);
+    if (st == LS_OK && o->junit) st = ls_report_write_gate_junit(o->junit, r, err);
+    if (st == LS_OK && o->json) st = ls_report_write_gate_json(o->json, o->backend, o->max_new, r, err);
     ls_run_batch_free(&full);
     ls_fingerprint_free(&fp);
     ls_checkpoint_close(ck);

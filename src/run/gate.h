@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "report/report.h"
 #include "run/run.h"
 #include "trace/trace.h"
 
@@ -16,8 +17,6 @@ typedef struct ls_gate_variant {
     int reverse;                   /* pack the batch in reverse order */
     const char *perturb;           /* NULL = strict */
 } ls_gate_variant;
-
-#define LS_GATE_MAX_VARIANTS 8
 
 typedef struct ls_gate_opts {
     const char *checkpoint;
@@ -31,31 +30,6 @@ typedef struct ls_gate_opts {
     int n_variants;
 } ls_gate_opts;
 
-typedef struct ls_gate_row {
-    char name[48];
-    int perturbed;
-    int equal;
-    uint64_t positions, positions_total, tokens_equal, topk_equal;
-    double max_dlogprob;
-    int has_drift;                 /* first drift below */
-    char first[512];               /* its one-line message */
-    uint32_t seq, pos;
-    int layer, decoder_layer;
-    ls_layer_family family;
-    ls_digest_kind kind;
-    int digest_drift;              /* the first drift is a layer digest */
-    double seconds;
-} ls_gate_row;
-
-typedef struct ls_gate_result {
-    int all_equal;                 /* every strict variant bitwise equal */
-    int n_rows;
-    ls_gate_row rows[LS_GATE_MAX_VARIANTS];
-    char merkle_root[65];
-    char manifest_digest[65];
-    uint64_t rollout_positions;
-    double rollout_seconds;
-} ls_gate_result;
 
 /* Runs the gate on batch (prompts) and prints the table to out (NULL: quiet). */
 ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *out, ls_gate_result *r,
