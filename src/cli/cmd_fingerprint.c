@@ -24,7 +24,7 @@ static const char help[] =
     "  --json            print a JSON object (root, config digest, every tensor,\n"
     "                    throughput) instead of text\n"
     "\n"
-    "Progress goes to stderr: a bar on a terminal, else a plain line every 5 s.\n"
+    "Progress goes to stderr: a bar on a terminal, else (past 5 s) a plain line every 5 s.\n"
     "Under 'lockstep --quiet' only --json output is printed.\n"
     "exit codes: 0 done, 2 could not read or hash the checkpoint\n";
 

@@ -43,8 +43,9 @@ static void usage(FILE *out)
             "  -h, --help        this text;  --version  the version and build identity\n"
             "\n"
             "Options take their value as '--opt VALUE' or '--opt=VALUE'. On a terminal long\n"
-            "work draws a progress bar on stderr; otherwise it writes a plain progress line\n"
-            "every 5 s (LOCKSTEP_PROGRESS_SECONDS=N changes the interval) and one at the end.\n"
+            "work draws a progress bar on stderr; otherwise work that lasts longer than 5 s\n"
+            "writes a plain progress line every 5 s and one at the end\n"
+            "(LOCKSTEP_PROGRESS_SECONDS=N changes the interval; 0: every update).\n"
             "'lockstep <command> --help' describes a command.\n"
             "exit codes: 0 ok / equal, 1 difference found, 2 could not do the job\n");
 }

@@ -182,7 +182,12 @@ void ls_progress_end(ls_progress *p)
     if (!p->enabled) return;
     uint64_t done = __atomic_load_n(&p->done, __ATOMIC_RELAXED);
     if (p->enabled == 2) {
-        progress_line(p, done, ls_now_ns(), 1);
+        /* Work done within one interval printed no line and needs no final
+         * one: logs stay quiet, and `cmd --json 2>&1` of a quick run stays
+         * pure JSON. */
+        uint64_t now = ls_now_ns();
+        uint64_t last = __atomic_load_n(&p->last_draw_ns, __ATOMIC_RELAXED);
+        if (last != p->start_ns || now - p->start_ns >= p->interval_ns) progress_line(p, done, now, 1);
         return;
     }
     progress_draw(p, done);

@@ -43,8 +43,9 @@ int ls_color_enabled(FILE *f);
  * file, CI) a plain line, no carriage return or escape, at most every 5 s
  * (environment LOCKSTEP_PROGRESS_SECONDS overrides; 0 = every update):
  *   "fingerprint: 1.20/4.00 GB (30.0%), 0.85 GB/s, 1.4 s elapsed"
- * and a last one, ending "(done)", from ls_progress_end. Thread-safe: workers
- * may call ls_progress_add concurrently. */
+ * and a last one, ending "(done)", from ls_progress_end; work that ends
+ * within the first interval prints no line at all. Thread-safe: workers may
+ * call ls_progress_add concurrently. */
 typedef struct ls_progress {
     char label[48];          /* what is being done, e.g. "fingerprint" */
     uint64_t total;          /* units of work expected (bytes, tokens ...) */
