@@ -92,8 +92,12 @@ int main(int argc, char **argv)
 {
     enum { OPT_VERSION = LS_CLI_LONG, OPT_COLOR };
     static const ls_cli_opt opts[] = {
-        {"quiet", 'q', 0},   {"verbose", 'v', 0},        {"help", 'h', 0},
-        {"version", OPT_VERSION, 0}, {"color", OPT_COLOR, 1}, {NULL, 0, 0},
+        {"quiet", 'q', 0},
+        {"verbose", 'v', 0},
+        {"help", 'h', 0},
+        {"version", OPT_VERSION, 0},
+        {"color", OPT_COLOR, 1},
+        {NULL, 0, 0},
     };
     /* Global options end at the command's name; what follows is the command's. */
     ls_cli_args a = {.cmd = NULL, .opts = opts, .argc = argc, .argv = argv, .stop_at_operand = 1};
@@ -111,6 +115,7 @@ int main(int argc, char **argv)
         }
     }
     if (a.index >= argc) {
+        if (ls_log_quiet()) return ls_cli_usage_error(NULL, "a command is required");
         usage(stderr);
         return 2;
     }
