@@ -4,14 +4,16 @@
 
 #include <stddef.h>
 
+#include "cli/opts.h"
 #include "core/status.h"
 
 #define LS_COMMAND(name, fn, summary) int fn(int argc, char **argv);
 #include "cli/commands.def"
 #undef LS_COMMAND
 
-/* Prints "lockstep: <message>" (and, for usage errors, a pointer to --help) on
- * stderr and returns the exit code for st (2). */
+/* Prints "lockstep CMD: <message>" on stderr as one line (a usage error ends
+ * with "(see 'lockstep CMD --help')") and returns the exit code for the
+ * status (2). cmd may be NULL (lockstep's own options). */
 int ls_cli_report(const char *cmd, const ls_error *err);
 
 /* True when argv[i] is -h or --help. */

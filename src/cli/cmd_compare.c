@@ -56,62 +56,64 @@ static const char usage_text[] =
     "  --allow-different-model    compare traces whose model fingerprints differ\n"
     "  --allow-incomplete         compare traces without a trailer (killed runs)\n"
     "  --heatmap-cols N           heat-map columns per sequence (default 256)\n"
-    "  --no-color                 never colour the text report\n"
+    "  --no-color                 never colour the text report (as 'lockstep --color=never')\n"
     "\n"
+    "\n"
+    "The text report goes to stdout (to stderr when a report is written to '-');\n"
+    "'lockstep --quiet compare' writes none and only the asked-for reports.\n"
     "exit status: 0 bitwise equal, 1 drift found, 2 could not compare\n";
 
 int ls_cmd_compare(int argc, char **argv)
 {
+    enum { OPT_JSON = LS_CLI_LONG, OPT_JUNIT, OPT_HTML, OPT_DIFFERENT_MODEL, OPT_INCOMPLETE, OPT_HEATMAP_COLS, OPT_NO_COLOR };
+    static const ls_cli_opt opts[] = {
+        {"json", OPT_JSON, 1},
+        {"junit", OPT_JUNIT, 1},
+        {"html", OPT_HTML, 1},
+        {"allow-different-model", OPT_DIFFERENT_MODEL, 0},
+        {"allow-incomplete", OPT_INCOMPLETE, 0},
+        {"heatmap-cols", OPT_HEATMAP_COLS, 1},
+        {"no-color", OPT_NO_COLOR, 0},
+        {NULL, 0, 0},
+    };
     const char *paths[2] = {NULL, NULL}, *json = NULL, *junit = NULL, *html = NULL;
     int n_paths = 0, no_color = 0;
-    ls_compare_opts opts = {0};
-    ls_error err;
-    ls_error_clear(&err);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (ls_cli_is_help(a)) {
-            fputs(usage_text, stdout);
-            return 0;
-        } else if (!strcmp(a, "--allow-different-model")) {
-            opts.allow_different_model = 1;
-        } else if (!strcmp(a, "--allow-incomplete")) {
-            opts.allow_incomplete = 1;
-        } else if (!strcmp(a, "--no-color")) {
-            no_color = 1;
-        } else if ((!strcmp(a, "--json") || !strcmp(a, "--junit") || !strcmp(a, "--html") ||
-                    !strcmp(a, "--heatmap-cols")) && i + 1 < argc) {
-            const char *v = argv[++i];
-            if (!strcmp(a, "--json")) json = v;
-            else if (!strcmp(a, "--junit")) junit = v;
-            else if (!strcmp(a, "--html")) html = v;
-            else if ((opts.heatmap_max_cols = atoi(v)) < 1 || opts.heatmap_max_cols > 4096) {
-                ls_fail(&err, LS_E_USAGE, "--heatmap-cols must be 1..4096");
-                return ls_cli_report("compare", &err);
-            }
-        } else if (a[0] == '-' && a[1]) {
-            ls_fail(&err, LS_E_USAGE, "unknown option or missing value: %s", a);
-            return ls_cli_report("compare", &err);
-        } else if (n_paths < 2) {
-            paths[n_paths++] = a;
-        } else {
-            ls_fail(&err, LS_E_USAGE, "expected two trace files");
-            return ls_cli_report("compare", &err);
+    ls_compare_opts opts_c = {0};
+    ls_cli_args a = {.cmd = "compare", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
+    for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
+        switch (c) {
+        case LS_CLI_EXIT: return a.exit_code;
+        case OPT_DIFFERENT_MODEL: opts_c.allow_different_model = 1; break;
+        case OPT_INCOMPLETE: opts_c.allow_incomplete = 1; break;
+        case OPT_NO_COLOR: no_color = 1; break;
+        case OPT_JSON: json = a.arg; break;
+        case OPT_JUNIT: junit = a.arg; break;
+        case OPT_HTML: html = a.arg; break;
+        case OPT_HEATMAP_COLS:
+            if ((opts_c.heatmap_max_cols = atoi(a.arg)) < 1 || opts_c.heatmap_max_cols > 4096)
+                return ls_cli_usage_error("compare", "--heatmap-cols must be 1..4096");
+            break;
+        case LS_CLI_OPERAND:
+            if (n_paths == 2) return ls_cli_usage_error("compare", "expected two trace files");
+            paths[n_paths++] = a.arg;
+            break;
         }
     }
-    if (n_paths != 2) {
-        ls_fail(&err, LS_E_USAGE, "expected two trace files");
-        return ls_cli_report("compare", &err);
-    }
+    if (n_paths != 2) return ls_cli_usage_error("compare", "expected two trace files");
+    ls_error err;
+    ls_error_clear(&err);
     ls_compare_result r;
-    ls_status st = ls_compare_files(paths[0], paths[1], &opts, &r, &err);
+    ls_status st = ls_compare_files(paths[0], paths[1], &opts_c, &r, &err);
     if (st) {
         ls_compare_result_free(&r);
         return ls_cli_report("compare", &err);
     }
+    /* The text report goes to stdout unless a report was asked for there;
+     * under --quiet it is not written at all (the exit code is the verdict). */
     int stdout_taken = (json && !strcmp(json, "-")) || (junit && !strcmp(junit, "-")) || (html && !strcmp(html, "-"));
     FILE *text = stdout_taken ? stderr : stdout;
-    if (ls_log_level > 0 || !stdout_taken) {
-        ls_report_write_text(text, &r, !no_color && ls_isatty(text));
+    if (!ls_log_quiet()) {
+        ls_report_write_text(text, &r, !no_color && ls_color_enabled(text));
         note_run_params(text, paths[0], paths[1]);
     }
     if (!st && json) st = ls_report_write_json(json, &r, &err);

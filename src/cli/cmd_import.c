@@ -33,6 +33,15 @@ static const char usage_text[] =
 
 int ls_cmd_import(int argc, char **argv)
 {
+    enum { OPT_MODEL = LS_CLI_LONG, OPT_MANIFEST, OPT_ENGINE, OPT_TOPK };
+    static const ls_cli_opt opts[] = {
+        {"output", 'o', 1},
+        {"model-fingerprint", OPT_MODEL, 1},
+        {"manifest-digest", OPT_MANIFEST, 1},
+        {"engine", OPT_ENGINE, 1},
+        {"topk", OPT_TOPK, 1},
+        {NULL, 0, 0},
+    };
     ls_error err;
     ls_error_clear(&err);
     ls_import_opts o = {0};
@@ -41,39 +50,27 @@ int ls_cmd_import(int argc, char **argv)
         fputs(usage_text, stdout);
         return 0;
     }
-    if (argc < 2 || strcmp(argv[1], "jsonl") != 0) {
-        ls_fail(&err, LS_E_USAGE, "expected 'import jsonl IN -o OUT --model-fingerprint HEX'");
-        return ls_cli_report("import", &err);
-    }
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        if (ls_cli_is_help(a)) {
-            fputs(usage_text, stdout);
-            return 0;
-        }
-        int has = i + 1 < argc;
-        if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && has) out = argv[++i];
-        else if (!strcmp(a, "--model-fingerprint") && has) o.model_fingerprint = argv[++i];
-        else if (!strcmp(a, "--manifest-digest") && has) o.manifest_digest = argv[++i];
-        else if (!strcmp(a, "--engine") && has) o.engine = argv[++i];
-        else if (!strcmp(a, "--topk") && has) o.topk = atoi(argv[++i]);
-        else if (a[0] == '-' && a[1]) {
-            ls_fail(&err, LS_E_USAGE, "unknown option or missing value: %s", a);
-            return ls_cli_report("import", &err);
-        } else if (!in) in = a;
-        else {
-            ls_fail(&err, LS_E_USAGE, "unexpected argument: %s", a);
-            return ls_cli_report("import", &err);
+    if (argc < 2 || strcmp(argv[1], "jsonl") != 0)
+        return ls_cli_usage_error("import", "expected 'import jsonl IN -o OUT --model-fingerprint HEX'");
+    /* argv[1] = "jsonl" is the format; its options and IN follow. */
+    ls_cli_args a = {.cmd = "import", .usage = usage_text, .opts = opts, .argc = argc - 1, .argv = argv + 1};
+    for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
+        switch (c) {
+        case LS_CLI_EXIT: return a.exit_code;
+        case 'o': out = a.arg; break;
+        case OPT_MODEL: o.model_fingerprint = a.arg; break;
+        case OPT_MANIFEST: o.manifest_digest = a.arg; break;
+        case OPT_ENGINE: o.engine = a.arg; break;
+        case OPT_TOPK: o.topk = atoi(a.arg); break;
+        case LS_CLI_OPERAND:
+            if (in) return ls_cli_usage_error("import", "unexpected argument: %s", a.arg);
+            in = a.arg;
+            break;
         }
     }
-    if (!in || !out || !o.model_fingerprint) {
-        ls_fail(&err, LS_E_USAGE, "IN, -o OUT and --model-fingerprint are required");
-        return ls_cli_report("import", &err);
-    }
-    if (o.topk < 0 || o.topk > 64) {
-        ls_fail(&err, LS_E_USAGE, "--topk must be 1..64");
-        return ls_cli_report("import", &err);
-    }
+    if (!in || !out || !o.model_fingerprint)
+        return ls_cli_usage_error("import", "IN, -o OUT and --model-fingerprint are required");
+    if (o.topk < 0 || o.topk > 64) return ls_cli_usage_error("import", "--topk must be 1..64");
     char *data;
     size_t len;
     uint64_t n = 0;
@@ -81,6 +78,6 @@ int ls_cmd_import(int argc, char **argv)
     ls_status st = ls_import_jsonl(in, data, len, &o, out, &n, &err);
     free(data);
     if (st) return ls_cli_report("import", &err);
-    ls_log_info("import: %llu records written to %s\n", (unsigned long long)n, out);
+    ls_log_info("import: %llu records written to %s", (unsigned long long)n, out);
     return 0;
 }

@@ -32,51 +32,78 @@ static const char help[] =
     "        fails closed on any voiding difference, naming the first one.\n"
     "digest  prints the SHA-256 of the manifest's canonical JSON (what traces embed).\n"
     "\n"
+    "Under 'lockstep --quiet' only -o - and --json print; the exit code is the verdict.\n"
     "exit codes: 0 identical or informational differences only (verify: claim holds),\n"
     "            1 a voiding difference, 2 bad input or could not do the job\n";
 
 #define CMD "manifest"
 
-static int usage_error(const char *fmt, const char *arg)
-{
-    ls_error err;
-    ls_error_clear(&err);
-    ls_fail(&err, LS_E_USAGE, fmt, arg);
-    return ls_cli_report(CMD, &err);
-}
+/* The options of each subcommand: pin and verify share those that pin the
+ * live system; diff has --json; digest none (each has -h/--help). */
+enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THREADS, OPT_JSON };
+#define LIVE_OPTS                                                                                  \
+    {"checkpoint", OPT_CHECKPOINT, 1}, {"backend", OPT_BACKEND, 1}, {"mode", OPT_MODE, 1},         \
+        {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}
+static const ls_cli_opt pin_opts[] = {LIVE_OPTS, {"output", 'o', 1}, {NULL, 0, 0}};
+static const ls_cli_opt verify_opts[] = {LIVE_OPTS, {"json", OPT_JSON, 0}, {NULL, 0, 0}};
+static const ls_cli_opt diff_opts[] = {{"json", OPT_JSON, 0}, {NULL, 0, 0}};
+static const ls_cli_opt no_opts[] = {{NULL, 0, 0}};
 
-/* Parses the options pin and verify share; positional arguments are handed
- * back in pos[] (at most 2). A perturbation without --mode pins mode fast;
- * progress goes to stderr. Returns -1 on success or an exit code. */
-static int parse_live(int argc, char **argv, ls_manifest_opts *o, const char **out_path,
-                      int *as_json, const char **pos, int *npos)
+/* Parses the options pin (opts = pin_opts) and verify (verify_opts) share;
+ * positional arguments are handed back in pos[] (at most 2). A perturbation
+ * without --mode pins mode fast; progress goes to stderr. Returns -1 on
+ * success or an exit code. */
+static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest_opts *o,
+                      const char **out_path, int *as_json, const char **pos, int *npos)
 {
     int mode_given = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int has = i + 1 < argc;
-        if (strcmp(a, "--checkpoint") == 0 && has) o->checkpoint_dir = argv[++i];
-        else if (strcmp(a, "--backend") == 0 && has) o->backend = argv[++i];
-        else if (strcmp(a, "--mode") == 0 && has) {
-            o->mode = argv[++i];
+    ls_cli_args a = {.cmd = CMD, .usage = help, .opts = opts, .argc = argc, .argv = argv};
+    for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
+        switch (c) {
+        case LS_CLI_EXIT: return a.exit_code;
+        case OPT_CHECKPOINT: o->checkpoint_dir = a.arg; break;
+        case OPT_BACKEND: o->backend = a.arg; break;
+        case OPT_MODE:
+            o->mode = a.arg;
             mode_given = 1;
-        }
-        else if (strcmp(a, "--perturb") == 0 && has) o->perturbation = argv[++i];
-        else if (strcmp(a, "--threads") == 0 && has) {
+            break;
+        case OPT_PERTURB: o->perturbation = a.arg; break;
+        case OPT_THREADS: {
             char *end;
-            long n = strtol(argv[++i], &end, 10);
+            long n = strtol(a.arg, &end, 10);
             if (*end || n < 1 || n > 4096)
-                return usage_error("--threads: expected an integer 1..4096, got '%s'", argv[i]);
+                return ls_cli_usage_error(CMD, "--threads: expected an integer 1..4096, got '%s'", a.arg);
             o->threads = (int)n;
-        } else if (out_path && (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) && has)
-            *out_path = argv[++i];
-        else if (as_json && strcmp(a, "--json") == 0) *as_json = 1;
-        else if (a[0] == '-' && a[1] != '\0') return usage_error("unexpected option '%s'", a);
-        else if (*npos < 2) pos[(*npos)++] = a;
-        else return usage_error("unexpected argument '%s'", a);
+            break;
+        }
+        case 'o': *out_path = a.arg; break;
+        case OPT_JSON: *as_json = 1; break;
+        case LS_CLI_OPERAND:
+            if (*npos == 2) return ls_cli_usage_error(CMD, "unexpected argument '%s'", a.arg);
+            pos[(*npos)++] = a.arg;
+            break;
+        }
     }
     if (o->perturbation && !mode_given) o->mode = "fast"; /* a perturbed run is never strict */
     o->progress = 1;
+    return -1;
+}
+
+/* Collects the operands of a subcommand without options of its own but
+ * diff's --json (as_json NULL: none). Returns -1 on success or an exit code. */
+static int parse_plain(int argc, char **argv, int *as_json, const char **pos, int *npos)
+{
+    ls_cli_args a = {.cmd = CMD, .usage = help, .opts = as_json ? diff_opts : no_opts, .argc = argc, .argv = argv};
+    for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
+        switch (c) {
+        case LS_CLI_EXIT: return a.exit_code;
+        case OPT_JSON: *as_json = 1; break;
+        case LS_CLI_OPERAND:
+            if (*npos == 2) return ls_cli_usage_error(CMD, "unexpected argument '%s'", a.arg);
+            pos[(*npos)++] = a.arg;
+            break;
+        }
+    }
     return -1;
 }
 
@@ -111,11 +138,11 @@ static int cmd_pin(int argc, char **argv)
     ls_manifest_opts o = ls_manifest_opts_default();
     const char *out = NULL, *pos[2];
     int npos = 0;
-    int rc = parse_live(argc, argv, &o, &out, NULL, pos, &npos);
+    int rc = parse_live(argc, argv, pin_opts, &o, &out, NULL, pos, &npos);
     if (rc >= 0) return rc;
-    if (npos) return usage_error("unexpected argument '%s'", pos[0]);
-    if (!o.checkpoint_dir) return usage_error("%s", "pin: --checkpoint DIR is required");
-    if (!out) return usage_error("%s", "pin: -o FILE is required");
+    if (npos) return ls_cli_usage_error(CMD, "unexpected argument '%s'", pos[0]);
+    if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "pin: --checkpoint DIR is required");
+    if (!out) return ls_cli_usage_error(CMD, "pin: -o FILE is required");
     ls_error err;
     ls_error_clear(&err);
     json_t *m;
@@ -133,13 +160,9 @@ static int cmd_diff(int argc, char **argv)
 {
     const char *pos[2];
     int npos = 0, as_json = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) as_json = 1;
-        else if (argv[i][0] == '-' && argv[i][1] != '\0') return usage_error("unexpected option '%s'", argv[i]);
-        else if (npos < 2) pos[npos++] = argv[i];
-        else return usage_error("unexpected argument '%s'", argv[i]);
-    }
-    if (npos != 2) return usage_error("%s", "diff: two manifest files are required (A B)");
+    int rc = parse_plain(argc, argv, &as_json, pos, &npos);
+    if (rc >= 0) return rc;
+    if (npos != 2) return ls_cli_usage_error(CMD, "diff: two manifest files are required (A B)");
     ls_error err;
     ls_error_clear(&err);
     json_t *a = NULL, *b = NULL;
@@ -154,14 +177,14 @@ static int cmd_diff(int argc, char **argv)
     if (st != LS_OK) return ls_cli_report(CMD, &err);
     const char *verdict = d.voiding ? "voided" : d.count ? "holds (informational differences only)"
                                                          : "identical";
-    if (as_json) {
+    if (as_json) { /* asked for by name: printed under --quiet too */
         print_diff_json(&d, d.voiding ? "voided" : d.count ? "informational" : "identical");
-    } else {
+    } else if (!ls_log_quiet()) {
         print_diff_text(&d, stdout);
         printf("%zu difference%s, %zu voiding: %s\n", d.count, d.count == 1 ? "" : "s", d.voiding,
                verdict);
     }
-    int rc = d.voiding ? 1 : 0;
+    rc = d.voiding ? 1 : 0;
     ls_manifest_diff_free(&d);
     return rc;
 }
@@ -171,10 +194,10 @@ static int cmd_verify(int argc, char **argv)
     ls_manifest_opts o = ls_manifest_opts_default();
     const char *pos[2];
     int npos = 0, as_json = 0;
-    int rc = parse_live(argc, argv, &o, NULL, &as_json, pos, &npos);
+    int rc = parse_live(argc, argv, verify_opts, &o, NULL, &as_json, pos, &npos);
     if (rc >= 0) return rc;
-    if (npos != 1) return usage_error("%s", "verify: exactly one manifest FILE is required");
-    if (!o.checkpoint_dir) return usage_error("%s", "verify: --checkpoint DIR is required");
+    if (npos != 1) return ls_cli_usage_error(CMD, "verify: exactly one manifest FILE is required");
+    if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "verify: --checkpoint DIR is required");
     ls_error err;
     ls_error_clear(&err);
     json_t *pinned;
@@ -185,8 +208,10 @@ static int cmd_verify(int argc, char **argv)
     if (st == LS_OK) st = ls_manifest_verify(pinned, &o, &d, &err);
     json_decref(pinned);
     if (st != LS_OK) return ls_cli_report(CMD, &err);
-    if (as_json) {
+    if (as_json) { /* asked for by name: printed under --quiet too */
         print_diff_json(&d, d.voiding ? "voided" : "holds");
+    } else if (ls_log_quiet()) {
+        /* the exit code is the verdict */
     } else if (d.voiding) {
         for (size_t i = 0; i < d.count; i++)
             if (d.changes[i].cls == LS_CHANGE_VOIDING) {
@@ -208,33 +233,37 @@ static int cmd_verify(int argc, char **argv)
 
 static int cmd_digest(int argc, char **argv)
 {
-    if (argc != 2 || argv[1][0] == '-') return usage_error("%s", "digest: exactly one manifest FILE is required");
+    const char *pos[2];
+    int npos = 0;
+    int rc = parse_plain(argc, argv, NULL, pos, &npos);
+    if (rc >= 0) return rc;
+    if (npos != 1) return ls_cli_usage_error(CMD, "digest: exactly one manifest FILE is required");
     ls_error err;
     ls_error_clear(&err);
     json_t *m;
-    if (ls_manifest_load(argv[1], &m, &err) != LS_OK) return ls_cli_report(CMD, &err);
+    if (ls_manifest_load(pos[0], &m, &err) != LS_OK) return ls_cli_report(CMD, &err);
     ls_digest d;
     ls_status st = ls_manifest_digest(m, &d, &err);
     json_decref(m);
     if (st != LS_OK) return ls_cli_report(CMD, &err);
     char hex[65];
     ls_digest_to_hex(&d, hex);
-    printf("%s  %s\n", hex, argv[1]);
+    if (!ls_log_quiet()) printf("%s  %s\n", hex, pos[0]);
     return 0;
 }
 
 int ls_cmd_manifest(int argc, char **argv)
 {
-    for (int i = 1; i < argc; i++)
-        if (ls_cli_is_help(argv[i])) {
-            fputs(help, stdout);
-            return 0;
-        }
-    if (argc < 2) return usage_error("%s", "a subcommand is required: pin, diff, verify or digest");
+    /* manifest --help, or a subcommand; each parses its own options (and --help). */
+    if (argc >= 2 && ls_cli_is_help(argv[1])) {
+        fputs(help, stdout);
+        return 0;
+    }
+    if (argc < 2) return ls_cli_usage_error(CMD, "a subcommand is required: pin, diff, verify or digest");
     const char *sub = argv[1];
     if (strcmp(sub, "pin") == 0) return cmd_pin(argc - 1, argv + 1);
     if (strcmp(sub, "diff") == 0) return cmd_diff(argc - 1, argv + 1);
     if (strcmp(sub, "verify") == 0) return cmd_verify(argc - 1, argv + 1);
     if (strcmp(sub, "digest") == 0) return cmd_digest(argc - 1, argv + 1);
-    return usage_error("unknown subcommand '%s' (pin, diff, verify, digest)", sub);
+    return ls_cli_usage_error(CMD, "unknown subcommand '%s' (pin, diff, verify, digest)", sub);
 }

@@ -8,39 +8,36 @@
 #include "core/util.h"
 #include "synth/synth.h"
 
-static void synth_usage(FILE *out)
-{
-    fprintf(out,
-            "usage: lockstep synth (--preset NAME | --config FILE) --seed N --out DIR\n"
-            "                      [--layers N] [--config-only] [--max-shard-bytes B] [--force]\n"
-            "\n"
-            "Writes a Hugging Face Qwen3-Next checkpoint (Qwen3NextForCausalLM, bf16) with\n"
-            "deterministic random weights: config.json plus model.safetensors, or shards\n"
-            "model-0000i-of-0000n.safetensors and model.safetensors.index.json when the\n"
-            "tensors exceed --max-shard-bytes. The same seed gives the same bytes on every\n"
-            "machine. Weights are scaled so logits have a realistic spread (top-1\n"
-            "log-probability around -1 on random tokens); see docs/synth.md.\n"
-            "\n"
-            "  --preset NAME        tiny (hidden 128, 4 layers, 8 experts, vocab 1000),\n"
-            "                       small (hidden 512, 8 layers, 32 experts, vocab 8250),\n"
-            "                       qwen3-next-80b-a3b (the released 80B config; ~160 GB\n"
-            "                       in full, use --layers or --config-only)\n"
-            "  --config FILE        a Qwen3-Next config.json (model_type qwen3_next) instead\n"
-            "                       of a preset; the fields synth uses are validated\n"
-            "  --seed N             generator seed (unsigned 64-bit integer)\n"
-            "  --out DIR, -o DIR    output directory; written as DIR.tmp.<pid> and renamed\n"
-            "                       when complete\n"
-            "  --layers N           keep only the first N decoder layers (config.json then\n"
-            "                       says num_hidden_layers = N); the tensors written are\n"
-            "                       identical to those of the full model\n"
-            "  --config-only        write config.json alone\n"
-            "  --max-shard-bytes B  tensor bytes per safetensors file before sharding\n"
-            "                       (default 5000000000; suffixes KB MB GB KiB MiB GiB).\n"
-            "                       Memory use is about one shard\n"
-            "  --force              replace DIR if it exists and is not empty\n"
-            "\n"
-            "exit codes: 0 written, 2 could not (bad preset, bad config field, I/O)\n");
-}
+static const char usage_text[] =
+    "usage: lockstep synth (--preset NAME | --config FILE) --seed N --out DIR\n"
+    "                      [--layers N] [--config-only] [--max-shard-bytes B] [--force]\n"
+    "\n"
+    "Writes a Hugging Face Qwen3-Next checkpoint (Qwen3NextForCausalLM, bf16) with\n"
+    "deterministic random weights: config.json plus model.safetensors, or shards\n"
+    "model-0000i-of-0000n.safetensors and model.safetensors.index.json when the\n"
+    "tensors exceed --max-shard-bytes. The same seed gives the same bytes on every\n"
+    "machine. Weights are scaled so logits have a realistic spread (top-1\n"
+    "log-probability around -1 on random tokens); see docs/synth.md.\n"
+    "\n"
+    "  --preset NAME        tiny (hidden 128, 4 layers, 8 experts, vocab 1000),\n"
+    "                       small (hidden 512, 8 layers, 32 experts, vocab 8250),\n"
+    "                       qwen3-next-80b-a3b (the released 80B config; ~160 GB\n"
+    "                       in full, use --layers or --config-only)\n"
+    "  --config FILE        a Qwen3-Next config.json (model_type qwen3_next) instead\n"
+    "                       of a preset; the fields synth uses are validated\n"
+    "  --seed N             generator seed (unsigned 64-bit integer)\n"
+    "  --out DIR, -o DIR    output directory; written as DIR.tmp.<pid> and renamed\n"
+    "                       when complete\n"
+    "  --layers N           keep only the first N decoder layers (config.json then\n"
+    "                       says num_hidden_layers = N); the tensors written are\n"
+    "                       identical to those of the full model\n"
+    "  --config-only        write config.json alone\n"
+    "  --max-shard-bytes B  tensor bytes per safetensors file before sharding\n"
+    "                       (default 5000000000; suffixes KB MB GB KiB MiB GiB).\n"
+    "                       Memory use is about one shard\n"
+    "  --force              replace DIR if it exists and is not empty\n"
+    "\n"
+    "exit codes: 0 written, 2 could not (bad preset, bad config field, I/O)\n";
 
 static int parse_u64(const char *s, uint64_t *out)
 {
@@ -67,40 +64,38 @@ static int parse_u64(const char *s, uint64_t *out)
 
 int ls_cmd_synth(int argc, char **argv)
 {
+    enum { OPT_PRESET = LS_CLI_LONG, OPT_CONFIG, OPT_SEED, OPT_LAYERS, OPT_CONFIG_ONLY, OPT_MAX_SHARD, OPT_FORCE };
+    static const ls_cli_opt opts[] = {
+        {"preset", OPT_PRESET, 1},
+        {"config", OPT_CONFIG, 1},
+        {"seed", OPT_SEED, 1},
+        {"out", 'o', 1},
+        {"layers", OPT_LAYERS, 1},
+        {"config-only", OPT_CONFIG_ONLY, 0},
+        {"max-shard-bytes", OPT_MAX_SHARD, 1},
+        {"force", OPT_FORCE, 0},
+        {NULL, 0, 0},
+    };
     const char *preset = NULL, *config = NULL, *out = NULL, *seed_s = NULL, *layers_s = NULL,
                *shard_s = NULL;
     ls_synth_options opt = ls_synth_options_default();
     ls_error err;
     ls_error_clear(&err);
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char **dst = NULL;
-        if (ls_cli_is_help(a)) {
-            synth_usage(stdout);
-            return 0;
-        } else if (strcmp(a, "--config-only") == 0) {
-            opt.config_only = 1;
-            continue;
-        } else if (strcmp(a, "--force") == 0) {
-            opt.force = 1;
-            continue;
+    ls_cli_args a = {.cmd = "synth", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
+    for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
+        switch (c) {
+        case LS_CLI_EXIT: return a.exit_code;
+        case OPT_CONFIG_ONLY: opt.config_only = 1; break;
+        case OPT_FORCE: opt.force = 1; break;
+        case OPT_PRESET: preset = a.arg; break;
+        case OPT_CONFIG: config = a.arg; break;
+        case OPT_SEED: seed_s = a.arg; break;
+        case 'o': out = a.arg; break;
+        case OPT_LAYERS: layers_s = a.arg; break;
+        case OPT_MAX_SHARD: shard_s = a.arg; break;
+        case LS_CLI_OPERAND: return ls_cli_usage_error("synth", "unexpected argument '%s'", a.arg);
         }
-        if (strcmp(a, "--preset") == 0) dst = &preset;
-        else if (strcmp(a, "--config") == 0) dst = &config;
-        else if (strcmp(a, "--seed") == 0) dst = &seed_s;
-        else if (strcmp(a, "--out") == 0 || strcmp(a, "-o") == 0) dst = &out;
-        else if (strcmp(a, "--layers") == 0) dst = &layers_s;
-        else if (strcmp(a, "--max-shard-bytes") == 0) dst = &shard_s;
-        if (!dst) {
-            ls_fail(&err, LS_E_USAGE, "unknown option '%s'", a);
-            return ls_cli_report("synth", &err);
-        }
-        if (i + 1 >= argc) {
-            ls_fail(&err, LS_E_USAGE, "%s needs a value", a);
-            return ls_cli_report("synth", &err);
-        }
-        *dst = argv[++i];
     }
     if (shard_s && (parse_u64(shard_s, &opt.max_shard_bytes) != 0 || opt.max_shard_bytes == 0)) {
         ls_fail(&err, LS_E_USAGE, "--max-shard-bytes '%s': expected a positive byte count", shard_s);

@@ -27,6 +27,7 @@ static const char usage_text[] =
     "  --positions A-B   only positions A..B (inclusive; 'A' alone is one position)\n"
     "  --layers SPEC     only digests of these layers: comma-separated indexes or ranges (0,3-5)\n"
     "\n"
+    "Under 'lockstep --quiet' only --json prints; the exit status still checks the trace.\n"
     "exit status: 0 read completely, 2 corrupt, truncated or incomplete trace, or usage\n";
 
 static int parse_range(const char *s, long *lo, long *hi)
@@ -99,6 +100,9 @@ static int dump(const char *path, int as_json, long seq, long p_lo, long p_hi, c
     ls_trace_reader *r;
     if (ls_trace_reader_open(path, &r, &err)) return ls_cli_report("trace", &err);
     const ls_trace_header *h = ls_trace_reader_header(r);
+    /* Under --quiet the trace is still read and checked (the exit code says
+     * whether it is complete and intact); only --json output is printed. */
+    int text = !as_json && !ls_log_quiet();
     if (as_json) {
         json_t *ly = json_array(), *kinds = json_array();
         for (int i = 0; i < h->n_layers; i++)
@@ -118,7 +122,7 @@ static int dump(const char *path, int as_json, long seq, long p_lo, long p_hi, c
         if (s) puts(s);
         free(s);
         json_decref(o);
-    } else {
+    } else if (text) {
         printf("trace format %u.%u, mode %s, engine %s\nmodel %s\nmanifest %s\nrun params %s\n", h->version_major,
                h->version_minor, h->mode, h->engine, h->model_fingerprint, h->manifest_digest[0] ? h->manifest_digest : "(none)",
                h->run_params_json);
@@ -140,6 +144,7 @@ static int dump(const char *path, int as_json, long seq, long p_lo, long p_hi, c
             print_json_record(rec, h, layers);
             continue;
         }
+        if (!text) continue;
         printf("seq %u pos %u: token %d -> next %d logprob 0x%08x (%.9g) top-%d", rec->seq, rec->pos, rec->token,
                rec->next_token, rec->logprob_bits, f32(rec->logprob_bits), h->topk);
         for (int k = 0; k < h->topk; k++) printf(" %d:%.9g", rec->topk_ids[k], f32(rec->topk_logprob_bits[k]));
@@ -163,7 +168,7 @@ static int dump(const char *path, int as_json, long seq, long p_lo, long p_hi, c
     if (as_json)
         printf("{\"end\":{\"complete\":%s,\"frames\":%" PRIu64 ",\"records\":%" PRIu64 "}}\n", complete ? "true" : "false",
                frames, records);
-    else
+    else if (text)
         printf("end: %s, %" PRIu64 " frames, %" PRIu64 " records\n", complete ? "complete" : "INCOMPLETE (no trailer)",
                frames, records);
     if (!complete) {
@@ -176,54 +181,52 @@ static int dump(const char *path, int as_json, long seq, long p_lo, long p_hi, c
 
 int ls_cmd_trace(int argc, char **argv)
 {
-    ls_error err;
-    ls_error_clear(&err);
+    enum { OPT_JSON = LS_CLI_LONG, OPT_SEQ, OPT_POSITIONS, OPT_LAYERS };
+    static const ls_cli_opt opts[] = {
+        {"json", OPT_JSON, 0},
+        {"seq", OPT_SEQ, 1},
+        {"positions", OPT_POSITIONS, 1},
+        {"layers", OPT_LAYERS, 1},
+        {NULL, 0, 0},
+    };
     if (argc >= 2 && ls_cli_is_help(argv[1])) {
         fputs(usage_text, stdout);
         return 0;
     }
-    if (argc < 2 || strcmp(argv[1], "dump") != 0) {
-        ls_fail(&err, LS_E_USAGE, "expected 'trace dump FILE'");
-        return ls_cli_report("trace", &err);
-    }
+    if (argc < 2 || strcmp(argv[1], "dump") != 0) return ls_cli_usage_error("trace", "expected 'trace dump FILE'");
     const char *path = NULL, *layers = NULL;
     int as_json = 0;
     long seq = -1, p_lo = -1, p_hi = -1;
-    for (int i = 2; i < argc; i++) {
-        const char *a = argv[i];
-        int has = i + 1 < argc;
-        if (ls_cli_is_help(a)) {
-            fputs(usage_text, stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            as_json = 1;
-        } else if (!strcmp(a, "--seq") && has) {
+    /* argv[1] = "dump"; its options and FILE follow. */
+    ls_cli_args a = {.cmd = "trace", .usage = usage_text, .opts = opts, .argc = argc - 1, .argv = argv + 1};
+    for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
+        switch (c) {
+        case LS_CLI_EXIT: return a.exit_code;
+        case OPT_JSON: as_json = 1; break;
+        case OPT_SEQ: {
             char *e;
-            seq = strtol(argv[++i], &e, 10);
-            if (*e || seq < 0) { ls_fail(&err, LS_E_USAGE, "--seq needs a sequence id"); return ls_cli_report("trace", &err); }
-        } else if (!strcmp(a, "--positions") && has) {
-            if (!parse_range(argv[++i], &p_lo, &p_hi) || strchr(argv[i], ',')) {
-                ls_fail(&err, LS_E_USAGE, "--positions needs A or A-B");
-                return ls_cli_report("trace", &err);
-            }
-        } else if (!strcmp(a, "--layers") && has) {
-            layers = argv[++i];
+            seq = strtol(a.arg, &e, 10);
+            if (*e || seq < 0) return ls_cli_usage_error("trace", "--seq needs a sequence id");
+            break;
+        }
+        case OPT_POSITIONS:
+            if (!parse_range(a.arg, &p_lo, &p_hi) || strchr(a.arg, ','))
+                return ls_cli_usage_error("trace", "--positions needs A or A-B");
+            break;
+        case OPT_LAYERS: {
             long lo, hi;
+            layers = a.arg;
             for (const char *p = layers; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
-                if (!parse_range(p, &lo, &hi)) { ls_fail(&err, LS_E_USAGE, "--layers needs indexes or ranges, e.g. 0,3-5"); return ls_cli_report("trace", &err); }
-        } else if (a[0] == '-' && a[1]) {
-            ls_fail(&err, LS_E_USAGE, "unknown option or missing value: %s", a);
-            return ls_cli_report("trace", &err);
-        } else if (!path) {
-            path = a;
-        } else {
-            ls_fail(&err, LS_E_USAGE, "unexpected argument: %s", a);
-            return ls_cli_report("trace", &err);
+                if (!parse_range(p, &lo, &hi))
+                    return ls_cli_usage_error("trace", "--layers needs indexes or ranges, e.g. 0,3-5");
+            break;
+        }
+        case LS_CLI_OPERAND:
+            if (path) return ls_cli_usage_error("trace", "unexpected argument: %s", a.arg);
+            path = a.arg;
+            break;
         }
     }
-    if (!path) {
-        ls_fail(&err, LS_E_USAGE, "expected 'trace dump FILE'");
-        return ls_cli_report("trace", &err);
-    }
+    if (!path) return ls_cli_usage_error("trace", "expected 'trace dump FILE'");
     return dump(path, as_json, seq, p_lo, p_hi, layers);
 }

@@ -22,13 +22,31 @@ static void usage(FILE *out)
 {
     fprintf(out,
             "lockstep %s — deterministic train-rollout consistency verifier\n\n"
-            "usage: lockstep [--quiet|--verbose] <command> [options]\n\n"
+            "usage: lockstep [-q|--quiet] [-v|--verbose] [--color=WHEN] <command> [options]\n\n"
             "commands:\n",
             LS_VERSION);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(out, "  %-12s %s\n", commands[i].name, commands[i].summary);
     fprintf(out,
-            "\n'lockstep <command> --help' describes a command.\n"
+            "\n"
+            "options (before the command):\n"
+            "  -q, --quiet       like cmp -s: nothing on stdout and no progress, information\n"
+            "                    or warnings on stderr; the exit code alone gives the result.\n"
+            "                    Output asked for by name is still written (--json, --junit,\n"
+            "                    --html, -o, also to '-'), and an error that ends the command\n"
+            "                    with exit code 2 still prints its one line on stderr.\n"
+            "                    --help and version print as usual\n"
+            "  -v, --verbose     more detail (e.g. every manifest difference)\n"
+            "  --color=WHEN      colour the text output: auto (default: only on a terminal,\n"
+            "                    when NO_COLOR is unset or empty and TERM is not dumb),\n"
+            "                    always or never\n"
+            "  -h, --help        this text;  --version  the version and build identity\n"
+            "\n"
+            "Options take their value as '--opt VALUE' or '--opt=VALUE'. On a terminal long\n"
+            "work draws a progress bar on stderr; otherwise work that lasts longer than 5 s\n"
+            "writes a plain progress line every 5 s and one at the end\n"
+            "(LOCKSTEP_PROGRESS_SECONDS=N changes the interval; 0: every update).\n"
+            "'lockstep <command> --help' describes a command.\n"
             "exit codes: 0 ok / equal, 1 difference found, 2 could not do the job\n");
 }
 
@@ -41,15 +59,26 @@ int ls_cli_report(const char *cmd, const ls_error *err)
 {
     char msg[sizeof err->msg + 256];
     ls_cli_flag_names(err->msg[0] ? err->msg : ls_status_name(err->status), msg, sizeof msg);
-    fprintf(stderr, "lockstep %s: %s\n", cmd, msg);
-    if (err->status == LS_E_USAGE) fprintf(stderr, "(see 'lockstep %s --help')\n", cmd);
+    const char *sep = cmd ? " " : "";
+    if (!cmd) cmd = "";
+    if (err->status == LS_E_USAGE)
+        fprintf(stderr, "lockstep%s%s: %s (see 'lockstep%s%s --help')\n", sep, cmd, msg, sep, cmd);
+    else
+        fprintf(stderr, "lockstep%s%s: %s\n", sep, cmd, msg);
     return ls_status_exit_code(err->status == LS_OK ? LS_E_INTERNAL : err->status);
 }
 
 int ls_cmd_version(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    static const ls_cli_opt opts[] = {{NULL, 0, 0}};
+    ls_cli_args a = {.cmd = "version", .usage = "usage: lockstep version\n\n"
+                     "Prints the version, the source revision, the compiler and flags, and the CUDA\n"
+                     "compiler (or 'cuda not built'). Printed under --quiet too, as --help is.\n",
+                     .opts = opts, .argc = argc, .argv = argv};
+    for (int c; argc > 0 && (c = ls_cli_next(&a)) != LS_CLI_END;) {
+        if (c == LS_CLI_EXIT) return a.exit_code;
+        return ls_cli_usage_error("version", "unexpected argument '%s'", a.arg);
+    }
     printf("lockstep %s\nsource %s\ncompiler %s\nflags %s\n", LS_VERSION, LS_SOURCE_REVISION,
            LS_C_COMPILER, LS_C_FLAGS_STRING);
 #ifdef LOCKSTEP_HAVE_CUDA
@@ -62,30 +91,37 @@ int ls_cmd_version(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
-    int i = 1;
-    for (; i < argc && argv[i][0] == '-'; i++) {
-        if (strcmp(argv[i], "--quiet") == 0 || strcmp(argv[i], "-q") == 0)
-            ls_log_level = 0;
-        else if (strcmp(argv[i], "--verbose") == 0 || strcmp(argv[i], "-v") == 0)
-            ls_log_level = 2;
-        else if (ls_cli_is_help(argv[i])) {
-            usage(stdout);
-            return 0;
-        } else if (strcmp(argv[i], "--version") == 0) {
-            return ls_cmd_version(0, NULL);
-        } else {
-            fprintf(stderr, "lockstep: unknown option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
+    enum { OPT_VERSION = LS_CLI_LONG, OPT_COLOR };
+    static const ls_cli_opt opts[] = {
+        {"quiet", 'q', 0},
+        {"verbose", 'v', 0},
+        {"help", 'h', 0},
+        {"version", OPT_VERSION, 0},
+        {"color", OPT_COLOR, 1},
+        {NULL, 0, 0},
+    };
+    /* Global options end at the command's name; what follows is the command's. */
+    ls_cli_args a = {.cmd = NULL, .opts = opts, .argc = argc, .argv = argv, .stop_at_operand = 1};
+    for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
+        switch (c) {
+        case LS_CLI_EXIT: return a.exit_code;
+        case 'q': ls_log_level = 0; break;
+        case 'v': ls_log_level = 2; break;
+        case 'h': usage(stdout); return 0;
+        case OPT_VERSION: return ls_cmd_version(0, NULL);
+        case OPT_COLOR:
+            if (ls_color_parse(a.arg, &ls_color_setting) != 0)
+                return ls_cli_usage_error(NULL, "--color '%s': expected auto, always or never", a.arg);
+            break;
         }
     }
-    if (i >= argc) {
+    if (a.index >= argc) {
+        if (ls_log_quiet()) return ls_cli_usage_error(NULL, "a command is required");
         usage(stderr);
         return 2;
     }
+    const char *name = argv[a.index];
     for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++)
-        if (strcmp(argv[i], commands[c].name) == 0) return commands[c].fn(argc - i, argv + i);
-    fprintf(stderr, "lockstep: unknown command '%s'\n", argv[i]);
-    usage(stderr);
-    return 2;
+        if (strcmp(name, commands[c].name) == 0) return commands[c].fn(argc - a.index, argv + a.index);
+    return ls_cli_usage_error(NULL, "unknown command '%s'", name);
 }

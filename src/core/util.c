@@ -39,8 +39,40 @@ void ls_log_warn(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    log_v(0, "lockstep: warning: ", fmt, ap);
+    log_v(1, "lockstep: warning: ", fmt, ap); /* --quiet silences warnings too (like cmp -s) */
     va_end(ap);
+}
+
+int ls_log_quiet(void)
+{
+    return ls_log_level <= 0;
+}
+
+/* ---- colour ------------------------------------------------------------- */
+
+ls_color_mode ls_color_setting = LS_COLOR_AUTO;
+
+int ls_color_parse(const char *s, ls_color_mode *out)
+{
+    static const struct {
+        const char *name;
+        ls_color_mode mode;
+    } modes[] = {{"auto", LS_COLOR_AUTO}, {"always", LS_COLOR_ALWAYS}, {"never", LS_COLOR_NEVER}};
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (strcmp(s, modes[i].name) == 0) {
+            *out = modes[i].mode;
+            return 0;
+        }
+    return -1;
+}
+
+int ls_color_enabled(FILE *f)
+{
+    if (ls_color_setting != LS_COLOR_AUTO) return ls_color_setting == LS_COLOR_ALWAYS;
+    const char *no_color = getenv("NO_COLOR"), *term = getenv("TERM");
+    if (no_color && no_color[0]) return 0; /* no-color.org: any non-empty value */
+    if (term && strcmp(term, "dumb") == 0) return 0;
+    return ls_isatty(f);
 }
 
 /* ---- time / tty --------------------------------------------------------- */
@@ -59,6 +91,8 @@ int ls_isatty(FILE *f)
 
 /* ---- progress ----------------------------------------------------------- */
 
+#define LS_PROGRESS_DEFAULT_SECONDS 5.0
+
 static void progress_draw(ls_progress *p, uint64_t done)
 {
     double frac = p->total ? (double)done / (double)p->total : 1.0;
@@ -76,13 +110,53 @@ static void progress_draw(ls_progress *p, uint64_t done)
     fflush(stderr);
 }
 
+/* One plain line for a log (stderr not a terminal), written with a single
+ * fprintf so lines from concurrent callers do not interleave. */
+static void progress_line(const ls_progress *p, uint64_t done, uint64_t now, int final)
+{
+    double secs = (double)(now - p->start_ns) / 1e9;
+    double pct = p->total ? 100.0 * (double)done / (double)p->total : 100.0;
+    if (pct > 100.0) pct = 100.0;
+    double rate = secs > 0 ? (double)done / secs : 0.0;
+    const char *tail = final ? " (done)" : "";
+    if (p->unit && strcmp(p->unit, "B") == 0) {
+        /* one scale for done, total and rate, chosen by the total */
+        double scale = p->total >= 1000000000u ? 1e9 : p->total >= 1000000u ? 1e6 : p->total >= 1000u ? 1e3 : 1.0;
+        const char *u = scale == 1e9 ? "GB" : scale == 1e6 ? "MB" : scale == 1e3 ? "kB" : "B";
+        fprintf(stderr, "%s: %.2f/%.2f %s (%.1f%%), %.2f %s/s, %.1f s elapsed%s\n", p->label,
+                (double)done / scale, (double)p->total / scale, u, pct, rate / scale, u, secs, tail);
+    } else {
+        const char *u = p->unit ? p->unit : "";
+        fprintf(stderr, "%s: %llu/%llu %s (%.1f%%), %.1f %s/s, %.1f s elapsed%s\n", p->label,
+                (unsigned long long)done, (unsigned long long)p->total, u, pct, rate, u, secs, tail);
+    }
+    fflush(stderr);
+}
+
+/* LOCKSTEP_PROGRESS_SECONDS (a non-negative number) or the default. */
+static uint64_t progress_interval_ns(void)
+{
+    double s = LS_PROGRESS_DEFAULT_SECONDS;
+    const char *env = getenv("LOCKSTEP_PROGRESS_SECONDS");
+    if (env && *env) {
+        char *end;
+        double v = strtod(env, &end);
+        if (*end == '\0' && v >= 0.0 && v <= 86400.0) s = v;
+    }
+    return (uint64_t)(s * 1e9);
+}
+
 void ls_progress_begin(ls_progress *p, const char *label, uint64_t total, const char *unit)
 {
     memset(p, 0, sizeof *p);
     snprintf(p->label, sizeof p->label, "%s", label);
     p->total = total;
     p->unit = unit;
-    p->enabled = ls_log_level >= 1 && ls_isatty(stderr);
+    p->start_ns = ls_now_ns();
+    p->interval_ns = progress_interval_ns();
+    p->enabled = ls_log_level < 1 ? 0 : ls_isatty(stderr) ? 1 : 2;
+    /* a bar appears at once; the first plain line only after one interval */
+    p->last_draw_ns = p->enabled == 2 ? p->start_ns : 0;
 }
 
 void ls_progress_add(ls_progress *p, uint64_t n)
@@ -91,17 +165,32 @@ void ls_progress_add(ls_progress *p, uint64_t n)
     if (!p->enabled) return;
     uint64_t now = ls_now_ns();
     uint64_t last = __atomic_load_n(&p->last_draw_ns, __ATOMIC_RELAXED);
-    if (now - last < 100000000u && done < p->total) return; /* at most 10 redraws/s */
+    if (p->enabled == 1) {
+        if (now - last < 100000000u && done < p->total) return; /* at most 10 redraws/s */
+    } else if (now - last < p->interval_ns) {
+        return; /* the last line is recent; ls_progress_end writes the final one */
+    }
     if (!__atomic_compare_exchange_n(&p->last_draw_ns, &last, now, 0, __ATOMIC_RELAXED,
                                      __ATOMIC_RELAXED))
         return; /* another thread is drawing */
-    progress_draw(p, done);
+    if (p->enabled == 1) progress_draw(p, done);
+    else progress_line(p, done, now, 0);
 }
 
 void ls_progress_end(ls_progress *p)
 {
     if (!p->enabled) return;
-    progress_draw(p, __atomic_load_n(&p->done, __ATOMIC_RELAXED));
+    uint64_t done = __atomic_load_n(&p->done, __ATOMIC_RELAXED);
+    if (p->enabled == 2) {
+        /* Work done within one interval printed no line and needs no final
+         * one: logs stay quiet, and `cmd --json 2>&1` of a quick run stays
+         * pure JSON. */
+        uint64_t now = ls_now_ns();
+        uint64_t last = __atomic_load_n(&p->last_draw_ns, __ATOMIC_RELAXED);
+        if (last != p->start_ns || now - p->start_ns >= p->interval_ns) progress_line(p, done, now, 1);
+        return;
+    }
+    progress_draw(p, done);
     fputc('\n', stderr);
 }
 

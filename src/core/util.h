@@ -9,24 +9,52 @@
 #include "core/status.h"
 
 /* ---- logging --------------------------------------------------------------
- * Messages go to stderr. Level 0 = errors only (--quiet), 1 = normal,
- * 2 = verbose (--verbose). */
+ * Messages go to stderr. Level 0 = --quiet: no info, warnings or progress on
+ * stderr, and commands print nothing on stdout but output the user asked for
+ * by name (--json, -o -); only hard errors (exit 2) are still reported.
+ * 1 = normal, 2 = verbose (--verbose). */
 extern int ls_log_level;
 void ls_log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void ls_log_verbose(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void ls_log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* True under --quiet (ls_log_level 0): print only asked-for output. */
+int ls_log_quiet(void);
+
+/* ---- colour ---------------------------------------------------------------
+ * Every place that colours asks ls_color_enabled. auto (the default) colours
+ * only a terminal, and only when NO_COLOR is unset or empty (no-color.org) and
+ * TERM is not "dumb"; always / never (--color=WHEN) override all three. */
+typedef enum ls_color_mode {
+    LS_COLOR_AUTO,
+    LS_COLOR_ALWAYS,
+    LS_COLOR_NEVER,
+} ls_color_mode;
+extern ls_color_mode ls_color_setting;
+
+/* Parses "auto", "always" or "never"; returns 0, or -1 for anything else. */
+int ls_color_parse(const char *s, ls_color_mode *out);
+/* 1 when ANSI colour may be written to f. */
+int ls_color_enabled(FILE *f);
+
 /* ---- progress -------------------------------------------------------------
- * A one-line progress bar on stderr, drawn only when stderr is a terminal and
- * the log level is >= 1; otherwise every call is a no-op. Thread-safe: workers
- * may call ls_progress_add concurrently. */
+ * Progress of long work on stderr, nothing under --quiet. On a terminal, a
+ * one-line bar redrawn in place (at most 10 times a second). Otherwise (a log
+ * file, CI) a plain line, no carriage return or escape, at most every 5 s
+ * (environment LOCKSTEP_PROGRESS_SECONDS overrides; 0 = every update):
+ *   "fingerprint: 1.20/4.00 GB (30.0%), 0.85 GB/s, 1.4 s elapsed"
+ * and a last one, ending "(done)", from ls_progress_end; work that ends
+ * within the first interval prints no line at all. Thread-safe: workers may
+ * call ls_progress_add concurrently. */
 typedef struct ls_progress {
     char label[48];          /* what is being done, e.g. "fingerprint" */
     uint64_t total;          /* units of work expected (bytes, tokens ...) */
     uint64_t done;           /* units completed; updated atomically */
-    uint64_t last_draw_ns;   /* monotonic time of the last redraw */
-    int enabled;             /* 1 when drawing to a terminal */
-    const char *unit;        /* "B" for bytes (scaled to MB/GB), else a word */
+    uint64_t start_ns;       /* monotonic time of ls_progress_begin */
+    uint64_t last_draw_ns;   /* monotonic time of the last redraw / line */
+    uint64_t interval_ns;    /* least time between two plain lines */
+    int enabled;             /* 0 off, 1 bar on a terminal, 2 plain lines */
+    const char *unit;        /* "B" for bytes (scaled to kB/MB/GB), else a word */
 } ls_progress;
 
 void ls_progress_begin(ls_progress *p, const char *label, uint64_t total, const char *unit);
@@ -73,7 +101,8 @@ ls_status ls_write_file_atomic(const char *path, const void *data, size_t len, l
  * NUL). Caller frees *out. */
 ls_status ls_read_file(const char *path, char **out, size_t *len, ls_error *err);
 
-/* True when the stream is a terminal (colour and progress are enabled only then). */
+/* True when the stream is a terminal (the progress bar is drawn only then;
+ * colour asks ls_color_enabled). */
 int ls_isatty(FILE *f);
 
 #endif
