@@ -48,7 +48,8 @@ def check(path, module):
                                     f"(module {dep} is not below it)")
             if module not in ("run", "cli") and not text.lstrip().startswith(("*", "/*", "//")) \
                     and "compute-sanitizer" not in text:  # another tool's flag, not ours
-                if flag.search(text):
+                code = re.sub(r"/\*.*?(\*/|$)|//.*$", "", text)  # comments may name flags
+                if flag.search(code):
                     problems.append(f"{rel}:{n}: module {module} names a command-line flag: "
                                     f"{text.strip()}")
 

@@ -1,6 +1,7 @@
 /* lockstep demo — the whole story on the embedded synthetic checkpoint:
  * synth, pin, rollout, chunked replays compare PASS, a perturbed replay is
  * caught at the right layer. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,26 +40,36 @@ static const int32_t demo_prompts[4][12] = {
 };
 static const long demo_lens[4] = {8, 7, 1, 12};
 
+/* The story on stdout; nothing under --quiet (the exit code tells it). */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    if (ls_log_quiet()) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+}
+
 int ls_cmd_demo(int argc, char **argv)
 {
     const char *backend = "cpu", *workdir = NULL;
     int keep = 0;
     ls_error err;
     ls_error_clear(&err);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (ls_cli_is_help(a)) {
-            fputs(usage_text, stdout);
-            return 0;
-        } else if (!strcmp(a, "--keep")) {
-            keep = 1;
-        } else if (!strcmp(a, "--backend") && i + 1 < argc) {
-            backend = argv[++i];
-        } else if (!strcmp(a, "--workdir") && i + 1 < argc) {
-            workdir = argv[++i];
-        } else {
-            ls_fail(&err, LS_E_USAGE, "unknown option or missing value: %s", a);
+    enum { O_KEEP = LS_CLI_LONG, O_BACKEND, O_WORKDIR };
+    static const ls_cli_opt opts[] = {
+        {"keep", O_KEEP, 0}, {"backend", O_BACKEND, 1}, {"workdir", O_WORKDIR, 1}, {NULL, 0, 0}};
+    ls_cli_args ca = {.cmd = "demo", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
+    for (int c; (c = ls_cli_next(&ca)) != LS_CLI_END;) {
+        switch (c) {
+        case LS_CLI_EXIT: return ca.exit_code;
+        case LS_CLI_OPERAND:
+            ls_fail(&err, LS_E_USAGE, "unexpected argument: %s", ca.arg);
             return ls_cli_report("demo", &err);
+        case O_KEEP: keep = 1; break;
+        case O_BACKEND: backend = ca.arg; break;
+        case O_WORKDIR: workdir = ca.arg; break;
         }
     }
     if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) {
@@ -89,7 +100,7 @@ int ls_cmd_demo(int argc, char **argv)
     if (st == LS_OK) st = ls_manifest_save(man, man_path, &err);
     json_decref(man);
     if (st == LS_OK)
-        printf("lockstep demo\n\n1. wrote the synthetic 'tiny' Qwen3-Next checkpoint (seed 7: hidden 128, 4 "
+        say("lockstep demo\n\n1. wrote the synthetic 'tiny' Qwen3-Next checkpoint (seed 7: hidden 128, 4 "
                "layers of gated DeltaNet / full attention, 8 experts, vocab 1000) and pinned its manifest.\n");
 
     /* 2-4. rollout, strict replays, perturbed replay */
@@ -123,30 +134,30 @@ int ls_cmd_demo(int argc, char **argv)
     ls_gate_result r;
     memset(&r, 0, sizeof r);
     if (st == LS_OK) {
-        printf("2. rollout of 4 built-in prompts (1-12 tokens) + 12 greedy tokens each, backend %s.\n"
+        say("2. rollout of 4 built-in prompts (1-12 tokens) + 12 greedy tokens each, backend %s.\n"
                "3. teacher-forced replays, compared bitwise with the rollout.\n",
                backend);
         if (go.n_variants == 3)
-            printf("4. a replay with the GDN reduction order reversed in decoder layer %d.\n",
+            say("4. a replay with the GDN reduction order reversed in decoder layer %d.\n",
                    perturb_layer);
         else
-            printf("4. (the perturbation switch is CPU-only: no perturbed replay on %s)\n", backend);
-        printf("\n");
+            say("4. (the perturbation switch is CPU-only: no perturbed replay on %s)\n", backend);
+        say("\n");
         fflush(stdout);
-        st = ls_gate_run(&go, &b, stdout, &r, &err);
+        st = ls_gate_run(&go, &b, ls_log_quiet() ? NULL : stdout, &r, &err);
     }
     ls_run_batch_free(&b);
     int rc = 0;
     if (st != LS_OK) {
         rc = ls_cli_report("demo", &err);
     } else {
-        printf("\nmodel fingerprint (Merkle root): %s\nmanifest digest (strict run):    %s\n", r.merkle_root,
+        say("\nmodel fingerprint (Merkle root): %s\nmanifest digest (strict run):    %s\n", r.merkle_root,
                r.manifest_digest);
         if (!r.all_equal) {
-            printf("UNEXPECTED: a strict replay drifted from the rollout (see the first drift above)\n");
+            say("UNEXPECTED: a strict replay drifted from the rollout (see the first drift above)\n");
             rc = 1;
         } else {
-            printf("strict: every replay is bitwise equal to the rollout (tokens, top-5, logprob bits, "
+            say("strict: every replay is bitwise equal to the rollout (tokens, top-5, logprob bits, "
                    "per-layer digests)\n");
         }
         if (go.n_variants == 3) {
@@ -154,17 +165,17 @@ int ls_cmd_demo(int argc, char **argv)
             int caught = !p->equal && p->has_drift && p->digest_drift && p->decoder_layer == perturb_layer &&
                          p->family == LS_FAMILY_GDN;
             if (caught)
-                printf("perturbed: caught at the first drift: decoder layer %d (%s), sequence %u, position %u\n",
+                say("perturbed: caught at the first drift: decoder layer %d (%s), sequence %u, position %u\n",
                        p->decoder_layer, ls_layer_family_name(p->family), p->seq, p->pos);
             else {
-                printf("UNEXPECTED: the perturbation in decoder layer %d was %s\n", perturb_layer,
+                say("UNEXPECTED: the perturbation in decoder layer %d was %s\n", perturb_layer,
                        p->equal ? "not detected" : "detected at the wrong place");
                 rc = 1;
             }
         } else {
-            printf("perturbed replay skipped: perturbations run on the cpu backend only\n");
+            say("perturbed replay skipped: perturbations run on the cpu backend only\n");
         }
-        printf("%s in %.1f s (work directory %s)\n", rc == 0 ? "demo: the story went as expected" : "demo: FAILED",
+        say("%s in %.1f s (work directory %s)\n", rc == 0 ? "demo: the story went as expected" : "demo: FAILED",
                (double)(ls_now_ns() - t0) / 1e9, temporary && !keep ? "removed" : dir);
     }
     if (temporary && !keep) ls_run_workdir_remove(dir);

@@ -45,28 +45,29 @@ int ls_cmd_gate(int argc, char **argv)
     ls_error_clear(&err);
     ls_status st = LS_OK;
     long v;
-    for (int i = 1; st == LS_OK && i < argc; i++) {
-        const char *a = argv[i];
-        if (ls_cli_is_help(a)) {
-            fputs(usage_text, stdout);
-            return 0;
-        }
-        if (a[0] != '-' || i + 1 >= argc) {
-            st = ls_fail(&err, LS_E_USAGE, "unexpected argument or missing value: %s", a);
-            break;
-        }
-        const char *x = argv[++i];
-        if (!strcmp(a, "--checkpoint")) o.checkpoint = x;
-        else if (!strcmp(a, "--prompts")) o.prompts = x;
-        else if (!strcmp(a, "--max-new-tokens")) st = ls_cli_parse_long(a, x, 1, 1L << 24, &o.max_new, &err);
-        else if (!strcmp(a, "--backend")) o.backend = x;
-        else if (!strcmp(a, "--threads")) {
-            st = ls_cli_parse_long(a, x, 1, 1024, &v, &err);
+    enum { O_CK = LS_CLI_LONG, O_PROMPTS, O_MAXNEW, O_BACKEND, O_THREADS, O_JUNIT, O_JSON, O_WORKDIR };
+    static const ls_cli_opt opts[] = {
+        {"checkpoint", O_CK, 1}, {"prompts", O_PROMPTS, 1}, {"max-new-tokens", O_MAXNEW, 1},
+        {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"junit", O_JUNIT, 1},
+        {"json", O_JSON, 1}, {"workdir", O_WORKDIR, 1}, {NULL, 0, 0}};
+    ls_cli_args ca = {.cmd = "gate", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
+    for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
+        const char *x = ca.arg;
+        switch (c) {
+        case LS_CLI_EXIT: return ca.exit_code;
+        case LS_CLI_OPERAND: st = ls_fail(&err, LS_E_USAGE, "unexpected argument: %s", x); break;
+        case O_CK: o.checkpoint = x; break;
+        case O_PROMPTS: o.prompts = x; break;
+        case O_MAXNEW: st = ls_cli_parse_long(ca.opt, x, 1, 1L << 24, &o.max_new, &err); break;
+        case O_BACKEND: o.backend = x; break;
+        case O_THREADS:
+            st = ls_cli_parse_long(ca.opt, x, 1, 1024, &v, &err);
             o.threads = (int)v;
-        } else if (!strcmp(a, "--junit")) o.junit = x;
-        else if (!strcmp(a, "--json")) o.json = x;
-        else if (!strcmp(a, "--workdir")) o.workdir = x;
-        else st = ls_fail(&err, LS_E_USAGE, "unknown option: %s", a);
+            break;
+        case O_JUNIT: o.junit = x; break;
+        case O_JSON: o.json = x; break;
+        case O_WORKDIR: o.workdir = x; break;
+        }
     }
     if (st == LS_OK && (!o.checkpoint || !o.prompts))
         st = ls_fail(&err, LS_E_USAGE, "--checkpoint DIR and --prompts FILE are required");
@@ -77,7 +78,7 @@ int ls_cmd_gate(int argc, char **argv)
     st = ls_run_load_prompts(o.prompts, 0, &b, &err);
     if (st != LS_OK) return ls_cli_report("gate", &err);
     ls_gate_result r;
-    st = ls_gate_run(&o, &b, stdout, &r, &err);
+    st = ls_gate_run(&o, &b, ls_log_quiet() ? NULL : stdout, &r, &err);
     ls_run_batch_free(&b);
     if (st != LS_OK) return ls_cli_report("gate", &err);
     return r.all_equal ? 0 : 1;

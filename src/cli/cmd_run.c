@@ -44,6 +44,7 @@ static const char usage_text[] =
     "  --max-rows N              packed tokens per forward (default 256)\n"
     "  --reverse-batch           pack the batch in reverse order\n"
     "  -o, --out TRACE           the trace to write (temporary name, renamed when complete)\n"
+    "Every option also takes the form --option=VALUE.\n"
     "\n"
     "exit status: 0 trace written, 2 could not run (usage, bad input, no GPU, I/O)\n";
 
@@ -67,50 +68,58 @@ int ls_cmd_run(int argc, char **argv)
     ls_error err;
     ls_error_clear(&err);
     ls_status st = LS_OK;
-    for (int i = 1; st == LS_OK && i < argc; i++) {
-        const char *a = argv[i];
-        if (ls_cli_is_help(a)) {
-            fputs(usage_text, stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--reverse-batch")) {
-            s.reverse_batch = 1;
-            continue;
-        }
-        if (a[0] != '-' || i + 1 >= argc) {
-            st = ls_fail(&err, LS_E_USAGE, "unexpected argument or missing value: %s", a);
-            break;
-        }
-        const char *x = argv[++i];
-        if (!strcmp(a, "--checkpoint")) s.checkpoint = x;
-        else if (!strcmp(a, "--mode")) s.mode = x;
-        else if (!strcmp(a, "--prompts")) prompts = x;
-        else if (!strcmp(a, "--from")) from = x;
-        else if (!strcmp(a, "--tokens")) tokens = x;
-        else if (!strcmp(a, "-o") || !strcmp(a, "--out")) s.out = x;
-        else if (!strcmp(a, "--max-new-tokens")) st = ls_cli_parse_long(a, x, 1, 1L << 24, &s.max_new, &err);
-        else if (!strcmp(a, "--chunk")) st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.chunk, &err);
-        else if (!strcmp(a, "--sampling")) sampling = x;
-        else if (!strcmp(a, "--seed")) {
+    enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
+           O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
+           O_ROWS, O_REVERSE };
+    static const ls_cli_opt opts[] = {
+        {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
+        {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
+        {"sampling", O_SAMPLING, 1}, {"seed", O_SEED, 1}, {"temperature", O_TEMP, 1},
+        {"top-k", O_TOPK, 1}, {"top-p", O_TOPP, 1}, {"activations", O_ACT, 1},
+        {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"state-digest-every", O_EVERY, 1},
+        {"perturb", O_PERTURB, 1}, {"dump-layers", O_DUMP, 1}, {"max-rows", O_ROWS, 1},
+        {"reverse-batch", O_REVERSE, 0}, {NULL, 0, 0}};
+    ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
+    for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
+        const char *a = ca.opt, *x = ca.arg;
+        switch (c) {
+        case LS_CLI_EXIT: return ca.exit_code;
+        case LS_CLI_OPERAND: st = ls_fail(&err, LS_E_USAGE, "unexpected argument: %s", x); break;
+        case O_REVERSE: s.reverse_batch = 1; break;
+        case O_CK: s.checkpoint = x; break;
+        case O_MODE: s.mode = x; break;
+        case O_PROMPTS: prompts = x; break;
+        case O_FROM: from = x; break;
+        case O_TOKENS: tokens = x; break;
+        case 'o': s.out = x; break;
+        case O_MAXNEW: st = ls_cli_parse_long(a, x, 1, 1L << 24, &s.max_new, &err); break;
+        case O_CHUNK: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.chunk, &err); break;
+        case O_SAMPLING: sampling = x; break;
+        case O_SEED: {
             char *end;
             s.sampling.seed = strtoull(x, &end, 10);
-            if (end == x || *end || x[0] == '-') st = ls_fail(&err, LS_E_USAGE, "--seed '%s': expected an unsigned integer", x);
+            if (end == x || *end || x[0] == '-')
+                st = ls_fail(&err, LS_E_USAGE, "--seed '%s': expected an unsigned integer", x);
             have_seed = 1;
-        } else if (!strcmp(a, "--temperature")) st = parse_float(a, x, 1e-6f, 1e6f, &s.sampling.temperature, &err);
-        else if (!strcmp(a, "--top-k")) st = ls_cli_parse_long(a, x, 0, 1L << 30, &s.sampling.top_k, &err);
-        else if (!strcmp(a, "--top-p")) {
+            break;
+        }
+        case O_TEMP: st = parse_float(a, x, 1e-6f, 1e6f, &s.sampling.temperature, &err); break;
+        case O_TOPK: st = ls_cli_parse_long(a, x, 0, 1L << 30, &s.sampling.top_k, &err); break;
+        case O_TOPP:
             st = parse_float(a, x, 0.0f, 1.0f, &s.sampling.top_p, &err);
             if (st == LS_OK && s.sampling.top_p <= 0.0f) st = ls_fail(&err, LS_E_USAGE, "--top-p must be > 0");
-        } else if (!strcmp(a, "--activations")) act = x;
-        else if (!strcmp(a, "--backend")) s.backend = x;
-        else if (!strcmp(a, "--threads")) {
+            break;
+        case O_ACT: act = x; break;
+        case O_BACKEND: s.backend = x; break;
+        case O_THREADS:
             st = ls_cli_parse_long(a, x, 1, 1024, &v, &err);
             s.threads = (int)v;
-        } else if (!strcmp(a, "--state-digest-every")) st = ls_cli_parse_long(a, x, 1, 1L << 30, &state_every, &err);
-        else if (!strcmp(a, "--perturb")) s.perturb = x;
-        else if (!strcmp(a, "--dump-layers")) s.dump_layers = x;
-        else if (!strcmp(a, "--max-rows")) st = ls_cli_parse_long(a, x, 1, 1L << 20, &s.max_rows, &err);
-        else st = ls_fail(&err, LS_E_USAGE, "unknown option: %s", a);
+            break;
+        case O_EVERY: st = ls_cli_parse_long(a, x, 1, 1L << 30, &state_every, &err); break;
+        case O_PERTURB: s.perturb = x; break;
+        case O_DUMP: s.dump_layers = x; break;
+        case O_ROWS: st = ls_cli_parse_long(a, x, 1, 1L << 20, &s.max_rows, &err); break;
+        }
     }
     if (st != LS_OK) return ls_cli_report("run", &err);
     int rollout = !strcmp(s.mode, "rollout");
