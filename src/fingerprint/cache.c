@@ -12,7 +12,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HEADER_BYTES 68u         /* through the path length field */
 #define DIGEST_BYTES 32u
 #define RECORD_MIN_BYTES (4u + 1u + 1u + 1u + 1u + 8u + 8u + 1u + 32u) /* 1-byte name, 1-byte dtype */
 
@@ -282,7 +281,7 @@ static ls_status decode(rbuf *r, ls_fpcache_entry *e)
     LS_TRY(read_uint(r, 8, "hashed_at", &v));
     e->hashed_at_ns = (int64_t)v;
     LS_TRY(read_str(r, 4, LS_FPCACHE_PATH_MAX_BYTES, "path", &e->path));
-    if (e->path[0] != '/') return bad(r, HEADER_BYTES, "path '%.300s' is not absolute", e->path);
+    if (e->path[0] != '/') return bad(r, LS_FPCACHE_PATH_OFFSET + 4, "path '%.300s' is not absolute", e->path);
     size_t at = r->pos;
     LS_TRY(read_uint(r, 8, "tensor count", &v));
     /* Bound the allocation by what the remaining bytes could hold. */

@@ -57,6 +57,7 @@
 
 #define LS_FPCACHE_MAGIC "LSFPCACH"
 #define LS_FPCACHE_VERSION 1u
+#define LS_FPCACHE_PATH_OFFSET 68u   /* byte offset of the path length field */
 #define LS_FPCACHE_PATH_MAX_BYTES 4096u
 #define LS_FPCACHE_NAME_MAX_BYTES (1u << 20)
 #define LS_FPCACHE_ENTRY_MAX_BYTES ((size_t)1 << 30) /* far above any real shard's entry */

@@ -347,9 +347,9 @@ static int shard_lookup(fp_shard *sh, const ls_checkpoint *ck, const size_t *by_
     ls_fpcache_tensor **sorted = NULL;
     ls_digest *digests = NULL;
     if (strcmp(e.path, sh->canon) != 0) {
-        ls_log_warn("fingerprint cache: %s: entry is for '%.300s', not '%.300s' (byte offset 68); "
+        ls_log_warn("fingerprint cache: %s: entry is for '%.300s', not '%.300s' (byte offset %u); "
                     "entry not trusted, hashing %s afresh", sh->entry_path, e.path, sh->canon,
-                    sh->path);
+                    LS_FPCACHE_PATH_OFFSET, sh->path);
         goto done;
     }
     if (!ls_file_identity_equal(&e.identity, &sh->id))
