@@ -352,7 +352,8 @@ START_TEST(test_two_shards_partially_cached)
     ck_assert_uint_eq(ent.count, 3);
     int with = 0;
     for (size_t i = 0; i < ent.count; i++) {
-        if (strcmp(ent.tensors[i].name, mtp_spec.name) == 0) ck_assert_int_eq(ent.tensors[i].has_digest, 0);
+        if (strcmp(ent.tensors[i].name, mtp_spec.name) == 0)
+            ck_assert_int_eq(ent.tensors[i].has_digest, 0);
         with += ent.tensors[i].has_digest;
     }
     ck_assert_int_eq(with, 2);
@@ -452,7 +453,8 @@ static void apply_damage(const char *entry, damage how, char *expect, size_t cap
 
 START_TEST(test_damaged_entry_is_rehashed)
 {
-    static const damage all[] = {FLIP_PATH, TRUNCATE, FOREIGN_MAGIC, EMPTY, TRAILING, OTHER_VERSION};
+    static const damage all[] = {FLIP_PATH, TRUNCATE, FOREIGN_MAGIC,
+                                 EMPTY, TRAILING, OTHER_VERSION};
     char *dir = make_ck(3), *cache = cache_of(dir);
     ls_checkpoint *ck0;
     ls_fingerprint plain;

@@ -13,7 +13,8 @@
 #include <unistd.h>
 
 #define DIGEST_BYTES 32u
-#define RECORD_MIN_BYTES (4u + 1u + 1u + 1u + 1u + 8u + 8u + 1u + 32u) /* 1-byte name, 1-byte dtype */
+/* The smallest record: 1-byte name, 1-byte dtype, a scalar. */
+#define RECORD_MIN_BYTES (4u + 1u + 1u + 1u + 1u + 8u + 8u + 1u + 32u)
 
 void ls_fpcache_entry_free(ls_fpcache_entry *e)
 {
@@ -281,7 +282,8 @@ static ls_status decode(rbuf *r, ls_fpcache_entry *e)
     LS_TRY(read_uint(r, 8, "hashed_at", &v));
     e->hashed_at_ns = (int64_t)v;
     LS_TRY(read_str(r, 4, LS_FPCACHE_PATH_MAX_BYTES, "path", &e->path));
-    if (e->path[0] != '/') return bad(r, LS_FPCACHE_PATH_OFFSET + 4, "path '%.300s' is not absolute", e->path);
+    if (e->path[0] != '/')
+        return bad(r, LS_FPCACHE_PATH_OFFSET + 4, "path '%.300s' is not absolute", e->path);
     size_t at = r->pos;
     LS_TRY(read_uint(r, 8, "tensor count", &v));
     /* Bound the allocation by what the remaining bytes could hold. */
@@ -327,16 +329,19 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
     /* O_NOFOLLOW: a symlink planted in the cache directory is not an entry. */
     int fd = open(entry_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
+        int e = errno;
         /* ENOTDIR: the cache directory is not there as a directory; no
          * entry either way (storing will say why, once). */
-        if (errno == ENOENT || errno == ENOTDIR) return LS_OK;
-        return ls_fail(err, errno == ELOOP ? LS_E_INPUT : LS_E_IO, "%s: cannot open: %s (byte offset 0)",
-                       entry_path, errno == ELOOP ? "is a symbolic link" : strerror(errno));
+        if (e == ENOENT || e == ENOTDIR) return LS_OK;
+        return ls_fail(err, e == ELOOP ? LS_E_INPUT : LS_E_IO,
+                       "%s: cannot open: %s (byte offset 0)", entry_path,
+                       e == ELOOP ? "is a symbolic link" : strerror(e));
     }
     struct stat sb;
     ls_status st = LS_OK;
     if (fstat(fd, &sb) != 0)
-        st = ls_fail(err, LS_E_IO, "%s: cannot stat: %s (byte offset 0)", entry_path, strerror(errno));
+        st = ls_fail(err, LS_E_IO, "%s: cannot stat: %s (byte offset 0)", entry_path,
+                     strerror(errno));
     else if (!S_ISREG(sb.st_mode))
         st = ls_fail(err, LS_E_INPUT, "%s: not a regular file (byte offset 0)", entry_path);
     else if (sb.st_uid != geteuid())

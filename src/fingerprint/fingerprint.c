@@ -399,8 +399,10 @@ static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const 
     ls_file_identity now;
     ls_error e;
     ls_error_clear(&e);
-    if (ls_file_identity_stat(sh->path, &now, &e) != LS_OK || !ls_file_identity_equal(&now, &sh->id)) {
-        ls_log_verbose("fingerprint cache: %s changed while it was hashed; not caching it", sh->path);
+    if (ls_file_identity_stat(sh->path, &now, &e) != LS_OK ||
+        !ls_file_identity_equal(&now, &sh->id)) {
+        ls_log_verbose("fingerprint cache: %s changed while it was hashed; not caching it",
+                       sh->path);
         return LS_OK;
     }
     if (ls_fpcache_racy(&sh->id, hashed_at_ns)) {

@@ -495,7 +495,8 @@ static void identity_from_stat(const struct stat *sb, ls_file_identity *out)
 ls_status ls_file_identity_stat(const char *path, ls_file_identity *out, ls_error *err)
 {
     struct stat sb;
-    if (stat(path, &sb) != 0) return ls_fail(err, LS_E_IO, "%s: cannot stat: %s", path, strerror(errno));
+    if (stat(path, &sb) != 0)
+        return ls_fail(err, LS_E_IO, "%s: cannot stat: %s", path, strerror(errno));
     identity_from_stat(&sb, out);
     return LS_OK;
 }
