@@ -1,15 +1,18 @@
 /* lockstep — checkpoint fingerprints (see fingerprint.h for the encodings). */
 #include "fingerprint/fingerprint.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "core/util.h"
+#include "fingerprint/cache.h"
 #include "io/json.h"
 
 /* Bytes hashed between progress updates and cancellation checks: large enough
@@ -108,14 +111,19 @@ ls_status ls_fingerprint_hash_config(const void *config_json, ls_digest *out, ls
     return st;
 }
 
-/* ---- threaded checkpoint hashing --------------------------------------------- */
+/* ---- threaded hashing ---------------------------------------------------------- */
+
+typedef struct fp_task {
+    uint64_t size_bytes;         /* the tensor's size, the sort key */
+    size_t index;                /* into the checkpoint's tensor table */
+} fp_task;
 
 typedef struct fp_job {
     const ls_checkpoint *ck;
-    ls_tensor_fp *out;           /* [count] */
-    size_t *order;               /* [count] indices, largest tensor first */
+    ls_tensor_fp *out;           /* [checkpoint count]; workers fill .digest */
+    const fp_task *tasks;        /* [count], largest tensor first */
     size_t count;
-    atomic_size_t next;          /* next position in order[] to claim */
+    atomic_size_t next;          /* next position in tasks[] to claim */
     atomic_int failed;           /* set once; workers stop claiming */
     pthread_mutex_t err_lock;
     ls_error err;                /* first failure */
@@ -158,7 +166,7 @@ static void *fp_worker(void *arg)
         if (atomic_load(&job->failed)) break;
         size_t k = atomic_fetch_add(&job->next, 1);
         if (k >= job->count) break;
-        size_t i = job->order[k];
+        size_t i = job->tasks[k].index;
         const ls_tensor *t = ls_checkpoint_at(job->ck, i);
         if (hash_tensor(job, t, &job->out[i].digest, &err) != LS_OK) {
             pthread_mutex_lock(&job->err_lock);
@@ -173,17 +181,277 @@ static void *fp_worker(void *arg)
     return NULL;
 }
 
-static const ls_checkpoint *sort_ck;   /* qsort has no context argument; guarded below */
-static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
-
 static int by_size_desc(const void *a, const void *b)
 {
-    uint64_t sa = ls_checkpoint_at(sort_ck, *(const size_t *)a)->size_bytes;
-    uint64_t sb = ls_checkpoint_at(sort_ck, *(const size_t *)b)->size_bytes;
-    if (sa != sb) return sa < sb ? 1 : -1;
-    size_t ia = *(const size_t *)a, ib = *(const size_t *)b;
-    return ia < ib ? -1 : ia > ib;
+    const fp_task *x = a, *y = b;
+    if (x->size_bytes != y->size_bytes) return x->size_bytes < y->size_bytes ? 1 : -1;
+    return x->index < y->index ? -1 : x->index > y->index;
 }
+
+/* Hashes the n tensors of tasks[] into out[].digest over up to `threads`
+ * threads, largest first so the last tensor to finish is a small one. */
+static ls_status hash_tasks(const ls_checkpoint *ck, ls_tensor_fp *out, fp_task *tasks, size_t n,
+                            int threads, int progress, uint64_t bytes, int *threads_used,
+                            ls_error *err)
+{
+    *threads_used = 0;
+    if (n == 0) return LS_OK;
+    if ((size_t)threads > n) threads = (int)n;
+    if (threads < 1) threads = 1;
+    qsort(tasks, n, sizeof *tasks, by_size_desc);
+    fp_job *job = calloc(1, sizeof *job);
+    pthread_t *tids = malloc((size_t)threads * sizeof *tids);
+    if (!job || !tids) {
+        free(job);
+        free(tids);
+        return ls_fail(err, LS_E_NOMEM, "fingerprint: out of memory (%d threads)", threads);
+    }
+    job->ck = ck;
+    job->out = out;
+    job->tasks = tasks;
+    job->count = n;
+    atomic_init(&job->next, 0);
+    atomic_init(&job->failed, 0);
+    pthread_mutex_init(&job->err_lock, NULL);
+    ls_error_clear(&job->err);
+    if (progress)
+        ls_progress_begin(&job->progress, "fingerprint", bytes, "B");
+    else
+        memset(&job->progress, 0, sizeof job->progress); /* enabled = 0: no-op */
+
+    int started = 0;
+    for (; started < threads; started++)
+        if (pthread_create(&tids[started], NULL, fp_worker, job) != 0) break;
+    if (started == 0) fp_worker(job); /* could not start any thread: hash here */
+    for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    *threads_used = started ? started : 1;
+    if (progress) ls_progress_end(&job->progress);
+
+    ls_status st = LS_OK;
+    if (atomic_load(&job->failed)) st = ls_fail(err, job->err.status, "%s", job->err.msg);
+    pthread_mutex_destroy(&job->err_lock);
+    free(job);
+    free(tids);
+    return st;
+}
+
+/* ---- the cache, per shard -------------------------------------------------------- */
+
+typedef struct fp_shard {
+    const ls_safetensors *st;    /* borrowed from the checkpoint */
+    const char *path;            /* as opened; borrowed */
+    size_t first, n;             /* its exposed tensors: by_shard[first .. first + n) */
+    uint64_t bytes;              /* their sizes summed */
+    ls_file_identity id;         /* of the mapped file, taken when it was opened */
+    char *canon;                 /* canonical absolute path; owned */
+    char *entry_path;            /* owned; NULL: this shard is not cached this time */
+    int cached;                  /* 1: digests came from the cache */
+} fp_shard;
+
+static int cmp_record_name(const void *a, const void *b)
+{
+    return strcmp((*(const ls_fpcache_tensor *const *)a)->name,
+                  (*(const ls_fpcache_tensor *const *)b)->name);
+}
+
+/* The records of e sorted by name (pointers into e), for lookups by the
+ * stored name. Caller frees; NULL when out of memory. */
+static ls_fpcache_tensor **records_by_name(const ls_fpcache_entry *e)
+{
+    ls_fpcache_tensor **v = malloc((e->count ? e->count : 1) * sizeof *v);
+    if (!v) return NULL;
+    for (size_t i = 0; i < e->count; i++) v[i] = &e->tensors[i];
+    qsort(v, e->count, sizeof *v, cmp_record_name);
+    return v;
+}
+
+static ls_fpcache_tensor *record_find(ls_fpcache_tensor **v, size_t n, const char *name)
+{
+    ls_fpcache_tensor key = {.name = (char *)name}, *kp = &key;
+    ls_fpcache_tensor **hit = bsearch(&kp, v, n, sizeof *v, cmp_record_name);
+    return hit ? *hit : NULL;
+}
+
+/* Decides whether shard sh may use the cache at all: its identity is known,
+ * its path resolves, and the path still names the mapped file unchanged (if
+ * the file was replaced or modified since it was opened, neither a cached
+ * digest nor a stored one would describe the mapping). Sets sh->entry_path. */
+static void shard_prepare(fp_shard *sh, const char *cache_dir)
+{
+    const ls_file_identity *id = ls_safetensors_identity(sh->st);
+    if (!id) return;
+    sh->id = *id;
+    ls_error e;
+    ls_error_clear(&e);
+    ls_file_identity now;
+    if (ls_file_identity_stat(sh->path, &now, &e) != LS_OK ||
+        !ls_file_identity_equal(&now, &sh->id)) {
+        ls_log_verbose("fingerprint cache: %s changed since it was opened; hashing the mapping, "
+                       "not caching it", sh->path);
+        return;
+    }
+    sh->canon = realpath(sh->path, NULL);
+    if (!sh->canon) {
+        ls_log_verbose("fingerprint cache: %s: cannot resolve the path (%s); not caching it",
+                       sh->path, strerror(errno));
+        return;
+    }
+    if (ls_fpcache_entry_path(cache_dir, sh->canon, &sh->entry_path, &e) != LS_OK)
+        ls_log_verbose("fingerprint cache: %s", e.msg);
+}
+
+/* Why entry e does not describe the shard's current header, or NULL when it
+ * does (same tensors in the same data order, same dtype, shape, size and
+ * offset). why[] receives the first difference. */
+static const char *header_mismatch(const ls_fpcache_entry *e, const ls_safetensors *st,
+                                   char *why, size_t cap)
+{
+    size_t n = ls_safetensors_count(st);
+    if (e->count != n) {
+        snprintf(why, cap, "the entry lists %zu tensors, the header %zu", e->count, n);
+        return why;
+    }
+    for (size_t k = 0; k < n; k++) {
+        const ls_fpcache_tensor *r = &e->tensors[k];
+        const ls_tensor *t = ls_safetensors_at(st, k);
+        int same = strcmp(r->name, t->name) == 0 && r->dtype == t->dtype && r->ndim == t->ndim &&
+                   r->size_bytes == t->size_bytes && r->file_offset_bytes == t->file_offset_bytes;
+        for (int d = 0; same && d < t->ndim; d++) same = r->shape[d] == t->shape[d];
+        if (!same) {
+            snprintf(why, cap, "tensor %zu of the header ('%.300s') differs from the entry's "
+                     "('%.300s')", k, t->name, r->name);
+            return why;
+        }
+    }
+    return NULL;
+}
+
+/* Fills the digests of shard sh's exposed tensors from its entry when the
+ * entry may be trusted (see fingerprint.h); returns 1 on a hit. */
+static int shard_lookup(fp_shard *sh, const ls_checkpoint *ck, const size_t *by_shard,
+                        ls_tensor_fp *out)
+{
+    ls_fpcache_entry e;
+    ls_error err;
+    ls_error_clear(&err);
+    int found = 0;
+    if (ls_fpcache_load(sh->entry_path, &e, &found, &err) != LS_OK) {
+        ls_log_warn("fingerprint cache: %s; entry not trusted, hashing %s afresh", err.msg,
+                    sh->path);
+        return 0;
+    }
+    if (!found) return 0;
+    int hit = 0;
+    char why[800];
+    const char *miss = NULL;
+    ls_fpcache_tensor **sorted = NULL;
+    ls_digest *digests = NULL;
+    if (strcmp(e.path, sh->canon) != 0) {
+        ls_log_warn("fingerprint cache: %s: entry is for '%.300s', not '%.300s' (byte offset %u); "
+                    "entry not trusted, hashing %s afresh", sh->entry_path, e.path, sh->canon,
+                    LS_FPCACHE_PATH_OFFSET, sh->path);
+        goto done;
+    }
+    if (!ls_file_identity_equal(&e.identity, &sh->id))
+        miss = "the file's identity differs from the entry's";
+    else if (ls_fpcache_racy(&e.identity, e.hashed_at_ns))
+        miss = "the file changed no earlier than hashing began (racy entry)";
+    else
+        miss = header_mismatch(&e, sh->st, why, sizeof why);
+    if (!miss) {
+        sorted = records_by_name(&e);
+        digests = malloc((sh->n ? sh->n : 1) * sizeof *digests);
+        if (!sorted || !digests) {
+            miss = "out of memory";
+        } else {
+            for (size_t j = 0; j < sh->n && !miss; j++) {
+                const ls_tensor *t = ls_checkpoint_at(ck, by_shard[sh->first + j]);
+                const ls_fpcache_tensor *r = record_find(sorted, e.count, t->stored_name);
+                if (!r || !r->has_digest) {
+                    snprintf(why, sizeof why, "no digest for tensor '%.300s'", t->stored_name);
+                    miss = why;
+                } else {
+                    digests[j] = r->digest;
+                }
+            }
+        }
+    }
+    if (miss) {
+        ls_log_verbose("fingerprint cache: %s: %s; hashing it", sh->path, miss);
+        goto done;
+    }
+    for (size_t j = 0; j < sh->n; j++) out[by_shard[sh->first + j]].digest = digests[j];
+    hit = 1;
+done:
+    free(sorted);
+    free(digests);
+    ls_fpcache_entry_free(&e);
+    return hit;
+}
+
+/* Stores the entry of a shard just hashed, if the shard kept its identity
+ * throughout and is not racy for a hash begun at hashed_at_ns. */
+static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const size_t *by_shard,
+                             const ls_tensor_fp *out, int64_t hashed_at_ns, int *stored,
+                             ls_error *err)
+{
+    *stored = 0;
+    ls_file_identity now;
+    ls_error e;
+    ls_error_clear(&e);
+    if (ls_file_identity_stat(sh->path, &now, &e) != LS_OK ||
+        !ls_file_identity_equal(&now, &sh->id)) {
+        ls_log_verbose("fingerprint cache: %s changed while it was hashed; not caching it",
+                       sh->path);
+        return LS_OK;
+    }
+    if (ls_fpcache_racy(&sh->id, hashed_at_ns)) {
+        ls_log_verbose("fingerprint cache: %s changed too shortly before it was hashed to be "
+                       "told apart from a later change; not caching it this time", sh->path);
+        return LS_OK;
+    }
+    size_t n = ls_safetensors_count(sh->st);
+    ls_fpcache_entry ent = {0};
+    ent.path = sh->canon;
+    ent.identity = sh->id;
+    ent.hashed_at_ns = hashed_at_ns;
+    ent.count = n;
+    ent.tensors = calloc(n ? n : 1, sizeof *ent.tensors);
+    ls_fpcache_tensor **sorted = NULL;
+    ls_status st = LS_OK;
+    if (!ent.tensors) st = ls_fail(err, LS_E_NOMEM, "fingerprint cache: out of memory");
+    for (size_t k = 0; st == LS_OK && k < n; k++) {
+        const ls_tensor *t = ls_safetensors_at(sh->st, k);
+        ls_fpcache_tensor *r = &ent.tensors[k];
+        r->name = (char *)t->name; /* borrowed for encoding; not freed below */
+        r->dtype = t->dtype;
+        r->ndim = t->ndim;
+        memcpy(r->shape, t->shape, sizeof r->shape);
+        r->size_bytes = t->size_bytes;
+        r->file_offset_bytes = t->file_offset_bytes;
+    }
+    if (st == LS_OK && !(sorted = records_by_name(&ent)))
+        st = ls_fail(err, LS_E_NOMEM, "fingerprint cache: out of memory");
+    for (size_t j = 0; st == LS_OK && j < sh->n; j++) {
+        size_t i = by_shard[sh->first + j];
+        const ls_tensor *t = ls_checkpoint_at(ck, i);
+        ls_fpcache_tensor *r = record_find(sorted, n, t->stored_name);
+        if (!r) {
+            st = ls_fail(err, LS_E_INTERNAL, "%s: tensor '%.300s' is not in its shard's header",
+                         sh->path, t->stored_name);
+        } else {
+            r->has_digest = 1;
+            r->digest = out[i].digest;
+        }
+    }
+    if (st == LS_OK) st = ls_fpcache_store(sh->entry_path, &ent, err);
+    if (st == LS_OK) *stored = 1;
+    free(sorted);
+    free(ent.tensors);
+    return st;
+}
+
+/* ---- a whole checkpoint ------------------------------------------------------------ */
 
 int ls_fingerprint_default_threads(void)
 {
@@ -191,32 +459,60 @@ int ls_fingerprint_default_threads(void)
     return n < 1 ? 1 : (n > 1024 ? 1024 : (int)n);
 }
 
+char *ls_fingerprint_default_cache_dir(void)
+{
+    const char *v = getenv("LOCKSTEP_CACHE_DIR");
+    if (v && *v) return strdup(v);
+    const char *base = NULL, *suffix = NULL;
+    v = getenv("XDG_CACHE_HOME");
+    if (v && v[0] == '/') { /* the XDG spec: a relative value is ignored */
+        base = v;
+        suffix = "/lockstep";
+    } else if ((v = getenv("HOME")) && *v) {
+        base = v;
+        suffix = "/.cache/lockstep";
+    }
+    if (!base) return NULL;
+    size_t n = strlen(base) + strlen(suffix) + 1;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s%s", base, suffix);
+    return p;
+}
+
 ls_status ls_fingerprint_checkpoint(const ls_checkpoint *ck, const ls_fingerprint_opts *opts,
                                     ls_fingerprint *out, ls_error *err)
 {
+    return ls_fingerprint_checkpoint_cached(ck, opts, NULL, out, err);
+}
+
+ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
+                                           const ls_fingerprint_opts *opts,
+                                           const ls_fingerprint_cache_opts *cache,
+                                           ls_fingerprint *out, ls_error *err)
+{
     memset(out, 0, sizeof *out);
     int threads = opts && opts->threads > 0 ? opts->threads : ls_fingerprint_default_threads();
-    size_t count = ls_checkpoint_count(ck);
-    if (count > 0 && (size_t)threads > count) threads = (int)count;
-    if (threads < 1) threads = 1;
+    const char *cache_dir = cache && cache->dir && *cache->dir ? cache->dir : NULL;
+    int refresh = cache && cache->refresh;
+    size_t count = ls_checkpoint_count(ck), nshards = ls_checkpoint_shard_count(ck);
 
     ls_status st = ls_fingerprint_hash_config(ls_checkpoint_config_json(ck), &out->config_digest, err);
     if (st != LS_OK) return ls_error_prefix(err, "%s/config.json", ls_checkpoint_dir(ck));
 
     out->tensors = calloc(count ? count : 1, sizeof *out->tensors);
-    fp_job *job = calloc(1, sizeof *job);
-    size_t *order = malloc((count ? count : 1) * sizeof *order);
-    pthread_t *tids = malloc((size_t)threads * sizeof *tids);
+    size_t *by_shard = malloc((count ? count : 1) * sizeof *by_shard);
+    fp_task *tasks = malloc((count ? count : 1) * sizeof *tasks);
     ls_digest *leaves = malloc((count ? count : 1) * sizeof *leaves);
-    if (!out->tensors || !job || !order || !tids || !leaves) {
-        free(job);
-        free(order);
-        free(tids);
-        free(leaves);
-        ls_fingerprint_free(out);
-        return ls_fail(err, LS_E_NOMEM, "fingerprint: out of memory (%zu tensors)", count);
+    fp_shard *shards = calloc(nshards ? nshards : 1, sizeof *shards);
+    if (!out->tensors || !by_shard || !tasks || !leaves || !shards) {
+        st = ls_fail(err, LS_E_NOMEM, "fingerprint: out of memory (%zu tensors)", count);
+        goto done;
     }
     out->count = count;
+    for (size_t s = 0; s < nshards; s++) {
+        shards[s].st = ls_checkpoint_shard(ck, s);
+        shards[s].path = ls_checkpoint_shard_path(ck, s);
+    }
     for (size_t i = 0; i < count; i++) {
         const ls_tensor *t = ls_checkpoint_at(ck, i);
         ls_tensor_fp *f = &out->tensors[i];
@@ -226,51 +522,92 @@ ls_status ls_fingerprint_checkpoint(const ls_checkpoint *ck, const ls_fingerprin
         memcpy(f->shape, t->shape, sizeof f->shape);
         f->size_bytes = t->size_bytes;
         out->total_bytes += t->size_bytes;
-        order[i] = i;
-    }
-    /* Largest first, so the last tensor to finish is a small one. */
-    pthread_mutex_lock(&sort_lock);
-    sort_ck = ck;
-    qsort(order, count, sizeof *order, by_size_desc);
-    pthread_mutex_unlock(&sort_lock);
-
-    job->ck = ck;
-    job->out = out->tensors;
-    job->order = order;
-    job->count = count;
-    atomic_init(&job->next, 0);
-    atomic_init(&job->failed, 0);
-    pthread_mutex_init(&job->err_lock, NULL);
-    ls_error_clear(&job->err);
-    if (opts && opts->progress)
-        ls_progress_begin(&job->progress, "fingerprint", out->total_bytes, "B");
-    else
-        memset(&job->progress, 0, sizeof job->progress); /* enabled = 0: no-op */
-
-    uint64_t t0 = ls_now_ns();
-    int started = 0;
-    for (; started < threads; started++)
-        if (pthread_create(&tids[started], NULL, fp_worker, job) != 0) break;
-    if (started == 0) fp_worker(job); /* could not start any thread: hash here */
-    for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
-    out->elapsed_ns = ls_now_ns() - t0;
-    out->threads_used = started ? started : 1;
-    if (opts && opts->progress) ls_progress_end(&job->progress);
-
-    if (atomic_load(&job->failed)) {
-        st = ls_fail(err, job->err.status, "%s", job->err.msg);
-    } else {
-        for (size_t i = 0; i < count && st == LS_OK; i++) {
-            const ls_tensor_fp *f = &out->tensors[i];
-            st = ls_fingerprint_hash_leaf(f->name, ls_dtype_name(f->dtype), f->ndim, f->shape,
-                                          &f->digest, &leaves[i], err);
+        if (t->shard < 0 || (size_t)t->shard >= nshards) {
+            st = ls_fail(err, LS_E_INTERNAL, "tensor %s: shard %d out of range", t->name, t->shard);
+            goto done;
         }
-        if (st == LS_OK) st = ls_fingerprint_merkle_root(leaves, count, &out->merkle_root, err);
+        shards[t->shard].n++;
+        shards[t->shard].bytes += t->size_bytes;
     }
-    pthread_mutex_destroy(&job->err_lock);
-    free(job);
-    free(order);
-    free(tids);
+    /* Group the tensor indices by shard (counting sort, name order within). */
+    for (size_t s = 1; s < nshards; s++) shards[s].first = shards[s - 1].first + shards[s - 1].n;
+    {
+        size_t *fill = calloc(nshards ? nshards : 1, sizeof *fill);
+        if (!fill) {
+            st = ls_fail(err, LS_E_NOMEM, "fingerprint: out of memory (%zu shards)", nshards);
+            goto done;
+        }
+        for (size_t i = 0; i < count; i++) {
+            int s = ls_checkpoint_at(ck, i)->shard;
+            by_shard[shards[s].first + fill[s]++] = i;
+        }
+        free(fill);
+    }
+
+    for (size_t s = 0; s < nshards; s++) {
+        fp_shard *sh = &shards[s];
+        if (sh->n == 0) continue;
+        if (cache_dir) shard_prepare(sh, cache_dir);
+        if (sh->entry_path && !refresh) sh->cached = shard_lookup(sh, ck, by_shard, out->tensors);
+    }
+
+    /* Read before the first byte is hashed: an entry is only as good as the
+     * ordering of this moment and the file's last change (ls_fpcache_racy). */
+    int64_t hashed_at_ns = ls_fpcache_clock_ns();
+    size_t ntasks = 0;
+    for (size_t s = 0; s < nshards; s++) {
+        const fp_shard *sh = &shards[s];
+        if (sh->n == 0) continue;
+        if (sh->cached) {
+            out->files_cached++;
+            out->bytes_cached += sh->bytes;
+            continue;
+        }
+        out->files_hashed++;
+        out->bytes_hashed += sh->bytes;
+        for (size_t j = 0; j < sh->n; j++) {
+            size_t i = by_shard[sh->first + j];
+            tasks[ntasks].index = i;
+            tasks[ntasks].size_bytes = out->tensors[i].size_bytes;
+            ntasks++;
+        }
+    }
+    uint64_t t0 = ls_now_ns();
+    st = hash_tasks(ck, out->tensors, tasks, ntasks, threads, opts && opts->progress,
+                    out->bytes_hashed, &out->threads_used, err);
+    out->elapsed_ns = ls_now_ns() - t0;
+    if (st != LS_OK) goto done;
+
+    int warned = 0;
+    for (size_t s = 0; s < nshards; s++) {
+        const fp_shard *sh = &shards[s];
+        if (sh->n == 0 || sh->cached || !sh->entry_path) continue;
+        ls_error e;
+        ls_error_clear(&e);
+        int stored = 0;
+        if (shard_store(sh, ck, by_shard, out->tensors, hashed_at_ns, &stored, &e) != LS_OK) {
+            /* The result does not depend on the cache: say so once and go on. */
+            if (!warned)
+                ls_log_warn("fingerprint cache: %s; continuing without storing entries", e.msg);
+            warned = 1;
+        }
+        out->cache_entries_written += (size_t)stored;
+    }
+
+    for (size_t i = 0; i < count && st == LS_OK; i++) {
+        const ls_tensor_fp *f = &out->tensors[i];
+        st = ls_fingerprint_hash_leaf(f->name, ls_dtype_name(f->dtype), f->ndim, f->shape,
+                                      &f->digest, &leaves[i], err);
+    }
+    if (st == LS_OK) st = ls_fingerprint_merkle_root(leaves, count, &out->merkle_root, err);
+done:
+    for (size_t s = 0; shards && s < nshards; s++) {
+        free(shards[s].canon);
+        free(shards[s].entry_path);
+    }
+    free(shards);
+    free(by_shard);
+    free(tasks);
     free(leaves);
     if (st != LS_OK) ls_fingerprint_free(out);
     return st;

@@ -65,23 +65,93 @@ typedef struct ls_fingerprint_opts {
     int progress;                      /* 1: draw a progress bar when stderr is a terminal */
 } ls_fingerprint_opts;
 
+/* The fingerprint cache, kept apart from ls_fingerprint_opts so that callers
+ * initialising that struct positionally ({threads, progress}) still compile
+ * warning-free. */
+typedef struct ls_fingerprint_cache_opts {
+    const char *dir;                   /* cache root (see ls_fingerprint_checkpoint_cached);
+                                          NULL or "": no cache, every tensor is hashed and
+                                          nothing is stored */
+    int refresh;                       /* 1: ignore cached digests, hash every tensor, and
+                                          store fresh entries (when dir is set) */
+} ls_fingerprint_cache_opts;
+
 typedef struct ls_fingerprint {
     size_t count;                      /* number of tensors */
     ls_tensor_fp *tensors;             /* [count], sorted by name; owned (names borrowed) */
     ls_digest config_digest;           /* SHA-256 of canonical config.json */
     ls_digest merkle_root;             /* root over tensors[] (see above) */
     uint64_t total_bytes;              /* sum of tensor sizes */
-    int threads_used;                  /* threads that hashed */
+    int threads_used;                  /* threads that hashed (0 when nothing was hashed) */
     uint64_t elapsed_ns;               /* wall time spent hashing tensors */
+    /* What was verified. A shard is counted once, as hashed or as cached;
+     * shards holding no fingerprinted tensor are in neither count.
+     * files_hashed + files_cached = shards read or looked up, and
+     * bytes_hashed + bytes_cached = total_bytes. */
+    size_t files_hashed;               /* shards whose tensors were read and hashed now */
+    size_t files_cached;               /* shards whose digests came from the cache */
+    uint64_t bytes_hashed;             /* tensor bytes read and hashed now */
+    uint64_t bytes_cached;             /* tensor bytes whose digests came from the cache */
+    size_t cache_entries_written;      /* entries stored (or refreshed) by this call */
 } ls_fingerprint;
 
 /* Hashes every tensor of ck (streamed from the mapping, in parallel across
  * tensors), the config and the Merkle root. *out is filled on success and must
  * be released with ls_fingerprint_free; tensor names stay borrowed from ck, so
- * ck must outlive *out. opts may be NULL (defaults). */
+ * ck must outlive *out. opts may be NULL (defaults). No cache is used: this is
+ * ls_fingerprint_checkpoint_cached with cache = NULL.
+ *
+ * It only reads ck, so it may run on a worker thread while other threads read
+ * the same checkpoint's mapping. */
 ls_status ls_fingerprint_checkpoint(const ls_checkpoint *ck, const ls_fingerprint_opts *opts,
                                     ls_fingerprint *out, ls_error *err);
+
+/* The same, taking the digests of unchanged shards from the fingerprint cache
+ * under cache->dir and storing those it hashed (fingerprint/cache.h has the
+ * entry format). cache may be NULL (no cache). Reads only ck and the cache
+ * directory, so it too may run on a worker thread beside readers of ck.
+ *
+ * A shard's digests are taken from its entry, instead of reading the shard,
+ * only when all of these hold:
+ *   - the shard's path still names the mapped file with the identity it had
+ *     when opened: same device, inode, size, mtime and ctime (ns);
+ *   - the entry records that same identity and that same canonical path;
+ *   - hashing for the entry began after the file's last change
+ *     (ls_fpcache_racy), so no later change can have kept the identity;
+ *   - the entry's tensor list equals the shard's current header (names,
+ *     dtypes, shapes, sizes, offsets) and holds a digest for every tensor the
+ *     checkpoint exposes from that shard.
+ * A cached digest therefore means "this file has the same identity (device,
+ * inode, size, mtime, ctime) as when lockstep hashed it", not that its bytes
+ * were read again: a change that leaves all five as they were (a write to the
+ * block device beneath the file system, a clock set back, a forged ctime)
+ * goes unseen until a refresh. files_cached / bytes_cached say how much of a
+ * result rests on that.
+ *
+ * An entry that is malformed, truncated, of another format or version, not
+ * owned by the user or made for another path is never trusted: a one-line
+ * warning names it and the byte offset, the shard is hashed and the entry
+ * rewritten. A cache directory that cannot be created or written costs one
+ * warning per call; the result is unaffected. After hashing, an entry is
+ * stored only when the shard kept its identity from before hashing to after
+ * it and is not racy.
+ *
+ * config.json is always digested afresh from the bytes read at open: it is
+ * parsed in memory, so a cached digest would save microseconds and prove less.
+ *
+ * Digests, leaves and root are the same whether they come from the cache or
+ * from hashing; only the counts and elapsed_ns differ. */
+ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
+                                           const ls_fingerprint_opts *opts,
+                                           const ls_fingerprint_cache_opts *cache,
+                                           ls_fingerprint *out, ls_error *err);
 void ls_fingerprint_free(ls_fingerprint *fp);
+
+/* The default cache root: $LOCKSTEP_CACHE_DIR if set and non-empty, else
+ * $XDG_CACHE_HOME/lockstep if XDG_CACHE_HOME is an absolute path, else
+ * $HOME/.cache/lockstep if HOME is set and non-empty; NULL when none can be
+ * formed. Returns a malloc'd string (caller frees). Nothing is created. */
+char *ls_fingerprint_default_cache_dir(void);
 
 /* Number of online CPU cores (at least 1). */
 int ls_fingerprint_default_threads(void);

@@ -61,6 +61,24 @@ typedef struct ls_tensor {
     int shard;                         /* index into ls_checkpoint_shard_path() */
 } ls_tensor;
 
+/* ---- file identity -----------------------------------------------------------
+ * What stat(2) says about a file, as much as a cache keyed by file identity
+ * needs (fingerprint/cache.h). Equal identities mean "same device, inode,
+ * size, modification and status-change time", not "same bytes". */
+typedef struct ls_file_identity {
+    uint64_t dev;                      /* st_dev */
+    uint64_t ino;                      /* st_ino */
+    uint64_t size_bytes;               /* st_size */
+    int64_t mtime_ns;                  /* st_mtim, ns since the epoch */
+    int64_t ctime_ns;                  /* st_ctim, ns since the epoch (set by the kernel on
+                                          every change to the file; not settable by users) */
+} ls_file_identity;
+
+/* stat(2)s path (symlinks followed). LS_E_IO naming path on failure. */
+ls_status ls_file_identity_stat(const char *path, ls_file_identity *out, ls_error *err);
+/* 1 when every field is equal. */
+int ls_file_identity_equal(const ls_file_identity *a, const ls_file_identity *b);
+
 /* ---- single safetensors file --------------------------------------------- */
 
 typedef struct ls_safetensors ls_safetensors;
@@ -74,6 +92,10 @@ ls_status ls_safetensors_open_mem(const char *label, const void *image, size_t f
                                   ls_safetensors **out, ls_error *err);
 /* The path (or label) the file was opened with; owned by st. */
 const char *ls_safetensors_label(const ls_safetensors *st);
+/* Identity of the file st maps, taken by fstat(2) on the descriptor that was
+ * mapped, so it describes the mapped file even if its path has since been
+ * replaced; NULL for ls_safetensors_open_mem. Owned by st. */
+const ls_file_identity *ls_safetensors_identity(const ls_safetensors *st);
 size_t ls_safetensors_count(const ls_safetensors *st);
 const ls_tensor *ls_safetensors_at(const ls_safetensors *st, size_t i); /* data order */
 const ls_tensor *ls_safetensors_find(const ls_safetensors *st, const char *name);

@@ -36,6 +36,8 @@ struct ls_safetensors {
     char **meta_keys;           /* meta_count, sorted by key; owned */
     char **meta_values;         /* meta_count; owned */
     size_t meta_count;
+    ls_file_identity identity;  /* fstat of the mapped descriptor (ls_safetensors_open) */
+    int has_identity;           /* 0 for ls_safetensors_open_mem */
 };
 
 /* ---- errors ----------------------------------------------------------------- */
@@ -479,6 +481,32 @@ ls_status ls_safetensors_open_mem(const char *label, const void *image, size_t f
     return LS_OK;
 }
 
+/* ---- file identity ------------------------------------------------------------ */
+
+static void identity_from_stat(const struct stat *sb, ls_file_identity *out)
+{
+    out->dev = (uint64_t)sb->st_dev;
+    out->ino = (uint64_t)sb->st_ino;
+    out->size_bytes = (uint64_t)sb->st_size;
+    out->mtime_ns = (int64_t)sb->st_mtim.tv_sec * 1000000000 + sb->st_mtim.tv_nsec;
+    out->ctime_ns = (int64_t)sb->st_ctim.tv_sec * 1000000000 + sb->st_ctim.tv_nsec;
+}
+
+ls_status ls_file_identity_stat(const char *path, ls_file_identity *out, ls_error *err)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return ls_fail(err, LS_E_IO, "%s: cannot stat: %s", path, strerror(errno));
+    identity_from_stat(&sb, out);
+    return LS_OK;
+}
+
+int ls_file_identity_equal(const ls_file_identity *a, const ls_file_identity *b)
+{
+    return a->dev == b->dev && a->ino == b->ino && a->size_bytes == b->size_bytes &&
+           a->mtime_ns == b->mtime_ns && a->ctime_ns == b->ctime_ns;
+}
+
 ls_status ls_safetensors_open(const char *path, ls_safetensors **out, ls_error *err)
 {
     if (!out || !path) return ls_fail(err, LS_E_USAGE, "ls_safetensors_open: NULL argument");
@@ -500,6 +528,8 @@ ls_status ls_safetensors_open(const char *path, ls_safetensors **out, ls_error *
         close(fd);
         return LS_E_NOMEM;
     }
+    identity_from_stat(&sb, &st->identity);
+    st->has_identity = 1;
     size_t len = (size_t)sb.st_size;
     if (len > 0) {
         /* Read-only private mapping: tensor data is never copied, and pages of
@@ -532,6 +562,11 @@ ls_status ls_safetensors_open(const char *path, ls_safetensors **out, ls_error *
 const char *ls_safetensors_label(const ls_safetensors *st)
 {
     return st ? st->label : NULL;
+}
+
+const ls_file_identity *ls_safetensors_identity(const ls_safetensors *st)
+{
+    return st && st->has_identity ? &st->identity : NULL;
 }
 
 size_t ls_safetensors_count(const ls_safetensors *st)

@@ -40,7 +40,8 @@ static ls_status checkpoint_section(const ls_checkpoint *ck, const ls_manifest_o
     const ls_fingerprint *fpp = o->fingerprint;
     if (!fpp) {
         ls_fingerprint_opts fo = {o->threads, o->progress};
-        LS_TRY(ls_fingerprint_checkpoint(ck, &fo, &own, err));
+        ls_fingerprint_cache_opts co = {o->cache_dir, o->refresh};
+        LS_TRY(ls_fingerprint_checkpoint_cached(ck, &fo, &co, &own, err));
         fpp = &own;
     }
     const ls_fingerprint fp = *fpp;

@@ -51,10 +51,15 @@ typedef struct ls_manifest_opts {
     const ls_fingerprint *fingerprint;   /* the checkpoint's fingerprint, already computed
                                             (borrowed; a gate hashes once for all its
                                             runs), or NULL to compute it */
+    const char *cache_dir;               /* fingerprint cache root when the fingerprint is
+                                            computed here (ls_fingerprint_checkpoint_cached);
+                                            NULL (default): no cache. The manifest does not
+                                            depend on it: cached and hashed digests agree */
+    int refresh;                         /* 1: hash every tensor and refresh the cache */
 } ls_manifest_opts;
 
 /* Defaults: backend "cpu", mode "strict", no perturbation, all threads,
- * topology 1/1/1, no progress bar. */
+ * topology 1/1/1, no progress bar, no fingerprint cache. */
 ls_manifest_opts ls_manifest_opts_default(void);
 
 /* Pins the live system: fingerprints the checkpoint and describes build,
