@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend/providers.h"
 #include "fingerprint/cache.h"
 #include "fingerprint/fingerprint.h"
 #include "io/checkpoint.h"
@@ -837,6 +838,7 @@ static void manifest_digest(const ls_checkpoint *ck, const char *cache, ls_diges
     o.checkpoint = ck;
     o.threads = 2;
     o.cache_dir = cache;
+    o.providers = ls_backend_list_providers("cpu", &o.n_providers);
     json_t *m;
     ck_assert_msg(ls_manifest_build(&o, &m, &err) == LS_OK, "%s", err.msg);
     ck_assert_int_eq(ls_manifest_digest(m, d, &err), LS_OK);

@@ -29,6 +29,8 @@ static const char usage_text[] =
     "  --junit FILE           JUnit XML: one testsuite per replay, holding one testcase (that\n"
     "                         replay vs the rollout; a failure carries its first drift)\n"
     "  --json FILE            JSON summary (per replay: verdict, counts, first drift)\n"
+    "  --checkpoint-cache use|off|refresh  as for run: reuse the SHA-256 of unchanged\n"
+    "                         checkpoint files (default use), or hash everything\n"
     "  --workdir DIR          keep the traces and per-replay compare reports in DIR\n"
     "                         (default: a temporary directory, removed afterwards)\n"
     "\n"
@@ -45,11 +47,13 @@ int ls_cmd_gate(int argc, char **argv)
     ls_error_clear(&err);
     ls_status st = LS_OK;
     long v;
-    enum { O_CK = LS_CLI_LONG, O_PROMPTS, O_MAXNEW, O_BACKEND, O_THREADS, O_JUNIT, O_JSON, O_WORKDIR };
+    enum { O_CK = LS_CLI_LONG, O_PROMPTS, O_MAXNEW, O_BACKEND, O_THREADS, O_JUNIT, O_JSON, O_WORKDIR,
+           O_CACHE };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"prompts", O_PROMPTS, 1}, {"max-new-tokens", O_MAXNEW, 1},
         {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"junit", O_JUNIT, 1},
-        {"json", O_JSON, 1}, {"workdir", O_WORKDIR, 1}, {NULL, 0, 0}};
+        {"json", O_JSON, 1}, {"workdir", O_WORKDIR, 1}, {"checkpoint-cache", O_CACHE, 1},
+        {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "gate", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *x = ca.arg;
@@ -67,6 +71,7 @@ int ls_cmd_gate(int argc, char **argv)
         case O_JUNIT: o.junit = x; break;
         case O_JSON: o.json = x; break;
         case O_WORKDIR: o.workdir = x; break;
+        case O_CACHE: st = ls_run_parse_hash_cache(x, &o.hash_cache, &err); break;
         }
     }
     if (st == LS_OK && (!o.checkpoint || !o.prompts))

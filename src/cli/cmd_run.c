@@ -43,6 +43,10 @@ static const char usage_text[] =
     "  --dump-layers L,...       also store the full tensors of these decoder layers\n"
     "  --max-rows N              packed tokens per forward (default 256)\n"
     "  --reverse-batch           pack the batch in reverse order\n"
+    "  --checkpoint-cache use|off|refresh  reuse the SHA-256 of unchanged checkpoint files\n"
+    "                            (same device, inode, size, mtime, ctime; default use), hash\n"
+    "                            everything (off), or hash everything and store it (refresh);\n"
+    "                            the header's run_params.checkpoint_verified says which\n"
     "  -o, --out TRACE           the trace to write (temporary name, renamed when complete)\n"
     "Every option also takes the form --option=VALUE.\n"
     "\n"
@@ -70,7 +74,7 @@ int ls_cmd_run(int argc, char **argv)
     ls_status st = LS_OK;
     enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
            O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
-           O_ROWS, O_REVERSE };
+           O_ROWS, O_REVERSE, O_CACHE };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
         {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
@@ -78,7 +82,7 @@ int ls_cmd_run(int argc, char **argv)
         {"top-k", O_TOPK, 1}, {"top-p", O_TOPP, 1}, {"activations", O_ACT, 1},
         {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"state-digest-every", O_EVERY, 1},
         {"perturb", O_PERTURB, 1}, {"dump-layers", O_DUMP, 1}, {"max-rows", O_ROWS, 1},
-        {"reverse-batch", O_REVERSE, 0}, {NULL, 0, 0}};
+        {"reverse-batch", O_REVERSE, 0}, {"checkpoint-cache", O_CACHE, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *a = ca.opt, *x = ca.arg;
@@ -118,6 +122,7 @@ int ls_cmd_run(int argc, char **argv)
         case O_EVERY: st = ls_cli_parse_long(a, x, 1, 1L << 30, &state_every, &err); break;
         case O_PERTURB: s.perturb = x; break;
         case O_DUMP: s.dump_layers = x; break;
+        case O_CACHE: st = ls_run_parse_hash_cache(x, &s.hash_cache, &err); break;
         case O_ROWS: st = ls_cli_parse_long(a, x, 1, 1L << 20, &s.max_rows, &err); break;
         }
     }

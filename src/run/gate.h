@@ -28,6 +28,7 @@ typedef struct ls_gate_opts {
     const char *workdir;           /* NULL = temporary, removed */
     const ls_gate_variant *variants; /* NULL = the standard five (chunk 1, 3, 64, whole, reordered) */
     int n_variants;
+    ls_run_hash_cache hash_cache;  /* how the checkpoint is hashed (once, for every run) */
 } ls_gate_opts;
 
 

@@ -244,6 +244,7 @@ static ls_status parse_dump_layers(const char *spec, long L, unsigned char *mask
  * takes the weights (a GPU upload, or the CPU's first touch of the mapping). */
 typedef struct hash_job {
     const ls_checkpoint *ck;
+    ls_run_hash_cache cache;
     int progress;
     ls_fingerprint fp;
     ls_error err;
@@ -253,18 +254,43 @@ typedef struct hash_job {
 static void *hash_main(void *arg)
 {
     hash_job *j = arg;
-    ls_fingerprint_opts fo = {0, j->progress};
-    j->st = ls_fingerprint_checkpoint(j->ck, &fo, &j->fp, &j->err);
+    j->st = ls_run_fingerprint(j->ck, j->cache, j->progress, &j->fp, &j->err);
     return NULL;
 }
 
-/* What the trace header says was verified of the checkpoint. */
+ls_status ls_run_parse_hash_cache(const char *s, ls_run_hash_cache *out, ls_error *err)
+{
+    static const char *const names[] = {"use", "off", "refresh"};
+    for (int i = 0; i < 3; i++)
+        if (!strcmp(s, names[i])) {
+            *out = (ls_run_hash_cache)i;
+            return LS_OK;
+        }
+    return ls_fail(err, LS_E_USAGE, "hash_cache (--checkpoint-cache) '%s': expected use, off or "
+                   "refresh", s);
+}
+
+ls_status ls_run_fingerprint(const ls_checkpoint *ck, ls_run_hash_cache cache, int progress,
+                             ls_fingerprint *out, ls_error *err)
+{
+    ls_fingerprint_opts fo = {0, progress};
+    char *dir = cache == LS_RUN_CACHE_OFF ? NULL : ls_fingerprint_default_cache_dir();
+    ls_fingerprint_cache_opts co = {dir, cache == LS_RUN_CACHE_REFRESH};
+    ls_status st = ls_fingerprint_checkpoint_cached(ck, &fo, &co, out, err);
+    free(dir);
+    return st;
+}
+
+/* What the trace header says was verified of the checkpoint: the bytes
+ * hashed, and the bytes whose digests came from the cache (files whose
+ * identity -- device, inode, size, mtime, ctime -- is unchanged since
+ * lockstep hashed them; not a fresh read). */
 static json_t *verification_json(const ls_fingerprint *fp, int hashed_here)
 {
-    return json_pack("{s:I, s:I, s:s}", "tensors", (json_int_t)fp->count, "bytes",
-                     (json_int_t)fp->total_bytes, "sha256",
-                     hashed_here ? "every tensor hashed by this run"
-                                 : "every tensor hashed once by the caller for all its runs");
+    return json_pack("{s:I, s:I, s:I, s:I, s:s}", "tensors", (json_int_t)fp->count, "bytes",
+                     (json_int_t)fp->total_bytes, "bytes_hashed", (json_int_t)fp->bytes_hashed,
+                     "bytes_from_cache", (json_int_t)fp->bytes_cached, "by",
+                     hashed_here ? "this run" : "the caller, once for all its runs");
 }
 
 ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err)
@@ -320,6 +346,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     }
     if (st == LS_OK && !s->fingerprint) {
         hj.ck = ck;
+        hj.cache = s->hash_cache;
         hj.progress = s->progress;
         ls_error_clear(&hj.err);
         if (pthread_create(&hasher, NULL, hash_main, &hj) == 0) hashing = 1;

@@ -28,6 +28,23 @@
 #include "run/drive.h"
 #include "run/load.h"
 
+/* How a run hashes its checkpoint (the manifest pins every tensor's SHA-256).
+ * The cache (fingerprint/fingerprint.h) keeps each shard's digests keyed by
+ * the file's identity; the trace header's run_params.checkpoint_verified
+ * says how many bytes were hashed and how many came from it. */
+typedef enum ls_run_hash_cache {
+    LS_RUN_CACHE_USE = 0,          /* default: reuse digests of unchanged files, store new ones */
+    LS_RUN_CACHE_OFF,              /* hash every tensor, store nothing */
+    LS_RUN_CACHE_REFRESH           /* hash every tensor, store fresh entries */
+} ls_run_hash_cache;
+
+/* Parses "use" | "off" | "refresh". */
+ls_status ls_run_parse_hash_cache(const char *s, ls_run_hash_cache *out, ls_error *err);
+
+/* Hashes the checkpoint as the spec's cache setting says (all cores). */
+ls_status ls_run_fingerprint(const ls_checkpoint *ck, ls_run_hash_cache cache, int progress,
+                             ls_fingerprint *out, ls_error *err);
+
 typedef struct ls_run_spec {
     const char *checkpoint;        /* directory (--checkpoint) */
     const char *mode;              /* "rollout" | "replay" (--mode) */
@@ -46,6 +63,7 @@ typedef struct ls_run_spec {
     const char *out;               /* trace path (-o) */
     int progress;                  /* progress on stderr (ls_progress) */
     const ls_fingerprint *fingerprint; /* the checkpoint's, already computed (borrowed), or NULL */
+    ls_run_hash_cache hash_cache;  /* digest cache use when hashing (--checkpoint-cache) */
 } ls_run_spec;
 
 /* Defaults: rollout, 16 new tokens, greedy, bf16, cpu, 1 thread, state
