@@ -28,7 +28,11 @@
  * These functions are the reference the portable CUDA kernels are checked
  * against bit for bit; they never allocate and never fail (shapes are
  * validated by the model). Row ranges [r0, r1) let callers split work over
- * threads without changing any bit. */
+ * threads without changing any bit.
+ *
+ * The declarations are grouped by operator family, one source file each,
+ * mirroring the files of the CUDA kernels (kernels/ops_*.cu) that are checked
+ * against them. */
 #ifndef LS_BACKEND_CPU_OPS_H
 #define LS_BACKEND_CPU_OPS_H
 
@@ -37,7 +41,9 @@
 #include "numerics/reduce.h"
 #include "numerics/types.h"
 
-/* ---- reductions ------------------------------------------------------------ */
+/* ==== dense: cpu_ops_dense.c; CUDA kernels/ops_dense.cu =================== */
+
+/* ---- reductions ---------------------------------------------------------- */
 
 /* DOT32(a, b) over n elements (or the reversed sequential sum). */
 float ls_cpu_dot(const float *a /* [n] */, const float *b /* [n] */, long n, ls_order order);
@@ -46,7 +52,7 @@ float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x /* [w->cols] */, 
 /* SUM32(a) over n elements (or reversed sequential). */
 float ls_cpu_sum(const float *a /* [n] */, long n, ls_order order);
 
-/* ---- elementwise / rows ---------------------------------------------------- */
+/* ---- embedding and linear ------------------------------------------------ */
 
 /* Embedding rows: h[t] = act(E[tokens[t]]). Token ids must be < E->rows. */
 void ls_cpu_embed(const ls_wmat *emb /* [V, D] */, const int32_t *tokens /* [T] */, long T,
@@ -56,6 +62,8 @@ void ls_cpu_embed(const ls_wmat *emb /* [V, D] */, const int32_t *tokens /* [T] 
  * x [T, W.cols], y [T, W.rows] (row stride W.rows; only columns o0..o1-1 written). */
 void ls_cpu_linear(const ls_wmat *w, const float *x /* [T, in] */, float *y /* [T, out] */,
                    long T, long o0, long o1, int act_bf16, ls_order order);
+
+/* ---- norms --------------------------------------------------------------- */
 
 /* Zero-centred RMSNorm over rows of n: r = rsqrt(DOT32(x,x)/n + 1e-6);
  * y_i = act((x_i r)(1 + w_i)). y may equal x. */
@@ -67,6 +75,27 @@ void ls_cpu_rmsnorm(const float *x /* [R, n] */, const float *w /* [n] */, float
 void ls_cpu_gated_rmsnorm(const float *x /* [R, n] */, const float *z /* [R, n] */,
                           const float *w /* [n] */, float *y /* [R, n] */, long R, long n,
                           int act_bf16, ls_order order);
+
+/* L2 norm per row of d, then scale: x_i = (x_i · rsqrt(DOT32(x,x) + 1e-6)) · scale,
+ * fp32 (no activation rounding). scale = 1 leaves the product exact. In place. */
+void ls_cpu_l2norm_scale(float *x /* [R, d] */, long R, long d, float scale, ls_order order);
+
+/* ---- elementwise --------------------------------------------------------- */
+
+/* GDN gates per (token, value head): β = act(sigmoid(b)); g = −exp(A_log) ·
+ * softplus(a + dt_bias); α = exp(g). b, a [T, H] (strided rows). */
+void ls_cpu_gdn_gates(const float *b /* [T, H] */, const float *a /* [T, H] */,
+                      const float *A_log /* [H] */, const float *dt_bias /* [H] */,
+                      float *beta /* [T, H] */, float *alpha /* [T, H] */, long T, long H,
+                      int act_bf16);
+
+/* Output gate: o_i = act(o_i · act(sigmoid(gate_i))). */
+void ls_cpu_sigmoid_gate(float *o /* [n] */, const float *gate /* [n] */, long n, int act_bf16);
+
+/* Residual: h_i = act(h_i + a_i). */
+void ls_cpu_residual(float *h /* [n] */, const float *a /* [n] */, long n, int act_bf16);
+
+/* ---- causal conv + SiLU -------------------------------------------------- */
 
 /* Causal depthwise conv + SiLU over T tokens of one sequence, C channels, K
  * taps. state [C, K] holds the last K inputs (column K-1 the most recent;
@@ -80,19 +109,26 @@ void ls_cpu_conv_silu(const float *x /* [T, x_stride] */, long x_stride,
                       float *y /* [T, y_stride] */, long y_stride, long T, long C, long K,
                       int act_bf16, ls_order order);
 
-/* GDN gates per (token, value head): β = act(sigmoid(b)); g = −exp(A_log) ·
- * softplus(a + dt_bias); α = exp(g). b, a [T, H] (strided rows). */
-void ls_cpu_gdn_gates(const float *b /* [T, H] */, const float *a /* [T, H] */,
-                      const float *A_log /* [H] */, const float *dt_bias /* [H] */,
-                      float *beta /* [T, H] */, float *alpha /* [T, H] */, long T, long H,
-                      int act_bf16);
+/* ---- logprobs and top-k -------------------------------------------------- */
 
-/* L2 norm per row of d, then scale: x_i = (x_i · rsqrt(DOT32(x,x) + 1e-6)) · scale,
- * fp32 (no activation rounding). scale = 1 leaves the product exact. In place. */
-void ls_cpu_l2norm_scale(float *x /* [R, d] */, long R, long d, float scale, ls_order order);
+/* logprobs for R rows of V logits: m = max; lse = m + log(SUM32(exp(l − m)));
+ * lp_v = l_v − lse. Returns through lp (may equal logits). scratch [V]. */
+void ls_cpu_logprobs(const float *logits /* [R, V] */, float *lp /* [R, V] */, long R, long V,
+                     float *scratch /* [V] */, ls_order order);
 
-/* The query scale fp32(1/sqrt(d)) computed in double and rounded once. */
-float ls_cpu_inv_sqrt_scale(long d);
+/* The k largest entries of one row, descending, ties to the lower index. */
+void ls_cpu_topk(const float *x /* [n] */, long n, long k, int32_t *ids /* [k] */,
+                 float *vals /* [k] */);
+
+/* ---- RoPE table (host only, for rope_apply) ------------------------------ */
+
+/* RoPE table on the host: for each of T positions, j < R/2:
+ * inv_freq_j = fp32(θ^(−2j/R)) (double), a = fp32(pos) · inv_freq_j,
+ * cos_j = act(fp32(cos(double a))), sin likewise. */
+void ls_cpu_rope_table(const int32_t *pos /* [T] */, long T, long R, double theta,
+                       float *cos_t /* [T, R/2] */, float *sin_t /* [T, R/2] */, int act_bf16);
+
+/* ==== GDN: cpu_ops_gdn.c; CUDA kernels/ops_gdn.cu ========================= */
 
 /* GDN recurrent step over T tokens of one sequence (fp32 state, carried):
  * for each token and value head h (key head h·Hk/Hv):
@@ -110,11 +146,7 @@ void ls_cpu_gdn_recurrent_heads(const float *q, const float *k, const float *v,
                                 long T, long Hk, long Hv, long dk, long dv, long h0, long h1,
                                 int act_bf16, ls_order order);
 
-/* RoPE table on the host: for each of T positions, j < R/2:
- * inv_freq_j = fp32(θ^(−2j/R)) (double), a = fp32(pos) · inv_freq_j,
- * cos_j = act(fp32(cos(double a))), sin likewise. */
-void ls_cpu_rope_table(const int32_t *pos /* [T] */, long T, long R, double theta,
-                       float *cos_t /* [T, R/2] */, float *sin_t /* [T, R/2] */, int act_bf16);
+/* ==== attention: cpu_ops_attention.c; CUDA kernels/ops_attention.cu ======= */
 
 /* Partial rotate-half RoPE in place on the first R dims of every head:
  * y_i = act(act(x_i cos) + act(rot_i sin)), rot_i = −x_{i+R/2} (i < R/2),
@@ -122,6 +154,9 @@ void ls_cpu_rope_table(const int32_t *pos /* [T] */, long T, long R, double thet
 void ls_cpu_rope_apply(float *x /* [T, H, d] */, const float *cos_t /* [T, R/2] */,
                        const float *sin_t /* [T, R/2] */, long T, long H, long d, long R,
                        int act_bf16);
+
+/* The query scale fp32(1/sqrt(d)) computed in double and rounded once. */
+float ls_cpu_inv_sqrt_scale(long d);
 
 /* Attention (docs/numerics.md §4) for T queries of one sequence. Query t
  * attends keys 0..pos[t] of the cache (rows already written, K after norm and
@@ -135,8 +170,7 @@ void ls_cpu_attention_heads(const float *q, const float *kc, const float *vc, lo
                             const int32_t *pos, float *o, long T, long Hq, long Hkv, long d,
                             long n0, long n1, int act_bf16, ls_order order);
 
-/* Output gate: o_i = act(o_i · act(sigmoid(gate_i))). */
-void ls_cpu_sigmoid_gate(float *o /* [n] */, const float *gate /* [n] */, long n, int act_bf16);
+/* ==== MoE: cpu_ops_moe.c; CUDA kernels/ops_moe.cu ========================= */
 
 /* Router for T tokens: r_e = act(DOT32(W[e], x)); softmax (max, exp,
  * SUM32); top-k descending, ties to the lower index; renormalise
@@ -184,17 +218,5 @@ void ls_cpu_moe_slot(const ls_moe_weights *mw, const float *x /* [T, D] */,
  * out = act(routed + c_k) when has_shared, else routed. */
 void ls_cpu_moe_combine(const float *c /* [k + 1, D] */, long k, long D, int has_shared,
                         float *out /* [D] */, int act_bf16, ls_order order_combine);
-
-/* Residual: h_i = act(h_i + a_i). */
-void ls_cpu_residual(float *h /* [n] */, const float *a /* [n] */, long n, int act_bf16);
-
-/* logprobs for R rows of V logits: m = max; lse = m + log(SUM32(exp(l − m)));
- * lp_v = l_v − lse. Returns through lp (may equal logits). scratch [V]. */
-void ls_cpu_logprobs(const float *logits /* [R, V] */, float *lp /* [R, V] */, long R, long V,
-                     float *scratch /* [V] */, ls_order order);
-
-/* The k largest entries of one row, descending, ties to the lower index. */
-void ls_cpu_topk(const float *x /* [n] */, long n, long k, int32_t *ids /* [k] */,
-                 float *vals /* [k] */);
 
 #endif

@@ -1,0 +1,95 @@
+/* lockstep — CPU reference of partial RoPE and attention (the kernels of
+ * kernels/ops_attention.cu); see cpu_ops.h and docs/numerics.md §4. */
+#include "backend/cpu_ops.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "numerics/lsmath.h"
+
+/* ---- RoPE ---------------------------------------------------------------- */
+
+void ls_cpu_rope_apply(float *x, const float *cos_t, const float *sin_t, long T, long H, long d,
+                       long R, int act_bf16)
+{
+    long half = R / 2;
+    float tmp[1024]; /* [R]; the model rejects R > 1024 */
+    if (R > 1024) return;
+    for (long t = 0; t < T; t++)
+        for (long hd = 0; hd < H; hd++) {
+            float *xr = x + (t * H + hd) * d; /* [d] */
+            const float *c = cos_t + t * half, *s = sin_t + t * half;
+            for (long i = 0; i < R; i++) {
+                float rot = i < half ? -xr[i + half] : xr[i - half];
+                long j = i % half;
+                float a = ls_act(xr[i] * c[j], act_bf16);
+                float b = ls_act(rot * s[j], act_bf16);
+                tmp[i] = ls_act(a + b, act_bf16);
+            }
+            memcpy(xr, tmp, sizeof(float) * (size_t)R);
+        }
+}
+
+/* ---- attention ----------------------------------------------------------- */
+
+float ls_cpu_inv_sqrt_scale(long d)
+{
+    return (float)(1.0 / sqrt((double)d));
+}
+
+#define LS_ATT_BLOCK 32
+#define LS_ATT_MAX_D 1024
+
+void ls_cpu_attention(const float *q, const float *kc, const float *vc, long cap,
+                      const int32_t *pos, float *o, long T, long Hq, long Hkv, long d, int act_bf16,
+                      ls_order order)
+{
+    ls_cpu_attention_heads(q, kc, vc, cap, pos, o, T, Hq, Hkv, d, 0, Hq, act_bf16, order);
+}
+
+void ls_cpu_attention_heads(const float *q, const float *kc, const float *vc, long cap,
+                            const int32_t *pos, float *o, long T, long Hq, long Hkv, long d,
+                            long n0, long n1, int act_bf16, ls_order order)
+{
+    float acc[LS_ATT_MAX_D];               /* [d] */
+    float pv[LS_ATT_BLOCK];                /* [32] lane values */
+    float p[LS_ATT_BLOCK];                 /* [32] block probabilities */
+    float s[LS_ATT_BLOCK];                 /* [32] block scores */
+    if (d > LS_ATT_MAX_D) return;
+    float scale = ls_cpu_inv_sqrt_scale(d);
+    for (long t = 0; t < T; t++) {
+        long last = pos[t];
+        for (long n = n0; n < n1; n++) {
+            long kvh = n * Hkv / Hq;
+            const float *qv = q + (t * Hq + n) * d;   /* [d] */
+            const float *K = kc + kvh * cap * d;      /* [cap, d] */
+            const float *V = vc + kvh * cap * d;      /* [cap, d] */
+            float M = -INFINITY, l = 0.0f;
+            for (long i = 0; i < d; i++) acc[i] = 0.0f;
+            for (long b0 = 0; b0 <= last; b0 += LS_ATT_BLOCK) {
+                long nb = last - b0 + 1;
+                if (nb > LS_ATT_BLOCK) nb = LS_ATT_BLOCK;
+                float bm = -INFINITY;
+                for (long j = 0; j < nb; j++) {
+                    s[j] = ls_cpu_dot(qv, K + (b0 + j) * d, d, order) * scale;
+                    if (s[j] > bm) bm = s[j];
+                }
+                float Mn = M > bm ? M : bm;
+                float c = (M == -INFINITY) ? 0.0f : ls_expf(M - Mn);
+                for (long j = 0; j < LS_ATT_BLOCK; j++) p[j] = j < nb ? ls_expf(s[j] - Mn) : 0.0f;
+                float ones[LS_ATT_BLOCK];
+                for (long j = 0; j < LS_ATT_BLOCK; j++) ones[j] = 1.0f;
+                float lc = l * c;
+                l = lc + ls_cpu_dot(p, ones, nb, order);
+                for (long i = 0; i < d; i++) {
+                    for (long j = 0; j < nb; j++) pv[j] = V[(b0 + j) * d + i];
+                    float ac = acc[i] * c;
+                    acc[i] = ac + ls_cpu_dot(p, pv, nb, order);
+                }
+                M = Mn;
+            }
+            float *ov = o + (t * Hq + n) * d; /* [d] */
+            for (long i = 0; i < d; i++) ov[i] = ls_act(acc[i] / l, act_bf16);
+        }
+    }
+}
