@@ -1,7 +1,10 @@
 /* lockstep — CUDA runtime services: device discovery, the run's device arena,
  * copies. See ls_cuda.h. */
+#include <math.h>
+
 #include "cuda_check.cuh"
 #include "ls_cuda.h"
+#include "numerics/reduce.h"
 
 extern "C" int ls_cuda_device_count(void)
 {
@@ -102,6 +105,36 @@ extern "C" ls_status ls_cuda_copy_blocks(float *dst, const float *src, long rows
                             (cudaStream_t)stream>>>(dst, src, groups, len, n, dst_stride, dst_step,
                                                     src_stride, src_step);
     LS_CUDA_CHECK_LAUNCH("ls_copy_blocks_kernel", err);
+    return LS_OK;
+}
+
+__device__ static uint64_t ls_fill_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__global__ void ls_fill_uniform_bf16_kernel(uint16_t *dst, size_t n, uint64_t seed, float scale)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t r = ls_fill_mix64(seed + (i + 1) * 0x9E3779B97F4A7C15ull);
+        float u = (float)((int64_t)(r >> 40) - ((int64_t)1 << 23)) * (1.0f / 8388608.0f);
+        dst[i] = ls_f32_to_bf16(scale * u);
+    }
+}
+
+extern "C" ls_status ls_cuda_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t seed,
+                                               float scale, void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(isfinite(scale), err, "synthetic weights: scale %g is not finite",
+                    (double)scale);
+    if (n == 0) return LS_OK;
+    size_t blocks = (n + 255) / 256;
+    ls_fill_uniform_bf16_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0,
+                                  (cudaStream_t)stream>>>(dst, n, seed, scale);
+    LS_CUDA_CHECK_LAUNCH("ls_fill_uniform_bf16_kernel", err);
     return LS_OK;
 }
 

@@ -54,6 +54,14 @@ ls_status ls_cuda_memset(void *dst_dev, int value, size_t bytes, ls_error *err);
 ls_status ls_cuda_copy_blocks(float *dst, const float *src, long rows, long groups, long len,
                               long dst_stride, long dst_step, long src_stride, long src_step,
                               void *stream, ls_error *err);
+/* Synthetic weights (benchmarks at shapes whose weights are not on disk):
+ * n bf16 values, element i = bf16(scale u), u uniform in [-1, 1) from
+ * splitmix64(seed + (i + 1) golden gamma): a counter-based generator, so
+ * element i depends only on (seed, i). Read as fp32 (pairs of elements, the
+ * upper one high), each value is finite and within one bf16 ulp of a
+ * generated value, so a buffer of either dtype holds values of that spread. */
+ls_status ls_cuda_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t seed, float scale,
+                                    void *stream, ls_error *err);
 /* Free device memory on the current device in bytes (0 on failure). */
 size_t ls_cuda_mem_free_bytes(void);
 /* Plain cudaMalloc / cudaFree for buffers outside the arena (scratch that grows). */

@@ -91,7 +91,10 @@ struct ls_backend {
     ls_status (*alloc)(ls_backend *be, size_t bytes, ls_buf **out, ls_error *err);
     /* Weights: a buffer holding `bytes` from host memory that stays valid for
      * the backend's lifetime (the checkpoint mmap). The CPU borrows it; CUDA
-     * copies it to the device. */
+     * copies it to the device. host == NULL (a synthetic model's matrix,
+     * model.h): a backend created to generate weights fills the buffer itself
+     * (CUDA with synthetic_weights_seed, backend_cuda.h); every other refuses
+     * with LS_E_UNSUPPORTED. */
     ls_status (*wrap_weights)(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
                               ls_error *err);
     ls_status (*upload)(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err);

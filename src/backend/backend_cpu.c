@@ -69,6 +69,11 @@ static ls_status cpu_alloc(ls_backend *be, size_t bytes, ls_buf **out, ls_error 
 static ls_status cpu_wrap(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
                           ls_error *err)
 {
+    if (!host)
+        return ls_fail(err, LS_E_UNSUPPORTED, "cpu backend: a weight matrix of %zu bytes has no "
+                       "data (a synthetic model, ls_model_synthetic): the CPU reference computes "
+                       "only from weights in host memory; run synthetic models on the CUDA "
+                       "backend with synthetic_weights_seed set", bytes);
     ls_buf *b = ls_arena_alloc(&IMPL(be)->arena, sizeof *b, err);
     if (!b) return err ? err->status : LS_E_NOMEM;
     b->ptr = (void *)(uintptr_t)host; /* borrowed, never written through */

@@ -5,11 +5,26 @@
 
 #include <string.h>
 
-#ifndef LOCKSTEP_HAVE_CUDA
+void ls_backend_cuda_opts_default(ls_backend_cuda_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->synthetic_weights_scale = 0.04f;
+}
 
 ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err)
 {
-    (void)arena_bytes;
+    ls_backend_cuda_opts o;
+    ls_backend_cuda_opts_default(&o);
+    o.arena_bytes = arena_bytes;
+    return ls_backend_cuda_create_opts(&o, out, err);
+}
+
+#ifndef LOCKSTEP_HAVE_CUDA
+
+ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend **out,
+                                      ls_error *err)
+{
+    (void)o;
     *out = NULL;
     return ls_fail(err, LS_E_UNSUPPORTED, "this lockstep was built without CUDA (no nvcc at build time)");
 }
@@ -60,6 +75,9 @@ typedef struct cuda_impl {
     void *scratch;             /* MoE / digest scratch inside the arena */
     size_t scratch_bytes;
     moe_entry *moe;
+    uint64_t synth_seed;       /* 0 = weights only from host memory */
+    float synth_scale;
+    uint64_t synth_calls;      /* synthetic matrices filled so far */
 } cuda_impl;
 
 #define IMPL(be) ((cuda_impl *)(be)->impl)
@@ -86,8 +104,17 @@ static ls_status cu_alloc(ls_backend *be, size_t bytes, ls_buf **out, ls_error *
 static ls_status cu_wrap_weights(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
                                  ls_error *err)
 {
+    cuda_impl *im = IMPL(be);
+    if (!host && !im->synth_seed)
+        return ls_fail(err, LS_E_UNSUPPORTED, "cuda backend: a weight matrix of %zu bytes has no "
+                       "data (a synthetic model) and this backend was not created to generate "
+                       "weights (ls_backend_cuda_opts.synthetic_weights_seed = 0)", bytes);
     LS_TRY(cu_alloc(be, bytes, out, err));
-    return ls_cuda_upload((*out)->ptr, host, bytes, err);
+    if (host) return ls_cuda_upload((*out)->ptr, host, bytes, err);
+    /* Each matrix its own stream of the generator: the seed mixed with the
+     * matrix's number (an odd multiplier keeps the seeds distinct). */
+    uint64_t seed = im->synth_seed ^ (++im->synth_calls * 0xD1B54A32D192ED03ull);
+    return ls_cuda_fill_uniform_bf16((*out)->ptr, bytes / 2, seed, im->synth_scale, NULL, err);
 }
 
 static ls_status cu_upload(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err)
@@ -468,7 +495,8 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
     return st;
 }
 
-ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err)
+ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend **out,
+                                      ls_error *err)
 {
     *out = NULL;
     if (ls_cuda_device_count() < 1)
@@ -483,6 +511,9 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
     }
     be->impl = im;
     ls_arena_init(&im->host);
+    im->synth_seed = o->synthetic_weights_seed;
+    im->synth_scale = o->synthetic_weights_scale;
+    size_t arena_bytes = o->arena_bytes;
     if (arena_bytes == 0) arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9;
     ls_status st = ls_cuda_arena_init(&im->dev, arena_bytes, err);
     if (st != LS_OK) {

@@ -6,15 +6,33 @@
 #define LS_BACKEND_BACKEND_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend/backend.h"
 #include "core/platform.h"
 
+typedef struct ls_backend_cuda_opts {
+    size_t arena_bytes;              /* device memory of the run; 0 = 90 % of the free memory */
+    uint64_t synthetic_weights_seed; /* 0: wrap_weights needs host data (refuses NULL);
+                                        else wrap_weights with host == NULL fills the buffer
+                                        on the device (ls_cuda_fill_uniform_bf16, seed derived
+                                        from this one and the call's number) */
+    float synthetic_weights_scale;   /* synthetic values uniform in [-scale, scale) */
+} ls_backend_cuda_opts;
+
+/* arena_bytes 0, no synthetic weights, scale 0.04 (about 1.8 / sqrt(2048):
+ * activations of Qwen3-Next-80B-A3B's hidden size keep a realistic spread). */
+void ls_backend_cuda_opts_default(ls_backend_cuda_opts *o);
+
 /* Creates the backend on the current CUDA device. Device memory for the run
- * (weights, activations, caches) comes from one arena of arena_bytes
- * (0 = 90 % of the free device memory), taken with one cudaMalloc; MoE and
- * digest scratch come from it too. The reversed-order perturbation is not
- * implemented on CUDA: such ops return LS_E_UNSUPPORTED. */
+ * (weights, activations, caches) comes from one arena of o->arena_bytes,
+ * taken with one cudaMalloc; MoE and digest scratch come from it too. The
+ * reversed-order perturbation is not implemented on CUDA: such ops return
+ * LS_E_UNSUPPORTED. */
+ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend **out,
+                                      ls_error *err);
+
+/* ls_backend_cuda_create_opts with the defaults and arena_bytes. */
 ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err);
 
 /* CUDA device `device` as the runtime describes it, for the manifest.

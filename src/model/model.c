@@ -3,6 +3,7 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,57 @@ static ls_status get_bool(const json_t *o, const char *key, int def, int *out, l
     return LS_OK;
 }
 
+/* The integer fields of config.json the model reads, where they go in
+ * ls_model_config and the values accepted; one table for the JSON reader and
+ * for the check of a config built in memory (ls_model_synthetic). */
+typedef struct int_field {
+    const char *key;           /* config.json name */
+    size_t off;                /* offset of the long in ls_model_config */
+    long lo, hi;               /* accepted range */
+} int_field;
+
+#define F(key, member, lo, hi) {key, offsetof(ls_model_config, member), lo, hi}
+static const int_field int_fields[] = {
+    F("hidden_size", hidden, 1, LIM_DIM),
+    F("num_hidden_layers", n_layers, 1, LS_MODEL_MAX_LAYERS),
+    F("vocab_size", vocab, 1, 1L << 24),
+    F("num_attention_heads", n_heads, 1, 4096),
+    F("num_key_value_heads", n_kv_heads, 1, 4096),
+    F("head_dim", head_dim, 1, 1024),
+    F("linear_num_key_heads", lin_k_heads, 1, 4096),
+    F("linear_num_value_heads", lin_v_heads, 1, 4096),
+    F("linear_key_head_dim", lin_k_dim, 1, 4096),
+    F("linear_value_head_dim", lin_v_dim, 1, 1024),
+    F("linear_conv_kernel_dim", conv_kernel, 1, 64),
+    F("num_experts", n_experts, 1, 65536),
+    F("num_experts_per_tok", topk, 1, 64),
+    F("moe_intermediate_size", moe_inter, 1, LIM_DIM),
+    F("shared_expert_intermediate_size", shared_inter, 1, LIM_DIM),
+    F("max_position_embeddings", max_positions, 1, 1L << 30),
+};
+#undef F
+
+static long *field_at(ls_model_config *c, const int_field *f)
+{
+    return (long *)((char *)c + f->off);
+}
+
+/* Constraints between fields (label names the source in messages). */
+static ls_status check_relations(const ls_model_config *c, const char *label, ls_error *err)
+{
+    if (c->n_heads % c->n_kv_heads)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field 'num_attention_heads' (%ld) is not a "
+                       "multiple of 'num_key_value_heads' (%ld)", label, c->n_heads, c->n_kv_heads);
+    if (c->lin_v_heads % c->lin_k_heads)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field 'linear_num_value_heads' (%ld) is not a "
+                       "multiple of 'linear_num_key_heads' (%ld)", label, c->lin_v_heads,
+                       c->lin_k_heads);
+    if (c->topk > c->n_experts)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field 'num_experts_per_tok' (%ld) exceeds "
+                       "'num_experts' (%ld)", label, c->topk, c->n_experts);
+    return LS_OK;
+}
+
 ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_error *err)
 {
     const json_t *o = config_json;
@@ -69,33 +121,11 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_
         return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'model_type' = '%s' is not "
                        "supported (supported: qwen3_next)", json_string_value(mt));
 
-    LS_TRY(get_int(o, "hidden_size", 1, 0, 1, LIM_DIM, &c->hidden, err));
-    LS_TRY(get_int(o, "num_hidden_layers", 1, 0, 1, LS_MODEL_MAX_LAYERS, &c->n_layers, err));
-    LS_TRY(get_int(o, "vocab_size", 1, 0, 1, 1L << 24, &c->vocab, err));
-    LS_TRY(get_int(o, "num_attention_heads", 1, 0, 1, 4096, &c->n_heads, err));
-    LS_TRY(get_int(o, "num_key_value_heads", 1, 0, 1, 4096, &c->n_kv_heads, err));
-    LS_TRY(get_int(o, "head_dim", 1, 0, 1, 1024, &c->head_dim, err));
-    LS_TRY(get_int(o, "linear_num_key_heads", 1, 0, 1, 4096, &c->lin_k_heads, err));
-    LS_TRY(get_int(o, "linear_num_value_heads", 1, 0, 1, 4096, &c->lin_v_heads, err));
-    LS_TRY(get_int(o, "linear_key_head_dim", 1, 0, 1, 4096, &c->lin_k_dim, err));
-    LS_TRY(get_int(o, "linear_value_head_dim", 1, 0, 1, 1024, &c->lin_v_dim, err));
-    LS_TRY(get_int(o, "linear_conv_kernel_dim", 1, 0, 1, 64, &c->conv_kernel, err));
-    LS_TRY(get_int(o, "num_experts", 1, 0, 1, 65536, &c->n_experts, err));
-    LS_TRY(get_int(o, "num_experts_per_tok", 1, 0, 1, 64, &c->topk, err));
-    LS_TRY(get_int(o, "moe_intermediate_size", 1, 0, 1, LIM_DIM, &c->moe_inter, err));
-    LS_TRY(get_int(o, "shared_expert_intermediate_size", 1, 0, 1, LIM_DIM, &c->shared_inter, err));
-    LS_TRY(get_int(o, "max_position_embeddings", 1, 0, 1, 1L << 30, &c->max_positions, err));
-
-    if (c->n_heads % c->n_kv_heads)
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'num_attention_heads' (%ld) is "
-                       "not a multiple of 'num_key_value_heads' (%ld)", c->n_heads, c->n_kv_heads);
-    if (c->lin_v_heads % c->lin_k_heads)
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'linear_num_value_heads' (%ld) "
-                       "is not a multiple of 'linear_num_key_heads' (%ld)", c->lin_v_heads,
-                       c->lin_k_heads);
-    if (c->topk > c->n_experts)
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'num_experts_per_tok' (%ld) "
-                       "exceeds 'num_experts' (%ld)", c->topk, c->n_experts);
+    for (size_t i = 0; i < sizeof int_fields / sizeof int_fields[0]; i++) {
+        const int_field *f = &int_fields[i];
+        LS_TRY(get_int(o, f->key, 1, 0, f->lo, f->hi, field_at(c, f), err));
+    }
+    LS_TRY(check_relations(c, "config.json", err));
 
     const json_t *act = json_object_get(o, "hidden_act");
     if (act && !json_is_null(act) &&
@@ -202,7 +232,95 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_
     return LS_OK;
 }
 
+/* ---- config built in memory ------------------------------------------------------- */
+
+static long field_get(const ls_model_config *c, const int_field *f)
+{
+    long v;
+    memcpy(&v, (const char *)c + f->off, sizeof v);
+    return v;
+}
+
+/* A config built in memory (ls_model_synthetic), held to the rules
+ * ls_model_parse_config applies to config.json: the same ranges and
+ * relations, rotary dims and RoPE theta as parsing would accept, one type
+ * per layer. */
+static ls_status check_config(const ls_model_config *c, ls_error *err)
+{
+    const char *label = "model config";
+    for (size_t i = 0; i < sizeof int_fields / sizeof int_fields[0]; i++) {
+        const int_field *f = &int_fields[i];
+        long v = field_get(c, f);
+        if (v < f->lo || v > f->hi)
+            return ls_fail(err, LS_E_UNSUPPORTED, "%s: field '%s' = %ld is outside %ld..%ld",
+                           label, f->key, v, f->lo, f->hi);
+    }
+    LS_TRY(check_relations(c, label, err));
+    if (c->rotary_dims < 2 || c->rotary_dims > c->head_dim || c->rotary_dims % 2)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: %ld rotary dims of head_dim %ld (need a "
+                       "positive even number, at most head_dim)", label, c->rotary_dims,
+                       c->head_dim);
+    if (!(c->rope_theta > 1.0) || !isfinite(c->rope_theta))
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field 'rope_theta' = %g is not supported",
+                       label, c->rope_theta);
+    if (c->norm_topk_prob != 0 && c->norm_topk_prob != 1)
+        return ls_fail(err, LS_E_USAGE, "%s: norm_topk_prob = %d (0 or 1)", label,
+                       c->norm_topk_prob);
+    for (long l = 0; l < c->n_layers; l++)
+        if (c->is_attention[l] != 0 && c->is_attention[l] != 1)
+            return ls_fail(err, LS_E_USAGE, "%s: layer %ld has type %d (0 gated DeltaNet, 1 full "
+                           "attention)", label, l, c->is_attention[l]);
+    return LS_OK;
+}
+
 /* ---- weights -------------------------------------------------------------------- */
+
+/* Where the tensors come from: a checkpoint, or none (a synthetic model:
+ * matrices without data, small parameters generated). One binding path
+ * serves both, so a synthetic model has exactly the tensors and shapes
+ * ls_model_open binds. */
+typedef struct binder {
+    const ls_checkpoint *ck;   /* NULL = synthetic */
+    uint64_t seed;             /* synthetic: the generator's seed */
+    uint64_t stream;           /* synthetic: vectors generated so far */
+} binder;
+
+/* splitmix64 finaliser. */
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* A synthetic small parameter: element i = bf16(offset + scale u), u uniform
+ * in [-1, 1) from mix64(key + (i + 1) golden gamma), key = mix64(seed ^
+ * mix64(vector number)); bf16-exact like a checkpoint's bf16 parameters
+ * widened to fp32. Norm weights lie near 0 (RMSNorm scales by 1 + w), the
+ * gated norm's near 1, A_log and dt_bias near Qwen3-Next's typical 1.5 and -2. */
+static ls_status synth_vec(binder *b, const char *name, long n, float **out, ls_error *err)
+{
+    float offset = 0.0f, scale = 0.1f;
+    if (ends_with(name, "A_log")) offset = 1.5f, scale = 1.0f;
+    else if (ends_with(name, "dt_bias")) offset = -2.0f, scale = 1.0f;
+    else if (ends_with(name, "linear_attn.norm.weight")) offset = 1.0f;
+    float *v = malloc(sizeof(float) * (size_t)n);
+    if (!v) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    uint64_t key = mix64(b->seed ^ mix64(b->stream++));
+    for (long i = 0; i < n; i++) {
+        uint64_t r = mix64(key + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull);
+        float u = (float)((int64_t)(r >> 40) - ((int64_t)1 << 23)) * (1.0f / 8388608.0f);
+        v[i] = ls_round_bf16(offset + scale * u);
+    }
+    *out = v;
+    return LS_OK;
+}
 
 static ls_status find(const ls_checkpoint *ck, const char *name, int ndim, const int64_t *shape,
                       const ls_tensor **out, ls_error *err)
@@ -232,12 +350,25 @@ static ls_status find(const ls_checkpoint *ck, const char *name, int ndim, const
     return LS_OK;
 }
 
-static ls_status mat(const ls_checkpoint *ck, const char *name, long rows, long cols, ls_wmat *m,
+/* A synthetic model's matrix: bf16, no data (a backend that can fill weights
+ * itself does so at wrap_weights; the others refuse it). */
+static ls_wmat no_data(long rows, long cols)
+{
+    ls_wmat m = {NULL, LS_WTYPE_BF16, rows, cols};
+    return m;
+}
+
+/* Matrix `name` [rows, cols]; stored [rows, 1, cols] when mid1 (conv1d). */
+static ls_status mat(binder *b, const char *name, long rows, long cols, int mid1, ls_wmat *m,
                      ls_error *err)
 {
+    if (!b->ck) {
+        *m = no_data(rows, cols);
+        return LS_OK;
+    }
     const ls_tensor *t;
-    int64_t sh[2] = {rows, cols};
-    LS_TRY(find(ck, name, 2, sh, &t, err));
+    int64_t sh2[2] = {rows, cols}, sh3[3] = {rows, 1, cols};
+    LS_TRY(find(b->ck, name, mid1 ? 3 : 2, mid1 ? sh3 : sh2, &t, err));
     m->data = t->data;
     m->wtype = t->dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32;
     m->rows = rows;
@@ -245,11 +376,12 @@ static ls_status mat(const ls_checkpoint *ck, const char *name, long rows, long 
     return LS_OK;
 }
 
-static ls_status vec(const ls_checkpoint *ck, const char *name, long n, float **out, ls_error *err)
+static ls_status vec(binder *b, const char *name, long n, float **out, ls_error *err)
 {
+    if (!b->ck) return synth_vec(b, name, n, out, err);
     const ls_tensor *t;
     int64_t sh[1] = {n};
-    LS_TRY(find(ck, name, 1, sh, &t, err));
+    LS_TRY(find(b->ck, name, 1, sh, &t, err));
     float *v = malloc(sizeof(float) * (size_t)n);
     if (!v) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     for (long i = 0; i < n; i++) {
@@ -270,11 +402,15 @@ static ls_status vec(const ls_checkpoint *ck, const char *name, long n, float **
     return LS_OK;
 }
 
-static ls_status expert_view(const ls_checkpoint *ck, int layer, int e, ls_expert_proj p, long rows,
-                             long cols, ls_wmat *m, ls_error *err)
+static ls_status expert_view(binder *b, int layer, int e, ls_expert_proj p, long rows, long cols,
+                             ls_wmat *m, ls_error *err)
 {
+    if (!b->ck) {
+        *m = no_data(rows, cols);
+        return LS_OK;
+    }
     ls_matrix_view v;
-    LS_TRY(ls_checkpoint_expert(ck, layer, e, p, &v, err));
+    LS_TRY(ls_checkpoint_expert(b->ck, layer, e, p, &v, err));
     if (v.rows != rows || v.cols != cols)
         return ls_fail(err, LS_E_INPUT, "checkpoint: expert %d of layer %d (%s) is [%lld, %lld], "
                        "expected [%ld, %ld]", e, layer, v.source, (long long)v.rows,
@@ -289,58 +425,75 @@ static ls_status expert_view(const ls_checkpoint *ck, int layer, int e, ls_exper
     return LS_OK;
 }
 
-static ls_status bind_layer(const ls_checkpoint *ck, const ls_model_config *c, int l,
-                            ls_model_layer *ly, ls_error *err)
+static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model_layer *ly,
+                            ls_error *err)
 {
     char n[256];
     long D = c->hidden;
 #define NAME(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
     ly->attention = c->is_attention[l];
-    LS_TRY(vec(ck, NAME("input_layernorm.weight"), D, &ly->in_norm, err));
-    LS_TRY(vec(ck, NAME("post_attention_layernorm.weight"), D, &ly->post_norm, err));
+    LS_TRY(vec(b, NAME("input_layernorm.weight"), D, &ly->in_norm, err));
+    LS_TRY(vec(b, NAME("post_attention_layernorm.weight"), D, &ly->post_norm, err));
     if (ly->attention) {
         long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim;
-        LS_TRY(mat(ck, NAME("self_attn.q_proj.weight"), Hq * 2 * d, D, &ly->q_proj, err));
-        LS_TRY(mat(ck, NAME("self_attn.k_proj.weight"), Hkv * d, D, &ly->k_proj, err));
-        LS_TRY(mat(ck, NAME("self_attn.v_proj.weight"), Hkv * d, D, &ly->v_proj, err));
-        LS_TRY(mat(ck, NAME("self_attn.o_proj.weight"), D, Hq * d, &ly->o_proj, err));
-        LS_TRY(vec(ck, NAME("self_attn.q_norm.weight"), d, &ly->q_norm, err));
-        LS_TRY(vec(ck, NAME("self_attn.k_norm.weight"), d, &ly->k_norm, err));
+        LS_TRY(mat(b, NAME("self_attn.q_proj.weight"), Hq * 2 * d, D, 0, &ly->q_proj, err));
+        LS_TRY(mat(b, NAME("self_attn.k_proj.weight"), Hkv * d, D, 0, &ly->k_proj, err));
+        LS_TRY(mat(b, NAME("self_attn.v_proj.weight"), Hkv * d, D, 0, &ly->v_proj, err));
+        LS_TRY(mat(b, NAME("self_attn.o_proj.weight"), D, Hq * d, 0, &ly->o_proj, err));
+        LS_TRY(vec(b, NAME("self_attn.q_norm.weight"), d, &ly->q_norm, err));
+        LS_TRY(vec(b, NAME("self_attn.k_norm.weight"), d, &ly->k_norm, err));
     } else {
         long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
         long conv_dim = 2 * Hk * dk + Hv * dv;
-        LS_TRY(mat(ck, NAME("linear_attn.in_proj_qkvz.weight"), 2 * Hk * dk + 2 * Hv * dv, D,
+        LS_TRY(mat(b, NAME("linear_attn.in_proj_qkvz.weight"), 2 * Hk * dk + 2 * Hv * dv, D, 0,
                    &ly->qkvz, err));
-        LS_TRY(mat(ck, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, D, &ly->ba, err));
-        const ls_tensor *t;
-        int64_t sh[3] = {conv_dim, 1, c->conv_kernel};
-        LS_TRY(find(ck, NAME("linear_attn.conv1d.weight"), 3, sh, &t, err));
-        ly->conv = (ls_wmat){t->data, t->dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32,
-                             conv_dim, c->conv_kernel};
-        if (ls_checkpoint_find(ck, NAME("linear_attn.conv1d.bias")))
+        LS_TRY(mat(b, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, D, 0, &ly->ba, err));
+        LS_TRY(mat(b, NAME("linear_attn.conv1d.weight"), conv_dim, c->conv_kernel, 1, &ly->conv,
+                   err));
+        if (b->ck && ls_checkpoint_find(b->ck, NAME("linear_attn.conv1d.bias")))
             return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: tensor '%s' (conv bias) is not "
                            "supported", n);
-        LS_TRY(vec(ck, NAME("linear_attn.A_log"), Hv, &ly->A_log, err));
-        LS_TRY(vec(ck, NAME("linear_attn.dt_bias"), Hv, &ly->dt_bias, err));
-        LS_TRY(vec(ck, NAME("linear_attn.norm.weight"), dv, &ly->gnorm, err));
-        LS_TRY(mat(ck, NAME("linear_attn.out_proj.weight"), D, Hv * dv, &ly->out_proj, err));
+        LS_TRY(vec(b, NAME("linear_attn.A_log"), Hv, &ly->A_log, err));
+        LS_TRY(vec(b, NAME("linear_attn.dt_bias"), Hv, &ly->dt_bias, err));
+        LS_TRY(vec(b, NAME("linear_attn.norm.weight"), dv, &ly->gnorm, err));
+        LS_TRY(mat(b, NAME("linear_attn.out_proj.weight"), D, Hv * dv, 0, &ly->out_proj, err));
     }
     long E = c->n_experts, I = c->moe_inter, Is = c->shared_inter;
-    LS_TRY(mat(ck, NAME("mlp.gate.weight"), E, D, &ly->router, err));
+    LS_TRY(mat(b, NAME("mlp.gate.weight"), E, D, 0, &ly->router, err));
     ly->exp_gate = calloc((size_t)E * 3, sizeof(ls_wmat));
     if (!ly->exp_gate) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     ly->exp_up = ly->exp_gate + E;
     ly->exp_down = ly->exp_gate + 2 * E;
     for (int e = 0; e < E; e++) {
-        LS_TRY(expert_view(ck, l, e, LS_EXPERT_GATE, I, D, &ly->exp_gate[e], err));
-        LS_TRY(expert_view(ck, l, e, LS_EXPERT_UP, I, D, &ly->exp_up[e], err));
-        LS_TRY(expert_view(ck, l, e, LS_EXPERT_DOWN, D, I, &ly->exp_down[e], err));
+        LS_TRY(expert_view(b, l, e, LS_EXPERT_GATE, I, D, &ly->exp_gate[e], err));
+        LS_TRY(expert_view(b, l, e, LS_EXPERT_UP, I, D, &ly->exp_up[e], err));
+        LS_TRY(expert_view(b, l, e, LS_EXPERT_DOWN, D, I, &ly->exp_down[e], err));
     }
-    LS_TRY(mat(ck, NAME("mlp.shared_expert.gate_proj.weight"), Is, D, &ly->sh_gate, err));
-    LS_TRY(mat(ck, NAME("mlp.shared_expert.up_proj.weight"), Is, D, &ly->sh_up, err));
-    LS_TRY(mat(ck, NAME("mlp.shared_expert.down_proj.weight"), D, Is, &ly->sh_down, err));
-    LS_TRY(mat(ck, NAME("mlp.shared_expert_gate.weight"), 1, D, &ly->sh_gate_w, err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert.gate_proj.weight"), Is, D, 0, &ly->sh_gate, err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert.up_proj.weight"), Is, D, 0, &ly->sh_up, err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert.down_proj.weight"), D, Is, 0, &ly->sh_down, err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert_gate.weight"), 1, D, 0, &ly->sh_gate_w, err));
 #undef NAME
+    return LS_OK;
+}
+
+/* Binds every tensor of m (whose cfg is set); closes m on failure. */
+static ls_status bind_model(ls_model *m, binder *b, ls_model **out, ls_error *err)
+{
+    const ls_model_config *c = &m->cfg;
+    ls_status st = LS_OK;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) st = ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    if (st == LS_OK) st = mat(b, "model.embed_tokens.weight", c->vocab, c->hidden, 0, &m->embed, err);
+    if (st == LS_OK) st = mat(b, "lm_head.weight", c->vocab, c->hidden, 0, &m->lm_head, err);
+    if (st == LS_OK) st = vec(b, "model.norm.weight", c->hidden, &m->final_norm, err);
+    for (int l = 0; st == LS_OK && l < c->n_layers; l++)
+        st = bind_layer(b, c, l, &m->layers[l], err);
+    if (st != LS_OK) {
+        ls_model_close(m);
+        return st;
+    }
+    *out = m;
     return LS_OK;
 }
 
@@ -350,22 +503,24 @@ ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err)
     if (!m) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     m->ck = ck;
     ls_status st = ls_model_parse_config(ls_checkpoint_config_json(ck), &m->cfg, err);
-    const ls_model_config *c = &m->cfg;
-    if (st == LS_OK) {
-        m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-        if (!m->layers) st = ls_fail(err, LS_E_NOMEM, "model: out of memory");
-    }
-    if (st == LS_OK) st = mat(ck, "model.embed_tokens.weight", c->vocab, c->hidden, &m->embed, err);
-    if (st == LS_OK) st = mat(ck, "lm_head.weight", c->vocab, c->hidden, &m->lm_head, err);
-    if (st == LS_OK) st = vec(ck, "model.norm.weight", c->hidden, &m->final_norm, err);
-    for (int l = 0; st == LS_OK && l < c->n_layers; l++)
-        st = bind_layer(ck, c, l, &m->layers[l], err);
     if (st != LS_OK) {
         ls_model_close(m);
         return st;
     }
-    *out = m;
-    return LS_OK;
+    binder b = {ck, 0, 0};
+    return bind_model(m, &b, out, err);
+}
+
+ls_status ls_model_synthetic(const ls_model_config *cfg, uint64_t seed, ls_model **out,
+                             ls_error *err)
+{
+    *out = NULL;
+    LS_TRY(check_config(cfg, err));
+    ls_model *m = calloc(1, sizeof *m);
+    if (!m) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    binder b = {NULL, seed, 0};
+    return bind_model(m, &b, out, err);
 }
 
 void ls_model_close(ls_model *m)

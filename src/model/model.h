@@ -9,9 +9,18 @@
  * small parameters (norm weights, A_log, dt_bias) are widened to fp32 arrays
  * owned by the model; the engine rounds them to bf16 in bf16 activation mode,
  * as the reference does when it casts every parameter to the model dtype
- * (docs/model.md §2.4). */
+ * (docs/model.md §2.4).
+ *
+ * ls_model_synthetic builds the same model from a config alone, for
+ * benchmarks at shapes whose weights are not on disk (Qwen3-Next-80B-A3B is
+ * ~150 GB): every matrix has its shape and dtype (bf16) but no data, small
+ * parameters are generated on the host. Only a backend that fills weights
+ * itself can run it (ls_backend_cuda_opts.synthetic_weights_seed); the CPU
+ * backend refuses matrices without data. */
 #ifndef LS_MODEL_MODEL_H
 #define LS_MODEL_MODEL_H
+
+#include <stdint.h>
 
 #include "numerics/types.h"
 #include "core/status.h"
@@ -63,7 +72,7 @@ typedef struct ls_model_layer {
 
 typedef struct ls_model {
     ls_model_config cfg;
-    const ls_checkpoint *ck;   /* borrowed; must outlive the model */
+    const ls_checkpoint *ck;   /* borrowed; must outlive the model; NULL = synthetic */
     ls_wmat embed;             /* [V, D] */
     ls_wmat lm_head;           /* [V, D] */
     float *final_norm;         /* [D] */
@@ -74,6 +83,13 @@ typedef struct ls_model {
 ls_status ls_model_parse_config(const void *config_json, ls_model_config *cfg, ls_error *err);
 /* Validates the config of ck and binds its weights. *out owned by the caller. */
 ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err);
+/* A model with config *cfg (checked like a parsed config.json: LS_E_UNSUPPORTED
+ * or LS_E_USAGE naming the field) and no checkpoint: the tensors and shapes
+ * ls_model_open binds, every matrix bf16 with data == NULL, the small
+ * parameters (norm weights, A_log, dt_bias) bf16-exact values generated from
+ * seed (the same seed, the same values). *out owned by the caller. */
+ls_status ls_model_synthetic(const ls_model_config *cfg, uint64_t seed, ls_model **out,
+                             ls_error *err);
 void ls_model_close(ls_model *m);
 
 #endif

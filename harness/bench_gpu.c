@@ -1,0 +1,782 @@
+/* lockstep — performance of the portable strict CUDA tier on Qwen3-Next-80B-A3B
+ * (harness/bench_gpu runs it; reports/perf-h200.md holds the results).
+ *
+ * What runs is the engine's own forward: ls_engine_step (src/engine) over the
+ * operator table of the CUDA backend (ls_backend_cuda_create_opts), on a model
+ * built from the Qwen3-Next-80B-A3B config alone (the synth preset, truncated
+ * to as many layers as fit the GPU, parsed by ls_model_parse_config;
+ * ls_model_synthetic). Its matrices (~150 GB for all 48 layers) are never
+ * read from disk: the backend fills each on the device from a counter-based
+ * generator when the engine wraps it (synthetic_weights_seed); the small
+ * parameters are generated on the host. Every step does all the engine does:
+ * uploads, every op, the digests of every trace layer, the logprob download.
+ *
+ * The backend is wrapped in a timing decorator (bench_backend_timing.h): an
+ * ls_backend whose ops forward to the CUDA backend and, for the breakdowns,
+ * bracket each op with CUDA events, bucketed by op (and shape for linear and
+ * rmsnorm), plus the time the device waits for the host between ops.
+ *
+ * Every figure is a ratio of two times measured in this one run (median of
+ * repeats after warm-up; engine steps by the host clock, as a step returns
+ * only after its logprobs are on the host; the rest by CUDA events):
+ *   copy      device-to-device cudaMemcpy bandwidth (read + write bytes / time)
+ *   decode    one step at batch 1 and 32 (context = the prefill length) vs the
+ *             bytes it must read / copy bandwidth; the distinct experts per
+ *             layer come from a routing census of the engine's router calls
+ *   breakdown per decode step: mixers, MoE experts, digests, the rest, and the
+ *             device idle between ops (always; --breakdown adds every op)
+ *   digest    the digest op's share of a decode step (default digest set), and
+ *             the step with carried-state digests at its position vs without:
+ *             a decode item with last = 1 makes the engine digest every GDN and
+ *             conv state at that step, exactly what state_digest_every = 1 does
+ *             at every decode step (one engine serves both; a second engine
+ *             would have to prefill its caches again)
+ *   prefill   tokens/s of one step of `prefill` tokens; replay in chunks of 256;
+ *             the batched prefill that brings 32 sequences to the context
+ * Not measured any more: the decode step as one CUDA graph. ls_engine_step
+ * synchronises with the host inside the step (token and position uploads,
+ * the per-layer digest calls, the logprob download), which stream capture
+ * does not allow; the breakdown's "device idle between ops" is the launch and
+ * host cost the graph row used to bound.
+ *
+ * Kernel micro-benchmarks (direct calls to kernels/ops.h, not a forward):
+ *   gdn_scan  ls_cuda_gdn_recurrent over 8192 tokens, one layer, vs FLA's
+ *             published 0.472 ms
+ *   --moe-plans  the MoE experts of one layer alone under every kernel plan of
+ *             ls_cuda_moe_forward_plan, at 1 .. prefill tokens, vs the bytes of
+ *             the distinct experts routed to / copy bandwidth (and whether every
+ *             plan gives the same bits)
+ *
+ *   bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans] */
+#include <cuda_runtime.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend_cuda.h"
+#include "bench_backend_timing.h"
+#include "engine/engine.h"
+#include "io/json.h"
+#include "ls_cuda.h"
+#include "model/model.h"
+#include "ops.h"
+#include "synth/synth.h"
+
+#define BMAX 32                /* the larger decode batch */
+#define MAX_REPS 60
+#define GIB ((size_t)1 << 30)
+
+static ls_error g_err;
+
+#define CK(call)                                                                             \
+    do {                                                                                     \
+        if ((call) != LS_OK) {                                                               \
+            fprintf(stderr, "bench_gpu: %s:%d: %s\n", __FILE__, __LINE__, g_err.msg);        \
+            exit(2);                                                                         \
+        }                                                                                    \
+    } while (0)
+#define CU(call)                                                                             \
+    do {                                                                                     \
+        cudaError_t c_ = (call);                                                             \
+        if (c_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "bench_gpu: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,         \
+                    cudaGetErrorString(c_));                                                 \
+            exit(2);                                                                         \
+        }                                                                                    \
+    } while (0)
+
+/* ---- timing ---------------------------------------------------------------------------- */
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static float median(float *v, int n)
+{
+    qsort(v, (size_t)n, sizeof(float), cmp_f);
+    return n % 2 ? v[n / 2] : 0.5f * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* CUDA events around work on the default stream (the micro-benchmarks). */
+typedef struct timer {
+    cudaEvent_t a, b;
+} timer;
+
+static void tstart(timer *t)
+{
+    CU(cudaEventRecord(t->a, 0));
+}
+
+static float tstop(timer *t)
+{
+    float ms;
+    CU(cudaEventRecord(t->b, 0));
+    CU(cudaEventSynchronize(t->b));
+    CU(cudaEventElapsedTime(&ms, t->a, t->b));
+    return ms;
+}
+
+/* ---- device buffers of the micro-benchmarks (outside the engine) ----------------------- */
+
+static void *dmalloc(size_t bytes)
+{
+    void *p;
+    CU(cudaMalloc(&p, bytes));
+    return p;
+}
+
+static uint64_t g_fill_seed = 0x5eed;
+
+/* Values in [-scale, scale] without a kernel of the bench's own: bf16 pairs
+ * from the device generator read as fp32 (ls_cuda_fill_uniform_bf16 says why
+ * that gives finite values of the same spread). */
+static void *dfill(size_t bytes, float scale)
+{
+    void *p = dmalloc(bytes);
+    CK(ls_cuda_fill_uniform_bf16(p, bytes / 2, g_fill_seed++, scale, NULL, &g_err));
+    return p;
+}
+
+/* Host values offset + scale u, u uniform in [-1, 1) (xorshift64*). */
+static float *hfill(size_t n, float offset, float scale, uint64_t seed)
+{
+    float *v = malloc(sizeof(float) * n);
+    if (!v) exit(2);
+    uint64_t x = seed | 1;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+        uint64_t r = x * 0x2545F4914F6CDD1Dull;
+        v[i] = offset + scale * ((float)(r >> 40) * (1.0f / 8388608.0f) - 1.0f);
+    }
+    return v;
+}
+
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+/* ---- the model ---------------------------------------------------------------------------- */
+
+/* Qwen3-Next-80B-A3B's config (the synth preset) with its first L layers,
+ * through the parser every checkpoint's config.json goes through. */
+static void bench_config(long L, ls_model_config *cfg)
+{
+    ls_synth_config sc;
+    CK(ls_synth_preset("qwen3-next-80b-a3b", &sc, &g_err));
+    CK(ls_synth_config_truncate(&sc, L, &g_err));
+    char *text;
+    size_t len;
+    CK(ls_synth_config_render(&sc, &text, &len, &g_err));
+    json_t *j;
+    CK(ls_json_load_buf("qwen3-next-80b-a3b config", text, len, &j, &g_err));
+    CK(ls_model_parse_config(j, cfg, &g_err));
+    json_decref(j);
+    free(text);
+}
+
+static double wbytes(const ls_wmat *m)
+{
+    return (double)m->rows * (double)m->cols * (m->wtype == LS_WTYPE_BF16 ? 2 : 4);
+}
+
+/* Bytes of one routed expert (gate, up, down). */
+static double expert_bytes(const ls_model_layer *ly)
+{
+    return wbytes(&ly->exp_gate[0]) + wbytes(&ly->exp_up[0]) + wbytes(&ly->exp_down[0]);
+}
+
+/* Bytes of a layer's matrices read whatever the routing: all but the experts. */
+static double dense_bytes(const ls_model_layer *ly)
+{
+    double b = wbytes(&ly->router) + wbytes(&ly->sh_gate) + wbytes(&ly->sh_up) +
+               wbytes(&ly->sh_down) + wbytes(&ly->sh_gate_w);
+    if (ly->attention)
+        return b + wbytes(&ly->q_proj) + wbytes(&ly->k_proj) + wbytes(&ly->v_proj) +
+               wbytes(&ly->o_proj);
+    return b + wbytes(&ly->qkvz) + wbytes(&ly->ba) + wbytes(&ly->conv) + wbytes(&ly->out_proj);
+}
+
+static double layer_bytes(const ls_model *m, long l)
+{
+    const ls_model_layer *ly = &m->layers[l];
+    return dense_bytes(ly) + (double)m->cfg.n_experts * expert_bytes(ly);
+}
+
+/* Carried state of one sequence in layer l (device bytes): KV caches of cap
+ * positions, or the GDN state and the conv state. */
+static double state_bytes(const ls_model_config *c, long l, long cap)
+{
+    if (c->is_attention[l]) return 2.0 * c->n_kv_heads * cap * c->head_dim * 4;
+    long conv_dim = 2 * c->lin_k_heads * c->lin_k_dim + c->lin_v_heads * c->lin_v_dim;
+    return ((double)c->lin_v_heads * c->lin_k_dim * c->lin_v_dim + (double)conv_dim * c->conv_kernel) * 4;
+}
+
+/* Layers that fit `budget` bytes of device memory besides embed, lm_head and
+ * the work buffers of T rows, with `slots` sequences of cap positions. The
+ * work estimate is generous (the engine's buffers, the MoE and digest
+ * scratch); engine creation retries with a layer less if it is not. */
+static long layers_that_fit(const ls_model *full, double budget, long T, long slots, long cap)
+{
+    const ls_model_config *c = &full->cfg;
+    double per_row = 4.0 * (2 * c->vocab + c->n_experts + 8 * c->hidden +
+                            4 * (c->lin_v_heads * c->lin_v_dim + c->n_heads * 2 * c->head_dim) +
+                            4 * (2 * c->lin_k_heads * c->lin_k_dim + 2 * c->lin_v_heads * c->lin_v_dim));
+    double used = wbytes(&full->embed) + wbytes(&full->lm_head) + (double)T * per_row + 6.0 * GIB;
+    long L = 0;
+    while (L < c->n_layers) {
+        double add = layer_bytes(full, L) + (double)slots * state_bytes(c, L, cap);
+        if (used + add > budget) break;
+        used += add;
+        L++;
+    }
+    return L;
+}
+
+/* ---- the engine ---------------------------------------------------------------------------- */
+
+typedef struct bench {
+    ls_model *m;
+    ls_engine *e;
+    ls_backend *tb;            /* the timing decorator (owned by the engine) */
+    long T, cap, slots;        /* max_rows, positions per sequence, slots */
+    int32_t *prompt;           /* [cap] tokens of every prefill */
+    uint64_t rng;              /* decode tokens */
+} bench;
+
+/* Decode steps each decode slot takes: 2 warm-up, reps timed, 1 census, reps
+ * instrumented, reps with carried-state digests. */
+static long decode_steps(int reps)
+{
+    return 3 + 3L * reps;
+}
+
+static double step_ms(bench *b, const ls_engine_item *items, long n)
+{
+    double t0 = now_ms();
+    CK(ls_engine_step(b->e, items, n, &g_err));
+    return now_ms() - t0;
+}
+
+/* Slot s starts a fresh sequence (state zeroed) whose prompt is `prompt_len` long. */
+static void rejoin(bench *b, long s, long prompt_len)
+{
+    ls_engine_leave(b->e, s);
+    CK(ls_engine_join(b->e, s, (uint32_t)(100 + s), prompt_len, &g_err));
+}
+
+/* The engine on L layers: a synthetic model, the CUDA backend generating its
+ * weights, the timing decorator, and a warm-up step of n0 rows on slot 0 (the
+ * largest the prefill takes, so that the MoE and digest scratch are taken
+ * here). LS_E_NOMEM is returned, the rest is fatal. */
+static ls_status bench_open(bench *b, long L, size_t arena, ls_error *err)
+{
+    ls_model_config cfg;
+    bench_config(L, &cfg);
+    CK(ls_model_synthetic(&cfg, 1, &b->m, &g_err));
+    ls_backend_cuda_opts co;
+    ls_backend_cuda_opts_default(&co);
+    co.arena_bytes = arena;
+    co.synthetic_weights_seed = 0x1234567;
+    ls_backend *cuda, *tb;
+    CK(ls_backend_cuda_create_opts(&co, &cuda, &g_err));
+    CK(ls_bench_timing_create(cuda, &tb, &g_err));
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.max_rows = b->T;
+    ls_status st = ls_engine_create(b->m, tb, &o, b->slots, b->cap, &b->e, err);
+    if (st == LS_OK) {
+        b->tb = tb;
+        rejoin(b, 0, 0);
+        long n0 = b->T < b->cap ? b->T : b->cap;
+        ls_engine_item it = {0, b->prompt, n0, 0};
+        st = ls_engine_step(b->e, &it, 1, err);
+    }
+    if (st == LS_OK) return LS_OK;
+    ls_engine_destroy(b->e);
+    b->e = NULL;
+    ls_model_close(b->m);
+    b->m = NULL;
+    if (st != LS_E_NOMEM) {
+        fprintf(stderr, "bench_gpu: %s\n", err->msg);
+        exit(2);
+    }
+    return st;
+}
+
+/* One decode item per slot s0 .. s0+B-1, each a fresh pseudo-random token. */
+static void decode_items(bench *b, long s0, int B, int last, int32_t *tok, ls_engine_item *it)
+{
+    for (int i = 0; i < B; i++) {
+        b->rng = mix(b->rng + 1);
+        tok[i] = (int32_t)(b->rng % (uint64_t)b->m->cfg.vocab);
+        it[i] = (ls_engine_item){s0 + i, &tok[i], 1, last};
+    }
+}
+
+/* Median of reps decode steps (after `warm` untimed ones). */
+static float decode_median(bench *b, long s0, int B, int last, int warm, int reps)
+{
+    int32_t tok[BMAX];
+    ls_engine_item it[BMAX];
+    float t[MAX_REPS];
+    for (int r = 0; r < warm + reps; r++) {
+        decode_items(b, s0, B, last, tok, it);
+        float ms = (float)step_ms(b, it, B);
+        if (r >= warm) t[r - warm] = ms;
+    }
+    return median(t, reps);
+}
+
+/* ---- breakdowns ------------------------------------------------------------------------ */
+
+typedef enum part {
+    PART_MIXER, PART_MOE, PART_DIGEST, PART_REST, PART_IDLE, PART_COUNT
+} part;
+
+/* The part of the step a bucket belongs to. Every linear but lm_head ([vocab,
+ * hidden]) is a mixer projection (the shared expert is inside moe); every
+ * rmsnorm but those of the hidden rows is a q/k norm of attention. */
+static part part_of(const ls_bench_bucket *k, const ls_model_config *c)
+{
+    switch (k->op) {
+    case LS_BENCH_OP_MOE: return PART_MOE;
+    case LS_BENCH_OP_DIGEST: return PART_DIGEST;
+    case LS_BENCH_OP_IDLE: return PART_IDLE;
+    case LS_BENCH_OP_LINEAR: return k->rows == c->vocab ? PART_REST : PART_MIXER;
+    case LS_BENCH_OP_RMSNORM: return k->cols == c->hidden ? PART_REST : PART_MIXER;
+    case LS_BENCH_OP_COPY_BLOCKS: case LS_BENCH_OP_GATED_RMSNORM: case LS_BENCH_OP_CONV_SILU:
+    case LS_BENCH_OP_GDN_GATES: case LS_BENCH_OP_L2NORM_SCALE: case LS_BENCH_OP_GDN_RECURRENT:
+    case LS_BENCH_OP_ROPE_APPLY: case LS_BENCH_OP_ATTENTION: case LS_BENCH_OP_SIGMOID_GATE:
+    case LS_BENCH_OP_CONV_SILU_BATCH: case LS_BENCH_OP_GDN_RECURRENT_BATCH:
+    case LS_BENCH_OP_KV_APPEND_BATCH: case LS_BENCH_OP_ATTENTION_BATCH:
+        return PART_MIXER;
+    default: return PART_REST; /* embed, router, residual, logprobs, transfers */
+    }
+}
+
+/* Per step, over the buckets collected from `steps` steps: each part's time. */
+static void parts_of(const bench *b, int steps, double out[PART_COUNT])
+{
+    int n;
+    const ls_bench_bucket *k = ls_bench_timing_buckets(b->tb, &n);
+    memset(out, 0, sizeof(double) * PART_COUNT);
+    for (int i = 0; i < n; i++) out[part_of(&k[i], &b->m->cfg)] += k[i].ms / steps;
+}
+
+static int cmp_bucket(const void *a, const void *b)
+{
+    double x = ((const ls_bench_bucket *)a)->ms, y = ((const ls_bench_bucket *)b)->ms;
+    return (x < y) - (x > y);
+}
+
+/* Every bucket per step, largest first. */
+static void print_table(const bench *b, const char *what, int steps)
+{
+    int n;
+    const ls_bench_bucket *k = ls_bench_timing_buckets(b->tb, &n);
+    ls_bench_bucket *s = malloc(sizeof *s * (size_t)(n > 0 ? n : 1));
+    if (!s) exit(2);
+    memcpy(s, k, sizeof *s * (size_t)n);
+    qsort(s, (size_t)n, sizeof *s, cmp_bucket);
+    double tot = 0;
+    for (int i = 0; i < n; i++) tot += s[i].ms;
+    printf("breakdown of %s (per step, CUDA events around every op of ls_engine_step; total %.3f ms):\n",
+           what, tot / steps);
+    for (int i = 0; i < n; i++)
+        printf("  %-32s %8.3f ms  %5.1f %%  %6ld calls\n", s[i].name, s[i].ms / steps,
+               100.0 * s[i].ms / tot, s[i].calls / steps);
+    free(s);
+}
+
+/* Instrumented runs of `steps` steps of run(b, arg); returns the buckets' parts. */
+typedef void (*step_fn)(bench *b, void *arg);
+
+static void instrumented(bench *b, int steps, step_fn run, void *arg, double parts[PART_COUNT])
+{
+    ls_bench_timing_clear(b->tb);
+    ls_bench_timing_record(b->tb, 1);
+    for (int r = 0; r < steps; r++) {
+        run(b, arg);
+        CK(ls_bench_timing_collect(b->tb, &g_err));
+    }
+    ls_bench_timing_record(b->tb, 0);
+    parts_of(b, steps, parts);
+}
+
+/* ---- measures ---------------------------------------------------------------------------- */
+
+static double copy_bandwidth(timer *tm, int reps)
+{
+    size_t cb = 4 * GIB;
+    void *c0 = dfill(cb, 1.0f), *c1 = dmalloc(cb);
+    float t[MAX_REPS];
+    for (int r = 0; r < 2 + reps; r++) {
+        tstart(tm);
+        CU(cudaMemcpyAsync(c1, c0, cb, cudaMemcpyDeviceToDevice, 0));
+        float ms = tstop(tm);
+        if (r >= 2) t[r - 2] = ms;
+    }
+    float copy_ms = median(t, reps);
+    double bw = 2.0 * cb / (copy_ms * 1e-3); /* bytes read + written per second */
+    printf("copy: %.3f ms for %zu bytes -> %.0f GB/s (read + write)\n", copy_ms, cb, bw / 1e9);
+    CU(cudaFree(c0));
+    CU(cudaFree(c1));
+    return bw;
+}
+
+/* Kernel micro-benchmark: the strict recurrent scan of one GDN layer. */
+static void gdn_scan(const ls_model_config *c, timer *tm, int reps)
+{
+    const long TS = 8192;
+    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    float *q = dfill((size_t)TS * Hk * dk * 4, 0.1f), *k = dfill((size_t)TS * Hk * dk * 4, 0.1f);
+    float *v = dfill((size_t)TS * Hv * dv * 4, 1.0f);
+    float *al = dmalloc((size_t)TS * Hv * 4), *be = dmalloc((size_t)TS * Hv * 4);
+    float *o = dmalloc((size_t)TS * Hv * dv * 4), *S = dmalloc((size_t)Hv * dk * dv * 4);
+    float *h_al = hfill((size_t)TS * Hv, 0.95f, 0.04f, 11), *h_be = hfill((size_t)TS * Hv, 0.5f, 0.4f, 12);
+    CU(cudaMemcpy(al, h_al, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(be, h_be, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
+    float t[MAX_REPS];
+    for (int r = 0; r < 1 + reps; r++) {
+        CU(cudaMemset(S, 0, (size_t)Hv * dk * dv * 4));
+        tstart(tm);
+        CK(ls_cuda_gdn_recurrent(q, k, v, al, be, S, o, TS, Hk, Hv, dk, dv, 1, 0, NULL, &g_err));
+        float ms = tstop(tm);
+        if (r >= 1) t[r - 1] = ms;
+    }
+    float gm = median(t, reps);
+    printf("gdn scan 8192 tokens (h_qk %ld, h_v %ld, d %ld), strict recurrent: %.3f ms = %.1f x FLA's "
+           "published 0.472 ms (chunked, H200)\n", Hk, Hv, dk, gm, gm / 0.472);
+    double bytes = (double)TS * (2 * Hk * dk + 2 * Hv * dv + 2 * Hv) * 4;
+    printf("  gdn scan streams %.1f MB -> %.1f GB/s; 4 FLOP per state element per token: %.2f TFLOP/s\n",
+           bytes / 1e6, bytes / (gm * 1e-3) / 1e9, 4.0 * TS * Hv * dk * dv / (gm * 1e-3) / 1e12);
+    free(h_al);
+    free(h_be);
+    void *bufs[] = {q, k, v, al, be, o, S};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
+}
+
+/* Kernel micro-benchmark: the MoE experts of one layer alone at T tokens
+ * under every plan: time, the bytes of the distinct experts routed to (+ the
+ * shared expert) over the copy bandwidth, and whether the plan's output bits
+ * equal plan 0's. Routing: token t takes experts (h(t) + 37 i) mod E, i < k
+ * (distinct). NL layers of expert weights, the one used rotating with the
+ * repeat so that its weights are not in L2. */
+static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long tmax, int reps)
+{
+    enum { NL = 4 };
+    long E = c->n_experts, D = c->hidden, I = c->moe_inter, Is = c->shared_inter, K = c->topk;
+    long Ts[] = {1, 4, 32, 256, 1024, 4096};
+    ls_cuda_moe mw[NL];
+    void *tabs[NL];
+    uint16_t *wts_dev[NL];
+    size_t per = (size_t)3 * E * I * D + (size_t)3 * Is * D + (size_t)D;
+    for (int l = 0; l < NL; l++) {
+        uint16_t *w = dfill(per * 2, 0.04f);
+        const void **h = malloc(sizeof(void *) * 3 * (size_t)E);
+        if (!h) exit(2);
+        for (long e = 0; e < 3 * E; e++) h[e] = w + (size_t)e * I * D;
+        tabs[l] = dmalloc(sizeof(void *) * 3 * (size_t)E);
+        CU(cudaMemcpy(tabs[l], h, sizeof(void *) * 3 * (size_t)E, cudaMemcpyHostToDevice));
+        free(h);
+        uint16_t *sh = w + (size_t)3 * E * I * D;
+        mw[l] = (ls_cuda_moe){E, D, I, Is, 0, (const void *const *)tabs[l],
+                              (const void *const *)tabs[l] + E, (const void *const *)tabs[l] + 2 * E,
+                              sh, sh + (size_t)Is * D, sh + (size_t)2 * Is * D, sh + (size_t)3 * Is * D};
+        wts_dev[l] = w;
+    }
+    long chunk = 65535 / (K + 1), tcap = tmax < chunk ? tmax : chunk;
+    float *x = dfill((size_t)tcap * D * 4, 0.5f), *wts = dfill((size_t)tcap * K * 4, 0.5f);
+    float *out = dmalloc((size_t)tcap * D * 4);
+    int32_t *ids_dev = dmalloc((size_t)tcap * K * 4);
+    void *scratch = dmalloc(ls_cuda_moe_scratch_bytes(&mw[0], tcap, K));
+    float *ref = malloc(sizeof(float) * (size_t)tcap * D), *got = malloc(sizeof(float) * (size_t)tcap * D);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)tcap * K);
+    unsigned char *used = malloc((size_t)E);
+    if (!ref || !got || !ids || !used) exit(2);
+    int np = ls_cuda_moe_plan_count();
+    printf("moe experts alone, one layer, by kernel plan (time; bytes of the distinct experts / copy "
+           "bandwidth; bits vs plan 0):\n");
+    float t[MAX_REPS];
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0] && Ts[ti] <= tcap; ti++) {
+        long T = Ts[ti];
+        memset(used, 0, (size_t)E);
+        for (long q = 0; q < T; q++) {
+            uint64_t h = mix(0x5eedull + (uint64_t)q);
+            for (long i = 0; i < K; i++) {
+                ids[q * K + i] = (int32_t)((h + 37u * (uint64_t)i) % (uint64_t)E);
+                used[ids[q * K + i]] = 1;
+            }
+        }
+        int distinct = 0;
+        for (long e = 0; e < E; e++) distinct += used[e];
+        CU(cudaMemcpy(ids_dev, ids, sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice));
+        double roof = (double)(distinct + 1) * 3 * I * D * 2 / bw * 1e3;
+        for (int p = 0; p < np; p++) {
+            for (int r = 0; r < 1 + reps; r++) {
+                tstart(tm);
+                CK(ls_cuda_moe_forward_plan(&mw[r % NL], x, ids_dev, wts, K, out, T, scratch, 1, 0, 0,
+                                            p, NULL, &g_err));
+                float ms = tstop(tm);
+                if (r >= 1) t[r - 1] = ms;
+            }
+            float ms = median(t, reps);
+            /* bits: layer 0, once more on its own */
+            CK(ls_cuda_moe_forward_plan(&mw[0], x, ids_dev, wts, K, out, T, scratch, 1, 0, 0, p, NULL,
+                                        &g_err));
+            CU(cudaMemcpy(p == 0 ? ref : got, out, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToHost));
+            int same = p == 0 || !memcmp(ref, got, sizeof(float) * (size_t)T * D);
+            printf("  T %5ld (%3d experts) %-20s %9.3f ms = %6.2f x %.3f ms (%4.1f %%)  %s\n", T, distinct,
+                   ls_cuda_moe_plan_name(p), ms, ms / roof, roof, 100.0 * roof / ms,
+                   same ? "same bits" : "BITS DIFFER");
+        }
+    }
+    free(ref), free(got), free(ids), free(used);
+    void *bufs[] = {x, wts, out, ids_dev, scratch};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
+    for (int l = 0; l < NL; l++) {
+        CU(cudaFree(tabs[l]));
+        CU(cudaFree(wts_dev[l]));
+    }
+}
+
+/* Prefill and replay on slot 0 (left at context `prefill` for decode batch 1). */
+typedef struct prefill_arg {
+    long n;
+} prefill_arg;
+
+static void prefill_once(bench *b, void *arg)
+{
+    long n = ((prefill_arg *)arg)->n;
+    rejoin(b, 0, n);
+    ls_engine_item it = {0, b->prompt, n, 0};
+    CK(ls_engine_step(b->e, &it, 1, &g_err));
+}
+
+static void prefill_and_replay(bench *b, long prefill, int reps, int breakdown)
+{
+    int r2 = reps < 3 ? reps : 3;
+    float t[MAX_REPS];
+    prefill_arg pa = {prefill};
+    for (int r = 0; r < 1 + r2; r++) {
+        double t0 = now_ms();
+        prefill_once(b, &pa);
+        if (r >= 1) t[r - 1] = (float)(now_ms() - t0);
+    }
+    float pm = median(t, r2);
+    if (breakdown) {
+        double parts[PART_COUNT];
+        instrumented(b, 1, prefill_once, &pa, parts);
+        print_table(b, "prefill", 1);
+    }
+    printf("prefill %ld tokens, one call: %.1f ms -> %.0f tokens/s\n", prefill, pm, prefill / (pm * 1e-3));
+    long chunk = 256 < prefill ? 256 : prefill;
+    for (int r = 0; r < 1 + r2; r++) {
+        rejoin(b, 0, prefill);
+        double ms = 0;
+        for (long c0 = 0; c0 < prefill; c0 += chunk) {
+            ls_engine_item it = {0, b->prompt + c0, prefill - c0 < chunk ? prefill - c0 : chunk, 0};
+            ms += step_ms(b, &it, 1);
+        }
+        if (r >= 1) t[r - 1] = (float)ms;
+    }
+    float rm = median(t, r2);
+    printf("replay %ld tokens in chunks of %ld: %.1f ms -> %.0f tokens/s\n", prefill, chunk, rm,
+           prefill / (rm * 1e-3));
+}
+
+/* Slots 1 .. BMAX to context `prefill` in packed steps of T rows. */
+static void fill_batch(bench *b, long prefill)
+{
+    ls_engine_item it[BMAX];
+    long per = b->T / BMAX > 0 ? b->T / BMAX : 1;
+    for (long s = 1; s <= BMAX; s++) rejoin(b, s, prefill);
+    double ms = 0;
+    for (long p0 = 0; p0 < prefill; p0 += per) {
+        long n = prefill - p0 < per ? prefill - p0 : per;
+        for (int i = 0; i < BMAX; i++) it[i] = (ls_engine_item){1 + i, b->prompt + p0, n, 0};
+        ms += step_ms(b, it, BMAX);
+    }
+    printf("batched prefill of %d sequences to context %ld (%ld tokens each per step): %.1f ms -> "
+           "%.0f tokens/s\n", BMAX, prefill, per, ms, BMAX * prefill / (ms * 1e-3));
+}
+
+/* Bytes a decode step of B sequences at context ctx must read: every dense
+ * weight, the distinct experts the batch routes to (per layer, from a census
+ * step), the lm_head, B embedding rows, states read and written, KV rows read. */
+static double decode_bytes(bench *b, long s0, int B)
+{
+    const ls_model_config *c = &b->m->cfg;
+    long ctx = ls_engine_slot_len(b->e, s0);
+    int32_t tok[BMAX];
+    ls_engine_item it[BMAX];
+    decode_items(b, s0, B, 0, tok, it);
+    ls_bench_timing_census(b->tb, 1);
+    CK(ls_engine_step(b->e, it, B, &g_err));
+    ls_bench_timing_census(b->tb, 0);
+    long n;
+    const int *distinct = ls_bench_timing_distinct(b->tb, &n);
+    if (n != c->n_layers) {
+        fprintf(stderr, "bench_gpu: the census saw %ld router calls in a step of %ld layers\n", n,
+                c->n_layers);
+        exit(2);
+    }
+    double bytes = wbytes(&b->m->lm_head) + (double)B * c->hidden * 2;
+    for (long l = 0; l < c->n_layers; l++) {
+        const ls_model_layer *ly = &b->m->layers[l];
+        bytes += dense_bytes(ly) + distinct[l] * expert_bytes(ly);
+        bytes += ly->attention ? (double)B * state_bytes(c, l, ctx + 1) : 2.0 * B * state_bytes(c, l, 0);
+    }
+    return bytes;
+}
+
+typedef struct decode_arg {
+    long s0;
+    int B, last;
+} decode_arg;
+
+static void decode_once(bench *b, void *arg)
+{
+    decode_arg *d = arg;
+    int32_t tok[BMAX];
+    ls_engine_item it[BMAX];
+    decode_items(b, d->s0, d->B, d->last, tok, it);
+    CK(ls_engine_step(b->e, it, d->B, &g_err));
+}
+
+static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
+{
+    printf("decode batch %d: context %ld, one ls_engine_step per token\n", B, ls_engine_slot_len(b->e, s0));
+    float ms = decode_median(b, s0, B, 0, 2, reps);
+    double bytes = decode_bytes(b, s0, B), roof = bytes / bw * 1e3;
+    double parts[PART_COUNT];
+    decode_arg da = {s0, B, 0};
+    instrumented(b, reps, decode_once, &da, parts);
+    if (breakdown) {
+        char what[64];
+        snprintf(what, sizeof what, "decode batch %d", B);
+        print_table(b, what, reps);
+    }
+    double sum = 0;
+    for (int p = 0; p < PART_COUNT; p++) sum += parts[p];
+    printf("decode batch %d breakdown: mixers (gdn/attention) %.3f ms, moe experts %.3f ms, rest (norms, "
+           "router, residuals, lm_head, logprobs, transfers) %.3f ms, digests %.3f ms, device idle between "
+           "ops %.3f ms (instrumented step %.3f ms)\n", B, parts[PART_MIXER], parts[PART_MOE],
+           parts[PART_REST], parts[PART_DIGEST], parts[PART_IDLE], sum);
+    printf("decode batch %d: %.3f ms/step; must read %.2f GB -> roofline %.3f ms; step / roofline = %.2f; "
+           "%.1f tokens/s\n", B, ms, bytes / 1e9, roof, ms / roof, B / (ms * 1e-3));
+    float sm = decode_median(b, s0, B, 1, 0, reps);
+    printf("digest per decode step, batch %2d: default set %.3f ms = %.3f x the step (the digest op in "
+           "the instrumented step); with carried-state digests at the step (as state_digest_every 1): "
+           "%.3f ms/step = %.2f x the default step\n", B, parts[PART_DIGEST], parts[PART_DIGEST] / sum,
+           sm, sm / ms);
+}
+
+/* ---- main ------------------------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+    long L_arg = 0, prefill = 1024;
+    int reps = 5, breakdown = 0, moe_plans = 0;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--breakdown")) { breakdown = 1; i--; continue; }
+        if (!strcmp(argv[i], "--moe-plans")) { moe_plans = 1; i--; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "bench_gpu: %s needs a value\n", argv[i]); return 2; }
+        if (!strcmp(argv[i], "--layers")) L_arg = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prefill")) prefill = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "usage: bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown] "
+                            "[--moe-plans]\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > MAX_REPS || prefill < 1 || prefill > 65536 || L_arg < 0) {
+        fprintf(stderr, "bench_gpu: --reps 1..%d, --prefill 1..65536, --layers >= 1\n", MAX_REPS);
+        return 2;
+    }
+    if (ls_cuda_device_count() < 1) { printf("SKIP: no CUDA device\n"); return 77; }
+    ls_error_clear(&g_err);
+    struct cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    size_t free_b, total_b;
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    timer tm;
+    CU(cudaEventCreate(&tm.a));
+    CU(cudaEventCreate(&tm.b));
+    ls_model_config full_cfg;
+    bench_config(48, &full_cfg);
+
+    /* Kernel micro-benchmarks first, in memory the engine takes afterwards. */
+    double bw = copy_bandwidth(&tm, reps);
+    if (moe_plans) moe_plan_table(&full_cfg, &tm, bw, prefill, reps);
+    gdn_scan(&full_cfg, &tm, reps);
+
+    /* The engine: as many layers as fit (or --layers), 1 + BMAX slots of
+     * prefill + the decode steps' positions, max_rows for the prefill. */
+    bench b;
+    memset(&b, 0, sizeof b);
+    b.T = prefill > BMAX ? prefill : BMAX;
+    b.cap = prefill + decode_steps(reps);
+    b.slots = 1 + BMAX;
+    b.rng = 7;
+    b.prompt = malloc(sizeof(int32_t) * (size_t)b.cap);
+    if (!b.prompt) return 2;
+    for (long i = 0; i < b.cap; i++)
+        b.prompt[i] = (int32_t)(mix(0xabcdull + (uint64_t)i) % (uint64_t)full_cfg.vocab);
+    ls_model *full;
+    CK(ls_model_synthetic(&full_cfg, 1, &full, &g_err));
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    size_t arena = free_b - GIB; /* the CUDA context, events, the digest stream */
+    long L = L_arg ? L_arg : layers_that_fit(full, (double)arena, b.T, b.slots, b.cap);
+    if (L > full_cfg.n_layers) L = full_cfg.n_layers;
+    ls_model_close(full);
+    ls_error err;
+    ls_error_clear(&err);
+    while (L >= 1 && bench_open(&b, L, arena, &err) != LS_OK) {
+        if (L_arg) {
+            fprintf(stderr, "bench_gpu: %ld layers do not fit: %s\n", L, err.msg);
+            return 2;
+        }
+        fprintf(stderr, "bench_gpu: %ld layers do not fit (%s); trying %ld\n", L, err.msg, L - 1);
+        L--;
+    }
+    if (L < 1) { fprintf(stderr, "bench_gpu: not even one layer fits\n"); return 2; }
+    long n_att = 0;
+    double weights = wbytes(&b.m->embed) + wbytes(&b.m->lm_head);
+    for (long l = 0; l < L; l++) {
+        n_att += b.m->cfg.is_attention[l];
+        weights += layer_bytes(b.m, l);
+    }
+    printf("device: %s, %d SMs, %.1f GiB; layers %ld (%ld attention), weights %.1f GiB generated on device\n",
+           prop.name, prop.multiProcessorCount, total_b / 1073741824.0, L, n_att, weights / 1073741824.0);
+    printf("engine: ls_engine_step on the %s backend (synthetic weights), max_rows %ld, %ld slots of %ld "
+           "positions, state digests every 64 positions\n", ls_engine_backend_name(b.e), b.T, b.slots, b.cap);
+    printf("decode as one CUDA graph: not measured (ls_engine_step synchronises with the host within the "
+           "step; see device idle between ops)\n");
+
+    prefill_and_replay(&b, prefill, reps, breakdown);
+    fill_batch(&b, prefill);
+    decode(&b, 1, 0, bw, reps, breakdown);
+    decode(&b, BMAX, 1, bw, reps, breakdown);
+
+    printf("bench_gpu: done\n");
+    ls_engine_destroy(b.e);
+    ls_model_close(b.m);
+    free(b.prompt);
+    return 0;
+}
