@@ -346,28 +346,55 @@ START_TEST(test_perturbation_detected)
 }
 END_TEST
 
-/* Continuous batching through the step API: sequences join and leave slots
- * between steps, prefill chunks of some share steps with decode tokens of
- * others; each sequence's records equal those of its rollout alone. */
+/* Continuous batching (ls_run_serve over the step API): sequences join and
+ * leave slots between steps, prefill chunks of some share steps with decode
+ * tokens of others; each sequence's records equal those of its rollout alone. */
 typedef struct cb_seq {
     uint32_t id;
     int32_t *tok;              /* [prompt + max_new] prompt, then generated */
-    long prompt, max_new, n_gen, fed, join_step;
-    long slot;                 /* -1 = not joined / finished */
+    long prompt, max_new;
 } cb_seq;
+
+typedef struct cb_sink {
+    mtrace *all;
+    const cb_seq *q;
+    long n, mixed_steps, steps;
+} cb_sink;
+
+/* Collects every record and counts the steps that mix prompt and decode rows. */
+static ls_status cb_collect(void *ctx, ls_frame_kind kind, const ls_trace_record *recs, long n,
+                            ls_error *err)
+{
+    cb_sink *c = ctx;
+    long pre = 0, dec = 0;
+    for (long r = 0; r < n; r++)
+        for (long i = 0; i < c->n; i++)
+            if (c->q[i].id == recs[r].seq) {
+                if (recs[r].pos < (uint32_t)c->q[i].prompt) pre++;
+                else dec++;
+            }
+    ck_assert_int_eq(kind, dec ? LS_FRAME_DECODE : LS_FRAME_PREFILL);
+    c->mixed_steps += pre > 0 && dec > 0;
+    c->steps++;
+    return collect(c->all, kind, recs, n, err);
+}
 
 START_TEST(test_step_continuous_batching)
 {
     setup();
     const long NS = 6, every = 5;
     long prompts[6] = {23, 4, 41, 1, 17, 9}, news[6] = {10, 7, 3, 12, 6, 8}, joins[6] = {2, 0, 0, 3, 5, 9};
+    long chunks[6] = {5, 1, 9, 3, 7, 2};
     cb_seq q[6];
+    ls_run_request req[6];
     for (int i = 0; i < NS; i++) {
         q[i] = (cb_seq){(uint32_t)(70 + i), malloc(sizeof(int32_t) * (size_t)(prompts[i] + news[i])),
-                        prompts[i], news[i], 0, 0, joins[i], -1};
+                        prompts[i], news[i]};
         int32_t *p = prompt(prompts[i], (uint32_t)(300 + i));
         memcpy(q[i].tok, p, sizeof(int32_t) * (size_t)prompts[i]);
         free(p);
+        req[i] = (ls_run_request){q[i].id, q[i].tok, prompts[i], news[i], joins[i], chunks[i],
+                                  q[i].tok + prompts[i]};
     }
     ls_engine_opts o;
     ls_engine_opts_default(&o);
@@ -378,74 +405,13 @@ START_TEST(test_step_continuous_batching)
     ck_assert_msg(ls_run_engine_open(g_model, "cpu", 2, &o, 3, 128, &e, &err) == LS_OK, "%s", err.msg);
     ls_sampling g = greedy();
     mtrace all = {0};
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)g_model->cfg.vocab);
-    long V = g_model->cfg.vocab, finished = 0, mixed_steps = 0;
-    for (long step = 0; finished < NS; step++) {
-        ck_assert_int_lt(step, 1000);
-        /* Join: free slots go to waiting sequences whose time has come. */
-        for (int i = 0; i < NS; i++) {
-            if (q[i].slot >= 0 || q[i].n_gen == q[i].max_new || q[i].join_step > step) continue;
-            for (long sl = 0; sl < 3; sl++) {
-                int used = 0;
-                for (int j = 0; j < NS; j++) used |= q[j].slot == sl;
-                if (!used) {
-                    ck_assert_msg(ls_engine_join(e, sl, q[i].id, q[i].prompt, &err) == LS_OK, "%s", err.msg);
-                    ck_assert_int_eq(ls_engine_slot_len(e, sl), 0);
-                    q[i].slot = sl;
-                    break;
-                }
-            }
-        }
-        ls_engine_item it[16];
-        int owner[16];
-        long n = 0, rows = 0, pre = 0, dec = 0;
-        for (int i = 0; i < NS && rows < 16; i++) {
-            if (q[i].slot < 0) continue;
-            long avail = q[i].prompt + q[i].n_gen - q[i].fed; /* known tokens not fed yet */
-            long take = avail;
-            if (q[i].fed < q[i].prompt) { /* prefill: a varying chunk */
-                long c = 1 + (step * 7 + i) % 9;
-                take = avail < c ? avail : c;
-                pre++;
-            } else {
-                dec++;
-            }
-            if (take > 16 - rows) take = 16 - rows;
-            if (take <= 0) continue;
-            long last_pos = q[i].prompt + q[i].max_new - 2;
-            it[n] = (ls_engine_item){q[i].slot, q[i].tok + q[i].fed, take, q[i].fed + take - 1 == last_pos};
-            owner[n++] = i;
-            rows += take;
-        }
-        if (n == 0) continue;
-        mixed_steps += pre > 0 && dec > 0;
-        ck_assert_msg(ls_engine_step(e, it, n, &err) == LS_OK, "%s", err.msg);
-        ck_assert_int_eq(ls_engine_step_rows(e), rows);
-        for (long s = 0, r = 0; s < n; s++) {
-            cb_seq *x = &q[owner[s]];
-            for (long j = 0; j < it[s].n; j++, r++) {
-                long p = x->fed + j;
-                int32_t next;
-                if (p + 1 < x->prompt) next = x->tok[p + 1];
-                else {
-                    ck_assert_int_eq(ls_sample_select(&g, ls_engine_logprobs(e, r), V, x->id,
-                                                      (uint32_t)(p + 1), ids, &next, &err), LS_OK);
-                    x->tok[x->prompt + x->n_gen++] = next;
-                }
-                const ls_trace_record *rec = ls_engine_record(e, r, next);
-                ck_assert_uint_eq(rec->seq, x->id);
-                ck_assert_uint_eq(rec->pos, (uint32_t)p);
-                collect(&all, LS_FRAME_DECODE, rec, 1, NULL);
-            }
-            x->fed += it[s].n;
-            ck_assert_int_eq(ls_engine_slot_len(e, x->slot), x->fed); /* tokens the slot holds */
-            if (x->n_gen == x->max_new) {
-                ls_engine_leave(e, x->slot);
-                x->slot = -1;
-                finished++;
-            }
-        }
-    }
+    cb_sink cs = {&all, q, NS, 0, 0};
+    ck_assert_msg(ls_run_serve(e, req, NS, &g, cb_collect, &cs, &err) == LS_OK, "%s", err.msg);
+    for (long sl = 0; sl < 3; sl++) ck_assert_int_eq(ls_engine_join(e, sl, 1, 1, &err), LS_OK); /* all left */
+    long mixed_steps = cs.mixed_steps;
+    long positions = 0;
+    for (int i = 0; i < NS; i++) positions += prompts[i] + news[i] - 1;
+    ck_assert_int_eq(all.n, positions);
     ck_assert_msg(mixed_steps > 0, "no step mixed prefill and decode");
     ls_engine_destroy(e);
     /* Each sequence alone, through the rollout driver. */
@@ -482,7 +448,6 @@ START_TEST(test_step_continuous_batching)
     }
     ls_engine_destroy(e);
     mfree(&all);
-    free(ids);
     for (int i = 0; i < NS; i++) free(q[i].tok);
 }
 END_TEST
