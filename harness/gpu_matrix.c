@@ -183,77 +183,25 @@ static void row(const char *cell, long N, long P, const char *mode, const recs *
     fflush(stdout);
 }
 
-/* Mixed steps through the step API on engine e: `nseq` sequences (ids from
- * id0, prompt lengths cycling through plens) share `slots` slots; each joins
- * when a slot is free and its join step has come, prefills in chunks of its
- * own size while others decode, and leaves after its last position. */
-static void mixed(ls_engine *e, const ls_model *m, uint32_t id0, int nseq, int slots, long max_rows,
-                  const long *plens, recs *out)
+/* Mixed steps on engine e through the run layer's continuous-batching
+ * driver: `nseq` sequences (ids from id0, prompt lengths cycling through
+ * plens) arrive every other step, take a free slot of the engine's, prefill
+ * in chunks of their own size while others decode, and leave after their
+ * last position. */
+static void mixed(ls_engine *e, const ls_model *m, uint32_t id0, int nseq, const long *plens, recs *out)
 {
     long V = m->cfg.vocab;
-    int32_t *scratch = malloc(sizeof(int32_t) * (size_t)V);
-    typedef struct mseq { int32_t tok[1024 + GEN]; long P, done, slot, join_step; long chunk; int state; } mseq;
-    mseq *q = calloc((size_t)nseq, sizeof *q);
+    int32_t *tok = calloc((size_t)nseq * (1024 + GEN), sizeof(int32_t));
+    ls_run_request *req = calloc((size_t)nseq, sizeof *req);
     for (int i = 0; i < nseq; i++) {
-        q[i].P = plens[i % 3];
-        prompt(id0 + (uint32_t)i, q[i].P, V, q[i].tok);
-        q[i].slot = -1;
-        q[i].join_step = 2 * i;
-        q[i].chunk = (long[]){3, 16, 40, 7}[i % 4];
+        int32_t *t = tok + (size_t)i * (1024 + GEN);
+        long P = plens[i % 3];
+        prompt(id0 + (uint32_t)i, P, V, t);
+        req[i] = (ls_run_request){id0 + (uint32_t)i, t, P, GEN, 2 * i, (long[]){3, 16, 40, 7}[i % 4], NULL};
     }
-    int *slot_used = calloc((size_t)slots, sizeof(int));
-    ls_engine_item *it = calloc((size_t)slots, sizeof *it);
-    int *who = calloc((size_t)slots, sizeof(int));
-    int finished = 0;
-    for (long step = 0; finished < nseq; step++) {
-        for (int i = 0; i < nseq; i++)
-            if (q[i].state == 0 && q[i].join_step <= step)
-                for (int s = 0; s < slots; s++)
-                    if (!slot_used[s]) {
-                        slot_used[s] = 1;
-                        q[i].slot = s;
-                        q[i].state = 1;
-                        TRY(ls_engine_join(e, s, id0 + (uint32_t)i, q[i].P, E_));
-                        break;
-                    }
-        long n = 0, rows = 0;
-        for (int i = 0; i < nseq; i++) {
-            if (q[i].state != 1) continue;
-            long last_pos = q[i].P + GEN - 2, p = q[i].done;
-            long take = p < q[i].P ? q[i].P - p : 1;
-            if (take > q[i].chunk) take = q[i].chunk;
-            if (rows + take > max_rows) take = max_rows - rows;
-            if (take <= 0) continue;
-            it[n] = (ls_engine_item){q[i].slot, q[i].tok + p, take, p + take - 1 == last_pos};
-            who[n++] = i;
-            rows += take;
-        }
-        if (n == 0) continue;
-        TRY(ls_engine_step(e, it, n, E_));
-        for (long k = 0, r = 0; k < n; k++) {
-            mseq *s = &q[who[k]];
-            for (long j = 0; j < it[k].n; j++, r++) {
-                long p = s->done + j;
-                int32_t next;
-                if (p + 1 < s->P) next = s->tok[p + 1];
-                else {
-                    TRY(ls_sample_select(&GREEDY, ls_engine_logprobs(e, r), V, id0 + (uint32_t)who[k],
-                                         (uint32_t)(p + 1), scratch, &next, E_));
-                    s->tok[p + 1] = next;
-                }
-                TRY(recs_add(out, ls_engine_record(e, r, next), E_));
-            }
-            s->done += it[k].n;
-            if (s->done == s->P + GEN - 1) {
-                ls_engine_leave(e, s->slot);
-                slot_used[s->slot] = 0;
-                s->state = 2;
-                finished++;
-            }
-        }
-    }
+    TRY(ls_run_serve(e, req, nseq, &GREEDY, recs_sink, out, E_));
     recs_sort(out);
-    free(q), free(slot_used), free(it), free(who), free(scratch);
+    free(req), free(tok);
 }
 
 static ls_engine *make_engine(const ls_model *m, const char *backend, long max_seqs, long max_len, long rows,
@@ -327,8 +275,13 @@ int main(int argc, char **argv)
         int nseq = 9;
         double tc = now_s();
         recs mg = {0}, mc = {0}, single = {0};
-        mixed(g, m, 500, nseq, 4, 64, plens, &mg);
-        mixed(c, m, 500, nseq, 4, 64, plens, &mc);
+        /* 4 slots and 64 rows a step, so that sequences queue for slots */
+        ls_engine *gm = make_engine(m, gb, 4, plens[2] + GEN, 64, 16);
+        ls_engine *cm = make_engine(m, "cpu", 4, plens[2] + GEN, 64, 16);
+        mixed(gm, m, 500, nseq, plens, &mg);
+        mixed(cm, m, 500, nseq, plens, &mc);
+        ls_engine_destroy(gm);
+        ls_engine_destroy(cm);
         for (int i = 0; i < nseq; i++) {
             seqset one;
             seqset_make(&one, 500 + (uint32_t)i, 1, plens[i % 3], V);
@@ -338,7 +291,7 @@ int main(int argc, char **argv)
             free(one.s);
         }
         recs_sort(&single);
-        row("mixed", 9, 0, "step API: mixed, join/leave (4 slots, 64 rows)", &mg, &single, &mc, now_s() - tc);
+        row("mixed", 9, 0, "continuous batching: mixed, join/leave (4 slots, 64 rows)", &mg, &single, &mc, now_s() - tc);
         recs_free(&mg);
         recs_free(&mc);
         recs_free(&single);
