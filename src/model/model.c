@@ -207,6 +207,9 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_
 static ls_status find(const ls_checkpoint *ck, const char *name, int ndim, const int64_t *shape,
                       const ls_tensor **out, ls_error *err)
 {
+    /* *out is defined on every path: NULL on failure (and -O3 can then see
+     * that callers never read an unset pointer). */
+    *out = NULL;
     const ls_tensor *t = ls_checkpoint_find(ck, name);
     if (!t) return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' is missing", name);
     if (t->dtype != LS_DTYPE_BF16 && t->dtype != LS_DTYPE_F32)
