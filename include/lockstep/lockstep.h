@@ -36,8 +36,8 @@
  *   cc prog.c $(pkg-config --cflags --libs lockstep)                  links liblockstep.so
  *   cc -static prog.c $(pkg-config --cflags --libs --static lockstep) links liblockstep.a
  *
- * Threads: the functions may be called from several threads at once on
- * different handles; one lockstep_checkpoint is used by one thread at a time.
+ * Threads: use a lockstep_checkpoint from one thread at a time. Calls on
+ * different handles share no mutable state (not yet exercised by a test).
  */
 #ifndef LOCKSTEP_LOCKSTEP_H
 #define LOCKSTEP_LOCKSTEP_H
@@ -131,9 +131,9 @@ typedef struct lockstep_sequence {
 } lockstep_sequence;
 
 /* lockstep_checkpoint_open:
- * Opens the checkpoint directory `dir`: validates its safetensors headers
- * and model configuration (fails closed on anything lockstep does not
- * implement) and hashes every tensor once, on all cores, into the Merkle
+ * Opens the checkpoint directory `dir`: validates its safetensors headers,
+ * model configuration and tensor shapes (fails closed on anything lockstep
+ * does not implement) and hashes every tensor once, on all cores, into the Merkle
  * root that every trace of this handle records. The files are mapped, not
  * copied, and must not change while the handle is open.
  * Returns LOCKSTEP_OK and sets *out to a handle the caller owns and frees
@@ -213,11 +213,10 @@ lockstep_status lockstep_compare(const char *trace_a, const char *trace_b,
 
 /* ---- run options ---------------------------------------------------------------------
  * Start from lockstep_run_options_default and change what you need; a
- * field at its default leaves the run as the simple API runs it. No option
- * changes a bit of a strict run's trace except those that change what is
- * computed (activations, sampling, perturb, max_new_tokens); threads,
+ * field at its default runs as the simple API (opts NULL) does. threads,
  * chunk, max_rows and reverse_batch change only how the work is scheduled,
- * which is what replays exist to prove. */
+ * never a record of the trace: that is what comparing runs proves. The
+ * other fields change what is computed or recorded. */
 struct lockstep_run_options {
     const char *backend;          /* "cpu" (default) or "cuda" (a CUDA build and a GPU) */
     int threads;                  /* CPU worker threads, >= 1 (default 1) */
@@ -309,7 +308,7 @@ void lockstep_compare_options_default(lockstep_compare_options *o);
  * (the same preset and seed give the same bytes on every machine) to the
  * directory dir (written under a temporary name, renamed when complete;
  * dir must not exist or be empty). preset: "tiny" (hidden 128, 4 layers,
- * 8 experts, vocabulary 1000; about 2 MB), "small" or "qwen3-next-80b-a3b"
+ * 8 experts, vocabulary 1000; about 3 MB), "small" or "qwen3-next-80b-a3b"
  * (the released configuration, about 160 GB). For tests and examples. */
 lockstep_status lockstep_synth_checkpoint(const char *preset, uint64_t seed, const char *dir,
                                           lockstep_error *err);

@@ -41,6 +41,17 @@ if command -v c++ >/dev/null 2>&1; then
         -I"$P/include" -x c++ - || fail "lockstep.h does not compile as C++"
 fi
 
+# Every function the header declares is exported by liblockstep.so, and the
+# library exports functions under the two prefixes only (lockstep_ public,
+# ls_ internal).
+SO="$(readlink -f "$LIBDIR/liblockstep.so")"
+nm -D --defined-only "$SO" | awk '$2 == "T" {print $3}' | sort >"$WORK/exported.txt"
+grep -oE '\<lockstep_[a-z0-9_]+\(' "$P/include/lockstep/lockstep.h" | tr -d '(' | sort -u >"$WORK/declared.txt"
+missing="$(comm -23 "$WORK/declared.txt" "$WORK/exported.txt")"
+[[ -z "$missing" ]] || fail "declared in lockstep.h, not exported by liblockstep.so: $missing"
+stray="$(grep -vE '^(lockstep_|ls_|_)' "$WORK/exported.txt" || true)"
+[[ -z "$stray" ]] || fail "liblockstep.so exports functions outside lockstep_/ls_: $(tr "\n" " " <<<"$stray")"
+
 export PKG_CONFIG_PATH="$LIBDIR/pkgconfig"
 pkg-config --exists lockstep || fail "pkg-config does not find lockstep"
 FLAGS=(-std=c11 -Wall -Wextra -Werror)
