@@ -131,7 +131,7 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_
     if (act && !json_is_null(act) &&
         (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
         return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'hidden_act' must be \"silu\"");
-    int b;
+    int b = 0;
     LS_TRY(get_bool(o, "attention_bias", 0, &b, err));
     if (b) return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'attention_bias' = true is not supported");
     LS_TRY(get_bool(o, "tie_word_embeddings", 0, &b, err));
@@ -139,7 +139,7 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_
         return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'tie_word_embeddings' = true is "
                        "not supported");
     LS_TRY(get_bool(o, "norm_topk_prob", 1, &c->norm_topk_prob, err));
-    long step;
+    long step = 1;
     LS_TRY(get_int(o, "decoder_sparse_step", 0, 1, 0, 1L << 20, &step, err));
     if (step != 1)
         return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'decoder_sparse_step' = %ld is "
