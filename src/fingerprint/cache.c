@@ -421,7 +421,7 @@ ls_status ls_fpcache_store(const char *entry_path, const ls_fpcache_entry *e, ls
     char *tmp = st == LS_OK ? malloc(tn) : NULL;
     if (st == LS_OK && !tmp) st = ls_fail(err, LS_E_NOMEM, "%s: out of memory", entry_path);
     int fd = -1;
-    if (st == LS_OK) {
+    if (st == LS_OK && tmp) {
         snprintf(tmp, tn, "%s.tmp.XXXXXX", entry_path);
         fd = mkstemp(tmp);
         if (fd < 0) st = ls_fail(err, LS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
