@@ -1,9 +1,14 @@
 #include "core/util.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -238,7 +243,263 @@ void ls_arena_free(ls_arena *a)
     a->bytes_total = 0;
 }
 
+/* ---- temporary paths and signals ----------------------------------------- */
+
+/* A fixed table, so the signal handler reads it without locks or malloc.
+ * Slot states: 0 free, 1 being filled or emptied by its owner, 2 registered,
+ * 3 taken by the handler (the process is about to die; never freed again). */
+#define LS_TEMP_PATH_BYTES 4224
+static struct {
+    int state;
+    int kind;
+    char path[LS_TEMP_PATH_BYTES];
+} temp_slots[LS_TEMP_MAX];
+
+void ls_temp_register(const char *path, ls_temp_kind kind)
+{
+    size_t n = strlen(path);
+    if (n >= LS_TEMP_PATH_BYTES) return;
+    for (int i = 0; i < LS_TEMP_MAX; i++) {
+        int expect = 0;
+        if (!__atomic_compare_exchange_n(&temp_slots[i].state, &expect, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            continue;
+        memcpy(temp_slots[i].path, path, n + 1);
+        temp_slots[i].kind = (int)kind;
+        __atomic_store_n(&temp_slots[i].state, 2, __ATOMIC_RELEASE);
+        return;
+    }
+}
+
+void ls_temp_unregister(const char *path)
+{
+    for (int i = 0; i < LS_TEMP_MAX; i++) {
+        if (__atomic_load_n(&temp_slots[i].state, __ATOMIC_ACQUIRE) != 2) continue;
+        if (strcmp(temp_slots[i].path, path) != 0) continue;
+        int expect = 2;
+        if (!__atomic_compare_exchange_n(&temp_slots[i].state, &expect, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            continue; /* the handler has it, or another thread changed it */
+        if (strcmp(temp_slots[i].path, path) != 0) { /* reused meanwhile: not ours */
+            __atomic_store_n(&temp_slots[i].state, 2, __ATOMIC_RELEASE);
+            continue;
+        }
+        __atomic_store_n(&temp_slots[i].state, 0, __ATOMIC_RELEASE);
+        return;
+    }
+}
+
+/* Removes the entries of the open directory fd (and, depth permitting, of its
+ * subdirectories), using only async-signal-safe calls: getdents64 through
+ * syscall(2), unlinkat, openat, close. Used by the signal handler and by the
+ * stale sweep alike. */
+struct ls_dirent64 {
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+static void remove_dir_entries(int fd, int depth)
+{
+    /* Two passes: entries removed while reading may hide others from the
+     * first one. */
+    for (int pass = 0; pass < 2; pass++) {
+        char buf[2048];
+        lseek(fd, 0, SEEK_SET);
+        for (;;) {
+            long got = syscall(SYS_getdents64, fd, buf, sizeof buf);
+            if (got <= 0) break;
+            for (long off = 0; off < got;) {
+                struct ls_dirent64 *de = (struct ls_dirent64 *)(void *)(buf + off);
+                off += de->d_reclen;
+                const char *nm = de->d_name;
+                if (nm[0] == '.' && (nm[1] == '\0' || (nm[1] == '.' && nm[2] == '\0'))) continue;
+                if (unlinkat(fd, nm, 0) == 0 || depth <= 0) continue;
+                int sub = openat(fd, nm, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (sub < 0) continue;
+                remove_dir_entries(sub, depth - 1);
+                close(sub);
+                unlinkat(fd, nm, AT_REMOVEDIR);
+            }
+        }
+    }
+}
+
+static void remove_path(const char *path, int kind)
+{
+    if (kind == LS_TEMP_FILE) {
+        unlink(path);
+        return;
+    }
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return;
+    remove_dir_entries(fd, 2);
+    close(fd);
+    rmdir(path);
+}
+
+static const int cleanup_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGPIPE};
+
+static void on_fatal_signal(int sig)
+{
+    /* Files first: a registered directory may hold registered files. */
+    for (int kind = LS_TEMP_FILE; kind <= LS_TEMP_DIR; kind++)
+        for (int i = 0; i < LS_TEMP_MAX; i++) {
+            if (temp_slots[i].kind != kind) continue;
+            int expect = 2;
+            if (__atomic_compare_exchange_n(&temp_slots[i].state, &expect, 3, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+                remove_path(temp_slots[i].path, kind);
+        }
+    /* Die of the same signal, as without the handler (the shell reports
+     * 128 + sig): it is blocked while the handler runs, so it is delivered
+     * on return, with the default action. */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void ls_signals_install(void)
+{
+    signal(SIGXFSZ, SIG_IGN);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof cleanup_signals / sizeof cleanup_signals[0]; i++)
+        sigaddset(&sa.sa_mask, cleanup_signals[i]); /* a second signal waits for the cleanup */
+    for (size_t i = 0; i < sizeof cleanup_signals / sizeof cleanup_signals[0]; i++) {
+        struct sigaction old;
+        if (sigaction(cleanup_signals[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+        sigaction(cleanup_signals[i], &sa, NULL);
+    }
+}
+
+/* The pid of "<base>.tmp.<pid>" or "<base>.tmp.<pid>.<x>", or 0. */
+static long stale_pid(const char *entry, const char *base, size_t blen)
+{
+    if (strncmp(entry, base, blen) != 0 || strncmp(entry + blen, ".tmp.", 5) != 0) return 0;
+    const char *p = entry + blen + 5;
+    long pid = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (pid > 100000000) return 0;
+        pid = pid * 10 + (*p - '0');
+    }
+    if (p == entry + blen + 5 || (*p != '\0' && *p != '.')) return 0;
+    return pid;
+}
+
+void ls_temp_sweep_stale(const char *name)
+{
+    char dir[4096];
+    const char *slash = strrchr(name, '/');
+    const char *base = slash ? slash + 1 : name;
+    size_t blen = strlen(base);
+    if (blen == 0) return;
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == name) snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - name) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - name), name);
+    else return;
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    char path[8400];
+    while ((de = readdir(d)) != NULL) {
+        long pid = stale_pid(de->d_name, base, blen);
+        if (pid <= 0 || pid == (long)getpid()) continue;
+        if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* running, or not ours to judge */
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        struct stat sb;
+        if (lstat(path, &sb) != 0) continue;
+        if (S_ISREG(sb.st_mode)) remove_path(path, LS_TEMP_FILE);
+        else if (S_ISDIR(sb.st_mode)) remove_path(path, LS_TEMP_DIR);
+        else continue;
+        ls_log_verbose("removed %s, left by process %ld, which no longer runs", path, pid);
+    }
+    closedir(d);
+}
+
 /* ---- atomic output ------------------------------------------------------ */
+
+const char *ls_file_kind_name(unsigned mode)
+{
+    if (S_ISREG(mode)) return "a regular file";
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISLNK(mode)) return "a symbolic link";
+    return "not a regular file";
+}
+
+ls_status ls_output_path_check(const char *path, ls_error *err)
+{
+    /* Temp-and-rename would replace the node itself (as root, /dev/full
+     * became a regular file), and writing into it directly is not atomic:
+     * outputs go to regular files only. */
+    struct stat sb;
+    if (stat(path, &sb) != 0 || S_ISREG(sb.st_mode)) return LS_OK;
+    return ls_fail(err, LS_E_USAGE, "%s: exists and is %s; an output replaces a regular file only "
+                   "(give a new path, or '-' for stdout where the option allows it)", path, ls_file_kind_name(sb.st_mode));
+}
+
+ls_status ls_fsync_parent_dir(const char *path, ls_error *err)
+{
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == path) snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) < sizeof dir) snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    else return ls_fail(err, LS_E_USAGE, "%s: path too long", path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ls_fail(err, LS_E_IO, "%s: cannot open the directory to sync it: %s", dir, strerror(errno));
+    int bad = fsync(fd) != 0 && errno != EINVAL;
+    int e = errno;
+    close(fd);
+    if (bad) return ls_fail(err, LS_E_IO, "%s: cannot sync the directory (after writing %s): %s", dir, path, strerror(e));
+    return LS_OK;
+}
+
+ls_status ls_fail_write(ls_error *err, const char *path, int e)
+{
+    if (e == EFBIG)
+        return ls_fail(err, LS_E_IO, "%s: write failed: %s (the file size limit, ulimit -f, is reached)", path,
+                       strerror(e));
+    if (e == 0) return ls_fail(err, LS_E_IO, "%s: write failed", path);
+    return ls_fail(err, LS_E_IO, "%s: write failed: %s", path, strerror(e));
+}
+
+/* errno of the first failed ls_stdout_puts: a large write bypasses stdio's
+ * buffer, so a later flush has nothing to retry and cannot say why. */
+static int stdout_errno;
+
+ls_status ls_stdout_puts(const char *s, ls_error *err)
+{
+    errno = 0;
+    if (fputs(s, stdout) != EOF && fputc('\n', stdout) != EOF) return LS_OK;
+    if (!stdout_errno) stdout_errno = errno ? errno : EIO;
+    return ls_fail(err, LS_E_IO, "stdout: %s", strerror(stdout_errno));
+}
+
+ls_status ls_stdout_check(ls_error *err)
+{
+    /* glibc keeps the unwritten bytes of a failed buffered write, so flushing
+     * again fails again and says why; an error flag with nothing left to
+     * flush says why only when ls_stdout_puts saw it. */
+    errno = 0;
+    int e = fflush(stdout) != 0 ? errno : 0;
+    if (!e && !ferror(stdout)) return LS_OK;
+    if (!e) e = stdout_errno;
+    return ls_fail(err, LS_E_IO, "stdout: %s", e ? strerror(e) : "write error");
+}
+
+ls_status ls_stdout_close(ls_error *err)
+{
+    ls_status st = ls_stdout_check(err);
+    errno = 0;
+    if (fclose(stdout) != 0 && st == LS_OK)
+        st = ls_fail(err, LS_E_IO, "stdout: %s", errno ? strerror(errno) : "write error");
+    return st;
+}
 
 ls_status ls_outfile_open(ls_outfile *o, const char *path, ls_error *err)
 {
@@ -250,34 +511,54 @@ ls_status ls_outfile_open(ls_outfile *o, const char *path, ls_error *err)
         o->fp = stdout;
         return LS_OK;
     }
+    LS_TRY(ls_output_path_check(path, err));
+    ls_temp_sweep_stale(path);
     snprintf(o->tmp_path, sizeof o->tmp_path, "%s.tmp.%ld", path, (long)getpid());
+    ls_temp_register(o->tmp_path, LS_TEMP_FILE);
     o->fp = fopen(o->tmp_path, "wb");
-    if (!o->fp)
-        return ls_fail(err, LS_E_IO, "%s: cannot create: %s", o->tmp_path, strerror(errno));
+    if (!o->fp) {
+        int e = errno;
+        ls_temp_unregister(o->tmp_path);
+        return ls_fail(err, LS_E_IO, "%s: cannot create: %s", o->tmp_path, strerror(e));
+    }
     return LS_OK;
+}
+
+ls_status ls_outfile_write(ls_outfile *o, const void *data, size_t n, ls_error *err)
+{
+    if (n == 0 || fwrite(data, 1, n, o->fp) == n) return LS_OK;
+    if (!o->err_no) o->err_no = errno ? errno : EIO;
+    if (o->fp == stdout) return ls_fail(err, LS_E_IO, "stdout: %s", strerror(o->err_no));
+    return ls_fail_write(err, o->path, o->err_no);
 }
 
 ls_status ls_outfile_commit(ls_outfile *o, ls_error *err)
 {
     if (o->fp == stdout) {
-        fflush(stdout);
         o->fp = NULL;
-        return LS_OK;
+        ls_status st = ls_stdout_check(err);
+        /* reported here; main's final check need not say it again */
+        if (st) clearerr(stdout);
+        return st;
     }
-    int bad = ferror(o->fp) || fflush(o->fp) != 0 || fsync(fileno(o->fp)) != 0;
-    int saved = errno;
-    if (fclose(o->fp) != 0) bad = 1;
+    /* fflush first: after a failed write it fails again and sets errno */
+    errno = 0;
+    int e = fflush(o->fp) != 0 ? errno : 0;
+    if (!e && (ferror(o->fp) || o->err_no)) e = o->err_no ? o->err_no : EIO;
+    if (!e && fsync(fileno(o->fp)) != 0) e = errno;
+    if (fclose(o->fp) != 0 && !e) e = errno ? errno : EIO;
     o->fp = NULL;
-    if (bad) {
-        unlink(o->tmp_path);
-        return ls_fail(err, LS_E_IO, "%s: write failed: %s", o->path, strerror(saved));
+    ls_status st = e ? ls_fail_write(err, o->path, e) : LS_OK;
+    /* the path may have been replaced by a device or FIFO since open */
+    if (!st) st = ls_output_path_check(o->path, err);
+    if (!st && rename(o->tmp_path, o->path) != 0) {
+        e = errno;
+        st = ls_fail(err, LS_E_IO, "%s: cannot rename into place: %s", o->path, strerror(e));
     }
-    if (rename(o->tmp_path, o->path) != 0) {
-        saved = errno;
-        unlink(o->tmp_path);
-        return ls_fail(err, LS_E_IO, "%s: cannot rename into place: %s", o->path, strerror(saved));
-    }
-    return LS_OK;
+    if (st) unlink(o->tmp_path);
+    ls_temp_unregister(o->tmp_path);
+    if (!st) st = ls_fsync_parent_dir(o->path, err);
+    return st;
 }
 
 void ls_outfile_abort(ls_outfile *o)
@@ -286,6 +567,7 @@ void ls_outfile_abort(ls_outfile *o)
     if (o->fp != stdout) {
         fclose(o->fp);
         unlink(o->tmp_path);
+        ls_temp_unregister(o->tmp_path);
     }
     o->fp = NULL;
 }
@@ -294,9 +576,10 @@ ls_status ls_write_file_atomic(const char *path, const void *data, size_t len, l
 {
     ls_outfile o;
     LS_TRY(ls_outfile_open(&o, path, err));
-    if (len && fwrite(data, 1, len, o.fp) != len) {
+    ls_status st = ls_outfile_write(&o, data, len, err);
+    if (st) {
         ls_outfile_abort(&o);
-        return ls_fail(err, LS_E_IO, "%s: write failed: %s", path, strerror(errno));
+        return st;
     }
     return ls_outfile_commit(&o, err);
 }

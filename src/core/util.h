@@ -81,21 +81,95 @@ void ls_arena_free(ls_arena *a);
 
 /* ---- atomic output --------------------------------------------------------
  * Outputs are written to "<path>.tmp.<pid>" and renamed over path only when
- * complete, so a reader never sees a half-written file. */
+ * complete, so a reader never sees a half-written file; the file and then its
+ * directory are fsynced, so a power loss keeps either the old output or the
+ * whole new one. Only a regular file is ever replaced: a path that exists and
+ * is a directory, device, FIFO or socket is refused (LS_E_USAGE, naming what
+ * it is) before anything is written, and again before the rename; "-" means
+ * stdout. While in flight the temporary name is registered (see "temporary
+ * paths" below); opening also removes the stale temporaries of the same
+ * output left by processes that no longer exist. */
 typedef struct ls_outfile {
     FILE *fp;                /* write here */
     char path[4096];         /* final name */
     char tmp_path[4200];     /* temporary name */
+    int err_no;              /* errno of the first failed ls_outfile_write, 0 if none */
 } ls_outfile;
 
 /* Opens a temporary file next to path. path "-" means stdout (no rename). */
 ls_status ls_outfile_open(ls_outfile *o, const char *path, ls_error *err);
-/* Flushes, fsyncs and renames into place; closes in every case. */
+/* Writes n bytes; on failure fills err ("PATH: write failed: <reason>") and
+ * leaves the file open for ls_outfile_abort. Callers may also write to o->fp
+ * directly: ls_outfile_commit checks the stream's error flag. */
+ls_status ls_outfile_write(ls_outfile *o, const void *data, size_t n, ls_error *err);
+/* Flushes, fsyncs and renames into place, then fsyncs the directory; closes
+ * in every case and removes the temporary file on failure. For stdout: flushes
+ * and reports a write error ("stdout: <reason>"). */
 ls_status ls_outfile_commit(ls_outfile *o, ls_error *err);
 /* Closes and removes the temporary file (on any failure path). */
 void ls_outfile_abort(ls_outfile *o);
-/* Convenience: writes len bytes atomically. */
+/* Convenience: writes len bytes atomically ("-": to stdout). */
 ls_status ls_write_file_atomic(const char *path, const void *data, size_t len, ls_error *err);
+
+/* Fills err with "PATH: write failed: <strerror(e)>" (naming the file size
+ * limit for EFBIG) and returns LS_E_IO. */
+ls_status ls_fail_write(ls_error *err, const char *path, int e);
+
+/* LS_OK when path does not exist or is a regular file (or a link to one);
+ * otherwise LS_E_USAGE: "PATH: exists and is a FIFO; ...". Every writer of a
+ * named output asks this first. */
+ls_status ls_output_path_check(const char *path, ls_error *err);
+/* What a stat mode is, for messages: "a directory", "a FIFO", ... */
+const char *ls_file_kind_name(unsigned mode);
+/* fsyncs the directory that holds path (after a rename into it). Filesystems
+ * that cannot sync a directory (EINVAL) count as success. */
+ls_status ls_fsync_parent_dir(const char *path, ls_error *err);
+
+/* ---- stdout ---------------------------------------------------------------
+ * Results printed on stdout are output too: a command whose stdout cannot be
+ * written (a full disk, /dev/full, a closed pipe with SIGPIPE ignored) must
+ * fail. ls_stdout_check flushes and returns "stdout: <reason>" on any error
+ * so far (a long printer calls it to stop early); ls_stdout_close also closes
+ * it (main, once, before returning its exit code). */
+ls_status ls_stdout_check(ls_error *err);
+/* puts(s) (s and a newline) that records why it failed, for the final check. */
+ls_status ls_stdout_puts(const char *s, ls_error *err);
+ls_status ls_stdout_close(ls_error *err);
+
+/* ---- temporary paths and signals ------------------------------------------
+ * Every temporary output is named "NAME.tmp.<pid>" (or "NAME.tmp.<pid>.<x>"
+ * where one process makes several: work directories, cache entries), NAME
+ * being the output it becomes, so one left behind by a killed process says
+ * whose it was. While it exists it is registered here; ls_signals_install
+ * (the CLI's main) makes SIGTERM, SIGINT, SIGHUP and SIGPIPE remove every
+ * registered path (a directory with its contents) before the process dies of
+ * the signal as before, and ignores SIGXFSZ so that exceeding the file size
+ * limit (ulimit -f) is a write error (EFBIG) reported like any other.
+ * A SIGKILL leaves the temporary behind: ls_temp_sweep_stale removes those of
+ * one output whose process no longer runs on this host. */
+typedef enum ls_temp_kind {
+    LS_TEMP_FILE,            /* unlinked */
+    LS_TEMP_DIR,             /* removed with its contents (three levels at most) */
+} ls_temp_kind;
+
+/* Registers path (before creating it, so no instant leaves it unregistered).
+ * At most LS_TEMP_MAX paths are registered at once; beyond that, or for a
+ * path longer than 4223 bytes, nothing is recorded (the path then survives a
+ * signal, as before). */
+#define LS_TEMP_MAX 64
+void ls_temp_register(const char *path, ls_temp_kind kind);
+/* Forgets path (after renaming it into place or removing it). */
+void ls_temp_unregister(const char *path);
+/* Removes "NAME.tmp.<pid>" and "NAME.tmp.<pid>.<x>" next to name (a file, or
+ * a directory with its contents) whose pid is not this process and names no
+ * running process. Best effort; says what it removed at --verbose. A process
+ * of another host (a shared filesystem) or PID namespace looks dead: its
+ * temporary would be removed and its rename then fails (exit 2), never a
+ * partial output. */
+void ls_temp_sweep_stale(const char *name);
+/* Installs the handlers described above. Signals ignored when the process
+ * started (nohup) stay ignored. */
+void ls_signals_install(void);
 
 /* Reads a whole file into a malloc'd buffer (NUL-terminated; *len excludes the
  * NUL). Caller frees *out. */

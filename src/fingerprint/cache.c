@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/util.h"
+
 #define DIGEST_BYTES 32u
 /* The smallest record: 1-byte name, 1-byte dtype, a scalar. */
 #define RECORD_MIN_BYTES (4u + 1u + 1u + 1u + 1u + 8u + 8u + 1u + 32u)
@@ -415,28 +417,42 @@ ls_status ls_fpcache_store(const char *entry_path, const ls_fpcache_entry *e, ls
     size_t len = 0;
     LS_TRY(ls_fpcache_encode(e, &buf, &len, err));
     ls_status st = make_parent_dirs(entry_path, err);
-    /* A unique temporary name per writer (mkstemp), not "<path>.tmp.<pid>":
-     * two threads of one process may store the same entry at once. */
-    size_t tn = strlen(entry_path) + sizeof ".tmp.XXXXXX";
+    /* Never replace a node that is not a regular file (a FIFO planted there
+     * would otherwise become an entry). */
+    if (st == LS_OK) st = ls_output_path_check(entry_path, err);
+    if (st == LS_OK) ls_temp_sweep_stale(entry_path);
+    /* A unique temporary name per writer, "<path>.tmp.<pid>.<n>" (created
+     * with O_EXCL): two threads of one process may store the same entry at
+     * once, and the pid says whose it was if a kill leaves it behind. */
+    static unsigned store_counter;
+    size_t tn = strlen(entry_path) + sizeof ".tmp.-9223372036854775807.4294967295";
     char *tmp = st == LS_OK ? malloc(tn) : NULL;
     if (st == LS_OK && !tmp) st = ls_fail(err, LS_E_NOMEM, "%s: out of memory", entry_path);
     int fd = -1;
     if (st == LS_OK && tmp) {
-        snprintf(tmp, tn, "%s.tmp.XXXXXX", entry_path);
-        fd = mkstemp(tmp);
-        if (fd < 0) st = ls_fail(err, LS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        unsigned n = __atomic_add_fetch(&store_counter, 1, __ATOMIC_RELAXED);
+        snprintf(tmp, tn, "%s.tmp.%ld.%u", entry_path, (long)getpid(), n);
+        ls_temp_register(tmp, LS_TEMP_FILE);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0) {
+            st = ls_fail(err, LS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
+            ls_temp_unregister(tmp);
+        }
     }
     for (size_t n = 0; st == LS_OK && n < len;) {
         ssize_t put = write(fd, buf + n, len - n);
         if (put < 0 && errno == EINTR) continue;
-        if (put <= 0) st = ls_fail(err, LS_E_IO, "%s: write failed: %s", tmp, strerror(errno));
+        if (put <= 0) st = ls_fail_write(err, tmp, put < 0 ? errno : ENOSPC);
         else n += (size_t)put;
     }
     if (fd >= 0 && close(fd) != 0 && st == LS_OK)
         st = ls_fail(err, LS_E_IO, "%s: close failed: %s", tmp, strerror(errno));
     if (st == LS_OK && rename(tmp, entry_path) != 0)
         st = ls_fail(err, LS_E_IO, "%s: cannot rename into place: %s", entry_path, strerror(errno));
-    if (st != LS_OK && fd >= 0) unlink(tmp);
+    if (fd >= 0) {
+        if (st != LS_OK) unlink(tmp);
+        ls_temp_unregister(tmp);
+    }
     free(tmp);
     free(buf);
     return st;

@@ -271,24 +271,24 @@ ls_status ls_safetensors_writer_write(ls_safetensors_writer *w, const char *path
         free(hdr.p);
         return st;
     }
-    int ok = fwrite(len_le, 1, 8, o.fp) == 8 && fwrite(hdr.p, 1, hdr.len, o.fp) == hdr.len;
+    st = ls_outfile_write(&o, len_le, 8, err);
+    if (st == LS_OK) st = ls_outfile_write(&o, hdr.p, hdr.len, err);
     free(hdr.p);
-    for (size_t i = 0; ok && i < w->n_tensors; i++) {
+    for (size_t i = 0; st == LS_OK && i < w->n_tensors; i++) {
         const writer_tensor *t = &w->tensors[i];
         /* Streamed in 64 MiB pieces straight from the caller's buffer. */
         const uint8_t *p = t->data;
         uint64_t left = t->size_bytes;
-        while (ok && left) {
+        while (st == LS_OK && left) {
             size_t piece = left > ((uint64_t)64 << 20) ? ((size_t)64 << 20) : (size_t)left;
-            ok = fwrite(p, 1, piece, o.fp) == piece;
+            st = ls_outfile_write(&o, p, piece, err);
             p += piece;
             left -= piece;
         }
     }
-    if (!ok) {
-        int saved = errno;
+    if (st != LS_OK) {
         ls_outfile_abort(&o);
-        return ls_fail(err, LS_E_IO, "%s: write failed: %s", path, strerror(saved));
+        return st;
     }
     return ls_outfile_commit(&o, err);
 }

@@ -223,9 +223,10 @@ ls_status ls_manifest_save(const json_t *manifest, const char *path, ls_error *e
     ls_outfile of;
     ls_status st = ls_outfile_open(&of, path, err);
     if (st == LS_OK) {
-        if (fputs(s, of.fp) == EOF || fputc('\n', of.fp) == EOF) {
+        st = ls_outfile_write(&of, s, strlen(s), err);
+        if (st == LS_OK) st = ls_outfile_write(&of, "\n", 1, err);
+        if (st != LS_OK) {
             ls_outfile_abort(&of);
-            st = ls_fail(err, LS_E_IO, "%s: write failed", path);
         } else {
             st = ls_outfile_commit(&of, err);
         }

@@ -63,15 +63,8 @@ ls_status ls_report_write_gate_json(const char *path, const char *backend, long 
     json_decref(doc);
     if (!text) return ls_fail(err, LS_E_NOMEM, "out of memory");
     size_t n = strlen(text);
-    ls_status st;
-    if (!strcmp(path, "-")) {
-        fwrite(text, 1, n, stdout);
-        fputc('\n', stdout);
-        st = LS_OK;
-    } else {
-        text[n] = '\n';
-        st = ls_write_file_atomic(path, text, n + 1, err);
-    }
+    text[n] = '\n'; /* json_dumps allocates one byte more than the text, for its NUL */
+    ls_status st = ls_write_file_atomic(path, text, n + 1, err); /* "-": stdout, checked */
     free(text);
     return st;
 }

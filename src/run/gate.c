@@ -52,6 +52,9 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
     int nv = o->variants ? o->n_variants : (int)(sizeof standard / sizeof standard[0]);
     if (nv < 1 || nv > LS_GATE_MAX_VARIANTS) return ls_fail(err, LS_E_USAGE, "gate: %d replays (1..%d)", nv,
                                                               LS_GATE_MAX_VARIANTS);
+    /* a report path that cannot be written is refused before the runs */
+    if (o->json && strcmp(o->json, "-")) LS_TRY(ls_output_path_check(o->json, err));
+    if (o->junit && strcmp(o->junit, "-")) LS_TRY(ls_output_path_check(o->junit, err));
     char dir[4096], ro_path[4200], rp_path[4200], rep[4300];
     int temporary;
     LS_TRY(ls_run_workdir(o->workdir, "gate", dir, sizeof dir, &temporary, err));

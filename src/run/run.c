@@ -33,9 +33,16 @@ ls_status ls_run_workdir(const char *given, const char *tag, char *out, size_t o
     }
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !*tmp) tmp = "/tmp";
-    if ((size_t)snprintf(out, out_size, "%s/lockstep-%s.XXXXXX", tmp, tag) >= out_size)
+    /* "lockstep-TAG.tmp.<pid>.XXXXXX": registered, so SIGTERM/SIGINT remove
+     * it; one left by a SIGKILL is swept by the next run of the same TAG
+     * (core/util.h, "temporary paths"). */
+    if ((size_t)snprintf(out, out_size, "%s/lockstep-%s", tmp, tag) >= out_size - 40)
         return ls_fail(err, LS_E_USAGE, "TMPDIR is too long");
+    ls_temp_sweep_stale(out);
+    size_t n = strlen(out);
+    snprintf(out + n, out_size - n, ".tmp.%ld.XXXXXX", (long)getpid());
     if (!mkdtemp(out)) return ls_fail(err, LS_E_IO, "%s: cannot create a temporary directory: %s", out, strerror(errno));
+    ls_temp_register(out, LS_TEMP_DIR); /* its name is known only now */
     *temporary = 1;
     return LS_OK;
 }
@@ -61,6 +68,25 @@ static void remove_tree(const char *dir, int depth)
 void ls_run_workdir_remove(const char *dir)
 {
     remove_tree(dir, 0);
+    ls_temp_unregister(dir);
+}
+
+void ls_run_workdir_keep(char *dir, size_t dir_size)
+{
+    ls_temp_unregister(dir);
+    const char *slash = strrchr(dir, '/');
+    char *t = strstr(slash ? slash : dir, ".tmp.");
+    char *rest = t ? strchr(t + 5, '.') : NULL;
+    char kept[4096];
+    if (!rest || (size_t)snprintf(kept, sizeof kept, "%.*s%s", (int)(t - dir), dir, rest) >= sizeof kept ||
+        strlen(kept) >= dir_size)
+        return;
+    if (rename(dir, kept) != 0) {
+        ls_log_warn("%s: cannot rename to %s: %s (a later run may remove it as a stale temporary)", dir, kept,
+                    strerror(errno));
+        return;
+    }
+    memcpy(dir, kept, strlen(kept) + 1);
 }
 
 void ls_run_spec_default(ls_run_spec *s)
@@ -84,6 +110,7 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
                        s->mode ? s->mode : "(none)");
     if (!s->checkpoint) return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint DIR) is required");
     if (!s->out) return ls_fail(err, LS_E_USAGE, "out (-o TRACE) is required");
+    LS_TRY(ls_output_path_check(s->out, err)); /* before the run, not after it */
     if (!s->batch || s->batch->n < 1)
         return ls_fail(err, LS_E_USAGE, "batch: no sequences (--prompts, --from or --tokens)");
     if (!s->backend || (strcmp(s->backend, "cpu") && strcmp(s->backend, "cuda")))

@@ -114,5 +114,9 @@ ls_status ls_run_workdir(const char *given, const char *tag, char *out, size_t o
                          ls_error *err);
 /* Removes the regular files inside dir (two levels down at most), then dir. */
 void ls_run_workdir_remove(const char *dir);
+/* Keeps a temporary work directory: renames "lockstep-TAG.tmp.<pid>.XXXXXX"
+ * to "lockstep-TAG.XXXXXX" (updating dir, of size dir_size), so that neither
+ * a signal nor a later run's sweep of stale temporaries removes it. */
+void ls_run_workdir_keep(char *dir, size_t dir_size);
 
 #endif

@@ -201,39 +201,55 @@ ls_status ls_synth_write(const ls_synth_config *cfg, uint64_t seed, const char *
 
     int is_dir = 0;
     int state = dir_state(dir, &is_dir);
+    struct stat sb;
     if (state >= 0 && !is_dir)
-        return ls_fail(err, LS_E_USAGE, "%s exists and is not a directory", dir);
+        return ls_fail(err, LS_E_USAGE, "%s: exists and is %s, not a directory", dir,
+                       stat(dir, &sb) == 0 ? ls_file_kind_name(sb.st_mode) : "not a directory");
     if (state == 1 && !opt->force)
         return ls_fail(err, LS_E_USAGE, "%s exists and is not empty (the force option replaces it)", dir);
 
     char tmp[4200], old[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", dir, (long)getpid());
     snprintf(old, sizeof old, "%s.old.%ld", dir, (long)getpid());
-    if (mkdir(tmp, 0777) != 0)
-        return ls_fail(err, LS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    /* DIR.tmp.<pid> of a killed synth (gigabytes, maybe) goes now; this
+     * one's goes on failure or on SIGTERM/SIGINT (core/util.h). */
+    ls_temp_sweep_stale(dir);
+    ls_temp_register(tmp, LS_TEMP_DIR);
+    if (mkdir(tmp, 0777) != 0) {
+        int e = errno;
+        ls_temp_unregister(tmp);
+        return ls_fail(err, LS_E_IO, "%s: cannot create: %s", tmp, strerror(e));
+    }
     ls_status st = write_contents(cfg, seed, tmp, opt, err);
     if (st != LS_OK) {
         remove_flat_dir(tmp);
+        ls_temp_unregister(tmp);
         return st;
     }
     if (state == 0 && rmdir(dir) != 0) {
         int e = errno;
         remove_flat_dir(tmp);
+        ls_temp_unregister(tmp);
         return ls_fail(err, LS_E_IO, "%s: cannot replace: %s", dir, strerror(e));
     }
     if (state == 1 && rename(dir, old) != 0) {
         int e = errno;
         remove_flat_dir(tmp);
+        ls_temp_unregister(tmp);
         return ls_fail(err, LS_E_IO, "%s: cannot move aside: %s", dir, strerror(e));
     }
     if (rename(tmp, dir) != 0) {
         int e = errno;
         if (state == 1) rename(old, dir);
         remove_flat_dir(tmp);
+        ls_temp_unregister(tmp);
         return ls_fail(err, LS_E_IO, "%s: cannot rename into place: %s", dir, strerror(e));
     }
+    ls_temp_unregister(tmp);
     if (state == 1 && remove_flat_dir(old) != 0)
         ls_log_warn("synth: the previous contents of %s were left in %s (it has subdirectories)",
                     dir, old);
-    return LS_OK;
+    /* the files were synced when written (ls_outfile); the rename is made
+     * durable here */
+    return ls_fsync_parent_dir(dir, err);
 }

@@ -52,9 +52,13 @@ static void writer_free(ls_trace_writer *w)
 
 static ls_status put(ls_trace_writer *w, const void *p, size_t n, ls_error *err)
 {
-    if (n && fwrite(p, 1, n, w->out.fp) != n)
-        return ls_fail(err, LS_E_IO, "%s: write failed: %s", w->out.tmp_path, strerror(errno));
-    return LS_OK;
+    return ls_outfile_write(&w->out, p, n, err);
+}
+
+/* Flushed per frame so a killed run leaves every completed frame on disk. */
+static ls_status flush(ls_trace_writer *w, ls_error *err)
+{
+    return fflush(w->out.fp) == 0 ? LS_OK : ls_fail_write(err, w->out.path, errno);
 }
 
 ls_status ls_trace_writer_open(const char *path, const ls_trace_header *hdr, ls_trace_writer **out, ls_error *err)
@@ -97,7 +101,7 @@ ls_status ls_trace_writer_open(const char *path, const ls_trace_header *hdr, ls_
     if (!st) st = put(w, head, sizeof head, err);
     if (!st) st = put(w, json, jlen, err);
     if (!st) st = put(w, d.bytes, 32, err);
-    if (!st && fflush(w->out.fp)) st = ls_fail(err, LS_E_IO, "%s: write failed", w->out.tmp_path);
+    if (!st) st = flush(w, err);
     free(json);
     if (st) {
         ls_trace_writer_abort(w);
@@ -241,8 +245,7 @@ ls_status ls_trace_writer_end_frame(ls_trace_writer *w, ls_error *err)
     memcpy(h + hb, d.bytes, 32);
     LS_TRY(put(w, h, hb + 32, err));
     LS_TRY(put(w, w->cbuf, c, err));
-    /* Flushed per frame so a killed run leaves every completed frame on disk. */
-    if (fflush(w->out.fp)) return ls_fail(err, LS_E_IO, "%s: write failed: %s", w->out.tmp_path, strerror(errno));
+    LS_TRY(flush(w, err));
     LS_TRY(ls_sha256_update(&w->chain, d.bytes, 32, err));
     w->n_frames++;
     w->n_records_total += w->n_records;
