@@ -102,6 +102,11 @@ int ls_cmd_compare(int argc, char **argv)
     if (n_paths != 2) return ls_cli_usage_error("compare", "expected two trace files");
     ls_error err;
     ls_error_clear(&err);
+    /* report paths that cannot be written are refused before the comparison */
+    const char *reports[] = {json, junit, html};
+    for (int i = 0; i < 3; i++)
+        if (reports[i] && strcmp(reports[i], "-") && ls_output_path_check(reports[i], &err) != LS_OK)
+            return ls_cli_report("compare", &err);
     ls_compare_result r;
     ls_status st = ls_compare_files(paths[0], paths[1], &opts_c, &r, &err);
     if (st) {

@@ -147,6 +147,7 @@ int ls_cmd_demo(int argc, char **argv)
         st = ls_gate_run(&go, &b, ls_log_quiet() ? NULL : stdout, &r, &err);
     }
     ls_run_batch_free(&b);
+    if (temporary && keep) ls_run_workdir_keep(dir, sizeof dir); /* not a temporary any more */
     int rc = 0;
     if (st != LS_OK) {
         rc = ls_cli_report("demo", &err);

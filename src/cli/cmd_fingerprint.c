@@ -95,7 +95,7 @@ int ls_cmd_fingerprint(int argc, char **argv)
                               "threads", fp.threads_used, "seconds", secs, "gb_per_s", gbps,
                               "tensors", tensors);
         char *s = o ? json_dumps(o, JSON_INDENT(2)) : NULL;
-        if (s) puts(s);
+        if (s) ls_stdout_puts(s, NULL); /* a failure is reported by main */
         free(s);
         json_decref(o);
     } else if (!ls_log_quiet()) {

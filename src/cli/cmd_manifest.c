@@ -128,7 +128,7 @@ static void print_diff_json(const ls_manifest_delta *d, const char *verdict)
     json_t *o = json_pack("{s:s, s:I, s:I, s:o}", "verdict", verdict, "differences",
                           (json_int_t)d->count, "voiding", (json_int_t)d->voiding, "changes", arr);
     char *s = o ? json_dumps(o, JSON_INDENT(2)) : NULL;
-    if (s) puts(s);
+    if (s) ls_stdout_puts(s, NULL); /* a failure is reported by main */
     free(s);
     json_decref(o);
 }
@@ -147,7 +147,8 @@ static int cmd_pin(int argc, char **argv)
     ls_error_clear(&err);
     json_t *m;
     ls_gpu_info gpu;
-    if (ls_run_manifest_facts(o.backend, &o, &gpu, &err) != LS_OK ||
+    if (ls_output_path_check(out, &err) != LS_OK || /* before hashing the checkpoint */
+        ls_run_manifest_facts(o.backend, &o, &gpu, &err) != LS_OK ||
         ls_manifest_build(&o, &m, &err) != LS_OK)
         return ls_cli_report(CMD, &err);
     ls_status st = ls_manifest_save(m, out, &err);

@@ -88,7 +88,7 @@ static void print_json_record(const ls_trace_record *r, const ls_trace_header *h
                           (json_int_t)r->pos, "token", r->token, "next_token", r->next_token, "logprob_bits", buf,
                           "topk", tk, "digests", dg, "dumps", dm);
     char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (s) puts(s);
+    if (s) ls_stdout_puts(s, NULL); /* a failure is reported by main */
     free(s);
     json_decref(o);
 }
@@ -119,7 +119,7 @@ static int dump(const char *path, int as_json, long seq, long p_lo, long p_hi, c
                               "state_digest_every", (int)h->state_digest_every, "activation_dtype", h->activation_dtype,
                               "layers", ly);
         char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        if (s) puts(s);
+        if (s) ls_stdout_puts(s, NULL); /* a failure is reported by main */
         free(s);
         json_decref(o);
     } else if (text) {
@@ -138,6 +138,8 @@ static int dump(const char *path, int as_json, long seq, long p_lo, long p_hi, c
     ls_status st;
     const ls_trace_record *rec;
     while ((st = ls_trace_reader_next(r, &rec, &err)) == LS_OK && rec) {
+        /* stdout gone (full disk, closed pipe): stop now, not after the trace */
+        if (ferror(stdout) && (st = ls_stdout_check(&err)) != LS_OK) break;
         if ((seq >= 0 && rec->seq != (uint32_t)seq) || (p_lo >= 0 && (rec->pos < (uint32_t)p_lo || rec->pos > (uint32_t)p_hi)))
             continue;
         if (as_json) {

@@ -89,7 +89,8 @@ int ls_cmd_version(int argc, char **argv)
     return 0;
 }
 
-int main(int argc, char **argv)
+/* Parses lockstep's own options and runs the command; returns its exit code. */
+static int dispatch(int argc, char **argv)
 {
     enum { OPT_VERSION = LS_CLI_LONG, OPT_COLOR };
     static const ls_cli_opt opts[] = {
@@ -124,4 +125,19 @@ int main(int argc, char **argv)
     for (size_t c = 0; c < sizeof commands / sizeof commands[0]; c++)
         if (strcmp(name, commands[c].name) == 0) return commands[c].fn(argc - a.index, argv + a.index);
     return ls_cli_usage_error(NULL, "unknown command '%s'", name);
+}
+
+int main(int argc, char **argv)
+{
+    /* Temporary outputs are removed on SIGTERM/SIGINT/SIGHUP/SIGPIPE, and the
+     * file size limit is a write error, not a silent death (core/util.h). */
+    ls_signals_install();
+    int rc = dispatch(argc, argv);
+    /* Whatever the command printed is output too: a failed write or flush of
+     * stdout (full disk, /dev/full) ends with exit code 2, said once. A
+     * command that already failed (2) has said why. */
+    ls_error err;
+    ls_error_clear(&err);
+    if (ls_stdout_close(&err) != LS_OK && rc != 2) rc = ls_cli_report(NULL, &err);
+    return rc;
 }
