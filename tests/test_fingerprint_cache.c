@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "backend/providers.h"
@@ -755,6 +756,58 @@ START_TEST(test_concurrent_writers)
 }
 END_TEST
 
+/* A store never replaces what is not a regular file (a FIFO at the entry's
+ * name stays a FIFO, and the store fails naming it), and it removes the
+ * temporaries of the same entry left by processes that no longer run
+ * ("<entry>.tmp.<pid>.<n>"), keeping those of a running one. */
+START_TEST(test_store_fails_closed)
+{
+    char *dir = make_ck(1), *cache = cache_of(dir);
+    ls_checkpoint *ck1;
+    ls_fingerprint a;
+    fp_run(dir, cache, 0, &ck1, &a);
+    char *e0 = entry_of(cache, dir, 0);
+    ls_fpcache_entry ent;
+    int found;
+    ls_error err;
+    ck_assert_int_eq(ls_fpcache_load(e0, &ent, &found, &err), LS_OK);
+    ck_assert_int_eq(found, 1);
+
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) _exit(0);
+    int status;
+    waitpid(child, &status, 0); /* child's pid now names no process */
+    char dead[PATH_MAX + 64], live[PATH_MAX + 64];
+    snprintf(dead, sizeof dead, "%s.tmp.%ld.7", e0, (long)child);
+    snprintf(live, sizeof live, "%s.tmp.%ld.7", e0, (long)getppid());
+    ls_test_write(dead, "partial", 7);
+    ls_test_write(live, "partial", 7);
+    ck_assert_int_eq(ls_fpcache_store(e0, &ent, &err), LS_OK);
+    struct stat sb;
+    ck_assert_msg(stat(dead, &sb) != 0, "%s (pid %ld no longer runs) was not removed", dead, (long)child);
+    ck_assert_msg(stat(live, &sb) == 0, "%s (pid %ld runs) was removed", live, (long)getppid());
+    unlink(live);
+
+    ck_assert_int_eq(unlink(e0), 0);
+    ck_assert_int_eq(mkfifo(e0, 0600), 0);
+    ls_error_clear(&err);
+    ck_assert_int_eq(ls_fpcache_store(e0, &ent, &err), LS_E_USAGE);
+    ck_assert_msg(strstr(err.msg, e0) && strstr(err.msg, "a FIFO"), "message: %s", err.msg);
+    ck_assert_msg(stat(e0, &sb) == 0 && S_ISFIFO(sb.st_mode), "%s is no longer a FIFO", e0);
+    char *out = NULL;
+    ck_assert_int_eq(ls_test_sh(&out, "ls -A '%s/fingerprint' | grep -c tmp", cache), 1);
+    ck_assert_msg(out && strcmp(out, "0\n") == 0, "temporary entries left: %s", out ? out : "");
+    free(out);
+    unlink(e0);
+    ls_fpcache_entry_free(&ent);
+    free(e0);
+    done(ck1, &a);
+    free(cache);
+    ls_test_rm_tmpdir(dir);
+}
+END_TEST
+
 /* Every truncation and every single-bit flip of a valid entry is rejected
  * with a byte offset, and the entry round-trips. */
 START_TEST(test_entry_decode_strict)
@@ -886,6 +939,7 @@ int main(void)
     tcase_add_test(tc, test_changed_after_open_not_cached);
     tcase_add_test(tc, test_unwritable_cache_dir);
     tcase_add_test(tc, test_concurrent_writers);
+    tcase_add_test(tc, test_store_fails_closed);
     tcase_add_test(tc, test_entry_decode_strict);
     tcase_add_test(tc, test_default_cache_dir);
     tcase_add_test(tc, test_manifest_independent_of_cache);
