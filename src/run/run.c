@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/thread.h"
 #include "core/util.h"
 #include "fingerprint/sha256.h"
 #include "io/checkpoint.h"
@@ -402,7 +403,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         hj.cache = s->hash_cache;
         hj.progress = s->progress;
         ls_error_clear(&hj.err);
-        if (pthread_create(&hasher, NULL, hash_main, &hj) == 0) hashing = 1;
+        if (ls_thread_start(&hasher, hash_main, &hj) == 0) hashing = 1;
         else hash_main(&hj);
     }
     if (st == LS_OK) st = ls_run_engine_open(m, s->backend, s->threads, &eo, b->n, max_len, &e, err);
