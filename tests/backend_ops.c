@@ -631,9 +631,11 @@ static void gdn_setup(bo_case *c, const void *shape)
 static void gdn_ref(bo_case *c)
 {
     const sh_gdn *s = c->shape;
+    float *scratch = bo_xmalloc(sizeof(float) * LS_CPU_GDN_SCRATCH_FLOATS(s->dv));
     ls_cpu_gdn_recurrent(R(c, GD_Q), R(c, GD_K), R(c, GD_V), R(c, GD_AL), R(c, GD_BE),
-                         R(c, GD_S), R(c, GD_O), s->T, s->Hk, s->Hv, s->dk, s->dv, c->act,
+                         R(c, GD_S), R(c, GD_O), s->T, s->Hk, s->Hv, s->dk, s->dv, scratch, c->act,
                          c->order);
+    free(scratch);
 }
 
 static ls_status gdn_exec(bo_case *c, ls_backend *be, ls_error *err)
@@ -681,13 +683,15 @@ static void gdnb_ref(bo_case *c)
     const sh_gdnb *s = c->shape;
     const long *row0 = ROW0(c, s->nseq), *len = LEN(c, s->nseq);
     long nk = s->Hk * s->dk, nv = s->Hv * s->dv;
+    float *scratch = bo_xmalloc(sizeof(float) * LS_CPU_GDN_SCRATCH_FLOATS(s->dv));
     for (long q = 0; q < s->nseq; q++)
         if (len[q] > 0)
             ls_cpu_gdn_recurrent(R(c, GB_Q) + row0[q] * nk, R(c, GB_K) + row0[q] * nk,
                                  R(c, GB_V) + row0[q] * nv, R(c, GB_AL) + row0[q] * s->Hv,
                                  R(c, GB_BE) + row0[q] * s->Hv, R(c, GB_S0 + (int)q),
                                  R(c, GB_O) + row0[q] * nv, len[q], s->Hk, s->Hv, s->dk, s->dv,
-                                 c->act, c->order);
+                                 scratch, c->act, c->order);
+    free(scratch);
 }
 
 static ls_status gdnb_exec(bo_case *c, ls_backend *be, ls_error *err)
@@ -800,7 +804,9 @@ static void rope_setup(bo_case *c, const void *shape)
 static void rope_ref(bo_case *c)
 {
     const sh_rope *s = c->shape;
-    ls_cpu_rope_apply(R(c, RP_X), R(c, RP_COS), R(c, RP_SIN), s->T, s->H, s->d, s->R, c->act);
+    float *scratch = bo_xmalloc(sizeof(float) * (size_t)s->R);
+    ls_cpu_rope_apply(R(c, RP_X), R(c, RP_COS), R(c, RP_SIN), s->T, s->H, s->d, s->R, scratch, c->act);
+    free(scratch);
 }
 
 static ls_status rope_exec(bo_case *c, ls_backend *be, ls_error *err)
@@ -841,8 +847,10 @@ static void att_setup(bo_case *c, const void *shape)
 static void att_ref(bo_case *c)
 {
     const sh_att *s = c->shape;
+    float *scratch = bo_xmalloc(sizeof(float) * (size_t)s->d);
     ls_cpu_attention(R(c, AT_Q), R(c, AT_KC), R(c, AT_VC), s->cap, RI(c, AT_POS), R(c, AT_O), s->T,
-                     s->Hq, s->Hkv, s->d, c->act, c->order);
+                     s->Hq, s->Hkv, s->d, scratch, c->act, c->order);
+    free(scratch);
 }
 
 static ls_status att_exec(bo_case *c, ls_backend *be, ls_error *err)
@@ -954,12 +962,14 @@ static void attb_ref(bo_case *c)
     const sh_kvb *s = c->shape;
     const long *row0 = ROW0(c, s->nseq), *len = LEN(c, s->nseq);
     long nq = s->Hq * s->d;
+    float *scratch = bo_xmalloc(sizeof(float) * (size_t)s->d);
     for (long q = 0; q < s->nseq; q++)
         if (len[q] > 0)
             ls_cpu_attention(R(c, AB_Q) + row0[q] * nq, R(c, AB_C0 + (int)q),
                              R(c, AB_C0 + (int)(s->nseq + q)), s->cap, RI(c, AB_POS) + row0[q],
-                             R(c, AB_O) + row0[q] * nq, len[q], s->Hq, s->Hkv, s->d, c->act,
+                             R(c, AB_O) + row0[q] * nq, len[q], s->Hq, s->Hkv, s->d, scratch, c->act,
                              c->order);
+    free(scratch);
 }
 
 static ls_status attb_exec(bo_case *c, ls_backend *be, ls_error *err)

@@ -212,15 +212,19 @@ START_TEST(test_gdn)
         float *Sw = calloc((size_t)(Hv * dk * dv), sizeof(float));
         float *o = malloc(sizeof(float) * (size_t)(T * Hv * dv)), *o2 = malloc(sizeof(float) * (size_t)(T * Hv * dv));
         float *want = malloc(sizeof(float) * (size_t)(T * Hv * dv));
-        ls_cpu_gdn_recurrent(q, k, v, alpha, beta, S, o, T, Hk, Hv, dk, dv, act, LS_ORDER_CANONICAL);
+        float *scr = malloc(sizeof(float) * LS_CPU_GDN_SCRATCH_FLOATS(dv));
+        ls_cpu_gdn_recurrent(q, k, v, alpha, beta, S, o, T, Hk, Hv, dk, dv, scr, act, LS_ORDER_CANONICAL);
         /* Token by token, heads split in two calls: same bits. */
         for (long t = 0; t < T; t++) {
             float *oo = o2 + t * Hv * dv;
             ls_cpu_gdn_recurrent_heads(q + t * Hk * dk, k + t * Hk * dk, v + t * Hv * dv, alpha + t * Hv,
-                                       beta + t * Hv, S2, oo, 1, Hk, Hv, dk, dv, 0, 1, act, LS_ORDER_CANONICAL);
+                                       beta + t * Hv, S2, oo, 1, Hk, Hv, dk, dv, 0, 1, scr, act,
+                                       LS_ORDER_CANONICAL);
             ls_cpu_gdn_recurrent_heads(q + t * Hk * dk, k + t * Hk * dk, v + t * Hv * dv, alpha + t * Hv,
-                                       beta + t * Hv, S2, oo, 1, Hk, Hv, dk, dv, 1, Hv, act, LS_ORDER_CANONICAL);
+                                       beta + t * Hv, S2, oo, 1, Hk, Hv, dk, dv, 1, Hv, scr, act,
+                                       LS_ORDER_CANONICAL);
         }
+        free(scr);
         /* Transcription of the table row, element by element. */
         float mm[64], u[64];
         for (long t = 0; t < T; t++)
@@ -270,7 +274,9 @@ START_TEST(test_rope)
         float *x = rvec(T * H * d, 2.0f, act);
         float *y = malloc(sizeof(float) * (size_t)(T * H * d));
         memcpy(y, x, sizeof(float) * (size_t)(T * H * d));
-        ls_cpu_rope_apply(y, cs, sn, T, H, d, R, act);
+        float scr[96]; /* [R] */
+        ck_assert_int_le(R, 96);
+        ls_cpu_rope_apply(y, cs, sn, T, H, d, R, scr, act);
         float want[96];
         for (long t = 0; t < T; t++)
             for (long h = 0; h < H; h++)
@@ -328,11 +334,12 @@ START_TEST(test_attention)
         int32_t pos[70];
         for (long t = 0; t < T; t++) pos[t] = (int32_t)(t + 3);
         float *o = malloc(sizeof(float) * (size_t)(T * Hq * d)), *o1 = malloc(sizeof(float) * (size_t)(Hq * d));
-        float want[24];
-        ls_cpu_attention(q, kc, vc, cap, pos, o, T, Hq, Hkv, d, act, LS_ORDER_CANONICAL);
+        float want[24], scr[24]; /* [d] */
+        ls_cpu_attention(q, kc, vc, cap, pos, o, T, Hq, Hkv, d, scr, act, LS_ORDER_CANONICAL);
         for (long t = 0; t < T; t++) {
             /* One query alone (decode) = the same query among many (prefill). */
-            ls_cpu_attention(q + t * Hq * d, kc, vc, cap, pos + t, o1, 1, Hq, Hkv, d, act, LS_ORDER_CANONICAL);
+            ls_cpu_attention(q + t * Hq * d, kc, vc, cap, pos + t, o1, 1, Hq, Hkv, d, scr, act,
+                             LS_ORDER_CANONICAL);
             expect_bits("attention single query", o1, o + t * Hq * d, Hq * d);
             for (long n = 0; n < Hq; n++) {
                 long kvh = n * Hkv / Hq;

@@ -169,8 +169,9 @@ lockstep_status lockstep_rollout(lockstep_checkpoint *ck, const lockstep_sequenc
  * per sequence per step (default: the whole sequence in one step), with the
  * rollout's activation dtype and state-digest cadence unless opts sets them,
  * and writes the trace to trace_path as lockstep_rollout does. The rollout
- * trace must come from the same checkpoint for the traces to compare.
- * Returns LOCKSTEP_OK when the trace was written. */
+ * trace must come from the same checkpoint: when its model fingerprint is
+ * not ck's Merkle root the call fails (LOCKSTEP_E_INPUT, both roots named)
+ * and writes nothing. Returns LOCKSTEP_OK when the trace was written. */
 lockstep_status lockstep_replay(lockstep_checkpoint *ck, const char *rollout_trace,
                                 const lockstep_run_options *opts, const char *trace_path,
                                 lockstep_error *err);
@@ -216,15 +217,20 @@ lockstep_status lockstep_compare(const char *trace_a, const char *trace_b,
  * field at its default runs as the simple API (opts NULL) does. threads,
  * chunk, max_rows and reverse_batch change only how the work is scheduled,
  * never a record of the trace: that is what comparing runs proves. The
- * other fields change what is computed or recorded. */
+ * other fields change what is computed or recorded. A field the run does
+ * not use must stay at its default, or the run fails (LOCKSTEP_E_USAGE):
+ * chunk in a rollout; max_new_tokens and the sampling fields in a replay
+ * (teacher-forced); seed, temperature, top_k and top_p with greedy
+ * sampling. */
 struct lockstep_run_options {
     const char *backend;          /* "cpu" (default) or "cuda" (a CUDA build and a GPU) */
     int threads;                  /* CPU worker threads, >= 1 (default 1) */
     long max_new_tokens;          /* rollout: tokens generated per sequence, >= 1 (default 16) */
-    long chunk;                   /* replay: tokens per sequence per step; 0 = whole (default) */
+    long chunk;                   /* replay: tokens per sequence per step; 0 = whole (default);
+                                     a rollout takes 0 */
     const char *activations;      /* "bf16" or "fp32"; NULL (default): bf16 for a rollout and
                                      replay of given tokens, the rollout's for lockstep_replay */
-    const char *sampling;         /* "greedy" (default) or "seeded" */
+    const char *sampling;         /* rollout: "greedy" (default) or "seeded" */
     uint64_t seed;                /* seeded: the key, with sequence id and position */
     float temperature;            /* seeded: > 0 (default 1) */
     long top_k;                   /* seeded: 0 = all (default) */

@@ -19,7 +19,8 @@ struct ls_buf {
 typedef struct cpu_impl {
     ls_arena arena;            /* every buffer and ls_buf struct */
     ls_pool *pool;
-    float **scratch;           /* [n_threads] per-thread scratch */
+    float **scratch;           /* [n_threads] per-thread scratch: what an op needs per worker
+                                  lives here, never on a worker's stack (pool.h) */
     size_t *scratch_cap;       /* [n_threads] elements */
     float *slots;              /* MoE slot outputs [T, k + 1, D] */
     size_t slots_cap;
@@ -50,6 +51,14 @@ static ls_status grow(float **p, size_t *cap, size_t need, ls_error *err)
     if (!n) return ls_fail(err, LS_E_NOMEM, "cpu backend: scratch of %zu floats", need);
     *p = n;
     *cap = need;
+    return LS_OK;
+}
+
+/* Every worker's scratch holds at least `need` floats. */
+static ls_status grow_all(cpu_impl *im, size_t need, ls_error *err)
+{
+    int n = ls_pool_threads(im->pool);
+    for (int i = 0; i < n; i++) LS_TRY(grow(&im->scratch[i], &im->scratch_cap[i], need, err));
     return LS_OK;
 }
 
@@ -241,16 +250,16 @@ typedef struct gdn_job {
     const float *q, *k, *v, *alpha, *beta;
     float *state, *o;
     long T, Hk, Hv, dk, dv;
+    float *const *scratch;     /* [n_threads] */
     int act;
     ls_order order;
 } gdn_job;
 
 static void gdn_part(void *ctx, int thread, long b, long e)
 {
-    (void)thread;
     gdn_job *j = ctx;
     ls_cpu_gdn_recurrent_heads(j->q, j->k, j->v, j->alpha, j->beta, j->state, j->o, j->T, j->Hk,
-                               j->Hv, j->dk, j->dv, b, e, j->act, j->order);
+                               j->Hv, j->dk, j->dv, b, e, j->scratch[thread], j->act, j->order);
 }
 
 static ls_status cpu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
@@ -260,19 +269,22 @@ static ls_status cpu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view
 {
     if (dv > 1024 || dk > 4096)
         return ls_fail(err, LS_E_UNSUPPORTED, "cpu gdn_recurrent: d_v %ld > 1024", dv);
+    cpu_impl *im = IMPL(be);
+    LS_TRY(grow_all(im, LS_CPU_GDN_SCRATCH_FLOATS(dv), err));
     gdn_job j = {F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk, dv,
-                 act_bf16, order};
-    ls_pool_run(IMPL(be)->pool, Hv, gdn_part, &j);
+                 im->scratch, act_bf16, order};
+    ls_pool_run(im->pool, Hv, gdn_part, &j);
     return LS_OK;
 }
 
 static ls_status cpu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view sin_t, long T,
                                 long H, long d, long R, int act_bf16, ls_error *err)
 {
-    (void)be;
+    cpu_impl *im = IMPL(be);
     if (R > 1024 || R > d || R % 2)
         return ls_fail(err, LS_E_UNSUPPORTED, "cpu rope: rotary dims %ld (head dim %ld)", R, d);
-    ls_cpu_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, act_bf16);
+    LS_TRY(grow(&im->scratch[0], &im->scratch_cap[0], (size_t)R, err));
+    ls_cpu_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, im->scratch[0], act_bf16);
     return LS_OK;
 }
 
@@ -282,16 +294,16 @@ typedef struct att_job {
     const int32_t *pos;
     float *o;
     long T, Hq, Hkv, d;
+    float *const *scratch;     /* [n_threads] */
     int act;
     ls_order order;
 } att_job;
 
 static void att_part(void *ctx, int thread, long b, long e)
 {
-    (void)thread;
     att_job *j = ctx;
     ls_cpu_attention_heads(j->q, j->kc, j->vc, j->cap, j->pos, j->o, j->T, j->Hq, j->Hkv, j->d, b,
-                           e, j->act, j->order);
+                           e, j->scratch[thread], j->act, j->order);
 }
 
 static ls_status cpu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, long cap,
@@ -299,8 +311,10 @@ static ls_status cpu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc
                                int act_bf16, ls_order order, ls_error *err)
 {
     if (d > 1024) return ls_fail(err, LS_E_UNSUPPORTED, "cpu attention: head dim %ld > 1024", d);
-    att_job j = {F(q), F(kc), F(vc), cap, I32(pos), F(o), T, Hq, Hkv, d, act_bf16, order};
-    ls_pool_run(IMPL(be)->pool, Hq, att_part, &j);
+    cpu_impl *im = IMPL(be);
+    LS_TRY(grow_all(im, (size_t)d, err));
+    att_job j = {F(q), F(kc), F(vc), cap, I32(pos), F(o), T, Hq, Hkv, d, im->scratch, act_bf16, order};
+    ls_pool_run(im->pool, Hq, att_part, &j);
     return LS_OK;
 }
 
@@ -374,9 +388,7 @@ static ls_status cpu_moe(ls_backend *be, const ls_bmoe *bm, ls_view x, ls_view i
     long slots = k + (bm->sh_gate ? 1 : 0);
     size_t width = (size_t)(bm->I > bm->Is ? bm->I : bm->Is);
     ls_status st = grow(&im->slots, &im->slots_cap, (size_t)(T * (k + 1) * bm->D), err);
-    int n = ls_pool_threads(im->pool);
-    for (int i = 0; st == LS_OK && i < n; i++)
-        st = grow(&im->scratch[i], &im->scratch_cap[i], 2 * width, err);
+    if (st == LS_OK) st = grow_all(im, 2 * width, err);
     if (st != LS_OK) {
         free(mats);
         return st;
@@ -410,28 +422,31 @@ static ls_status cpu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R
 
 /* ---- digests ---------------------------------------------------------------------- */
 
+#define LS_DIGEST_BUF_BYTES 4096
+
 typedef struct digest_ctx {
     const ls_digest_job *jobs;
     ls_status *st;             /* [n_jobs] */
+    float *const *scratch;     /* [n_threads], each >= LS_DIGEST_BUF_BYTES */
 } digest_ctx;
 
-/* Hashes one span row by row, converting through a small stack buffer. */
-static ls_status digest_span(ls_sha256 *h, const ls_digest_span *sp)
+/* Hashes one span row by row, converting through buf (the worker's scratch). */
+static ls_status digest_span(ls_sha256 *h, const ls_digest_span *sp, unsigned char *buf)
 {
-    unsigned char buf[4096];
+    const size_t buf_bytes = LS_DIGEST_BUF_BYTES;
     for (long r = 0; r < sp->rows; r++) {
         const float *row = F(sp->src) + r * sp->stride;
         for (long i = 0; i < sp->len;) {
             long n = 0;
             size_t len = 0;
             if (sp->bf16) {
-                for (; i < sp->len && n < (long)sizeof buf / 2; i++, n++) {
+                for (; i < sp->len && n < (long)buf_bytes / 2; i++, n++) {
                     uint16_t b = ls_f32_to_bf16(row[i]);
                     buf[len++] = (unsigned char)(b & 0xff);
                     buf[len++] = (unsigned char)(b >> 8);
                 }
             } else {
-                for (; i < sp->len && n < (long)sizeof buf / 4; i++, n++) {
+                for (; i < sp->len && n < (long)buf_bytes / 4; i++, n++) {
                     uint32_t u;
                     memcpy(&u, &row[i], 4);
                     for (int k = 0; k < 4; k++) buf[len++] = (unsigned char)(u >> (8 * k));
@@ -446,13 +461,13 @@ static ls_status digest_span(ls_sha256 *h, const ls_digest_span *sp)
 
 static void digest_part(void *ctx, int thread, long b, long e)
 {
-    (void)thread;
     digest_ctx *c = ctx;
+    unsigned char *buf = (unsigned char *)c->scratch[thread];
     for (long j = b; j < e; j++) {
         const ls_digest_job *job = &c->jobs[j];
         ls_sha256 h;
         ls_status st = ls_sha256_init(&h, NULL);
-        for (int s = 0; st == LS_OK && s < 2; s++) st = digest_span(&h, &job->span[s]);
+        for (int s = 0; st == LS_OK && s < 2; s++) st = digest_span(&h, &job->span[s], buf);
         if (st == LS_OK) st = ls_sha256_final(&h, job->out, NULL);
         else ls_sha256_discard(&h);
         c->st[j] = st;
@@ -472,10 +487,12 @@ static ls_status cpu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jo
             size_t last = (size_t)((sp->rows - 1) * sp->stride + sp->len) * 4;
             LS_TRY(check_range(sp->src, last, "digest", err));
         }
+    cpu_impl *im = IMPL(be);
+    LS_TRY(grow_all(im, LS_DIGEST_BUF_BYTES / sizeof(float), err));
     ls_status *st = calloc((size_t)n_jobs, sizeof *st);
     if (!st) return ls_fail(err, LS_E_NOMEM, "cpu backend: out of memory");
-    digest_ctx c = {jobs, st};
-    ls_pool_run(IMPL(be)->pool, n_jobs, digest_part, &c);
+    digest_ctx c = {jobs, st, im->scratch};
+    ls_pool_run(im->pool, n_jobs, digest_part, &c);
     for (long j = 0; j < n_jobs; j++)
         if (st[j] != LS_OK) {
             ls_status s = st[j];

@@ -130,6 +130,11 @@ void ls_cpu_rope_table(const int32_t *pos /* [T] */, long T, long R, double thet
 
 /* ==== GDN: cpu_ops_gdn.c; CUDA kernels/ops_gdn.cu ========================= */
 
+/* Floats of scratch the GDN step needs: lane partials [32, dv], m and u
+ * [dv] each. Scratch, not stack arrays: the ops run on pool workers, whose
+ * stacks are small (see pool.h). */
+#define LS_CPU_GDN_SCRATCH_FLOATS(dv) ((size_t)(LS_LANES + 2) * (size_t)(dv))
+
 /* GDN recurrent step over T tokens of one sequence (fp32 state, carried):
  * for each token and value head h (key head h·Hk/Hv):
  *   S' = α S;  m_j = DOT32_i(S'[i][j], k_i);  u_j = (v_j − m_j) β;
@@ -139,11 +144,13 @@ void ls_cpu_gdn_recurrent(const float *q /* [T, Hk, dk] */, const float *k /* [T
                           const float *v /* [T, Hv, dv] */, const float *alpha /* [T, Hv] */,
                           const float *beta /* [T, Hv] */, float *state /* [Hv, dk, dv] */,
                           float *o /* [T, Hv, dv] */, long T, long Hk, long Hv, long dk, long dv,
-                          int act_bf16, ls_order order);
+                          float *scratch /* [LS_CPU_GDN_SCRATCH_FLOATS(dv)] */, int act_bf16,
+                          ls_order order);
 /* The same for value heads [h0, h1) only (heads are independent). */
 void ls_cpu_gdn_recurrent_heads(const float *q, const float *k, const float *v,
                                 const float *alpha, const float *beta, float *state, float *o,
                                 long T, long Hk, long Hv, long dk, long dv, long h0, long h1,
+                                float *scratch /* [LS_CPU_GDN_SCRATCH_FLOATS(dv)] */,
                                 int act_bf16, ls_order order);
 
 /* ==== attention: cpu_ops_attention.c; CUDA kernels/ops_attention.cu ======= */
@@ -153,7 +160,7 @@ void ls_cpu_gdn_recurrent_heads(const float *q, const float *k, const float *v,
  * x_{i−R/2} otherwise. Rows are heads: x [T, H, d]. */
 void ls_cpu_rope_apply(float *x /* [T, H, d] */, const float *cos_t /* [T, R/2] */,
                        const float *sin_t /* [T, R/2] */, long T, long H, long d, long R,
-                       int act_bf16);
+                       float *scratch /* [R] */, int act_bf16);
 
 /* The query scale fp32(1/sqrt(d)) computed in double and rounded once. */
 float ls_cpu_inv_sqrt_scale(long d);
@@ -163,12 +170,13 @@ float ls_cpu_inv_sqrt_scale(long d);
  * RoPE). Cache layout [Hkv, cap, d]. o = act(acc / l). */
 void ls_cpu_attention(const float *q /* [T, Hq, d] */, const float *kc /* [Hkv, cap, d] */,
                       const float *vc /* [Hkv, cap, d] */, long cap, const int32_t *pos /* [T] */,
-                      float *o /* [T, Hq, d] */, long T, long Hq, long Hkv, long d, int act_bf16,
-                      ls_order order);
+                      float *o /* [T, Hq, d] */, long T, long Hq, long Hkv, long d,
+                      float *scratch /* [d] */, int act_bf16, ls_order order);
 /* The same for query heads [n0, n1) only. */
 void ls_cpu_attention_heads(const float *q, const float *kc, const float *vc, long cap,
                             const int32_t *pos, float *o, long T, long Hq, long Hkv, long d,
-                            long n0, long n1, int act_bf16, ls_order order);
+                            long n0, long n1, float *scratch /* [d] */, int act_bf16,
+                            ls_order order);
 
 /* ==== MoE: cpu_ops_moe.c; CUDA kernels/ops_moe.cu ========================= */
 

@@ -10,11 +10,10 @@
 /* ---- RoPE ---------------------------------------------------------------- */
 
 void ls_cpu_rope_apply(float *x, const float *cos_t, const float *sin_t, long T, long H, long d,
-                       long R, int act_bf16)
+                       long R, float *scratch, int act_bf16)
 {
     long half = R / 2;
-    float tmp[1024]; /* [R]; the model rejects R > 1024 */
-    if (R > 1024) return;
+    float *tmp = scratch; /* [R] */
     for (long t = 0; t < T; t++)
         for (long hd = 0; hd < H; hd++) {
             float *xr = x + (t * H + hd) * d; /* [d] */
@@ -38,24 +37,22 @@ float ls_cpu_inv_sqrt_scale(long d)
 }
 
 #define LS_ATT_BLOCK 32
-#define LS_ATT_MAX_D 1024
 
 void ls_cpu_attention(const float *q, const float *kc, const float *vc, long cap,
-                      const int32_t *pos, float *o, long T, long Hq, long Hkv, long d, int act_bf16,
-                      ls_order order)
+                      const int32_t *pos, float *o, long T, long Hq, long Hkv, long d, float *scratch,
+                      int act_bf16, ls_order order)
 {
-    ls_cpu_attention_heads(q, kc, vc, cap, pos, o, T, Hq, Hkv, d, 0, Hq, act_bf16, order);
+    ls_cpu_attention_heads(q, kc, vc, cap, pos, o, T, Hq, Hkv, d, 0, Hq, scratch, act_bf16, order);
 }
 
 void ls_cpu_attention_heads(const float *q, const float *kc, const float *vc, long cap,
                             const int32_t *pos, float *o, long T, long Hq, long Hkv, long d,
-                            long n0, long n1, int act_bf16, ls_order order)
+                            long n0, long n1, float *scratch, int act_bf16, ls_order order)
 {
-    float acc[LS_ATT_MAX_D];               /* [d] */
+    float *acc = scratch;                  /* [d] */
     float pv[LS_ATT_BLOCK];                /* [32] lane values */
     float p[LS_ATT_BLOCK];                 /* [32] block probabilities */
     float s[LS_ATT_BLOCK];                 /* [32] block scores */
-    if (d > LS_ATT_MAX_D) return;
     float scale = ls_cpu_inv_sqrt_scale(d);
     for (long t = 0; t < T; t++) {
         long last = pos[t];

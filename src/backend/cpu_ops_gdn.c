@@ -36,25 +36,22 @@ static void col_dots(const float *S /* [dk, dv] */, const float *vec /* [dk] */,
     for (long j = 0; j < dv; j++) out[j] = P[j];
 }
 
-#define LS_GDN_MAX_DV 1024
-
 void ls_cpu_gdn_recurrent(const float *q, const float *k, const float *v, const float *alpha,
                           const float *beta, float *state, float *o, long T, long Hk, long Hv,
-                          long dk, long dv, int act_bf16, ls_order order)
+                          long dk, long dv, float *scratch, int act_bf16, ls_order order)
 {
-    ls_cpu_gdn_recurrent_heads(q, k, v, alpha, beta, state, o, T, Hk, Hv, dk, dv, 0, Hv, act_bf16,
-                               order);
+    ls_cpu_gdn_recurrent_heads(q, k, v, alpha, beta, state, o, T, Hk, Hv, dk, dv, 0, Hv, scratch,
+                               act_bf16, order);
 }
 
 void ls_cpu_gdn_recurrent_heads(const float *q, const float *k, const float *v,
                                 const float *alpha, const float *beta, float *state, float *o,
                                 long T, long Hk, long Hv, long dk, long dv, long h0, long h1,
-                                int act_bf16, ls_order order)
+                                float *scratch, int act_bf16, ls_order order)
 {
-    static _Thread_local float P[LS_LANES * LS_GDN_MAX_DV]; /* [32, dv] lane partials */
-    float m[LS_GDN_MAX_DV];                                 /* [dv] */
-    float u[LS_GDN_MAX_DV];                                 /* [dv] */
-    if (dv > LS_GDN_MAX_DV) return; /* the model rejects such shapes */
+    float *P = scratch;                     /* [32, dv] lane partials */
+    float *m = scratch + LS_LANES * dv;     /* [dv] */
+    float *u = m + dv;                      /* [dv] */
     for (long t = 0; t < T; t++) {
         for (long h = h0; h < h1; h++) {
             long kh = h * Hk / Hv;

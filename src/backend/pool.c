@@ -4,6 +4,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "core/thread.h"
+
 struct ls_pool {
     int n;                       /* threads including the caller */
     pthread_t *tids;             /* [n - 1] workers */
@@ -72,7 +74,7 @@ ls_status ls_pool_create(int n_threads, ls_pool **out, ls_error *err)
             wa->p = p;
             wa->index = i;
         }
-        if (!wa || pthread_create(&p->tids[i - 1], NULL, worker_main, wa) != 0) {
+        if (!wa || ls_thread_start(&p->tids[i - 1], worker_main, wa) != 0) {
             free(wa);
             p->n = i; /* only i-1 workers exist */
             ls_pool_destroy(p);

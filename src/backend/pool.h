@@ -4,7 +4,11 @@
  * (the caller is thread 0), and waits for all of them. Work is split only
  * across independent outputs (rows, heads, tokens, expert slots), never
  * inside a reduction, so results do not depend on the thread count
- * (numerics contract rule 1). */
+ * (numerics contract rule 1).
+ *
+ * Workers start with an explicit stack of LS_THREAD_STACK_BYTES
+ * (core/thread.h), not `ulimit -s`; a job's buffers live in per-worker heap
+ * scratch (the CPU backend's), never in large stack arrays. */
 #ifndef LS_BACKEND_POOL_H
 #define LS_BACKEND_POOL_H
 

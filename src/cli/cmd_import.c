@@ -6,6 +6,7 @@
 #include "cli/cli.h"
 #include "core/util.h"
 #include "trace/import.h"
+#include "trace/trace.h"
 
 static const char usage_text[] =
     "usage: lockstep import jsonl IN.jsonl -o OUT.trace --model-fingerprint HEX [options]\n"
@@ -27,7 +28,7 @@ static const char usage_text[] =
     "  --model-fingerprint HEX     model Merkle root, 64 hex characters (required)\n"
     "  --manifest-digest HEX       manifest SHA-256 to record\n"
     "  --engine NAME               engine name to record (default jsonl)\n"
-    "  --topk N                    top-k width (default 5; extra entries are dropped)\n"
+    "  --topk N                    top-k width, 1..64 (default 5; extra entries are dropped)\n"
     "\n"
     "exit status: 0 written, 2 bad input or usage\n";
 
@@ -61,7 +62,15 @@ int ls_cmd_import(int argc, char **argv)
         case OPT_MODEL: o.model_fingerprint = a.arg; break;
         case OPT_MANIFEST: o.manifest_digest = a.arg; break;
         case OPT_ENGINE: o.engine = a.arg; break;
-        case OPT_TOPK: o.topk = atoi(a.arg); break;
+        case OPT_TOPK: { /* 0 would silently mean the default */
+            long k;
+            ls_error kerr;
+            ls_error_clear(&kerr);
+            if (ls_cli_parse_long(a.opt, a.arg, 1, LS_TRACE_TOPK_MAX, &k, &kerr) != LS_OK)
+                return ls_cli_report("import", &kerr);
+            o.topk = (int)k;
+            break;
+        }
         case LS_CLI_OPERAND:
             if (in) return ls_cli_usage_error("import", "unexpected argument: %s", a.arg);
             in = a.arg;
@@ -70,7 +79,6 @@ int ls_cmd_import(int argc, char **argv)
     }
     if (!in || !out || !o.model_fingerprint)
         return ls_cli_usage_error("import", "IN, -o OUT and --model-fingerprint are required");
-    if (o.topk < 0 || o.topk > 64) return ls_cli_usage_error("import", "--topk must be 1..64");
     char *data;
     size_t len;
     uint64_t n = 0;

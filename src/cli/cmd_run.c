@@ -8,7 +8,7 @@
 #include "core/util.h"
 
 static const char usage_text[] =
-    "usage: lockstep run --checkpoint DIR --mode rollout --prompts FILE --max-new-tokens N -o TRACE [options]\n"
+    "usage: lockstep run --checkpoint DIR --mode rollout --prompts FILE [--max-new-tokens N] -o TRACE [options]\n"
     "       lockstep run --checkpoint DIR --mode replay (--from ROLLOUT_TRACE | --tokens FILE) -o TRACE [options]\n"
     "\n"
     "Runs the model with the strict (fixed-order, batch-invariant) engine and writes\n"
@@ -21,18 +21,28 @@ static const char usage_text[] =
     "Rollout prefills every prompt (packed) and decodes token by token. Replay\n"
     "recomputes each full sequence teacher-forced, --chunk tokens per step; with\n"
     "--from it takes the sequences, prompt lengths, activations and state cadence\n"
-    "from the rollout trace. `lockstep compare ROLLOUT REPLAY` then checks them.\n"
+    "from the rollout trace, and refuses a trace made from another checkpoint (its\n"
+    "model fingerprint is not this checkpoint's Merkle root). `lockstep compare\n"
+    "ROLLOUT REPLAY` then checks them.\n"
+    "\n"
+    "--mode is required. An option the mode does not use is refused (exit 2), not\n"
+    "ignored: --chunk in a rollout; --max-new-tokens and the sampling options in a\n"
+    "replay (it is teacher-forced); --seed, --temperature, --top-k and --top-p\n"
+    "without --sampling seeded.\n"
     "\n"
     "inputs:\n"
     "  --checkpoint DIR          Hugging Face checkpoint directory (Qwen3-Next)\n"
+    "  --mode rollout|replay     what to run (required)\n"
     "  --prompts FILE            rollout: JSONL, one {\"id\": N, \"tokens\": [...]} per line\n"
     "  --from TRACE              replay: the rollout trace to recompute\n"
     "  --tokens FILE             replay: JSONL {\"id\", \"tokens\" (prompt + completion), \"prompt_len\"}\n"
     "options:\n"
-    "  --max-new-tokens N        rollout: tokens to generate per sequence (default 16)\n"
-    "  --chunk N                 replay: tokens per sequence per step (default: whole sequence)\n"
-    "  --sampling greedy|seeded  token selection (default greedy; seeded is keyed by seed, sequence, position)\n"
-    "  --seed S --temperature T --top-k K --top-p P   seeded sampling parameters\n"
+    "  --max-new-tokens N        rollout only: tokens to generate per sequence (default 16)\n"
+    "  --chunk N                 replay only: tokens per sequence per step (default: whole sequence)\n"
+    "  --sampling greedy|seeded  rollout only: token selection (default greedy; seeded is keyed\n"
+    "                            by seed, sequence, position)\n"
+    "  --seed S --temperature T --top-k K --top-p P   --sampling seeded only: its parameters\n"
+    "                            (--seed required; defaults: T 1, K 0 = all, P 1)\n"
     "  --activations bf16|fp32   activation dtype (default bf16; replay --from: the rollout's)\n"
     "  --backend cpu|cuda        operator backend (default cpu; cuda needs a CUDA build and a GPU)\n"
     "  --threads N               CPU worker threads (no effect on any bit; default 1)\n"
@@ -68,6 +78,9 @@ int ls_cmd_run(int argc, char **argv)
     ls_run_spec_default(&s);
     const char *prompts = NULL, *from = NULL, *tokens = NULL, *sampling = "greedy", *act = NULL;
     long state_every = 0, v;
+    /* Options given on the command line, so that one the mode does not use
+     * is refused even when its value equals the default. */
+    const char *given_chunk = NULL, *given_max_new = NULL, *given_sampling = NULL, *given_param = NULL;
     int have_seed = 0;
     ls_error err;
     ls_error_clear(&err);
@@ -96,10 +109,20 @@ int ls_cmd_run(int argc, char **argv)
         case O_FROM: from = x; break;
         case O_TOKENS: tokens = x; break;
         case 'o': s.out = x; break;
-        case O_MAXNEW: st = ls_cli_parse_long(a, x, 1, 1L << 24, &s.max_new, &err); break;
-        case O_CHUNK: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.chunk, &err); break;
-        case O_SAMPLING: sampling = x; break;
+        case O_MAXNEW:
+            given_max_new = "--max-new-tokens";
+            st = ls_cli_parse_long(a, x, 1, 1L << 24, &s.max_new, &err);
+            break;
+        case O_CHUNK:
+            given_chunk = "--chunk";
+            st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.chunk, &err);
+            break;
+        case O_SAMPLING:
+            given_sampling = "--sampling";
+            sampling = x;
+            break;
         case O_SEED: {
+            given_param = "--seed";
             char *end;
             s.sampling.seed = strtoull(x, &end, 10);
             if (end == x || *end || x[0] == '-')
@@ -107,9 +130,16 @@ int ls_cmd_run(int argc, char **argv)
             have_seed = 1;
             break;
         }
-        case O_TEMP: st = parse_float(a, x, 1e-6f, 1e6f, &s.sampling.temperature, &err); break;
-        case O_TOPK: st = ls_cli_parse_long(a, x, 0, 1L << 30, &s.sampling.top_k, &err); break;
+        case O_TEMP:
+            given_param = "--temperature";
+            st = parse_float(a, x, 1e-6f, 1e6f, &s.sampling.temperature, &err);
+            break;
+        case O_TOPK:
+            given_param = "--top-k";
+            st = ls_cli_parse_long(a, x, 0, 1L << 30, &s.sampling.top_k, &err);
+            break;
         case O_TOPP:
+            given_param = "--top-p";
             st = parse_float(a, x, 0.0f, 1.0f, &s.sampling.top_p, &err);
             if (st == LS_OK && s.sampling.top_p <= 0.0f) st = ls_fail(&err, LS_E_USAGE, "--top-p must be > 0");
             break;
@@ -127,9 +157,21 @@ int ls_cmd_run(int argc, char **argv)
         }
     }
     if (st != LS_OK) return ls_cli_report("run", &err);
-    int rollout = !strcmp(s.mode, "rollout");
-    if (!rollout && strcmp(s.mode, "replay"))
+    int rollout = s.mode && !strcmp(s.mode, "rollout");
+    if (!s.mode)
+        st = ls_fail(&err, LS_E_USAGE, "--mode is required: rollout or replay");
+    else if (!rollout && strcmp(s.mode, "replay"))
         st = ls_fail(&err, LS_E_USAGE, "--mode '%s': expected rollout or replay", s.mode);
+    else if (rollout && given_chunk)
+        st = ls_fail(&err, LS_E_USAGE, "--chunk applies to --mode replay only (a rollout prefills whole "
+                     "prompts and decodes one token per step)");
+    else if (!rollout && (given_max_new || given_sampling || given_param))
+        st = ls_fail(&err, LS_E_USAGE, "%s applies to --mode rollout only (a replay recomputes the "
+                     "tokens it is given, teacher-forced)",
+                     given_max_new ? given_max_new : given_sampling ? given_sampling : given_param);
+    else if (given_param && !strcmp(sampling, "greedy"))
+        st = ls_fail(&err, LS_E_USAGE, "%s applies to --sampling seeded only (greedy selection takes no "
+                     "parameters)", given_param);
     else if (!s.checkpoint) st = ls_fail(&err, LS_E_USAGE, "--checkpoint DIR is required");
     else if (!s.out) st = ls_fail(&err, LS_E_USAGE, "-o TRACE is required");
     else if (rollout && (!prompts || from || tokens))
@@ -147,15 +189,19 @@ int ls_cmd_run(int argc, char **argv)
         st = ls_fail(&err, LS_E_USAGE, "--sampling '%s': expected greedy or seeded", sampling);
     if (st != LS_OK) return ls_cli_report("run", &err);
 
+    if (rollout && !given_max_new) s.max_new = 16;
     ls_run_batch b = {0, NULL};
+    ls_run_rollout_info info;
     if (rollout) st = ls_run_load_prompts(prompts, 0, &b, &err);
     else if (tokens) st = ls_run_load_tokens(tokens, 0, &b, &err);
     else {
-        ls_run_rollout_info info;
         st = ls_run_load_rollout(from, &b, &info, &err);
         if (st == LS_OK) {
             if (!act) s.act_bf16 = info.act_bf16;
             if (!state_every) state_every = info.state_digest_every;
+            /* the run refuses a checkpoint other than the rollout's */
+            s.expect_merkle_root = info.model_fingerprint;
+            s.expect_source = from;
         }
     }
     if (st != LS_OK) return ls_cli_report("run", &err);

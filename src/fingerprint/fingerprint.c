@@ -11,6 +11,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "core/thread.h"
 #include "core/util.h"
 #include "fingerprint/cache.h"
 #include "io/json.h"
@@ -221,7 +222,7 @@ static ls_status hash_tasks(const ls_checkpoint *ck, ls_tensor_fp *out, fp_task 
 
     int started = 0;
     for (; started < threads; started++)
-        if (pthread_create(&tids[started], NULL, fp_worker, job) != 0) break;
+        if (ls_thread_start(&tids[started], fp_worker, job) != 0) break;
     if (started == 0) fp_worker(job); /* could not start any thread: hash here */
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
     *threads_used = started ? started : 1;

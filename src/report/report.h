@@ -57,7 +57,9 @@ typedef struct ls_gate_result {
  * A perturbed replay fails when it is NOT detected. */
 ls_status ls_report_write_gate_junit(const char *path, const ls_gate_result *r, ls_error *err);
 /* JSON summary: verdict, model, manifest, per replay the counts and first
- * drift; path "-" is stdout. */
+ * drift; path "-" is stdout. Schema in docs/gate-json.schema.json: every
+ * field but the wall times (rollout_seconds, per-replay seconds) is a
+ * function of the inputs. */
 ls_status ls_report_write_gate_json(const char *path, const char *backend, long max_new,
                                     const ls_gate_result *r, ls_error *err);
 

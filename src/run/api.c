@@ -150,19 +150,23 @@ void lockstep_run_options_default(lockstep_run_options *o)
     o->max_rows = 256;
 }
 
-/* The spec a run of these options executes. Fields whose default depends
- * on the mode (activations, state_digest_every) are left to the caller when
- * the options leave them unset (*act_set / *every_set = 0). */
-static ls_status spec_from_options(const lockstep_run_options *opts, ls_run_spec *s, int *act_set,
-                                   ls_error *err)
+/* The spec a run of these options executes in mode `mode`. Fields whose
+ * default depends on the mode (activations, state_digest_every) are left to
+ * the caller when the options leave them unset (*act_set = 0). Options the
+ * mode does not use must stay at their defaults: the spec carries them
+ * through and ls_run_spec_validate refuses them (a replay's
+ * max_new_tokens maps to "unset" only at its default). */
+static ls_status spec_from_options(const lockstep_run_options *opts, const char *mode, ls_run_spec *s,
+                                   int *act_set, ls_error *err)
 {
-    lockstep_run_options o;
-    if (opts) o = *opts;
-    else lockstep_run_options_default(&o);
+    lockstep_run_options o, d;
+    lockstep_run_options_default(&d);
+    o = opts ? *opts : d;
     ls_run_spec_default(s);
+    s->mode = mode;
     s->backend = o.backend;
     s->threads = o.threads;
-    s->max_new = o.max_new_tokens;
+    s->max_new = strcmp(mode, "rollout") && o.max_new_tokens == d.max_new_tokens ? 0 : o.max_new_tokens;
     s->chunk = o.chunk;
     s->max_rows = o.max_rows;
     s->reverse_batch = o.reverse_batch;
@@ -179,17 +183,13 @@ static ls_status spec_from_options(const lockstep_run_options *opts, ls_run_spec
     if (o.state_digest_every < 0)
         return ls_fail(err, LS_E_USAGE, "run options: state_digest_every must be >= 1 (0 = default)");
     if (o.state_digest_every) s->state_digest_every = o.state_digest_every;
-    if (!o.sampling || !strcmp(o.sampling, "greedy")) {
-        s->sampling.kind = LS_SAMPLING_GREEDY;
-    } else if (!strcmp(o.sampling, "seeded")) {
-        s->sampling.kind = LS_SAMPLING_SEEDED;
-        s->sampling.seed = o.seed;
-        s->sampling.temperature = o.temperature;
-        s->sampling.top_k = o.top_k;
-        s->sampling.top_p = o.top_p;
-    } else {
-        return ls_fail(err, LS_E_USAGE, "run options: sampling '%s': expected greedy or seeded", o.sampling);
-    }
+    if (!o.sampling || !strcmp(o.sampling, "greedy")) s->sampling.kind = LS_SAMPLING_GREEDY;
+    else if (!strcmp(o.sampling, "seeded")) s->sampling.kind = LS_SAMPLING_SEEDED;
+    else return ls_fail(err, LS_E_USAGE, "run options: sampling '%s': expected greedy or seeded", o.sampling);
+    s->sampling.seed = o.seed;
+    s->sampling.temperature = o.temperature;
+    s->sampling.top_k = o.top_k;
+    s->sampling.top_p = o.top_p;
     return LS_OK;
 }
 
@@ -279,11 +279,10 @@ lockstep_status lockstep_rollout(lockstep_checkpoint *h, const lockstep_sequence
     ls_run_spec s;
     int act_set;
     ls_sequence *seqs = NULL;
-    ls_status st = spec_from_options(opts, &s, &act_set, &e);
+    ls_status st = spec_from_options(opts, "rollout", &s, &act_set, &e);
     if (st == LS_OK) st = borrow_sequences("prompts", prompts, n_prompts, 0, &seqs, &e);
     if (st == LS_OK) {
         ls_run_batch b = {n_prompts, seqs};
-        s.mode = "rollout";
         s.batch = &b;
         st = execute(h, &s, trace_path, &e);
     }
@@ -301,11 +300,10 @@ lockstep_status lockstep_replay_sequences(lockstep_checkpoint *h, const lockstep
     ls_run_spec s;
     int act_set;
     ls_sequence *seqs = NULL;
-    ls_status st = spec_from_options(opts, &s, &act_set, &e);
+    ls_status st = spec_from_options(opts, "replay", &s, &act_set, &e);
     if (st == LS_OK) st = borrow_sequences("sequences", in, n_seqs, 1, &seqs, &e);
     if (st == LS_OK) {
         ls_run_batch b = {n_seqs, seqs};
-        s.mode = "replay";
         s.batch = &b;
         st = execute(h, &s, trace_path, &e);
     }
@@ -322,7 +320,7 @@ lockstep_status lockstep_replay(lockstep_checkpoint *h, const char *rollout_trac
     if (!rollout_trace) return finish(ls_fail(&e, LS_E_USAGE, "lockstep_replay: rollout_trace is NULL"), &e, err);
     ls_run_spec s;
     int act_set;
-    ls_status st = spec_from_options(opts, &s, &act_set, &e);
+    ls_status st = spec_from_options(opts, "replay", &s, &act_set, &e);
     if (st != LS_OK) return finish(st, &e, err);
     ls_run_batch b = {0, NULL};
     ls_run_rollout_info info;
@@ -332,7 +330,8 @@ lockstep_status lockstep_replay(lockstep_checkpoint *h, const char *rollout_trac
          * and digest cadence unless the options say otherwise. */
         if (!act_set) s.act_bf16 = info.act_bf16;
         if (!(opts && opts->state_digest_every)) s.state_digest_every = info.state_digest_every;
-        s.mode = "replay";
+        s.expect_merkle_root = info.model_fingerprint;
+        s.expect_source = rollout_trace;
         s.batch = &b;
         st = execute(h, &s, trace_path, &e);
     }

@@ -62,6 +62,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
     ls_run_spec s;
     ls_run_spec_default(&s);
     s.checkpoint = o->checkpoint;
+    s.mode = "rollout";
     s.max_new = o->max_new;
     s.backend = o->backend;
     s.threads = o->threads;
@@ -101,6 +102,9 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
         w->layer = -1;
         snprintf(rp_path, sizeof rp_path, "%s/replay-%d.trace", dir, v + 1);
         s.mode = "replay";
+        s.max_new = 0; /* a replay recomputes the rollout's tokens */
+        s.expect_merkle_root = info.model_fingerprint;
+        s.expect_source = ro_path;
         s.batch = &full;
         s.chunk = vars[v].chunk;
         s.reverse_batch = vars[v].reverse;

@@ -3,6 +3,7 @@
 #include "run/load.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -146,6 +147,8 @@ ls_status ls_run_load_rollout(const char *trace_path, ls_run_batch *out, ls_run_
                      trace_path, h->mode);
     info->act_bf16 = !h->activation_dtype || strcmp(h->activation_dtype, "fp32") != 0;
     info->state_digest_every = h->state_digest_every;
+    snprintf(info->model_fingerprint, sizeof info->model_fingerprint, "%s",
+             h->model_fingerprint ? h->model_fingerprint : "");
     if (st == LS_OK) {
         params = json_loads(h->run_params_json ? h->run_params_json : "{}", 0, NULL);
         if (!json_is_object(params))

@@ -38,6 +38,8 @@ typedef struct ls_run_rollout_info {
     int act_bf16;                  /* the rollout's activation dtype */
     long state_digest_every;
     long max_new;                  /* run_params.max_new_tokens, 0 if absent */
+    char model_fingerprint[65];    /* the checkpoint's Merkle root (hex) the rollout ran on: a
+                                      replay's ls_run_spec.expect_merkle_root */
 } ls_run_rollout_info;
 
 /* Full sequences of a rollout trace (each position's token, then the last

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/thread.h"
 #include "core/util.h"
 #include "fingerprint/sha256.h"
 #include "io/checkpoint.h"
@@ -92,8 +93,6 @@ void ls_run_workdir_keep(char *dir, size_t dir_size)
 void ls_run_spec_default(ls_run_spec *s)
 {
     memset(s, 0, sizeof *s);
-    s->mode = "rollout";
-    s->max_new = 16;
     s->sampling = (ls_sampling){LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     s->act_bf16 = 1;
     s->backend = "cpu";
@@ -102,12 +101,27 @@ void ls_run_spec_default(ls_run_spec *s)
     s->max_rows = 256;
 }
 
+/* Whether the sampling parameters are the neutral ones of
+ * ls_run_spec_default (what greedy selection and a replay leave them). */
+static int sampling_params_unset(const ls_sampling *p)
+{
+    return p->seed == 0 && p->temperature == 1.0f && p->top_k == 0 && p->top_p == 1.0f;
+}
+
+static int is_hex64(const char *h)
+{
+    size_t n = 0;
+    for (; h[n]; n++)
+        if (!((h[n] >= '0' && h[n] <= '9') || (h[n] >= 'a' && h[n] <= 'f'))) return 0;
+    return n == 64;
+}
+
 ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
 {
-    int rollout = s->mode && !strcmp(s->mode, "rollout");
-    if (!rollout && !(s->mode && !strcmp(s->mode, "replay")))
-        return ls_fail(err, LS_E_USAGE, "mode (--mode) '%s': expected rollout or replay",
-                       s->mode ? s->mode : "(none)");
+    if (!s->mode) return ls_fail(err, LS_E_USAGE, "mode (--mode) is required: rollout or replay");
+    int rollout = !strcmp(s->mode, "rollout");
+    if (!rollout && strcmp(s->mode, "replay"))
+        return ls_fail(err, LS_E_USAGE, "mode (--mode) '%s': expected rollout or replay", s->mode);
     if (!s->checkpoint) return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint DIR) is required");
     if (!s->out) return ls_fail(err, LS_E_USAGE, "out (-o TRACE) is required");
     LS_TRY(ls_output_path_check(s->out, err)); /* before the run, not after it */
@@ -116,9 +130,31 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     if (!s->backend || (strcmp(s->backend, "cpu") && strcmp(s->backend, "cuda")))
         return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda",
                        s->backend ? s->backend : "(none)");
-    if (rollout && s->max_new < 1)
-        return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) must be >= 1");
-    if (s->chunk < 0) return ls_fail(err, LS_E_USAGE, "chunk (--chunk) must be >= 1");
+    if (rollout) {
+        if (s->max_new < 1) return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) must be >= 1");
+        if (s->chunk != 0)
+            return ls_fail(err, LS_E_USAGE, "chunk (--chunk) applies to replays only: a rollout "
+                           "prefills whole prompts and decodes one token per step");
+        if (s->expect_merkle_root)
+            return ls_fail(err, LS_E_USAGE, "expect_merkle_root applies to replays only");
+    } else {
+        if (s->max_new != 0)
+            return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) applies to rollouts only: a "
+                           "replay recomputes the tokens it is given");
+        if (s->chunk < 0)
+            return ls_fail(err, LS_E_USAGE, "chunk (--chunk) must be >= 1 (0: the whole sequence)");
+        if (s->sampling.kind != LS_SAMPLING_GREEDY || !sampling_params_unset(&s->sampling))
+            return ls_fail(err, LS_E_USAGE, "sampling (--sampling, --seed, --temperature, --top-k, "
+                           "--top-p) applies to rollouts only: a replay is teacher-forced");
+        if (s->expect_merkle_root && !is_hex64(s->expect_merkle_root))
+            return ls_fail(err, LS_E_INPUT, "expect_merkle_root%s%s '%.80s': expected 64 lowercase hex "
+                           "digits", s->expect_source ? " of " : "",
+                           s->expect_source ? s->expect_source : "", s->expect_merkle_root);
+    }
+    if (s->sampling.kind == LS_SAMPLING_GREEDY && !sampling_params_unset(&s->sampling))
+        return ls_fail(err, LS_E_USAGE, "sampling: seed, temperature, top_k and top_p (--seed, "
+                       "--temperature, --top-k, --top-p) apply to seeded sampling only (--sampling "
+                       "seeded); greedy selection takes none");
     if (s->threads < 1) return ls_fail(err, LS_E_USAGE, "threads (--threads) must be >= 1");
     if (s->state_digest_every < 1)
         return ls_fail(err, LS_E_USAGE, "state_digest_every (--state-digest-every) must be >= 1");
@@ -320,6 +356,24 @@ static json_t *verification_json(const ls_fingerprint *fp, int hashed_here)
                      hashed_here ? "this run" : "the caller, once for all its runs");
 }
 
+/* A replay must run on the checkpoint its sequences were made with: tokens
+ * of another model replayed here would only fail later, in compare, as a
+ * model mismatch (or, worse, be compared with --allow-different-model). */
+static ls_status check_expected_root(const ls_run_spec *s, const ls_fingerprint *fp, ls_error *err)
+{
+    if (!s->expect_merkle_root) return LS_OK;
+    char root[65];
+    ls_digest_to_hex(&fp->merkle_root, root);
+    if (!strcmp(root, s->expect_merkle_root)) return LS_OK;
+    if (s->expect_source)
+        return ls_fail(err, LS_E_INPUT, "%s: model_fingerprint %s (the rollout's checkpoint) differs from "
+                       "the Merkle root %s of %s: a replay must run on the rollout's checkpoint",
+                       s->expect_source, s->expect_merkle_root, root, s->checkpoint);
+    return ls_fail(err, LS_E_INPUT, "expect_merkle_root %s differs from the Merkle root %s of %s: a "
+                   "replay must run on the checkpoint its sequences were made with",
+                   s->expect_merkle_root, root, s->checkpoint);
+}
+
 ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err)
 {
     memset(res, 0, sizeof *res);
@@ -376,7 +430,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         hj.cache = s->hash_cache;
         hj.progress = s->progress;
         ls_error_clear(&hj.err);
-        if (pthread_create(&hasher, NULL, hash_main, &hj) == 0) hashing = 1;
+        if (ls_thread_start(&hasher, hash_main, &hj) == 0) hashing = 1;
         else hash_main(&hj);
     }
     if (st == LS_OK) st = ls_run_engine_open(m, s->backend, s->threads, &eo, b->n, max_len, &e, err);
@@ -386,6 +440,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         st = hj.st;
     }
     const ls_fingerprint *fp = s->fingerprint ? s->fingerprint : &hj.fp;
+    if (st == LS_OK) st = check_expected_root(s, fp, err);
     /* Pin the manifest in process; a perturbed run is a "fast" run with the
      * perturbation recorded, so its digest can never equal a strict one. */
     ls_gpu_info gpu;

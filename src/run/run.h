@@ -45,14 +45,21 @@ ls_status ls_run_parse_hash_cache(const char *s, ls_run_hash_cache *out, ls_erro
 ls_status ls_run_fingerprint(const ls_checkpoint *ck, ls_run_hash_cache cache, int progress,
                              ls_fingerprint *out, ls_error *err);
 
+/* A field that means nothing in the run's mode must be left unset (0, or
+ * the neutral sampling values of ls_run_spec_default): validation refuses a
+ * chunk in a rollout, a token budget or sampling in a replay, and sampling
+ * parameters with greedy selection, rather than ignore them. */
 typedef struct ls_run_spec {
     const char *checkpoint;        /* directory (--checkpoint) */
-    const char *mode;              /* "rollout" | "replay" (--mode) */
+    const char *mode;              /* "rollout" | "replay", required (--mode) */
     const ls_run_batch *batch;     /* rollout: prompts; replay: full sequences (borrowed) */
-    long max_new;                  /* rollout: tokens to generate, >= 1 (--max-new-tokens) */
-    long chunk;                    /* replay: tokens per sequence per step; 0 = whole (--chunk) */
+    long max_new;                  /* rollout: tokens to generate, >= 1; replay: 0 (--max-new-tokens) */
+    long chunk;                    /* replay: tokens per sequence per step, 0 = the whole sequence;
+                                      rollout: 0 (--chunk) */
     int reverse_batch;             /* pack the batch in reverse order (--reverse-batch) */
-    ls_sampling sampling;          /* --sampling, --seed, --temperature, --top-k, --top-p */
+    ls_sampling sampling;          /* rollout: --sampling, --seed, --temperature, --top-k, --top-p
+                                      (greedy: seed 0, temperature 1, top_k 0, top_p 1);
+                                      replay: greedy with those values (teacher-forced) */
     int act_bf16;                  /* 1 bf16, 0 fp32 activations (--activations) */
     const char *backend;           /* "cpu" | "cuda" (--backend) */
     int threads;                   /* CPU worker threads, >= 1 (--threads) */
@@ -64,14 +71,21 @@ typedef struct ls_run_spec {
     int progress;                  /* progress on stderr (ls_progress) */
     const ls_fingerprint *fingerprint; /* the checkpoint's, already computed (borrowed), or NULL */
     ls_run_hash_cache hash_cache;  /* digest cache use when hashing (--checkpoint-cache) */
+    const char *expect_merkle_root; /* replay: the Merkle root (64 hex) the sequences were made with
+                                       (a rollout trace's model_fingerprint), or NULL: the run
+                                       fails if the checkpoint's root differs */
+    const char *expect_source;     /* where expect_merkle_root came from, for the message (e.g. the
+                                      rollout trace's path), or NULL */
 } ls_run_spec;
 
-/* Defaults: rollout, 16 new tokens, greedy, bf16, cpu, 1 thread, state
- * digests every 64 positions, 256 rows per step. */
+/* Defaults: no mode (the caller says which), no token budget, greedy,
+ * bf16, cpu, 1 thread, state digests every 64 positions, 256 rows per
+ * step. */
 void ls_run_spec_default(ls_run_spec *s);
 
 /* Checks every field that does not need the checkpoint (LS_E_USAGE naming
- * the field and its flag). ls_run_execute calls it first. */
+ * the field and its flag), including the fields the mode leaves unused
+ * (see above). ls_run_execute calls it first. */
 ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err);
 
 /* Parses a perturbation "layer=L,op=OP" (op one of gdn, conv, attention,
@@ -105,7 +119,9 @@ typedef struct ls_run_result {
 
 /* Runs the spec and writes the trace (see the top of this file). A perturbed
  * run pins mode "fast" with the perturbation recorded, so its manifest
- * digest never equals a strict one. On failure no trace is left behind. */
+ * digest never equals a strict one. A replay whose expect_merkle_root is
+ * not the checkpoint's Merkle root fails (LS_E_INPUT, both roots named)
+ * before the engine runs. On failure no trace is left behind. */
 ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err);
 
 /* A working directory: `given` (created if missing, kept) or a fresh

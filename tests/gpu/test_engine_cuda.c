@@ -180,6 +180,8 @@ START_TEST(test_engine_cuda_fails_closed_on_perturb)
     ls_run_spec spec;
     ls_run_spec_default(&spec);
     spec.checkpoint = g_dirs[0];
+    spec.mode = "rollout";
+    spec.max_new = 2;
     spec.backend = "cuda";
     spec.batch = &b;
     spec.out = "unused.trace";
