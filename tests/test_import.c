@@ -145,6 +145,28 @@ START_TEST(test_exact_bits_and_spellings)
 }
 END_TEST
 
+START_TEST(test_jsonl_nonfinite)
+{
+    /* Python's json writes -inf as -Infinity: the jsonl importer reads it, as value and in skipped keys */
+    const char *doc = "{\"seq\":0,\"pos\":3,\"token\":5,\"logprob\":-Infinity,\"extra\":[NaN,Infinity],"
+                      "\"top_logprobs\":{\"6\":-0.5,\"5\":-inf,\"7\":NaN}}\n";
+    got *g = malloc(sizeof *g);
+    ls_import_opts o = {.topk = 3};
+    import_ok(LS_IMPORT_JSONL, doc, &o, g);
+    ck_assert_int_eq(g->n, 1);
+    expect_bits("-Infinity", 0, g->r[0].lp, 0xff800000u);
+    expect_bits("-inf", 1, g->r[0].bits[1], 0xff800000u);
+    expect_bits("NaN", 2, g->r[0].bits[2], 0x7fc00000u);
+    /* a NUL byte is no digit */
+    ls_error err;
+    ls_error_clear(&err);
+    o.model_fingerprint = FP;
+    ck_assert_int_eq(ls_import_mem(LS_IMPORT_JSONL, "in.jsonl", "{\"seq\":0,\"pos\":1,\"token\":1,\"logprob\":-1\0}", 41,
+                                   &o, out_path, NULL, &err), LS_E_INPUT);
+    free(g);
+}
+END_TEST
+
 /* ---- ranks ---------------------------------------------------------------------------- */
 
 START_TEST(test_rank_field_not_key_order)
@@ -450,6 +472,7 @@ int main(void)
     TCase *tc = tcase_create("import");
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_exact_bits_and_spellings);
+    tcase_add_test(tc, test_jsonl_nonfinite);
     tcase_add_test(tc, test_rank_field_not_key_order);
     tcase_add_test(tc, test_vllm_completions);
     tcase_add_test(tc, test_vllm_echo_and_chat);

@@ -66,28 +66,24 @@ static ls_status id_array(walk *w, const ls_jv *a, const char *field, int32_t **
 }
 
 /* Sorts entries by logprob, most likely first; NaN last; equal values keep
- * their file order (stable). Then ranks them 1, 2, ... */
-static int lp_greater(uint32_t a, uint32_t b)
+ * their file order. Then ranks them 1, 2, ... (rank holds the file index
+ * while sorting, so the order is total and qsort's result stable.) */
+static int by_value(const void *x, const void *y)
 {
-    float x, y;
-    memcpy(&x, &a, 4);
-    memcpy(&y, &b, 4);
-    if (x != x) return 0;
-    if (y != y) return 1;
-    return x > y;
+    const ls_imp_entry *a = x, *b = y;
+    float fa, fb;
+    memcpy(&fa, &a->bits, 4);
+    memcpy(&fb, &b->bits, 4);
+    int na = fa != fa, nb = fb != fb;
+    if (na != nb) return na - nb;
+    if (!na && fa != fb) return fa > fb ? -1 : 1;
+    return (a->rank > b->rank) - (a->rank < b->rank);
 }
 
 static void rank_by_value(ls_imp_entry *e, int n)
 {
-    for (int i = 1; i < n; i++) { /* insertion sort: stable, n is small */
-        ls_imp_entry t = e[i];
-        int k = i;
-        while (k > 0 && lp_greater(t.bits, e[k - 1].bits)) {
-            e[k] = e[k - 1];
-            k--;
-        }
-        e[k] = t;
-    }
+    for (int i = 0; i < n; i++) e[i].rank = i;
+    if (n > 1) qsort(e, (size_t)n, sizeof *e, by_value);
     for (int i = 0; i < n; i++) e[i].rank = i + 1;
 }
 

@@ -55,6 +55,10 @@ void ls_jparse_free(ls_jparse *j);
 uint64_t ls_jparse_line(const ls_jparse *j, uint64_t at);
 const char *ls_jparse_label(const ls_jparse *j);
 
+/* Length of a non-finite number word at p (NaN, Infinity, -Infinity, nan,
+ * inf, -inf, any letter case, optional sign), or 0. */
+size_t ls_json_nonfinite_len(const char *p, const char *end);
+
 /* The member `key` of an object, or NULL (also when v is no object). */
 const ls_jv *ls_jv_get(const ls_jv *v, const char *key);
 /* 1 when v is a string equal to text. */

@@ -199,7 +199,7 @@ static ls_status scan_string(ls_jparse *j, ls_jv *v, ls_error *err)
 }
 
 /* The non-finite spellings engines write as bare tokens. */
-static size_t nonfinite_word(const char *p, const char *end)
+size_t ls_json_nonfinite_len(const char *p, const char *end)
 {
     static const char *const words[] = {"infinity", "inf", "nan"};
     const char *q = p;
@@ -217,7 +217,7 @@ static size_t nonfinite_word(const char *p, const char *end)
 static ls_status scan_number(ls_jparse *j, ls_jv *v, ls_error *err)
 {
     const char *b = j->p, *q = j->p;
-    size_t word = nonfinite_word(q, j->end);
+    size_t word = ls_json_nonfinite_len(q, j->end);
     v->type = LS_JV_NUMBER;
     if (word) {
         j->p += word;
