@@ -412,10 +412,17 @@ START_TEST(test_logprobs_only)
     ck_assert_msg(r.seqs[1].first.what == LS_DRIFT_LOGPROB && r.seqs[1].first.pos == 4, "%s", r.seqs[1].first.message);
     ls_compare_result_free(&r);
     char *out = NULL;
-    ck_assert_int_eq(ls_test_cli(&out, "compare --logprobs-only '%s' '%s'", pa, pb), 1);
+    ck_assert_int_eq(ls_test_cli(&out, "compare --logprobs-only '%s' '%s' --json '%s/r.json'", pa, pb, dir), 1);
     ck_assert_msg(strstr(out, "tokens and selected logprob bits (no top-k)") &&
                       strstr(out, "seq 1 pos 4: selected-token logprob bits differ"),
                   "%s", out);
+    free(out);
+    /* the JSON report still meets its schema (topk_compared 0) */
+    int rc = ls_test_sh(&out, "/usr/bin/python3 -c 'import json,sys,jsonschema; "
+                        "r=json.load(open(sys.argv[2])); assert r[\"topk_compared\"]==0; "
+                        "jsonschema.Draft202012Validator(json.load(open(sys.argv[1]))).validate(r); print(\"ok\")' "
+                        "'%s/docs/compare-json.schema.json' '%s/r.json'", LS_SOURCE_DIR, dir);
+    ck_assert_msg(rc == 0 && !strcmp(out, "ok\n"), "%s", out);
     free(out);
 }
 END_TEST
