@@ -290,6 +290,143 @@ START_TEST(test_import_jsonl)
 }
 END_TEST
 
+/* An imported trace of a synthetic run: positions [first, end) of every
+ * sequence but skip_seq, without skip_pos of seq 1; no input tokens, no
+ * digests (as an engine import has). */
+static int write_import(const char *path, const syn_opts *o, int first, int skip_seq, int skip_pos)
+{
+    ls_trace_header h = {0};
+    h.mode = "import";
+    h.engine = "engine";
+    h.model_fingerprint = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    h.manifest_digest = "";
+    h.run_params_json = "{}";
+    h.topk = 5;
+    h.state_digest_every = 1;
+    ls_error err;
+    ls_trace_writer *w;
+    if (ls_trace_writer_open(path, &h, &w, &err)) return 1;
+    ls_trace_digest dg[64];
+    ls_trace_dump dm[16];
+    uint8_t data[16][SYN_D * 4];
+    ls_trace_record rec;
+    if (ls_trace_writer_begin_frame(w, LS_FRAME_IMPORT, &err)) goto fail;
+    for (int q = 0; q < o->n_seqs; q++)
+        for (int p = first; p < o->prompt_len + o->gen_len && q != skip_seq; p++) {
+            if (q == 1 && p == skip_pos) continue;
+            syn_record(o, (uint32_t)q, (uint32_t)p, &rec, dg, dm, data);
+            rec.token = -1;
+            rec.n_digests = rec.n_dumps = 0;
+            if (ls_trace_writer_add(w, &rec, &err)) goto fail;
+        }
+    if (ls_trace_writer_end_frame(w, &err) || ls_trace_writer_close(w, &err)) return 1;
+    return 0;
+fail:
+    ls_trace_writer_abort(w);
+    return 1;
+}
+
+START_TEST(test_import_positions)
+{
+    /* B: a full rollout (prompt 4, 5 generated); A: an import from the last prompt position on */
+    syn_opts full = {.n_seqs = 2, .prompt_len = 4, .gen_len = 5};
+    ck_assert_int_eq(syn_write(pb, &full), 0);
+    ck_assert_int_eq(write_import(pa, &full, 3, -1, -1), 0);
+    for (int swap = 0; swap < 2; swap++) {
+        ls_compare_result r;
+        if (swap) { char t[4200]; strcpy(t, pa); strcpy(pa, pb); strcpy(pb, t); }
+        run(&r, 1);
+        ck_assert_uint_eq(r.positions_outside_import, 6);
+        for (size_t i = 0; i < r.n_seqs; i++) {
+            ck_assert_uint_eq(r.seqs[i].positions_compared, 6);
+            ck_assert_uint_eq(swap ? r.seqs[i].positions_only_a : r.seqs[i].positions_only_b, 3);
+        }
+        ck_assert_msg(strstr(r.note, swap ? "trace B is an import" : "trace A is an import") &&
+                          strstr(r.note, swap ? "6 positions of trace A before" : "6 positions of trace B before"),
+                      "%s", r.note);
+        ls_compare_result_free(&r);
+        char *out = NULL;
+        ck_assert_int_eq(ls_test_cli(&out, "compare '%s' '%s'", pa, pb), 0);
+        ck_assert_msg(strstr(out, "6/9") && strstr(out, "(prompt) not compared"), "%s", out);
+        free(out);
+        if (swap) { char t[4200]; strcpy(t, pa); strcpy(pa, pb); strcpy(pb, t); }
+    }
+    /* a hole inside the import is still a drift, in either direction */
+    ck_assert_int_eq(write_import(pa, &full, 3, -1, 6), 0);
+    for (int swap = 0; swap < 2; swap++) {
+        ls_compare_result r;
+        if (swap) { char t[4200]; strcpy(t, pa); strcpy(pa, pb); strcpy(pb, t); }
+        run(&r, 0);
+        const ls_compare_seq *s = &r.seqs[1];
+        ck_assert_msg(!s->pass && s->first.what == LS_DRIFT_MISSING && s->first.pos == 6, "%s", s->first.message);
+        ck_assert(r.seqs[0].pass);
+        ls_compare_result_free(&r);
+        if (swap) { char t[4200]; strcpy(t, pa); strcpy(pa, pb); strcpy(pb, t); }
+    }
+    /* a sequence the import lacks fails */
+    ck_assert_int_eq(write_import(pa, &full, 3, 1, -1), 0);
+    ls_compare_result r;
+    run(&r, 0);
+    ck_assert_msg(!r.seqs[1].pass && r.seqs[1].first.what == LS_DRIFT_MISSING && r.seqs[1].first.pos == 0, "%s",
+                  r.seqs[1].first.message);
+    ls_compare_result_free(&r);
+    /* the imported positions are compared: a changed logprob is named */
+    syn_opts planted = full;
+    planted.plant = (syn_plant){SYN_LOGPROB, 0, 5, -1, 0, 0};
+    ck_assert_int_eq(write_import(pa, &planted, 3, -1, -1), 0);
+    run(&r, 0);
+    ck_assert_msg(r.seqs[0].first.what == LS_DRIFT_LOGPROB && r.seqs[0].first.pos == 5, "%s", r.seqs[0].first.message);
+    ls_compare_result_free(&r);
+}
+END_TEST
+
+START_TEST(test_logprobs_only)
+{
+    syn_opts a = {.n_seqs = 2, .prompt_len = 3, .gen_len = 4};
+    ck_assert_int_eq(syn_write(pa, &a), 0);
+    static const syn_plant ignored[] = {{SYN_TOPK_SET, 1, 4, -1, 0, 0}, {SYN_TOPK_ORDER, 0, 2, -1, 0, 0},
+                                        {SYN_DIGEST, 1, 2, 3, LS_DIGEST_HIDDEN, 0}};
+    ls_error err;
+    ls_compare_result r;
+    for (int i = 0; i < 3; i++) {
+        syn_opts b = a;
+        b.chunk = 2;
+        b.plant = ignored[i];
+        ck_assert_int_eq(syn_write(pb, &b), 0);
+        ck_assert(ls_compare_files(pa, pb, NULL, &r, &err) == LS_OK);
+        ck_assert_int_eq(r.equal, 0); /* everything compared: found */
+        ls_compare_result_free(&r);
+        ck_assert_msg(ls_compare_files_scoped(pa, pb, NULL, LS_COMPARE_LOGPROBS_ONLY, &r, &err) == LS_OK, "%s", err.msg);
+        ck_assert_msg(r.equal, "plant %d: %s", i, r.first_seq >= 0 ? r.seqs[r.first_seq].first.message : "");
+        ck_assert_int_eq(r.topk_compared, 0);
+        ck_assert_uint_eq(r.kinds_compared, 0);
+        ck_assert_uint_eq(r.seqs[0].digests_compared, 0);
+        ck_assert_msg(strstr(r.note, "logprobs only"), "%s", r.note);
+        ls_compare_result_free(&r);
+    }
+    syn_opts b = a;
+    b.plant = (syn_plant){SYN_LOGPROB, 1, 4, -1, 0, 0};
+    ck_assert_int_eq(syn_write(pb, &b), 0);
+    ck_assert(ls_compare_files_scoped(pa, pb, NULL, LS_COMPARE_LOGPROBS_ONLY, &r, &err) == LS_OK);
+    ck_assert_int_eq(r.equal, 0);
+    ck_assert_msg(r.seqs[1].first.what == LS_DRIFT_LOGPROB && r.seqs[1].first.pos == 4, "%s", r.seqs[1].first.message);
+    ls_compare_result_free(&r);
+    char *out = NULL;
+    ck_assert_int_eq(ls_test_cli(&out, "compare --logprobs-only '%s' '%s' --json '%s/r.json'", pa, pb, dir), 1);
+    ck_assert_msg(strstr(out, "tokens and selected logprob bits (no top-k)") &&
+                      strstr(out, "seq 1 pos 4: selected-token logprob bits differ"),
+                  "%s", out);
+    free(out);
+    /* the JSON report still meets its schema (topk_compared 0) */
+    int rc = ls_test_sh(&out, "/usr/bin/python3 -c 'import json,sys,jsonschema; "
+                        "r=json.load(open(sys.argv[2])); assert r[\"topk_compared\"]==0; "
+                        "jsonschema.Draft202012Validator(json.load(open(sys.argv[1]))).validate(r); print(\"ok\")' "
+                        "'%s/docs/compare-json.schema.json' '%s/r.json'", LS_SOURCE_DIR, dir);
+    ck_assert_msg(rc == 0 && !strcmp(out, "ok\n"), "%s", out);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("compare");
@@ -301,6 +438,8 @@ int main(void)
     tcase_add_test(tc, test_digest_accounting);
     tcase_add_test(tc, test_models_and_coverage);
     tcase_add_test(tc, test_import_jsonl);
+    tcase_add_test(tc, test_import_positions);
+    tcase_add_test(tc, test_logprobs_only);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -47,7 +47,10 @@ static const char usage_text[] =
     "sequence (position, layer, family, digest kind; element-level detail where\n"
     "both traces dumped the tensor). |d logprob| and KL are diagnostics only: the\n"
     "verdict is bitwise. Trace A is walked in its execution order; B is indexed,\n"
-    "so the two may be framed differently (rollout vs chunked replay).\n"
+    "so the two may be framed differently (rollout vs chunked replay). An imported\n"
+    "trace ('lockstep import') holds the positions its engine scored: against a\n"
+    "rollout or replay, the positions both hold are compared and the other trace's\n"
+    "earlier (prompt) positions are counted as not compared, not as drifts.\n"
     "\n"
     "options:\n"
     "  --json FILE|-              write the JSON report (docs/compare-json.schema.json)\n"
@@ -56,6 +59,8 @@ static const char usage_text[] =
     "  --allow-different-model    compare traces whose model fingerprints differ\n"
     "  --allow-incomplete         compare traces without a trailer (killed runs)\n"
     "  --heatmap-cols N           heat-map columns per sequence (default 256)\n"
+    "  --logprobs-only            compare token ids and selected-token logprob bits only\n"
+    "                             (no digests, no top-k: engines that return no top-k)\n"
     "  --no-color                 never colour the text report (as 'lockstep --color=never')\n"
     "\n"
     "\n"
@@ -65,7 +70,8 @@ static const char usage_text[] =
 
 int ls_cmd_compare(int argc, char **argv)
 {
-    enum { OPT_JSON = LS_CLI_LONG, OPT_JUNIT, OPT_HTML, OPT_DIFFERENT_MODEL, OPT_INCOMPLETE, OPT_HEATMAP_COLS, OPT_NO_COLOR };
+    enum { OPT_JSON = LS_CLI_LONG, OPT_JUNIT, OPT_HTML, OPT_DIFFERENT_MODEL, OPT_INCOMPLETE, OPT_HEATMAP_COLS, OPT_NO_COLOR,
+           OPT_LOGPROBS_ONLY };
     static const ls_cli_opt opts[] = {
         {"json", OPT_JSON, 1},
         {"junit", OPT_JUNIT, 1},
@@ -74,11 +80,13 @@ int ls_cmd_compare(int argc, char **argv)
         {"allow-incomplete", OPT_INCOMPLETE, 0},
         {"heatmap-cols", OPT_HEATMAP_COLS, 1},
         {"no-color", OPT_NO_COLOR, 0},
+        {"logprobs-only", OPT_LOGPROBS_ONLY, 0},
         {NULL, 0, 0},
     };
     const char *paths[2] = {NULL, NULL}, *json = NULL, *junit = NULL, *html = NULL;
     int n_paths = 0, no_color = 0;
     ls_compare_opts opts_c = {0};
+    ls_compare_scope scope = LS_COMPARE_EVERYTHING;
     ls_cli_args a = {.cmd = "compare", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
         switch (c) {
@@ -86,6 +94,7 @@ int ls_cmd_compare(int argc, char **argv)
         case OPT_DIFFERENT_MODEL: opts_c.allow_different_model = 1; break;
         case OPT_INCOMPLETE: opts_c.allow_incomplete = 1; break;
         case OPT_NO_COLOR: no_color = 1; break;
+        case OPT_LOGPROBS_ONLY: scope = LS_COMPARE_LOGPROBS_ONLY; break;
         case OPT_JSON: json = a.arg; break;
         case OPT_JUNIT: junit = a.arg; break;
         case OPT_HTML: html = a.arg; break;
@@ -108,7 +117,7 @@ int ls_cmd_compare(int argc, char **argv)
         if (reports[i] && strcmp(reports[i], "-") && ls_output_path_check(reports[i], &err) != LS_OK)
             return ls_cli_report("compare", &err);
     ls_compare_result r;
-    ls_status st = ls_compare_files(paths[0], paths[1], &opts_c, &r, &err);
+    ls_status st = ls_compare_files_scoped(paths[0], paths[1], &opts_c, scope, &r, &err);
     if (st) {
         ls_compare_result_free(&r);
         return ls_cli_report("compare", &err);

@@ -24,6 +24,7 @@ static const char *const field_flags[][2] = {
     {"max_shard_bytes", "--max-shard-bytes"},
     {"the force option", "--force"},
     {"max_rows", "--max-rows"},
+    {"the prompt_len option", "--prompt-len"},
     {"^layers ", "--layers "},          /* '^': only at the start of the message */
 };
 

@@ -120,6 +120,9 @@ typedef struct walk {
     uint64_t first_order;        /* drift discovery counter */
     uint64_t *drift_order;       /* [seqs_cap] order of each seq's first drift (0 = none) */
     int skip_token;              /* an imported trace has no input tokens */
+    int import_side;             /* 1: A is an import and B not, 2: B is and A not, 0: otherwise */
+    uint64_t *outside;           /* [seqs_cap] import_side 1: B positions before A's first */
+    int logprobs_only;           /* token ids and selected logprobs only */
     int same_layout;             /* same top-k width and digest kinds: equal raw bytes mean equal records */
     ls_trace_reader *ra;         /* A, lazy */
 } walk;
@@ -144,6 +147,9 @@ static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *i
         uint64_t *dor = realloc(w->drift_order, nc * sizeof *dor);
         if (!dor) return ls_fail(err, LS_E_NOMEM, "out of memory");
         w->drift_order = dor;
+        uint64_t *os = realloc(w->outside, nc * sizeof *os);
+        if (!os) return ls_fail(err, LS_E_NOMEM, "out of memory");
+        w->outside = os;
         w->seqs_cap = nc;
     }
     i = (uint32_t)r->n_seqs++;
@@ -154,6 +160,7 @@ static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *i
     s->first_token_divergence = -1;
     w->last_pos[i] = -1;
     w->drift_order[i] = 0;
+    w->outside[i] = 0;
     s->pos_end = ls_trace_index_seq_end(w->ix, seq);
     if (s->pos_end) {
         s->cols = s->pos_end < (uint32_t)w->max_cols ? s->pos_end : (uint32_t)w->max_cols;
@@ -283,7 +290,7 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         s->topk_set_equal++;
         if (a->next_token >= 0) s->steps++;
         cell(w, s, 0, pos, LS_CELL_EQUAL);
-        mark_digests_equal(w, s, a);
+        if (!w->logprobs_only) mark_digests_equal(w, s, a);
         cell(w, s, n_layers + 1, pos, LS_CELL_EQUAL);
         cell(w, s, n_layers + 2, pos, LS_CELL_EQUAL);
         return 0;
@@ -309,7 +316,9 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
      * kind) list, same digests: one memcmp) are all equal; otherwise walk them
      * to find the first differing one. */
     uint32_t i = 0, j = 0;
-    if (ls_trace_record_digests_equal(a, b)) {
+    if (w->logprobs_only) {
+        i = a->n_digests; /* not compared */
+    } else if (ls_trace_record_digests_equal(a, b)) {
         /* every kind present in both records is in both headers: all are compared */
         mark_digests_equal(w, s, a);
         i = a->n_digests; /* skip the walk */
@@ -455,6 +464,13 @@ static int cmp_seq(const void *x, const void *y)
 ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_compare_opts *opts,
                            ls_compare_result *r, ls_error *err)
 {
+    return ls_compare_files_scoped(path_a, path_b, opts, LS_COMPARE_EVERYTHING, r, err);
+}
+
+ls_status ls_compare_files_scoped(const char *path_a, const char *path_b, const ls_compare_opts *opts,
+                                  ls_compare_scope scope, ls_compare_result *r, ls_error *err)
+{
+    int logprobs_only = scope == LS_COMPARE_LOGPROBS_ONLY;
     static const ls_compare_opts defaults = {0};
     if (!opts) opts = &defaults;
     memset(r, 0, sizeof *r);
@@ -490,7 +506,8 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
     for (int i = 0; same_layers && i < ha->n_layers; i++)
         same_layers = ha->layers[i].family == hb->layers[i].family &&
                       ha->layers[i].decoder_layer == hb->layers[i].decoder_layer;
-    r->kinds_compared = ha->digest_kinds_mask & hb->digest_kinds_mask;
+    r->kinds_compared = logprobs_only ? 0 : ha->digest_kinds_mask & hb->digest_kinds_mask;
+    w.logprobs_only = logprobs_only;
     if (!same_layers) {
         if (r->kinds_compared) {
             st = ls_fail(err, LS_E_INPUT, "layer tables differ (A %d layers, B %d layers): digests cannot be aligned",
@@ -498,7 +515,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
             goto out;
         }
     }
-    r->topk_compared = ha->topk < hb->topk ? ha->topk : hb->topk;
+    r->topk_compared = logprobs_only ? 0 : ha->topk < hb->topk ? ha->topk : hb->topk;
     r->n_layers = same_layers ? ha->n_layers : 0;
     w.rows = r->n_layers + 3;
     r->layers = calloc(r->n_layers ? r->n_layers : 1, sizeof *r->layers);
@@ -508,12 +525,18 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         goto out;
     }
     if (r->n_layers) memcpy(r->layers, ha->layers, (size_t)r->n_layers * sizeof *r->layers);
-    if (!ha->digest_kinds_mask || !hb->digest_kinds_mask)
+    if (logprobs_only)
+        snprintf(r->note, sizeof r->note, "logprobs only: compared token ids and selected-token logprob bits; "
+                 "digests and top-k not compared");
+    else if (!ha->digest_kinds_mask || !hb->digest_kinds_mask)
         snprintf(r->note, sizeof r->note, "trace %s has no digests: compared tokens, logprobs and top-%d only",
                  !ha->digest_kinds_mask ? "A" : "B", r->topk_compared);
     else if (ha->digest_kinds_mask != hb->digest_kinds_mask)
         snprintf(r->note, sizeof r->note, "digest kinds differ between the traces: compared only the kinds both carry");
     w.skip_token = !strcmp(ha->mode, "import") || !strcmp(hb->mode, "import");
+    w.import_side = !strcmp(ha->mode, "import") == !strcmp(hb->mode, "import") ? 0
+                    : !strcmp(ha->mode, "import")                             ? 1
+                                                                              : 2;
     w.same_layout = ha->topk == hb->topk && ha->digest_kinds_mask == hb->digest_kinds_mask;
     w.ra = ra;
     ls_trace_reader_set_lazy(ra, 1);
@@ -523,7 +546,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         snprintf(r->note + n, sizeof r->note - n, "%san imported trace carries generated tokens only: input tokens not compared",
                  n ? "; " : "");
     }
-    if (ha->topk != hb->topk) {
+    if (ha->topk != hb->topk && !logprobs_only) {
         size_t n = strlen(r->note);
         snprintf(r->note + n, sizeof r->note - n, "%stop-k widths differ (%d vs %d): compared the first %d", n ? "; " : "",
                  ha->topk, hb->topk, r->topk_compared);
@@ -541,7 +564,13 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         ls_compare_seq *s;
         size_t si;
         if ((st = seq_slot(&w, a->seq, &s, &si, err))) goto out;
-        if (s->pass) {
+        if (w.import_side == 1 && w.last_pos[si] < 0) {
+            /* A's first position of an imported sequence: B's positions before it are outside the import */
+            for (int64_t q = ls_trace_index_next_pos(w.ix, a->seq, 0); q >= 0 && q < (int64_t)a->pos;
+                 q = ls_trace_index_next_pos(w.ix, a->seq, (uint32_t)q + 1))
+                w.outside[si]++;
+            r->positions_outside_import += w.outside[si];
+        } else if (s->pass) {
             /* a position of B skipped by A is a drift before this one */
             int64_t q = ls_trace_index_next_pos(w.ix, a->seq, (uint32_t)(w.last_pos[si] + 1));
             if (q >= 0 && q < (int64_t)a->pos) mark_missing(&w, s, si, (uint32_t)q, 0);
@@ -550,7 +579,9 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         if ((st = ls_trace_index_find(w.ix, a->seq, a->pos, &b, err))) goto out;
         if (!b) {
             s->positions_only_a++;
-            if (s->pass) mark_missing(&w, s, si, a->pos, 1);
+            int64_t b_first = w.import_side == 2 ? ls_trace_index_next_pos(w.ix, a->seq, 0) : -1;
+            if (b_first > (int64_t)a->pos) r->positions_outside_import++; /* before B's imported sequence */
+            else if (s->pass) mark_missing(&w, s, si, a->pos, 1);
             continue;
         }
         if ((st = compare_pair(&w, s, si, a, b, err))) goto out;
@@ -570,7 +601,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         ls_compare_seq *s = &r->seqs[i];
         uint64_t in_b = ls_trace_index_seq_positions(w.ix, s->seq);
         s->positions_only_b = in_b - s->positions_compared;
-        if (s->positions_only_b && s->pass) {
+        if (s->positions_only_b > w.outside[i] && s->pass) {
             int64_t q = ls_trace_index_next_pos(w.ix, s->seq, (uint32_t)(w.last_pos[i] + 1));
             mark_missing(&w, s, i, q >= 0 ? (uint32_t)q : (uint32_t)(w.last_pos[i] + 1), 0);
         }
@@ -586,9 +617,16 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
     if (r->n_seqs) qsort(r->seqs, r->n_seqs, sizeof *r->seqs, cmp_seq); /* seqs is NULL when empty */
     for (size_t i = 0; best && i < r->n_seqs; i++)
         if (r->seqs[i].seq == first_seq_id) r->first_seq = (int)i;
+    if (r->positions_outside_import) {
+        size_t n = strlen(r->note);
+        snprintf(r->note + n, sizeof r->note - n, "%strace %s is an import (the positions its engine scored): %" PRIu64
+                 " positions of trace %s before its sequences' first positions (prompt) not compared", n ? "; " : "",
+                 w.import_side == 1 ? "A" : "B", r->positions_outside_import, w.import_side == 1 ? "B" : "A");
+    }
 out:
     free(w.last_pos);
     free(w.drift_order);
+    free(w.outside);
     ls_u32map_free(&w.map);
     ls_trace_reader_close(ra);
     ls_trace_index_close(w.ix);

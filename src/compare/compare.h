@@ -13,7 +13,13 @@
  * its logprob bits and
  * the top-k (set, order, logprob bits). The first failing check of a sequence
  * is its first drift. The verdict is bitwise; |Δ logprob| and KL over the
- * top-k are diagnostics only. */
+ * top-k are diagnostics only.
+ *
+ * An imported trace holds the positions the engine scored, from some first
+ * position of each sequence on; compared with a full trace (rollout or
+ * replay), the full trace's positions before it are not compared (counted in
+ * positions_outside_import and named in the note). Every other position held
+ * by one trace only is a drift, and so is a sequence the import lacks. */
 #ifndef LS_COMPARE_COMPARE_H
 #define LS_COMPARE_COMPARE_H
 
@@ -27,6 +33,13 @@ typedef struct ls_compare_opts {
     int allow_incomplete;        /* compare a trace that has no trailer (killed run) */
     int heatmap_max_cols;        /* columns per sequence in the heat map; 0 = 256 */
 } ls_compare_opts;
+
+/* What is compared at each position. */
+typedef enum ls_compare_scope {
+    LS_COMPARE_EVERYTHING = 0,   /* tokens, digests, selected logprob, top-k */
+    LS_COMPARE_LOGPROBS_ONLY     /* token ids and the selected-token logprob bits only: no
+                                    digests, no top-k (engines that return no top-k) */
+} ls_compare_scope;
 
 typedef enum ls_drift_what {
     LS_DRIFT_NONE = 0,
@@ -121,6 +134,11 @@ typedef struct ls_compare_result {
     uint64_t bytes_compared;         /* uncompressed record bytes of A read */
     uint64_t elapsed_ns;
     char note[512];                  /* e.g. "no digests in trace B: tokens, logprobs and top-k only" */
+    /* When one trace is an import (mode "import") and the other is not: the
+     * positions of the full trace before the imported sequence's first
+     * position (its prompt, when the engine returned no prompt logprobs).
+     * They are counted in positions_only_a/b but are not drifts. */
+    uint64_t positions_outside_import;
 } ls_compare_result;
 
 /* Compares two trace files. Returns LS_OK when the comparison ran (the verdict
@@ -130,6 +148,9 @@ typedef struct ls_compare_result {
  * Free the result with ls_compare_result_free in every case. */
 ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_compare_opts *opts,
                            ls_compare_result *result, ls_error *err);
+/* The same, comparing only what scope names (ls_compare_files: LS_COMPARE_EVERYTHING). */
+ls_status ls_compare_files_scoped(const char *path_a, const char *path_b, const ls_compare_opts *opts,
+                                  ls_compare_scope scope, ls_compare_result *result, ls_error *err);
 void ls_compare_result_free(ls_compare_result *result);
 
 /* Decodes element i of a dump as a double (bf16/fp32; router: ids then weights). */

@@ -73,8 +73,12 @@ void ls_report_write_text(FILE *out, const ls_compare_result *r, int colour)
         fprintf(out, "model: %s (same)\n", r->a.model_fingerprint);
     fprintf(out, "manifest: A %s, B %s\n", r->a.manifest_digest[0] ? r->a.manifest_digest : "(none)",
             r->b.manifest_digest[0] ? r->b.manifest_digest : "(none)");
-    fprintf(out, "compared: tokens, selected logprob bits, top-%d ids/order/logprob bits; digest kinds: %s\n",
-            r->topk_compared, kinds_list(r->kinds_compared, kinds, sizeof kinds));
+    if (r->topk_compared)
+        fprintf(out, "compared: tokens, selected logprob bits, top-%d ids/order/logprob bits; digest kinds: %s\n",
+                r->topk_compared, kinds_list(r->kinds_compared, kinds, sizeof kinds));
+    else
+        fprintf(out, "compared: tokens and selected logprob bits (no top-k); digest kinds: %s\n",
+                kinds_list(r->kinds_compared, kinds, sizeof kinds));
     if (r->note[0]) fprintf(out, "note: %s\n", r->note);
     fprintf(out, "\n%-8s %-8s %-14s %-14s %-14s %-13s %-12s %-14s\n", "seq", "result", "positions", "tokens",
             "top-k sets", "max|dlogprob|", "max KL(topk)", "digests equal");
@@ -85,7 +89,8 @@ void ls_report_write_text(FILE *out, const ls_compare_result *r, int colour)
         uint64_t total = s->positions_compared + s->positions_only_a + s->positions_only_b;
         snprintf(pos, sizeof pos, "%" PRIu64 "/%" PRIu64, s->positions_compared, total);
         snprintf(tok, sizeof tok, "%" PRIu64 "/%" PRIu64, s->tokens_equal, s->positions_compared);
-        snprintf(tk, sizeof tk, "%" PRIu64 "/%" PRIu64, s->topk_set_equal, s->positions_compared);
+        if (r->topk_compared) snprintf(tk, sizeof tk, "%" PRIu64 "/%" PRIu64, s->topk_set_equal, s->positions_compared);
+        else snprintf(tk, sizeof tk, "-");
         snprintf(dg, sizeof dg, "%" PRIu64 "/%" PRIu64, s->digests_compared - s->digests_differ, s->digests_compared);
         fprintf(out, "%-8u %s%-8s%s %-14s %-14s %-14s %-13.6g %-12.6g %-14s\n", s->seq, s->pass ? green : red,
                 s->pass ? "PASS" : "FAIL", off, pos, tok, tk, s->max_abs_dlogprob, s->max_kl_topk, dg);

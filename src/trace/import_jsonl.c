@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "trace/import.h"
+#include "trace/import_internal.h"
 #include "trace/trace_internal.h"
 
 typedef struct scan {
@@ -61,10 +62,15 @@ static ls_status str(scan *s, char *out, size_t cap)
 
 static ls_status skip_value(scan *s, int depth);
 
+/* A number's text: JSON digits, or NaN / Infinity / -Infinity (and nan, inf,
+ * -inf) as Python's json and C's printf write non-finite floats. */
 static ls_status number_text(scan *s, char *out, size_t cap)
 {
     const char *b = s->p;
-    while (s->p < s->end && strchr("+-0123456789.eE", *s->p)) s->p++;
+    size_t word = ls_json_nonfinite_len(s->p, s->end);
+    if (word) s->p += word;
+    else
+        while (s->p < s->end && *s->p && strchr("+-0123456789.eE", *s->p)) s->p++;
     size_t n = (size_t)(s->p - b);
     if (n == 0 || n + 1 > cap) return bad(s, "expected a number");
     memcpy(out, b, n);
