@@ -58,6 +58,32 @@ static ls_status get_bool(const json_t *o, const char *key, int def, int *out, l
     return LS_OK;
 }
 
+/* A token id field (bos_token_id, eos_token_id): absent, null, an integer or
+ * a list of integers, each inside the vocabulary. Nothing in lockstep stops
+ * on these ids, but a config naming a token the model cannot produce
+ * describes another model (or a corrupted one), so it is refused. */
+static ls_status check_token_ids(const json_t *o, const char *key, long vocab, ls_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return LS_OK;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        char field[64];
+        if (json_is_array(v)) snprintf(field, sizeof field, "%s[%zu]", key, i);
+        else snprintf(field, sizeof field, "%s", key);
+        if (!json_is_integer(x))
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be an integer token id%s",
+                           field, json_is_array(v) ? "" : " or a list of them");
+        json_int_t id = json_integer_value(x);
+        if (id < 0 || id >= vocab)
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' = %lld is outside the "
+                           "vocabulary (0..%ld, vocab_size %ld)", field, (long long)id, vocab - 1,
+                           vocab);
+    }
+    return LS_OK;
+}
+
 /* The integer fields of config.json the model reads, where they go in
  * ls_model_config and the values accepted; one table for the JSON reader and
  * for the check of a config built in memory (ls_model_synthetic). */
@@ -126,6 +152,16 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_
         LS_TRY(get_int(o, f->key, 1, 0, f->lo, f->hi, field_at(c, f), err));
     }
     LS_TRY(check_relations(c, "config.json", err));
+    LS_TRY(check_token_ids(o, "bos_token_id", c->vocab, err));
+    LS_TRY(check_token_ids(o, "eos_token_id", c->vocab, err));
+    /* A quantised checkpoint needs its scales read and applied; until a
+     * quantised path exists, a config that declares one is refused rather
+     * than run as if its weights were plain. */
+    const json_t *quant = json_object_get(o, "quantization_config");
+    if (quant && !json_is_null(quant))
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'quantization_config' is not "
+                       "supported (quantised checkpoints, FP8 included, are not implemented; "
+                       "supported: plain BF16/F32 weights)");
 
     const json_t *act = json_object_get(o, "hidden_act");
     if (act && !json_is_null(act) &&
