@@ -1,7 +1,10 @@
 /* The model refuses what it does not read or cannot trust: tensors no part
  * of the graph reads (a bias, a layer beyond num_hidden_layers, an expert
  * beyond num_experts, a stray name), while the families skipped on purpose
- * (vision tower, MTP head) are accepted and listed in the manifest.
+ * (vision tower, MTP head) are accepted and listed in the manifest; and
+ * weights holding a NaN or an infinity, found by the fingerprinting pass
+ * (fresh or from its cache) and refused by run, manifest pin and
+ * fingerprint.
  *
  * Every variant is the synthetic tiny checkpoint rewritten by hand
  * (tests/st_image.h) with tensors added, removed or reshaped. */
@@ -10,7 +13,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "fingerprint/cache.h"
+#include "fingerprint/fingerprint.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
 #include "st_image.h"
@@ -316,6 +322,225 @@ START_TEST(test_skipped_families_listed)
 }
 END_TEST
 
+/* ---- non-finite weights ----------------------------------------------------------------- */
+
+/* One float type: its width, a finite value (the largest, or near it) and
+ * the non-finite ones with their names in messages. */
+typedef struct ftype {
+    const char *dtype;
+    unsigned width;
+    uint64_t finite[2];         /* largest finite, its negative */
+    uint64_t bad[3];            /* NaN, +Inf, -Inf (0 = the type has none) */
+    const char *bad_name[3];
+} ftype;
+
+static const ftype k_ftypes[] = {
+    {"BF16", 2, {0x7F7F, 0xFF7F}, {0x7FC0, 0x7F80, 0xFF80}, {"NaN", "+Inf", "-Inf"}},
+    {"F16", 2, {0x7BFF, 0xFBFF}, {0xFE01, 0x7C00, 0xFC00}, {"NaN", "+Inf", "-Inf"}},
+    {"F32", 4, {0x7F7FFFFF, 0xFF7FFFFF}, {0x7FC00000, 0x7F800000, 0xFF800000}, {"NaN", "+Inf", "-Inf"}},
+    {"F64", 8, {0x7FEFFFFFFFFFFFFFull, 0xFFEFFFFFFFFFFFFFull},
+     {0x7FF8000000000001ull, 0x7FF0000000000000ull, 0xFFF0000000000000ull}, {"NaN", "+Inf", "-Inf"}},
+    {"F8_E4M3", 1, {0x7E, 0xFE}, {0x7F, 0xFF, 0}, {"NaN", "NaN", NULL}},
+    {"F8_E5M2", 1, {0x7B, 0xFB}, {0x7D, 0x7C, 0xFC}, {"NaN", "+Inf", "-Inf"}},
+};
+
+static void put_elem(unsigned char *p, size_t i, unsigned w, uint64_t v)
+{
+    for (unsigned k = 0; k < w; k++) p[i * w + k] = (unsigned char)(v >> (8 * k));
+}
+
+/* Fingerprints a one-tensor checkpoint "x" of n elements: want_index
+ * (SIZE_MAX: all finite) and, when one is bad, the message naming it. */
+static void expect_fp(const char *tag, const char *dtype, unsigned w, const unsigned char *data,
+                      size_t n, size_t want_index, const char *want_name, uint64_t want_bits)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", g_dir, tag);
+    ck_assert_int_eq(ls_test_sh(NULL, "mkdir -p '%s'", dir), 0);
+    st_spec t = {"x", dtype, 1, {(int64_t)n}, w, data};
+    st_write_file(dir, "model.safetensors", &t, 1);
+    ls_test_write_text(dir, "config.json", "{}");
+    ls_checkpoint *ck = NULL;
+    ls_error err;
+    ls_error_clear(&err);
+    ck_assert_msg(ls_checkpoint_open(dir, &ck, &err) == LS_OK, "%s", err.msg);
+    ls_fingerprint fp;
+    ls_fingerprint_opts o = {1, 0};
+    ls_status st = ls_fingerprint_checkpoint(ck, &o, &fp, &err);
+    if (want_index == SIZE_MAX) {
+        ck_assert_msg(st == LS_OK, "%s %s: refused: %s", tag, dtype, err.msg);
+        ls_fingerprint_free(&fp);
+    } else {
+        char want[200];
+        snprintf(want, sizeof want, "tensor 'x' element %zu of %zu is %s (bits 0x%0*llx, byte offset ",
+                 want_index, n, want_name, (int)(2 * w), (unsigned long long)want_bits);
+        ck_assert_msg(st == LS_E_INPUT && strstr(err.msg, want), "%s %s: want '%s', got %s: %s", tag,
+                      dtype, want, ls_status_name(st), err.msg);
+    }
+    ls_checkpoint_close(ck);
+}
+
+/* Every float type, a bad element at positions around the 8-byte words and
+ * 64-byte blocks of the scan (and in the tail), a second bad one after it:
+ * the first is named, with its kind and bits. The largest finite values of
+ * either sign are never taken for non-finite; integers are not checked. */
+START_TEST(test_nonfinite_every_type_and_position)
+{
+    setup();
+    enum { N = 301 };
+    static const size_t pos[] = {0, 1, 3, 7, 8, 9, 31, 32, 63, 64, 65, 127, 128, 200, 296, 300};
+    unsigned char *buf = malloc(N * 8);
+    ck_assert_ptr_nonnull(buf);
+    for (size_t f = 0; f < sizeof k_ftypes / sizeof k_ftypes[0]; f++) {
+        const ftype *ft = &k_ftypes[f];
+        for (size_t i = 0; i < N; i++) put_elem(buf, i, ft->width, ft->finite[i % 2]);
+        char tag[64];
+        snprintf(tag, sizeof tag, "fin-%s", ft->dtype);
+        expect_fp(tag, ft->dtype, ft->width, buf, N, SIZE_MAX, NULL, 0);
+        for (int b = 0; b < 3; b++) {
+            if (!ft->bad_name[b]) continue;
+            for (size_t k = 0; k < sizeof pos / sizeof pos[0]; k++) {
+                for (size_t i = 0; i < N; i++) put_elem(buf, i, ft->width, ft->finite[i % 2]);
+                put_elem(buf, pos[k], ft->width, ft->bad[b]);
+                if (pos[k] + 5 < N) put_elem(buf, pos[k] + 5, ft->width, ft->bad[(b + 1) % 3] ? ft->bad[(b + 1) % 3] : ft->bad[0]);
+                snprintf(tag, sizeof tag, "bad-%s-%d-%zu", ft->dtype, b, pos[k]);
+                expect_fp(tag, ft->dtype, ft->width, buf, N, pos[k], ft->bad_name[b], ft->bad[b]);
+            }
+        }
+    }
+    /* Integers: bit patterns that would be NaN as floats are plain numbers. */
+    for (size_t i = 0; i < N; i++) put_elem(buf, i, 2, 0x7FC0);
+    expect_fp("int16", "I16", 2, buf, N, SIZE_MAX, NULL, 0);
+    free(buf);
+}
+END_TEST
+
+/* Positions past the 64 KiB scan step and the 8 MiB hashing chunk: the index
+ * counts from the start of the tensor. */
+START_TEST(test_nonfinite_far_into_a_tensor)
+{
+    setup();
+    size_t n = (9u << 20) / 2 + 3; /* BF16: 9 MiB + 6 bytes */
+    unsigned char *buf = calloc(n, 2);
+    ck_assert_ptr_nonnull(buf);
+    static const size_t pos[] = {32768 + 1, (8u << 20) / 2 - 1, (8u << 20) / 2, (9u << 20) / 2 + 2};
+    for (size_t k = 0; k < sizeof pos / sizeof pos[0]; k++) {
+        memset(buf, 0, n * 2);
+        put_elem(buf, pos[k], 2, 0xFF80);
+        char tag[64];
+        snprintf(tag, sizeof tag, "far-%zu", k);
+        expect_fp(tag, "BF16", 2, buf, n, pos[k], "-Inf", 0xFF80);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", g_dir, tag);
+        char *p = strdup(path);
+        ls_test_rm_tmpdir(p);
+    }
+    free(buf);
+}
+END_TEST
+
+/* A copy of the tiny checkpoint with element `index` of tensor `name` set
+ * to the BF16 bits `bits` (all elements when index is SIZE_MAX). */
+static char *poisoned(const char *tag, const char *name, size_t index, uint16_t bits)
+{
+    char *d = variant(tag, NULL, 0, NULL, NULL);
+    const ls_tensor *t = ls_checkpoint_find(g_ck, name);
+    ck_assert_ptr_nonnull(t);
+    ck_assert_int_eq(t->dtype, LS_DTYPE_BF16);
+    /* The variant's file has a layout of its own: find the tensor there. */
+    ls_checkpoint *ck = NULL;
+    ls_error err;
+    ck_assert_msg(ls_checkpoint_open(d, &ck, &err) == LS_OK, "%s", err.msg);
+    const ls_tensor *u = ls_checkpoint_find(ck, name);
+    ck_assert_ptr_nonnull(u);
+    uint64_t off = u->file_offset_bytes, numel = u->numel;
+    ls_checkpoint_close(ck);
+    char path[4500];
+    snprintf(path, sizeof path, "%s/model.safetensors", d);
+    size_t len;
+    unsigned char *img = (unsigned char *)ls_test_read(path, &len);
+    ck_assert_ptr_nonnull(img);
+    for (uint64_t i = 0; i < numel; i++)
+        if (index == SIZE_MAX || i == index) {
+            img[off + 2 * i] = (unsigned char)bits;
+            img[off + 2 * i + 1] = (unsigned char)(bits >> 8);
+        }
+    ls_test_write(path, img, len);
+    free(img);
+    return d;
+}
+
+/* run, manifest pin and fingerprint exit 2 naming the tensor and element;
+ * the cache entry records it, and a second run refuses from the cache with
+ * the same message. */
+START_TEST(test_nonfinite_refused_by_commands)
+{
+    setup();
+    struct {
+        const char *name;
+        size_t index;
+        uint16_t bits;
+        const char *want;
+    } cases[] = {
+        {"lm_head.weight", SIZE_MAX, 0x7FC0, "tensor 'lm_head.weight' element 0 of 128000 is NaN (bits 0x7fc0"},
+        {"model.embed_tokens.weight", SIZE_MAX, 0x7F80,
+         "tensor 'model.embed_tokens.weight' element 0 of 128000 is +Inf (bits 0x7f80"},
+        {"model.layers.2.mlp.experts.5.down_proj.weight", 4097, 0xFF80,
+         "tensor 'model.layers.2.mlp.experts.5.down_proj.weight' element 4097 of 8192 is -Inf (bits 0xff80"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char tag[32];
+        snprintf(tag, sizeof tag, "poison%zu", c);
+        char *d = poisoned(tag, cases[c].name, cases[c].index, cases[c].bits);
+        char *out = NULL;
+        char cache[4200];
+        snprintf(cache, sizeof cache, "%s/cache%zu", g_dir, c);
+        for (int pass = 0; pass < 2; pass++) { /* the second from the cache */
+            int rc = ls_test_sh(&out, "LOCKSTEP_CACHE_DIR='%s' '%s' run --checkpoint %s --mode rollout "
+                                "--prompts %s/prompts.jsonl -o %s/p.trace", cache, LS_CLI_PATH, d, g_dir,
+                                g_dir);
+            ck_assert_msg(rc == 2 && out && strstr(out, cases[c].want), "run (pass %d): exit %d:\n%s",
+                          pass, rc, out ? out : "");
+            free(out);
+        }
+        char path[4500];
+        snprintf(path, sizeof path, "%s/p.trace", g_dir);
+        ck_assert_msg(access(path, F_OK) != 0, "a refused run left %s", path);
+        int rc = ls_test_cli(&out, "manifest pin --checkpoint %s -o %s/p.json", d, g_dir);
+        ck_assert_msg(rc == 2 && out && strstr(out, cases[c].want), "pin: exit %d:\n%s", rc, out ? out : "");
+        free(out);
+        rc = ls_test_cli(&out, "fingerprint --checkpoint %s", d);
+        ck_assert_msg(rc == 2 && out && strstr(out, cases[c].want), "fingerprint: exit %d:\n%s", rc,
+                      out ? out : "");
+        free(out);
+        /* The entry written by the first run holds the index. */
+        snprintf(path, sizeof path, "%s/model.safetensors", d);
+        char *canon = realpath(path, NULL), *entry = NULL;
+        ck_assert_ptr_nonnull(canon);
+        ls_error err;
+        ck_assert_int_eq(ls_fpcache_entry_path(cache, canon, &entry, &err), LS_OK);
+        ls_fpcache_entry e;
+        int found = 0;
+        ck_assert_msg(ls_fpcache_load(entry, &e, &found, &err) == LS_OK && found, "%s: %s", entry, err.msg);
+        size_t bad = 0;
+        for (size_t i = 0; i < e.count; i++) {
+            uint64_t want = strcmp(e.tensors[i].name, cases[c].name) != 0 ? LS_FPCACHE_ALL_FINITE
+                            : cases[c].index == SIZE_MAX              ? 0
+                                                                      : cases[c].index;
+            ck_assert_msg(e.tensors[i].first_nonfinite == want, "entry: %s first_nonfinite %llu, want %llu",
+                          e.tensors[i].name, (unsigned long long)e.tensors[i].first_nonfinite,
+                          (unsigned long long)want);
+            bad += e.tensors[i].first_nonfinite != LS_FPCACHE_ALL_FINITE;
+        }
+        ck_assert_uint_eq(bad, 1);
+        ls_fpcache_entry_free(&e);
+        free(entry);
+        free(canon);
+        free(d);
+    }
+}
+END_TEST
+
 /* ---- the command line ------------------------------------------------------------------- */
 
 START_TEST(test_cli_refuses_unread)
@@ -344,6 +569,9 @@ int main(void)
     tcase_add_test(tc, test_fused_expert_count);
     tcase_add_test(tc, test_skipped_families_listed);
     tcase_add_test(tc, test_cli_refuses_unread);
+    tcase_add_test(tc, test_nonfinite_every_type_and_position);
+    tcase_add_test(tc, test_nonfinite_far_into_a_tensor);
+    tcase_add_test(tc, test_nonfinite_refused_by_commands);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);

@@ -45,6 +45,13 @@ size_t ls_dtype_size(ls_dtype dt);
 const char *ls_dtype_name(ls_dtype dt);
 /* Parses the safetensors spelling; returns 0 and sets *out, or -1 if unknown. */
 int ls_dtype_parse(const char *name, ls_dtype *out);
+/* The bits of one element (little-endian, as an unsigned integer of the
+ * element's width) that are all set exactly when the element is NaN or an
+ * infinity: the exponent field for the IEEE-like types, all of 0x7F for
+ * F8_E4M3 (the "fn" variant, whose only non-finite values are the two
+ * NaNs). The sign bit is never in it. 0 for types without such values
+ * (integers, BOOL). */
+uint64_t ls_dtype_nonfinite_mask(ls_dtype dt);
 
 #define LS_TENSOR_MAX_DIMS 8
 
