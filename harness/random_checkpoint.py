@@ -6,13 +6,27 @@
 Tensors are BF16 matrices named model.layers.<i>.mlp.w.weight, split into S
 shards (model-0000s-of-0000S.safetensors plus model.safetensors.index.json
 when S > 1, model.safetensors otherwise), with a small Qwen3-Next style
-config.json. The data is pseudo-random (not meant to be a usable model).
+config.json. The data is pseudo-random (not meant to be a usable model) but
+every value is finite: the top exponent bit of each BF16 is cleared (|x| < 2),
+since lockstep refuses NaN and Inf weights while fingerprinting.
 """
 import argparse
 import json
 import os
 import random
 import struct
+
+
+_MASKS = {}
+
+
+def finite_bf16(raw):
+    """raw (an even number of bytes) with bit 14 of every little-endian BF16
+    cleared: the exponent stays below 0xFF, so no NaN or Inf."""
+    mask = _MASKS.get(len(raw))
+    if mask is None:
+        mask = _MASKS[len(raw)] = int.from_bytes(b"\xff\xbf" * (len(raw) // 2), "little")
+    return (int.from_bytes(raw, "little") & mask).to_bytes(len(raw), "little")
 
 
 def write_safetensors(path, tensors, rng):
@@ -36,7 +50,7 @@ def write_safetensors(path, tensors, rng):
             left = n
             while left:
                 k = min(left, 1 << 24)
-                f.write(rng.randbytes(k))
+                f.write(finite_bf16(rng.randbytes(k)))
                 left -= k
     os.replace(tmp, path)
 

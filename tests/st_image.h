@@ -35,7 +35,7 @@ typedef struct st_spec {
     int ndim;
     int64_t shape[4];
     size_t elem_bytes;       /* size of one element for dtype */
-    const void *data;        /* NULL: filled with a pattern derived from the name */
+    const void *data;        /* NULL: a pattern derived from the name, every float finite */
 } st_spec;
 
 static inline size_t st_spec_bytes(const st_spec *s)
@@ -78,7 +78,10 @@ static inline unsigned char *st_image_of(const st_spec *ts, size_t n, const char
         } else {
             unsigned hsh = 5381;
             for (const char *p = ts[i].name; *p; p++) hsh = hsh * 33u + (unsigned char)*p;
-            for (size_t k = 0; k < b; k++) data[off + k] = (unsigned char)((hsh + k * 13u) >> 3);
+            /* Bit 6 cleared in every byte: the top exponent bit of every
+             * float type (BF16, F16, F32, F64, F8) is then 0, so every value
+             * is finite (lockstep refuses NaN and Inf weights). */
+            for (size_t k = 0; k < b; k++) data[off + k] = (unsigned char)(((hsh + k * 13u) >> 3) & 0xBF);
         }
         off += b;
     }

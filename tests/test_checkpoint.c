@@ -291,6 +291,10 @@ START_TEST(test_config_rules)
     open_bad(d, LS_E_INPUT, "config.json: not a JSON object", NULL);
     ls_test_write_text(d, "config.json", "{\"a\":1} {}");
     open_bad(d, LS_E_INPUT, "config.json: invalid JSON", NULL);
+    /* An integer beyond 64 bits fails the parse; the message names its field. */
+    ls_test_write_text(d, "config.json", "{\"model_type\":\"qwen3_next\", \"hidden_size\": "
+                       "9999999999999999999999, \"num_experts\": 8}");
+    open_bad(d, LS_E_INPUT, "too big integer in field 'hidden_size'", "(byte offset 65)");
     ls_test_rm_tmpdir(d);
 }
 END_TEST

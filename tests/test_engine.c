@@ -470,8 +470,33 @@ static void expect_config_rejected(const char *key, const char *value_json, cons
     json_decref(cfg);
 }
 
+/* The config with key set to value_json parses. */
+static void expect_config_accepted(const char *key, const char *value_json)
+{
+    setup();
+    json_t *cfg = json_deep_copy(ls_checkpoint_config_json(g_ck));
+    json_error_t je;
+    json_t *v = json_loads(value_json, JSON_DECODE_ANY, &je);
+    ck_assert_ptr_nonnull(v);
+    json_object_set_new(cfg, key, v);
+    ls_model_config mc;
+    ls_error err;
+    ls_error_clear(&err);
+    ck_assert_msg(ls_model_parse_config(cfg, &mc, &err) == LS_OK, "%s=%s refused: %s", key,
+                  value_json, err.msg);
+    json_decref(cfg);
+}
+
 START_TEST(test_config_fail_closed)
 {
+    char last[96];
+    setup();
+    snprintf(last, sizeof last, "[0, %ld]", g_model->cfg.vocab - 1);
+    expect_config_accepted("eos_token_id", last);
+    expect_config_accepted("eos_token_id", "null");
+    expect_config_accepted("bos_token_id", "0");
+    expect_config_accepted("quantization_config", "null");
+
     expect_config_rejected("hidden_act", "\"gelu\"", "hidden_act");
     expect_config_rejected("attention_bias", "true", "attention_bias");
     expect_config_rejected("rope_scaling", "{\"type\":\"yarn\",\"factor\":4}", "rope_scaling");
@@ -487,6 +512,17 @@ START_TEST(test_config_fail_closed)
     expect_config_rejected("num_experts_per_tok", "99", "num_experts_per_tok");
     expect_config_rejected("partial_rotary_factor", "0.3", "partial_rotary_factor");
     expect_config_rejected("linear_num_value_heads", "3", "linear_num_value_heads");
+    /* Token ids must lie in the vocabulary (an int or a list of ints). */
+    char v[96];
+    snprintf(v, sizeof v, "%ld", g_model->cfg.vocab);
+    expect_config_rejected("eos_token_id", v, "eos_token_id");
+    snprintf(v, sizeof v, "[0, %ld]", g_model->cfg.vocab);
+    expect_config_rejected("eos_token_id", v, "eos_token_id[1]");
+    expect_config_rejected("eos_token_id", "-1", "eos_token_id");
+    expect_config_rejected("eos_token_id", "\"2\"", "eos_token_id");
+    expect_config_rejected("bos_token_id", v, "bos_token_id[1]");
+    /* Nothing reads a quantization config yet: refused, not ignored. */
+    expect_config_rejected("quantization_config", "{\"quant_method\":\"fp8\"}", "quantization_config");
 }
 END_TEST
 

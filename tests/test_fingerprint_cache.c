@@ -445,8 +445,8 @@ static void apply_damage(const char *entry, damage how, char *expect, size_t cap
         len += 3;
         break;
     case OTHER_VERSION:
-        b[8] = 2;
-        snprintf(expect, cap, "version 2, this lockstep reads version 1 (byte offset 8)");
+        b[8] = 3;
+        snprintf(expect, cap, "version 3, this lockstep reads version 2 (byte offset 8)");
         break;
     }
     ls_test_write(entry, b, len);
@@ -497,6 +497,93 @@ START_TEST(test_damaged_entry_is_rehashed)
     done(ck0, &plain);
     free(cache);
     ls_test_rm_tmpdir(dir);
+}
+END_TEST
+
+/* An entry of the previous format (version 1, written before finiteness was
+ * recorded) is not trusted, but it is an upgrade, not damage: the shard is
+ * hashed and its entry replaced without a warning. */
+START_TEST(test_older_version_entry_replaced_silently)
+{
+    char *dir = make_ck(3), *cache = cache_of(dir);
+    ls_checkpoint *ck0, *ck1, *ck2;
+    ls_fingerprint plain, a, b;
+    plain_root(dir, &plain, &ck0);
+    fp_run(dir, cache, 0, &ck1, &a);
+    ck_assert_uint_eq(a.cache_entries_written, 3);
+    char *e1 = entry_of(cache, dir, 1);
+    size_t len;
+    uint8_t *buf = read_entry(e1, &len);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_uint_eq(buf[8], LS_FPCACHE_VERSION);
+    buf[8] = 1;
+    ls_test_write(e1, buf, len);
+    free(buf);
+    capture cap;
+    capture_begin(&cap, dir);
+    fp_run(dir, cache, 0, &ck2, &b);
+    char *log = capture_end(&cap);
+    ck_assert_msg(log[0] == '\0', "an older entry warned:\n%s", log);
+    ck_assert_uint_eq(b.files_hashed, 1);
+    ck_assert_uint_eq(b.files_cached, 2);
+    ck_assert_uint_eq(b.bytes_hashed, shard_bytes(1));
+    ck_assert_uint_eq(b.cache_entries_written, 1);
+    assert_same_fp(&plain, &b);
+    buf = read_entry(e1, &len);
+    ck_assert_ptr_nonnull(buf);
+    ck_assert_uint_eq(buf[8], LS_FPCACHE_VERSION);
+    free(buf);
+    free(log);
+    free(e1);
+    done(ck0, &plain);
+    done(ck1, &a);
+    done(ck2, &b);
+    free(cache);
+    ls_test_rm_tmpdir(dir);
+}
+END_TEST
+
+/* first_nonfinite is held to what a hashing pass can find: none for a tensor
+ * without a digest or of an integer dtype, and inside the tensor. */
+START_TEST(test_entry_first_nonfinite_rules)
+{
+    static const struct {
+        ls_fpcache_tensor t;
+        const char *why;
+    } bad[] = {
+        {{"a", LS_DTYPE_BF16, 1, {12}, 24, 100, 1, {{0}}, 12}, "first_nonfinite 12 is impossible (past its last element)"},
+        {{"a", LS_DTYPE_I16, 1, {12}, 24, 100, 1, {{0}}, 3}, "first_nonfinite 3 is impossible (its dtype has no NaN or infinity)"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        ls_fpcache_entry e = {0};
+        e.path = "/ckpt/model.safetensors";
+        ls_fpcache_tensor t = bad[k].t;
+        e.tensors = &t;
+        e.count = 1;
+        uint8_t *buf;
+        size_t len;
+        ls_error err;
+        ck_assert_int_eq(ls_fpcache_encode(&e, &buf, &len, &err), LS_OK);
+        ls_fpcache_entry back;
+        ck_assert_int_eq(ls_fpcache_decode("x", buf, len, &back, &err), LS_E_INPUT);
+        ck_assert_msg(strstr(err.msg, bad[k].why) && strstr(err.msg, "(byte offset "), "%zu: %s", k, err.msg);
+        free(buf);
+    }
+    /* A record without a digest is always written as "none". */
+    ls_fpcache_entry e = {0};
+    e.path = "/ckpt/model.safetensors";
+    ls_fpcache_tensor t = {"a", LS_DTYPE_BF16, 1, {12}, 24, 100, 0, {{0}}, 5};
+    e.tensors = &t;
+    e.count = 1;
+    uint8_t *buf;
+    size_t len;
+    ls_error err;
+    ck_assert_int_eq(ls_fpcache_encode(&e, &buf, &len, &err), LS_OK);
+    ls_fpcache_entry back;
+    ck_assert_msg(ls_fpcache_decode("x", buf, len, &back, &err) == LS_OK, "%s", err.msg);
+    ck_assert_uint_eq(back.tensors[0].first_nonfinite, LS_FPCACHE_ALL_FINITE);
+    ls_fpcache_entry_free(&back);
+    free(buf);
 }
 END_TEST
 
@@ -817,8 +904,8 @@ START_TEST(test_entry_decode_strict)
     e.identity = (ls_file_identity){7, 8, 9, 10, 11};
     e.hashed_at_ns = 12;
     ls_fpcache_tensor t[2] = {
-        {"a.weight", LS_DTYPE_BF16, 2, {3, 4}, 24, 100, 1, {{0}}},
-        {"mtp.b", LS_DTYPE_F32, 0, {0}, 4, 124, 0, {{0}}},
+        {"a.weight", LS_DTYPE_BF16, 2, {3, 4}, 24, 100, 1, {{0}}, 11},
+        {"mtp.b", LS_DTYPE_F32, 0, {0}, 4, 124, 0, {{0}}, LS_FPCACHE_ALL_FINITE},
     };
     memset(t[0].digest.bytes, 0xcd, 32);
     e.tensors = t;
@@ -841,6 +928,7 @@ START_TEST(test_entry_decode_strict)
         ck_assert_uint_eq(back.tensors[i].file_offset_bytes, t[i].file_offset_bytes);
         ck_assert_int_eq(back.tensors[i].has_digest, t[i].has_digest);
         ck_assert(ls_digest_equal(&back.tensors[i].digest, &t[i].digest));
+        ck_assert_uint_eq(back.tensors[i].first_nonfinite, t[i].first_nonfinite);
     }
     ck_assert_int_eq(back.tensors[0].shape[1], 4);
     ls_fpcache_entry_free(&back);
@@ -941,6 +1029,8 @@ int main(void)
     tcase_add_test(tc, test_concurrent_writers);
     tcase_add_test(tc, test_store_fails_closed);
     tcase_add_test(tc, test_entry_decode_strict);
+    tcase_add_test(tc, test_older_version_entry_replaced_silently);
+    tcase_add_test(tc, test_entry_first_nonfinite_rules);
     tcase_add_test(tc, test_default_cache_dir);
     tcase_add_test(tc, test_manifest_independent_of_cache);
     suite_add_tcase(s, tc);

@@ -67,6 +67,42 @@ START_TEST(test_load_errors)
 }
 END_TEST
 
+/* A number jansson cannot hold fails the whole parse; the message names the
+ * field it was the value of (jansson itself gives only the position). */
+static void expect_number_field(const char *text, const char *reason, const char *field)
+{
+    json_t *j = (json_t *)0x1;
+    ls_error err;
+    ls_error_clear(&err);
+    ck_assert_int_eq(ls_json_load_buf("config.json", text, strlen(text), &j, &err), LS_E_INPUT);
+    ck_assert_ptr_null(j);
+    ck_assert_msg(strstr(err.msg, "config.json: invalid JSON at line") && strstr(err.msg, reason),
+                  "'%s': %s", text, err.msg);
+    char want[256];
+    snprintf(want, sizeof want, "in field '%s'", field);
+    ck_assert_msg(strstr(err.msg, want), "'%s': message does not name %s: %s", text, want, err.msg);
+}
+
+START_TEST(test_number_out_of_range_names_field)
+{
+    expect_number_field("{\"model_type\": \"qwen3_next\",\n  \"hidden_size\": 9999999999999999999999,\n"
+                        "  \"vocab_size\": 300}", "too big integer", "hidden_size");
+    expect_number_field("{\"a\": {\"b\\\"c\": [1, {\"x\": 2}], \"rope_parameters\": {\"rope_theta\": "
+                        "-99999999999999999999999}}}", "too big negative integer",
+                        "a.rope_parameters.rope_theta");
+    expect_number_field("{\"eos_token_id\": [1, 2, 18446744073709551616]}", "too big integer",
+                        "eos_token_id[2]");
+    expect_number_field("{\"s\": \"[{,:\\\"\", \"rms_norm_eps\": 1e999}", "real number overflow",
+                        "rms_norm_eps");
+    expect_number_field("[0, [1, 99999999999999999999]]", "too big integer", "[1][1]");
+    /* Other errors keep jansson's reason alone. */
+    json_t *j = NULL;
+    ls_error err;
+    ck_assert_int_eq(ls_json_load_buf("x", "{\"a\": tru}", 11, &j, &err), LS_E_INPUT);
+    ck_assert_ptr_null(strstr(err.msg, "in field"));
+}
+END_TEST
+
 START_TEST(test_load_file)
 {
     char *dir = ls_test_tmpdir("json");
@@ -94,6 +130,7 @@ int main(void)
     tcase_add_test(tc, test_canonical_form);
     tcase_add_test(tc, test_load_errors);
     tcase_add_test(tc, test_load_file);
+    tcase_add_test(tc, test_number_out_of_range_names_field);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

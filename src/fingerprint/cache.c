@@ -16,7 +16,7 @@
 
 #define DIGEST_BYTES 32u
 /* The smallest record: 1-byte name, 1-byte dtype, a scalar. */
-#define RECORD_MIN_BYTES (4u + 1u + 1u + 1u + 1u + 8u + 8u + 1u + 32u)
+#define RECORD_MIN_BYTES (4u + 1u + 1u + 1u + 1u + 8u + 8u + 1u + 32u + 8u)
 
 void ls_fpcache_entry_free(ls_fpcache_entry *e)
 {
@@ -131,6 +131,7 @@ ls_status ls_fpcache_encode(const ls_fpcache_entry *e, uint8_t **out, size_t *le
         w_uint(&w, t->file_offset_bytes, 8);
         w_uint(&w, t->has_digest ? 1 : 0, 1);
         w_bytes(&w, t->has_digest ? t->digest.bytes : zeros, DIGEST_BYTES);
+        w_uint(&w, t->has_digest ? t->first_nonfinite : LS_FPCACHE_ALL_FINITE, 8);
     }
     if (w.oom) {
         free(w.p);
@@ -257,6 +258,20 @@ static ls_status read_tensor(rbuf *r, size_t i, ls_fpcache_tensor *t)
                 return bad(r, at + k, "tensor %zu ('%.300s'): has no digest but its digest bytes "
                            "are not zero", i, t->name);
     }
+    at = r->pos;
+    LS_TRY(read_uint(r, 8, "first_nonfinite", &t->first_nonfinite));
+    if (t->first_nonfinite != LS_FPCACHE_ALL_FINITE) {
+        /* Only a hashed tensor of a floating dtype can have one, and only
+         * inside it. */
+        uint64_t numel = t->size_bytes / ls_dtype_size(t->dtype);
+        int floating = ls_dtype_nonfinite_mask(t->dtype) != 0;
+        if (!t->has_digest || !floating || t->first_nonfinite >= numel)
+            return bad(r, at, "tensor %zu ('%.300s'): first_nonfinite %llu is impossible (%s)", i,
+                       t->name, (unsigned long long)t->first_nonfinite,
+                       !t->has_digest ? "the tensor has no digest"
+                       : !floating    ? "its dtype has no NaN or infinity"
+                                      : "past its last element");
+    }
     return LS_OK;
 }
 
@@ -323,6 +338,15 @@ ls_status ls_fpcache_decode(const char *label, const uint8_t *buf, size_t len,
 
 /* ---- files -------------------------------------------------------------------- */
 
+/* 1 when buf starts like an entry of an earlier format version. */
+static int is_older_version(const uint8_t *buf, size_t n)
+{
+    if (n < 12 || memcmp(buf, LS_FPCACHE_MAGIC, 8) != 0) return 0;
+    uint32_t v = (uint32_t)buf[8] | (uint32_t)buf[9] << 8 | (uint32_t)buf[10] << 16 |
+                 (uint32_t)buf[11] << 24;
+    return v >= 1 && v < LS_FPCACHE_VERSION;
+}
+
 ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *found,
                           ls_error *err)
 {
@@ -375,6 +399,10 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
         n += (size_t)got;
     }
     close(fd);
+    if (st == LS_OK && is_older_version(buf, n)) {
+        free(buf);
+        return LS_OK; /* absent: an earlier format, replaced when the shard is hashed */
+    }
     if (st == LS_OK) st = ls_fpcache_decode(entry_path, buf, n, out, err);
     free(buf);
     if (st == LS_OK) *found = 1;

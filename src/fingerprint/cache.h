@@ -10,11 +10,11 @@
  * concurrent writers (threads or processes) never leave a half-written entry
  * under the final name; the last rename wins and either entry is complete.
  *
- * Entry format, version 1; every integer little-endian:
+ * Entry format, version 2; every integer little-endian:
  *
  *   offset  size  field
  *   0       8     magic "LSFPCACH"
- *   8       4     u32 version = 1
+ *   8       4     u32 version = 2
  *   12      4     u32 flags = 0 (reserved)
  *   16      8     u64 st_dev      \
  *   24      8     u64 st_ino       |  identity of the shard when hashed
@@ -37,7 +37,17 @@
  *           8     u64 file_offset_bytes (absolute offset of the data in the shard)
  *           1     u8 has_digest (0 or 1)
  *           32    SHA-256 of the tensor's bytes (all zero when has_digest = 0)
+ *           8     u64 first_nonfinite: index of the first element that is NaN
+ *                 or an infinity, found in the same pass as the digest;
+ *                 2^64 - 1 when there is none, and always when has_digest = 0
+ *                 or the dtype has no such values (integers, BOOL); else
+ *                 below the element count (size_bytes / dtype size)
  *   end-32  32    SHA-256 of every byte before it
+ *
+ * Version 1 (no first_nonfinite) was written before lockstep checked
+ * finiteness; such an entry counts as absent (ls_fpcache_load) and is
+ * replaced when its shard is hashed, since its digests were never paired
+ * with a finiteness check.
  *
  * The reader is strict: wrong magic, another version, reserved bits set, a
  * field out of range, a short file, bytes after the checksum or a checksum
@@ -56,7 +66,8 @@
 #include "io/checkpoint.h"
 
 #define LS_FPCACHE_MAGIC "LSFPCACH"
-#define LS_FPCACHE_VERSION 1u
+#define LS_FPCACHE_VERSION 2u
+#define LS_FPCACHE_ALL_FINITE UINT64_MAX /* first_nonfinite when there is none */
 #define LS_FPCACHE_PATH_OFFSET 68u   /* byte offset of the path length field */
 #define LS_FPCACHE_PATH_MAX_BYTES 4096u
 #define LS_FPCACHE_NAME_MAX_BYTES (1u << 20)
@@ -71,6 +82,7 @@ typedef struct ls_fpcache_tensor {
     uint64_t file_offset_bytes;        /* absolute offset of the data in the shard */
     int has_digest;                    /* 1: digest is SHA-256 of the tensor's bytes */
     ls_digest digest;
+    uint64_t first_nonfinite;          /* first NaN / Inf element, LS_FPCACHE_ALL_FINITE if none */
 } ls_fpcache_tensor;
 
 typedef struct ls_fpcache_entry {
@@ -99,7 +111,10 @@ ls_status ls_fpcache_encode(const ls_fpcache_entry *e, uint8_t **out, size_t *le
 ls_status ls_fpcache_decode(const char *label, const uint8_t *buf, size_t len,
                             ls_fpcache_entry *out, ls_error *err);
 
-/* Reads and parses entry_path. No file: LS_OK with *found = 0. A file that
+/* Reads and parses entry_path. No file, or an entry of an earlier format
+ * version (magic right, version below LS_FPCACHE_VERSION): LS_OK with
+ * *found = 0, so an upgrade costs one hash of each shard, not a warning
+ * per shard. A file that
  * is not a regular file, is owned by another user (an entry is trusted input,
  * so only the user's own are read) or does not parse: a failure naming the
  * file and byte offset, *found = 0. */

@@ -131,10 +131,72 @@ typedef struct fp_job {
     ls_progress progress;
 } fp_job;
 
-static ls_status hash_tensor(fp_job *job, const ls_tensor *t, ls_digest *out, ls_error *err)
+/* ---- finiteness ------------------------------------------------------------------ */
+
+/* ls_tensor_fp.first_nonfinite is stored in cache entries as it is. */
+_Static_assert(LS_FP_ALL_FINITE == LS_FPCACHE_ALL_FINITE, "one \"none\" for both");
+
+/* Element lanes of one 64-bit word for elements of width w bytes: rep(v)
+ * copies the w-byte value v into every lane. */
+static uint64_t lanes_rep(uint64_t v, unsigned w)
+{
+    uint64_t r = 0;
+    for (unsigned k = 0; k < 8; k += w) r |= v << (8 * k);
+    return r;
+}
+
+static uint64_t load_le(const uint8_t *p, unsigned w)
+{
+    uint64_t v = 0;
+    for (unsigned k = 0; k < w; k++) v |= (uint64_t)p[k] << (8 * k);
+    return v;
+}
+
+/* Index of the first element among the n_bytes at p (whole elements of w
+ * bytes, little-endian) whose bits under mask are all set -- NaN or an
+ * infinity (ls_dtype_nonfinite_mask) -- or LS_FP_ALL_FINITE.
+ *
+ * Eight bytes at a time: y = ~x & M is zero in a lane exactly when that
+ * lane's exponent bits are all set. The mask never holds a lane's top bit
+ * (the sign), so y + (H - L) cannot carry across lanes, and a lane's top
+ * bit of the sum is clear exactly when its y is zero. A word that shows one
+ * is then searched element by element for the index. */
+static uint64_t first_nonfinite(const uint8_t *p, uint64_t n_bytes, unsigned w, uint64_t mask)
+{
+    const uint64_t M = lanes_rep(mask, w);
+    const uint64_t H = lanes_rep((uint64_t)1 << (8 * w - 1), w), L = lanes_rep(1, w);
+    const uint64_t K = H - L;
+    uint64_t i = 0;
+    for (; i + 64 <= n_bytes; i += 64) {
+        uint64_t hit = 0;
+        for (unsigned k = 0; k < 64; k += 8) {
+            uint64_t x;
+            memcpy(&x, p + i + k, 8);
+            hit |= ~((~x & M) + K) & H;
+        }
+        if (hit) break;
+    }
+    for (; i + w <= n_bytes; i += w)
+        if ((load_le(p + i, w) & mask) == mask) return i / w;
+    return LS_FP_ALL_FINITE;
+}
+
+/* Bytes scanned for finiteness and then hashed per step: small enough that
+ * the hash reads them again from the L2 cache, not from memory. */
+#define LS_FP_STEP_BYTES ((size_t)64 << 10)
+
+/* SHA-256 of t's bytes into *out and, for a floating dtype, the index of
+ * its first non-finite element into *first_bad (LS_FP_ALL_FINITE if none):
+ * one pass over the mapping serves both. */
+static ls_status hash_tensor(fp_job *job, const ls_tensor *t, ls_digest *out, uint64_t *first_bad,
+                             ls_error *err)
 {
     const uint8_t *p = t->data;
-    uint64_t left = t->size_bytes;
+    uint64_t left = t->size_bytes, done = 0;
+    const uint64_t mask = ls_dtype_nonfinite_mask(t->dtype);
+    const unsigned w = (unsigned)ls_dtype_size(t->dtype);
+    *first_bad = LS_FP_ALL_FINITE;
+    int scan = mask != 0 && w > 0 && w <= 8 && (8 % w) == 0;
     if (left > 0 && p) {
         /* Advice only: tell the kernel to read ahead and drop behind. */
         long page = sysconf(_SC_PAGESIZE);
@@ -145,8 +207,21 @@ static ls_status hash_tensor(fp_job *job, const ls_tensor *t, ls_digest *out, ls
     ls_status st = ls_sha256_init(&h, err);
     while (st == LS_OK && left > 0) {
         size_t n = left < LS_FP_CHUNK_BYTES ? (size_t)left : LS_FP_CHUNK_BYTES;
-        st = ls_sha256_update(&h, p, n, err);
+        /* LS_FP_STEP_BYTES and LS_FP_CHUNK_BYTES are multiples of every
+         * element width, so each step holds whole elements. */
+        for (size_t k = 0; st == LS_OK && k < n; k += LS_FP_STEP_BYTES) {
+            size_t m = n - k < LS_FP_STEP_BYTES ? n - k : LS_FP_STEP_BYTES;
+            if (scan) {
+                uint64_t bad = first_nonfinite(p + k, m, w, mask);
+                if (bad != LS_FP_ALL_FINITE) {
+                    *first_bad = (done + k) / w + bad;
+                    scan = 0; /* the first one is all that is reported */
+                }
+            }
+            st = ls_sha256_update(&h, p + k, m, err);
+        }
         p += n;
+        done += n;
         left -= n;
         ls_progress_add(&job->progress, n);
         if (atomic_load_explicit(&job->failed, memory_order_relaxed)) break;
@@ -169,7 +244,7 @@ static void *fp_worker(void *arg)
         if (k >= job->count) break;
         size_t i = job->tasks[k].index;
         const ls_tensor *t = ls_checkpoint_at(job->ck, i);
-        if (hash_tensor(job, t, &job->out[i].digest, &err) != LS_OK) {
+        if (hash_tensor(job, t, &job->out[i].digest, &job->out[i].first_nonfinite, &err) != LS_OK) {
             pthread_mutex_lock(&job->err_lock);
             if (!atomic_load(&job->failed)) {
                 job->err = err;
@@ -347,6 +422,7 @@ static int shard_lookup(fp_shard *sh, const ls_checkpoint *ck, const size_t *by_
     const char *miss = NULL;
     ls_fpcache_tensor **sorted = NULL;
     ls_digest *digests = NULL;
+    uint64_t *first_bad = NULL;
     if (strcmp(e.path, sh->canon) != 0) {
         ls_log_warn("fingerprint cache: %s: entry is for '%.300s', not '%.300s' (byte offset %u); "
                     "entry not trusted, hashing %s afresh", sh->entry_path, e.path, sh->canon,
@@ -362,7 +438,8 @@ static int shard_lookup(fp_shard *sh, const ls_checkpoint *ck, const size_t *by_
     if (!miss) {
         sorted = records_by_name(&e);
         digests = malloc((sh->n ? sh->n : 1) * sizeof *digests);
-        if (!sorted || !digests) {
+        first_bad = malloc((sh->n ? sh->n : 1) * sizeof *first_bad);
+        if (!sorted || !digests || !first_bad) {
             miss = "out of memory";
         } else {
             for (size_t j = 0; j < sh->n && !miss; j++) {
@@ -373,6 +450,7 @@ static int shard_lookup(fp_shard *sh, const ls_checkpoint *ck, const size_t *by_
                     miss = why;
                 } else {
                     digests[j] = r->digest;
+                    first_bad[j] = r->first_nonfinite;
                 }
             }
         }
@@ -381,11 +459,15 @@ static int shard_lookup(fp_shard *sh, const ls_checkpoint *ck, const size_t *by_
         ls_log_verbose("fingerprint cache: %s: %s; hashing it", sh->path, miss);
         goto done;
     }
-    for (size_t j = 0; j < sh->n; j++) out[by_shard[sh->first + j]].digest = digests[j];
+    for (size_t j = 0; j < sh->n; j++) {
+        out[by_shard[sh->first + j]].digest = digests[j];
+        out[by_shard[sh->first + j]].first_nonfinite = first_bad[j];
+    }
     hit = 1;
 done:
     free(sorted);
     free(digests);
+    free(first_bad);
     ls_fpcache_entry_free(&e);
     return hit;
 }
@@ -430,6 +512,7 @@ static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const 
         memcpy(r->shape, t->shape, sizeof r->shape);
         r->size_bytes = t->size_bytes;
         r->file_offset_bytes = t->file_offset_bytes;
+        r->first_nonfinite = LS_FPCACHE_ALL_FINITE;
     }
     if (st == LS_OK && !(sorted = records_by_name(&ent)))
         st = ls_fail(err, LS_E_NOMEM, "fingerprint cache: out of memory");
@@ -443,6 +526,7 @@ static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const 
         } else {
             r->has_digest = 1;
             r->digest = out[i].digest;
+            r->first_nonfinite = out[i].first_nonfinite;
         }
     }
     if (st == LS_OK) st = ls_fpcache_store(sh->entry_path, &ent, err);
@@ -453,6 +537,32 @@ static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const 
 }
 
 /* ---- a whole checkpoint ------------------------------------------------------------ */
+
+/* Fails naming the first tensor (in name order) with a NaN or an infinity,
+ * its first such element and that element's bits: a non-finite weight turns
+ * every output it reaches into NaN, and a run on it would "agree with
+ * itself" about nothing. */
+static ls_status refuse_nonfinite(const ls_checkpoint *ck, const ls_fingerprint *fp, ls_error *err)
+{
+    size_t bad = 0, first = fp->count;
+    for (size_t i = 0; i < fp->count; i++)
+        if (fp->tensors[i].first_nonfinite != LS_FP_ALL_FINITE && bad++ == 0) first = i;
+    if (!bad) return LS_OK;
+    const ls_tensor *t = ls_checkpoint_at(ck, first);
+    const unsigned w = (unsigned)ls_dtype_size(t->dtype);
+    const uint64_t idx = fp->tensors[first].first_nonfinite, mask = ls_dtype_nonfinite_mask(t->dtype);
+    const uint64_t bits = load_le((const uint8_t *)t->data + idx * w, w);
+    const uint64_t sign = (uint64_t)1 << (8 * w - 1);
+    const char *what = (bits & ~mask & ~sign) || t->dtype == LS_DTYPE_F8_E4M3 ? "NaN"
+                       : (bits & sign)                                       ? "-Inf"
+                                                                             : "+Inf";
+    return ls_fail(err, LS_E_INPUT, "%s: tensor '%.300s' element %llu of %llu is %s (bits 0x%0*llx, "
+                   "byte offset %llu): non-finite weights are refused (%zu tensor%s with one)",
+                   ls_checkpoint_shard_path(ck, (size_t)t->shard), t->name,
+                   (unsigned long long)idx, (unsigned long long)(t->size_bytes / w), what,
+                   (int)(2 * w), (unsigned long long)bits,
+                   (unsigned long long)(t->file_offset_bytes + idx * w), bad, bad == 1 ? "" : "s");
+}
 
 int ls_fingerprint_default_threads(void)
 {
@@ -522,6 +632,7 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
         f->ndim = t->ndim;
         memcpy(f->shape, t->shape, sizeof f->shape);
         f->size_bytes = t->size_bytes;
+        f->first_nonfinite = LS_FP_ALL_FINITE;
         out->total_bytes += t->size_bytes;
         if (t->shard < 0 || (size_t)t->shard >= nshards) {
             st = ls_fail(err, LS_E_INTERNAL, "tensor %s: shard %d out of range", t->name, t->shard);
@@ -594,6 +705,10 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
         }
         out->cache_entries_written += (size_t)stored;
     }
+    /* After the entries are stored, so a second look at the same files
+     * refuses from the cache without reading them again. */
+    st = refuse_nonfinite(ck, out, err);
+    if (st != LS_OK) goto done;
 
     for (size_t i = 0; i < count && st == LS_OK; i++) {
         const ls_tensor_fp *f = &out->tensors[i];

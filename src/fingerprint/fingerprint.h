@@ -28,6 +28,8 @@
 
 /* ---- one tensor ------------------------------------------------------------ */
 
+#define LS_FP_ALL_FINITE UINT64_MAX    /* ls_tensor_fp.first_nonfinite when there is none */
+
 typedef struct ls_tensor_fp {
     const char *name;                  /* normalised name; borrowed from the checkpoint */
     ls_dtype dtype;
@@ -35,6 +37,10 @@ typedef struct ls_tensor_fp {
     int64_t shape[LS_TENSOR_MAX_DIMS];
     uint64_t size_bytes;
     ls_digest digest;                  /* SHA-256 of the tensor's bytes */
+    uint64_t first_nonfinite;          /* index of the first NaN / infinite element, found in
+                                          the hashing pass (or its cache entry);
+                                          LS_FP_ALL_FINITE when none (integer dtypes too). A
+                                          successful fingerprint has none anywhere. */
 } ls_tensor_fp;
 
 /* Digest of one Merkle leaf (see the encoding above). dtype is the
@@ -96,7 +102,12 @@ typedef struct ls_fingerprint {
 } ls_fingerprint;
 
 /* Hashes every tensor of ck (streamed from the mapping, in parallel across
- * tensors), the config and the Merkle root. *out is filled on success and must
+ * tensors), the config and the Merkle root. The same pass checks that every
+ * element of every floating-point tensor (BF16, F16, F32, F64, F8) is
+ * finite: a NaN or an infinity fails with LS_E_INPUT naming the shard, the
+ * first such tensor in name order, the element's index, its bits and its
+ * byte offset (cache entries are stored first, so a second call refuses
+ * from the cache). *out is filled on success and must
  * be released with ls_fingerprint_free; tensor names stay borrowed from ck, so
  * ck must outlive *out. opts may be NULL (defaults). No cache is used: this is
  * ls_fingerprint_checkpoint_cached with cache = NULL.

@@ -29,7 +29,9 @@ struct ls_checkpoint {
     size_t nshards;
     ls_tensor *tensors;         /* count, sorted by normalised name; owned array */
     size_t count;
-    size_t ignored;             /* visual / mtp tensors skipped */
+    ls_tensor *ignored;         /* n_ignored visual / mtp tensors skipped, sorted by stored
+                                   name; owned array (names borrowed from the shards) */
+    size_t n_ignored;
     uint64_t total_bytes;       /* sum of exposed tensors' size_bytes */
 };
 
@@ -213,14 +215,18 @@ static ls_status build_table(ls_checkpoint *ck, ls_error *err)
     size_t total = 0;
     for (size_t s = 0; s < ck->nshards; s++) total += ls_safetensors_count(ck->shards[s]);
     ck->tensors = calloc(total ? total : 1, sizeof *ck->tensors);
-    if (!ck->tensors) return ls_fail(err, LS_E_NOMEM, "%s: out of memory", ck->dir);
+    ck->ignored = calloc(total ? total : 1, sizeof *ck->ignored);
+    if (!ck->tensors || !ck->ignored) return ls_fail(err, LS_E_NOMEM, "%s: out of memory", ck->dir);
     for (size_t s = 0; s < ck->nshards; s++) {
         const ls_safetensors *st = ck->shards[s];
         for (size_t i = 0; i < ls_safetensors_count(st); i++) {
             const ls_tensor *src = ls_safetensors_at(st, i);
             const char *sn = src->stored_name;
-            if (starts_with(sn, "model.visual.") || starts_with(sn, "mtp.")) {
-                ck->ignored++;
+            if (ls_checkpoint_name_skipped(sn)) {
+                ls_tensor *g = &ck->ignored[ck->n_ignored++];
+                *g = *src;
+                g->name = sn;
+                g->shard = (int)s;
                 continue;
             }
             ls_tensor *t = &ck->tensors[ck->count];
@@ -241,6 +247,7 @@ static ls_status build_table(ls_checkpoint *ck, ls_error *err)
         }
     }
     qsort(ck->tensors, ck->count, sizeof *ck->tensors, cmp_tensor_name);
+    qsort(ck->ignored, ck->n_ignored, sizeof *ck->ignored, cmp_tensor_name);
     for (size_t i = 1; i < ck->count; i++) {
         const ls_tensor *a = &ck->tensors[i - 1], *b = &ck->tensors[i];
         if (strcmp(a->name, b->name) == 0)
@@ -323,6 +330,7 @@ void ls_checkpoint_close(ls_checkpoint *ck)
     for (size_t i = 0; i < ck->count; i++)
         if (ck->tensors[i].name != ck->tensors[i].stored_name) free((char *)ck->tensors[i].name);
     free(ck->tensors);
+    free(ck->ignored);
     for (size_t s = 0; s < ck->nshards; s++) {
         ls_safetensors_close(ck->shards[s]);
         free(ck->shard_paths[s]);
@@ -370,7 +378,23 @@ const ls_tensor *ls_checkpoint_find(const ls_checkpoint *ck, const char *name)
     return NULL;
 }
 
-size_t ls_checkpoint_ignored_count(const ls_checkpoint *ck) { return ck ? ck->ignored : 0; }
+size_t ls_checkpoint_index(const ls_checkpoint *ck, const ls_tensor *t)
+{
+    const ls_tensor *hit = t ? ls_checkpoint_find(ck, t->name) : NULL;
+    return hit && hit == t ? (size_t)(hit - ck->tensors) : (size_t)-1;
+}
+
+int ls_checkpoint_name_skipped(const char *stored_name)
+{
+    return starts_with(stored_name, "model.visual.") || starts_with(stored_name, "mtp.");
+}
+
+size_t ls_checkpoint_ignored_count(const ls_checkpoint *ck) { return ck ? ck->n_ignored : 0; }
+
+const ls_tensor *ls_checkpoint_ignored_at(const ls_checkpoint *ck, size_t i)
+{
+    return ck && i < ck->n_ignored ? &ck->ignored[i] : NULL;
+}
 
 size_t ls_checkpoint_shard_count(const ls_checkpoint *ck) { return ck ? ck->nshards : 0; }
 

@@ -9,7 +9,9 @@
  *
  * Tensor names are normalised on open: the Qwen3.5 prefix
  * "model.language_model." becomes "model."; tensors under "model.visual." and
- * "mtp." are ignored (counted, not exposed). Routed experts may be stored per
+ * "mtp." (the vision tower and the multi-token-prediction head, which text
+ * decoding never reads) are skipped: not exposed, not fingerprinted, listed
+ * by ls_checkpoint_ignored_at so a manifest can say what was left out. Routed experts may be stored per
  * expert (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight) or fused
  * (experts.gate_up_proj [E, 2I, D], experts.down_proj [E, D, I]);
  * ls_checkpoint_expert() hides the difference. */
@@ -43,6 +45,13 @@ size_t ls_dtype_size(ls_dtype dt);
 const char *ls_dtype_name(ls_dtype dt);
 /* Parses the safetensors spelling; returns 0 and sets *out, or -1 if unknown. */
 int ls_dtype_parse(const char *name, ls_dtype *out);
+/* The bits of one element (little-endian, as an unsigned integer of the
+ * element's width) that are all set exactly when the element is NaN or an
+ * infinity: the exponent field for the IEEE-like types, all of 0x7F for
+ * F8_E4M3 (the "fn" variant, whose only non-finite values are the two
+ * NaNs). The sign bit is never in it. 0 for types without such values
+ * (integers, BOOL). */
+uint64_t ls_dtype_nonfinite_mask(ls_dtype dt);
 
 #define LS_TENSOR_MAX_DIMS 8
 
@@ -142,7 +151,18 @@ size_t ls_checkpoint_count(const ls_checkpoint *ck);
 const ls_tensor *ls_checkpoint_at(const ls_checkpoint *ck, size_t i);
 /* NULL when absent. */
 const ls_tensor *ls_checkpoint_find(const ls_checkpoint *ck, const char *name);
-size_t ls_checkpoint_ignored_count(const ls_checkpoint *ck); /* visual / mtp tensors */
+/* Position of t among the exposed tensors (ls_checkpoint_at(ck, i) == t), or
+ * (size_t)-1 when t is not one of ck's exposed tensors. O(log n). */
+size_t ls_checkpoint_index(const ls_checkpoint *ck, const ls_tensor *t);
+/* 1 when a tensor stored under this name belongs to a family skipped on
+ * purpose: "model.visual." (vision tower) or "mtp." (multi-token-prediction
+ * head). */
+int ls_checkpoint_name_skipped(const char *stored_name);
+/* The skipped (visual / mtp) tensors, sorted by stored name (byte order);
+ * name == stored_name, data points into the mapping like any tensor's. NULL
+ * past the end. Owned by ck. */
+size_t ls_checkpoint_ignored_count(const ls_checkpoint *ck);
+const ls_tensor *ls_checkpoint_ignored_at(const ls_checkpoint *ck, size_t i);
 
 size_t ls_checkpoint_shard_count(const ls_checkpoint *ck);
 const char *ls_checkpoint_shard_path(const ls_checkpoint *ck, size_t i);

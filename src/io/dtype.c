@@ -29,6 +29,19 @@ const char *ls_dtype_name(ls_dtype dt)
     return dtype_table[dt].name;
 }
 
+uint64_t ls_dtype_nonfinite_mask(ls_dtype dt)
+{
+    switch (dt) {
+    case LS_DTYPE_BF16: return 0x7F80u;                 /* exponent 8 bits */
+    case LS_DTYPE_F16: return 0x7C00u;                  /* exponent 5 bits */
+    case LS_DTYPE_F32: return 0x7F800000u;              /* exponent 8 bits */
+    case LS_DTYPE_F64: return 0x7FF0000000000000u;      /* exponent 11 bits */
+    case LS_DTYPE_F8_E4M3: return 0x7Fu;                /* e4m3fn: only S.1111.111 is NaN, no infinities */
+    case LS_DTYPE_F8_E5M2: return 0x7Cu;                /* exponent 5 bits, IEEE-like */
+    default: return 0;                                  /* integers, BOOL */
+    }
+}
+
 int ls_dtype_parse(const char *name, ls_dtype *out)
 {
     if (!name) return -1;

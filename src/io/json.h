@@ -20,7 +20,11 @@
  * LS_E_INPUT with one line:
  *   "<label>: invalid JSON at line L, column C (byte offset P): <reason>"
  * where P counts bytes from the start of buf, and a duplicate key reads
- *   "... duplicate object key near '"name"'". */
+ *   "... duplicate object key near '"name"'".
+ * A number out of range (integer beyond 64 bits, real overflow) names the
+ * member it is the value of:
+ *   "... too big integer in field 'rope_parameters.rope_theta'"
+ * (array elements as "eos_token_id[2]"). */
 ls_status ls_json_load_buf(const char *label, const void *buf, size_t len, json_t **out,
                            ls_error *err);
 

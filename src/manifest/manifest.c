@@ -66,6 +66,14 @@ static ls_status checkpoint_section(const ls_checkpoint *ck, const ls_manifest_o
      * document order, and the tensor is the useful one to name. */
     json_object_set_new(sec, "tensors", tensors);
     json_object_set_new(sec, "merkle_root", hex_json(&fp.merkle_root));
+    /* Tensors of the families skipped on purpose (vision tower, MTP head):
+     * outside the fingerprint and never read, listed so the manifest says
+     * what the checkpoint held besides what it vouches for. */
+    json_t *skipped = json_array();
+    if (!skipped || json_object_set_new(sec, "skipped_tensors", skipped) != 0) goto nomem;
+    for (size_t i = 0; i < ls_checkpoint_ignored_count(ck); i++)
+        if (json_array_append_new(skipped, json_string(ls_checkpoint_ignored_at(ck, i)->stored_name)))
+            goto nomem;
     ls_fingerprint_free(&own);
     *out = sec;
     return LS_OK;
@@ -390,6 +398,14 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
         VFAIL("%s: field checkpoint.config_sha256: missing or not 64 hex digits", label);
     LS_TRY(need_count(ck, "total_bytes", "checkpoint", 0, label, err));
     LS_TRY(validate_tensors(ck, label, err));
+    const json_t *skipped = json_object_get(ck, "skipped_tensors");
+    if (skipped) { /* optional: manifests pinned before it existed lack it */
+        if (!json_is_array(skipped))
+            VFAIL("%s: field checkpoint.skipped_tensors: expected an array of tensor names", label);
+        for (size_t i = 0; i < json_array_size(skipped); i++)
+            if (!json_is_string(json_array_get(skipped, i)))
+                VFAIL("%s: field checkpoint.skipped_tensors[%zu]: expected a string", label, i);
+    }
 
     LS_TRY(need_string(num, "backend", "numerics", label, err));
     LS_TRY(need_string(num, "mode", "numerics", label, err));
@@ -455,6 +471,8 @@ ls_status ls_manifest_load(const char *path, json_t **out, ls_error *err)
  * else does: an unknown field is voiding (fail closed). */
 static const char *const informational_paths[] = {
     "checkpoint.path",          /* where the files were, not what they hold */
+    "checkpoint.skipped_tensors", /* never read and outside the fingerprint: no output depends
+                                     on them */
     "runtime.host_name",
     "runtime.pinned_at",
     "runtime.os.release",       /* kernel build; numerics run in user space */

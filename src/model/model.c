@@ -58,6 +58,32 @@ static ls_status get_bool(const json_t *o, const char *key, int def, int *out, l
     return LS_OK;
 }
 
+/* A token id field (bos_token_id, eos_token_id): absent, null, an integer or
+ * a list of integers, each inside the vocabulary. Nothing in lockstep stops
+ * on these ids, but a config naming a token the model cannot produce
+ * describes another model (or a corrupted one), so it is refused. */
+static ls_status check_token_ids(const json_t *o, const char *key, long vocab, ls_error *err)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v || json_is_null(v)) return LS_OK;
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
+        char field[64];
+        if (json_is_array(v)) snprintf(field, sizeof field, "%s[%zu]", key, i);
+        else snprintf(field, sizeof field, "%s", key);
+        if (!json_is_integer(x))
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be an integer token id%s",
+                           field, json_is_array(v) ? "" : " or a list of them");
+        json_int_t id = json_integer_value(x);
+        if (id < 0 || id >= vocab)
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' = %lld is outside the "
+                           "vocabulary (0..%ld, vocab_size %ld)", field, (long long)id, vocab - 1,
+                           vocab);
+    }
+    return LS_OK;
+}
+
 /* The integer fields of config.json the model reads, where they go in
  * ls_model_config and the values accepted; one table for the JSON reader and
  * for the check of a config built in memory (ls_model_synthetic). */
@@ -126,6 +152,16 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_
         LS_TRY(get_int(o, f->key, 1, 0, f->lo, f->hi, field_at(c, f), err));
     }
     LS_TRY(check_relations(c, "config.json", err));
+    LS_TRY(check_token_ids(o, "bos_token_id", c->vocab, err));
+    LS_TRY(check_token_ids(o, "eos_token_id", c->vocab, err));
+    /* A quantised checkpoint needs its scales read and applied; until a
+     * quantised path exists, a config that declares one is refused rather
+     * than run as if its weights were plain. */
+    const json_t *quant = json_object_get(o, "quantization_config");
+    if (quant && !json_is_null(quant))
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'quantization_config' is not "
+                       "supported (quantised checkpoints, FP8 included, are not implemented; "
+                       "supported: plain BF16/F32 weights)");
 
     const json_t *act = json_object_get(o, "hidden_act");
     if (act && !json_is_null(act) &&
@@ -281,9 +317,19 @@ static ls_status check_config(const ls_model_config *c, ls_error *err)
  * ls_model_open binds. */
 typedef struct binder {
     const ls_checkpoint *ck;   /* NULL = synthetic */
+    unsigned char *used;       /* [ls_checkpoint_count(ck)]: 1 = bound; owned, NULL if synthetic */
+    long n_experts;            /* config's num_experts (fused expert tensors must match it) */
     uint64_t seed;             /* synthetic: the generator's seed */
     uint64_t stream;           /* synthetic: vectors generated so far */
 } binder;
+
+/* Records that the model reads t (every exposed tensor must be read, see
+ * check_all_used). */
+static void mark_used(binder *b, const ls_tensor *t)
+{
+    size_t i = ls_checkpoint_index(b->ck, t);
+    if (i != (size_t)-1) b->used[i] = 1;
+}
 
 /* splitmix64 finaliser. */
 static uint64_t mix64(uint64_t z)
@@ -322,13 +368,13 @@ static ls_status synth_vec(binder *b, const char *name, long n, float **out, ls_
     return LS_OK;
 }
 
-static ls_status find(const ls_checkpoint *ck, const char *name, int ndim, const int64_t *shape,
+static ls_status find(binder *b, const char *name, int ndim, const int64_t *shape,
                       const ls_tensor **out, ls_error *err)
 {
     /* *out is defined on every path: NULL on failure (and -O3 can then see
      * that callers never read an unset pointer). */
     *out = NULL;
-    const ls_tensor *t = ls_checkpoint_find(ck, name);
+    const ls_tensor *t = ls_checkpoint_find(b->ck, name);
     if (!t) return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' is missing", name);
     if (t->dtype != LS_DTYPE_BF16 && t->dtype != LS_DTYPE_F32)
         return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: tensor '%s' has dtype %s (supported: "
@@ -346,6 +392,7 @@ static ls_status find(const ls_checkpoint *ck, const char *name, int ndim, const
         return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' has shape [%s], expected [%s]",
                        name, got, want);
     }
+    mark_used(b, t);
     *out = t;
     return LS_OK;
 }
@@ -368,7 +415,7 @@ static ls_status mat(binder *b, const char *name, long rows, long cols, int mid1
     }
     const ls_tensor *t;
     int64_t sh2[2] = {rows, cols}, sh3[3] = {rows, 1, cols};
-    LS_TRY(find(b->ck, name, mid1 ? 3 : 2, mid1 ? sh3 : sh2, &t, err));
+    LS_TRY(find(b, name, mid1 ? 3 : 2, mid1 ? sh3 : sh2, &t, err));
     m->data = t->data;
     m->wtype = t->dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32;
     m->rows = rows;
@@ -381,7 +428,7 @@ static ls_status vec(binder *b, const char *name, long n, float **out, ls_error 
     if (!b->ck) return synth_vec(b, name, n, out, err);
     const ls_tensor *t;
     int64_t sh[1] = {n};
-    LS_TRY(find(b->ck, name, 1, sh, &t, err));
+    LS_TRY(find(b, name, 1, sh, &t, err));
     float *v = malloc(sizeof(float) * (size_t)n);
     if (!v) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     for (long i = 0; i < n; i++) {
@@ -418,6 +465,15 @@ static ls_status expert_view(binder *b, int layer, int e, ls_expert_proj p, long
     if (v.dtype != LS_DTYPE_BF16 && v.dtype != LS_DTYPE_F32)
         return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: %s has dtype %s (supported: BF16, F32)",
                        v.source, ls_dtype_name(v.dtype));
+    const ls_tensor *t = ls_checkpoint_find(b->ck, v.source);
+    /* A fused tensor [E', ...] serves experts 0..E-1; the rest of it would be
+     * bytes nobody reads, so E' must be num_experts exactly. */
+    if (t && t->ndim == 3 && t->shape[0] != b->n_experts)
+        return ls_fail(err, LS_E_INPUT, "%s: tensor '%s' (byte offset %llu) holds %lld experts, "
+                       "config.json field 'num_experts' is %ld", ls_checkpoint_shard_path(b->ck,
+                       (size_t)t->shard), t->name, (unsigned long long)t->file_offset_bytes,
+                       (long long)t->shape[0], b->n_experts);
+    if (t) mark_used(b, t);
     m->data = v.data;
     m->wtype = v.dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32;
     m->rows = rows;
@@ -477,18 +533,98 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
     return LS_OK;
 }
 
+/* The number at *s followed by '.', advancing *s past the dot; -1 when *s
+ * does not start with one (or it is out of range). */
+static long dotted_number(const char **s)
+{
+    const char *p = *s;
+    long v = 0;
+    if (*p < '0' || *p > '9') return -1;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        v = v * 10 + (*p - '0');
+        if (v > (1L << 30)) return -1;
+    }
+    if (*p != '.') return -1;
+    *s = p + 1;
+    return v;
+}
+
+/* Why the model does not read tensor `name`, as far as its name tells
+ * (written to why): LS_E_INPUT when the checkpoint and config.json disagree
+ * (a layer or expert beyond the config), LS_E_UNSUPPORTED otherwise. */
+static ls_status unused_reason(const ls_model_config *c, const char *name, char *why, size_t cap)
+{
+    static const char layers[] = "model.layers.", experts[] = "mlp.experts.";
+    const char *rest = name + sizeof layers - 1;
+    long layer = strncmp(name, layers, sizeof layers - 1) == 0 ? dotted_number(&rest) : -1;
+    if (layer >= c->n_layers) {
+        snprintf(why, cap, "layer %ld is beyond config.json field 'num_hidden_layers' (%ld)",
+                 layer, c->n_layers);
+        return LS_E_INPUT;
+    }
+    if (layer >= 0) {
+        const char *e = rest + sizeof experts - 1;
+        long expert = strncmp(rest, experts, sizeof experts - 1) == 0 ? dotted_number(&e) : -1;
+        if (expert >= c->n_experts) {
+            snprintf(why, cap, "expert %ld is beyond config.json field 'num_experts' (%ld)",
+                     expert, c->n_experts);
+            return LS_E_INPUT;
+        }
+        int attn = c->is_attention[layer];
+        const char *other = attn ? "linear_attn." : "self_attn.";
+        if (strncmp(rest, other, strlen(other)) == 0) {
+            snprintf(why, cap, "layer %ld is %s in config.json", layer,
+                     attn ? "full_attention" : "linear_attention");
+            return LS_E_INPUT;
+        }
+    }
+    snprintf(why, cap, "no part of the qwen3_next graph reads it (a bias, or a tensor of "
+             "another architecture)");
+    return LS_E_UNSUPPORTED;
+}
+
+/* Every exposed tensor must have been bound: a weight the model does not
+ * read (a bias it has no term for, a layer beyond num_hidden_layers, an
+ * expert beyond num_experts) would otherwise be dropped in silence, and the
+ * fingerprint would vouch for bytes no output depends on. Families skipped
+ * on purpose (vision tower, MTP head) never reach here: the checkpoint
+ * reader sets them aside (ls_checkpoint_ignored_at). */
+static ls_status check_all_used(const binder *b, const ls_model_config *c, ls_error *err)
+{
+    size_t n = ls_checkpoint_count(b->ck), unused = 0, first = 0;
+    for (size_t i = n; i-- > 0;)
+        if (!b->used[i]) unused++, first = i;
+    if (!unused) return LS_OK;
+    const ls_tensor *t = ls_checkpoint_at(b->ck, first);
+    char why[256];
+    ls_status st = unused_reason(c, t->name, why, sizeof why);
+    return ls_fail(err, st,
+                   "%s: tensor '%.300s' (byte offset %llu) is not read by the model: %s; "
+                   "refused rather than ignored (%zu unread tensor%s in all)",
+                   ls_checkpoint_shard_path(b->ck, (size_t)t->shard), t->name,
+                   (unsigned long long)t->file_offset_bytes, why, unused, unused == 1 ? "" : "s");
+}
+
 /* Binds every tensor of m (whose cfg is set); closes m on failure. */
 static ls_status bind_model(ls_model *m, binder *b, ls_model **out, ls_error *err)
 {
     const ls_model_config *c = &m->cfg;
     ls_status st = LS_OK;
-    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    if (!m->layers) st = ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    b->n_experts = c->n_experts;
+    if (b->ck) {
+        b->used = calloc(ls_checkpoint_count(b->ck) + 1, 1);
+        if (!b->used) st = ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    }
+    m->layers = st == LS_OK ? calloc((size_t)c->n_layers, sizeof *m->layers) : NULL;
+    if (st == LS_OK && !m->layers) st = ls_fail(err, LS_E_NOMEM, "model: out of memory");
     if (st == LS_OK) st = mat(b, "model.embed_tokens.weight", c->vocab, c->hidden, 0, &m->embed, err);
     if (st == LS_OK) st = mat(b, "lm_head.weight", c->vocab, c->hidden, 0, &m->lm_head, err);
     if (st == LS_OK) st = vec(b, "model.norm.weight", c->hidden, &m->final_norm, err);
     for (int l = 0; st == LS_OK && l < c->n_layers; l++)
         st = bind_layer(b, c, l, &m->layers[l], err);
+    if (st == LS_OK && b->ck) st = check_all_used(b, c, err);
+    free(b->used);
+    b->used = NULL;
     if (st != LS_OK) {
         ls_model_close(m);
         return st;
@@ -507,7 +643,7 @@ ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err)
         ls_model_close(m);
         return st;
     }
-    binder b = {ck, 0, 0};
+    binder b = {ck, NULL, 0, 0, 0};
     return bind_model(m, &b, out, err);
 }
 
@@ -519,7 +655,7 @@ ls_status ls_model_synthetic(const ls_model_config *cfg, uint64_t seed, ls_model
     ls_model *m = calloc(1, sizeof *m);
     if (!m) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     m->cfg = *cfg;
-    binder b = {NULL, seed, 0};
+    binder b = {NULL, NULL, 0, seed, 0};
     return bind_model(m, &b, out, err);
 }
 

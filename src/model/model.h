@@ -5,7 +5,10 @@
  * field it reads (an unsupported value is LS_E_UNSUPPORTED naming the field;
  * a malformed one LS_E_INPUT), derives the layer list (layer_types, else
  * full_attention_interval) and binds every tensor the engine needs, checking
- * dtype (BF16 or F32) and shape. Matrices stay in the checkpoint's mmap;
+ * dtype (BF16 or F32) and shape. Every tensor the checkpoint exposes must be
+ * bound: one the graph does not read (a bias, a layer beyond
+ * num_hidden_layers, an expert beyond num_experts) is refused, naming it
+ * (the vision tower and MTP head are set aside by the checkpoint reader). Matrices stay in the checkpoint's mmap;
  * small parameters (norm weights, A_log, dt_bias) are widened to fp32 arrays
  * owned by the model; the engine rounds them to bf16 in bf16 activation mode,
  * as the reference does when it casts every parameter to the model dtype
