@@ -350,7 +350,8 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
         const uint8_t *e = p + fixed + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES;
         uint16_t layer = ls_rd16(e);
         uint8_t kind = e[2];
-        if (layer >= dec->n_layers || kind >= LS_DIGEST_COUNT || !(dec->kinds_mask & (1u << kind)) || e[3])
+        if (e[3]) return BAD("digest %u: reserved byte 3 is 0x%02x, must be 0", BADA, i, e[3]);
+        if (layer >= dec->n_layers || kind >= LS_DIGEST_COUNT || !(dec->kinds_mask & (1u << kind)))
             return BAD("digest %u: layer %u / kind %u not in the header", BADA, i, layer, kind);
         int key = layer * LS_DIGEST_COUNT + kind;
         if (key <= prev) return BAD("digest %u: not ordered by (layer, kind)", BADA, i);
@@ -567,12 +568,19 @@ ls_status ls_trace_check_trailer(const uint8_t t[LS_TRACE_TRAILER_BYTES], const 
 {
     ls_digest d;
     LS_TRY(ls_sha256_buf(t, 64, &d, err));
-    if (memcmp(t, LS_TRACE_TRAILER_MAGIC, 4) != 0 || memcmp(d.bytes, t + 64, 32) != 0 || ls_rd32(t + 4))
+    if (memcmp(t, LS_TRACE_TRAILER_MAGIC, 4) != 0 || memcmp(d.bytes, t + 64, 32) != 0)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer checksum mismatch (trailer corrupted)", path, offset);
-    if (ls_rd64(t + 8) != n_frames || ls_rd64(t + 16) != n_records || ls_rd64(t + 24) != bytes)
+    if (ls_rd32(t + 4))
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer reserved bytes 4..7 are 0x%08x, must be 0", path,
+                       offset, ls_rd32(t + 4));
+    if (ls_rd64(t + 8) != n_frames || ls_rd64(t + 16) != n_records)
         return ls_fail(err, LS_E_INPUT,
                        "%s: offset %" PRIu64 ": trailer counts (%" PRIu64 " frames, %" PRIu64 " records) do not match the file (%" PRIu64 ", %" PRIu64 ")",
                        path, offset, ls_rd64(t + 8), ls_rd64(t + 16), n_frames, n_records);
+    if (ls_rd64(t + 24) != bytes)
+        return ls_fail(err, LS_E_INPUT,
+                       "%s: offset %" PRIu64 ": trailer says %" PRIu64 " uncompressed payload bytes, the frames hold %" PRIu64,
+                       path, offset, ls_rd64(t + 24), bytes);
     if (memcmp(t + 32, chain, 32) != 0)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer digest over all frames does not match", path, offset);
     return LS_OK;

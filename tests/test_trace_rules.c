@@ -1,0 +1,127 @@
+/* The reader holds each rule of docs/trace-format.md that an independent
+ * implementation found unchecked or misreported: a file that breaks exactly
+ * one rule (every checksum recomputed by trace_raw.h) is refused with a
+ * message naming that rule, and a file the rules allow is read. */
+#include <check.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+#include "trace_raw.h"
+#include "trace_synth.h"
+
+static char *dir;
+static char good[4200], bad[4200];
+static raw_trace t;
+
+/* Record layout with K = 5 (section 5): the digest array starts at byte 68. */
+#define REC_DIGESTS 68
+
+static void setup(void)
+{
+    dir = ls_test_tmpdir("rules");
+    snprintf(good, sizeof good, "%s/good.trace", dir);
+    snprintf(bad, sizeof bad, "%s/bad.trace", dir);
+    syn_opts o = {.n_seqs = 2, .prompt_len = 3, .gen_len = 3, .dumps = 1};
+    ck_assert_int_eq(syn_write(good, &o), 0);
+    ck_assert_int_eq(raw_load(good, &t), 0);
+    ck_assert_int_eq(t.n_frames, 4);
+    ck_assert(t.trailer);
+}
+
+/* The last 600 characters of a command's output (Check limits message sizes). */
+static const char *tail(const char *out)
+{
+    if (!out) return "";
+    size_t n = strlen(out);
+    return n > 600 ? out + n - 600 : out;
+}
+
+static void teardown(void)
+{
+    raw_free(&t);
+    free(dir);
+}
+
+/* Saves t to bad; 'trace dump' and 'compare' (as A and as B) must exit 2
+ * naming `want`. */
+static void expect_refused(const char *want)
+{
+    ck_assert_int_eq(raw_save(bad, &t), 0);
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "trace dump '%s'", bad);
+    ck_assert_msg(rc == 2 && out && strstr(out, want), "dump rc %d, wanted '%s' in: %s", rc, want, tail(out));
+    free(out);
+    rc = ls_test_cli(&out, "compare '%s' '%s'", good, bad);
+    ck_assert_msg(rc == 2 && out && strstr(out, want), "compare(B) rc %d, wanted '%s' in: %s", rc, want, tail(out));
+    free(out);
+    rc = ls_test_cli(&out, "compare '%s' '%s'", bad, good);
+    ck_assert_msg(rc == 2 && out && strstr(out, want), "compare(A) rc %d, wanted '%s' in: %s", rc, want, tail(out));
+    free(out);
+}
+
+/* Saves t to bad; it must compare bitwise equal with good. */
+static void expect_equal_to_good(void)
+{
+    ck_assert_int_eq(raw_save(bad, &t), 0);
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "compare '%s' '%s'", good, bad);
+    ck_assert_msg(rc == 0, "compare rc %d: %s", rc, tail(out));
+    free(out);
+}
+
+/* The helper itself: a trace taken apart and saved again is the same trace. */
+START_TEST(test_raw_round_trip)
+{
+    expect_equal_to_good();
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "trace dump '%s'", bad);
+    ck_assert_msg(rc == 0 && strstr(out, "complete"), "dump rc %d: %s", rc, tail(out));
+    free(out);
+}
+END_TEST
+
+/* A digest entry's byte 3 is reserved (0); a nonzero one is named as such,
+ * not as an unknown kind. */
+START_TEST(test_digest_pad_byte)
+{
+    uint8_t *r = raw_record(&t.fr[0], 1);
+    ck_assert_uint_eq(r[REC_DIGESTS + 2], LS_DIGEST_HIDDEN);
+    r[REC_DIGESTS + 3] = 7;
+    expect_refused("digest 0: reserved byte 3 is 0x07, must be 0");
+}
+END_TEST
+
+/* A trailer whose byte count is off names the byte counts it compared. */
+START_TEST(test_trailer_bytes_count)
+{
+    uint64_t bytes = 0;
+    for (int i = 0; i < t.n_frames; i++) bytes += t.fr[i].len;
+    t.trailer_bytes_delta = 1;
+    char want[160];
+    snprintf(want, sizeof want, "trailer says %" PRIu64 " uncompressed payload bytes, the frames hold %" PRIu64,
+             bytes + 1, bytes);
+    expect_refused(want);
+    t.trailer_bytes_delta = 0;
+    t.trailer_reserved = 1;
+    expect_refused("trailer reserved bytes 4..7 are 0x00000001, must be 0");
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("trace_rules");
+    TCase *tc = tcase_create("trace_rules");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_raw_round_trip);
+    tcase_add_test(tc, test_digest_pad_byte);
+    tcase_add_test(tc, test_trailer_bytes_count);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
