@@ -177,6 +177,14 @@ static void cell(const walk *w, ls_compare_seq *s, int row, uint32_t pos, uint8_
     if (*c < v) *c = v;
 }
 
+/* One side of a top-k set difference: "unused", "13 (not in B)" or "13". */
+static void topk_side(char *buf, size_t n, int64_t id, int missing, char other)
+{
+    if (id < 0) snprintf(buf, n, "unused");
+    else if (missing) snprintf(buf, n, "%" PRId64 " (not in %c)", id, other);
+    else snprintf(buf, n, "%" PRId64, id);
+}
+
 static void describe(const ls_compare_result *r, ls_compare_drift *d)
 {
     char where[160];
@@ -204,10 +212,14 @@ static void describe(const ls_compare_result *r, ls_compare_drift *d)
         snprintf(d->message, sizeof d->message, "%s: selected-token logprob bits differ: A 0x%08" PRIx64 " (%.9g), B 0x%08" PRIx64 " (%.9g)",
                  where, d->a_value, bits_to_float((uint32_t)d->a_value), d->b_value, bits_to_float((uint32_t)d->b_value));
         break;
-    case LS_DRIFT_TOPK_SET:
-        snprintf(d->message, sizeof d->message, "%s: top-%d token sets differ (first at slot %d: A %" PRId64 ", B %" PRId64 ")",
-                 where, r->topk_compared, d->topk_slot, d->a_value, d->b_value);
+    case LS_DRIFT_TOPK_SET: {
+        char sa[48], sb[48];
+        topk_side(sa, sizeof sa, d->a_value, d->topk_a_missing, 'B');
+        topk_side(sb, sizeof sb, d->b_value, d->topk_b_missing, 'A');
+        snprintf(d->message, sizeof d->message, "%s: top-%d token sets differ at slot %d: A %s, B %s", where,
+                 r->topk_compared, d->topk_slot, sa, sb);
         break;
+    }
     case LS_DRIFT_TOPK_ORDER:
         snprintf(d->message, sizeof d->message, "%s: top-%d order differs (slot %d: A %" PRId64 ", B %" PRId64 ")", where,
                  r->topk_compared, d->topk_slot, d->a_value, d->b_value);
@@ -243,7 +255,8 @@ static void mark_missing(walk *w, ls_compare_seq *s, size_t si, uint32_t pos, in
     d.pos = pos;
     d.layer = -1;
     d.topk_slot = -1;
-    d.a_value = in_a;
+    d.a_value = in_a != 0;
+    d.b_value = in_a == 0;
     set_first(w, s, si, &d);
 }
 
@@ -265,6 +278,14 @@ static void mark_digests_equal(const walk *w, ls_compare_seq *s, const ls_trace_
         uint8_t *c = col + (size_t)(1 + layer) * s->cols;
         if (*c < LS_CELL_EQUAL) *c = LS_CELL_EQUAL;
     }
+}
+
+/* Slot of id among the first k top-k entries of r, or -1. */
+static int topk_find(const ls_trace_record *r, int k, int32_t id)
+{
+    for (int i = 0; i < k; i++)
+        if (r->topk_ids[i] == id) return i;
+    return -1;
 }
 
 /* Compares one position present in both traces. Returns an error only when
@@ -378,20 +399,21 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
     if (a->next_token >= 0 && b->next_token >= 0) s->steps++;
     if ((a->token == b->token || w->skip_token) && a->next_token == b->next_token) s->tokens_equal++;
     cell(w, s, n_layers + 1, pos, out_differs ? LS_CELL_DIFFERS : LS_CELL_EQUAL);
-    /* 4. top-k: set, order, logprob bits */
+    /* 4. top-k: set, order, logprob bits. Unused slots (id -1, section 5 of
+     * docs/trace-format.md) hold no token: they are never looked up in the
+     * other list, and a slot used on one side only is a set difference. */
     int set_eq = 1, order_slot = -1, bits_slot = -1, set_slot = -1;
     double pa_sum = 0, pb_sum = 0, kl = 0;
     for (int x = 0; x < k; x++) {
-        int m = -1;
-        for (int y = 0; y < k; y++)
-            if (a->topk_ids[x] == b->topk_ids[y]) m = y;
-        if (m < 0) {
+        int32_t ia = a->topk_ids[x], ib = b->topk_ids[x];
+        int m = ia >= 0 ? topk_find(b, k, ia) : -1;
+        if ((ia >= 0 && m < 0) || (ib >= 0 && topk_find(a, k, ib) < 0) || ((ia < 0) != (ib < 0))) {
             set_eq = 0;
             if (set_slot < 0) set_slot = x;
-            continue;
         }
-        if (m != x && order_slot < 0) order_slot = x;
-        if (m == x && a->topk_logprob_bits[x] != b->topk_logprob_bits[x] && bits_slot < 0) bits_slot = x;
+        if (ia != ib && order_slot < 0) order_slot = x;
+        if (ia == ib && a->topk_logprob_bits[x] != b->topk_logprob_bits[x] && bits_slot < 0) bits_slot = x;
+        if (m < 0) continue;
         double la = bits_to_float(a->topk_logprob_bits[x]), lb = bits_to_float(b->topk_logprob_bits[m]);
         if (la == la && lb == lb) {
             if (fabs(la - lb) > dl) dl = fabs(la - lb);
@@ -400,14 +422,14 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         }
     }
     if (pa_sum > 0 && pb_sum > 0) {
-        for (int x = 0; x < k; x++)
-            for (int y = 0; y < k; y++)
-                if (a->topk_ids[x] == b->topk_ids[y]) {
-                    double la = bits_to_float(a->topk_logprob_bits[x]), lb = bits_to_float(b->topk_logprob_bits[y]);
-                    if (la != la || lb != lb) continue;
-                    double pa = exp(la) / pa_sum, pb = exp(lb) / pb_sum;
-                    if (pa > 0 && pb > 0) kl += pa * log(pa / pb);
-                }
+        for (int x = 0; x < k; x++) {
+            int y = a->topk_ids[x] >= 0 ? topk_find(b, k, a->topk_ids[x]) : -1;
+            if (y < 0) continue;
+            double la = bits_to_float(a->topk_logprob_bits[x]), lb = bits_to_float(b->topk_logprob_bits[y]);
+            if (la != la || lb != lb) continue;
+            double pa = exp(la) / pa_sum, pb = exp(lb) / pb_sum;
+            if (pa > 0 && pb > 0) kl += pa * log(pa / pb);
+        }
     }
     if (kl > s->max_kl_topk) s->max_kl_topk = kl;
     if (dl > s->max_abs_dlogprob) s->max_abs_dlogprob = dl;
@@ -425,6 +447,10 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         d.topk_slot = slot;
         d.a_value = d.what == LS_DRIFT_TOPK_LOGPROB ? (int64_t)a->topk_logprob_bits[slot] : (int64_t)a->topk_ids[slot];
         d.b_value = d.what == LS_DRIFT_TOPK_LOGPROB ? (int64_t)b->topk_logprob_bits[slot] : (int64_t)b->topk_ids[slot];
+        if (d.what == LS_DRIFT_TOPK_SET) {
+            d.topk_a_missing = a->topk_ids[slot] >= 0 && topk_find(b, k, a->topk_ids[slot]) < 0;
+            d.topk_b_missing = b->topk_ids[slot] >= 0 && topk_find(a, k, b->topk_ids[slot]) < 0;
+        }
     }
     if (found && s->pass) {
         set_first(w, s, si, &d);

@@ -65,8 +65,11 @@ typedef struct ls_compare_drift {
     ls_layer_family family;      /* of layer */
     int decoder_layer;           /* of layer (-1 for embed/norm/lm_head) */
     ls_digest_kind kind;         /* LS_DRIFT_DIGEST */
-    int64_t a_value, b_value;    /* tokens, logprob bits, or the differing top-k slot's ids */
+    int64_t a_value, b_value;    /* tokens, logprob bits, or the differing top-k slot's ids
+                                    (-1: unused slot); missing: 1 on the side holding the position */
     int topk_slot;               /* first differing top-k slot, -1 otherwise */
+    int topk_a_missing, topk_b_missing; /* LS_DRIFT_TOPK_SET: that slot's id of A (of B) is
+                                          not in the other list (a_value/b_value -1: unused slot) */
     ls_digest a_digest, b_digest;
     ls_tensor_diff tensor;
     char message[512];           /* one line: what differs, where */
