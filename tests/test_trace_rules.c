@@ -110,6 +110,70 @@ START_TEST(test_trailer_bytes_count)
 }
 END_TEST
 
+/* Section 5: a dump's data are the canonical bytes of its kind, so their
+ * SHA-256 is the record's digest of the same (layer, kind). */
+START_TEST(test_dump_matches_digest)
+{
+    /* record 0 of the prefill frame: dumps of layer 1 hidden, layer 2 hidden and router */
+    uint8_t *r = raw_record(&t.fr[0], 0);
+    uint16_t nd = (uint16_t)(r[64] | r[65] << 8), nm = (uint16_t)(r[66] | r[67] << 8);
+    ck_assert_uint_eq(nm, 3);
+    uint8_t *dump = r + REC_DIGESTS + 36 * (size_t)nd;
+    ck_assert_uint_eq(dump[0], 1);
+    ck_assert_uint_eq(dump[2], LS_DIGEST_HIDDEN);
+    dump[8 + 5] ^= 0x01;
+    expect_refused("dump 0 (layer 1, hidden): the SHA-256 of its data is not the record's hidden digest of layer 1");
+    dump[8 + 5] ^= 0x01;
+    expect_equal_to_good();
+    /* a dump whose digest the record does not carry: digest 1 is layer 1's hidden */
+    ck_assert_uint_eq(r[REC_DIGESTS + 36], 1);
+    ck_assert_uint_eq(r[REC_DIGESTS + 36 + 2], LS_DIGEST_HIDDEN);
+    r = raw_splice(&t.fr[0], 0, REC_DIGESTS + 36, 36, NULL, 0);
+    r[64] = (uint8_t)(nd - 1);
+    expect_refused("dump 0 (layer 1, hidden): the record carries no hidden digest of layer 1");
+}
+END_TEST
+
+/* The writer refuses what the reader would refuse. */
+START_TEST(test_writer_dump_digest)
+{
+    char model[65];
+    memset(model, 'a', 64);
+    model[64] = 0;
+    ls_trace_header h = {.mode = "rollout", .engine = "test", .model_fingerprint = model, .manifest_digest = "",
+                         .run_params_json = "{}", .topk = 5, .digest_kinds_mask = 1u << LS_DIGEST_HIDDEN,
+                         .state_digest_every = 1, .n_layers = SYN_N_LAYERS, .layers = syn_layers};
+    ls_error err;
+    ls_error_clear(&err);
+    ls_trace_writer *w;
+    ck_assert_msg(ls_trace_writer_open(bad, &h, &w, &err) == LS_OK, "%s", err.msg);
+    ck_assert(ls_trace_writer_begin_frame(w, LS_FRAME_PREFILL, &err) == LS_OK);
+    uint8_t data[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    ls_trace_digest dg[SYN_N_LAYERS];
+    for (int l = 0; l < SYN_N_LAYERS; l++) {
+        dg[l] = (ls_trace_digest){(uint16_t)l, LS_DIGEST_HIDDEN, {{0}}};
+        ls_sha256_buf(data, sizeof data, &dg[l].digest, NULL);
+    }
+    dg[3].digest.bytes[0] ^= 1;
+    ls_trace_dump dm[2] = {{1, LS_DIGEST_HIDDEN, LS_DUMP_BF16, 4, data}, {3, LS_DIGEST_HIDDEN, LS_DUMP_BF16, 4, data}};
+    ls_trace_record rec = {.seq = 0, .pos = 0, .token = 1, .next_token = -1, .logprob_bits = 0x7fc00000u,
+                           .n_digests = SYN_N_LAYERS, .digests = dg, .n_dumps = 1, .dumps = dm};
+    for (int k = 0; k < 5; k++) rec.topk_ids[k] = -1, rec.topk_logprob_bits[k] = 0x7fc00000u;
+    ck_assert_msg(ls_trace_writer_add(w, &rec, &err) == LS_OK, "%s", err.msg);
+    rec.pos = 1;
+    rec.n_dumps = 2; /* layer 3's digest is not the SHA-256 of its dump */
+    ck_assert(ls_trace_writer_add(w, &rec, &err) == LS_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "dump 1 (layer 3, hidden): the SHA-256 of its data is not the record's hidden digest"),
+                  "%s", err.msg);
+    rec.n_digests = 0;
+    rec.n_dumps = 1;
+    ck_assert(ls_trace_writer_add(w, &rec, &err) == LS_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "dump 0 (layer 1, hidden): the record carries no hidden digest of layer 1"), "%s",
+                  err.msg);
+    ls_trace_writer_abort(w);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("trace_rules");
@@ -118,6 +182,8 @@ int main(void)
     tcase_add_test(tc, test_raw_round_trip);
     tcase_add_test(tc, test_digest_pad_byte);
     tcase_add_test(tc, test_trailer_bytes_count);
+    tcase_add_test(tc, test_dump_matches_digest);
+    tcase_add_test(tc, test_writer_dump_digest);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -97,6 +97,25 @@ static inline uint8_t *raw_record(raw_frame *fr, uint32_t i)
     return p;
 }
 
+/* Replaces `cut` bytes at byte `at` of record i of a frame by n_ins bytes
+ * (ins, or zeros when NULL), keeping record_bytes and the payload length
+ * right. Returns the record's new address. */
+static inline uint8_t *raw_splice(raw_frame *fr, uint32_t i, size_t at, size_t cut, const void *ins, size_t n_ins)
+{
+    size_t r = (size_t)(raw_record(fr, i) - fr->payload);
+    size_t len = fr->len - cut + n_ins;
+    uint8_t *p = malloc(len);
+    memcpy(p, fr->payload, r + at);
+    if (ins) memcpy(p + r + at, ins, n_ins);
+    else memset(p + r + at, 0, n_ins);
+    memcpy(p + r + at + n_ins, fr->payload + r + at + cut, fr->len - r - at - cut);
+    raw_wr32(p + r, raw_rd32(p + r) - (uint32_t)cut + (uint32_t)n_ins);
+    free(fr->payload);
+    fr->payload = p;
+    fr->len = len;
+    return p + r;
+}
+
 /* Replaces the first occurrence of `from` in the header JSON; returns 0 when found. */
 static inline int raw_replace_json(raw_trace *t, const char *from, const char *to)
 {

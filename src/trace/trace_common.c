@@ -373,6 +373,20 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
         prev = key;
         uint64_t body = ((uint64_t)n * es + 3) & ~(uint64_t)3;
         if (q + LS_TRACE_DUMP_HEAD_BYTES + body > rb) return BAD("dump %u data runs past the record", BADA, i);
+        /* Section 5: the data are the canonical bytes of the kind, so their
+         * SHA-256 is the record's digest of the same (layer, kind). */
+        const uint8_t *dg = NULL;
+        for (uint32_t k = 0; k < nd && !dg; k++) {
+            const uint8_t *x = p + fixed + (size_t)k * LS_TRACE_DIGEST_ENTRY_BYTES;
+            if (ls_rd16(x) == layer && x[2] == kind) dg = x + 4;
+        }
+        const char *kn = ls_digest_kind_name((ls_digest_kind)kind);
+        if (!dg) return BAD("dump %u (layer %u, %s): the record carries no %s digest of layer %u", BADA, i, layer, kn, kn, layer);
+        ls_digest h;
+        LS_TRY(ls_sha256_buf(e + LS_TRACE_DUMP_HEAD_BYTES, (size_t)n * es, &h, err));
+        if (memcmp(h.bytes, dg, 32) != 0)
+            return BAD("dump %u (layer %u, %s): the SHA-256 of its data is not the record's %s digest of layer %u", BADA, i,
+                       layer, kn, kn, layer);
         q += LS_TRACE_DUMP_HEAD_BYTES + body;
     }
     if (q != rb) return BAD("record length %u does not match its contents (%" PRIu64 ")", BADA, rb, q);

@@ -152,6 +152,19 @@ ls_status ls_trace_writer_add(ls_trace_writer *w, const ls_trace_record *r, ls_e
                            r->seq, r->pos, i);
         prev = key;
         need += LS_TRACE_DUMP_HEAD_BYTES + (((uint64_t)d->n_elems * es + 3) & ~(uint64_t)3);
+        /* The reader checks that a dump hashes to its digest (docs/trace-format.md, section 5). */
+        const ls_trace_digest *dg = NULL;
+        for (uint32_t k = 0; k < r->n_digests && !dg; k++)
+            if (r->digests[k].layer == d->layer && r->digests[k].kind == d->kind) dg = &r->digests[k];
+        const char *kn = ls_digest_kind_name((ls_digest_kind)d->kind);
+        if (!dg)
+            return ls_fail(err, LS_E_USAGE, "trace writer: seq %u pos %u dump %u (layer %u, %s): the record carries no %s "
+                           "digest of layer %u", r->seq, r->pos, i, d->layer, kn, kn, d->layer);
+        ls_digest h;
+        LS_TRY(ls_sha256_buf(d->data, (size_t)d->n_elems * es, &h, err));
+        if (!ls_digest_equal(&h, &dg->digest))
+            return ls_fail(err, LS_E_USAGE, "trace writer: seq %u pos %u dump %u (layer %u, %s): the SHA-256 of its data is "
+                           "not the record's %s digest of layer %u", r->seq, r->pos, i, d->layer, kn, kn, d->layer);
     }
     if (w->len + need > LS_TRACE_FRAME_MAX_BYTES || need > UINT32_MAX)
         return ls_fail(err, LS_E_USAGE, "trace writer: frame would exceed %" PRIu64 " bytes; end the frame earlier",
