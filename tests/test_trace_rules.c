@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "testutil.h"
 #include "trace_raw.h"
 #include "trace_synth.h"
@@ -174,6 +176,66 @@ START_TEST(test_writer_dump_digest)
 }
 END_TEST
 
+/* Section 3: run_params is opaque. Numbers no parser holds in an int64 or a
+ * double, and a NUL character, leave the trace readable; the reader hands
+ * the text back byte for byte, and ls_trace_run_params_parse keeps the
+ * numbers as strings holding their text. */
+static const char odd_params[] =
+    "{\"seed\":18446744073709551615,\"huge\":1e400,\"name\":\"a\\u0000b\",\n"
+    " \"nested\": {\"x\": [1, 2.5e-400, -9223372036854775809, true, null]}}";
+
+START_TEST(test_run_params_opaque)
+{
+    /* through the raw file: the header JSON as another writer would write it */
+    char with[512];
+    snprintf(with, sizeof with, "\"run_params\":%s", odd_params);
+    ck_assert_int_eq(raw_replace_json(&t, "\"run_params\":{\"temperature\":0}", with), 0);
+    expect_equal_to_good();
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "trace dump --json '%s'", bad);
+    ck_assert_msg(rc == 0 && strstr(out, "\"seed\":\"18446744073709551615\"") && strstr(out, "\"huge\":\"1e400\"") &&
+                  strstr(out, "-9223372036854775809"), "rc %d: %s", rc, tail(out));
+    free(out);
+    ls_error err;
+    ls_error_clear(&err);
+    ls_trace_reader *r;
+    ck_assert_msg(ls_trace_reader_open(bad, &r, &err) == LS_OK, "%s", err.msg);
+    const ls_trace_header *h = ls_trace_reader_header(r);
+    ck_assert_str_eq(h->run_params_json, odd_params);
+    json_t *p = ls_trace_run_params_parse(h->run_params_json, &err);
+    ck_assert_msg(p, "%s", err.msg);
+    ck_assert_str_eq(json_string_value(json_object_get(p, "seed")), "18446744073709551615");
+    ck_assert_str_eq(json_string_value(json_object_get(p, "huge")), "1e400");
+    ck_assert_uint_eq(json_string_length(json_object_get(p, "name")), 3);
+    json_t *x = json_object_get(json_object_get(p, "nested"), "x");
+    ck_assert_int_eq(json_integer_value(json_array_get(x, 0)), 1);
+    ck_assert(json_is_real(json_array_get(x, 1)));
+    ck_assert_str_eq(json_string_value(json_array_get(x, 2)), "-9223372036854775809");
+    json_decref(p);
+    /* the C writer takes the same text and writes it unchanged */
+    ls_trace_header h2 = *h;
+    ls_trace_writer *w;
+    char copy[4200];
+    snprintf(copy, sizeof copy, "%s/copy.trace", dir);
+    ck_assert_msg(ls_trace_writer_open(copy, &h2, &w, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_trace_writer_close(w, &err) == LS_OK, "%s", err.msg);
+    ls_trace_reader *r2;
+    ck_assert_msg(ls_trace_reader_open(copy, &r2, &err) == LS_OK, "%s", err.msg);
+    ck_assert_str_eq(ls_trace_reader_header(r2)->run_params_json, odd_params);
+    ls_trace_reader_close(r2);
+    /* what stays refused: run_params that is not an object, or not JSON */
+    h2.run_params_json = "[1]";
+    ck_assert(ls_trace_writer_open(copy, &h2, &w, &err) == LS_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "run_params"), "%s", err.msg);
+    h2.run_params_json = "{\"a\":01}";
+    ck_assert(ls_trace_writer_open(copy, &h2, &w, &err) == LS_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "run_params"), "%s", err.msg);
+    ls_trace_reader_close(r);
+    ck_assert_int_eq(raw_replace_json(&t, "\"seed\":18446744073709551615", "\"seed\":18446744073709551615,"), 0);
+    expect_refused("header JSON: expected a string (a key) at JSON byte");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("trace_rules");
@@ -184,6 +246,7 @@ int main(void)
     tcase_add_test(tc, test_trailer_bytes_count);
     tcase_add_test(tc, test_dump_matches_digest);
     tcase_add_test(tc, test_writer_dump_digest);
+    tcase_add_test(tc, test_run_params_opaque);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -22,7 +22,7 @@ static void note_run_params(FILE *out, const char *pa, const char *pb)
         ls_trace_reader *r;
         if (ls_trace_reader_open(paths[i], &r, NULL) != LS_OK) continue;
         const char *txt = ls_trace_reader_header(r)->run_params_json;
-        p[i] = txt ? json_loads(txt, 0, NULL) : NULL;
+        p[i] = ls_trace_run_params_parse(txt, NULL);
         ls_trace_reader_close(r);
     }
     for (int k = 0; k < 2 && p[0] && p[1]; k++) {

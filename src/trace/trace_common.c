@@ -73,12 +73,10 @@ ls_status ls_trace_header_to_json(const ls_trace_header *h, char **out, ls_error
     const char *act = h->activation_dtype ? h->activation_dtype : "bf16";
     if (strcmp(act, "bf16") && strcmp(act, "fp32"))
         return ls_fail(err, LS_E_USAGE, "trace header: activation_dtype must be bf16 or fp32");
-    json_error_t je;
-    json_t *params = json_loads(h->run_params_json && h->run_params_json[0] ? h->run_params_json : "{}", 0, &je);
-    if (!params || !json_is_object(params)) {
-        json_decref(params);
-        return ls_fail(err, LS_E_USAGE, "trace header: run_params_json is not a JSON object");
-    }
+    /* run_params is opaque (section 3): checked as JSON syntax, written byte for byte. */
+    const char *params_text = h->run_params_json && h->run_params_json[0] ? h->run_params_json : "{}";
+    LS_TRY(ls_trace_run_params_check(params_text, err));
+    json_t *params = json_object(); /* a placeholder, replaced by params_text below */
     json_t *kinds = json_array(), *layers = json_array();
     for (int k = 0; k < LS_DIGEST_COUNT; k++)
         if (h->digest_kinds_mask & (1u << k)) json_array_append_new(kinds, json_string(kind_names[k]));
@@ -98,9 +96,22 @@ ls_status ls_trace_header_to_json(const ls_trace_header *h, char **out, ls_error
                              "state_digest_every", (json_int_t)(h->state_digest_every ? h->state_digest_every : 1),
                              "activation_dtype", act, "layers", layers);
     if (!root) return ls_fail(err, LS_E_NOMEM, "trace header: cannot build JSON");
-    *out = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (!*out) return ls_fail(err, LS_E_NOMEM, "trace header: cannot serialise JSON");
+    if (!text) return ls_fail(err, LS_E_NOMEM, "trace header: cannot serialise JSON");
+    /* The first '"run_params":{}' is the member: inside an encoded string
+     * every '"' follows a backslash, so the pattern cannot occur there. */
+    static const char slot[] = "\"run_params\":{}";
+    char *at = strstr(text, slot);
+    size_t head = at ? (size_t)(at - text) + sizeof slot - 3 : 0, np = strlen(params_text);
+    *out = at ? malloc(strlen(text) - 2 + np + 1) : NULL;
+    if (*out) {
+        memcpy(*out, text, head);
+        memcpy(*out + head, params_text, np);
+        strcpy(*out + head + np, text + head + 2);
+    }
+    free(text);
+    if (!*out) return ls_fail(err, at ? LS_E_NOMEM : LS_E_INTERNAL, "trace header: cannot serialise JSON");
     return LS_OK;
 }
 
@@ -131,10 +142,32 @@ ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_heade
                                     ls_error *err)
 {
     memset(o, 0, sizeof *o);
+    /* run_params is opaque (section 3): its syntax is checked and its text
+     * kept; jansson parses the rest with it blanked to "{}" and spaces (the
+     * same length, so byte positions in messages stay the file's). */
+    size_t p_at, p_len;
+    LS_TRY(ls_trace_json_locate(json, len, "run_params", &p_at, &p_len, where, err));
+    if (p_len && json[p_at] == '{') {
+        o->run_params_json = malloc(p_len + 1);
+        char *blank = malloc(len ? len : 1);
+        if (!o->run_params_json || !blank) {
+            free(blank);
+            ls_trace_header_owned_free(o);
+            return ls_fail(err, LS_E_NOMEM, "out of memory");
+        }
+        memcpy(o->run_params_json, json + p_at, p_len);
+        o->run_params_json[p_len] = 0;
+        memcpy(blank, json, len);
+        memset(blank + p_at, ' ', p_len);
+        memcpy(blank + p_at, "{}", 2);
+        json = blank;
+    }
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (o->run_params_json) free((char *)json);
     if (!root || !json_is_object(root)) {
         json_decref(root);
+        ls_trace_header_owned_free(o);
         return ls_fail(err, LS_E_INPUT, "%s: header JSON: %s (JSON byte %d)", where, root ? "not an object" : je.text,
                        je.position);
     }
@@ -162,7 +195,8 @@ ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_heade
         st = ls_fail(err, LS_E_INPUT, "%s: header field \"run_params\" missing or not an object", where);
         goto out;
     }
-    o->run_params_json = json_dumps(params, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    /* a key spelled with escapes ("run\u005fparams") was not located above: jansson's value then */
+    if (!o->run_params_json) o->run_params_json = json_dumps(params, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_t *topk = json_object_get(root, "topk"), *every = json_object_get(root, "state_digest_every");
     if (!json_is_integer(topk) || json_integer_value(topk) < 1 || json_integer_value(topk) > LS_TRACE_TOPK_MAX) {
         st = ls_fail(err, LS_E_INPUT, "%s: header field \"topk\" missing or outside 1..%d", where, LS_TRACE_TOPK_MAX);

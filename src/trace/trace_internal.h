@@ -55,6 +55,16 @@ typedef struct ls_trace_header_owned {
     ls_trace_layer *layers;  /* [h.n_layers] */
 } ls_trace_header_owned;
 
+/* ---- run_params (trace_params.c) ---------------------------------------------- */
+/* Checks that json[0..len) is one JSON value, syntax only (RFC 8259, UTF-8),
+ * and finds the value of the top-level object's member `key` (its first
+ * spelling without escapes): *at and *value_len give its span, both 0 when
+ * absent. Errors are LS_E_INPUT "<where>: header JSON: <why> at JSON byte N". */
+ls_status ls_trace_json_locate(const char *json, size_t len, const char *key, size_t *at, size_t *value_len,
+                               const char *where, ls_error *err);
+/* LS_OK when text is a JSON object (syntax only), for the writer. */
+ls_status ls_trace_run_params_check(const char *text, ls_error *err);
+
 /* Serialises the header JSON (malloc'd, caller frees). Validates fields. */
 ls_status ls_trace_header_to_json(const ls_trace_header *h, char **json, ls_error *err);
 /* Parses and validates header JSON; `where` prefixes messages ("file: offset N"). */
