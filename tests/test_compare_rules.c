@@ -163,6 +163,94 @@ START_TEST(test_missing_in_json)
 }
 END_TEST
 
+/* A trace of one sequence (3 positions, no digests) with the given header facts. */
+static void write_header(const char *path, const char *act, const char *manifest, const char *params)
+{
+    char model[65];
+    memset(model, 'a', 64);
+    model[64] = 0;
+    ls_trace_header h = {.mode = "rollout", .engine = "test", .model_fingerprint = model, .manifest_digest = manifest,
+                         .run_params_json = params, .topk = 5, .state_digest_every = 1, .activation_dtype = act,
+                         .n_layers = SYN_N_LAYERS, .layers = syn_layers};
+    ls_error err;
+    ls_error_clear(&err);
+    ls_trace_writer *w;
+    ck_assert_msg(ls_trace_writer_open(path, &h, &w, &err) == LS_OK, "%s", err.msg);
+    ck_assert(ls_trace_writer_begin_frame(w, LS_FRAME_PREFILL, &err) == LS_OK);
+    for (uint32_t p = 0; p < 3; p++) {
+        ls_trace_record r = {.seq = 0, .pos = p, .token = 7, .next_token = p < 2 ? 8 : -1,
+                             .logprob_bits = p < 2 ? f32(-0.25f) : 0x7fc00000u};
+        for (int k = 0; k < 5; k++) r.topk_ids[k] = 20 + k, r.topk_logprob_bits[k] = f32(-1.0f - (float)k);
+        ck_assert_msg(ls_trace_writer_add(w, &r, &err) == LS_OK, "%s", err.msg);
+    }
+    ck_assert(ls_trace_writer_end_frame(w, &err) == LS_OK);
+    ck_assert_msg(ls_trace_writer_close(w, &err) == LS_OK, "%s", err.msg);
+}
+
+/* Runs compare with every report; returns the JSON document (caller frees)
+ * and leaves the text output, JUnit XML and HTML in *text, *junit, *html. */
+static json_t *reports(int want_rc, char **text, char **junit, char **html)
+{
+    char js[4300], ju[4300], ht[4300];
+    snprintf(js, sizeof js, "%s/r.json", dir);
+    snprintf(ju, sizeof ju, "%s/r.xml", dir);
+    snprintf(ht, sizeof ht, "%s/r.html", dir);
+    int rc = ls_test_cli(text, "compare '%s' '%s' --json '%s' --junit '%s' --html '%s'", pa, pb, js, ju, ht);
+    ck_assert_msg(rc == want_rc, "rc %d: %s", rc, tail(*text));
+    json_error_t je;
+    json_t *doc = json_load_file(js, 0, &je);
+    ck_assert_msg(doc, "%s", je.text);
+    *junit = ls_test_read(ju, NULL);
+    *html = ls_test_read(ht, NULL);
+    return doc;
+}
+
+/* Header facts that differ between the traces are stated in every report:
+ * activation dtype, manifest digest, and the run parameters that make a
+ * trace perturbed or of another backend (absent and null are the same). */
+START_TEST(test_header_differences_reported)
+{
+    static const char man[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    write_header(pa, "bf16", "", "{\"perturbation\":null,\"backend\":\"cpu\"}");
+    write_header(pb, "bf16", "", "{\"backend\":\"cpu\"}");
+    char *text, *junit, *html;
+    json_t *doc = reports(0, &text, &junit, &html);
+    ck_assert_msg(!strstr(text, "run parameters differ") && !strstr(text, "none, B none"), "%s", tail(text));
+    ck_assert_msg(!strstr(json_string_value(json_object_get(doc, "note")), "differ"), "%s",
+                  json_string_value(json_object_get(doc, "note")));
+    ck_assert_uint_eq(json_array_size(json_object_get(doc, "run_params_differ")), 0);
+    json_decref(doc);
+    free(text), free(junit), free(html);
+
+    write_header(pa, "bf16", "", "{\"perturbation\":\"gdn_gate:3\",\"backend\":\"cpu\"}");
+    write_header(pb, "fp32", man, "{\"perturbation\":{\"layer\":3},\"backend\":\"cuda\"}");
+    doc = reports(0, &text, &junit, &html);
+    const char *note = json_string_value(json_object_get(doc, "note"));
+    static const char *const want[] = {
+        "activation dtypes differ (A bf16, B fp32)",
+        "manifest digests differ (A none, B 0123456789abcdef...)",
+        "run parameters differ: perturbation A gdn_gate:3, B {\"layer\":3}; backend A cpu, B cuda",
+    };
+    for (int i = 0; i < 3; i++) {
+        ck_assert_msg(strstr(note, want[i]), "JSON note lacks '%s': %s", want[i], note);
+        ck_assert_msg(strstr(text, want[i]), "text lacks '%s': %s", want[i], tail(text));
+        ck_assert_msg(strstr(junit, want[i]) || i == 2, "JUnit lacks '%s'", want[i]);
+        ck_assert_msg(strstr(html, want[i]) || i == 2, "HTML lacks '%s'", want[i]);
+    }
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(doc, "a"), "activation_dtype")), "bf16");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(doc, "b"), "activation_dtype")), "fp32");
+    json_t *pd = json_object_get(doc, "run_params_differ");
+    ck_assert_uint_eq(json_array_size(pd), 2);
+    json_t *p0 = json_array_get(pd, 0);
+    ck_assert_str_eq(json_string_value(json_object_get(p0, "key")), "perturbation");
+    ck_assert_str_eq(json_string_value(json_object_get(p0, "a")), "gdn_gate:3");
+    ck_assert_str_eq(json_string_value(json_object_get(p0, "b")), "{\"layer\":3}");
+    ck_assert_msg(strstr(junit, "name=\"activation_dtype_b\" value=\"fp32\""), "%s", junit);
+    json_decref(doc);
+    free(text), free(junit), free(html);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("compare_rules");
@@ -170,6 +258,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_topk_unused_slots);
     tcase_add_test(tc, test_missing_in_json);
+    tcase_add_test(tc, test_header_differences_reported);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -9,33 +9,6 @@
 #include "report/report.h"
 #include "trace/trace.h"
 
-#include <jansson.h>
-
-/* Informational: the run parameters that make a trace non-strict or from a
- * different backend (perturbation, backend), when they differ. */
-static void note_run_params(FILE *out, const char *pa, const char *pb)
-{
-    const char *keys[2] = {"perturbation", "backend"};
-    json_t *p[2] = {NULL, NULL};
-    const char *paths[2] = {pa, pb};
-    for (int i = 0; i < 2; i++) {
-        ls_trace_reader *r;
-        if (ls_trace_reader_open(paths[i], &r, NULL) != LS_OK) continue;
-        const char *txt = ls_trace_reader_header(r)->run_params_json;
-        p[i] = ls_trace_run_params_parse(txt, NULL);
-        ls_trace_reader_close(r);
-    }
-    for (int k = 0; k < 2 && p[0] && p[1]; k++) {
-        json_t *a = json_object_get(p[0], keys[k]), *b = json_object_get(p[1], keys[k]);
-        if (json_equal(a, b) || (!a && !b)) continue;
-        const char *sa = json_is_string(a) ? json_string_value(a) : "none";
-        const char *sb = json_is_string(b) ? json_string_value(b) : "none";
-        fprintf(out, "note: the traces' run parameters differ: %s A %s, B %s\n", keys[k], sa, sb);
-    }
-    json_decref(p[0]);
-    json_decref(p[1]);
-}
-
 static const char usage_text[] =
     "usage: lockstep compare A.trace B.trace [options]\n"
     "\n"
@@ -114,7 +87,6 @@ int ls_cmd_compare(int argc, char **argv)
     FILE *text = stdout_taken ? stderr : stdout;
     if (!ls_log_quiet()) {
         ls_report_write_text(text, &r, !no_color && ls_color_enabled(text));
-        note_run_params(text, paths[0], paths[1]);
     }
     if (!st && json) st = ls_report_write_json(json, &r, &err);
     if (!st && junit) st = ls_report_write_junit(junit, &r, &err);

@@ -1,6 +1,7 @@
 /* lockstep — comparator (see compare.h for the walk order and memory bound). */
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +10,8 @@
 #include "core/util.h"
 #include "core/bytes.h"
 #include "core/u32map.h"
+
+#include <jansson.h>
 
 static const char *const what_names[] = {"none", "token", "digest", "next_token", "logprob",
                                          "topk_set", "topk_order", "topk_logprob", "missing"};
@@ -461,6 +464,76 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
     return LS_OK;
 }
 
+/* Appends one clause to the result's note ("; "-separated). */
+static void note_add(ls_compare_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note_add(ls_compare_result *r, const char *fmt, ...)
+{
+    size_t n = strlen(r->note);
+    if (n + 3 >= sizeof r->note) return;
+    if (n) {
+        memcpy(r->note + n, "; ", 3);
+        n += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->note + n, sizeof r->note - n, fmt, ap);
+    va_end(ap);
+}
+
+/* A run parameter's value for a report: a string as itself, another value
+ * as compact JSON, "none" when absent or null. */
+static void param_text(const json_t *v, char *buf, size_t n)
+{
+    if (!v || json_is_null(v)) {
+        snprintf(buf, n, "none");
+    } else if (json_is_string(v)) {
+        snprintf(buf, n, "%s", json_string_value(v));
+    } else {
+        char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+        snprintf(buf, n, "%s", t ? t : "?");
+        free(t);
+    }
+}
+
+/* Header facts that differ between the traces: informational (the verdict
+ * stays bitwise), but they often explain a drift before it is read. */
+static void note_header_differences(ls_compare_result *r, const ls_trace_header *ha, const ls_trace_header *hb)
+{
+    if (strcmp(r->a.activation_dtype, r->b.activation_dtype) != 0) {
+        r->activation_differs = 1;
+        note_add(r, "activation dtypes differ (A %s, B %s): hidden, conv_state and kv digests cannot be equal",
+                 r->a.activation_dtype, r->b.activation_dtype);
+    }
+    if (strcmp(r->a.manifest_digest, r->b.manifest_digest) != 0) {
+        r->manifest_differs = 1;
+        note_add(r, "manifest digests differ (A %.16s%s, B %.16s%s)", r->a.manifest_digest[0] ? r->a.manifest_digest : "none",
+                 r->a.manifest_digest[0] ? "..." : "", r->b.manifest_digest[0] ? r->b.manifest_digest : "none",
+                 r->b.manifest_digest[0] ? "..." : "");
+    }
+    static const char *const keys[LS_COMPARE_PARAM_KEYS] = {"perturbation", "backend"};
+    json_t *pa = ls_trace_run_params_parse(ha->run_params_json, NULL), *pb = ls_trace_run_params_parse(hb->run_params_json, NULL);
+    for (int k = 0; pa && pb && k < LS_COMPARE_PARAM_KEYS; k++) {
+        json_t *a = json_object_get(pa, keys[k]), *b = json_object_get(pb, keys[k]);
+        if (a && json_is_null(a)) a = NULL; /* absent and null both mean "none" */
+        if (b && json_is_null(b)) b = NULL;
+        if ((!a && !b) || (a && b && json_equal(a, b))) continue;
+        ls_compare_param_diff *d = &r->param_diffs[r->n_param_diffs++];
+        snprintf(d->key, sizeof d->key, "%s", keys[k]);
+        param_text(a, d->a, sizeof d->a);
+        param_text(b, d->b, sizeof d->b);
+    }
+    json_decref(pa);
+    json_decref(pb);
+    if (r->n_param_diffs) {
+        char buf[600];
+        size_t n = 0;
+        for (int i = 0; i < r->n_param_diffs && n < sizeof buf; i++)
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%s A %s, B %s", i ? "; " : "", r->param_diffs[i].key,
+                                  r->param_diffs[i].a, r->param_diffs[i].b);
+        note_add(r, "run parameters differ: %s", buf);
+    }
+}
+
 static void fill_side(ls_compare_side *s, const char *path, const ls_trace_header *h)
 {
     snprintf(s->path, sizeof s->path, "%s", path);
@@ -470,6 +543,7 @@ static void fill_side(ls_compare_side *s, const char *path, const ls_trace_heade
     snprintf(s->manifest_digest, sizeof s->manifest_digest, "%s", h->manifest_digest);
     s->kinds_mask = h->digest_kinds_mask;
     s->topk = h->topk;
+    snprintf(s->activation_dtype, sizeof s->activation_dtype, "%s", h->activation_dtype ? h->activation_dtype : "bf16");
 }
 
 static int cmp_seq(const void *x, const void *y)
@@ -535,25 +609,19 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
     }
     if (r->n_layers) memcpy(r->layers, ha->layers, (size_t)r->n_layers * sizeof *r->layers);
     if (!ha->digest_kinds_mask || !hb->digest_kinds_mask)
-        snprintf(r->note, sizeof r->note, "trace %s has no digests: compared tokens, logprobs and top-%d only",
+        note_add(r, "trace %s has no digests: compared tokens, logprobs and top-%d only",
                  !ha->digest_kinds_mask ? "A" : "B", r->topk_compared);
     else if (ha->digest_kinds_mask != hb->digest_kinds_mask)
-        snprintf(r->note, sizeof r->note, "digest kinds differ between the traces: compared only the kinds both carry");
+        note_add(r, "digest kinds differ between the traces: compared only the kinds both carry");
     w.skip_token = !strcmp(ha->mode, "import") || !strcmp(hb->mode, "import");
     w.same_layout = ha->topk == hb->topk && ha->digest_kinds_mask == hb->digest_kinds_mask;
     w.ra = ra;
     ls_trace_reader_set_lazy(ra, 1);
     ls_trace_index_set_lazy(w.ix, 1);
-    if (w.skip_token) {
-        size_t n = strlen(r->note);
-        snprintf(r->note + n, sizeof r->note - n, "%san imported trace carries generated tokens only: input tokens not compared",
-                 n ? "; " : "");
-    }
-    if (ha->topk != hb->topk) {
-        size_t n = strlen(r->note);
-        snprintf(r->note + n, sizeof r->note - n, "%stop-k widths differ (%d vs %d): compared the first %d", n ? "; " : "",
-                 ha->topk, hb->topk, r->topk_compared);
-    }
+    if (w.skip_token) note_add(r, "an imported trace carries generated tokens only: input tokens not compared");
+    if (ha->topk != hb->topk)
+        note_add(r, "top-k widths differ (%d vs %d): compared the first %d", ha->topk, hb->topk, r->topk_compared);
+    note_header_differences(r, ha, hb);
     /* heat maps for every sequence of B */
     for (size_t i = 0; i < ls_trace_index_n_seqs(w.ix); i++) {
         ls_compare_seq *s;

@@ -107,7 +107,17 @@ typedef struct ls_compare_side {
     uint64_t records, frames;
     uint32_t kinds_mask;
     int topk;
+    char activation_dtype[8];        /* "bf16" or "fp32" */
 } ls_compare_side;
+
+/* A run parameter that makes a trace perturbed or of another backend
+ * ("perturbation", "backend"), when the traces' values differ. */
+#define LS_COMPARE_PARAM_KEYS 2
+typedef struct ls_compare_param_diff {
+    char key[32];
+    char a[128], b[128];             /* a string's value, other values as compact JSON,
+                                        "none" when absent or null */
+} ls_compare_param_diff;
 
 typedef struct ls_compare_result {
     ls_compare_side a, b;
@@ -123,7 +133,12 @@ typedef struct ls_compare_result {
     int first_seq;                   /* index in seqs of the first drift in A's order, -1 */
     uint64_t bytes_compared;         /* uncompressed record bytes of A read */
     uint64_t elapsed_ns;
-    char note[512];                  /* e.g. "no digests in trace B: tokens, logprobs and top-k only" */
+    int activation_differs;          /* activation dtypes differ: hidden/conv/kv digests cannot match */
+    int manifest_differs;            /* manifest digests differ (informational) */
+    int n_param_diffs;
+    ls_compare_param_diff param_diffs[LS_COMPARE_PARAM_KEYS];
+    char note[1024];                 /* what was not compared and why, and header facts that
+                                        differ, "; "-separated, e.g. "trace B has no digests: ..." */
 } ls_compare_result;
 
 /* Compares two trace files. Returns LS_OK when the comparison ran (the verdict

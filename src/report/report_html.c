@@ -110,9 +110,11 @@ ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_
     ls_report_xml_escape(f, r->a.path);
     fprintf(f, "</code> (%s, %s)<br>B: <code>", r->a.mode, r->a.complete ? "complete" : "incomplete");
     ls_report_xml_escape(f, r->b.path);
-    fprintf(f, "</code> (%s, %s)<br>model <code>%s</code>%s<br>manifest A <code>%s</code>, B <code>%s</code></p>\n", r->b.mode,
+    fprintf(f, "</code> (%s, %s)<br>model <code>%s</code>%s<br>manifest A <code>%s</code>, B <code>%s</code>"
+               "<br>activations A %s, B %s</p>\n", r->b.mode,
             r->b.complete ? "complete" : "incomplete", r->a.model_fingerprint, r->model_differs ? " (B DIFFERS)" : "",
-            r->a.manifest_digest[0] ? r->a.manifest_digest : "none", r->b.manifest_digest[0] ? r->b.manifest_digest : "none");
+            r->a.manifest_digest[0] ? r->a.manifest_digest : "none", r->b.manifest_digest[0] ? r->b.manifest_digest : "none",
+            r->a.activation_dtype, r->b.activation_dtype);
     if (r->note[0]) {
         fputs("<p>note: ", f);
         ls_report_xml_escape(f, r->note);

@@ -13,9 +13,9 @@ static json_t *jreal(double v) { return isfinite(v) ? json_real(v) : json_null()
 
 static json_t *side_json(const ls_compare_side *s)
 {
-    return json_pack("{s:s,s:s,s:s,s:s,s:s,s:b,s:I}", "path", s->path, "mode", s->mode, "engine", s->engine,
-                     "model_fingerprint", s->model_fingerprint, "manifest_digest", s->manifest_digest, "complete",
-                     s->complete, "records", (json_int_t)s->records);
+    return json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:b,s:I}", "path", s->path, "mode", s->mode, "engine", s->engine,
+                     "model_fingerprint", s->model_fingerprint, "manifest_digest", s->manifest_digest,
+                     "activation_dtype", s->activation_dtype, "complete", s->complete, "records", (json_int_t)s->records);
 }
 
 static json_t *drift_json(const ls_compare_result *r, const ls_compare_drift *d)
@@ -106,11 +106,15 @@ ls_status ls_report_write_json(const char *path, const ls_compare_result *r, ls_
                             s->first_token_divergence >= 0 ? json_integer(s->first_token_divergence) : json_null(),
                             "first_drift", drift_json(r, &s->first)));
     }
+    json_t *params = json_array();
+    for (int i = 0; i < r->n_param_diffs; i++)
+        json_array_append_new(params, json_pack("{s:s,s:s,s:s}", "key", r->param_diffs[i].key, "a", r->param_diffs[i].a,
+                                                "b", r->param_diffs[i].b));
     json_t *root = json_pack(
-        "{s:s,s:s,s:b,s:o,s:o,s:b,s:o,s:i,s:s,s:o,s:o,s:o,s:o,s:I,s:o}", "schema", "lockstep-compare/1", "result",
+        "{s:s,s:s,s:b,s:o,s:o,s:b,s:o,s:i,s:s,s:o,s:o,s:o,s:o,s:o,s:I,s:o}", "schema", "lockstep-compare/1", "result",
         r->equal ? "PASS" : "FAIL", "equal", r->equal, "a", side_json(&r->a), "b", side_json(&r->b), "model_differs",
-        r->model_differs, "digest_kinds_compared", kinds, "topk_compared", r->topk_compared, "note", r->note, "layers",
-        layers, "router_differences", router, "sequences", seqs, "first_drift",
+        r->model_differs, "digest_kinds_compared", kinds, "topk_compared", r->topk_compared, "note", r->note,
+        "run_params_differ", params, "layers", layers, "router_differences", router, "sequences", seqs, "first_drift",
         r->first_seq >= 0 ? drift_json(r, &r->seqs[r->first_seq].first) : json_null(), "bytes_compared",
         (json_int_t)r->bytes_compared, "elapsed_s", jreal((double)r->elapsed_ns / 1e9));
     if (!root) return ls_fail(err, LS_E_INTERNAL, "json report: cannot build the document");

@@ -73,6 +73,7 @@ void ls_report_write_text(FILE *out, const ls_compare_result *r, int colour)
         fprintf(out, "model: %s (same)\n", r->a.model_fingerprint);
     fprintf(out, "manifest: A %s, B %s\n", r->a.manifest_digest[0] ? r->a.manifest_digest : "(none)",
             r->b.manifest_digest[0] ? r->b.manifest_digest : "(none)");
+    fprintf(out, "activations: A %s, B %s\n", r->a.activation_dtype, r->b.activation_dtype);
     fprintf(out, "compared: tokens, selected logprob bits, top-%d ids/order/logprob bits; digest kinds: %s\n",
             r->topk_compared, kinds_list(r->kinds_compared, kinds, sizeof kinds));
     if (r->note[0]) fprintf(out, "note: %s\n", r->note);
