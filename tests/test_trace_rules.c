@@ -236,6 +236,170 @@ START_TEST(test_run_params_opaque)
 }
 END_TEST
 
+/* Offset in record r of the digest entry (layer, kind), or 0 when absent. */
+static size_t digest_at(const uint8_t *r, int layer, int kind)
+{
+    uint16_t nd = (uint16_t)(r[64] | r[65] << 8);
+    for (size_t i = 0; i < nd; i++) {
+        const uint8_t *e = r + REC_DIGESTS + 36 * i;
+        if ((e[0] | e[1] << 8) == layer && e[2] == kind) return REC_DIGESTS + 36 * i;
+    }
+    return 0;
+}
+
+/* Removes digest (layer, kind) from record i of frame f (its count too). */
+static void cut_digest(int f, uint32_t i, int layer, int kind)
+{
+    uint8_t *r = raw_record(&t.fr[f], i);
+    size_t at = digest_at(r, layer, kind);
+    ck_assert_msg(at, "record has no digest (%d, %d)", layer, kind);
+    uint16_t nd = (uint16_t)(r[64] | r[65] << 8);
+    r = raw_splice(&t.fr[f], i, at, 36, NULL, 0);
+    r[64] = (uint8_t)(nd - 1), r[65] = (uint8_t)((nd - 1) >> 8);
+}
+
+/* Section 6: which kinds a layer of each family carries. */
+START_TEST(test_kind_family)
+{
+    /* make layer 0 (embed) claim a kv digest */
+    uint8_t *r = raw_record(&t.fr[0], 1);
+    size_t at = digest_at(r, 0, LS_DIGEST_HIDDEN);
+    r[at + 2] = LS_DIGEST_KV;
+    expect_refused("digest 0: layer 0 is embed, which has no kv digest (section 6)");
+}
+END_TEST
+
+/* "May omit kinds" means: a writer leaves a kind out of digest_kinds. A kind
+ * it lists appears at every position for every layer of a family that has
+ * it (carried-state kinds: at the positions state_digest_every names, here
+ * every position). */
+START_TEST(test_kinds_complete)
+{
+    cut_digest(1, 0, 3, LS_DIGEST_KV); /* frame 1: decode step at pos 3 */
+    expect_refused("seq 0 pos 3 lacks the kv digest of layer 3 (attention)");
+    raw_free(&t);
+    ck_assert_int_eq(raw_load(good, &t), 0);
+    cut_digest(2, 1, 1, LS_DIGEST_GDN_STATE);
+    expect_refused("seq 1 pos 4 lacks the gdn_state digest of layer 1 (gdn)");
+    raw_free(&t);
+    /* state_digest_every 4: positions 3, 7, ... must carry the state kinds; others may not */
+    syn_opts o = {.n_seqs = 1, .prompt_len = 3, .gen_len = 3};
+    ck_assert_int_eq(syn_write(good, &o), 0);
+    ck_assert_int_eq(raw_load(good, &t), 0);
+    ck_assert_int_eq(raw_replace_json(&t, "\"state_digest_every\":1", "\"state_digest_every\":4"), 0);
+    cut_digest(0, 0, 1, LS_DIGEST_GDN_STATE);
+    cut_digest(0, 0, 1, LS_DIGEST_CONV_STATE);
+    ck_assert_int_eq(raw_save(bad, &t), 0);
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "trace dump '%s'", bad);
+    ck_assert_msg(rc == 0, "pos 0 without state digests: rc %d: %s", rc, tail(out));
+    free(out);
+    cut_digest(1, 0, 1, LS_DIGEST_CONV_STATE); /* pos 3 */
+    expect_refused("seq 0 pos 3 lacks the conv_state digest of layer 1 (gdn)");
+}
+END_TEST
+
+/* Section 4: the frame kind follows the header's mode. */
+START_TEST(test_frame_kind_mode)
+{
+    t.fr[1].kind = LS_FRAME_CHUNK;
+    expect_refused("frame 1: kind 2 (chunk) in a rollout trace, which holds prefill and decode frames");
+    t.fr[1].kind = LS_FRAME_DECODE;
+    ck_assert_int_eq(raw_replace_json(&t, "\"mode\":\"rollout\"", "\"mode\":\"replay\""), 0);
+    expect_refused("frame 0: kind 0 (prefill) in a replay trace, which holds chunk frames");
+    /* the writer refuses it too */
+    char model[65];
+    memset(model, 'a', 64);
+    model[64] = 0;
+    ls_trace_header h = {.mode = "import", .engine = "test", .model_fingerprint = model, .manifest_digest = "",
+                         .run_params_json = "{}", .topk = 5, .state_digest_every = 1};
+    ls_error err;
+    ls_error_clear(&err);
+    ls_trace_writer *w;
+    ck_assert_msg(ls_trace_writer_open(bad, &h, &w, &err) == LS_OK, "%s", err.msg);
+    ck_assert(ls_trace_writer_begin_frame(w, LS_FRAME_DECODE, &err) == LS_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "kind 1 (decode) in an import trace, which holds import frames"), "%s", err.msg);
+    ck_assert(ls_trace_writer_begin_frame(w, LS_FRAME_IMPORT, &err) == LS_OK);
+    ls_trace_writer_abort(w);
+}
+END_TEST
+
+/* Section 5: unused top-k slots follow the used ones and hold id -1 and the
+ * bits 0x7fc00000; used ids are distinct and not negative. */
+START_TEST(test_topk_slots)
+{
+    static const struct {
+        int slot;
+        int32_t id;
+        uint32_t bits;
+        const char *want;
+    } cases[] = {
+        {4, -1, 0xbf800000u, "top-k slot 4 is unused (id -1) but its logprob bits are 0xbf800000, not 0x7fc00000"},
+        {2, -1, 0x7fc00000u, "top-k slot 3 is used after the unused slot 2"},
+        {3, 0, 0, "top-k slots 0 and 3 hold the same id"},
+        {0, -7, 0xbf800000u, "top-k slot 0: id -7"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        raw_free(&t);
+        ck_assert_int_eq(raw_load(good, &t), 0);
+        uint8_t *r = raw_record(&t.fr[2], 0);
+        int32_t id = cases[c].id;
+        if (c == 2) id = (int32_t)raw_rd32(r + 24); /* slot 0's id */
+        raw_wr32(r + 24 + 8 * cases[c].slot, (uint32_t)id);
+        if (c != 2) raw_wr32(r + 28 + 8 * cases[c].slot, cases[c].bits);
+        expect_refused(cases[c].want);
+    }
+    /* trailing unused slots are fine */
+    raw_free(&t);
+    ck_assert_int_eq(raw_load(good, &t), 0);
+    for (uint32_t i = 0; i < t.fr[1].n_records; i++) {
+        uint8_t *r = raw_record(&t.fr[1], i);
+        for (int k = 3; k < 5; k++) raw_wr32(r + 24 + 8 * k, 0xffffffffu), raw_wr32(r + 28 + 8 * k, 0x7fc00000u);
+    }
+    ck_assert_int_eq(raw_save(bad, &t), 0);
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "trace dump '%s'", bad);
+    ck_assert_msg(rc == 0, "rc %d: %s", rc, tail(out));
+    free(out);
+}
+END_TEST
+
+/* Section 5: a dump's padding (to a multiple of 4 bytes) is zero, like every
+ * reserved byte, so that equal records have equal bytes. */
+START_TEST(test_dump_padding)
+{
+    char model[65];
+    memset(model, 'a', 64);
+    model[64] = 0;
+    ls_trace_header h = {.mode = "rollout", .engine = "test", .model_fingerprint = model, .manifest_digest = "",
+                         .run_params_json = "{}", .topk = 5, .digest_kinds_mask = 1u << LS_DIGEST_HIDDEN,
+                         .state_digest_every = 1, .n_layers = SYN_N_LAYERS, .layers = syn_layers};
+    ls_error err;
+    ls_error_clear(&err);
+    ls_trace_writer *w;
+    ck_assert_msg(ls_trace_writer_open(good, &h, &w, &err) == LS_OK, "%s", err.msg);
+    ck_assert(ls_trace_writer_begin_frame(w, LS_FRAME_PREFILL, &err) == LS_OK);
+    uint8_t data[6] = {1, 2, 3, 4, 5, 6}; /* 3 bf16 elements: 2 bytes of padding */
+    ls_trace_digest dg[SYN_N_LAYERS];
+    for (int l = 0; l < SYN_N_LAYERS; l++) {
+        dg[l] = (ls_trace_digest){(uint16_t)l, LS_DIGEST_HIDDEN, {{0}}};
+        ls_sha256_buf(data, sizeof data, &dg[l].digest, NULL);
+    }
+    ls_trace_dump dm = {5, LS_DIGEST_HIDDEN, LS_DUMP_BF16, 3, data};
+    ls_trace_record rec = {.seq = 0, .pos = 0, .token = 1, .next_token = -1, .logprob_bits = 0x7fc00000u,
+                           .n_digests = SYN_N_LAYERS, .digests = dg, .n_dumps = 1, .dumps = &dm};
+    for (int k = 0; k < 5; k++) rec.topk_ids[k] = -1, rec.topk_logprob_bits[k] = 0x7fc00000u;
+    ck_assert_msg(ls_trace_writer_add(w, &rec, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_trace_writer_close(w, &err) == LS_OK, "%s", err.msg);
+    raw_free(&t);
+    ck_assert_int_eq(raw_load(good, &t), 0);
+    expect_equal_to_good();
+    uint8_t *r = raw_record(&t.fr[0], 0);
+    r[REC_DIGESTS + 36 * SYN_N_LAYERS + 8 + 6 + 1] = 0x5a;
+    expect_refused("dump 0: padding byte 1 is 0x5a, must be 0");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("trace_rules");
@@ -247,6 +411,11 @@ int main(void)
     tcase_add_test(tc, test_dump_matches_digest);
     tcase_add_test(tc, test_writer_dump_digest);
     tcase_add_test(tc, test_run_params_opaque);
+    tcase_add_test(tc, test_kind_family);
+    tcase_add_test(tc, test_kinds_complete);
+    tcase_add_test(tc, test_frame_kind_mode);
+    tcase_add_test(tc, test_topk_slots);
+    tcase_add_test(tc, test_dump_padding);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

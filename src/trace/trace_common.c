@@ -356,6 +356,76 @@ void ls_frame_buf_free(ls_frame_buf *fb)
     memset(fb, 0, sizeof *fb);
 }
 
+/* ---- layout rules ------------------------------------------------------------------- */
+static const char *const frame_kind_names[LS_TRACE_FRAME_KIND_COUNT] = {"prefill", "decode", "chunk", "import"};
+
+const char *ls_trace_frame_kind_name(unsigned kind)
+{
+    return kind < LS_TRACE_FRAME_KIND_COUNT ? frame_kind_names[kind] : "?";
+}
+
+int ls_trace_kind_allowed(ls_layer_family f, unsigned kind)
+{
+    switch (kind) {
+    case LS_DIGEST_HIDDEN: return 1;
+    case LS_DIGEST_GDN_STATE:
+    case LS_DIGEST_CONV_STATE: return f == LS_FAMILY_GDN;
+    case LS_DIGEST_KV: return f == LS_FAMILY_ATTENTION;
+    case LS_DIGEST_ROUTER: return f == LS_FAMILY_MOE;
+    default: return 0;
+    }
+}
+
+void ls_trace_layout_init(ls_trace_layout *l, const ls_trace_header *h)
+{
+    memset(l, 0, sizeof *l);
+    const char *m = h->mode ? h->mode : "";
+    /* Section 4: a rollout writes its prefill and decode steps, a replay its
+     * chunks, an importer import frames. */
+    if (!strcmp(m, "rollout")) l->mode = "rollout", l->frame_kinds = 1u << LS_FRAME_PREFILL | 1u << LS_FRAME_DECODE;
+    else if (!strcmp(m, "replay")) l->mode = "replay", l->frame_kinds = 1u << LS_FRAME_CHUNK;
+    else if (!strcmp(m, "import")) l->mode = "import", l->frame_kinds = 1u << LS_FRAME_IMPORT;
+    else l->mode = "?";
+    l->kinds_mask = h->digest_kinds_mask;
+    l->state_every = h->state_digest_every ? h->state_digest_every : 1;
+    l->n_layers = h->n_layers;
+    l->layers = h->layers;
+    for (int i = 0; i < h->n_layers; i++)
+        if ((unsigned)h->layers[i].family < LS_FAMILY_COUNT) l->n_family[h->layers[i].family]++;
+}
+
+const char *ls_trace_mode_frames(const ls_trace_layout *l)
+{
+    switch (l->frame_kinds) {
+    case 1u << LS_FRAME_PREFILL | 1u << LS_FRAME_DECODE: return "prefill and decode";
+    case 1u << LS_FRAME_CHUNK: return "chunk";
+    case 1u << LS_FRAME_IMPORT: return "import";
+    default: return "no";
+    }
+}
+
+int ls_trace_layout_missing_kind(const ls_trace_layout *l, uint32_t pos, const uint32_t count[LS_DIGEST_COUNT])
+{
+    uint32_t want[LS_DIGEST_COUNT] = {(uint32_t)l->n_layers, l->n_family[LS_FAMILY_GDN], l->n_family[LS_FAMILY_GDN],
+                                      l->n_family[LS_FAMILY_ATTENTION], l->n_family[LS_FAMILY_MOE]};
+    int state_due = pos % l->state_every == l->state_every - 1;
+    for (int k = 0; k < LS_DIGEST_COUNT; k++) {
+        if (!(l->kinds_mask & (1u << k)) || count[k] == want[k]) continue;
+        int state = k == LS_DIGEST_GDN_STATE || k == LS_DIGEST_CONV_STATE;
+        if (state && count[k] == 0 && !state_due) continue; /* not a state position the reader can name */
+        return k;
+    }
+    return -1;
+}
+
+void ls_rec_decoder_init(ls_rec_decoder *d, const ls_trace_header *h)
+{
+    ls_trace_layout_init(&d->lay, h);
+    d->topk = h->topk;
+    d->n_layers = h->n_layers;
+    d->kinds_mask = h->digest_kinds_mask;
+}
+
 void ls_rec_decoder_free(ls_rec_decoder *d)
 {
     free(d->dg);
@@ -376,10 +446,28 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
     if (avail < fixed) return BAD("record header runs past the frame payload", BADA);
     uint32_t rb = ls_rd32(p);
     if (rb < fixed || rb > avail || rb % 4) return BAD("record length %u invalid", BADA, rb);
+    /* Section 5: used top-k slots first, with distinct ids >= 0; then unused
+     * ones, id -1 and bits 0x7fc00000. */
+    int unused = -1;
+    for (int k = 0; k < dec->topk; k++) {
+        int32_t id = (int32_t)ls_rd32(p + 24 + 8 * k);
+        uint32_t bits = ls_rd32(p + 28 + 8 * k);
+        if (id < -1) return BAD("top-k slot %d: id %d (ids are >= 0, or -1 for an unused slot)", BADA, k, id);
+        if (id == -1) {
+            if (bits != 0x7fc00000u)
+                return BAD("top-k slot %d is unused (id -1) but its logprob bits are 0x%08x, not 0x7fc00000", BADA, k, bits);
+            if (unused < 0) unused = k;
+            continue;
+        }
+        if (unused >= 0) return BAD("top-k slot %d is used after the unused slot %d", BADA, k, unused);
+        for (int j = 0; j < k; j++)
+            if ((int32_t)ls_rd32(p + 24 + 8 * j) == id) return BAD("top-k slots %d and %d hold the same id %d", BADA, j, k, id);
+    }
     uint16_t nd = ls_rd16(p + fixed - 4), nm = ls_rd16(p + fixed - 2);
     uint64_t q = fixed + (uint64_t)nd * LS_TRACE_DIGEST_ENTRY_BYTES;
     if (q > rb) return BAD("%u digests run past the record", BADA, nd);
     int prev = -1;
+    uint32_t count[LS_DIGEST_COUNT] = {0};
     for (uint32_t i = 0; i < nd; i++) {
         const uint8_t *e = p + fixed + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES;
         uint16_t layer = ls_rd16(e);
@@ -387,9 +475,14 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
         if (e[3]) return BAD("digest %u: reserved byte 3 is 0x%02x, must be 0", BADA, i, e[3]);
         if (layer >= dec->n_layers || kind >= LS_DIGEST_COUNT || !(dec->kinds_mask & (1u << kind)))
             return BAD("digest %u: layer %u / kind %u not in the header", BADA, i, layer, kind);
+        ls_layer_family fam = dec->lay.layers[layer].family;
+        if (!ls_trace_kind_allowed(fam, kind))
+            return BAD("digest %u: layer %u is %s, which has no %s digest (section 6)", BADA, i, layer,
+                       ls_layer_family_name(fam), ls_digest_kind_name((ls_digest_kind)kind));
         int key = layer * LS_DIGEST_COUNT + kind;
         if (key <= prev) return BAD("digest %u: not ordered by (layer, kind)", BADA, i);
         prev = key;
+        count[kind]++;
     }
     prev = -1;
     for (uint32_t i = 0; i < nm; i++) {
@@ -402,6 +495,9 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
         if (layer >= dec->n_layers || kind >= LS_DIGEST_COUNT || !es || !n ||
             ((kind == LS_DIGEST_ROUTER) != (dtype == LS_DUMP_ROUTER)) || (dtype == LS_DUMP_ROUTER && n % 2))
             return BAD("dump %u: bad layer %u / kind %u / dtype %u / n_elems %u", BADA, i, layer, kind, dtype, n);
+        if (!ls_trace_kind_allowed(dec->lay.layers[layer].family, kind))
+            return BAD("dump %u: layer %u is %s, which has no %s digest (section 6)", BADA, i, layer,
+                       ls_layer_family_name(dec->lay.layers[layer].family), ls_digest_kind_name((ls_digest_kind)kind));
         int key = layer * LS_DIGEST_COUNT + kind;
         if (key <= prev) return BAD("dump %u: not ordered by (layer, kind)", BADA, i);
         prev = key;
@@ -421,7 +517,30 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
         if (memcmp(h.bytes, dg, 32) != 0)
             return BAD("dump %u (layer %u, %s): the SHA-256 of its data is not the record's %s digest of layer %u", BADA, i,
                        layer, kn, kn, layer);
+        /* Reserved and padding bytes are zero, so equal records have equal bytes. */
+        for (uint64_t b = (uint64_t)n * es; b < body; b++)
+            if (e[LS_TRACE_DUMP_HEAD_BYTES + b])
+                return BAD("dump %u: padding byte %u is 0x%02x, must be 0", BADA, i, (unsigned)(b - (uint64_t)n * es),
+                           e[LS_TRACE_DUMP_HEAD_BYTES + b]);
         q += LS_TRACE_DUMP_HEAD_BYTES + body;
+    }
+    /* checked after the dumps: a dump without its digest is named as such */
+    int missing = ls_trace_layout_missing_kind(&dec->lay, ls_rd32(p + 8), count);
+    if (missing >= 0) {
+        /* name the first layer that lacks it */
+        int layer = 0;
+        for (; layer < dec->n_layers; layer++) {
+            if (!ls_trace_kind_allowed(dec->lay.layers[layer].family, (unsigned)missing)) continue;
+            uint32_t i = 0;
+            while (i < nd && !(ls_rd16(p + fixed + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES) == layer &&
+                               p[fixed + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES + 2] == missing))
+                i++;
+            if (i == nd) break;
+        }
+        return BAD("seq %u pos %u lacks the %s digest of layer %d (%s): a kind in digest_kinds appears at every "
+                   "position for every layer of a family that has it (section 6)", BADA, ls_rd32(p + 4), ls_rd32(p + 8),
+                   ls_digest_kind_name((ls_digest_kind)missing), layer,
+                   layer < dec->n_layers ? ls_layer_family_name(dec->lay.layers[layer].family) : "?");
     }
     if (q != rb) return BAD("record length %u does not match its contents (%" PRIu64 ")", BADA, rb, q);
     *len = rb;
@@ -538,6 +657,10 @@ ls_status ls_frame_load(ls_trace_file *f, ls_frame_buf *fb, ls_rec_decoder *dec,
                        "%s: offset %" PRIu64 ": frame header corrupted (kind %u, %u records, %u segments, %" PRIu64
                        " / %" PRIu64 " bytes)",
                        path, off, fb->kind, fb->n_records, fb->n_segments, fb->uncompressed_bytes, fb->compressed_bytes);
+    if (!(dec->lay.frame_kinds & (1u << fb->kind)))
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: kind %u (%s) in a%s %s trace, which holds %s frames",
+                       path, off, fb->frame_index, fb->kind, ls_trace_frame_kind_name(fb->kind),
+                       dec->lay.mode[0] == 'i' ? "n" : "", dec->lay.mode, ls_trace_mode_frames(&dec->lay));
     uint64_t head_bytes = LS_TRACE_FRAME_FIXED_BYTES + (uint64_t)fb->n_segments * LS_TRACE_SEGMENT_BYTES;
     uint64_t total = head_bytes + 32 + fb->compressed_bytes;
     if (total > file_bytes - off)
