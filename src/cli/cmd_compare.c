@@ -29,6 +29,12 @@ static const char usage_text[] =
     "  --allow-different-model    compare traces whose model fingerprints differ\n"
     "  --allow-incomplete         compare traces without a trailer (killed runs)\n"
     "  --heatmap-cols N           heat-map columns per sequence (default 256)\n"
+    "  --stats                    drift statistics in every report: |d logprob| mean/p50/p99/max\n"
+    "                             per sequence and overall, token agreement, top-k overlap, KL\n"
+    "                             over the top-k, the completion's mean |old - rollout logprob|,\n"
+    "                             and per layer the digests that differ and, where both traces\n"
+    "                             dumped a layer, max |d|, relative error and cosine similarity;\n"
+    "                             the verdict and exit status stay bitwise\n"
     "  --no-color                 never colour the text report (as 'lockstep --color=never')\n"
     "\n"
     "\n"
@@ -38,7 +44,7 @@ static const char usage_text[] =
 
 int ls_cmd_compare(int argc, char **argv)
 {
-    enum { OPT_JSON = LS_CLI_LONG, OPT_JUNIT, OPT_HTML, OPT_DIFFERENT_MODEL, OPT_INCOMPLETE, OPT_HEATMAP_COLS, OPT_NO_COLOR };
+    enum { OPT_JSON = LS_CLI_LONG, OPT_JUNIT, OPT_HTML, OPT_DIFFERENT_MODEL, OPT_INCOMPLETE, OPT_HEATMAP_COLS, OPT_NO_COLOR, OPT_STATS };
     static const ls_cli_opt opts[] = {
         {"json", OPT_JSON, 1},
         {"junit", OPT_JUNIT, 1},
@@ -47,11 +53,13 @@ int ls_cmd_compare(int argc, char **argv)
         {"allow-incomplete", OPT_INCOMPLETE, 0},
         {"heatmap-cols", OPT_HEATMAP_COLS, 1},
         {"no-color", OPT_NO_COLOR, 0},
+        {"stats", OPT_STATS, 0},
         {NULL, 0, 0},
     };
     const char *paths[2] = {NULL, NULL}, *json = NULL, *junit = NULL, *html = NULL;
     int n_paths = 0, no_color = 0;
     ls_compare_opts opts_c = {0};
+    ls_compare_diag diag = {0};
     ls_cli_args a = {.cmd = "compare", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
         switch (c) {
@@ -59,6 +67,7 @@ int ls_cmd_compare(int argc, char **argv)
         case OPT_DIFFERENT_MODEL: opts_c.allow_different_model = 1; break;
         case OPT_INCOMPLETE: opts_c.allow_incomplete = 1; break;
         case OPT_NO_COLOR: no_color = 1; break;
+        case OPT_STATS: diag.stats = 1; break;
         case OPT_JSON: json = a.arg; break;
         case OPT_JUNIT: junit = a.arg; break;
         case OPT_HTML: html = a.arg; break;
@@ -76,7 +85,7 @@ int ls_cmd_compare(int argc, char **argv)
     ls_error err;
     ls_error_clear(&err);
     ls_compare_result r;
-    ls_status st = ls_compare_files(paths[0], paths[1], &opts_c, &r, &err);
+    ls_status st = ls_compare_files_diag(paths[0], paths[1], &opts_c, &diag, &r, &err);
     if (st) {
         ls_compare_result_free(&r);
         return ls_cli_report("compare", &err);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "compare/compare.h"
+#include "compare/compare_stats.h"
 #include "core/util.h"
 #include "core/bytes.h"
 #include "core/u32map.h"
@@ -125,6 +126,8 @@ typedef struct walk {
     int skip_token;              /* an imported trace has no input tokens */
     int same_layout;             /* same top-k width and digest kinds: equal raw bytes mean equal records */
     ls_trace_reader *ra;         /* A, lazy */
+    ls_stats *stats;             /* drift statistics, NULL when not asked for */
+    ls_u32map prompt_len;        /* seq -> prompt length from run_params.batch */
 } walk;
 
 static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *idx, ls_error *err)
@@ -158,6 +161,8 @@ static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *i
     w->last_pos[i] = -1;
     w->drift_order[i] = 0;
     s->pos_end = ls_trace_index_seq_end(w->ix, seq);
+    uint32_t pl;
+    if (ls_u32map_get(&w->prompt_len, seq, &pl)) s->prompt_len = pl;
     if (s->pos_end) {
         s->cols = s->pos_end < (uint32_t)w->max_cols ? s->pos_end : (uint32_t)w->max_cols;
         s->pos_per_col = (s->pos_end + s->cols - 1) / s->cols;
@@ -269,10 +274,11 @@ static void mark_missing(walk *w, ls_compare_seq *s, size_t si, uint32_t pos, in
 static void mark_digests_equal(const walk *w, ls_compare_seq *s, const ls_trace_record *a)
 {
     s->digests_compared += a->n_digests;
+    if (w->r->layer_stats)
+        for (uint32_t i = 0; i < a->n_digests; i++) w->r->layer_stats[ls_trace_record_digest_layer(a, i)].digests_compared++;
     if (!s->cells || a->pos >= s->pos_end) return;
     uint8_t *col = s->cells + a->pos / s->pos_per_col;
     int last = -1;
-    (void)w;
     /* digests are ordered by layer: one heat-map cell per run of a layer */
     for (uint32_t i = 0; i < a->n_digests; i++) {
         int layer = ls_trace_record_digest_layer(a, i);
@@ -281,6 +287,38 @@ static void mark_digests_equal(const walk *w, ls_compare_seq *s, const ls_trace_
         uint8_t *c = col + (size_t)(1 + layer) * s->cols;
         if (*c < LS_CELL_EQUAL) *c = LS_CELL_EQUAL;
     }
+}
+
+/* Hands one position to the drift statistics, with both records' dumps
+ * decoded when either carries any. */
+static ls_status position_stats(walk *w, const ls_compare_seq *s, size_t si, const ls_trace_record *a,
+                                const ls_trace_record *b, ls_error *err)
+{
+    if (a->n_dumps || b->n_dumps) {
+        LS_TRY(ls_trace_reader_load_digests(w->ra, err));
+        LS_TRY(ls_trace_index_load_digests(w->ix, err));
+    }
+    return ls_stats_position(w->stats, si, s->prompt_len, a, b, w->r->topk_compared, w->r->layer_stats, err);
+}
+
+/* Prompt lengths from run_params.batch (docs/trace-format.md, section 3):
+ * A's entries first, B's where A has none. */
+static ls_status read_prompt_lengths(walk *w, const ls_trace_header *h, ls_error *err)
+{
+    json_t *p = ls_trace_run_params_parse(h->run_params_json, NULL);
+    json_t *batch = p ? json_object_get(p, "batch") : NULL;
+    ls_status st = LS_OK;
+    for (size_t i = 0; st == LS_OK && json_is_array(batch) && i < json_array_size(batch); i++) {
+        json_t *e = json_array_get(batch, i), *id = json_object_get(e, "id"), *pl = json_object_get(e, "prompt_len");
+        uint32_t have;
+        if (!json_is_integer(id) || !json_is_integer(pl) || json_integer_value(id) < 0 ||
+            json_integer_value(id) > UINT32_MAX || json_integer_value(pl) < 1 || json_integer_value(pl) > UINT32_MAX ||
+            ls_u32map_get(&w->prompt_len, (uint32_t)json_integer_value(id), &have))
+            continue;
+        st = ls_u32map_put(&w->prompt_len, (uint32_t)json_integer_value(id), (uint32_t)json_integer_value(pl), err);
+    }
+    json_decref(p);
+    return st;
 }
 
 /* Slot of id among the first k top-k entries of r, or -1. */
@@ -310,7 +348,7 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         mark_digests_equal(w, s, a);
         cell(w, s, n_layers + 1, pos, LS_CELL_EQUAL);
         cell(w, s, n_layers + 2, pos, LS_CELL_EQUAL);
-        return 0;
+        return w->stats ? position_stats(w, s, si, a, b, err) : LS_OK;
     }
     ls_compare_drift d = {0};
     d.seq = a->seq;
@@ -350,11 +388,13 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         i++, j++;
         if (!(r->kinds_compared & (1u << x->kind))) continue;
         s->digests_compared++;
+        if (r->layer_stats) r->layer_stats[x->layer].digests_compared++;
         if (ls_digest_equal(&x->digest, &y->digest)) {
             cell(w, s, 1 + x->layer, pos, LS_CELL_EQUAL);
             continue;
         }
         s->digests_differ++;
+        if (r->layer_stats) r->layer_stats[x->layer].digests_differ++;
         if (x->kind == LS_DIGEST_ROUTER) {
             s->router_differ++;
             r->router_differ_per_layer[x->layer]++;
@@ -461,7 +501,7 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
                   : (d.what == LS_DRIFT_NEXT_TOKEN || d.what == LS_DRIFT_LOGPROB) ? n_layers + 1 : n_layers + 2;
         if (row >= 0) cell(w, s, row, pos, LS_CELL_FIRST);
     }
-    return LS_OK;
+    return w->stats ? position_stats(w, s, si, a, b, err) : LS_OK;
 }
 
 /* Appends one clause to the result's note ("; "-separated). */
@@ -555,6 +595,12 @@ static int cmp_seq(const void *x, const void *y)
 ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_compare_opts *opts,
                            ls_compare_result *r, ls_error *err)
 {
+    return ls_compare_files_diag(path_a, path_b, opts, NULL, r, err);
+}
+
+ls_status ls_compare_files_diag(const char *path_a, const char *path_b, const ls_compare_opts *opts,
+                                const ls_compare_diag *diag, ls_compare_result *r, ls_error *err)
+{
     static const ls_compare_opts defaults = {0};
     if (!opts) opts = &defaults;
     memset(r, 0, sizeof *r);
@@ -608,6 +654,15 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         goto out;
     }
     if (r->n_layers) memcpy(r->layers, ha->layers, (size_t)r->n_layers * sizeof *r->layers);
+    if (diag && diag->stats) {
+        r->layer_stats = calloc(r->n_layers ? r->n_layers : 1, sizeof *r->layer_stats);
+        if (!r->layer_stats) {
+            st = ls_fail(err, LS_E_NOMEM, "out of memory");
+            goto out;
+        }
+        if ((st = ls_stats_create(&w.stats, err))) goto out;
+    }
+    if ((st = read_prompt_lengths(&w, ha, err)) || (st = read_prompt_lengths(&w, hb, err))) goto out;
     if (!ha->digest_kinds_mask || !hb->digest_kinds_mask)
         note_add(r, "trace %s has no digests: compared tokens, logprobs and top-%d only",
                  !ha->digest_kinds_mask ? "A" : "B", r->topk_compared);
@@ -670,6 +725,7 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
         }
         if (!s->pass) r->equal = 0;
     }
+    if (w.stats && (st = ls_stats_finish(w.stats, r, err))) goto out; /* before the sort: indexes are walk order */
     uint64_t best = 0;
     uint32_t first_seq_id = 0;
     for (size_t i = 0; i < r->n_seqs; i++)
@@ -683,6 +739,8 @@ ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_comp
 out:
     free(w.last_pos);
     free(w.drift_order);
+    ls_stats_free(w.stats);
+    ls_u32map_free(&w.prompt_len);
     ls_u32map_free(&w.map);
     ls_trace_reader_close(ra);
     ls_trace_index_close(w.ix);
@@ -699,5 +757,6 @@ void ls_compare_result_free(ls_compare_result *r)
     free(r->seqs);
     free(r->layers);
     free(r->router_differ_per_layer);
+    free(r->layer_stats);
     memset(r, 0, sizeof *r);
 }

@@ -2,6 +2,7 @@
  * layers x positions heat map per sequence (first drift marked) and a plot of
  * |d logprob| per position. Inline SVG and CSS only: no scripts, no network. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -92,6 +93,119 @@ static void plot(FILE *f, const ls_compare_seq *s)
     fputs("</svg>\n", f);
 }
 
+/* A number for a table cell: "-" when not finite. */
+static void num(FILE *f, double v)
+{
+    if (v == v && v - v == 0) fprintf(f, "<td>%.4g</td>", v);
+    else fputs("<td>-</td>", f);
+}
+
+static void stats_row(FILE *f, const char *label, const ls_compare_stats *s)
+{
+    fprintf(f, "<tr><td>%s</td><td>%" PRIu64 "/%" PRIu64 "</td>", label, s->tokens_agree, s->steps);
+    num(f, s->dlogprob.mean);
+    num(f, s->dlogprob.p50);
+    num(f, s->dlogprob.p99);
+    num(f, s->dlogprob.max);
+    num(f, s->completion_mean_abs_dlogprob);
+    num(f, s->topk_overlap_mean);
+    num(f, s->topk_overlap_min);
+    num(f, s->kl_topk.mean);
+    num(f, s->kl_topk.max);
+    fputs("</tr>\n", f);
+}
+
+/* Per layer: the share of digests that differ (bars) and, where both traces
+ * dumped the layer, the relative error of its hidden rows (a log-scale
+ * line): where the error starts to grow shows even when every digest differs. */
+static void layer_chart(FILE *f, const ls_compare_result *r)
+{
+    int n = r->n_layers, lw = 60, bw = n ? (900 / n > 24 ? 24 : 900 / n > 3 ? 900 / n : 3) : 8, ph = 140, top = 16;
+    double lo = 0, hi = 0;
+    int any = 0;
+    for (int l = 0; l < n; l++) {
+        const ls_compare_dump_stats *d = &r->layer_stats[l].dumps[LS_DIGEST_HIDDEN];
+        if (!d->positions || !(d->rel_err > 0) || d->rel_err - d->rel_err != 0) continue;
+        double v = log10(d->rel_err);
+        if (!any || v < lo) lo = v;
+        if (!any || v > hi) hi = v;
+        any = 1;
+    }
+    if (any && hi - lo < 1) lo = hi - 1;
+    fprintf(f, "<svg class=\"plot\" width=\"%d\" height=\"%d\" role=\"img\" aria-label=\"per-layer error\">\n", lw + bw * n + 80,
+            ph + top + 40);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#fafafa\" stroke=\"#999\"/>\n", lw, top, bw * n, ph);
+    for (int l = 0; l < n; l++) {
+        const ls_compare_layer_stats *ls = &r->layer_stats[l];
+        double frac = ls->digests_compared ? (double)ls->digests_differ / (double)ls->digests_compared : 0;
+        int h = (int)(frac * (ph - 2));
+        char name[96];
+        ls_report_layer_name(r, l, name, sizeof name);
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#f9a825\"><title>%s: %" PRIu64 "/%" PRIu64
+                   " digests differ</title></rect>\n", lw + l * bw, top + ph - h, bw > 2 ? bw - 1 : bw, h, name,
+                ls->digests_differ, ls->digests_compared);
+    }
+    if (any) {
+        fputs("<polyline fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.5\" points=\"", f);
+        for (int l = 0; l < n; l++) {
+            const ls_compare_dump_stats *d = &r->layer_stats[l].dumps[LS_DIGEST_HIDDEN];
+            if (!d->positions || !(d->rel_err > 0) || d->rel_err - d->rel_err != 0) continue;
+            double y = top + ph - (log10(d->rel_err) - lo) / (hi - lo) * (ph - 4);
+            fprintf(f, "%.1f,%.1f ", lw + l * bw + bw / 2.0, y);
+        }
+        fputs("\"/>\n", f);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\">1e%.1f</text>\n", lw + bw * n + 4, top + 10, hi);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\">1e%.1f</text>\n", lw + bw * n + 4, top + ph, lo);
+    }
+    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"ax\">layers 0..%d: bars, share of digests that differ (0..1); line, "
+               "relative error of the dumped hidden rows (log scale, right)</text>\n", lw, top + ph + 16, n ? n - 1 : 0);
+    fputs("</svg>\n", f);
+}
+
+static void stats_html(FILE *f, const ls_compare_result *r)
+{
+    fputs("<h2>Drift statistics</h2>\n<p>Diagnostics beside the bitwise verdict: |&#916; logprob| of the selected token "
+          "where both traces selected the same one; the completion column is the mean |old_log_probs &#8722; "
+          "rollout_log_probs| RL frameworks log.</p>\n", f);
+    fputs("<table><tr><th>seq</th><th>tokens agree</th><th>mean |&#916; logprob|</th><th>p50</th><th>p99</th><th>max</th>"
+          "<th>completion mean</th><th>top-k overlap mean</th><th>min</th><th>KL(top-k) mean</th><th>max</th></tr>\n", f);
+    stats_row(f, "all", &r->stats);
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        char label[32];
+        snprintf(label, sizeof label, "%u", r->seqs[i].seq);
+        stats_row(f, label, &r->seqs[i].stats);
+    }
+    fputs("</table>\n", f);
+    if (!r->layer_stats || !r->n_layers) return;
+    layer_chart(f, r);
+    fputs("<table><tr><th>layer</th><th>digests differ</th><th>dumped kind</th><th>positions</th><th>max |&#916;|</th>"
+          "<th>relative error</th><th>cos mean</th><th>cos min</th></tr>\n", f);
+    for (int l = 0; l < r->n_layers; l++) {
+        const ls_compare_layer_stats *ls = &r->layer_stats[l];
+        char name[96];
+        ls_report_layer_name(r, l, name, sizeof name);
+        int shown = 0;
+        for (int k = 0; k <= LS_DIGEST_COUNT; k++) {
+            const ls_compare_dump_stats *d = k < LS_DIGEST_COUNT ? &ls->dumps[k] : NULL;
+            if (d ? !d->positions : shown) continue;
+            fprintf(f, "<tr><td>%s</td><td>%" PRIu64 "/%" PRIu64 "</td>", shown ? "" : name, ls->digests_differ,
+                    ls->digests_compared);
+            if (d) {
+                fprintf(f, "<td>%s</td><td>%" PRIu64 "</td>", ls_digest_kind_name((ls_digest_kind)k), d->positions);
+                num(f, d->max_abs);
+                num(f, d->rel_err);
+                num(f, d->cos_mean);
+                num(f, d->cos_min);
+            } else {
+                fputs("<td></td><td></td><td></td><td></td><td></td><td></td>", f);
+            }
+            fputs("</tr>\n", f);
+            shown = 1;
+        }
+    }
+    fputs("</table>\n", f);
+}
+
 ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_error *err)
 {
     ls_outfile o;
@@ -149,6 +263,7 @@ ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_
         else fputs("<br>tokens never diverged", f);
         fputs("</div>\n", f);
     }
+    if (r->has_stats) stats_html(f, r);
     fputs("<p class=\"legend\">cells:<span style=\"background:#2e7d32\"></span>equal<span style=\"background:#f9a825\"></span>"
           "differs<span style=\"background:#d50000;outline:2px solid #000\"></span>first drift<span style=\"background:#e0e0e0\">"
           "</span>not compared</p>\n", f);

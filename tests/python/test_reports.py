@@ -51,5 +51,31 @@ for other, rc_want in ((b, 0), (c, 1)):
     assert "<script" not in html and "http://" not in html and "https://" not in html, "HTML must be self-contained"
     assert "<svg" in html and ("FIRST DRIFT" in html) == bool(rc_want)
 p = subprocess.run([LS, "compare", a, c, "--json", "-"], capture_output=True, text=True)
-jsonschema.validate(json.loads(p.stdout), schema)
-print("reports: JSON validates, JUnit parses, HTML self-contained")
+doc = json.loads(p.stdout)
+jsonschema.validate(doc, schema)
+assert doc["stats"] is None and all(s["stats"] is None for s in doc["sequences"]), "stats only with --stats"
+
+# --stats: the same verdict and exit status, statistics in every report
+for other, rc_want in ((b, 0), (c, 1)):
+    js, ht = (os.path.join(d, n) for n in ("s.json", "s.html"))
+    p = subprocess.run([LS, "compare", "--stats", a, other, "--json", js, "--html", ht], capture_output=True, text=True)
+    assert p.returncode == rc_want, p.stdout + p.stderr
+    assert "drift statistics" in p.stdout and "mean |old_log_probs - rollout_log_probs|" in p.stdout, p.stdout
+    doc = json.load(open(js))
+    jsonschema.validate(doc, schema)
+    assert doc["result"] == ("PASS" if rc_want == 0 else "FAIL"), doc["result"]
+    st = doc["stats"]
+    n_pos = sum(s["positions_compared"] for s in doc["sequences"])
+    assert st["steps"] == sum(s["steps"] for s in doc["sequences"]) and st["tokens_agree"] == st["steps"], st
+    assert st["dlogprob"]["n"] == st["steps"] and st["dlogprob"]["max"] == 0.0, st["dlogprob"]
+    assert st["topk_overlap"] == {"positions": n_pos, "mean": 1.0, "min": 1.0}, st["topk_overlap"]
+    layers = st["layers"]
+    assert [l["layer"] for l in layers] == list(range(len(doc["layers"]))), layers
+    differ = [l["layer"] for l in layers if l["digests_differ"]]
+    assert differ == ([1] if rc_want else []), differ  # the planted gdn_state digest is in layer 1
+    dumps = [(l["layer"], x["kind"], x["positions"]) for l in layers for x in l["dumps"]]
+    assert dumps == [(1, "hidden", 2)], dumps  # both writers dump layer 1's hidden row at position 3
+    assert all(s["stats"]["steps"] == s["steps"] for s in doc["sequences"]), doc["sequences"]
+    html = open(ht).read()
+    assert "Drift statistics" in html and "<script" not in html, "HTML stats section"
+print("reports: JSON validates (with and without --stats), JUnit parses, HTML self-contained")
