@@ -25,7 +25,11 @@ static const char usage_text[] =
     "options:\n"
     "  --json FILE|-              write the JSON report (docs/compare-json.schema.json)\n"
     "  --junit FILE               write a JUnit XML report (one testcase per sequence)\n"
-    "  --html FILE                write a self-contained HTML page (heat map, |d logprob| plot)\n"
+    "  --html FILE                write a self-contained HTML page: every sequence in an overview,\n"
+    "                             failing ones in full (layers x positions heat map, |d logprob|)\n"
+    "  --github                   GitHub Actions: an ::error annotation per failing sequence (on\n"
+    "                             stdout, or stderr when a report goes there) and a Markdown step\n"
+    "                             summary appended to $GITHUB_STEP_SUMMARY when it is set\n"
     "  --allow-different-model    compare traces whose model fingerprints differ\n"
     "  --allow-incomplete         compare traces without a trailer (killed runs)\n"
     "  --heatmap-cols N           heat-map columns per sequence (default 256)\n"
@@ -44,7 +48,7 @@ static const char usage_text[] =
 
 int ls_cmd_compare(int argc, char **argv)
 {
-    enum { OPT_JSON = LS_CLI_LONG, OPT_JUNIT, OPT_HTML, OPT_DIFFERENT_MODEL, OPT_INCOMPLETE, OPT_HEATMAP_COLS, OPT_NO_COLOR, OPT_STATS };
+    enum { OPT_JSON = LS_CLI_LONG, OPT_JUNIT, OPT_HTML, OPT_DIFFERENT_MODEL, OPT_INCOMPLETE, OPT_HEATMAP_COLS, OPT_NO_COLOR, OPT_STATS, OPT_GITHUB };
     static const ls_cli_opt opts[] = {
         {"json", OPT_JSON, 1},
         {"junit", OPT_JUNIT, 1},
@@ -54,10 +58,11 @@ int ls_cmd_compare(int argc, char **argv)
         {"heatmap-cols", OPT_HEATMAP_COLS, 1},
         {"no-color", OPT_NO_COLOR, 0},
         {"stats", OPT_STATS, 0},
+        {"github", OPT_GITHUB, 0},
         {NULL, 0, 0},
     };
     const char *paths[2] = {NULL, NULL}, *json = NULL, *junit = NULL, *html = NULL;
-    int n_paths = 0, no_color = 0;
+    int n_paths = 0, no_color = 0, github = 0;
     ls_compare_opts opts_c = {0};
     ls_compare_diag diag = {0};
     ls_cli_args a = {.cmd = "compare", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
@@ -68,6 +73,7 @@ int ls_cmd_compare(int argc, char **argv)
         case OPT_INCOMPLETE: opts_c.allow_incomplete = 1; break;
         case OPT_NO_COLOR: no_color = 1; break;
         case OPT_STATS: diag.stats = 1; break;
+        case OPT_GITHUB: github = 1; break;
         case OPT_JSON: json = a.arg; break;
         case OPT_JUNIT: junit = a.arg; break;
         case OPT_HTML: html = a.arg; break;
@@ -100,6 +106,12 @@ int ls_cmd_compare(int argc, char **argv)
     if (!st && json) st = ls_report_write_json(json, &r, &err);
     if (!st && junit) st = ls_report_write_junit(junit, &r, &err);
     if (!st && html) st = ls_report_write_html(html, &r, &err);
+    if (!st && github) {
+        /* annotations are read from the step's output, whatever --quiet says */
+        ls_report_write_github_annotations(stdout_taken ? stderr : stdout, &r);
+        const char *summary = getenv("GITHUB_STEP_SUMMARY");
+        if (summary && summary[0]) st = ls_report_write_github_summary(summary, &r, &err);
+    }
     int equal = r.equal;
     ls_compare_result_free(&r);
     if (st) return ls_cli_report("compare", &err);

@@ -4,13 +4,12 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
 #include "report/report.h"
 #include "report/report_internal.h"
-
-#define MAX_HEATMAPS 8
 
 static const char *cell_colour(uint8_t c)
 {
@@ -34,6 +33,22 @@ static void row_label(const ls_compare_result *r, int row, char *buf, size_t n)
     }
 }
 
+static const char *cell_state(uint8_t v)
+{
+    return v == LS_CELL_FIRST ? "FIRST DRIFT" : v == LS_CELL_DIFFERS ? "differs" : v == LS_CELL_EQUAL ? "equal" : "not compared";
+}
+
+/* The x of the prompt/completion boundary (between positions prompt_len - 1
+ * and prompt_len) in a row of `cols` columns of width cw from x0, or -1. */
+static int boundary_x(const ls_compare_seq *s, int x0, double cw)
+{
+    if (!s->prompt_len || !s->pos_per_col || s->prompt_len >= s->pos_end) return -1;
+    return x0 + (int)((double)s->prompt_len / s->pos_per_col * cw);
+}
+
+/* One sequence's layers x positions map. Each row is drawn as runs of equal
+ * cells (one rectangle per run), so a mostly equal or mostly differing row
+ * costs a few rectangles, not one per column. */
 static void heatmap(FILE *f, const ls_compare_result *r, const ls_compare_seq *s)
 {
     int rows = r->n_layers + 3;
@@ -50,14 +65,24 @@ static void heatmap(FILE *f, const ls_compare_result *r, const ls_compare_seq *s
         if (rows <= 60 || row % 4 == 0 || row == rows - 1 || row == rows - 2)
             fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\" text-anchor=\"end\">%s</text>\n", lw - 6,
                     top + row * ch + ch - 2, label);
-        for (uint32_t c = 0; c < s->cols; c++) {
-            uint8_t v = s->cells[(size_t)row * s->cols + c];
+        const uint8_t *cells = s->cells + (size_t)row * s->cols;
+        for (uint32_t c = 0; c < s->cols;) {
+            uint32_t e = c + 1;
+            while (e < s->cols && cells[e] == cells[c] && cells[c] != LS_CELL_FIRST) e++;
+            uint8_t v = cells[c];
             fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\"%s><title>%s, positions %u..%u: %s</title></rect>\n",
-                    lw + (int)c * cw, top + row * ch, cw > 2 ? cw - 1 : cw, ch - 1, cell_colour(v),
+                    lw + (int)c * cw, top + row * ch, (int)(e - c) * cw - (cw > 2), ch - 1, cell_colour(v),
                     v == LS_CELL_FIRST ? " stroke=\"#000\" stroke-width=\"2\"" : "", label, c * s->pos_per_col,
-                    (c + 1) * s->pos_per_col - 1,
-                    v == LS_CELL_FIRST ? "FIRST DRIFT" : v == LS_CELL_DIFFERS ? "differs" : v == LS_CELL_EQUAL ? "equal" : "not compared");
+                    e * s->pos_per_col - 1 < s->pos_end ? e * s->pos_per_col - 1 : s->pos_end - 1, cell_state(v));
+            c = e;
         }
+    }
+    int bx = boundary_x(s, lw, cw);
+    if (bx >= 0) {
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#1565c0\" stroke-dasharray=\"6,3\"/>\n", bx, top - 4,
+                bx, top + rows * ch + 4);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"ax\" text-anchor=\"end\">prompt | completion (pos %u)</text>\n", bx - 4,
+                top + rows * ch + 18, s->prompt_len);
     }
     if (!s->pass && s->first.pos < s->pos_end && s->pos_per_col) {
         int x = lw + (int)(s->first.pos / s->pos_per_col) * cw + cw / 2;
@@ -65,6 +90,56 @@ static void heatmap(FILE *f, const ls_compare_result *r, const ls_compare_seq *s
                 top + rows * ch + 4);
         fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"fd\">first drift: pos %u</text>\n", x + 4, top + rows * ch + 18, s->first.pos);
     }
+    fputs("</svg>\n", f);
+}
+
+/* Every sequence in one map: a row per sequence, each column the worst cell
+ * of any layer at those positions (runs of equal cells drawn once). A
+ * failing sequence's row links to its full heat map. */
+static void overview(FILE *f, const ls_compare_result *r)
+{
+    int rows = r->n_layers + 3, lw = 170, pw = 900, top = 24;
+    int ch = r->n_seqs > 64 ? 4 : 12;
+    fprintf(f, "<svg class=\"hm\" width=\"%d\" height=\"%d\" role=\"img\" aria-label=\"all sequences\">\n", lw + pw + 10,
+            top + ch * (int)r->n_seqs + 10);
+    fputs("<text x=\"170\" y=\"14\" class=\"ax\">every sequence: the worst cell of any layer per column "
+          "(each row spans its own positions)</text>\n", f);
+    uint8_t *col = NULL;
+    size_t col_cap = 0;
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        const ls_compare_seq *s = &r->seqs[i];
+        int y = top + (int)i * ch;
+        if (!s->pass) fprintf(f, "<a href=\"#seq-%u\">", s->seq);
+        if (ch >= 8) fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\" text-anchor=\"end\">seq %u</text>", lw - 6, y + ch - 2, s->seq);
+        if (s->cols > col_cap) {
+            uint8_t *q = realloc(col, s->cols);
+            if (!q) break;
+            col = q;
+            col_cap = s->cols;
+        }
+        for (uint32_t c = 0; c < s->cols; c++) {
+            uint8_t m = 0;
+            for (int row = 0; row < rows; row++) {
+                uint8_t v = s->cells[(size_t)row * s->cols + c];
+                if (v > m) m = v;
+            }
+            col[c] = m;
+        }
+        double cw = s->cols ? (double)pw / s->cols : pw;
+        for (uint32_t c = 0; c < s->cols;) {
+            uint32_t e = c + 1;
+            while (e < s->cols && col[e] == col[c]) e++;
+            fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>seq %u, positions %u..%u: %s</title></rect>",
+                    lw + c * cw, y, (e - c) * cw, ch - 1, cell_colour(col[c]), s->seq, c * s->pos_per_col,
+                    e * s->pos_per_col - 1 < s->pos_end ? e * s->pos_per_col - 1 : s->pos_end - 1, cell_state(col[c]));
+            c = e;
+        }
+        int bx = boundary_x(s, lw, cw);
+        if (bx >= 0)
+            fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#1565c0\"/>", bx, y, bx, y + ch - 1);
+        fputs(s->pass ? "\n" : "</a>\n", f);
+    }
+    free(col);
     fputs("</svg>\n", f);
 }
 
@@ -89,6 +164,11 @@ static void plot(FILE *f, const ls_compare_seq *s)
         }
         fputs("\"/>\n", f);
     }
+    int bx = s->cols > 1 && s->prompt_len && s->prompt_len < s->pos_end
+                 ? lw + (int)((double)s->prompt_len / s->pos_per_col * pw / (s->cols - 1)) : -1;
+    if (bx >= 0 && bx <= lw + pw)
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#1565c0\" stroke-dasharray=\"6,3\"/>\n", bx, top, bx,
+                top + ph);
     fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"ax\">position (0..%u)</text>\n", lw, top + ph + 16, s->pos_end ? s->pos_end - 1 : 0);
     fputs("</svg>\n", f);
 }
@@ -234,13 +314,28 @@ ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_
         ls_report_xml_escape(f, r->note);
         fputs("</p>\n", f);
     }
+    if (r->n_param_diffs || r->activation_differs) {
+        fputs("<table><tr><th>differs</th><th>A</th><th>B</th></tr>\n", f);
+        if (r->activation_differs)
+            fprintf(f, "<tr><td>activation dtype</td><td>%s</td><td>%s</td></tr>\n", r->a.activation_dtype, r->b.activation_dtype);
+        for (int i = 0; i < r->n_param_diffs; i++) {
+            fprintf(f, "<tr><td>run_params.%s</td><td><code>", r->param_diffs[i].key);
+            ls_report_xml_escape(f, r->param_diffs[i].a);
+            fputs("</code></td><td><code>", f);
+            ls_report_xml_escape(f, r->param_diffs[i].b);
+            fputs("</code></td></tr>\n", f);
+        }
+        fputs("</table>\n", f);
+    }
     fputs("<table><tr><th>seq</th><th>result</th><th>positions</th><th>tokens equal</th><th>top-k sets equal</th>"
           "<th>max |&#916; logprob|</th><th>max KL(top-k)</th><th>digests differing</th></tr>\n", f);
     for (size_t i = 0; i < r->n_seqs; i++) {
         const ls_compare_seq *s = &r->seqs[i];
-        fprintf(f, "<tr><td>%u</td><td class=\"%s\">%s</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64
+        if (s->pass) fprintf(f, "<tr><td>%u</td>", s->seq);
+        else fprintf(f, "<tr><td><a href=\"#seq-%u\">%u</a></td>", s->seq, s->seq);
+        fprintf(f, "<td class=\"%s\">%s</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64
                    "</td><td>%.6g</td><td>%.6g</td><td>%" PRIu64 "/%" PRIu64 "</td></tr>\n",
-                s->seq, s->pass ? "pass" : "fail", s->pass ? "PASS" : "FAIL", s->positions_compared, s->tokens_equal,
+                s->pass ? "pass" : "fail", s->pass ? "PASS" : "FAIL", s->positions_compared, s->tokens_equal,
                 s->topk_set_equal, s->max_abs_dlogprob, s->max_kl_topk, s->digests_differ, s->digests_compared);
     }
     fputs("</table>\n", f);
@@ -267,19 +362,28 @@ ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_
     fputs("<p class=\"legend\">cells:<span style=\"background:#2e7d32\"></span>equal<span style=\"background:#f9a825\"></span>"
           "differs<span style=\"background:#d50000;outline:2px solid #000\"></span>first drift<span style=\"background:#e0e0e0\">"
           "</span>not compared</p>\n", f);
-    /* heat maps: the first-drift sequence first, then others up to MAX_HEATMAPS */
-    int shown = 0;
+    /* Every sequence in one overview; failing ones drawn in full (the first
+     * drift's first), passing ones summarised: a passing sequence's map is
+     * all equal cells, and drawing every one made pages of tens of MB. */
+    size_t n_fail = 0;
+    for (size_t i = 0; i < r->n_seqs; i++) n_fail += !r->seqs[i].pass;
+    int drawable = 0;
+    for (size_t i = 0; i < r->n_seqs; i++) drawable |= r->seqs[i].cells != NULL;
+    if (drawable) overview(f, r);
     for (int pass = 0; pass < 2; pass++)
-        for (size_t i = 0; i < r->n_seqs && shown < MAX_HEATMAPS; i++) {
+        for (size_t i = 0; i < r->n_seqs; i++) {
             const ls_compare_seq *s = &r->seqs[i];
-            if ((pass == 0) != ((int)i == r->first_seq) || !s->cells) continue;
-            fprintf(f, "<h2>seq %u: <span class=\"%s\">%s</span></h2>\n", s->seq, s->pass ? "pass" : "fail",
-                    s->pass ? "PASS" : "FAIL");
+            if (s->pass || (pass == 0) != ((int)i == r->first_seq) || !s->cells) continue;
+            fprintf(f, "<h2 id=\"seq-%u\">seq %u: <span class=\"fail\">FAIL</span></h2>\n", s->seq, s->seq);
+            fputs("<p>", f);
+            ls_report_xml_escape(f, s->first.message);
+            fputs("</p>\n", f);
             heatmap(f, r, s);
             plot(f, s);
-            shown++;
         }
-    if ((size_t)shown < r->n_seqs) fprintf(f, "<p>%zu more sequences not drawn.</p>\n", r->n_seqs - (size_t)shown);
+    if (r->n_seqs > n_fail)
+        fprintf(f, "<p>%zu passing sequence%s not drawn: each is bitwise equal at every position both traces hold "
+                   "(the overview above shows their extent).</p>\n", r->n_seqs - n_fail, r->n_seqs - n_fail == 1 ? "" : "s");
     fputs("</body></html>\n", f);
     return ls_outfile_commit(&o, err);
 }

@@ -78,4 +78,59 @@ for other, rc_want in ((b, 0), (c, 1)):
     assert all(s["stats"]["steps"] == s["steps"] for s in doc["sequences"]), doc["sequences"]
     html = open(ht).read()
     assert "Drift statistics" in html and "<script" not in html, "HTML stats section"
-print("reports: JSON validates (with and without --stats), JUnit parses, HTML self-contained")
+# HTML that scales: failing sequences drawn in full and linked from the table,
+# passing ones only in the overview; the prompt/completion boundary marked.
+html = open(os.path.join(d, "r.html")).read()  # the last run above: a vs c, seq 1 fails
+assert 'id="seq-1"' in html and 'href="#seq-1"' in html and 'id="seq-0"' not in html, "links to failing heat maps"
+assert html.count('aria-label="heat map seq') == 1 and 'aria-label="all sequences"' in html, "one heat map, one overview"
+sys.path.insert(0, os.path.join(SRC, "harness", "python"))
+from lockstep_trace import Record, TraceWriter, f32_bits  # noqa: E402
+
+N_SEQ, N_POS, PROMPT = 16, 512, 200
+LAYERS = [("embed", -1)] + [(f, i) for i in range(48) for f in ("gdn" if i % 4 != 3 else "attention", "moe")] + \
+         [("norm", -1), ("lm_head", -1)]
+
+
+def big(path, plant_seq=None):
+    batch = [{"id": q, "prompt_len": PROMPT, "n_tokens": N_POS} for q in range(N_SEQ)]
+    with TraceWriter(path, mode="replay", model_fingerprint="ab" * 32, layers=LAYERS,
+                     run_params={"batch": batch}) as w:
+        w.begin_frame("chunk")
+        for q in range(N_SEQ):
+            for p in range(N_POS):
+                lp = -1.0 - (p % 5) / 8 + (2 ** -20 if q == plant_seq and p >= 300 else 0)
+                w.add(Record(seq=q, pos=p, token=p % 97, next_token=(p + 1) % 97, logprob_bits=f32_bits(lp),
+                             topk=[((p + k) % 97, f32_bits(-k - 0.5)) for k in range(5)]))
+        w.end_frame()
+
+
+ba, bb = os.path.join(d, "big_a.trace"), os.path.join(d, "big_b.trace")
+big(ba)
+big(bb, plant_seq=3)
+ht = os.path.join(d, "big.html")
+p = subprocess.run([LS, "--quiet", "compare", ba, bb, "--html", ht], capture_output=True, text=True)
+assert p.returncode == 1, p.stdout + p.stderr
+size = os.path.getsize(ht)
+html = open(ht).read()
+# 16 x 512 positions x 99 layers: every cell drawn was ~10 MB; runs of equal cells, failing sequences only
+assert size < 200_000, "HTML page of %d bytes" % size
+assert html.count('aria-label="heat map seq') == 1 and 'id="seq-3"' in html, "seq 3 alone drawn in full"
+assert "prompt | completion (pos %d)" % PROMPT in html and "15 passing sequences not drawn" in html, "boundary, summary"
+
+# --github: one ::error per failing sequence, a Markdown step summary appended to GITHUB_STEP_SUMMARY
+summary = os.path.join(d, "summary.md")
+open(summary, "w").write("earlier step output\n")
+env = dict(os.environ, GITHUB_STEP_SUMMARY=summary)
+p = subprocess.run([LS, "--quiet", "compare", "--github", a, c], capture_output=True, text=True, env=env)
+assert p.returncode == 1, p.stdout + p.stderr
+lines = p.stdout.splitlines()
+assert lines == ["::error title=lockstep compare%3A seq 1 drifts::seq 1 pos 7 layer 1 (gdn, decoder layer 0): "
+                 "gdn_state digest differs"], lines
+md = open(summary).read()
+assert md.startswith("earlier step output\n### lockstep compare: FAIL"), md[:200]
+rows = [l for l in md.splitlines() if l.startswith("| ") and l[2].isdigit()]
+assert len(rows) == 2 and "**FAIL**" in rows[1] and "gdn_state digest differs" in rows[1], rows
+p = subprocess.run([LS, "--quiet", "compare", "--github", a, b], capture_output=True, text=True, env=env)
+assert p.returncode == 0 and p.stdout.startswith("::notice title=lockstep compare::PASS: 2/2"), p.stdout
+print("reports: JSON validates (with and without --stats), JUnit parses, HTML self-contained and scales, "
+      "GitHub annotations and step summary")
