@@ -71,7 +71,8 @@ typedef struct ls_trace_header {
                                           written byte for byte (ls_trace_run_params_parse
                                           reads fields from it) */
     int topk;                          /* top-k width, 1..LS_TRACE_TOPK_MAX (default 5) */
-    uint32_t digest_kinds_mask;        /* bit k set: kind k may appear */
+    uint32_t digest_kinds_mask;        /* bit k set: kind k is carried, by every record for
+                                          every layer of a family that has it (docs/trace-format.md §6) */
     uint32_t state_digest_every;       /* carried-state kinds recorded every N positions (1 = all) */
     int n_layers;
     const ls_trace_layer *layers;      /* [n_layers] */
