@@ -388,6 +388,7 @@ START_TEST(test_logprobs_only)
                                         {SYN_DIGEST, 1, 2, 3, LS_DIGEST_HIDDEN, 0}};
     ls_error err;
     ls_compare_result r;
+    const ls_compare_diag lpo = {.logprobs_only = 1};
     for (int i = 0; i < 3; i++) {
         syn_opts b = a;
         b.chunk = 2;
@@ -396,7 +397,7 @@ START_TEST(test_logprobs_only)
         ck_assert(ls_compare_files(pa, pb, NULL, &r, &err) == LS_OK);
         ck_assert_int_eq(r.equal, 0); /* everything compared: found */
         ls_compare_result_free(&r);
-        ck_assert_msg(ls_compare_files_scoped(pa, pb, NULL, LS_COMPARE_LOGPROBS_ONLY, &r, &err) == LS_OK, "%s", err.msg);
+        ck_assert_msg(ls_compare_files_diag(pa, pb, NULL, &lpo, &r, &err) == LS_OK, "%s", err.msg);
         ck_assert_msg(r.equal, "plant %d: %s", i, r.first_seq >= 0 ? r.seqs[r.first_seq].first.message : "");
         ck_assert_int_eq(r.topk_compared, 0);
         ck_assert_uint_eq(r.kinds_compared, 0);
@@ -407,7 +408,7 @@ START_TEST(test_logprobs_only)
     syn_opts b = a;
     b.plant = (syn_plant){SYN_LOGPROB, 1, 4, -1, 0, 0};
     ck_assert_int_eq(syn_write(pb, &b), 0);
-    ck_assert(ls_compare_files_scoped(pa, pb, NULL, LS_COMPARE_LOGPROBS_ONLY, &r, &err) == LS_OK);
+    ck_assert(ls_compare_files_diag(pa, pb, NULL, &lpo, &r, &err) == LS_OK);
     ck_assert_int_eq(r.equal, 0);
     ck_assert_msg(r.seqs[1].first.what == LS_DRIFT_LOGPROB && r.seqs[1].first.pos == 4, "%s", r.seqs[1].first.message);
     ls_compare_result_free(&r);

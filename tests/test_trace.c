@@ -108,13 +108,14 @@ START_TEST(test_writer_rejects)
     char model[65];
     memset(model, 'b', 64);
     model[64] = 0;
-    ls_trace_header h = {.mode = "rollout", .model_fingerprint = model, .topk = 5, .digest_kinds_mask = 1,
+    ls_trace_header h = {.mode = "rollout", .model_fingerprint = model, .topk = 5, .digest_kinds_mask = 0,
                          .n_layers = SYN_N_LAYERS, .layers = syn_layers};
     ls_error err;
     ls_trace_writer *w;
     ck_assert_int_eq(ls_trace_writer_open(path, &h, &w, &err), LS_OK);
     ck_assert_int_eq(ls_trace_writer_begin_frame(w, LS_FRAME_PREFILL, &err), LS_OK);
     ls_trace_record rec = {.seq = 0, .pos = 4};
+    for (int k = 0; k < 5; k++) rec.topk_ids[k] = -1, rec.topk_logprob_bits[k] = 0x7fc00000u; /* unused slots */
     ck_assert_int_eq(ls_trace_writer_add(w, &rec, &err), LS_OK);
     rec.pos = 4; /* repeat */
     ck_assert_int_eq(ls_trace_writer_add(w, &rec, &err), LS_E_USAGE);

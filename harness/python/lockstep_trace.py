@@ -35,6 +35,12 @@ FRAME_KINDS = {"prefill": 0, "decode": 1, "chunk": 2, "import": 3}
 DTYPES = {"bf16": 0, "fp32": 1, "router": 2}
 DTYPE_SIZE = {0: 2, 1: 4, 2: 4}
 NAN_BITS = 0x7FC00000
+# section 6: the kinds a layer of each family carries
+FAMILY_KINDS = {"embed": {"hidden"}, "norm": {"hidden"}, "lm_head": {"hidden"},
+                "gdn": {"hidden", "gdn_state", "conv_state"}, "attention": {"hidden", "kv"},
+                "moe": {"hidden", "router"}}
+# section 4: the frame kinds of each mode
+MODE_FRAMES = {"rollout": {"prefill", "decode"}, "replay": {"chunk"}, "import": {"import"}}
 
 
 def f32_bits(x: float) -> int:
@@ -72,6 +78,7 @@ class TraceWriter:
             raise ValueError("model_fingerprint must be 64 lower-case hex characters")
         if not 1 <= topk <= 64:
             raise ValueError("topk must be 1..64")
+        self.mode = mode
         self.path, self.tmp = path, "%s.tmp.%d" % (path, os.getpid())
         self.topk = topk
         self.layers = list(layers)
@@ -102,6 +109,8 @@ class TraceWriter:
     def begin_frame(self, kind: str = "decode"):
         if self.frame is not None:
             raise RuntimeError("begin_frame while a frame is open")
+        if kind not in MODE_FRAMES[self.mode]:
+            raise ValueError("a %s trace holds %s frames, not %s" % (self.mode, " and ".join(sorted(MODE_FRAMES[self.mode])), kind))
         self.frame = (FRAME_KINDS[kind], bytearray(), [])
 
     def add(self, r: Record):
@@ -118,8 +127,13 @@ class TraceWriter:
         for layer, kind, sha in digests:
             if kind not in self.kinds or not 0 <= layer < len(self.layers) or len(sha) != 32:
                 raise ValueError("digest (%d, %s) not in the header" % (layer, kind))
+            if kind not in FAMILY_KINDS[self.layers[layer][0]]:
+                raise ValueError("digest (%d, %s): a %s layer has no %s digest" % (layer, kind, self.layers[layer][0], kind))
             body += struct.pack("<HBB", layer, KINDS.index(kind), 0) + sha
+        by_key = {(layer, kind): sha for layer, kind, sha in digests}
         for layer, kind, dtype, data in dumps:
+            if by_key.get((layer, kind)) != digest(data):  # section 5: a dump hashes to its digest
+                raise ValueError("dump (%d, %s): the record's digest is not the SHA-256 of its data" % (layer, kind))
             dt = DTYPES[dtype]
             n = len(data) // DTYPE_SIZE[dt]
             body += struct.pack("<HBBI", layer, KINDS.index(kind), dt, n) + data + b"\0" * (-len(data) % 4)

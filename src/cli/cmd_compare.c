@@ -9,33 +9,6 @@
 #include "report/report.h"
 #include "trace/trace.h"
 
-#include <jansson.h>
-
-/* Informational: the run parameters that make a trace non-strict or from a
- * different backend (perturbation, backend), when they differ. */
-static void note_run_params(FILE *out, const char *pa, const char *pb)
-{
-    const char *keys[2] = {"perturbation", "backend"};
-    json_t *p[2] = {NULL, NULL};
-    const char *paths[2] = {pa, pb};
-    for (int i = 0; i < 2; i++) {
-        ls_trace_reader *r;
-        if (ls_trace_reader_open(paths[i], &r, NULL) != LS_OK) continue;
-        const char *txt = ls_trace_reader_header(r)->run_params_json;
-        p[i] = txt ? json_loads(txt, 0, NULL) : NULL;
-        ls_trace_reader_close(r);
-    }
-    for (int k = 0; k < 2 && p[0] && p[1]; k++) {
-        json_t *a = json_object_get(p[0], keys[k]), *b = json_object_get(p[1], keys[k]);
-        if (json_equal(a, b) || (!a && !b)) continue;
-        const char *sa = json_is_string(a) ? json_string_value(a) : "none";
-        const char *sb = json_is_string(b) ? json_string_value(b) : "none";
-        fprintf(out, "note: the traces' run parameters differ: %s A %s, B %s\n", keys[k], sa, sb);
-    }
-    json_decref(p[0]);
-    json_decref(p[1]);
-}
-
 static const char usage_text[] =
     "usage: lockstep compare A.trace B.trace [options]\n"
     "\n"
@@ -55,12 +28,22 @@ static const char usage_text[] =
     "options:\n"
     "  --json FILE|-              write the JSON report (docs/compare-json.schema.json)\n"
     "  --junit FILE               write a JUnit XML report (one testcase per sequence)\n"
-    "  --html FILE                write a self-contained HTML page (heat map, |d logprob| plot)\n"
+    "  --html FILE                write a self-contained HTML page: every sequence in an overview,\n"
+    "                             failing ones in full (layers x positions heat map, |d logprob|)\n"
+    "  --github                   GitHub Actions: an ::error annotation per failing sequence (on\n"
+    "                             stdout, or stderr when a report goes there) and a Markdown step\n"
+    "                             summary appended to $GITHUB_STEP_SUMMARY when it is set\n"
     "  --allow-different-model    compare traces whose model fingerprints differ\n"
     "  --allow-incomplete         compare traces without a trailer (killed runs)\n"
     "  --heatmap-cols N           heat-map columns per sequence (default 256)\n"
     "  --logprobs-only            compare token ids and selected-token logprob bits only\n"
     "                             (no digests, no top-k: engines that return no top-k)\n"
+    "  --stats                    drift statistics in every report: |d logprob| mean/p50/p99/max\n"
+    "                             per sequence and overall, token agreement, top-k overlap, KL\n"
+    "                             over the top-k, the completion's mean |old - rollout logprob|,\n"
+    "                             and per layer the digests that differ and, where both traces\n"
+    "                             dumped a layer, max |d|, relative error and cosine similarity;\n"
+    "                             the verdict and exit status stay bitwise\n"
     "  --no-color                 never colour the text report (as 'lockstep --color=never')\n"
     "\n"
     "\n"
@@ -71,7 +54,7 @@ static const char usage_text[] =
 int ls_cmd_compare(int argc, char **argv)
 {
     enum { OPT_JSON = LS_CLI_LONG, OPT_JUNIT, OPT_HTML, OPT_DIFFERENT_MODEL, OPT_INCOMPLETE, OPT_HEATMAP_COLS, OPT_NO_COLOR,
-           OPT_LOGPROBS_ONLY };
+           OPT_LOGPROBS_ONLY, OPT_STATS, OPT_GITHUB };
     static const ls_cli_opt opts[] = {
         {"json", OPT_JSON, 1},
         {"junit", OPT_JUNIT, 1},
@@ -81,12 +64,14 @@ int ls_cmd_compare(int argc, char **argv)
         {"heatmap-cols", OPT_HEATMAP_COLS, 1},
         {"no-color", OPT_NO_COLOR, 0},
         {"logprobs-only", OPT_LOGPROBS_ONLY, 0},
+        {"stats", OPT_STATS, 0},
+        {"github", OPT_GITHUB, 0},
         {NULL, 0, 0},
     };
     const char *paths[2] = {NULL, NULL}, *json = NULL, *junit = NULL, *html = NULL;
-    int n_paths = 0, no_color = 0;
+    int n_paths = 0, no_color = 0, github = 0;
     ls_compare_opts opts_c = {0};
-    ls_compare_scope scope = LS_COMPARE_EVERYTHING;
+    ls_compare_diag diag = {0};
     ls_cli_args a = {.cmd = "compare", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
         switch (c) {
@@ -94,7 +79,9 @@ int ls_cmd_compare(int argc, char **argv)
         case OPT_DIFFERENT_MODEL: opts_c.allow_different_model = 1; break;
         case OPT_INCOMPLETE: opts_c.allow_incomplete = 1; break;
         case OPT_NO_COLOR: no_color = 1; break;
-        case OPT_LOGPROBS_ONLY: scope = LS_COMPARE_LOGPROBS_ONLY; break;
+        case OPT_LOGPROBS_ONLY: diag.logprobs_only = 1; break;
+        case OPT_STATS: diag.stats = 1; break;
+        case OPT_GITHUB: github = 1; break;
         case OPT_JSON: json = a.arg; break;
         case OPT_JUNIT: junit = a.arg; break;
         case OPT_HTML: html = a.arg; break;
@@ -117,7 +104,7 @@ int ls_cmd_compare(int argc, char **argv)
         if (reports[i] && strcmp(reports[i], "-") && ls_output_path_check(reports[i], &err) != LS_OK)
             return ls_cli_report("compare", &err);
     ls_compare_result r;
-    ls_status st = ls_compare_files_scoped(paths[0], paths[1], &opts_c, scope, &r, &err);
+    ls_status st = ls_compare_files_diag(paths[0], paths[1], &opts_c, &diag, &r, &err);
     if (st) {
         ls_compare_result_free(&r);
         return ls_cli_report("compare", &err);
@@ -128,11 +115,16 @@ int ls_cmd_compare(int argc, char **argv)
     FILE *text = stdout_taken ? stderr : stdout;
     if (!ls_log_quiet()) {
         ls_report_write_text(text, &r, !no_color && ls_color_enabled(text));
-        note_run_params(text, paths[0], paths[1]);
     }
     if (!st && json) st = ls_report_write_json(json, &r, &err);
     if (!st && junit) st = ls_report_write_junit(junit, &r, &err);
     if (!st && html) st = ls_report_write_html(html, &r, &err);
+    if (!st && github) {
+        /* annotations are read from the step's output, whatever --quiet says */
+        ls_report_write_github_annotations(stdout_taken ? stderr : stdout, &r);
+        const char *summary = getenv("GITHUB_STEP_SUMMARY");
+        if (summary && summary[0]) st = ls_report_write_github_summary(summary, &r, &err);
+    }
     int equal = r.equal;
     ls_compare_result_free(&r);
     if (st) return ls_cli_report("compare", &err);

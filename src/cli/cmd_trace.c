@@ -111,7 +111,7 @@ static int dump(const char *path, int as_json, long seq, long p_lo, long p_hi, c
                                                 h->layers[i].decoder_layer));
         for (int k = 0; k < LS_DIGEST_COUNT; k++)
             if (h->digest_kinds_mask & (1u << k)) json_array_append_new(kinds, json_string(ls_digest_kind_name((ls_digest_kind)k)));
-        json_t *params = json_loads(h->run_params_json, 0, NULL);
+        json_t *params = ls_trace_run_params_parse(h->run_params_json, NULL);
         json_t *o = json_pack("{s:{s:i,s:i,s:s,s:s,s:s,s:s,s:o,s:i,s:o,s:i,s:s,s:o}}", "header", "version_major",
                               (int)h->version_major, "version_minor", (int)h->version_minor, "mode", h->mode, "engine",
                               h->engine, "model_fingerprint", h->model_fingerprint, "manifest_digest", h->manifest_digest,

@@ -1,14 +1,18 @@
 /* lockstep — comparator (see compare.h for the walk order and memory bound). */
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compare/compare.h"
+#include "compare/compare_stats.h"
 #include "core/util.h"
 #include "core/bytes.h"
 #include "core/u32map.h"
+
+#include <jansson.h>
 
 static const char *const what_names[] = {"none", "token", "digest", "next_token", "logprob",
                                          "topk_set", "topk_order", "topk_logprob", "missing"};
@@ -125,6 +129,8 @@ typedef struct walk {
     int logprobs_only;           /* token ids and selected logprobs only */
     int same_layout;             /* same top-k width and digest kinds: equal raw bytes mean equal records */
     ls_trace_reader *ra;         /* A, lazy */
+    ls_stats *stats;             /* drift statistics, NULL when not asked for */
+    ls_u32map prompt_len;        /* seq -> prompt length from run_params.batch */
 } walk;
 
 static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *idx, ls_error *err)
@@ -162,6 +168,8 @@ static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *i
     w->drift_order[i] = 0;
     w->outside[i] = 0;
     s->pos_end = ls_trace_index_seq_end(w->ix, seq);
+    uint32_t pl;
+    if (ls_u32map_get(&w->prompt_len, seq, &pl)) s->prompt_len = pl;
     if (s->pos_end) {
         s->cols = s->pos_end < (uint32_t)w->max_cols ? s->pos_end : (uint32_t)w->max_cols;
         s->pos_per_col = (s->pos_end + s->cols - 1) / s->cols;
@@ -182,6 +190,14 @@ static void cell(const walk *w, ls_compare_seq *s, int row, uint32_t pos, uint8_
     uint8_t *c = &s->cells[(size_t)row * s->cols + pos / s->pos_per_col];
     (void)w;
     if (*c < v) *c = v;
+}
+
+/* One side of a top-k set difference: "unused", "13 (not in B)" or "13". */
+static void topk_side(char *buf, size_t n, int64_t id, int missing, char other)
+{
+    if (id < 0) snprintf(buf, n, "unused");
+    else if (missing) snprintf(buf, n, "%" PRId64 " (not in %c)", id, other);
+    else snprintf(buf, n, "%" PRId64, id);
 }
 
 static void describe(const ls_compare_result *r, ls_compare_drift *d)
@@ -211,10 +227,14 @@ static void describe(const ls_compare_result *r, ls_compare_drift *d)
         snprintf(d->message, sizeof d->message, "%s: selected-token logprob bits differ: A 0x%08" PRIx64 " (%.9g), B 0x%08" PRIx64 " (%.9g)",
                  where, d->a_value, bits_to_float((uint32_t)d->a_value), d->b_value, bits_to_float((uint32_t)d->b_value));
         break;
-    case LS_DRIFT_TOPK_SET:
-        snprintf(d->message, sizeof d->message, "%s: top-%d token sets differ (first at slot %d: A %" PRId64 ", B %" PRId64 ")",
-                 where, r->topk_compared, d->topk_slot, d->a_value, d->b_value);
+    case LS_DRIFT_TOPK_SET: {
+        char sa[48], sb[48];
+        topk_side(sa, sizeof sa, d->a_value, d->topk_a_missing, 'B');
+        topk_side(sb, sizeof sb, d->b_value, d->topk_b_missing, 'A');
+        snprintf(d->message, sizeof d->message, "%s: top-%d token sets differ at slot %d: A %s, B %s", where,
+                 r->topk_compared, d->topk_slot, sa, sb);
         break;
+    }
     case LS_DRIFT_TOPK_ORDER:
         snprintf(d->message, sizeof d->message, "%s: top-%d order differs (slot %d: A %" PRId64 ", B %" PRId64 ")", where,
                  r->topk_compared, d->topk_slot, d->a_value, d->b_value);
@@ -250,7 +270,8 @@ static void mark_missing(walk *w, ls_compare_seq *s, size_t si, uint32_t pos, in
     d.pos = pos;
     d.layer = -1;
     d.topk_slot = -1;
-    d.a_value = in_a;
+    d.a_value = in_a != 0;
+    d.b_value = in_a == 0;
     set_first(w, s, si, &d);
 }
 
@@ -260,10 +281,11 @@ static void mark_missing(walk *w, ls_compare_seq *s, size_t si, uint32_t pos, in
 static void mark_digests_equal(const walk *w, ls_compare_seq *s, const ls_trace_record *a)
 {
     s->digests_compared += a->n_digests;
+    if (w->r->layer_stats)
+        for (uint32_t i = 0; i < a->n_digests; i++) w->r->layer_stats[ls_trace_record_digest_layer(a, i)].digests_compared++;
     if (!s->cells || a->pos >= s->pos_end) return;
     uint8_t *col = s->cells + a->pos / s->pos_per_col;
     int last = -1;
-    (void)w;
     /* digests are ordered by layer: one heat-map cell per run of a layer */
     for (uint32_t i = 0; i < a->n_digests; i++) {
         int layer = ls_trace_record_digest_layer(a, i);
@@ -272,6 +294,46 @@ static void mark_digests_equal(const walk *w, ls_compare_seq *s, const ls_trace_
         uint8_t *c = col + (size_t)(1 + layer) * s->cols;
         if (*c < LS_CELL_EQUAL) *c = LS_CELL_EQUAL;
     }
+}
+
+/* Hands one position to the drift statistics, with both records' dumps
+ * decoded when either carries any. */
+static ls_status position_stats(walk *w, const ls_compare_seq *s, size_t si, const ls_trace_record *a,
+                                const ls_trace_record *b, ls_error *err)
+{
+    if (a->n_dumps || b->n_dumps) {
+        LS_TRY(ls_trace_reader_load_digests(w->ra, err));
+        LS_TRY(ls_trace_index_load_digests(w->ix, err));
+    }
+    return ls_stats_position(w->stats, si, s->prompt_len, a, b, w->r->topk_compared, w->r->layer_stats, err);
+}
+
+/* Prompt lengths from run_params.batch (docs/trace-format.md, section 3):
+ * A's entries first, B's where A has none. */
+static ls_status read_prompt_lengths(walk *w, const ls_trace_header *h, ls_error *err)
+{
+    json_t *p = ls_trace_run_params_parse(h->run_params_json, NULL);
+    json_t *batch = p ? json_object_get(p, "batch") : NULL;
+    ls_status st = LS_OK;
+    for (size_t i = 0; st == LS_OK && json_is_array(batch) && i < json_array_size(batch); i++) {
+        json_t *e = json_array_get(batch, i), *id = json_object_get(e, "id"), *pl = json_object_get(e, "prompt_len");
+        uint32_t have;
+        if (!json_is_integer(id) || !json_is_integer(pl) || json_integer_value(id) < 0 ||
+            json_integer_value(id) > UINT32_MAX || json_integer_value(pl) < 1 || json_integer_value(pl) > UINT32_MAX ||
+            ls_u32map_get(&w->prompt_len, (uint32_t)json_integer_value(id), &have))
+            continue;
+        st = ls_u32map_put(&w->prompt_len, (uint32_t)json_integer_value(id), (uint32_t)json_integer_value(pl), err);
+    }
+    json_decref(p);
+    return st;
+}
+
+/* Slot of id among the first k top-k entries of r, or -1. */
+static int topk_find(const ls_trace_record *r, int k, int32_t id)
+{
+    for (int i = 0; i < k; i++)
+        if (r->topk_ids[i] == id) return i;
+    return -1;
 }
 
 /* Compares one position present in both traces. Returns an error only when
@@ -293,7 +355,7 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         if (!w->logprobs_only) mark_digests_equal(w, s, a);
         cell(w, s, n_layers + 1, pos, LS_CELL_EQUAL);
         cell(w, s, n_layers + 2, pos, LS_CELL_EQUAL);
-        return 0;
+        return w->stats ? position_stats(w, s, si, a, b, err) : LS_OK;
     }
     ls_compare_drift d = {0};
     d.seq = a->seq;
@@ -335,11 +397,13 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         i++, j++;
         if (!(r->kinds_compared & (1u << x->kind))) continue;
         s->digests_compared++;
+        if (r->layer_stats) r->layer_stats[x->layer].digests_compared++;
         if (ls_digest_equal(&x->digest, &y->digest)) {
             cell(w, s, 1 + x->layer, pos, LS_CELL_EQUAL);
             continue;
         }
         s->digests_differ++;
+        if (r->layer_stats) r->layer_stats[x->layer].digests_differ++;
         if (x->kind == LS_DIGEST_ROUTER) {
             s->router_differ++;
             r->router_differ_per_layer[x->layer]++;
@@ -387,20 +451,21 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
     if (a->next_token >= 0 && b->next_token >= 0) s->steps++;
     if ((a->token == b->token || w->skip_token) && a->next_token == b->next_token) s->tokens_equal++;
     cell(w, s, n_layers + 1, pos, out_differs ? LS_CELL_DIFFERS : LS_CELL_EQUAL);
-    /* 4. top-k: set, order, logprob bits */
+    /* 4. top-k: set, order, logprob bits. Unused slots (id -1, section 5 of
+     * docs/trace-format.md) hold no token: they are never looked up in the
+     * other list, and a slot used on one side only is a set difference. */
     int set_eq = 1, order_slot = -1, bits_slot = -1, set_slot = -1;
     double pa_sum = 0, pb_sum = 0, kl = 0;
     for (int x = 0; x < k; x++) {
-        int m = -1;
-        for (int y = 0; y < k; y++)
-            if (a->topk_ids[x] == b->topk_ids[y]) m = y;
-        if (m < 0) {
+        int32_t ia = a->topk_ids[x], ib = b->topk_ids[x];
+        int m = ia >= 0 ? topk_find(b, k, ia) : -1;
+        if ((ia >= 0 && m < 0) || (ib >= 0 && topk_find(a, k, ib) < 0) || ((ia < 0) != (ib < 0))) {
             set_eq = 0;
             if (set_slot < 0) set_slot = x;
-            continue;
         }
-        if (m != x && order_slot < 0) order_slot = x;
-        if (m == x && a->topk_logprob_bits[x] != b->topk_logprob_bits[x] && bits_slot < 0) bits_slot = x;
+        if (ia != ib && order_slot < 0) order_slot = x;
+        if (ia == ib && a->topk_logprob_bits[x] != b->topk_logprob_bits[x] && bits_slot < 0) bits_slot = x;
+        if (m < 0) continue;
         double la = bits_to_float(a->topk_logprob_bits[x]), lb = bits_to_float(b->topk_logprob_bits[m]);
         if (la == la && lb == lb) {
             if (fabs(la - lb) > dl) dl = fabs(la - lb);
@@ -409,14 +474,14 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         }
     }
     if (pa_sum > 0 && pb_sum > 0) {
-        for (int x = 0; x < k; x++)
-            for (int y = 0; y < k; y++)
-                if (a->topk_ids[x] == b->topk_ids[y]) {
-                    double la = bits_to_float(a->topk_logprob_bits[x]), lb = bits_to_float(b->topk_logprob_bits[y]);
-                    if (la != la || lb != lb) continue;
-                    double pa = exp(la) / pa_sum, pb = exp(lb) / pb_sum;
-                    if (pa > 0 && pb > 0) kl += pa * log(pa / pb);
-                }
+        for (int x = 0; x < k; x++) {
+            int y = a->topk_ids[x] >= 0 ? topk_find(b, k, a->topk_ids[x]) : -1;
+            if (y < 0) continue;
+            double la = bits_to_float(a->topk_logprob_bits[x]), lb = bits_to_float(b->topk_logprob_bits[y]);
+            if (la != la || lb != lb) continue;
+            double pa = exp(la) / pa_sum, pb = exp(lb) / pb_sum;
+            if (pa > 0 && pb > 0) kl += pa * log(pa / pb);
+        }
     }
     if (kl > s->max_kl_topk) s->max_kl_topk = kl;
     if (dl > s->max_abs_dlogprob) s->max_abs_dlogprob = dl;
@@ -434,6 +499,10 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         d.topk_slot = slot;
         d.a_value = d.what == LS_DRIFT_TOPK_LOGPROB ? (int64_t)a->topk_logprob_bits[slot] : (int64_t)a->topk_ids[slot];
         d.b_value = d.what == LS_DRIFT_TOPK_LOGPROB ? (int64_t)b->topk_logprob_bits[slot] : (int64_t)b->topk_ids[slot];
+        if (d.what == LS_DRIFT_TOPK_SET) {
+            d.topk_a_missing = a->topk_ids[slot] >= 0 && topk_find(b, k, a->topk_ids[slot]) < 0;
+            d.topk_b_missing = b->topk_ids[slot] >= 0 && topk_find(a, k, b->topk_ids[slot]) < 0;
+        }
     }
     if (found && s->pass) {
         set_first(w, s, si, &d);
@@ -441,7 +510,77 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
                   : (d.what == LS_DRIFT_NEXT_TOKEN || d.what == LS_DRIFT_LOGPROB) ? n_layers + 1 : n_layers + 2;
         if (row >= 0) cell(w, s, row, pos, LS_CELL_FIRST);
     }
-    return LS_OK;
+    return w->stats ? position_stats(w, s, si, a, b, err) : LS_OK;
+}
+
+/* Appends one clause to the result's note ("; "-separated). */
+static void note_add(ls_compare_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note_add(ls_compare_result *r, const char *fmt, ...)
+{
+    size_t n = strlen(r->note);
+    if (n + 3 >= sizeof r->note) return;
+    if (n) {
+        memcpy(r->note + n, "; ", 3);
+        n += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->note + n, sizeof r->note - n, fmt, ap);
+    va_end(ap);
+}
+
+/* A run parameter's value for a report: a string as itself, another value
+ * as compact JSON, "none" when absent or null. */
+static void param_text(const json_t *v, char *buf, size_t n)
+{
+    if (!v || json_is_null(v)) {
+        snprintf(buf, n, "none");
+    } else if (json_is_string(v)) {
+        snprintf(buf, n, "%s", json_string_value(v));
+    } else {
+        char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
+        snprintf(buf, n, "%s", t ? t : "?");
+        free(t);
+    }
+}
+
+/* Header facts that differ between the traces: informational (the verdict
+ * stays bitwise), but they often explain a drift before it is read. */
+static void note_header_differences(ls_compare_result *r, const ls_trace_header *ha, const ls_trace_header *hb)
+{
+    if (strcmp(r->a.activation_dtype, r->b.activation_dtype) != 0) {
+        r->activation_differs = 1;
+        note_add(r, "activation dtypes differ (A %s, B %s): hidden, conv_state and kv digests cannot be equal",
+                 r->a.activation_dtype, r->b.activation_dtype);
+    }
+    if (strcmp(r->a.manifest_digest, r->b.manifest_digest) != 0) {
+        r->manifest_differs = 1;
+        note_add(r, "manifest digests differ (A %.16s%s, B %.16s%s)", r->a.manifest_digest[0] ? r->a.manifest_digest : "none",
+                 r->a.manifest_digest[0] ? "..." : "", r->b.manifest_digest[0] ? r->b.manifest_digest : "none",
+                 r->b.manifest_digest[0] ? "..." : "");
+    }
+    static const char *const keys[LS_COMPARE_PARAM_KEYS] = {"perturbation", "backend"};
+    json_t *pa = ls_trace_run_params_parse(ha->run_params_json, NULL), *pb = ls_trace_run_params_parse(hb->run_params_json, NULL);
+    for (int k = 0; pa && pb && k < LS_COMPARE_PARAM_KEYS; k++) {
+        json_t *a = json_object_get(pa, keys[k]), *b = json_object_get(pb, keys[k]);
+        if (a && json_is_null(a)) a = NULL; /* absent and null both mean "none" */
+        if (b && json_is_null(b)) b = NULL;
+        if ((!a && !b) || (a && b && json_equal(a, b))) continue;
+        ls_compare_param_diff *d = &r->param_diffs[r->n_param_diffs++];
+        snprintf(d->key, sizeof d->key, "%s", keys[k]);
+        param_text(a, d->a, sizeof d->a);
+        param_text(b, d->b, sizeof d->b);
+    }
+    json_decref(pa);
+    json_decref(pb);
+    if (r->n_param_diffs) {
+        char buf[600];
+        size_t n = 0;
+        for (int i = 0; i < r->n_param_diffs && n < sizeof buf; i++)
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "%s%s A %s, B %s", i ? "; " : "", r->param_diffs[i].key,
+                                  r->param_diffs[i].a, r->param_diffs[i].b);
+        note_add(r, "run parameters differ: %s", buf);
+    }
 }
 
 static void fill_side(ls_compare_side *s, const char *path, const ls_trace_header *h)
@@ -453,6 +592,7 @@ static void fill_side(ls_compare_side *s, const char *path, const ls_trace_heade
     snprintf(s->manifest_digest, sizeof s->manifest_digest, "%s", h->manifest_digest);
     s->kinds_mask = h->digest_kinds_mask;
     s->topk = h->topk;
+    snprintf(s->activation_dtype, sizeof s->activation_dtype, "%s", h->activation_dtype ? h->activation_dtype : "bf16");
 }
 
 static int cmp_seq(const void *x, const void *y)
@@ -464,13 +604,13 @@ static int cmp_seq(const void *x, const void *y)
 ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_compare_opts *opts,
                            ls_compare_result *r, ls_error *err)
 {
-    return ls_compare_files_scoped(path_a, path_b, opts, LS_COMPARE_EVERYTHING, r, err);
+    return ls_compare_files_diag(path_a, path_b, opts, NULL, r, err);
 }
 
-ls_status ls_compare_files_scoped(const char *path_a, const char *path_b, const ls_compare_opts *opts,
-                                  ls_compare_scope scope, ls_compare_result *r, ls_error *err)
+ls_status ls_compare_files_diag(const char *path_a, const char *path_b, const ls_compare_opts *opts,
+                                const ls_compare_diag *diag, ls_compare_result *r, ls_error *err)
 {
-    int logprobs_only = scope == LS_COMPARE_LOGPROBS_ONLY;
+    int logprobs_only = diag && diag->logprobs_only;
     static const ls_compare_opts defaults = {0};
     if (!opts) opts = &defaults;
     memset(r, 0, sizeof *r);
@@ -525,14 +665,23 @@ ls_status ls_compare_files_scoped(const char *path_a, const char *path_b, const 
         goto out;
     }
     if (r->n_layers) memcpy(r->layers, ha->layers, (size_t)r->n_layers * sizeof *r->layers);
+    if (diag && diag->stats) {
+        r->layer_stats = calloc(r->n_layers ? r->n_layers : 1, sizeof *r->layer_stats);
+        if (!r->layer_stats) {
+            st = ls_fail(err, LS_E_NOMEM, "out of memory");
+            goto out;
+        }
+        if ((st = ls_stats_create(&w.stats, err))) goto out;
+    }
+    if ((st = read_prompt_lengths(&w, ha, err)) || (st = read_prompt_lengths(&w, hb, err))) goto out;
     if (logprobs_only)
-        snprintf(r->note, sizeof r->note, "logprobs only: compared token ids and selected-token logprob bits; "
-                 "digests and top-k not compared");
+        note_add(r, "logprobs only: compared token ids and selected-token logprob bits; digests and top-k "
+                 "not compared");
     else if (!ha->digest_kinds_mask || !hb->digest_kinds_mask)
-        snprintf(r->note, sizeof r->note, "trace %s has no digests: compared tokens, logprobs and top-%d only",
+        note_add(r, "trace %s has no digests: compared tokens, logprobs and top-%d only",
                  !ha->digest_kinds_mask ? "A" : "B", r->topk_compared);
     else if (ha->digest_kinds_mask != hb->digest_kinds_mask)
-        snprintf(r->note, sizeof r->note, "digest kinds differ between the traces: compared only the kinds both carry");
+        note_add(r, "digest kinds differ between the traces: compared only the kinds both carry");
     w.skip_token = !strcmp(ha->mode, "import") || !strcmp(hb->mode, "import");
     w.import_side = !strcmp(ha->mode, "import") == !strcmp(hb->mode, "import") ? 0
                     : !strcmp(ha->mode, "import")                             ? 1
@@ -541,16 +690,10 @@ ls_status ls_compare_files_scoped(const char *path_a, const char *path_b, const 
     w.ra = ra;
     ls_trace_reader_set_lazy(ra, 1);
     ls_trace_index_set_lazy(w.ix, 1);
-    if (w.skip_token) {
-        size_t n = strlen(r->note);
-        snprintf(r->note + n, sizeof r->note - n, "%san imported trace carries generated tokens only: input tokens not compared",
-                 n ? "; " : "");
-    }
-    if (ha->topk != hb->topk && !logprobs_only) {
-        size_t n = strlen(r->note);
-        snprintf(r->note + n, sizeof r->note - n, "%stop-k widths differ (%d vs %d): compared the first %d", n ? "; " : "",
-                 ha->topk, hb->topk, r->topk_compared);
-    }
+    if (w.skip_token) note_add(r, "an imported trace carries generated tokens only: input tokens not compared");
+    if (ha->topk != hb->topk && !logprobs_only)
+        note_add(r, "top-k widths differ (%d vs %d): compared the first %d", ha->topk, hb->topk, r->topk_compared);
+    note_header_differences(r, ha, hb);
     /* heat maps for every sequence of B */
     for (size_t i = 0; i < ls_trace_index_n_seqs(w.ix); i++) {
         ls_compare_seq *s;
@@ -607,6 +750,7 @@ ls_status ls_compare_files_scoped(const char *path_a, const char *path_b, const 
         }
         if (!s->pass) r->equal = 0;
     }
+    if (w.stats && (st = ls_stats_finish(w.stats, r, err))) goto out; /* before the sort: indexes are walk order */
     uint64_t best = 0;
     uint32_t first_seq_id = 0;
     for (size_t i = 0; i < r->n_seqs; i++)
@@ -617,16 +761,16 @@ ls_status ls_compare_files_scoped(const char *path_a, const char *path_b, const 
     if (r->n_seqs) qsort(r->seqs, r->n_seqs, sizeof *r->seqs, cmp_seq); /* seqs is NULL when empty */
     for (size_t i = 0; best && i < r->n_seqs; i++)
         if (r->seqs[i].seq == first_seq_id) r->first_seq = (int)i;
-    if (r->positions_outside_import) {
-        size_t n = strlen(r->note);
-        snprintf(r->note + n, sizeof r->note - n, "%strace %s is an import (the positions its engine scored): %" PRIu64
-                 " positions of trace %s before its sequences' first positions (prompt) not compared", n ? "; " : "",
+    if (r->positions_outside_import)
+        note_add(r, "trace %s is an import (the positions its engine scored): %" PRIu64 " positions of trace "
+                 "%s before its sequences' first positions (prompt) not compared",
                  w.import_side == 1 ? "A" : "B", r->positions_outside_import, w.import_side == 1 ? "B" : "A");
-    }
 out:
     free(w.last_pos);
     free(w.drift_order);
     free(w.outside);
+    ls_stats_free(w.stats);
+    ls_u32map_free(&w.prompt_len);
     ls_u32map_free(&w.map);
     ls_trace_reader_close(ra);
     ls_trace_index_close(w.ix);
@@ -643,5 +787,6 @@ void ls_compare_result_free(ls_compare_result *r)
     free(r->seqs);
     free(r->layers);
     free(r->router_differ_per_layer);
+    free(r->layer_stats);
     memset(r, 0, sizeof *r);
 }

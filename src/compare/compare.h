@@ -34,13 +34,6 @@ typedef struct ls_compare_opts {
     int heatmap_max_cols;        /* columns per sequence in the heat map; 0 = 256 */
 } ls_compare_opts;
 
-/* What is compared at each position. */
-typedef enum ls_compare_scope {
-    LS_COMPARE_EVERYTHING = 0,   /* tokens, digests, selected logprob, top-k */
-    LS_COMPARE_LOGPROBS_ONLY     /* token ids and the selected-token logprob bits only: no
-                                    digests, no top-k (engines that return no top-k) */
-} ls_compare_scope;
-
 typedef enum ls_drift_what {
     LS_DRIFT_NONE = 0,
     LS_DRIFT_TOKEN,              /* input token at pos differs */
@@ -78,12 +71,60 @@ typedef struct ls_compare_drift {
     ls_layer_family family;      /* of layer */
     int decoder_layer;           /* of layer (-1 for embed/norm/lm_head) */
     ls_digest_kind kind;         /* LS_DRIFT_DIGEST */
-    int64_t a_value, b_value;    /* tokens, logprob bits, or the differing top-k slot's ids */
+    int64_t a_value, b_value;    /* tokens, logprob bits, or the differing top-k slot's ids
+                                    (-1: unused slot); missing: 1 on the side holding the position */
     int topk_slot;               /* first differing top-k slot, -1 otherwise */
+    int topk_a_missing, topk_b_missing; /* LS_DRIFT_TOPK_SET: that slot's id of A (of B) is
+                                          not in the other list (a_value/b_value -1: unused slot) */
     ls_digest a_digest, b_digest;
     ls_tensor_diff tensor;
     char message[512];           /* one line: what differs, where */
 } ls_compare_drift;
+
+/* ---- drift statistics (ls_compare_diag.stats) ---------------------------------
+ * How far apart two traces are where their bits differ: diagnostics beside
+ * the bitwise verdict, which they never change. */
+
+/* A distribution of non-negative values over positions (nearest-rank
+ * percentiles; every field 0 when n == 0). */
+typedef struct ls_compare_dist {
+    uint64_t n;
+    double mean, p50, p99, max;
+} ls_compare_dist;
+
+/* Statistics of the positions of one sequence, or of all of them. */
+typedef struct ls_compare_stats {
+    uint64_t steps;                  /* positions where both traces selected a next token */
+    uint64_t tokens_agree;           /* ... the same one */
+    ls_compare_dist dlogprob;        /* |Δ selected-token logprob| over the positions where both
+                                        selected the same token (finite values) */
+    double dprob_mean, dprob_max;    /* |Δ exp(logprob)| over the same positions */
+    /* The completion only (positions >= prompt_len - 1, where each record
+     * predicts a generated token; all positions when no prompt length is
+     * known): the figures RL frameworks log for old_log_probs against
+     * rollout_log_probs. */
+    uint64_t completion_n;
+    double completion_mean_abs_dlogprob;   /* mean |old_log_probs - rollout_log_probs| */
+    double completion_mean_abs_dprob, completion_max_abs_dprob, completion_std_dprob;
+    uint64_t topk_positions;         /* positions where either top-k list has a used slot */
+    double topk_overlap_mean, topk_overlap_min; /* |A ∩ B| / max(|A|, |B|) over the used ids */
+    ls_compare_dist kl_topk;         /* KL(A||B) over the shared top-k ids, renormalised */
+} ls_compare_stats;
+
+/* Element-level error of one (layer, kind) where both traces dumped it
+ * (--dump-layers), over every position where they did. */
+typedef struct ls_compare_dump_stats {
+    uint64_t positions;
+    double max_abs;                  /* max |a - b| over every element (router: the weights) */
+    double rel_err;                  /* ||a - b||_2 / ||a||_2 over all those elements */
+    double cos_mean, cos_min;        /* cosine similarity of a and b, per position */
+    double sum_d2, sum_a2, cos_sum;  /* accumulators of the above */
+} ls_compare_dump_stats;
+
+typedef struct ls_compare_layer_stats {
+    uint64_t digests_compared, digests_differ;   /* every kind of the layer */
+    ls_compare_dump_stats dumps[LS_DIGEST_COUNT];
+} ls_compare_layer_stats;
 
 /* Heat-map cell states. */
 enum { LS_CELL_NONE = 0, LS_CELL_EQUAL = 1, LS_CELL_DIFFERS = 2, LS_CELL_FIRST = 3 };
@@ -107,6 +148,8 @@ typedef struct ls_compare_seq {
     uint32_t pos_end, pos_per_col, cols;
     uint8_t *cells;                  /* [(n_layers + 3) * cols], owned by the result */
     float *dlogprob;                 /* [cols] max |Δ logprob| per bucket, owned */
+    uint32_t prompt_len;             /* from run_params.batch of A or B, 0 when unknown */
+    ls_compare_stats stats;          /* filled with ls_compare_diag.stats */
 } ls_compare_seq;
 
 typedef struct ls_compare_side {
@@ -117,7 +160,17 @@ typedef struct ls_compare_side {
     uint64_t records, frames;
     uint32_t kinds_mask;
     int topk;
+    char activation_dtype[8];        /* "bf16" or "fp32" */
 } ls_compare_side;
+
+/* A run parameter that makes a trace perturbed or of another backend
+ * ("perturbation", "backend"), when the traces' values differ. */
+#define LS_COMPARE_PARAM_KEYS 2
+typedef struct ls_compare_param_diff {
+    char key[32];
+    char a[128], b[128];             /* a string's value, other values as compact JSON,
+                                        "none" when absent or null */
+} ls_compare_param_diff;
 
 typedef struct ls_compare_result {
     ls_compare_side a, b;
@@ -133,12 +186,20 @@ typedef struct ls_compare_result {
     int first_seq;                   /* index in seqs of the first drift in A's order, -1 */
     uint64_t bytes_compared;         /* uncompressed record bytes of A read */
     uint64_t elapsed_ns;
-    char note[512];                  /* e.g. "no digests in trace B: tokens, logprobs and top-k only" */
+    int activation_differs;          /* activation dtypes differ: hidden/conv/kv digests cannot match */
+    int manifest_differs;            /* manifest digests differ (informational) */
+    int n_param_diffs;
+    ls_compare_param_diff param_diffs[LS_COMPARE_PARAM_KEYS];
+    int has_stats;                   /* stats, layer_stats and every seq's stats are filled */
+    ls_compare_stats stats;          /* over every position of every sequence */
+    ls_compare_layer_stats *layer_stats; /* [n_layers], owned; NULL without stats */
     /* When one trace is an import (mode "import") and the other is not: the
      * positions of the full trace before the imported sequence's first
      * position (its prompt, when the engine returned no prompt logprobs).
      * They are counted in positions_only_a/b but are not drifts. */
     uint64_t positions_outside_import;
+    char note[1024];                 /* what was not compared and why, and header facts that
+                                        differ, "; "-separated, e.g. "trace B has no digests: ..." */
 } ls_compare_result;
 
 /* Compares two trace files. Returns LS_OK when the comparison ran (the verdict
@@ -148,9 +209,20 @@ typedef struct ls_compare_result {
  * Free the result with ls_compare_result_free in every case. */
 ls_status ls_compare_files(const char *path_a, const char *path_b, const ls_compare_opts *opts,
                            ls_compare_result *result, ls_error *err);
-/* The same, comparing only what scope names (ls_compare_files: LS_COMPARE_EVERYTHING). */
-ls_status ls_compare_files_scoped(const char *path_a, const char *path_b, const ls_compare_opts *opts,
-                                  ls_compare_scope scope, ls_compare_result *result, ls_error *err);
+
+/* Diagnostics beyond the verdict, kept apart from ls_compare_opts so that
+ * callers initialising that struct positionally still compile warning-free
+ * (as fingerprint.h keeps its cache options apart). */
+typedef struct ls_compare_diag {
+    int stats;                   /* 1: fill the drift statistics (has_stats); keeps 8 bytes per
+                                    compared position until the end, and decodes every dump */
+    int logprobs_only;           /* 1: token ids and selected-token logprob bits only (engines
+                                    that return no top-k); digests and top-k not compared */
+} ls_compare_diag;
+
+/* ls_compare_files with diagnostics; diag may be NULL (none). */
+ls_status ls_compare_files_diag(const char *path_a, const char *path_b, const ls_compare_opts *opts,
+                                const ls_compare_diag *diag, ls_compare_result *result, ls_error *err);
 void ls_compare_result_free(ls_compare_result *result);
 
 /* Decodes element i of a dump as a double (bf16/fp32; router: ids then weights). */

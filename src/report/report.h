@@ -18,6 +18,15 @@ ls_status ls_report_write_junit(const char *path, const ls_compare_result *r, ls
 /* One self-contained HTML page: layers x positions heat map, |Δ logprob| plot. */
 ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_error *err);
 
+/* GitHub Actions workflow commands on out: one ::error annotation per
+ * failing sequence (its first drift; at most 10, GitHub's limit per step,
+ * the last one counting the rest), or one ::notice when all pass. */
+void ls_report_write_github_annotations(FILE *out, const ls_compare_result *r);
+/* Appends a Markdown step summary (verdict, notes, per-sequence table, drift
+ * statistics when present) to path, the file GitHub names in
+ * GITHUB_STEP_SUMMARY. Appended, not replaced: GitHub collects it that way. */
+ls_status ls_report_write_github_summary(const char *path, const ls_compare_result *r, ls_error *err);
+
 /* Writes s with XML/HTML special characters escaped (control characters other
  * than newline and tab become '?'), for other writers of JUnit or HTML. */
 void ls_report_xml_escape(FILE *f, const char *s);

@@ -2,14 +2,14 @@
  * layers x positions heat map per sequence (first drift marked) and a plot of
  * |d logprob| per position. Inline SVG and CSS only: no scripts, no network. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/util.h"
 #include "report/report.h"
 #include "report/report_internal.h"
-
-#define MAX_HEATMAPS 8
 
 static const char *cell_colour(uint8_t c)
 {
@@ -33,6 +33,22 @@ static void row_label(const ls_compare_result *r, int row, char *buf, size_t n)
     }
 }
 
+static const char *cell_state(uint8_t v)
+{
+    return v == LS_CELL_FIRST ? "FIRST DRIFT" : v == LS_CELL_DIFFERS ? "differs" : v == LS_CELL_EQUAL ? "equal" : "not compared";
+}
+
+/* The x of the prompt/completion boundary (between positions prompt_len - 1
+ * and prompt_len) in a row of `cols` columns of width cw from x0, or -1. */
+static int boundary_x(const ls_compare_seq *s, int x0, double cw)
+{
+    if (!s->prompt_len || !s->pos_per_col || s->prompt_len >= s->pos_end) return -1;
+    return x0 + (int)((double)s->prompt_len / s->pos_per_col * cw);
+}
+
+/* One sequence's layers x positions map. Each row is drawn as runs of equal
+ * cells (one rectangle per run), so a mostly equal or mostly differing row
+ * costs a few rectangles, not one per column. */
 static void heatmap(FILE *f, const ls_compare_result *r, const ls_compare_seq *s)
 {
     int rows = r->n_layers + 3;
@@ -49,14 +65,24 @@ static void heatmap(FILE *f, const ls_compare_result *r, const ls_compare_seq *s
         if (rows <= 60 || row % 4 == 0 || row == rows - 1 || row == rows - 2)
             fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\" text-anchor=\"end\">%s</text>\n", lw - 6,
                     top + row * ch + ch - 2, label);
-        for (uint32_t c = 0; c < s->cols; c++) {
-            uint8_t v = s->cells[(size_t)row * s->cols + c];
+        const uint8_t *cells = s->cells + (size_t)row * s->cols;
+        for (uint32_t c = 0; c < s->cols;) {
+            uint32_t e = c + 1;
+            while (e < s->cols && cells[e] == cells[c] && cells[c] != LS_CELL_FIRST) e++;
+            uint8_t v = cells[c];
             fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\"%s><title>%s, positions %u..%u: %s</title></rect>\n",
-                    lw + (int)c * cw, top + row * ch, cw > 2 ? cw - 1 : cw, ch - 1, cell_colour(v),
+                    lw + (int)c * cw, top + row * ch, (int)(e - c) * cw - (cw > 2), ch - 1, cell_colour(v),
                     v == LS_CELL_FIRST ? " stroke=\"#000\" stroke-width=\"2\"" : "", label, c * s->pos_per_col,
-                    (c + 1) * s->pos_per_col - 1,
-                    v == LS_CELL_FIRST ? "FIRST DRIFT" : v == LS_CELL_DIFFERS ? "differs" : v == LS_CELL_EQUAL ? "equal" : "not compared");
+                    e * s->pos_per_col - 1 < s->pos_end ? e * s->pos_per_col - 1 : s->pos_end - 1, cell_state(v));
+            c = e;
         }
+    }
+    int bx = boundary_x(s, lw, cw);
+    if (bx >= 0) {
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#1565c0\" stroke-dasharray=\"6,3\"/>\n", bx, top - 4,
+                bx, top + rows * ch + 4);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"ax\" text-anchor=\"end\">prompt | completion (pos %u)</text>\n", bx - 4,
+                top + rows * ch + 18, s->prompt_len);
     }
     if (!s->pass && s->first.pos < s->pos_end && s->pos_per_col) {
         int x = lw + (int)(s->first.pos / s->pos_per_col) * cw + cw / 2;
@@ -64,6 +90,56 @@ static void heatmap(FILE *f, const ls_compare_result *r, const ls_compare_seq *s
                 top + rows * ch + 4);
         fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"fd\">first drift: pos %u</text>\n", x + 4, top + rows * ch + 18, s->first.pos);
     }
+    fputs("</svg>\n", f);
+}
+
+/* Every sequence in one map: a row per sequence, each column the worst cell
+ * of any layer at those positions (runs of equal cells drawn once). A
+ * failing sequence's row links to its full heat map. */
+static void overview(FILE *f, const ls_compare_result *r)
+{
+    int rows = r->n_layers + 3, lw = 170, pw = 900, top = 24;
+    int ch = r->n_seqs > 64 ? 4 : 12;
+    fprintf(f, "<svg class=\"hm\" width=\"%d\" height=\"%d\" role=\"img\" aria-label=\"all sequences\">\n", lw + pw + 10,
+            top + ch * (int)r->n_seqs + 10);
+    fputs("<text x=\"170\" y=\"14\" class=\"ax\">every sequence: the worst cell of any layer per column "
+          "(each row spans its own positions)</text>\n", f);
+    uint8_t *col = NULL;
+    size_t col_cap = 0;
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        const ls_compare_seq *s = &r->seqs[i];
+        int y = top + (int)i * ch;
+        if (!s->pass) fprintf(f, "<a href=\"#seq-%u\">", s->seq);
+        if (ch >= 8) fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\" text-anchor=\"end\">seq %u</text>", lw - 6, y + ch - 2, s->seq);
+        if (s->cols > col_cap) {
+            uint8_t *q = realloc(col, s->cols);
+            if (!q) break;
+            col = q;
+            col_cap = s->cols;
+        }
+        for (uint32_t c = 0; c < s->cols; c++) {
+            uint8_t m = 0;
+            for (int row = 0; row < rows; row++) {
+                uint8_t v = s->cells[(size_t)row * s->cols + c];
+                if (v > m) m = v;
+            }
+            col[c] = m;
+        }
+        double cw = s->cols ? (double)pw / s->cols : pw;
+        for (uint32_t c = 0; c < s->cols;) {
+            uint32_t e = c + 1;
+            while (e < s->cols && col[e] == col[c]) e++;
+            fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>seq %u, positions %u..%u: %s</title></rect>",
+                    lw + c * cw, y, (e - c) * cw, ch - 1, cell_colour(col[c]), s->seq, c * s->pos_per_col,
+                    e * s->pos_per_col - 1 < s->pos_end ? e * s->pos_per_col - 1 : s->pos_end - 1, cell_state(col[c]));
+            c = e;
+        }
+        int bx = boundary_x(s, lw, cw);
+        if (bx >= 0)
+            fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#1565c0\"/>", bx, y, bx, y + ch - 1);
+        fputs(s->pass ? "\n" : "</a>\n", f);
+    }
+    free(col);
     fputs("</svg>\n", f);
 }
 
@@ -88,8 +164,126 @@ static void plot(FILE *f, const ls_compare_seq *s)
         }
         fputs("\"/>\n", f);
     }
+    int bx = s->cols > 1 && s->prompt_len && s->prompt_len < s->pos_end
+                 ? lw + (int)((double)s->prompt_len / s->pos_per_col * pw / (s->cols - 1)) : -1;
+    if (bx >= 0 && bx <= lw + pw)
+        fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#1565c0\" stroke-dasharray=\"6,3\"/>\n", bx, top, bx,
+                top + ph);
     fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"ax\">position (0..%u)</text>\n", lw, top + ph + 16, s->pos_end ? s->pos_end - 1 : 0);
     fputs("</svg>\n", f);
+}
+
+/* A number for a table cell: "-" when not finite. */
+static void num(FILE *f, double v)
+{
+    if (v == v && v - v == 0) fprintf(f, "<td>%.4g</td>", v);
+    else fputs("<td>-</td>", f);
+}
+
+static void stats_row(FILE *f, const char *label, const ls_compare_stats *s)
+{
+    fprintf(f, "<tr><td>%s</td><td>%" PRIu64 "/%" PRIu64 "</td>", label, s->tokens_agree, s->steps);
+    num(f, s->dlogprob.mean);
+    num(f, s->dlogprob.p50);
+    num(f, s->dlogprob.p99);
+    num(f, s->dlogprob.max);
+    num(f, s->completion_mean_abs_dlogprob);
+    num(f, s->topk_overlap_mean);
+    num(f, s->topk_overlap_min);
+    num(f, s->kl_topk.mean);
+    num(f, s->kl_topk.max);
+    fputs("</tr>\n", f);
+}
+
+/* Per layer: the share of digests that differ (bars) and, where both traces
+ * dumped the layer, the relative error of its hidden rows (a log-scale
+ * line): where the error starts to grow shows even when every digest differs. */
+static void layer_chart(FILE *f, const ls_compare_result *r)
+{
+    int n = r->n_layers, lw = 60, bw = n ? (900 / n > 24 ? 24 : 900 / n > 3 ? 900 / n : 3) : 8, ph = 140, top = 16;
+    double lo = 0, hi = 0;
+    int any = 0;
+    for (int l = 0; l < n; l++) {
+        const ls_compare_dump_stats *d = &r->layer_stats[l].dumps[LS_DIGEST_HIDDEN];
+        if (!d->positions || !(d->rel_err > 0) || d->rel_err - d->rel_err != 0) continue;
+        double v = log10(d->rel_err);
+        if (!any || v < lo) lo = v;
+        if (!any || v > hi) hi = v;
+        any = 1;
+    }
+    if (any && hi - lo < 1) lo = hi - 1;
+    fprintf(f, "<svg class=\"plot\" width=\"%d\" height=\"%d\" role=\"img\" aria-label=\"per-layer error\">\n", lw + bw * n + 80,
+            ph + top + 40);
+    fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#fafafa\" stroke=\"#999\"/>\n", lw, top, bw * n, ph);
+    for (int l = 0; l < n; l++) {
+        const ls_compare_layer_stats *ls = &r->layer_stats[l];
+        double frac = ls->digests_compared ? (double)ls->digests_differ / (double)ls->digests_compared : 0;
+        int h = (int)(frac * (ph - 2));
+        char name[96];
+        ls_report_layer_name(r, l, name, sizeof name);
+        fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"#f9a825\"><title>%s: %" PRIu64 "/%" PRIu64
+                   " digests differ</title></rect>\n", lw + l * bw, top + ph - h, bw > 2 ? bw - 1 : bw, h, name,
+                ls->digests_differ, ls->digests_compared);
+    }
+    if (any) {
+        fputs("<polyline fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.5\" points=\"", f);
+        for (int l = 0; l < n; l++) {
+            const ls_compare_dump_stats *d = &r->layer_stats[l].dumps[LS_DIGEST_HIDDEN];
+            if (!d->positions || !(d->rel_err > 0) || d->rel_err - d->rel_err != 0) continue;
+            double y = top + ph - (log10(d->rel_err) - lo) / (hi - lo) * (ph - 4);
+            fprintf(f, "%.1f,%.1f ", lw + l * bw + bw / 2.0, y);
+        }
+        fputs("\"/>\n", f);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\">1e%.1f</text>\n", lw + bw * n + 4, top + 10, hi);
+        fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\">1e%.1f</text>\n", lw + bw * n + 4, top + ph, lo);
+    }
+    fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"ax\">layers 0..%d: bars, share of digests that differ (0..1); line, "
+               "relative error of the dumped hidden rows (log scale, right)</text>\n", lw, top + ph + 16, n ? n - 1 : 0);
+    fputs("</svg>\n", f);
+}
+
+static void stats_html(FILE *f, const ls_compare_result *r)
+{
+    fputs("<h2>Drift statistics</h2>\n<p>Diagnostics beside the bitwise verdict: |&#916; logprob| of the selected token "
+          "where both traces selected the same one; the completion column is the mean |old_log_probs &#8722; "
+          "rollout_log_probs| RL frameworks log.</p>\n", f);
+    fputs("<table><tr><th>seq</th><th>tokens agree</th><th>mean |&#916; logprob|</th><th>p50</th><th>p99</th><th>max</th>"
+          "<th>completion mean</th><th>top-k overlap mean</th><th>min</th><th>KL(top-k) mean</th><th>max</th></tr>\n", f);
+    stats_row(f, "all", &r->stats);
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        char label[32];
+        snprintf(label, sizeof label, "%u", r->seqs[i].seq);
+        stats_row(f, label, &r->seqs[i].stats);
+    }
+    fputs("</table>\n", f);
+    if (!r->layer_stats || !r->n_layers) return;
+    layer_chart(f, r);
+    fputs("<table><tr><th>layer</th><th>digests differ</th><th>dumped kind</th><th>positions</th><th>max |&#916;|</th>"
+          "<th>relative error</th><th>cos mean</th><th>cos min</th></tr>\n", f);
+    for (int l = 0; l < r->n_layers; l++) {
+        const ls_compare_layer_stats *ls = &r->layer_stats[l];
+        char name[96];
+        ls_report_layer_name(r, l, name, sizeof name);
+        int shown = 0;
+        for (int k = 0; k <= LS_DIGEST_COUNT; k++) {
+            const ls_compare_dump_stats *d = k < LS_DIGEST_COUNT ? &ls->dumps[k] : NULL;
+            if (d ? !d->positions : shown) continue;
+            fprintf(f, "<tr><td>%s</td><td>%" PRIu64 "/%" PRIu64 "</td>", shown ? "" : name, ls->digests_differ,
+                    ls->digests_compared);
+            if (d) {
+                fprintf(f, "<td>%s</td><td>%" PRIu64 "</td>", ls_digest_kind_name((ls_digest_kind)k), d->positions);
+                num(f, d->max_abs);
+                num(f, d->rel_err);
+                num(f, d->cos_mean);
+                num(f, d->cos_min);
+            } else {
+                fputs("<td></td><td></td><td></td><td></td><td></td><td></td>", f);
+            }
+            fputs("</tr>\n", f);
+            shown = 1;
+        }
+    }
+    fputs("</table>\n", f);
 }
 
 ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_error *err)
@@ -110,21 +304,38 @@ ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_
     ls_report_xml_escape(f, r->a.path);
     fprintf(f, "</code> (%s, %s)<br>B: <code>", r->a.mode, r->a.complete ? "complete" : "incomplete");
     ls_report_xml_escape(f, r->b.path);
-    fprintf(f, "</code> (%s, %s)<br>model <code>%s</code>%s<br>manifest A <code>%s</code>, B <code>%s</code></p>\n", r->b.mode,
+    fprintf(f, "</code> (%s, %s)<br>model <code>%s</code>%s<br>manifest A <code>%s</code>, B <code>%s</code>"
+               "<br>activations A %s, B %s</p>\n", r->b.mode,
             r->b.complete ? "complete" : "incomplete", r->a.model_fingerprint, r->model_differs ? " (B DIFFERS)" : "",
-            r->a.manifest_digest[0] ? r->a.manifest_digest : "none", r->b.manifest_digest[0] ? r->b.manifest_digest : "none");
+            r->a.manifest_digest[0] ? r->a.manifest_digest : "none", r->b.manifest_digest[0] ? r->b.manifest_digest : "none",
+            r->a.activation_dtype, r->b.activation_dtype);
     if (r->note[0]) {
         fputs("<p>note: ", f);
         ls_report_xml_escape(f, r->note);
         fputs("</p>\n", f);
     }
+    if (r->n_param_diffs || r->activation_differs) {
+        fputs("<table><tr><th>differs</th><th>A</th><th>B</th></tr>\n", f);
+        if (r->activation_differs)
+            fprintf(f, "<tr><td>activation dtype</td><td>%s</td><td>%s</td></tr>\n", r->a.activation_dtype, r->b.activation_dtype);
+        for (int i = 0; i < r->n_param_diffs; i++) {
+            fprintf(f, "<tr><td>run_params.%s</td><td><code>", r->param_diffs[i].key);
+            ls_report_xml_escape(f, r->param_diffs[i].a);
+            fputs("</code></td><td><code>", f);
+            ls_report_xml_escape(f, r->param_diffs[i].b);
+            fputs("</code></td></tr>\n", f);
+        }
+        fputs("</table>\n", f);
+    }
     fputs("<table><tr><th>seq</th><th>result</th><th>positions</th><th>tokens equal</th><th>top-k sets equal</th>"
           "<th>max |&#916; logprob|</th><th>max KL(top-k)</th><th>digests differing</th></tr>\n", f);
     for (size_t i = 0; i < r->n_seqs; i++) {
         const ls_compare_seq *s = &r->seqs[i];
-        fprintf(f, "<tr><td>%u</td><td class=\"%s\">%s</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64
+        if (s->pass) fprintf(f, "<tr><td>%u</td>", s->seq);
+        else fprintf(f, "<tr><td><a href=\"#seq-%u\">%u</a></td>", s->seq, s->seq);
+        fprintf(f, "<td class=\"%s\">%s</td><td>%" PRIu64 "</td><td>%" PRIu64 "</td><td>%" PRIu64
                    "</td><td>%.6g</td><td>%.6g</td><td>%" PRIu64 "/%" PRIu64 "</td></tr>\n",
-                s->seq, s->pass ? "pass" : "fail", s->pass ? "PASS" : "FAIL", s->positions_compared, s->tokens_equal,
+                s->pass ? "pass" : "fail", s->pass ? "PASS" : "FAIL", s->positions_compared, s->tokens_equal,
                 s->topk_set_equal, s->max_abs_dlogprob, s->max_kl_topk, s->digests_differ, s->digests_compared);
     }
     fputs("</table>\n", f);
@@ -147,22 +358,32 @@ ls_status ls_report_write_html(const char *path, const ls_compare_result *r, ls_
         else fputs("<br>tokens never diverged", f);
         fputs("</div>\n", f);
     }
+    if (r->has_stats) stats_html(f, r);
     fputs("<p class=\"legend\">cells:<span style=\"background:#2e7d32\"></span>equal<span style=\"background:#f9a825\"></span>"
           "differs<span style=\"background:#d50000;outline:2px solid #000\"></span>first drift<span style=\"background:#e0e0e0\">"
           "</span>not compared</p>\n", f);
-    /* heat maps: the first-drift sequence first, then others up to MAX_HEATMAPS */
-    int shown = 0;
+    /* Every sequence in one overview; failing ones drawn in full (the first
+     * drift's first), passing ones summarised: a passing sequence's map is
+     * all equal cells, and drawing every one made pages of tens of MB. */
+    size_t n_fail = 0;
+    for (size_t i = 0; i < r->n_seqs; i++) n_fail += !r->seqs[i].pass;
+    int drawable = 0;
+    for (size_t i = 0; i < r->n_seqs; i++) drawable |= r->seqs[i].cells != NULL;
+    if (drawable) overview(f, r);
     for (int pass = 0; pass < 2; pass++)
-        for (size_t i = 0; i < r->n_seqs && shown < MAX_HEATMAPS; i++) {
+        for (size_t i = 0; i < r->n_seqs; i++) {
             const ls_compare_seq *s = &r->seqs[i];
-            if ((pass == 0) != ((int)i == r->first_seq) || !s->cells) continue;
-            fprintf(f, "<h2>seq %u: <span class=\"%s\">%s</span></h2>\n", s->seq, s->pass ? "pass" : "fail",
-                    s->pass ? "PASS" : "FAIL");
+            if (s->pass || (pass == 0) != ((int)i == r->first_seq) || !s->cells) continue;
+            fprintf(f, "<h2 id=\"seq-%u\">seq %u: <span class=\"fail\">FAIL</span></h2>\n", s->seq, s->seq);
+            fputs("<p>", f);
+            ls_report_xml_escape(f, s->first.message);
+            fputs("</p>\n", f);
             heatmap(f, r, s);
             plot(f, s);
-            shown++;
         }
-    if ((size_t)shown < r->n_seqs) fprintf(f, "<p>%zu more sequences not drawn.</p>\n", r->n_seqs - (size_t)shown);
+    if (r->n_seqs > n_fail)
+        fprintf(f, "<p>%zu passing sequence%s not drawn: each is bitwise equal at every position both traces hold "
+                   "(the overview above shows their extent).</p>\n", r->n_seqs - n_fail, r->n_seqs - n_fail == 1 ? "" : "s");
     fputs("</body></html>\n", f);
     return ls_outfile_commit(&o, err);
 }

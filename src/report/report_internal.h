@@ -14,4 +14,7 @@ void ls_report_router_line(const ls_tensor_diff *t, char *buf, size_t n);
 /* "layer 3 (attention, decoder layer 1)". */
 void ls_report_layer_name(const ls_compare_result *r, int layer, char *buf, size_t n);
 
+/* The drift statistics section of the text report (r->has_stats). */
+void ls_report_stats_text(FILE *out, const ls_compare_result *r);
+
 #endif

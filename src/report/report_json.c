@@ -13,9 +13,9 @@ static json_t *jreal(double v) { return isfinite(v) ? json_real(v) : json_null()
 
 static json_t *side_json(const ls_compare_side *s)
 {
-    return json_pack("{s:s,s:s,s:s,s:s,s:s,s:b,s:I}", "path", s->path, "mode", s->mode, "engine", s->engine,
-                     "model_fingerprint", s->model_fingerprint, "manifest_digest", s->manifest_digest, "complete",
-                     s->complete, "records", (json_int_t)s->records);
+    return json_pack("{s:s,s:s,s:s,s:s,s:s,s:s,s:b,s:I}", "path", s->path, "mode", s->mode, "engine", s->engine,
+                     "model_fingerprint", s->model_fingerprint, "manifest_digest", s->manifest_digest,
+                     "activation_dtype", s->activation_dtype, "complete", s->complete, "records", (json_int_t)s->records);
 }
 
 static json_t *drift_json(const ls_compare_result *r, const ls_compare_drift *d)
@@ -78,6 +78,46 @@ static json_t *drift_json(const ls_compare_result *r, const ls_compare_drift *d)
     return o;
 }
 
+static json_t *dist_json(const ls_compare_dist *d)
+{
+    return json_pack("{s:I,s:o,s:o,s:o,s:o}", "n", (json_int_t)d->n, "mean", jreal(d->mean), "p50", jreal(d->p50), "p99",
+                     jreal(d->p99), "max", jreal(d->max));
+}
+
+/* Drift statistics of a sequence or of all (with the per-layer figures when layers). */
+static json_t *stats_json(const ls_compare_result *r, const ls_compare_stats *s, int layers)
+{
+    if (!r->has_stats) return json_null();
+    json_t *o = json_pack(
+        "{s:I,s:I,s:o,s:o,s:{s:o,s:o},s:{s:I,s:o,s:o,s:o,s:o},s:{s:I,s:o,s:o},s:o}", "steps", (json_int_t)s->steps,
+        "tokens_agree", (json_int_t)s->tokens_agree, "token_agreement",
+        s->steps ? jreal((double)s->tokens_agree / (double)s->steps) : json_null(), "dlogprob", dist_json(&s->dlogprob),
+        "dprob", "mean", jreal(s->dprob_mean), "max", jreal(s->dprob_max), "completion", "positions",
+        (json_int_t)s->completion_n, "mean_abs_logprob_diff", jreal(s->completion_mean_abs_dlogprob),
+        "mean_abs_prob_diff", jreal(s->completion_mean_abs_dprob), "max_abs_prob_diff", jreal(s->completion_max_abs_dprob),
+        "std_prob_diff", jreal(s->completion_std_dprob), "topk_overlap", "positions", (json_int_t)s->topk_positions,
+        "mean", jreal(s->topk_overlap_mean), "min", jreal(s->topk_overlap_min), "kl_topk", dist_json(&s->kl_topk));
+    if (!layers || !o) return o;
+    json_t *arr = json_array();
+    for (int l = 0; r->layer_stats && l < r->n_layers; l++) {
+        const ls_compare_layer_stats *ls = &r->layer_stats[l];
+        json_t *dumps = json_array();
+        for (int k = 0; k < LS_DIGEST_COUNT; k++) {
+            const ls_compare_dump_stats *d = &ls->dumps[k];
+            if (!d->positions) continue;
+            json_array_append_new(dumps, json_pack("{s:s,s:I,s:o,s:o,s:o,s:o}", "kind", ls_digest_kind_name((ls_digest_kind)k),
+                                                   "positions", (json_int_t)d->positions, "max_abs", jreal(d->max_abs),
+                                                   "rel_err", jreal(d->rel_err), "cos_mean", jreal(d->cos_mean),
+                                                   "cos_min", jreal(d->cos_min)));
+        }
+        json_array_append_new(arr, json_pack("{s:i,s:I,s:I,s:o}", "layer", l, "digests_compared",
+                                             (json_int_t)ls->digests_compared, "digests_differ",
+                                             (json_int_t)ls->digests_differ, "dumps", dumps));
+    }
+    json_object_set_new(o, "layers", arr);
+    return o;
+}
+
 ls_status ls_report_write_json(const char *path, const ls_compare_result *r, ls_error *err)
 {
     json_t *kinds = json_array(), *layers = json_array(), *router = json_array(), *seqs = json_array();
@@ -105,15 +145,21 @@ ls_status ls_report_write_json(const char *path, const ls_compare_result *r, ls_
                             "first_token_divergence",
                             s->first_token_divergence >= 0 ? json_integer(s->first_token_divergence) : json_null(),
                             "first_drift", drift_json(r, &s->first)));
+        json_object_set_new(json_array_get(seqs, i), "stats", stats_json(r, &s->stats, 0));
     }
+    json_t *params = json_array();
+    for (int i = 0; i < r->n_param_diffs; i++)
+        json_array_append_new(params, json_pack("{s:s,s:s,s:s}", "key", r->param_diffs[i].key, "a", r->param_diffs[i].a,
+                                                "b", r->param_diffs[i].b));
     json_t *root = json_pack(
-        "{s:s,s:s,s:b,s:o,s:o,s:b,s:o,s:i,s:s,s:o,s:o,s:o,s:o,s:I,s:o}", "schema", "lockstep-compare/1", "result",
+        "{s:s,s:s,s:b,s:o,s:o,s:b,s:o,s:i,s:s,s:o,s:o,s:o,s:o,s:o,s:I,s:o}", "schema", "lockstep-compare/1", "result",
         r->equal ? "PASS" : "FAIL", "equal", r->equal, "a", side_json(&r->a), "b", side_json(&r->b), "model_differs",
-        r->model_differs, "digest_kinds_compared", kinds, "topk_compared", r->topk_compared, "note", r->note, "layers",
-        layers, "router_differences", router, "sequences", seqs, "first_drift",
+        r->model_differs, "digest_kinds_compared", kinds, "topk_compared", r->topk_compared, "note", r->note,
+        "run_params_differ", params, "layers", layers, "router_differences", router, "sequences", seqs, "first_drift",
         r->first_seq >= 0 ? drift_json(r, &r->seqs[r->first_seq].first) : json_null(), "bytes_compared",
         (json_int_t)r->bytes_compared, "elapsed_s", jreal((double)r->elapsed_ns / 1e9));
     if (!root) return ls_fail(err, LS_E_INTERNAL, "json report: cannot build the document");
+    json_object_set_new(root, "stats", stats_json(r, &r->stats, 1));
     char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(root);
     if (!text) return ls_fail(err, LS_E_NOMEM, "json report: out of memory");

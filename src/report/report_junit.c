@@ -56,6 +56,15 @@ ls_status ls_report_write_junit(const char *path, const ls_compare_result *r, ls
     prop(f, "mode_b", r->b.mode);
     prop(f, "engine_a", r->a.engine);
     prop(f, "engine_b", r->b.engine);
+    prop(f, "activation_dtype_a", r->a.activation_dtype);
+    prop(f, "activation_dtype_b", r->b.activation_dtype);
+    for (int i = 0; i < r->n_param_diffs; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "run_params.%s_a", r->param_diffs[i].key);
+        prop(f, name, r->param_diffs[i].a);
+        snprintf(name, sizeof name, "run_params.%s_b", r->param_diffs[i].key);
+        prop(f, name, r->param_diffs[i].b);
+    }
     if (r->note[0]) prop(f, "note", r->note);
     fputs("    </properties>\n", f);
     for (size_t i = 0; i < r->n_seqs; i++) {

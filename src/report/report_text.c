@@ -57,6 +57,56 @@ void ls_report_layer_name(const ls_compare_result *r, int layer, char *buf, size
         snprintf(buf, n, "layer %d (%s)", layer, ls_layer_family_name(l->family));
 }
 
+/* "3/4 (75%)", or "-" when there is nothing to count. */
+static const char *ratio(uint64_t x, uint64_t n, char *buf, size_t len)
+{
+    if (!n) snprintf(buf, len, "-");
+    else snprintf(buf, len, "%" PRIu64 "/%" PRIu64 " (%.4g%%)", x, n, 100.0 * (double)x / (double)n);
+    return buf;
+}
+
+void ls_report_stats_text(FILE *out, const ls_compare_result *r)
+{
+    const ls_compare_stats *a = &r->stats;
+    char b1[64];
+    fprintf(out, "\ndrift statistics (diagnostics: the verdict is bitwise)\n");
+    fprintf(out, "  tokens agree: %s of the positions where both selected a next token\n",
+            ratio(a->tokens_agree, a->steps, b1, sizeof b1));
+    fprintf(out, "  |d logprob| of the selected token (same token, %" PRIu64 " positions): mean %.6g, p50 %.6g, p99 %.6g, max %.6g\n",
+            a->dlogprob.n, a->dlogprob.mean, a->dlogprob.p50, a->dlogprob.p99, a->dlogprob.max);
+    fprintf(out, "  |d prob|: mean %.6g, max %.6g\n", a->dprob_mean, a->dprob_max);
+    fprintf(out, "  completion (%" PRIu64 " positions): mean |old_log_probs - rollout_log_probs| %.6g; |d prob| mean %.6g, "
+                 "max %.6g, std %.6g\n", a->completion_n, a->completion_mean_abs_dlogprob, a->completion_mean_abs_dprob,
+            a->completion_max_abs_dprob, a->completion_std_dprob);
+    fprintf(out, "  top-%d overlap (%" PRIu64 " positions): mean %.6g, min %.6g; KL over the shared top-k: mean %.6g, "
+                 "p50 %.6g, p99 %.6g, max %.6g\n", r->topk_compared, a->topk_positions, a->topk_overlap_mean,
+            a->topk_overlap_min, a->kl_topk.mean, a->kl_topk.p50, a->kl_topk.p99, a->kl_topk.max);
+    fprintf(out, "\n  %-8s %-20s %-11s %-11s %-11s %-11s %-11s %-11s\n", "seq", "tokens agree", "mean|dlp|", "p50|dlp|",
+            "p99|dlp|", "max|dlp|", "top-k ovl", "mean KL");
+    for (size_t i = 0; i < r->n_seqs; i++) {
+        const ls_compare_stats *q = &r->seqs[i].stats;
+        fprintf(out, "  %-8u %-20s %-11.4g %-11.4g %-11.4g %-11.4g %-11.4g %-11.4g\n", r->seqs[i].seq,
+                ratio(q->tokens_agree, q->steps, b1, sizeof b1), q->dlogprob.mean, q->dlogprob.p50, q->dlogprob.p99,
+                q->dlogprob.max, q->topk_overlap_mean, q->kl_topk.mean);
+    }
+    if (!r->layer_stats || !r->n_layers) return;
+    fprintf(out, "\n  per layer: digests that differ; where both traces dumped the layer, max |d|, relative error "
+                 "||a-b||/||a|| and cosine similarity (mean, min)\n");
+    char name[96];
+    for (int l = 0; l < r->n_layers; l++) {
+        const ls_compare_layer_stats *ls = &r->layer_stats[l];
+        ls_report_layer_name(r, l, name, sizeof name);
+        fprintf(out, "  %-36s digests differ %s\n", name, ratio(ls->digests_differ, ls->digests_compared, b1, sizeof b1));
+        for (int k = 0; k < LS_DIGEST_COUNT; k++) {
+            const ls_compare_dump_stats *d = &ls->dumps[k];
+            if (!d->positions) continue;
+            fprintf(out, "  %-36s   %-10s dumps at %" PRIu64 " positions: max |d| %.6g, rel err %.6g, cos mean %.9g, min %.9g\n",
+                    "", ls_digest_kind_name((ls_digest_kind)k), d->positions, d->max_abs, d->rel_err, d->cos_mean,
+                    d->cos_min);
+        }
+    }
+}
+
 void ls_report_write_text(FILE *out, const ls_compare_result *r, int colour)
 {
     const char *green = colour ? "\033[32m" : "", *red = colour ? "\033[31;1m" : "", *bold = colour ? "\033[1m" : "",
@@ -73,6 +123,7 @@ void ls_report_write_text(FILE *out, const ls_compare_result *r, int colour)
         fprintf(out, "model: %s (same)\n", r->a.model_fingerprint);
     fprintf(out, "manifest: A %s, B %s\n", r->a.manifest_digest[0] ? r->a.manifest_digest : "(none)",
             r->b.manifest_digest[0] ? r->b.manifest_digest : "(none)");
+    fprintf(out, "activations: A %s, B %s\n", r->a.activation_dtype, r->b.activation_dtype);
     if (r->topk_compared)
         fprintf(out, "compared: tokens, selected logprob bits, top-%d ids/order/logprob bits; digest kinds: %s\n",
                 r->topk_compared, kinds_list(r->kinds_compared, kinds, sizeof kinds));
@@ -125,6 +176,7 @@ void ls_report_write_text(FILE *out, const ls_compare_result *r, int colour)
             ls_report_layer_name(r, l, line, sizeof line);
             fprintf(out, "  %s: %" PRIu64 " positions\n", line, r->router_differ_per_layer[l]);
         }
+    if (r->has_stats) ls_report_stats_text(out, r);
     double secs = (double)r->elapsed_ns / 1e9;
     fprintf(out, "\n%s%s%s: %zu/%zu sequences bitwise equal (%.1f MB of records in %.3f s)\n",
             r->equal ? green : red, r->equal ? "PASS" : "FAIL", off, n_pass, r->n_seqs,

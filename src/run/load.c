@@ -150,7 +150,7 @@ ls_status ls_run_load_rollout(const char *trace_path, ls_run_batch *out, ls_run_
     snprintf(info->model_fingerprint, sizeof info->model_fingerprint, "%s",
              h->model_fingerprint ? h->model_fingerprint : "");
     if (st == LS_OK) {
-        params = json_loads(h->run_params_json ? h->run_params_json : "{}", 0, NULL);
+        params = ls_trace_run_params_parse(h->run_params_json ? h->run_params_json : "{}", NULL);
         if (!json_is_object(params))
             st = ls_fail(err, LS_E_INPUT, "%s: header field run_params is not a JSON object", trace_path);
     }

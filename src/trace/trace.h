@@ -66,9 +66,13 @@ typedef struct ls_trace_header {
     const char *model_fingerprint;     /* Merkle root hex (64 chars) */
     const char *manifest_digest;       /* SHA-256 hex of the pinned manifest, or "" */
     const char *run_params_json;       /* JSON object text: sampling, chunk size, batch,
-                                          perturbation, activations ... (opaque here) */
+                                          perturbation, activations ... Opaque to the
+                                          format: checked as JSON syntax only, read and
+                                          written byte for byte (ls_trace_run_params_parse
+                                          reads fields from it) */
     int topk;                          /* top-k width, 1..LS_TRACE_TOPK_MAX (default 5) */
-    uint32_t digest_kinds_mask;        /* bit k set: kind k may appear */
+    uint32_t digest_kinds_mask;        /* bit k set: kind k is carried, by every record for
+                                          every layer of a family that has it (docs/trace-format.md §6) */
     uint32_t state_digest_every;       /* carried-state kinds recorded every N positions (1 = all) */
     int n_layers;
     const ls_trace_layer *layers;      /* [n_layers] */
@@ -217,6 +221,18 @@ ls_status ls_trace_index_verify(ls_trace_index *ix, ls_error *err);
 void ls_trace_index_close(ls_trace_index *ix);
 void ls_trace_index_set_lazy(ls_trace_index *ix, int lazy);
 ls_status ls_trace_index_load_digests(ls_trace_index *ix, ls_error *err);
+
+/* Parses a header's run_params_json for a reader that needs some of its
+ * fields (docs/trace-format.md, section 3). run_params is opaque to the
+ * format, so any JSON object is valid there; this parse keeps every value a
+ * strict parser would refuse: an integer outside int64 or a number beyond
+ * double range becomes a string holding its text ("18446744073709551615"),
+ * and "\u0000" is allowed in strings (json_string_length counts it). A key
+ * that repeats in one object is an error. Returns a new reference (a JSON
+ * object; json_decref it) or NULL with err filled. Include <jansson.h> to
+ * use it. */
+struct json_t;
+struct json_t *ls_trace_run_params_parse(const char *run_params_json, ls_error *err);
 
 /* Parses a family / digest-kind name; returns -1 when unknown. */
 int ls_layer_family_parse(const char *name);

@@ -73,12 +73,10 @@ ls_status ls_trace_header_to_json(const ls_trace_header *h, char **out, ls_error
     const char *act = h->activation_dtype ? h->activation_dtype : "bf16";
     if (strcmp(act, "bf16") && strcmp(act, "fp32"))
         return ls_fail(err, LS_E_USAGE, "trace header: activation_dtype must be bf16 or fp32");
-    json_error_t je;
-    json_t *params = json_loads(h->run_params_json && h->run_params_json[0] ? h->run_params_json : "{}", 0, &je);
-    if (!params || !json_is_object(params)) {
-        json_decref(params);
-        return ls_fail(err, LS_E_USAGE, "trace header: run_params_json is not a JSON object");
-    }
+    /* run_params is opaque (section 3): checked as JSON syntax, written byte for byte. */
+    const char *params_text = h->run_params_json && h->run_params_json[0] ? h->run_params_json : "{}";
+    LS_TRY(ls_trace_run_params_check(params_text, err));
+    json_t *params = json_object(); /* a placeholder, replaced by params_text below */
     json_t *kinds = json_array(), *layers = json_array();
     for (int k = 0; k < LS_DIGEST_COUNT; k++)
         if (h->digest_kinds_mask & (1u << k)) json_array_append_new(kinds, json_string(kind_names[k]));
@@ -98,9 +96,22 @@ ls_status ls_trace_header_to_json(const ls_trace_header *h, char **out, ls_error
                              "state_digest_every", (json_int_t)(h->state_digest_every ? h->state_digest_every : 1),
                              "activation_dtype", act, "layers", layers);
     if (!root) return ls_fail(err, LS_E_NOMEM, "trace header: cannot build JSON");
-    *out = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    char *text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_decref(root);
-    if (!*out) return ls_fail(err, LS_E_NOMEM, "trace header: cannot serialise JSON");
+    if (!text) return ls_fail(err, LS_E_NOMEM, "trace header: cannot serialise JSON");
+    /* The first '"run_params":{}' is the member: inside an encoded string
+     * every '"' follows a backslash, so the pattern cannot occur there. */
+    static const char slot[] = "\"run_params\":{}";
+    char *at = strstr(text, slot);
+    size_t head = at ? (size_t)(at - text) + sizeof slot - 3 : 0, np = strlen(params_text);
+    *out = at ? malloc(strlen(text) - 2 + np + 1) : NULL;
+    if (*out) {
+        memcpy(*out, text, head);
+        memcpy(*out + head, params_text, np);
+        strcpy(*out + head + np, text + head + 2);
+    }
+    free(text);
+    if (!*out) return ls_fail(err, at ? LS_E_NOMEM : LS_E_INTERNAL, "trace header: cannot serialise JSON");
     return LS_OK;
 }
 
@@ -131,10 +142,32 @@ ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_heade
                                     ls_error *err)
 {
     memset(o, 0, sizeof *o);
+    /* run_params is opaque (section 3): its syntax is checked and its text
+     * kept; jansson parses the rest with it blanked to "{}" and spaces (the
+     * same length, so byte positions in messages stay the file's). */
+    size_t p_at, p_len;
+    LS_TRY(ls_trace_json_locate(json, len, "run_params", &p_at, &p_len, where, err));
+    if (p_len && json[p_at] == '{') {
+        o->run_params_json = malloc(p_len + 1);
+        char *blank = malloc(len ? len : 1);
+        if (!o->run_params_json || !blank) {
+            free(blank);
+            ls_trace_header_owned_free(o);
+            return ls_fail(err, LS_E_NOMEM, "out of memory");
+        }
+        memcpy(o->run_params_json, json + p_at, p_len);
+        o->run_params_json[p_len] = 0;
+        memcpy(blank, json, len);
+        memset(blank + p_at, ' ', p_len);
+        memcpy(blank + p_at, "{}", 2);
+        json = blank;
+    }
     json_error_t je;
     json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    if (o->run_params_json) free((char *)json);
     if (!root || !json_is_object(root)) {
         json_decref(root);
+        ls_trace_header_owned_free(o);
         return ls_fail(err, LS_E_INPUT, "%s: header JSON: %s (JSON byte %d)", where, root ? "not an object" : je.text,
                        je.position);
     }
@@ -162,7 +195,8 @@ ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_heade
         st = ls_fail(err, LS_E_INPUT, "%s: header field \"run_params\" missing or not an object", where);
         goto out;
     }
-    o->run_params_json = json_dumps(params, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    /* a key spelled with escapes ("run\u005fparams") was not located above: jansson's value then */
+    if (!o->run_params_json) o->run_params_json = json_dumps(params, JSON_COMPACT | JSON_PRESERVE_ORDER);
     json_t *topk = json_object_get(root, "topk"), *every = json_object_get(root, "state_digest_every");
     if (!json_is_integer(topk) || json_integer_value(topk) < 1 || json_integer_value(topk) > LS_TRACE_TOPK_MAX) {
         st = ls_fail(err, LS_E_INPUT, "%s: header field \"topk\" missing or outside 1..%d", where, LS_TRACE_TOPK_MAX);
@@ -322,6 +356,76 @@ void ls_frame_buf_free(ls_frame_buf *fb)
     memset(fb, 0, sizeof *fb);
 }
 
+/* ---- layout rules ------------------------------------------------------------------- */
+static const char *const frame_kind_names[LS_TRACE_FRAME_KIND_COUNT] = {"prefill", "decode", "chunk", "import"};
+
+const char *ls_trace_frame_kind_name(unsigned kind)
+{
+    return kind < LS_TRACE_FRAME_KIND_COUNT ? frame_kind_names[kind] : "?";
+}
+
+int ls_trace_kind_allowed(ls_layer_family f, unsigned kind)
+{
+    switch (kind) {
+    case LS_DIGEST_HIDDEN: return 1;
+    case LS_DIGEST_GDN_STATE:
+    case LS_DIGEST_CONV_STATE: return f == LS_FAMILY_GDN;
+    case LS_DIGEST_KV: return f == LS_FAMILY_ATTENTION;
+    case LS_DIGEST_ROUTER: return f == LS_FAMILY_MOE;
+    default: return 0;
+    }
+}
+
+void ls_trace_layout_init(ls_trace_layout *l, const ls_trace_header *h)
+{
+    memset(l, 0, sizeof *l);
+    const char *m = h->mode ? h->mode : "";
+    /* Section 4: a rollout writes its prefill and decode steps, a replay its
+     * chunks, an importer import frames. */
+    if (!strcmp(m, "rollout")) l->mode = "rollout", l->frame_kinds = 1u << LS_FRAME_PREFILL | 1u << LS_FRAME_DECODE;
+    else if (!strcmp(m, "replay")) l->mode = "replay", l->frame_kinds = 1u << LS_FRAME_CHUNK;
+    else if (!strcmp(m, "import")) l->mode = "import", l->frame_kinds = 1u << LS_FRAME_IMPORT;
+    else l->mode = "?";
+    l->kinds_mask = h->digest_kinds_mask;
+    l->state_every = h->state_digest_every ? h->state_digest_every : 1;
+    l->n_layers = h->n_layers;
+    l->layers = h->layers;
+    for (int i = 0; i < h->n_layers; i++)
+        if ((unsigned)h->layers[i].family < LS_FAMILY_COUNT) l->n_family[h->layers[i].family]++;
+}
+
+const char *ls_trace_mode_frames(const ls_trace_layout *l)
+{
+    switch (l->frame_kinds) {
+    case 1u << LS_FRAME_PREFILL | 1u << LS_FRAME_DECODE: return "prefill and decode";
+    case 1u << LS_FRAME_CHUNK: return "chunk";
+    case 1u << LS_FRAME_IMPORT: return "import";
+    default: return "no";
+    }
+}
+
+int ls_trace_layout_missing_kind(const ls_trace_layout *l, uint32_t pos, const uint32_t count[LS_DIGEST_COUNT])
+{
+    uint32_t want[LS_DIGEST_COUNT] = {(uint32_t)l->n_layers, l->n_family[LS_FAMILY_GDN], l->n_family[LS_FAMILY_GDN],
+                                      l->n_family[LS_FAMILY_ATTENTION], l->n_family[LS_FAMILY_MOE]};
+    int state_due = pos % l->state_every == l->state_every - 1;
+    for (int k = 0; k < LS_DIGEST_COUNT; k++) {
+        if (!(l->kinds_mask & (1u << k)) || count[k] == want[k]) continue;
+        int state = k == LS_DIGEST_GDN_STATE || k == LS_DIGEST_CONV_STATE;
+        if (state && count[k] == 0 && !state_due) continue; /* not a state position the reader can name */
+        return k;
+    }
+    return -1;
+}
+
+void ls_rec_decoder_init(ls_rec_decoder *d, const ls_trace_header *h)
+{
+    ls_trace_layout_init(&d->lay, h);
+    d->topk = h->topk;
+    d->n_layers = h->n_layers;
+    d->kinds_mask = h->digest_kinds_mask;
+}
+
 void ls_rec_decoder_free(ls_rec_decoder *d)
 {
     free(d->dg);
@@ -342,19 +446,43 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
     if (avail < fixed) return BAD("record header runs past the frame payload", BADA);
     uint32_t rb = ls_rd32(p);
     if (rb < fixed || rb > avail || rb % 4) return BAD("record length %u invalid", BADA, rb);
+    /* Section 5: used top-k slots first, with distinct ids >= 0; then unused
+     * ones, id -1 and bits 0x7fc00000. */
+    int unused = -1;
+    for (int k = 0; k < dec->topk; k++) {
+        int32_t id = (int32_t)ls_rd32(p + 24 + 8 * k);
+        uint32_t bits = ls_rd32(p + 28 + 8 * k);
+        if (id < -1) return BAD("top-k slot %d: id %d (ids are >= 0, or -1 for an unused slot)", BADA, k, id);
+        if (id == -1) {
+            if (bits != 0x7fc00000u)
+                return BAD("top-k slot %d is unused (id -1) but its logprob bits are 0x%08x, not 0x7fc00000", BADA, k, bits);
+            if (unused < 0) unused = k;
+            continue;
+        }
+        if (unused >= 0) return BAD("top-k slot %d is used after the unused slot %d", BADA, k, unused);
+        for (int j = 0; j < k; j++)
+            if ((int32_t)ls_rd32(p + 24 + 8 * j) == id) return BAD("top-k slots %d and %d hold the same id %d", BADA, j, k, id);
+    }
     uint16_t nd = ls_rd16(p + fixed - 4), nm = ls_rd16(p + fixed - 2);
     uint64_t q = fixed + (uint64_t)nd * LS_TRACE_DIGEST_ENTRY_BYTES;
     if (q > rb) return BAD("%u digests run past the record", BADA, nd);
     int prev = -1;
+    uint32_t count[LS_DIGEST_COUNT] = {0};
     for (uint32_t i = 0; i < nd; i++) {
         const uint8_t *e = p + fixed + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES;
         uint16_t layer = ls_rd16(e);
         uint8_t kind = e[2];
-        if (layer >= dec->n_layers || kind >= LS_DIGEST_COUNT || !(dec->kinds_mask & (1u << kind)) || e[3])
+        if (e[3]) return BAD("digest %u: reserved byte 3 is 0x%02x, must be 0", BADA, i, e[3]);
+        if (layer >= dec->n_layers || kind >= LS_DIGEST_COUNT || !(dec->kinds_mask & (1u << kind)))
             return BAD("digest %u: layer %u / kind %u not in the header", BADA, i, layer, kind);
+        ls_layer_family fam = dec->lay.layers[layer].family;
+        if (!ls_trace_kind_allowed(fam, kind))
+            return BAD("digest %u: layer %u is %s, which has no %s digest (section 6)", BADA, i, layer,
+                       ls_layer_family_name(fam), ls_digest_kind_name((ls_digest_kind)kind));
         int key = layer * LS_DIGEST_COUNT + kind;
         if (key <= prev) return BAD("digest %u: not ordered by (layer, kind)", BADA, i);
         prev = key;
+        count[kind]++;
     }
     prev = -1;
     for (uint32_t i = 0; i < nm; i++) {
@@ -367,12 +495,52 @@ static ls_status check_record(const ls_frame_buf *fb, const ls_rec_decoder *dec,
         if (layer >= dec->n_layers || kind >= LS_DIGEST_COUNT || !es || !n ||
             ((kind == LS_DIGEST_ROUTER) != (dtype == LS_DUMP_ROUTER)) || (dtype == LS_DUMP_ROUTER && n % 2))
             return BAD("dump %u: bad layer %u / kind %u / dtype %u / n_elems %u", BADA, i, layer, kind, dtype, n);
+        if (!ls_trace_kind_allowed(dec->lay.layers[layer].family, kind))
+            return BAD("dump %u: layer %u is %s, which has no %s digest (section 6)", BADA, i, layer,
+                       ls_layer_family_name(dec->lay.layers[layer].family), ls_digest_kind_name((ls_digest_kind)kind));
         int key = layer * LS_DIGEST_COUNT + kind;
         if (key <= prev) return BAD("dump %u: not ordered by (layer, kind)", BADA, i);
         prev = key;
         uint64_t body = ((uint64_t)n * es + 3) & ~(uint64_t)3;
         if (q + LS_TRACE_DUMP_HEAD_BYTES + body > rb) return BAD("dump %u data runs past the record", BADA, i);
+        /* Section 5: the data are the canonical bytes of the kind, so their
+         * SHA-256 is the record's digest of the same (layer, kind). */
+        const uint8_t *dg = NULL;
+        for (uint32_t k = 0; k < nd && !dg; k++) {
+            const uint8_t *x = p + fixed + (size_t)k * LS_TRACE_DIGEST_ENTRY_BYTES;
+            if (ls_rd16(x) == layer && x[2] == kind) dg = x + 4;
+        }
+        const char *kn = ls_digest_kind_name((ls_digest_kind)kind);
+        if (!dg) return BAD("dump %u (layer %u, %s): the record carries no %s digest of layer %u", BADA, i, layer, kn, kn, layer);
+        ls_digest h;
+        LS_TRY(ls_sha256_buf(e + LS_TRACE_DUMP_HEAD_BYTES, (size_t)n * es, &h, err));
+        if (memcmp(h.bytes, dg, 32) != 0)
+            return BAD("dump %u (layer %u, %s): the SHA-256 of its data is not the record's %s digest of layer %u", BADA, i,
+                       layer, kn, kn, layer);
+        /* Reserved and padding bytes are zero, so equal records have equal bytes. */
+        for (uint64_t b = (uint64_t)n * es; b < body; b++)
+            if (e[LS_TRACE_DUMP_HEAD_BYTES + b])
+                return BAD("dump %u: padding byte %u is 0x%02x, must be 0", BADA, i, (unsigned)(b - (uint64_t)n * es),
+                           e[LS_TRACE_DUMP_HEAD_BYTES + b]);
         q += LS_TRACE_DUMP_HEAD_BYTES + body;
+    }
+    /* checked after the dumps: a dump without its digest is named as such */
+    int missing = ls_trace_layout_missing_kind(&dec->lay, ls_rd32(p + 8), count);
+    if (missing >= 0) {
+        /* name the first layer that lacks it */
+        int layer = 0;
+        for (; layer < dec->n_layers; layer++) {
+            if (!ls_trace_kind_allowed(dec->lay.layers[layer].family, (unsigned)missing)) continue;
+            uint32_t i = 0;
+            while (i < nd && !(ls_rd16(p + fixed + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES) == layer &&
+                               p[fixed + (size_t)i * LS_TRACE_DIGEST_ENTRY_BYTES + 2] == missing))
+                i++;
+            if (i == nd) break;
+        }
+        return BAD("seq %u pos %u lacks the %s digest of layer %d (%s): a kind in digest_kinds appears at every "
+                   "position for every layer of a family that has it (section 6)", BADA, ls_rd32(p + 4), ls_rd32(p + 8),
+                   ls_digest_kind_name((ls_digest_kind)missing), layer,
+                   layer < dec->n_layers ? ls_layer_family_name(dec->lay.layers[layer].family) : "?");
     }
     if (q != rb) return BAD("record length %u does not match its contents (%" PRIu64 ")", BADA, rb, q);
     *len = rb;
@@ -489,6 +657,10 @@ ls_status ls_frame_load(ls_trace_file *f, ls_frame_buf *fb, ls_rec_decoder *dec,
                        "%s: offset %" PRIu64 ": frame header corrupted (kind %u, %u records, %u segments, %" PRIu64
                        " / %" PRIu64 " bytes)",
                        path, off, fb->kind, fb->n_records, fb->n_segments, fb->uncompressed_bytes, fb->compressed_bytes);
+    if (!(dec->lay.frame_kinds & (1u << fb->kind)))
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u: kind %u (%s) in a%s %s trace, which holds %s frames",
+                       path, off, fb->frame_index, fb->kind, ls_trace_frame_kind_name(fb->kind),
+                       dec->lay.mode[0] == 'i' ? "n" : "", dec->lay.mode, ls_trace_mode_frames(&dec->lay));
     uint64_t head_bytes = LS_TRACE_FRAME_FIXED_BYTES + (uint64_t)fb->n_segments * LS_TRACE_SEGMENT_BYTES;
     uint64_t total = head_bytes + 32 + fb->compressed_bytes;
     if (total > file_bytes - off)
@@ -567,12 +739,19 @@ ls_status ls_trace_check_trailer(const uint8_t t[LS_TRACE_TRAILER_BYTES], const 
 {
     ls_digest d;
     LS_TRY(ls_sha256_buf(t, 64, &d, err));
-    if (memcmp(t, LS_TRACE_TRAILER_MAGIC, 4) != 0 || memcmp(d.bytes, t + 64, 32) != 0 || ls_rd32(t + 4))
+    if (memcmp(t, LS_TRACE_TRAILER_MAGIC, 4) != 0 || memcmp(d.bytes, t + 64, 32) != 0)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer checksum mismatch (trailer corrupted)", path, offset);
-    if (ls_rd64(t + 8) != n_frames || ls_rd64(t + 16) != n_records || ls_rd64(t + 24) != bytes)
+    if (ls_rd32(t + 4))
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer reserved bytes 4..7 are 0x%08x, must be 0", path,
+                       offset, ls_rd32(t + 4));
+    if (ls_rd64(t + 8) != n_frames || ls_rd64(t + 16) != n_records)
         return ls_fail(err, LS_E_INPUT,
                        "%s: offset %" PRIu64 ": trailer counts (%" PRIu64 " frames, %" PRIu64 " records) do not match the file (%" PRIu64 ", %" PRIu64 ")",
                        path, offset, ls_rd64(t + 8), ls_rd64(t + 16), n_frames, n_records);
+    if (ls_rd64(t + 24) != bytes)
+        return ls_fail(err, LS_E_INPUT,
+                       "%s: offset %" PRIu64 ": trailer says %" PRIu64 " uncompressed payload bytes, the frames hold %" PRIu64,
+                       path, offset, ls_rd64(t + 24), bytes);
     if (memcmp(t + 32, chain, 32) != 0)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": trailer digest over all frames does not match", path, offset);
     return LS_OK;

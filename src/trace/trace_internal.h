@@ -55,6 +55,16 @@ typedef struct ls_trace_header_owned {
     ls_trace_layer *layers;  /* [h.n_layers] */
 } ls_trace_header_owned;
 
+/* ---- run_params (trace_params.c) ---------------------------------------------- */
+/* Checks that json[0..len) is one JSON value, syntax only (RFC 8259, UTF-8),
+ * and finds the value of the top-level object's member `key` (its first
+ * spelling without escapes): *at and *value_len give its span, both 0 when
+ * absent. Errors are LS_E_INPUT "<where>: header JSON: <why> at JSON byte N". */
+ls_status ls_trace_json_locate(const char *json, size_t len, const char *key, size_t *at, size_t *value_len,
+                               const char *where, ls_error *err);
+/* LS_OK when text is a JSON object (syntax only), for the writer. */
+ls_status ls_trace_run_params_check(const char *text, ls_error *err);
+
 /* Serialises the header JSON (malloc'd, caller frees). Validates fields. */
 ls_status ls_trace_header_to_json(const ls_trace_header *h, char **json, ls_error *err);
 /* Parses and validates header JSON; `where` prefixes messages ("file: offset N"). */
@@ -89,8 +99,36 @@ typedef struct ls_frame_buf {
     void *dctx;                                    /* ZSTD_DCtx*, owned */
 } ls_frame_buf;
 
+/* ---- the layout rules (docs/trace-format.md, sections 4 to 6) ------------------- */
+/* What the header says every record and frame must hold. */
+typedef struct ls_trace_layout {
+    const char *mode;                 /* static: "rollout", "replay" or "import" */
+    uint32_t frame_kinds;             /* bit k set: frame kind k belongs to the mode */
+    uint32_t kinds_mask;              /* digest_kinds */
+    uint32_t state_every;             /* state_digest_every */
+    int n_layers;
+    const ls_trace_layer *layers;     /* [n_layers], not owned */
+    uint32_t n_family[LS_FAMILY_COUNT]; /* layers of each family */
+} ls_trace_layout;
+
+void ls_trace_layout_init(ls_trace_layout *l, const ls_trace_header *h);
+/* 1 when a layer of family f carries digest kind `kind` (section 6). */
+int ls_trace_kind_allowed(ls_layer_family f, unsigned kind);
+/* The kinds that a record at position pos with count[k] digests of kind k
+ * (each valid for its layer's family, none repeated) lacks: -1 when none,
+ * else the first kind some layer lacks (section 6: a kind in digest_kinds
+ * appears at every position for every layer of a family that has it;
+ * carried-state kinds at the positions state_digest_every names, and for
+ * every gdn layer wherever they appear). */
+int ls_trace_layout_missing_kind(const ls_trace_layout *l, uint32_t pos, const uint32_t count[LS_DIGEST_COUNT]);
+/* "prefill", "decode", "chunk", "import", or "?". */
+const char *ls_trace_frame_kind_name(unsigned kind);
+/* "prefill and decode" ...: the frame kinds of a mode, for messages. */
+const char *ls_trace_mode_frames(const ls_trace_layout *l);
+
 /* Decoding context of one trace (header facts + scratch for one record). */
 typedef struct ls_rec_decoder {
+    ls_trace_layout lay;
     int topk;
     int n_layers;
     uint32_t kinds_mask;
@@ -118,6 +156,9 @@ ls_status ls_rec_decoder_fill(ls_rec_decoder *dec, ls_error *err);
 /* Bytes before a record's digest array: the fixed fields, the top-k, the two counts. */
 static inline size_t ls_trace_record_head_bytes(int topk) { return LS_TRACE_RECORD_FIXED_BYTES + 8 * (size_t)topk + 4; }
 
+/* Sets the header facts of a decoder (the layout, top-k width, ...); h must
+ * outlive it. */
+void ls_rec_decoder_init(ls_rec_decoder *d, const ls_trace_header *h);
 void ls_rec_decoder_free(ls_rec_decoder *d);
 
 /* Checks that the 96 trailer bytes at `offset` are well formed and match the counts. */

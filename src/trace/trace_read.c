@@ -77,9 +77,7 @@ ls_status ls_trace_reader_open(const char *path, ls_trace_reader **out, ls_error
         return st;
     }
     r->chain_open = 1;
-    r->dec.topk = r->hdr.h.topk;
-    r->dec.n_layers = r->hdr.h.n_layers;
-    r->dec.kinds_mask = r->hdr.h.digest_kinds_mask;
+    ls_rec_decoder_init(&r->dec, &r->hdr.h);
     *out = r;
     return LS_OK;
 }
@@ -228,9 +226,7 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
     if (!st) st = ls_trace_read_file_header(&ix->f, &ix->hdr, &off, err);
     if (!st) st = ls_sha256_init(&chain, err);
     if (!st) chain_open = 1;
-    ix->dec.topk = ix->hdr.h.topk;
-    ix->dec.n_layers = ix->hdr.h.n_layers;
-    ix->dec.kinds_mask = ix->hdr.h.digest_kinds_mask;
+    ls_rec_decoder_init(&ix->dec, &ix->hdr.h);
     while (!st) {
         uint64_t left = ix->file_bytes - off;
         if (left == 0) break; /* incomplete */

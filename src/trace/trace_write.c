@@ -14,6 +14,8 @@ struct ls_trace_writer {
     ls_outfile out;
     int topk, n_layers;
     uint32_t kinds_mask;
+    ls_trace_layer *layers;                      /* [n_layers], a copy of the header's */
+    ls_trace_layout lay;                         /* the rules the reader checks */
     int in_frame;
     uint8_t frame_kind;
     uint8_t *buf; size_t len, cap;               /* uncompressed payload of the open frame */
@@ -43,7 +45,7 @@ static ls_status wgrow(void **p, size_t *cap, size_t need, size_t elem, ls_error
 
 static void writer_free(ls_trace_writer *w)
 {
-    free(w->buf); free(w->segs); free(w->head); free(w->cbuf); free(w->last_pos);
+    free(w->buf); free(w->segs); free(w->head); free(w->cbuf); free(w->last_pos); free(w->layers);
     ZSTD_freeCCtx(w->cctx);
     if (w->chain_open) ls_sha256_discard(&w->chain);
     ls_u32map_free(&w->last);
@@ -71,10 +73,16 @@ ls_status ls_trace_writer_open(const char *path, const ls_trace_header *hdr, ls_
     w->topk = hdr->topk;
     w->n_layers = hdr->n_layers;
     w->kinds_mask = hdr->digest_kinds_mask;
+    w->layers = malloc(sizeof *w->layers * (size_t)(hdr->n_layers ? hdr->n_layers : 1));
+    if (!w->layers) { free(json); free(w); return ls_fail(err, LS_E_NOMEM, "trace writer: out of memory"); }
+    if (hdr->n_layers) memcpy(w->layers, hdr->layers, sizeof *w->layers * (size_t)hdr->n_layers);
+    ls_trace_header copy = *hdr;
+    copy.layers = w->layers;
+    ls_trace_layout_init(&w->lay, &copy);
     ls_status st = LS_OK;
     if (strcmp(path, "-") == 0) st = ls_fail(err, LS_E_USAGE, "trace writer: cannot write a trace to stdout");
     if (!st) st = ls_outfile_open(&w->out, path, err);
-    if (st) { free(json); free(w); return st; }
+    if (st) { free(json); free(w->layers); free(w); return st; }
     w->cctx = ZSTD_createCCtx();
     if (!w->cctx) st = ls_fail(err, LS_E_NOMEM, "trace writer: out of memory (zstd)");
     /* Level 1, content size and content checksum in every payload (docs/trace-format.md, section 4). */
@@ -115,6 +123,10 @@ ls_status ls_trace_writer_begin_frame(ls_trace_writer *w, ls_frame_kind kind, ls
 {
     if (w->in_frame) return ls_fail(err, LS_E_USAGE, "trace writer: begin_frame while a frame is open");
     if ((unsigned)kind >= LS_TRACE_FRAME_KIND_COUNT) return ls_fail(err, LS_E_USAGE, "trace writer: bad frame kind %d", kind);
+    if (!(w->lay.frame_kinds & (1u << kind)))
+        return ls_fail(err, LS_E_USAGE, "trace writer: frame kind %d (%s) in a%s %s trace, which holds %s frames", kind,
+                       ls_trace_frame_kind_name(kind), w->lay.mode[0] == 'i' ? "n" : "", w->lay.mode,
+                       ls_trace_mode_frames(&w->lay));
     w->in_frame = 1;
     w->frame_kind = (uint8_t)kind;
     w->len = 0;
@@ -135,15 +147,29 @@ ls_status ls_trace_writer_add(ls_trace_writer *w, const ls_trace_record *r, ls_e
     if (r->n_digests > 65535 || r->n_dumps > 65535) return ls_fail(err, LS_E_USAGE, "trace writer: too many digests");
     uint64_t need = LS_TRACE_RECORD_FIXED_BYTES + 8 * (uint64_t)w->topk + 4 +
                     (uint64_t)r->n_digests * LS_TRACE_DIGEST_ENTRY_BYTES;
-    int prev = -1;
+    /* The rules of docs/trace-format.md, sections 5 and 6, as the reader checks them. */
+    int prev = -1, unused = -1;
+    for (int k = 0; k < w->topk; k++) {
+        int32_t id = r->topk_ids[k];
+        int bad = id < -1 || (id == -1 && r->topk_logprob_bits[k] != 0x7fc00000u) || (id >= 0 && unused >= 0);
+        for (int j = 0; j < k && id >= 0; j++) bad |= r->topk_ids[j] == id;
+        if (bad)
+            return ls_fail(err, LS_E_USAGE, "trace writer: seq %u pos %u top-k slot %d (id %d, bits 0x%08x): used slots "
+                           "come first with distinct ids >= 0, unused ones hold id -1 and bits 0x7fc00000", r->seq, r->pos,
+                           k, id, r->topk_logprob_bits[k]);
+        if (id == -1 && unused < 0) unused = k;
+    }
+    uint32_t count[LS_DIGEST_COUNT] = {0};
     for (uint32_t i = 0; i < r->n_digests; i++) {
         const ls_trace_digest *d = &r->digests[i];
         int key = d->layer * LS_DIGEST_COUNT + d->kind;
-        if (d->layer >= w->n_layers || d->kind >= LS_DIGEST_COUNT || !(w->kinds_mask & (1u << d->kind)) || key <= prev)
+        if (d->layer >= w->n_layers || d->kind >= LS_DIGEST_COUNT || !(w->kinds_mask & (1u << d->kind)) || key <= prev ||
+            !ls_trace_kind_allowed(w->layers[d->layer].family, d->kind))
             return ls_fail(err, LS_E_USAGE,
-                           "trace writer: seq %u pos %u digest %u (layer %u, kind %u): not in the header or not ordered "
-                           "by (layer, kind)", r->seq, r->pos, i, d->layer, d->kind);
+                           "trace writer: seq %u pos %u digest %u (layer %u, kind %u): not in the header, not a kind of "
+                           "the layer's family, or not ordered by (layer, kind)", r->seq, r->pos, i, d->layer, d->kind);
         prev = key;
+        count[d->kind]++;
     }
     prev = -1;
     for (uint32_t i = 0; i < r->n_dumps; i++) {
@@ -156,7 +182,25 @@ ls_status ls_trace_writer_add(ls_trace_writer *w, const ls_trace_record *r, ls_e
                            r->seq, r->pos, i);
         prev = key;
         need += LS_TRACE_DUMP_HEAD_BYTES + (((uint64_t)d->n_elems * es + 3) & ~(uint64_t)3);
+        /* The reader checks that a dump hashes to its digest (docs/trace-format.md, section 5). */
+        const ls_trace_digest *dg = NULL;
+        for (uint32_t k = 0; k < r->n_digests && !dg; k++)
+            if (r->digests[k].layer == d->layer && r->digests[k].kind == d->kind) dg = &r->digests[k];
+        const char *kn = ls_digest_kind_name((ls_digest_kind)d->kind);
+        if (!dg)
+            return ls_fail(err, LS_E_USAGE, "trace writer: seq %u pos %u dump %u (layer %u, %s): the record carries no %s "
+                           "digest of layer %u", r->seq, r->pos, i, d->layer, kn, kn, d->layer);
+        ls_digest h;
+        LS_TRY(ls_sha256_buf(d->data, (size_t)d->n_elems * es, &h, err));
+        if (!ls_digest_equal(&h, &dg->digest))
+            return ls_fail(err, LS_E_USAGE, "trace writer: seq %u pos %u dump %u (layer %u, %s): the SHA-256 of its data is "
+                           "not the record's %s digest of layer %u", r->seq, r->pos, i, d->layer, kn, kn, d->layer);
     }
+    int missing = ls_trace_layout_missing_kind(&w->lay, r->pos, count);
+    if (missing >= 0)
+        return ls_fail(err, LS_E_USAGE, "trace writer: seq %u pos %u lacks %s digests: a kind in digest_kinds appears at "
+                       "every position for every layer of a family that has it", r->seq, r->pos,
+                       ls_digest_kind_name((ls_digest_kind)missing));
     if (w->len + need > LS_TRACE_FRAME_MAX_BYTES || need > UINT32_MAX)
         return ls_fail(err, LS_E_USAGE, "trace writer: frame would exceed %" PRIu64 " bytes; end the frame earlier",
                        LS_TRACE_FRAME_MAX_BYTES);
