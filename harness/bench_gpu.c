@@ -207,7 +207,9 @@ static double dense_bytes(const ls_model_layer *ly)
     if (ly->attention)
         return b + wbytes(&ly->q_proj) + wbytes(&ly->k_proj) + wbytes(&ly->v_proj) +
                wbytes(&ly->o_proj);
-    return b + wbytes(&ly->qkvz) + wbytes(&ly->ba) + wbytes(&ly->conv) + wbytes(&ly->out_proj);
+    /* one of the two GDN projection layouts is bound, the other is empty */
+    return b + wbytes(&ly->qkvz) + wbytes(&ly->ba) + wbytes(&ly->in_qkv) + wbytes(&ly->in_z) +
+           wbytes(&ly->in_b) + wbytes(&ly->in_a) + wbytes(&ly->conv) + wbytes(&ly->out_proj);
 }
 
 static double layer_bytes(const ls_model *m, long l)

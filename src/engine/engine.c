@@ -115,8 +115,15 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
             LS_TRY(small(e, ml->q_norm, d, &w->q_norm, err));
             LS_TRY(small(e, ml->k_norm, d, &w->k_norm, err));
         } else {
-            LS_TRY(wrap(e, &ml->qkvz, &w->qkvz, err));
-            LS_TRY(wrap(e, &ml->ba, &w->ba, err));
+            if (c->arch == LS_MODEL_QWEN3_5_MOE) {
+                LS_TRY(wrap(e, &ml->in_qkv, &w->in_qkv, err));
+                LS_TRY(wrap(e, &ml->in_z, &w->in_z, err));
+                LS_TRY(wrap(e, &ml->in_b, &w->in_b, err));
+                LS_TRY(wrap(e, &ml->in_a, &w->in_a, err));
+            } else {
+                LS_TRY(wrap(e, &ml->qkvz, &w->qkvz, err));
+                LS_TRY(wrap(e, &ml->ba, &w->ba, err));
+            }
             LS_TRY(wrap(e, &ml->conv, &w->conv, err));
             LS_TRY(wrap(e, &ml->out_proj, &w->out_proj, err));
             LS_TRY(small(e, ml->A_log, Hv, &w->A_log, err));
@@ -166,8 +173,11 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     LS_TRY(buf(e, T * D, &e->H, err));
     LS_TRY(buf(e, T * D, &e->XN, err));
     LS_TRY(buf(e, T * D, &e->A, err));
-    LS_TRY(buf(e, T * e->wqkvz, &e->P, err));
-    LS_TRY(buf(e, T * 2 * Hv, &e->BA, err));
+    /* the fused projections' outputs, before the split (Qwen3-Next only:
+     * Qwen3.5's projections write X, Z, Bv and Av directly) */
+    int fused = c->arch == LS_MODEL_QWEN3_NEXT;
+    LS_TRY(buf(e, fused ? T * e->wqkvz : 1, &e->P, err));
+    LS_TRY(buf(e, fused ? T * 2 * Hv : 1, &e->BA, err));
     LS_TRY(buf(e, T * e->conv_dim, &e->X, err));
     LS_TRY(buf(e, T * Hv * dv, &e->Z, err));
     LS_TRY(buf(e, T * Hv, &e->Bv, err));

@@ -225,18 +225,31 @@ static ls_status state_runs(ls_engine *e, long l, const seg *q, ls_buf *st, ls_d
     return LS_OK;
 }
 
-static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
+/* The GDN input projections of T rows of XN into X [T, conv_dim] (q, k, v
+ * head-major: the conv's channel order), Z [T, Hv dv], Bv and Av [T, Hv].
+ * Every output element is one linear DOT32 of its weight row, so the two
+ * layouts compute the same bits from the same weights; only where the rows
+ * sit differs (docs/model.md §2.3). */
+static ls_status gdn_project(ls_engine *e, layer_w *w, long T, ls_error *err)
 {
     ls_backend *be = e->be;
     const ls_model_config *c = &e->c;
-    layer_w *w = &e->lw[l];
     int act = e->o.act_bf16;
+    ls_order o = LS_ORDER_CANONICAL;
+    if (c->arch == LS_MODEL_QWEN3_5_MOE) {
+        /* Qwen3.5: four matrices whose rows are already in this order. */
+        LS_TRY(be->linear(be, &w->in_qkv, BEV(e->XN), BEV(e->X), T, act, o, err));
+        LS_TRY(be->linear(be, &w->in_z, BEV(e->XN), BEV(e->Z), T, act, o, err));
+        LS_TRY(be->linear(be, &w->in_b, BEV(e->XN), BEV(e->Bv), T, act, o, err));
+        return be->linear(be, &w->in_a, BEV(e->XN), BEV(e->Av), T, act, o, err);
+    }
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-    long K = c->conv_kernel, C = e->conv_dim, Wp = e->wqkvz, r = Hv / Hk;
-    LS_TRY(be->linear(be, &w->qkvz, BEV(e->XN), BEV(e->P), T, act, LS_ORDER_CANONICAL, err));
-    LS_TRY(be->linear(be, &w->ba, BEV(e->XN), BEV(e->BA), T, act, LS_ORDER_CANONICAL, err));
-    /* De-interleave per key-head group (docs/model.md §2.3): group g of a row holds
-     * q, k (dk each), v, z (r dv each), and of the ba row b, a (r each). */
+    long C = e->conv_dim, Wp = e->wqkvz, r = Hv / Hk;
+    LS_TRY(be->linear(be, &w->qkvz, BEV(e->XN), BEV(e->P), T, act, o, err));
+    LS_TRY(be->linear(be, &w->ba, BEV(e->XN), BEV(e->BA), T, act, o, err));
+    /* Qwen3-Next: de-interleave per key-head group (docs/model.md §2.3): group
+     * g of a row holds q, k (dk each), v, z (r dv each), and of the ba row b,
+     * a (r each). */
     long gw = 2 * dk + 2 * r * dv;
     const struct {
         ls_view dst, src;
@@ -251,6 +264,18 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     };
     for (int i = 0; i < 6; i++)
         LS_TRY(be->copy_blocks(be, split[i].dst, split[i].src, &split[i].sh, err));
+    return LS_OK;
+}
+
+static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    layer_w *w = &e->lw[l];
+    int act = e->o.act_bf16;
+    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    long K = c->conv_kernel, C = e->conv_dim;
+    LS_TRY(gdn_project(e, w, T, err));
     ls_order oc = ord(e, l, LS_PERTURB_CONV), og = ord(e, l, LS_PERTURB_GDN);
     int batched = be->conv_silu_batch && be->gdn_recurrent_batch && nseg > 1 &&
                   single_runs(e, sg, nseg);
@@ -367,6 +392,15 @@ ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *er
             if (sg[s].tokens[i] < 0 || sg[s].tokens[i] >= V)
                 return ls_fail(err, LS_E_INPUT, "sequence %u: token id %d at position %ld is outside "
                                "the vocabulary (0..%ld)", q->id, sg[s].tokens[i], sg[s].pos0 + i, V - 1);
+            /* A vision placeholder stands for image or video features that a
+             * text-only decoder does not have: refused, not embedded as text. */
+            for (int v = 0; v < 2; v++)
+                if ((c->vision_tokens_given >> v & 1) && sg[s].tokens[i] == c->vision_tokens[v])
+                    return ls_fail(err, LS_E_INPUT, "sequence %u: token id %d at position %ld is "
+                                   "the model's %s placeholder (config.json field '%s'): vision "
+                                   "input is not supported (text only)", q->id, sg[s].tokens[i],
+                                   sg[s].pos0 + i, v ? "video" : "image",
+                                   v ? "video_token_id" : "image_token_id");
             T++;
         }
     }

@@ -8,7 +8,8 @@
 
 typedef struct layer_w {
     ls_buf *in_norm, *post_norm;          /* [D] */
-    ls_bweight qkvz, ba, conv, out_proj;  /* gdn */
+    ls_bweight qkvz, ba, conv, out_proj;  /* gdn (qkvz, ba: Qwen3-Next) */
+    ls_bweight in_qkv, in_z, in_b, in_a;  /* gdn, Qwen3.5: split projections */
     ls_buf *A_log, *dt_bias, *gnorm;      /* [Hv], [Hv], [dv] */
     ls_bweight q, k, v, o;                /* attention */
     ls_buf *q_norm, *k_norm;              /* [d] */

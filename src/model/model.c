@@ -1,4 +1,5 @@
-/* lockstep — Qwen3-Next configuration validation and weight binding; see model.h. */
+/* lockstep — Qwen3-Next and Qwen3.5 MoE configuration validation and weight
+ * binding; see model.h. */
 #include "model/model.h"
 
 #include <jansson.h>
@@ -14,47 +15,71 @@
 
 /* ---- config -------------------------------------------------------------------- */
 
-static ls_status get_int(const json_t *o, const char *key, int required, long def, long lo,
+/* Where the language model's fields are: the top level of config.json
+ * (Qwen3-Next, a text-only Qwen3.5) or its text_config object (the Qwen3.5
+ * release); pfx prefixes field names in messages ("text_config."). */
+typedef struct cfg_src {
+    const json_t *o;
+    const char *pfx;
+} cfg_src;
+
+static ls_status get_int(const cfg_src *s, const char *key, int required, long def, long lo,
                          long hi, long *out, ls_error *err)
 {
-    const json_t *v = json_object_get(o, key);
+    const json_t *v = json_object_get(s->o, key);
     if (!v || json_is_null(v)) {
-        if (required) return ls_fail(err, LS_E_INPUT, "config.json: missing field '%s'", key);
+        if (required)
+            return ls_fail(err, LS_E_INPUT, "config.json: missing field '%s%s'", s->pfx, key);
         *out = def;
         return LS_OK;
     }
     if (!json_is_integer(v))
-        return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be an integer", key);
+        return ls_fail(err, LS_E_INPUT, "config.json: field '%s%s' must be an integer", s->pfx, key);
     json_int_t x = json_integer_value(v);
     if (x < lo || x > hi)
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%s' = %lld is outside %ld..%ld",
-                       key, (long long)x, lo, hi);
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%s%s' = %lld is outside %ld..%ld",
+                       s->pfx, key, (long long)x, lo, hi);
     *out = (long)x;
     return LS_OK;
 }
 
-static ls_status get_num(const json_t *o, const char *key, int *present, double *out, ls_error *err)
+static ls_status get_num(const cfg_src *s, const char *key, int *present, double *out,
+                         ls_error *err)
 {
-    const json_t *v = json_object_get(o, key);
+    const json_t *v = json_object_get(s->o, key);
     *present = 0;
     if (!v || json_is_null(v)) return LS_OK;
     if (!json_is_number(v))
-        return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be a number", key);
+        return ls_fail(err, LS_E_INPUT, "config.json: field '%s%s' must be a number", s->pfx, key);
     *out = json_number_value(v);
     *present = 1;
     return LS_OK;
 }
 
-static ls_status get_bool(const json_t *o, const char *key, int def, int *out, ls_error *err)
+static ls_status get_bool(const cfg_src *s, const char *key, int def, int *out, ls_error *err)
 {
-    const json_t *v = json_object_get(o, key);
+    const json_t *v = json_object_get(s->o, key);
     if (!v || json_is_null(v)) {
         *out = def;
         return LS_OK;
     }
     if (!json_is_boolean(v))
-        return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be true or false", key);
+        return ls_fail(err, LS_E_INPUT, "config.json: field '%s%s' must be true or false", s->pfx,
+                       key);
     *out = json_is_true(v);
+    return LS_OK;
+}
+
+/* A boolean field that must be absent, null or `allowed` (else
+ * LS_E_UNSUPPORTED naming it, with why). */
+static ls_status want_bool(const cfg_src *s, const char *key, int allowed, const char *why,
+                           ls_error *err)
+{
+    int b = allowed;
+    LS_TRY(get_bool(s, key, allowed, &b, err));
+    if (b != allowed)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%s%s' = %s is not supported%s",
+                       s->pfx, key, b ? "true" : "false", why);
     return LS_OK;
 }
 
@@ -62,16 +87,16 @@ static ls_status get_bool(const json_t *o, const char *key, int def, int *out, l
  * a list of integers, each inside the vocabulary. Nothing in lockstep stops
  * on these ids, but a config naming a token the model cannot produce
  * describes another model (or a corrupted one), so it is refused. */
-static ls_status check_token_ids(const json_t *o, const char *key, long vocab, ls_error *err)
+static ls_status check_token_ids(const cfg_src *s, const char *key, long vocab, ls_error *err)
 {
-    const json_t *v = json_object_get(o, key);
+    const json_t *v = json_object_get(s->o, key);
     if (!v || json_is_null(v)) return LS_OK;
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
     for (size_t i = 0; i < n; i++) {
         const json_t *x = json_is_array(v) ? json_array_get(v, i) : v;
-        char field[64];
-        if (json_is_array(v)) snprintf(field, sizeof field, "%s[%zu]", key, i);
-        else snprintf(field, sizeof field, "%s", key);
+        char field[96];
+        if (json_is_array(v)) snprintf(field, sizeof field, "%s%s[%zu]", s->pfx, key, i);
+        else snprintf(field, sizeof field, "%s%s", s->pfx, key);
         if (!json_is_integer(x))
             return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be an integer token id%s",
                            field, json_is_array(v) ? "" : " or a list of them");
@@ -119,150 +144,300 @@ static long *field_at(ls_model_config *c, const int_field *f)
     return (long *)((char *)c + f->off);
 }
 
-/* Constraints between fields (label names the source in messages). */
-static ls_status check_relations(const ls_model_config *c, const char *label, ls_error *err)
+/* Constraints between fields (label names the source in messages, pfx the
+ * object the fields are in). */
+static ls_status check_relations(const ls_model_config *c, const char *label, const char *pfx,
+                                 ls_error *err)
 {
     if (c->n_heads % c->n_kv_heads)
-        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field 'num_attention_heads' (%ld) is not a "
-                       "multiple of 'num_key_value_heads' (%ld)", label, c->n_heads, c->n_kv_heads);
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field '%snum_attention_heads' (%ld) is not a "
+                       "multiple of '%snum_key_value_heads' (%ld)", label, pfx, c->n_heads, pfx,
+                       c->n_kv_heads);
     if (c->lin_v_heads % c->lin_k_heads)
-        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field 'linear_num_value_heads' (%ld) is not a "
-                       "multiple of 'linear_num_key_heads' (%ld)", label, c->lin_v_heads,
-                       c->lin_k_heads);
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field '%slinear_num_value_heads' (%ld) is not a "
+                       "multiple of '%slinear_num_key_heads' (%ld)", label, pfx, c->lin_v_heads,
+                       pfx, c->lin_k_heads);
     if (c->topk > c->n_experts)
-        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field 'num_experts_per_tok' (%ld) exceeds "
-                       "'num_experts' (%ld)", label, c->topk, c->n_experts);
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field '%snum_experts_per_tok' (%ld) exceeds "
+                       "'%snum_experts' (%ld)", label, pfx, c->topk, pfx, c->n_experts);
     return LS_OK;
 }
 
-ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_error *err)
+const char *ls_model_arch_name(ls_model_arch arch)
 {
-    const json_t *o = config_json;
-    memset(c, 0, sizeof *c);
-    if (!json_is_object(o)) return ls_fail(err, LS_E_INPUT, "config.json: not a JSON object");
-    const json_t *mt = json_object_get(o, "model_type");
-    if (!json_is_string(mt))
-        return ls_fail(err, LS_E_INPUT, "config.json: field 'model_type' missing or not a string");
-    if (strcmp(json_string_value(mt), "qwen3_next") != 0)
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'model_type' = '%s' is not "
-                       "supported (supported: qwen3_next)", json_string_value(mt));
+    return arch == LS_MODEL_QWEN3_5_MOE ? "qwen3_5_moe" : "qwen3_next";
+}
 
-    for (size_t i = 0; i < sizeof int_fields / sizeof int_fields[0]; i++) {
-        const int_field *f = &int_fields[i];
-        LS_TRY(get_int(o, f->key, 1, 0, f->lo, f->hi, field_at(c, f), err));
+/* RoPE settings as read: theta, the partial rotary factor and, for Qwen3.5,
+ * the multimodal sections (have_* = given somewhere). */
+typedef struct rope_cfg {
+    double theta, prf;
+    int have_theta, have_prf;
+    long section[3];
+    int have_section, have_interleaved, interleaved;
+} rope_cfg;
+
+/* mrope_section: three non-negative integers (temporal, height, width). */
+static ls_status read_section(const json_t *v, const char *field, long out[3], ls_error *err)
+{
+    if (!json_is_array(v) || json_array_size(v) != 3)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%s' must be a list of 3 "
+                       "integers (temporal, height, width sections)", field);
+    for (size_t i = 0; i < 3; i++) {
+        const json_t *x = json_array_get(v, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 4096)
+            return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%s[%zu]' must be an integer "
+                           "in 0..4096", field, i);
+        out[i] = (long)json_integer_value(x);
     }
-    LS_TRY(check_relations(c, "config.json", err));
-    LS_TRY(check_token_ids(o, "bos_token_id", c->vocab, err));
-    LS_TRY(check_token_ids(o, "eos_token_id", c->vocab, err));
-    /* A quantised checkpoint needs its scales read and applied; until a
-     * quantised path exists, a config that declares one is refused rather
-     * than run as if its weights were plain. */
-    const json_t *quant = json_object_get(o, "quantization_config");
-    if (quant && !json_is_null(quant))
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'quantization_config' is not "
-                       "supported (quantised checkpoints, FP8 included, are not implemented; "
-                       "supported: plain BF16/F32 weights)");
+    return LS_OK;
+}
 
-    const json_t *act = json_object_get(o, "hidden_act");
-    if (act && !json_is_null(act) &&
-        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'hidden_act' must be \"silu\"");
-    int b = 0;
-    LS_TRY(get_bool(o, "attention_bias", 0, &b, err));
-    if (b) return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'attention_bias' = true is not supported");
-    LS_TRY(get_bool(o, "tie_word_embeddings", 0, &b, err));
-    if (b)
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'tie_word_embeddings' = true is "
-                       "not supported");
-    LS_TRY(get_bool(o, "norm_topk_prob", 1, &c->norm_topk_prob, err));
-    long step = 1;
-    LS_TRY(get_int(o, "decoder_sparse_step", 0, 1, 0, 1L << 20, &step, err));
-    if (step != 1)
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'decoder_sparse_step' = %ld is "
-                       "not supported (only 1: every layer MoE)", step);
-    const json_t *mlp_only = json_object_get(o, "mlp_only_layers");
-    if (mlp_only && !json_is_null(mlp_only) && (!json_is_array(mlp_only) || json_array_size(mlp_only)))
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'mlp_only_layers' must be empty "
-                       "(dense-MLP layers are not supported)");
+/* One RoPE field, from the top level of the source or from rope_parameters
+ * (where given twice, the two must agree). */
+static ls_status rope_field(const cfg_src *s, int arch, const char *key, const json_t *val,
+                            const char *where, rope_cfg *r, ls_error *err)
+{
+    char field[128];
+    snprintf(field, sizeof field, "%s%s%s", s->pfx, where, key);
+    if (strcmp(key, "rope_theta") == 0 || strcmp(key, "partial_rotary_factor") == 0) {
+        if (!json_is_number(val))
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be a number", field);
+        double x = json_number_value(val);
+        int is_theta = key[5] == 't';
+        if ((is_theta ? r->have_theta : r->have_prf) && x != (is_theta ? r->theta : r->prf))
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' disagrees with the top-level "
+                           "'%s%s'", field, s->pfx, key);
+        if (is_theta) r->theta = x, r->have_theta = 1;
+        else r->prf = x, r->have_prf = 1;
+        return LS_OK;
+    }
+    if (arch == LS_MODEL_QWEN3_5_MOE && strcmp(key, "mrope_section") == 0) {
+        long sec[3];
+        LS_TRY(read_section(val, field, sec, err));
+        if (r->have_section && memcmp(sec, r->section, sizeof sec) != 0)
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' disagrees with the top-level "
+                           "'%smrope_section'", field, s->pfx);
+        memcpy(r->section, sec, sizeof sec);
+        r->have_section = 1;
+        return LS_OK;
+    }
+    if (arch == LS_MODEL_QWEN3_5_MOE && strcmp(key, "mrope_interleaved") == 0) {
+        if (!json_is_boolean(val))
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' must be true or false", field);
+        if (r->have_interleaved && json_is_true(val) != r->interleaved)
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' disagrees with the top-level "
+                           "'%smrope_interleaved'", field, s->pfx);
+        r->interleaved = json_is_true(val);
+        r->have_interleaved = 1;
+        return LS_OK;
+    }
+    return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%s' is not supported", field);
+}
 
-    int have;
-    double eps = 0;
-    LS_TRY(get_num(o, "rms_norm_eps", &have, &eps, err));
-    if (!have) return ls_fail(err, LS_E_INPUT, "config.json: missing field 'rms_norm_eps'");
-    if ((float)eps != 1e-6f)
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'rms_norm_eps' = %g is not "
-                       "supported (the strict operators use 1e-6)", eps);
-
-    /* RoPE: top-level fields and/or the v5 rope_parameters object; where both
-     * are given they must agree. */
-    const json_t *rs = json_object_get(o, "rope_scaling");
+/* RoPE: top-level fields and/or the v5 rope_parameters object. Qwen3.5's
+ * multimodal RoPE gives each rotary frequency one of three position rows
+ * (temporal, height, width; mrope_section says how many of each). For text
+ * all three rows hold the token's position, so every frequency turns by
+ * position · inv_freq whatever the assignment, interleaved or not: it is the
+ * Qwen3-Next partial RoPE (docs/model.md §3.3). That holds for a default
+ * RoPE whose sections partition the R/2 frequencies, which is checked. */
+static ls_status parse_rope(const cfg_src *s, ls_model_config *c, ls_error *err)
+{
+    const json_t *rs = json_object_get(s->o, "rope_scaling");
     if (rs && !json_is_null(rs))
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'rope_scaling' must be null");
-    double theta = 10000.0, prf = 0.25, v;
-    int have_theta = 0, have_prf = 0;
-    LS_TRY(get_num(o, "rope_theta", &have, &v, err));
-    if (have) theta = v, have_theta = 1;
-    LS_TRY(get_num(o, "partial_rotary_factor", &have, &v, err));
-    if (have) prf = v, have_prf = 1;
-    const json_t *rp = json_object_get(o, "rope_parameters");
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%srope_scaling' must be null",
+                       s->pfx);
+    rope_cfg r = {10000.0, 0.25, 0, 0, {0, 0, 0}, 0, 0, 0};
+    static const char *const top[] = {"rope_theta", "partial_rotary_factor", "mrope_section",
+                                      "mrope_interleaved"};
+    for (int i = 0; i < (c->arch == LS_MODEL_QWEN3_5_MOE ? 4 : 2); i++) {
+        const json_t *v = json_object_get(s->o, top[i]);
+        if (v && !json_is_null(v)) LS_TRY(rope_field(s, (int)c->arch, top[i], v, "", &r, err));
+    }
+    const json_t *rp = json_object_get(s->o, "rope_parameters");
     if (rp && !json_is_null(rp)) {
         if (!json_is_object(rp))
-            return ls_fail(err, LS_E_INPUT, "config.json: field 'rope_parameters' must be an object");
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%srope_parameters' must be an "
+                           "object", s->pfx);
         const char *key;
         const json_t *val;
         json_object_foreach((json_t *)rp, key, val) {
             if (strcmp(key, "rope_type") == 0) {
                 if (!json_is_string(val) || strcmp(json_string_value(val), "default") != 0)
                     return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field "
-                                   "'rope_parameters.rope_type' must be \"default\"");
-            } else if (strcmp(key, "rope_theta") == 0 || strcmp(key, "partial_rotary_factor") == 0) {
-                if (!json_is_number(val))
-                    return ls_fail(err, LS_E_INPUT, "config.json: field 'rope_parameters.%s' must "
-                                   "be a number", key);
-                double x = json_number_value(val);
-                int is_theta = key[5] == 't';
-                if ((is_theta ? have_theta : have_prf) && x != (is_theta ? theta : prf))
-                    return ls_fail(err, LS_E_INPUT, "config.json: field 'rope_parameters.%s' "
-                                   "disagrees with the top-level '%s'", key, key);
-                if (is_theta) theta = x, have_theta = 1;
-                else prf = x, have_prf = 1;
+                                   "'%srope_parameters.rope_type' must be \"default\"", s->pfx);
             } else {
-                return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'rope_parameters.%s' is "
-                               "not supported", key);
+                LS_TRY(rope_field(s, (int)c->arch, key, val, "rope_parameters.", &r, err));
             }
         }
     }
-    if (!(theta > 1.0) || !isfinite(theta))
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'rope_theta' = %g is not supported", theta);
-    double rd = prf * (double)c->head_dim;
+    if (!(r.theta > 1.0) || !isfinite(r.theta))
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%srope_theta' = %g is not "
+                       "supported", s->pfx, r.theta);
+    double rd = r.prf * (double)c->head_dim;
     c->rotary_dims = (long)rd;
-    if (!(prf > 0.0 && prf <= 1.0) || (double)c->rotary_dims != rd || c->rotary_dims % 2)
-        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'partial_rotary_factor' = %g "
-                       "gives %g rotary dims of head_dim %ld (need a positive even integer)", prf,
-                       rd, c->head_dim);
-    c->rope_theta = theta;
+    if (!(r.prf > 0.0 && r.prf <= 1.0) || (double)c->rotary_dims != rd || c->rotary_dims % 2)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%spartial_rotary_factor' = %g "
+                       "gives %g rotary dims of head_dim %ld (need a positive even integer)",
+                       s->pfx, r.prf, rd, c->head_dim);
+    if (r.have_section && r.section[0] + r.section[1] + r.section[2] != c->rotary_dims / 2)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%smrope_section' = [%ld, %ld, "
+                       "%ld] does not partition the %ld rotary frequencies (head_dim %ld x "
+                       "partial_rotary_factor %g / 2); the text-only reduction of multimodal "
+                       "RoPE to partial RoPE (docs/model.md §3.3) is defined for sections that "
+                       "do", s->pfx, r.section[0], r.section[1], r.section[2], c->rotary_dims / 2,
+                       c->head_dim, r.prf);
+    c->rope_theta = r.theta;
+    return LS_OK;
+}
 
-    /* Layer types. */
-    const json_t *lt = json_object_get(o, "layer_types");
+/* Qwen3.5's vision placeholder ids (top level of config.json), for the
+ * engine to refuse (ls_model_config.vision_tokens). */
+static ls_status parse_vision_tokens(const json_t *root, ls_model_config *c, ls_error *err)
+{
+    static const char *const keys[2] = {"image_token_id", "video_token_id"};
+    const cfg_src top = {root, ""};
+    for (int i = 0; i < 2; i++) {
+        long id = -1;
+        LS_TRY(get_int(&top, keys[i], 0, -1, 0, 1L << 31, &id, err));
+        if (id >= c->vocab)
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%s' = %ld is outside the "
+                           "vocabulary (0..%ld)", keys[i], id, c->vocab - 1);
+        c->vision_tokens[i] = id;
+        if (id >= 0) c->vision_tokens_given |= 1 << i;
+    }
+    return LS_OK;
+}
+
+ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_error *err)
+{
+    const json_t *root = config_json;
+    memset(c, 0, sizeof *c);
+    if (!json_is_object(root)) return ls_fail(err, LS_E_INPUT, "config.json: not a JSON object");
+    const json_t *mt = json_object_get(root, "model_type");
+    if (!json_is_string(mt))
+        return ls_fail(err, LS_E_INPUT, "config.json: field 'model_type' missing or not a string");
+    const char *type = json_string_value(mt);
+    cfg_src s = {root, ""};
+    if (strcmp(type, "qwen3_next") == 0) {
+        c->arch = LS_MODEL_QWEN3_NEXT;
+    } else if (strcmp(type, "qwen3_5_moe") == 0) {
+        /* The release: a vision-language config whose language model is
+         * text_config; the vision tower's weights are set aside by the
+         * checkpoint reader and vision_config is not read. */
+        c->arch = LS_MODEL_QWEN3_5_MOE;
+        const json_t *text = json_object_get(root, "text_config");
+        if (!json_is_object(text))
+            return ls_fail(err, LS_E_INPUT, "config.json: field 'model_type' = 'qwen3_5_moe' "
+                           "keeps the language model's fields under 'text_config', which is %s",
+                           text ? "not an object" : "missing");
+        const json_t *tt = json_object_get(text, "model_type");
+        if (tt && (!json_is_string(tt) || strcmp(json_string_value(tt), "qwen3_5_moe_text") != 0))
+            return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'text_config.model_type' = "
+                           "'%s' is not supported (expected qwen3_5_moe_text)",
+                           json_is_string(tt) ? json_string_value(tt) : "(not a string)");
+        s.o = text;
+        s.pfx = "text_config.";
+    } else if (strcmp(type, "qwen3_5_moe_text") == 0) {
+        c->arch = LS_MODEL_QWEN3_5_MOE; /* a text-only checkpoint: fields at the top level */
+    } else {
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'model_type' = '%s' is not "
+                       "supported (supported: qwen3_next, qwen3_5_moe, qwen3_5_moe_text)", type);
+    }
+    int q35 = c->arch == LS_MODEL_QWEN3_5_MOE;
+    /* Both objects where they differ (the release's top level and
+     * text_config), the language model's first. */
+    const cfg_src both[2] = {s, {root, ""}};
+    int n_src = s.o == root ? 1 : 2;
+
+    for (size_t i = 0; i < sizeof int_fields / sizeof int_fields[0]; i++) {
+        const int_field *f = &int_fields[i];
+        LS_TRY(get_int(&s, f->key, 1, 0, f->lo, f->hi, field_at(c, f), err));
+    }
+    LS_TRY(check_relations(c, "config.json", s.pfx, err));
+    for (int k = 0; k < n_src; k++) {
+        LS_TRY(check_token_ids(&both[k], "bos_token_id", c->vocab, err));
+        LS_TRY(check_token_ids(&both[k], "eos_token_id", c->vocab, err));
+        /* A quantised checkpoint needs its scales read and applied; until a
+         * quantised path exists, a config that declares one is refused
+         * rather than run as if its weights were plain. */
+        const json_t *quant = json_object_get(both[k].o, "quantization_config");
+        if (quant && !json_is_null(quant))
+            return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%squantization_config' is "
+                           "not supported (quantised checkpoints, FP8 included, are not "
+                           "implemented; supported: plain BF16/F32 weights)", both[k].pfx);
+        LS_TRY(want_bool(&both[k], "tie_word_embeddings", 0, "", err));
+    }
+    if (q35) LS_TRY(parse_vision_tokens(root, c, err));
+
+    const json_t *act = json_object_get(s.o, "hidden_act");
+    if (act && !json_is_null(act) &&
+        (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%shidden_act' must be \"silu\"",
+                       s.pfx);
+    LS_TRY(want_bool(&s, "attention_bias", 0, "", err));
+    /* The gated attention (a sigmoid gate beside each query head) is the
+     * only kind either graph has; Qwen3.5 configs say so explicitly. */
+    LS_TRY(want_bool(&s, "attn_output_gate", 1, " (the attention output is always gated: q_proj "
+                     "holds a query and a gate per head)", err));
+    if (q35) {
+        /* The Qwen3.5 router always renormalises the top-k weights; the
+         * reference has no switch, so a config saying otherwise describes
+         * something it does not compute. */
+        LS_TRY(want_bool(&s, "norm_topk_prob", 1, " (the qwen3_5_moe router always renormalises "
+                         "the top-k weights)", err));
+        c->norm_topk_prob = 1;
+        const json_t *sd = json_object_get(s.o, "mamba_ssm_dtype");
+        if (sd && !json_is_null(sd) &&
+            (!json_is_string(sd) || strcmp(json_string_value(sd), "float32") != 0))
+            return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%smamba_ssm_dtype' must be "
+                           "\"float32\" (lockstep carries the GDN state in fp32)", s.pfx);
+    } else {
+        LS_TRY(get_bool(&s, "norm_topk_prob", 1, &c->norm_topk_prob, err));
+    }
+    long step = 1;
+    LS_TRY(get_int(&s, "decoder_sparse_step", 0, 1, 0, 1L << 20, &step, err));
+    if (step != 1)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%sdecoder_sparse_step' = %ld is "
+                       "not supported (only 1: every layer MoE)", s.pfx, step);
+    const json_t *mlp_only = json_object_get(s.o, "mlp_only_layers");
+    if (mlp_only && !json_is_null(mlp_only) && (!json_is_array(mlp_only) || json_array_size(mlp_only)))
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%smlp_only_layers' must be "
+                       "empty (dense-MLP layers are not supported)", s.pfx);
+
+    int have;
+    double eps = 0;
+    LS_TRY(get_num(&s, "rms_norm_eps", &have, &eps, err));
+    if (!have) return ls_fail(err, LS_E_INPUT, "config.json: missing field '%srms_norm_eps'", s.pfx);
+    if ((float)eps != 1e-6f)
+        return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%srms_norm_eps' = %g is not "
+                       "supported (the strict operators use 1e-6)", s.pfx, eps);
+    LS_TRY(parse_rope(&s, c, err));
+
+    /* Layer types: layer_types wins, as in the reference; without it full
+     * attention every full_attention_interval-th layer (Qwen3.5: default 4,
+     * as the reference; Qwen3-Next: required). */
+    const json_t *lt = json_object_get(s.o, "layer_types");
     if (lt && !json_is_null(lt)) {
         if (!json_is_array(lt) || (long)json_array_size(lt) != c->n_layers)
-            return ls_fail(err, LS_E_INPUT, "config.json: field 'layer_types' must be an array of "
-                           "num_hidden_layers (%ld) strings", c->n_layers);
+            return ls_fail(err, LS_E_INPUT, "config.json: field '%slayer_types' must be an array of "
+                           "num_hidden_layers (%ld) strings", s.pfx, c->n_layers);
         for (long i = 0; i < c->n_layers; i++) {
-            const json_t *s = json_array_get(lt, (size_t)i);
-            const char *str = json_is_string(s) ? json_string_value(s) : "";
+            const json_t *e = json_array_get(lt, (size_t)i);
+            const char *str = json_is_string(e) ? json_string_value(e) : "";
             if (strcmp(str, "full_attention") == 0) c->is_attention[i] = 1;
             else if (strcmp(str, "linear_attention") == 0) c->is_attention[i] = 0;
             else
-                return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field 'layer_types[%ld]' must "
-                               "be \"full_attention\" or \"linear_attention\"", i);
+                return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%slayer_types[%ld]' "
+                               "must be \"full_attention\" or \"linear_attention\"", s.pfx, i);
         }
         long fai;
-        LS_TRY(get_int(o, "full_attention_interval", 0, 0, 0, 1L << 20, &fai, err));
+        LS_TRY(get_int(&s, "full_attention_interval", 0, 0, 0, 1L << 20, &fai, err));
         (void)fai; /* layer_types wins, as in the reference */
     } else {
         long fai;
-        LS_TRY(get_int(o, "full_attention_interval", 1, 0, 1, 1L << 20, &fai, err));
+        LS_TRY(get_int(&s, "full_attention_interval", !q35, 4, 1, 1L << 20, &fai, err));
         for (long i = 0; i < c->n_layers; i++) c->is_attention[i] = (i + 1) % fai == 0;
     }
     return LS_OK;
@@ -291,7 +466,16 @@ static ls_status check_config(const ls_model_config *c, ls_error *err)
             return ls_fail(err, LS_E_UNSUPPORTED, "%s: field '%s' = %ld is outside %ld..%ld",
                            label, f->key, v, f->lo, f->hi);
     }
-    LS_TRY(check_relations(c, label, err));
+    if (c->arch != LS_MODEL_QWEN3_NEXT && c->arch != LS_MODEL_QWEN3_5_MOE)
+        return ls_fail(err, LS_E_USAGE, "%s: arch = %d (0 qwen3_next, 1 qwen3_5_moe)", label,
+                       (int)c->arch);
+    LS_TRY(check_relations(c, label, "", err));
+    if (c->arch == LS_MODEL_QWEN3_5_MOE && c->norm_topk_prob != 1)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: norm_topk_prob = %d (the qwen3_5_moe router "
+                       "always renormalises)", label, c->norm_topk_prob);
+    if (c->vision_tokens_given & ~3)
+        return ls_fail(err, LS_E_USAGE, "%s: vision_tokens_given = %d (bits 0 and 1)", label,
+                       c->vision_tokens_given);
     if (c->rotary_dims < 2 || c->rotary_dims > c->head_dim || c->rotary_dims % 2)
         return ls_fail(err, LS_E_UNSUPPORTED, "%s: %ld rotary dims of head_dim %ld (need a "
                        "positive even number, at most head_dim)", label, c->rotary_dims,
@@ -501,9 +685,18 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
     } else {
         long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
         long conv_dim = 2 * Hk * dk + Hv * dv;
-        LS_TRY(mat(b, NAME("linear_attn.in_proj_qkvz.weight"), 2 * Hk * dk + 2 * Hv * dv, D, 0,
-                   &ly->qkvz, err));
-        LS_TRY(mat(b, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, D, 0, &ly->ba, err));
+        if (c->arch == LS_MODEL_QWEN3_5_MOE) {
+            /* four projections in plain head order (docs/model.md §2.2) */
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_qkv.weight"), conv_dim, D, 0, &ly->in_qkv, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_z.weight"), Hv * dv, D, 0, &ly->in_z, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_b.weight"), Hv, D, 0, &ly->in_b, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_a.weight"), Hv, D, 0, &ly->in_a, err));
+        } else {
+            /* fused, interleaved per key head (docs/model.md §2.3) */
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_qkvz.weight"), 2 * Hk * dk + 2 * Hv * dv, D, 0,
+                       &ly->qkvz, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, D, 0, &ly->ba, err));
+        }
         LS_TRY(mat(b, NAME("linear_attn.conv1d.weight"), conv_dim, c->conv_kernel, 1, &ly->conv,
                    err));
         if (b->ck && ls_checkpoint_find(b->ck, NAME("linear_attn.conv1d.bias")))
@@ -578,8 +771,8 @@ static ls_status unused_reason(const ls_model_config *c, const char *name, char 
             return LS_E_INPUT;
         }
     }
-    snprintf(why, cap, "no part of the qwen3_next graph reads it (a bias, or a tensor of "
-             "another architecture)");
+    snprintf(why, cap, "no part of the %s graph reads it (a bias, or a tensor of another "
+             "architecture)", ls_model_arch_name(c->arch));
     return LS_E_UNSUPPORTED;
 }
 

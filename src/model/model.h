@@ -1,10 +1,12 @@
-/* lockstep — the Qwen3-Next hybrid MoE graph: configuration (validated, fail
- * closed) and weight binding.
+/* lockstep — the hybrid MoE graph of Qwen3-Next and Qwen3.5 MoE:
+ * configuration (validated, fail closed) and weight binding.
  *
- * ls_model_open reads config.json of an open checkpoint, validates every
- * field it reads (an unsupported value is LS_E_UNSUPPORTED naming the field;
- * a malformed one LS_E_INPUT), derives the layer list (layer_types, else
- * full_attention_interval) and binds every tensor the engine needs, checking
+ * ls_model_open reads config.json of an open checkpoint (Qwen3-Next at the
+ * top level; Qwen3.5 MoE under text_config, or at the top level for a
+ * text-only checkpoint), validates every field it reads (an unsupported
+ * value is LS_E_UNSUPPORTED naming the field; a malformed one LS_E_INPUT),
+ * derives the layer list (layer_types, else full_attention_interval) and
+ * binds every tensor the engine needs, checking
  * dtype (BF16 or F32) and shape. Every tensor the checkpoint exposes must be
  * bound: one the graph does not read (a bias, a layer beyond
  * num_hidden_layers, an expert beyond num_experts) is refused, naming it
@@ -31,7 +33,21 @@
 
 #define LS_MODEL_MAX_LAYERS 512
 
+/* Which graph a config describes. The two share every operator; they differ
+ * in the GDN input projections (Qwen3-Next: fused in_proj_qkvz / in_proj_ba,
+ * interleaved per key head; Qwen3.5: in_proj_qkv, in_proj_z, in_proj_b,
+ * in_proj_a in plain head order, docs/model.md §2.3) and in the router
+ * (Qwen3.5 always renormalises the top-k weights). */
+typedef enum ls_model_arch {
+    LS_MODEL_QWEN3_NEXT = 0,   /* model_type qwen3_next */
+    LS_MODEL_QWEN3_5_MOE = 1   /* model_type qwen3_5_moe (text_config) or qwen3_5_moe_text */
+} ls_model_arch;
+
+/* The model_type a config.json names for arch ("qwen3_next", "qwen3_5_moe"). */
+const char *ls_model_arch_name(ls_model_arch arch);
+
 typedef struct ls_model_config {
+    ls_model_arch arch;        /* graph; 0 (Qwen3-Next) for a zeroed config */
     long hidden;               /* D */
     long n_layers;             /* L */
     long vocab;                /* V */
@@ -45,6 +61,12 @@ typedef struct ls_model_config {
     long moe_inter, shared_inter;             /* I, I_s */
     int norm_topk_prob;
     long max_positions;        /* max_position_embeddings */
+    /* Qwen3.5: the placeholder token ids of vision input (image_token_id,
+     * video_token_id at the top level of config.json, where given). Text
+     * decoding has no pixels to put there, so the engine refuses a prompt
+     * holding one. */
+    long vision_tokens[2];     /* [0] image_token_id, [1] video_token_id */
+    int vision_tokens_given;   /* bit i: vision_tokens[i] given (0 in a zeroed config: none) */
     int is_attention[LS_MODEL_MAX_LAYERS];    /* 1 = full attention, 0 = gated DeltaNet */
 } ls_model_config;
 
@@ -53,8 +75,11 @@ typedef struct ls_model_layer {
     float *in_norm;            /* input_layernorm [D] */
     float *post_norm;          /* post_attention_layernorm [D] */
     /* gated DeltaNet */
-    ls_wmat qkvz;              /* in_proj_qkvz [2 Hk dk + 2 Hv dv, D] */
-    ls_wmat ba;                /* in_proj_ba [2 Hv, D] */
+    ls_wmat qkvz;              /* Qwen3-Next in_proj_qkvz [2 Hk dk + 2 Hv dv, D] */
+    ls_wmat ba;                /* Qwen3-Next in_proj_ba [2 Hv, D] */
+    ls_wmat in_qkv;            /* Qwen3.5 in_proj_qkv [2 Hk dk + Hv dv, D]: q, k, v head-major */
+    ls_wmat in_z;              /* Qwen3.5 in_proj_z [Hv dv, D] */
+    ls_wmat in_b, in_a;        /* Qwen3.5 in_proj_b, in_proj_a [Hv, D] */
     ls_wmat conv;              /* conv1d [conv_dim, K] (stored [conv_dim, 1, K]) */
     float *A_log;              /* [Hv] */
     float *dt_bias;            /* [Hv] */
