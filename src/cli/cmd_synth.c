@@ -1,4 +1,5 @@
-/* lockstep synth — write a synthetic Qwen3-Next checkpoint (docs/synth.md). */
+/* lockstep synth — write a synthetic Qwen3-Next or Qwen3.5 MoE checkpoint
+ * (docs/synth.md). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,9 +11,11 @@
 
 static const char usage_text[] =
     "usage: lockstep synth (--preset NAME | --config FILE) --seed N --out DIR\n"
-    "                      [--layers N] [--config-only] [--max-shard-bytes B] [--force]\n"
+    "                      [--layers N] [--expert-layout L] [--config-only]\n"
+    "                      [--max-shard-bytes B] [--force]\n"
     "\n"
-    "Writes a Hugging Face Qwen3-Next checkpoint (Qwen3NextForCausalLM, bf16) with\n"
+    "Writes a Hugging Face Qwen3-Next (Qwen3NextForCausalLM) or Qwen3.5 MoE\n"
+    "(Qwen3_5MoeForConditionalGeneration, text part) bf16 checkpoint with\n"
     "deterministic random weights: config.json plus model.safetensors, or shards\n"
     "model-0000i-of-0000n.safetensors and model.safetensors.index.json when the\n"
     "tensors exceed --max-shard-bytes. The same seed gives the same bytes on every\n"
@@ -22,15 +25,24 @@ static const char usage_text[] =
     "  --preset NAME        tiny (hidden 128, 4 layers, 8 experts, vocab 1000),\n"
     "                       small (hidden 512, 8 layers, 32 experts, vocab 8250),\n"
     "                       qwen3-next-80b-a3b (the released 80B config; ~160 GB\n"
-    "                       in full, use --layers or --config-only)\n"
-    "  --config FILE        a Qwen3-Next config.json (model_type qwen3_next) instead\n"
-    "                       of a preset; the fields synth uses are validated\n"
+    "                       in full, use --layers or --config-only),\n"
+    "                       qwen3.5-tiny, qwen3.5-small (the same shapes as\n"
+    "                       Qwen3.5 MoE), qwen3.5-35b-a3b, qwen3.5-122b-a10b,\n"
+    "                       qwen3.5-397b-a17b (the release shapes; use --layers)\n"
+    "  --config FILE        a config.json (model_type qwen3_next, qwen3_5_moe or\n"
+    "                       qwen3_5_moe_text) instead of a preset; the fields synth\n"
+    "                       uses are validated\n"
     "  --seed N             generator seed (unsigned 64-bit integer)\n"
     "  --out DIR, -o DIR    output directory; written as DIR.tmp.<pid> and renamed\n"
     "                       when complete\n"
     "  --layers N           keep only the first N decoder layers (config.json then\n"
     "                       says num_hidden_layers = N); the tensors written are\n"
     "                       identical to those of the full model\n"
+    "  --expert-layout L    fused: experts.gate_up_proj [E, 2I, D] and\n"
+    "                       experts.down_proj [E, D, I] (the Qwen3.5 BF16 release;\n"
+    "                       the Qwen3.5 default); per-expert: experts.E.{gate,up,\n"
+    "                       down}_proj.weight (the Qwen3-Next default). Both hold\n"
+    "                       the same values\n"
     "  --config-only        write config.json alone\n"
     "  --max-shard-bytes B  tensor bytes per safetensors file before sharding\n"
     "                       (default 5000000000; suffixes KB MB GB KiB MiB GiB).\n"
@@ -64,7 +76,8 @@ static int parse_u64(const char *s, uint64_t *out)
 
 int ls_cmd_synth(int argc, char **argv)
 {
-    enum { OPT_PRESET = LS_CLI_LONG, OPT_CONFIG, OPT_SEED, OPT_LAYERS, OPT_CONFIG_ONLY, OPT_MAX_SHARD, OPT_FORCE };
+    enum { OPT_PRESET = LS_CLI_LONG, OPT_CONFIG, OPT_SEED, OPT_LAYERS, OPT_CONFIG_ONLY, OPT_MAX_SHARD, OPT_FORCE,
+           OPT_EXPERT_LAYOUT };
     static const ls_cli_opt opts[] = {
         {"preset", OPT_PRESET, 1},
         {"config", OPT_CONFIG, 1},
@@ -74,10 +87,11 @@ int ls_cmd_synth(int argc, char **argv)
         {"config-only", OPT_CONFIG_ONLY, 0},
         {"max-shard-bytes", OPT_MAX_SHARD, 1},
         {"force", OPT_FORCE, 0},
+        {"expert-layout", OPT_EXPERT_LAYOUT, 1},
         {NULL, 0, 0},
     };
     const char *preset = NULL, *config = NULL, *out = NULL, *seed_s = NULL, *layers_s = NULL,
-               *shard_s = NULL;
+               *shard_s = NULL, *layout_s = NULL;
     ls_synth_options opt = ls_synth_options_default();
     ls_error err;
     ls_error_clear(&err);
@@ -94,6 +108,7 @@ int ls_cmd_synth(int argc, char **argv)
         case 'o': out = a.arg; break;
         case OPT_LAYERS: layers_s = a.arg; break;
         case OPT_MAX_SHARD: shard_s = a.arg; break;
+        case OPT_EXPERT_LAYOUT: layout_s = a.arg; break;
         case LS_CLI_OPERAND: return ls_cli_usage_error("synth", "unexpected argument '%s'", a.arg);
         }
     }
@@ -133,6 +148,13 @@ int ls_cmd_synth(int argc, char **argv)
         }
         if (ls_synth_config_truncate(&cfg, (int64_t)n, &err) != LS_OK)
             return ls_cli_report("synth", &err);
+    }
+    if (layout_s) {
+        if (strcmp(layout_s, "fused") != 0 && strcmp(layout_s, "per-expert") != 0) {
+            ls_fail(&err, LS_E_USAGE, "--expert-layout '%s': expected fused or per-expert", layout_s);
+            return ls_cli_report("synth", &err);
+        }
+        cfg.fused_experts = strcmp(layout_s, "fused") == 0;
     }
     if (ls_synth_write(&cfg, seed, out, &opt, &err) != LS_OK) return ls_cli_report("synth", &err);
     ls_log_info("synth: wrote %s (%lld layers, seed %llu%s)", out,

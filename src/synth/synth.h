@@ -1,4 +1,4 @@
-/* lockstep — synthetic Qwen3-Next checkpoints (docs/synth.md).
+/* lockstep — synthetic Qwen3-Next and Qwen3.5 MoE checkpoints (docs/synth.md).
  *
  * Writes a Hugging Face checkpoint directory (config.json plus
  * model.safetensors, or shards and model.safetensors.index.json) whose bf16
@@ -29,9 +29,21 @@
 
 /* ---- configuration --------------------------------------------------------- */
 
-/* The Qwen3-Next fields synth uses (and writes to config.json). Sizes are in
+/* Which checkpoint layout synth writes. */
+typedef enum ls_synth_arch {
+    LS_SYNTH_QWEN3_NEXT = 0,   /* Qwen3NextForCausalLM: model.*, fused interleaved GDN projections */
+    LS_SYNTH_QWEN3_5_MOE = 1   /* Qwen3_5MoeForConditionalGeneration (text part): config under
+                                  text_config, model.language_model.*, split GDN projections */
+} ls_synth_arch;
+
+/* The fields synth uses (and writes to config.json). Sizes are in
  * elements; -1 means "null" for the token ids. */
 typedef struct ls_synth_config {
+    ls_synth_arch arch;
+    int fused_experts;                     /* 1: experts.gate_up_proj [E, 2I, D] and
+                                              experts.down_proj [E, D, I] (the Qwen3.5 BF16
+                                              release layout); 0: one tensor per expert and
+                                              projection. Not in config.json */
     int64_t vocab_size;                    /* V */
     int64_t hidden_size;                   /* D */
     int64_t num_hidden_layers;             /* L (<= LS_SYNTH_MAX_LAYERS) */
@@ -57,16 +69,27 @@ typedef struct ls_synth_config {
     uint8_t layer_full[LS_SYNTH_MAX_LAYERS]; /* 1 = full_attention, 0 = linear_attention */
     int64_t bos_token_id;                  /* -1 = null */
     int64_t eos_token_id;                  /* -1 = null */
+    /* Qwen3.5 only */
+    int64_t mrope_section[3];              /* temporal, height, width frequencies; sum = rotary/2 */
+    int64_t image_token_id;                /* top-level config field; -1 = not written */
+    int64_t video_token_id;                /* top-level config field; -1 = not written */
 } ls_synth_config;
 
-/* Fills cfg from a preset: "tiny", "small" or "qwen3-next-80b-a3b".
+/* Fills cfg from a preset: "tiny", "small", "qwen3-next-80b-a3b" (Qwen3-Next,
+ * per-expert tensors) or "qwen3.5-tiny", "qwen3.5-small", "qwen3.5-35b-a3b",
+ * "qwen3.5-122b-a10b", "qwen3.5-397b-a17b" (Qwen3.5 MoE, fused experts).
  * LS_E_USAGE naming the preset (and listing the valid ones) when unknown. */
 ls_status ls_synth_preset(const char *name, ls_synth_config *cfg, ls_error *err);
 
 /* Comma-separated list of the preset names (static string). */
 const char *ls_synth_preset_names(void);
 
-/* Parses a Qwen3-Next config.json held in memory (label names it in
+/* The multimodal RoPE sections synth writes for n rotary frequencies when
+ * none are given: temporal = height = ceil(n/3) (height at most what is
+ * left), width the rest; [11, 11, 10] for n = 32, the release's. */
+void ls_synth_default_mrope_section(int64_t n, int64_t out[3]);
+
+/* Parses a Qwen3-Next or Qwen3.5 MoE config.json held in memory (label names it in
  * messages). Fails with LS_E_INPUT naming the field when a field is missing or
  * has the wrong type or value, LS_E_UNSUPPORTED when it is well-formed but
  * outside what synth writes (tied embeddings, dense MLP layers, rope scaling
@@ -120,7 +143,14 @@ typedef struct ls_synth_tensor {
     int64_t shape[3];
     ls_synth_init init;
     double std;                  /* target standard deviation (NORMAL kinds) */
+    int fused;                   /* 0; LS_SYNTH_FUSED_GATE_UP or _DOWN: an [E, ...] stack whose
+                                    expert e holds the values of the per-expert tensors
+                                    experts.e.{gate,up}_proj.weight (or down_proj), so both
+                                    layouts carry the same weights */
 } ls_synth_tensor;
+
+#define LS_SYNTH_FUSED_GATE_UP 1 /* experts.gate_up_proj [E, 2I, D]: gate rows, then up rows */
+#define LS_SYNTH_FUSED_DOWN 2    /* experts.down_proj [E, D, I] */
 
 /* Lists every tensor of the checkpoint for cfg, sorted by name (byte order).
  * *out is malloc'd (caller frees), *count its length. */

@@ -1,4 +1,5 @@
-/* lockstep — synth: presets, reading a Qwen3-Next config.json, writing one. */
+/* lockstep — synth: presets, reading a Qwen3-Next or Qwen3.5 MoE config.json,
+ * writing one. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,43 @@ static void set_interval(ls_synth_config *c, int64_t interval)
         c->layer_full[i] = (uint8_t)((i + 1) % interval == 0);
 }
 
-const char *ls_synth_preset_names(void) { return "tiny, small, qwen3-next-80b-a3b"; }
+const char *ls_synth_preset_names(void)
+{
+    return "tiny, small, qwen3-next-80b-a3b, qwen3.5-tiny, qwen3.5-small, qwen3.5-35b-a3b, "
+           "qwen3.5-122b-a10b, qwen3.5-397b-a17b";
+}
+
+void ls_synth_default_mrope_section(int64_t n, int64_t out[3])
+{
+    int64_t t = (n + 2) / 3, h = t < n - t ? t : n - t;
+    out[0] = t;
+    out[1] = h;
+    out[2] = n - t - h;
+}
+
+/* The Qwen3.5 MoE release shapes (docs/model.md §1.2): what differs between
+ * 35B-A3B, 122B-A10B and 397B-A17B. */
+typedef struct q35_shape {
+    const char *name;
+    int64_t D, L, H, Hv, E, k, I;
+} q35_shape;
+
+static const q35_shape q35_shapes[] = {
+    {"qwen3.5-35b-a3b", 2048, 40, 16, 32, 256, 8, 512},
+    {"qwen3.5-122b-a10b", 3072, 48, 32, 64, 256, 8, 1024},
+    {"qwen3.5-397b-a17b", 4096, 60, 32, 64, 512, 10, 1024},
+};
+
+/* Qwen3.5's fields beyond the shared ones: the release layout, sections
+ * from the rotary dims, no vision placeholder ids (tiny vocabularies). */
+static void make_q35(ls_synth_config *c)
+{
+    c->arch = LS_SYNTH_QWEN3_5_MOE;
+    c->fused_experts = 1;
+    c->norm_topk_prob = 1;
+    ls_synth_default_mrope_section(
+        (int64_t)(c->partial_rotary_factor * (double)c->head_dim) / 2, c->mrope_section);
+}
 
 ls_status ls_synth_preset(const char *name, ls_synth_config *c, ls_error *err)
 {
@@ -27,6 +64,41 @@ ls_status ls_synth_preset(const char *name, ls_synth_config *c, ls_error *err)
     c->rms_norm_eps = 1e-6;
     c->norm_topk_prob = 1;
     c->linear_conv_kernel_dim = 4;
+    c->image_token_id = -1;
+    c->video_token_id = -1;
+    int q35 = strncmp(name, "qwen3.5-", 8) == 0;
+    if (q35 && (strcmp(name + 8, "tiny") == 0 || strcmp(name + 8, "small") == 0)) {
+        /* The Qwen3-Next tiny and small shapes in the Qwen3.5 layout. */
+        LS_TRY(ls_synth_preset(name + 8, c, err));
+        make_q35(c);
+        return LS_OK;
+    }
+    for (size_t i = 0; q35 && i < sizeof q35_shapes / sizeof q35_shapes[0]; i++) {
+        const q35_shape *q = &q35_shapes[i];
+        if (strcmp(name, q->name) != 0) continue;
+        c->vocab_size = 248320;
+        c->hidden_size = q->D;
+        c->num_hidden_layers = q->L;
+        c->num_attention_heads = q->H;
+        c->num_key_value_heads = 2;
+        c->head_dim = 256;
+        c->max_position_embeddings = 262144;
+        c->linear_num_key_heads = 16;
+        c->linear_num_value_heads = q->Hv;
+        c->linear_key_head_dim = 128;
+        c->linear_value_head_dim = 128;
+        c->num_experts = q->E;
+        c->num_experts_per_tok = q->k;
+        c->moe_intermediate_size = q->I;
+        c->shared_expert_intermediate_size = q->I;
+        c->bos_token_id = -1;
+        c->eos_token_id = -1;
+        c->image_token_id = 248056; /* transformers' Qwen3_5MoeConfig defaults */
+        c->video_token_id = 248057;
+        set_interval(c, 4);
+        make_q35(c);
+        return LS_OK;
+    }
     if (strcmp(name, "tiny") == 0) {
         /* Runs in seconds on two cores in the C reference engine. Layers 1 and
          * 3 are full attention, 0 and 2 Gated DeltaNet. V = 1000 is not a
@@ -197,20 +269,85 @@ static void derive_interval(ls_synth_config *c, int64_t stated)
     }
 }
 
-static ls_status parse_root(const char *label, json_t *root, ls_synth_config *c, ls_error *err)
+/* Qwen3.5's multimodal RoPE sections (top level of the text fields or in
+ * rope_parameters), defaulting to ls_synth_default_mrope_section; they must
+ * partition the rotary frequencies (what lockstep's model accepts). */
+static ls_status parse_mrope(const char *label, json_t *obj, ls_synth_config *c, ls_error *err)
+{
+    int64_t n = (int64_t)(c->partial_rotary_factor * (double)c->head_dim) / 2;
+    ls_synth_default_mrope_section(n, c->mrope_section);
+    json_t *rp = json_object_get(obj, "rope_parameters");
+    json_t *v = json_object_get(obj, "mrope_section");
+    if ((!v || json_is_null(v)) && json_is_object(rp)) v = json_object_get(rp, "mrope_section");
+    if (!v || json_is_null(v)) return LS_OK;
+    if (!json_is_array(v) || json_array_size(v) != 3)
+        return ls_fail(err, LS_E_INPUT, "%s: field 'mrope_section' must be a list of 3 integers",
+                       label);
+    int64_t sum = 0;
+    for (size_t i = 0; i < 3; i++) {
+        json_t *x = json_array_get(v, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 4096)
+            return ls_fail(err, LS_E_INPUT, "%s: field 'mrope_section[%zu]' must be an integer in "
+                           "0..4096", label, i);
+        c->mrope_section[i] = (int64_t)json_integer_value(x);
+        sum += c->mrope_section[i];
+    }
+    if (sum != n)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: field 'mrope_section' sums to %lld, not the %lld "
+                       "rotary frequencies", label, (long long)sum, (long long)n);
+    return LS_OK;
+}
+
+static ls_status parse_fields(const char *label, json_t *root, ls_synth_config *c, ls_error *err);
+
+static ls_status parse_root(const char *label, json_t *top, ls_synth_config *c, ls_error *err)
 {
     memset(c, 0, sizeof *c);
-    if (!json_is_object(root))
+    if (!json_is_object(top))
         return ls_fail(err, LS_E_INPUT, "%s: top level must be a JSON object", label);
 
-    json_t *mt = json_object_get(root, "model_type");
+    json_t *mt = json_object_get(top, "model_type");
     if (!mt) return ls_fail(err, LS_E_INPUT, "%s: field 'model_type' is missing", label);
     if (!json_is_string(mt))
         return ls_fail(err, LS_E_INPUT, "%s: field 'model_type' must be a string", label);
-    if (strcmp(json_string_value(mt), "qwen3_next") != 0)
+    const char *type = json_string_value(mt);
+    json_t *root = top;
+    if (strcmp(type, "qwen3_5_moe") == 0) {
+        root = json_object_get(top, "text_config");
+        if (!json_is_object(root))
+            return ls_fail(err, LS_E_INPUT, "%s: field 'text_config' is %s (model_type "
+                           "qwen3_5_moe keeps the language model there)", label,
+                           root ? "not an object" : "missing");
+        json_t *tt = json_object_get(root, "model_type");
+        if (tt && !(json_is_string(tt) && strcmp(json_string_value(tt), "qwen3_5_moe_text") == 0))
+            return ls_fail(err, LS_E_UNSUPPORTED, "%s: field 'text_config.model_type' must be "
+                           "\"qwen3_5_moe_text\"", label);
+        LS_TRY(want_bool(label, top, "tie_word_embeddings", 0, err));
+    } else if (strcmp(type, "qwen3_next") != 0 && strcmp(type, "qwen3_5_moe_text") != 0) {
         return ls_fail(err, LS_E_UNSUPPORTED,
-                       "%s: field 'model_type' = '%s' is not supported (synth writes qwen3_next)",
-                       label, json_string_value(mt));
+                       "%s: field 'model_type' = '%s' is not supported (synth writes qwen3_next, "
+                       "qwen3_5_moe, qwen3_5_moe_text)", label, type);
+    }
+    c->arch = strcmp(type, "qwen3_next") == 0 ? LS_SYNTH_QWEN3_NEXT : LS_SYNTH_QWEN3_5_MOE;
+    LS_TRY(parse_fields(label, root, c, err));
+    c->image_token_id = c->video_token_id = -1;
+    if (c->arch == LS_SYNTH_QWEN3_5_MOE) {
+        c->fused_experts = 1; /* the release layout */
+        LS_TRY(get_int(label, top, "image_token_id", 0, -1, 0, c->vocab_size - 1,
+                       &c->image_token_id, err));
+        LS_TRY(get_int(label, top, "video_token_id", 0, -1, 0, c->vocab_size - 1,
+                       &c->video_token_id, err));
+        LS_TRY(parse_mrope(label, root, c, err));
+        LS_TRY(want_bool(label, root, "attn_output_gate", 1, err));
+    }
+    return LS_OK;
+}
+
+/* The language model's fields, in root (the top level, or Qwen3.5's
+ * text_config); c->arch is set. */
+static ls_status parse_fields(const char *label, json_t *root, ls_synth_config *c, ls_error *err)
+{
+    int q35 = c->arch == LS_SYNTH_QWEN3_5_MOE;
 
     struct {
         const char *key;
@@ -291,7 +428,10 @@ static ls_status parse_root(const char *label, json_t *root, ls_synth_config *c,
 
     json_t *ntp = json_object_get(root, "norm_topk_prob");
     c->norm_topk_prob = 1;
-    if (ntp && !json_is_null(ntp)) {
+    if (q35) {
+        /* the Qwen3.5 router always renormalises */
+        LS_TRY(want_bool(label, root, "norm_topk_prob", 1, err));
+    } else if (ntp && !json_is_null(ntp)) {
         if (!json_is_boolean(ntp))
             return ls_fail(err, LS_E_INPUT, "%s: field 'norm_topk_prob' must be true or false", label);
         c->norm_topk_prob = json_is_true(ntp);
@@ -406,9 +546,133 @@ static int cmp_field(const void *a, const void *b)
     return strcmp(((const field *)a)->key, ((const field *)b)->key);
 }
 
+/* Sorted fields as a JSON object whose closing brace sits at `indent`
+ * spaces (fields at indent + 2); a NULL value is left out. Frees the values;
+ * NULL when out of memory. */
+static char *render_object(field *f, size_t nf, int indent)
+{
+    qsort(f, nf, sizeof f[0], cmp_field);
+    size_t cap = 16 + (size_t)indent;
+    for (size_t i = 0; i < nf; i++)
+        if (f[i].value) cap += strlen(f[i].key) + strlen(f[i].value) + (size_t)indent + 10;
+    char *s = malloc(cap);
+    if (s) {
+        size_t m = (size_t)snprintf(s, cap, "{\n");
+        size_t last = nf;
+        for (size_t i = 0; i < nf; i++)
+            if (f[i].value) last = i;
+        for (size_t i = 0; i < nf; i++)
+            if (f[i].value)
+                m += (size_t)snprintf(s + m, cap - m, "%*s\"%s\": %s%s\n", indent + 2, "", f[i].key,
+                                      f[i].value, i == last ? "" : ",");
+        snprintf(s + m, cap - m, "%*s}", indent, "");
+    }
+    for (size_t i = 0; i < nf; i++) free(f[i].value);
+    return s;
+}
+
+/* Qwen3.5 MoE in the release layout: Qwen3_5MoeForConditionalGeneration,
+ * the language model's fields under text_config (with the multimodal RoPE
+ * sections in rope_parameters), the vision placeholder ids at the top when
+ * given. No vision_config: synth writes no vision tower. */
+static ls_status render_q35(const ls_synth_config *c, char **out, size_t *len, ls_error *err)
+{
+    size_t lt_cap = 16 + (size_t)c->num_hidden_layers * 32;
+    char *lt = malloc(lt_cap);
+    if (!lt) return ls_fail(err, LS_E_NOMEM, "synth: out of memory");
+    size_t n = 0;
+    n += (size_t)snprintf(lt + n, lt_cap - n, "[\n");
+    for (int64_t i = 0; i < c->num_hidden_layers; i++)
+        n += (size_t)snprintf(lt + n, lt_cap - n, "      \"%s\"%s\n",
+                              c->layer_full[i] ? "full_attention" : "linear_attention",
+                              i + 1 < c->num_hidden_layers ? "," : "");
+    snprintf(lt + n, lt_cap - n, "    ]");
+    char sec[96];
+    snprintf(sec, sizeof sec, "[\n        %lld,\n        %lld,\n        %lld\n      ]",
+             (long long)c->mrope_section[0], (long long)c->mrope_section[1],
+             (long long)c->mrope_section[2]);
+    field rope[] = {
+        {"mrope_interleaved", strdup("true")},
+        {"mrope_section", strdup(sec)},
+        {"partial_rotary_factor", fmt_real(c->partial_rotary_factor)},
+        {"rope_theta", fmt_real(c->rope_theta)},
+        {"rope_type", strdup("\"default\"")},
+    };
+    char *rope_s = render_object(rope, sizeof rope / sizeof rope[0], 4);
+    field t[] = {
+        {"attention_bias", strdup("false")},
+        {"attention_dropout", strdup("0.0")},
+        {"attn_output_gate", strdup("true")},
+        {"bos_token_id", fmt_opt_id(c->bos_token_id)},
+        {"dtype", strdup("\"bfloat16\"")},
+        {"eos_token_id", fmt_opt_id(c->eos_token_id)},
+        {"full_attention_interval",
+         c->full_attention_interval ? fmt_int(c->full_attention_interval) : NULL},
+        {"head_dim", fmt_int(c->head_dim)},
+        {"hidden_act", strdup("\"silu\"")},
+        {"hidden_size", fmt_int(c->hidden_size)},
+        {"initializer_range", strdup("0.02")},
+        {"layer_types", lt},
+        {"linear_conv_kernel_dim", fmt_int(c->linear_conv_kernel_dim)},
+        {"linear_key_head_dim", fmt_int(c->linear_key_head_dim)},
+        {"linear_num_key_heads", fmt_int(c->linear_num_key_heads)},
+        {"linear_num_value_heads", fmt_int(c->linear_num_value_heads)},
+        {"linear_value_head_dim", fmt_int(c->linear_value_head_dim)},
+        {"mamba_ssm_dtype", strdup("\"float32\"")},
+        {"max_position_embeddings", fmt_int(c->max_position_embeddings)},
+        {"model_type", strdup("\"qwen3_5_moe_text\"")},
+        {"moe_intermediate_size", fmt_int(c->moe_intermediate_size)},
+        {"num_attention_heads", fmt_int(c->num_attention_heads)},
+        {"num_experts", fmt_int(c->num_experts)},
+        {"num_experts_per_tok", fmt_int(c->num_experts_per_tok)},
+        {"num_hidden_layers", fmt_int(c->num_hidden_layers)},
+        {"num_key_value_heads", fmt_int(c->num_key_value_heads)},
+        {"output_router_logits", strdup("false")},
+        {"rms_norm_eps", fmt_real(c->rms_norm_eps)},
+        {"rope_parameters", rope_s},
+        {"router_aux_loss_coef", strdup("0.001")},
+        {"shared_expert_intermediate_size", fmt_int(c->shared_expert_intermediate_size)},
+        {"tie_word_embeddings", strdup("false")},
+        {"use_cache", strdup("true")},
+        {"vocab_size", fmt_int(c->vocab_size)},
+    };
+    const size_t nt = sizeof t / sizeof t[0];
+    int oom = !rope_s;
+    for (size_t i = 0; i < nt; i++)
+        if (!t[i].value && strcmp(t[i].key, "full_attention_interval") != 0) oom = 1;
+    char *text = render_object(t, nt, 2);
+    field top[] = {
+        {"architectures", strdup("[\n    \"Qwen3_5MoeForConditionalGeneration\"\n  ]")},
+        {"image_token_id", c->image_token_id >= 0 ? fmt_int(c->image_token_id) : NULL},
+        {"model_type", strdup("\"qwen3_5_moe\"")},
+        {"text_config", text},
+        {"tie_word_embeddings", strdup("false")},
+        {"video_token_id", c->video_token_id >= 0 ? fmt_int(c->video_token_id) : NULL},
+    };
+    const size_t nto = sizeof top / sizeof top[0];
+    oom |= !text || !top[0].value || !top[2].value || !top[4].value;
+    char *all = render_object(top, nto, 0);
+    if (oom || !all) {
+        free(all);
+        return ls_fail(err, LS_E_NOMEM, "synth: out of memory");
+    }
+    size_t m = strlen(all);
+    char *s = realloc(all, m + 2);
+    if (!s) {
+        free(all);
+        return ls_fail(err, LS_E_NOMEM, "synth: out of memory");
+    }
+    s[m] = '\n';
+    s[m + 1] = '\0';
+    *out = s;
+    if (len) *len = m + 1;
+    return LS_OK;
+}
+
 ls_status ls_synth_config_render(const ls_synth_config *c, char **out, size_t *len, ls_error *err)
 {
     *out = NULL;
+    if (c->arch == LS_SYNTH_QWEN3_5_MOE) return render_q35(c, out, len, err);
     /* layer_types, one string per line at indent 4. */
     size_t lt_cap = 16 + (size_t)c->num_hidden_layers * 32;
     char *lt = malloc(lt_cap);

@@ -1,5 +1,5 @@
 /* lockstep — synth: the counter-based generator, deterministic elementary
- * functions, the tensor list of a Qwen3-Next checkpoint and its initialisers
+ * functions, the tensor list of a Qwen3-Next or Qwen3.5 checkpoint and its initialisers
  * (docs/synth.md says why each scale is what it is). */
 #include <math.h> /* HUGE_VAL and NAN only: no libm function is called */
 #include <stdarg.h>
@@ -141,24 +141,58 @@ static uint64_t tensor_numel(const ls_synth_tensor *t)
     return n;
 }
 
+/* n NORMAL (or ONE_PLUS_NORMAL) values of the tensor keyed `key`. */
+static void fill_normal(uint64_t key, uint64_t n, double std, int one_plus, uint16_t *dst)
+{
+    /* 5726623060 = 4 (2^32 - 1) / 3 exactly: the variance of the centred
+     * Irwin–Hall integer. */
+    const float c = (float)(std / ls_synth_sqrt(5726623060.0));
+    const float base = one_plus ? 1.0f : 0.0f;
+    for (uint64_t i = 0; i < n; i++) {
+        float z = (float)ls_synth_irwin_hall(ls_synth_draw(key, i)); /* exact */
+        float v = base + z * c;
+        dst[i] = ls_f32_to_bf16(v);
+    }
+}
+
+/* A fused expert stack: expert e's slices are generated under the names of
+ * the per-expert tensors (PREFIX.e.gate_proj.weight, ...), PREFIX being the
+ * stack's name up to and including "experts.". */
+static void fill_fused(const ls_synth_tensor *t, uint64_t seed, uint16_t *dst)
+{
+    const char *cut = strstr(t->name, "experts.");
+    int plen = cut ? (int)(cut - t->name) + 8 : 0;
+    const int64_t E = t->shape[0], rows = t->shape[1], cols = t->shape[2];
+    static const char *const gu[2] = {"gate", "up"};
+    for (int64_t e = 0; e < E; e++) {
+        char name[160];
+        uint16_t *x = dst + (uint64_t)e * (uint64_t)rows * (uint64_t)cols;
+        if (t->fused == LS_SYNTH_FUSED_DOWN) {
+            snprintf(name, sizeof name, "%.*s%lld.down_proj.weight", plen, t->name, (long long)e);
+            fill_normal(ls_synth_key(seed, name), (uint64_t)(rows * cols), t->std, 0, x);
+            continue;
+        }
+        for (int p = 0; p < 2; p++) { /* rows 0..I-1 gate, I..2I-1 up */
+            snprintf(name, sizeof name, "%.*s%lld.%s_proj.weight", plen, t->name, (long long)e, gu[p]);
+            fill_normal(ls_synth_key(seed, name), (uint64_t)(rows / 2 * cols), t->std, 0,
+                        x + (uint64_t)p * (uint64_t)(rows / 2) * (uint64_t)cols);
+        }
+    }
+}
+
 void ls_synth_fill(const ls_synth_tensor *t, uint64_t seed, uint16_t *dst)
 {
     uint64_t key = ls_synth_key(seed, t->name);
     uint64_t n = tensor_numel(t);
+    if (t->fused) {
+        fill_fused(t, seed, dst);
+        return;
+    }
     switch (t->init) {
     case LS_SYNTH_INIT_NORMAL:
-    case LS_SYNTH_INIT_ONE_PLUS_NORMAL: {
-        /* 5726623060 = 4 (2^32 - 1) / 3 exactly: the variance of the centred
-         * Irwin–Hall integer. */
-        const float c = (float)(t->std / ls_synth_sqrt(5726623060.0));
-        const float base = t->init == LS_SYNTH_INIT_ONE_PLUS_NORMAL ? 1.0f : 0.0f;
-        for (uint64_t i = 0; i < n; i++) {
-            float z = (float)ls_synth_irwin_hall(ls_synth_draw(key, i)); /* exact */
-            float v = base + z * c;
-            dst[i] = ls_f32_to_bf16(v);
-        }
+    case LS_SYNTH_INIT_ONE_PLUS_NORMAL:
+        fill_normal(key, n, t->std, t->init == LS_SYNTH_INIT_ONE_PLUS_NORMAL, dst);
         break;
-    }
     case LS_SYNTH_INIT_A_LOG:
         /* A = exp(A_log) uniform in [1, 16), as the reference initialisation. */
         for (uint64_t i = 0; i < n; i++) {
@@ -242,14 +276,18 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
     tensor_list l = {0};
     const ls_synth_init N = LS_SYNTH_INIT_NORMAL;
     const int64_t D = c->hidden_size, V = c->vocab_size;
+    /* Qwen3.5 keeps the language model under model.language_model. */
+    const int q35 = c->arch == LS_SYNTH_QWEN3_5_MOE;
+    const char *m = q35 ? "model.language_model" : "model";
 
-    add(&l, N, 1.0, 2, V, D, 0, "model.embed_tokens.weight");
-    add(&l, N, NORM_STD, 1, D, 0, 0, "model.norm.weight");
+    add(&l, N, 1.0, 2, V, D, 0, "%s.embed_tokens.weight", m);
+    add(&l, N, NORM_STD, 1, D, 0, 0, "%s.norm.weight", m);
     add(&l, N, LM_HEAD_GAIN * ls_synth_sqrt(2.0 * ls_synth_log((double)V)) * inv_sqrt(D), 2, V, D,
         0, "lm_head.weight");
 
     for (int64_t L = 0; L < c->num_hidden_layers; L++) {
-        const char *p = "model.layers";
+        char p[64];
+        snprintf(p, sizeof p, "%s.layers", m);
         add(&l, N, NORM_STD, 1, D, 0, 0, "%s.%lld.input_layernorm.weight", p, (long long)L);
         add(&l, N, NORM_STD, 1, D, 0, 0, "%s.%lld.post_attention_layernorm.weight", p,
             (long long)L);
@@ -272,11 +310,23 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
                           dk = c->linear_key_head_dim, dv = c->linear_value_head_dim,
                           K = c->linear_conv_kernel_dim;
             const int64_t conv_dim = 2 * Hk * dk + Hv * dv;
-            /* Fused, per-key-head interleaved projections (docs/model.md §2.3). */
-            add(&l, N, inv_sqrt(D), 2, 2 * Hk * dk + 2 * Hv * dv, D, 0,
-                "%s.%lld.linear_attn.in_proj_qkvz.weight", p, (long long)L);
-            add(&l, N, inv_sqrt(D), 2, 2 * Hv, D, 0, "%s.%lld.linear_attn.in_proj_ba.weight", p,
-                (long long)L);
+            if (q35) {
+                /* Four projections in plain head order (docs/model.md §2.2). */
+                add(&l, N, inv_sqrt(D), 2, conv_dim, D, 0,
+                    "%s.%lld.linear_attn.in_proj_qkv.weight", p, (long long)L);
+                add(&l, N, inv_sqrt(D), 2, Hv * dv, D, 0, "%s.%lld.linear_attn.in_proj_z.weight",
+                    p, (long long)L);
+                add(&l, N, inv_sqrt(D), 2, Hv, D, 0, "%s.%lld.linear_attn.in_proj_b.weight", p,
+                    (long long)L);
+                add(&l, N, inv_sqrt(D), 2, Hv, D, 0, "%s.%lld.linear_attn.in_proj_a.weight", p,
+                    (long long)L);
+            } else {
+                /* Fused, per-key-head interleaved projections (docs/model.md §2.3). */
+                add(&l, N, inv_sqrt(D), 2, 2 * Hk * dk + 2 * Hv * dv, D, 0,
+                    "%s.%lld.linear_attn.in_proj_qkvz.weight", p, (long long)L);
+                add(&l, N, inv_sqrt(D), 2, 2 * Hv, D, 0, "%s.%lld.linear_attn.in_proj_ba.weight",
+                    p, (long long)L);
+            }
             add(&l, N, inv_sqrt(K), 3, conv_dim, 1, K, "%s.%lld.linear_attn.conv1d.weight", p,
                 (long long)L);
             add(&l, LS_SYNTH_INIT_DT_BIAS, 0.0, 1, Hv, 0, 0, "%s.%lld.linear_attn.dt_bias", p,
@@ -291,7 +341,15 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
         const int64_t E = c->num_experts, I = c->moe_intermediate_size,
                       Is = c->shared_expert_intermediate_size;
         add(&l, N, inv_sqrt(D), 2, E, D, 0, "%s.%lld.mlp.gate.weight", p, (long long)L);
-        for (int64_t e = 0; e < E; e++) {
+        if (c->fused_experts) {
+            /* No .weight suffix: the release's 3-D parameters (docs/model.md §2.2). */
+            add(&l, N, inv_sqrt(D), 3, E, 2 * I, D, "%s.%lld.mlp.experts.gate_up_proj", p,
+                (long long)L);
+            if (!l.oom) l.v[l.n - 1].fused = LS_SYNTH_FUSED_GATE_UP;
+            add(&l, N, inv_sqrt(I), 3, E, D, I, "%s.%lld.mlp.experts.down_proj", p, (long long)L);
+            if (!l.oom) l.v[l.n - 1].fused = LS_SYNTH_FUSED_DOWN;
+        }
+        for (int64_t e = 0; e < E && !c->fused_experts; e++) {
             add(&l, N, inv_sqrt(D), 2, I, D, 0, "%s.%lld.mlp.experts.%lld.gate_proj.weight", p,
                 (long long)L, (long long)e);
             add(&l, N, inv_sqrt(D), 2, I, D, 0, "%s.%lld.mlp.experts.%lld.up_proj.weight", p,
