@@ -95,7 +95,7 @@ static const char *const arch_fields[] = {
     "decoder_sparse_step", "mlp_only_layers", "norm_topk_prob", "vocab_size", "rope_theta",
     "partial_rotary_factor", "rope_scaling", "rope_parameters", "rms_norm_eps",
     "max_position_embeddings", "tie_word_embeddings", "attention_bias", "torch_dtype", "dtype",
-    NULL};
+    "attn_output_gate", "mamba_ssm_dtype", "image_token_id", "video_token_id", NULL};
 
 static json_t *architecture_section(const json_t *cfg)
 {
