@@ -486,8 +486,15 @@ static void variant(const char *golden, const char *dir, const char *const *drop
         int skip = 0;
         for (const char *const *d = drop; d && *d; d++) skip |= strcmp(t->stored_name, *d) == 0;
         if (skip) continue;
-        st_spec s = {t->stored_name, ls_dtype_name(t->dtype), t->ndim, {0}, ls_dtype_size(t->dtype), t->data};
-        for (int d = 0; d < t->ndim; d++) s.shape[d] = t->shape[d];
+        /* the vision tower's 5-D patch embedding is written with its
+         * trailing dimensions folded into the fourth (st_spec holds four;
+         * the tensor is skipped, its bytes are what matters) */
+        st_spec s = {t->stored_name, ls_dtype_name(t->dtype), t->ndim < 4 ? t->ndim : 4, {0},
+                     ls_dtype_size(t->dtype), t->data};
+        for (int d = 0; d < t->ndim; d++) {
+            if (d < 4) s.shape[d] = t->shape[d];
+            else s.shape[3] *= t->shape[d];
+        }
         ts[k++] = s;
     }
     for (size_t i = 0; i < n_extra; i++) ts[k++] = extra[i];
