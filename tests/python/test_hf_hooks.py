@@ -65,9 +65,9 @@ def f32(bits):
 
 
 def save(name, text):
-    if EVIDENCE:
+    if EVIDENCE:  # trace names without this run's temporary directory
         with open(os.path.join(EVIDENCE, name), "w") as f:
-            f.write(text)
+            f.write(text.replace(WORK + os.sep, ""))
 
 
 torch.set_num_threads(1)

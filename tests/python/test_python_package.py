@@ -223,6 +223,19 @@ finally:
     os.chdir(cwd)
 rc, out, err = run("trace", "dump", os.path.join(WORK, "run.trace"))
 ok(rc == 0, "the docstring example's trace: %s" % err)
+# docs/python.md: its writing and reading examples (the blocks without the hooks), in order
+with open(os.path.join(SRC, "docs", "python.md")) as f:
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", f.read(), re.S) if "torch" not in b and "HFRecorder" not in b]
+ok(len(blocks) == 2, "docs/python.md has its writing and reading examples (%d)" % len(blocks))
+os.chdir(WORK)
+try:
+    for b in blocks:
+        with contextlib.redirect_stdout(io.StringIO()):
+            exec(compile(b, "docs/python.md", "exec"), {})
+finally:
+    os.chdir(cwd)
+rc, out, err = run("trace", "dump", os.path.join(WORK, "engine.trace"))
+ok(rc == 0, "docs/python.md's example trace: %s" % err)
 p = subprocess.run([os.path.join(venv, "bin", "lockstep-trace"), "verify", os.path.join(WORK, "run.trace")],
                    capture_output=True, text=True, cwd=WORK)
 ok(p.returncode == 0 and "complete" in p.stdout, "the installed lockstep-trace command: %s%s" % (p.stdout, p.stderr))
