@@ -11,7 +11,10 @@ fp32: equal bytes mean the hooks' canonical bytes and alignment are
 lockstep's); every dumped layer and kind has per-layer error figures, with
 relative error < 1e-4 and cosine > 0.9999 (fp32 against fp32); the hooks'
 logprobs are within 1e-4 of transformers' own in the goldens and their top-5
-ids are the goldens'.
+ids are the goldens'. Where transformers has Qwen3.5, small random Qwen3.5
+MoE and dense models go through the same hooks: lockstep reads their traces,
+the dense one without router digests, and an explicit name map records what
+the default one does.
 
 usage: test_hf_hooks.py LOCKSTEP_BINARY SOURCE_DIR [--evidence DIR]
   --evidence DIR   also write the compare reports (text, JSON) and a bf16
@@ -153,6 +156,43 @@ for name in GOLDENS:
             % (name, n_rec, 2 * n_layers + 3, rep["result"], st["dlogprob"]["max"], dmax, n_rec, n_rec, worst[0], worst[1]))
     print(line)
     summary.append(line)
+
+# Qwen3.5 (when transformers has it): small random models, MoE and dense. The
+# hooks find the same trace layers; the dense model has no router, so router is
+# left out of digest_kinds; lockstep reads both traces. An explicit name map
+# naming the default modules records the same bytes.
+if hasattr(transformers, "Qwen3_5MoeForCausalLM") and hasattr(transformers, "Qwen3_5ForCausalLM"):
+    from transformers.models.qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5_moe import Qwen3_5MoeTextConfig
+    kw = dict(vocab_size=97, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+              linear_value_head_dim=8, intermediate_size=48)
+    for name, cfg, cls in (("moe", Qwen3_5MoeTextConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                                                         shared_expert_intermediate_size=16, **kw),
+                            transformers.Qwen3_5MoeForCausalLM),
+                           ("dense", Qwen3_5TextConfig(**kw), transformers.Qwen3_5ForCausalLM)):
+        torch.manual_seed(0)
+        model = cls(cfg).float().eval()
+        seq = [{"id": 0, "tokens": list(range(3, 20)), "prompt_len": 5}]
+        paths = []
+        for nm in (None, {"layers": "model.layers", "norm": "model.norm", "lm_head": "lm_head",
+                          "embed": "model.embed_tokens", "mixer_residual": "post_attention_layernorm:input"}):
+            path = os.path.join(WORK, "qwen3_5_%s_%d.trace" % (name, len(paths)))
+            with HFRecorder(model, dump_decoder_layers=[0, 3], state_digest_every=4, name_map=nm) as rec:
+                want = [k for k in lt.KINDS if k != "router" or name == "moe"]
+                ok(rec.digest_kinds == want, "Qwen3.5 %s: kinds %s, want %s" % (name, rec.digest_kinds, want))
+                ok([f for f, _ in rec.layers] == ["embed"] + ["gdn", "moe"] * 3 + ["attention", "moe", "norm", "lm_head"],
+                   "Qwen3.5 %s: trace layers %s" % (name, rec.layers))
+                write_replay(path, rec, seq, model_fingerprint="ef" * 32)
+            rc, out, err = run("trace", "dump", path)
+            ok(rc == 0, "Qwen3.5 %s: lockstep reads the hooks' trace: %s" % (name, err))
+            paths.append(path)
+        a, b = lt.read_trace(paths[0])[1], lt.read_trace(paths[1])[1]
+        ok(a == b, "Qwen3.5 %s: the explicit name map records what the default one does" % name)
+        line = "Qwen3.5 %s (%s, random 4-layer): %d records, kinds %s; lockstep reads it" % (
+            name, cls.__name__, len(a), ",".join(rec.digest_kinds))
+        print(line)
+        summary.append(line)
 save("summary.txt", "\n".join(summary) + "\n")
 shutil.rmtree(WORK)
 print("%d checks passed, 0 failed" % checks)
