@@ -32,7 +32,7 @@ FORBIDDEN = [
     (".." + "/shared", "a path outside the repository"),
     ("shared" + "/spec", "a path outside the repository; cite docs/model.md"),
 ]
-PREFIXES = ("docs", "manifest", "harness", "src", "kernels", "tests", "goldens")
+PREFIXES = ("docs", "manifest", "harness", "src", "kernels", "tests", "goldens", "python")
 PATH_RE = re.compile(r"(?<![\w./<>{}*-])((?:%s)/[\w./*<>{},+-]*)" % "|".join(PREFIXES))
 SKIP_WALK_DIRS = {".git", "__pycache__"}
 

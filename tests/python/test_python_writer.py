@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes traces with harness/python/lockstep_trace.py and checks them with the
+"""Writes traces with the lockstep_trace package (python/) and checks them with the
 C CLI: dump reads every field back; a rollout-shaped and a replay-shaped trace
 compare equal; a planted router digest difference is the first drift.
 
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(sys.argv[2], "harness", "python"))
+sys.path.insert(0, os.path.join(sys.argv[2], "python"))
 from lockstep_trace import Record, TraceWriter, digest, f32_bits  # noqa: E402
 
 LS = sys.argv[1]

@@ -83,7 +83,7 @@ for other, rc_want in ((b, 0), (c, 1)):
 html = open(os.path.join(d, "r.html")).read()  # the last run above: a vs c, seq 1 fails
 assert 'id="seq-1"' in html and 'href="#seq-1"' in html and 'id="seq-0"' not in html, "links to failing heat maps"
 assert html.count('aria-label="heat map seq') == 1 and 'aria-label="all sequences"' in html, "one heat map, one overview"
-sys.path.insert(0, os.path.join(SRC, "harness", "python"))
+sys.path.insert(0, os.path.join(SRC, "python"))  # the lockstep_trace package, from the source tree
 from lockstep_trace import Record, TraceWriter, f32_bits  # noqa: E402
 
 N_SEQ, N_POS, PROMPT = 16, 512, 200
