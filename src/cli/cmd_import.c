@@ -74,7 +74,7 @@ int ls_cmd_import(int argc, char **argv)
     char *data;
     size_t len;
     uint64_t n = 0;
-    if (ls_read_file(in, &data, &len, &err) != LS_OK) return ls_cli_report("import", &err);
+    if (ls_read_file_max(in, LS_READ_JSONL_MAX_BYTES, &data, &len, &err) != LS_OK) return ls_cli_report("import", &err);
     ls_status st = ls_import_jsonl(in, data, len, &o, out, &n, &err);
     free(data);
     if (st) return ls_cli_report("import", &err);

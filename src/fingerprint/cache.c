@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/util.h"
+
 #define DIGEST_BYTES 32u
 /* The smallest record: 1-byte name, 1-byte dtype, a scalar. */
 #define RECORD_MIN_BYTES (4u + 1u + 1u + 1u + 1u + 8u + 8u + 1u + 32u)
@@ -326,8 +328,10 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
 {
     memset(out, 0, sizeof *out);
     *found = 0;
-    /* O_NOFOLLOW: a symlink planted in the cache directory is not an entry. */
-    int fd = open(entry_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NOFOLLOW: a symlink planted in the cache directory is not an entry.
+     * O_NONBLOCK: nor is a FIFO, which must not block the open (fstat below
+     * refuses it; reads of a regular file ignore the flag). */
+    int fd = open(entry_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         /* ENOTDIR: the cache directory is not there as a directory; no
@@ -343,7 +347,8 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
         st = ls_fail(err, LS_E_IO, "%s: cannot stat: %s (byte offset 0)", entry_path,
                      strerror(errno));
     else if (!S_ISREG(sb.st_mode))
-        st = ls_fail(err, LS_E_INPUT, "%s: not a regular file (byte offset 0)", entry_path);
+        st = ls_fail(err, LS_E_INPUT, "%s: is %s, not a regular file (byte offset 0)", entry_path,
+                     ls_file_kind(sb.st_mode));
     else if (sb.st_uid != geteuid())
         st = ls_fail(err, LS_E_INPUT, "%s: owned by uid %ld, not by the user running lockstep "
                      "(byte offset 0)", entry_path, (long)sb.st_uid);
@@ -358,7 +363,7 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
     uint8_t *buf = malloc(cap ? cap : 1);
     if (!buf) {
         close(fd);
-        return ls_fail(err, LS_E_NOMEM, "%s: out of memory", entry_path);
+        return ls_fail_nomem(err, cap ? cap : 1, "%s", entry_path);
     }
     /* Read what fstat promised; a file that grows meanwhile fails the parse. */
     while (n < cap) {

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/util.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
 
@@ -511,18 +512,9 @@ ls_status ls_safetensors_open(const char *path, ls_safetensors **out, ls_error *
 {
     if (!out || !path) return ls_fail(err, LS_E_USAGE, "ls_safetensors_open: NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ls_fail(err, LS_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return ls_fail(err, LS_E_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return ls_fail(err, LS_E_IO, "%s: not a regular file", path);
-    }
+    LS_TRY(ls_file_open_regular(path, &fd, &sb, err));
     ls_safetensors *st = st_new(path, err);
     if (!st) {
         close(fd);

@@ -115,7 +115,7 @@ static ls_status load_jsonl(const char *path, long vocab, int full, ls_run_batch
     char *text;
     size_t len;
     memset(out, 0, sizeof *out);
-    LS_TRY(ls_read_file(path, &text, &len, err));
+    LS_TRY(ls_read_file_max(path, LS_READ_JSONL_MAX_BYTES, &text, &len, err));
     ls_status st = parse_jsonl(path, text, len, vocab, full, out, err);
     free(text);
     return st;

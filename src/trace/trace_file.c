@@ -9,7 +9,8 @@
  * of the reader and the index (a few frames) holds whatever the file size. A
  * file truncated by another process while mapped would fault (SIGBUS) where
  * read() reports a short read: LOCKSTEP_TRACE_NO_MMAP=1 selects read() for
- * files that may shrink under the reader. */
+ * files that may shrink under the reader. Only regular files are opened
+ * (ls_file_open_regular): a FIFO would block the open. */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -19,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/util.h"
 #include "trace/trace_internal.h"
 
 ls_status ls_trace_file_open(const char *path, int sequential, ls_trace_file *f, ls_error *err)
@@ -26,13 +28,8 @@ ls_status ls_trace_file_open(const char *path, int sequential, ls_trace_file *f,
     memset(f, 0, sizeof *f);
     f->fd = -1;
     f->path = path;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) return ls_fail(err, LS_E_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat stt;
-    if (fstat(f->fd, &stt) != 0 || !S_ISREG(stt.st_mode)) {
-        ls_trace_file_close(f);
-        return ls_fail(err, LS_E_IO, "%s: not a regular file", path);
-    }
+    LS_TRY(ls_file_open_regular(path, &f->fd, &stt, err));
     f->bytes = (uint64_t)stt.st_size;
     const char *no_map = getenv("LOCKSTEP_TRACE_NO_MMAP");
     if (f->bytes && f->bytes <= SIZE_MAX && !(no_map && no_map[0] && strcmp(no_map, "0"))) {
