@@ -1,5 +1,5 @@
-/* Inputs that are not what they claim to be (issue "Fail closed
- * everywhere", defect 3):
+/* Inputs that are not what they claim to be, and inputs read when memory
+ * runs out (issue "Fail closed everywhere", defects 3 and 9):
  *
  * - every input path (config.json, model.safetensors, the sharded index and
  *   its shards, prompts / tokens JSONL, traces, manifests, engine output to
@@ -7,7 +7,10 @@
  *   naming the path and what it is, at once: a FIFO never blocks the reader,
  *   /dev/zero is never read;
  * - files read whole are bounded (LS_READ_JSON_MAX_BYTES for JSON) before a
- *   byte is read. */
+ *   byte is read;
+ * - under an address-space limit (setrlimit RLIMIT_AS in the child), every
+ *   failure says "out of memory" and, where lockstep asked, how much: never a
+ *   corrupt-file message, never a crash. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -366,6 +369,106 @@ START_TEST(test_read_file_max)
 }
 END_TEST
 
+/* ---- defect 9: out of memory says so, and how much -------------------------------- */
+
+/* Lowest address-space limit (in steps of 2 MiB) at which the CLI starts at all. */
+static rlim_t startup_limit(void)
+{
+    static rlim_t found; /* one search per test process */
+    if (found) return found;
+    for (rlim_t lim = (rlim_t)8 << 20; lim < (rlim_t)1 << 30; lim += (rlim_t)2 << 20) {
+        cli_result r = cli_limited(lim, 30, (const char *const[]){"version", NULL});
+        free(r.out);
+        if (r.code == 0) return found = lim;
+    }
+    ck_abort_msg("lockstep version does not run under a 1 GiB address-space limit");
+    return 0;
+}
+
+/* Runs argv under limits from the startup limit upwards, `step` apart, until
+ * it succeeds. Every failure before that must be exit 2 saying "out of
+ * memory" (with `sized`, also "bytes asked)"); `expect` must appear in at
+ * least one of them. Returns how many limits failed. */
+static int oom_sweep(const char *const *argv, rlim_t step, int sized, const char *expect, const char *label)
+{
+    rlim_t base = startup_limit();
+    int failures = 0, seen = 0, ok = 0;
+    for (rlim_t lim = base; lim < base + ((rlim_t)1 << 30); lim += step) {
+        cli_result r = cli_limited(lim, 60, argv);
+        if (r.code == 0) {
+            free(r.out);
+            ok = 1;
+            break;
+        }
+        ck_assert_msg(r.code == 2, "%s under a %llu-byte address-space limit: exit %d (expected 0 or 2):\n%s", label,
+                      (unsigned long long)lim, r.code, r.out);
+        ck_assert_msg(strstr(r.out, "out of memory") && (!sized || strstr(r.out, "bytes asked)")),
+                      "%s under a %llu-byte address-space limit: the failure does not say out of memory%s:\n%s", label,
+                      (unsigned long long)lim, sized ? " and how much was asked" : "", r.out);
+        if (strstr(r.out, expect)) seen = 1;
+        failures++;
+        free(r.out);
+    }
+    ck_assert_msg(ok, "%s never succeeded within 1 GiB above the startup limit", label);
+    ck_assert_msg(seen, "%s: no failure mentioned '%s' (%d failures)", label, expect, failures);
+    return failures;
+}
+
+/* One case for the three sweeps: the sanitizer build skips it as a whole. */
+START_TEST(test_out_of_memory)
+{
+    if (LS_TEST_ASAN) {
+        fprintf(stderr, "SKIP test_out_of_memory: the sanitizer build reserves its shadow memory at start and "
+                        "cannot run under RLIMIT_AS; the normal build runs this case\n");
+        return;
+    }
+    char ck[4400], st[4500];
+
+    /* A 48 MiB safetensors header: past the file mapping, parsing it needs
+     * ~100 MiB more. Before: "header is not valid JSON", or SIGSEGV inside
+     * jansson. */
+    make_checkpoint("big_header");
+    snprintf(ck, sizeof ck, "%s", at("big_header"));
+    snprintf(st, sizeof st, "%s/model.safetensors", ck);
+    write_st(st, (size_t)48 << 20);
+    oom_sweep((const char *const[]){"fingerprint", "--checkpoint", ck, "--threads", "1", NULL}, (rlim_t)4 << 20, 1,
+              "header JSON", "fingerprint of a 48 MiB safetensors header");
+
+    /* A 40 MiB config.json (under the 64 MiB bound): read whole, then parsed. */
+    make_checkpoint("big_config");
+    snprintf(ck, sizeof ck, "%s", at("big_config"));
+    size_t pad = (size_t)40 << 20;
+    char *cfg = malloc(pad + 32);
+    ck_assert_ptr_nonnull(cfg);
+    int n = snprintf(cfg, 32, "{\"pad\": \"");
+    memset(cfg + n, 'x', pad);
+    memcpy(cfg + n + pad, "\"}", 3);
+    ls_test_write_text(ck, "config.json", cfg);
+    free(cfg);
+    oom_sweep((const char *const[]){"fingerprint", "--checkpoint", ck, "--threads", "1", NULL}, (rlim_t)4 << 20, 1,
+              "config.json", "fingerprint of a 40 MiB config.json");
+
+    /* A whole rollout, in 1 MiB steps: every allocation on the way (mapping,
+     * headers, engine, OpenSSL, zstd, manifest) fails as out of memory, never
+     * as a crash (before: SIGSEGV inside OpenSSL) or a misread input. Sizes
+     * are not required here: OpenSSL and jansson's builders do not say what
+     * they asked for. */
+    cli_result r = CLI("synth", "--preset", "tiny", "--seed", "7", "--out", at("tiny"));
+    ck_assert_msg(r.code == 0, "synth: exit %d\n%s", r.code, r.out);
+    free(r.out);
+    ls_test_write_text(g_dir, "prompts.jsonl",
+                       "{\"id\": 0, \"tokens\": [1, 2, 3, 4, 5]}\n{\"id\": 3, \"tokens\": [9, 8, 7, 6, 5, 4, 3]}\n");
+    char tiny[4400], prompts[4400], out[4400];
+    snprintf(tiny, sizeof tiny, "%s", at("tiny"));
+    snprintf(prompts, sizeof prompts, "%s", at("prompts.jsonl"));
+    snprintf(out, sizeof out, "%s", at("r.trace"));
+    int failures = oom_sweep((const char *const[]){"run", "--checkpoint", tiny, "--mode", "rollout", "--prompts",
+                                                   prompts, "--max-new-tokens", "4", "-o", out, NULL},
+                             (rlim_t)1 << 20, 0, "out of memory", "run (rollout, tiny)");
+    ck_assert_int_gt(failures, 3);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("inputs");
@@ -377,6 +480,7 @@ int main(void)
     tcase_add_test(tc, test_read_file_refuses_fifo_and_device);
     tcase_add_test(tc, test_json_inputs_bounded);
     tcase_add_test(tc, test_read_file_max);
+    tcase_add_test(tc, test_out_of_memory);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

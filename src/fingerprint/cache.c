@@ -37,7 +37,7 @@ ls_status ls_fpcache_entry_path(const char *cache_dir, const char *canonical_pat
     ls_digest_to_hex(&d, hex);
     size_t n = strlen(cache_dir) + sizeof "/fingerprint/" + 64 + sizeof ".fpc";
     char *p = malloc(n);
-    if (!p) return ls_fail(err, LS_E_NOMEM, "fingerprint cache: out of memory");
+    if (!p) return ls_fail_nomem(err, n, "fingerprint cache: entry path");
     snprintf(p, n, "%s/fingerprint/%s.fpc", cache_dir, hex);
     *out = p;
     return LS_OK;
@@ -207,7 +207,7 @@ static ls_status read_str(rbuf *r, int len_bytes, uint64_t max, const char *fiel
         return bad(r, (size_t)((const uint8_t *)memchr(r->p + r->pos, 0, (size_t)n) - r->p),
                    "%s holds a NUL byte", field);
     char *s = malloc((size_t)n + 1);
-    if (!s) return ls_fail(r->err, LS_E_NOMEM, "%s: out of memory", r->label);
+    if (!s) return ls_fail_nomem(r->err, (size_t)n + 1, "%s: %s", r->label, field);
     memcpy(s, r->p + r->pos, (size_t)n);
     s[n] = '\0';
     r->pos += (size_t)n;
@@ -294,7 +294,9 @@ static ls_status decode(rbuf *r, ls_fpcache_entry *e)
         return bad(r, at, "tensor count %llu cannot fit in the %zu bytes that follow",
                    (unsigned long long)v, room);
     e->tensors = calloc(v ? (size_t)v : 1, sizeof *e->tensors);
-    if (!e->tensors) return ls_fail(r->err, LS_E_NOMEM, "%s: out of memory", r->label);
+    if (!e->tensors)
+        return ls_fail_nomem(r->err, (v ? (size_t)v : 1) * sizeof *e->tensors, "%s: %llu tensors", r->label,
+                             (unsigned long long)v);
     for (size_t i = 0; i < (size_t)v; i++) {
         e->count = i + 1; /* so entry_free releases what was read */
         LS_TRY(read_tensor(r, i, &e->tensors[i]));
@@ -388,7 +390,7 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
 static ls_status make_parent_dirs(const char *path, ls_error *err)
 {
     char *dir = strdup(path);
-    if (!dir) return ls_fail(err, LS_E_NOMEM, "%s: out of memory", path);
+    if (!dir) return ls_fail_nomem(err, strlen(path) + 1, "%s", path);
     char *slash = strrchr(dir, '/');
     if (!slash || slash == dir) {
         free(dir);
@@ -424,7 +426,7 @@ ls_status ls_fpcache_store(const char *entry_path, const ls_fpcache_entry *e, ls
      * two threads of one process may store the same entry at once. */
     size_t tn = strlen(entry_path) + sizeof ".tmp.XXXXXX";
     char *tmp = st == LS_OK ? malloc(tn) : NULL;
-    if (st == LS_OK && !tmp) st = ls_fail(err, LS_E_NOMEM, "%s: out of memory", entry_path);
+    if (st == LS_OK && !tmp) st = ls_fail_nomem(err, tn, "%s: temporary name", entry_path);
     int fd = -1;
     if (st == LS_OK && tmp) {
         snprintf(tmp, tn, "%s.tmp.XXXXXX", entry_path);
