@@ -1,5 +1,5 @@
 /* Inputs that are not what they claim to be, and inputs read when memory
- * runs out (issue "Fail closed everywhere", defects 3 and 9):
+ * runs out (issue "Fail closed everywhere", defects 3, 9 and 13):
  *
  * - every input path (config.json, model.safetensors, the sharded index and
  *   its shards, prompts / tokens JSONL, traces, manifests, engine output to
@@ -10,7 +10,9 @@
  *   byte is read;
  * - under an address-space limit (setrlimit RLIMIT_AS in the child), every
  *   failure says "out of memory" and, where lockstep asked, how much: never a
- *   corrupt-file message, never a crash. */
+ *   corrupt-file message, never a crash;
+ * - a trace truncated by another process while it is being read is an error
+ *   naming the file and the offset, not SIGBUS. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -469,6 +471,49 @@ START_TEST(test_out_of_memory)
 }
 END_TEST
 
+/* ---- defect 13: a trace that shrinks while it is read ------------------------------ */
+
+START_TEST(test_trace_truncated_while_read)
+{
+    /* Many frames, so the cut lands well inside the file. */
+    char trace[4400];
+    snprintf(trace, sizeof trace, "%s", at("t.trace"));
+    syn_opts so = {.n_seqs = 4, .prompt_len = 16, .gen_len = 400, .dumps = 1};
+    ck_assert_int_eq(syn_write(trace, &so), 0);
+    struct stat sb;
+    ck_assert_int_eq(stat(trace, &sb), 0);
+    /* Cut at a page boundary: every byte from there on is on a page wholly
+     * past the end, which a mapping turns into SIGBUS. */
+    off_t page = (off_t)sysconf(_SC_PAGESIZE);
+    off_t half = sb.st_size / 2 / page * page;
+
+    /* The streaming reader: opened (header and trailer checked), then cut. */
+    ls_trace_reader *r = NULL;
+    ls_error err;
+    ls_error_clear(&err);
+    ck_assert_int_eq(ls_trace_reader_open(trace, &r, &err), LS_OK);
+    ck_assert_int_eq(truncate(trace, half), 0);
+    const ls_trace_record *rec;
+    ls_status st;
+    long n = 0;
+    while ((st = ls_trace_reader_next(r, &rec, &err)) == LS_OK && rec) n++;
+    /* Not a checksum mismatch either: nothing in the file is damaged. */
+    ck_assert_msg(st == LS_E_IO, "reader: status %d after %ld records: %s", st, n, err.msg);
+    ck_assert_msg(strstr(err.msg, trace) && strstr(err.msg, "offset ") && strstr(err.msg, "shrank"), "%s", err.msg);
+    ls_trace_reader_close(r);
+
+    /* The index (compare's B side): built, then cut, then every frame loaded. */
+    ck_assert_int_eq(syn_write(trace, &so), 0);
+    ls_trace_index *ix = NULL;
+    ck_assert_int_eq(ls_trace_index_open(trace, &ix, &err), LS_OK);
+    ck_assert_int_eq(truncate(trace, half), 0);
+    st = ls_trace_index_verify(ix, &err);
+    ck_assert_msg(st == LS_E_IO, "index: status %d: %s", st, err.msg);
+    ck_assert_msg(strstr(err.msg, trace) && strstr(err.msg, "offset ") && strstr(err.msg, "shrank"), "%s", err.msg);
+    ls_trace_index_close(ix);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("inputs");
@@ -481,6 +526,7 @@ int main(void)
     tcase_add_test(tc, test_json_inputs_bounded);
     tcase_add_test(tc, test_read_file_max);
     tcase_add_test(tc, test_out_of_memory);
+    tcase_add_test(tc, test_trace_truncated_while_read);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

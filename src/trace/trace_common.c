@@ -263,7 +263,7 @@ ls_status ls_trace_read_file_header(ls_trace_file *f, ls_trace_header_owned *out
     /* the checksum covers bytes 0 .. 16 + jlen - 1: view them again, whole */
     if ((st = ls_trace_file_view(f, 0, (size_t)all, &buf, &cap, &head, err))) {
         free(buf);
-        return st == LS_E_IO ? ls_fail(err, LS_E_IO, "%s: offset 16: read failed", path) : st;
+        return st;
     }
     const char *json = (const char *)head + LS_TRACE_FILE_HEAD_BYTES;
     ls_digest d;
@@ -301,7 +301,7 @@ static ls_status grow(void **p, size_t *cap, size_t need, size_t elem, ls_error 
  * Buffers of megabytes are 2 MiB aligned and offered to the kernel for huge
  * pages: a fresh multi-megabyte frame otherwise costs one page fault per
  * 4 KiB, which showed up as a fifth of 'lockstep compare' time. */
-static ls_status grow_payload(uint8_t **p, size_t *cap, size_t need, ls_error *err)
+ls_status ls_trace_grow_payload(uint8_t **p, size_t *cap, size_t need, ls_error *err)
 {
     const size_t huge = (size_t)2 << 20;
     if (need <= *cap) return LS_OK;
@@ -526,7 +526,7 @@ ls_status ls_frame_load(ls_trace_file *f, ls_frame_buf *fb, ls_rec_decoder *dec,
                               &fb->comp_cap, &fb->comp, err));
     LS_TRY(check_payload(fb, path, err));
     if (!fb->dctx && !(fb->dctx = ZSTD_createDCtx())) return ls_fail(err, LS_E_NOMEM, "out of memory (zstd)");
-    LS_TRY(grow_payload(&fb->data, &fb->data_cap, fb->uncompressed_bytes, err));
+    LS_TRY(ls_trace_grow_payload(&fb->data, &fb->data_cap, fb->uncompressed_bytes, err));
     /* zstd verifies the content checksum (XXH64 of the decompressed bytes) here. */
     size_t r = ZSTD_decompressDCtx(fb->dctx, fb->data, fb->uncompressed_bytes, fb->comp, fb->compressed_bytes);
     /* zstd's own allocation failing is memory, not a damaged payload */

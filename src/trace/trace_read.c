@@ -49,7 +49,7 @@ struct ls_trace_reader {
     ls_trace_file f;
     char *path;
     uint64_t file_bytes, offset;   /* offset: next frame/trailer */
-    uint8_t *buf; size_t buf_cap;  /* read() path: magic and trailer bytes */
+    uint8_t *buf; size_t buf_cap;  /* magic and trailer bytes as read */
     ls_trace_header_owned hdr;
     ls_frame_buf fb;
     ls_rec_decoder dec;
@@ -198,7 +198,7 @@ struct ls_trace_index {
     ls_trace_file f;
     char *path;
     uint64_t file_bytes;
-    uint8_t *buf; size_t buf_cap;  /* read() path: magic and trailer bytes */
+    uint8_t *buf; size_t buf_cap;  /* magic and trailer bytes as read */
     ls_trace_header_owned hdr;
     int complete;
     uint64_t *frame_off; size_t n_frames, frame_cap;
