@@ -426,20 +426,20 @@ START_TEST(test_out_of_memory)
     }
     char ck[4400], st[4500];
 
-    /* A 48 MiB safetensors header: past the file mapping, parsing it needs
-     * ~100 MiB more. Before: "header is not valid JSON", or SIGSEGV inside
+    /* A 24 MiB safetensors header: past the file mapping, parsing it needs
+     * ~50 MiB more. Before: "header is not valid JSON", or SIGSEGV inside
      * jansson. */
     make_checkpoint("big_header");
     snprintf(ck, sizeof ck, "%s", at("big_header"));
     snprintf(st, sizeof st, "%s/model.safetensors", ck);
-    write_st(st, (size_t)48 << 20);
+    write_st(st, (size_t)24 << 20);
     oom_sweep((const char *const[]){"fingerprint", "--checkpoint", ck, "--threads", "1", NULL}, (rlim_t)4 << 20, 1,
-              "header JSON", "fingerprint of a 48 MiB safetensors header");
+              "header JSON", "fingerprint of a 24 MiB safetensors header");
 
-    /* A 40 MiB config.json (under the 64 MiB bound): read whole, then parsed. */
+    /* A 20 MiB config.json (under the 64 MiB bound): read whole, then parsed. */
     make_checkpoint("big_config");
     snprintf(ck, sizeof ck, "%s", at("big_config"));
-    size_t pad = (size_t)40 << 20;
+    size_t pad = (size_t)20 << 20;
     char *cfg = malloc(pad + 32);
     ck_assert_ptr_nonnull(cfg);
     int n = snprintf(cfg, 32, "{\"pad\": \"");
@@ -448,7 +448,7 @@ START_TEST(test_out_of_memory)
     ls_test_write_text(ck, "config.json", cfg);
     free(cfg);
     oom_sweep((const char *const[]){"fingerprint", "--checkpoint", ck, "--threads", "1", NULL}, (rlim_t)4 << 20, 1,
-              "config.json", "fingerprint of a 40 MiB config.json");
+              "config.json", "fingerprint of a 20 MiB config.json");
 
     /* A whole rollout, in 1 MiB steps: every allocation on the way (mapping,
      * headers, engine, OpenSSL, zstd, manifest) fails as out of memory, never
