@@ -184,25 +184,18 @@ END_TEST
 
 int main(void)
 {
-    int failed = 0;
-    /* Readers map trace files; the read() path (LOCKSTEP_TRACE_NO_MMAP=1, or
-     * wherever mapping fails) must report every error at the same offset. */
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1) setenv("LOCKSTEP_TRACE_NO_MMAP", "1", 1);
-        Suite *s = suite_create(pass ? "trace_corrupt (read)" : "trace_corrupt (mmap)");
-        TCase *tc = tcase_create("corrupt");
-        tcase_set_timeout(tc, 600);
-        tcase_add_checked_fixture(tc, setup, teardown);
-        tcase_add_test(tc, test_truncate_at_boundaries);
-        tcase_add_test(tc, test_truncate_inside);
-        tcase_add_test(tc, test_flips);
-        tcase_add_test(tc, test_content_checksum_binding);
-        suite_add_tcase(s, tc);
-        SRunner *sr = srunner_create(s);
-        srunner_run_all(sr, CK_NORMAL);
-        failed += srunner_ntests_failed(sr);
-        srunner_free(sr);
-    }
-    unsetenv("LOCKSTEP_TRACE_NO_MMAP");
+    Suite *s = suite_create("trace_corrupt");
+    TCase *tc = tcase_create("corrupt");
+    tcase_set_timeout(tc, 600);
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_truncate_at_boundaries);
+    tcase_add_test(tc, test_truncate_inside);
+    tcase_add_test(tc, test_flips);
+    tcase_add_test(tc, test_content_checksum_binding);
+    suite_add_tcase(s, tc);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
     return failed ? 1 : 0;
 }

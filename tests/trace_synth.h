@@ -80,7 +80,13 @@ static void syn_record(const syn_opts *o, uint32_t seq, uint32_t pos, ls_trace_r
     memcpy(&rec->logprob_bits, &lp, 4);
     if (last) rec->logprob_bits = 0x7fc00000u;
     for (int k = 0; k < 5; k++) {
-        rec->topk_ids[k] = (int32_t)(syn_hash(seq, pos, 10 + k) % 1000);
+        /* distinct ids (the format requires it): redraw a repeated one */
+        for (uint32_t salt = 10 + (uint32_t)k;; salt += 5) {
+            rec->topk_ids[k] = (int32_t)(syn_hash(seq, pos, salt) % 1000);
+            int seen = 0;
+            for (int j = 0; j < k; j++) seen |= rec->topk_ids[j] == rec->topk_ids[k];
+            if (!seen) break;
+        }
         float v = -(float)k - 0.25f;
         memcpy(&rec->topk_logprob_bits[k], &v, 4);
     }

@@ -48,7 +48,7 @@ static ls_status grow(float **p, size_t *cap, size_t need, ls_error *err)
 {
     if (*cap >= need) return LS_OK;
     float *n = realloc(*p, need * sizeof(float));
-    if (!n) return ls_fail(err, LS_E_NOMEM, "cpu backend: scratch of %zu floats", need);
+    if (!n) return ls_fail_nomem(err, ls_bytes_mul(need, sizeof(float)), "cpu backend: scratch of %zu floats", need);
     *p = n;
     *cap = need;
     return LS_OK;
@@ -366,7 +366,7 @@ static ls_status cpu_moe(ls_backend *be, const ls_bmoe *bm, ls_view x, ls_view i
 {
     cpu_impl *im = IMPL(be);
     ls_wmat *mats = malloc(sizeof(ls_wmat) * (size_t)(3 * bm->E + 4));
-    if (!mats) return ls_fail(err, LS_E_NOMEM, "cpu moe: out of memory");
+    if (!mats) return ls_fail_nomem(err, sizeof(ls_wmat) * (size_t)(3 * bm->E + 4), "cpu moe: weight table of %ld experts", bm->E);
     ls_moe_weights mw = {bm->E, bm->D, bm->I, bm->Is, mats, mats + bm->E, mats + 2 * bm->E,
                          NULL, NULL, NULL, NULL};
     for (long e = 0; e < bm->E; e++) {
@@ -490,7 +490,7 @@ static ls_status cpu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jo
     cpu_impl *im = IMPL(be);
     LS_TRY(grow_all(im, LS_DIGEST_BUF_BYTES / sizeof(float), err));
     ls_status *st = calloc((size_t)n_jobs, sizeof *st);
-    if (!st) return ls_fail(err, LS_E_NOMEM, "cpu backend: out of memory");
+    if (!st) return ls_fail_nomem(err, (size_t)n_jobs * sizeof *st, "cpu backend: status of %ld digest jobs", n_jobs);
     digest_ctx c = {jobs, st, im->scratch};
     ls_pool_run(im->pool, n_jobs, digest_part, &c);
     for (long j = 0; j < n_jobs; j++)
@@ -510,7 +510,7 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
     if (!be || !im) {
         free(be);
         free(im);
-        return ls_fail(err, LS_E_NOMEM, "cpu backend: out of memory");
+        return ls_fail_nomem(err, sizeof *be + sizeof *im, "cpu backend");
     }
     be->impl = im;
     be->destroy = cpu_destroy;
@@ -525,7 +525,8 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
     im->scratch_cap = calloc((size_t)n_threads, sizeof(size_t));
     if (!im->scratch || !im->scratch_cap) {
         cpu_destroy(be);
-        return ls_fail(err, LS_E_NOMEM, "cpu backend: out of memory");
+        return ls_fail_nomem(err, (size_t)n_threads * (sizeof(float *) + sizeof(size_t)),
+                             "cpu backend: scratch table of %d threads", n_threads);
     }
     be->name = "cpu";
     be->alloc = cpu_alloc;

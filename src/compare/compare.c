@@ -145,13 +145,13 @@ static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *i
     if (r->n_seqs == w->seqs_cap) {
         size_t nc = w->seqs_cap ? w->seqs_cap * 2 : 16;
         ls_compare_seq *q = realloc(r->seqs, nc * sizeof *q);
-        if (!q) return ls_fail(err, LS_E_NOMEM, "out of memory");
+        if (!q) return ls_fail_nomem(err, nc * sizeof *q, "compare: table of %zu sequences", nc);
         r->seqs = q;
         int64_t *lp = realloc(w->last_pos, nc * sizeof *lp);
-        if (!lp) return ls_fail(err, LS_E_NOMEM, "out of memory");
+        if (!lp) return ls_fail_nomem(err, nc * sizeof *lp, "compare: table of %zu sequences", nc);
         w->last_pos = lp;
         uint64_t *dor = realloc(w->drift_order, nc * sizeof *dor);
-        if (!dor) return ls_fail(err, LS_E_NOMEM, "out of memory");
+        if (!dor) return ls_fail_nomem(err, nc * sizeof *dor, "compare: table of %zu sequences", nc);
         w->drift_order = dor;
         uint64_t *os = realloc(w->outside, nc * sizeof *os);
         if (!os) return ls_fail(err, LS_E_NOMEM, "out of memory");
@@ -176,7 +176,9 @@ static ls_status seq_slot(walk *w, uint32_t seq, ls_compare_seq **out, size_t *i
         s->cols = (s->pos_end + s->pos_per_col - 1) / s->pos_per_col;
         s->cells = calloc((size_t)w->rows * s->cols, 1);
         s->dlogprob = calloc(s->cols, sizeof *s->dlogprob);
-        if (!s->cells || !s->dlogprob) return ls_fail(err, LS_E_NOMEM, "out of memory (heat map)");
+        if (!s->cells || !s->dlogprob)
+            return ls_fail_nomem(err, (size_t)w->rows * s->cols + s->cols * sizeof *s->dlogprob,
+                                 "compare: heat map of %zu x %zu cells", (size_t)w->rows, (size_t)s->cols);
     }
     LS_TRY(ls_u32map_put(&w->map, seq, i, err));
     *out = s;
@@ -661,7 +663,8 @@ ls_status ls_compare_files_diag(const char *path_a, const char *path_b, const ls
     r->layers = calloc(r->n_layers ? r->n_layers : 1, sizeof *r->layers);
     r->router_differ_per_layer = calloc(r->n_layers ? r->n_layers : 1, sizeof *r->router_differ_per_layer);
     if (!r->layers || !r->router_differ_per_layer) {
-        st = ls_fail(err, LS_E_NOMEM, "out of memory");
+        st = ls_fail_nomem(err, (r->n_layers ? r->n_layers : 1) * (sizeof *r->layers + sizeof *r->router_differ_per_layer),
+                           "compare: tables of %zu layers", (size_t)r->n_layers);
         goto out;
     }
     if (r->n_layers) memcpy(r->layers, ha->layers, (size_t)r->n_layers * sizeof *r->layers);

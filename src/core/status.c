@@ -25,6 +25,17 @@ ls_status ls_fail(ls_error *err, ls_status st, const char *fmt, ...)
     return st;
 }
 
+ls_status ls_fail_nomem(ls_error *err, size_t bytes, const char *fmt, ...)
+{
+    if (!err) return LS_E_NOMEM;
+    char what[LS_ERROR_MSG_BYTES - 64];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return ls_fail(err, LS_E_NOMEM, "%s: out of memory (%zu bytes asked)", what, bytes);
+}
+
 ls_status ls_error_prefix(ls_error *err, const char *fmt, ...)
 {
     if (!err) return LS_E_INTERNAL;

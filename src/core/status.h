@@ -39,6 +39,19 @@ void ls_error_clear(ls_error *err);
 ls_status ls_fail(ls_error *err, ls_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Records LS_E_NOMEM as "<what>: out of memory (N bytes asked)", where what
+ * is the printf-style rest: every allocation failure says how much was asked
+ * (use ls_bytes_mul for count x size, so an overflowing product reads as the
+ * largest size_t rather than a small wrapped number). Returns LS_E_NOMEM. */
+ls_status ls_fail_nomem(ls_error *err, size_t bytes, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* a * b, or SIZE_MAX when the product overflows. */
+static inline size_t ls_bytes_mul(size_t a, size_t b)
+{
+    return b && a > (size_t)-1 / b ? (size_t)-1 : a * b;
+}
+
 /* Prepends "prefix: " to an already recorded message (for adding context such
  * as the file being read). Returns err->status. */
 ls_status ls_error_prefix(ls_error *err, const char *fmt, ...)

@@ -25,7 +25,7 @@ ls_status ls_u32map_put(ls_u32map *m, uint32_t key, uint32_t val, ls_error *err)
         ls_u32map nm = {calloc(ncap, 4), calloc(ncap, 4), calloc(ncap, 1), ncap, 0};
         if (!nm.keys || !nm.vals || !nm.used) {
             ls_u32map_free(&nm);
-            return ls_fail(err, LS_E_NOMEM, "out of memory (u32 map)");
+            return ls_fail_nomem(err, ncap * 9, "map of %zu entries", ncap);
         }
         for (size_t i = 0; i < m->cap; i++)
             if (m->used[i]) LS_TRY(ls_u32map_put(&nm, m->keys[i], m->vals[i], err));

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -584,41 +585,113 @@ ls_status ls_write_file_atomic(const char *path, const void *data, size_t len, l
     return ls_outfile_commit(&o, err);
 }
 
-ls_status ls_read_file(const char *path, char **out, size_t *len, ls_error *err)
+/* ---- reading inputs ------------------------------------------------------ */
+
+static ls_status not_regular(const char *path, mode_t mode, ls_error *err)
+{
+    const char *kind = ls_file_kind_name(mode);
+    if (strcmp(kind, "not a regular file") == 0) return ls_fail(err, LS_E_IO, "%s: not a regular file", path);
+    return ls_fail(err, LS_E_IO, "%s: is %s, not a regular file", path, kind);
+}
+
+ls_status ls_file_open_regular(const char *path, int *fd, struct stat *sb, ls_error *err)
+{
+    *fd = -1;
+    struct stat s;
+    /* stat before open: a device is refused without being opened at all
+     * (opening one can act: a tape rewinds, a serial line raises DTR). */
+    if (stat(path, &s) != 0) return ls_fail(err, LS_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(s.st_mode)) return not_regular(path, s.st_mode, err);
+    /* O_NONBLOCK: should the path become a FIFO after the stat, open returns
+     * at once instead of waiting for a writer, and fstat below refuses it. */
+    int d = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (d < 0) return ls_fail(err, LS_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fstat(d, &s) != 0) {
+        int e = errno;
+        close(d);
+        return ls_fail(err, LS_E_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(s.st_mode)) {
+        close(d);
+        return not_regular(path, s.st_mode, err);
+    }
+    int fl = fcntl(d, F_GETFL);
+    if (fl < 0 || fcntl(d, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(d);
+        return ls_fail(err, LS_E_IO, "%s: cannot clear O_NONBLOCK: %s", path, strerror(e));
+    }
+    *fd = d;
+    if (sb) *sb = s;
+    return LS_OK;
+}
+
+static ls_status too_big(const char *path, uint64_t bytes, uint64_t max_bytes, ls_error *err)
+{
+    return ls_fail(err, LS_E_INPUT, "%s: %llu bytes, more than the limit of %llu bytes (%llu MiB) for this input",
+                   path, (unsigned long long)bytes, (unsigned long long)max_bytes,
+                   (unsigned long long)(max_bytes >> 20));
+}
+
+ls_status ls_read_file_max(const char *path, uint64_t max_bytes, char **out, size_t *len,
+                           ls_error *err)
 {
     *out = NULL;
     if (len) *len = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ls_fail(err, LS_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 16, n = 0;
+    if (max_bytes > SIZE_MAX - 2) max_bytes = SIZE_MAX - 2;
+    int fd;
+    struct stat sb;
+    LS_TRY(ls_file_open_regular(path, &fd, &sb, err));
+    if ((uint64_t)sb.st_size > max_bytes) {
+        close(fd);
+        return too_big(path, (uint64_t)sb.st_size, max_bytes, err);
+    }
+    /* The size at open, plus room to see EOF (or growth) without a realloc;
+     * files that report 0 bytes but have content (procfs) grow the buffer. */
+    size_t cap = (size_t)sb.st_size + 1 < 4096 ? 4096 : (size_t)sb.st_size + 2;
     char *buf = malloc(cap);
     if (!buf) {
-        fclose(f);
-        return ls_fail(err, LS_E_NOMEM, "%s: out of memory", path);
+        close(fd);
+        return ls_fail_nomem(err, cap, "%s", path);
     }
+    size_t n = 0;
+    ls_status st = LS_OK;
     for (;;) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
+        if (n + 1 == cap) {
+            size_t ncap = cap > (size_t)max_bytes / 2 ? (size_t)max_bytes + 2 : cap * 2;
+            char *nb = realloc(buf, ncap);
             if (!nb) {
-                free(buf);
-                fclose(f);
-                return ls_fail(err, LS_E_NOMEM, "%s: out of memory", path);
+                st = ls_fail_nomem(err, ncap, "%s", path);
+                break;
             }
             buf = nb;
-            cap *= 2;
+            cap = ncap;
         }
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
+        ssize_t got = read(fd, buf + n, cap - 1 - n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            st = ls_fail(err, LS_E_IO, "%s: read failed at byte offset %zu: %s", path, n, strerror(errno));
+            break;
+        }
         if (got == 0) break;
+        n += (size_t)got;
+        if (n > max_bytes) { /* grew past the limit while being read */
+            st = too_big(path, n, max_bytes, err);
+            break;
+        }
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) {
+    close(fd);
+    if (st != LS_OK) {
         free(buf);
-        return ls_fail(err, LS_E_IO, "%s: read failed", path);
+        return st;
     }
     buf[n] = '\0';
     *out = buf;
     if (len) *len = n;
     return LS_OK;
+}
+
+ls_status ls_read_file(const char *path, char **out, size_t *len, ls_error *err)
+{
+    return ls_read_file_max(path, LS_READ_JSON_MAX_BYTES, out, len, err);
 }

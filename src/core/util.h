@@ -5,6 +5,8 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 
 #include "core/status.h"
 
@@ -171,8 +173,34 @@ void ls_temp_sweep_stale(const char *name);
  * started (nohup) stay ignored. */
 void ls_signals_install(void);
 
-/* Reads a whole file into a malloc'd buffer (NUL-terminated; *len excludes the
- * NUL). Caller frees *out. */
+/* ---- reading inputs -------------------------------------------------------
+ * Every input lockstep reads (config.json, indexes, shards, manifests, prompt
+ * and token files, traces, engine output) must be a regular file. Anything
+ * else is refused before a byte is read, naming what it is: a FIFO would block
+ * the reader until some writer appears, /dev/zero would feed it until memory
+ * runs out, a directory has no bytes. Files read whole are bounded in size,
+ * checked against the size at open and again while reading (a file may grow). */
+#define LS_READ_JSON_MAX_BYTES (64ull << 20)  /* config.json, indexes, manifests, synth configs */
+#define LS_READ_JSONL_MAX_BYTES (4ull << 30)  /* prompts / tokens JSONL, engine output to import */
+
+/* Opens path read-only as a regular file. A path that is anything else fails
+ * with LS_E_IO "<path>: is a FIFO, not a regular file" (the kind from
+ * ls_file_kind_name) without being opened, so no device sees an open() and no FIFO
+ * blocks; a path swapped for a FIFO between the check and the open is caught
+ * by fstat on the descriptor. A missing or unreadable path is LS_E_IO
+ * "<path>: cannot open: <errno text>". On success *fd is a blocking descriptor
+ * the caller closes, and *sb (may be NULL) its fstat. */
+ls_status ls_file_open_regular(const char *path, int *fd, struct stat *sb, ls_error *err);
+
+/* Reads a whole regular file into a malloc'd buffer (NUL-terminated; *len
+ * excludes the NUL). Caller frees *out. A file larger than max_bytes fails
+ * with LS_E_INPUT "<path>: N bytes, more than the limit of M bytes (K MiB) for
+ * this input", before anything is allocated; an allocation failure is
+ * LS_E_NOMEM "<path>: out of memory (N bytes asked)". */
+ls_status ls_read_file_max(const char *path, uint64_t max_bytes, char **out, size_t *len,
+                           ls_error *err);
+
+/* ls_read_file_max with LS_READ_JSON_MAX_BYTES. */
 ls_status ls_read_file(const char *path, char **out, size_t *len, ls_error *err);
 
 /* True when the stream is a terminal (the progress bar is drawn only then;

@@ -42,7 +42,7 @@ static ls_status small(ls_engine *e, const float *v, long n, ls_buf **out, ls_er
 {
     LS_TRY(e->be->alloc(e->be, (size_t)n * 4, out, err));
     float *tmp = malloc((size_t)n * 4);
-    if (!tmp) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    if (!tmp) return ls_fail_nomem(err, (size_t)n * 4, "engine: a parameter vector of %ld floats", n);
     for (long i = 0; i < n; i++) tmp[i] = ls_act(v[i], e->o.act_bf16);
     ls_status st = e->be->upload(e->be, BEV(*out), tmp, (size_t)n * 4, err);
     free(tmp);
@@ -101,7 +101,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     LS_TRY(wrap(e, &m->lm_head, &e->lm_head, err));
     LS_TRY(small(e, m->final_norm, D, &e->final_norm, err));
     e->lw = calloc((size_t)L, sizeof *e->lw);
-    if (!e->lw) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    if (!e->lw) return ls_fail_nomem(err, (size_t)L * sizeof *e->lw, "engine: weights of %ld layers", (long)L);
     for (long l = 0; l < L; l++) {
         const ls_model_layer *ml = &m->layers[l];
         layer_w *w = &e->lw[l];
@@ -132,7 +132,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         }
         LS_TRY(wrap(e, &ml->router, &w->router, err));
         w->experts = calloc((size_t)(3 * E), sizeof(ls_bweight));
-        if (!w->experts) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+        if (!w->experts) return ls_fail_nomem(err, (size_t)(3 * E) * sizeof(ls_bweight), "engine: expert table of %ld experts", (long)E);
         for (long x = 0; x < E; x++) {
             LS_TRY(wrap(e, &ml->exp_gate[x], &w->experts[x], err));
             LS_TRY(wrap(e, &ml->exp_up[x], &w->experts[E + x], err));
@@ -146,7 +146,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
                            w->experts + 2 * E, &w->shg, &w->shu, &w->shd, &w->shw};
     }
     e->ss = calloc((size_t)e->max_seqs, sizeof *e->ss);
-    if (!e->ss) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    if (!e->ss) return ls_fail_nomem(err, (size_t)e->max_seqs * sizeof *e->ss, "engine: state of %ld sequences", (long)e->max_seqs);
     for (long s = 0; s < e->max_seqs; s++) {
         seq_state *q = &e->ss[s];
         q->conv = calloc((size_t)L, sizeof(ls_buf *));
@@ -154,7 +154,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         q->kc = calloc((size_t)L, sizeof(ls_buf *));
         q->vc = calloc((size_t)L, sizeof(ls_buf *));
         if (!q->conv || !q->gdn || !q->kc || !q->vc)
-            return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+            return ls_fail_nomem(err, 4 * (size_t)L * sizeof(ls_buf *), "engine: state tables of sequence %ld", (long)s);
         for (long l = 0; l < L; l++) {
             if (c->is_attention[l]) {
                 LS_TRY(buf(e, Hkv * e->cap * d, &q->kc[l], err));
@@ -204,7 +204,9 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     e->n_tl = (int)(3 + 2 * L);
     e->layers = calloc((size_t)e->n_tl, sizeof *e->layers);
     e->slot_of = malloc(sizeof(int) * (size_t)e->n_tl * N_KINDS);
-    if (!e->layers || !e->slot_of) return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    if (!e->layers || !e->slot_of)
+        return ls_fail_nomem(err, (size_t)e->n_tl * (sizeof *e->layers + sizeof(int) * N_KINDS),
+                             "engine: tables of %d trace layers", e->n_tl);
     for (int i = 0; i < e->n_tl * N_KINDS; i++) e->slot_of[i] = -1;
     int ns = 0;
     for (int i = 0; i < e->n_tl; i++) {
@@ -237,6 +239,11 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     if (kvr > tmp) tmp = kvr;
     if ((size_t)(2 * k) > tmp) tmp = (size_t)(2 * k);
     e->tmp_elems = tmp;
+    /* The sum of the allocations below, for the message should one fail. */
+    size_t host_bytes = 2 * sizeof(int32_t) * (size_t)T + 2 * sizeof(float) * (size_t)(T * (R / 2) + 1) +
+                        sizeof(float) * (size_t)(T * V) + 8 * tmp + (size_t)(T * ns) * (sizeof *e->dig + 1 + sizeof *e->rec_dig) +
+                        sizeof(int32_t) * (size_t)V + (size_t)T * (sizeof *e->recs + sizeof *e->sg + sizeof *e->row_seq) +
+                        (size_t)(4 * T + 16) * sizeof *e->jobs;
     e->h_tok = malloc(sizeof(int32_t) * (size_t)T);
     e->h_pos = malloc(sizeof(int32_t) * (size_t)T);
     e->h_cos = malloc(sizeof(float) * (size_t)(T * (R / 2) + 1));
@@ -256,7 +263,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     if (!e->h_tok || !e->h_pos || !e->h_cos || !e->h_sin || !e->h_lp || !e->h_tmp ||
         !e->h_bytes || !e->dig || !e->have || !e->sample_ids || !e->recs || !e->rec_dig ||
         !e->jobs || !e->sg || !e->row_seq)
-        return ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+        return ls_fail_nomem(err, host_bytes, "engine: host buffers for %ld rows", T);
     if (e->o.dump_decoder_layers) {
         for (long l = 0; l < L; l++) e->dumping |= e->o.dump_decoder_layers[l] != 0;
     }
@@ -272,7 +279,8 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         e->dump_dtype = calloc(cells, 1);
         e->rec_dumps = calloc(cells, sizeof *e->rec_dumps);
         if (!e->dump_data || !e->dumps || !e->dump_elems || !e->dump_dtype || !e->rec_dumps)
-            return ls_fail(err, LS_E_NOMEM, "engine: out of memory for layer dump buffers");
+            return ls_fail_nomem(err, cells * (e->dump_bytes + sizeof *e->dumps + sizeof *e->dump_elems + 1 +
+                                               sizeof *e->rec_dumps), "engine: layer dump buffers for %zu cells", cells);
     }
     return LS_OK;
 }
@@ -309,7 +317,7 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
     if (!be) return ls_fail(err, LS_E_USAGE, "engine: no backend");
     ls_status st = check_opts(m, o, max_seqs, max_len, err);
     ls_engine *e = st == LS_OK ? calloc(1, sizeof *e) : NULL;
-    if (st == LS_OK && !e) st = ls_fail(err, LS_E_NOMEM, "engine: out of memory");
+    if (st == LS_OK && !e) st = ls_fail_nomem(err, sizeof *e, "engine");
     if (st != LS_OK) {
         be->destroy(be); /* the engine owns the backend from here on */
         return st;

@@ -143,7 +143,8 @@ static ls_status batch_init(const seg *sg, long nseg, batch_args *b, ls_error *e
     b->st2 = malloc(n * sizeof(ls_buf *));
     if (!b->row0 || !b->len || !b->pos0 || !b->st || !b->st2) {
         batch_free(b);
-        return ls_fail(err, LS_E_NOMEM, "engine: batch tables for %ld sequences", nseg);
+        return ls_fail_nomem(err, n * (3 * sizeof(long) + 2 * sizeof(ls_buf *)), "engine: batch tables for %ld sequences",
+                             nseg);
     }
     for (long s = 0; s < nseg; s++) {
         b->row0[s] = sg[s].row0;

@@ -37,7 +37,7 @@ ls_status ls_fpcache_entry_path(const char *cache_dir, const char *canonical_pat
     ls_digest_to_hex(&d, hex);
     size_t n = strlen(cache_dir) + sizeof "/fingerprint/" + 64 + sizeof ".fpc";
     char *p = malloc(n);
-    if (!p) return ls_fail(err, LS_E_NOMEM, "fingerprint cache: out of memory");
+    if (!p) return ls_fail_nomem(err, n, "fingerprint cache: entry path");
     snprintf(p, n, "%s/fingerprint/%s.fpc", cache_dir, hex);
     *out = p;
     return LS_OK;
@@ -208,7 +208,7 @@ static ls_status read_str(rbuf *r, int len_bytes, uint64_t max, const char *fiel
         return bad(r, (size_t)((const uint8_t *)memchr(r->p + r->pos, 0, (size_t)n) - r->p),
                    "%s holds a NUL byte", field);
     char *s = malloc((size_t)n + 1);
-    if (!s) return ls_fail(r->err, LS_E_NOMEM, "%s: out of memory", r->label);
+    if (!s) return ls_fail_nomem(r->err, (size_t)n + 1, "%s: %s", r->label, field);
     memcpy(s, r->p + r->pos, (size_t)n);
     s[n] = '\0';
     r->pos += (size_t)n;
@@ -309,7 +309,9 @@ static ls_status decode(rbuf *r, ls_fpcache_entry *e)
         return bad(r, at, "tensor count %llu cannot fit in the %zu bytes that follow",
                    (unsigned long long)v, room);
     e->tensors = calloc(v ? (size_t)v : 1, sizeof *e->tensors);
-    if (!e->tensors) return ls_fail(r->err, LS_E_NOMEM, "%s: out of memory", r->label);
+    if (!e->tensors)
+        return ls_fail_nomem(r->err, (v ? (size_t)v : 1) * sizeof *e->tensors, "%s: %llu tensors", r->label,
+                             (unsigned long long)v);
     for (size_t i = 0; i < (size_t)v; i++) {
         e->count = i + 1; /* so entry_free releases what was read */
         LS_TRY(read_tensor(r, i, &e->tensors[i]));
@@ -352,8 +354,10 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
 {
     memset(out, 0, sizeof *out);
     *found = 0;
-    /* O_NOFOLLOW: a symlink planted in the cache directory is not an entry. */
-    int fd = open(entry_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    /* O_NOFOLLOW: a symlink planted in the cache directory is not an entry.
+     * O_NONBLOCK: nor is a FIFO, which must not block the open (fstat below
+     * refuses it; reads of a regular file ignore the flag). */
+    int fd = open(entry_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         int e = errno;
         /* ENOTDIR: the cache directory is not there as a directory; no
@@ -369,7 +373,8 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
         st = ls_fail(err, LS_E_IO, "%s: cannot stat: %s (byte offset 0)", entry_path,
                      strerror(errno));
     else if (!S_ISREG(sb.st_mode))
-        st = ls_fail(err, LS_E_INPUT, "%s: not a regular file (byte offset 0)", entry_path);
+        st = ls_fail(err, LS_E_INPUT, "%s: is %s, not a regular file (byte offset 0)", entry_path,
+                     ls_file_kind_name(sb.st_mode));
     else if (sb.st_uid != geteuid())
         st = ls_fail(err, LS_E_INPUT, "%s: owned by uid %ld, not by the user running lockstep "
                      "(byte offset 0)", entry_path, (long)sb.st_uid);
@@ -384,7 +389,7 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
     uint8_t *buf = malloc(cap ? cap : 1);
     if (!buf) {
         close(fd);
-        return ls_fail(err, LS_E_NOMEM, "%s: out of memory", entry_path);
+        return ls_fail_nomem(err, cap ? cap : 1, "%s", entry_path);
     }
     /* Read what fstat promised; a file that grows meanwhile fails the parse. */
     while (n < cap) {
@@ -413,7 +418,7 @@ ls_status ls_fpcache_load(const char *entry_path, ls_fpcache_entry *out, int *fo
 static ls_status make_parent_dirs(const char *path, ls_error *err)
 {
     char *dir = strdup(path);
-    if (!dir) return ls_fail(err, LS_E_NOMEM, "%s: out of memory", path);
+    if (!dir) return ls_fail_nomem(err, strlen(path) + 1, "%s", path);
     char *slash = strrchr(dir, '/');
     if (!slash || slash == dir) {
         free(dir);
@@ -455,7 +460,7 @@ ls_status ls_fpcache_store(const char *entry_path, const ls_fpcache_entry *e, ls
     static unsigned store_counter;
     size_t tn = strlen(entry_path) + sizeof ".tmp.-9223372036854775807.4294967295";
     char *tmp = st == LS_OK ? malloc(tn) : NULL;
-    if (st == LS_OK && !tmp) st = ls_fail(err, LS_E_NOMEM, "%s: out of memory", entry_path);
+    if (st == LS_OK && !tmp) st = ls_fail_nomem(err, tn, "%s: temporary name", entry_path);
     int fd = -1;
     if (st == LS_OK && tmp) {
         unsigned n = __atomic_add_fetch(&store_counter, 1, __ATOMIC_RELAXED);

@@ -64,7 +64,7 @@ ls_status ls_fingerprint_merkle_root(const ls_digest *leaves, size_t n, ls_diges
 {
     if (n == 0) return ls_sha256_buf("", 0, root, err);
     ls_digest *level = malloc(n * sizeof *level);
-    if (!level) return ls_fail(err, LS_E_NOMEM, "Merkle tree: out of memory (%zu leaves)", n);
+    if (!level) return ls_fail_nomem(err, ls_bytes_mul(n, sizeof *level), "Merkle tree of %zu leaves", n);
     memcpy(level, leaves, n * sizeof *level);
     while (n > 1) {
         size_t m = 0;
@@ -99,7 +99,8 @@ char *ls_fingerprint_canonical_json(const void *json, ls_error *err)
         return NULL;
     }
     char *s = ls_json_canonical((const json_t *)json);
-    if (!s) ls_fail(err, LS_E_NOMEM, "canonical JSON: out of memory");
+    if (!s && ls_json_failed_bytes()) ls_fail_nomem(err, ls_json_failed_bytes(), "canonical JSON");
+    else if (!s) ls_fail(err, LS_E_NOMEM, "canonical JSON: out of memory");
     return s;
 }
 
@@ -280,7 +281,7 @@ static ls_status hash_tasks(const ls_checkpoint *ck, ls_tensor_fp *out, fp_task 
     if (!job || !tids) {
         free(job);
         free(tids);
-        return ls_fail(err, LS_E_NOMEM, "fingerprint: out of memory (%d threads)", threads);
+        return ls_fail_nomem(err, (size_t)threads * (sizeof *job + sizeof *tids), "fingerprint: tables of %d threads", threads);
     }
     job->ck = ck;
     job->out = out;
@@ -502,7 +503,7 @@ static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const 
     ent.tensors = calloc(n ? n : 1, sizeof *ent.tensors);
     ls_fpcache_tensor **sorted = NULL;
     ls_status st = LS_OK;
-    if (!ent.tensors) st = ls_fail(err, LS_E_NOMEM, "fingerprint cache: out of memory");
+    if (!ent.tensors) st = ls_fail_nomem(err, (n ? n : 1) * sizeof *ent.tensors, "fingerprint cache: entry of %zu tensors", n);
     for (size_t k = 0; st == LS_OK && k < n; k++) {
         const ls_tensor *t = ls_safetensors_at(sh->st, k);
         ls_fpcache_tensor *r = &ent.tensors[k];
@@ -515,7 +516,7 @@ static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const 
         r->first_nonfinite = LS_FPCACHE_ALL_FINITE;
     }
     if (st == LS_OK && !(sorted = records_by_name(&ent)))
-        st = ls_fail(err, LS_E_NOMEM, "fingerprint cache: out of memory");
+        st = ls_fail_nomem(err, (n ? n : 1) * sizeof *sorted, "fingerprint cache: sorted entry of %zu tensors", n);
     for (size_t j = 0; st == LS_OK && j < sh->n; j++) {
         size_t i = by_shard[sh->first + j];
         const ls_tensor *t = ls_checkpoint_at(ck, i);
@@ -616,7 +617,8 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
     ls_digest *leaves = malloc((count ? count : 1) * sizeof *leaves);
     fp_shard *shards = calloc(nshards ? nshards : 1, sizeof *shards);
     if (!out->tensors || !by_shard || !tasks || !leaves || !shards) {
-        st = ls_fail(err, LS_E_NOMEM, "fingerprint: out of memory (%zu tensors)", count);
+        st = ls_fail_nomem(err, (count ? count : 1) * (sizeof *out->tensors + sizeof *by_shard + sizeof *tasks + sizeof *leaves) +
+                                    (nshards ? nshards : 1) * sizeof *shards, "fingerprint: tables of %zu tensors", count);
         goto done;
     }
     out->count = count;
@@ -646,7 +648,7 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
     {
         size_t *fill = calloc(nshards ? nshards : 1, sizeof *fill);
         if (!fill) {
-            st = ls_fail(err, LS_E_NOMEM, "fingerprint: out of memory (%zu shards)", nshards);
+            st = ls_fail_nomem(err, (nshards ? nshards : 1) * sizeof *fill, "fingerprint: table of %zu shards", nshards);
             goto done;
         }
         for (size_t i = 0; i < count; i++) {

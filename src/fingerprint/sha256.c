@@ -1,27 +1,71 @@
 #include "fingerprint/sha256.h"
 
 #include <openssl/err.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <pthread.h>
 #include <string.h>
 
-/* One check for every OpenSSL call: records file, line and OpenSSL's reason. */
+/* A failed OpenSSL call: file, line and OpenSSL's reason. OpenSSL reports a
+ * failed allocation as "malloc failure" somewhere on its error queue (the
+ * first entry may be a consequence: "invalid argument", "internal error"), so
+ * the whole queue is read, and any malloc failure makes it out of memory. An
+ * empty queue is out of memory too: OpenSSL records every other failure, and
+ * records nothing only when it cannot allocate the queue itself. */
+static ls_status ssl_fail(const char *file, int line, const char *call, ls_error *err)
+{
+    unsigned long first = ERR_peek_error(), e;
+    if (first == 0)
+        return ls_fail(err, LS_E_NOMEM, "%s failed: out of memory inside OpenSSL (it could not record a "
+                       "reason)", call);
+    int nomem = 0;
+    while ((e = ERR_get_error()) != 0)
+        if (ERR_GET_REASON(e) == ERR_R_MALLOC_FAILURE) nomem = 1;
+    char reason[256];
+    ERR_error_string_n(first, reason, sizeof reason);
+    if (nomem) return ls_fail(err, LS_E_NOMEM, "%s failed: out of memory inside OpenSSL (%s)", call, reason);
+    return ls_fail(err, LS_E_CRYPTO, "%s:%d: %s failed: %s (hint: check the OpenSSL installation)", file,
+                   line, call, reason);
+}
+
+/* One check for every OpenSSL call. */
 #define LS_SSL_CHECK(call, err)                                                        \
     do {                                                                               \
-        if ((call) != 1) {                                                             \
-            char ssl_reason_[256];                                                     \
-            ERR_error_string_n(ERR_get_error(), ssl_reason_, sizeof ssl_reason_);      \
-            return ls_fail((err), LS_E_CRYPTO, "%s:%d: %s failed: %s (hint: check the " \
-                           "OpenSSL installation)", __FILE__, __LINE__, #call,         \
-                           ssl_reason_);                                               \
-        }                                                                              \
+        if ((call) != 1) return ssl_fail(__FILE__, __LINE__, #call, (err));            \
     } while (0)
+
+/* SHA-256 fetched once and kept for the process. EVP_sha256() would fetch
+ * it again inside every EVP_DigestInit_ex, and a fetch that runs out of
+ * memory there fails as "passed invalid argument" or "internal error". A
+ * failed fetch is retried by the next caller. */
+static pthread_mutex_t g_md_lock = PTHREAD_MUTEX_INITIALIZER;
+static EVP_MD *g_md;
+
+static ls_status sha256_md(const EVP_MD **md, ls_error *err)
+{
+    /* OpenSSL 3 sets its default library context up on first use. When that
+     * runs out of memory it records the failure, then hands out the context
+     * half built, and the next fetch crashes on its missing lock. Asking for
+     * the context first reports the failure instead. */
+    if (!OSSL_LIB_CTX_get0_global_default())
+        return ls_fail(err, LS_E_NOMEM, "OpenSSL: out of memory setting up its default library context");
+    pthread_mutex_lock(&g_md_lock);
+    if (!g_md) g_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+    *md = g_md;
+    pthread_mutex_unlock(&g_md_lock);
+    if (!*md) return ssl_fail(__FILE__, __LINE__, "EVP_MD_fetch(NULL, \"SHA256\", NULL)", err);
+    return LS_OK;
+}
 
 ls_status ls_sha256_init(ls_sha256 *h, ls_error *err)
 {
+    h->evp = NULL;
+    const EVP_MD *md;
+    LS_TRY(sha256_md(&md, err));
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     h->evp = ctx;
-    if (!ctx) return ls_fail(err, LS_E_NOMEM, "EVP_MD_CTX_new: out of memory");
-    LS_SSL_CHECK(EVP_DigestInit_ex(ctx, EVP_sha256(), NULL), err);
+    if (!ctx) return ls_fail(err, LS_E_NOMEM, "EVP_MD_CTX_new: out of memory (a digest context)");
+    LS_SSL_CHECK(EVP_DigestInit_ex(ctx, md, NULL), err);
     return LS_OK;
 }
 

@@ -1,6 +1,8 @@
 /* lockstep — strict JSON loading (jansson) and canonical output. */
 #include "io/json.h"
 
+#include <pthread.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +96,59 @@ static int starts_with(const char *s, const char *prefix)
     return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
+/* ---- allocation failures -----------------------------------------------------
+ * jansson (2.14) does not survive a failed allocation inside its parser: the
+ * lexer drops a failed append to its token buffer and reads on, which ends in
+ * a wrong syntax error or a segmentation fault (seen under ulimit -v). So the
+ * parser is never handed a NULL: during ls_json_loadb, the allocator below
+ * jumps straight back to ls_json_loadb on a failed request. What the parse
+ * had built so far is not freed (jansson's partial state cannot be walked);
+ * the leak is bounded by the input and happens only on the way to an error. */
+
+static json_malloc_t g_next_malloc;              /* the allocator jansson had before ours */
+static _Thread_local size_t tl_failed_bytes;     /* size of the request that failed */
+static _Thread_local jmp_buf *tl_oom_jump;       /* set while this thread is in json_loadb */
+static pthread_once_t g_alloc_once = PTHREAD_ONCE_INIT;
+
+static void *checked_malloc(size_t n)
+{
+    void *p = g_next_malloc(n);
+    if (!p) {
+        tl_failed_bytes = n ? n : 1;
+        if (tl_oom_jump) longjmp(*tl_oom_jump, 1);
+    }
+    return p;
+}
+
+static void install_checked_malloc(void)
+{
+    json_free_t next_free;
+    json_get_alloc_funcs(&g_next_malloc, &next_free);
+    if (!g_next_malloc) g_next_malloc = malloc;
+    json_set_alloc_funcs(checked_malloc, next_free ? next_free : free);
+}
+
+json_t *ls_json_loadb(const void *buf, size_t len, size_t flags, json_error_t *je,
+                      size_t *nomem_bytes)
+{
+    pthread_once(&g_alloc_once, install_checked_malloc);
+    memset(je, 0, sizeof *je);
+    *nomem_bytes = 0;
+    jmp_buf jump;
+    if (setjmp(jump) != 0) {
+        tl_oom_jump = NULL;
+        *nomem_bytes = tl_failed_bytes;
+        snprintf(je->text, sizeof je->text, "out of memory");
+        return NULL;
+    }
+    tl_oom_jump = &jump;
+    json_t *j = json_loadb(buf ? (const char *)buf : "", len, flags, je);
+    tl_oom_jump = NULL;
+    return j;
+}
+
+/* ---- loading -------------------------------------------------------------------- */
+
 ls_status ls_json_load_buf(const char *label, const void *buf, size_t len, json_t **out,
                            ls_error *err)
 {
@@ -101,7 +156,10 @@ ls_status ls_json_load_buf(const char *label, const void *buf, size_t len, json_
     *out = NULL;
     if (!buf && len) return ls_fail(err, LS_E_USAGE, "ls_json_load_buf: buf is NULL");
     json_error_t je;
-    json_t *j = json_loadb(buf ? (const char *)buf : "", len, LS_JSON_LOAD_FLAGS, &je);
+    size_t nomem = 0;
+    json_t *j = ls_json_loadb(buf, len, LS_JSON_LOAD_FLAGS, &je, &nomem);
+    if (!j && nomem)
+        return ls_fail_nomem(err, nomem, "%s: parsing %zu bytes of JSON", label ? label : "<json>", len);
     if (!j) {
         /* A number out of range names its field: "line 2, column 38" alone
          * leaves the reader counting characters in a one-line config. */
@@ -130,9 +188,16 @@ ls_status ls_json_load_file(const char *path, json_t **out, ls_error *err)
     return st;
 }
 
+size_t ls_json_failed_bytes(void)
+{
+    return tl_failed_bytes;
+}
+
 char *ls_json_canonical(const json_t *j)
 {
     if (!j) return NULL;
+    pthread_once(&g_alloc_once, install_checked_malloc);
+    tl_failed_bytes = 0;
     /* JSON_REAL_PRECISION(17): every double round-trips; the header documents
      * the exact spelling jansson produces with it. */
     return json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));

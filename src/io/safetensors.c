@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "core/util.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
 
@@ -338,7 +339,11 @@ static ls_status validate_image(ls_safetensors *st, ls_error *err)
     parse_ctx c = {label, (const char *)img + 8, (size_t)n, err};
     json_t *root = NULL;
     json_error_t je;
-    root = json_loadb(c.header, c.header_len, JSON_REJECT_DUPLICATES, &je);
+    size_t nomem = 0;
+    root = ls_json_loadb(c.header, c.header_len, JSON_REJECT_DUPLICATES, &je, &nomem);
+    if (!root && nomem)
+        return ls_fail_nomem(err, nomem, "%s: parsing the %llu-byte header JSON (byte offset 8)", label,
+                             (unsigned long long)n);
     if (!root)
         return st_bad(err, label, 8 + (uint64_t)(je.position > 0 ? je.position : 0),
                       "header is not valid JSON (line %d, column %d): %s", je.line, je.column,
@@ -511,18 +516,9 @@ ls_status ls_safetensors_open(const char *path, ls_safetensors **out, ls_error *
 {
     if (!out || !path) return ls_fail(err, LS_E_USAGE, "ls_safetensors_open: NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ls_fail(err, LS_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    int fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return ls_fail(err, LS_E_IO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        close(fd);
-        return ls_fail(err, LS_E_IO, "%s: not a regular file", path);
-    }
+    LS_TRY(ls_file_open_regular(path, &fd, &sb, err));
     ls_safetensors *st = st_new(path, err);
     if (!st) {
         close(fd);
@@ -539,6 +535,9 @@ ls_status ls_safetensors_open(const char *path, ls_safetensors **out, ls_error *
             int e = errno;
             close(fd);
             ls_safetensors_close(st);
+            /* ENOMEM: no address space left for the mapping (ulimit -v, or
+             * too many mappings), which is running out of memory. */
+            if (e == ENOMEM) return ls_fail_nomem(err, len, "%s: mapping the file", path);
             return ls_fail(err, LS_E_IO, "%s: cannot mmap %zu bytes: %s", path, len, strerror(e));
         }
         st->map = m;

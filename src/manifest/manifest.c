@@ -2,9 +2,11 @@
 #include "manifest/manifest.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/build_info.h"
 #include "core/util.h"
@@ -144,21 +146,48 @@ static ls_status numerics_section(const ls_manifest_opts *o, json_t **out, ls_er
     return LS_OK;
 }
 
+/* SHA-256 of the running binary into hex, streamed. hex stays "unknown" where
+ * the binary cannot be opened or read (no /proc); running out of memory is an
+ * error, never a manifest that differs only because memory was short. */
+static ls_status binary_digest(char hex[65], ls_error *err)
+{
+    int fd;
+    ls_error oerr;
+    if (ls_file_open_regular("/proc/self/exe", &fd, NULL, &oerr) != LS_OK) return LS_OK;
+    size_t cap = (size_t)1 << 20;
+    unsigned char *buf = malloc(cap);
+    if (!buf) {
+        close(fd);
+        return ls_fail_nomem(err, cap, "manifest: hashing the lockstep binary");
+    }
+    ls_sha256 h;
+    ls_status st = ls_sha256_init(&h, err);
+    int read_ok = 1;
+    while (st == LS_OK) {
+        ssize_t n = read(fd, buf, cap);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            read_ok = n == 0;
+            break;
+        }
+        st = ls_sha256_update(&h, buf, (size_t)n, err);
+    }
+    close(fd);
+    free(buf);
+    ls_digest d;
+    if (st == LS_OK && read_ok) {
+        st = ls_sha256_final(&h, &d, err);
+        if (st == LS_OK) ls_digest_to_hex(&d, hex);
+    } else {
+        ls_sha256_discard(&h);
+    }
+    return st;
+}
+
 static ls_status build_section(json_t **out, ls_error *err)
 {
-    ls_digest d;
     char hex[65] = "unknown";
-    char *img = NULL;
-    size_t len = 0;
-    ls_error rerr;
-    if (ls_read_file("/proc/self/exe", &img, &len, &rerr) == LS_OK) {
-        if (ls_sha256_buf(img, len, &d, err) != LS_OK) {
-            free(img);
-            return err->status;
-        }
-        ls_digest_to_hex(&d, hex);
-        free(img);
-    }
+    LS_TRY(binary_digest(hex, err));
 #ifdef LOCKSTEP_HAVE_CUDA
     const char *cuda = LS_CUDA_COMPILER;
 #else
@@ -301,7 +330,7 @@ static ls_status validate_tensors(const json_t *ck, const char *label, ls_error 
     if (!names || !leaves) {
         free(names);
         free(leaves);
-        return ls_fail(err, LS_E_NOMEM, "%s: out of memory", label);
+        return ls_fail_nomem(err, (n ? n : 1) * (sizeof *names + sizeof *leaves), "%s: tables of %zu tensors", label, n);
     }
     size_t k = 0;
     const char *name;

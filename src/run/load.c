@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "io/json.h"
 
 void ls_run_batch_free(ls_run_batch *b)
 {
@@ -25,7 +26,7 @@ static ls_status batch_add(ls_run_batch *b, long *cap, ls_sequence s, ls_error *
     if (b->n == *cap) {
         long nc = *cap ? 2 * *cap : 16;
         ls_sequence *n = realloc(b->seqs, sizeof *n * (size_t)nc);
-        if (!n) return ls_fail(err, LS_E_NOMEM, "out of memory");
+        if (!n) return ls_fail_nomem(err, sizeof *n * (size_t)nc, "table of %ld sequences", nc);
         b->seqs = n;
         *cap = nc;
     }
@@ -52,7 +53,12 @@ static ls_status parse_jsonl(const char *path, const char *text, size_t len, lon
         while (k < ll && (q[k] == ' ' || q[k] == '\t' || q[k] == '\r')) k++;
         if (k == ll) continue;
         json_error_t je;
-        json_t *o = json_loadb(q, ll, JSON_REJECT_DUPLICATES, &je);
+        size_t nomem = 0;
+        json_t *o = ls_json_loadb(q, ll, JSON_REJECT_DUPLICATES, &je, &nomem);
+        if (!o && nomem) {
+            st = ls_fail_nomem(err, nomem, "%s:%ld: parsing %zu bytes of JSON", path, line, ll);
+            break;
+        }
         if (!o) {
             st = ls_fail(err, LS_E_INPUT, "%s:%ld: invalid JSON at column %d: %s", path, line, je.column,
                          je.text);
@@ -76,7 +82,7 @@ static ls_status parse_jsonl(const char *path, const char *text, size_t len, lon
                              (long long)json_integer_value(id));
         long n = st == LS_OK ? (long)json_array_size(tk) : 0;
         int32_t *t = st == LS_OK ? malloc(sizeof(int32_t) * (size_t)n) : NULL;
-        if (st == LS_OK && !t) st = ls_fail(err, LS_E_NOMEM, "out of memory");
+        if (st == LS_OK && !t) st = ls_fail_nomem(err, sizeof(int32_t) * (size_t)n, "%s:%ld: %ld tokens", path, line, n);
         for (long i = 0; st == LS_OK && i < n; i++) {
             json_t *v = json_array_get(tk, (size_t)i);
             json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
@@ -116,7 +122,7 @@ static ls_status load_jsonl(const char *path, long vocab, int full, ls_run_batch
     char *text;
     size_t len;
     memset(out, 0, sizeof *out);
-    LS_TRY(ls_read_file(path, &text, &len, err));
+    LS_TRY(ls_read_file_max(path, LS_READ_JSONL_MAX_BYTES, &text, &len, err));
     ls_status st = parse_jsonl(path, text, len, vocab, full, out, err);
     free(text);
     return st;
@@ -177,7 +183,7 @@ ls_status ls_run_load_rollout(const char *trace_path, ls_run_batch *out, ls_run_
             if (cap != oldcap) {
                 long *n = realloc(tcap, sizeof(long) * (size_t)cap);
                 if (!n) {
-                    st = ls_fail(err, LS_E_NOMEM, "out of memory");
+                    st = ls_fail_nomem(err, sizeof(long) * (size_t)cap, "%s: table of %ld sequences", trace_path, cap);
                     break;
                 }
                 tcap = n;
@@ -194,7 +200,7 @@ ls_status ls_run_load_rollout(const char *trace_path, ls_run_batch *out, ls_run_
             long nc = tcap[i] ? 2 * tcap[i] : 64;
             int32_t *n = realloc((void *)s->tokens, sizeof(int32_t) * (size_t)nc);
             if (!n) {
-                st = ls_fail(err, LS_E_NOMEM, "out of memory");
+                st = ls_fail_nomem(err, sizeof(int32_t) * (size_t)nc, "%s: %ld tokens of one sequence", trace_path, nc);
                 break;
             }
             s->tokens = n;

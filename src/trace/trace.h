@@ -161,7 +161,9 @@ const ls_trace_header *ls_trace_reader_header(const ls_trace_reader *r);
  * returns LS_OK, or sets *rec = NULL at the end. Corruption and truncation
  * are LS_E_INPUT naming the byte offset; a file that ends cleanly after a
  * complete frame but without a trailer ends with *rec = NULL and
- * ls_trace_reader_complete() == 0. */
+ * ls_trace_reader_complete() == 0. A file that another process shortens
+ * while it is open is LS_E_IO naming the first missing byte (traces are read
+ * with pread, never mapped, so this is an error and not SIGBUS). */
 ls_status ls_trace_reader_next(ls_trace_reader *r, const ls_trace_record **rec, ls_error *err);
 int ls_trace_reader_complete(const ls_trace_reader *r);
 /* Counts so far (after the end: totals). */

@@ -10,6 +10,7 @@
 #include <zstd.h>
 #include <zstd_errors.h>
 
+#include "io/json.h"
 #include "trace/trace_internal.h"
 
 /* ---- names ------------------------------------------------------------------ */
@@ -135,7 +136,7 @@ static ls_status get_str(json_t *root, const char *key, char **out, const char *
     json_t *v = json_object_get(root, key);
     if (!json_is_string(v)) return ls_fail(err, LS_E_INPUT, "%s: header field \"%s\" missing or not a string", where, key);
     *out = dup_str(json_string_value(v));
-    return *out ? LS_OK : ls_fail(err, LS_E_NOMEM, "out of memory");
+    return *out ? LS_OK : ls_fail_nomem(err, strlen(json_string_value(v)) + 1, "%s: header field \"%s\"", where, key);
 }
 
 ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_header_owned *o, const char *where,
@@ -163,8 +164,13 @@ ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_heade
         json = blank;
     }
     json_error_t je;
-    json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je);
+    size_t nomem = 0;
+    json_t *root = ls_json_loadb(json, len, JSON_REJECT_DUPLICATES, &je, &nomem);
     if (o->run_params_json) free((char *)json);
+    if (!root && nomem) {
+        ls_trace_header_owned_free(o);
+        return ls_fail_nomem(err, nomem, "%s: parsing the %zu-byte header JSON", where, len);
+    }
     if (!root || !json_is_object(root)) {
         json_decref(root);
         ls_trace_header_owned_free(o);
@@ -223,7 +229,7 @@ ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_heade
     }
     size_t nl = json_array_size(layers);
     o->layers = calloc(nl ? nl : 1, sizeof *o->layers);
-    if (!o->layers) { st = ls_fail(err, LS_E_NOMEM, "out of memory"); goto out; }
+    if (!o->layers) { st = ls_fail_nomem(err, (nl ? nl : 1) * sizeof *o->layers, "%s: table of %zu layers", where, nl); goto out; }
     for (size_t i = 0; i < nl; i++) {
         json_t *l = json_array_get(layers, i);
         json_t *ix = json_object_get(l, "index"), *fam = json_object_get(l, "family"),
@@ -294,7 +300,7 @@ ls_status ls_trace_read_file_header(ls_trace_file *f, ls_trace_header_owned *out
     /* the checksum covers bytes 0 .. 16 + jlen - 1: view them again, whole */
     if ((st = ls_trace_file_view(f, 0, (size_t)all, &buf, &cap, &head, err))) {
         free(buf);
-        return st == LS_E_IO ? ls_fail(err, LS_E_IO, "%s: offset 16: read failed", path) : st;
+        return st;
     }
     const char *json = (const char *)head + LS_TRACE_FILE_HEAD_BYTES;
     ls_digest d;
@@ -322,7 +328,7 @@ static ls_status grow(void **p, size_t *cap, size_t need, size_t elem, ls_error 
     size_t n = *cap ? *cap : 16;
     while (n < need) n *= 2;
     void *q = realloc(*p, n * elem);
-    if (!q) return ls_fail(err, LS_E_NOMEM, "out of memory (%zu bytes)", n * elem);
+    if (!q) return ls_fail_nomem(err, n * elem, "trace: read buffer");
     *p = q;
     *cap = n;
     return LS_OK;
@@ -332,14 +338,14 @@ static ls_status grow(void **p, size_t *cap, size_t need, size_t elem, ls_error 
  * Buffers of megabytes are 2 MiB aligned and offered to the kernel for huge
  * pages: a fresh multi-megabyte frame otherwise costs one page fault per
  * 4 KiB, which showed up as a fifth of 'lockstep compare' time. */
-static ls_status grow_payload(uint8_t **p, size_t *cap, size_t need, ls_error *err)
+ls_status ls_trace_grow_payload(uint8_t **p, size_t *cap, size_t need, ls_error *err)
 {
     const size_t huge = (size_t)2 << 20;
     if (need <= *cap) return LS_OK;
     if (need < huge) return grow((void **)p, cap, need, 1, err);
     size_t n = (need + huge - 1) & ~(huge - 1);
     void *q = NULL;
-    if (posix_memalign(&q, huge, n) != 0) return ls_fail(err, LS_E_NOMEM, "out of memory (%zu bytes)", n);
+    if (posix_memalign(&q, huge, n) != 0) return ls_fail_nomem(err, n, "trace: payload buffer");
 #ifdef MADV_HUGEPAGE
     (void)madvise(q, n, MADV_HUGEPAGE); /* advice only: without huge pages it still works */
 #endif
@@ -695,9 +701,13 @@ ls_status ls_frame_load(ls_trace_file *f, ls_frame_buf *fb, ls_rec_decoder *dec,
                               &fb->comp_cap, &fb->comp, err));
     LS_TRY(check_payload(fb, path, err));
     if (!fb->dctx && !(fb->dctx = ZSTD_createDCtx())) return ls_fail(err, LS_E_NOMEM, "out of memory (zstd)");
-    LS_TRY(grow_payload(&fb->data, &fb->data_cap, fb->uncompressed_bytes, err));
+    LS_TRY(ls_trace_grow_payload(&fb->data, &fb->data_cap, fb->uncompressed_bytes, err));
     /* zstd verifies the content checksum (XXH64 of the decompressed bytes) here. */
     size_t r = ZSTD_decompressDCtx(fb->dctx, fb->data, fb->uncompressed_bytes, fb->comp, fb->compressed_bytes);
+    /* zstd's own allocation failing is memory, not a damaged payload */
+    if (ZSTD_isError(r) && ZSTD_getErrorCode(r) == ZSTD_error_memory_allocation)
+        return ls_fail(err, LS_E_NOMEM, "%s: offset %" PRIu64 ": frame %u: out of memory inside zstd decompressing "
+                       "%" PRIu64 " bytes", path, off, fb->frame_index, fb->uncompressed_bytes);
     if (ZSTD_isError(r) && ZSTD_getErrorCode(r) == ZSTD_error_checksum_wrong)
         return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame %u checksum mismatch: payload content checksum fails "
                        "(bytes %" PRIu64 "..%" PRIu64 " corrupted)", path, off, fb->frame_index,

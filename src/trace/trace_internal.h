@@ -28,24 +28,41 @@
 
 
 /* ---- file access (trace_file.c) ---------------------------------------------- */
-/* A trace file opened read-only: mapped whole when possible, else read with
- * pread(). Setting LOCKSTEP_TRACE_NO_MMAP=1 forces the read() path. */
+/* A trace file opened read-only, read with pread() (never mapped: a mapped
+ * file that shrinks raises SIGBUS, a read reports it). */
 typedef struct ls_trace_file {
     int fd;                  /* -1 when closed */
-    const uint8_t *map;      /* [bytes] the file, or NULL (read() path) */
     uint64_t bytes;          /* file size at open; every offset check uses it */
+    uint8_t *win;            /* [LS_TRACE_FILE_WINDOW_BYTES] read-ahead for small views; owned */
+    uint64_t win_off;        /* file offset of win[0] */
+    size_t win_len;          /* valid bytes in win */
     const char *path;        /* for messages; not owned */
 } ls_trace_file;
 
-/* Opens path (a regular file). `sequential`: the file is read front to back once. */
+/* Views of at most this many bytes point into a read-ahead window of four
+ * times the size, refilled by one pread: a frame's magic, fixed header,
+ * segment table and small payload then cost one system call per window
+ * instead of four per frame, and are copied once. Larger views are read
+ * straight into the caller's buffer. */
+#define LS_TRACE_FILE_SMALL_VIEW_BYTES (64u << 10)
+#define LS_TRACE_FILE_WINDOW_BYTES (4 * LS_TRACE_FILE_SMALL_VIEW_BYTES)
+
+/* Opens path, which must be a regular file (ls_file_open_regular: a FIFO or
+ * device is refused, never read). `sequential`: read front to back once. */
 ls_status ls_trace_file_open(const char *path, int sequential, ls_trace_file *f, ls_error *err);
 /* Sets *out to bytes [off, off + len) of the file, which the caller has
- * checked lie inside it: a pointer into the mapping, or into *buf (grown as
- * needed, owned by the caller) after reading them. Valid until the next view
- * into the same buffer or the file's close. */
+ * checked lie inside it: read into the file's window (small views) or into
+ * *buf (grown as needed, owned by the caller). Valid until the next view of
+ * the same file or its close. A file that shrank since open fails with
+ * LS_E_IO naming the path and the first missing offset. */
 ls_status ls_trace_file_view(ls_trace_file *f, uint64_t off, size_t len, uint8_t **buf, size_t *cap,
                              const uint8_t **out, ls_error *err);
 void ls_trace_file_close(ls_trace_file *f);
+
+/* Grows a buffer whose contents need not survive growth to at least need
+ * bytes; from 2 MiB up, 2 MiB aligned and offered to the kernel for huge
+ * pages (a fresh multi-megabyte buffer otherwise costs a page fault per 4 KiB). */
+ls_status ls_trace_grow_payload(uint8_t **p, size_t *cap, size_t need, ls_error *err);
 
 /* ---- header ------------------------------------------------------------------ */
 /* A parsed header with owned strings. */
@@ -91,9 +108,9 @@ typedef struct ls_frame_buf {
     uint32_t payload_checksum; /* header copy of the payload's zstd content checksum */
     ls_frame_seg *segs; size_t segs_cap;          /* [n_segments] */
     uint8_t checksum[32];      /* header checksum as stored (verified on every load) */
-    const uint8_t *comp;       /* [compressed_bytes] the payload: in the mapping or comp_buf */
-    uint8_t *head_buf; size_t head_cap;            /* read() path: frame header bytes */
-    uint8_t *comp_buf; size_t comp_cap;            /* read() path: compressed payload */
+    const uint8_t *comp;       /* [compressed_bytes] the payload, in comp_buf */
+    uint8_t *head_buf; size_t head_cap;            /* frame header bytes as read */
+    uint8_t *comp_buf; size_t comp_cap;            /* compressed payload as read */
     uint8_t *data; size_t data_cap;                /* uncompressed payload (reused across loads) */
     uint32_t *rec_off; size_t rec_off_cap;         /* [n_records] record offsets into data */
     void *dctx;                                    /* ZSTD_DCtx*, owned */

@@ -25,7 +25,7 @@ static ls_status track_segment(seq_track *t, const ls_frame_seg *s, uint32_t *in
         if (t->n == t->cap) {
             size_t nc = t->cap ? t->cap * 2 : 64;
             uint32_t *q = realloc(t->next_min, nc * sizeof *q);
-            if (!q) return ls_fail(err, LS_E_NOMEM, "out of memory");
+            if (!q) return ls_fail_nomem(err, nc * sizeof *q, "trace: table of %zu sequences", nc);
             t->next_min = q;
             t->cap = nc;
         }
@@ -49,7 +49,7 @@ struct ls_trace_reader {
     ls_trace_file f;
     char *path;
     uint64_t file_bytes, offset;   /* offset: next frame/trailer */
-    uint8_t *buf; size_t buf_cap;  /* read() path: magic and trailer bytes */
+    uint8_t *buf; size_t buf_cap;  /* magic and trailer bytes as read */
     ls_trace_header_owned hdr;
     ls_frame_buf fb;
     ls_rec_decoder dec;
@@ -65,10 +65,11 @@ ls_status ls_trace_reader_open(const char *path, ls_trace_reader **out, ls_error
 {
     *out = NULL;
     ls_trace_reader *r = calloc(1, sizeof *r);
-    if (!r) return ls_fail(err, LS_E_NOMEM, "out of memory");
+    if (!r) return ls_fail_nomem(err, sizeof *r, "%s: trace reader", path);
     r->path = strdup(path);
     r->f.fd = -1;
-    ls_status st = r->path ? ls_trace_file_open(r->path, 1, &r->f, err) : ls_fail(err, LS_E_NOMEM, "out of memory");
+    ls_status st = r->path ? ls_trace_file_open(r->path, 1, &r->f, err)
+                           : ls_fail_nomem(err, strlen(path) + 1, "%s: trace reader", path);
     r->file_bytes = r->f.bytes;
     if (!st) st = ls_trace_read_file_header(&r->f, &r->hdr, &r->offset, err);
     if (!st) st = ls_sha256_init(&r->chain, err);
@@ -195,7 +196,7 @@ struct ls_trace_index {
     ls_trace_file f;
     char *path;
     uint64_t file_bytes;
-    uint8_t *buf; size_t buf_cap;  /* read() path: magic and trailer bytes */
+    uint8_t *buf; size_t buf_cap;  /* magic and trailer bytes as read */
     ls_trace_header_owned hdr;
     int complete;
     uint64_t *frame_off; size_t n_frames, frame_cap;
@@ -213,7 +214,7 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
 {
     *out = NULL;
     ls_trace_index *ix = calloc(1, sizeof *ix);
-    if (!ix) return ls_fail(err, LS_E_NOMEM, "out of memory");
+    if (!ix) return ls_fail_nomem(err, sizeof *ix, "%s: trace index", path);
     for (int i = 0; i < LS_TRACE_INDEX_CACHE_FRAMES; i++) ix->slots[i].frame = -1;
     ix->path = strdup(path);
     uint64_t off = 0, bytes = 0;
@@ -221,7 +222,8 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
     ls_sha256 chain;
     int chain_open = 0;
     ix->f.fd = -1;
-    ls_status st = ix->path ? ls_trace_file_open(ix->path, 0, &ix->f, err) : ls_fail(err, LS_E_NOMEM, "out of memory");
+    ls_status st = ix->path ? ls_trace_file_open(ix->path, 0, &ix->f, err)
+                            : ls_fail_nomem(err, strlen(path) + 1, "%s: trace index", path);
     ix->file_bytes = ix->f.bytes;
     if (!st) st = ls_trace_read_file_header(&ix->f, &ix->hdr, &off, err);
     if (!st) st = ls_sha256_init(&chain, err);
@@ -280,7 +282,7 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
             if (q) ix->frame_off = q;
             uint8_t *v = realloc(ix->verified, nc);
             if (v) ix->verified = v;
-            if (!q || !v) { st = ls_fail(err, LS_E_NOMEM, "out of memory"); break; }
+            if (!q || !v) { st = ls_fail_nomem(err, nc * (sizeof *q + 1), "%s: index of %zu frames", path, nc); break; }
             ix->frame_cap = nc;
         }
         ix->frame_off[ix->n_frames] = off;
@@ -294,7 +296,7 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
             if (ix->track.n > before && si >= ix->seqs_cap) {
                 size_t nc = ix->seqs_cap ? ix->seqs_cap * 2 : 64;
                 ix_seq *q = realloc(ix->seqs, nc * sizeof *q);
-                if (!q) { st = ls_fail(err, LS_E_NOMEM, "out of memory"); break; }
+                if (!q) { st = ls_fail_nomem(err, nc * sizeof *q, "%s: index of %zu sequences", path, nc); break; }
                 memset(q + ix->seqs_cap, 0, (nc - ix->seqs_cap) * sizeof *q);
                 ix->seqs = q;
                 ix->seqs_cap = nc;
@@ -304,7 +306,7 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
             if (s->n == s->cap) {
                 size_t nc = s->cap ? s->cap * 2 : 8;
                 ix_seg *q = realloc(s->segs, nc * sizeof *q);
-                if (!q) { st = ls_fail(err, LS_E_NOMEM, "out of memory"); break; }
+                if (!q) { st = ls_fail_nomem(err, nc * sizeof *q, "%s: index of %zu segments", path, nc); break; }
                 s->segs = q;
                 s->cap = nc;
             }
@@ -323,7 +325,8 @@ ls_status ls_trace_index_open(const char *path, ls_trace_index **out, ls_error *
     ls_frame_buf_free(&fb);
     if (!st) {
         ix->sorted = malloc((ix->track.n ? ix->track.n : 1) * sizeof *ix->sorted);
-        if (!ix->sorted) st = ls_fail(err, LS_E_NOMEM, "out of memory");
+        if (!ix->sorted)
+            st = ls_fail_nomem(err, (ix->track.n ? ix->track.n : 1) * sizeof *ix->sorted, "%s: sorted index", path);
     }
     if (st) {
         ls_trace_index_close(ix);

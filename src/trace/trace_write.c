@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include <zstd.h>
+#include <zstd_errors.h>
 
 #include "core/util.h"
 #include "trace/trace_internal.h"
@@ -37,7 +38,7 @@ static ls_status wgrow(void **p, size_t *cap, size_t need, size_t elem, ls_error
     size_t n = *cap ? *cap : 4096;
     while (n < need) n *= 2;
     void *q = realloc(*p, n * elem);
-    if (!q) return ls_fail(err, LS_E_NOMEM, "trace writer: out of memory (%zu bytes)", n * elem);
+    if (!q) return ls_fail_nomem(err, n * elem, "trace writer: buffer");
     *p = q;
     *cap = n;
     return LS_OK;
@@ -69,7 +70,7 @@ ls_status ls_trace_writer_open(const char *path, const ls_trace_header *hdr, ls_
     char *json = NULL;
     LS_TRY(ls_trace_header_to_json(hdr, &json, err));
     ls_trace_writer *w = calloc(1, sizeof *w);
-    if (!w) { free(json); return ls_fail(err, LS_E_NOMEM, "trace writer: out of memory"); }
+    if (!w) { free(json); return ls_fail_nomem(err, sizeof *w, "trace writer"); }
     w->topk = hdr->topk;
     w->n_layers = hdr->n_layers;
     w->kinds_mask = hdr->digest_kinds_mask;
@@ -264,6 +265,8 @@ ls_status ls_trace_writer_end_frame(ls_trace_writer *w, ls_error *err)
     size_t bound = ZSTD_compressBound(w->len);
     LS_TRY(wgrow((void **)&w->cbuf, &w->ccap, bound, 1, err));
     size_t c = ZSTD_compress2(w->cctx, w->cbuf, bound, w->buf, w->len);
+    if (ZSTD_isError(c) && ZSTD_getErrorCode(c) == ZSTD_error_memory_allocation)
+        return ls_fail(err, LS_E_NOMEM, "trace writer: out of memory inside zstd compressing a frame of %zu bytes", w->len);
     if (ZSTD_isError(c)) return ls_fail(err, LS_E_INTERNAL, "trace writer: zstd: %s", ZSTD_getErrorName(c));
     if (c < 9) return ls_fail(err, LS_E_INTERNAL, "trace writer: zstd frame of %zu bytes has no content checksum", c);
     size_t hb = LS_TRACE_FRAME_FIXED_BYTES + w->n_segs * LS_TRACE_SEGMENT_BYTES;
