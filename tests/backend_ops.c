@@ -202,7 +202,7 @@ static int bo_weight(bo_case *c, long rows, long cols, ls_wtype wt, float scale)
 /* Weight `id` on the host (valid until the next bo_weight). */
 static ls_wmat bo_wm(const bo_case *c, int id)
 {
-    ls_wmat m = {c->wblob + c->wd[id].off, c->wd[id].wt, c->wd[id].rows, c->wd[id].cols};
+    ls_wmat m = {c->wblob + c->wd[id].off, c->wd[id].wt, c->wd[id].rows, c->wd[id].cols, NULL};
     return m;
 }
 
@@ -1448,7 +1448,7 @@ static int run_target(bo_case *c, const ls_bo_target *tg, int expect_unsupported
         ls_buf *wb = NULL;
         st = be->wrap_weights(be, c->wblob, c->wbytes, &wb, &err);
         for (int i = 0; st == LS_OK && i < c->nw; i++)
-            c->bw[i] = (ls_bweight){wb, c->wd[i].off, c->wd[i].wt, c->wd[i].rows, c->wd[i].cols};
+            c->bw[i] = (ls_bweight){wb, c->wd[i].off, c->wd[i].wt, c->wd[i].rows, c->wd[i].cols, NULL};
     }
     for (int i = 0; st == LS_OK && i < c->nt; i++) {
         bo_tensor *t = &c->t[i];
