@@ -82,21 +82,24 @@ static const ls_provider cpu_fp8_w8a8_rows[] = {
 
 static const ls_provider cuda_fp8_dequant_rows[] = {
     CUDA("linear_fp8", "ls_linear_kernel (e4m3 rows dequantised into shared memory)",
-         "8warps-x-(1|4|8)tokens/block, warp per output row, 8-byte weight loads via shared memory",
+         "8warps-x-(1|4|8)tokens/block, warp per output row, 8-byte weight loads dequantised "
+         "into shared memory",
          "fp8-dequant-dot32-lanes32-butterfly"),
     CUDA("experts_fp8", "ls_moe_gate_up_kernel+ls_moe_down_kernel (e4m3 rows dequantised)",
          "as experts", "fp8-dequant-dot32-lanes32-butterfly"),
 };
 
 static const ls_provider cuda_fp8_w8a8_rows[] = {
-    CUDA("fp8_act_quant", "ls_fp8_quant_kernel", "warp per (token, 128-group)",
+    CUDA("fp8_act_quant", "ls_fp8_quant_kernel, ls_moe_quant_x_kernel, ls_moe_quant_mid_kernel "
+         "(ls_fp8_quant_group)", "128threads/block, thread per (row, 128-group)",
          "fp8-e4m3-group128-absmax-div448-rne-saturate"),
-    CUDA("linear_fp8", "ls_linear_kernel (w8a8: e4m3 rows into shared memory, quantised tokens)",
-         "8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads",
-         "fp8-w8a8-block128-dot32-then-sequential-blocks"),
+    CUDA("linear_fp8", "ls_linear_kernel (w8a8: ls_warp_dot_w8a8 over tokens quantised by "
+         "ls_fp8_quant_kernel)", "8warps-x-(1|4|8)tokens/block, warp per output row, lane per "
+         "4 elements of each 128-block", "fp8-w8a8-block128-dot32-then-sequential-blocks"),
     CUDA("experts_fp8",
-         "ls_moe_gate_up_kernel+ls_fp8_quant_kernel+ls_moe_down_kernel (w8a8, quantised tokens)",
-         "as experts", "fp8-w8a8-block128-dot32-then-sequential-blocks"),
+         "ls_moe_quant_x_kernel+ls_moe_gate_up_kernel+ls_moe_quant_mid_kernel+ls_moe_down_kernel "
+         "(w8a8)", "as experts; quantisers thread per (row, 128-group)",
+         "fp8-w8a8-block128-dot32-then-sequential-blocks"),
 };
 
 typedef struct backend_table {

@@ -142,10 +142,13 @@ static void check_moe_plans(long E, long D, long I, long Is, long k, long T, int
     ls_wmat sd = {rand_w(D, Is, wt_, 0.05f), wt_, D, Is, NULL};
     ls_wmat sgw = {rand_w(1, D, wt_, 0.05f), wt_, 1, D, NULL};
     ls_moe_weights mw = {E, D, I, Is, g, u, dn, shared ? &sg : NULL, &su, &sd, &sgw};
-    ls_cuda_moe cm = {E, D, I, Is, wt_, dup_dev(dg, sizeof(void *) * E), dup_dev(du, sizeof(void *) * E),
-                      dup_dev(dd, sizeof(void *) * E), shared ? dup_dev(sg.data, wbytes(Is, D, wt_)) : NULL,
-                      dup_dev(su.data, wbytes(Is, D, wt_)), dup_dev(sd.data, wbytes(D, Is, wt_)),
-                      dup_dev(sgw.data, wbytes(1, D, wt_))};
+    ls_cuda_moe cm = {.E = E, .D = D, .I = I, .Is = Is, .wtype = wt_,
+                      .gate = dup_dev(dg, sizeof(void *) * E), .up = dup_dev(du, sizeof(void *) * E),
+                      .down = dup_dev(dd, sizeof(void *) * E),
+                      .sh_gate = shared ? dup_dev(sg.data, wbytes(Is, D, wt_)) : NULL,
+                      .sh_up = dup_dev(su.data, wbytes(Is, D, wt_)),
+                      .sh_down = dup_dev(sd.data, wbytes(D, Is, wt_)), .sh_wtype = wt_,
+                      .sh_gate_w = dup_dev(sgw.data, wbytes(1, D, wt_)), .shg_wtype = wt_};
     float *x = rand_f32((size_t)T * D, 1.0f, 1);
     int32_t *ids = malloc(4 * T * k);
     float *w = malloc(4 * T * k);
