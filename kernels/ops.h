@@ -49,7 +49,7 @@ ls_status ls_cuda_linear(const void *w /* [out, in] */, int wtype, long out, lon
                          const float *x /* [T, in] */, float *y /* [T, out] */, long T,
                          int act_bf16, int order, void *stream, ls_error *err);
 
-/* FP8 block-quantised weights (docs/numerics.md §8): w [out, in] e4m3 bytes
+/* FP8 block-quantised weights (docs/numerics.md §9): w [out, in] e4m3 bytes
  * with scale [ceil(out/128), ceil(in/128)] fp32, wtype 2 (dequant: x the fp32
  * activations, xsc NULL) or 3 (w8a8: x the token rows quantised by
  * ls_cuda_fp8_quant_act, xsc their group scales [T, ceil(in/128)]); the

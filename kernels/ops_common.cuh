@@ -289,7 +289,7 @@ __device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long 
     else ls_warp_rowdot_t<NT, 0>(row, n, xs, nt, wsm, out);
 }
 
-/* ---- FP8 block-quantised rows (docs/numerics.md §8, numerics/fp8.h) ------------ */
+/* ---- FP8 block-quantised rows (docs/numerics.md §9, numerics/fp8.h) ------------ */
 
 /* Dequant mode, ls_warp_rowdot_t with e4m3 weights: the same chunks of 256
  * elements (8 bytes per lane, one 8-byte load), staged in `wsm` as the

@@ -158,7 +158,7 @@ static size_t ls_moe_max_tiles(long E, long P)
     return (size_t)((E < P ? E : P) + P / LS_MOE_TILE);
 }
 
-/* w8a8 (docs/numerics.md §8): the quantised inputs follow the scratch above,
+/* w8a8 (docs/numerics.md §9): the quantised inputs follow the scratch above,
  *   xq [T, D], xqs [T, ceil(D/128)]           x by token
  *   mq [T, k+1, W], mqs [T, k+1, ceil(W/128)] mid by slot (its own width)
  * present when the routed or the shared expert is w8a8. */

@@ -340,7 +340,7 @@ static const sh_linear linear_shapes[] = {
     {BO_FULL, 12288, 2048, 4, LS_WTYPE_BF16, 0, 0},  /* in_proj_qkvz */
     {BO_FULL, 151936, 2048, 1, LS_WTYPE_BF16, 0, 0}, /* lm_head */
     {BO_FULL, 2048, 2048, 300, LS_WTYPE_BF16, 0, 0},
-    /* FP8 block-quantised (docs/numerics.md §8): whole and partial 128-blocks
+    /* FP8 block-quantised (docs/numerics.md §9): whole and partial 128-blocks
      * in both dimensions, rows not 8-byte aligned, 1, 4 and 8 tokens per pass */
     {BO_ALL, 2048, 2048, 1, LS_WTYPE_F8_DEQUANT, 0, 0},
     {BO_ALL, 2048, 2048, 1, LS_WTYPE_F8_W8A8, 0, 0},

@@ -1,4 +1,4 @@
-/* FP8 block-quantised checkpoints on the CPU (docs/numerics.md §8,
+/* FP8 block-quantised checkpoints on the CPU (docs/numerics.md §9,
  * docs/model.md §6b):
  *
  *   e4m3       every code decodes to its value; the encoder (RNE, saturating)
@@ -255,7 +255,7 @@ START_TEST(test_dot_dequant)
 }
 END_TEST
 
-/* The w8a8 dot as docs/numerics.md §8 writes it. */
+/* The w8a8 dot as docs/numerics.md §9 writes it. */
 static float w8a8_doc(const uint8_t *w, const float *srow, const float *q, const float *xs, long n)
 {
     float acc = 0.0f;
@@ -674,6 +674,20 @@ START_TEST(test_manifest_pins_mode)
     ck_assert_ptr_nonnull(json_object_get(json_object_get(json_object_get(m, "numerics"), "operators"),
                                           "fp8_act_quant"));
     json_decref(m);
+    /* both validate against manifest/schema.json, which refuses another mode */
+    const char *py = "import json,sys,jsonschema\n"
+                     "s=json.load(open(sys.argv[1]))\n"
+                     "v=jsonschema.Draft202012Validator(s)\n"
+                     "for p in sys.argv[2:]: v.validate(json.load(open(p)))\n"
+                     "bad=json.load(open(sys.argv[2])); bad['numerics']['fp8']['mode']='int8'\n"
+                     "print('ok' if not v.is_valid(bad) else 'schema accepted fp8 mode int8')\n";
+    char pyfile[4400];
+    snprintf(pyfile, sizeof pyfile, "%s/schema-check.py", g_dir);
+    ls_test_write(pyfile, py, strlen(py));
+    int rc = ls_test_sh(&out, "/usr/bin/python3 %s %s/manifest/schema.json %s %s", pyfile,
+                        LS_SOURCE_DIR, a, b);
+    ck_assert_msg(rc == 0 && out && strstr(out, "ok"), "schema: %s", out);
+    free(out);
     /* dequant is the default; a mode change voids */
     ck_assert_int_eq(ls_test_cli(&out, "manifest diff %s %s", a, c), 0);
     free(out);

@@ -11,7 +11,7 @@
  * buffers (tokens, positions, expert ids) hold int32 elements. Weights are
  * ls_bweight: a buffer holding a row-major matrix as stored (bf16, fp32, or
  * FP8 e4m3 with a second buffer of block scales; its wtype says whether the
- * FP8 arithmetic is dequant or w8a8, docs/numerics.md §8). linear and the
+ * FP8 arithmetic is dequant or w8a8, docs/numerics.md §9). linear and the
  * moe's expert matrices take every weight type; embed, conv_silu, router and
  * the shared expert gate take bf16 and fp32 (an FP8 matrix there is
  * LS_E_UNSUPPORTED: the FP8 releases leave them unconverted).

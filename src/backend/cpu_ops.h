@@ -48,7 +48,7 @@
 /* DOT32(a, b) over n elements (or the reversed sequential sum). */
 float ls_cpu_dot(const float *a /* [n] */, const float *b /* [n] */, long n, ls_order order);
 /* DOT32 of weight row r with x; an FP8 row dequantised first (W = q · s,
- * docs/numerics.md §8). Not for LS_WTYPE_F8_W8A8 rows: those meet quantised
+ * docs/numerics.md §9). Not for LS_WTYPE_F8_W8A8 rows: those meet quantised
  * activations (ls_cpu_dot_wrow_q). */
 float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x /* [w->cols] */, ls_order order);
 /* W8A8 (LS_WTYPE_F8_W8A8, or any FP8 matrix): weight row r against a token
@@ -72,7 +72,7 @@ void ls_cpu_embed(const ls_wmat *emb /* [V, D] */, const int32_t *tokens /* [T] 
 void ls_cpu_linear(const ls_wmat *w, const float *x /* [T, in] */, float *y /* [T, out] */,
                    long T, long o0, long o1, int act_bf16, ls_order order);
 
-/* ---- FP8 w8a8 (docs/numerics.md §8) -------------------------------------- */
+/* ---- FP8 w8a8 (docs/numerics.md §9) -------------------------------------- */
 
 /* Quantises T token rows of n per group of 128 (ls_fp8_quant_row):
  * q [T, n] e4m3 values as fp32, s [T, LS_FP8_BLOCKS(n)] group scales. */
@@ -217,7 +217,7 @@ void ls_cpu_router(const ls_wmat *w /* [E, D] */, const float *x /* [T, D] */, l
 
 /* One SwiGLU expert for one token: g = act(W_g x), u = act(W_u x),
  * m = act(act(silu(g)) u), y = act(W_d m); each matrix of any weight type
- * (a w8a8 one meets the quantised x or m, docs/numerics.md §8).
+ * (a w8a8 one meets the quantised x or m, docs/numerics.md §9).
  * scratch [LS_CPU_EXPERT_SCRATCH(D, I)]. */
 void ls_cpu_expert(const ls_wmat *wg /* [I, D] */, const ls_wmat *wu /* [I, D] */,
                    const ls_wmat *wd /* [D, I] */, const float *x /* [D] */, float *y /* [D] */,

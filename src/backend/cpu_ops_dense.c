@@ -35,7 +35,7 @@ float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x, ls_order order)
         return s;
     }
     if (ls_wtype_is_f8(w->wtype)) {
-        /* dequantised (docs/numerics.md §8.2); a w8a8 matrix reaches here only
+        /* dequantised (docs/numerics.md §9); a w8a8 matrix reaches here only
          * through a caller that has no quantised activations, which is a bug
          * the operators below rule out (they call ls_cpu_dot_wrow_q) */
         const uint8_t *row = (const uint8_t *)w->data + r * n; /* [n] */

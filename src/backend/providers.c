@@ -60,7 +60,7 @@ static const ls_provider cuda_rows[] = {
     CUDA("digest", "ls_sha256_rows_kernel", "128threads/block, thread per row", "sha256-row-major"),
 };
 
-/* FP8 block-quantised weights (docs/numerics.md §8): the rows a run on an
+/* FP8 block-quantised weights (docs/numerics.md §9): the rows a run on an
  * FP8 checkpoint adds, one set per FP8 mode. Their reduction orders are new
  * ids: the dequantised DOT32 is the dot32 order over other operands (weights
  * rounded from q · s), and w8a8 sums per 128-wide block, then the blocks. */

@@ -1,6 +1,6 @@
 /* lockstep — FP8 (e4m3fn) block-quantised weights: the element conversions,
  * the per-token-group activation quantiser and the two strict dot products
- * (docs/numerics.md §8, "FP8 block-quantised weights").
+ * (docs/numerics.md §9, "FP8 block-quantised weights").
  *
  * Included unchanged by C (CPU reference) and CUDA code (LS_HD functions are
  * __host__ __device__ there), so both compute the same bits by construction:

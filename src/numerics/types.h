@@ -17,7 +17,7 @@ typedef enum ls_order {
 
 /* How a weight matrix's elements enter a dot product. The two FP8 types
  * hold the same bytes (e4m3fn elements plus an fp32 scale per 128 x 128
- * block, numerics/fp8.h) and differ in the arithmetic (docs/numerics.md §8):
+ * block, numerics/fp8.h) and differ in the arithmetic (docs/numerics.md §9):
  * the model binds FP8 matrices as LS_WTYPE_F8_DEQUANT, and the engine turns
  * them into LS_WTYPE_F8_W8A8 when it runs in w8a8 mode. */
 typedef enum ls_wtype {

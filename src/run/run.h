@@ -68,7 +68,7 @@ typedef struct ls_run_spec {
     const char *perturb;           /* "layer=L,op=OP" or NULL (--perturb) */
     const char *dump_layers;       /* "L,L,..." or NULL (--dump-layers) */
     const char *fp8;               /* FP8 checkpoints: "dequant" (NULL: the default) or "w8a8"
-                                      (--fp8, docs/numerics.md §8); a checkpoint without
+                                      (--fp8, docs/numerics.md §9); a checkpoint without
                                       quantization_config takes NULL */
     const char *out;               /* trace path (-o) */
     int progress;                  /* progress on stderr (ls_progress) */
