@@ -29,6 +29,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include <lockstep/lockstep.h>
+
 #include "backend/cpu_ops.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
@@ -726,6 +728,51 @@ START_TEST(test_manifest_pins_mode)
 }
 END_TEST
 
+/* ---- the C API ----------------------------------------------------------------------------- */
+
+START_TEST(test_c_api_option)
+{
+    setup();
+    lockstep_error err;
+    lockstep_checkpoint *ck = NULL, *bf = NULL;
+    ck_assert_msg(lockstep_checkpoint_open(g_ck, &ck, &err) == LOCKSTEP_OK, "%s", err.message);
+    int32_t toks[4] = {3, 1, 4, 1};
+    lockstep_sequence p = {7, toks, 4, 0};
+    lockstep_run_options o;
+    lockstep_run_options_default(&o);
+    ck_assert_ptr_null(o.fp8);
+    o.fp8 = "w8a8";
+    o.max_new_tokens = 5;
+    char ro[4400], rp[4400], rd[4400];
+    snprintf(ro, sizeof ro, "%s/api-rollout.trace", g_dir);
+    snprintf(rp, sizeof rp, "%s/api-replay.trace", g_dir);
+    snprintf(rd, sizeof rd, "%s/api-dequant.trace", g_dir);
+    ck_assert_msg(lockstep_rollout(ck, &p, 1, &o, ro, &err) == LOCKSTEP_OK, "%s", err.message);
+    /* a replay takes the rollout's mode when the options leave it unset */
+    lockstep_run_options r;
+    lockstep_run_options_default(&r);
+    r.chunk = 3;
+    ck_assert_msg(lockstep_replay(ck, ro, &r, rp, &err) == LOCKSTEP_OK, "%s", err.message);
+    lockstep_verdict v;
+    ck_assert(lockstep_compare(ro, rp, NULL, &v, &err) == LOCKSTEP_OK);
+    ck_assert_msg(v.equal, "%s", v.line);
+    r.fp8 = "dequant";
+    ck_assert_msg(lockstep_replay(ck, ro, &r, rd, &err) == LOCKSTEP_OK, "%s", err.message);
+    ck_assert(lockstep_compare(ro, rd, NULL, &v, &err) == LOCKSTEP_OK);
+    ck_assert_msg(!v.equal, "w8a8 rollout equals a dequant replay");
+    /* a bad value, and a mode for a checkpoint without FP8 */
+    o.fp8 = "e5m2";
+    ck_assert_int_eq(lockstep_rollout(ck, &p, 1, &o, ro, &err), LOCKSTEP_E_USAGE);
+    ck_assert_ptr_nonnull(strstr(err.message, "fp8"));
+    ck_assert_msg(lockstep_checkpoint_open(g_bf, &bf, &err) == LOCKSTEP_OK, "%s", err.message);
+    o.fp8 = "dequant";
+    ck_assert_int_eq(lockstep_rollout(bf, &p, 1, &o, ro, &err), LOCKSTEP_E_USAGE);
+    ck_assert_msg(strstr(err.message, "applies to FP8 checkpoints only"), "%s", err.message);
+    lockstep_checkpoint_close(bf);
+    lockstep_checkpoint_close(ck);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("fp8");
@@ -741,6 +788,7 @@ int main(void)
     tcase_add_test(tc, test_text_only_layout);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_manifest_pins_mode);
+    tcase_add_test(tc, test_c_api_option);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);
