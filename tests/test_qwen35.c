@@ -397,7 +397,8 @@ static void rewrite_as_qwen35(const char *src, const char *dir)
                 names[k] = malloc(128);
                 snprintf(names[k], 128, "model.language_model.layers.%ld.linear_attn.in_proj_%s.weight",
                          l, part[q]);
-                ts[k++] = (st_spec){names[k - 1], "BF16", 2, {rows[q], D}, 2, data[q]};
+                ts[k] = (st_spec){names[k], "BF16", 2, {rows[q], D}, 2, data[q]};
+                k++;
                 bufs[nb++] = data[q];
             }
         }
@@ -414,10 +415,12 @@ static void rewrite_as_qwen35(const char *src, const char *dir)
         }
         names[k] = malloc(128);
         snprintf(names[k], 128, "model.language_model.layers.%ld.mlp.experts.gate_up_proj", l);
-        ts[k++] = (st_spec){names[k - 1], "BF16", 3, {E, 2 * I, D}, 2, gu};
+        ts[k] = (st_spec){names[k], "BF16", 3, {E, 2 * I, D}, 2, gu};
+        k++;
         names[k] = malloc(128);
         snprintf(names[k], 128, "model.language_model.layers.%ld.mlp.experts.down_proj", l);
-        ts[k++] = (st_spec){names[k - 1], "BF16", 3, {E, D, I}, 2, dn};
+        ts[k] = (st_spec){names[k], "BF16", 3, {E, D, I}, 2, dn};
+        k++;
         bufs[nb++] = gu;
         bufs[nb++] = dn;
     }
