@@ -347,7 +347,7 @@ static void rewrite(const char *src, const char *dst, const char *const *drop, c
         ck_assert_msg(ls_safetensors_writer_add(w, add[a].name, dt, add[a].ndim, add[a].shape,
                                                 add[a].data, &err) == LS_OK, "%s", err.msg);
     }
-    char path[4400];
+    char path[4600];
     snprintf(path, sizeof path, "%s/model.safetensors", dst);
     ck_assert_msg(ls_safetensors_writer_write(w, path, &err) == LS_OK, "%s", err.msg);
     ls_safetensors_writer_free(w);
@@ -362,7 +362,7 @@ static void rewrite(const char *src, const char *dst, const char *const *drop, c
 
 static json_t *load_config(const char *dir)
 {
-    char path[4400];
+    char path[4600];
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_t *j;
     ls_error err;
