@@ -496,9 +496,12 @@ static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long 
         CU(cudaMemcpy(tabs[l], h, sizeof(void *) * 3 * (size_t)E, cudaMemcpyHostToDevice));
         free(h);
         uint16_t *sh = w + (size_t)3 * E * I * D;
-        mw[l] = (ls_cuda_moe){E, D, I, Is, 0, (const void *const *)tabs[l],
-                              (const void *const *)tabs[l] + E, (const void *const *)tabs[l] + 2 * E,
-                              sh, sh + (size_t)Is * D, sh + (size_t)2 * Is * D, sh + (size_t)3 * Is * D};
+        mw[l] = (ls_cuda_moe){.E = E, .D = D, .I = I, .Is = Is, .wtype = 0,
+                              .gate = (const void *const *)tabs[l],
+                              .up = (const void *const *)tabs[l] + E,
+                              .down = (const void *const *)tabs[l] + 2 * E, .sh_gate = sh,
+                              .sh_up = sh + (size_t)Is * D, .sh_down = sh + (size_t)2 * Is * D,
+                              .sh_wtype = 0, .sh_gate_w = sh + (size_t)3 * Is * D, .shg_wtype = 0};
         wts_dev[l] = w;
     }
     long chunk = 65535 / (K + 1), tcap = tmax < chunk ? tmax : chunk;

@@ -11,7 +11,8 @@
  *
  * All pointers are device pointers. Activations are fp32 (bf16-exact values
  * when act_bf16 = 1); ids and positions int32. Weights are as stored:
- * wtype 0 = bf16 (uint16_t), 1 = fp32 (the values of ls_wtype). `order` is an
+ * wtype 0 = bf16 (uint16_t), 1 = fp32, and for linear and the MoE's experts
+ * 2 = e4m3 dequant, 3 = e4m3 w8a8 (the values of ls_wtype). `order` is an
  * ls_order; only LS_ORDER_CANONICAL (0) is implemented here, anything else
  * fails closed with LS_E_UNSUPPORTED, as does a shape a kernel cannot honour
  * (the message names the operator and the shape). `stream` is a cudaStream_t
@@ -47,6 +48,21 @@ ls_status ls_cuda_embed(const void *emb /* [V, D] */, int wtype, long V, long D,
 ls_status ls_cuda_linear(const void *w /* [out, in] */, int wtype, long out, long in,
                          const float *x /* [T, in] */, float *y /* [T, out] */, long T,
                          int act_bf16, int order, void *stream, ls_error *err);
+
+/* FP8 block-quantised weights (docs/numerics.md §9): w [out, in] e4m3 bytes
+ * with scale [ceil(out/128), ceil(in/128)] fp32, wtype 2 (dequant: x the fp32
+ * activations, xsc NULL) or 3 (w8a8: x the token rows quantised by
+ * ls_cuda_fp8_quant_act, xsc their group scales [T, ceil(in/128)]); the
+ * linear kernel above with ls_dot32_f8 / ls_dot_w8a8's order per row. */
+ls_status ls_cuda_linear_f8(const uint8_t *w, const float *scale, int wtype, long out, long in,
+                            const float *x, const float *xsc, float *y, long T, int act_bf16,
+                            int order, void *stream, ls_error *err);
+
+/* The w8a8 activation quantiser: T rows of n, per group of 128
+ * (ls_fp8_quant_row): q [T, n] e4m3 values as fp32, s [T, ceil(n/128)]. */
+ls_status ls_cuda_fp8_quant_act(const float *x /* [T, n] */, long T, long n,
+                                float *q /* [T, n] */, float *s /* [T, ceil(n/128)] */,
+                                void *stream, ls_error *err);
 
 /* Zero-centred RMSNorm over rows of n (y may equal x). */
 ls_status ls_cuda_rmsnorm(const float *x /* [R, n] */, const float *w /* [n] */,
@@ -146,17 +162,25 @@ ls_status ls_cuda_router(const void *w /* [E, D] */, int wtype, long E, long D,
                          ls_error *err);
 
 /* MoE block weights on the device: per-expert row pointers (device arrays of
- * device pointers, one entry per expert), all of one wtype. */
+ * device pointers, one entry per expert). The routed experts share one wtype,
+ * the shared expert's three matrices another, the shared expert gate vector
+ * a third (bf16 or fp32); FP8 matrices come with their block scales. */
 typedef struct ls_cuda_moe {
     long E, D, I, Is;              /* experts, hidden, expert width, shared width */
-    int wtype;                     /* 0 bf16, 1 fp32, for every matrix below */
+    int wtype;                     /* routed experts: 0 bf16, 1 fp32, 2 e4m3 dequant, 3 e4m3 w8a8 */
     const void *const *gate;       /* device [E] -> [I, D] */
     const void *const *up;         /* device [E] -> [I, D] */
     const void *const *down;       /* device [E] -> [D, I] */
+    const float *const *gate_s;    /* FP8: device [E] -> [ceil(I/128), ceil(D/128)]; else NULL */
+    const float *const *up_s;      /* FP8: device [E] -> [ceil(I/128), ceil(D/128)] */
+    const float *const *down_s;    /* FP8: device [E] -> [ceil(D/128), ceil(I/128)] */
     const void *sh_gate;           /* [Is, D]; NULL = no shared expert */
     const void *sh_up;             /* [Is, D] */
     const void *sh_down;           /* [D, Is] */
+    int sh_wtype;                  /* the shared expert's gate, up, down (as wtype) */
+    const float *sh_gate_s, *sh_up_s, *sh_down_s; /* FP8 scales of those; else NULL */
     const void *sh_gate_w;         /* [1, D] */
+    int shg_wtype;                 /* sh_gate_w: 0 bf16, 1 fp32 */
 } ls_cuda_moe;
 
 /* Scratch the MoE needs for T tokens (bytes of device memory). */

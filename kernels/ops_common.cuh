@@ -10,11 +10,19 @@
 
 #include "cuda_check.cuh"
 
+#include "numerics/fp8.h"
 #include "numerics/lsmath.h"
 #include "numerics/reduce.h"
 
-#define LS_WTYPE_BF16_ID 0 /* = LS_WTYPE_BF16 of backend/cpu_ops.h */
-#define LS_WTYPE_F32_ID 1  /* = LS_WTYPE_F32 */
+#define LS_WTYPE_BF16_ID 0       /* = LS_WTYPE_BF16 of numerics/types.h */
+#define LS_WTYPE_F32_ID 1        /* = LS_WTYPE_F32 */
+#define LS_WTYPE_F8_DEQUANT_ID 2 /* = LS_WTYPE_F8_DEQUANT: e4m3 + block scales, W = q · s */
+#define LS_WTYPE_F8_W8A8_ID 3    /* = LS_WTYPE_F8_W8A8: e4m3 against quantised activations */
+
+__device__ __forceinline__ int ls_wtype_f8(int wtype)
+{
+    return wtype == LS_WTYPE_F8_DEQUANT_ID || wtype == LS_WTYPE_F8_W8A8_ID;
+}
 
 __device__ __forceinline__ float ls_warp_tree(float p)
 {
@@ -96,9 +104,9 @@ __device__ __forceinline__ float ls_wload(const void *row, int wtype, long k)
     return ((const float *)row)[k];
 }
 
-__device__ __forceinline__ size_t ls_welem_bytes(int wtype)
+__host__ __device__ __forceinline__ size_t ls_welem_bytes(int wtype)
 {
-    return wtype == LS_WTYPE_BF16_ID ? 2 : 4;
+    return wtype == LS_WTYPE_BF16_ID ? 2 : wtype == LS_WTYPE_F32_ID ? 4 : 1;
 }
 
 /* Loads in flight per lane in the warp loops below: element k of lane l is
@@ -281,6 +289,174 @@ __device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long 
     else ls_warp_rowdot_t<NT, 0>(row, n, xs, nt, wsm, out);
 }
 
+/* ---- FP8 block-quantised rows (docs/numerics.md §9, numerics/fp8.h) ------------ */
+
+/* Dequant mode, ls_warp_rowdot_t with e4m3 weights: the same chunks of 256
+ * elements (8 bytes per lane, one 8-byte load), staged in `wsm` as the
+ * dequantised fp32 values ls_fp8_dequant(q, srow[k / 128]) — lane L's eight
+ * elements 8L .. 8L+7 of a chunk lie in one 128-block, since 128 is a multiple
+ * of 8 — and then added in the canonical order: lane l takes the chunk's
+ * elements k ≡ l (mod 32) ascending, exactly ls_dot32_f8's products and adds.
+ * Rows not 8-byte aligned, and the tail, go element by element in that order. */
+template <int NT>
+__device__ __forceinline__ void ls_warp_rowdot_f8(const uint8_t *row, const float *srow, long n,
+                                                  const float *const *xs, int nt, float *wsm,
+                                                  float *out)
+{
+    constexpr int CH = LS_ROWDOT_CH(NT);
+    constexpr int PER = 8;
+    const long chunk = (long)PER * LS_WARP; /* 256 elements, 256 bytes */
+    int lane = (int)(threadIdx.x & 31u);
+    float p[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) p[t] = 0.0f;
+    long whole = ((uintptr_t)row & 7u) == 0 ? n / chunk : 0;
+    long k_done = 0;
+    for (long c0 = 0; c0 < whole; c0 += CH) {
+        int nc = whole - c0 < CH ? (int)(whole - c0) : CH;
+        uint2 raw[CH];
+        float xv[CH][PER][NT];
+        const uint2 *src = (const uint2 *)(row + (size_t)c0 * chunk);
+        long kb = c0 * chunk + lane;
+#pragma unroll
+        for (int c = 0; c < CH; c++)
+            if (c < nc) {
+                raw[c] = src[(long)c * LS_WARP + lane];
+#pragma unroll
+                for (int m = 0; m < PER; m++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+                        xv[c][m][t] = t < nt ? xs[t][kb + c * chunk + m * LS_WARP] : 0.0f;
+            }
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            if (c < nc) {
+                float *dst = wsm + c * 256 + lane * PER;
+                float sc = srow[((c0 + c) * chunk + (long)lane * PER) / LS_FP8_BLOCK];
+                uint32_t u[2] = {raw[c].x, raw[c].y};
+#pragma unroll
+                for (int i = 0; i < PER; i++)
+                    dst[i] = ls_fp8_dequant((uint8_t)(u[i / 4] >> (8 * (i % 4))), sc);
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            if (c < nc) {
+#pragma unroll
+                for (int m = 0; m < PER; m++) {
+                    float w = wsm[c * 256 + m * LS_WARP + lane];
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+                        if (t < nt) {
+                            float prod = w * xv[c][m][t];
+                            p[t] = p[t] + prod;
+                        }
+                }
+            }
+        }
+        k_done = (c0 + nc) * chunk;
+    }
+    for (long k = k_done + lane; k < n; k += LS_WARP) {
+        float w = ls_fp8_dequant(row[k], srow[k / LS_FP8_BLOCK]);
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < nt) {
+                float prod = w * xs[t][k];
+                p[t] = p[t] + prod;
+            }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) out[t] = ls_warp_tree(p[t]);
+}
+
+/* W8A8 mode (ls_dot_w8a8): for nt <= NT token rows quantised by
+ * ls_fp8_quant_row (qs[t] the e4m3 values as fp32, ss[t] the group scales),
+ * per 128-wide block b: lane l adds e4m3(w[k]) · q[k] for k = 128b + l + 32j
+ * (j = 0..3, ascending, only k < n), the warp butterfly gives d_b in every
+ * lane, and every lane adds d_b · (ss[t][b] · srow[b]) to its accumulator in
+ * block order: the CPU's operations in the CPU's order. The block's four
+ * weight bytes per lane are loaded before the first add. */
+template <int NT>
+__device__ __forceinline__ void ls_warp_dot_w8a8(const uint8_t *row, const float *srow, long n,
+                                                 const float *const *qs, const float *const *ss,
+                                                 int nt, float *out)
+{
+    int lane = (int)(threadIdx.x & 31u);
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (long b = 0; b * LS_FP8_BLOCK < n; b++) {
+        long k0 = b * LS_FP8_BLOCK + lane;
+        float w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            long k = k0 + j * LS_WARP;
+            w[j] = k < n ? ls_e4m3_to_f32(row[k]) : 0.0f;
+        }
+        float sw = srow[b];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t >= nt) continue;
+            float p = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                long k = k0 + j * LS_WARP;
+                if (k < n) {
+                    float prod = w[j] * qs[t][k];
+                    p = p + prod;
+                }
+            }
+            float d = ls_warp_tree(p);
+            float sc = ss[t][b] * sw;
+            float part = d * sc;
+            acc[t] = acc[t] + part;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) out[t] = acc[t];
+}
+
+/* One weight row of any weight type against nt <= NT activation rows: bf16
+ * and fp32 through ls_warp_rowdot; FP8 dequant with its scale row srow; FP8
+ * w8a8 with xs the quantised rows and ss their group scales (unused
+ * otherwise). Every lane gets every out[t]. */
+template <int NT>
+__device__ __forceinline__ void ls_warp_rowdot_any(const void *row, const float *srow, int wtype,
+                                                   long n, const float *const *xs,
+                                                   const float *const *ss, int nt, float *wsm,
+                                                   float *out)
+{
+    if (wtype == LS_WTYPE_F8_W8A8_ID)
+        ls_warp_dot_w8a8<NT>((const uint8_t *)row, srow, n, xs, ss, nt, out);
+    else if (wtype == LS_WTYPE_F8_DEQUANT_ID)
+        ls_warp_rowdot_f8<NT>((const uint8_t *)row, srow, n, xs, nt, wsm, out);
+    else
+        ls_warp_rowdot<NT>(row, wtype, n, xs, nt, wsm, out);
+}
+
+/* The lean (one element in flight) DOT32 of ls_warp_dot_w_lean for any
+ * weight type: FP8 dequant element by element, w8a8 as ls_warp_dot_w8a8. */
+__device__ __forceinline__ float ls_warp_dot_any_lean(const void *row, const float *srow, int wtype,
+                                                      const float *x, const float *xsc, long n)
+{
+    if (wtype == LS_WTYPE_F8_W8A8_ID) {
+        float r;
+        ls_warp_dot_w8a8<1>((const uint8_t *)row, srow, n, &x, &xsc, 1, &r);
+        return r;
+    }
+    if (wtype != LS_WTYPE_F8_DEQUANT_ID) return ls_warp_dot_w_lean(row, wtype, x, n);
+    int lane = (int)(threadIdx.x & 31u);
+    const uint8_t *r8 = (const uint8_t *)row;
+    float p = 0.0f;
+    for (long k = lane; k < n; k += LS_WARP) {
+        float prod = ls_fp8_dequant(r8[k], srow[k / LS_FP8_BLOCK]) * x[k];
+        p = p + prod;
+    }
+    return ls_warp_tree(p);
+}
+
 /* (a, ia) precedes (b, ib) in the order "value descending, index ascending". */
 __device__ __forceinline__ int ls_rank_before(float a, long ia, float b, long ib)
 {
@@ -376,6 +552,12 @@ static inline long ls_cuda_seqs_fill(ls_cuda_seqs *sq, float *const *states, con
 #define LS_REQUIRE_WTYPE(wtype, err, opname)                                              \
     LS_CUDA_REQUIRE((wtype) == LS_WTYPE_BF16_ID || (wtype) == LS_WTYPE_F32_ID, err,       \
                     "cuda portable %s: weight dtype %d is neither bf16 nor fp32", opname,  \
+                    (int)(wtype))
+
+/* bf16, fp32 or one of the FP8 types (linear, the MoE's experts). */
+#define LS_REQUIRE_WTYPE_ANY(wtype, err, opname)                                          \
+    LS_CUDA_REQUIRE((wtype) >= LS_WTYPE_BF16_ID && (wtype) <= LS_WTYPE_F8_W8A8_ID, err,   \
+                    "cuda portable %s: weight dtype %d is not bf16, fp32 or e4m3", opname, \
                     (int)(wtype))
 
 static inline unsigned ls_blocks_for(long n, int per_block)

@@ -39,10 +39,14 @@ extern "C" ls_status ls_cuda_embed(const void *emb, int wtype, long V, long D,
  * ls_warp_rowdot reads the row once (16-byte loads) and forms each token's
  * LS_DOT32 in the canonical order. NT only sets how many tokens share a weight
  * load; no token's bits depend on it. */
+/* The same kernel serves every weight type (ls_warp_rowdot_any): an FP8 row
+ * brings its scale row (scale [ceil(out/128), ceil(in/128)]); in w8a8 mode x
+ * holds the quantised token rows and xsc their group scales [T,
+ * ceil(in/128)] (ls_cuda_fp8_quant_act), NULL otherwise. */
 template <int NT>
 __global__ void __launch_bounds__(LS_LIN_WARPS * LS_WARP)
-ls_linear_kernel(const void *w, int wtype, long out, long in, const float *x, float *y, long T,
-                 int act)
+ls_linear_kernel(const void *w, const float *scale, int wtype, long out, long in, const float *x,
+                 const float *xsc, float *y, long T, int act)
 {
     __shared__ float wsm[LS_LIN_WARPS][LS_ROWDOT_SMEM(NT)];
     int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
@@ -50,29 +54,47 @@ ls_linear_kernel(const void *w, int wtype, long out, long in, const float *x, fl
     long t0 = (long)blockIdx.y * NT;
     if (o >= out) return; /* whole warp */
     int nt = T - t0 < NT ? (int)(T - t0) : NT;
-    const float *xs[NT];
+    long nb = LS_FP8_BLOCKS(in);
+    const float *xs[NT], *ss[NT];
 #pragma unroll
-    for (int t = 0; t < NT; t++) xs[t] = x + (t0 + (t < nt ? t : 0)) * in;
+    for (int t = 0; t < NT; t++) {
+        long tt = t0 + (t < nt ? t : 0);
+        xs[t] = x + tt * in;
+        ss[t] = xsc ? xsc + tt * nb : NULL;
+    }
+    const float *srow = scale ? scale + (o / LS_FP8_BLOCK) * nb : NULL;
     float r[NT];
-    ls_warp_rowdot<NT>((const uint8_t *)w + (size_t)o * in * ls_welem_bytes(wtype), wtype, in, xs,
-                       nt, wsm[warp], r);
+    ls_warp_rowdot_any<NT>((const uint8_t *)w + (size_t)o * in * ls_welem_bytes(wtype), srow, wtype,
+                           in, xs, ss, nt, wsm[warp], r);
 #pragma unroll
     for (int t = 0; t < NT; t++)
         if (lane == t && t < nt) y[(t0 + t) * out + o] = ls_act_d(r[t], act);
 }
 
 template <int NT>
-static ls_status linear_launch(const void *w, int wtype, long out, long in, const float *x,
-                               float *y, long T, int act_bf16, cudaStream_t stream, ls_error *err)
+static ls_status linear_launch(const void *w, const float *scale, int wtype, long out, long in,
+                               const float *x, const float *xsc, float *y, long T, int act_bf16,
+                               cudaStream_t stream, ls_error *err)
 {
     long ty = (T + NT - 1) / NT;
     LS_CUDA_REQUIRE(ty <= 65535 && ls_blocks_for(out, LS_LIN_WARPS) <= 0x7fffffffu, err,
                     "cuda portable linear: shape [%ld, %ld] with T %ld exceeds the grid", out, in, T);
     dim3 grid(ls_blocks_for(out, LS_LIN_WARPS), (unsigned)ty);
-    ls_linear_kernel<NT><<<grid, LS_LIN_WARPS * LS_WARP, 0, stream>>>(w, wtype, out, in, x, y, T,
-                                                                       act_bf16);
+    ls_linear_kernel<NT><<<grid, LS_LIN_WARPS * LS_WARP, 0, stream>>>(w, scale, wtype, out, in, x,
+                                                                       xsc, y, T, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_linear_kernel", err);
     return LS_OK;
+}
+
+static ls_status linear_any(const void *w, const float *scale, int wtype, long out, long in,
+                            const float *x, const float *xsc, float *y, long T, int act_bf16,
+                            void *stream, ls_error *err)
+{
+    if (T == 0 || out == 0) return LS_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    if (T == 1) return linear_launch<1>(w, scale, wtype, out, in, x, xsc, y, T, act_bf16, s, err);
+    if (T <= 4) return linear_launch<4>(w, scale, wtype, out, in, x, xsc, y, T, act_bf16, s, err);
+    return linear_launch<8>(w, scale, wtype, out, in, x, xsc, y, T, act_bf16, s, err);
 }
 
 extern "C" ls_status ls_cuda_linear(const void *w, int wtype, long out, long in, const float *x,
@@ -82,11 +104,50 @@ extern "C" ls_status ls_cuda_linear(const void *w, int wtype, long out, long in,
     LS_REQUIRE_CANONICAL(order, err, "linear");
     LS_REQUIRE_WTYPE(wtype, err, "linear");
     LS_CUDA_REQUIRE(out >= 0 && in >= 0 && T >= 0, err, "cuda portable linear: bad shape [%ld, %ld] x T %ld", out, in, T);
-    if (T == 0 || out == 0) return LS_OK;
-    cudaStream_t s = (cudaStream_t)stream;
-    if (T == 1) return linear_launch<1>(w, wtype, out, in, x, y, T, act_bf16, s, err);
-    if (T <= 4) return linear_launch<4>(w, wtype, out, in, x, y, T, act_bf16, s, err);
-    return linear_launch<8>(w, wtype, out, in, x, y, T, act_bf16, s, err);
+    return linear_any(w, NULL, wtype, out, in, x, NULL, y, T, act_bf16, stream, err);
+}
+
+extern "C" ls_status ls_cuda_linear_f8(const uint8_t *w, const float *scale, int wtype, long out,
+                                       long in, const float *x, const float *xsc, float *y, long T,
+                                       int act_bf16, int order, void *stream, ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order, err, "linear (fp8)");
+    LS_CUDA_REQUIRE(wtype == LS_WTYPE_F8_DEQUANT_ID || (wtype == LS_WTYPE_F8_W8A8_ID && xsc), err,
+                    "cuda portable linear (fp8): weight type %d%s", wtype,
+                    wtype == LS_WTYPE_F8_W8A8_ID ? " without the activations' group scales" : "");
+    LS_CUDA_REQUIRE(scale && out >= 0 && in >= 0 && T >= 0, err,
+                    "cuda portable linear (fp8): bad shape [%ld, %ld] x T %ld or no scales", out,
+                    in, T);
+    return linear_any(w, scale, wtype, out, in, x, xsc, y, T, act_bf16, stream, err);
+}
+
+/* ---- FP8 activation quantiser -------------------------------------------------- */
+
+/* One thread per (row, 128-group): ls_fp8_quant_group itself (numerics/fp8.h),
+ * the CPU's function on the same elements, so the same bits by construction.
+ * Rows of n at stride x_stride (input) and n (q); s [R, ceil(n/128)]. */
+__global__ void ls_fp8_quant_kernel(const float *x, long R, long n, long x_stride, float *q,
+                                    float *s)
+{
+    long nb = LS_FP8_BLOCKS(n);
+    long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= R * nb) return;
+    long r = g / nb, b = g % nb;
+    long k0 = b * LS_FP8_BLOCK;
+    long len = n - k0 < LS_FP8_BLOCK ? n - k0 : LS_FP8_BLOCK;
+    s[g] = ls_fp8_quant_group(x + r * x_stride + k0, len, q + r * n + k0);
+}
+
+extern "C" ls_status ls_cuda_fp8_quant_act(const float *x, long T, long n, float *q, float *s,
+                                           void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(n > 0 && T >= 0, err, "cuda fp8 quantiser: bad shape [%ld, %ld]", T, n);
+    if (T == 0) return LS_OK;
+    long groups = T * LS_FP8_BLOCKS(n);
+    ls_fp8_quant_kernel<<<ls_blocks_for(groups, 128), 128, 0, (cudaStream_t)stream>>>(x, T, n, n, q,
+                                                                                      s);
+    LS_CUDA_CHECK_LAUNCH("ls_fp8_quant_kernel", err);
+    return LS_OK;
 }
 
 /* ---- norms -------------------------------------------------------------------- */

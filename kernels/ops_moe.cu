@@ -158,13 +158,31 @@ static size_t ls_moe_max_tiles(long E, long P)
     return (size_t)((E < P ? E : P) + P / LS_MOE_TILE);
 }
 
+/* w8a8 (docs/numerics.md §9): the quantised inputs follow the scratch above,
+ *   xq [T, D], xqs [T, ceil(D/128)]           x by token
+ *   mq [T, k+1, W], mqs [T, k+1, ceil(W/128)] mid by slot (its own width)
+ * present when the routed or the shared expert is w8a8. */
+static int ls_moe_w8a8(const ls_cuda_moe *mw)
+{
+    return mw->wtype == 3 || (mw->sh_gate && mw->sh_wtype == 3);
+}
+
+static size_t ls_moe_w8a8_floats(const ls_cuda_moe *mw, long T, long k)
+{
+    if (!ls_moe_w8a8(mw)) return 0;
+    size_t slots = (size_t)T * (size_t)(k + 1), W = ls_moe_width(mw);
+    return (size_t)T * (size_t)(mw->D + LS_FP8_BLOCKS(mw->D)) +
+           slots * (W + (size_t)LS_FP8_BLOCKS((long)W));
+}
+
 extern "C" size_t ls_cuda_moe_scratch_bytes(const ls_cuda_moe *mw, long T, long k)
 {
     size_t slots = (size_t)T * (size_t)(k + 1);
     size_t P = (size_t)T * (size_t)k;
     size_t floats = slots * ls_moe_width(mw) + slots * (size_t)mw->D + (size_t)T;
     size_t ints = (size_t)mw->E + P + 3 * ls_moe_max_tiles(mw->E, (long)P) + 1;
-    return sizeof(float) * floats + sizeof(int32_t) * ints;
+    return sizeof(float) * floats + sizeof(int32_t) * ints +
+           sizeof(float) * ls_moe_w8a8_floats(mw, T, k);
 }
 
 /* Row pointer of matrix `which` (0 gate, 1 up, 2 down) for a slot. */
@@ -174,6 +192,21 @@ __device__ __forceinline__ const void *ls_moe_matrix(const ls_cuda_moe mw, long 
     if (shared) return which == 0 ? mw.sh_gate : which == 1 ? mw.sh_up : mw.sh_down;
     return which == 0 ? mw.gate[e] : which == 1 ? mw.up[e] : mw.down[e];
 }
+
+/* Its block scales (FP8), or NULL. */
+__device__ __forceinline__ const float *ls_moe_scales(const ls_cuda_moe mw, long e, int shared,
+                                                      int which)
+{
+    if (shared) return which == 0 ? mw.sh_gate_s : which == 1 ? mw.sh_up_s : mw.sh_down_s;
+    const float *const *t = which == 0 ? mw.gate_s : which == 1 ? mw.up_s : mw.down_s;
+    return t ? t[e] : NULL;
+}
+
+/* The quantised activations of a w8a8 launch (NULLs otherwise). */
+typedef struct ls_moe_q8 {
+    const float *xq, *xqs;     /* [T, D], [T, ceil(D/128)] */
+    const float *mq, *mqs;     /* [T, k+1, W], [T, k+1, ceil(W/128)] */
+} ls_moe_q8;
 
 /* Grouping. Integer counts and positions only, each found by a warp scanning
  * the ids in pair order, so the lists are the same on every run; ids outside
@@ -316,26 +349,31 @@ __device__ __forceinline__ void ls_moe_pair(const ls_moe_tiles tl, int shared, l
  * (NT = 1): the low-register scalar dot instead of the row pass. */
 template <int NT, int LEAN>
 __device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const float *x,
-                                                    const ls_moe_tiles &tl, int shared, long p0,
-                                                    int q0, int nt, const uint8_t *wg,
-                                                    const uint8_t *wu, long i, long W, float *mid,
-                                                    float *wsm, int act)
+                                                    const ls_moe_q8 &q8, const ls_moe_tiles &tl,
+                                                    int shared, long p0, int q0, int nt,
+                                                    const uint8_t *wg, const uint8_t *wu,
+                                                    const float *sg, const float *su, long i,
+                                                    long W, float *mid, float *wsm, int act)
 {
     int lane = (int)(threadIdx.x & 31u);
-    const float *xs[NT]; /* [D] each */
+    int wt = shared ? mw.sh_wtype : mw.wtype;
+    int w8 = wt == LS_WTYPE_F8_W8A8_ID;
+    long nbD = LS_FP8_BLOCKS(mw.D);
+    const float *xs[NT], *ss[NT]; /* [D] each (w8a8: quantised), their group scales */
 #pragma unroll
     for (int q = 0; q < NT; q++) {
         long t = 0, slot = 0;
         if (q < nt) ls_moe_pair(tl, shared, p0, q0 + q, &t, &slot);
-        xs[q] = x + t * mw.D;
+        xs[q] = w8 ? q8.xq + t * mw.D : x + t * mw.D;
+        ss[q] = w8 ? q8.xqs + t * nbD : NULL;
     }
     float g[NT], u[NT];
     if (LEAN) {
-        g[0] = ls_warp_dot_w_lean(wg, mw.wtype, xs[0], mw.D);
-        u[0] = ls_warp_dot_w_lean(wu, mw.wtype, xs[0], mw.D);
+        g[0] = ls_warp_dot_any_lean(wg, sg, wt, xs[0], ss[0], mw.D);
+        u[0] = ls_warp_dot_any_lean(wu, su, wt, xs[0], ss[0], mw.D);
     } else {
-        ls_warp_rowdot<NT>(wg, mw.wtype, mw.D, xs, nt, wsm, g);
-        ls_warp_rowdot<NT>(wu, mw.wtype, mw.D, xs, nt, wsm, u);
+        ls_warp_rowdot_any<NT>(wg, sg, wt, mw.D, xs, ss, nt, wsm, g);
+        ls_warp_rowdot_any<NT>(wu, su, wt, mw.D, xs, ss, nt, wsm, u);
     }
     if (lane < nt) { /* lane q finishes pair q */
         float gq = g[0], uq = u[0];
@@ -364,58 +402,104 @@ __device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const
  * rows i are each read once per NT pairs. */
 template <int NT, int LEAN, int MINB>
 __global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP, MINB)
-ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
-                      float *mid, int act)
+ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_q8 q8,
+                      const ls_moe_tiles tl, long W, float *mid, int act)
 {
     __shared__ float wsm[LS_MOE_WARPS][LS_MOE_SMEM(LEAN)];
     int shared, n, warp;
     long e, p0, i;
     if (!ls_moe_warp_row(mw, tl, 0, &shared, &e, &p0, &n, &warp, &i)) return;
-    size_t rowb = (size_t)mw.D * ls_welem_bytes(mw.wtype);
+    int wt = shared ? mw.sh_wtype : mw.wtype;
+    size_t rowb = (size_t)mw.D * ls_welem_bytes(wt);
     const uint8_t *wg = (const uint8_t *)ls_moe_matrix(mw, e, shared, 0) + (size_t)i * rowb;
     const uint8_t *wu = (const uint8_t *)ls_moe_matrix(mw, e, shared, 1) + (size_t)i * rowb;
+    /* FP8: the scale rows of gate and up row i */
+    const float *sg = ls_moe_scales(mw, e, shared, 0), *su = ls_moe_scales(mw, e, shared, 1);
+    long soff = (i / LS_FP8_BLOCK) * LS_FP8_BLOCKS(mw.D);
+    if (sg) sg += soff;
+    if (su) su += soff;
     int step = (NT == 1 || n == 1) ? 1 : NT;
     for (int q0 = 0; q0 < n; q0 += step) {
         int nt = n - q0 < step ? n - q0 : step;
         if (step == 1)
-            ls_moe_gate_up_pass<1, LEAN>(mw, x, tl, shared, p0, q0, 1, wg, wu, i, W, mid,
-                                         wsm[warp], act);
+            ls_moe_gate_up_pass<1, LEAN>(mw, x, q8, tl, shared, p0, q0, 1, wg, wu, sg, su, i, W,
+                                         mid, wsm[warp], act);
         else
-            ls_moe_gate_up_pass<NT, 0>(mw, x, tl, shared, p0, q0, nt, wg, wu, i, W, mid, wsm[warp],
-                                       act);
+            ls_moe_gate_up_pass<NT, 0>(mw, x, q8, tl, shared, p0, q0, nt, wg, wu, sg, su, i, W,
+                                       mid, wsm[warp], act);
     }
 }
 
-/* grid T: warp 0 of each block computes γ for its token. */
+/* grid T: warp 0 of each block computes γ for its token (the gate vector is
+ * bf16 or fp32: the FP8 releases leave it unconverted). */
 __global__ void ls_moe_shared_gate_kernel(const ls_cuda_moe mw, const float *x, long T, float *gamma,
                                           int act)
 {
     long t = blockIdx.x;
     if (t >= T || threadIdx.x >= LS_WARP) return;
-    float gl = ls_act_d(ls_warp_dot_w(mw.sh_gate_w, mw.wtype, x + t * mw.D, mw.D), act);
+    float gl = ls_act_d(ls_warp_dot_w(mw.sh_gate_w, mw.shg_wtype, x + t * mw.D, mw.D), act);
     if (threadIdx.x == 0) gamma[t] = ls_act_d(ls_sigmoidf(gl), act);
+}
+
+/* w8a8: quantises each slot's hidden row m [width] (routed: I, shared: Is;
+ * only slots whose down matrix is w8a8) per group of 128, thread per (slot
+ * row, group), with ls_fp8_quant_group as on the CPU. Rows of slots that no
+ * tile computed (an id outside [0, E)) hold stale values whose quantisation
+ * nobody reads. */
+__global__ void ls_moe_quant_mid_kernel(const ls_cuda_moe mw, long T, long k, long W,
+                                        const float *mid, float *mq, float *mqs)
+{
+    long nbW = LS_FP8_BLOCKS(W);
+    long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= T * (k + 1) * nbW) return;
+    long row = g / nbW, b = g % nbW, slot = row % (k + 1);
+    int shared = slot == k;
+    if (shared ? (!mw.sh_gate || mw.sh_wtype != LS_WTYPE_F8_W8A8_ID)
+               : mw.wtype != LS_WTYPE_F8_W8A8_ID)
+        return;
+    long width = shared ? mw.Is : mw.I, k0 = b * LS_FP8_BLOCK;
+    if (k0 >= width) return;
+    long len = width - k0 < LS_FP8_BLOCK ? width - k0 : LS_FP8_BLOCK;
+    mqs[row * nbW + b] = ls_fp8_quant_group(mid + row * W + k0, len, mq + row * W + k0);
+}
+
+/* w8a8: the input rows x [T, D] quantised per group (thread per group). */
+__global__ void ls_moe_quant_x_kernel(const float *x, long T, long D, float *xq, float *xqs)
+{
+    long nb = LS_FP8_BLOCKS(D);
+    long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= T * nb) return;
+    long t = g / nb, b = g % nb, k0 = b * LS_FP8_BLOCK;
+    long len = D - k0 < LS_FP8_BLOCK ? D - k0 : LS_FP8_BLOCK;
+    xqs[g] = ls_fp8_quant_group(x + t * D + k0, len, xq + t * D + k0);
 }
 
 /* Pairs q0 .. q0+nt-1 of a tile (nt <= NT) through down row j (LEAN as above). */
 template <int NT, int LEAN>
-__device__ __forceinline__ void ls_moe_down_pass(const ls_cuda_moe &mw, const ls_moe_tiles &tl,
-                                                 int shared, long p0, int q0, int nt,
-                                                 const uint8_t *wd, long width, long j,
+__device__ __forceinline__ void ls_moe_down_pass(const ls_cuda_moe &mw, const ls_moe_q8 &q8,
+                                                 const ls_moe_tiles &tl, int shared, long p0,
+                                                 int q0, int nt, const uint8_t *wd,
+                                                 const float *sd, long width, long j,
                                                  const float *weights, long W, const float *mid,
                                                  const float *gamma, float *cbuf, float *wsm,
                                                  int act)
 {
     int lane = (int)(threadIdx.x & 31u);
-    const float *ms[NT]; /* [width] each */
+    int wt = shared ? mw.sh_wtype : mw.wtype;
+    int w8 = wt == LS_WTYPE_F8_W8A8_ID;
+    long nbW = LS_FP8_BLOCKS(W);
+    const float *ms[NT], *ss[NT]; /* [width] each (w8a8: quantised), their group scales */
 #pragma unroll
     for (int q = 0; q < NT; q++) {
         long t = 0, slot = 0;
         if (q < nt) ls_moe_pair(tl, shared, p0, q0 + q, &t, &slot);
-        ms[q] = mid + (t * (tl.k + 1) + slot) * W;
+        long row = t * (tl.k + 1) + slot;
+        ms[q] = (w8 ? q8.mq : mid) + row * W;
+        ss[q] = w8 ? q8.mqs + row * nbW : NULL;
     }
     float y[NT];
-    if (LEAN) y[0] = ls_warp_dot_w_lean(wd, mw.wtype, ms[0], width);
-    else ls_warp_rowdot<NT>(wd, mw.wtype, width, ms, nt, wsm, y);
+    if (LEAN) y[0] = ls_warp_dot_any_lean(wd, sd, wt, ms[0], ss[0], width);
+    else ls_warp_rowdot_any<NT>(wd, sd, wt, width, ms, ss, nt, wsm, y);
     if (lane < nt) { /* lane q finishes pair q */
         float yq = y[0];
 #pragma unroll
@@ -434,25 +518,29 @@ __device__ __forceinline__ void ls_moe_down_pass(const ls_cuda_moe &mw, const ls
  * once per NT pairs (one-pair tiles as in the gate/up kernel). */
 template <int NT, int LEAN, int MINB>
 __global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP, MINB)
-ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
-                   const float *mid, const float *gamma, float *cbuf, int act)
+ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_q8 q8, const ls_moe_tiles tl,
+                   const float *weights, long W, const float *mid, const float *gamma, float *cbuf,
+                   int act)
 {
     __shared__ float wsm[LS_MOE_WARPS][LS_MOE_SMEM(LEAN)];
     int shared, n, warp;
     long e, p0, j;
     if (!ls_moe_warp_row(mw, tl, 1, &shared, &e, &p0, &n, &warp, &j)) return;
     long width = shared ? mw.Is : mw.I;
+    int wt = shared ? mw.sh_wtype : mw.wtype;
     const uint8_t *wd = (const uint8_t *)ls_moe_matrix(mw, e, shared, 2) +
-                        (size_t)j * width * ls_welem_bytes(mw.wtype);
+                        (size_t)j * width * ls_welem_bytes(wt);
+    const float *sd = ls_moe_scales(mw, e, shared, 2); /* FP8: down row j's scale row */
+    if (sd) sd += (j / LS_FP8_BLOCK) * LS_FP8_BLOCKS(width);
     int step = (NT == 1 || n == 1) ? 1 : NT;
     for (int q0 = 0; q0 < n; q0 += step) {
         int nt = n - q0 < step ? n - q0 : step;
         if (step == 1)
-            ls_moe_down_pass<1, LEAN>(mw, tl, shared, p0, q0, 1, wd, width, j, weights, W, mid,
-                                      gamma, cbuf, wsm[warp], act);
+            ls_moe_down_pass<1, LEAN>(mw, q8, tl, shared, p0, q0, 1, wd, sd, width, j, weights, W,
+                                      mid, gamma, cbuf, wsm[warp], act);
         else
-            ls_moe_down_pass<NT, 0>(mw, tl, shared, p0, q0, nt, wd, width, j, weights, W, mid,
-                                    gamma, cbuf, wsm[warp], act);
+            ls_moe_down_pass<NT, 0>(mw, q8, tl, shared, p0, q0, nt, wd, sd, width, j, weights, W,
+                                    mid, gamma, cbuf, wsm[warp], act);
     }
 }
 
@@ -484,22 +572,35 @@ __global__ void ls_moe_combine_kernel(const float *cbuf, const int32_t *ids, con
 }
 
 template <int NT, int LEAN, int MINB>
-static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, const ls_moe_tiles &tl,
-                                       const float *weights, long W, long tiles, float *mid,
-                                       float *gamma, float *cbuf, int act, cudaStream_t s,
-                                       ls_error *err)
+static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, const ls_moe_q8 &q8,
+                                       float *xq_w, float *xqs_w, float *mq_w, float *mqs_w,
+                                       const ls_moe_tiles &tl, const float *weights, long W,
+                                       long tiles, float *mid, float *gamma, float *cbuf, int act,
+                                       cudaStream_t s, ls_error *err)
 {
+    if (xq_w) { /* w8a8: the input rows quantised once per token */
+        long groups = tl.T * LS_FP8_BLOCKS(mw->D);
+        ls_moe_quant_x_kernel<<<ls_blocks_for(groups, 128), 128, 0, s>>>(x, tl.T, mw->D, xq_w,
+                                                                           xqs_w);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_quant_x_kernel", err);
+    }
     dim3 g1(ls_blocks_for(W, LS_MOE_WARPS), (unsigned)tiles);
-    ls_moe_gate_up_kernel<NT, LEAN, MINB><<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid,
-                                                                               act);
+    ls_moe_gate_up_kernel<NT, LEAN, MINB><<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, q8, tl, W,
+                                                                               mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_kernel", err);
     if (mw->sh_gate) {
         ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
         LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     }
+    if (mq_w) { /* w8a8: each slot's hidden row quantised before the down projection */
+        long groups = tl.T * (tl.k + 1) * LS_FP8_BLOCKS(W);
+        ls_moe_quant_mid_kernel<<<ls_blocks_for(groups, 128), 128, 0, s>>>(*mw, tl.T, tl.k, W, mid,
+                                                                             mq_w, mqs_w);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_quant_mid_kernel", err);
+    }
     dim3 g2(ls_blocks_for(mw->D, LS_MOE_WARPS), (unsigned)tiles);
     ls_moe_down_kernel<NT, LEAN, MINB><<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(
-        *mw, tl, weights, W, mid, gamma, cbuf, act);
+        *mw, q8, tl, weights, W, mid, gamma, cbuf, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_down_kernel", err);
     return LS_OK;
 }
@@ -533,7 +634,15 @@ extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float
 {
     LS_REQUIRE_CANONICAL(order_experts, err, "moe (experts)");
     LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
-    LS_REQUIRE_WTYPE(mw->wtype, err, "moe");
+    LS_REQUIRE_WTYPE_ANY(mw->wtype, err, "moe");
+    if (mw->sh_gate) {
+        LS_REQUIRE_WTYPE_ANY(mw->sh_wtype, err, "moe (shared expert)");
+        LS_REQUIRE_WTYPE(mw->shg_wtype, err, "moe (shared expert gate)");
+    }
+    LS_CUDA_REQUIRE((mw->wtype < 2 || (mw->gate_s && mw->up_s && mw->down_s)) &&
+                        (!mw->sh_gate || mw->sh_wtype < 2 ||
+                         (mw->sh_gate_s && mw->sh_up_s && mw->sh_down_s)),
+                    err, "cuda portable moe: FP8 experts without their block scales");
     LS_CUDA_REQUIRE(k >= 1 && mw->E >= 1 && mw->D >= 1 && mw->I >= 1 &&
                         (mw->sh_gate == NULL || mw->Is >= 1),
                     err, "cuda portable moe: shape E %ld D %ld I %ld Is %ld k %ld not supported",
@@ -559,6 +668,15 @@ extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float
     int32_t *tile_p0 = tile_e + max_tiles;         /* [max_tiles] */
     int32_t *tile_n = tile_p0 + max_tiles;         /* [max_tiles] */
     int32_t *ntiles = tile_n + max_tiles;          /* [1] */
+    /* w8a8: x and the slots' hidden rows quantised (ls_moe_w8a8_floats) */
+    float *xq = NULL, *xqs = NULL, *mq = NULL, *mqs = NULL;
+    if (ls_moe_w8a8(mw)) {
+        xq = (float *)(ntiles + 1);                /* [T, D] */
+        xqs = xq + (size_t)T * mw->D;              /* [T, ceil(D/128)] */
+        mq = xqs + (size_t)T * LS_FP8_BLOCKS(mw->D); /* [T, k+1, W] */
+        mqs = mq + (size_t)slots * W;              /* [T, k+1, ceil(W/128)] */
+    }
+    ls_moe_q8 q8 = {xq, xqs, mq, mqs};
     cudaStream_t s = (cudaStream_t)stream;
     if (!single) {
         unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
@@ -571,11 +689,11 @@ extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float
     ls_moe_tiles tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, single};
     long tiles = sh_tiles + max_tiles;
     if (single)
-        LS_TRY((ls_moe_experts_launch<1, 1, 6>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf,
-                                               act_bf16, s, err)));
+        LS_TRY((ls_moe_experts_launch<1, 1, 6>(mw, x, q8, xq, xqs, mq, mqs, tl, weights, W, tiles,
+                                               mid, gamma, cbuf, act_bf16, s, err)));
     else
-        LS_TRY((ls_moe_experts_launch<LS_MOE_NT, 0, 2>(mw, x, tl, weights, W, tiles, mid, gamma,
-                                                       cbuf, act_bf16, s, err)));
+        LS_TRY((ls_moe_experts_launch<LS_MOE_NT, 0, 2>(mw, x, q8, xq, xqs, mq, mqs, tl, weights, W,
+                                                       tiles, mid, gamma, cbuf, act_bf16, s, err)));
     ls_moe_combine_kernel<<<ls_blocks_for(T * mw->D, 256), 256, 0, s>>>(
         cbuf, ids, weights, mw->E, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);

@@ -52,6 +52,8 @@ typedef struct bo_wdesc {
     size_t off;                    /* bytes into the blob */
     long rows, cols;
     ls_wtype wt;
+    float *scale;                  /* FP8: block scales [ceil(rows/128), ceil(cols/128)] (owned),
+                                      wrapped as their own buffer; NULL otherwise */
 } bo_wdesc;
 
 typedef struct bo_op bo_op;
@@ -176,7 +178,7 @@ static int32_t *bo_i32(bo_case *c, int idx, const char *name, size_t n)
  * the case's woff bytes. */
 static int bo_weight(bo_case *c, long rows, long cols, ls_wtype wt, float scale)
 {
-    size_t es = wt == LS_WTYPE_BF16 ? 2 : 4, n = (size_t)rows * (size_t)cols;
+    size_t es = (size_t)ls_wtype_bytes(wt), n = (size_t)rows * (size_t)cols;
     size_t off = ((c->wbytes + 63) & ~(size_t)63) + c->woff;
     c->wblob = realloc(c->wblob, off + n * es);
     c->wd = realloc(c->wd, sizeof *c->wd * (size_t)(c->nw + 1));
@@ -185,16 +187,43 @@ static int bo_weight(bo_case *c, long rows, long cols, ls_wtype wt, float scale)
         abort();
     }
     memset(c->wblob + c->wbytes, 0, off - c->wbytes);
-    for (size_t i = 0; i < n; i++) {
-        float v = bo_rand_f32(c, scale);
-        if (wt == LS_WTYPE_BF16) {
-            uint16_t h = ls_f32_to_bf16(v);
-            memcpy(c->wblob + off + 2 * i, &h, 2);
-        } else {
-            memcpy(c->wblob + off + 4 * i, &v, 4);
+    float *sc = NULL;
+    if (ls_wtype_is_f8(wt)) {
+        /* uniform values quantised per 128 x 128 block as an FP8 release is:
+         * s = amax / 448, q = e4m3(v / s); block (0, 0) of a matrix with more
+         * than one column block is all zero (a scale of 1, zero weights) */
+        float *v = bo_xmalloc(sizeof(float) * n);
+        for (size_t i = 0; i < n; i++) v[i] = bo_rand_f32(c, scale);
+        long br = LS_FP8_BLOCKS(rows), bc = LS_FP8_BLOCKS(cols);
+        sc = bo_xmalloc(sizeof(float) * (size_t)(br * bc));
+        for (long bi = 0; bi < br; bi++)
+            for (long bj = 0; bj < bc; bj++) {
+                int zero = bi == 0 && bj == 0 && bc > 1;
+                float amax = 0.0f;
+                for (long r = bi * 128; r < rows && r < (bi + 1) * 128; r++)
+                    for (long k = bj * 128; k < cols && k < (bj + 1) * 128; k++) {
+                        if (zero) v[r * cols + k] = 0.0f;
+                        if (fabsf(v[r * cols + k]) > amax) amax = fabsf(v[r * cols + k]);
+                    }
+                float s = amax > 0.0f ? amax / 448.0f : 1.0f;
+                sc[bi * bc + bj] = s;
+                for (long r = bi * 128; r < rows && r < (bi + 1) * 128; r++)
+                    for (long k = bj * 128; k < cols && k < (bj + 1) * 128; k++)
+                        c->wblob[off + (size_t)(r * cols + k)] = ls_f32_to_e4m3(v[r * cols + k] / s);
+            }
+        free(v);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float v = bo_rand_f32(c, scale);
+            if (wt == LS_WTYPE_BF16) {
+                uint16_t h = ls_f32_to_bf16(v);
+                memcpy(c->wblob + off + 2 * i, &h, 2);
+            } else {
+                memcpy(c->wblob + off + 4 * i, &v, 4);
+            }
         }
     }
-    c->wd[c->nw] = (bo_wdesc){off, rows, cols, wt};
+    c->wd[c->nw] = (bo_wdesc){off, rows, cols, wt, sc};
     c->wbytes = off + n * es;
     return c->nw++;
 }
@@ -202,7 +231,8 @@ static int bo_weight(bo_case *c, long rows, long cols, ls_wtype wt, float scale)
 /* Weight `id` on the host (valid until the next bo_weight). */
 static ls_wmat bo_wm(const bo_case *c, int id)
 {
-    ls_wmat m = {c->wblob + c->wd[id].off, c->wd[id].wt, c->wd[id].rows, c->wd[id].cols};
+    ls_wmat m = {c->wblob + c->wd[id].off, c->wd[id].wt, c->wd[id].rows, c->wd[id].cols,
+                 c->wd[id].scale};
     return m;
 }
 
@@ -233,7 +263,8 @@ static void bo_what(bo_case *c, const char *fmt, ...)
 
 static const char *wname(ls_wtype wt)
 {
-    return wt == LS_WTYPE_BF16 ? "bf16" : "fp32";
+    return wt == LS_WTYPE_BF16 ? "bf16" : wt == LS_WTYPE_F32 ? "fp32"
+           : wt == LS_WTYPE_F8_DEQUANT ? "e4m3 dequant" : "e4m3 w8a8";
 }
 
 /* Sequence s of a batch: lengths and first positions cycle through short
@@ -309,6 +340,19 @@ static const sh_linear linear_shapes[] = {
     {BO_FULL, 12288, 2048, 4, LS_WTYPE_BF16, 0, 0},  /* in_proj_qkvz */
     {BO_FULL, 151936, 2048, 1, LS_WTYPE_BF16, 0, 0}, /* lm_head */
     {BO_FULL, 2048, 2048, 300, LS_WTYPE_BF16, 0, 0},
+    /* FP8 block-quantised (docs/numerics.md §9): whole and partial 128-blocks
+     * in both dimensions, rows not 8-byte aligned, 1, 4 and 8 tokens per pass */
+    {BO_ALL, 2048, 2048, 1, LS_WTYPE_F8_DEQUANT, 0, 0},
+    {BO_ALL, 2048, 2048, 1, LS_WTYPE_F8_W8A8, 0, 0},
+    {BO_ALL, 512, 2048, 9, LS_WTYPE_F8_DEQUANT, 0, 0},
+    {BO_ALL, 512, 2048, 9, LS_WTYPE_F8_W8A8, 0, 0},
+    {BO_ALL, 300, 130, 4, LS_WTYPE_F8_DEQUANT, 0, 1},
+    {BO_ALL, 300, 130, 4, LS_WTYPE_F8_W8A8, 0, 1},
+    {BO_ALL, 100, 77, 5, LS_WTYPE_F8_W8A8, 3, 0},
+    {BO_ALL, 129, 257, 3, LS_WTYPE_F8_DEQUANT, 5, 0},
+    {BO_ALL, 129, 257, 3, LS_WTYPE_F8_W8A8, 5, 0},
+    {BO_FULL, 2048, 4096, 65, LS_WTYPE_F8_W8A8, 0, 0},
+    {BO_FULL, 4096, 2048, 300, LS_WTYPE_F8_DEQUANT, 0, 0},
 };
 enum { LIN_X, LIN_Y };
 
@@ -318,7 +362,14 @@ static void linear_setup(bo_case *c, const void *shape)
     c->pad = s->pad;
     c->woff = (size_t)s->woff;
     bo_weight(c, s->out, s->in, s->wt, 0.05f);
-    bo_in(c, LIN_X, "x", (size_t)(s->T * s->in), 1.0f, c->act);
+    float *x = bo_in(c, LIN_X, "x", (size_t)(s->T * s->in), 1.0f, c->act);
+    if (ls_wtype_is_f8(s->wt) && s->in > 128 && s->T > 1) {
+        /* w8a8's special groups: token 0's first group zero (s = 0), token
+         * 1's last group holding one large value (the others quantise to
+         * small e4m3 values and subnormals) */
+        for (long k = 0; k < 128; k++) x[k] = (k & 1) ? -0.0f : 0.0f;
+        x[s->in + s->in - 1] = 300.0f;
+    }
     bo_out(c, LIN_Y, "y", (size_t)(s->T * s->out), 0);
     bo_what(c, "[%ld, %ld] T %ld w %s", s->out, s->in, s->T, wname(s->wt));
     if (s->woff) bo_what(c, " at +%ld bytes", s->woff);
@@ -328,7 +379,15 @@ static void linear_ref(bo_case *c)
 {
     const sh_linear *s = c->shape;
     ls_wmat w = bo_wm(c, 0);
-    ls_cpu_linear(&w, R(c, LIN_X), R(c, LIN_Y), s->T, 0, s->out, c->act, c->order);
+    if (s->wt != LS_WTYPE_F8_W8A8) {
+        ls_cpu_linear(&w, R(c, LIN_X), R(c, LIN_Y), s->T, 0, s->out, c->act, c->order);
+        return;
+    }
+    long nb = LS_FP8_BLOCKS(s->in);
+    float *q = bo_xmalloc(sizeof(float) * (size_t)(s->T * (s->in + nb)));
+    ls_cpu_fp8_quant_act(R(c, LIN_X), s->T, s->in, q, q + s->T * s->in);
+    ls_cpu_linear_q(&w, q, q + s->T * s->in, R(c, LIN_Y), s->T, 0, s->out, c->act, c->order);
+    free(q);
 }
 
 static ls_status linear_exec(bo_case *c, ls_backend *be, ls_error *err)
@@ -1065,6 +1124,13 @@ static const sh_moe moe_shapes[] = {
     {BO_ALL, 8, 96, 48, 80, 3, 7, 0, LS_WTYPE_BF16, 0},
     {BO_ALL, 8, 96, 48, 80, 3, 7, 1, LS_WTYPE_BF16, 1},
     {BO_FULL, 512, 128, 64, 32, 10, 65, 1, LS_WTYPE_BF16, 0}, /* E = 512, k = 10 */
+    /* FP8 experts (the shared expert gate vector stays bf16, as released) */
+    {BO_ALL, 8, 256, 128, 160, 3, 7, 1, LS_WTYPE_F8_DEQUANT, 0},
+    {BO_ALL, 8, 256, 128, 160, 3, 7, 1, LS_WTYPE_F8_W8A8, 1},
+    {BO_ALL, 8, 200, 100, 72, 3, 7, 0, LS_WTYPE_F8_W8A8, 0},
+    {BO_ALL, 16, 512, 256, 128, 4, 40, 1, LS_WTYPE_F8_W8A8, 0},
+    {BO_FULL, 16, 2048, 512, 512, 10, 65, 1, LS_WTYPE_F8_W8A8, 1},
+    {BO_FULL, 16, 2048, 512, 512, 10, 65, 1, LS_WTYPE_F8_DEQUANT, 0},
 };
 enum { MO_X, MO_IDS, MO_W, MO_OUT };
 
@@ -1080,7 +1146,7 @@ static void moe_setup(bo_case *c, const void *shape)
         bo_weight(c, s->Is, s->D, s->wt, 0.05f);
         bo_weight(c, s->Is, s->D, s->wt, 0.05f);
         bo_weight(c, s->D, s->Is, s->wt, 0.05f);
-        bo_weight(c, 1, s->D, s->wt, 0.05f);
+        bo_weight(c, 1, s->D, ls_wtype_is_f8(s->wt) ? LS_WTYPE_BF16 : s->wt, 0.05f);
     }
     bo_in(c, MO_X, "x", (size_t)(s->T * s->D), 1.0f, c->act);
     int32_t *ids = bo_i32(c, MO_IDS, "ids", (size_t)(s->T * s->k));
@@ -1104,8 +1170,8 @@ static void moe_ref(bo_case *c)
     ls_moe_weights mw = {E, s->D, s->I, s->Is, m, m + E, m + 2 * E,
                          s->shared ? m + 3 * E : NULL, s->shared ? m + 3 * E + 1 : NULL,
                          s->shared ? m + 3 * E + 2 : NULL, s->shared ? m + 3 * E + 3 : NULL};
-    float *scratch = bo_xmalloc(sizeof(float) *
-                                (size_t)((s->k + 1) * s->D + 2 * (s->I > s->Is ? s->I : s->Is)));
+    float *scratch = bo_xmalloc(sizeof(float) * ((size_t)((s->k + 1) * s->D) +
+                                                 LS_CPU_EXPERT_SCRATCH(s->D, s->I > s->Is ? s->I : s->Is)));
     ls_cpu_moe(&mw, R(c, MO_X), RI(c, MO_IDS), R(c, MO_W), s->k, R(c, MO_OUT), 0, s->T, scratch,
                c->act, c->order, c->order2);
     free(scratch);
@@ -1447,8 +1513,14 @@ static int run_target(bo_case *c, const ls_bo_target *tg, int expect_unsupported
     if (c->nw) {
         ls_buf *wb = NULL;
         st = be->wrap_weights(be, c->wblob, c->wbytes, &wb, &err);
-        for (int i = 0; st == LS_OK && i < c->nw; i++)
-            c->bw[i] = (ls_bweight){wb, c->wd[i].off, c->wd[i].wt, c->wd[i].rows, c->wd[i].cols};
+        for (int i = 0; st == LS_OK && i < c->nw; i++) {
+            c->bw[i] = (ls_bweight){wb, c->wd[i].off, c->wd[i].wt, c->wd[i].rows, c->wd[i].cols, NULL};
+            if (c->wd[i].scale) /* an FP8 matrix's block scales: a buffer of their own */
+                st = be->wrap_weights(be, c->wd[i].scale,
+                                      sizeof(float) * (size_t)(LS_FP8_BLOCKS(c->wd[i].rows) *
+                                                               LS_FP8_BLOCKS(c->wd[i].cols)),
+                                      &c->bw[i].scale, &err);
+        }
     }
     for (int i = 0; st == LS_OK && i < c->nt; i++) {
         bo_tensor *t = &c->t[i];
@@ -1513,6 +1585,7 @@ static void case_free(bo_case *c)
         free(c->t[i].ref);
     }
     free(c->wblob);
+    for (int i = 0; i < c->nw; i++) free(c->wd[i].scale);
     free(c->wd);
     free(c->bw);
     free(c->aux);

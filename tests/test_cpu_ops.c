@@ -76,7 +76,7 @@ START_TEST(test_linear)
                 float *wf = malloc(sizeof(float) * (size_t)(out * in));
                 for (long i = 0; i < out * in; i++) wf[i] = ls_bf16_to_f32(wb[i]) * 1.0009765625f;
                 ls_wmat w = {wt ? (const void *)wf : (const void *)wb, wt ? LS_WTYPE_F32 : LS_WTYPE_BF16,
-                             out, in};
+                             out, in, NULL};
                 float *y = calloc((size_t)(T * out), sizeof(float));
                 float *y2 = calloc((size_t)(T * out), sizeof(float));
                 float *want = calloc((size_t)(T * out), sizeof(float));
@@ -156,7 +156,7 @@ START_TEST(test_conv_state_carry)
         long T = 9, C = 40, K = 4;
         float *x = rvec(T * C, 2.0f, act);
         uint16_t *wb = rbf16(C * K, 0.8f);
-        ls_wmat w = {wb, LS_WTYPE_BF16, C, K};
+        ls_wmat w = {wb, LS_WTYPE_BF16, C, K, NULL};
         float *st = calloc((size_t)(C * K), sizeof(float)), *st2 = calloc((size_t)(C * K), sizeof(float));
         float *y = malloc(sizeof(float) * (size_t)(T * C)), *y2 = malloc(sizeof(float) * (size_t)(T * C));
         float *want = malloc(sizeof(float) * (size_t)(T * C));
@@ -365,7 +365,7 @@ START_TEST(test_router_moe)
         /* Experts 2 and 5 get identical router rows: their probabilities tie
          * exactly and the lower index must come first. */
         memcpy(wr + 5 * D, wr + 2 * D, sizeof(uint16_t) * (size_t)D);
-        ls_wmat router = {wr, LS_WTYPE_BF16, E, D};
+        ls_wmat router = {wr, LS_WTYPE_BF16, E, D, NULL};
         float *x = rvec(T * D, 2.0f, act);
         float probs[24], wts[9];
         int32_t ids[9];
@@ -404,16 +404,16 @@ START_TEST(test_router_moe)
         ls_wmat g[8], u[8], dn[8];
         uint16_t *wg = rbf16(E * I * D, 0.3f), *wu = rbf16(E * I * D, 0.3f), *wd = rbf16(E * D * I, 0.3f);
         for (long e = 0; e < E; e++) {
-            g[e] = (ls_wmat){wg + e * I * D, LS_WTYPE_BF16, I, D};
-            u[e] = (ls_wmat){wu + e * I * D, LS_WTYPE_BF16, I, D};
-            dn[e] = (ls_wmat){wd + e * D * I, LS_WTYPE_BF16, D, I};
+            g[e] = (ls_wmat){wg + e * I * D, LS_WTYPE_BF16, I, D, NULL};
+            u[e] = (ls_wmat){wu + e * I * D, LS_WTYPE_BF16, I, D, NULL};
+            dn[e] = (ls_wmat){wd + e * D * I, LS_WTYPE_BF16, D, I, NULL};
         }
         uint16_t *sg = rbf16(Is * D, 0.3f), *su = rbf16(Is * D, 0.3f), *sd = rbf16(D * Is, 0.3f), *sgw = rbf16(D, 0.3f);
-        ls_wmat shg = {sg, LS_WTYPE_BF16, Is, D}, shu = {su, LS_WTYPE_BF16, Is, D}, shd = {sd, LS_WTYPE_BF16, D, Is},
-                shw = {sgw, LS_WTYPE_BF16, 1, D};
+        ls_wmat shg = {sg, LS_WTYPE_BF16, Is, D, NULL}, shu = {su, LS_WTYPE_BF16, Is, D, NULL}, shd = {sd, LS_WTYPE_BF16, D, Is, NULL},
+                shw = {sgw, LS_WTYPE_BF16, 1, D, NULL};
         ls_moe_weights mw = {E, D, I, Is, g, u, dn, &shg, &shu, &shd, &shw};
         float *out = malloc(sizeof(float) * (size_t)(T * D));
-        float *scratch = malloc(sizeof(float) * (size_t)((k + 1) * D + 2 * I));
+        float *scratch = malloc(sizeof(float) * ((size_t)((k + 1) * D) + LS_CPU_EXPERT_SCRATCH(D, I)));
         ls_cpu_moe(&mw, x, ids, wts, k, out, 0, T, scratch, act, LS_ORDER_CANONICAL, LS_ORDER_CANONICAL);
         for (long t = 0; t < T; t++) {
             float c[3][40], sh[40], gg[24], uu[24], mm[24], row[40];
@@ -514,7 +514,7 @@ START_TEST(test_backend_threads)
         ck_assert_int_eq(be->wrap_weights(be, wb, sizeof(uint16_t) * (size_t)(out * in), &wbuf, &err), LS_OK);
         ck_assert_int_eq(be->alloc(be, sizeof(float) * (size_t)(T * in), &xb, &err), LS_OK);
         ck_assert_int_eq(be->alloc(be, sizeof(float) * (size_t)(T * out), &yb, &err), LS_OK);
-        ls_bweight w = {wbuf, 0, LS_WTYPE_BF16, out, in};
+        ls_bweight w = {wbuf, 0, LS_WTYPE_BF16, out, in, NULL};
         ls_view xv = {xb, 0}, yv = {yb, 0};
         ck_assert_int_eq(be->upload(be, xv, x, sizeof(float) * (size_t)(T * in), &err), LS_OK);
         ck_assert_int_eq(be->linear(be, &w, xv, yv, T, 1, LS_ORDER_CANONICAL, &err), LS_OK);

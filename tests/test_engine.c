@@ -521,8 +521,10 @@ START_TEST(test_config_fail_closed)
     expect_config_rejected("eos_token_id", "-1", "eos_token_id");
     expect_config_rejected("eos_token_id", "\"2\"", "eos_token_id");
     expect_config_rejected("bos_token_id", v, "bos_token_id[1]");
-    /* Nothing reads a quantization config yet: refused, not ignored. */
-    expect_config_rejected("quantization_config", "{\"quant_method\":\"fp8\"}", "quantization_config");
+    /* FP8 block quantisation is the one quantised form read; others are
+     * refused, not ignored (tests/test_fp8.c covers the FP8 fields). */
+    expect_config_rejected("quantization_config", "{\"quant_method\":\"awq\"}",
+                           "quantization_config.quant_method");
 }
 END_TEST
 

@@ -190,8 +190,10 @@ START_TEST(test_config_fail_closed)
         {"text_config.rope_parameters", "{\"rope_theta\": 1e7, \"mrope_interleaved\": 1}",
          "'text_config.rope_parameters.mrope_interleaved'"},
         {"text_config.layer_types", "[\"linear_attention\"]", "'text_config.layer_types'"},
-        {"text_config.quantization_config", "{\"quant_method\": \"fp8\"}", "'text_config.quantization_config'"},
-        {"quantization_config", "{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\"}", "'quantization_config'"},
+        {"text_config.quantization_config", "{\"quant_method\": \"gptq\"}",
+         "'text_config.quantization_config.quant_method' = 'gptq' is not supported"},
+        {"quantization_config", "{\"quant_method\": \"fp8\", \"fmt\": \"e5m2\"}",
+         "'quantization_config.fmt' = 'e5m2' is not supported"},
         {"image_token_id", "300", "'image_token_id' = 300 is outside the vocabulary"},
         {"model_type", "\"qwen3_moe\"", "'model_type' = 'qwen3_moe'"},
     };
@@ -583,20 +585,21 @@ START_TEST(test_broken_checkpoints_refused)
     json_decref(cfg);
     cfg = golden_config(G);
     json_object_set_new(cfg, "quantization_config",
-                        jv("{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"weight_block_size\": [128, 128]}"));
+                        jv("{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", \"weight_block_size\": [64, 64]}"));
     snprintf(dir, sizeof dir, "%s/quantized", g_dir);
     variant(G, dir, NULL, NULL, 0, cfg);
-    expect_run_refused(dir, "field 'quantization_config' is not supported", "FP8");
+    expect_run_refused(dir, "field 'quantization_config.weight_block_size' = [64, 64] is not supported",
+                       "[128, 128]");
     json_decref(cfg);
 
-    /* an F8_E4M3 matrix (an FP8 release's) is refused naming it */
+    /* an F8_E4M3 matrix without a quantization_config is refused naming it */
     const char *qkv0 = "model.language_model.layers.0.linear_attn.in_proj_qkv.weight";
     const char *drop_qkv[] = {qkv0, NULL};
     st_spec f8 = {qkv0, "F8_E4M3", 2, {160, D}, 1, zeros};
     snprintf(dir, sizeof dir, "%s/f8", g_dir);
     variant(G, dir, drop_qkv, &f8, 1, NULL);
     expect_run_refused(dir, "tensor 'model.layers.0.linear_attn.in_proj_qkv.weight' has dtype F8_E4M3",
-                       "supported: BF16, F32");
+                       "no quantization_config");
 
     /* a Qwen3-Next projection in a Qwen3.5 checkpoint is not read: refused */
     st_spec stray = {"model.language_model.layers.0.linear_attn.in_proj_ba.weight", "BF16", 2, {8, D}, 2,

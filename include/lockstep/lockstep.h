@@ -244,6 +244,11 @@ struct lockstep_run_options {
                                      lm_head; cpu only); recorded as a non-strict run. NULL */
     const char *dump_layers;      /* "L,L,...": also store these decoder layers' full tensors */
     int progress;                 /* 1: progress bars on stderr when it is a terminal */
+    const char *fp8;              /* FP8 block-quantised checkpoints only: "dequant" (weights
+                                     dequantised to fp32) or "w8a8" (activations quantised per
+                                     token group of 128); NULL (default): dequant, or the
+                                     rollout's for lockstep_replay. Non-NULL for a checkpoint
+                                     without quantization_config fails (LOCKSTEP_E_USAGE) */
 };
 
 /* lockstep_run_options_default:

@@ -9,7 +9,12 @@
  * Operands are views: a buffer plus an element offset. Activation buffers
  * hold fp32 elements (bf16-exact values in bf16 activation mode); index
  * buffers (tokens, positions, expert ids) hold int32 elements. Weights are
- * ls_bweight: a buffer holding a row-major matrix as stored (bf16 or fp32).
+ * ls_bweight: a buffer holding a row-major matrix as stored (bf16, fp32, or
+ * FP8 e4m3 with a second buffer of block scales; its wtype says whether the
+ * FP8 arithmetic is dequant or w8a8, docs/numerics.md §9). linear and the
+ * moe's expert matrices take every weight type; embed, conv_silu, router and
+ * the shared expert gate take bf16 and fp32 (an FP8 matrix there is
+ * LS_E_UNSUPPORTED: the FP8 releases leave them unconverted).
  *
  * Every op has the semantics of the cpu_ops.h function of the same name
  * (docs/numerics.md): same shapes, same act_bf16 and order arguments. A
@@ -44,6 +49,9 @@ typedef struct ls_bweight {
     size_t off_bytes;                    /* first element of row 0 */
     ls_wtype wtype;
     long rows, cols;                     /* [rows, cols] */
+    ls_buf *scale;                       /* FP8 wtypes: fp32 block scales
+                                            [LS_FP8_BLOCKS(rows), LS_FP8_BLOCKS(cols)] from
+                                            offset 0; NULL otherwise */
 } ls_bweight;
 
 /* Weights of one MoE block on the backend. */

@@ -24,6 +24,9 @@ typedef struct cpu_impl {
     size_t *scratch_cap;       /* [n_threads] elements */
     float *slots;              /* MoE slot outputs [T, k + 1, D] */
     size_t slots_cap;
+    float *xq;                 /* w8a8 linear: quantised input rows [T, in] + scales
+                                  [T, LS_FP8_BLOCKS(in)] */
+    size_t xq_cap;
 } cpu_impl;
 
 #define IMPL(be) ((cpu_impl *)(be)->impl)
@@ -40,8 +43,18 @@ static int32_t *I32(ls_view v)
 
 static ls_wmat wm(const ls_bweight *w)
 {
-    ls_wmat m = {(const char *)w->buf->ptr + w->off_bytes, w->wtype, w->rows, w->cols};
+    ls_wmat m = {(const char *)w->buf->ptr + w->off_bytes, w->wtype, w->rows, w->cols,
+                 w->scale ? (const float *)w->scale->ptr : NULL};
     return m;
+}
+
+/* Fails closed on an FP8 matrix for an op whose contract has no FP8 form. */
+static ls_status require_plain(const ls_bweight *w, const char *op, ls_error *err)
+{
+    if (ls_wtype_is_f8(w->wtype))
+        return ls_fail(err, LS_E_UNSUPPORTED, "cpu %s: FP8 weights [%ld, %ld] are not supported "
+                       "here (bf16 or fp32 only)", op, w->rows, w->cols);
+    return LS_OK;
 }
 
 static ls_status grow(float **p, size_t *cap, size_t need, ls_error *err)
@@ -151,6 +164,7 @@ static void cpu_destroy(ls_backend *be)
         free(im->scratch);
         free(im->scratch_cap);
         free(im->slots);
+        free(im->xq);
         ls_arena_free(&im->arena);
         free(im);
     }
@@ -163,6 +177,7 @@ static ls_status cpu_embed(ls_backend *be, const ls_bweight *emb, ls_view tokens
                            int act_bf16, ls_error *err)
 {
     (void)be;
+    LS_TRY(require_plain(emb, "embed", err));
     ls_wmat m = wm(emb);
     const int32_t *tok = I32(tokens);
     for (long t = 0; t < T; t++)
@@ -176,6 +191,7 @@ static ls_status cpu_embed(ls_backend *be, const ls_bweight *emb, ls_view tokens
 typedef struct linear_job {
     ls_wmat w;
     const float *x;
+    const float *q, *xs;       /* w8a8: x quantised [T, in], its group scales */
     float *y;
     long T;
     int act;
@@ -186,15 +202,24 @@ static void linear_part(void *ctx, int thread, long b, long e)
 {
     (void)thread;
     linear_job *j = ctx;
-    ls_cpu_linear(&j->w, j->x, j->y, j->T, b, e, j->act, j->order);
+    if (j->q) ls_cpu_linear_q(&j->w, j->q, j->xs, j->y, j->T, b, e, j->act, j->order);
+    else ls_cpu_linear(&j->w, j->x, j->y, j->T, b, e, j->act, j->order);
 }
 
 static ls_status cpu_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T,
                             int act_bf16, ls_order order, ls_error *err)
 {
-    (void)err;
-    linear_job j = {wm(w), F(x), F(y), T, act_bf16, order};
-    ls_pool_run(IMPL(be)->pool, w->rows, linear_part, &j);
+    cpu_impl *im = IMPL(be);
+    linear_job j = {wm(w), F(x), NULL, NULL, F(y), T, act_bf16, order};
+    if (w->wtype == LS_WTYPE_F8_W8A8) {
+        /* every output row meets the same quantised input rows: quantise once */
+        size_t nb = (size_t)LS_FP8_BLOCKS(w->cols);
+        LS_TRY(grow(&im->xq, &im->xq_cap, (size_t)T * ((size_t)w->cols + nb), err));
+        ls_cpu_fp8_quant_act(F(x), T, w->cols, im->xq, im->xq + (size_t)T * (size_t)w->cols);
+        j.q = im->xq;
+        j.xs = im->xq + (size_t)T * (size_t)w->cols;
+    }
+    ls_pool_run(im->pool, w->rows, linear_part, &j);
     return LS_OK;
 }
 
@@ -221,7 +246,7 @@ static ls_status cpu_conv_silu(ls_backend *be, ls_view x, long x_stride, const l
                                int act_bf16, ls_order order, ls_error *err)
 {
     (void)be;
-    (void)err;
+    LS_TRY(require_plain(w, "conv_silu", err));
     ls_wmat m = wm(w);
     ls_cpu_conv_silu(F(x), x_stride, &m, F(state), F(y), y_stride, T, C, K, act_bf16, order);
     return LS_OK;
@@ -332,7 +357,9 @@ static ls_status cpu_router(ls_backend *be, const ls_bweight *w, ls_view x, long
                             int act_bf16, ls_order order, ls_error *err)
 {
     (void)be;
-    (void)err;
+    /* the router's logits stay a plain DOT32 of a bf16/fp32 gate (the FP8
+     * releases leave mlp.gate unconverted; the model refuses an FP8 one) */
+    LS_TRY(require_plain(w, "router", err));
     ls_wmat m = wm(w);
     ls_cpu_router(&m, F(x), T, k, norm_topk, F(probs), I32(ids), F(weights), act_bf16, order);
     return LS_OK;
@@ -365,6 +392,7 @@ static ls_status cpu_moe(ls_backend *be, const ls_bmoe *bm, ls_view x, ls_view i
                          ls_order order_experts, ls_order order_combine, ls_error *err)
 {
     cpu_impl *im = IMPL(be);
+    if (bm->sh_gate) LS_TRY(require_plain(bm->sh_gate_w, "moe (shared_expert_gate)", err));
     ls_wmat *mats = malloc(sizeof(ls_wmat) * (size_t)(3 * bm->E + 4));
     if (!mats) return ls_fail_nomem(err, sizeof(ls_wmat) * (size_t)(3 * bm->E + 4), "cpu moe: weight table of %ld experts", bm->E);
     ls_moe_weights mw = {bm->E, bm->D, bm->I, bm->Is, mats, mats + bm->E, mats + 2 * bm->E,
@@ -388,7 +416,7 @@ static ls_status cpu_moe(ls_backend *be, const ls_bmoe *bm, ls_view x, ls_view i
     long slots = k + (bm->sh_gate ? 1 : 0);
     size_t width = (size_t)(bm->I > bm->Is ? bm->I : bm->Is);
     ls_status st = grow(&im->slots, &im->slots_cap, (size_t)(T * (k + 1) * bm->D), err);
-    if (st == LS_OK) st = grow_all(im, 2 * width, err);
+    if (st == LS_OK) st = grow_all(im, LS_CPU_EXPERT_SCRATCH((size_t)bm->D, width), err);
     if (st != LS_OK) {
         free(mats);
         return st;

@@ -180,12 +180,28 @@ static ls_status cu_embed(ls_backend *be, const ls_bweight *emb, ls_view tokens,
                          act_bf16, NULL, err);
 }
 
+static const float *S(const ls_bweight *w)
+{
+    return w->scale ? (const float *)w->scale->ptr : NULL;
+}
+
 static ls_status cu_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T,
                            int act_bf16, ls_order order, ls_error *err)
 {
-    (void)be;
-    return ls_cuda_linear(W(w), (int)w->wtype, w->rows, w->cols, F(x), F(y), T, act_bf16,
-                          (int)order, NULL, err);
+    if (!ls_wtype_is_f8(w->wtype))
+        return ls_cuda_linear(W(w), (int)w->wtype, w->rows, w->cols, F(x), F(y), T, act_bf16,
+                              (int)order, NULL, err);
+    if (w->wtype == LS_WTYPE_F8_DEQUANT)
+        return ls_cuda_linear_f8(W(w), S(w), (int)w->wtype, w->rows, w->cols, F(x), NULL, F(y), T,
+                                 act_bf16, (int)order, NULL, err);
+    /* w8a8: the input rows quantised once (scratch), then every output row */
+    cuda_impl *im = IMPL(be);
+    size_t nq = (size_t)T * (size_t)w->cols, ns = (size_t)T * (size_t)LS_FP8_BLOCKS(w->cols);
+    LS_TRY(scratch_reserve(im, sizeof(float) * (nq + ns), err));
+    float *q = im->scratch, *qs = q + nq;
+    LS_TRY(ls_cuda_fp8_quant_act(F(x), T, w->cols, q, qs, NULL, err));
+    return ls_cuda_linear_f8(W(w), S(w), (int)w->wtype, w->rows, w->cols, q, qs, F(y), T, act_bf16,
+                             (int)order, NULL, err);
 }
 
 static ls_status cu_rmsnorm(ls_backend *be, ls_view x, ls_view w, ls_view y, long R, long n,
@@ -362,25 +378,38 @@ static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe
             *out = &e->cm;
             return LS_OK;
         }
+    /* one weight type for the routed experts, one for the shared expert's
+     * three matrices; the shared expert gate vector bf16 or fp32 */
     ls_wtype wt = mw->gate[0].wtype;
     for (long e = 0; e < mw->E; e++)
         if (mw->gate[e].wtype != wt || mw->up[e].wtype != wt || mw->down[e].wtype != wt)
             return ls_fail(err, LS_E_UNSUPPORTED,
                            "cuda portable moe: expert %ld mixes weight dtypes (all experts of a "
                            "block must share one)", e);
-    if (mw->sh_gate && (mw->sh_gate->wtype != wt || mw->sh_up->wtype != wt ||
-                        mw->sh_down->wtype != wt || mw->sh_gate_w->wtype != wt))
-        return ls_fail(err, LS_E_UNSUPPORTED, "cuda portable moe: shared expert dtype differs from the experts'");
+    ls_wtype swt = mw->sh_gate ? mw->sh_gate->wtype : LS_WTYPE_BF16;
+    if (mw->sh_gate && (mw->sh_up->wtype != swt || mw->sh_down->wtype != swt))
+        return ls_fail(err, LS_E_UNSUPPORTED, "cuda portable moe: the shared expert's gate, up and "
+                       "down projections differ in weight dtype");
+    if (mw->sh_gate && ls_wtype_is_f8(mw->sh_gate_w->wtype))
+        return ls_fail(err, LS_E_UNSUPPORTED, "cuda portable moe: an FP8 shared expert gate vector "
+                       "is not supported (bf16 or fp32)");
+    int f8 = ls_wtype_is_f8(wt);
     size_t tb = sizeof(void *) * (size_t)mw->E;
-    const void **h = malloc(3 * tb);
+    size_t ntab = f8 ? 6 : 3; /* gate, up, down pointers; FP8: their scales too */
+    const void **h = malloc(ntab * tb);
     if (!h) return ls_fail(err, LS_E_NOMEM, "cuda moe tables");
     for (long e = 0; e < mw->E; e++) {
         h[e] = W(&mw->gate[e]);
         h[mw->E + e] = W(&mw->up[e]);
         h[2 * mw->E + e] = W(&mw->down[e]);
+        if (f8) {
+            h[3 * mw->E + e] = S(&mw->gate[e]);
+            h[4 * mw->E + e] = S(&mw->up[e]);
+            h[5 * mw->E + e] = S(&mw->down[e]);
+        }
     }
-    void *d = ls_cuda_arena_alloc(&im->dev, 3 * tb, err);
-    ls_status st = d ? ls_cuda_upload(d, h, 3 * tb, err) : LS_E_NOMEM;
+    void *d = ls_cuda_arena_alloc(&im->dev, ntab * tb, err);
+    ls_status st = d ? ls_cuda_upload(d, h, ntab * tb, err) : LS_E_NOMEM;
     free(h);
     if (st != LS_OK) return st;
     moe_entry *e = ls_arena_alloc(&im->host, sizeof *e, err);
@@ -398,6 +427,14 @@ static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe
     e->cm.sh_up = mw->sh_gate ? W(mw->sh_up) : NULL;
     e->cm.sh_down = mw->sh_gate ? W(mw->sh_down) : NULL;
     e->cm.sh_gate_w = mw->sh_gate ? W(mw->sh_gate_w) : NULL;
+    e->cm.gate_s = f8 ? (const float *const *)((char *)d + 3 * tb) : NULL;
+    e->cm.up_s = f8 ? (const float *const *)((char *)d + 4 * tb) : NULL;
+    e->cm.down_s = f8 ? (const float *const *)((char *)d + 5 * tb) : NULL;
+    e->cm.sh_wtype = (int)swt;
+    e->cm.sh_gate_s = mw->sh_gate ? S(mw->sh_gate) : NULL;
+    e->cm.sh_up_s = mw->sh_gate ? S(mw->sh_up) : NULL;
+    e->cm.sh_down_s = mw->sh_gate ? S(mw->sh_down) : NULL;
+    e->cm.shg_wtype = mw->sh_gate ? (int)mw->sh_gate_w->wtype : 0;
     e->next = im->moe;
     im->moe = e;
     *out = &e->cm;

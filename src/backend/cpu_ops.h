@@ -47,8 +47,16 @@
 
 /* DOT32(a, b) over n elements (or the reversed sequential sum). */
 float ls_cpu_dot(const float *a /* [n] */, const float *b /* [n] */, long n, ls_order order);
-/* DOT32 of weight row r with x. */
+/* DOT32 of weight row r with x; an FP8 row dequantised first (W = q · s,
+ * docs/numerics.md §9). Not for LS_WTYPE_F8_W8A8 rows: those meet quantised
+ * activations (ls_cpu_dot_wrow_q). */
 float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x /* [w->cols] */, ls_order order);
+/* W8A8 (LS_WTYPE_F8_W8A8, or any FP8 matrix): weight row r against a token
+ * row quantised by ls_cpu_fp8_quant_act, per 128-wide K block (ls_dot_w8a8,
+ * numerics/fp8.h); reversed: blocks from the last, each a reversed
+ * sequential sum, every addition rounded to bf16. */
+float ls_cpu_dot_wrow_q(const ls_wmat *w, long r, const float *q /* [w->cols] */,
+                        const float *xs /* [LS_FP8_BLOCKS(w->cols)] */, ls_order order);
 /* SUM32(a) over n elements (or reversed sequential). */
 float ls_cpu_sum(const float *a /* [n] */, long n, ls_order order);
 
@@ -59,9 +67,22 @@ void ls_cpu_embed(const ls_wmat *emb /* [V, D] */, const int32_t *tokens /* [T] 
                   float *h /* [T, D] */, int act_bf16);
 
 /* linear: y[t][o] = act(DOT32(W[o,:], x[t,:])) for output rows o in [o0, o1).
- * x [T, W.cols], y [T, W.rows] (row stride W.rows; only columns o0..o1-1 written). */
+ * x [T, W.cols], y [T, W.rows] (row stride W.rows; only columns o0..o1-1 written).
+ * W is BF16, F32 or F8_DEQUANT (a w8a8 matrix takes ls_cpu_linear_q). */
 void ls_cpu_linear(const ls_wmat *w, const float *x /* [T, in] */, float *y /* [T, out] */,
                    long T, long o0, long o1, int act_bf16, ls_order order);
+
+/* ---- FP8 w8a8 (docs/numerics.md §9) -------------------------------------- */
+
+/* Quantises T token rows of n per group of 128 (ls_fp8_quant_row):
+ * q [T, n] e4m3 values as fp32, s [T, LS_FP8_BLOCKS(n)] group scales. */
+void ls_cpu_fp8_quant_act(const float *x /* [T, n] */, long T, long n, float *q /* [T, n] */,
+                          float *s /* [T, LS_FP8_BLOCKS(n)] */);
+/* The w8a8 linear: y[t][o] = act(ls_cpu_dot_wrow_q(W, o, q[t], s[t])) for o
+ * in [o0, o1); q, s from ls_cpu_fp8_quant_act of the input rows. */
+void ls_cpu_linear_q(const ls_wmat *w, const float *q /* [T, in] */,
+                     const float *xs /* [T, LS_FP8_BLOCKS(in)] */, float *y /* [T, out] */,
+                     long T, long o0, long o1, int act_bf16, ls_order order);
 
 /* ---- norms --------------------------------------------------------------- */
 
@@ -188,8 +209,16 @@ void ls_cpu_router(const ls_wmat *w /* [E, D] */, const float *x /* [T, D] */, l
                    long k, int norm_topk, float *probs /* [T, E] */, int32_t *ids /* [T, k] */,
                    float *weights /* [T, k] */, int act_bf16, ls_order order);
 
+/* Floats of scratch one expert of width W over hidden size D needs
+ * (ls_cpu_expert): g and u [W] each, and for w8a8 weights the quantised input
+ * and hidden rows with their group scales. */
+#define LS_CPU_EXPERT_SCRATCH(D, W) \
+    ((size_t)(3 * (W) + (D)) + (size_t)LS_FP8_BLOCKS(D) + (size_t)LS_FP8_BLOCKS(W))
+
 /* One SwiGLU expert for one token: g = act(W_g x), u = act(W_u x),
- * m = act(act(silu(g)) u), y = act(W_d m). scratch [2 * I]. */
+ * m = act(act(silu(g)) u), y = act(W_d m); each matrix of any weight type
+ * (a w8a8 one meets the quantised x or m, docs/numerics.md §9).
+ * scratch [LS_CPU_EXPERT_SCRATCH(D, I)]. */
 void ls_cpu_expert(const ls_wmat *wg /* [I, D] */, const ls_wmat *wu /* [I, D] */,
                    const ls_wmat *wd /* [D, I] */, const float *x /* [D] */, float *y /* [D] */,
                    float *scratch /* [2 I] */, int act_bf16, ls_order order);
@@ -209,7 +238,7 @@ typedef struct ls_moe_weights {
  * c_i = act(y_{e_i} · w_i); routed = act(sequential Σ c_i in top-k order);
  * s = act(γ · shared(x)), γ = act(sigmoid(act(w_sg·x))); out = act(routed + s).
  * order_experts applies to the expert/shared dot products, order_combine to
- * the combine sum. scratch [(k + 1) * D + 2 * max(I, Is)]. */
+ * the combine sum. scratch [(k + 1) * D + LS_CPU_EXPERT_SCRATCH(D, max(I, Is))]. */
 void ls_cpu_moe(const ls_moe_weights *mw, const float *x /* [T, D] */,
                 const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */, long k,
                 float *out /* [T, D] */, long t0, long t1, float *scratch, int act_bf16,
@@ -217,7 +246,7 @@ void ls_cpu_moe(const ls_moe_weights *mw, const float *x /* [T, D] */,
 
 /* One slot of a token's MoE: slot i < k is routed expert ids[t][i],
  * c = act(y · w); slot k is the gated shared expert s = act(γ · shared(x)).
- * scratch [2 * max(I, Is)]. */
+ * scratch [LS_CPU_EXPERT_SCRATCH(D, max(I, Is))]. */
 void ls_cpu_moe_slot(const ls_moe_weights *mw, const float *x /* [T, D] */,
                      const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */, long k,
                      long t, long i, float *c /* [D] */, float *scratch, int act_bf16,

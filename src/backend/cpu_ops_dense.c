@@ -34,7 +34,50 @@ float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x, ls_order order)
         }
         return s;
     }
+    if (ls_wtype_is_f8(w->wtype)) {
+        /* dequantised (docs/numerics.md §9); a w8a8 matrix reaches here only
+         * through a caller that has no quantised activations, which is a bug
+         * the operators below rule out (they call ls_cpu_dot_wrow_q) */
+        const uint8_t *row = (const uint8_t *)w->data + r * n; /* [n] */
+        const float *srow = ls_wmat_scale_row(w, r);           /* [LS_FP8_BLOCKS(n)] */
+        if (order == LS_ORDER_CANONICAL) return ls_dot32_f8(row, srow, x, n);
+        float s = 0.0f;
+        for (long k = n - 1; k >= 0; k--) {
+            float prod = ls_fp8_dequant(row[k], srow[k / LS_FP8_BLOCK]) * x[k];
+            s = ls_round_bf16(s + prod);
+        }
+        return s;
+    }
     return ls_cpu_dot((const float *)w->data + r * n, x, n, order);
+}
+
+float ls_cpu_dot_wrow_q(const ls_wmat *w, long r, const float *q, const float *xs, ls_order order)
+{
+    long n = w->cols;
+    const uint8_t *row = (const uint8_t *)w->data + r * n; /* [n] */
+    const float *srow = ls_wmat_scale_row(w, r);           /* [LS_FP8_BLOCKS(n)] */
+    if (order == LS_ORDER_CANONICAL) return ls_dot_w8a8(row, srow, q, xs, n);
+    /* perturbed: blocks from the last, each a reversed sequential sum, every
+     * addition (inside and across blocks) rounded to bf16 */
+    float acc = 0.0f;
+    for (long b = LS_FP8_BLOCKS(n) - 1; b >= 0; b--) {
+        long k0 = b * LS_FP8_BLOCK, k1 = k0 + LS_FP8_BLOCK < n ? k0 + LS_FP8_BLOCK : n;
+        float d = 0.0f;
+        for (long k = k1 - 1; k >= k0; k--) {
+            float prod = ls_e4m3_to_f32(row[k]) * q[k];
+            d = ls_round_bf16(d + prod);
+        }
+        float sc = xs[b] * srow[b];
+        float part = d * sc;
+        acc = ls_round_bf16(acc + part);
+    }
+    return acc;
+}
+
+void ls_cpu_fp8_quant_act(const float *x, long T, long n, float *q, float *s)
+{
+    long nb = LS_FP8_BLOCKS(n);
+    for (long t = 0; t < T; t++) ls_fp8_quant_row(x + t * n, n, q + t * n, s + t * nb);
 }
 
 float ls_cpu_sum(const float *a, long n, ls_order order)
@@ -61,6 +104,16 @@ void ls_cpu_linear(const ls_wmat *w, const float *x, float *y, long T, long o0, 
     for (long t = 0; t < T; t++)
         for (long o = o0; o < o1; o++)
             y[t * out + o] = ls_act(ls_cpu_dot_wrow(w, o, x + t * in, order), act_bf16);
+}
+
+void ls_cpu_linear_q(const ls_wmat *w, const float *q, const float *xs, float *y, long T, long o0,
+                     long o1, int act_bf16, ls_order order)
+{
+    long in = w->cols, out = w->rows, nb = LS_FP8_BLOCKS(in);
+    for (long t = 0; t < T; t++)
+        for (long o = o0; o < o1; o++)
+            y[t * out + o] =
+                ls_act(ls_cpu_dot_wrow_q(w, o, q + t * in, xs + t * nb, order), act_bf16);
 }
 
 /* ---- norms --------------------------------------------------------------- */

@@ -39,19 +39,38 @@ void ls_cpu_router(const ls_wmat *w, const float *x, long T, long k, int norm_to
 
 /* ---- experts and combine ------------------------------------------------- */
 
+/* y = act(W x) for one token, W of any weight type: a w8a8 matrix meets x's
+ * quantised row (q, xs), quantised on first use (*have). */
+static void expert_linear(const ls_wmat *w, const float *x, float *q, float *xs, int *have,
+                          float *y, int act_bf16, ls_order order)
+{
+    if (w->wtype != LS_WTYPE_F8_W8A8) {
+        ls_cpu_linear(w, x, y, 1, 0, w->rows, act_bf16, order);
+        return;
+    }
+    if (!*have) ls_cpu_fp8_quant_act(x, 1, w->cols, q, xs);
+    *have = 1;
+    ls_cpu_linear_q(w, q, xs, y, 1, 0, w->rows, act_bf16, order);
+}
+
 void ls_cpu_expert(const ls_wmat *wg, const ls_wmat *wu, const ls_wmat *wd, const float *x,
                    float *y, float *scratch, int act_bf16, ls_order order)
 {
-    long I = wg->rows;
-    float *g = scratch;     /* [I] */
-    float *u = scratch + I; /* [I] */
-    ls_cpu_linear(wg, x, g, 1, 0, I, act_bf16, order);
-    ls_cpu_linear(wu, x, u, 1, 0, I, act_bf16, order);
+    long I = wg->rows, D = wg->cols;
+    float *g = scratch;                    /* [I] */
+    float *u = g + I;                      /* [I] */
+    float *xq = u + I;                     /* [D] x quantised (w8a8) */
+    float *xs = xq + D;                    /* [LS_FP8_BLOCKS(D)] */
+    float *mq = xs + LS_FP8_BLOCKS(D);     /* [I] m quantised (w8a8) */
+    float *ms = mq + I;                    /* [LS_FP8_BLOCKS(I)] */
+    int have_x = 0, have_m = 0;
+    expert_linear(wg, x, xq, xs, &have_x, g, act_bf16, order);
+    expert_linear(wu, x, xq, xs, &have_x, u, act_bf16, order);
     for (long i = 0; i < I; i++) {
         float sg = ls_act(ls_siluf(g[i]), act_bf16);
         g[i] = ls_act(sg * u[i], act_bf16);
     }
-    ls_cpu_linear(wd, g, y, 1, 0, wd->rows, act_bf16, order);
+    expert_linear(wd, g, mq, ms, &have_m, y, act_bf16, order);
 }
 
 void ls_cpu_moe_slot(const ls_moe_weights *mw, const float *x, const int32_t *ids,

@@ -60,16 +60,64 @@ static const ls_provider cuda_rows[] = {
     CUDA("digest", "ls_sha256_rows_kernel", "128threads/block, thread per row", "sha256-row-major"),
 };
 
+/* FP8 block-quantised weights (docs/numerics.md §9): the rows a run on an
+ * FP8 checkpoint adds, one set per FP8 mode. Their reduction orders are new
+ * ids: the dequantised DOT32 is the dot32 order over other operands (weights
+ * rounded from q · s), and w8a8 sums per 128-wide block, then the blocks. */
+static const ls_provider cpu_fp8_dequant_rows[] = {
+    CPU("linear_fp8", "ls_cpu_linear (e4m3 weights dequantised: q * scale, one fp32 rounding)",
+        "1x32", "fp32", "fp8-dequant-dot32-lanes32-butterfly"),
+    CPU("experts_fp8", "ls_cpu_moe_slot (e4m3 weights dequantised)", "1x32", "fp32",
+        "fp8-dequant-dot32-lanes32-butterfly"),
+};
+
+static const ls_provider cpu_fp8_w8a8_rows[] = {
+    CPU("fp8_act_quant", "ls_cpu_fp8_quant_act", "-", "fp32",
+        "fp8-e4m3-group128-absmax-div448-rne-saturate"),
+    CPU("linear_fp8", "ls_cpu_linear_q", "1x32", "fp32",
+        "fp8-w8a8-block128-dot32-then-sequential-blocks"),
+    CPU("experts_fp8", "ls_cpu_moe_slot (ls_cpu_expert: ls_cpu_fp8_quant_act + ls_cpu_linear_q)",
+        "1x32", "fp32", "fp8-w8a8-block128-dot32-then-sequential-blocks"),
+};
+
+static const ls_provider cuda_fp8_dequant_rows[] = {
+    CUDA("linear_fp8", "ls_linear_kernel (e4m3 rows dequantised into shared memory)",
+         "8warps-x-(1|4|8)tokens/block, warp per output row, 8-byte weight loads dequantised "
+         "into shared memory",
+         "fp8-dequant-dot32-lanes32-butterfly"),
+    CUDA("experts_fp8", "ls_moe_gate_up_kernel+ls_moe_down_kernel (e4m3 rows dequantised)",
+         "as experts", "fp8-dequant-dot32-lanes32-butterfly"),
+};
+
+static const ls_provider cuda_fp8_w8a8_rows[] = {
+    CUDA("fp8_act_quant", "ls_fp8_quant_kernel, ls_moe_quant_x_kernel, ls_moe_quant_mid_kernel "
+         "(ls_fp8_quant_group)", "128threads/block, thread per (row, 128-group)",
+         "fp8-e4m3-group128-absmax-div448-rne-saturate"),
+    CUDA("linear_fp8", "ls_linear_kernel (w8a8: ls_warp_dot_w8a8 over tokens quantised by "
+         "ls_fp8_quant_kernel)", "8warps-x-(1|4|8)tokens/block, warp per output row, lane per "
+         "4 elements of each 128-block", "fp8-w8a8-block128-dot32-then-sequential-blocks"),
+    CUDA("experts_fp8",
+         "ls_moe_quant_x_kernel+ls_moe_gate_up_kernel+ls_moe_quant_mid_kernel+ls_moe_down_kernel "
+         "(w8a8)", "as experts; quantisers thread per (row, 128-group)",
+         "fp8-w8a8-block128-dot32-then-sequential-blocks"),
+};
+
 typedef struct backend_table {
     const char *name;
     const ls_provider *rows;
     size_t count;
+    const ls_provider *fp8[2];           /* dequant, w8a8 */
+    size_t fp8_count[2];
 } backend_table;
 
+#define N(a) (sizeof a / sizeof a[0])
 static const backend_table tables[] = {
-    {"cpu", cpu_rows, sizeof cpu_rows / sizeof cpu_rows[0]},
-    {"cuda", cuda_rows, sizeof cuda_rows / sizeof cuda_rows[0]},
+    {"cpu", cpu_rows, N(cpu_rows), {cpu_fp8_dequant_rows, cpu_fp8_w8a8_rows},
+     {N(cpu_fp8_dequant_rows), N(cpu_fp8_w8a8_rows)}},
+    {"cuda", cuda_rows, N(cuda_rows), {cuda_fp8_dequant_rows, cuda_fp8_w8a8_rows},
+     {N(cuda_fp8_dequant_rows), N(cuda_fp8_w8a8_rows)}},
 };
+#undef N
 
 const char *const ls_backend_names[] = {"cpu", "cuda", NULL};
 
@@ -81,6 +129,21 @@ const ls_provider *ls_backend_list_providers(const char *backend, size_t *count)
         if (strcmp(tables[i].name, backend) == 0) {
             *count = tables[i].count;
             return tables[i].rows;
+        }
+    return NULL;
+}
+
+const ls_provider *ls_backend_list_fp8_providers(const char *backend, const char *fp8_mode,
+                                                 size_t *count)
+{
+    *count = 0;
+    if (!backend || !fp8_mode) return NULL;
+    int w = !strcmp(fp8_mode, "w8a8");
+    if (!w && strcmp(fp8_mode, "dequant")) return NULL;
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++)
+        if (strcmp(tables[i].name, backend) == 0) {
+            *count = tables[i].fp8_count[w];
+            return tables[i].fp8[w];
         }
     return NULL;
 }

@@ -19,6 +19,12 @@
  * pointer and *count = 0. The table is static; do not free. */
 const ls_provider *ls_backend_list_providers(const char *backend, size_t *count);
 
+/* The rows a run on FP8 block-quantised weights adds (docs/numerics.md §9):
+ * fp8_mode "dequant" or "w8a8" (ops linear_fp8, experts_fp8, and w8a8's
+ * fp8_act_quant). NULL (*count = 0) for an unknown backend or mode. Static. */
+const ls_provider *ls_backend_list_fp8_providers(const char *backend, const char *fp8_mode,
+                                                 size_t *count);
+
 /* The provider that runs `op` on `backend`, or NULL. */
 const ls_provider *ls_backend_find_provider(const char *backend, const char *op);
 

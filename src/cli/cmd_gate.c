@@ -26,6 +26,7 @@ static const char usage_text[] =
     "  --max-new-tokens N     tokens generated per prompt (default 16)\n"
     "  --backend cpu|cuda     operator backend (default cpu)\n"
     "  --threads N            CPU worker threads (default 1)\n"
+    "  --fp8 dequant|w8a8     FP8 checkpoints only: dequantised weights (default) or w8a8\n"
     "  --junit FILE           JUnit XML: one testsuite per replay, holding one testcase (that\n"
     "                         replay vs the rollout; a failure carries its first drift)\n"
     "  --json FILE|-          JSON summary (per replay: verdict, counts, first drift; schema\n"
@@ -50,12 +51,12 @@ int ls_cmd_gate(int argc, char **argv)
     ls_status st = LS_OK;
     long v;
     enum { O_CK = LS_CLI_LONG, O_PROMPTS, O_MAXNEW, O_BACKEND, O_THREADS, O_JUNIT, O_JSON, O_WORKDIR,
-           O_CACHE };
+           O_CACHE, O_FP8 };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"prompts", O_PROMPTS, 1}, {"max-new-tokens", O_MAXNEW, 1},
         {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"junit", O_JUNIT, 1},
         {"json", O_JSON, 1}, {"workdir", O_WORKDIR, 1}, {"checkpoint-cache", O_CACHE, 1},
-        {NULL, 0, 0}};
+        {"fp8", O_FP8, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "gate", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *x = ca.arg;
@@ -74,6 +75,11 @@ int ls_cmd_gate(int argc, char **argv)
         case O_JSON: o.json = x; break;
         case O_WORKDIR: o.workdir = x; break;
         case O_CACHE: st = ls_run_parse_hash_cache(x, &o.hash_cache, &err); break;
+        case O_FP8:
+            o.fp8 = x;
+            if (strcmp(x, "dequant") && strcmp(x, "w8a8"))
+                st = ls_fail(&err, LS_E_USAGE, "--fp8 '%s': expected dequant or w8a8", x);
+            break;
         }
     }
     if (st == LS_OK && (!o.checkpoint || !o.prompts))

@@ -11,10 +11,11 @@
 
 static const char help[] =
     "usage: lockstep manifest pin --checkpoint DIR [--backend cpu|cuda] [--mode strict|fast]\n"
-    "                             [--perturb SPEC] [--threads N] -o FILE\n"
+    "                             [--perturb SPEC] [--fp8 dequant|w8a8] [--threads N] -o FILE\n"
     "       lockstep manifest diff A B [--json]\n"
     "       lockstep manifest verify FILE --checkpoint DIR [--backend cpu|cuda]\n"
-    "                             [--mode strict|fast] [--perturb SPEC] [--threads N] [--json]\n"
+    "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
+    "                             [--threads N] [--json]\n"
     "       lockstep manifest digest FILE\n"
     "\n"
     "pin     records what a determinism claim depends on: the checkpoint (config\n"
@@ -40,10 +41,11 @@ static const char help[] =
 
 /* The options of each subcommand: pin and verify share those that pin the
  * live system; diff has --json; digest none (each has -h/--help). */
-enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THREADS, OPT_JSON };
+enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THREADS, OPT_JSON,
+       OPT_FP8 };
 #define LIVE_OPTS                                                                                  \
     {"checkpoint", OPT_CHECKPOINT, 1}, {"backend", OPT_BACKEND, 1}, {"mode", OPT_MODE, 1},         \
-        {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}
+        {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}, {"fp8", OPT_FP8, 1}
 static const ls_cli_opt pin_opts[] = {LIVE_OPTS, {"output", 'o', 1}, {NULL, 0, 0}};
 static const ls_cli_opt verify_opts[] = {LIVE_OPTS, {"json", OPT_JSON, 0}, {NULL, 0, 0}};
 static const ls_cli_opt diff_opts[] = {{"json", OPT_JSON, 0}, {NULL, 0, 0}};
@@ -68,6 +70,11 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
             mode_given = 1;
             break;
         case OPT_PERTURB: o->perturbation = a.arg; break;
+        case OPT_FP8:
+            if (strcmp(a.arg, "dequant") && strcmp(a.arg, "w8a8"))
+                return ls_cli_usage_error(CMD, "--fp8 '%s': expected dequant or w8a8", a.arg);
+            o->fp8 = a.arg;
+            break;
         case OPT_THREADS: {
             char *end;
             long n = strtol(a.arg, &end, 10);

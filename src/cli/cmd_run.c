@@ -31,7 +31,8 @@ static const char usage_text[] =
     "without --sampling seeded.\n"
     "\n"
     "inputs:\n"
-    "  --checkpoint DIR          Hugging Face checkpoint directory (Qwen3-Next)\n"
+    "  --checkpoint DIR          Hugging Face checkpoint directory (Qwen3-Next, Qwen3.5 MoE;\n"
+    "                            BF16, F32 or FP8 block-quantised)\n"
     "  --mode rollout|replay     what to run (required)\n"
     "  --prompts FILE            rollout: JSONL, one {\"id\": N, \"tokens\": [...]} per line\n"
     "  --from TRACE              replay: the rollout trace to recompute\n"
@@ -44,6 +45,9 @@ static const char usage_text[] =
     "  --seed S --temperature T --top-k K --top-p P   --sampling seeded only: its parameters\n"
     "                            (--seed required; defaults: T 1, K 0 = all, P 1)\n"
     "  --activations bf16|fp32   activation dtype (default bf16; replay --from: the rollout's)\n"
+    "  --fp8 dequant|w8a8        FP8 checkpoints only: weights dequantised to fp32 (default), or\n"
+    "                            w8a8 with activations quantised per token group of 128, as\n"
+    "                            serving engines compute (replay --from: the rollout's)\n"
     "  --backend cpu|cuda        operator backend (default cpu; cuda needs a CUDA build and a GPU)\n"
     "  --threads N               CPU worker threads (no effect on any bit; default 1)\n"
     "  --state-digest-every N    carried-state digest cadence (default 64; replay --from: the rollout's)\n"
@@ -77,6 +81,7 @@ int ls_cmd_run(int argc, char **argv)
     ls_run_spec s;
     ls_run_spec_default(&s);
     const char *prompts = NULL, *from = NULL, *tokens = NULL, *sampling = "greedy", *act = NULL;
+    const char *fp8 = NULL;
     long state_every = 0, v;
     /* Options given on the command line, so that one the mode does not use
      * is refused even when its value equals the default. */
@@ -87,7 +92,7 @@ int ls_cmd_run(int argc, char **argv)
     ls_status st = LS_OK;
     enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
            O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
-           O_ROWS, O_REVERSE, O_CACHE };
+           O_ROWS, O_REVERSE, O_CACHE, O_FP8 };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
         {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
@@ -95,7 +100,8 @@ int ls_cmd_run(int argc, char **argv)
         {"top-k", O_TOPK, 1}, {"top-p", O_TOPP, 1}, {"activations", O_ACT, 1},
         {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"state-digest-every", O_EVERY, 1},
         {"perturb", O_PERTURB, 1}, {"dump-layers", O_DUMP, 1}, {"max-rows", O_ROWS, 1},
-        {"reverse-batch", O_REVERSE, 0}, {"checkpoint-cache", O_CACHE, 1}, {NULL, 0, 0}};
+        {"reverse-batch", O_REVERSE, 0}, {"checkpoint-cache", O_CACHE, 1}, {"fp8", O_FP8, 1},
+        {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *a = ca.opt, *x = ca.arg;
@@ -144,6 +150,7 @@ int ls_cmd_run(int argc, char **argv)
             if (st == LS_OK && s.sampling.top_p <= 0.0f) st = ls_fail(&err, LS_E_USAGE, "--top-p must be > 0");
             break;
         case O_ACT: act = x; break;
+        case O_FP8: fp8 = x; break;
         case O_BACKEND: s.backend = x; break;
         case O_THREADS:
             st = ls_cli_parse_long(a, x, 1, 1024, &v, &err);
@@ -182,6 +189,8 @@ int ls_cmd_run(int argc, char **argv)
         st = ls_fail(&err, LS_E_USAGE, "--backend '%s': expected cpu or cuda", s.backend);
     else if (act && strcmp(act, "bf16") && strcmp(act, "fp32"))
         st = ls_fail(&err, LS_E_USAGE, "--activations '%s': expected bf16 or fp32", act);
+    else if (fp8 && strcmp(fp8, "dequant") && strcmp(fp8, "w8a8"))
+        st = ls_fail(&err, LS_E_USAGE, "--fp8 '%s': expected dequant or w8a8", fp8);
     else if (!strcmp(sampling, "seeded")) {
         s.sampling.kind = LS_SAMPLING_SEEDED;
         if (!have_seed) st = ls_fail(&err, LS_E_USAGE, "--sampling seeded needs --seed S");
@@ -198,6 +207,7 @@ int ls_cmd_run(int argc, char **argv)
         st = ls_run_load_rollout(from, &b, &info, &err);
         if (st == LS_OK) {
             if (!act) s.act_bf16 = info.act_bf16;
+            if (!fp8 && info.fp8[0]) s.fp8 = info.fp8; /* info lives until the run ends */
             if (!state_every) state_every = info.state_digest_every;
             /* the run refuses a checkpoint other than the rollout's */
             s.expect_merkle_root = info.model_fingerprint;
@@ -206,6 +216,7 @@ int ls_cmd_run(int argc, char **argv)
     }
     if (st != LS_OK) return ls_cli_report("run", &err);
     if (act) s.act_bf16 = !strcmp(act, "bf16");
+    if (fp8) s.fp8 = fp8;
     if (state_every) s.state_digest_every = state_every;
     s.batch = &b;
     s.progress = 1;

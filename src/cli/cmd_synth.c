@@ -11,7 +11,7 @@
 
 static const char usage_text[] =
     "usage: lockstep synth (--preset NAME | --config FILE) --seed N --out DIR\n"
-    "                      [--layers N] [--expert-layout L] [--config-only]\n"
+    "                      [--layers N] [--expert-layout L] [--fp8] [--config-only]\n"
     "                      [--max-shard-bytes B] [--force]\n"
     "\n"
     "Writes a Hugging Face Qwen3-Next (Qwen3NextForCausalLM) or Qwen3.5 MoE\n"
@@ -43,6 +43,12 @@ static const char usage_text[] =
     "                       the Qwen3.5 default); per-expert: experts.E.{gate,up,\n"
     "                       down}_proj.weight (the Qwen3-Next default). Both hold\n"
     "                       the same values\n"
+    "  --fp8                the FP8 release layout: attention, GDN in/out and expert\n"
+    "                       projections F8_E4M3 with a weight_scale_inv per 128 x 128\n"
+    "                       block (the bf16 values of the same seed, quantised),\n"
+    "                       experts one by one, and a quantization_config whose\n"
+    "                       modules_to_not_convert lists what stays BF16 (lm_head,\n"
+    "                       routers, shared expert gates, in_proj_a/b)\n"
     "  --config-only        write config.json alone\n"
     "  --max-shard-bytes B  tensor bytes per safetensors file before sharding\n"
     "                       (default 5000000000; suffixes KB MB GB KiB MiB GiB).\n"
@@ -77,7 +83,7 @@ static int parse_u64(const char *s, uint64_t *out)
 int ls_cmd_synth(int argc, char **argv)
 {
     enum { OPT_PRESET = LS_CLI_LONG, OPT_CONFIG, OPT_SEED, OPT_LAYERS, OPT_CONFIG_ONLY, OPT_MAX_SHARD, OPT_FORCE,
-           OPT_EXPERT_LAYOUT };
+           OPT_EXPERT_LAYOUT, OPT_FP8 };
     static const ls_cli_opt opts[] = {
         {"preset", OPT_PRESET, 1},
         {"config", OPT_CONFIG, 1},
@@ -88,11 +94,13 @@ int ls_cmd_synth(int argc, char **argv)
         {"max-shard-bytes", OPT_MAX_SHARD, 1},
         {"force", OPT_FORCE, 0},
         {"expert-layout", OPT_EXPERT_LAYOUT, 1},
+        {"fp8", OPT_FP8, 0},
         {NULL, 0, 0},
     };
     const char *preset = NULL, *config = NULL, *out = NULL, *seed_s = NULL, *layers_s = NULL,
                *shard_s = NULL, *layout_s = NULL;
     ls_synth_options opt = ls_synth_options_default();
+    int fp8 = 0;
     ls_error err;
     ls_error_clear(&err);
 
@@ -102,6 +110,7 @@ int ls_cmd_synth(int argc, char **argv)
         case LS_CLI_EXIT: return a.exit_code;
         case OPT_CONFIG_ONLY: opt.config_only = 1; break;
         case OPT_FORCE: opt.force = 1; break;
+        case OPT_FP8: fp8 = 1; break;
         case OPT_PRESET: preset = a.arg; break;
         case OPT_CONFIG: config = a.arg; break;
         case OPT_SEED: seed_s = a.arg; break;
@@ -156,9 +165,18 @@ int ls_cmd_synth(int argc, char **argv)
         }
         cfg.fused_experts = strcmp(layout_s, "fused") == 0;
     }
+    if (fp8) {
+        if (layout_s && cfg.fused_experts) {
+            ls_fail(&err, LS_E_USAGE, "--fp8 stores experts one by one (as the FP8 releases do); "
+                    "--expert-layout fused does not apply");
+            return ls_cli_report("synth", &err);
+        }
+        cfg.fp8 = 1;
+        cfg.fused_experts = 0;
+    }
     if (ls_synth_write(&cfg, seed, out, &opt, &err) != LS_OK) return ls_cli_report("synth", &err);
-    ls_log_info("synth: wrote %s (%lld layers, seed %llu%s)", out,
-                (long long)cfg.num_hidden_layers, (unsigned long long)seed,
+    ls_log_info("synth: wrote %s (%lld layers, seed %llu%s%s)", out,
+                (long long)cfg.num_hidden_layers, (unsigned long long)seed, fp8 ? ", FP8" : "",
                 opt.config_only ? ", config only" : "");
     return 0;
 }

@@ -65,6 +65,9 @@ typedef struct ls_engine_opts {
     ls_perturb_op perturb_op;
     const unsigned char *dump_decoder_layers; /* [n_layers] 1 = dump this decoder layer's
                                           tensors (both trace layers) in the records; NULL = none */
+    int fp8_w8a8;              /* FP8 matrices (docs/numerics.md §9): 0 = dequantised to fp32
+                                  (default), 1 = w8a8 with per-token-group activation
+                                  quantisation; no effect on a model without FP8 matrices */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);

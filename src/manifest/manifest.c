@@ -112,7 +112,44 @@ static json_t *architecture_section(const json_t *cfg)
     return sec;
 }
 
-static ls_status numerics_section(const ls_manifest_opts *o, json_t **out, ls_error *err)
+/* The quantization_config of an FP8 checkpoint (top level, or text_config),
+ * or NULL. */
+static const json_t *quant_config(const json_t *cfg)
+{
+    const json_t *q = json_is_object(cfg) ? json_object_get(cfg, "quantization_config") : NULL;
+    if (!json_is_object(q)) {
+        const json_t *text = json_is_object(cfg) ? json_object_get(cfg, "text_config") : NULL;
+        q = json_is_object(text) ? json_object_get(text, "quantization_config") : NULL;
+    }
+    return json_is_object(q) ? q : NULL;
+}
+
+/* numerics.fp8 of a checkpoint with a quantization_config: the FP8 mode and
+ * the block size as config.json gives it (absent there: transformers'
+ * default, [128, 128]). Changing either changes the arithmetic, so both are
+ * pinned (voiding in diff). */
+static ls_status fp8_section(const ls_manifest_opts *o, const json_t *qc, json_t **out,
+                             ls_error *err)
+{
+    *out = NULL;
+    const char *mode = o->fp8 ? o->fp8 : "dequant";
+    if (!qc) {
+        if (o->fp8)
+            return ls_fail(err, LS_E_USAGE, "manifest: an FP8 mode ('%s') was given for a checkpoint "
+                           "without quantization_config", o->fp8);
+        return LS_OK;
+    }
+    if (strcmp(mode, "dequant") && strcmp(mode, "w8a8"))
+        return ls_fail(err, LS_E_USAGE, "manifest: FP8 mode '%s': expected dequant or w8a8", mode);
+    const json_t *bs = json_object_get(qc, "weight_block_size");
+    json_t *block = bs && !json_is_null(bs) ? json_deep_copy(bs) : json_pack("[i, i]", 128, 128);
+    *out = json_pack("{s:s, s:o}", "mode", mode, "weight_block_size", block);
+    if (!*out) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    return LS_OK;
+}
+
+static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, json_t **out,
+                                  ls_error *err)
 {
     size_t n = o->n_providers;
     const ls_provider *rows = o->providers;
@@ -120,11 +157,23 @@ static ls_status numerics_section(const ls_manifest_opts *o, json_t **out, ls_er
         return ls_fail(err, LS_E_UNSUPPORTED, "manifest: no provider rows for backend '%s' (the "
                        "backend's registry is handed in through ls_manifest_opts.providers)",
                        o->backend);
+    json_t *fp8 = NULL;
+    LS_TRY(fp8_section(o, qc, &fp8, err));
+    if (fp8 && (!o->fp8_providers || o->n_fp8_providers == 0)) {
+        json_decref(fp8);
+        return ls_fail(err, LS_E_UNSUPPORTED, "manifest: no FP8 provider rows for backend '%s' "
+                       "(ls_manifest_opts.fp8_providers): an FP8 checkpoint cannot be pinned "
+                       "without them", o->backend);
+    }
     json_t *ops = json_object();
-    if (!ops) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    if (!ops) {
+        json_decref(fp8);
+        return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    }
     int tensor_core = 0;
-    for (size_t i = 0; i < n; i++) {
-        const ls_provider *p = &rows[i];
+    size_t n_all = n + (fp8 ? o->n_fp8_providers : 0);
+    for (size_t i = 0; i < n_all; i++) {
+        const ls_provider *p = i < n ? &rows[i] : &o->fp8_providers[i - n];
         /* One row per op: a row of the requested mode wins over a strict one
          * (fast mode keeps strict providers for ops with no fast variant). */
         json_t *have = json_object_get(ops, p->op);
@@ -142,7 +191,12 @@ static ls_status numerics_section(const ls_manifest_opts *o, json_t **out, ls_er
     *out = json_pack("{s:s, s:s, s:s, s:o, s:o}", "backend", o->backend, "mode", o->mode, "tier",
                      tensor_core ? "tensor-core" : "portable", "perturbation",
                      o->perturbation ? json_string(o->perturbation) : json_null(), "operators", ops);
-    if (!*out) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    if (!*out) {
+        json_decref(fp8);
+        return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    }
+    /* only for an FP8 checkpoint, so other manifests keep their digests */
+    if (fp8) json_object_set_new(*out, "fp8", fp8);
     return LS_OK;
 }
 
@@ -220,14 +274,14 @@ ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error
     json_t *num = NULL, *build = NULL, *ck_sec = NULL, *arch = NULL;
     void *rt = NULL;
     ls_checkpoint *owned = NULL;
-    ls_status st = numerics_section(&o, &num, err);
-    if (st == LS_OK) st = build_section(&build, err);
+    ls_status st = build_section(&build, err);
     if (st == LS_OK) st = ls_runtime_describe(o.gpu, &rt, err);
     const ls_checkpoint *ck = o.checkpoint;
     if (st == LS_OK && !ck) {
         st = ls_checkpoint_open(o.checkpoint_dir, &owned, err);
         ck = owned;
     }
+    if (st == LS_OK) st = numerics_section(&o, quant_config(ls_checkpoint_config_json(ck)), &num, err);
     if (st == LS_OK) st = checkpoint_section(ck, &o, &ck_sec, err);
     if (st == LS_OK) {
         arch = architecture_section(ls_checkpoint_config_json(ck));
@@ -447,6 +501,20 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
         VFAIL("%s: field numerics.perturbation: expected null or a string", label);
     if (json_is_string(pert) && strcmp(mode, "strict") == 0)
         VFAIL("%s: field numerics.perturbation: must be null in strict mode", label);
+    const json_t *fp8 = json_object_get(num, "fp8");
+    if (fp8) { /* present for FP8 checkpoints only */
+        const json_t *fm = json_object_get(fp8, "mode"), *bs = json_object_get(fp8, "weight_block_size");
+        if (!json_is_object(fp8))
+            VFAIL("%s: field numerics.fp8: expected an object", label);
+        if (!json_is_string(fm) ||
+            (strcmp(json_string_value(fm), "dequant") && strcmp(json_string_value(fm), "w8a8")))
+            VFAIL("%s: field numerics.fp8.mode: expected \"dequant\" or \"w8a8\"", label);
+        if (!json_is_array(bs) || json_array_size(bs) != 2 ||
+            !json_is_integer(json_array_get(bs, 0)) || !json_is_integer(json_array_get(bs, 1)))
+            VFAIL("%s: field numerics.fp8.weight_block_size: expected two integers", label);
+        if (json_object_size(fp8) != 2)
+            VFAIL("%s: field numerics.fp8: expected exactly mode and weight_block_size", label);
+    }
     LS_TRY(need_object(num, "operators", "numerics", label, &ops, err));
     const char *op;
     json_t *row;

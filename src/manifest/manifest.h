@@ -56,6 +56,13 @@ typedef struct ls_manifest_opts {
                                             NULL (default): no cache. The manifest does not
                                             depend on it: cached and hashed digests agree */
     int refresh;                         /* 1: hash every tensor and refresh the cache */
+    const char *fp8;                     /* FP8 arithmetic of a checkpoint whose config.json holds
+                                            a quantization_config: "dequant" (NULL: the default)
+                                            or "w8a8" (docs/numerics.md §9); must be NULL for
+                                            any other checkpoint */
+    const ls_provider *fp8_providers;    /* [n_fp8_providers] the backend's rows for that mode
+                                            (borrowed), recorded for an FP8 checkpoint */
+    size_t n_fp8_providers;
 } ls_manifest_opts;
 
 /* Defaults: backend "cpu", mode "strict", no perturbation, all threads,

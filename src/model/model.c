@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/model_fp8.h"
 #include "numerics/reduce.h"
 
 #define LIM_DIM 1048576L       /* sanity bound on every size field */
@@ -356,17 +357,26 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *c, ls_
         LS_TRY(get_int(&s, f->key, 1, 0, f->lo, f->hi, field_at(c, f), err));
     }
     LS_TRY(check_relations(c, "config.json", s.pfx, err));
+    const json_t *quant_seen = NULL;
     for (int k = 0; k < n_src; k++) {
         LS_TRY(check_token_ids(&both[k], "bos_token_id", c->vocab, err));
         LS_TRY(check_token_ids(&both[k], "eos_token_id", c->vocab, err));
-        /* A quantised checkpoint needs its scales read and applied; until a
-         * quantised path exists, a config that declares one is refused
-         * rather than run as if its weights were plain. */
+        /* FP8 block quantisation is the one quantised form lockstep computes
+         * (docs/model.md §6b); anything else is refused rather than run as
+         * if its weights were plain. The release keeps it at the top level,
+         * a text-only load may carry it in text_config: where both hold
+         * one, they must be the same. */
         const json_t *quant = json_object_get(both[k].o, "quantization_config");
-        if (quant && !json_is_null(quant))
-            return ls_fail(err, LS_E_UNSUPPORTED, "config.json: field '%squantization_config' is "
-                           "not supported (quantised checkpoints, FP8 included, are not "
-                           "implemented; supported: plain BF16/F32 weights)", both[k].pfx);
+        if (quant && !json_is_null(quant)) {
+            char field[64];
+            snprintf(field, sizeof field, "%squantization_config", both[k].pfx);
+            LS_TRY(ls_model_fp8_check_config(quant, field, err));
+            if (quant_seen && !json_equal((json_t *)quant, (json_t *)quant_seen))
+                return ls_fail(err, LS_E_INPUT, "config.json: fields 'quantization_config' and "
+                               "'text_config.quantization_config' differ");
+            quant_seen = quant;
+            c->fp8 = 1;
+        }
         LS_TRY(want_bool(&both[k], "tie_word_embeddings", 0, "", err));
     }
     if (q35) LS_TRY(parse_vision_tokens(root, c, err));
@@ -473,6 +483,9 @@ static ls_status check_config(const ls_model_config *c, ls_error *err)
     if (c->arch == LS_MODEL_QWEN3_5_MOE && c->norm_topk_prob != 1)
         return ls_fail(err, LS_E_UNSUPPORTED, "%s: norm_topk_prob = %d (the qwen3_5_moe router "
                        "always renormalises)", label, c->norm_topk_prob);
+    if (c->fp8)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: fp8 = %d (a synthetic model has bf16 matrices "
+                       "without data; FP8 weights come from a checkpoint)", label, c->fp8);
     if (c->vision_tokens_given & ~3)
         return ls_fail(err, LS_E_USAGE, "%s: vision_tokens_given = %d (bits 0 and 1)", label,
                        c->vision_tokens_given);
@@ -505,6 +518,9 @@ typedef struct binder {
     long n_experts;            /* config's num_experts (fused expert tensors must match it) */
     uint64_t seed;             /* synthetic: the generator's seed */
     uint64_t stream;           /* synthetic: vectors generated so far */
+    ls_model *m;               /* the model being bound (FP8 scales are kept there) */
+    ls_fp8_skip skip;          /* quantization_config.modules_to_not_convert */
+    long fp8_cap;              /* capacity of m->fp8_scales */
 } binder;
 
 /* Records that the model reads t (every exposed tensor must be read, see
@@ -552,7 +568,7 @@ static ls_status synth_vec(binder *b, const char *name, long n, float **out, ls_
     return LS_OK;
 }
 
-static ls_status find(binder *b, const char *name, int ndim, const int64_t *shape,
+static ls_status find(binder *b, const char *name, int ndim, const int64_t *shape, int allow_f8,
                       const ls_tensor **out, ls_error *err)
 {
     /* *out is defined on every path: NULL on failure (and -O3 can then see
@@ -560,9 +576,20 @@ static ls_status find(binder *b, const char *name, int ndim, const int64_t *shap
     *out = NULL;
     const ls_tensor *t = ls_checkpoint_find(b->ck, name);
     if (!t) return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' is missing", name);
-    if (t->dtype != LS_DTYPE_BF16 && t->dtype != LS_DTYPE_F32)
+    if (t->dtype == LS_DTYPE_F8_E4M3 && allow_f8 && !b->m->cfg.fp8)
+        return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' has dtype F8_E4M3 but config.json "
+                       "has no quantization_config (an FP8 checkpoint declares quant_method fp8 "
+                       "and its block size)", name);
+    if (t->dtype == LS_DTYPE_F8_E4M3 && !allow_f8 && b->m->cfg.fp8)
+        return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: tensor '%s' has dtype F8_E4M3, which "
+                       "lockstep takes for the projections an FP8 release quantises (attention, "
+                       "GDN in/out projections, experts, lm_head), not for this tensor "
+                       "(supported: BF16, F32)", name);
+    if (t->dtype != LS_DTYPE_BF16 && t->dtype != LS_DTYPE_F32 &&
+        !(t->dtype == LS_DTYPE_F8_E4M3 && allow_f8))
         return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: tensor '%s' has dtype %s (supported: "
-                       "BF16, F32)", name, ls_dtype_name(t->dtype));
+                       "BF16, F32%s)", name, ls_dtype_name(t->dtype),
+                       allow_f8 ? "; F8_E4M3 in an FP8 checkpoint" : "");
     int ok = t->ndim == ndim;
     for (int i = 0; ok && i < ndim; i++) ok = t->shape[i] == shape[i];
     if (!ok) {
@@ -581,17 +608,81 @@ static ls_status find(binder *b, const char *name, int ndim, const int64_t *shap
     return LS_OK;
 }
 
+/* An F8_E4M3 matrix `name` [rows, cols] of an FP8 checkpoint: its module
+ * must not be listed as not converted, and `<module>.weight_scale_inv` must
+ * be F32 [ceil(rows/128), ceil(cols/128)] with finite values (copied into
+ * the model, so scales need no alignment in the file). Fills m's wtype and
+ * scale (docs/model.md §6b). */
+static ls_status bind_f8(binder *b, const char *name, long rows, long cols, ls_wmat *m,
+                         ls_error *err)
+{
+    char module[256], sname[288];
+    size_t n = strlen(name);
+    if (n < 7 || strcmp(name + n - 7, ".weight") != 0 || n - 7 >= sizeof module)
+        return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' is F8_E4M3 but not a module's "
+                       "'.weight'", name);
+    memcpy(module, name, n - 7);
+    module[n - 7] = '\0';
+    const char *entry = ls_fp8_skip_find(&b->skip, module);
+    if (entry)
+        return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' is F8_E4M3, but config.json field "
+                       "'quantization_config.modules_to_not_convert' lists its module ('%s'): a "
+                       "module not converted keeps its BF16 weights", name, entry);
+    snprintf(sname, sizeof sname, "%s.weight_scale_inv", module);
+    const ls_tensor *st = ls_checkpoint_find(b->ck, sname);
+    long sr = LS_FP8_BLOCKS(rows), sc = LS_FP8_BLOCKS(cols);
+    if (!st)
+        return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' is F8_E4M3 but its block scale "
+                       "'%s' (F32 [%ld, %ld]) is missing", name, sname, sr, sc);
+    if (st->dtype != LS_DTYPE_F32)
+        return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: tensor '%s' has dtype %s (supported: "
+                       "F32 block scales)", sname, ls_dtype_name(st->dtype));
+    if (st->ndim != 2 || st->shape[0] != sr || st->shape[1] != sc) {
+        char got[128] = "";
+        for (int i = 0; i < st->ndim; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "",
+                     (long long)st->shape[i]);
+        return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' has shape [%s], expected [%ld, "
+                       "%ld] (blocks of 128 x 128 over '%s' [%ld, %ld])", sname, got, sr, sc,
+                       name, rows, cols);
+    }
+    if (b->m->n_fp8 == b->fp8_cap) {
+        long cap = b->fp8_cap ? 2 * b->fp8_cap : 64;
+        float **p = realloc(b->m->fp8_scales, sizeof(float *) * (size_t)cap);
+        if (!p) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
+        b->m->fp8_scales = p;
+        b->fp8_cap = cap;
+    }
+    float *v = malloc(sizeof(float) * (size_t)(sr * sc));
+    if (!v) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    b->m->fp8_scales[b->m->n_fp8++] = v;
+    memcpy(v, st->data, sizeof(float) * (size_t)(sr * sc));
+    for (long i = 0; i < sr * sc; i++)
+        if (!isfinite(v[i]))
+            return ls_fail(err, LS_E_INPUT, "checkpoint: tensor '%s' element %ld is not finite",
+                           sname, i);
+    mark_used(b, st);
+    m->wtype = LS_WTYPE_F8_DEQUANT;
+    m->scale = v;
+    return LS_OK;
+}
+
 /* A synthetic model's matrix: bf16, no data (a backend that can fill weights
  * itself does so at wrap_weights; the others refuse it). */
 static ls_wmat no_data(long rows, long cols)
 {
-    ls_wmat m = {NULL, LS_WTYPE_BF16, rows, cols};
+    ls_wmat m = {NULL, LS_WTYPE_BF16, rows, cols, NULL};
     return m;
 }
 
-/* Matrix `name` [rows, cols]; stored [rows, 1, cols] when mid1 (conv1d). */
-static ls_status mat(binder *b, const char *name, long rows, long cols, int mid1, ls_wmat *m,
-                     ls_error *err)
+/* Which matrices an FP8 checkpoint may store as F8_E4M3: those that reach
+ * the linear op or the experts (mat's f8 argument). */
+enum { PLAIN = 0, F8_OK = 1 };
+
+/* Matrix `name` [rows, cols]; stored [rows, 1, cols] when mid1 (conv1d).
+ * f8 = F8_OK: an FP8 checkpoint may store it as F8_E4M3 with block scales. */
+static ls_status mat(binder *b, const char *name, long rows, long cols, int mid1, int f8,
+                     ls_wmat *m, ls_error *err)
 {
     if (!b->ck) {
         *m = no_data(rows, cols);
@@ -599,11 +690,13 @@ static ls_status mat(binder *b, const char *name, long rows, long cols, int mid1
     }
     const ls_tensor *t;
     int64_t sh2[2] = {rows, cols}, sh3[3] = {rows, 1, cols};
-    LS_TRY(find(b, name, mid1 ? 3 : 2, mid1 ? sh3 : sh2, &t, err));
+    LS_TRY(find(b, name, mid1 ? 3 : 2, mid1 ? sh3 : sh2, f8 == F8_OK, &t, err));
     m->data = t->data;
     m->wtype = t->dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32;
     m->rows = rows;
     m->cols = cols;
+    m->scale = NULL;
+    if (t->dtype == LS_DTYPE_F8_E4M3) LS_TRY(bind_f8(b, name, rows, cols, m, err));
     return LS_OK;
 }
 
@@ -612,7 +705,7 @@ static ls_status vec(binder *b, const char *name, long n, float **out, ls_error 
     if (!b->ck) return synth_vec(b, name, n, out, err);
     const ls_tensor *t;
     int64_t sh[1] = {n};
-    LS_TRY(find(b, name, 1, sh, &t, err));
+    LS_TRY(find(b, name, 1, sh, 0, &t, err));
     float *v = malloc(sizeof(float) * (size_t)n);
     if (!v) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     for (long i = 0; i < n; i++) {
@@ -646,10 +739,19 @@ static ls_status expert_view(binder *b, int layer, int e, ls_expert_proj p, long
         return ls_fail(err, LS_E_INPUT, "checkpoint: expert %d of layer %d (%s) is [%lld, %lld], "
                        "expected [%ld, %ld]", e, layer, v.source, (long long)v.rows,
                        (long long)v.cols, rows, cols);
-    if (v.dtype != LS_DTYPE_BF16 && v.dtype != LS_DTYPE_F32)
-        return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: %s has dtype %s (supported: BF16, F32)",
-                       v.source, ls_dtype_name(v.dtype));
     const ls_tensor *t = ls_checkpoint_find(b->ck, v.source);
+    if (v.dtype == LS_DTYPE_F8_E4M3 && !b->m->cfg.fp8)
+        return ls_fail(err, LS_E_INPUT, "checkpoint: %s has dtype F8_E4M3 but config.json has no "
+                       "quantization_config (an FP8 checkpoint declares quant_method fp8 and its "
+                       "block size)", v.source);
+    if (v.dtype == LS_DTYPE_F8_E4M3 && t && t->ndim == 3)
+        return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: tensor '%s' is a fused F8_E4M3 expert "
+                       "tensor; lockstep reads FP8 experts stored one by one, as the FP8 releases "
+                       "store them (mlp.experts.E.{gate,up,down}_proj.weight with their "
+                       "weight_scale_inv)", v.source);
+    if (v.dtype != LS_DTYPE_BF16 && v.dtype != LS_DTYPE_F32 && v.dtype != LS_DTYPE_F8_E4M3)
+        return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: %s has dtype %s (supported: BF16, F32; "
+                       "F8_E4M3 in an FP8 checkpoint)", v.source, ls_dtype_name(v.dtype));
     /* A fused tensor [E', ...] serves experts 0..E-1; the rest of it would be
      * bytes nobody reads, so E' must be num_experts exactly. */
     if (t && t->ndim == 3 && t->shape[0] != b->n_experts)
@@ -662,6 +764,8 @@ static ls_status expert_view(binder *b, int layer, int e, ls_expert_proj p, long
     m->wtype = v.dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32;
     m->rows = rows;
     m->cols = cols;
+    m->scale = NULL;
+    if (v.dtype == LS_DTYPE_F8_E4M3) LS_TRY(bind_f8(b, v.source, rows, cols, m, err));
     return LS_OK;
 }
 
@@ -676,10 +780,10 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
     LS_TRY(vec(b, NAME("post_attention_layernorm.weight"), D, &ly->post_norm, err));
     if (ly->attention) {
         long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim;
-        LS_TRY(mat(b, NAME("self_attn.q_proj.weight"), Hq * 2 * d, D, 0, &ly->q_proj, err));
-        LS_TRY(mat(b, NAME("self_attn.k_proj.weight"), Hkv * d, D, 0, &ly->k_proj, err));
-        LS_TRY(mat(b, NAME("self_attn.v_proj.weight"), Hkv * d, D, 0, &ly->v_proj, err));
-        LS_TRY(mat(b, NAME("self_attn.o_proj.weight"), D, Hq * d, 0, &ly->o_proj, err));
+        LS_TRY(mat(b, NAME("self_attn.q_proj.weight"), Hq * 2 * d, D, 0, F8_OK, &ly->q_proj, err));
+        LS_TRY(mat(b, NAME("self_attn.k_proj.weight"), Hkv * d, D, 0, F8_OK, &ly->k_proj, err));
+        LS_TRY(mat(b, NAME("self_attn.v_proj.weight"), Hkv * d, D, 0, F8_OK, &ly->v_proj, err));
+        LS_TRY(mat(b, NAME("self_attn.o_proj.weight"), D, Hq * d, 0, F8_OK, &ly->o_proj, err));
         LS_TRY(vec(b, NAME("self_attn.q_norm.weight"), d, &ly->q_norm, err));
         LS_TRY(vec(b, NAME("self_attn.k_norm.weight"), d, &ly->k_norm, err));
     } else {
@@ -687,17 +791,17 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
         long conv_dim = 2 * Hk * dk + Hv * dv;
         if (c->arch == LS_MODEL_QWEN3_5_MOE) {
             /* four projections in plain head order (docs/model.md §2.2) */
-            LS_TRY(mat(b, NAME("linear_attn.in_proj_qkv.weight"), conv_dim, D, 0, &ly->in_qkv, err));
-            LS_TRY(mat(b, NAME("linear_attn.in_proj_z.weight"), Hv * dv, D, 0, &ly->in_z, err));
-            LS_TRY(mat(b, NAME("linear_attn.in_proj_b.weight"), Hv, D, 0, &ly->in_b, err));
-            LS_TRY(mat(b, NAME("linear_attn.in_proj_a.weight"), Hv, D, 0, &ly->in_a, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_qkv.weight"), conv_dim, D, 0, F8_OK, &ly->in_qkv, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_z.weight"), Hv * dv, D, 0, F8_OK, &ly->in_z, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_b.weight"), Hv, D, 0, F8_OK, &ly->in_b, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_a.weight"), Hv, D, 0, F8_OK, &ly->in_a, err));
         } else {
             /* fused, interleaved per key head (docs/model.md §2.3) */
             LS_TRY(mat(b, NAME("linear_attn.in_proj_qkvz.weight"), 2 * Hk * dk + 2 * Hv * dv, D, 0,
-                       &ly->qkvz, err));
-            LS_TRY(mat(b, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, D, 0, &ly->ba, err));
+                       F8_OK, &ly->qkvz, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, D, 0, F8_OK, &ly->ba, err));
         }
-        LS_TRY(mat(b, NAME("linear_attn.conv1d.weight"), conv_dim, c->conv_kernel, 1, &ly->conv,
+        LS_TRY(mat(b, NAME("linear_attn.conv1d.weight"), conv_dim, c->conv_kernel, 1, PLAIN, &ly->conv,
                    err));
         if (b->ck && ls_checkpoint_find(b->ck, NAME("linear_attn.conv1d.bias")))
             return ls_fail(err, LS_E_UNSUPPORTED, "checkpoint: tensor '%s' (conv bias) is not "
@@ -705,10 +809,10 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
         LS_TRY(vec(b, NAME("linear_attn.A_log"), Hv, &ly->A_log, err));
         LS_TRY(vec(b, NAME("linear_attn.dt_bias"), Hv, &ly->dt_bias, err));
         LS_TRY(vec(b, NAME("linear_attn.norm.weight"), dv, &ly->gnorm, err));
-        LS_TRY(mat(b, NAME("linear_attn.out_proj.weight"), D, Hv * dv, 0, &ly->out_proj, err));
+        LS_TRY(mat(b, NAME("linear_attn.out_proj.weight"), D, Hv * dv, 0, F8_OK, &ly->out_proj, err));
     }
     long E = c->n_experts, I = c->moe_inter, Is = c->shared_inter;
-    LS_TRY(mat(b, NAME("mlp.gate.weight"), E, D, 0, &ly->router, err));
+    LS_TRY(mat(b, NAME("mlp.gate.weight"), E, D, 0, PLAIN, &ly->router, err));
     ly->exp_gate = calloc((size_t)E * 3, sizeof(ls_wmat));
     if (!ly->exp_gate) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     ly->exp_up = ly->exp_gate + E;
@@ -718,10 +822,10 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
         LS_TRY(expert_view(b, l, e, LS_EXPERT_UP, I, D, &ly->exp_up[e], err));
         LS_TRY(expert_view(b, l, e, LS_EXPERT_DOWN, D, I, &ly->exp_down[e], err));
     }
-    LS_TRY(mat(b, NAME("mlp.shared_expert.gate_proj.weight"), Is, D, 0, &ly->sh_gate, err));
-    LS_TRY(mat(b, NAME("mlp.shared_expert.up_proj.weight"), Is, D, 0, &ly->sh_up, err));
-    LS_TRY(mat(b, NAME("mlp.shared_expert.down_proj.weight"), D, Is, 0, &ly->sh_down, err));
-    LS_TRY(mat(b, NAME("mlp.shared_expert_gate.weight"), 1, D, 0, &ly->sh_gate_w, err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert.gate_proj.weight"), Is, D, 0, F8_OK, &ly->sh_gate, err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert.up_proj.weight"), Is, D, 0, F8_OK, &ly->sh_up, err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert.down_proj.weight"), D, Is, 0, F8_OK, &ly->sh_down, err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert_gate.weight"), 1, D, 0, PLAIN, &ly->sh_gate_w, err));
 #undef NAME
     return LS_OK;
 }
@@ -748,6 +852,11 @@ static long dotted_number(const char **s)
 static ls_status unused_reason(const ls_model_config *c, const char *name, char *why, size_t cap)
 {
     static const char layers[] = "model.layers.", experts[] = "mlp.experts.";
+    if (ends_with(name, ".weight_scale_inv")) {
+        snprintf(why, cap, "it is an FP8 block scale, but the weight beside it is not F8_E4M3 "
+                 "(a BF16 or F32 weight is used as stored, without a scale)");
+        return LS_E_INPUT;
+    }
     const char *rest = name + sizeof layers - 1;
     long layer = strncmp(name, layers, sizeof layers - 1) == 0 ? dotted_number(&rest) : -1;
     if (layer >= c->n_layers) {
@@ -810,8 +919,8 @@ static ls_status bind_model(ls_model *m, binder *b, ls_model **out, ls_error *er
     }
     m->layers = st == LS_OK ? calloc((size_t)c->n_layers, sizeof *m->layers) : NULL;
     if (st == LS_OK && !m->layers) st = ls_fail(err, LS_E_NOMEM, "model: out of memory");
-    if (st == LS_OK) st = mat(b, "model.embed_tokens.weight", c->vocab, c->hidden, 0, &m->embed, err);
-    if (st == LS_OK) st = mat(b, "lm_head.weight", c->vocab, c->hidden, 0, &m->lm_head, err);
+    if (st == LS_OK) st = mat(b, "model.embed_tokens.weight", c->vocab, c->hidden, 0, PLAIN, &m->embed, err);
+    if (st == LS_OK) st = mat(b, "lm_head.weight", c->vocab, c->hidden, 0, F8_OK, &m->lm_head, err);
     if (st == LS_OK) st = vec(b, "model.norm.weight", c->hidden, &m->final_norm, err);
     for (int l = 0; st == LS_OK && l < c->n_layers; l++)
         st = bind_layer(b, c, l, &m->layers[l], err);
@@ -836,8 +945,17 @@ ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err)
         ls_model_close(m);
         return st;
     }
-    binder b = {ck, NULL, 0, 0, 0};
-    return bind_model(m, &b, out, err);
+    binder b = {ck, NULL, 0, 0, 0, m, {NULL, NULL, 0}, 0};
+    if (m->cfg.fp8) {
+        st = ls_fp8_skip_load(ls_checkpoint_config_json(ck), &b.skip, err);
+        if (st != LS_OK) {
+            ls_model_close(m);
+            return st;
+        }
+    }
+    st = bind_model(m, &b, out, err);
+    ls_fp8_skip_free(&b.skip);
+    return st;
 }
 
 ls_status ls_model_synthetic(const ls_model_config *cfg, uint64_t seed, ls_model **out,
@@ -848,7 +966,7 @@ ls_status ls_model_synthetic(const ls_model_config *cfg, uint64_t seed, ls_model
     ls_model *m = calloc(1, sizeof *m);
     if (!m) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     m->cfg = *cfg;
-    binder b = {NULL, NULL, 0, seed, 0};
+    binder b = {NULL, NULL, 0, seed, 0, m, {NULL, NULL, 0}, 0};
     return bind_model(m, &b, out, err);
 }
 
@@ -863,5 +981,7 @@ void ls_model_close(ls_model *m)
         }
     free(m->layers);
     free(m->final_norm);
+    for (long i = 0; i < m->n_fp8; i++) free(m->fp8_scales[i]);
+    free(m->fp8_scales);
     free(m);
 }

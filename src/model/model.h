@@ -7,7 +7,8 @@
  * value is LS_E_UNSUPPORTED naming the field; a malformed one LS_E_INPUT),
  * derives the layer list (layer_types, else full_attention_interval) and
  * binds every tensor the engine needs, checking
- * dtype (BF16 or F32) and shape. Every tensor the checkpoint exposes must be
+ * dtype (BF16 or F32; F8_E4M3 with its block scales for the projections of
+ * an FP8 checkpoint, docs/model.md §6b) and shape. Every tensor the checkpoint exposes must be
  * bound: one the graph does not read (a bias, a layer beyond
  * num_hidden_layers, an expert beyond num_experts) is refused, naming it
  * (the vision tower and MTP head are set aside by the checkpoint reader). Matrices stay in the checkpoint's mmap;
@@ -67,6 +68,8 @@ typedef struct ls_model_config {
      * holding one. */
     long vision_tokens[2];     /* [0] image_token_id, [1] video_token_id */
     int vision_tokens_given;   /* bit i: vision_tokens[i] given (0 in a zeroed config: none) */
+    int fp8;                   /* 1: quantization_config declares FP8 block quantisation
+                                  (docs/model.md §6b): e4m3 matrices with block scales allowed */
     int is_attention[LS_MODEL_MAX_LAYERS];    /* 1 = full attention, 0 = gated DeltaNet */
 } ls_model_config;
 
@@ -101,6 +104,9 @@ typedef struct ls_model_layer {
 typedef struct ls_model {
     ls_model_config cfg;
     const ls_checkpoint *ck;   /* borrowed; must outlive the model; NULL = synthetic */
+    long n_fp8;                /* matrices bound as FP8 (LS_WTYPE_F8_DEQUANT) */
+    float **fp8_scales;        /* [n_fp8] each matrix's block scales, copied from the checkpoint
+                                  (owned; an ls_wmat.scale points at one) */
     ls_wmat embed;             /* [V, D] */
     ls_wmat lm_head;           /* [V, D] */
     float *final_norm;         /* [D] */

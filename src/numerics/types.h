@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "numerics/fp8.h"
 #include "numerics/reduce.h"
 
 typedef enum ls_order {
@@ -14,16 +15,38 @@ typedef enum ls_order {
     LS_ORDER_REVERSED = 1      /* perturbation: sequential from the last element */
 } ls_order;
 
+/* How a weight matrix's elements enter a dot product. The two FP8 types
+ * hold the same bytes (e4m3fn elements plus an fp32 scale per 128 x 128
+ * block, numerics/fp8.h) and differ in the arithmetic (docs/numerics.md §9):
+ * the model binds FP8 matrices as LS_WTYPE_F8_DEQUANT, and the engine turns
+ * them into LS_WTYPE_F8_W8A8 when it runs in w8a8 mode. */
 typedef enum ls_wtype {
     LS_WTYPE_BF16 = 0,         /* uint16_t elements */
-    LS_WTYPE_F32 = 1           /* float elements */
+    LS_WTYPE_F32 = 1,          /* float elements */
+    LS_WTYPE_F8_DEQUANT = 2,   /* uint8_t e4m3 elements, dequantised to fp32: W = q · s */
+    LS_WTYPE_F8_W8A8 = 3       /* uint8_t e4m3 elements against per-token-group quantised
+                                  activations, per 128-wide K block */
 } ls_wtype;
+
+/* 1 for the FP8 weight types (e4m3 elements with block scales). */
+static inline int ls_wtype_is_f8(ls_wtype t)
+{
+    return t == LS_WTYPE_F8_DEQUANT || t == LS_WTYPE_F8_W8A8;
+}
+
+/* Bytes per stored element. */
+static inline long ls_wtype_bytes(ls_wtype t)
+{
+    return t == LS_WTYPE_BF16 ? 2 : t == LS_WTYPE_F32 ? 4 : 1;
+}
 
 /* A weight matrix [rows, cols], row-major, as stored (borrowed pointer). */
 typedef struct ls_wmat {
     const void *data;          /* [rows, cols] */
     ls_wtype wtype;
     long rows, cols;
+    const float *scale;        /* FP8 only: [LS_FP8_BLOCKS(rows), LS_FP8_BLOCKS(cols)] fp32, the
+                                  checkpoint's weight_scale_inv (borrowed); NULL otherwise */
 } ls_wmat;
 
 /* act(x): bf16 rounding in bf16 activation mode, identity otherwise. */
@@ -32,10 +55,20 @@ static inline float ls_act(float x, int act_bf16)
     return act_bf16 ? ls_round_bf16(x) : x;
 }
 
-/* Element (r, c) of a weight matrix, widened to fp32. */
+/* The scale row of weight row r of an FP8 matrix [LS_FP8_BLOCKS(cols)]. */
+static inline const float *ls_wmat_scale_row(const ls_wmat *w, long r)
+{
+    return w->scale + (r / LS_FP8_BLOCK) * LS_FP8_BLOCKS(w->cols);
+}
+
+/* Element (r, c) of a weight matrix, widened to fp32 (FP8: dequantised,
+ * fp32(q) · scale rounded once). */
 static inline float ls_wmat_at(const ls_wmat *w, long r, long c)
 {
     if (w->wtype == LS_WTYPE_BF16) return ls_bf16_to_f32(((const uint16_t *)w->data)[r * w->cols + c]);
+    if (ls_wtype_is_f8(w->wtype))
+        return ls_fp8_dequant(((const uint8_t *)w->data)[r * w->cols + c],
+                              ls_wmat_scale_row(w, r)[c / LS_FP8_BLOCK]);
     return ((const float *)w->data)[r * w->cols + c];
 }
 

@@ -173,6 +173,7 @@ static ls_status spec_from_options(const lockstep_run_options *opts, const char 
     s->perturb = o.perturb;
     s->dump_layers = o.dump_layers;
     s->progress = o.progress;
+    s->fp8 = o.fp8;
     *act_set = o.activations != NULL;
     if (o.activations) {
         if (strcmp(o.activations, "bf16") && strcmp(o.activations, "fp32"))
@@ -329,6 +330,7 @@ lockstep_status lockstep_replay(lockstep_checkpoint *h, const char *rollout_trac
         /* A replay recomputes what the rollout computed: the rollout's dtype
          * and digest cadence unless the options say otherwise. */
         if (!act_set) s.act_bf16 = info.act_bf16;
+        if (!s.fp8 && info.fp8[0]) s.fp8 = info.fp8;
         if (!(opts && opts->state_digest_every)) s.state_digest_every = info.state_digest_every;
         s.expect_merkle_root = info.model_fingerprint;
         s.expect_source = rollout_trace;

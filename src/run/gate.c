@@ -67,6 +67,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
     s.backend = o->backend;
     s.threads = o->threads;
     s.batch = batch;
+    s.fp8 = o->fp8;
     s.out = ro_path;
     s.progress = out != NULL;
     /* Hash the checkpoint once: every run pins the same checkpoint section
@@ -110,6 +111,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
         s.reverse_batch = vars[v].reverse;
         s.perturb = vars[v].perturb;
         s.act_bf16 = info.act_bf16;
+        s.fp8 = info.fp8[0] ? info.fp8 : NULL;
         s.state_digest_every = info.state_digest_every;
         s.out = rp_path;
         st = ls_run_execute(&s, &res, err);

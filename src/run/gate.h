@@ -29,6 +29,8 @@ typedef struct ls_gate_opts {
     const ls_gate_variant *variants; /* NULL = the standard five (chunk 1, 3, 64, whole, reordered) */
     int n_variants;
     ls_run_hash_cache hash_cache;  /* how the checkpoint is hashed (once, for every run) */
+    const char *fp8;               /* FP8 checkpoints: "dequant" (NULL: default) or "w8a8"; the
+                                      replays take the rollout's */
 } ls_gate_opts;
 
 

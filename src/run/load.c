@@ -163,6 +163,13 @@ ls_status ls_run_load_rollout(const char *trace_path, ls_run_batch *out, ls_run_
     if (st == LS_OK) {
         json_t *mn = json_object_get(params, "max_new_tokens");
         if (json_is_integer(mn)) info->max_new = (long)json_integer_value(mn);
+        json_t *f8 = json_object_get(params, "fp8");
+        if (f8 && (!json_is_string(f8) || (strcmp(json_string_value(f8), "dequant") &&
+                                           strcmp(json_string_value(f8), "w8a8"))))
+            st = ls_fail(err, LS_E_INPUT, "%s: header field run_params.fp8 must be \"dequant\" or "
+                         "\"w8a8\"", trace_path);
+        else if (f8)
+            snprintf(info->fp8, sizeof info->fp8, "%s", json_string_value(f8));
     }
     /* Tokens per sequence, appended in position order. */
     long cap = 0;

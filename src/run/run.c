@@ -164,6 +164,8 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
          s->sampling.top_k < 0))
         return ls_fail(err, LS_E_USAGE, "sampling: temperature (--temperature) must be > 0, top_p "
                        "(--top-p) in (0, 1], top_k (--top-k) >= 0");
+    if (s->fp8 && strcmp(s->fp8, "dequant") && strcmp(s->fp8, "w8a8"))
+        return ls_fail(err, LS_E_USAGE, "fp8 (--fp8) '%s': expected dequant or w8a8", s->fp8);
     if (s->perturb) {
         int layer;
         ls_perturb_op op;
@@ -236,6 +238,10 @@ ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_gp
     mo->backend = backend;
     mo->providers = rows;
     mo->n_providers = n;
+    if (mo->fp8 && strcmp(mo->fp8, "dequant") && strcmp(mo->fp8, "w8a8"))
+        return ls_fail(err, LS_E_USAGE, "fp8 (--fp8) '%s': expected dequant or w8a8", mo->fp8);
+    mo->fp8_providers = ls_backend_list_fp8_providers(backend, mo->fp8 ? mo->fp8 : "dequant",
+                                                      &mo->n_fp8_providers);
     mo->gpu = present ? gpu : NULL;
     return LS_OK;
 }
@@ -260,7 +266,9 @@ static ls_status write_frame(void *ctx, ls_frame_kind kind, const ls_trace_recor
     return LS_OK;
 }
 
-static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n)
+/* fp8: the FP8 mode of a run on an FP8 checkpoint, recorded (the key is
+ * absent for other checkpoints, whose run_params stay as they were). */
+static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n, const char *fp8)
 {
     json_t *batch = json_array();
     for (long i = 0; i < n; i++) {
@@ -275,7 +283,7 @@ static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n)
                                    (double)s->sampling.temperature, "top_k", (json_int_t)s->sampling.top_k,
                                    "top_p", (double)s->sampling.top_p);
     int rollout = strcmp(s->mode, "rollout") == 0;
-    return json_pack("{s:s, s:o, s:o, s:o, s:s, s:o, s:s, s:s, s:o, s:I, s:I}", "mode", s->mode, "sampling",
+    json_t *p = json_pack("{s:s, s:o, s:o, s:o, s:s, s:o, s:s, s:s, s:o, s:I, s:I}", "mode", s->mode, "sampling",
                      samp, "max_new_tokens", rollout ? json_integer(s->max_new) : json_null(), "chunk",
                      rollout ? json_null() : s->chunk > 0 ? json_integer(s->chunk) : json_string("whole"),
                      "batch_order", s->reverse_batch ? "reversed" : "as-given", "batch", batch,
@@ -283,6 +291,8 @@ static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n)
                      "perturbation", s->perturb ? json_string(s->perturb) : json_null(),
                      "state_digest_every", (json_int_t)s->state_digest_every, "max_rows",
                      (json_int_t)s->max_rows);
+    if (p && fp8) json_object_set_new(p, "fp8", json_string(fp8));
+    return p;
 }
 
 static ls_status parse_dump_layers(const char *spec, long L, unsigned char *mask, ls_error *err)
@@ -402,6 +412,13 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     if (s->perturb) st = ls_run_parse_perturb(s->perturb, &eo.perturb_layer, &eo.perturb_op, err);
     if (st == LS_OK) st = ls_checkpoint_open(s->checkpoint, &ck, err);
     if (st == LS_OK) st = ls_model_open(ck, &m, err);
+    /* the FP8 mode: a choice for FP8 checkpoints only (dequant by default) */
+    const char *fp8 = NULL;
+    if (st == LS_OK && s->fp8 && !m->cfg.fp8)
+        st = ls_fail(err, LS_E_USAGE, "fp8 (--fp8) applies to FP8 checkpoints only: %s/config.json "
+                     "has no quantization_config", s->checkpoint);
+    if (st == LS_OK && m->cfg.fp8) fp8 = s->fp8 ? s->fp8 : "dequant";
+    eo.fp8_w8a8 = fp8 && !strcmp(fp8, "w8a8");
     if (st == LS_OK && s->dump_layers) {
         dump = calloc((size_t)m->cfg.n_layers, 1);
         if (!dump) st = ls_fail(err, LS_E_NOMEM, "out of memory");
@@ -454,6 +471,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
             mo.mode = "fast";
             mo.perturbation = s->perturb;
         }
+        mo.fp8 = fp8;
         st = ls_run_manifest_facts(s->backend, &mo, &gpu, err);
         if (st == LS_OK) st = ls_manifest_build(&mo, &man, err);
     }
@@ -472,7 +490,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         for (long i = 0; st == LS_OK && i < b->n; i++) seqs[i] = b->seqs[s->reverse_batch ? b->n - 1 - i : i];
     }
     if (st == LS_OK) {
-        params = run_params(s, seqs, b->n);
+        params = run_params(s, seqs, b->n, fp8);
         if (params) json_object_set_new(params, "checkpoint_verified", verification_json(fp, !s->fingerprint));
         params_text = params ? json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
         if (!params_text) st = ls_fail(err, LS_E_NOMEM, "out of memory");

@@ -67,6 +67,9 @@ typedef struct ls_run_spec {
     long max_rows;                 /* packed tokens per forward, >= 1 (--max-rows) */
     const char *perturb;           /* "layer=L,op=OP" or NULL (--perturb) */
     const char *dump_layers;       /* "L,L,..." or NULL (--dump-layers) */
+    const char *fp8;               /* FP8 checkpoints: "dequant" (NULL: the default) or "w8a8"
+                                      (--fp8, docs/numerics.md §9); a checkpoint without
+                                      quantization_config takes NULL */
     const char *out;               /* trace path (-o) */
     int progress;                  /* progress on stderr (ls_progress) */
     const ls_fingerprint *fingerprint; /* the checkpoint's, already computed (borrowed), or NULL */
@@ -103,8 +106,10 @@ ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads
                              const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
                              ls_error *err);
 
-/* What a manifest is told about `backend`: its provider rows and, when a GPU
- * is present, the device (written to *gpu, which must outlive *mo). */
+/* What a manifest is told about `backend`: its provider rows (and the FP8
+ * rows of mo->fp8, default dequant, recorded for an FP8 checkpoint) and,
+ * when a GPU is present, the device (written to *gpu, which must outlive
+ * *mo). */
 ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_gpu_info *gpu,
                                 ls_error *err);
 

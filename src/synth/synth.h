@@ -44,6 +44,11 @@ typedef struct ls_synth_config {
                                               experts.down_proj [E, D, I] (the Qwen3.5 BF16
                                               release layout); 0: one tensor per expert and
                                               projection. Not in config.json */
+    int fp8;                               /* 1: the FP8 release layout (docs/synth.md): the
+                                              projections the releases quantise stored
+                                              F8_E4M3 with weight_scale_inv per 128 x 128
+                                              block, experts one by one, quantization_config
+                                              with modules_to_not_convert in config.json */
     int64_t vocab_size;                    /* V */
     int64_t hidden_size;                   /* D */
     int64_t num_hidden_layers;             /* L (<= LS_SYNTH_MAX_LAYERS) */
@@ -77,7 +82,8 @@ typedef struct ls_synth_config {
 
 /* Fills cfg from a preset: "tiny", "small", "qwen3-next-80b-a3b" (Qwen3-Next,
  * per-expert tensors) or "qwen3.5-tiny", "qwen3.5-small", "qwen3.5-35b-a3b",
- * "qwen3.5-122b-a10b", "qwen3.5-397b-a17b" (Qwen3.5 MoE, fused experts).
+ * "qwen3.5-122b-a10b", "qwen3.5-397b-a17b" (Qwen3.5 MoE, fused experts);
+ * bf16 (set fp8 = 1 and fused_experts = 0 for the FP8 release layout).
  * LS_E_USAGE naming the preset (and listing the valid ones) when unknown. */
 ls_status ls_synth_preset(const char *name, ls_synth_config *cfg, ls_error *err);
 
@@ -147,18 +153,38 @@ typedef struct ls_synth_tensor {
                                     expert e holds the values of the per-expert tensors
                                     experts.e.{gate,up}_proj.weight (or down_proj), so both
                                     layouts carry the same weights */
+    int fp8;                     /* 0 bf16; LS_SYNTH_F8_WEIGHT or LS_SYNTH_F8_SCALE */
+    int64_t wshape[2];           /* LS_SYNTH_F8_SCALE: the shape of the weight it scales */
 } ls_synth_tensor;
 
 #define LS_SYNTH_FUSED_GATE_UP 1 /* experts.gate_up_proj [E, 2I, D]: gate rows, then up rows */
 #define LS_SYNTH_FUSED_DOWN 2    /* experts.down_proj [E, D, I] */
+/* FP8 layout: the bf16 values of the same name (what the BF16 checkpoint of
+ * the same seed holds) quantised per 128 x 128 block b: s_b = amax_b / 448
+ * (1 for an all-zero block), q = e4m3(w / s_b) (numerics/fp8.h); the scale
+ * tensor NAME_scale_inv holds s_b as F32. */
+#define LS_SYNTH_F8_WEIGHT 1     /* F8_E4M3 [rows, cols] */
+#define LS_SYNTH_F8_SCALE 2      /* F32 [ceil(rows/128), ceil(cols/128)] */
 
 /* Lists every tensor of the checkpoint for cfg, sorted by name (byte order).
  * *out is malloc'd (caller frees), *count its length. */
 ls_status ls_synth_list_tensors(const ls_synth_config *cfg, ls_synth_tensor **out,
                                 size_t *count, ls_error *err);
 
-/* Generates the bf16 values of t (numel elements, row-major) into dst. */
+/* Generates the bf16 values of t (numel elements, row-major) into dst
+ * (for an FP8 weight or scale: the bf16 values of the weight before
+ * quantisation). */
 void ls_synth_fill(const ls_synth_tensor *t, uint64_t seed, uint16_t *dst);
+
+/* The stored element type of t and its bytes: BF16, or for the FP8 layout
+ * F8_E4M3 weights and F32 scales. */
+uint64_t ls_synth_tensor_bytes(const ls_synth_tensor *t);
+
+/* Generates the bytes of t as stored (ls_synth_tensor_bytes of them) into
+ * dst: ls_synth_fill for bf16 tensors; the quantised weight or its scales
+ * for the FP8 layout. LS_E_NOMEM when the weight's bf16 values do not fit in
+ * memory (FP8 only). */
+ls_status ls_synth_fill_bytes(const ls_synth_tensor *t, uint64_t seed, void *dst, ls_error *err);
 
 /* ---- writing a checkpoint ------------------------------------------------------ */
 

@@ -571,6 +571,52 @@ static char *render_object(field *f, size_t nf, int indent)
     return s;
 }
 
+/* quantization_config of the FP8 layout (a top-level field, as in the FP8
+ * releases), or NULL when c->fp8 is 0 (left out) or out of memory (*oom).
+ * modules_to_not_convert names what the releases leave in BF16 (docs/model.md
+ * §6b): lm_head and, per layer, the router, the shared expert gate and
+ * Qwen3.5's in_proj_a / in_proj_b (Qwen3-Next's in_proj_ba), with the
+ * checkpoint's own module prefix. */
+static char *render_quant(const ls_synth_config *c, int *oom)
+{
+    if (!c->fp8) return NULL;
+    const int q35 = c->arch == LS_SYNTH_QWEN3_5_MOE;
+    const char *m = q35 ? "model.language_model" : "model";
+    size_t cap = 64 + (size_t)c->num_hidden_layers * 4 * 96;
+    char *list = malloc(cap);
+    if (!list) {
+        *oom = 1;
+        return NULL;
+    }
+    size_t n = (size_t)snprintf(list, cap, "[\n      \"lm_head\"");
+    for (int64_t L = 0; L < c->num_hidden_layers; L++) {
+        static const char *const q35_lin[] = {"linear_attn.in_proj_a", "linear_attn.in_proj_b"};
+        static const char *const next_lin[] = {"linear_attn.in_proj_ba"};
+        if (!c->layer_full[L])
+            for (int i = 0; i < (q35 ? 2 : 1); i++)
+                n += (size_t)snprintf(list + n, cap - n, ",\n      \"%s.layers.%lld.%s\"", m,
+                                      (long long)L, q35 ? q35_lin[i] : next_lin[i]);
+        n += (size_t)snprintf(list + n, cap - n, ",\n      \"%s.layers.%lld.mlp.gate\"", m,
+                              (long long)L);
+        n += (size_t)snprintf(list + n, cap - n,
+                              ",\n      \"%s.layers.%lld.mlp.shared_expert_gate\"", m,
+                              (long long)L);
+    }
+    snprintf(list + n, cap - n, "\n    ]");
+    field q[] = {
+        {"activation_scheme", strdup("\"dynamic\"")},
+        {"fmt", strdup("\"e4m3\"")},
+        {"modules_to_not_convert", list},
+        {"quant_method", strdup("\"fp8\"")},
+        {"weight_block_size", strdup("[\n      128,\n      128\n    ]")},
+    };
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
+        if (!q[i].value) *oom = 1;
+    char *r = render_object(q, sizeof q / sizeof q[0], 2);
+    if (!r) *oom = 1;
+    return r;
+}
+
 /* Qwen3.5 MoE in the release layout: Qwen3_5MoeForConditionalGeneration,
  * the language model's fields under text_config (with the multimodal RoPE
  * sections in rope_parameters), the vision placeholder ids at the top when
@@ -645,12 +691,13 @@ static ls_status render_q35(const ls_synth_config *c, char **out, size_t *len, l
         {"architectures", strdup("[\n    \"Qwen3_5MoeForConditionalGeneration\"\n  ]")},
         {"image_token_id", c->image_token_id >= 0 ? fmt_int(c->image_token_id) : NULL},
         {"model_type", strdup("\"qwen3_5_moe\"")},
+        {"quantization_config", render_quant(c, &oom)},
         {"text_config", text},
         {"tie_word_embeddings", strdup("false")},
         {"video_token_id", c->video_token_id >= 0 ? fmt_int(c->video_token_id) : NULL},
     };
     const size_t nto = sizeof top / sizeof top[0];
-    oom |= !text || !top[0].value || !top[2].value || !top[4].value;
+    oom |= !text || !top[0].value || !top[2].value || !top[5].value;
     char *all = render_object(top, nto, 0);
     if (oom || !all) {
         free(all);
@@ -686,6 +733,7 @@ ls_status ls_synth_config_render(const ls_synth_config *c, char **out, size_t *l
     snprintf(lt + n, lt_cap - n, "  ]");
 
     char *prf = fmt_real(c->partial_rotary_factor), *theta = fmt_real(c->rope_theta);
+    int oom_q = 0;
     char rope[256];
     snprintf(rope, sizeof rope,
              "{\n    \"partial_rotary_factor\": %s,\n    \"rope_theta\": %s,\n"
@@ -725,6 +773,7 @@ ls_status ls_synth_config_render(const ls_synth_config *c, char **out, size_t *l
         {"num_key_value_heads", fmt_int(c->num_key_value_heads)},
         {"output_router_logits", strdup("false")},
         {"partial_rotary_factor", fmt_real(c->partial_rotary_factor)},
+        {"quantization_config", render_quant(c, &oom_q)},
         {"rms_norm_eps", fmt_real(c->rms_norm_eps)},
         {"rope_parameters", strdup(rope)},
         {"rope_scaling", strdup("null")},
@@ -742,9 +791,11 @@ ls_status ls_synth_config_render(const ls_synth_config *c, char **out, size_t *l
     qsort(f, nf, sizeof f[0], cmp_field);
 
     size_t cap = 64;
-    int oom = 0;
+    int oom = oom_q;
     for (size_t i = 0; i < nf; i++) {
-        if (!f[i].value && strcmp(f[i].key, "full_attention_interval") != 0) oom = 1;
+        if (!f[i].value && strcmp(f[i].key, "full_attention_interval") != 0 &&
+            strcmp(f[i].key, "quantization_config") != 0)
+            oom = 1;
         if (f[i].value) cap += strlen(f[i].key) + strlen(f[i].value) + 8;
     }
     char *s = oom ? NULL : malloc(cap);

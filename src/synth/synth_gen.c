@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "numerics/fp8.h"
 #include "numerics/reduce.h"
 #include "synth/synth.h"
 
@@ -214,6 +215,69 @@ void ls_synth_fill(const ls_synth_tensor *t, uint64_t seed, uint16_t *dst)
     }
 }
 
+/* ---- the FP8 layout ------------------------------------------------------------- */
+
+uint64_t ls_synth_tensor_bytes(const ls_synth_tensor *t)
+{
+    uint64_t n = tensor_numel(t);
+    return t->fp8 == LS_SYNTH_F8_WEIGHT ? n : t->fp8 == LS_SYNTH_F8_SCALE ? 4 * n : 2 * n;
+}
+
+/* Block (bi, bj)'s scale of the bf16 matrix w [R, C]: amax / 448 (fp32
+ * division), 1 for an all-zero block. */
+static float block_scale(const uint16_t *w, int64_t R, int64_t C, int64_t bi, int64_t bj)
+{
+    float amax = 0.0f;
+    for (int64_t r = bi * LS_FP8_BLOCK; r < R && r < (bi + 1) * LS_FP8_BLOCK; r++)
+        for (int64_t c = bj * LS_FP8_BLOCK; c < C && c < (bj + 1) * LS_FP8_BLOCK; c++) {
+            float a = ls_bf16_to_f32(w[r * C + c]);
+            if (a < 0.0f) a = -a;
+            if (a > amax) amax = a;
+        }
+    return amax > 0.0f ? amax / LS_FP8_E4M3_MAX : 1.0f;
+}
+
+ls_status ls_synth_fill_bytes(const ls_synth_tensor *t, uint64_t seed, void *dst, ls_error *err)
+{
+    if (!t->fp8) {
+        ls_synth_fill(t, seed, dst);
+        return LS_OK;
+    }
+    /* the weight's bf16 values, generated under its own name */
+    ls_synth_tensor w = *t;
+    w.fp8 = 0;
+    if (t->fp8 == LS_SYNTH_F8_SCALE) {
+        size_t n = strlen(w.name);
+        if (n > 10) w.name[n - 10] = '\0'; /* NAME.weight_scale_inv -> NAME.weight */
+        w.ndim = 2;
+        w.shape[0] = t->wshape[0];
+        w.shape[1] = t->wshape[1];
+    }
+    const int64_t R = w.shape[0], C = w.shape[1];
+    uint16_t *v = malloc(sizeof(uint16_t) * (size_t)(R * C > 0 ? R * C : 1));
+    if (!v)
+        return ls_fail(err, LS_E_NOMEM, "synth: cannot allocate the %lld x %lld values of %s",
+                       (long long)R, (long long)C, w.name);
+    ls_synth_fill(&w, seed, v);
+    const int64_t BR = LS_FP8_BLOCKS(R), BC = LS_FP8_BLOCKS(C);
+    if (t->fp8 == LS_SYNTH_F8_SCALE) {
+        float *out = dst; /* [BR, BC] */
+        for (int64_t bi = 0; bi < BR; bi++)
+            for (int64_t bj = 0; bj < BC; bj++) out[bi * BC + bj] = block_scale(v, R, C, bi, bj);
+    } else {
+        uint8_t *out = dst; /* [R, C] */
+        for (int64_t bi = 0; bi < BR; bi++)
+            for (int64_t bj = 0; bj < BC; bj++) {
+                float sc = block_scale(v, R, C, bi, bj);
+                for (int64_t r = bi * LS_FP8_BLOCK; r < R && r < (bi + 1) * LS_FP8_BLOCK; r++)
+                    for (int64_t c = bj * LS_FP8_BLOCK; c < C && c < (bj + 1) * LS_FP8_BLOCK; c++)
+                        out[r * C + c] = ls_f32_to_e4m3(ls_bf16_to_f32(v[r * C + c]) / sc);
+            }
+    }
+    free(v);
+    return LS_OK;
+}
+
 /* ---- the tensor list ------------------------------------------------------------ */
 
 /* lm_head standard deviation = LM_HEAD_GAIN * sqrt(2 ln V) / sqrt(D): the
@@ -261,6 +325,21 @@ static void add(tensor_list *l, ls_synth_init init, double std, int ndim, int64_
     t->shape[2] = d2;
 }
 
+/* The FP8 layout: the tensor just added becomes an F8_E4M3 weight, followed
+ * by its F32 block scales (when fp8; nothing otherwise). */
+static void q8(tensor_list *l, int fp8)
+{
+    if (!fp8 || l->oom) return;
+    ls_synth_tensor w = l->v[l->n - 1];
+    l->v[l->n - 1].fp8 = LS_SYNTH_F8_WEIGHT;
+    add(l, w.init, w.std, 2, LS_FP8_BLOCKS(w.shape[0]), LS_FP8_BLOCKS(w.shape[1]), 0,
+        "%s_scale_inv", w.name);
+    if (l->oom) return;
+    l->v[l->n - 1].fp8 = LS_SYNTH_F8_SCALE;
+    l->v[l->n - 1].wshape[0] = w.shape[0];
+    l->v[l->n - 1].wshape[1] = w.shape[1];
+}
+
 static double inv_sqrt(int64_t n) { return 1.0 / ls_synth_sqrt((double)n); }
 
 static int cmp_name(const void *a, const void *b)
@@ -279,6 +358,12 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
     /* Qwen3.5 keeps the language model under model.language_model. */
     const int q35 = c->arch == LS_SYNTH_QWEN3_5_MOE;
     const char *m = q35 ? "model.language_model" : "model";
+    /* FP8: what the releases quantise (docs/model.md §6b); fused FP8 experts
+     * are not a release layout */
+    const int f8 = c->fp8;
+    if (f8 && c->fused_experts)
+        return ls_fail(err, LS_E_USAGE, "synth: the FP8 layout stores experts one by one (as the "
+                       "FP8 releases do), not fused");
 
     add(&l, N, 1.0, 2, V, D, 0, "%s.embed_tokens.weight", m);
     add(&l, N, NORM_STD, 1, D, 0, 0, "%s.norm.weight", m);
@@ -297,12 +382,16 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
             /* q_proj rows: per head, hd query rows then hd gate rows (docs/model.md §3.3). */
             add(&l, N, inv_sqrt(D), 2, 2 * H * hd, D, 0, "%s.%lld.self_attn.q_proj.weight", p,
                 (long long)L);
+            q8(&l, f8);
             add(&l, N, inv_sqrt(D), 2, KV * hd, D, 0, "%s.%lld.self_attn.k_proj.weight", p,
                 (long long)L);
+            q8(&l, f8);
             add(&l, N, inv_sqrt(D), 2, KV * hd, D, 0, "%s.%lld.self_attn.v_proj.weight", p,
                 (long long)L);
+            q8(&l, f8);
             add(&l, N, inv_sqrt(H * hd), 2, D, H * hd, 0, "%s.%lld.self_attn.o_proj.weight", p,
                 (long long)L);
+            q8(&l, f8);
             add(&l, N, NORM_STD, 1, hd, 0, 0, "%s.%lld.self_attn.q_norm.weight", p, (long long)L);
             add(&l, N, NORM_STD, 1, hd, 0, 0, "%s.%lld.self_attn.k_norm.weight", p, (long long)L);
         } else {
@@ -314,8 +403,10 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
                 /* Four projections in plain head order (docs/model.md §2.2). */
                 add(&l, N, inv_sqrt(D), 2, conv_dim, D, 0,
                     "%s.%lld.linear_attn.in_proj_qkv.weight", p, (long long)L);
+                q8(&l, f8);
                 add(&l, N, inv_sqrt(D), 2, Hv * dv, D, 0, "%s.%lld.linear_attn.in_proj_z.weight",
                     p, (long long)L);
+                q8(&l, f8);
                 add(&l, N, inv_sqrt(D), 2, Hv, D, 0, "%s.%lld.linear_attn.in_proj_b.weight", p,
                     (long long)L);
                 add(&l, N, inv_sqrt(D), 2, Hv, D, 0, "%s.%lld.linear_attn.in_proj_a.weight", p,
@@ -324,6 +415,7 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
                 /* Fused, per-key-head interleaved projections (docs/model.md §2.3). */
                 add(&l, N, inv_sqrt(D), 2, 2 * Hk * dk + 2 * Hv * dv, D, 0,
                     "%s.%lld.linear_attn.in_proj_qkvz.weight", p, (long long)L);
+                q8(&l, f8);
                 add(&l, N, inv_sqrt(D), 2, 2 * Hv, D, 0, "%s.%lld.linear_attn.in_proj_ba.weight",
                     p, (long long)L);
             }
@@ -337,6 +429,7 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
                 "%s.%lld.linear_attn.norm.weight", p, (long long)L);
             add(&l, N, inv_sqrt(Hv * dv), 2, D, Hv * dv, 0, "%s.%lld.linear_attn.out_proj.weight",
                 p, (long long)L);
+            q8(&l, f8);
         }
         const int64_t E = c->num_experts, I = c->moe_intermediate_size,
                       Is = c->shared_expert_intermediate_size;
@@ -352,17 +445,23 @@ ls_status ls_synth_list_tensors(const ls_synth_config *c, ls_synth_tensor **out,
         for (int64_t e = 0; e < E && !c->fused_experts; e++) {
             add(&l, N, inv_sqrt(D), 2, I, D, 0, "%s.%lld.mlp.experts.%lld.gate_proj.weight", p,
                 (long long)L, (long long)e);
+            q8(&l, f8);
             add(&l, N, inv_sqrt(D), 2, I, D, 0, "%s.%lld.mlp.experts.%lld.up_proj.weight", p,
                 (long long)L, (long long)e);
+            q8(&l, f8);
             add(&l, N, inv_sqrt(I), 2, D, I, 0, "%s.%lld.mlp.experts.%lld.down_proj.weight", p,
                 (long long)L, (long long)e);
+            q8(&l, f8);
         }
         add(&l, N, inv_sqrt(D), 2, Is, D, 0, "%s.%lld.mlp.shared_expert.gate_proj.weight", p,
             (long long)L);
+        q8(&l, f8);
         add(&l, N, inv_sqrt(D), 2, Is, D, 0, "%s.%lld.mlp.shared_expert.up_proj.weight", p,
             (long long)L);
+        q8(&l, f8);
         add(&l, N, inv_sqrt(Is), 2, D, Is, 0, "%s.%lld.mlp.shared_expert.down_proj.weight", p,
             (long long)L);
+        q8(&l, f8);
         add(&l, N, inv_sqrt(D), 2, 1, D, 0, "%s.%lld.mlp.shared_expert_gate.weight", p,
             (long long)L);
     }

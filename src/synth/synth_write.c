@@ -21,9 +21,7 @@ ls_synth_options ls_synth_options_default(void)
 
 static uint64_t tensor_bytes(const ls_synth_tensor *t)
 {
-    uint64_t n = 2; /* bf16 */
-    for (int i = 0; i < t->ndim; i++) n *= (uint64_t)t->shape[i];
-    return n;
+    return ls_synth_tensor_bytes(t);
 }
 
 /* ---- one safetensors file ----------------------------------------------------- */
@@ -33,12 +31,14 @@ static ls_status write_shard(const ls_synth_tensor *t, size_t count, uint64_t se
                              const char *path, const char *provenance, ls_progress *prog,
                              ls_error *err)
 {
+    /* each tensor at an 8-byte aligned offset of the buffer (an F8_E4M3
+     * tensor of odd size must not leave the next one's elements unaligned) */
     uint64_t total = 0;
-    for (size_t i = 0; i < count; i++) total += tensor_bytes(&t[i]);
+    for (size_t i = 0; i < count; i++) total += (tensor_bytes(&t[i]) + 7) & ~7ull;
     if (total > (uint64_t)SIZE_MAX - 64)
         return ls_fail(err, LS_E_NOMEM, "%s: shard of %llu bytes does not fit in memory", path,
                        (unsigned long long)total);
-    uint8_t *buf = malloc(total ? (size_t)total : 1); /* all tensors of this shard, bf16 */
+    uint8_t *buf = malloc(total ? (size_t)total : 1); /* all tensors of this shard, as stored */
     if (!buf)
         return ls_fail(err, LS_E_NOMEM,
                        "%s: cannot allocate %llu bytes for one shard (lower max_shard_bytes)",
@@ -47,11 +47,14 @@ static ls_status write_shard(const ls_synth_tensor *t, size_t count, uint64_t se
     ls_status st = ls_safetensors_writer_new(&w, err);
     uint64_t off = 0;
     for (size_t i = 0; st == LS_OK && i < count; i++) {
-        uint16_t *dst = (uint16_t *)(void *)(buf + off);
-        ls_synth_fill(&t[i], seed, dst);
-        st = ls_safetensors_writer_add(w, t[i].name, LS_DTYPE_BF16, t[i].ndim, t[i].shape, dst,
-                                       err);
-        off += tensor_bytes(&t[i]);
+        void *dst = buf + off;
+        ls_dtype dt = t[i].fp8 == LS_SYNTH_F8_WEIGHT  ? LS_DTYPE_F8_E4M3
+                      : t[i].fp8 == LS_SYNTH_F8_SCALE ? LS_DTYPE_F32
+                                                      : LS_DTYPE_BF16;
+        st = ls_synth_fill_bytes(&t[i], seed, dst, err);
+        if (st == LS_OK)
+            st = ls_safetensors_writer_add(w, t[i].name, dt, t[i].ndim, t[i].shape, dst, err);
+        off += (tensor_bytes(&t[i]) + 7) & ~7ull;
         ls_progress_add(prog, tensor_bytes(&t[i]));
     }
     if (st == LS_OK) st = ls_safetensors_writer_set_metadata(w, "format", "pt", err);
@@ -161,8 +164,8 @@ static ls_status write_contents(const ls_synth_config *cfg, uint64_t seed, const
     size_t n_shards = count ? shard + 1 : 1;
 
     char provenance[96];
-    snprintf(provenance, sizeof provenance, "generator %d, seed %llu", LS_SYNTH_GENERATOR_VERSION,
-             (unsigned long long)seed);
+    snprintf(provenance, sizeof provenance, "generator %d, seed %llu%s",
+             LS_SYNTH_GENERATOR_VERSION, (unsigned long long)seed, cfg->fp8 ? ", fp8" : "");
     ls_progress prog;
     ls_progress_begin(&prog, "synth", total, "B");
     if (n_shards == 1) {

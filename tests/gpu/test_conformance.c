@@ -130,22 +130,25 @@ static void check_moe_plans(long E, long D, long I, long Is, long k, long T, int
     ls_wmat *g = calloc(E, sizeof *g), *u = calloc(E, sizeof *u), *dn = calloc(E, sizeof *dn);
     const void **dg = calloc(E, sizeof *dg), **du = calloc(E, sizeof *du), **dd = calloc(E, sizeof *dd);
     for (long e = 0; e < E; e++) {
-        g[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D};
-        u[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D};
-        dn[e] = (ls_wmat){rand_w(D, I, wt_, 0.05f), wt_, D, I};
+        g[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D, NULL};
+        u[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D, NULL};
+        dn[e] = (ls_wmat){rand_w(D, I, wt_, 0.05f), wt_, D, I, NULL};
         dg[e] = dup_dev(g[e].data, wbytes(I, D, wt_));
         du[e] = dup_dev(u[e].data, wbytes(I, D, wt_));
         dd[e] = dup_dev(dn[e].data, wbytes(D, I, wt_));
     }
-    ls_wmat sg = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D};
-    ls_wmat su = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D};
-    ls_wmat sd = {rand_w(D, Is, wt_, 0.05f), wt_, D, Is};
-    ls_wmat sgw = {rand_w(1, D, wt_, 0.05f), wt_, 1, D};
+    ls_wmat sg = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D, NULL};
+    ls_wmat su = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D, NULL};
+    ls_wmat sd = {rand_w(D, Is, wt_, 0.05f), wt_, D, Is, NULL};
+    ls_wmat sgw = {rand_w(1, D, wt_, 0.05f), wt_, 1, D, NULL};
     ls_moe_weights mw = {E, D, I, Is, g, u, dn, shared ? &sg : NULL, &su, &sd, &sgw};
-    ls_cuda_moe cm = {E, D, I, Is, wt_, dup_dev(dg, sizeof(void *) * E), dup_dev(du, sizeof(void *) * E),
-                      dup_dev(dd, sizeof(void *) * E), shared ? dup_dev(sg.data, wbytes(Is, D, wt_)) : NULL,
-                      dup_dev(su.data, wbytes(Is, D, wt_)), dup_dev(sd.data, wbytes(D, Is, wt_)),
-                      dup_dev(sgw.data, wbytes(1, D, wt_))};
+    ls_cuda_moe cm = {.E = E, .D = D, .I = I, .Is = Is, .wtype = wt_,
+                      .gate = dup_dev(dg, sizeof(void *) * E), .up = dup_dev(du, sizeof(void *) * E),
+                      .down = dup_dev(dd, sizeof(void *) * E),
+                      .sh_gate = shared ? dup_dev(sg.data, wbytes(Is, D, wt_)) : NULL,
+                      .sh_up = dup_dev(su.data, wbytes(Is, D, wt_)),
+                      .sh_down = dup_dev(sd.data, wbytes(D, Is, wt_)), .sh_wtype = wt_,
+                      .sh_gate_w = dup_dev(sgw.data, wbytes(1, D, wt_)), .shg_wtype = wt_};
     float *x = rand_f32((size_t)T * D, 1.0f, 1);
     int32_t *ids = malloc(4 * T * k);
     float *w = malloc(4 * T * k);
@@ -270,7 +273,7 @@ START_TEST(test_fail_closed)
     float wc[9] = {0};
     ls_buf *wb = NULL;
     ck_assert_msg(be->wrap_weights(be, wc, sizeof wc, &wb, &err) == LS_OK, "%s", err.msg);
-    ls_bweight w9 = {wb, 0, LS_WTYPE_F32, 1, 9};
+    ls_bweight w9 = {wb, 0, LS_WTYPE_F32, 1, 9, NULL};
     ls_buf *cx = bo_buf(be, 1), *cs = bo_buf(be, 9), *cy = bo_buf(be, 1);
     ck_assert_int_eq(be->conv_silu(be, vw(cx), 1, &w9, vw(cs), vw(cy), 1, 1, 1, 9, 1,
                                    LS_ORDER_CANONICAL, &err), LS_E_UNSUPPORTED);
@@ -284,9 +287,9 @@ START_TEST(test_fail_closed)
     for (int e = 0; e < 2; e++) {
         ls_wtype wt = e == 0 ? LS_WTYPE_BF16 : LS_WTYPE_F32;
         size_t base = sizeof(float) * (size_t)(3 * e * I * D);
-        gate[e] = (ls_bweight){mb, base, wt, I, D};
-        up[e] = (ls_bweight){mb, base + sizeof(float) * (size_t)(I * D), wt, I, D};
-        down[e] = (ls_bweight){mb, base + 2 * sizeof(float) * (size_t)(I * D), wt, D, I};
+        gate[e] = (ls_bweight){mb, base, wt, I, D, NULL};
+        up[e] = (ls_bweight){mb, base + sizeof(float) * (size_t)(I * D), wt, I, D, NULL};
+        down[e] = (ls_bweight){mb, base + 2 * sizeof(float) * (size_t)(I * D), wt, D, I, NULL};
     }
     ls_bmoe bm = {2, D, I, I, gate, up, down, NULL, NULL, NULL, NULL};
     ls_buf *mx = bo_buf(be, (size_t)D), *mids = bo_buf(be, 1), *mwt = bo_buf(be, 1);
