@@ -275,7 +275,7 @@ def check_manifest(ref_digest):
         rc, out, err = ls.run(["manifest", "digest", path])
         if rc != 0:
             return "manifest digest: %s %s" % (describe_rc(rc), err.strip())
-        return None if out.decode().strip() == ref_digest[0] else "another manifest digest"
+        return None if out.decode().split()[:1] == [ref_digest[0]] else "another manifest digest"
     return f
 
 
@@ -326,7 +326,7 @@ def make_writers(fx, work):
     pin_args = ["manifest", "pin", "--checkpoint", fx.slow, "-o", "{O}"]
     ref = os.path.join(refs, "m.json")
     ls.run([a.replace("{O}", ref) for a in pin_args])
-    digest[0] = ls.run(["manifest", "digest", ref])[1].decode().strip()
+    digest[0] = ls.run(["manifest", "digest", ref])[1].decode().split()[0]   # "HEX  PATH"
     W.append(Writer("manifest pin", pin_args, "m.json", check_manifest(digest),
                     ["manifest", "pin", "--checkpoint", fx.ck, "-o", "{O}"]))
     synth_args = ["synth", "--preset", "small", "--seed", "9", "--layers", "2", "--force", "--out", "{O}"]
