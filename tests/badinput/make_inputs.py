@@ -13,6 +13,7 @@ holds only this script and the tiny config it starts from:
   base/p.jsonl   prompts; base/t.jsonl tokens for a replay
   base/r.trace   a rollout trace of base/ck; base/c.trace a replay trace
   base/m.json    a manifest pinned from base/ck
+  base/qwen35moe_tiny_{a,c}  copies of the Qwen3.5 goldens (goldens/)
 
 and each variant below breaks exactly one thing of one of them. The names are
 the ones cases.tsv uses ({IN}/ck/NAME, {IN}/cfg/NAME, ...). Rewrites keep
@@ -272,6 +273,69 @@ def make_checkpoints(ck):
     ck.config("t_fewer_layers", cfg)
     cfg = dict(ck.cfg, num_hidden_layers=3, layer_types=ck.cfg["layer_types"] + ["linear_attention"])
     ck.config("t_more_layers", cfg)
+
+
+def make_qwen35(out, base):
+    """Qwen3.5 MoE layouts (the goldens of harness/goldens): fused experts,
+    split GDN projections, the gated q_proj, the multimodal config's
+    text_config and the model.language_model. prefix."""
+    gold = os.path.join(SRC, "goldens")
+    for name in ("qwen35moe_tiny_c", "qwen35moe_tiny_a"):
+        d = os.path.join(base, name)
+        os.makedirs(d)
+        for f in ("config.json", "model.safetensors"):
+            shutil.copy(os.path.join(gold, name, f), d)
+    c = Checkpoints(os.path.join(base, "qwen35moe_tiny_c"), out)
+    H, D = c.header, c.data
+
+    def tens(name, fn):
+        ts = st_tensors(H, D)
+        fn(ts)
+        c.weights(name, st_pack(H.get("__metadata__"), ts))
+
+    def find(ts, n):
+        return next(t for t in ts if t[0] == n)
+
+    def reshape(n, shape):
+        def fn(ts):
+            t = find(ts, n)
+            t[2], t[3] = shape, b"\0" * (2 * prod(shape))
+        return fn
+
+    def extra(n, shape):
+        return lambda ts: ts.append([n, "BF16", shape, b"\0" * (2 * prod(shape))])
+
+    L0 = "model.layers.0."
+    tens("q35_gate_up_shape", reshape(L0 + "mlp.experts.gate_up_proj", [12, 32, 31]))
+    tens("q35_gate_up_experts", reshape(L0 + "mlp.experts.gate_up_proj", [11, 32, 32]))
+    tens("q35_down_missing", lambda ts: ts.remove(find(ts, L0 + "mlp.experts.down_proj")))
+    tens("q35_fused_and_per_expert", extra(L0 + "mlp.experts.0.up_proj.weight", [16, 32]))
+    tens("q35_in_proj_z_shape", reshape(L0 + "linear_attn.in_proj_z.weight", [23, 32]))
+    tens("q35_in_proj_qkvz_extra", extra(L0 + "linear_attn.in_proj_qkvz.weight", [64, 32]))
+    tens("q35_q_proj_no_gate", reshape("model.layers.2.self_attn.q_proj.weight", [64, 32]))
+    tens("q35_two_prefixes", extra("model.language_model.norm.weight", [32]))
+
+    def nan(ts):
+        t = find(ts, L0 + "mlp.experts.gate_up_proj")
+        t[3] = t[3][:2 * 77] + BF16_NAN + t[3][2 * 77 + 2:]
+    tens("q35_nan_gate_up", nan)
+    tens("q35_ok_mtp", extra("mtp.fc.weight", [32, 64]))
+    cfg0 = c.cfg
+    rp = cfg0["rope_parameters"]
+    c.config("q35_mrope_section_sum", dict(cfg0, rope_parameters=dict(rp, mrope_section=[2, 2, 2])))
+    c.config("q35_mrope_section_string", dict(cfg0, rope_parameters=dict(rp, mrope_section="1,1,0")))
+    c.config("q35_mrope_interleaved_string", dict(cfg0, rope_parameters=dict(rp, mrope_interleaved="yes")))
+    c.config("q35_model_type_other", dict(cfg0, model_type="qwen3_5_text"))
+    c.config("q35_layer_types_short", dict(cfg0, layer_types=cfg0["layer_types"][:2]))
+    c.config("q35_experts_per_tok_gt", dict(cfg0, num_experts_per_tok=13))
+    # the multimodal config: the text model's fields sit under text_config
+    a = Checkpoints(os.path.join(base, "qwen35moe_tiny_a"), out)
+    a.config("q35a_ok", a.cfg)
+    a.config("q35a_text_config_missing", {k: v for k, v in a.cfg.items() if k != "text_config"})
+    a.config("q35a_text_config_array", dict(a.cfg, text_config=[1]))
+    a.config("q35a_text_hidden_size_string", dict(a.cfg, text_config=dict(a.cfg["text_config"], hidden_size="64")))
+    a.config("q35a_text_vocab_zero", dict(a.cfg, text_config=dict(a.cfg["text_config"], vocab_size=0)))
+    a.config("q35a_text_eos_beyond", dict(a.cfg, text_config=dict(a.cfg["text_config"], eos_token_id=300)))
 
 
 def make_configs(ck):
@@ -887,6 +951,7 @@ def build(lockstep, out):
     make_checkpoints(c)
     make_configs(c)
     make_checkpoint_layout(c, os.path.join(out, "layout"), os.path.join(base, "shard"))
+    make_qwen35(os.path.join(out, "q35"), base)
     make_jsonl(out)
     values = make_traces(os.path.join(out, "trace"), base)
     make_manifests(os.path.join(out, "manifest"), base)
