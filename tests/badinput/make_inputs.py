@@ -139,7 +139,6 @@ class Checkpoints:
 
 def make_checkpoints(ck):
     H, D = ck.header, ck.data
-    lm = H["lm_head.weight"]
     first = "lm_head.weight"      # the first tensor in data order (offset 0)
 
     # -- file-level corruption of model.safetensors

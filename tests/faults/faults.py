@@ -191,6 +191,13 @@ def sha(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def remove(path):
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
 def temporaries(d):
     return sorted(n for n in os.listdir(d) if ".tmp." in n or n.startswith("lockstep-gate"))
 
@@ -383,7 +390,7 @@ def group_kill(res, fx, writers, work, trials, rng):
             # with an older output in place, or none: alternating, and for
             # the 3-trial scale alternating between writers too
             with_old = ((i // 3) + (wi if trials == 3 else 0)) % 2 == 0
-            shutil.rmtree(out, ignore_errors=True) if os.path.isdir(out) else (os.path.exists(out) and os.unlink(out))
+            remove(out)
             old_hash = None
             if with_old:
                 rc, _, err = ls.run(w.argv(out, w.old_args), tmpdir=d)
@@ -546,26 +553,32 @@ def group_rlimit(res, fx, work, full):
         res.add("rlimit", "ulimit -v", None, "an AddressSanitizer build reserves terabytes of address space: "
                 "run the normal build")
     else:
-        # around the checkpoint's 70 MB mapping, where each allocation after
-        # it fails in turn
-        sizes = list(range(64, 257, 8)) + [384, 512] if full else [48, 84, 96, 120, 128, 192]
+        # from the smallest space the dynamic loader maps the libraries in
+        # (below 16 MiB ld.so itself fails, exit 127) through the checkpoint's
+        # 70 MB mapping, where each allocation after it fails in turn
+        sizes = list(range(16, 257, 8)) + [384, 512] if full else [16, 24, 32, 48, 84, 96, 120, 128, 192]
         for name, args in cmds.items():
-            crashed, misnamed, unexplained, outcomes = [], [], [], []
+            crashed, misnamed, unexplained, outcomes, said = [], [], [], [], {}
             for mib in sizes:
                 rc, _, err = ls.run(args, limits={resource.RLIMIT_AS: mib << 20}, stdout=subprocess.DEVNULL)
                 outcomes.append("%d MiB: %s" % (mib, describe_rc(rc)))
                 if rc not in (0, 2) or (rc == 2 and not refused_well(rc, err)):
                     crashed.append("%d MiB: %s %s" % (mib, describe_rc(rc), tail(err)))
                 elif rc == 2:
+                    # one example of each message (its numbers aside)
+                    said.setdefault(re.sub(r"\d+", "N", tail(err).replace(d, "DIR").replace(fx.dir, "DIR")),
+                                    "%d MiB: %s" % (mib, tail(err)))
                     low = err.lower()
                     if not any(w in low for w in ("out of memory", "cannot allocate", "cannot mmap")):
                         misnamed.append("%d MiB: %s" % (mib, tail(err)))
-                    elif not re.search(r"\d+ (bytes|floats|[KMG]i?B)", err):
+                    # how much: lockstep's own allocations say; one inside
+                    # OpenSSL cannot (the library does not tell), and says so
+                    elif not re.search(r"\d+ (bytes|floats|[KMG]i?B)|inside OpenSSL", err):
                         unexplained.append("%d MiB: %s" % (mib, tail(err)))
             res.add("rlimit", "%s under ulimit -v: exit 0 or 2, never a signal" % name, not crashed,
                     "; ".join(crashed[:2]) if crashed else ", ".join(outcomes))
             res.add("rlimit", "%s under ulimit -v: the refusal says out of memory" % name, not misnamed,
-                    "; ".join(misnamed[:2]), needs="d9")
+                    "; ".join(misnamed[:2]) if misnamed else "; ".join(list(said.values())[:4]), needs="d9")
             res.add("rlimit", "%s under ulimit -v: and how much was asked" % name, not (misnamed or unexplained),
                     "; ".join((misnamed + unexplained)[:2]), needs="d9")
     # -- ulimit -s: the main thread's stack; workers set theirs explicitly
