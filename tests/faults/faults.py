@@ -122,7 +122,8 @@ class Lockstep:
         self.path = path
         self.work = work
         out = subprocess.run([path, "version"], capture_output=True, text=True).stdout
-        self.version = out.strip().splitlines()[0] if out.strip() else "?"
+        lines = out.strip().splitlines()
+        self.version = ", ".join(lines[:2]) if lines else "?"     # "lockstep X.Y.Z, source REV"
         self.asan = "-fsanitize=address" in out
 
     def env(self, tmpdir=None, extra=None):
@@ -883,7 +884,9 @@ def group_sigbus(res, fx, work, trials, rng):
 GROUPS = ["kill", "disk", "rlimit", "device", "perm", "race", "sigbus"]
 
 
-def write_report(path, res, ls, args, seconds, full, seed):
+def write_report(path, res, ls, args, seconds, full, seed, work):
+    def clean(text):     # no machine paths in a committed report
+        return text.replace(work, "$WORK").replace(SRC + "/", "").replace("|", "\\|").replace("\n", " ")[:400]
     lines = []
     lines.append("# Fault suite results\n")
     lines.append("What `tests/faults/faults.py` (issue 16, \"Keep them found\") found when it last ran%s. "
@@ -902,6 +905,14 @@ def write_report(path, res, ls, args, seconds, full, seed):
     lines.append("| time | %.0f s |" % seconds)
     lines.append("| result | %d pass, %d fail, %d xfail (waits for a fix), %d xpass, %d skipped |\n" % (
         res.count("PASS"), res.count("FAIL"), res.count("XFAIL"), res.count("XPASS"), res.count("SKIP")))
+    notes = [r for r in res.rows if r[2] != "PASS"]
+    lines.append("## What did not pass\n")
+    if not notes:
+        lines.append("Every check passed.\n")
+    for g, check, status, detail, needs in notes:
+        lines.append("- **%s** (%s%s) %s: %s" % (status, g, ", waits for " + needs if needs and status in
+                                                  ("XFAIL", "XPASS") else "", check, clean(detail)))
+    lines.append("")
     for g in GROUPS:
         rows = [r for r in res.rows if r[0] == g]
         if not rows:
@@ -910,8 +921,7 @@ def write_report(path, res, ls, args, seconds, full, seed):
         lines.append("| check | result | detail |\n|---|---|---|")
         for _, check, status, detail, needs in rows:
             st = status + (" (%s)" % needs if needs and status in ("XFAIL", "XPASS") else "")
-            lines.append("| %s | %s | %s |" % (check.replace("|", "\\|"), st,
-                                               detail.replace("|", "\\|").replace("\n", " ")[:400]))
+            lines.append("| %s | %s | %s |" % (check.replace("|", "\\|"), st, clean(detail)))
         lines.append("")
     with open(path, "w") as f:
         f.write("\n".join(lines))
@@ -968,7 +978,7 @@ def main():
     if report:
         cmd = "tests/faults/faults.py build/lockstep%s --seed %d --report %s" % (
             " --full" if full else "", seed, os.path.relpath(report, SRC))
-        write_report(report, res, ls, cmd, secs, full, seed)
+        write_report(report, res, ls, cmd, secs, full, seed, work)
     return 1 if res.count("FAIL") else 0
 
 
