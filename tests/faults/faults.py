@@ -170,6 +170,12 @@ def tail(err):
     return lines[-1][:300] if lines else ""
 
 
+def loader_failed(rc, err):
+    """Exit 127 from ld.so, before lockstep runs: a limit too tight to load the
+    shared libraries at all says nothing about lockstep."""
+    return rc == 127 and "error while loading shared libraries" in err
+
+
 def refused_well(rc, err):
     """Exit 2 with a one-line 'lockstep ...' message and no sanitizer report."""
     lines = [ln for ln in err.splitlines() if ln.strip()]
@@ -562,6 +568,9 @@ def group_rlimit(res, fx, work, full):
             crashed, misnamed, unexplained, outcomes, said = [], [], [], [], {}
             for mib in sizes:
                 rc, _, err = ls.run(args, limits={resource.RLIMIT_AS: mib << 20}, stdout=subprocess.DEVNULL)
+                if loader_failed(rc, err):
+                    outcomes.append("%d MiB: the dynamic loader cannot start it" % mib)
+                    continue
                 outcomes.append("%d MiB: %s" % (mib, describe_rc(rc)))
                 if rc not in (0, 2) or (rc == 2 and not refused_well(rc, err)):
                     crashed.append("%d MiB: %s %s" % (mib, describe_rc(rc), tail(err)))
@@ -605,6 +614,9 @@ def group_rlimit(res, fx, work, full):
         for n in ns:
             rc, _, err = ls.run(args, limits={resource.RLIMIT_NOFILE: n}, stdout=subprocess.DEVNULL, tmpdir=d,
                                 timeout=60)
+            if loader_failed(rc, err):
+                seen.append("%d: the dynamic loader cannot start it" % n)
+                continue
             seen.append("%d: %s" % (n, describe_rc(rc)))
             if rc == 0:
                 continue
