@@ -188,6 +188,13 @@ ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_heade
         (st = get_str(root, "manifest_digest", &o->manifest_digest, where, err)) ||
         (st = get_str(root, "activation_dtype", &o->activation_dtype, where, err)))
         goto out;
+    /* The mode fixes the frame kinds (section 4): a header-only or frameless
+     * trace of another mode must not read as an empty rollout. */
+    if (strcmp(o->mode, "rollout") && strcmp(o->mode, "replay") && strcmp(o->mode, "import")) {
+        st = ls_fail(err, LS_E_INPUT, "%s: header field \"mode\" is \"%.40s\": expected rollout, replay or import",
+                     where, o->mode);
+        goto out;
+    }
     if (!is_hex64(o->model_fingerprint) || (o->manifest_digest[0] && !is_hex64(o->manifest_digest))) {
         st = ls_fail(err, LS_E_INPUT, "%s: model_fingerprint/manifest_digest must be 64 lower-case hex characters", where);
         goto out;
@@ -223,6 +230,10 @@ ls_status ls_trace_header_from_json(const char *json, size_t len, ls_trace_heade
         int kk = json_is_string(k) ? ls_digest_kind_parse(json_string_value(k)) : -1;
         if (kk < 0) {
             st = ls_fail(err, LS_E_INPUT, "%s: digest_kinds[%zu] is not a known digest kind", where, i);
+            goto out;
+        }
+        if (mask & (1u << kk)) { /* section 3: "none repeated" */
+            st = ls_fail(err, LS_E_INPUT, "%s: digest_kinds[%zu] repeats \"%s\"", where, i, json_string_value(k));
             goto out;
         }
         mask |= 1u << kk;
