@@ -1,6 +1,8 @@
 /* lockstep — command-line entry point: dispatches to subcommands. */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "core/build_info.h"
@@ -61,10 +63,21 @@ int ls_cli_report(const char *cmd, const ls_error *err)
     ls_cli_flag_names(err->msg[0] ? err->msg : ls_status_name(err->status), msg, sizeof msg);
     const char *sep = cmd ? " " : "";
     if (!cmd) cmd = "";
-    if (err->status == LS_E_USAGE)
-        fprintf(stderr, "lockstep%s%s: %s (see 'lockstep%s%s --help')\n", sep, cmd, msg, sep, cmd);
-    else
-        fprintf(stderr, "lockstep%s%s: %s\n", sep, cmd, msg);
+    /* Formatted on the stack and written with write(2): when memory ran out,
+     * stdio may fail to allocate and the one line that says why would be lost. */
+    char line[sizeof msg + 128];
+    int n = err->status == LS_E_USAGE
+                ? snprintf(line, sizeof line, "lockstep%s%s: %s (see 'lockstep%s%s --help')\n", sep, cmd, msg,
+                           sep, cmd)
+                : snprintf(line, sizeof line, "lockstep%s%s: %s\n", sep, cmd, msg);
+    if (n > (int)sizeof line - 1) n = (int)sizeof line - 1;
+    fflush(stderr);
+    for (int off = 0; n > 0 && off < n;) {
+        ssize_t k = write(2, line + off, (size_t)(n - off));
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        off += (int)k;
+    }
     return ls_status_exit_code(err->status == LS_OK ? LS_E_INTERNAL : err->status);
 }
 

@@ -66,7 +66,7 @@ static ls_status push(ls_jparse *j, const ls_jv *v, ls_error *err)
     if (j->n_stack == j->stack_cap) {
         size_t nc = j->stack_cap ? 2 * j->stack_cap : 256;
         ls_jv *s = realloc(j->stack, nc * sizeof *s);
-        if (!s) return ls_fail(err, LS_E_NOMEM, "%s: out of memory reading JSON", j->label);
+        if (!s) return ls_fail_nomem(err, nc * sizeof *s, "%s: reading JSON", j->label);
         j->stack = s;
         j->stack_cap = nc;
     }
@@ -158,7 +158,7 @@ static ls_status scan_string(ls_jparse *j, ls_jv *v, ls_error *err)
         return raw > UINT32_MAX ? fail_at(j, start, "string too long", err) : LS_OK;
     }
     char *o = arena_alloc(j, raw + 1);
-    if (!o) return ls_fail(err, LS_E_NOMEM, "%s: out of memory reading JSON", j->label);
+    if (!o) return ls_fail_nomem(err, raw + 1, "%s: reading JSON", j->label);
     size_t n = 0;
     for (const char *q = start; q < start + raw;) {
         if (*q != '\\') { o[n++] = *q++; continue; }
@@ -262,7 +262,7 @@ static ls_status close_container(ls_jparse *j, size_t base, ls_error *err)
     ls_jv *kids = NULL;
     if (n) {
         kids = arena_alloc(j, n * sizeof *kids);
-        if (!kids) return ls_fail(err, LS_E_NOMEM, "%s: out of memory reading JSON", j->label);
+        if (!kids) return ls_fail_nomem(err, n * sizeof *kids, "%s: reading JSON", j->label);
         memcpy(kids, &j->stack[base], n * sizeof *kids);
     }
     c->kids = kids;
@@ -366,7 +366,7 @@ ls_status ls_jparse_next(ls_jparse *j, const ls_jv **out, ls_error *err)
     if (j->p >= j->end) return LS_OK;
     LS_TRY(parse_value(j, err));
     ls_jv *root = arena_alloc(j, sizeof *root);
-    if (!root) return ls_fail(err, LS_E_NOMEM, "%s: out of memory reading JSON", j->label);
+    if (!root) return ls_fail_nomem(err, sizeof *root, "%s: reading JSON", j->label);
     *root = j->stack[0];
     j->n_stack = 0;
     *out = root;

@@ -389,7 +389,7 @@ def make_configs(ck):
     cfg("c_attention_bias_string", attention_bias="false")
     cfg("c_tie_embeddings_true", tie_word_embeddings=True)
     cfg("c_norm_topk_string", norm_topk_prob="yes")
-    cfg("c_quantization_config", quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]})
+    cfg("c_quantization_config", quantization_config={"quant_method": "gptq", "bits": 4})
     cfg("c_decoder_sparse_step_2", decoder_sparse_step=2)
     cfg("c_mlp_only_layers", mlp_only_layers=[0])
     cfg("c_rope_scaling_object", rope_scaling={"type": "yarn", "factor": 4.0})
