@@ -146,20 +146,22 @@ static int scan_number(scan *c)
     }
     if (!c->rewrite) return 0;
     size_t len = c->i - from;
-    char buf[64];
-    int out_of_range = len >= sizeof buf; /* longer than any int64 or finite double needs */
-    if (!out_of_range) {
-        memcpy(buf, c->s + from, len);
-        buf[len] = 0;
-        errno = 0;
-        if (real) {
-            double v = strtod(buf, NULL);
-            out_of_range = errno == ERANGE && isinf(v);
-        } else {
-            (void)strtoll(buf, NULL, 10);
-            out_of_range = errno == ERANGE;
-        }
+    /* A long text can still be an ordinary number (2.5 followed by a hundred
+     * zeros): judge the whole text, as jansson will. */
+    char small[64], *buf = len < sizeof small ? small : malloc(len + 1);
+    if (!buf) return fail(c, "out of memory");
+    memcpy(buf, c->s + from, len);
+    buf[len] = 0;
+    errno = 0;
+    int out_of_range;
+    if (real) {
+        double v = strtod(buf, NULL);
+        out_of_range = errno == ERANGE && isinf(v);
+    } else {
+        (void)strtoll(buf, NULL, 10);
+        out_of_range = errno == ERANGE;
     }
+    if (buf != small) free(buf);
     if (!out_of_range) return 0;
     if (out_put(c, c->s + c->copied, from - c->copied) || out_put(c, "\"", 1) || out_put(c, c->s + from, len) ||
         out_put(c, "\"", 1))
