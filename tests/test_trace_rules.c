@@ -236,6 +236,29 @@ START_TEST(test_run_params_opaque)
 }
 END_TEST
 
+/* A number within range stays a number however many characters it is
+ * written with: only an integer outside int64 or a real beyond double range
+ * becomes a string (found by fuzz_run_params: a finite real of 64 characters
+ * or more came back as a string, unlike the strict parse). */
+START_TEST(test_run_params_long_numbers)
+{
+    static const char text[] =
+        "{\"long_real\":666666666666666666666666666666666666666666666666666666666666666666666.666666666667,"
+        "\"long_fraction\":0.000000000000000000000000000000000000000000000000000000000000000000001,"
+        "\"huge_int\":12345678901234567890123456789012345678901234567890123456789012345678901234567890}";
+    ls_error err;
+    ls_error_clear(&err);
+    json_t *p = ls_trace_run_params_parse(text, &err);
+    ck_assert_msg(p, "%s", err.msg);
+    json_t *v = json_object_get(p, "long_real");
+    ck_assert_msg(json_is_real(v), "long_real: %s, expected a real", json_is_string(v) ? json_string_value(v) : "?");
+    ck_assert(json_real_value(v) > 6.6e68 && json_real_value(v) < 6.7e68);
+    ck_assert_msg(json_is_real(json_object_get(p, "long_fraction")), "long_fraction is not a real");
+    ck_assert_msg(json_is_string(json_object_get(p, "huge_int")), "huge_int is not kept as its text");
+    json_decref(p);
+}
+END_TEST
+
 /* Offset in record r of the digest entry (layer, kind), or 0 when absent. */
 static size_t digest_at(const uint8_t *r, int layer, int kind)
 {
@@ -411,6 +434,7 @@ int main(void)
     tcase_add_test(tc, test_dump_matches_digest);
     tcase_add_test(tc, test_writer_dump_digest);
     tcase_add_test(tc, test_run_params_opaque);
+    tcase_add_test(tc, test_run_params_long_numbers);
     tcase_add_test(tc, test_kind_family);
     tcase_add_test(tc, test_kinds_complete);
     tcase_add_test(tc, test_frame_kind_mode);
