@@ -1,9 +1,10 @@
 /* lockstep — performance of the portable strict CUDA tier on Qwen3-Next-80B-A3B
+ * or another released config (--preset: qwen3.5-35b-a3b, ...)
  * (harness/bench_gpu runs it; reports/perf-h200.md holds the results).
  *
  * What runs is the engine's own forward: ls_engine_step (src/engine) over the
  * operator table of the CUDA backend (ls_backend_cuda_create_opts), on a model
- * built from the Qwen3-Next-80B-A3B config alone (the synth preset, truncated
+ * built from the release's config alone (the synth preset, truncated
  * to as many layers as fit the GPU, parsed by ls_model_parse_config;
  * ls_model_synthetic). Its matrices (~150 GB for all 48 layers) are never
  * read from disk: the backend fills each on the device from a counter-based
@@ -47,7 +48,8 @@
  *             the distinct experts routed to / copy bandwidth (and whether every
  *             plan gives the same bits)
  *
- *   bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans] */
+ *   bench_gpu [--preset NAME] [--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans]
+ *             NAME: a synth preset (default qwen3-next-80b-a3b) */
 #include <cuda_runtime.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -171,18 +173,20 @@ static uint64_t mix(uint64_t z)
 
 /* ---- the model ---------------------------------------------------------------------------- */
 
-/* Qwen3-Next-80B-A3B's config (the synth preset) with its first L layers,
- * through the parser every checkpoint's config.json goes through. */
+static const char *g_preset = "qwen3-next-80b-a3b";
+
+/* The preset's config with its first L layers (all with L = 0), through the
+ * parser every checkpoint's config.json goes through. */
 static void bench_config(long L, ls_model_config *cfg)
 {
     ls_synth_config sc;
-    CK(ls_synth_preset("qwen3-next-80b-a3b", &sc, &g_err));
-    CK(ls_synth_config_truncate(&sc, L, &g_err));
+    CK(ls_synth_preset(g_preset, &sc, &g_err));
+    if (L) CK(ls_synth_config_truncate(&sc, L, &g_err));
     char *text;
     size_t len;
     CK(ls_synth_config_render(&sc, &text, &len, &g_err));
     json_t *j;
-    CK(ls_json_load_buf("qwen3-next-80b-a3b config", text, len, &j, &g_err));
+    CK(ls_json_load_buf(g_preset, text, len, &j, &g_err));
     CK(ls_model_parse_config(j, cfg, &g_err));
     json_decref(j);
     free(text);
@@ -704,9 +708,10 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--layers")) L_arg = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill")) prefill = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--preset")) g_preset = argv[i + 1];
         else {
-            fprintf(stderr, "usage: bench_gpu [--layers N] [--prefill T] [--reps N] [--breakdown] "
-                            "[--moe-plans]\n");
+            fprintf(stderr, "usage: bench_gpu [--preset NAME] [--layers N] [--prefill T] [--reps N] "
+                            "[--breakdown] [--moe-plans]\n");
             return 2;
         }
     }
@@ -724,7 +729,7 @@ int main(int argc, char **argv)
     CU(cudaEventCreate(&tm.a));
     CU(cudaEventCreate(&tm.b));
     ls_model_config full_cfg;
-    bench_config(48, &full_cfg);
+    bench_config(0, &full_cfg);
 
     /* Kernel micro-benchmarks first, in memory the engine takes afterwards. */
     double bw = copy_bandwidth(&tm, reps);
@@ -767,6 +772,7 @@ int main(int argc, char **argv)
         n_att += b.m->cfg.is_attention[l];
         weights += layer_bytes(b.m, l);
     }
+    printf("model: %s config (synth preset), %ld of its %ld layers\n", g_preset, L, full_cfg.n_layers);
     printf("device: %s, %d SMs, %.1f GiB; layers %ld (%ld attention), weights %.1f GiB generated on device\n",
            prop.name, prop.multiProcessorCount, total_b / 1073741824.0, L, n_att, weights / 1073741824.0);
     printf("engine: ls_engine_step on the %s backend (synthetic weights), max_rows %ld, %ld slots of %ld "

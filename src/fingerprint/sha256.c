@@ -65,7 +65,18 @@ ls_status ls_sha256_init(ls_sha256 *h, ls_error *err)
     EVP_MD_CTX *ctx = EVP_MD_CTX_new();
     h->evp = ctx;
     if (!ctx) return ls_fail(err, LS_E_NOMEM, "EVP_MD_CTX_new: out of memory (a digest context)");
-    LS_SSL_CHECK(EVP_DigestInit_ex(ctx, md, NULL), err);
+    if (EVP_DigestInit_ex(ctx, md, NULL) != 1) {
+        /* With SHA-256 already fetched, the one thing init still does that
+         * can fail is the provider allocating its context, which OpenSSL 3
+         * reports as "initialization error" with no malloc failure queued. */
+        unsigned long first = ERR_peek_error();
+        if (ERR_GET_LIB(first) == ERR_LIB_EVP && ERR_GET_REASON(first) == EVP_R_INITIALIZATION_ERROR) {
+            ERR_clear_error();
+            return ls_fail(err, LS_E_NOMEM, "EVP_DigestInit_ex: out of memory inside OpenSSL (the SHA-256 "
+                           "provider could not allocate its context)");
+        }
+        return ssl_fail(__FILE__, __LINE__, "EVP_DigestInit_ex(ctx, md, NULL)", err);
+    }
     return LS_OK;
 }
 

@@ -1,5 +1,6 @@
 /* Whole-model strict CUDA engine = CPU reference engine, bit for bit: the
- * synth `tiny` checkpoint and every committed golden checkpoint, bf16 and
+ * synth `tiny` checkpoint and every committed golden checkpoint (Qwen3-Next,
+ * Qwen3.5 MoE, and FP8 block-quantised Qwen3.5 in both --fp8 modes), bf16 and
  * fp32 activations, greedy and seeded rollouts (tokens, logprob bits, top-5,
  * every digest), and replay at several chunkings on CUDA against the CPU's
  * whole-sequence replay. */
@@ -15,7 +16,7 @@
 #define N_SEQS 3
 #define MAX_NEW 6
 
-static const char *g_dirs[8];
+static const char *g_dirs[16];
 static int g_n_dirs;
 
 static void setup_models(void)
@@ -31,9 +32,10 @@ static void setup_models(void)
     ls_synth_options opt = ls_synth_options_default();
     ck_assert_msg(ls_synth_write(&cfg, 7, tiny, &opt, &err) == LS_OK, "%s", err.msg);
     g_dirs[g_n_dirs++] = tiny;
-    static char gold[3][4096];
-    const char *names[3] = {"qwen3next_tiny_a", "qwen3next_tiny_b", "qwen3next_tiny_c"};
-    for (int i = 0; i < 3; i++) {
+    static char gold[8][4096];
+    const char *names[8] = {"qwen3next_tiny_a", "qwen3next_tiny_b", "qwen3next_tiny_c", "qwen35moe_tiny_a",
+                            "qwen35moe_tiny_b", "qwen35moe_tiny_c", "qwen35moe_fp8_a",  "qwen35moe_fp8_b"};
+    for (int i = 0; i < 8; i++) {
         snprintf(gold[i], sizeof gold[i], "%s/goldens/%s", LS_SOURCE_DIR, names[i]);
         g_dirs[g_n_dirs++] = gold[i];
     }
@@ -42,6 +44,7 @@ static void setup_models(void)
 typedef struct run_cfg {
     const char *backend;
     int act_bf16;
+    int w8a8; /* FP8 checkpoints: 1 for --fp8 w8a8, 0 for dequant */
     const ls_sampling *sampling;
 } run_cfg;
 
@@ -61,13 +64,14 @@ static void make_prompts(const ls_model *m, int32_t toks[N_SEQS][32], ls_sequenc
     }
 }
 
-static ls_engine *engine(const ls_model *m, const char *backend, int act_bf16)
+static ls_engine *engine(const ls_model *m, const char *backend, int act_bf16, int w8a8)
 {
     ls_error err;
     ls_error_clear(&err);
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.act_bf16 = act_bf16;
+    o.fp8_w8a8 = w8a8;
     o.state_digest_every = 3; /* carried-state digests at many positions */
     o.max_rows = 64;
     ls_engine *e = NULL;
@@ -82,15 +86,15 @@ static void rollout(const ls_model *m, const run_cfg *rc, recs *out, int32_t com
     int32_t toks[N_SEQS][32];
     ls_sequence seqs[N_SEQS];
     make_prompts(m, toks, seqs);
-    ls_engine *e = engine(m, rc->backend, rc->act_bf16);
+    ls_engine *e = engine(m, rc->backend, rc->act_bf16, rc->w8a8);
     ck_assert_msg(ls_run_rollout(e, seqs, N_SEQS, MAX_NEW, rc->sampling, &comp[0][0], recs_sink, out,
                                     &err) == LS_OK, "%s rollout: %s", rc->backend, err.msg);
     ls_engine_destroy(e);
     recs_sort(out);
 }
 
-static void replay(const ls_model *m, const char *backend, int act_bf16, int32_t comp[N_SEQS][MAX_NEW],
-                   long chunk, recs *out)
+static void replay(const ls_model *m, const char *backend, int act_bf16, int w8a8,
+                   int32_t comp[N_SEQS][MAX_NEW], long chunk, recs *out)
 {
     ls_error err;
     ls_error_clear(&err);
@@ -103,7 +107,7 @@ static void replay(const ls_model *m, const char *backend, int act_bf16, int32_t
         seqs[s].tokens = full[s];
         seqs[s].n_tokens += MAX_NEW;
     }
-    ls_engine *e = engine(m, backend, act_bf16);
+    ls_engine *e = engine(m, backend, act_bf16, w8a8);
     ck_assert_msg(ls_run_replay(e, seqs, N_SEQS, chunk, recs_sink, out, &err) == LS_OK, "%s replay: %s",
                   backend, err.msg);
     ls_engine_destroy(e);
@@ -121,32 +125,33 @@ static void check_model(const char *dir)
     ls_sampling greedy = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     ls_sampling seeded = {LS_SAMPLING_SEEDED, 1234, 0.8f, 40, 0.95f};
     const ls_sampling *samp[2] = {&greedy, &seeded};
+    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    for (int w8a8 = 0; w8a8 <= m->cfg.fp8; w8a8++)
     for (int act = 1; act >= 0; act--)
         for (int si = 0; si < 2; si++) {
-            char msg[512];
+            char msg[512], what[160];
+            snprintf(what, sizeof what, "%s %s %s%s", base, act ? "bf16" : "fp32", si ? "seeded" : "greedy",
+                     !m->cfg.fp8 ? "" : w8a8 ? " fp8-w8a8" : " fp8-dequant");
             recs cpu = {0}, gpu = {0};
             int32_t comp_c[N_SEQS][MAX_NEW], comp_g[N_SEQS][MAX_NEW];
-            run_cfg rc = {"cpu", act, samp[si]}, rg = {"cuda", act, samp[si]};
+            run_cfg rc = {"cpu", act, w8a8, samp[si]}, rg = {"cuda", act, w8a8, samp[si]};
             rollout(m, &rc, &cpu, comp_c);
             rollout(m, &rg, &gpu, comp_g);
             int d = recs_diff(&cpu, &gpu, 0, msg, sizeof msg);
-            const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
-            printf("%s %s %s %s rollout cuda vs cpu: %s\n", d ? "MISMATCH" : "  ok", base,
-                   act ? "bf16" : "fp32", si ? "seeded" : "greedy", msg);
-            ck_assert_msg(!d, "%s: %s %s rollout: %s", dir, act ? "bf16" : "fp32", si ? "seeded" : "greedy", msg);
+            printf("%s %s rollout cuda vs cpu: %s\n", d ? "MISMATCH" : "  ok", what, msg);
+            ck_assert_msg(!d, "%s rollout: %s", what, msg);
             ck_assert_mem_eq(comp_c, comp_g, sizeof comp_c);
             recs_free(&gpu);
             /* replay: CPU whole-sequence vs CUDA at several chunkings */
             recs rep_cpu = {0};
-            replay(m, "cpu", act, comp_c, 64, &rep_cpu);
+            replay(m, "cpu", act, w8a8, comp_c, 64, &rep_cpu);
             static const long chunks[] = {1, 4, 7, 64};
             for (int c = 0; c < 4; c++) {
                 recs rep = {0};
-                replay(m, "cuda", act, comp_c, chunks[c], &rep);
+                replay(m, "cuda", act, w8a8, comp_c, chunks[c], &rep);
                 d = recs_diff(&rep_cpu, &rep, 0, msg, sizeof msg);
-                printf("%s %s replay chunk %ld cuda vs cpu: %s\n", d ? "MISMATCH" : "  ok", act ? "bf16" : "fp32",
-                       chunks[c], msg);
-                ck_assert_msg(!d, "%s: %s replay chunk %ld: %s", dir, act ? "bf16" : "fp32", chunks[c], msg);
+                printf("%s %s replay chunk %ld cuda vs cpu: %s\n", d ? "MISMATCH" : "  ok", what, chunks[c], msg);
+                ck_assert_msg(!d, "%s replay chunk %ld: %s", what, chunks[c], msg);
                 recs_free(&rep);
             }
             recs_free(&rep_cpu);
@@ -214,7 +219,7 @@ int main(void)
     Suite *s = suite_create("gpu_engine");
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 900);
-    int n = getenv("LS_GPU_QUICK") ? 1 : 4; /* tiny synth + three goldens */
+    int n = getenv("LS_GPU_QUICK") ? 1 : 9; /* tiny synth + eight goldens */
     tcase_add_loop_test(tc, test_engine_cuda_equals_cpu, 0, n);
     tcase_add_test(tc, test_engine_cuda_fails_closed_on_perturb);
     suite_add_tcase(s, tc);
