@@ -324,14 +324,24 @@ static void *ls_host_hash_thread(void *arg)
     return NULL;
 }
 
-static int ls_host_hash_jobs(const ls_digest_entry *ent, int n_jobs, uint64_t device_max,
-                             const uint8_t *staged, int n_long,
-                             ls_cuda_host_sha256_fn fn, uint8_t *digests)
+/* Host threads for n_long jobs of `bytes` in all: one per 64 KiB at least
+ * (starting a thread costs about as much as hashing 20 KB), at most one per
+ * job, per core, and LS_HOST_HASH_THREADS. */
+static int ls_host_threads(uint64_t bytes, int n_long)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    uint64_t by_bytes = bytes / (64u << 10) + 1;
     int n = n_long < LS_HOST_HASH_THREADS ? n_long : LS_HOST_HASH_THREADS;
+    if ((uint64_t)n > by_bytes) n = (int)by_bytes;
     if (cores >= 1 && n > cores) n = (int)cores;
-    if (n < 1) n = 1;
+    return n < 1 ? 1 : n;
+}
+
+static int ls_host_hash_jobs(const ls_digest_entry *ent, int n_jobs, uint64_t device_max,
+                             const uint8_t *staged, uint64_t staged_bytes, int n_long,
+                             ls_cuda_host_sha256_fn fn, uint8_t *digests)
+{
+    int n = ls_host_threads(staged_bytes, n_long);
     ls_host_hash_work wk[LS_HOST_HASH_THREADS];
     pthread_t th[LS_HOST_HASH_THREADS];
     int started[LS_HOST_HASH_THREADS] = {0};
@@ -348,6 +358,58 @@ static int ls_host_hash_jobs(const ls_digest_entry *ent, int n_jobs, uint64_t de
         if (wk[w].failed >= 0 && (failed < 0 || wk[w].failed < failed)) failed = wk[w].failed;
     }
     return failed;
+}
+
+/* The cost model of ls_cuda_digest_plan (seconds). Rates are conservative
+ * round figures of what the H200 host measured (reports/perf-h200.md): one
+ * GPU thread's SHA-256, a pageable download, one core's OpenSSL SHA-256. */
+#define LS_DEV_SHA_BPS 40e6
+#define LS_DEV_FIXED_S 10e-6  /* the two launches */
+#define LS_LINK_BPS 8e9
+#define LS_HOST_SHA_BPS 1e9
+#define LS_THREAD_START_S 20e-6
+
+static double ls_plan_device_s(uint64_t longest)
+{
+    return longest ? LS_DEV_FIXED_S + (double)longest / LS_DEV_SHA_BPS : 0;
+}
+
+static double ls_plan_host_s(uint64_t bytes, int n)
+{
+    if (!n) return 0;
+    int th = ls_host_threads(bytes, n);
+    return (double)bytes / LS_LINK_BPS + (double)bytes / (LS_HOST_SHA_BPS * th) + (th - 1) * LS_THREAD_START_S;
+}
+
+/* Estimated time of hashing jobs longer than `split` on the host and the rest
+ * on the device, the two overlapped. */
+static double ls_plan_s(const ls_cuda_digest_job *jobs, int n_jobs, uint64_t split)
+{
+    uint64_t longest_dev = 0, host_bytes = 0;
+    int n_host = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        uint64_t len = ls_job_bytes(&jobs[i]);
+        if (len > split) {
+            host_bytes += LS_ALIGN_UP(len, 16);
+            n_host++;
+        } else if (len > longest_dev) {
+            longest_dev = len;
+        }
+    }
+    double d = ls_plan_device_s(longest_dev), h = ls_plan_host_s(host_bytes, n_host);
+    return d > h ? d : h;
+}
+
+extern "C" size_t ls_cuda_digest_plan(const ls_cuda_digest_job *jobs, int n_jobs, size_t split)
+{
+    const size_t plans[3] = {split, SIZE_MAX, 0};
+    size_t best = split;
+    double best_s = 0;
+    for (int p = 0; p < 3; p++) {
+        double t = ls_plan_s(jobs, n_jobs, plans[p]);
+        if (p == 0 || t < best_s) best = plans[p], best_s = t;
+    }
+    return best;
 }
 
 extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, void *d_scratch,
@@ -377,22 +439,9 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
         if (h[i].len > device_max_bytes && h[i].len > max_host) max_host = h[i].len;
     }
-    /* The device hashes all jobs at once, so its time is set by the longest
-     * (~30 MB/s per thread); the host hashes the long jobs on up to
-     * LS_HOST_HASH_THREADS threads (~1 GB/s each). Many long jobs
-     * (every-position GDN states of a batch): all on the device. */
-    uint64_t sum_host = 0;
     int n_long = 0;
-    for (int i = 0; i < n_jobs; i++)
-        if (h[i].len > device_max_bytes) {
-            sum_host += h[i].len;
-            n_long++;
-        }
-    if (sum_host > 32 * max_host) {
-        device_max_bytes = SIZE_MAX;
-        max_host = 0;
-        n_long = 0;
-    }
+    for (int i = 0; i < n_jobs; i++) n_long += h[i].len > device_max_bytes;
+    int n_dev = n_jobs - n_long; /* jobs the device hashes */
     /* Encoded bytes: the long jobs first, so that one download fetches them
      * all, then the short ones (16-aligned each; the layout's total). */
     uint64_t off = 0;
@@ -430,31 +479,32 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
     /* The long jobs' bytes go to the host on a second stream that waits only
      * for the encoding, so the host hashes them while the device hashes the
      * short ones. */
-    cudaStream_t s2 = NULL;
+    cudaStream_t s2 = NULL, hs = s; /* hs: the stream the long jobs' bytes come down on */
     cudaEvent_t encoded = NULL;
-    if (ce == cudaSuccess && max_host) {
+    if (ce == cudaSuccess && max_host && n_dev) { /* with nothing to overlap, stay on s */
         ce = cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
         if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&encoded, cudaEventDisableTiming);
         if (ce == cudaSuccess) ce = cudaEventRecord(encoded, s);
         if (ce == cudaSuccess) ce = cudaStreamWaitEvent(s2, encoded, 0);
+        hs = s2;
     }
-    if (ce == cudaSuccess) {
+    if (ce == cudaSuccess && n_dev) {
         ls_digest_hash_kernel<<<(n_jobs + 63) / 64, 64, 0, s>>>(d_ent, n_jobs, base + bytes_at,
                                                                  device_max_bytes, base + dig_at);
         ce = cudaGetLastError();
     }
     int host_failed = -1;
     if (ce == cudaSuccess && max_host) {
-        ce = cudaMemcpyAsync(h_big, base + bytes_at, staged, cudaMemcpyDeviceToHost, s2);
-        if (ce == cudaSuccess) ce = cudaStreamSynchronize(s2);
+        ce = cudaMemcpyAsync(h_big, base + bytes_at, staged, cudaMemcpyDeviceToHost, hs);
+        if (ce == cudaSuccess) ce = cudaStreamSynchronize(hs);
         if (ce == cudaSuccess)
-            host_failed = ls_host_hash_jobs(h, n_jobs, device_max_bytes, h_big, n_long,
+            host_failed = ls_host_hash_jobs(h, n_jobs, device_max_bytes, h_big, staged, n_long,
                                             host_sha256, h_digests);
     }
     /* The device's digests, one copy; the long jobs' slots keep the host's. */
     if (ce == cudaSuccess && host_failed < 0 && !max_host)
         ce = cudaMemcpyAsync(h_digests, base + dig_at, (size_t)n_jobs * 32, cudaMemcpyDeviceToHost, s);
-    if (ce == cudaSuccess && host_failed < 0 && max_host) {
+    if (ce == cudaSuccess && host_failed < 0 && max_host && n_dev) {
         uint8_t *dev = (uint8_t *)malloc((size_t)n_jobs * 32);
         if (!dev) ce = cudaErrorMemoryAllocation;
         if (ce == cudaSuccess)

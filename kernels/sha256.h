@@ -76,14 +76,24 @@ size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, int n_jobs);
  * core with SHA extensions 1-2 GB/s). Returns 0 on success. */
 typedef int (*ls_cuda_host_sha256_fn)(const void *data, size_t len, uint8_t out[32]);
 
+/* Where to hash these jobs: the device_max_bytes for ls_cuda_digest that
+ * its cost model expects to finish first among three plans (jobs longer than
+ * `split` on the host and the rest on the device; all on the device,
+ * SIZE_MAX; all on the host, 0). The device hashes every job at once, one
+ * thread each, so its time is the longest job's (~40 MB/s per thread); the
+ * host's is the download plus OpenSSL on up to 16 threads (~1 GB/s each).
+ * A decode step's few 4 KB rows go to the host (~5 us against ~100 us on one
+ * GPU thread); a prefill's thousands of rows to the device. The digests are
+ * the same whichever plan runs. */
+size_t ls_cuda_digest_plan(const ls_cuda_digest_job *jobs /* host [n_jobs] */, int n_jobs, size_t split);
+
 /* Encodes every job's spans on the device (one launch) and hashes each job of
  * at most device_max_bytes encoded bytes with one GPU thread (one launch);
  * longer jobs (when host_sha256 is not NULL) are downloaded encoded (one copy,
  * while the device hashes the short ones) and hashed by host_sha256 on up to
  * 16 host threads at once, so host_sha256 must be thread-safe
- * (device_max_bytes = SIZE_MAX, or host_sha256 NULL: all on the device; so
- * are all jobs when the long ones add up to more than 32 times the longest,
- * where the device's parallel hashing wins). Copies the n_jobs x 32 digest
+ * (device_max_bytes = SIZE_MAX, or host_sha256 NULL: all on the device;
+ * ls_cuda_digest_plan picks device_max_bytes). Copies the n_jobs x 32 digest
  * bytes to the host (synchronous).
  * d_scratch: device memory of ls_cuda_digest_scratch_bytes. */
 ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs /* host [n_jobs] */, int n_jobs,

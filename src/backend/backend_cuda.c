@@ -479,12 +479,14 @@ static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R,
 
 /* ---- digests ------------------------------------------------------------------------ */
 
-/* Jobs longer than this many encoded bytes are hashed on the host: SHA-256 is
- * serial within a message, one GPU thread hashes ~50 MB/s and a CPU core with
- * SHA extensions 1-2 GB/s, so a 2 MiB GDN state or a logits row is faster
- * downloaded (encoded) and hashed by OpenSSL, while the many short rows
- * (hidden, KV, router) hash in parallel on the device, 32 bytes back each.
- * Either way the digest is SHA-256 of the same canonical bytes. */
+/* The split the digest planner weighs against all-device and all-host
+ * (ls_cuda_digest_plan): jobs longer than this many encoded bytes on the
+ * host. SHA-256 is serial within a message, one GPU thread hashes ~40 MB/s
+ * and a CPU core with SHA extensions 1-2 GB/s, so a 2 MiB GDN state or a
+ * logits row is faster downloaded (encoded) and hashed by OpenSSL, while a
+ * prefill's many short rows (hidden, KV, router) hash in parallel on the
+ * device, 32 bytes back each, and a decode step's few rows all go to the
+ * host. Either way the digest is SHA-256 of the same canonical bytes. */
 #define LS_CUDA_DIGEST_DEVICE_MAX_BYTES 32768
 
 /* Called from up to 16 threads at once (ls_cuda_digest); keeps no shared state. */
@@ -525,7 +527,8 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
     if (st == LS_OK) st = scratch_reserve(im, ls_cuda_digest_scratch_bytes(cj, (int)n_jobs), err);
     if (st == LS_OK)
         st = ls_cuda_digest(cj, (int)n_jobs, im->scratch, im->scratch_bytes,
-                            LS_CUDA_DIGEST_DEVICE_MAX_BYTES, host_sha256, dig, NULL, err);
+                            ls_cuda_digest_plan(cj, (int)n_jobs, LS_CUDA_DIGEST_DEVICE_MAX_BYTES),
+                            host_sha256, dig, NULL, err);
     for (long j = 0; st == LS_OK && j < n_jobs; j++) memcpy(jobs[j].out->bytes, dig + 32 * j, 32);
     free(cj);
     free(dig);

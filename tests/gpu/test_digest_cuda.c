@@ -2,8 +2,10 @@
  * canonical bytes built on the host and hashed by OpenSSL: random spans of
  * fp32 values (including NaN, infinities, signed zeros, values that round
  * up), bf16 and raw encodings, one and two spans per job, odd lengths, empty
- * spans; every job hashed on the device, and again with the long jobs hashed
- * on the host. */
+ * spans; every job hashed on the device, again with the long jobs hashed
+ * on the host, and with every job on the host; and the planner's choice of
+ * where (ls_cuda_digest_plan) for a decode step's rows, a prefill's, and
+ * long states. */
 #include "gpu_testutil.h"
 
 #include "fingerprint/sha256.h"
@@ -121,7 +123,8 @@ static void run_case(int n_jobs, size_t max_elems, size_t device_max)
         }
     }
     printf("  ok digest: %d jobs, up to %zu elements per span, %s\n", n_jobs, max_elems,
-           device_max == SIZE_MAX ? "all on the device" : "long jobs on the host");
+           device_max == SIZE_MAX ? "all on the device" : device_max == 0 ? "all on the host"
+                                                                        : "long jobs on the host");
     free(bytes);
     free(got);
     free(at);
@@ -148,6 +151,45 @@ START_TEST(test_digest_long_host_and_device)
     int quick = getenv("LS_GPU_QUICK") != NULL;
     run_case(quick ? 6 : 24, quick ? 20000 : 300000, 4096);
     run_case(quick ? 4 : 8, quick ? 20000 : 100000, SIZE_MAX);
+}
+END_TEST
+
+START_TEST(test_digest_all_host)
+{
+    run_case(40, 3000, 0);
+    run_case(3, 2048, 0); /* a decode step's few rows */
+}
+END_TEST
+
+/* n jobs of one contiguous bf16 span of `elems` elements each (the planner
+ * reads only the lengths). */
+static size_t plan_for(int n, uint64_t elems, size_t split)
+{
+    ls_cuda_digest_job *jobs = calloc((size_t)n, sizeof *jobs);
+    ck_assert_ptr_nonnull(jobs);
+    for (int j = 0; j < n; j++) {
+        jobs[j].n[0] = elems;
+        jobs[j].bf16[0] = 1;
+    }
+    size_t p = ls_cuda_digest_plan(jobs, n, split);
+    free(jobs);
+    return p;
+}
+
+START_TEST(test_digest_plan)
+{
+    /* decode, batch 1 and 32: hidden rows of 2048 bf16 (4 KB) -> the host */
+    ck_assert_uint_eq(plan_for(1, 2048, 32768), 0);
+    ck_assert_uint_eq(plan_for(32, 2048, 32768), 0);
+    /* prefill of 1024 rows: the device hashes them in parallel */
+    ck_assert_uint_ne(plan_for(1024, 2048, 32768), 0);
+    /* a 2 MiB state alone: the host (the split or all-host plan) */
+    size_t p = plan_for(1, 1 << 20, 32768);
+    ck_assert_msg(p < ((size_t)2 << 20), "a 2 MiB state: plan %zu", p);
+    /* a prefill's 1024 states of 2 MiB (state digests at every position):
+     * 2 GiB is slower down the link than 1024 threads at once */
+    ck_assert_uint_eq(plan_for(1024, 1 << 20, 32768), SIZE_MAX);
+    printf("  ok digest planner: decode rows on the host, prefill rows on the device\n");
 }
 END_TEST
 
@@ -182,6 +224,8 @@ int main(void)
     tcase_add_test(tc, test_digest_small_spans);
     tcase_add_test(tc, test_digest_rows);
     tcase_add_test(tc, test_digest_long_host_and_device);
+    tcase_add_test(tc, test_digest_all_host);
+    tcase_add_test(tc, test_digest_plan);
     tcase_add_test(tc, test_digest_empty);
     suite_add_tcase(s, tc);
     return ls_gpu_run_suite(s);
