@@ -44,7 +44,7 @@ static const char *const op_names[LS_BENCH_OP_COUNT] = {
     "(device idle between ops)", "upload", "download", "zero", "copy_blocks", "embed", "linear",
     "rmsnorm", "gated_rmsnorm", "conv_silu", "gdn_gates", "l2norm_scale", "gdn_recurrent",
     "rope_apply", "attention", "sigmoid_gate", "router", "moe", "residual", "logprobs",
-    "conv_silu_batch", "gdn_recurrent_batch", "kv_append_batch", "attention_batch", "digest"};
+    "conv_silu_batch", "gdn_recurrent_batch", "kv_append_batch", "attention_batch", "digest", "digest_wait"};
 
 const char *ls_bench_op_name(ls_bench_op op)
 {
@@ -420,6 +420,12 @@ static ls_status t_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs
     return op_end(be, IN(be)->digest(IN(be), jobs, n_jobs, err), err);
 }
 
+static ls_status t_digest_wait(ls_backend *be, ls_error *err)
+{
+    LS_TRY(op_begin(be, LS_BENCH_OP_DIGEST_WAIT, 0, 0, err));
+    return op_end(be, IN(be)->digest_wait(IN(be), err), err);
+}
+
 /* ---- creation --------------------------------------------------------------------------- */
 
 ls_status ls_bench_timing_create(ls_backend *inner, ls_backend **out, ls_error *err)
@@ -465,6 +471,7 @@ ls_status ls_bench_timing_create(ls_backend *inner, ls_backend **out, ls_error *
     be->kv_append_batch = inner->kv_append_batch ? t_kv_append_batch : NULL;
     be->attention_batch = inner->attention_batch ? t_attention_batch : NULL;
     be->digest = inner->digest ? t_digest : NULL;
+    be->digest_wait = inner->digest_wait ? t_digest_wait : NULL;
     *out = be;
     return LS_OK;
 }

@@ -360,7 +360,8 @@ static part part_of(const ls_bench_bucket *k, const ls_model_config *c)
 {
     switch (k->op) {
     case LS_BENCH_OP_MOE: return PART_MOE;
-    case LS_BENCH_OP_DIGEST: return PART_DIGEST;
+    case LS_BENCH_OP_DIGEST: /* enqueueing the digests */
+    case LS_BENCH_OP_DIGEST_WAIT: return PART_DIGEST; /* what of the hashing the step did not hide */
     case LS_BENCH_OP_IDLE: return PART_IDLE;
     case LS_BENCH_OP_LINEAR: return k->rows == c->vocab ? PART_REST : PART_MIXER;
     case LS_BENCH_OP_RMSNORM: return k->cols == c->hidden ? PART_REST : PART_MIXER;

@@ -524,3 +524,61 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
     LS_CUDA_CHECK(ce, err, "digest: a kernel or copy faulted (run compute-sanitizer)");
     return LS_OK;
 }
+
+/* ---- staged (asynchronous) digests ------------------------------------------------- */
+
+/* Stage region: [job table, 256-aligned][encoded bytes, 16-aligned each]. */
+extern "C" size_t ls_cuda_digest_stage_table_bytes(int n_jobs)
+{
+    return LS_ALIGN_UP(sizeof(ls_digest_entry) * (size_t)n_jobs, 256);
+}
+
+extern "C" size_t ls_cuda_digest_stage_job_bytes(const ls_cuda_digest_job *job)
+{
+    return LS_ALIGN_UP(ls_job_bytes(job), 16);
+}
+
+extern "C" size_t ls_cuda_digest_stage_bytes(const ls_cuda_digest_job *jobs, int n_jobs)
+{
+    size_t b = ls_cuda_digest_stage_table_bytes(n_jobs);
+    for (int i = 0; i < n_jobs; i++) b += ls_cuda_digest_stage_job_bytes(&jobs[i]);
+    return b;
+}
+
+extern "C" ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs, int n_jobs, uint8_t *h_region,
+                                          void *d_region, uint64_t *off, uint64_t *len, void *stream,
+                                          ls_error *err)
+{
+    LS_CUDA_REQUIRE(n_jobs > 0, err, "digest stage: n_jobs %d", n_jobs);
+    size_t bytes_at = ls_cuda_digest_stage_table_bytes(n_jobs);
+    ls_digest_entry *h = (ls_digest_entry *)h_region;
+    uint64_t at = 0, max_el = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        for (int s = 0; s < 2; s++) {
+            h[i].src[s] = (uint64_t)(uintptr_t)jobs[i].src[s];
+            h[i].n[s] = jobs[i].n[s];
+            h[i].row_len[s] = jobs[i].row_len[s];
+            h[i].stride[s] = jobs[i].stride[s];
+            h[i].bf16[s] = jobs[i].bf16[s] ? 1u : 0u;
+        }
+        h[i].len = ls_job_bytes(&jobs[i]);
+        h[i].off = at;
+        off[i] = bytes_at + at;
+        len[i] = h[i].len;
+        at += LS_ALIGN_UP(h[i].len, 16);
+        if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
+    }
+    cudaStream_t s = (cudaStream_t)stream;
+    uint8_t *d = (uint8_t *)d_region;
+    cudaError_t ce = cudaMemcpyAsync(d, h_region, sizeof *h * (size_t)n_jobs, cudaMemcpyHostToDevice, s);
+    LS_CUDA_CHECK(ce, err, "digest stage: job table upload");
+    if (max_el > 0) {
+        uint64_t bx = (max_el + 255) / 256;
+        dim3 grid((unsigned)(bx < 64 ? bx : 64), (unsigned)(n_jobs < 65535 ? n_jobs : 65535));
+        ls_digest_encode_kernel<<<grid, 256, 0, s>>>((const ls_digest_entry *)d, n_jobs, d + bytes_at);
+        LS_CUDA_CHECK_LAUNCH("ls_digest_encode_kernel", err);
+        ce = cudaMemcpyAsync(h_region + bytes_at, d + bytes_at, at, cudaMemcpyDeviceToHost, s);
+        LS_CUDA_CHECK(ce, err, "digest stage: encoded bytes download");
+    }
+    return LS_OK;
+}

@@ -1416,6 +1416,8 @@ static ls_status digest_exec(bo_case *c, ls_backend *be, ls_error *err)
         jobs[i].out = (ls_digest *)c->t[DG_OUT].got + i;
     }
     ls_status st = be->digest(be, jobs, n, err);
+    /* an asynchronous backend fills the digests by its digest_wait */
+    if (st == LS_OK && be->digest_wait) st = be->digest_wait(be, err);
     free(jobs);
     return st;
 }

@@ -196,12 +196,18 @@ struct ls_backend {
 
     /* ---- digests ----------------------------------------------------------- */
     /* Computes n_jobs independent SHA-256 digests over backend buffers and
-     * writes each to its job's host `out` (a GPU hashes on the device and
-     * downloads 32 bytes per job). The engine batches a layer's rows into one
-     * call; every digest lockstep records goes through here. Jobs complete
-     * before the call returns; the spans are read, never written. NULL on a
-     * backend without the op: the engine then refuses to run (fail closed). */
+     * writes each to its job's host `out`. The engine batches a layer's rows
+     * into one call; every digest lockstep records goes through here. The
+     * spans are read, never written, and read in op order: an op issued after
+     * the call may overwrite them at once. A backend may finish the jobs
+     * later (the CUDA backend encodes on the device and hashes on host
+     * threads while the device runs on): then every `out` is written, and
+     * any failure reported, by the next digest_wait. NULL digest on a backend
+     * without the op: the engine then refuses to run (fail closed). */
     ls_status (*digest)(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err);
+    /* Completes every digest call so far (NULL: digest completes in the call).
+     * The job arrays and `out` destinations must stay valid until it returns. */
+    ls_status (*digest_wait)(ls_backend *be, ls_error *err);
 };
 
 /* The CPU reference backend. n_threads >= 1 worker threads split rows,

@@ -41,6 +41,7 @@ ls_status ls_backend_cuda_query_gpu(int device, ls_gpu_info *out, int *present, 
 #else
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "core/util.h"
 #include "fingerprint/sha256.h"
@@ -78,6 +79,8 @@ typedef struct cuda_impl {
     uint64_t synth_seed;       /* 0 = weights only from host memory */
     float synth_scale;
     uint64_t synth_calls;      /* synthetic matrices filled so far */
+    ls_cuda_digester *dg;      /* asynchronous digests (created on the first digest call) */
+    int dg_off;                /* 1: no ring could be had; digests stay synchronous */
 } cuda_impl;
 
 #define IMPL(be) ((cuda_impl *)(be)->impl)
@@ -148,6 +151,7 @@ static void cu_destroy(ls_backend *be)
     if (!be) return;
     cuda_impl *im = IMPL(be);
     if (im) {
+        ls_cuda_digester_destroy(im->dg); /* waits: its threads write into callers' memory */
         ls_cuda_arena_free(&im->dev);
         ls_arena_free(&im->host);
         free(im);
@@ -499,16 +503,43 @@ static int host_sha256(const void *data, size_t len, uint8_t out[32])
     return 0;
 }
 
+/* The digester's ring: up to 256 MiB of the arena, a quarter of what is left
+ * at the first digest call at most (the MoE scratch may still grow), and no
+ * ring under 8 MiB (then every digest call is synchronous). Host threads: one
+ * per online core, up to 16. */
+#define LS_CUDA_DIGEST_RING_MAX ((size_t)256 << 20)
+#define LS_CUDA_DIGEST_RING_MIN ((size_t)8 << 20)
+
+static void digester_open(cuda_impl *im)
+{
+    size_t left = im->dev.capacity_bytes - im->dev.used_bytes, ring = left / 4;
+    if (ring > LS_CUDA_DIGEST_RING_MAX) ring = LS_CUDA_DIGEST_RING_MAX;
+    ls_error ignored;
+    void *d_ring = ring >= LS_CUDA_DIGEST_RING_MIN ? ls_cuda_arena_alloc(&im->dev, ring, &ignored) : NULL;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!d_ring || ls_cuda_digester_create(d_ring, ring, cores < 1 ? 1 : cores > 16 ? 16 : (int)cores,
+                                           host_sha256, &im->dg, &ignored) != LS_OK)
+        im->dg_off = 1;
+}
+
+static ls_status cu_digest_wait(ls_backend *be, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    return im->dg ? ls_cuda_digester_wait(im->dg, err) : LS_OK;
+}
+
 static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
 {
     cuda_impl *im = IMPL(be);
     if (n_jobs <= 0) return LS_OK;
     if (n_jobs > 0x7fffffffL)
         return ls_fail(err, LS_E_UNSUPPORTED, "cuda digest: %ld jobs in one call (at most 2^31-1)", n_jobs);
+    if (!im->dg && !im->dg_off) digester_open(im);
     ls_cuda_digest_job *cj = calloc((size_t)n_jobs, sizeof *cj);
     uint8_t *dig = malloc((size_t)n_jobs * 32);
+    uint8_t **outs = im->dg ? malloc(sizeof *outs * (size_t)n_jobs) : NULL;
     ls_status st = LS_OK;
-    if (!cj || !dig) st = ls_fail(err, LS_E_NOMEM, "cuda digest: %ld jobs", n_jobs);
+    if (!cj || !dig || (im->dg && !outs)) st = ls_fail(err, LS_E_NOMEM, "cuda digest: %ld jobs", n_jobs);
     for (long j = 0; st == LS_OK && j < n_jobs; j++)
         for (int s = 0; s < 2; s++) {
             const ls_digest_span *sp = &jobs[j].span[s];
@@ -524,6 +555,17 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
             cj[j].stride[s] = (uint64_t)sp->stride;
             cj[j].bf16[s] = sp->bf16 ? 1 : 0;
         }
+    if (st == LS_OK && im->dg) {
+        for (long j = 0; j < n_jobs; j++) outs[j] = jobs[j].out->bytes;
+        ls_error serr;
+        ls_status ss = ls_cuda_digester_submit(im->dg, cj, outs, (int)n_jobs, NULL, &serr);
+        if (ss != LS_E_UNSUPPORTED) { /* done, or failed; else a job too long for the ring: */
+            free(cj), free(dig), free(outs);
+            return ss == LS_OK ? LS_OK : ls_fail(err, ss, "%s", serr.msg);
+        }
+        st = ls_cuda_digester_wait(im->dg, err); /* the synchronous path, in order after the rest */
+    }
+    free(outs);
     if (st == LS_OK) st = scratch_reserve(im, ls_cuda_digest_scratch_bytes(cj, (int)n_jobs), err);
     if (st == LS_OK)
         st = ls_cuda_digest(cj, (int)n_jobs, im->scratch, im->scratch_bytes,
@@ -588,6 +630,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->residual = cu_residual;
     be->logprobs = cu_logprobs;
     be->digest = cu_digest;
+    be->digest_wait = cu_digest_wait;
     *out = be;
     return LS_OK;
 }

@@ -375,7 +375,7 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     return be->linear(be, &w->o, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
 }
 
-ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
+static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
 {
     ls_backend *be = e->be;
     const ls_model_config *c = &e->c;
@@ -452,4 +452,18 @@ ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *er
     for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
     e->step_rows = T;
     return LS_OK;
+}
+
+ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
+{
+    ls_status st = forward(e, sg, nseg, err);
+    /* The digests may still be on their way (an asynchronous backend): the
+     * records read them, and on failure nothing may write into the engine
+     * after this returns. */
+    if (e->be->digest_wait) {
+        ls_error werr;
+        ls_status ws = e->be->digest_wait(e->be, st == LS_OK ? err : &werr);
+        if (st == LS_OK) st = ws;
+    }
+    return st;
 }

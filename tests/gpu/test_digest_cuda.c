@@ -3,7 +3,8 @@
  * fp32 values (including NaN, infinities, signed zeros, values that round
  * up), bf16 and raw encodings, one and two spans per job, odd lengths, empty
  * spans; every job hashed on the device, again with the long jobs hashed
- * on the host, and with every job on the host; and the planner's choice of
+ * on the host, and with every job on the host; the asynchronous digester on
+ * a ring that wraps; and the planner's choice of
  * where (ls_cuda_digest_plan) for a decode step's rows, a prefill's, and
  * long states. */
 #include "gpu_testutil.h"
@@ -61,7 +62,41 @@ static int host_sha(const void *p, size_t len, uint8_t out[32])
     return 0;
 }
 
+/* Random jobs over device data, and the canonical bytes to check them by. */
+typedef struct job_set {
+    int n_jobs;
+    size_t max_elems;
+    uint32_t *h;               /* host copy of the device data */
+    void *d;                   /* device data */
+    ls_cuda_digest_job *jobs;  /* [n_jobs] */
+    size_t *at;                /* [n_jobs][2] span starts in h */
+} job_set;
+
+static job_set make_jobs(int n_jobs, size_t max_elems);
+static void check_jobs(const job_set *js, const uint8_t *got, const char *how);
+static void free_jobs(job_set *js);
+
 static void run_case(int n_jobs, size_t max_elems, size_t device_max)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    job_set js = make_jobs(n_jobs, max_elems);
+    ls_cuda_digest_job *jobs = js.jobs;
+    size_t sb = ls_cuda_digest_scratch_bytes(jobs, n_jobs);
+    void *scr = NULL;
+    ck_assert_int_eq(ls_cuda_malloc(&scr, sb, &err), LS_OK);
+    uint8_t *got = malloc((size_t)n_jobs * 32 + 1);
+    ck_assert_int_eq(ls_cuda_digest(jobs, n_jobs, scr, sb, device_max,
+                                    device_max == SIZE_MAX ? NULL : host_sha, got, NULL, &err),
+                     LS_OK);
+    check_jobs(&js, got, device_max == SIZE_MAX ? "all on the device" : device_max == 0 ? "all on the host"
+                                                                                      : "long jobs on the host");
+    free(got);
+    free_jobs(&js);
+    ls_cuda_free(scr);
+}
+
+static job_set make_jobs(int n_jobs, size_t max_elems)
 {
     ls_error err;
     ls_error_clear(&err);
@@ -95,13 +130,19 @@ static void run_case(int n_jobs, size_t max_elems, size_t device_max)
         }
     }
     ck_assert_uint_le(cur, pool);
-    size_t sb = ls_cuda_digest_scratch_bytes(jobs, n_jobs);
-    void *scr = NULL;
-    ck_assert_int_eq(ls_cuda_malloc(&scr, sb, &err), LS_OK);
-    uint8_t *got = malloc((size_t)n_jobs * 32 + 1);
-    ck_assert_int_eq(ls_cuda_digest(jobs, n_jobs, scr, sb, device_max,
-                                    device_max == SIZE_MAX ? NULL : host_sha, got, NULL, &err),
-                     LS_OK);
+    job_set js = {n_jobs, max_elems, h, d, jobs, at};
+    return js;
+}
+
+static void check_jobs(const job_set *js, const uint8_t *got, const char *how)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    int n_jobs = js->n_jobs;
+    size_t max_elems = js->max_elems;
+    const ls_cuda_digest_job *jobs = js->jobs;
+    const uint32_t *h = js->h;
+    const size_t *at = js->at;
     uint8_t *bytes = malloc(8 * max_elems + 8);
     for (int j = 0; j < n_jobs; j++) {
         size_t len = 0;
@@ -122,16 +163,16 @@ static void run_case(int n_jobs, size_t max_elems, size_t device_max)
             ck_abort_msg("digest job %d differs", j);
         }
     }
-    printf("  ok digest: %d jobs, up to %zu elements per span, %s\n", n_jobs, max_elems,
-           device_max == SIZE_MAX ? "all on the device" : device_max == 0 ? "all on the host"
-                                                                        : "long jobs on the host");
+    printf("  ok digest: %d jobs, up to %zu elements per span, %s\n", n_jobs, max_elems, how);
     free(bytes);
-    free(got);
-    free(at);
-    free(jobs);
-    free(h);
-    ls_cuda_free(scr);
-    ls_cuda_free(d);
+}
+
+static void free_jobs(job_set *js)
+{
+    free(js->at);
+    free(js->jobs);
+    free(js->h);
+    ls_cuda_free(js->d);
 }
 
 START_TEST(test_digest_small_spans)
@@ -151,6 +192,47 @@ START_TEST(test_digest_long_host_and_device)
     int quick = getenv("LS_GPU_QUICK") != NULL;
     run_case(quick ? 6 : 24, quick ? 20000 : 300000, 4096);
     run_case(quick ? 4 : 8, quick ? 20000 : 100000, SIZE_MAX);
+}
+END_TEST
+
+/* The asynchronous digester on a ring small enough to wrap and to make
+ * submits wait: many calls of random jobs, one wait, every digest right. */
+START_TEST(test_digester)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    const size_t ring = (size_t)1 << 20;
+    void *d_ring = NULL;
+    ck_assert_int_eq(ls_cuda_malloc(&d_ring, ring, &err), LS_OK);
+    ls_cuda_digester *dg = NULL;
+    ck_assert_msg(ls_cuda_digester_create(d_ring, ring, 4, host_sha, &dg, &err) == LS_OK, "%s", err.msg);
+    enum { CALLS = 40 };
+    job_set js[CALLS];
+    uint8_t *got[CALLS];
+    for (int c = 0; c < CALLS; c++) {
+        js[c] = make_jobs(1 + c % 17, c % 5 == 0 ? 20000 : 700); /* some calls span several chunks */
+        got[c] = malloc((size_t)js[c].n_jobs * 32);
+        uint8_t **outs = malloc(sizeof *outs * (size_t)js[c].n_jobs);
+        for (int j = 0; j < js[c].n_jobs; j++) outs[j] = got[c] + 32 * (size_t)j;
+        ck_assert_msg(ls_cuda_digester_submit(dg, js[c].jobs, outs, js[c].n_jobs, NULL, &err) == LS_OK, "%s",
+                      err.msg);
+        free(outs);
+    }
+    ck_assert_msg(ls_cuda_digester_wait(dg, &err) == LS_OK, "%s", err.msg);
+    for (int c = 0; c < CALLS; c++) {
+        check_jobs(&js[c], got[c], "asynchronous digester, 1 MiB ring");
+        free(got[c]);
+        free_jobs(&js[c]);
+    }
+    /* a job whose stage exceeds half the ring is refused, not truncated */
+    job_set big = make_jobs(1, 200000);
+    big.jobs[0].n[0] = 200000, big.jobs[0].n[1] = 0, big.jobs[0].row_len[0] = 0, big.jobs[0].bf16[0] = 0;
+    uint8_t out[32], *outs1[1] = {out};
+    ck_assert_int_eq(ls_cuda_digester_submit(dg, big.jobs, outs1, 1, NULL, &err), LS_E_UNSUPPORTED);
+    printf("  ok digester refuses an 800 KB job on a 1 MiB ring: %s\n", err.msg);
+    free_jobs(&big);
+    ls_cuda_digester_destroy(dg);
+    ls_cuda_free(d_ring);
 }
 END_TEST
 
@@ -225,6 +307,7 @@ int main(void)
     tcase_add_test(tc, test_digest_rows);
     tcase_add_test(tc, test_digest_long_host_and_device);
     tcase_add_test(tc, test_digest_all_host);
+    tcase_add_test(tc, test_digester);
     tcase_add_test(tc, test_digest_plan);
     tcase_add_test(tc, test_digest_empty);
     suite_add_tcase(s, tc);
