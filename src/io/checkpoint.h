@@ -3,7 +3,10 @@
  *
  * A checkpoint is a directory holding config.json and either model.safetensors
  * or model.safetensors.index.json plus its shards. Files are mmap'ed read-only;
- * tensor data is never copied. Every header is validated strictly before any
+ * tensor data is never copied. Each mapping is registered with
+ * ls_map_register (core/util.h) while it is open, so the CLI's SIGBUS handler
+ * can name a shard another process cut short (exit 2); the library itself
+ * installs no handler. Every header is validated strictly before any
  * tensor is handed out (see docs/checkpoint-io.md for the rules); a failure
  * names the file, the tensor and the byte offset.
  *
