@@ -7,7 +7,7 @@ manifest/README.md ("Checkpoint fingerprint") with the standard library only.
 Prints "merkle_root <hex>" and "config_sha256 <hex>". Handles single-file and
 sharded checkpoints; applies the name normalisation of the README (the
 Qwen3.5 prefix "model.language_model." -> "model.", tensors under
-"model.visual." and "mtp." left out). Config canonical form here covers the
+"model.visual." and "mtp." kept under their stored names). Config canonical form here covers the
 values the tests use (objects, arrays, strings, integers, booleans, null,
 reals printed with %.17g rules of the README).
 """
@@ -58,7 +58,7 @@ def canonical(v):
 
 def normalise(name):
     if name.startswith("model.visual.") or name.startswith("mtp."):
-        return None
+        return name     # skipped by the model, fingerprinted under the stored name
     if name.startswith("model.language_model."):
         return "model." + name[len("model.language_model."):]
     return name

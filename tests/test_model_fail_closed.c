@@ -272,11 +272,28 @@ END_TEST
 
 /* ---- families skipped on purpose -------------------------------------------------------- */
 
+/* Merkle root of dir (fresh, no cache) as hex; fails the test on error. */
+static void root_of(const char *dir, char hex[65])
+{
+    ls_checkpoint *ck = NULL;
+    ls_error err;
+    ck_assert_msg(ls_checkpoint_open(dir, &ck, &err) == LS_OK, "%s", err.msg);
+    ls_fingerprint fp;
+    ls_fingerprint_opts o = {2, 0};
+    ck_assert_msg(ls_fingerprint_checkpoint(ck, &o, &fp, &err) == LS_OK, "%s: %s", dir, err.msg);
+    ls_digest_to_hex(&fp.merkle_root, hex);
+    ls_fingerprint_free(&fp);
+    ls_checkpoint_close(ck);
+}
+
 START_TEST(test_skipped_families_listed)
 {
     setup();
+    /* mtp.fc.weight's bytes are ours, so one can be changed below */
+    static uint16_t fc[32];
+    for (int i = 0; i < 32; i++) fc[i] = (uint16_t)(0x3f80 + i); /* BF16 1.0, 1.0078, ... */
     st_spec extra[] = {
-        {"mtp.fc.weight", "BF16", 2, {4, 8}, 2, NULL},
+        {"mtp.fc.weight", "BF16", 2, {4, 8}, 2, fc},
         {"model.visual.blocks.0.attn.qkv.weight", "BF16", 2, {4, 4}, 2, NULL},
         {"mtp.layers.0.input_layernorm.weight", "BF16", 1, {8}, 2, NULL},
     };
@@ -288,14 +305,35 @@ START_TEST(test_skipped_families_listed)
     ck_assert_uint_eq(ls_checkpoint_ignored_count(ck), 3);
     static const char *const sorted[] = {"model.visual.blocks.0.attn.qkv.weight",
                                          "mtp.fc.weight", "mtp.layers.0.input_layernorm.weight"};
-    for (size_t i = 0; i < 3; i++)
+    static const char *const reasons[] = {"vision tower (model.visual.*): not part of the text forward",
+                                          "multi-token-prediction head (mtp.*): not part of the text forward",
+                                          "multi-token-prediction head (mtp.*): not part of the text forward"};
+    for (size_t i = 0; i < 3; i++) {
         ck_assert_str_eq(ls_checkpoint_ignored_at(ck, i)->stored_name, sorted[i]);
+        ck_assert_str_eq(ls_checkpoint_skip_reason(sorted[i]), reasons[i]);
+    }
     ck_assert_ptr_null(ls_checkpoint_ignored_at(ck, 3));
+    ck_assert_ptr_null(ls_checkpoint_skip_reason("model.layers.0.mlp.gate.weight"));
     ck_assert_uint_eq(ls_checkpoint_count(ck), ls_checkpoint_count(g_ck));
+    /* The fingerprint covers them: one leaf each, under the stored name,
+     * flagged as skipped, in name order with the exposed tensors. */
+    ls_fingerprint fp;
+    ls_fingerprint_opts o = {2, 0};
+    ck_assert_msg(ls_fingerprint_checkpoint(ck, &o, &fp, &err) == LS_OK, "%s", err.msg);
+    ck_assert_uint_eq(fp.count, ls_checkpoint_count(ck) + 3);
+    size_t n_skipped = 0;
+    for (size_t i = 0; i < fp.count; i++) {
+        if (i > 0) ck_assert_msg(strcmp(fp.tensors[i - 1].name, fp.tensors[i].name) < 0, "order at %zu", i);
+        n_skipped += (size_t)fp.tensors[i].skipped;
+        ck_assert_int_eq(fp.tensors[i].skipped, ls_checkpoint_name_skipped(fp.tensors[i].name));
+    }
+    ck_assert_uint_eq(n_skipped, 3);
+    ls_fingerprint_free(&fp);
     ls_checkpoint_close(ck);
 
-    /* The manifest lists them; a diff against the plain checkpoint's
-     * manifest finds only that list, informational (exit 0). */
+    /* The manifest lists them with the reason, and has their digests; a
+     * diff against the plain checkpoint's manifest voids on the tensors and
+     * the root (exit 1), the list itself informational. */
     char *out = NULL;
     int rc = ls_test_cli(&out, "manifest pin --checkpoint %s -o %s/skipped.json", d, g_dir);
     ck_assert_msg(rc == 0, "pin: exit %d:\n%s", rc, out ? out : "");
@@ -308,16 +346,52 @@ START_TEST(test_skipped_families_listed)
     json_error_t je;
     json_t *m = json_load_file(path, 0, &je);
     ck_assert_ptr_nonnull(m);
-    const json_t *list = json_object_get(json_object_get(m, "checkpoint"), "skipped_tensors");
+    const json_t *sec = json_object_get(m, "checkpoint");
+    const json_t *list = json_object_get(sec, "skipped_tensors");
     ck_assert_msg(json_is_array(list) && json_array_size(list) == 3, "checkpoint.skipped_tensors");
-    for (size_t i = 0; i < 3; i++)
-        ck_assert_str_eq(json_string_value(json_array_get(list, i)), sorted[i]);
+    for (size_t i = 0; i < 3; i++) {
+        const json_t *e = json_array_get(list, i);
+        ck_assert_str_eq(json_string_value(json_object_get(e, "name")), sorted[i]);
+        ck_assert_str_eq(json_string_value(json_object_get(e, "reason")), reasons[i]);
+        const json_t *t = json_object_get(json_object_get(sec, "tensors"), sorted[i]);
+        ck_assert_msg(json_is_string(json_object_get(t, "sha256")), "checkpoint.tensors[\"%s\"].sha256", sorted[i]);
+    }
     json_decref(m);
     rc = ls_test_cli(&out, "manifest diff %s/plain.json %s/skipped.json", g_dir, g_dir);
-    ck_assert_msg(rc == 0 && out && strstr(out, "checkpoint.skipped_tensors") &&
-                      strstr(out, "informational"),
+    ck_assert_msg(rc == 1 && out && strstr(out, "checkpoint.skipped_tensors") && strstr(out, "mtp.fc.weight") &&
+                      strstr(out, "checkpoint.merkle_root"),
                   "diff: exit %d:\n%s", rc, out ? out : "");
     free(out);
+
+    /* One byte of a skipped tensor changes the root, though the model never
+     * reads it; a NaN there is fingerprinted, not refused. */
+    char before[65], after[65], nan_root[65];
+    root_of(d, before);
+    fc[5] ^= 0x0001;
+    char *d2 = variant("skipped-changed", extra, 3, NULL, NULL);
+    root_of(d2, after);
+    ck_assert_msg(strcmp(before, after) != 0, "a changed mtp.fc.weight left the root at %s", before);
+    fc[5] = 0x7fc0; /* BF16 NaN */
+    char *d3 = variant("skipped-nan", extra, 3, NULL, NULL);
+    root_of(d3, nan_root);
+    ck_assert_msg(strcmp(nan_root, after) != 0 && strcmp(nan_root, before) != 0, "NaN root %s", nan_root);
+    expect_model(d3, LS_OK, NULL, NULL);
+
+    /* A normalised name equal to a skipped stored name is refused: the two
+     * would be one leaf name. */
+    st_spec clash[] = {
+        {"model.visual.x.weight", "BF16", 1, {4}, 2, NULL},
+        {"model.language_model.visual.x.weight", "BF16", 1, {4}, 2, NULL},
+    };
+    char *d4 = variant("skipped-clash", clash, 2, NULL, NULL);
+    ck = NULL;
+    ck_assert_int_eq(ls_checkpoint_open(d4, &ck, &err), LS_E_INPUT);
+    ck_assert_msg(strstr(err.msg, "'model.language_model.visual.x.weight'") &&
+                      strstr(err.msg, "the name of the skipped tensor"),
+                  "%s", err.msg);
+    free(d4);
+    free(d3);
+    free(d2);
     free(d);
 }
 END_TEST

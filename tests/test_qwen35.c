@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "fingerprint/fingerprint.h"
 #include "fingerprint/sha256.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
@@ -629,9 +630,18 @@ START_TEST(test_vision_skipped_and_refused)
     const json_t *list = json_object_get(json_object_get(m, "checkpoint"), "skipped_tensors");
     size_t n_visual = 0, n_mtp = 0;
     for (size_t i = 0; i < json_array_size(list); i++) {
-        const char *s = json_string_value(json_array_get(list, i));
-        n_visual += strncmp(s, "model.visual.", 13) == 0;
-        n_mtp += strncmp(s, "mtp.", 4) == 0;
+        const json_t *e = json_array_get(list, i);
+        const char *s = json_string_value(json_object_get(e, "name"));
+        const char *why = json_string_value(json_object_get(e, "reason"));
+        ck_assert_msg(s && why, "skipped_tensors[%zu]: no name or reason", i);
+        int v = strncmp(s, "model.visual.", 13) == 0, t = strncmp(s, "mtp.", 4) == 0;
+        ck_assert_msg(!v || strstr(why, "vision tower"), "%s: reason '%s'", s, why);
+        ck_assert_msg(!t || strstr(why, "multi-token-prediction head"), "%s: reason '%s'", s, why);
+        /* fingerprinted: its digest is in checkpoint.tensors under the stored name */
+        const json_t *d = json_object_get(json_object_get(json_object_get(m, "checkpoint"), "tensors"), s);
+        ck_assert_msg(json_is_string(json_object_get(d, "sha256")), "checkpoint.tensors[\"%s\"]: no sha256", s);
+        n_visual += (size_t)v;
+        n_mtp += (size_t)t;
     }
     ck_assert_msg(n_visual > 10 && n_mtp == 2 && n_visual + n_mtp == json_array_size(list),
                   "skipped_tensors: %zu visual, %zu mtp of %zu", n_visual, n_mtp, json_array_size(list));
@@ -647,6 +657,62 @@ START_TEST(test_vision_skipped_and_refused)
                   strstr(out, "image_token_id") && strstr(out, "vision input is not supported"),
                   "exit %d:\n%s", rc, out ? out : "");
     free(out);
+}
+END_TEST
+
+
+static void root_hex(const char *dir, char hex[65])
+{
+    ls_checkpoint *ck;
+    ls_error err;
+    ck_assert_msg(ls_checkpoint_open(dir, &ck, &err) == LS_OK, "%s", err.msg);
+    ls_fingerprint fp;
+    ls_fingerprint_opts o = {2, 0};
+    ck_assert_msg(ls_fingerprint_checkpoint(ck, &o, &fp, &err) == LS_OK, "%s: %s", dir, err.msg);
+    ls_digest_to_hex(&fp.merkle_root, hex);
+    ls_fingerprint_free(&fp);
+    ls_checkpoint_close(ck);
+}
+
+/* The vision tower and the MTP head are fingerprinted though never read:
+ * one byte changed in one of them changes the Merkle root, and every record
+ * of a run stays bit for bit the same. */
+START_TEST(test_skipped_fingerprinted_records_unchanged)
+{
+    static const char *const victims[2] = {"mtp.fc.weight", "model.visual.blocks.0.attn.proj.weight"};
+    setup();
+    char src[4200], dir[4200];
+    snprintf(src, sizeof src, "%s/goldens/qwen35moe_tiny_a", LS_SOURCE_DIR);
+    snprintf(dir, sizeof dir, "%s/skipped-%d", g_dir, _i);
+    ls_checkpoint *ck;
+    ls_error err;
+    ck_assert_msg(ls_checkpoint_open(src, &ck, &err) == LS_OK, "%s", err.msg);
+    const ls_tensor *t = NULL;
+    for (size_t i = 0; i < ls_checkpoint_ignored_count(ck); i++)
+        if (!strcmp(ls_checkpoint_ignored_at(ck, i)->stored_name, victims[_i])) t = ls_checkpoint_ignored_at(ck, i);
+    ck_assert_msg(t && t->ndim == 2, "%s: not a skipped 2-D tensor of the golden", victims[_i]);
+    unsigned char *bytes = malloc(t->size_bytes);
+    memcpy(bytes, t->data, t->size_bytes);
+    bytes[t->size_bytes / 2] ^= 0x01; /* the low mantissa bit of one BF16 element */
+    st_spec changed = {t->stored_name, ls_dtype_name(t->dtype), 2, {t->shape[0], t->shape[1]},
+                       ls_dtype_size(t->dtype), bytes};
+    const char *const drop[] = {victims[_i], NULL};
+    variant("qwen35moe_tiny_a", dir, drop, &changed, 1, NULL);
+    ls_checkpoint_close(ck);
+    free(bytes);
+
+    char a[65], b[65];
+    root_hex(src, a);
+    root_hex(dir, b);
+    ck_assert_msg(strcmp(a, b) != 0, "one byte of %s changed, the root did not (%s)", victims[_i], a);
+    recs ra = {0}, rb = {0};
+    run_model(src, &ra);
+    run_model(dir, &rb);
+    char what[200];
+    snprintf(what, sizeof what, "qwen35moe_tiny_a vs one byte of %s changed", victims[_i]);
+    expect_same_records(what, &ra, &rb);
+    free(ra.v);
+    free(rb.v);
 }
 END_TEST
 
@@ -792,6 +858,7 @@ int main(void)
     tcase_add_loop_test(tc, test_qwen3next_as_qwen35_identical, 0, 2);
     tcase_add_test(tc, test_broken_checkpoints_refused);
     tcase_add_test(tc, test_vision_skipped_and_refused);
+    tcase_add_loop_test(tc, test_skipped_fingerprinted_records_unchanged, 0, 2);
     tcase_add_test(tc, test_synth_release_shapes);
     tcase_add_test(tc, test_synth_layouts);
     suite_add_tcase(s, tc);

@@ -2,10 +2,16 @@
  * and a piece of the message, so removing a rule fails its test), plus valid
  * files read back through the file and memory entry points. */
 #include <check.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/status.h"
+#include "core/util.h"
 #include "io/checkpoint.h"
 #include "st_image.h"
 #include "testutil.h"
@@ -345,6 +351,111 @@ START_TEST(test_header_padding_and_empty)
 }
 END_TEST
 
+
+/* ---- a mapped file cut short by another process (issue 16, ckpt-sigbus) ---- */
+
+/* Runs body in a child whose stderr goes to a pipe, under the CLI's signal
+ * handlers, with one registered temporary "<dir>/out.tmp.<pid>". Returns the
+ * wait status; *said receives what the child wrote to stderr (caller frees). */
+static int run_child(const char *dir, void (*body)(const char *), const char *arg, char **said)
+{
+    int fds[2];
+    ck_assert_int_eq(pipe(fds), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(fds[0]);
+        dup2(fds[1], 2);
+        ls_signals_install();
+        char tmp[4200];
+        snprintf(tmp, sizeof tmp, "%s/out.tmp.%ld", dir, (long)getpid());
+        ls_temp_register(tmp, LS_TEMP_FILE);
+        ls_test_write(tmp, "partial", 7);
+        body(arg);
+        _exit(0); /* body returned: the read did not fault */
+    }
+    close(fds[1]);
+    size_t cap = 8192, n = 0;
+    char *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    for (ssize_t k; (k = read(fds[0], buf + n, cap - 1 - n)) > 0;) n += (size_t)k;
+    buf[n] = '\0';
+    close(fds[0]);
+    int status = 0;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    *said = buf;
+    /* the temporary is gone whatever happened */
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s/out.tmp.%ld", dir, (long)pid);
+    ck_assert_msg(access(tmp, F_OK) != 0, "temporary %s left behind", tmp);
+    return status;
+}
+
+static volatile unsigned char sink;
+
+/* Opens path through the reader, cuts the file to its first page and reads
+ * the last byte of its data, which now lies past the end. */
+static void read_after_truncate(const char *path)
+{
+    ls_safetensors *st = NULL;
+    ls_error err;
+    if (ls_safetensors_open(path, &st, &err) != LS_OK) _exit(3);
+    const ls_tensor *t = ls_safetensors_at(st, 0);
+    if (truncate(path, 4096) != 0) _exit(4);
+    sink = ((const unsigned char *)t->data)[t->size_bytes - 1];
+    ls_safetensors_close(st);
+}
+
+/* The same fault on a mapping nobody registered. */
+static void read_unregistered(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) _exit(3);
+    const unsigned char *m = mmap(NULL, 65536, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (m == MAP_FAILED) _exit(3);
+    close(fd); /* the mapping stays */
+    if (truncate(path, 4096) != 0) _exit(4);
+    sink = m[65535];
+}
+
+START_TEST(test_truncated_while_mapped)
+{
+    /* One F32 [16384] tensor: 64 KiB of data, far past the first page. */
+    const st_spec ts[] = {{"w", "F32", 1, {16384}, 4, NULL}};
+    size_t len;
+    unsigned char *img = st_image_of(ts, 1, NULL, &len);
+    char *dir = ls_test_tmpdir("stbus");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model-00001-of-00002.safetensors", dir);
+    ls_test_write(path, img, len);
+
+    char *said = NULL;
+    int status = run_child(dir, read_after_truncate, path, &said);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2,
+                  "expected exit 2, got status 0x%x; stderr: %s", (unsigned)status, said);
+    /* The byte read is the file's last; its page starts at a page boundary. */
+    long page = sysconf(_SC_PAGESIZE);
+    char want[4400];
+    snprintf(want, sizeof want, "lockstep: %s: the file shrank while it was being read (mapped page at "
+             "byte offset %llu is gone); was it modified during the run?\n", path,
+             (unsigned long long)((len - 1) / (size_t)page * (size_t)page));
+    ck_assert_str_eq(said, want);
+    free(said);
+
+    /* A SIGBUS on a mapping the reader did not make is not ours to explain:
+     * the process dies of it, as without the handler (the temporary still
+     * goes: run_child checks). */
+    ls_test_write(path, img, len);
+    status = run_child(dir, read_unregistered, path, &said);
+    ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGBUS,
+                  "expected death by SIGBUS, got status 0x%x; stderr: %s", (unsigned)status, said);
+    ck_assert_msg(strstr(said, "shrank") == NULL, "unregistered mapping named: %s", said);
+    free(said);
+    free(img);
+    ls_test_rm_tmpdir(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("safetensors");
@@ -373,6 +484,7 @@ int main(void)
     tcase_add_test(tc, test_valid_file);
     tcase_add_test(tc, test_open_missing_and_empty_file);
     tcase_add_test(tc, test_header_padding_and_empty);
+    tcase_add_test(tc, test_truncated_while_mapped);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -135,7 +135,13 @@ typedef struct lockstep_sequence {
  * model configuration and tensor shapes (fails closed on anything lockstep
  * does not implement) and hashes every tensor once, on all cores, into the Merkle
  * root that every trace of this handle records. The files are mapped, not
- * copied, and must not change while the handle is open.
+ * copied, and must not change while the handle is open: a file another
+ * process truncates raises SIGBUS at the first read past its new end.
+ * liblockstep installs no signal handler (a signal's disposition belongs to
+ * the program), so by default that kills the process. The lockstep command
+ * installs one that names the file, removes its temporary outputs and exits
+ * 2 (docs/checkpoint-io.md); a program that wants the same installs its own
+ * SIGBUS handler.
  * Returns LOCKSTEP_OK and sets *out to a handle the caller owns and frees
  * with lockstep_checkpoint_close; on failure *out is NULL. */
 lockstep_status lockstep_checkpoint_open(const char *dir, lockstep_checkpoint **out,

@@ -12,9 +12,11 @@ from typing import List, Tuple
 
 
 def _normalise(name: str):
-    # Qwen3.5: "model.language_model." is "model."; the vision tower and MTP head are left out
+    # Qwen3.5: "model.language_model." is "model."; the vision tower and MTP
+    # head ("model.visual.", "mtp.") keep their stored names: the model never
+    # reads them, but they are fingerprinted like every tensor
     if name.startswith("model.visual.") or name.startswith("mtp."):
-        return None
+        return name
     if name.startswith("model.language_model."):
         return "model." + name[len("model.language_model."):]
     return name

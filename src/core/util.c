@@ -341,7 +341,9 @@ static void remove_path(const char *path, int kind)
 
 static const int cleanup_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGPIPE};
 
-static void on_fatal_signal(int sig)
+/* Removes every registered temporary; async-signal-safe. A slot taken here is
+ * never freed again (the process is about to die). */
+static void remove_temporaries(void)
 {
     /* Files first: a registered directory may hold registered files. */
     for (int kind = LS_TEMP_FILE; kind <= LS_TEMP_DIR; kind++)
@@ -351,11 +353,112 @@ static void on_fatal_signal(int sig)
             if (__atomic_compare_exchange_n(&temp_slots[i].state, &expect, 3, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
                 remove_path(temp_slots[i].path, kind);
         }
+}
+
+static void on_fatal_signal(int sig)
+{
+    remove_temporaries();
     /* Die of the same signal, as without the handler (the shell reports
      * 128 + sig): it is blocked while the handler runs, so it is delivered
      * on return, with the default action. */
     signal(sig, SIG_DFL);
     raise(sig);
+}
+
+/* ---- mapped inputs (SIGBUS) ---- */
+
+/* Slot states: 0 free, 1 being filled or emptied by its owner, 2 registered.
+ * The handler reads only slots in state 2; base, len and label are written
+ * before the release store that makes a slot 2. */
+static struct {
+    int state;
+    uintptr_t base;
+    size_t len;
+    const char *label;
+} map_slots[LS_MAP_MAX];
+static size_t map_page_bytes = 4096; /* set by ls_signals_install (sysconf is not signal-safe) */
+
+int ls_map_register(const char *label, const void *base, size_t len)
+{
+    if (!label || !base || len == 0) return -1;
+    for (int i = 0; i < LS_MAP_MAX; i++) {
+        int expect = 0;
+        if (!__atomic_compare_exchange_n(&map_slots[i].state, &expect, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+            continue;
+        map_slots[i].base = (uintptr_t)base;
+        map_slots[i].len = len;
+        map_slots[i].label = label;
+        __atomic_store_n(&map_slots[i].state, 2, __ATOMIC_RELEASE);
+        return i;
+    }
+    return -1;
+}
+
+void ls_map_unregister(int slot)
+{
+    if (slot < 0 || slot >= LS_MAP_MAX) return;
+    __atomic_store_n(&map_slots[slot].state, 1, __ATOMIC_RELEASE);
+    map_slots[slot].label = NULL;
+    __atomic_store_n(&map_slots[slot].state, 0, __ATOMIC_RELEASE);
+}
+
+/* Appends s to buf[*n..cap) (truncating); async-signal-safe. */
+static void sig_append(char *buf, size_t cap, size_t *n, const char *s)
+{
+    while (*s && *n + 1 < cap) buf[(*n)++] = *s++;
+}
+
+static void sig_append_u64(char *buf, size_t cap, size_t *n, uint64_t v)
+{
+    char digits[24];
+    int k = 0;
+    do {
+        digits[k++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (k > 0 && *n + 1 < cap) buf[(*n)++] = digits[--k];
+}
+
+static void on_sigbus(int sig, siginfo_t *si, void *uctx)
+{
+    (void)uctx;
+    const char *label = NULL;
+    uint64_t page_off = 0;
+    /* si_code > 0: raised by the kernel for a fault, so si_addr is the
+     * address touched (kill and raise give SI_USER, SI_TKILL, <= 0). */
+    if (si && si->si_code > 0) {
+        uintptr_t a = (uintptr_t)si->si_addr;
+        for (int i = 0; i < LS_MAP_MAX && !label; i++) {
+            if (__atomic_load_n(&map_slots[i].state, __ATOMIC_ACQUIRE) != 2) continue;
+            if (a >= map_slots[i].base && a - map_slots[i].base < map_slots[i].len) {
+                label = map_slots[i].label;
+                page_off = (uint64_t)((a - map_slots[i].base) & ~(uintptr_t)(map_page_bytes - 1));
+            }
+        }
+    }
+    remove_temporaries();
+    if (!label) {
+        /* Not a mapping of ours: die of SIGBUS as without the handler. It is
+         * blocked while the handler runs; a fault re-raises on return too. */
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    char line[4096 + 256];
+    size_t n = 0;
+    sig_append(line, sizeof line, &n, "lockstep: ");
+    sig_append(line, sizeof line, &n, label);
+    sig_append(line, sizeof line, &n, ": the file shrank while it was being read (mapped page at byte offset ");
+    sig_append_u64(line, sizeof line, &n, page_off);
+    sig_append(line, sizeof line, &n, " is gone); was it modified during the run?");
+    line[n++] = '\n';
+    for (size_t off = 0; off < n;) {
+        ssize_t k = write(2, line + off, n - off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) break;
+        off += (size_t)k;
+    }
+    _exit(2);
 }
 
 void ls_signals_install(void)
@@ -372,6 +475,16 @@ void ls_signals_install(void)
         if (sigaction(cleanup_signals[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN) continue;
         sigaction(cleanup_signals[i], &sa, NULL);
     }
+    long page = sysconf(_SC_PAGESIZE);
+    if (page > 0 && (page & (page - 1)) == 0) map_page_bytes = (size_t)page;
+    /* SIGBUS from a fault cannot be ignored, so it is installed whatever the
+     * caller's disposition was. */
+    struct sigaction sb;
+    memset(&sb, 0, sizeof sb);
+    sb.sa_sigaction = on_sigbus;
+    sb.sa_flags = SA_SIGINFO;
+    sb.sa_mask = sa.sa_mask; /* no TERM cleanup while this one runs */
+    sigaction(SIGBUS, &sb, NULL);
 }
 
 /* The pid of "<base>.tmp.<pid>" or "<base>.tmp.<pid>.<x>", or 0. */

@@ -169,8 +169,33 @@ void ls_temp_unregister(const char *path);
  * temporary would be removed and its rename then fails (exit 2), never a
  * partial output. */
 void ls_temp_sweep_stale(const char *name);
-/* Installs the handlers described above. Signals ignored when the process
- * started (nohup) stay ignored. */
+/* ---- mapped inputs and SIGBUS ----------------------------------------------
+ * Checkpoint shards are mapped (io/checkpoint.h), and a mapped file that
+ * another process truncates does not fail a read: the first access to a page
+ * past its new end raises SIGBUS. Every such mapping is registered here while
+ * it exists (file name, base, length), in a fixed table the SIGBUS handler
+ * reads without locks or malloc. The handler (installed by ls_signals_install
+ * with the others) looks the faulting address up: inside a registered range
+ * it writes one line, "lockstep: <file>: the file shrank while it was being
+ * read (mapped page at byte offset N is gone); was it modified during the
+ * run?", with write(2), removes the registered temporaries as the SIGTERM
+ * handler does, and ends the process with _exit(2). A SIGBUS anywhere else (or
+ * one sent with kill) removes the temporaries and kills the process with the
+ * default action, as without the handler.
+ * The library registers its mappings but installs no handler: a signal's
+ * disposition belongs to the program (the CLI's main calls
+ * ls_signals_install). Up to LS_MAP_MAX mappings are registered at once; one
+ * beyond that is not (its SIGBUS then kills the process as before). */
+#define LS_MAP_MAX 4096
+/* Registers [base, base + len) as a mapping of the file `label`. label is
+ * borrowed: it must stay valid and unchanged until ls_map_unregister. Returns
+ * the slot to pass to ls_map_unregister, or -1 when the table is full. */
+int ls_map_register(const char *label, const void *base, size_t len);
+/* Forgets a slot from ls_map_register (before unmapping); -1 is a no-op. */
+void ls_map_unregister(int slot);
+
+/* Installs the handlers described above (temporaries and SIGBUS). Signals
+ * ignored when the process started (nohup) stay ignored. */
 void ls_signals_install(void);
 
 /* ---- reading inputs -------------------------------------------------------

@@ -117,12 +117,13 @@ ls_status ls_fingerprint_hash_config(const void *config_json, ls_digest *out, ls
 
 typedef struct fp_task {
     uint64_t size_bytes;         /* the tensor's size, the sort key */
-    size_t index;                /* into the checkpoint's tensor table */
+    size_t index;                /* into the fingerprinted tensors (fp_job.src) */
 } fp_task;
 
 typedef struct fp_job {
-    const ls_checkpoint *ck;
-    ls_tensor_fp *out;           /* [checkpoint count]; workers fill .digest */
+    const ls_tensor *const *src; /* [count of the fingerprint] tensors in name order: exposed and
+                                    skipped; borrowed from the checkpoint */
+    ls_tensor_fp *out;           /* [count of the fingerprint]; workers fill .digest */
     const fp_task *tasks;        /* [count], largest tensor first */
     size_t count;
     atomic_size_t next;          /* next position in tasks[] to claim */
@@ -244,7 +245,7 @@ static void *fp_worker(void *arg)
         size_t k = atomic_fetch_add(&job->next, 1);
         if (k >= job->count) break;
         size_t i = job->tasks[k].index;
-        const ls_tensor *t = ls_checkpoint_at(job->ck, i);
+        const ls_tensor *t = job->src[i];
         if (hash_tensor(job, t, &job->out[i].digest, &job->out[i].first_nonfinite, &err) != LS_OK) {
             pthread_mutex_lock(&job->err_lock);
             if (!atomic_load(&job->failed)) {
@@ -267,7 +268,7 @@ static int by_size_desc(const void *a, const void *b)
 
 /* Hashes the n tensors of tasks[] into out[].digest over up to `threads`
  * threads, largest first so the last tensor to finish is a small one. */
-static ls_status hash_tasks(const ls_checkpoint *ck, ls_tensor_fp *out, fp_task *tasks, size_t n,
+static ls_status hash_tasks(const ls_tensor *const *src, ls_tensor_fp *out, fp_task *tasks, size_t n,
                             int threads, int progress, uint64_t bytes, int *threads_used,
                             ls_error *err)
 {
@@ -283,7 +284,7 @@ static ls_status hash_tasks(const ls_checkpoint *ck, ls_tensor_fp *out, fp_task 
         free(tids);
         return ls_fail_nomem(err, (size_t)threads * (sizeof *job + sizeof *tids), "fingerprint: tables of %d threads", threads);
     }
-    job->ck = ck;
+    job->src = src;
     job->out = out;
     job->tasks = tasks;
     job->count = n;
@@ -317,7 +318,8 @@ static ls_status hash_tasks(const ls_checkpoint *ck, ls_tensor_fp *out, fp_task 
 typedef struct fp_shard {
     const ls_safetensors *st;    /* borrowed from the checkpoint */
     const char *path;            /* as opened; borrowed */
-    size_t first, n;             /* its exposed tensors: by_shard[first .. first + n) */
+    size_t first, n;             /* its fingerprinted tensors (exposed and skipped):
+                                    by_shard[first .. first + n) */
     uint64_t bytes;              /* their sizes summed */
     ls_file_identity id;         /* of the mapped file, taken when it was opened */
     char *canon;                 /* canonical absolute path; owned */
@@ -403,9 +405,9 @@ static const char *header_mismatch(const ls_fpcache_entry *e, const ls_safetenso
     return NULL;
 }
 
-/* Fills the digests of shard sh's exposed tensors from its entry when the
+/* Fills the digests of shard sh's fingerprinted tensors from its entry when the
  * entry may be trusted (see fingerprint.h); returns 1 on a hit. */
-static int shard_lookup(fp_shard *sh, const ls_checkpoint *ck, const size_t *by_shard,
+static int shard_lookup(fp_shard *sh, const ls_tensor *const *src, const size_t *by_shard,
                         ls_tensor_fp *out)
 {
     ls_fpcache_entry e;
@@ -444,7 +446,7 @@ static int shard_lookup(fp_shard *sh, const ls_checkpoint *ck, const size_t *by_
             miss = "out of memory";
         } else {
             for (size_t j = 0; j < sh->n && !miss; j++) {
-                const ls_tensor *t = ls_checkpoint_at(ck, by_shard[sh->first + j]);
+                const ls_tensor *t = src[by_shard[sh->first + j]];
                 const ls_fpcache_tensor *r = record_find(sorted, e.count, t->stored_name);
                 if (!r || !r->has_digest) {
                     snprintf(why, sizeof why, "no digest for tensor '%.300s'", t->stored_name);
@@ -475,7 +477,7 @@ done:
 
 /* Stores the entry of a shard just hashed, if the shard kept its identity
  * throughout and is not racy for a hash begun at hashed_at_ns. */
-static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const size_t *by_shard,
+static ls_status shard_store(const fp_shard *sh, const ls_tensor *const *src, const size_t *by_shard,
                              const ls_tensor_fp *out, int64_t hashed_at_ns, int *stored,
                              ls_error *err)
 {
@@ -519,7 +521,7 @@ static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const 
         st = ls_fail_nomem(err, (n ? n : 1) * sizeof *sorted, "fingerprint cache: sorted entry of %zu tensors", n);
     for (size_t j = 0; st == LS_OK && j < sh->n; j++) {
         size_t i = by_shard[sh->first + j];
-        const ls_tensor *t = ls_checkpoint_at(ck, i);
+        const ls_tensor *t = src[i];
         ls_fpcache_tensor *r = record_find(sorted, n, t->stored_name);
         if (!r) {
             st = ls_fail(err, LS_E_INTERNAL, "%s: tensor '%.300s' is not in its shard's header",
@@ -543,13 +545,17 @@ static ls_status shard_store(const fp_shard *sh, const ls_checkpoint *ck, const 
  * its first such element and that element's bits: a non-finite weight turns
  * every output it reaches into NaN, and a run on it would "agree with
  * itself" about nothing. */
-static ls_status refuse_nonfinite(const ls_checkpoint *ck, const ls_fingerprint *fp, ls_error *err)
+static ls_status refuse_nonfinite(const ls_checkpoint *ck, const ls_tensor *const *src,
+                                  const ls_fingerprint *fp, ls_error *err)
 {
+    /* Skipped tensors (vision tower, MTP head) are fingerprinted but never
+     * read by the model, so a NaN in one reaches no output: not refused. */
     size_t bad = 0, first = fp->count;
     for (size_t i = 0; i < fp->count; i++)
-        if (fp->tensors[i].first_nonfinite != LS_FP_ALL_FINITE && bad++ == 0) first = i;
+        if (!fp->tensors[i].skipped && fp->tensors[i].first_nonfinite != LS_FP_ALL_FINITE && bad++ == 0)
+            first = i;
     if (!bad) return LS_OK;
-    const ls_tensor *t = ls_checkpoint_at(ck, first);
+    const ls_tensor *t = src[first];
     const unsigned w = (unsigned)ls_dtype_size(t->dtype);
     const uint64_t idx = fp->tensors[first].first_nonfinite, mask = ls_dtype_nonfinite_mask(t->dtype);
     const uint64_t bits = load_le((const uint8_t *)t->data + idx * w, w);
@@ -606,7 +612,13 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
     int threads = opts && opts->threads > 0 ? opts->threads : ls_fingerprint_default_threads();
     const char *cache_dir = cache && cache->dir && *cache->dir ? cache->dir : NULL;
     int refresh = cache && cache->refresh;
-    size_t count = ls_checkpoint_count(ck), nshards = ls_checkpoint_shard_count(ck);
+    /* Exposed and skipped tensors alike (io/checkpoint.h): the vision tower
+     * and the MTP head are never read by the model, but the fingerprint
+     * covers every byte of the checkpoint's tensors, so a changed skipped
+     * tensor changes the root. */
+    size_t n_exposed = ls_checkpoint_count(ck), n_skipped = ls_checkpoint_ignored_count(ck);
+    size_t count = n_exposed + n_skipped, nshards = ls_checkpoint_shard_count(ck);
+    const ls_tensor **src = NULL;
 
     ls_status st = ls_fingerprint_hash_config(ls_checkpoint_config_json(ck), &out->config_digest, err);
     if (st != LS_OK) return ls_error_prefix(err, "%s/config.json", ls_checkpoint_dir(ck));
@@ -616,18 +628,30 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
     fp_task *tasks = malloc((count ? count : 1) * sizeof *tasks);
     ls_digest *leaves = malloc((count ? count : 1) * sizeof *leaves);
     fp_shard *shards = calloc(nshards ? nshards : 1, sizeof *shards);
-    if (!out->tensors || !by_shard || !tasks || !leaves || !shards) {
-        st = ls_fail_nomem(err, (count ? count : 1) * (sizeof *out->tensors + sizeof *by_shard + sizeof *tasks + sizeof *leaves) +
+    src = malloc((count ? count : 1) * sizeof *src);
+    if (!out->tensors || !by_shard || !tasks || !leaves || !shards || !src) {
+        st = ls_fail_nomem(err, (count ? count : 1) * (sizeof *out->tensors + sizeof *by_shard + sizeof *tasks + sizeof *leaves + sizeof *src) +
                                     (nshards ? nshards : 1) * sizeof *shards, "fingerprint: tables of %zu tensors", count);
         goto done;
     }
     out->count = count;
+    /* Merge the two name-sorted lists; the reader guarantees no name is in
+     * both (a normalised name equal to a skipped stored name is refused). */
+    for (size_t i = 0, a = 0, b = 0; i < count; i++) {
+        const ls_tensor *x = a < n_exposed ? ls_checkpoint_at(ck, a) : NULL;
+        const ls_tensor *y = b < n_skipped ? ls_checkpoint_ignored_at(ck, b) : NULL;
+        int take_x = x && (!y || strcmp(x->name, y->name) < 0);
+        src[i] = take_x ? x : y;
+        out->tensors[i].skipped = !take_x;
+        if (take_x) a++;
+        else b++;
+    }
     for (size_t s = 0; s < nshards; s++) {
         shards[s].st = ls_checkpoint_shard(ck, s);
         shards[s].path = ls_checkpoint_shard_path(ck, s);
     }
     for (size_t i = 0; i < count; i++) {
-        const ls_tensor *t = ls_checkpoint_at(ck, i);
+        const ls_tensor *t = src[i];
         ls_tensor_fp *f = &out->tensors[i];
         f->name = t->name;
         f->dtype = t->dtype;
@@ -652,7 +676,7 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
             goto done;
         }
         for (size_t i = 0; i < count; i++) {
-            int s = ls_checkpoint_at(ck, i)->shard;
+            int s = src[i]->shard;
             by_shard[shards[s].first + fill[s]++] = i;
         }
         free(fill);
@@ -662,7 +686,7 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
         fp_shard *sh = &shards[s];
         if (sh->n == 0) continue;
         if (cache_dir) shard_prepare(sh, cache_dir);
-        if (sh->entry_path && !refresh) sh->cached = shard_lookup(sh, ck, by_shard, out->tensors);
+        if (sh->entry_path && !refresh) sh->cached = shard_lookup(sh, src, by_shard, out->tensors);
     }
 
     /* Read before the first byte is hashed: an entry is only as good as the
@@ -687,7 +711,7 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
         }
     }
     uint64_t t0 = ls_now_ns();
-    st = hash_tasks(ck, out->tensors, tasks, ntasks, threads, opts && opts->progress,
+    st = hash_tasks(src, out->tensors, tasks, ntasks, threads, opts && opts->progress,
                     out->bytes_hashed, &out->threads_used, err);
     out->elapsed_ns = ls_now_ns() - t0;
     if (st != LS_OK) goto done;
@@ -699,7 +723,7 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
         ls_error e;
         ls_error_clear(&e);
         int stored = 0;
-        if (shard_store(sh, ck, by_shard, out->tensors, hashed_at_ns, &stored, &e) != LS_OK) {
+        if (shard_store(sh, src, by_shard, out->tensors, hashed_at_ns, &stored, &e) != LS_OK) {
             /* The result does not depend on the cache: say so once and go on. */
             if (!warned)
                 ls_log_warn("fingerprint cache: %s; continuing without storing entries", e.msg);
@@ -709,7 +733,7 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
     }
     /* After the entries are stored, so a second look at the same files
      * refuses from the cache without reading them again. */
-    st = refuse_nonfinite(ck, out, err);
+    st = refuse_nonfinite(ck, src, out, err);
     if (st != LS_OK) goto done;
 
     for (size_t i = 0; i < count && st == LS_OK; i++) {
@@ -727,6 +751,7 @@ done:
     free(by_shard);
     free(tasks);
     free(leaves);
+    free(src);
     if (st != LS_OK) ls_fingerprint_free(out);
     return st;
 }

@@ -15,7 +15,10 @@
  *
  * Leaves are ordered by normalised tensor name (byte order), so the root does
  * not depend on how tensors are split across shards or on the order inside a
- * file. */
+ * file. Every tensor of the checkpoint has a leaf: the exposed ones under
+ * their normalised names and the skipped ones (vision tower "model.visual.*",
+ * MTP head "mtp.*", io/checkpoint.h) under their stored names, so a changed
+ * skipped tensor changes the root although the model never reads it. */
 #ifndef LS_FINGERPRINT_FINGERPRINT_H
 #define LS_FINGERPRINT_FINGERPRINT_H
 
@@ -31,7 +34,11 @@
 #define LS_FP_ALL_FINITE UINT64_MAX    /* ls_tensor_fp.first_nonfinite when there is none */
 
 typedef struct ls_tensor_fp {
-    const char *name;                  /* normalised name; borrowed from the checkpoint */
+    const char *name;                  /* normalised name (stored name of a skipped tensor);
+                                          borrowed from the checkpoint */
+    int skipped;                       /* 1: a family skipped on purpose (vision tower, MTP
+                                          head): fingerprinted, never read by the model, and
+                                          its non-finite elements are not refused */
     ls_dtype dtype;
     int ndim;
     int64_t shape[LS_TENSOR_MAX_DIMS];
@@ -40,7 +47,8 @@ typedef struct ls_tensor_fp {
     uint64_t first_nonfinite;          /* index of the first NaN / infinite element, found in
                                           the hashing pass (or its cache entry);
                                           LS_FP_ALL_FINITE when none (integer dtypes too). A
-                                          successful fingerprint has none anywhere. */
+                                          successful fingerprint has none in any tensor that
+                                          is not skipped. */
 } ls_tensor_fp;
 
 /* Digest of one Merkle leaf (see the encoding above). dtype is the
@@ -83,11 +91,11 @@ typedef struct ls_fingerprint_cache_opts {
 } ls_fingerprint_cache_opts;
 
 typedef struct ls_fingerprint {
-    size_t count;                      /* number of tensors */
+    size_t count;                      /* number of tensors, skipped ones included */
     ls_tensor_fp *tensors;             /* [count], sorted by name; owned (names borrowed) */
     ls_digest config_digest;           /* SHA-256 of canonical config.json */
     ls_digest merkle_root;             /* root over tensors[] (see above) */
-    uint64_t total_bytes;              /* sum of tensor sizes */
+    uint64_t total_bytes;              /* sum of tensor sizes, skipped ones included */
     int threads_used;                  /* threads that hashed (0 when nothing was hashed) */
     uint64_t elapsed_ns;               /* wall time spent hashing tensors */
     /* What was verified. A shard is counted once, as hashed or as cached;
@@ -101,10 +109,12 @@ typedef struct ls_fingerprint {
     size_t cache_entries_written;      /* entries stored (or refreshed) by this call */
 } ls_fingerprint;
 
-/* Hashes every tensor of ck (streamed from the mapping, in parallel across
- * tensors), the config and the Merkle root. The same pass checks that every
- * element of every floating-point tensor (BF16, F16, F32, F64, F8) is
- * finite: a NaN or an infinity fails with LS_E_INPUT naming the shard, the
+/* Hashes every tensor of ck, the skipped ones included (streamed from the
+ * mapping, in parallel across tensors), the config and the Merkle root. The
+ * same pass checks that every element of every floating-point tensor (BF16,
+ * F16, F32, F64, F8) the model reads is finite (skipped tensors are hashed,
+ * not checked: the model never reads them, so their values reach no
+ * output): a NaN or an infinity fails with LS_E_INPUT naming the shard, the
  * first such tensor in name order, the element's index, its bits and its
  * byte offset (cache entries are stored first, so a second call refuses
  * from the cache). *out is filled on success and must
@@ -131,7 +141,9 @@ ls_status ls_fingerprint_checkpoint(const ls_checkpoint *ck, const ls_fingerprin
  *     (ls_fpcache_racy), so no later change can have kept the identity;
  *   - the entry's tensor list equals the shard's current header (names,
  *     dtypes, shapes, sizes, offsets) and holds a digest for every tensor the
- *     checkpoint exposes from that shard.
+ *     fingerprint covers in that shard (skipped ones included; an entry
+ *     written when skipped tensors were not hashed lacks theirs, so it
+ *     misses once and is rewritten).
  * A cached digest therefore means "this file has the same identity (device,
  * inode, size, mtime, ctime) as when lockstep hashed it", not that its bytes
  * were read again: a change that leaves all five as they were (a write to the

@@ -258,6 +258,19 @@ static ls_status build_table(ls_checkpoint *ck, ls_error *err)
                            ck->shard_paths[b->shard], (unsigned long long)b->file_offset_bytes,
                            a->name);
     }
+    /* The fingerprint merges both lists by name: a normalised name equal to
+     * a skipped stored name ("model.language_model.visual.X" and
+     * "model.visual.X") would give two leaves one name. */
+    for (size_t i = 0; i < ck->n_ignored; i++) {
+        const ls_tensor *g = &ck->ignored[i];
+        const ls_tensor *t = ls_checkpoint_find(ck, g->name);
+        if (t)
+            return ls_fail(err, LS_E_INPUT, "%s: tensor '" NAME_FMT "' (%s, byte offset %llu) normalises to '"
+                           NAME_FMT "', the name of the skipped tensor stored in %s at byte offset %llu",
+                           ck->dir, t->stored_name, ck->shard_paths[t->shard],
+                           (unsigned long long)t->file_offset_bytes, g->name, ck->shard_paths[g->shard],
+                           (unsigned long long)g->file_offset_bytes);
+    }
     return LS_OK;
 }
 
@@ -386,7 +399,17 @@ size_t ls_checkpoint_index(const ls_checkpoint *ck, const ls_tensor *t)
 
 int ls_checkpoint_name_skipped(const char *stored_name)
 {
-    return starts_with(stored_name, "model.visual.") || starts_with(stored_name, "mtp.");
+    return ls_checkpoint_skip_reason(stored_name) != NULL;
+}
+
+const char *ls_checkpoint_skip_reason(const char *stored_name)
+{
+    if (!stored_name) return NULL;
+    if (starts_with(stored_name, "model.visual."))
+        return "vision tower (model.visual.*): not part of the text forward";
+    if (starts_with(stored_name, "mtp."))
+        return "multi-token-prediction head (mtp.*): not part of the text forward";
+    return NULL;
 }
 
 size_t ls_checkpoint_ignored_count(const ls_checkpoint *ck) { return ck ? ck->n_ignored : 0; }

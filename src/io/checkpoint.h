@@ -3,15 +3,20 @@
  *
  * A checkpoint is a directory holding config.json and either model.safetensors
  * or model.safetensors.index.json plus its shards. Files are mmap'ed read-only;
- * tensor data is never copied. Every header is validated strictly before any
+ * tensor data is never copied. Each mapping is registered with
+ * ls_map_register (core/util.h) while it is open, so the CLI's SIGBUS handler
+ * can name a shard another process cut short (exit 2); the library itself
+ * installs no handler. Every header is validated strictly before any
  * tensor is handed out (see docs/checkpoint-io.md for the rules); a failure
  * names the file, the tensor and the byte offset.
  *
  * Tensor names are normalised on open: the Qwen3.5 prefix
  * "model.language_model." becomes "model."; tensors under "model.visual." and
  * "mtp." (the vision tower and the multi-token-prediction head, which text
- * decoding never reads) are skipped: not exposed, not fingerprinted, listed
- * by ls_checkpoint_ignored_at so a manifest can say what was left out. Routed experts may be stored per
+ * decoding never reads) are skipped: not exposed to the model, but still
+ * fingerprinted under their stored names (fingerprint/fingerprint.h), and
+ * listed by ls_checkpoint_ignored_at with ls_checkpoint_skip_reason so a
+ * manifest can say what was left out and why. Routed experts may be stored per
  * expert (model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight) or fused
  * (experts.gate_up_proj [E, 2I, D], experts.down_proj [E, D, I]);
  * ls_checkpoint_expert() hides the difference. */
@@ -158,9 +163,14 @@ size_t ls_checkpoint_index(const ls_checkpoint *ck, const ls_tensor *t);
  * purpose: "model.visual." (vision tower) or "mtp." (multi-token-prediction
  * head). */
 int ls_checkpoint_name_skipped(const char *stored_name);
+/* Why a tensor stored under this name is skipped (one line, static), or NULL
+ * when it is not. */
+const char *ls_checkpoint_skip_reason(const char *stored_name);
 /* The skipped (visual / mtp) tensors, sorted by stored name (byte order);
  * name == stored_name, data points into the mapping like any tensor's. NULL
- * past the end. Owned by ck. */
+ * past the end. Owned by ck. No exposed tensor's normalised name equals a
+ * skipped stored name (such a checkpoint is refused on open), so the two
+ * lists merge into one name-ordered list without duplicates. */
 size_t ls_checkpoint_ignored_count(const ls_checkpoint *ck);
 const ls_tensor *ls_checkpoint_ignored_at(const ls_checkpoint *ck, size_t i);
 
@@ -168,7 +178,8 @@ size_t ls_checkpoint_shard_count(const ls_checkpoint *ck);
 const char *ls_checkpoint_shard_path(const ls_checkpoint *ck, size_t i);
 /* The opened shard i (its __metadata__, data-order tensors); owned by ck. */
 const ls_safetensors *ls_checkpoint_shard(const ls_checkpoint *ck, size_t i);
-uint64_t ls_checkpoint_total_bytes(const ls_checkpoint *ck); /* sum of exposed tensors' sizes */
+uint64_t ls_checkpoint_total_bytes(const ls_checkpoint *ck); /* sum of exposed tensors' sizes
+                                                                (skipped ones not included) */
 
 /* A 2-D weight matrix view [rows, cols], row-major, dtype as stored. */
 typedef struct ls_matrix_view {

@@ -30,6 +30,7 @@ struct ls_safetensors {
     size_t file_len;
     void *map;                  /* mmap'ed base when opened from a path, else NULL */
     size_t map_len;
+    int map_slot;               /* core/util.h mapping registry slot (SIGBUS names the file); -1 none */
     uint64_t header_len;        /* N */
     ls_tensor *tensors;         /* count entries, in data order; owned */
     size_t count;
@@ -457,6 +458,7 @@ done:
 static ls_safetensors *st_new(const char *label, ls_error *err)
 {
     ls_safetensors *st = calloc(1, sizeof *st);
+    if (st) st->map_slot = -1;
     if (st) st->label = strdup(label ? label : "<memory>");
     if (!st || !st->label) {
         free(st);
@@ -543,6 +545,11 @@ ls_status ls_safetensors_open(const char *path, ls_safetensors **out, ls_error *
         st->map = m;
         st->map_len = len;
         st->image = m;
+        /* Registered before the first byte is read (the header), so that a
+         * file cut short by another process from here on ends in one line
+         * naming it (under the CLI's SIGBUS handler) instead of a bare
+         * "Bus error" (core/util.h). */
+        st->map_slot = ls_map_register(st->label, m, len);
     } else {
         static const unsigned char empty[1];
         st->image = empty; /* mmap refuses length 0; validation reports the short file */
@@ -620,6 +627,7 @@ void ls_safetensors_close(ls_safetensors *st)
     }
     free(st->meta_keys);
     free(st->meta_values);
+    ls_map_unregister(st->map_slot); /* before the range and the label go */
     if (st->map) munmap(st->map, st->map_len);
     free(st->label);
     free(st);

@@ -69,13 +69,16 @@ static ls_status checkpoint_section(const ls_checkpoint *ck, const ls_manifest_o
     json_object_set_new(sec, "tensors", tensors);
     json_object_set_new(sec, "merkle_root", hex_json(&fp.merkle_root));
     /* Tensors of the families skipped on purpose (vision tower, MTP head):
-     * outside the fingerprint and never read, listed so the manifest says
-     * what the checkpoint held besides what it vouches for. */
+     * in `tensors` and under the root like every tensor, but never read by
+     * the model; listed with the reason, so the manifest says which of the
+     * tensors it vouches for no output depends on. */
     json_t *skipped = json_array();
     if (!skipped || json_object_set_new(sec, "skipped_tensors", skipped) != 0) goto nomem;
-    for (size_t i = 0; i < ls_checkpoint_ignored_count(ck); i++)
-        if (json_array_append_new(skipped, json_string(ls_checkpoint_ignored_at(ck, i)->stored_name)))
-            goto nomem;
+    for (size_t i = 0; i < ls_checkpoint_ignored_count(ck); i++) {
+        const char *name = ls_checkpoint_ignored_at(ck, i)->stored_name;
+        json_t *e = json_pack("{s:s, s:s}", "name", name, "reason", ls_checkpoint_skip_reason(name));
+        if (!e || json_array_append_new(skipped, e)) goto nomem;
+    }
     ls_fingerprint_free(&own);
     *out = sec;
     return LS_OK;
@@ -484,10 +487,17 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
     const json_t *skipped = json_object_get(ck, "skipped_tensors");
     if (skipped) { /* optional: manifests pinned before it existed lack it */
         if (!json_is_array(skipped))
-            VFAIL("%s: field checkpoint.skipped_tensors: expected an array of tensor names", label);
-        for (size_t i = 0; i < json_array_size(skipped); i++)
-            if (!json_is_string(json_array_get(skipped, i)))
-                VFAIL("%s: field checkpoint.skipped_tensors[%zu]: expected a string", label, i);
+            VFAIL("%s: field checkpoint.skipped_tensors: expected an array", label);
+        for (size_t i = 0; i < json_array_size(skipped); i++) {
+            /* {"name", "reason"}; a bare name in manifests pinned before the
+             * skipped tensors were fingerprinted */
+            const json_t *e = json_array_get(skipped, i);
+            if (json_is_string(e)) continue;
+            if (!json_is_object(e) || json_object_size(e) != 2 ||
+                !json_is_string(json_object_get(e, "name")) || !json_is_string(json_object_get(e, "reason")))
+                VFAIL("%s: field checkpoint.skipped_tensors[%zu]: expected an object with the strings "
+                      "\"name\" and \"reason\"", label, i);
+        }
     }
 
     LS_TRY(need_string(num, "backend", "numerics", label, err));
@@ -568,8 +578,8 @@ ls_status ls_manifest_load(const char *path, json_t **out, ls_error *err)
  * else does: an unknown field is voiding (fail closed). */
 static const char *const informational_paths[] = {
     "checkpoint.path",          /* where the files were, not what they hold */
-    "checkpoint.skipped_tensors", /* never read and outside the fingerprint: no output depends
-                                     on them */
+    "checkpoint.skipped_tensors", /* which tensors the model never reads, and why; their bytes
+                                     are in checkpoint.tensors and the root, which void */
     "runtime.host_name",
     "runtime.pinned_at",
     "runtime.os.release",       /* kernel build; numerics run in user space */

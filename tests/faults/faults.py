@@ -31,8 +31,9 @@ Groups (each check is one line of the result table):
            a reader (compare) while a writer replaces its input
   sigbus   a trace or a checkpoint truncated by another process while lockstep
            reads it (issue 16, defect 13): exit 2 naming the file, never SIGBUS
-           (traces are read with pread; a checkpoint is mapped, and its check
-           carries the tag ckpt-sigbus until that is fixed too)
+           (traces are read with pread; a checkpoint is mapped, and the CLI's
+           SIGBUS handler names the shard whose mapped page is gone: tag
+           ckpt-sigbus, fixed)
 
 Checks that wait for a fix carry a tag (d3, d9, d13: defects of issue 16,
 fixed; ckpt-sigbus) and read the %pending line of tests/badinput/cases.tsv:
@@ -849,9 +850,9 @@ def group_sigbus(res, fx, work, trials, rng):
     d = os.path.join(work, "sigbus")
     os.makedirs(d)
     ck = os.path.join(d, "ck")
-    # traces are read with pread (defect 13); checkpoints are still mapped:
-    # a shard cut short while it is hashed (or run) raises SIGBUS (tag
-    # ckpt-sigbus, pending)
+    # traces are read with pread (defect 13); checkpoints are mapped, and a
+    # shard cut short while it is hashed (or run) raises SIGBUS, which the
+    # CLI's handler turns into exit 2 naming the shard (tag ckpt-sigbus)
     for name, make, args, victim, needs in (
             ("trace dump", lambda: shutil.copy(fx.big, os.path.join(d, "t.trace")),
              ["trace", "dump", os.path.join(d, "t.trace")], os.path.join(d, "t.trace"), "d13"),
