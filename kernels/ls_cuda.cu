@@ -1,6 +1,9 @@
 /* lockstep — CUDA runtime services: device discovery, the run's device arena,
  * copies. See ls_cuda.h. */
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_check.cuh"
 #include "ls_cuda.h"
@@ -16,14 +19,71 @@ extern "C" int ls_cuda_device_count(void)
     return n;
 }
 
+extern "C" ls_status ls_cuda_check_device(int device, ls_error *err)
+{
+    int count = ls_cuda_device_count();
+    if (device >= 0 && device < count) return LS_OK;
+    /* "0: NVIDIA H200, 1: NVIDIA H200", cut short with ", ..." */
+    char list[512] = "none visible";
+    size_t n = 0;
+    for (int d = 0; d < count; d++) {
+        cudaDeviceProp p;
+        char one[300];
+        if (cudaGetDeviceProperties(&p, d) == cudaSuccess)
+            snprintf(one, sizeof one, "%s%d: %s", d ? ", " : "", d, p.name);
+        else {
+            (void)cudaGetLastError();
+            snprintf(one, sizeof one, "%s%d", d ? ", " : "", d);
+        }
+        size_t k = strlen(one);
+        if (n + k + 6 >= sizeof list) {
+            snprintf(list + n, sizeof list - n, ", ...");
+            break;
+        }
+        memcpy(list + n, one, k + 1);
+        n += k;
+    }
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    return ls_fail(err, LS_E_USAGE, "no CUDA device %d: this machine has %d (%s%s%.200s)", device,
+                   count, list, vis ? "; CUDA_VISIBLE_DEVICES=" : "", vis ? vis : "");
+}
+
+extern "C" ls_status ls_cuda_use_device(int device, ls_error *err)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur == device) return LS_OK;
+    (void)cudaGetLastError();
+    LS_TRY(ls_cuda_check_device(device, err));
+    LS_CUDA_CHECK(cudaSetDevice(device), err, "making the run's CUDA device current");
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, ls_error *err)
+{
+    *free_bytes = 0;
+    *total_bytes = 0;
+    LS_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes), err, "querying the device's free memory");
+    return LS_OK;
+}
+
 extern "C" ls_status ls_cuda_arena_init(ls_cuda_arena *a, size_t capacity_bytes, ls_error *err)
 {
-    a->base = NULL;
-    a->capacity_bytes = 0;
-    a->used_bytes = 0;
+    memset(a, 0, sizeof *a);
+    int dev = 0;
+    LS_CUDA_CHECK(cudaGetDevice(&dev), err, "no usable CUDA device");
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) (void)cudaGetLastError();
+    a->device = dev;
+    a->device_total_bytes = total_b;
     void *p = NULL;
-    LS_CUDA_CHECK(cudaMalloc(&p, capacity_bytes ? capacity_bytes : 256), err,
-                  "not enough free device memory for the run's arena");
+    cudaError_t e = cudaMalloc(&p, capacity_bytes ? capacity_bytes : 256);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return ls_fail(err, LS_E_NOMEM, "out of GPU memory: the run's arena of %zu bytes does not "
+                       "fit on CUDA device %d (%zu of its %zu bytes free)", capacity_bytes, dev,
+                       free_b, total_b);
+    }
+    LS_CUDA_CHECK(e, err, "allocating the run's device arena");
     a->base = (uint8_t *)p;
     a->capacity_bytes = capacity_bytes;
     return LS_OK;
@@ -33,8 +93,10 @@ extern "C" void *ls_cuda_arena_alloc(ls_cuda_arena *a, size_t bytes, ls_error *e
 {
     size_t start = (a->used_bytes + 255u) & ~(size_t)255u;
     if (start > a->capacity_bytes || bytes > a->capacity_bytes - start) {
-        ls_fail(err, LS_E_NOMEM, "device arena full: %zu bytes requested, %zu of %zu used",
-                bytes, a->used_bytes, a->capacity_bytes);
+        size_t left = start < a->capacity_bytes ? a->capacity_bytes - start : 0;
+        ls_fail(err, LS_E_NOMEM, "out of GPU memory: %zu bytes asked, the run's arena has %zu of "
+                "its %zu bytes left (CUDA device %d, %zu bytes in all)", bytes, left,
+                a->capacity_bytes, a->device, a->device_total_bytes);
         return NULL;
     }
     a->used_bytes = start + bytes;
@@ -43,7 +105,16 @@ extern "C" void *ls_cuda_arena_alloc(ls_cuda_arena *a, size_t bytes, ls_error *e
 
 extern "C" void ls_cuda_arena_free(ls_cuda_arena *a)
 {
-    if (a->base) (void)cudaFree(a->base);
+    if (a->base) {
+        /* on the arena's device (cudaFree synchronises the current one), then
+         * the caller's current device back */
+        int cur = -1;
+        int switched = cudaGetDevice(&cur) == cudaSuccess && cur != a->device &&
+                       cudaSetDevice(a->device) == cudaSuccess;
+        (void)cudaFree(a->base);
+        if (switched) (void)cudaSetDevice(cur);
+        (void)cudaGetLastError();
+    }
     a->base = NULL;
     a->capacity_bytes = 0;
     a->used_bytes = 0;
@@ -151,7 +222,13 @@ extern "C" size_t ls_cuda_mem_free_bytes(void)
 extern "C" ls_status ls_cuda_malloc(void **p, size_t bytes, ls_error *err)
 {
     *p = NULL;
-    LS_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 256), err, "not enough free device memory");
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 256);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return ls_fail(err, LS_E_NOMEM, "out of GPU memory: %zu bytes asked (%zu bytes free on "
+                       "the device)", bytes, ls_cuda_mem_free_bytes());
+    }
+    LS_CUDA_CHECK(e, err, "cudaMalloc");
     return LS_OK;
 }
 

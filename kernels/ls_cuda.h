@@ -24,6 +24,18 @@ extern "C" {
  * runtime fails to initialise (never an error: callers skip or fail closed). */
 int ls_cuda_device_count(void);
 
+/* Checks that `device` is a CUDA ordinal of this machine (0 .. count-1).
+ * LS_E_USAGE otherwise, with one line naming the visible devices:
+ * "no CUDA device 5: this machine has 2 (0: NVIDIA H200, 1: NVIDIA H200)",
+ * plus CUDA_VISIBLE_DEVICES when it is set (it decides what is visible). */
+ls_status ls_cuda_check_device(int device, ls_error *err);
+
+/* Makes `device` the calling thread's current CUDA device (cudaSetDevice,
+ * skipped when it already is). The runtime's current device is per thread:
+ * every thread that allocates, copies or launches for a run calls this
+ * first. LS_E_USAGE for a device that does not exist (ls_cuda_check_device). */
+ls_status ls_cuda_use_device(int device, ls_error *err);
+
 /* Fills *out for CUDA device `device`. Returns LS_E_DEVICE (message naming
  * the failing call) when no device can be queried. cuBLAS and NCCL are not
  * linked by the portable tier: their versions are 0. */
@@ -34,12 +46,17 @@ typedef struct ls_cuda_arena {
     uint8_t *base;          /* device memory from one cudaMalloc; owned */
     size_t capacity_bytes;  /* size of base */
     size_t used_bytes;      /* bump offset, 256-byte aligned steps */
+    int device;             /* CUDA ordinal the memory is on */
+    size_t device_total_bytes; /* that device's memory in all (for messages) */
 } ls_cuda_arena;
 
-/* Allocates capacity_bytes of device memory (cudaMalloc) on the current device. */
+/* Allocates capacity_bytes of device memory (cudaMalloc) on the current
+ * device. A capacity the device cannot give fails with LS_E_NOMEM ("out of
+ * GPU memory", the bytes asked and the device's free and total bytes). */
 ls_status ls_cuda_arena_init(ls_cuda_arena *a, size_t capacity_bytes, ls_error *err);
 /* Returns 256-byte aligned device memory inside the arena (contents undefined),
- * or NULL and LS_E_NOMEM in err when the arena is full. */
+ * or NULL and LS_E_NOMEM in err when the arena is full: "out of GPU memory",
+ * the bytes asked, the arena's free and total bytes and the device's. */
 void *ls_cuda_arena_alloc(ls_cuda_arena *a, size_t bytes, ls_error *err);
 /* Frees the arena's memory (safe on a zeroed or already freed arena). */
 void ls_cuda_arena_free(ls_cuda_arena *a);
@@ -64,6 +81,9 @@ ls_status ls_cuda_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t seed, floa
                                     void *stream, ls_error *err);
 /* Free device memory on the current device in bytes (0 on failure). */
 size_t ls_cuda_mem_free_bytes(void);
+/* Free and total memory of the current device in bytes (cudaMemGetInfo:
+ * what the driver reports, the same number nvidia-smi's free column shows). */
+ls_status ls_cuda_mem_info(size_t *free_bytes, size_t *total_bytes, ls_error *err);
 /* Plain cudaMalloc / cudaFree for buffers outside the arena (scratch that grows). */
 ls_status ls_cuda_malloc(void **p, size_t bytes, ls_error *err);
 void ls_cuda_free(void *p);

@@ -255,11 +255,16 @@ extern "C" size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, i
     return t;
 }
 
-/* One (job, element) per thread: blockIdx.y strides the jobs, x the elements. */
+/* One (job, element) per thread: blockIdx.y strides the jobs, x the elements.
+ * The 0-15 bytes that pad each job to 16 are zeroed too: the long jobs' part
+ * goes to the host in one copy, gaps included, and a copy of bytes nothing
+ * wrote is an uninitialised read (compute-sanitizer initcheck). */
 __global__ void ls_digest_encode_kernel(const ls_digest_entry *ent, int n_jobs, uint8_t *bytes)
 {
     for (int j = blockIdx.y; j < n_jobs; j += gridDim.y) {
         ls_digest_entry e = ent[j];
+        if (blockIdx.x == 0 && threadIdx.x < LS_ALIGN_UP(e.len, 16) - e.len)
+            bytes[e.off + e.len + threadIdx.x] = 0;
         uint64_t total = e.n[0] + e.n[1];
         uint64_t w0 = e.bf16[0] ? 2u : 4u;
         for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -289,7 +294,13 @@ __global__ void ls_digest_hash_kernel(const ls_digest_entry *ent, int n_jobs, co
                                       uint64_t device_max, uint8_t *digests)
 {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= n_jobs || ent[j].len > device_max) return;
+    if (j >= n_jobs) return;
+    if (ent[j].len > device_max) {
+        /* the host hashes this one; its slot is copied back with the others,
+         * so it holds zeros rather than bytes nothing wrote (initcheck) */
+        for (int i = 0; i < 32; i++) digests[(uint64_t)j * 32 + i] = 0;
+        return;
+    }
     ls_sha256_device(bytes + ent[j].off, ent[j].len, digests + (uint64_t)j * 32);
 }
 

@@ -389,6 +389,8 @@ START_TEST(test_classification_rules)
     ck_assert_int_eq(ls_manifest_classify("runtime.gpu", clean, clean), LS_CHANGE_INFORMATIONAL);
     ck_assert_int_eq(ls_manifest_classify("runtime.gpu.sm_count", cuda, cuda), LS_CHANGE_VOIDING);
     ck_assert_int_eq(ls_manifest_classify("runtime.gpu.uuid", cuda, cuda), LS_CHANGE_INFORMATIONAL);
+    ck_assert_int_eq(ls_manifest_classify("runtime.gpu.device_index", cuda, cuda),
+                     LS_CHANGE_INFORMATIONAL);
     ck_assert_int_eq(ls_manifest_classify("runtime.host_names", clean, clean), LS_CHANGE_VOIDING);
     ck_assert_int_eq(ls_manifest_classify("topology.tp_degree", clean, clean), LS_CHANGE_VOIDING);
     ck_assert_int_eq(ls_manifest_classify("some.unknown.field", clean, clean), LS_CHANGE_VOIDING);
@@ -417,6 +419,23 @@ START_TEST(test_perturbation_and_mode_void)
     ck_assert_int_eq(ls_test_cli(&out, "manifest pin --checkpoint %s --backend cuda -o -", d), 0);
     ck_assert_ptr_nonnull(strstr(out, "cuda-portable"));
     ck_assert_ptr_nonnull(strstr(out, "ls_gdn_recurrent_kernel"));
+    free(out);
+    /* --gpu chooses a CUDA device: refused with the cpu backend (given at
+     * all, even 0), and a device the machine lacks is named with those it has */
+    for (const char *g = "0\0" "1\0"; *g; g += strlen(g) + 1) {
+        ck_assert_int_eq(ls_test_cli(&out, "manifest pin --checkpoint %s --gpu %s -o -", d, g), 2);
+        ck_assert_msg(strstr(out, "--gpu applies to --backend cuda only"), "%s", out);
+        free(out);
+        ck_assert_int_eq(ls_test_cli(&out, "manifest verify %s --checkpoint %s --backend cpu --gpu %s",
+                                     a, d, g), 2);
+        ck_assert_msg(strstr(out, "--gpu applies to --backend cuda only"), "%s", out);
+        free(out);
+    }
+    ck_assert_int_eq(ls_test_cli(&out, "manifest pin --checkpoint %s --backend cuda --gpu 4096 -o -",
+                                 d), 2);
+    ck_assert_msg(strstr(out, "no CUDA device 4096") && (strstr(out, "this machine has") ||
+                                                         strstr(out, "built without CUDA")),
+                  "%s", out);
     free(out);
     free(a);
     free(b);

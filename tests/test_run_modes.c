@@ -223,6 +223,60 @@ START_TEST(test_spec_validate)
     spec_base(&s, "replay");
     s.chunk = -1;
     expect_invalid(&s, "negative chunk", "chunk (--chunk) must be >= 1");
+    spec_base(&s, "rollout");
+    s.gpu = 1;
+    expect_invalid(&s, "a GPU with the cpu backend", "gpu (--gpu) 1 applies to the cuda backend only");
+    spec_base(&s, "rollout");
+    s.gpu = 3;
+    s.backend = "cuda";
+    ck_assert_msg(ls_run_spec_validate(&s, &err) == LS_OK, "%s", err.msg); /* the backend judges it */
+}
+END_TEST
+
+/* --gpu N chooses the CUDA device: refused with the cpu backend (given at
+ * all, whatever N), not an integer refused, and a device this machine does
+ * not have refused in one line naming the devices it has (or, without a
+ * GPU or a CUDA build, why cuda is not available); never a trace. The run
+ * layer refuses a device with cpu in its other entry points too. */
+START_TEST(test_gpu_option)
+{
+    setup();
+    expect_refused(RO "--gpu 0", "--gpu applies to --backend cuda only", "the backend is cpu", NULL);
+    expect_refused(RO "--backend cpu --gpu 2", "--gpu applies to --backend cuda only", NULL);
+    expect_refused(RO "--backend cuda --gpu one", "--gpu 'one': expected an integer", NULL);
+    expect_refused("gate --checkpoint @/a --prompts @/prompts.jsonl --gpu 1",
+                   "--gpu applies to --backend cuda only", NULL);
+    expect_refused("demo --gpu 0", "--gpu applies to --backend cuda only", NULL);
+    static const char *const bad[] = {RO "--backend cuda --gpu 99", RO "--backend cuda --gpu -1",
+                                      "gate --checkpoint @/a --prompts @/prompts.jsonl --backend cuda "
+                                      "--gpu 99"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *o = NULL;
+        int rc = ls_test_cli(&o, "%s", cmd(bad[i]));
+        ck_assert_msg(rc == 2, "lockstep %s: exit %d, expected 2:\n%s", bad[i], rc, o ? o : "");
+        int lines = 0;
+        for (const char *c = o; *c; c++) lines += *c == '\n';
+        const char *dev = strstr(bad[i], "-1") ? "no CUDA device -1: this machine has "
+                                               : "no CUDA device 99: this machine has ";
+        ck_assert_msg(lines == 1 && (strstr(o, dev) || strstr(o, "cuda is not available")),
+                      "lockstep %s:\n%s", bad[i], o);
+        free(o);
+        ck_assert_msg(!exists(g_x), "lockstep %s left x.trace behind", bad[i]);
+    }
+    ls_error err;
+    ls_error_clear(&err);
+    ls_backend *be = NULL;
+    ck_assert_int_eq(ls_run_backend_create("cpu", 1, 2, &be, &err), LS_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "gpu (--gpu) 2 applies to the cuda backend only") && !be, "%s",
+                  err.msg);
+    ls_manifest_opts mo = ls_manifest_opts_default();
+    ls_gpu_info info;
+    ck_assert_int_eq(ls_run_manifest_facts("cpu", 1, &mo, &info, &err), LS_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "applies to the cuda backend only"), "%s", err.msg);
+    ls_status st = ls_run_manifest_facts("cuda", 4096, &mo, &info, &err);
+    ck_assert_msg((st == LS_E_USAGE && strstr(err.msg, "no CUDA device 4096: this machine has ")) ||
+                      (st == LS_E_UNSUPPORTED && strstr(err.msg, "built without CUDA")),
+                  "status %s: %s", ls_status_name(st), err.msg);
 }
 END_TEST
 
@@ -313,6 +367,7 @@ int main(void)
     tcase_add_test(tc, test_cli_replay_of_another_checkpoint);
     tcase_add_test(tc, test_cli_import_topk);
     tcase_add_test(tc, test_spec_validate);
+    tcase_add_test(tc, test_gpu_option);
     tcase_add_test(tc, test_run_layer_refuses_another_checkpoint);
     tcase_add_test(tc, test_api_refuses);
     suite_add_tcase(s, tc);

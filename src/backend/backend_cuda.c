@@ -29,6 +29,12 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     return ls_fail(err, LS_E_UNSUPPORTED, "this lockstep was built without CUDA (no nvcc at build time)");
 }
 
+ls_status ls_backend_cuda_check_device(int device, ls_error *err)
+{
+    return ls_fail(err, LS_E_UNSUPPORTED, "no CUDA device %d: this lockstep was built without CUDA "
+                   "(no nvcc at build time)", device);
+}
+
 ls_status ls_backend_cuda_query_gpu(int device, ls_gpu_info *out, int *present, ls_error *err)
 {
     (void)device;
@@ -48,6 +54,11 @@ ls_status ls_backend_cuda_query_gpu(int device, ls_gpu_info *out, int *present, 
 #include "ls_cuda.h"
 #include "ops.h"
 #include "sha256.h"
+
+ls_status ls_backend_cuda_check_device(int device, ls_error *err)
+{
+    return ls_cuda_check_device(device, err);
+}
 
 ls_status ls_backend_cuda_query_gpu(int device, ls_gpu_info *out, int *present, ls_error *err)
 {
@@ -81,9 +92,16 @@ typedef struct cuda_impl {
     uint64_t synth_calls;      /* synthetic matrices filled so far */
     ls_cuda_digester *dg;      /* asynchronous digests (created on the first digest call) */
     int dg_off;                /* 1: no ring could be had; digests stay synchronous */
+    int device;                /* CUDA ordinal everything of this backend runs on */
 } cuda_impl;
 
 #define IMPL(be) ((cuda_impl *)(be)->impl)
+
+/* The CUDA runtime's current device belongs to the calling thread, so every
+ * entry point makes the backend's device current first (a no-op when it
+ * already is: one cudaGetDevice); a run driven from another thread than the
+ * one that created the backend still allocates and launches there. */
+#define ON_DEVICE(be, err) LS_TRY(ls_cuda_use_device(IMPL(be)->device, (err)))
 
 static float *F(ls_view v) { return (float *)v.buf->ptr + v.off; }
 static int32_t *I32(ls_view v) { return (int32_t *)v.buf->ptr + v.off; }
@@ -93,6 +111,7 @@ static const void *W(const ls_bweight *w) { return (const char *)w->buf->ptr + w
 
 static ls_status cu_alloc(ls_backend *be, size_t bytes, ls_buf **out, ls_error *err)
 {
+    ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
     ls_buf *b = ls_arena_alloc(&im->host, sizeof *b, err);
     if (!b) return LS_E_NOMEM;
@@ -107,6 +126,7 @@ static ls_status cu_alloc(ls_backend *be, size_t bytes, ls_buf **out, ls_error *
 static ls_status cu_wrap_weights(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
                                  ls_error *err)
 {
+    ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
     if (!host && !im->synth_seed)
         return ls_fail(err, LS_E_UNSUPPORTED, "cuda backend: a weight matrix of %zu bytes has no "
@@ -122,26 +142,26 @@ static ls_status cu_wrap_weights(ls_backend *be, const void *host, size_t bytes,
 
 static ls_status cu_upload(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_upload(F(dst), src, bytes, err);
 }
 
 static ls_status cu_download(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_download(dst, F(src), bytes, err);
 }
 
 static ls_status cu_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_memset(F(dst), 0, n * 4, err);
 }
 
 static ls_status cu_copy_blocks(ls_backend *be, ls_view dst, ls_view src, const ls_copy_shape *sh,
                                 ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_copy_blocks(F(dst), F(src), sh->rows, sh->groups, sh->len, sh->dst_stride,
                                sh->dst_step, sh->src_stride, sh->src_step, NULL, err);
 }
@@ -179,7 +199,7 @@ static ls_status scratch_reserve(cuda_impl *im, size_t need, ls_error *err)
 static ls_status cu_embed(ls_backend *be, const ls_bweight *emb, ls_view tokens, long T, ls_view h,
                           int act_bf16, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_embed(W(emb), (int)emb->wtype, emb->rows, emb->cols, I32(tokens), T, F(h),
                          act_bf16, NULL, err);
 }
@@ -192,6 +212,7 @@ static const float *S(const ls_bweight *w)
 static ls_status cu_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T,
                            int act_bf16, ls_order order, ls_error *err)
 {
+    ON_DEVICE(be, err);
     if (!ls_wtype_is_f8(w->wtype))
         return ls_cuda_linear(W(w), (int)w->wtype, w->rows, w->cols, F(x), F(y), T, act_bf16,
                               (int)order, NULL, err);
@@ -211,14 +232,14 @@ static ls_status cu_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_vi
 static ls_status cu_rmsnorm(ls_backend *be, ls_view x, ls_view w, ls_view y, long R, long n,
                             int act_bf16, ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_rmsnorm(F(x), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
 }
 
 static ls_status cu_gated_rmsnorm(ls_backend *be, ls_view x, ls_view z, ls_view w, ls_view y, long R,
                                   long n, int act_bf16, ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_gated_rmsnorm(F(x), F(z), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
 }
 
@@ -226,7 +247,7 @@ static ls_status cu_conv_silu(ls_backend *be, ls_view x, long x_stride, const ls
                               ls_view state, ls_view y, long y_stride, long T, long C, long K,
                               int act_bf16, ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_conv_silu(F(x), x_stride, W(w), (int)w->wtype, F(state), F(y), y_stride, T, C, K,
                              act_bf16, (int)order, NULL, err);
 }
@@ -235,7 +256,7 @@ static ls_status cu_gdn_gates(ls_backend *be, ls_view b, ls_view a, ls_view A_lo
                               ls_view beta, ls_view alpha, long T, long H, int act_bf16,
                               ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_gdn_gates(F(b), F(a), F(A_log), F(dt_bias), F(beta), F(alpha), T, H, act_bf16,
                              NULL, err);
 }
@@ -243,7 +264,7 @@ static ls_status cu_gdn_gates(ls_backend *be, ls_view b, ls_view a, ls_view A_lo
 static ls_status cu_l2norm_scale(ls_backend *be, ls_view x, long R, long d, float scale,
                                  ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_l2norm_scale(F(x), R, d, scale, (int)order, NULL, err);
 }
 
@@ -251,7 +272,7 @@ static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view 
                                   ls_view beta, ls_view state, ls_view o, long T, long Hk, long Hv,
                                   long dk, long dv, int act_bf16, ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_gdn_recurrent(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk,
                                  dv, act_bf16, (int)order, NULL, err);
 }
@@ -259,7 +280,7 @@ static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view 
 static ls_status cu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view sin_t, long T,
                                long H, long d, long R, int act_bf16, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, act_bf16, NULL, err);
 }
 
@@ -267,7 +288,7 @@ static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc,
                               ls_view pos, ls_view o, long T, long Hq, long Hkv, long d,
                               int act_bf16, ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_attention(F(q), F(kc), F(vc), cap, I32(pos), F(o), T, Hq, Hkv, d, act_bf16,
                              (int)order, NULL, err);
 }
@@ -289,7 +310,7 @@ static ls_status cu_conv_silu_batch(ls_backend *be, ls_view x, long x_stride, co
                                     long nseq, ls_view y, long y_stride, long C, long K,
                                     int act_bf16, ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     float **st = dev_ptrs(states, nseq, err);
     if (!st) return LS_E_NOMEM;
     ls_status r = ls_cuda_conv_silu_batch(F(x), x_stride, W(w), (int)w->wtype, st, row0, len, nseq,
@@ -304,7 +325,7 @@ static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls
                                         long Hk, long Hv, long dk, long dv, int act_bf16,
                                         ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     float **st = dev_ptrs(states, nseq, err);
     if (!st) return LS_E_NOMEM;
     ls_status r = ls_cuda_gdn_recurrent_batch(F(q), F(k), F(v), F(alpha), F(beta), st, row0, len,
@@ -319,7 +340,7 @@ static ls_status cu_kv_append_batch(ls_backend *be, ls_view k, ls_view v, ls_buf
                                     const long *len, const long *pos0, long nseq, long Hkv, long d,
                                     ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     float **kp = dev_ptrs(kcs, nseq, err);
     if (!kp) return LS_E_NOMEM;
     float **vp = dev_ptrs(vcs, nseq, err);
@@ -339,7 +360,7 @@ static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kc
                                     const long *len, long nseq, ls_view pos, ls_view o, long Hq,
                                     long Hkv, long d, int act_bf16, ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     float **kp = dev_ptrs(kcs, nseq, err);
     if (!kp) return LS_E_NOMEM;
     float **vp = dev_ptrs(vcs, nseq, err);
@@ -358,7 +379,7 @@ static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kc
 static ls_status cu_sigmoid_gate(ls_backend *be, ls_view o, ls_view gate, long n, int act_bf16,
                                  ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_sigmoid_gate(F(o), F(gate), n, act_bf16, NULL, err);
 }
 
@@ -366,7 +387,7 @@ static ls_status cu_router(ls_backend *be, const ls_bweight *w, ls_view x, long 
                            int norm_topk, ls_view probs, ls_view ids, ls_view weights, int act_bf16,
                            ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_router(W(w), (int)w->wtype, w->rows, w->cols, F(x), T, k, norm_topk, F(probs),
                           I32(ids), F(weights), act_bf16, (int)order, NULL, err);
 }
@@ -449,6 +470,7 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
                         long k, ls_view out, long T, int act_bf16, ls_order order_experts,
                         ls_order order_combine, ls_error *err)
 {
+    ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
     const ls_cuda_moe *cm = NULL;
     LS_TRY(moe_tables(be, mw, &cm, err));
@@ -470,14 +492,14 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
 
 static ls_status cu_residual(ls_backend *be, ls_view h, ls_view a, long n, int act_bf16, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_residual(F(h), F(a), n, act_bf16, NULL, err);
 }
 
 static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R, long V,
                              ls_order order, ls_error *err)
 {
-    (void)be;
+    ON_DEVICE(be, err);
     return ls_cuda_logprobs(F(logits), F(lp), R, V, (int)order, NULL, err);
 }
 
@@ -530,6 +552,7 @@ static ls_status cu_digest_wait(ls_backend *be, ls_error *err)
 
 static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
 {
+    ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
     if (n_jobs <= 0) return LS_OK;
     if (n_jobs > 0x7fffffffL)
@@ -595,9 +618,12 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     ls_arena_init(&im->host);
     im->synth_seed = o->synthetic_weights_seed;
     im->synth_scale = o->synthetic_weights_scale;
+    im->device = o->device;
+    /* the arena, its free-memory reading and every later call on this device */
+    ls_status st = ls_cuda_use_device(o->device, err);
     size_t arena_bytes = o->arena_bytes;
-    if (arena_bytes == 0) arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9;
-    ls_status st = ls_cuda_arena_init(&im->dev, arena_bytes, err);
+    if (st == LS_OK && arena_bytes == 0) arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9;
+    if (st == LS_OK) st = ls_cuda_arena_init(&im->dev, arena_bytes, err);
     if (st != LS_OK) {
         cu_destroy(be);
         return st;

@@ -12,7 +12,9 @@
 #include "core/platform.h"
 
 typedef struct ls_backend_cuda_opts {
-    size_t arena_bytes;              /* device memory of the run; 0 = 90 % of the free memory */
+    int device;                      /* CUDA ordinal (0 .. count-1) everything runs on; default 0 */
+    size_t arena_bytes;              /* device memory of the run; 0 = 90 % of the device's free
+                                        memory */
     uint64_t synthetic_weights_seed; /* 0: wrap_weights needs host data (refuses NULL);
                                         else wrap_weights with host == NULL fills the buffer
                                         on the device (ls_cuda_fill_uniform_bf16, seed derived
@@ -20,13 +22,22 @@ typedef struct ls_backend_cuda_opts {
     float synthetic_weights_scale;   /* synthetic values uniform in [-scale, scale) */
 } ls_backend_cuda_opts;
 
-/* arena_bytes 0, no synthetic weights, scale 0.04 (about 1.8 / sqrt(2048):
+/* device 0, arena_bytes 0, no synthetic weights, scale 0.04 (about 1.8 / sqrt(2048):
  * activations of Qwen3-Next-80B-A3B's hidden size keep a realistic spread). */
 void ls_backend_cuda_opts_default(ls_backend_cuda_opts *o);
 
-/* Creates the backend on the current CUDA device. Device memory for the run
- * (weights, activations, caches) comes from one arena of o->arena_bytes,
- * taken with one cudaMalloc; MoE and digest scratch come from it too. The
+/* Creates the backend on CUDA device o->device, which it makes the calling
+ * thread's current device; every op makes it current again on the thread
+ * that calls it (the runtime's current device is per thread). A device
+ * that does not exist fails with LS_E_USAGE: "no CUDA device N: this
+ * machine has M (0: NAME, ...)"; no device at all with LS_E_DEVICE.
+ *
+ * Device memory for the run (weights, activations, caches) comes from one
+ * arena of o->arena_bytes, taken with one cudaMalloc; MoE and digest scratch
+ * come from it too. A request the arena cannot hold fails with LS_E_NOMEM
+ * ("out of GPU memory", the bytes asked, the arena's and the device's
+ * bytes), never waits; destroy frees the arena whatever failed, so the
+ * device's free memory is what it was before the backend was created. The
  * reversed-order perturbation is not implemented on CUDA: such ops return
  * LS_E_UNSUPPORTED. */
 ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend **out,
@@ -34,6 +45,11 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
 
 /* ls_backend_cuda_create_opts with the defaults and arena_bytes. */
 ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err);
+
+/* LS_OK when `device` is a CUDA ordinal of this machine; else LS_E_USAGE
+ * "no CUDA device N: this machine has M (0: NAME, ...)", or LS_E_UNSUPPORTED
+ * in a build without CUDA. */
+ls_status ls_backend_cuda_check_device(int device, ls_error *err);
 
 /* CUDA device `device` as the runtime describes it, for the manifest.
  * *present = 0 (and *out zeroed, LS_OK) in a build without CUDA or when no

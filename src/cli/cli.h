@@ -22,6 +22,14 @@ int ls_cli_is_help(const char *arg);
 /* Parses a decimal option value into [lo, hi]; the error names opt. */
 ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, long *out, ls_error *err);
 
+/* --gpu N: a CUDA device ordinal (any int: one the machine lacks is refused
+ * by the run with the devices it has). */
+ls_status ls_cli_parse_gpu(const char *opt, const char *v, int *out, ls_error *err);
+
+/* Refuses --gpu with a backend other than cuda (given: --gpu was on the
+ * command line, whatever its value). */
+ls_status ls_cli_check_gpu(const char *backend, int given, ls_error *err);
+
 /* Copies a library message with option field names (allow_incomplete,
  * max_rows, ...) replaced by the flags that set them. */
 void ls_cli_flag_names(const char *msg, char *out, size_t out_size);

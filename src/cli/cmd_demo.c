@@ -14,7 +14,7 @@
 #include "synth/synth.h"
 
 static const char usage_text[] =
-    "usage: lockstep demo [--backend cpu|cuda] [--workdir DIR] [--keep]\n"
+    "usage: lockstep demo [--backend cpu|cuda] [--gpu N] [--workdir DIR] [--keep]\n"
     "\n"
     "Runs the whole story in well under a minute on a CPU:\n"
     "  1. writes the synthetic 'tiny' Qwen3-Next checkpoint (seed 7) and pins its manifest;\n"
@@ -26,6 +26,7 @@ static const char usage_text[] =
     "\n"
     "options:\n"
     "  --backend cpu|cuda   operator backend (default cpu; the perturbation runs on cpu)\n"
+    "  --gpu N              --backend cuda only: the CUDA device to run on (default 0)\n"
     "  --workdir DIR        work in DIR (kept) instead of a temporary directory\n"
     "  --keep               keep the temporary directory and print its path\n"
     "\n"
@@ -54,12 +55,12 @@ static void say(const char *fmt, ...)
 int ls_cmd_demo(int argc, char **argv)
 {
     const char *backend = "cpu", *workdir = NULL;
-    int keep = 0;
+    int keep = 0, gpu = 0, given_gpu = 0;
     ls_error err;
     ls_error_clear(&err);
-    enum { O_KEEP = LS_CLI_LONG, O_BACKEND, O_WORKDIR };
-    static const ls_cli_opt opts[] = {
-        {"keep", O_KEEP, 0}, {"backend", O_BACKEND, 1}, {"workdir", O_WORKDIR, 1}, {NULL, 0, 0}};
+    enum { O_KEEP = LS_CLI_LONG, O_BACKEND, O_WORKDIR, O_GPU };
+    static const ls_cli_opt opts[] = {{"keep", O_KEEP, 0}, {"backend", O_BACKEND, 1},
+                                      {"workdir", O_WORKDIR, 1}, {"gpu", O_GPU, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "demo", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         switch (c) {
@@ -70,12 +71,17 @@ int ls_cmd_demo(int argc, char **argv)
         case O_KEEP: keep = 1; break;
         case O_BACKEND: backend = ca.arg; break;
         case O_WORKDIR: workdir = ca.arg; break;
+        case O_GPU:
+            given_gpu = 1;
+            if (ls_cli_parse_gpu(ca.opt, ca.arg, &gpu, &err) != LS_OK) return ls_cli_report("demo", &err);
+            break;
         }
     }
     if (strcmp(backend, "cpu") && strcmp(backend, "cuda")) {
         ls_fail(&err, LS_E_USAGE, "--backend '%s': expected cpu or cuda", backend);
         return ls_cli_report("demo", &err);
     }
+    if (ls_cli_check_gpu(backend, given_gpu, &err) != LS_OK) return ls_cli_report("demo", &err);
     uint64_t t0 = ls_now_ns();
     char dir[4096], ck[4200], man_path[4200];
     int temporary;
@@ -93,8 +99,8 @@ int ls_cmd_demo(int argc, char **argv)
     if (st == LS_OK) {
         ls_manifest_opts mo = ls_manifest_opts_default();
         mo.checkpoint_dir = ck;
-        ls_gpu_info gpu;
-        st = ls_run_manifest_facts(backend, &mo, &gpu, &err);
+        ls_gpu_info info;
+        st = ls_run_manifest_facts(backend, gpu, &mo, &info, &err);
         if (st == LS_OK) st = ls_manifest_build(&mo, &man, &err);
     }
     if (st == LS_OK) st = ls_manifest_save(man, man_path, &err);
@@ -127,6 +133,7 @@ int ls_cmd_demo(int argc, char **argv)
     go.checkpoint = ck;
     go.max_new = 12;
     go.backend = backend;
+    go.gpu = gpu;
     go.threads = 1;
     go.workdir = dir;
     go.variants = vars;

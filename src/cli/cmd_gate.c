@@ -25,6 +25,7 @@ static const char usage_text[] =
     "options:\n"
     "  --max-new-tokens N     tokens generated per prompt (default 16)\n"
     "  --backend cpu|cuda     operator backend (default cpu)\n"
+    "  --gpu N                --backend cuda only: the CUDA device of every run (default 0)\n"
     "  --threads N            CPU worker threads (default 1)\n"
     "  --fp8 dequant|w8a8     FP8 checkpoints only: dequantised weights (default) or w8a8\n"
     "  --junit FILE           JUnit XML: one testsuite per replay, holding one testcase (that\n"
@@ -37,7 +38,8 @@ static const char usage_text[] =
     "  --workdir DIR          keep the traces and per-replay compare reports in DIR\n"
     "                         (default: a temporary directory, removed afterwards)\n"
     "\n"
-    "exit status: 0 every replay bitwise equal to the rollout, 1 a drift, 2 could not run\n";
+    "exit status: 0 every replay bitwise equal to the rollout, 1 a drift, 2 could not run (as\n"
+    "for run: usage, bad input, no GPU or no such GPU, out of GPU memory, I/O)\n";
 
 int ls_cmd_gate(int argc, char **argv)
 {
@@ -50,13 +52,14 @@ int ls_cmd_gate(int argc, char **argv)
     ls_error_clear(&err);
     ls_status st = LS_OK;
     long v;
+    int given_gpu = 0;
     enum { O_CK = LS_CLI_LONG, O_PROMPTS, O_MAXNEW, O_BACKEND, O_THREADS, O_JUNIT, O_JSON, O_WORKDIR,
-           O_CACHE, O_FP8 };
+           O_CACHE, O_FP8, O_GPU };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"prompts", O_PROMPTS, 1}, {"max-new-tokens", O_MAXNEW, 1},
         {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"junit", O_JUNIT, 1},
         {"json", O_JSON, 1}, {"workdir", O_WORKDIR, 1}, {"checkpoint-cache", O_CACHE, 1},
-        {"fp8", O_FP8, 1}, {NULL, 0, 0}};
+        {"fp8", O_FP8, 1}, {"gpu", O_GPU, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "gate", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *x = ca.arg;
@@ -67,6 +70,10 @@ int ls_cmd_gate(int argc, char **argv)
         case O_PROMPTS: o.prompts = x; break;
         case O_MAXNEW: st = ls_cli_parse_long(ca.opt, x, 1, 1L << 24, &o.max_new, &err); break;
         case O_BACKEND: o.backend = x; break;
+        case O_GPU:
+            given_gpu = 1;
+            st = ls_cli_parse_gpu(ca.opt, x, &o.gpu, &err);
+            break;
         case O_THREADS:
             st = ls_cli_parse_long(ca.opt, x, 1, 1024, &v, &err);
             o.threads = (int)v;
@@ -86,6 +93,7 @@ int ls_cmd_gate(int argc, char **argv)
         st = ls_fail(&err, LS_E_USAGE, "--checkpoint DIR and --prompts FILE are required");
     if (st == LS_OK && strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda"))
         st = ls_fail(&err, LS_E_USAGE, "--backend '%s': expected cpu or cuda", o.backend);
+    if (st == LS_OK) st = ls_cli_check_gpu(o.backend, given_gpu, &err);
     if (st != LS_OK) return ls_cli_report("gate", &err);
     ls_run_batch b;
     st = ls_run_load_prompts(o.prompts, 0, &b, &err);

@@ -10,10 +10,11 @@
 #include "run/run.h"
 
 static const char help[] =
-    "usage: lockstep manifest pin --checkpoint DIR [--backend cpu|cuda] [--mode strict|fast]\n"
-    "                             [--perturb SPEC] [--fp8 dequant|w8a8] [--threads N] -o FILE\n"
+    "usage: lockstep manifest pin --checkpoint DIR [--backend cpu|cuda [--gpu N]]\n"
+    "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
+    "                             [--threads N] -o FILE\n"
     "       lockstep manifest diff A B [--json]\n"
-    "       lockstep manifest verify FILE --checkpoint DIR [--backend cpu|cuda]\n"
+    "       lockstep manifest verify FILE --checkpoint DIR [--backend cpu|cuda [--gpu N]]\n"
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
     "                             [--threads N] [--json]\n"
     "       lockstep manifest digest FILE\n"
@@ -22,8 +23,9 @@ static const char help[] =
     "        digest, SHA-256 of every tensor, Merkle root, dtype/shape table), the\n"
     "        architecture read from config.json, numerics (mode, tier, perturbation,\n"
     "        the provider of every operator), topology, build and runtime (OS, CPU,\n"
-    "        host, GPU when present). -o - writes to stdout. A perturbation needs\n"
-    "        --mode fast (given --perturb alone, the mode becomes fast).\n"
+    "        host, GPU when present: CUDA device --gpu N, default 0, which must\n"
+    "        exist). -o - writes to stdout. A perturbation needs --mode fast (given\n"
+    "        --perturb alone, the mode becomes fast).\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
     "        classifies it as voiding (the claim no longer holds: checkpoint,\n"
     "        architecture, providers, library versions, GPU kind, topology, mode,\n"
@@ -42,29 +44,36 @@ static const char help[] =
 /* The options of each subcommand: pin and verify share those that pin the
  * live system; diff has --json; digest none (each has -h/--help). */
 enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THREADS, OPT_JSON,
-       OPT_FP8 };
+       OPT_FP8, OPT_GPU };
 #define LIVE_OPTS                                                                                  \
     {"checkpoint", OPT_CHECKPOINT, 1}, {"backend", OPT_BACKEND, 1}, {"mode", OPT_MODE, 1},         \
-        {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}, {"fp8", OPT_FP8, 1}
+        {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}, {"fp8", OPT_FP8, 1},             \
+        {"gpu", OPT_GPU, 1}
 static const ls_cli_opt pin_opts[] = {LIVE_OPTS, {"output", 'o', 1}, {NULL, 0, 0}};
 static const ls_cli_opt verify_opts[] = {LIVE_OPTS, {"json", OPT_JSON, 0}, {NULL, 0, 0}};
 static const ls_cli_opt diff_opts[] = {{"json", OPT_JSON, 0}, {NULL, 0, 0}};
 static const ls_cli_opt no_opts[] = {{NULL, 0, 0}};
 
 /* Parses the options pin (opts = pin_opts) and verify (verify_opts) share;
- * positional arguments are handed back in pos[] (at most 2). A perturbation
- * without --mode pins mode fast; progress goes to stderr. Returns -1 on
- * success or an exit code. */
+ * positional arguments are handed back in pos[] (at most 2), the CUDA
+ * device in *gpu. A perturbation without --mode pins mode fast; progress
+ * goes to stderr. Returns -1 on success or an exit code. */
 static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest_opts *o,
-                      const char **out_path, int *as_json, const char **pos, int *npos)
+                      const char **out_path, int *as_json, int *gpu, const char **pos, int *npos)
 {
-    int mode_given = 0;
+    int mode_given = 0, gpu_given = 0;
+    ls_error err;
+    ls_error_clear(&err);
     ls_cli_args a = {.cmd = CMD, .usage = help, .opts = opts, .argc = argc, .argv = argv};
     for (int c; (c = ls_cli_next(&a)) != LS_CLI_END;) {
         switch (c) {
         case LS_CLI_EXIT: return a.exit_code;
         case OPT_CHECKPOINT: o->checkpoint_dir = a.arg; break;
         case OPT_BACKEND: o->backend = a.arg; break;
+        case OPT_GPU:
+            gpu_given = 1;
+            if (ls_cli_parse_gpu(a.opt, a.arg, gpu, &err) != LS_OK) return ls_cli_report(CMD, &err);
+            break;
         case OPT_MODE:
             o->mode = a.arg;
             mode_given = 1;
@@ -91,6 +100,7 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
             break;
         }
     }
+    if (ls_cli_check_gpu(o->backend, gpu_given, &err) != LS_OK) return ls_cli_report(CMD, &err);
     if (o->perturbation && !mode_given) o->mode = "fast"; /* a perturbed run is never strict */
     o->progress = 1;
     return -1;
@@ -144,8 +154,8 @@ static int cmd_pin(int argc, char **argv)
 {
     ls_manifest_opts o = ls_manifest_opts_default();
     const char *out = NULL, *pos[2];
-    int npos = 0;
-    int rc = parse_live(argc, argv, pin_opts, &o, &out, NULL, pos, &npos);
+    int npos = 0, gpu = 0;
+    int rc = parse_live(argc, argv, pin_opts, &o, &out, NULL, &gpu, pos, &npos);
     if (rc >= 0) return rc;
     if (npos) return ls_cli_usage_error(CMD, "unexpected argument '%s'", pos[0]);
     if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "pin: --checkpoint DIR is required");
@@ -153,9 +163,9 @@ static int cmd_pin(int argc, char **argv)
     ls_error err;
     ls_error_clear(&err);
     json_t *m;
-    ls_gpu_info gpu;
+    ls_gpu_info info;
     if (ls_output_path_check(out, &err) != LS_OK || /* before hashing the checkpoint */
-        ls_run_manifest_facts(o.backend, &o, &gpu, &err) != LS_OK ||
+        ls_run_manifest_facts(o.backend, gpu, &o, &info, &err) != LS_OK ||
         ls_manifest_build(&o, &m, &err) != LS_OK)
         return ls_cli_report(CMD, &err);
     ls_status st = ls_manifest_save(m, out, &err);
@@ -201,8 +211,8 @@ static int cmd_verify(int argc, char **argv)
 {
     ls_manifest_opts o = ls_manifest_opts_default();
     const char *pos[2];
-    int npos = 0, as_json = 0;
-    int rc = parse_live(argc, argv, verify_opts, &o, NULL, &as_json, pos, &npos);
+    int npos = 0, as_json = 0, gpu = 0;
+    int rc = parse_live(argc, argv, verify_opts, &o, NULL, &as_json, &gpu, pos, &npos);
     if (rc >= 0) return rc;
     if (npos != 1) return ls_cli_usage_error(CMD, "verify: exactly one manifest FILE is required");
     if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "verify: --checkpoint DIR is required");
@@ -211,8 +221,8 @@ static int cmd_verify(int argc, char **argv)
     json_t *pinned;
     if (ls_manifest_load(pos[0], &pinned, &err) != LS_OK) return ls_cli_report(CMD, &err);
     ls_manifest_delta d;
-    ls_gpu_info gpu;
-    ls_status st = ls_run_manifest_facts(o.backend, &o, &gpu, &err);
+    ls_gpu_info info;
+    ls_status st = ls_run_manifest_facts(o.backend, gpu, &o, &info, &err);
     if (st == LS_OK) st = ls_manifest_verify(pinned, &o, &d, &err);
     json_decref(pinned);
     if (st != LS_OK) return ls_cli_report(CMD, &err);

@@ -49,6 +49,8 @@ static const char usage_text[] =
     "                            w8a8 with activations quantised per token group of 128, as\n"
     "                            serving engines compute (replay --from: the rollout's)\n"
     "  --backend cpu|cuda        operator backend (default cpu; cuda needs a CUDA build and a GPU)\n"
+    "  --gpu N                   --backend cuda only: the CUDA device to run on (default 0; as\n"
+    "                            numbered under CUDA_VISIBLE_DEVICES); recorded in the manifest\n"
     "  --threads N               CPU worker threads (no effect on any bit; default 1)\n"
     "  --state-digest-every N    carried-state digest cadence (default 64; replay --from: the rollout's)\n"
     "  --perturb layer=L,op=OP   reverse one operator's reduction order in decoder layer L\n"
@@ -64,7 +66,8 @@ static const char usage_text[] =
     "  -o, --out TRACE           the trace to write (temporary name, renamed when complete)\n"
     "Every option also takes the form --option=VALUE.\n"
     "\n"
-    "exit status: 0 trace written, 2 could not run (usage, bad input, no GPU, I/O)\n";
+    "exit status: 0 trace written, 2 could not run (usage, bad input, no GPU or no such GPU,\n"
+    "out of GPU memory, I/O)\n";
 
 static ls_status parse_float(const char *opt, const char *v, float lo, float hi, float *out, ls_error *err)
 {
@@ -86,13 +89,13 @@ int ls_cmd_run(int argc, char **argv)
     /* Options given on the command line, so that one the mode does not use
      * is refused even when its value equals the default. */
     const char *given_chunk = NULL, *given_max_new = NULL, *given_sampling = NULL, *given_param = NULL;
-    int have_seed = 0;
+    int have_seed = 0, given_gpu = 0;
     ls_error err;
     ls_error_clear(&err);
     ls_status st = LS_OK;
     enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
            O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
-           O_ROWS, O_REVERSE, O_CACHE, O_FP8 };
+           O_ROWS, O_REVERSE, O_CACHE, O_FP8, O_GPU };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
         {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
@@ -101,7 +104,7 @@ int ls_cmd_run(int argc, char **argv)
         {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"state-digest-every", O_EVERY, 1},
         {"perturb", O_PERTURB, 1}, {"dump-layers", O_DUMP, 1}, {"max-rows", O_ROWS, 1},
         {"reverse-batch", O_REVERSE, 0}, {"checkpoint-cache", O_CACHE, 1}, {"fp8", O_FP8, 1},
-        {NULL, 0, 0}};
+        {"gpu", O_GPU, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *a = ca.opt, *x = ca.arg;
@@ -152,6 +155,10 @@ int ls_cmd_run(int argc, char **argv)
         case O_ACT: act = x; break;
         case O_FP8: fp8 = x; break;
         case O_BACKEND: s.backend = x; break;
+        case O_GPU:
+            given_gpu = 1;
+            st = ls_cli_parse_gpu(a, x, &s.gpu, &err);
+            break;
         case O_THREADS:
             st = ls_cli_parse_long(a, x, 1, 1024, &v, &err);
             s.threads = (int)v;
@@ -187,6 +194,8 @@ int ls_cmd_run(int argc, char **argv)
         st = ls_fail(&err, LS_E_USAGE, "--mode replay takes exactly one of --from TRACE or --tokens FILE");
     else if (strcmp(s.backend, "cpu") && strcmp(s.backend, "cuda"))
         st = ls_fail(&err, LS_E_USAGE, "--backend '%s': expected cpu or cuda", s.backend);
+    else if (ls_cli_check_gpu(s.backend, given_gpu, &err) != LS_OK)
+        st = err.status;
     else if (act && strcmp(act, "bf16") && strcmp(act, "fp32"))
         st = ls_fail(&err, LS_E_USAGE, "--activations '%s': expected bf16 or fp32", act);
     else if (fp8 && strcmp(fp8, "dequant") && strcmp(fp8, "w8a8"))
@@ -225,10 +234,13 @@ int ls_cmd_run(int argc, char **argv)
     ls_run_batch_free(&b);
     if (st != LS_OK) return ls_cli_report("run", &err);
     free(res.completions);
-    ls_log_info("%s: %llu records, %llu positions in %.2f s (%.1f tokens/s), backend %s, model %.16s..., "
+    char gpu_label[32] = "";
+    if (!strcmp(s.backend, "cuda")) snprintf(gpu_label, sizeof gpu_label, " (CUDA device %d)", s.gpu);
+    ls_log_info("%s: %llu records, %llu positions in %.2f s (%.1f tokens/s), backend %s%s, model %.16s..., "
                 "manifest %.16s...%s",
                 s.out, (unsigned long long)res.records, (unsigned long long)res.positions, res.seconds,
-                res.seconds > 0 ? (double)res.positions / res.seconds : 0.0, s.backend, res.merkle_root,
+                res.seconds > 0 ? (double)res.positions / res.seconds : 0.0, s.backend, gpu_label,
+                res.merkle_root,
                 res.manifest_digest, s.perturb ? " (perturbed: not a strict run)" : "");
     return 0;
 }

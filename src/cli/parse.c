@@ -1,5 +1,6 @@
 /* lockstep CLI — option value parsing shared by the subcommands. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,22 @@ ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, lo
     if (errno || end == v || *end || x < lo || x > hi)
         return ls_fail(err, LS_E_USAGE, "%s '%s': expected an integer in %ld..%ld", opt, v, lo, hi);
     *out = x;
+    return LS_OK;
+}
+
+ls_status ls_cli_parse_gpu(const char *opt, const char *v, int *out, ls_error *err)
+{
+    long x;
+    LS_TRY(ls_cli_parse_long(opt, v, INT_MIN, INT_MAX, &x, err));
+    *out = (int)x;
+    return LS_OK;
+}
+
+ls_status ls_cli_check_gpu(const char *backend, int given, ls_error *err)
+{
+    if (given && backend && strcmp(backend, "cuda"))
+        return ls_fail(err, LS_E_USAGE, "--gpu applies to --backend cuda only (the backend is %s)",
+                       backend);
     return LS_OK;
 }
 

@@ -588,6 +588,7 @@ static const char *const informational_paths[] = {
     "runtime.cpu.logical_cores",
     "runtime.gpu.uuid",         /* which board, not which kind */
     "runtime.gpu.memory_bytes",
+    "runtime.gpu.device_index",  /* which of the host's cards the run chose, not which kind */
     "runtime.gpu.device_count",
     "runtime.gpu.kernel_driver", /* kernels are built ahead of time (sm_90 code in the binary) */
     NULL};

@@ -82,8 +82,9 @@ static json_t *gpu_json(const ls_gpu_info *g)
     char cc[16], release[64];
     snprintf(cc, sizeof cc, "%d.%d", g->cc_major, g->cc_minor);
     kernel_driver_release(release, sizeof release);
-    return json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:i, s:s, s:i, s:i, s:i}", "name", g->name,
-                     "uuid", g->uuid, "device_count", g->device_count, "sm_count", g->sm_count,
+    return json_pack("{s:s, s:s, s:i, s:i, s:i, s:s, s:I, s:i, s:s, s:i, s:i, s:i}", "name", g->name,
+                     "uuid", g->uuid, "device_index", g->device_index, "device_count",
+                     g->device_count, "sm_count", g->sm_count,
                      "compute_capability", cc, "memory_bytes", (json_int_t)g->memory_bytes,
                      "driver_version", g->driver_version, "kernel_driver", release,
                      "cuda_runtime_version", g->runtime_version, "cublas_version",

@@ -65,6 +65,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
     s.mode = "rollout";
     s.max_new = o->max_new;
     s.backend = o->backend;
+    s.gpu = o->gpu;
     s.threads = o->threads;
     s.batch = batch;
     s.fp8 = o->fp8;
@@ -89,11 +90,14 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
         r->rollout_seconds = res.seconds;
         st = ls_run_load_rollout(ro_path, &full, &info, err);
     }
+    char gpu_label[32] = ""; /* which card, when there is a choice to report */
+    if (strcmp(o->backend, "cpu")) snprintf(gpu_label, sizeof gpu_label, " (CUDA device %d)", o->gpu);
     if (st == LS_OK && out)
-        fprintf(out, "rollout: %ld sequences, %llu positions in %.2f s (%.0f tokens/s), backend %s\n"
+        fprintf(out, "rollout: %ld sequences, %llu positions in %.2f s (%.0f tokens/s), backend %s%s\n"
                 "model %s\n\n%-26s %-13s %-13s %-13s %-15s %s\n", batch->n,
                 (unsigned long long)res.positions, res.seconds,
-                res.seconds > 0 ? (double)res.positions / res.seconds : 0.0, o->backend, r->merkle_root,
+                res.seconds > 0 ? (double)res.positions / res.seconds : 0.0, o->backend,
+                gpu_label, r->merkle_root,
                 "replay", "positions", "tokens", "top-5 sets", "max|dlogprob|", "result");
     r->all_equal = 1;
     for (int v = 0; st == LS_OK && v < nv; v++) {

@@ -23,6 +23,7 @@ typedef struct ls_gate_opts {
     const char *prompts;           /* for the record (JSON) */
     long max_new;
     const char *backend;
+    int gpu;                       /* cuda: the CUDA device of every run (0 .. count-1); cpu: 0 */
     int threads;
     const char *junit, *json;      /* combined reports, or NULL */
     const char *workdir;           /* NULL = temporary, removed */

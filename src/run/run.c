@@ -155,6 +155,9 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
         return ls_fail(err, LS_E_USAGE, "sampling: seed, temperature, top_k and top_p (--seed, "
                        "--temperature, --top-k, --top-p) apply to seeded sampling only (--sampling "
                        "seeded); greedy selection takes none");
+    if (!strcmp(s->backend, "cpu") && s->gpu != 0)
+        return ls_fail(err, LS_E_USAGE, "gpu (--gpu) %d applies to the cuda backend only (backend "
+                       "(--backend) is cpu)", s->gpu);
     if (s->threads < 1) return ls_fail(err, LS_E_USAGE, "threads (--threads) must be >= 1");
     if (s->state_digest_every < 1)
         return ls_fail(err, LS_E_USAGE, "state_digest_every (--state-digest-every) must be >= 1");
@@ -200,41 +203,65 @@ ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, 
                    "router, experts, combine, norm, lm_head)", opname);
 }
 
-ls_status ls_run_backend_create(const char *name, int threads, ls_backend **out, ls_error *err)
+ls_status ls_run_backend_create(const char *name, int threads, int gpu, ls_backend **out,
+                                ls_error *err)
 {
     *out = NULL;
-    if (name && !strcmp(name, "cpu")) return ls_backend_cpu_create(threads > 0 ? threads : 1, out, err);
+    if (name && !strcmp(name, "cpu")) {
+        if (gpu != 0)
+            return ls_fail(err, LS_E_USAGE, "gpu (--gpu) %d applies to the cuda backend only "
+                           "(backend (--backend) is cpu)", gpu);
+        return ls_backend_cpu_create(threads > 0 ? threads : 1, out, err);
+    }
     if (!name || strcmp(name, "cuda"))
         return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda",
                        name ? name : "(none)");
+    ls_backend_cuda_opts co;
+    ls_backend_cuda_opts_default(&co);
+    co.device = gpu;
     ls_error inner;
     ls_error_clear(&inner);
-    ls_status st = ls_backend_cuda_create(0, out, &inner);
+    ls_status st = ls_backend_cuda_create_opts(&co, out, &inner);
+    /* a device this machine lacks and a GPU too small speak for themselves */
+    if (st == LS_E_USAGE || st == LS_E_NOMEM) return ls_fail(err, st, "%s", inner.msg);
     if (st != LS_OK)
-        return ls_fail(err, st == LS_E_NOMEM ? st : LS_E_UNSUPPORTED,
-                       "backend (--backend) cuda is not available: %s", inner.msg);
+        return ls_fail(err, LS_E_UNSUPPORTED, "backend (--backend) cuda is not available: %s",
+                       inner.msg);
     return LS_OK;
+}
+
+ls_status ls_run_engine_open_gpu(const ls_model *m, const char *backend, int threads, int gpu,
+                                 const ls_engine_opts *o, long max_seqs, long max_len,
+                                 ls_engine **out, ls_error *err)
+{
+    ls_backend *be;
+    *out = NULL;
+    LS_TRY(ls_run_backend_create(backend, threads, gpu, &be, err));
+    return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
 }
 
 ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads,
                              const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
                              ls_error *err)
 {
-    ls_backend *be;
-    *out = NULL;
-    LS_TRY(ls_run_backend_create(backend, threads, &be, err));
-    return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
+    return ls_run_engine_open_gpu(m, backend, threads, 0, o, max_seqs, max_len, out, err);
 }
 
-ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_gpu_info *gpu,
-                                ls_error *err)
+ls_status ls_run_manifest_facts(const char *backend, int gpu, ls_manifest_opts *mo,
+                                ls_gpu_info *info, ls_error *err)
 {
     size_t n = 0;
     const ls_provider *rows = ls_backend_list_providers(backend, &n);
     if (!rows)
         return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda", backend);
+    if (!strcmp(backend, "cpu") && gpu != 0)
+        return ls_fail(err, LS_E_USAGE, "gpu (--gpu) %d applies to the cuda backend only (backend "
+                       "(--backend) is cpu)", gpu);
+    /* device 0 is the default: a host without one pins runtime.gpu null, as
+     * before; another device is a choice, and must exist */
+    if (gpu != 0) LS_TRY(ls_backend_cuda_check_device(gpu, err));
     int present = 0;
-    LS_TRY(ls_backend_cuda_query_gpu(0, gpu, &present, err));
+    LS_TRY(ls_backend_cuda_query_gpu(gpu, info, &present, err));
     mo->backend = backend;
     mo->providers = rows;
     mo->n_providers = n;
@@ -242,7 +269,7 @@ ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_gp
         return ls_fail(err, LS_E_USAGE, "fp8 (--fp8) '%s': expected dequant or w8a8", mo->fp8);
     mo->fp8_providers = ls_backend_list_fp8_providers(backend, mo->fp8 ? mo->fp8 : "dequant",
                                                       &mo->n_fp8_providers);
-    mo->gpu = present ? gpu : NULL;
+    mo->gpu = present ? info : NULL;
     return LS_OK;
 }
 
@@ -450,7 +477,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         if (ls_thread_start(&hasher, hash_main, &hj) == 0) hashing = 1;
         else hash_main(&hj);
     }
-    if (st == LS_OK) st = ls_run_engine_open(m, s->backend, s->threads, &eo, b->n, max_len, &e, err);
+    if (st == LS_OK)
+        st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, &eo, b->n, max_len, &e, err);
     if (hashing) pthread_join(hasher, NULL);
     if (st == LS_OK && !s->fingerprint && hj.st != LS_OK) {
         *err = hj.err;
@@ -472,7 +500,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
             mo.perturbation = s->perturb;
         }
         mo.fp8 = fp8;
-        st = ls_run_manifest_facts(s->backend, &mo, &gpu, err);
+        st = ls_run_manifest_facts(s->backend, s->gpu, &mo, &gpu, err);
         if (st == LS_OK) st = ls_manifest_build(&mo, &man, err);
     }
     ls_digest md;

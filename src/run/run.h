@@ -62,6 +62,8 @@ typedef struct ls_run_spec {
                                       replay: greedy with those values (teacher-forced) */
     int act_bf16;                  /* 1 bf16, 0 fp32 activations (--activations) */
     const char *backend;           /* "cpu" | "cuda" (--backend) */
+    int gpu;                       /* cuda: the CUDA device everything runs on, an ordinal
+                                      0 .. count-1 (--gpu; default 0); cpu: 0 */
     int threads;                   /* CPU worker threads, >= 1 (--threads) */
     long state_digest_every;       /* carried-state digest cadence, >= 1 (--state-digest-every) */
     long max_rows;                 /* packed tokens per forward, >= 1 (--max-rows) */
@@ -95,23 +97,36 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err);
  * router, experts, combine, norm, lm_head). */
 ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err);
 
-/* The backend called `name` ("cpu": threads workers; "cuda": device 0).
- * LS_E_USAGE for an unknown name, LS_E_UNSUPPORTED when CUDA is not built or
- * no GPU is usable. */
-ls_status ls_run_backend_create(const char *name, int threads, ls_backend **out, ls_error *err);
+/* The backend called `name` ("cpu": threads workers; "cuda": CUDA device
+ * gpu, its arena 90 % of that device's free memory). LS_E_USAGE for an
+ * unknown name, a gpu other than 0 with cpu, or a device this machine does
+ * not have ("no CUDA device N: this machine has M (...)"); LS_E_NOMEM when
+ * the arena does not fit; LS_E_UNSUPPORTED when CUDA is not built or no
+ * GPU is usable. */
+ls_status ls_run_backend_create(const char *name, int threads, int gpu, ls_backend **out,
+                                ls_error *err);
 
 /* ls_run_backend_create, then ls_engine_create on that backend (which the
- * engine then owns). */
+ * engine then owns). A model larger than the device's memory fails with
+ * LS_E_NOMEM ("out of GPU memory: N bytes asked, ...") and leaves nothing
+ * allocated on the device. */
+ls_status ls_run_engine_open_gpu(const ls_model *m, const char *backend, int threads, int gpu,
+                                 const ls_engine_opts *o, long max_seqs, long max_len,
+                                 ls_engine **out, ls_error *err);
+
+/* ls_run_engine_open_gpu on CUDA device 0 (the cpu backend takes no device). */
 ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads,
                              const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
                              ls_error *err);
 
 /* What a manifest is told about `backend`: its provider rows (and the FP8
- * rows of mo->fp8, default dequant, recorded for an FP8 checkpoint) and,
- * when a GPU is present, the device (written to *gpu, which must outlive
- * *mo). */
-ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_gpu_info *gpu,
-                                ls_error *err);
+ * rows of mo->fp8, default dequant, recorded for an FP8 checkpoint) and the
+ * GPU (written to *info, which must outlive *mo): CUDA device `gpu`, or
+ * none (runtime.gpu null) where no device can be queried. A gpu other than
+ * 0 must name a device of this machine (LS_E_USAGE otherwise, as
+ * ls_run_backend_create) and is refused with the cpu backend. */
+ls_status ls_run_manifest_facts(const char *backend, int gpu, ls_manifest_opts *mo,
+                                ls_gpu_info *info, ls_error *err);
 
 typedef struct ls_run_result {
     char merkle_root[65];
