@@ -15,8 +15,8 @@ typedef struct ls_backend_cuda_opts {
     size_t arena_bytes;              /* device memory of the run; 0 = 90 % of the free memory */
     uint64_t synthetic_weights_seed; /* 0: wrap_weights needs host data (refuses NULL);
                                         else wrap_weights with host == NULL fills the buffer
-                                        on the device, seed derived from this one and the
-                                        number of matrices generated so far: bf16
+                                        on the device from seed ^ (k · 0xD1B54A32D192ED03),
+                                        the k-th matrix generated (k = 1, 2, ...): bf16
                                         ls_cuda_fill_uniform_bf16, FP8 ls_cuda_fill_e4m3
                                         (e4m3 bytes over the whole range; the values they
                                         stand for come with the model's block scales) */
