@@ -208,10 +208,10 @@ static ls_status t_alloc(ls_backend *be, size_t bytes, ls_buf **out, ls_error *e
     return IN(be)->alloc(IN(be), bytes, out, err);
 }
 
-static ls_status t_wrap_weights(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
-                                ls_error *err)
+static ls_status t_wrap_weights(ls_backend *be, const void *host, size_t bytes, ls_wtype wtype,
+                                ls_buf **out, ls_error *err)
 {
-    return IN(be)->wrap_weights(IN(be), host, bytes, out, err);
+    return IN(be)->wrap_weights(IN(be), host, bytes, wtype, out, err);
 }
 
 static ls_status t_upload(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err)

@@ -1,15 +1,22 @@
 /* lockstep — performance of the portable strict CUDA tier on Qwen3-Next-80B-A3B
- * or another released config (--preset: qwen3.5-35b-a3b, ...)
+ * or another released config (--preset: qwen3.5-35b-a3b, ...), in bf16 or in
+ * the FP8 release layout (--fp8 dequant|w8a8)
  * (harness/bench_gpu runs it; reports/perf-h200.md holds the results).
  *
  * What runs is the engine's own forward: ls_engine_step (src/engine) over the
  * operator table of the CUDA backend (ls_backend_cuda_create_opts), on a model
  * built from the release's config alone (the synth preset, truncated
  * to as many layers as fit the GPU, parsed by ls_model_parse_config;
- * ls_model_synthetic). Its matrices (~150 GB for all 48 layers) are never
- * read from disk: the backend fills each on the device from a counter-based
- * generator when the engine wraps it (synthetic_weights_seed); the small
- * parameters are generated on the host. Every step does all the engine does:
+ * ls_model_synthetic). Its matrices (~150 GB for all 48 layers of
+ * Qwen3-Next-80B-A3B in bf16) are never read from disk: the backend fills
+ * each on the device from a counter-based generator when the engine wraps it
+ * (synthetic_weights_seed); the small parameters are generated on the host.
+ * With --fp8 the preset's config carries the FP8 quantization_config: the
+ * matrices the FP8 releases quantise (attention, GDN in/out projections,
+ * routed and shared experts) are e4m3 bytes generated on the device with
+ * block scales from the host, the rest bf16 (ls_model_synthetic); the engine
+ * runs them dequantised (dequant) or against quantised activations (w8a8,
+ * engine opts fp8_w8a8). Every step does all the engine does:
  * uploads, every op, the digests of every trace layer, the logprob download.
  *
  * The backend is wrapped in a timing decorator (bench_backend_timing.h): an
@@ -23,7 +30,11 @@
  *   copy      device-to-device cudaMemcpy bandwidth (read + write bytes / time)
  *   decode    one step at batch 1 and 32 (context = the prefill length) vs the
  *             bytes it must read / copy bandwidth; the distinct experts per
- *             layer come from a routing census of the engine's router calls
+ *             layer come from a routing census of the engine's router calls.
+ *             Weight bytes as stored: 2 per bf16 element; FP8 1 per e4m3
+ *             element + 4 per 128 x 128 block scale. With --fp8 the line also
+ *             gives the bytes the same step reads in bf16 and the roofline
+ *             then, so the two rooflines compare in one run
  *   breakdown per decode step: mixers, MoE experts, digests, the rest, and the
  *             device idle between ops (always; --breakdown adds every op)
  *   digest    the digest op's share of a decode step (default digest set), and
@@ -46,9 +57,11 @@
  *   --moe-plans  the MoE experts of one layer alone under every kernel plan of
  *             ls_cuda_moe_forward_plan, at 1 .. prefill tokens, vs the bytes of
  *             the distinct experts routed to / copy bandwidth (and whether every
- *             plan gives the same bits)
+ *             plan gives the same bits); with --fp8 the experts are e4m3 with
+ *             block scales in that mode
  *
- *   bench_gpu [--preset NAME] [--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans]
+ *   bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--layers N] [--prefill T] [--reps N]
+ *             [--breakdown] [--moe-plans]
  *             NAME: a synth preset (default qwen3-next-80b-a3b) */
 #include <cuda_runtime.h>
 #include <jansson.h>
@@ -174,13 +187,19 @@ static uint64_t mix(uint64_t z)
 /* ---- the model ---------------------------------------------------------------------------- */
 
 static const char *g_preset = "qwen3-next-80b-a3b";
+static const char *g_fp8;      /* NULL bf16; "dequant" or "w8a8": the FP8 release layout */
 
 /* The preset's config with its first L layers (all with L = 0), through the
- * parser every checkpoint's config.json goes through. */
+ * parser every checkpoint's config.json goes through; with --fp8 the FP8
+ * release layout's (quantization_config, experts one by one). */
 static void bench_config(long L, ls_model_config *cfg)
 {
     ls_synth_config sc;
     CK(ls_synth_preset(g_preset, &sc, &g_err));
+    if (g_fp8) {
+        sc.fp8 = 1;
+        sc.fused_experts = 0;
+    }
     if (L) CK(ls_synth_config_truncate(&sc, L, &g_err));
     char *text;
     size_t len;
@@ -192,34 +211,67 @@ static void bench_config(long L, ls_model_config *cfg)
     free(text);
 }
 
+/* Bytes the device reads for matrix m, split by kind (weight byte accounting
+ * of every roofline): bf16 and fp32 elements as stored, FP8 one byte per
+ * e4m3 element plus its fp32 block scales. */
+typedef struct wsum {
+    double wide;               /* bf16 / fp32 elements */
+    double e4m3;               /* FP8 elements */
+    double scales;             /* FP8 block scales */
+    double as_bf16;            /* every element read as bf16 (the bf16 model of the same config) */
+} wsum;
+
+static double wsum_total(const wsum *s)
+{
+    return s->wide + s->e4m3 + s->scales;
+}
+
+static void wadd(wsum *s, const ls_wmat *m, double times)
+{
+    double n = (double)m->rows * (double)m->cols;
+    if (ls_wtype_is_f8(m->wtype)) {
+        s->e4m3 += times * n;
+        s->scales += times * 4.0 * (double)LS_FP8_BLOCKS(m->rows) * (double)LS_FP8_BLOCKS(m->cols);
+    } else {
+        s->wide += times * n * (double)ls_wtype_bytes(m->wtype);
+    }
+    s->as_bf16 += times * n * 2.0;
+}
+
 static double wbytes(const ls_wmat *m)
 {
-    return (double)m->rows * (double)m->cols * (m->wtype == LS_WTYPE_BF16 ? 2 : 4);
+    wsum s = {0};
+    wadd(&s, m, 1.0);
+    return wsum_total(&s);
 }
 
-/* Bytes of one routed expert (gate, up, down). */
-static double expert_bytes(const ls_model_layer *ly)
+/* One routed expert (gate, up, down), `times` times. */
+static void expert_bytes(wsum *s, const ls_model_layer *ly, double times)
 {
-    return wbytes(&ly->exp_gate[0]) + wbytes(&ly->exp_up[0]) + wbytes(&ly->exp_down[0]);
+    wadd(s, &ly->exp_gate[0], times);
+    wadd(s, &ly->exp_up[0], times);
+    wadd(s, &ly->exp_down[0], times);
 }
 
-/* Bytes of a layer's matrices read whatever the routing: all but the experts. */
-static double dense_bytes(const ls_model_layer *ly)
+/* A layer's matrices read whatever the routing: all but the experts. */
+static void dense_bytes(wsum *s, const ls_model_layer *ly)
 {
-    double b = wbytes(&ly->router) + wbytes(&ly->sh_gate) + wbytes(&ly->sh_up) +
-               wbytes(&ly->sh_down) + wbytes(&ly->sh_gate_w);
-    if (ly->attention)
-        return b + wbytes(&ly->q_proj) + wbytes(&ly->k_proj) + wbytes(&ly->v_proj) +
-               wbytes(&ly->o_proj);
-    /* one of the two GDN projection layouts is bound, the other is empty */
-    return b + wbytes(&ly->qkvz) + wbytes(&ly->ba) + wbytes(&ly->in_qkv) + wbytes(&ly->in_z) +
-           wbytes(&ly->in_b) + wbytes(&ly->in_a) + wbytes(&ly->conv) + wbytes(&ly->out_proj);
+    const ls_wmat *all[] = {&ly->router, &ly->sh_gate, &ly->sh_up, &ly->sh_down, &ly->sh_gate_w,
+                            &ly->q_proj, &ly->k_proj, &ly->v_proj, &ly->o_proj, &ly->qkvz, &ly->ba,
+                            &ly->in_qkv, &ly->in_z, &ly->in_b, &ly->in_a, &ly->conv,
+                            &ly->out_proj};
+    /* the matrices of the other mixer, and one of the two GDN projection
+     * layouts, are empty (0 x 0) */
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) wadd(s, all[i], 1.0);
 }
 
 static double layer_bytes(const ls_model *m, long l)
 {
     const ls_model_layer *ly = &m->layers[l];
-    return dense_bytes(ly) + (double)m->cfg.n_experts * expert_bytes(ly);
+    wsum s = {0};
+    dense_bytes(&s, ly);
+    expert_bytes(&s, ly, (double)m->cfg.n_experts);
+    return wsum_total(&s);
 }
 
 /* Carried state of one sequence in layer l (device bytes): KV caches of cap
@@ -303,6 +355,7 @@ static ls_status bench_open(bench *b, long L, size_t arena, ls_error *err)
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.max_rows = b->T;
+    o.fp8_w8a8 = g_fp8 && !strcmp(g_fp8, "w8a8");
     ls_status st = ls_engine_create(b->m, tb, &o, b->slots, b->cap, &b->e, err);
     if (st == LS_OK) {
         b->tb = tb;
@@ -477,12 +530,52 @@ static void gdn_scan(const ls_model_config *c, timer *tm, int reps)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
 }
 
+/* The FP8 experts of one layer of the MoE micro-benchmark: e4m3 bytes from
+ * the device generator, block scales near 0.04/448 from the host (as
+ * ls_model_synthetic's), the shared expert gate vector bf16. All device
+ * buffers of the layer are listed in bufs[0..3] for freeing. */
+static void moe_f8_layer(long E, long D, long I, long Is, int wtype, ls_cuda_moe *mw, void *bufs[4])
+{
+    size_t n_el = (size_t)3 * E * I * D + (size_t)3 * Is * D;
+    long sr = LS_FP8_BLOCKS(I) * LS_FP8_BLOCKS(D), ss = LS_FP8_BLOCKS(Is) * LS_FP8_BLOCKS(D);
+    size_t n_sc = (size_t)3 * E * sr + (size_t)3 * ss;
+    uint8_t *w = dmalloc(n_el);
+    CK(ls_cuda_fill_e4m3(w, n_el, g_fill_seed++, NULL, &g_err));
+    float *hs = hfill(n_sc, 0.04f / LS_FP8_E4M3_MAX, 0.01f / LS_FP8_E4M3_MAX, g_fill_seed++);
+    float *sc = dmalloc(n_sc * 4);
+    CU(cudaMemcpy(sc, hs, n_sc * 4, cudaMemcpyHostToDevice));
+    free(hs);
+    /* gate, up, down pointers, then their scales' */
+    const void **h = malloc(sizeof(void *) * 6 * (size_t)E);
+    if (!h) exit(2);
+    for (long e = 0; e < 3 * E; e++) {
+        h[e] = w + (size_t)e * I * D;
+        h[3 * E + e] = sc + (size_t)e * sr;
+    }
+    void *tab = dmalloc(sizeof(void *) * 6 * (size_t)E);
+    CU(cudaMemcpy(tab, h, sizeof(void *) * 6 * (size_t)E, cudaMemcpyHostToDevice));
+    free(h);
+    const uint8_t *sh = w + (size_t)3 * E * I * D;
+    const float *shs = sc + (size_t)3 * E * sr;
+    void *gw = dfill((size_t)D * 2, 0.04f);
+    const void *const *t = (const void *const *)tab;
+    *mw = (ls_cuda_moe){.E = E, .D = D, .I = I, .Is = Is, .wtype = wtype, .gate = t, .up = t + E,
+                        .down = t + 2 * E, .gate_s = (const float *const *)(t + 3 * E),
+                        .up_s = (const float *const *)(t + 4 * E),
+                        .down_s = (const float *const *)(t + 5 * E), .sh_gate = sh,
+                        .sh_up = sh + (size_t)Is * D, .sh_down = sh + (size_t)2 * Is * D,
+                        .sh_wtype = wtype, .sh_gate_s = shs, .sh_up_s = shs + ss,
+                        .sh_down_s = shs + 2 * ss, .sh_gate_w = gw, .shg_wtype = 0};
+    bufs[0] = w, bufs[1] = sc, bufs[2] = tab, bufs[3] = gw;
+}
+
 /* Kernel micro-benchmark: the MoE experts of one layer alone at T tokens
  * under every plan: time, the bytes of the distinct experts routed to (+ the
  * shared expert) over the copy bandwidth, and whether the plan's output bits
  * equal plan 0's. Routing: token t takes experts (h(t) + 37 i) mod E, i < k
  * (distinct). NL layers of expert weights, the one used rotating with the
- * repeat so that its weights are not in L2. */
+ * repeat so that its weights are not in L2. With --fp8 the experts are FP8
+ * in that mode (1 byte per element + block scales). */
 static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long tmax, int reps)
 {
     enum { NL = 4 };
@@ -490,9 +583,17 @@ static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long 
     long Ts[] = {1, 4, 32, 256, 1024, 4096};
     ls_cuda_moe mw[NL];
     void *tabs[NL];
-    uint16_t *wts_dev[NL];
+    void *wts_dev[NL];
+    void *f8_bufs[NL][4];
+    int f8 = g_fp8 != NULL;
+    /* bytes of one expert (gate, up, down) as the kernels read them */
+    double ebytes = (double)3 * I * D * 2;
+    if (f8) ebytes = (double)3 * I * D + 3.0 * 4 * (double)LS_FP8_BLOCKS(I) * (double)LS_FP8_BLOCKS(D);
     size_t per = (size_t)3 * E * I * D + (size_t)3 * Is * D + (size_t)D;
-    for (int l = 0; l < NL; l++) {
+    for (int l = 0; l < NL && f8; l++)
+        moe_f8_layer(E, D, I, Is, strcmp(g_fp8, "w8a8") ? LS_WTYPE_F8_DEQUANT : LS_WTYPE_F8_W8A8,
+                     &mw[l], f8_bufs[l]);
+    for (int l = 0; l < NL && !f8; l++) {
         uint16_t *w = dfill(per * 2, 0.04f);
         const void **h = malloc(sizeof(void *) * 3 * (size_t)E);
         if (!h) exit(2);
@@ -519,8 +620,9 @@ static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long 
     unsigned char *used = malloc((size_t)E);
     if (!ref || !got || !ids || !used) exit(2);
     int np = ls_cuda_moe_plan_count();
-    printf("moe experts alone, one layer, by kernel plan (time; bytes of the distinct experts / copy "
-           "bandwidth; bits vs plan 0):\n");
+    printf("moe experts alone, one layer, %s experts, by kernel plan (time; bytes of the distinct "
+           "experts / copy bandwidth; bits vs plan 0):\n", f8 ? (strcmp(g_fp8, "w8a8") ? "FP8 dequant"
+           : "FP8 w8a8") : "bf16");
     float t[MAX_REPS];
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0] && Ts[ti] <= tcap; ti++) {
         long T = Ts[ti];
@@ -535,7 +637,7 @@ static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long 
         int distinct = 0;
         for (long e = 0; e < E; e++) distinct += used[e];
         CU(cudaMemcpy(ids_dev, ids, sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice));
-        double roof = (double)(distinct + 1) * 3 * I * D * 2 / bw * 1e3;
+        double roof = (double)(distinct + 1) * ebytes / bw * 1e3;
         for (int p = 0; p < np; p++) {
             for (int r = 0; r < 1 + reps; r++) {
                 tstart(tm);
@@ -559,6 +661,10 @@ static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long 
     void *bufs[] = {x, wts, out, ids_dev, scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
     for (int l = 0; l < NL; l++) {
+        if (f8) {
+            for (int i = 0; i < 4; i++) CU(cudaFree(f8_bufs[l][i]));
+            continue;
+        }
         CU(cudaFree(tabs[l]));
         CU(cudaFree(wts_dev[l]));
     }
@@ -627,8 +733,9 @@ static void fill_batch(bench *b, long prefill)
 
 /* Bytes a decode step of B sequences at context ctx must read: every dense
  * weight, the distinct experts the batch routes to (per layer, from a census
- * step), the lm_head, B embedding rows, states read and written, KV rows read. */
-static double decode_bytes(bench *b, long s0, int B)
+ * step), the lm_head (*w); B embedding rows, states read and written, KV
+ * rows read (*other). */
+static void decode_bytes(bench *b, long s0, int B, wsum *w, double *other)
 {
     const ls_model_config *c = &b->m->cfg;
     long ctx = ls_engine_slot_len(b->e, s0);
@@ -645,13 +752,16 @@ static double decode_bytes(bench *b, long s0, int B)
                 c->n_layers);
         exit(2);
     }
-    double bytes = wbytes(&b->m->lm_head) + (double)B * c->hidden * 2;
+    memset(w, 0, sizeof *w);
+    wadd(w, &b->m->lm_head, 1.0);
+    double o = (double)B * c->hidden * (double)ls_wtype_bytes(b->m->embed.wtype);
     for (long l = 0; l < c->n_layers; l++) {
         const ls_model_layer *ly = &b->m->layers[l];
-        bytes += dense_bytes(ly) + distinct[l] * expert_bytes(ly);
-        bytes += ly->attention ? (double)B * state_bytes(c, l, ctx + 1) : 2.0 * B * state_bytes(c, l, 0);
+        dense_bytes(w, ly);
+        expert_bytes(w, ly, (double)distinct[l]);
+        o += ly->attention ? (double)B * state_bytes(c, l, ctx + 1) : 2.0 * B * state_bytes(c, l, 0);
     }
-    return bytes;
+    *other = o;
 }
 
 typedef struct decode_arg {
@@ -672,7 +782,10 @@ static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
 {
     printf("decode batch %d: context %ld, one ls_engine_step per token\n", B, ls_engine_slot_len(b->e, s0));
     float ms = decode_median(b, s0, B, 0, 2, reps);
-    double bytes = decode_bytes(b, s0, B), roof = bytes / bw * 1e3;
+    wsum w;
+    double other;
+    decode_bytes(b, s0, B, &w, &other);
+    double bytes = wsum_total(&w) + other, roof = bytes / bw * 1e3;
     double parts[PART_COUNT];
     decode_arg da = {s0, B, 0};
     instrumented(b, reps, decode_once, &da, parts);
@@ -689,6 +802,17 @@ static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
            parts[PART_REST], parts[PART_DIGEST], parts[PART_IDLE], sum);
     printf("decode batch %d: %.3f ms/step; must read %.2f GB -> roofline %.3f ms; step / roofline = %.2f; "
            "%.1f tokens/s\n", B, ms, bytes / 1e9, roof, ms / roof, B / (ms * 1e-3));
+    if (g_fp8) {
+        /* FP8 halves the bytes of the quantised matrices only: the bf16
+         * matrices (embed rows, lm_head, routers, GDN b/a, conv, shared
+         * expert gate), the scales and the carried state stay */
+        double b16 = w.as_bf16 + other, roof16 = b16 / bw * 1e3;
+        printf("decode batch %d bytes (FP8 %s): e4m3 weights %.3f GB + block scales %.1f MB + bf16 "
+               "weights %.3f GB + state, KV and embedding rows %.3f GB = %.2f GB; the same step "
+               "(same routing) in bf16 reads %.2f GB -> roofline %.3f ms; FP8 roofline = %.3f x "
+               "bf16's; step / bf16 roofline = %.2f\n", B, g_fp8, w.e4m3 / 1e9, w.scales / 1e6, w.wide / 1e9, other / 1e9,
+               bytes / 1e9, b16 / 1e9, roof16, roof / roof16, ms / roof16);
+    }
     float sm = decode_median(b, s0, B, 1, 0, reps);
     printf("digest per decode step, batch %2d: default set %.3f ms = %.3f x the step (the digest op in "
            "the instrumented step); with carried-state digests at the step (as state_digest_every 1): "
@@ -710,11 +834,16 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--prefill")) prefill = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--preset")) g_preset = argv[i + 1];
+        else if (!strcmp(argv[i], "--fp8")) g_fp8 = argv[i + 1];
         else {
-            fprintf(stderr, "usage: bench_gpu [--preset NAME] [--layers N] [--prefill T] [--reps N] "
-                            "[--breakdown] [--moe-plans]\n");
+            fprintf(stderr, "usage: bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--layers N] "
+                            "[--prefill T] [--reps N] [--breakdown] [--moe-plans]\n");
             return 2;
         }
+    }
+    if (g_fp8 && strcmp(g_fp8, "dequant") && strcmp(g_fp8, "w8a8")) {
+        fprintf(stderr, "bench_gpu: --fp8 '%s': expected dequant or w8a8\n", g_fp8);
+        return 2;
     }
     if (reps < 1 || reps > MAX_REPS || prefill < 1 || prefill > 65536 || L_arg < 0) {
         fprintf(stderr, "bench_gpu: --reps 1..%d, --prefill 1..65536, --layers >= 1\n", MAX_REPS);
@@ -773,7 +902,14 @@ int main(int argc, char **argv)
         n_att += b.m->cfg.is_attention[l];
         weights += layer_bytes(b.m, l);
     }
-    printf("model: %s config (synth preset), %ld of its %ld layers\n", g_preset, L, full_cfg.n_layers);
+    if (g_fp8)
+        printf("model: %s config (synth preset), FP8 release layout (%ld e4m3 matrices with 128 x 128 "
+               "block scales, the rest bf16), --fp8 %s (%s), %ld of its %ld layers\n", g_preset,
+               b.m->n_fp8, g_fp8, strcmp(g_fp8, "w8a8") ? "weights dequantised to fp32"
+               : "e4m3 weights against per-token-group e4m3 activations", L, full_cfg.n_layers);
+    else
+        printf("model: %s config (synth preset), bf16 weights, %ld of its %ld layers\n", g_preset, L,
+               full_cfg.n_layers);
     printf("device: %s, %d SMs, %.1f GiB; layers %ld (%ld attention), weights %.1f GiB generated on device\n",
            prop.name, prop.multiProcessorCount, total_b / 1073741824.0, L, n_att, weights / 1073741824.0);
     printf("engine: ls_engine_step on the %s backend (synthetic weights), max_rows %ld, %ld slots of %ld "

@@ -15,10 +15,13 @@
  * runs each of the 64 sequences alone, the CUDA single-sequence runs must
  * equal those records, and every cell is compared with them as well.
  *
- *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...]
+ *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...] [--fp8 dequant|w8a8]
  *
  * --quick: prompts 8 and 64 only. --prompts: only these prompt lengths (of
- * 8, 64, 256, 1024) and no mixed cell, to run part of the matrix on its own. */
+ * 8, 64, 256, 1024) and no mixed cell, to run part of the matrix on its own.
+ * --fp8 (an FP8 checkpoint only): the FP8 mode of every engine, CUDA and CPU
+ * alike (engine opts fp8_w8a8); an FP8 checkpoint runs dequant without it,
+ * as lockstep run does. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +40,7 @@
 
 static FILE *g_md;
 static int g_fail, g_cells;
+static int g_w8a8;         /* --fp8 w8a8: every engine, CUDA and CPU */
 
 static double now_s(void)
 {
@@ -211,6 +215,7 @@ static ls_engine *make_engine(const ls_model *m, const char *backend, long max_s
     ls_engine_opts_default(&o);
     o.max_rows = rows;
     o.state_digest_every = 16;
+    o.fp8_w8a8 = g_w8a8;
     ls_engine *e = NULL;
     TRY(ls_run_engine_open(m, backend, threads, &o, max_seqs, max_len, &e, E_));
     return e;
@@ -218,44 +223,60 @@ static ls_engine *make_engine(const ls_model *m, const char *backend, long max_s
 
 int main(int argc, char **argv)
 {
-    const char *usage = "usage: gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...]\n";
-    if (argc < 3 || argc > 5) {
+    const char *usage = "usage: gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...] "
+                        "[--fp8 dequant|w8a8]\n";
+    if (argc < 3) {
         fputs(usage, stderr);
         return 2;
     }
-    int quick = 0, want[4] = {1, 1, 1, 1}, mixed_on = 1;
+    int quick = 0, prompts = 0, want[4] = {1, 1, 1, 1}, mixed_on = 1;
+    const char *fp8 = NULL;
     long Ps[4] = {8, 64, 256, 1024}, Ns[4] = {1, 4, 16, 64};
-    if (argc == 4 && strcmp(argv[3], "--quick") == 0) {
-        quick = 1;
-        want[2] = want[3] = 0;
-    } else if (argc == 5 && strcmp(argv[3], "--prompts") == 0) {
-        mixed_on = 0;
-        for (int i = 0; i < 4; i++) want[i] = 0;
-        char *list = argv[4], *end;
-        for (;;) {
-            long v = strtol(list, &end, 10);
-            int hit = 0;
-            for (int i = 0; i < 4; i++)
-                if (end != list && Ps[i] == v) want[i] = hit = 1;
-            if (!hit) {
-                fprintf(stderr, "gpu_matrix: --prompts: '%s' is not a list of 8, 64, 256, 1024\n", argv[4]);
+    for (int a = 3; a < argc; a++) {
+        if (strcmp(argv[a], "--quick") == 0 && !quick && !prompts) {
+            quick = 1;
+            want[2] = want[3] = 0;
+        } else if (strcmp(argv[a], "--prompts") == 0 && a + 1 < argc && !quick && !prompts) {
+            prompts = 1;
+            mixed_on = 0;
+            for (int i = 0; i < 4; i++) want[i] = 0;
+            char *arg = argv[++a], *list = arg, *end;
+            for (;;) {
+                long v = strtol(list, &end, 10);
+                int hit = 0;
+                for (int i = 0; i < 4; i++)
+                    if (end != list && Ps[i] == v) want[i] = hit = 1;
+                if (!hit || (*end != '\0' && *end != ',')) {
+                    fprintf(stderr, "gpu_matrix: --prompts: '%s' is not a list of 8, 64, 256, 1024\n", arg);
+                    return 2;
+                }
+                if (*end == '\0') break;
+                list = end + 1;
+            }
+        } else if (strcmp(argv[a], "--fp8") == 0 && a + 1 < argc && !fp8) {
+            fp8 = argv[++a];
+            if (strcmp(fp8, "dequant") != 0 && strcmp(fp8, "w8a8") != 0) {
+                fprintf(stderr, "gpu_matrix: --fp8 '%s': expected dequant or w8a8\n", fp8);
                 return 2;
             }
-            if (*end == '\0') break;
-            if (*end != ',') {
-                fprintf(stderr, "gpu_matrix: --prompts: '%s' is not a list of 8, 64, 256, 1024\n", argv[4]);
-                return 2;
-            }
-            list = end + 1;
+            g_w8a8 = strcmp(fp8, "w8a8") == 0;
+        } else {
+            fputs(usage, stderr);
+            return 2;
         }
-    } else if (argc > 3) {
-        fputs(usage, stderr);
-        return 2;
     }
     ls_checkpoint *ck = NULL;
     ls_model *m = NULL;
     TRY(ls_checkpoint_open(argv[1], &ck, E_));
     TRY(ls_model_open(ck, &m, E_));
+    if (fp8 && !m->cfg.fp8) {
+        fprintf(stderr, "gpu_matrix: --fp8 applies to FP8 checkpoints only: %s/config.json has no "
+                "quantization_config\n", argv[1]);
+        return 2;
+    }
+    if (m->cfg.fp8)
+        printf("gpu_matrix: FP8 checkpoint (%ld e4m3 matrices), every engine in %s mode\n", m->n_fp8,
+               g_w8a8 ? "w8a8" : "dequant");
     long V = m->cfg.vocab;
     g_md = fopen(argv[2], "w");
     if (!g_md) { perror(argv[2]); return 2; }

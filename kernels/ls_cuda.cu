@@ -7,6 +7,7 @@
 
 #include "cuda_check.cuh"
 #include "ls_cuda.h"
+#include "numerics/fp8.h"
 #include "numerics/reduce.h"
 
 extern "C" int ls_cuda_device_count(void)
@@ -206,6 +207,29 @@ extern "C" ls_status ls_cuda_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t
     ls_fill_uniform_bf16_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0,
                                   (cudaStream_t)stream>>>(dst, n, seed, scale);
     LS_CUDA_CHECK_LAUNCH("ls_fill_uniform_bf16_kernel", err);
+    return LS_OK;
+}
+
+/* Byte i: e4m3(448 u_i), u_i the value ls_fill_uniform_bf16_kernel draws
+ * for element i (ls_cuda.h). */
+__global__ void ls_fill_e4m3_kernel(uint8_t *dst, size_t n, uint64_t seed)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t r = ls_fill_mix64(seed + (i + 1) * 0x9E3779B97F4A7C15ull);
+        float u = (float)((int64_t)(r >> 40) - ((int64_t)1 << 23)) * (1.0f / 8388608.0f);
+        dst[i] = ls_f32_to_e4m3(LS_FP8_E4M3_MAX * u);
+    }
+}
+
+extern "C" ls_status ls_cuda_fill_e4m3(uint8_t *dst, size_t n, uint64_t seed, void *stream,
+                                       ls_error *err)
+{
+    if (n == 0) return LS_OK;
+    size_t blocks = (n + 255) / 256;
+    ls_fill_e4m3_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0,
+                          (cudaStream_t)stream>>>(dst, n, seed);
+    LS_CUDA_CHECK_LAUNCH("ls_fill_e4m3_kernel", err);
     return LS_OK;
 }
 

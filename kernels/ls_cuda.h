@@ -79,6 +79,14 @@ ls_status ls_cuda_copy_blocks(float *dst, const float *src, long rows, long grou
  * generated value, so a buffer of either dtype holds values of that spread. */
 ls_status ls_cuda_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t seed, float scale,
                                     void *stream, ls_error *err);
+/* Synthetic FP8 weights: n e4m3fn bytes, byte i = ls_f32_to_e4m3(448 u),
+ * u the value ls_cuda_fill_uniform_bf16 draws for element i with the same
+ * seed (448 u is one fp32 product, rounded to nearest even). The bytes span
+ * the whole e4m3 range as those of a block-quantised release do (each block
+ * scaled so its largest element maps to ±448); u >= -1 and finite, so every
+ * byte is finite: never 0x7F or 0xFF (the e4m3fn NaNs); u = -1 gives 0xFE
+ * (-448). The values a matrix stands for come with its block scales. */
+ls_status ls_cuda_fill_e4m3(uint8_t *dst, size_t n, uint64_t seed, void *stream, ls_error *err);
 /* Free device memory on the current device in bytes (0 on failure). */
 size_t ls_cuda_mem_free_bytes(void);
 /* Free and total memory of the current device in bytes (cudaMemGetInfo:

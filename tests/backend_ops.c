@@ -1514,14 +1514,16 @@ static int run_target(bo_case *c, const ls_bo_target *tg, int expect_unsupported
     c->fallback = 0;
     if (c->nw) {
         ls_buf *wb = NULL;
-        st = be->wrap_weights(be, c->wblob, c->wbytes, &wb, &err);
+        /* one buffer of host bytes for every matrix of the case (copied as
+         * they are: the type matters only to a backend generating weights) */
+        st = be->wrap_weights(be, c->wblob, c->wbytes, c->wd[0].wt, &wb, &err);
         for (int i = 0; st == LS_OK && i < c->nw; i++) {
             c->bw[i] = (ls_bweight){wb, c->wd[i].off, c->wd[i].wt, c->wd[i].rows, c->wd[i].cols, NULL};
             if (c->wd[i].scale) /* an FP8 matrix's block scales: a buffer of their own */
                 st = be->wrap_weights(be, c->wd[i].scale,
                                       sizeof(float) * (size_t)(LS_FP8_BLOCKS(c->wd[i].rows) *
                                                                LS_FP8_BLOCKS(c->wd[i].cols)),
-                                      &c->bw[i].scale, &err);
+                                      LS_WTYPE_F32, &c->bw[i].scale, &err);
         }
     }
     for (int i = 0; st == LS_OK && i < c->nt; i++) {

@@ -511,7 +511,7 @@ START_TEST(test_backend_threads)
         ls_error err;
         ck_assert_int_eq(ls_backend_cpu_create(th ? 3 : 1, &be, &err), LS_OK);
         ls_buf *wbuf, *xb, *yb;
-        ck_assert_int_eq(be->wrap_weights(be, wb, sizeof(uint16_t) * (size_t)(out * in), &wbuf, &err), LS_OK);
+        ck_assert_int_eq(be->wrap_weights(be, wb, sizeof(uint16_t) * (size_t)(out * in), LS_WTYPE_BF16, &wbuf, &err), LS_OK);
         ck_assert_int_eq(be->alloc(be, sizeof(float) * (size_t)(T * in), &xb, &err), LS_OK);
         ck_assert_int_eq(be->alloc(be, sizeof(float) * (size_t)(T * out), &yb, &err), LS_OK);
         ls_bweight w = {wbuf, 0, LS_WTYPE_BF16, out, in, NULL};

@@ -98,13 +98,15 @@ struct ls_backend {
     /* Zero-filled buffer of `bytes`. */
     ls_status (*alloc)(ls_backend *be, size_t bytes, ls_buf **out, ls_error *err);
     /* Weights: a buffer holding `bytes` from host memory that stays valid for
-     * the backend's lifetime (the checkpoint mmap). The CPU borrows it; CUDA
-     * copies it to the device. host == NULL (a synthetic model's matrix,
-     * model.h): a backend created to generate weights fills the buffer itself
-     * (CUDA with synthetic_weights_seed, backend_cuda.h); every other refuses
-     * with LS_E_UNSUPPORTED. */
-    ls_status (*wrap_weights)(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
-                              ls_error *err);
+     * the backend's lifetime (the checkpoint mmap), whose elements are of
+     * type wtype (an FP8 matrix's e4m3 bytes: LS_WTYPE_F8_DEQUANT or _W8A8;
+     * its block scales: LS_WTYPE_F32). The CPU borrows it; CUDA copies it to
+     * the device. host == NULL (a synthetic model's matrix, model.h): a
+     * backend created to generate weights fills the buffer itself with
+     * values of that type (CUDA with synthetic_weights_seed: bf16 or e4m3,
+     * backend_cuda.h); every other refuses with LS_E_UNSUPPORTED. */
+    ls_status (*wrap_weights)(ls_backend *be, const void *host, size_t bytes, ls_wtype wtype,
+                              ls_buf **out, ls_error *err);
     ls_status (*upload)(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err);
     ls_status (*download)(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err);
     /* Sets n elements (4 bytes each) to zero. */

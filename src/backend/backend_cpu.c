@@ -88,9 +88,10 @@ static ls_status cpu_alloc(ls_backend *be, size_t bytes, ls_buf **out, ls_error 
     return LS_OK;
 }
 
-static ls_status cpu_wrap(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
-                          ls_error *err)
+static ls_status cpu_wrap(ls_backend *be, const void *host, size_t bytes, ls_wtype wtype,
+                          ls_buf **out, ls_error *err)
 {
+    (void)wtype; /* the ops read the element type from ls_bweight */
     if (!host)
         return ls_fail(err, LS_E_UNSUPPORTED, "cpu backend: a weight matrix of %zu bytes has no "
                        "data (a synthetic model, ls_model_synthetic): the CPU reference computes "

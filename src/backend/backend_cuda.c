@@ -123,8 +123,8 @@ static ls_status cu_alloc(ls_backend *be, size_t bytes, ls_buf **out, ls_error *
     return LS_OK;
 }
 
-static ls_status cu_wrap_weights(ls_backend *be, const void *host, size_t bytes, ls_buf **out,
-                                 ls_error *err)
+static ls_status cu_wrap_weights(ls_backend *be, const void *host, size_t bytes, ls_wtype wtype,
+                                 ls_buf **out, ls_error *err)
 {
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
@@ -132,11 +132,18 @@ static ls_status cu_wrap_weights(ls_backend *be, const void *host, size_t bytes,
         return ls_fail(err, LS_E_UNSUPPORTED, "cuda backend: a weight matrix of %zu bytes has no "
                        "data (a synthetic model) and this backend was not created to generate "
                        "weights (ls_backend_cuda_opts.synthetic_weights_seed = 0)", bytes);
+    if (!host && wtype != LS_WTYPE_BF16 && !ls_wtype_is_f8(wtype))
+        return ls_fail(err, LS_E_UNSUPPORTED, "cuda backend: a weight matrix of %zu bytes has no "
+                       "data and weight type %d; synthetic weights are generated as bf16 or e4m3 "
+                       "(an FP8 matrix's block scales come from the host)", bytes, (int)wtype);
     LS_TRY(cu_alloc(be, bytes, out, err));
     if (host) return ls_cuda_upload((*out)->ptr, host, bytes, err);
     /* Each matrix its own stream of the generator: the seed mixed with the
-     * matrix's number (an odd multiplier keeps the seeds distinct). */
+     * matrix's number (an odd multiplier keeps the seeds distinct). Only
+     * generated matrices advance the number, so a bf16 model's values do
+     * not depend on whether FP8 scales were uploaded in between. */
     uint64_t seed = im->synth_seed ^ (++im->synth_calls * 0xD1B54A32D192ED03ull);
+    if (ls_wtype_is_f8(wtype)) return ls_cuda_fill_e4m3((*out)->ptr, bytes, seed, NULL, err);
     return ls_cuda_fill_uniform_bf16((*out)->ptr, bytes / 2, seed, im->synth_scale, NULL, err);
 }
 

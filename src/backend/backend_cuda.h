@@ -17,9 +17,12 @@ typedef struct ls_backend_cuda_opts {
                                         memory */
     uint64_t synthetic_weights_seed; /* 0: wrap_weights needs host data (refuses NULL);
                                         else wrap_weights with host == NULL fills the buffer
-                                        on the device (ls_cuda_fill_uniform_bf16, seed derived
-                                        from this one and the call's number) */
-    float synthetic_weights_scale;   /* synthetic values uniform in [-scale, scale) */
+                                        on the device from seed ^ (k · 0xD1B54A32D192ED03),
+                                        the k-th matrix generated (k = 1, 2, ...): bf16
+                                        ls_cuda_fill_uniform_bf16, FP8 ls_cuda_fill_e4m3
+                                        (e4m3 bytes over the whole range; the values they
+                                        stand for come with the model's block scales) */
+    float synthetic_weights_scale;   /* synthetic bf16 values uniform in [-scale, scale) */
 } ls_backend_cuda_opts;
 
 /* device 0, arena_bytes 0, no synthetic weights, scale 0.04 (about 1.8 / sqrt(2048):

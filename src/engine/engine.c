@@ -28,7 +28,7 @@ void ls_engine_opts_default(ls_engine_opts *o)
 static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
 {
     size_t bytes = (size_t)m->rows * (size_t)m->cols * (size_t)ls_wtype_bytes(m->wtype);
-    LS_TRY(e->be->wrap_weights(e->be, m->data, bytes, &out->buf, err));
+    LS_TRY(e->be->wrap_weights(e->be, m->data, bytes, m->wtype, &out->buf, err));
     out->off_bytes = 0;
     out->wtype = m->wtype;
     out->rows = m->rows;
@@ -37,7 +37,7 @@ static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error 
     if (ls_wtype_is_f8(m->wtype)) {
         /* the model binds FP8 matrices dequantised; w8a8 is the engine's choice */
         size_t sb = sizeof(float) * (size_t)LS_FP8_BLOCKS(m->rows) * (size_t)LS_FP8_BLOCKS(m->cols);
-        LS_TRY(e->be->wrap_weights(e->be, m->scale, sb, &out->scale, err));
+        LS_TRY(e->be->wrap_weights(e->be, m->scale, sb, LS_WTYPE_F32, &out->scale, err));
         out->wtype = e->o.fp8_w8a8 ? LS_WTYPE_F8_W8A8 : LS_WTYPE_F8_DEQUANT;
     }
     return LS_OK;

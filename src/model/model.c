@@ -483,9 +483,9 @@ static ls_status check_config(const ls_model_config *c, ls_error *err)
     if (c->arch == LS_MODEL_QWEN3_5_MOE && c->norm_topk_prob != 1)
         return ls_fail(err, LS_E_UNSUPPORTED, "%s: norm_topk_prob = %d (the qwen3_5_moe router "
                        "always renormalises)", label, c->norm_topk_prob);
-    if (c->fp8)
-        return ls_fail(err, LS_E_UNSUPPORTED, "%s: fp8 = %d (a synthetic model has bf16 matrices "
-                       "without data; FP8 weights come from a checkpoint)", label, c->fp8);
+    if (c->fp8 != 0 && c->fp8 != 1)
+        return ls_fail(err, LS_E_USAGE, "%s: fp8 = %d (0 bf16 matrices, 1 FP8 block-quantised "
+                       "where the FP8 releases quantise)", label, c->fp8);
     if (c->vision_tokens_given & ~3)
         return ls_fail(err, LS_E_USAGE, "%s: vision_tokens_given = %d (bits 0 and 1)", label,
                        c->vision_tokens_given);
@@ -608,6 +608,24 @@ static ls_status find(binder *b, const char *name, int ndim, const int64_t *shap
     return LS_OK;
 }
 
+/* A new array of n block scales, owned by the model (m->fp8_scales). */
+static ls_status new_scales(binder *b, long n, float **out, ls_error *err)
+{
+    *out = NULL;
+    if (b->m->n_fp8 == b->fp8_cap) {
+        long cap = b->fp8_cap ? 2 * b->fp8_cap : 64;
+        float **p = realloc(b->m->fp8_scales, sizeof(float *) * (size_t)cap);
+        if (!p) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
+        b->m->fp8_scales = p;
+        b->fp8_cap = cap;
+    }
+    float *v = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    if (!v) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    b->m->fp8_scales[b->m->n_fp8++] = v;
+    *out = v;
+    return LS_OK;
+}
+
 /* An F8_E4M3 matrix `name` [rows, cols] of an FP8 checkpoint: its module
  * must not be listed as not converted, and `<module>.weight_scale_inv` must
  * be F32 [ceil(rows/128), ceil(cols/128)] with finite values (copied into
@@ -646,16 +664,8 @@ static ls_status bind_f8(binder *b, const char *name, long rows, long cols, ls_w
                        "%ld] (blocks of 128 x 128 over '%s' [%ld, %ld])", sname, got, sr, sc,
                        name, rows, cols);
     }
-    if (b->m->n_fp8 == b->fp8_cap) {
-        long cap = b->fp8_cap ? 2 * b->fp8_cap : 64;
-        float **p = realloc(b->m->fp8_scales, sizeof(float *) * (size_t)cap);
-        if (!p) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
-        b->m->fp8_scales = p;
-        b->fp8_cap = cap;
-    }
-    float *v = malloc(sizeof(float) * (size_t)(sr * sc));
-    if (!v) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
-    b->m->fp8_scales[b->m->n_fp8++] = v;
+    float *v;
+    LS_TRY(new_scales(b, sr * sc, &v, err));
     memcpy(v, st->data, sizeof(float) * (size_t)(sr * sc));
     for (long i = 0; i < sr * sc; i++)
         if (!isfinite(v[i]))
@@ -675,22 +685,54 @@ static ls_wmat no_data(long rows, long cols)
     return m;
 }
 
+/* The block scales of a synthetic FP8 matrix: the same block scale for
+ * block j of the model's k-th FP8 matrix (in binding order) from the same
+ * seed, s = fp32(0.04 / 448) · (1 + u / 4), u uniform in [-1, 1) from
+ * mix64(key + (j + 1) golden gamma), key = mix64(seed ^ mix64(2^63 | k)) (a
+ * stream of its own: the small parameters are those of the bf16 model of
+ * the same seed). The backend's e4m3 bytes span ±448 (ls_cuda_fill_e4m3),
+ * so W = q · s spans about ±0.04, ±0.05 at most: the spread of the bf16
+ * synthetic weights (ls_backend_cuda_opts.synthetic_weights_scale 0.04),
+ * with scales that differ between blocks as a release's do. */
+#define SYNTH_F8_SCALE (0.04f / LS_FP8_E4M3_MAX)
+
+static ls_status synth_f8(binder *b, long rows, long cols, ls_wmat *m, ls_error *err)
+{
+    long n = LS_FP8_BLOCKS(rows) * LS_FP8_BLOCKS(cols);
+    uint64_t key = mix64(b->seed ^ mix64(((uint64_t)1 << 63) | (uint64_t)b->m->n_fp8));
+    float *v;
+    LS_TRY(new_scales(b, n, &v, err));
+    for (long j = 0; j < n; j++) {
+        uint64_t r = mix64(key + (uint64_t)(j + 1) * 0x9E3779B97F4A7C15ull);
+        float u = (float)((int64_t)(r >> 40) - ((int64_t)1 << 23)) * (1.0f / 8388608.0f);
+        v[j] = SYNTH_F8_SCALE * (1.0f + 0.25f * u);
+    }
+    *m = (ls_wmat){NULL, LS_WTYPE_F8_DEQUANT, rows, cols, v};
+    return LS_OK;
+}
+
 /* Which matrices an FP8 checkpoint may store as F8_E4M3: those that reach
- * the linear op or the experts (mat's f8 argument). */
-enum { PLAIN = 0, F8_OK = 1 };
+ * the linear op or the experts (mat's f8 argument). F8_RELEASE: those the
+ * FP8 releases do store so (every one not in their modules_to_not_convert:
+ * what synth --fp8 quantises), and so a synthetic FP8 model makes FP8;
+ * F8_OK: the rest that may be, which the releases keep bf16 (lm_head, the
+ * small GDN b/a projections). */
+enum { PLAIN = 0, F8_OK = 1, F8_RELEASE = 2 };
 
 /* Matrix `name` [rows, cols]; stored [rows, 1, cols] when mid1 (conv1d).
- * f8 = F8_OK: an FP8 checkpoint may store it as F8_E4M3 with block scales. */
+ * f8 = F8_OK or F8_RELEASE: an FP8 checkpoint may store it as F8_E4M3 with
+ * block scales. */
 static ls_status mat(binder *b, const char *name, long rows, long cols, int mid1, int f8,
                      ls_wmat *m, ls_error *err)
 {
     if (!b->ck) {
+        if (b->m->cfg.fp8 && f8 == F8_RELEASE) return synth_f8(b, rows, cols, m, err);
         *m = no_data(rows, cols);
         return LS_OK;
     }
     const ls_tensor *t;
     int64_t sh2[2] = {rows, cols}, sh3[3] = {rows, 1, cols};
-    LS_TRY(find(b, name, mid1 ? 3 : 2, mid1 ? sh3 : sh2, f8 == F8_OK, &t, err));
+    LS_TRY(find(b, name, mid1 ? 3 : 2, mid1 ? sh3 : sh2, f8 != PLAIN, &t, err));
     m->data = t->data;
     m->wtype = t->dtype == LS_DTYPE_BF16 ? LS_WTYPE_BF16 : LS_WTYPE_F32;
     m->rows = rows;
@@ -730,6 +772,8 @@ static ls_status expert_view(binder *b, int layer, int e, ls_expert_proj p, long
                              ls_wmat *m, ls_error *err)
 {
     if (!b->ck) {
+        /* every expert of an FP8 release is FP8 */
+        if (b->m->cfg.fp8) return synth_f8(b, rows, cols, m, err);
         *m = no_data(rows, cols);
         return LS_OK;
     }
@@ -780,10 +824,14 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
     LS_TRY(vec(b, NAME("post_attention_layernorm.weight"), D, &ly->post_norm, err));
     if (ly->attention) {
         long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim;
-        LS_TRY(mat(b, NAME("self_attn.q_proj.weight"), Hq * 2 * d, D, 0, F8_OK, &ly->q_proj, err));
-        LS_TRY(mat(b, NAME("self_attn.k_proj.weight"), Hkv * d, D, 0, F8_OK, &ly->k_proj, err));
-        LS_TRY(mat(b, NAME("self_attn.v_proj.weight"), Hkv * d, D, 0, F8_OK, &ly->v_proj, err));
-        LS_TRY(mat(b, NAME("self_attn.o_proj.weight"), D, Hq * d, 0, F8_OK, &ly->o_proj, err));
+        LS_TRY(mat(b, NAME("self_attn.q_proj.weight"), Hq * 2 * d, D, 0, F8_RELEASE, &ly->q_proj,
+                   err));
+        LS_TRY(mat(b, NAME("self_attn.k_proj.weight"), Hkv * d, D, 0, F8_RELEASE, &ly->k_proj,
+                   err));
+        LS_TRY(mat(b, NAME("self_attn.v_proj.weight"), Hkv * d, D, 0, F8_RELEASE, &ly->v_proj,
+                   err));
+        LS_TRY(mat(b, NAME("self_attn.o_proj.weight"), D, Hq * d, 0, F8_RELEASE, &ly->o_proj,
+                   err));
         LS_TRY(vec(b, NAME("self_attn.q_norm.weight"), d, &ly->q_norm, err));
         LS_TRY(vec(b, NAME("self_attn.k_norm.weight"), d, &ly->k_norm, err));
     } else {
@@ -791,14 +839,16 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
         long conv_dim = 2 * Hk * dk + Hv * dv;
         if (c->arch == LS_MODEL_QWEN3_5_MOE) {
             /* four projections in plain head order (docs/model.md §2.2) */
-            LS_TRY(mat(b, NAME("linear_attn.in_proj_qkv.weight"), conv_dim, D, 0, F8_OK, &ly->in_qkv, err));
-            LS_TRY(mat(b, NAME("linear_attn.in_proj_z.weight"), Hv * dv, D, 0, F8_OK, &ly->in_z, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_qkv.weight"), conv_dim, D, 0, F8_RELEASE,
+                       &ly->in_qkv, err));
+            LS_TRY(mat(b, NAME("linear_attn.in_proj_z.weight"), Hv * dv, D, 0, F8_RELEASE,
+                       &ly->in_z, err));
             LS_TRY(mat(b, NAME("linear_attn.in_proj_b.weight"), Hv, D, 0, F8_OK, &ly->in_b, err));
             LS_TRY(mat(b, NAME("linear_attn.in_proj_a.weight"), Hv, D, 0, F8_OK, &ly->in_a, err));
         } else {
             /* fused, interleaved per key head (docs/model.md §2.3) */
             LS_TRY(mat(b, NAME("linear_attn.in_proj_qkvz.weight"), 2 * Hk * dk + 2 * Hv * dv, D, 0,
-                       F8_OK, &ly->qkvz, err));
+                       F8_RELEASE, &ly->qkvz, err));
             LS_TRY(mat(b, NAME("linear_attn.in_proj_ba.weight"), 2 * Hv, D, 0, F8_OK, &ly->ba, err));
         }
         LS_TRY(mat(b, NAME("linear_attn.conv1d.weight"), conv_dim, c->conv_kernel, 1, PLAIN, &ly->conv,
@@ -809,7 +859,8 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
         LS_TRY(vec(b, NAME("linear_attn.A_log"), Hv, &ly->A_log, err));
         LS_TRY(vec(b, NAME("linear_attn.dt_bias"), Hv, &ly->dt_bias, err));
         LS_TRY(vec(b, NAME("linear_attn.norm.weight"), dv, &ly->gnorm, err));
-        LS_TRY(mat(b, NAME("linear_attn.out_proj.weight"), D, Hv * dv, 0, F8_OK, &ly->out_proj, err));
+        LS_TRY(mat(b, NAME("linear_attn.out_proj.weight"), D, Hv * dv, 0, F8_RELEASE,
+                   &ly->out_proj, err));
     }
     long E = c->n_experts, I = c->moe_inter, Is = c->shared_inter;
     LS_TRY(mat(b, NAME("mlp.gate.weight"), E, D, 0, PLAIN, &ly->router, err));
@@ -822,9 +873,12 @@ static ls_status bind_layer(binder *b, const ls_model_config *c, int l, ls_model
         LS_TRY(expert_view(b, l, e, LS_EXPERT_UP, I, D, &ly->exp_up[e], err));
         LS_TRY(expert_view(b, l, e, LS_EXPERT_DOWN, D, I, &ly->exp_down[e], err));
     }
-    LS_TRY(mat(b, NAME("mlp.shared_expert.gate_proj.weight"), Is, D, 0, F8_OK, &ly->sh_gate, err));
-    LS_TRY(mat(b, NAME("mlp.shared_expert.up_proj.weight"), Is, D, 0, F8_OK, &ly->sh_up, err));
-    LS_TRY(mat(b, NAME("mlp.shared_expert.down_proj.weight"), D, Is, 0, F8_OK, &ly->sh_down, err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert.gate_proj.weight"), Is, D, 0, F8_RELEASE, &ly->sh_gate,
+               err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert.up_proj.weight"), Is, D, 0, F8_RELEASE, &ly->sh_up,
+               err));
+    LS_TRY(mat(b, NAME("mlp.shared_expert.down_proj.weight"), D, Is, 0, F8_RELEASE, &ly->sh_down,
+               err));
     LS_TRY(mat(b, NAME("mlp.shared_expert_gate.weight"), 1, D, 0, PLAIN, &ly->sh_gate_w, err));
 #undef NAME
     return LS_OK;

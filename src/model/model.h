@@ -19,8 +19,9 @@
  *
  * ls_model_synthetic builds the same model from a config alone, for
  * benchmarks at shapes whose weights are not on disk (Qwen3-Next-80B-A3B is
- * ~150 GB): every matrix has its shape and dtype (bf16) but no data, small
- * parameters are generated on the host. Only a backend that fills weights
+ * ~150 GB): every matrix has its shape and dtype (bf16; with cfg->fp8, FP8
+ * where the FP8 releases quantise) but no data, small parameters and FP8
+ * block scales are generated on the host. Only a backend that fills weights
  * itself can run it (ls_backend_cuda_opts.synthetic_weights_seed); the CPU
  * backend refuses matrices without data. */
 #ifndef LS_MODEL_MODEL_H
@@ -119,9 +120,18 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *cfg, l
 ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err);
 /* A model with config *cfg (checked like a parsed config.json: LS_E_UNSUPPORTED
  * or LS_E_USAGE naming the field) and no checkpoint: the tensors and shapes
- * ls_model_open binds, every matrix bf16 with data == NULL, the small
- * parameters (norm weights, A_log, dt_bias) bf16-exact values generated from
- * seed (the same seed, the same values). *out owned by the caller. */
+ * ls_model_open binds, every matrix with data == NULL, the small parameters
+ * (norm weights, A_log, dt_bias) bf16-exact values generated from seed (the
+ * same seed, the same values). Matrices are bf16, except with cfg->fp8 = 1
+ * those an FP8 release stores F8_E4M3 (what synth --fp8 quantises: attention
+ * q/k/v/o, the GDN qkvz or qkv and z projections and out_proj, every routed
+ * and shared expert projection): LS_WTYPE_F8_DEQUANT with block scales
+ * generated from seed on the host (owned by the model, fp8_scales), about
+ * 0.04 / 448 each so that W = q · s has the spread of the bf16 synthetic
+ * weights (model.c, synth_f8); embed, lm_head, the GDN b/a projections,
+ * conv1d, the router and the shared expert gate stay bf16 (as the releases
+ * keep them). The small parameters do not depend on cfg->fp8.
+ * *out owned by the caller. */
 ls_status ls_model_synthetic(const ls_model_config *cfg, uint64_t seed, ls_model **out,
                              ls_error *err);
 void ls_model_close(ls_model *m);

@@ -272,16 +272,18 @@ START_TEST(test_fail_closed)
     /* Conv with K = 9 taps (the kernels hold at most 8). */
     float wc[9] = {0};
     ls_buf *wb = NULL;
-    ck_assert_msg(be->wrap_weights(be, wc, sizeof wc, &wb, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(be->wrap_weights(be, wc, sizeof wc, LS_WTYPE_F32, &wb, &err) == LS_OK, "%s", err.msg);
     ls_bweight w9 = {wb, 0, LS_WTYPE_F32, 1, 9, NULL};
     ls_buf *cx = bo_buf(be, 1), *cs = bo_buf(be, 9), *cy = bo_buf(be, 1);
     ck_assert_int_eq(be->conv_silu(be, vw(cx), 1, &w9, vw(cs), vw(cy), 1, 1, 1, 9, 1,
                                    LS_ORDER_CANONICAL, &err), LS_E_UNSUPPORTED);
-    /* MoE experts of mixed dtypes: expert 0 bf16, expert 1 fp32. */
+    /* MoE experts of mixed dtypes: expert 0 bf16, expert 1 fp32 (one buffer
+     * of host bytes; its wtype says fp32, the widest) */
     long D = 32, I = 32;
     float *mw = calloc((size_t)(6 * I * D), sizeof(float));
     ls_buf *mb = NULL;
-    ck_assert_msg(be->wrap_weights(be, mw, sizeof(float) * (size_t)(6 * I * D), &mb, &err) == LS_OK,
+    ck_assert_msg(be->wrap_weights(be, mw, sizeof(float) * (size_t)(6 * I * D), LS_WTYPE_F32, &mb,
+                                   &err) == LS_OK,
                   "%s", err.msg);
     ls_bweight gate[2], up[2], down[2];
     for (int e = 0; e < 2; e++) {
