@@ -153,9 +153,9 @@ static int cmd_pin(int argc, char **argv)
     ls_error err;
     ls_error_clear(&err);
     json_t *m;
-    ls_gpu_info gpu;
+    ls_run_facts facts;
     if (ls_output_path_check(out, &err) != LS_OK || /* before hashing the checkpoint */
-        ls_run_manifest_facts(o.backend, &o, &gpu, &err) != LS_OK ||
+        ls_run_manifest_facts(o.backend, &o, &facts, &err) != LS_OK ||
         ls_manifest_build(&o, &m, &err) != LS_OK)
         return ls_cli_report(CMD, &err);
     ls_status st = ls_manifest_save(m, out, &err);
@@ -211,8 +211,8 @@ static int cmd_verify(int argc, char **argv)
     json_t *pinned;
     if (ls_manifest_load(pos[0], &pinned, &err) != LS_OK) return ls_cli_report(CMD, &err);
     ls_manifest_delta d;
-    ls_gpu_info gpu;
-    ls_status st = ls_run_manifest_facts(o.backend, &o, &gpu, &err);
+    ls_run_facts facts;
+    ls_status st = ls_run_manifest_facts(o.backend, &o, &facts, &err);
     if (st == LS_OK) st = ls_manifest_verify(pinned, &o, &d, &err);
     json_decref(pinned);
     if (st != LS_OK) return ls_cli_report(CMD, &err);

@@ -226,23 +226,55 @@ ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads
     return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
 }
 
-ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_gpu_info *gpu,
+/* Device memory of the backend that runs the probe: its buffers (well
+ * under a megabyte) and the MoE and digest scratch. */
+#define PROBE_ARENA_BYTES ((size_t)256 << 20)
+
+ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_run_facts *facts,
                                 ls_error *err)
 {
+    memset(facts, 0, sizeof *facts);
     size_t n = 0;
     const ls_provider *rows = ls_backend_list_providers(backend, &n);
     if (!rows)
         return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda", backend);
     int present = 0;
-    LS_TRY(ls_backend_cuda_query_gpu(0, gpu, &present, err));
+    LS_TRY(ls_backend_cuda_query_gpu(0, &facts->gpu, &present, err));
     mo->backend = backend;
     mo->providers = rows;
     mo->n_providers = n;
     if (mo->fp8 && strcmp(mo->fp8, "dequant") && strcmp(mo->fp8, "w8a8"))
         return ls_fail(err, LS_E_USAGE, "fp8 (--fp8) '%s': expected dequant or w8a8", mo->fp8);
-    mo->fp8_providers = ls_backend_list_fp8_providers(backend, mo->fp8 ? mo->fp8 : "dequant",
-                                                      &mo->n_fp8_providers);
-    mo->gpu = present ? gpu : NULL;
+    const char *fp8 = mo->fp8 ? mo->fp8 : "dequant";
+    mo->fp8_providers = ls_backend_list_fp8_providers(backend, fp8, &mo->n_fp8_providers);
+    mo->gpu = present ? &facts->gpu : NULL;
+
+    /* The probe: the perturbed operator runs reversed, as in the engine. */
+    ls_probe_opts po = {backend, fp8, NULL};
+    if (mo->perturbation) {
+        int layer;
+        ls_perturb_op op;
+        LS_TRY(ls_run_parse_perturb(mo->perturbation, &layer, &op, err));
+        po.perturb_op = ls_perturb_op_name(op);
+    }
+    ls_backend *be = NULL;
+    if (!strcmp(backend, "cuda")) {
+        ls_error inner;
+        ls_error_clear(&inner);
+        ls_status st = ls_backend_cuda_create(PROBE_ARENA_BYTES, &be, &inner);
+        if (st != LS_OK)
+            return ls_fail(err, st == LS_E_NOMEM ? st : LS_E_UNSUPPORTED,
+                           "backend (--backend) cuda is not available: %s", inner.msg);
+    } else {
+        LS_TRY(ls_backend_cpu_create(mo->threads > 0 ? mo->threads : 1, &be, err));
+    }
+    ls_status st = ls_probe_run(be, &po, &facts->probe, err);
+    be->destroy(be);
+    LS_TRY(st);
+    ls_log_verbose("reduction fingerprints: %zu operators probed on %s in %.1f ms",
+                   facts->probe.count, backend, facts->probe.seconds * 1e3);
+    mo->reduction_fingerprints = facts->probe.rows;
+    mo->n_reduction_fingerprints = facts->probe.count;
     return LS_OK;
 }
 
@@ -450,6 +482,21 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         if (ls_thread_start(&hasher, hash_main, &hj) == 0) hashing = 1;
         else hash_main(&hj);
     }
+    /* The manifest's facts first: the probe runs on a backend of its own,
+     * before the engine's takes the device memory it sizes its arena by.
+     * A perturbed run is a "fast" run with the perturbation recorded, so
+     * its digest can never equal a strict one. */
+    ls_run_facts facts;
+    ls_manifest_opts mo = ls_manifest_opts_default();
+    mo.checkpoint = ck;
+    mo.threads = s->threads;
+    mo.progress = s->progress;
+    if (s->perturb) {
+        mo.mode = "fast";
+        mo.perturbation = s->perturb;
+    }
+    mo.fp8 = fp8;
+    if (st == LS_OK) st = ls_run_manifest_facts(s->backend, &mo, &facts, err);
     if (st == LS_OK) st = ls_run_engine_open(m, s->backend, s->threads, &eo, b->n, max_len, &e, err);
     if (hashing) pthread_join(hasher, NULL);
     if (st == LS_OK && !s->fingerprint && hj.st != LS_OK) {
@@ -458,22 +505,10 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     }
     const ls_fingerprint *fp = s->fingerprint ? s->fingerprint : &hj.fp;
     if (st == LS_OK) st = check_expected_root(s, fp, err);
-    /* Pin the manifest in process; a perturbed run is a "fast" run with the
-     * perturbation recorded, so its digest can never equal a strict one. */
-    ls_gpu_info gpu;
+    /* Pin the manifest in process. */
     if (st == LS_OK) {
-        ls_manifest_opts mo = ls_manifest_opts_default();
-        mo.checkpoint = ck;
-        mo.threads = s->threads;
-        mo.progress = s->progress;
         mo.fingerprint = fp;
-        if (s->perturb) {
-            mo.mode = "fast";
-            mo.perturbation = s->perturb;
-        }
-        mo.fp8 = fp8;
-        st = ls_run_manifest_facts(s->backend, &mo, &gpu, err);
-        if (st == LS_OK) st = ls_manifest_build(&mo, &man, err);
+        st = ls_manifest_build(&mo, &man, err);
     }
     ls_digest md;
     if (st == LS_OK) st = ls_manifest_digest(man, &md, err);

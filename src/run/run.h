@@ -25,6 +25,7 @@
 #include "engine/sample.h"
 #include "fingerprint/fingerprint.h"
 #include "manifest/manifest.h"
+#include "probe/probe.h"
 #include "run/drive.h"
 #include "run/load.h"
 
@@ -106,11 +107,22 @@ ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads
                              const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
                              ls_error *err);
 
+/* Storage for what ls_run_manifest_facts hands a manifest; must outlive
+ * the ls_manifest_opts it fills. */
+typedef struct ls_run_facts {
+    ls_gpu_info gpu;               /* the device, when a GPU is present */
+    ls_probe_table probe;          /* reduction fingerprints of the backend's rows */
+} ls_run_facts;
+
 /* What a manifest is told about `backend`: its provider rows (and the FP8
- * rows of mo->fp8, default dequant, recorded for an FP8 checkpoint) and,
- * when a GPU is present, the device (written to *gpu, which must outlive
- * *mo). */
-ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_gpu_info *gpu,
+ * rows of mo->fp8, default dequant, recorded for an FP8 checkpoint), when a
+ * GPU is present the device, and the reduction fingerprint of every row
+ * (src/probe/probe.h), probed on a backend of its own (the CPU with
+ * mo->threads workers, at least 1; CUDA device 0 with a small arena) with
+ * mo->perturbation's operator reversed. LS_E_USAGE for an unknown backend,
+ * FP8 mode or perturbation; the backend's error when it cannot be created
+ * or cannot run a probe. */
+ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_run_facts *facts,
                                 ls_error *err);
 
 typedef struct ls_run_result {
