@@ -249,13 +249,16 @@ ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_ru
     mo->fp8_providers = ls_backend_list_fp8_providers(backend, fp8, &mo->n_fp8_providers);
     mo->gpu = present ? &facts->gpu : NULL;
 
-    /* The probe: the perturbed operator runs reversed, as in the engine. */
+    /* The probe: the perturbed operator runs reversed, as in the engine. A
+     * manifest records any perturbation spec as given; one that is not the
+     * engine's layer=L,op=OP reverses no operator the probe can run. */
     ls_probe_opts po = {backend, fp8, NULL};
     if (mo->perturbation) {
         int layer;
         ls_perturb_op op;
-        LS_TRY(ls_run_parse_perturb(mo->perturbation, &layer, &op, err));
-        po.perturb_op = ls_perturb_op_name(op);
+        ls_error ignored;
+        if (ls_run_parse_perturb(mo->perturbation, &layer, &op, &ignored) == LS_OK)
+            po.perturb_op = ls_perturb_op_name(op);
     }
     ls_backend *be = NULL;
     if (!strcmp(backend, "cuda")) {

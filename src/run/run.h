@@ -118,10 +118,11 @@ typedef struct ls_run_facts {
  * rows of mo->fp8, default dequant, recorded for an FP8 checkpoint), when a
  * GPU is present the device, and the reduction fingerprint of every row
  * (src/probe/probe.h), probed on a backend of its own (the CPU with
- * mo->threads workers, at least 1; CUDA device 0 with a small arena) with
- * mo->perturbation's operator reversed. LS_E_USAGE for an unknown backend,
- * FP8 mode or perturbation; the backend's error when it cannot be created
- * or cannot run a probe. */
+ * mo->threads workers, at least 1; CUDA device 0 with a small arena), with
+ * the operator of mo->perturbation reversed (a spec that is not the
+ * engine's layer=L,op=OP is recorded as given and reverses none).
+ * LS_E_USAGE for an unknown backend or FP8 mode; the backend's error when it
+ * cannot be created or cannot run a probe. */
 ls_status ls_run_manifest_facts(const char *backend, ls_manifest_opts *mo, ls_run_facts *facts,
                                 ls_error *err);
 
