@@ -408,6 +408,16 @@ typedef struct moe_w {
     ls_bmoe m;
 } moe_w;
 
+/* A MoE weight set that lives until the probe returns: the CUDA backend
+ * keys its device tables by the address of the gate array (stable for a
+ * model's lifetime), so no two probe calls may share one. */
+static moe_w *moe_new(pctx *c)
+{
+    moe_w *w = keep(c, sizeof *w);
+    if (w) memset(w, 0, sizeof *w);
+    return w;
+}
+
 /* Routed experts of ill-conditioned values ([I, D], [I, D], [D, I]), and a
  * shared expert of width Is when Is > 0. */
 static ls_status moe_ill(pctx *c, long E, long D, long I, long Is, ls_wtype wt, moe_w *w)
@@ -447,12 +457,13 @@ static ls_status moe_call(pctx *c, const moe_w *w, long T, long k, const int32_t
  * grouped CUDA path, T*k > E), then two (per pair). */
 static ls_status experts_of(pctx *c, int act, ls_order ord, long D, long I, ls_wtype wt)
 {
-    moe_w w;
-    LS_TRY(moe_ill(c, 4, D, I, 0, wt, &w));
+    moe_w *w = moe_new(c);
+    if (!w) return c->err->status;
+    LS_TRY(moe_ill(c, 4, D, I, 0, wt, w));
     int32_t ids[6] = {0, 1, 2, 3, 1, 0}, ids2[2] = {3, 1};
     float one[6] = {1, 1, 1, 1, 1, 1};
-    LS_TRY(moe_call(c, &w, 6, 1, ids, one, act, ord, LS_ORDER_CANONICAL));
-    return moe_call(c, &w, 2, 1, ids2, one, act, ord, LS_ORDER_CANONICAL);
+    LS_TRY(moe_call(c, w, 6, 1, ids, one, act, ord, LS_ORDER_CANONICAL));
+    return moe_call(c, w, 2, 1, ids2, one, act, ord, LS_ORDER_CANONICAL);
 }
 
 static ls_status p_experts(pctx *c, int act, ls_order ord)
@@ -469,11 +480,12 @@ static ls_status p_experts_fp8(pctx *c, int act, ls_order ord)
  * the gated shared expert (plus an exact zero). */
 static ls_status p_shared_expert(pctx *c, int act, ls_order ord)
 {
-    moe_w w;
-    LS_TRY(moe_ill(c, 2, 72, 40, 48, LS_WTYPE_BF16, &w));
+    moe_w *w = moe_new(c);
+    if (!w) return c->err->status;
+    LS_TRY(moe_ill(c, 2, 72, 40, 48, LS_WTYPE_BF16, w));
     int32_t ids[6] = {0, 1, 0, 1, 1, 0};
     float zero[6] = {0, 0, 0, 0, 0, 0};
-    return moe_call(c, &w, 6, 1, ids, zero, act, ord, LS_ORDER_CANONICAL);
+    return moe_call(c, w, 6, 1, ids, zero, act, ord, LS_ORDER_CANONICAL);
 }
 
 /* The combine alone: one-hot expert matrices make every expert output exact
@@ -483,22 +495,23 @@ static ls_status p_shared_expert(pctx *c, int act, ls_order ord)
 static ls_status p_combine(pctx *c, int act, ls_order ord)
 {
     long E = 4, D = 72, I = 40, k = 4, T = 3;
-    moe_w w;
+    moe_w *w = moe_new(c);
+    if (!w) return c->err->status;
     for (long e = 0; e < E; e++) {
-        LS_TRY(wonehot(c, I, D, 7, 3 * e, 1.0f, LS_WTYPE_BF16, &w.g[e]));
-        LS_TRY(wonehot(c, I, D, 5, e + 1, 1.0f, LS_WTYPE_BF16, &w.u[e]));
-        LS_TRY(wonehot(c, D, I, 1, e, (float)(1 << (4 * e)) * 0x1p-6f, LS_WTYPE_BF16, &w.d[e]));
+        LS_TRY(wonehot(c, I, D, 7, 3 * e, 1.0f, LS_WTYPE_BF16, &w->g[e]));
+        LS_TRY(wonehot(c, I, D, 5, e + 1, 1.0f, LS_WTYPE_BF16, &w->u[e]));
+        LS_TRY(wonehot(c, D, I, 1, e, (float)(1 << (4 * e)) * 0x1p-6f, LS_WTYPE_BF16, &w->d[e]));
     }
-    LS_TRY(wonehot(c, I, D, 3, 2, 1.0f, LS_WTYPE_BF16, &w.sg));
-    LS_TRY(wonehot(c, I, D, 11, 1, 1.0f, LS_WTYPE_BF16, &w.su));
-    LS_TRY(wonehot(c, D, I, 1, 5, 8.0f, LS_WTYPE_BF16, &w.sd));
-    LS_TRY(wonehot(c, 1, D, 1, 3, 1.0f, LS_WTYPE_BF16, &w.sgw));
-    w.m = (ls_bmoe){E, D, I, I, w.g, w.u, w.d, &w.sg, &w.su, &w.sd, &w.sgw};
+    LS_TRY(wonehot(c, I, D, 3, 2, 1.0f, LS_WTYPE_BF16, &w->sg));
+    LS_TRY(wonehot(c, I, D, 11, 1, 1.0f, LS_WTYPE_BF16, &w->su));
+    LS_TRY(wonehot(c, D, I, 1, 5, 8.0f, LS_WTYPE_BF16, &w->sd));
+    LS_TRY(wonehot(c, 1, D, 1, 3, 1.0f, LS_WTYPE_BF16, &w->sgw));
+    w->m = (ls_bmoe){E, D, I, I, w->g, w->u, w->d, &w->sg, &w->su, &w->sd, &w->sgw};
     int32_t ids[12] = {0, 1, 2, 3, 3, 2, 1, 0, 2, 0, 3, 1};
     float wts[12] = {0.875f, 0.0009765625f, 0.5f, 0.0000305f, 0.6f,  0.3f,
                      0.07f,  0.03f,         0.25f, 0.25f,     0.25f, 0.25f};
     for (int i = 0; i < 12; i++) wts[i] = ls_act(wts[i], act);
-    return moe_call(c, &w, T, k, ids, wts, act, LS_ORDER_CANONICAL, ord);
+    return moe_call(c, w, T, k, ids, wts, act, LS_ORDER_CANONICAL, ord);
 }
 
 /* ---- logprobs and digests ------------------------------------------------------------- */
