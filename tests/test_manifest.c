@@ -416,9 +416,22 @@ START_TEST(test_perturbation_and_mode_void)
     ck_assert_ptr_nonnull(strstr(out, "tpu"));
     free(out);
     /* the CUDA backend registers its portable strict providers */
-    ck_assert_int_eq(ls_test_cli(&out, "manifest pin --checkpoint %s --backend cuda -o -", d), 0);
-    ck_assert_ptr_nonnull(strstr(out, "cuda-portable"));
-    ck_assert_ptr_nonnull(strstr(out, "ls_gdn_recurrent_kernel"));
+    size_t nc = 0;
+    const ls_provider *cr = ls_backend_list_providers("cuda", &nc);
+    ck_assert_ptr_nonnull(cr);
+    ck_assert_ptr_nonnull(ls_backend_find_provider("cuda", "gdn_recurrent"));
+    ck_assert_str_eq(ls_backend_find_provider("cuda", "gdn_recurrent")->kernel_id,
+                     "ls_gdn_recurrent_kernel");
+    /* pinning them probes the GPU (reduction fingerprints): where there is
+     * none, the pin fails closed naming the backend instead of pinning names */
+    int rc = ls_test_cli(&out, "manifest pin --checkpoint %s --backend cuda -o -", d);
+    if (rc == 0) {
+        ck_assert_ptr_nonnull(strstr(out, "cuda-portable"));
+        ck_assert_ptr_nonnull(strstr(out, "reduction_fingerprint"));
+    } else {
+        ck_assert_int_eq(rc, 2);
+        ck_assert_msg(strstr(out, "cuda is not available"), "%s", out);
+    }
     free(out);
     /* --gpu chooses a CUDA device: refused with the cpu backend (given at
      * all, even 0), and a device the machine lacks is named with those it has */

@@ -270,7 +270,7 @@ START_TEST(test_gpu_option)
     ck_assert_msg(strstr(err.msg, "gpu (--gpu) 2 applies to the cuda backend only") && !be, "%s",
                   err.msg);
     ls_manifest_opts mo = ls_manifest_opts_default();
-    ls_gpu_info info;
+    ls_run_facts info;
     ck_assert_int_eq(ls_run_manifest_facts("cpu", 1, &mo, &info, &err), LS_E_USAGE);
     ck_assert_msg(strstr(err.msg, "applies to the cuda backend only"), "%s", err.msg);
     ls_status st = ls_run_manifest_facts("cuda", 4096, &mo, &info, &err);

@@ -99,8 +99,8 @@ int ls_cmd_demo(int argc, char **argv)
     if (st == LS_OK) {
         ls_manifest_opts mo = ls_manifest_opts_default();
         mo.checkpoint_dir = ck;
-        ls_gpu_info info;
-        st = ls_run_manifest_facts(backend, gpu, &mo, &info, &err);
+        ls_run_facts facts;
+        st = ls_run_manifest_facts(backend, gpu, &mo, &facts, &err);
         if (st == LS_OK) st = ls_manifest_build(&mo, &man, &err);
     }
     if (st == LS_OK) st = ls_manifest_save(man, man_path, &err);

@@ -22,17 +22,21 @@ static const char help[] =
     "pin     records what a determinism claim depends on: the checkpoint (config\n"
     "        digest, SHA-256 of every tensor, Merkle root, dtype/shape table), the\n"
     "        architecture read from config.json, numerics (mode, tier, perturbation,\n"
-    "        the provider of every operator), topology, build and runtime (OS, CPU,\n"
-    "        host, GPU when present: CUDA device --gpu N, default 0, which must\n"
-    "        exist). -o - writes to stdout. A perturbation needs --mode fast (given\n"
-    "        --perturb alone, the mode becomes fast).\n"
+    "        the provider of every operator and its reduction fingerprint: the\n"
+    "        SHA-256 of its outputs on a fixed ill-conditioned probe, run on the\n"
+    "        backend), topology, build and runtime (OS, CPU, host, GPU when\n"
+    "        present: CUDA device --gpu N, default 0, which must exist). -o -\n"
+    "        writes to stdout. A perturbation needs --mode fast (given --perturb\n"
+    "        alone, the mode becomes fast).\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
     "        classifies it as voiding (the claim no longer holds: checkpoint,\n"
     "        architecture, providers, library versions, GPU kind, topology, mode,\n"
-    "        perturbation, build revision/flags) or informational (host name, time,\n"
-    "        paths, ...). The rule table is in manifest/README.md.\n"
+    "        perturbation, reduction fingerprints, build revision/flags) or\n"
+    "        informational (host name, time, paths, the binary digest when both\n"
+    "        carry fingerprints, ...). The rule table is in manifest/README.md.\n"
     "verify  re-pins the live system and checkpoint with the given options and\n"
-    "        fails closed on any voiding difference, naming the first one.\n"
+    "        fails closed on any voiding difference, naming the first one and\n"
+    "        every operator whose reduction fingerprint (re-probed here) differs.\n"
     "digest  prints the SHA-256 of the manifest's canonical JSON (what traces embed).\n"
     "\n"
     "Under 'lockstep --quiet' only -o - and --json print; the exit code is the verdict.\n"
@@ -163,9 +167,9 @@ static int cmd_pin(int argc, char **argv)
     ls_error err;
     ls_error_clear(&err);
     json_t *m;
-    ls_gpu_info info;
+    ls_run_facts facts;
     if (ls_output_path_check(out, &err) != LS_OK || /* before hashing the checkpoint */
-        ls_run_manifest_facts(o.backend, gpu, &o, &info, &err) != LS_OK ||
+        ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err) != LS_OK ||
         ls_manifest_build(&o, &m, &err) != LS_OK)
         return ls_cli_report(CMD, &err);
     ls_status st = ls_manifest_save(m, out, &err);
@@ -221,8 +225,8 @@ static int cmd_verify(int argc, char **argv)
     json_t *pinned;
     if (ls_manifest_load(pos[0], &pinned, &err) != LS_OK) return ls_cli_report(CMD, &err);
     ls_manifest_delta d;
-    ls_gpu_info info;
-    ls_status st = ls_run_manifest_facts(o.backend, gpu, &o, &info, &err);
+    ls_run_facts facts;
+    ls_status st = ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err);
     if (st == LS_OK) st = ls_manifest_verify(pinned, &o, &d, &err);
     json_decref(pinned);
     if (st != LS_OK) return ls_cli_report(CMD, &err);
@@ -237,6 +241,17 @@ static int cmd_verify(int argc, char **argv)
                        d.changes[i].old_value, d.changes[i].new_value);
                 break;
             }
+        /* every operator whose arithmetic differs on the probe, by name */
+        for (size_t i = 0; i < d.count; i++) {
+            const char *p = d.changes[i].path, *suf = ".reduction_fingerprint";
+            size_t n = strlen(p), ns = strlen(suf), np = strlen("numerics.operators.");
+            if (d.changes[i].cls != LS_CHANGE_VOIDING || n <= np + ns ||
+                strncmp(p, "numerics.operators.", np) || strcmp(p + n - ns, suf))
+                continue;
+            printf("verify: operator %.*s: reduction fingerprint differs (its arithmetic on the "
+                   "probe changed): pinned %s, live %s\n", (int)(n - np - ns), p + np,
+                   d.changes[i].old_value, d.changes[i].new_value);
+        }
         if (ls_log_level >= 2) print_diff_text(&d, stdout);
         printf("%zu voiding difference%s (of %zu); the pinned claim does not hold here\n",
                d.voiding, d.voiding == 1 ? "" : "s", d.count);

@@ -37,4 +37,13 @@ typedef struct ls_gpu_info {
     int nccl_version;            /* ncclGetVersion code; 0 if not linked */
 } ls_gpu_info;
 
+/* The reduction fingerprint of one operator row: the SHA-256 (64 lowercase
+ * hex digits) of the output bits the backend produced for that operator on
+ * its fixed probe inputs (src/probe/probe.h). The probe fills it; the run
+ * layer hands the table to the manifest beside the provider rows. */
+typedef struct ls_op_fingerprint {
+    const char *op;                 /* operator name as in the provider row (static) */
+    char sha256[65];                /* hex, NUL-terminated */
+} ls_op_fingerprint;
+
 #endif

@@ -151,6 +151,15 @@ static ls_status fp8_section(const ls_manifest_opts *o, const json_t *qc, json_t
     return LS_OK;
 }
 
+/* The probe's fingerprint of operator `op`, or NULL. */
+static const char *reduction_fingerprint_of(const ls_manifest_opts *o, const char *op)
+{
+    for (size_t i = 0; o->reduction_fingerprints && i < o->n_reduction_fingerprints; i++)
+        if (o->reduction_fingerprints[i].op && !strcmp(o->reduction_fingerprints[i].op, op))
+            return o->reduction_fingerprints[i].sha256;
+    return NULL;
+}
+
 static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, json_t **out,
                                   ls_error *err)
 {
@@ -183,13 +192,21 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
         if (have && strcmp(p->mode, o->mode) != 0) continue;
         if (!have && strcmp(p->mode, o->mode) != 0 && strcmp(p->mode, "strict") != 0) continue;
         if (strcmp(p->tier, "tensor-core") == 0) tensor_core = 1;
-        json_object_set_new(ops, p->op,
-                            json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "provider",
-                                      p->provider, "kernel_id", p->kernel_id, "tile_shape",
-                                      p->tile_shape, "split_policy", p->split_policy,
-                                      "accumulator_dtype", p->accumulator_dtype,
-                                      "reduction_order", p->reduction_order, "tier", p->tier,
-                                      "mode", p->mode));
+        json_t *row = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "provider",
+                                p->provider, "kernel_id", p->kernel_id, "tile_shape",
+                                p->tile_shape, "split_policy", p->split_policy,
+                                "accumulator_dtype", p->accumulator_dtype, "reduction_order",
+                                p->reduction_order, "tier", p->tier, "mode", p->mode);
+        const char *fp = reduction_fingerprint_of(o, p->op);
+        if (row && fp && json_object_set_new(row, "reduction_fingerprint", json_string(fp)) != 0) {
+            json_decref(row);
+            row = NULL;
+        }
+        if (!row || json_object_set_new(ops, p->op, row) != 0) {
+            json_decref(ops);
+            json_decref(fp8);
+            return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+        }
     }
     *out = json_pack("{s:s, s:s, s:s, s:o, s:o}", "backend", o->backend, "mode", o->mode, "tier",
                      tensor_core ? "tensor-core" : "portable", "perturbation",
@@ -537,6 +554,11 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
             if (!json_is_string(json_object_get(row, row_fields[i])))
                 VFAIL("%s: field numerics.operators.%s.%s: missing or not a string", label, op,
                       row_fields[i]);
+        /* optional: manifests pinned before reduction fingerprints lack it */
+        const json_t *rf = json_object_get(row, "reduction_fingerprint");
+        if (rf && !is_hex64(rf))
+            VFAIL("%s: field numerics.operators.%s.reduction_fingerprint: expected 64 hex digits",
+                  label, op);
     }
     LS_TRY(need_count(topo, "world_size", "topology", 1, label, err));
     LS_TRY(need_count(topo, "tp_degree", "topology", 1, label, err));
@@ -613,16 +635,76 @@ static int backend_is(const json_t *m, const char *name)
     return b && strcmp(b, name) == 0;
 }
 
+static const json_t *operators_of(const json_t *m)
+{
+    return json_object_get(json_object_get(m, "numerics"), "operators");
+}
+
+/* How many operator rows of m carry a reduction fingerprint. */
+static size_t fingerprinted_rows(const json_t *m)
+{
+    const char *op;
+    json_t *row;
+    size_t n = 0;
+    json_object_foreach((json_t *)operators_of(m), op, row)
+        n += json_object_get(row, "reduction_fingerprint") != NULL;
+    return n;
+}
+
+/* 1 when every row fingerprinted in a has a fingerprinted row of the same
+ * operator in b. */
+static int fingerprints_covered(const json_t *a, const json_t *b)
+{
+    const char *op;
+    json_t *row;
+    const json_t *ops_b = operators_of(b);
+    json_object_foreach((json_t *)operators_of(a), op, row)
+        if (json_object_get(row, "reduction_fingerprint") &&
+            !json_object_get(json_object_get(ops_b, op), "reduction_fingerprint"))
+            return 0;
+    return 1;
+}
+
+/* Both manifests pin the arithmetic of the same operators by fingerprint. */
+static int fingerprints_pin_arithmetic(const json_t *old_m, const json_t *new_m)
+{
+    return fingerprinted_rows(old_m) > 0 && fingerprinted_rows(new_m) > 0 &&
+           fingerprints_covered(old_m, new_m) && fingerprints_covered(new_m, old_m);
+}
+
+/* numerics.operators.OP.reduction_fingerprint (OP a plain key or ["..."]). */
+static int is_fingerprint_path(const char *path)
+{
+    static const char pre[] = "numerics.operators", suf[] = ".reduction_fingerprint";
+    size_t n = strlen(path), np = sizeof pre - 1, ns = sizeof suf - 1;
+    return n > np + ns && strncmp(path, pre, np) == 0 && (path[np] == '.' || path[np] == '[') &&
+           strcmp(path + n - ns, suf) == 0;
+}
+
 ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, const json_t *new_m)
 {
     for (size_t i = 0; informational_paths[i]; i++)
         if (path_under(path, informational_paths[i])) return LS_CHANGE_INFORMATIONAL;
-    /* The binary's digest changes with every rebuild of the same source; it
-     * voids only when the source revision does not identify the source. */
-    if (path_under(path, "build.binary_sha256"))
+    /* A reduction fingerprint that differs voids (the operator's arithmetic
+     * changed). One present on one side only is informational when the other
+     * side has none at all (a manifest pinned before fingerprints made no
+     * claim about them); beside other fingerprints, a missing one voids
+     * (fail closed: it cannot be dropped to hide a change). */
+    if (is_fingerprint_path(path))
+        return fingerprinted_rows(old_m) > 0 && fingerprinted_rows(new_m) > 0
+                   ? LS_CHANGE_VOIDING
+                   : LS_CHANGE_INFORMATIONAL;
+    /* The binary's digest changes with every rebuild of the same source.
+     * With reduction fingerprints of the same operators on both sides, the
+     * fingerprints decide whether the arithmetic changed, and the digest is
+     * informational. Without them (older manifests) it voids only when the
+     * source revision does not identify the source. */
+    if (path_under(path, "build.binary_sha256")) {
+        if (fingerprints_pin_arithmetic(old_m, new_m)) return LS_CHANGE_INFORMATIONAL;
         return revision_pins_source(old_m) && revision_pins_source(new_m)
                    ? LS_CHANGE_INFORMATIONAL
                    : LS_CHANGE_VOIDING;
+    }
     /* A GPU appearing, disappearing or changing does not touch a CPU claim. */
     if (path_under(path, "runtime.gpu") && backend_is(old_m, "cpu") && backend_is(new_m, "cpu"))
         return LS_CHANGE_INFORMATIONAL;

@@ -63,6 +63,12 @@ typedef struct ls_manifest_opts {
     const ls_provider *fp8_providers;    /* [n_fp8_providers] the backend's rows for that mode
                                             (borrowed), recorded for an FP8 checkpoint */
     size_t n_fp8_providers;
+    const ls_op_fingerprint *reduction_fingerprints; /* [n_reduction_fingerprints] the
+                                            backend's probe results (src/probe, borrowed):
+                                            each recorded operator row with an entry of its
+                                            op gets reduction_fingerprint; NULL: none (the
+                                            manifest then pins operators by name only) */
+    size_t n_reduction_fingerprints;
 } ls_manifest_opts;
 
 /* Defaults: backend "cpu", mode "strict", no perturbation, all threads,
@@ -127,7 +133,10 @@ ls_status ls_manifest_diff(const json_t *old_m, const json_t *new_m, ls_manifest
 void ls_manifest_diff_free(ls_manifest_delta *d);
 
 /* The class of a difference at `path`, given both manifests (some rules look
- * at context, e.g. the binary digest voids when the source revision is dirty). */
+ * at context: the binary digest is informational when both manifests carry
+ * reduction fingerprints for the same operators, or else when both source
+ * revisions are clean; a reduction fingerprint present on one side only is
+ * informational when the other side has none at all, an older manifest). */
 ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, const json_t *new_m);
 
 const char *ls_change_class_name(ls_change_class c); /* "informational" | "voiding" */

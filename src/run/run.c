@@ -247,9 +247,14 @@ ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads
     return ls_run_engine_open_gpu(m, backend, threads, 0, o, max_seqs, max_len, out, err);
 }
 
+/* Device memory of the backend that runs the probe: its buffers (well
+ * under a megabyte) and the MoE and digest scratch. */
+#define PROBE_ARENA_BYTES ((size_t)256 << 20)
+
 ls_status ls_run_manifest_facts(const char *backend, int gpu, ls_manifest_opts *mo,
-                                ls_gpu_info *info, ls_error *err)
+                                ls_run_facts *facts, ls_error *err)
 {
+    memset(facts, 0, sizeof *facts);
     size_t n = 0;
     const ls_provider *rows = ls_backend_list_providers(backend, &n);
     if (!rows)
@@ -261,15 +266,49 @@ ls_status ls_run_manifest_facts(const char *backend, int gpu, ls_manifest_opts *
      * before; another device is a choice, and must exist */
     if (gpu != 0) LS_TRY(ls_backend_cuda_check_device(gpu, err));
     int present = 0;
-    LS_TRY(ls_backend_cuda_query_gpu(gpu, info, &present, err));
+    LS_TRY(ls_backend_cuda_query_gpu(gpu, &facts->gpu, &present, err));
     mo->backend = backend;
     mo->providers = rows;
     mo->n_providers = n;
     if (mo->fp8 && strcmp(mo->fp8, "dequant") && strcmp(mo->fp8, "w8a8"))
         return ls_fail(err, LS_E_USAGE, "fp8 (--fp8) '%s': expected dequant or w8a8", mo->fp8);
-    mo->fp8_providers = ls_backend_list_fp8_providers(backend, mo->fp8 ? mo->fp8 : "dequant",
-                                                      &mo->n_fp8_providers);
-    mo->gpu = present ? info : NULL;
+    const char *fp8 = mo->fp8 ? mo->fp8 : "dequant";
+    mo->fp8_providers = ls_backend_list_fp8_providers(backend, fp8, &mo->n_fp8_providers);
+    mo->gpu = present ? &facts->gpu : NULL;
+
+    /* The probe: the perturbed operator runs reversed, as in the engine. A
+     * manifest records any perturbation spec as given; one that is not the
+     * engine's layer=L,op=OP reverses no operator the probe can run. */
+    ls_probe_opts po = {backend, fp8, NULL};
+    if (mo->perturbation) {
+        int layer;
+        ls_perturb_op op;
+        ls_error ignored;
+        if (ls_run_parse_perturb(mo->perturbation, &layer, &op, &ignored) == LS_OK)
+            po.perturb_op = ls_perturb_op_name(op);
+    }
+    ls_backend *be = NULL;
+    if (!strcmp(backend, "cuda")) {
+        ls_error inner;
+        ls_error_clear(&inner);
+        ls_backend_cuda_opts co;
+        ls_backend_cuda_opts_default(&co);
+        co.arena_bytes = PROBE_ARENA_BYTES;
+        co.device = gpu;
+        ls_status st = ls_backend_cuda_create_opts(&co, &be, &inner);
+        if (st != LS_OK)
+            return ls_fail(err, st == LS_E_NOMEM ? st : LS_E_UNSUPPORTED,
+                           "backend (--backend) cuda is not available: %s", inner.msg);
+    } else {
+        LS_TRY(ls_backend_cpu_create(mo->threads > 0 ? mo->threads : 1, &be, err));
+    }
+    ls_status st = ls_probe_run(be, &po, &facts->probe, err);
+    be->destroy(be);
+    LS_TRY(st);
+    ls_log_verbose("reduction fingerprints: %zu operators probed on %s in %.1f ms",
+                   facts->probe.count, backend, facts->probe.seconds * 1e3);
+    mo->reduction_fingerprints = facts->probe.rows;
+    mo->n_reduction_fingerprints = facts->probe.count;
     return LS_OK;
 }
 
@@ -477,6 +516,21 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         if (ls_thread_start(&hasher, hash_main, &hj) == 0) hashing = 1;
         else hash_main(&hj);
     }
+    /* The manifest's facts first: the probe runs on a backend of its own,
+     * before the engine's takes the device memory it sizes its arena by.
+     * A perturbed run is a "fast" run with the perturbation recorded, so
+     * its digest can never equal a strict one. */
+    ls_run_facts facts;
+    ls_manifest_opts mo = ls_manifest_opts_default();
+    mo.checkpoint = ck;
+    mo.threads = s->threads;
+    mo.progress = s->progress;
+    if (s->perturb) {
+        mo.mode = "fast";
+        mo.perturbation = s->perturb;
+    }
+    mo.fp8 = fp8;
+    if (st == LS_OK) st = ls_run_manifest_facts(s->backend, s->gpu, &mo, &facts, err);
     if (st == LS_OK)
         st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, &eo, b->n, max_len, &e, err);
     if (hashing) pthread_join(hasher, NULL);
@@ -486,22 +540,10 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     }
     const ls_fingerprint *fp = s->fingerprint ? s->fingerprint : &hj.fp;
     if (st == LS_OK) st = check_expected_root(s, fp, err);
-    /* Pin the manifest in process; a perturbed run is a "fast" run with the
-     * perturbation recorded, so its digest can never equal a strict one. */
-    ls_gpu_info gpu;
+    /* Pin the manifest in process. */
     if (st == LS_OK) {
-        ls_manifest_opts mo = ls_manifest_opts_default();
-        mo.checkpoint = ck;
-        mo.threads = s->threads;
-        mo.progress = s->progress;
         mo.fingerprint = fp;
-        if (s->perturb) {
-            mo.mode = "fast";
-            mo.perturbation = s->perturb;
-        }
-        mo.fp8 = fp8;
-        st = ls_run_manifest_facts(s->backend, s->gpu, &mo, &gpu, err);
-        if (st == LS_OK) st = ls_manifest_build(&mo, &man, err);
+        st = ls_manifest_build(&mo, &man, err);
     }
     ls_digest md;
     if (st == LS_OK) st = ls_manifest_digest(man, &md, err);

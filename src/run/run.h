@@ -25,6 +25,7 @@
 #include "engine/sample.h"
 #include "fingerprint/fingerprint.h"
 #include "manifest/manifest.h"
+#include "probe/probe.h"
 #include "run/drive.h"
 #include "run/load.h"
 
@@ -119,14 +120,27 @@ ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads
                              const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
                              ls_error *err);
 
+/* Storage for what ls_run_manifest_facts hands a manifest; must outlive
+ * the ls_manifest_opts it fills. */
+typedef struct ls_run_facts {
+    ls_gpu_info gpu;               /* the device, when a GPU is present */
+    ls_probe_table probe;          /* reduction fingerprints of the backend's rows */
+} ls_run_facts;
+
 /* What a manifest is told about `backend`: its provider rows (and the FP8
- * rows of mo->fp8, default dequant, recorded for an FP8 checkpoint) and the
- * GPU (written to *info, which must outlive *mo): CUDA device `gpu`, or
- * none (runtime.gpu null) where no device can be queried. A gpu other than
- * 0 must name a device of this machine (LS_E_USAGE otherwise, as
- * ls_run_backend_create) and is refused with the cpu backend. */
+ * rows of mo->fp8, default dequant, recorded for an FP8 checkpoint), the GPU
+ * (facts->gpu, which must outlive *mo): CUDA device `gpu`, or none
+ * (runtime.gpu null) where no device can be queried, and the reduction
+ * fingerprint of every row (src/probe/probe.h), probed on a backend of its
+ * own (the CPU with mo->threads workers, at least 1; CUDA device `gpu` with
+ * a small arena), with the operator of mo->perturbation reversed (a spec
+ * that is not the engine's layer=L,op=OP is recorded as given and reverses
+ * none). A gpu other than 0 must name a device of this machine (LS_E_USAGE
+ * otherwise, as ls_run_backend_create) and is refused with the cpu backend.
+ * LS_E_USAGE for an unknown backend or FP8 mode; the backend's error when it
+ * cannot be created or cannot run a probe. */
 ls_status ls_run_manifest_facts(const char *backend, int gpu, ls_manifest_opts *mo,
-                                ls_gpu_info *info, ls_error *err);
+                                ls_run_facts *facts, ls_error *err);
 
 typedef struct ls_run_result {
     char merkle_root[65];

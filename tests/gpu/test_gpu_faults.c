@@ -237,11 +237,13 @@ START_TEST(test_run_on_the_last_device)
     printf("  rollout on device %d equals the one on device 0\n", last);
     /* the manifest names the chosen device */
     ls_manifest_opts mo = ls_manifest_opts_default();
-    ls_gpu_info info, want;
-    ck_assert_msg(ls_run_manifest_facts("cuda", last, &mo, &info, &err) == LS_OK, "%s", err.msg);
+    ls_run_facts facts;
+    ls_gpu_info want;
+    ck_assert_msg(ls_run_manifest_facts("cuda", last, &mo, &facts, &err) == LS_OK, "%s", err.msg);
     ck_assert_msg(ls_cuda_query_device(last, &want, &err) == LS_OK, "%s", err.msg);
-    ck_assert_msg(mo.gpu == &info && info.device_index == last && !strcmp(info.uuid, want.uuid),
-                  "manifest gpu: device_index %d uuid %s, expected %d %s", info.device_index, info.uuid,
+    const ls_gpu_info *info = &facts.gpu;
+    ck_assert_msg(mo.gpu == info && info->device_index == last && !strcmp(info->uuid, want.uuid),
+                  "manifest gpu: device_index %d uuid %s, expected %d %s", info->device_index, info->uuid,
                   last, want.uuid);
     rc = ls_test_cli(&o, "manifest pin --checkpoint %s/ck --backend cuda --gpu %d -o -", g_dir, last);
     char key[64];
