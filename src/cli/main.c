@@ -7,6 +7,7 @@
 #include "cli/cli.h"
 #include "core/build_info.h"
 #include "core/util.h"
+#include "fingerprint/sha256.h"
 
 typedef struct ls_command {
     const char *name;
@@ -145,12 +146,13 @@ int main(int argc, char **argv)
     /* Temporary outputs are removed on SIGTERM/SIGINT/SIGHUP/SIGPIPE, and the
      * file size limit is a write error, not a silent death (core/util.h). */
     ls_signals_install();
+    ls_error err;
+    ls_error_clear(&err);
+    if (ls_sha256_prepare(&err) != LS_OK) return ls_cli_report(NULL, &err);
     int rc = dispatch(argc, argv);
     /* Whatever the command printed is output too: a failed write or flush of
      * stdout (full disk, /dev/full) ends with exit code 2, said once. A
      * command that already failed (2) has said why. */
-    ls_error err;
-    ls_error_clear(&err);
     if (ls_stdout_close(&err) != LS_OK && rc != 2) rc = ls_cli_report(NULL, &err);
     return rc;
 }

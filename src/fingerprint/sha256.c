@@ -57,6 +57,12 @@ static ls_status sha256_md(const EVP_MD **md, ls_error *err)
     return LS_OK;
 }
 
+ls_status ls_sha256_prepare(ls_error *err)
+{
+    const EVP_MD *md;
+    return sha256_md(&md, err);
+}
+
 ls_status ls_sha256_init(ls_sha256 *h, ls_error *err)
 {
     h->evp = NULL;

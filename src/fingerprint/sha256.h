@@ -18,6 +18,11 @@ typedef struct ls_sha256 {
     void *evp;           /* EVP_MD_CTX*, owned */
 } ls_sha256;
 
+/* Sets OpenSSL's SHA-256 up for the process (otherwise done by the first
+ * digest). A program calls it at start, while memory is plentiful: OpenSSL
+ * reports an allocation that fails inside that set-up as an "internal error"
+ * that cannot be told from a broken installation. */
+ls_status ls_sha256_prepare(ls_error *err);
 ls_status ls_sha256_init(ls_sha256 *h, ls_error *err);
 ls_status ls_sha256_update(ls_sha256 *h, const void *data, size_t len, ls_error *err);
 /* Writes the digest and frees the context (also on failure). */
