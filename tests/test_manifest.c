@@ -394,6 +394,13 @@ START_TEST(test_classification_rules)
     ck_assert_int_eq(ls_manifest_classify("runtime.host_names", clean, clean), LS_CHANGE_VOIDING);
     ck_assert_int_eq(ls_manifest_classify("topology.tp_degree", clean, clean), LS_CHANGE_VOIDING);
     ck_assert_int_eq(ls_manifest_classify("some.unknown.field", clean, clean), LS_CHANGE_VOIDING);
+    /* kernel code changed under an otherwise equal row: informational */
+    ck_assert_int_eq(ls_manifest_classify("numerics.operators.linear.code_sha256", cuda, cuda),
+                     LS_CHANGE_INFORMATIONAL);
+    ck_assert_int_eq(ls_manifest_classify("numerics.operators.linear.kernel_id", cuda, cuda),
+                     LS_CHANGE_VOIDING);
+    ck_assert_int_eq(ls_manifest_classify("numerics.code_sha256", cuda, cuda), LS_CHANGE_VOIDING);
+    ck_assert_int_eq(ls_manifest_classify("build.code_sha256", cuda, cuda), LS_CHANGE_VOIDING);
     json_decref(clean);
     json_decref(dirty);
     json_decref(cuda);

@@ -137,6 +137,30 @@ static void print_diff_text(const ls_manifest_delta *d, FILE *f)
     }
 }
 
+/* One warning naming every operator whose code_sha256 differs: the machine
+ * code behind it changed (compiler, flags or source) although the row's other
+ * fields did not. Informational (manifest/README.md), but worth a look. */
+static void warn_code_changes(const ls_manifest_delta *d)
+{
+    static const char pre[] = "numerics.operators", leaf[] = ".code_sha256";
+    char ops[1024] = "";
+    size_t n = 0, used = 0;
+    for (size_t i = 0; i < d->count; i++) {
+        const char *p = d->changes[i].path;
+        if (!ls_manifest_is_code_digest_path(p)) continue;
+        const char *op = p + sizeof pre - 1; /* ".linear", or ["a key"] when not plain */
+        if (*op == '.') op++;
+        size_t len = strlen(op) - (sizeof leaf - 1);
+        int w = snprintf(ops + used, sizeof ops - used, "%s%.*s", n ? ", " : "", (int)len, op);
+        if (w > 0 && (size_t)w < sizeof ops - used) used += (size_t)w;
+        n++;
+    }
+    if (n)
+        ls_log_warn("kernel code changed for %zu operator%s: %s (code_sha256 differs; "
+                    "informational: the claim rests on the other fields, see manifest/README.md)",
+                    n, n == 1 ? "" : "s", ops);
+}
+
 static void print_diff_json(const ls_manifest_delta *d, const char *verdict)
 {
     json_t *arr = json_array();
@@ -199,6 +223,7 @@ static int cmd_diff(int argc, char **argv)
     if (st != LS_OK) return ls_cli_report(CMD, &err);
     const char *verdict = d.voiding ? "voided" : d.count ? "holds (informational differences only)"
                                                          : "identical";
+    warn_code_changes(&d);
     if (as_json) { /* asked for by name: printed under --quiet too */
         print_diff_json(&d, d.voiding ? "voided" : d.count ? "informational" : "identical");
     } else if (!ls_log_quiet()) {
@@ -230,6 +255,7 @@ static int cmd_verify(int argc, char **argv)
     if (st == LS_OK) st = ls_manifest_verify(pinned, &o, &d, &err);
     json_decref(pinned);
     if (st != LS_OK) return ls_cli_report(CMD, &err);
+    warn_code_changes(&d);
     if (as_json) { /* asked for by name: printed under --quiet too */
         print_diff_json(&d, d.voiding ? "voided" : "holds");
     } else if (ls_log_quiet()) {

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "code/code.h"
 #include "core/build_info.h"
 #include "core/util.h"
 #include "fingerprint/fingerprint.h"
@@ -160,6 +161,25 @@ static const char *reduction_fingerprint_of(const ls_manifest_opts *o, const cha
     return NULL;
 }
 
+/* code_sha256 of a row: the machine code of the functions its kernel_id
+ * names, from this build's code table (code/code.h). A backend this build has
+ * no code for (CUDA rows told to a CPU-only build) records none; a row naming
+ * a function the table lacks is a registry bug and fails the pin. */
+static ls_status add_code_digest(json_t *row, const char *backend, const ls_provider *p,
+                                 ls_error *err)
+{
+    size_t n;
+    const ls_code_entry *t = ls_code_list(&n);
+    int have = 0;
+    for (size_t i = 0; i < n && !have; i++) have = !strcmp(t[i].backend, backend);
+    if (!have) return LS_OK;
+    char hex[65];
+    LS_TRY(ls_code_digest(backend, p->kernel_id, hex, err));
+    if (json_object_set_new(row, "code_sha256", json_string(hex)) != 0)
+        return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    return LS_OK;
+}
+
 static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, json_t **out,
                                   ls_error *err)
 {
@@ -202,10 +222,16 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
             json_decref(row);
             row = NULL;
         }
-        if (!row || json_object_set_new(ops, p->op, row) != 0) {
+        ls_status st = row ? add_code_digest(row, o->backend, p, err)
+                           : ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+        if (st == LS_OK && json_object_set_new(ops, p->op, row) != 0)
+            st = ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+        else if (st != LS_OK)
+            json_decref(row);
+        if (st != LS_OK) {
             json_decref(ops);
             json_decref(fp8);
-            return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+            return st;
         }
     }
     *out = json_pack("{s:s, s:s, s:s, s:o, s:o}", "backend", o->backend, "mode", o->mode, "tier",
@@ -559,6 +585,10 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
         if (rf && !is_hex64(rf))
             VFAIL("%s: field numerics.operators.%s.reduction_fingerprint: expected 64 hex digits",
                   label, op);
+        const json_t *code = json_object_get(row, "code_sha256"); /* optional */
+        if (code && !is_hex64(code))
+            VFAIL("%s: field numerics.operators.%s.code_sha256: expected 64 hex digits",
+                  label, op);
     }
     LS_TRY(need_count(topo, "world_size", "topology", 1, label, err));
     LS_TRY(need_count(topo, "tp_degree", "topology", 1, label, err));
@@ -681,6 +711,17 @@ static int is_fingerprint_path(const char *path)
            strcmp(path + n - ns, suf) == 0;
 }
 
+/* numerics.operators.<op>.code_sha256 */
+static int is_code_digest_path(const char *path)
+{
+    static const char pre[] = "numerics.operators", leaf[] = ".code_sha256";
+    size_t n = strlen(path), np = sizeof pre - 1, nl = sizeof leaf - 1;
+    return path_under(path, pre) && n > np + nl && strcmp(path + n - nl, leaf) == 0 &&
+           (path[np] == '.' || path[np] == '[');
+}
+
+int ls_manifest_is_code_digest_path(const char *path) { return is_code_digest_path(path); }
+
 ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, const json_t *new_m)
 {
     for (size_t i = 0; informational_paths[i]; i++)
@@ -705,6 +746,9 @@ ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, cons
                    ? LS_CHANGE_INFORMATIONAL
                    : LS_CHANGE_VOIDING;
     }
+    /* Kernel code changed (compiler, flags, source) while every other field of
+     * the row stayed: informational, with a warning (manifest/README.md). */
+    if (is_code_digest_path(path)) return LS_CHANGE_INFORMATIONAL;
     /* A GPU appearing, disappearing or changing does not touch a CPU claim. */
     if (path_under(path, "runtime.gpu") && backend_is(old_m, "cpu") && backend_is(new_m, "cpu"))
         return LS_CHANGE_INFORMATIONAL;
@@ -739,6 +783,10 @@ ls_status ls_manifest_digest(const json_t *manifest, ls_digest *out, ls_error *e
         remove_path(claim, "build.binary_sha256");
     if (ls_manifest_classify("runtime.gpu", manifest, manifest) == LS_CHANGE_INFORMATIONAL)
         remove_path(claim, "runtime.gpu");
+    const char *op;
+    json_t *row;
+    json_object_foreach(json_object_get(json_object_get(claim, "numerics"), "operators"), op, row)
+        if (json_is_object(row)) json_object_del(row, "code_sha256");
     char *s = ls_fingerprint_canonical_json(claim, err);
     json_decref(claim);
     if (!s) return err ? err->status : LS_E_NOMEM;

@@ -141,6 +141,11 @@ ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, cons
 
 const char *ls_change_class_name(ls_change_class c); /* "informational" | "voiding" */
 
+/* 1 when `path` (as ls_manifest_diff writes it) is an operator row's
+ * code_sha256: the machine code behind that operator changed. Informational;
+ * diff and verify print a warning naming those operators. */
+int ls_manifest_is_code_digest_path(const char *path);
+
 /* Re-pins the live system with live_opts (checkpoint, backend ...) and diffs
  * the pinned manifest against it. *out holds every difference; the claim
  * holds when out->voiding == 0. */
