@@ -248,6 +248,19 @@ static void ls_digest_layout(const ls_cuda_digest_job *jobs, int n, size_t *dige
     *total = b + c + 16;
 }
 
+/* The device copy of a job (its off is set by the caller's layout). */
+static void ls_entry_of(const ls_cuda_digest_job *j, ls_digest_entry *e)
+{
+    for (int s = 0; s < 2; s++) {
+        e->src[s] = (uint64_t)(uintptr_t)j->src[s];
+        e->n[s] = j->n[s];
+        e->row_len[s] = j->row_len[s];
+        e->stride[s] = j->stride[s];
+        e->bf16[s] = j->bf16[s] ? 1u : 0u;
+    }
+    e->len = ls_job_bytes(j);
+}
+
 extern "C" size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, int n_jobs)
 {
     size_t a, b, t;
@@ -439,14 +452,7 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
     if (!host_sha256) device_max_bytes = SIZE_MAX;
     uint64_t max_el = 0, max_host = 0;
     for (int i = 0; i < n_jobs; i++) {
-        for (int s = 0; s < 2; s++) {
-            h[i].src[s] = (uint64_t)(uintptr_t)jobs[i].src[s];
-            h[i].n[s] = jobs[i].n[s];
-            h[i].row_len[s] = jobs[i].row_len[s];
-            h[i].stride[s] = jobs[i].stride[s];
-            h[i].bf16[s] = jobs[i].bf16[s] ? 1u : 0u;
-        }
-        h[i].len = ls_job_bytes(&jobs[i]);
+        ls_entry_of(&jobs[i], &h[i]);
         if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
         if (h[i].len > device_max_bytes && h[i].len > max_host) max_host = h[i].len;
     }
@@ -565,14 +571,7 @@ extern "C" ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs, int n_
     ls_digest_entry *h = (ls_digest_entry *)h_region;
     uint64_t at = 0, max_el = 0;
     for (int i = 0; i < n_jobs; i++) {
-        for (int s = 0; s < 2; s++) {
-            h[i].src[s] = (uint64_t)(uintptr_t)jobs[i].src[s];
-            h[i].n[s] = jobs[i].n[s];
-            h[i].row_len[s] = jobs[i].row_len[s];
-            h[i].stride[s] = jobs[i].stride[s];
-            h[i].bf16[s] = jobs[i].bf16[s] ? 1u : 0u;
-        }
-        h[i].len = ls_job_bytes(&jobs[i]);
+        ls_entry_of(&jobs[i], &h[i]);
         h[i].off = at;
         off[i] = bytes_at + at;
         len[i] = h[i].len;
