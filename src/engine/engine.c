@@ -76,6 +76,11 @@ void ls_engine_destroy(ls_engine *e)
             free(e->ss[s].vc);
         }
     free(e->ss);
+    while (e->snaps) {
+        ls_engine_snapshot *s = e->snaps;
+        e->snaps = s->next;
+        free(s->conv), free(s->gdn), free(s->kc), free(s->vc), free(s);
+    }
     free(e->h_tok), free(e->h_pos), free(e->h_cos), free(e->h_sin), free(e->h_lp);
     free(e->h_tmp), free(e->h_bytes), free(e->layers), free(e->slot_of), free(e->dig);
     free(e->have), free(e->sample_ids), free(e->recs), free(e->rec_dig);
@@ -372,14 +377,9 @@ const char *ls_engine_backend_name(const ls_engine *e)
 
 /* ---- step API ------------------------------------------------------------------------ */
 
-ls_status ls_engine_join(ls_engine *e, long slot, uint32_t seq_id, long prompt_len, ls_error *err)
+/* Zeroes a slot's carried state: the state of a sequence at position 0. */
+static ls_status slot_zero(ls_engine *e, seq_state *q, ls_error *err)
 {
-    if (slot < 0 || slot >= e->max_seqs)
-        return ls_fail(err, LS_E_USAGE, "engine: slot %ld is outside 0..%ld", slot, e->max_seqs - 1);
-    if (e->ss[slot].active)
-        return ls_fail(err, LS_E_USAGE, "engine: slot %ld is taken by sequence %u", slot,
-                       e->ss[slot].id);
-    seq_state *q = &e->ss[slot];
     const ls_model_config *c = &e->c;
     for (long l = 0; l < c->n_layers; l++) {
         if (c->is_attention[l]) {
@@ -392,11 +392,190 @@ ls_status ls_engine_join(ls_engine *e, long slot, uint32_t seq_id, long prompt_l
                                (size_t)(c->lin_v_heads * c->lin_k_dim * c->lin_v_dim), err));
         }
     }
+    return LS_OK;
+}
+
+static ls_status free_slot(const ls_engine *e, long slot, const char *what, ls_error *err)
+{
+    if (slot < 0 || slot >= e->max_seqs)
+        return ls_fail(err, LS_E_USAGE, "engine %s: slot %ld is outside 0..%ld", what, slot, e->max_seqs - 1);
+    if (e->ss[slot].active)
+        return ls_fail(err, LS_E_USAGE, "engine %s: slot %ld is taken by sequence %u", what, slot,
+                       e->ss[slot].id);
+    return LS_OK;
+}
+
+ls_status ls_engine_join(ls_engine *e, long slot, uint32_t seq_id, long prompt_len, ls_error *err)
+{
+    LS_TRY(free_slot(e, slot, "join", err));
+    seq_state *q = &e->ss[slot];
+    LS_TRY(slot_zero(e, q, err));
     q->len = 0;
     q->id = seq_id;
     q->prompt_len = prompt_len > 0 ? prompt_len : 0;
     q->active = 1;
     return LS_OK;
+}
+
+/* Copies len positions of carried state: the whole conv and GDN states and,
+ * per attention layer and KV head, rows 0..len-1 ([Hkv, cap, d] caches of
+ * dst_cap and src_cap positions). */
+static ls_status state_copy(ls_engine *e, ls_buf *const *dconv, ls_buf *const *dgdn, ls_buf *const *dkc,
+                            ls_buf *const *dvc, long dst_cap, ls_buf *const *sconv, ls_buf *const *sgdn,
+                            ls_buf *const *skc, ls_buf *const *svc, long src_cap, long len, ls_error *err)
+{
+    const ls_model_config *c = &e->c;
+    long d = c->head_dim, Hkv = c->n_kv_heads;
+    long nconv = e->conv_dim * c->conv_kernel, ngdn = c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+    /* one block per KV head: its first len rows of d */
+    ls_copy_shape kv = {1, Hkv, len * d, 0, dst_cap * d, 0, src_cap * d};
+    for (long l = 0; l < c->n_layers; l++) {
+        if (c->is_attention[l]) {
+            if (len == 0) continue;
+            LS_TRY(e->be->copy_blocks(e->be, BEV(dkc[l]), BEV(skc[l]), &kv, err));
+            LS_TRY(e->be->copy_blocks(e->be, BEV(dvc[l]), BEV(svc[l]), &kv, err));
+        } else {
+            LS_TRY(ls_copy_rows(e->be, BEV(dconv[l]), nconv, BEV(sconv[l]), nconv, 1, nconv, err));
+            LS_TRY(ls_copy_rows(e->be, BEV(dgdn[l]), ngdn, BEV(sgdn[l]), ngdn, 1, ngdn, err));
+        }
+    }
+    return LS_OK;
+}
+
+ls_status ls_engine_fork(ls_engine *e, long src, long dst, uint32_t seq_id, ls_error *err)
+{
+    if (src < 0 || src >= e->max_seqs || !e->ss[src].active)
+        return ls_fail(err, LS_E_USAGE, "engine fork: slot %ld holds no sequence", src);
+    LS_TRY(free_slot(e, dst, "fork", err));
+    seq_state *q = &e->ss[dst];
+    const seq_state *p = &e->ss[src];
+    LS_TRY(slot_zero(e, q, err));
+    LS_TRY(state_copy(e, q->conv, q->gdn, q->kc, q->vc, e->cap, p->conv, p->gdn, p->kc, p->vc, e->cap,
+                      p->len, err));
+    q->len = p->len;
+    q->prompt_len = p->prompt_len;
+    q->id = seq_id;
+    q->active = 1;
+    return LS_OK;
+}
+
+/* ---- snapshots ----------------------------------------------------------------------- */
+
+/* A pooled snapshot whose KV buffers hold len positions, or a new one. */
+static ls_status snap_get(ls_engine *e, long len, ls_engine_snapshot **out, ls_error *err)
+{
+    for (ls_engine_snapshot *s = e->snaps; s; s = s->next)
+        if (!s->in_use && s->kv_cap >= len) {
+            *out = s;
+            return LS_OK;
+        }
+    const ls_model_config *c = &e->c;
+    long L = c->n_layers, kv_cap = len > 0 ? len : 1;
+    ls_engine_snapshot *s = calloc(1, sizeof *s);
+    if (!s) return ls_fail_nomem(err, sizeof *s, "engine: a snapshot");
+    s->conv = calloc((size_t)L, sizeof(ls_buf *));
+    s->gdn = calloc((size_t)L, sizeof(ls_buf *));
+    s->kc = calloc((size_t)L, sizeof(ls_buf *));
+    s->vc = calloc((size_t)L, sizeof(ls_buf *));
+    s->next = e->snaps; /* listed at once: ls_engine_destroy frees it whatever happens next */
+    e->snaps = s;
+    if (!s->conv || !s->gdn || !s->kc || !s->vc)
+        return ls_fail_nomem(err, 4 * (size_t)L * sizeof(ls_buf *), "engine: snapshot tables");
+    s->kv_cap = kv_cap;
+    s->in_use = 1; /* not pooled until its buffers exist */
+    for (long l = 0; l < L; l++) {
+        if (c->is_attention[l]) {
+            LS_TRY(buf(e, c->n_kv_heads * kv_cap * c->head_dim, &s->kc[l], err));
+            LS_TRY(buf(e, c->n_kv_heads * kv_cap * c->head_dim, &s->vc[l], err));
+        } else {
+            LS_TRY(buf(e, e->conv_dim * c->conv_kernel, &s->conv[l], err));
+            LS_TRY(buf(e, c->lin_v_heads * c->lin_k_dim * c->lin_v_dim, &s->gdn[l], err));
+        }
+    }
+    *out = s;
+    return LS_OK;
+}
+
+ls_status ls_engine_snapshot_take(ls_engine *e, long slot, ls_engine_snapshot **out, ls_error *err)
+{
+    *out = NULL;
+    if (slot < 0 || slot >= e->max_seqs || !e->ss[slot].active)
+        return ls_fail(err, LS_E_USAGE, "engine snapshot: slot %ld holds no sequence", slot);
+    const seq_state *q = &e->ss[slot];
+    ls_engine_snapshot *s = NULL;
+    LS_TRY(snap_get(e, q->len, &s, err));
+    s->in_use = 1;
+    ls_status st = state_copy(e, s->conv, s->gdn, s->kc, s->vc, s->kv_cap, q->conv, q->gdn, q->kc, q->vc,
+                              e->cap, q->len, err);
+    if (st != LS_OK) {
+        s->in_use = 0;
+        return st;
+    }
+    s->owner = e;
+    s->model = e->m;
+    s->act_bf16 = e->o.act_bf16;
+    s->fp8_w8a8 = e->o.fp8_w8a8;
+    s->perturb_layer = e->o.perturb_layer;
+    s->perturb_op = e->o.perturb_op;
+    s->id = q->id;
+    s->len = q->len;
+    s->prompt_len = q->prompt_len;
+    *out = s;
+    return LS_OK;
+}
+
+ls_status ls_engine_snapshot_restore(ls_engine *e, const ls_engine_snapshot *s, long slot,
+                                     uint32_t seq_id, long prompt_len, ls_error *err)
+{
+    if (!s || !s->in_use) return ls_fail(err, LS_E_USAGE, "engine restore: no snapshot (freed?)");
+    /* The fields that change carried-state bits first: a message that names
+     * the difference helps more than "another engine". */
+    if (s->model != e->m)
+        return ls_fail(err, LS_E_USAGE, "snapshot of sequence %u: model: taken on another checkpoint "
+                       "(its state is another model's)", s->id);
+    if (s->act_bf16 != e->o.act_bf16)
+        return ls_fail(err, LS_E_USAGE, "snapshot of sequence %u: act_bf16: taken with %s activations, "
+                       "the engine runs %s", s->id, s->act_bf16 ? "bf16" : "fp32", e->o.act_bf16 ? "bf16" : "fp32");
+    if (s->fp8_w8a8 != e->o.fp8_w8a8)
+        return ls_fail(err, LS_E_USAGE, "snapshot of sequence %u: fp8: taken in %s mode, the engine runs %s",
+                       s->id, s->fp8_w8a8 ? "w8a8" : "dequant", e->o.fp8_w8a8 ? "w8a8" : "dequant");
+    if (s->perturb_op != e->o.perturb_op || (s->perturb_op != LS_PERTURB_NONE && s->perturb_layer != e->o.perturb_layer))
+        return ls_fail(err, LS_E_USAGE, "snapshot of sequence %u: perturbation: taken with op %s layer %d, "
+                       "the engine runs op %s layer %d", s->id, ls_perturb_op_name(s->perturb_op),
+                       s->perturb_layer, ls_perturb_op_name(e->o.perturb_op), e->o.perturb_layer);
+    if (s->owner != e)
+        return ls_fail(err, LS_E_USAGE, "snapshot of sequence %u: backend: its buffers belong to another "
+                       "engine", s->id);
+    if (s->len > e->cap)
+        return ls_fail(err, LS_E_USAGE, "snapshot of sequence %u: len %ld exceeds the capacity %ld", s->id,
+                       s->len, e->cap);
+    if (prompt_len < 1) return ls_fail(err, LS_E_USAGE, "engine restore: prompt_len must be >= 1");
+    LS_TRY(free_slot(e, slot, "restore", err));
+    seq_state *q = &e->ss[slot];
+    LS_TRY(slot_zero(e, q, err));
+    LS_TRY(state_copy(e, q->conv, q->gdn, q->kc, q->vc, e->cap, s->conv, s->gdn, s->kc, s->vc, s->kv_cap,
+                      s->len, err));
+    q->len = s->len;
+    q->prompt_len = prompt_len;
+    q->id = seq_id;
+    q->active = 1;
+    return LS_OK;
+}
+
+long ls_engine_snapshot_len(const ls_engine_snapshot *s)
+{
+    return s ? s->len : -1;
+}
+
+uint32_t ls_engine_snapshot_seq(const ls_engine_snapshot *s)
+{
+    return s ? s->id : 0;
+}
+
+void ls_engine_snapshot_free(ls_engine *e, ls_engine_snapshot *s)
+{
+    (void)e;
+    if (s) s->in_use = 0; /* pooled: the buffers are the backend's until the engine goes */
 }
 
 void ls_engine_leave(ls_engine *e, long slot)

@@ -106,6 +106,48 @@ void ls_engine_leave(ls_engine *e, long slot);
 /* Tokens the slot's sequence has processed (its next position). */
 long ls_engine_slot_len(const ls_engine *e, long slot);
 
+/* ---- carried state: fork and snapshots ------------------------------------------
+ * A sequence's carried state is all a later step reads of its slot: the GDN
+ * recurrent and conv states of every gdn layer, the K and V rows 0..len-1
+ * of every attention layer, its length (the next position) and its prompt
+ * length (which places the prompt-boundary state digest). The state digest
+ * cadence is a function of the position alone, so there is no other digest
+ * state. Copies are 4-byte element copies through the backend's zero and
+ * copy_blocks ops (no arithmetic), so a sequence continued from a copy
+ * computes, bit for bit, what the original would have computed: GRPO
+ * groups, prefix reuse and preemption (src/run/drive.h) rest on this.
+ *
+ * The destination slot's KV rows past len are zeroed, as ls_engine_join
+ * leaves them. The KV layout is the contiguous [Hkv, cap, d] per slot; a
+ * paged layout would copy page-table entries (or pages) here instead. */
+
+/* Starts sequence seq_id in the free slot dst with a copy of the carried
+ * state of the joined slot src (same length and prompt length). */
+ls_status ls_engine_fork(ls_engine *e, long src, long dst, uint32_t seq_id, ls_error *err);
+
+/* A snapshot: a copy of one slot's carried state at its current length,
+ * held in buffers of the engine's backend. Owned by the caller; release it
+ * with ls_engine_snapshot_free (its buffers go back to the engine, which
+ * reuses them for later snapshots). Every snapshot is invalid after
+ * ls_engine_destroy, which releases them all. */
+typedef struct ls_engine_snapshot ls_engine_snapshot;
+
+/* Takes a snapshot of the joined slot's state. */
+ls_status ls_engine_snapshot_take(ls_engine *e, long slot, ls_engine_snapshot **out, ls_error *err);
+/* Starts sequence seq_id in the free slot with the snapshot's state: its
+ * length is the snapshot's, its prompt length prompt_len (> 0; may differ
+ * from the snapshotted sequence's, e.g. a prompt that shares a prefix). A
+ * snapshot of another engine, model or numerics (activation dtype, FP8
+ * mode, perturbation) is refused with LS_E_USAGE naming the field, as is a
+ * snapshot longer than the slot's capacity. */
+ls_status ls_engine_snapshot_restore(ls_engine *e, const ls_engine_snapshot *s, long slot,
+                                     uint32_t seq_id, long prompt_len, ls_error *err);
+/* Positions the snapshot holds (the next position of a restored sequence). */
+long ls_engine_snapshot_len(const ls_engine_snapshot *s);
+/* The id of the sequence it was taken from. */
+uint32_t ls_engine_snapshot_seq(const ls_engine_snapshot *s);
+void ls_engine_snapshot_free(ls_engine *e, ls_engine_snapshot *s);
+
 typedef struct ls_engine_item {
     long slot;                 /* a joined slot; at most one item per slot per step */
     const int32_t *tokens;     /* [n] the tokens at positions len .. len+n-1 of the slot */

@@ -37,6 +37,21 @@ typedef struct seg {
     int last;                             /* the last token is the sequence's last position */
 } seg;
 
+/* A snapshot's carried state (engine.h); its buffers are the backend's. */
+struct ls_engine_snapshot {
+    ls_engine *owner;                     /* the engine whose backend holds the buffers */
+    const ls_model *model;                /* what it was computed with */
+    int act_bf16, fp8_w8a8, perturb_layer;
+    ls_perturb_op perturb_op;
+    uint32_t id;                          /* the sequence it was taken from */
+    long len, prompt_len;                 /* positions held; the sequence's prompt length */
+    long kv_cap;                          /* positions the KV buffers hold, >= len */
+    ls_buf **conv, **gdn;                 /* [L] as seq_state */
+    ls_buf **kc, **vc;                    /* [L]: [Hkv, kv_cap, d] each */
+    int in_use;                           /* 0 = in the engine's free pool */
+    struct ls_engine_snapshot *next;      /* every snapshot of the engine */
+};
+
 #define N_KINDS LS_DIGEST_COUNT
 
 struct ls_engine {
@@ -50,6 +65,7 @@ struct ls_engine {
     ls_buf *final_norm;
     layer_w *lw;                          /* [L] */
     seq_state *ss;                        /* [max_seqs] */
+    ls_engine_snapshot *snaps;            /* every snapshot taken (in use or pooled) */
     /* work buffers, [T, ...] */
     ls_buf *tok, *pos, *cosb, *sinb, *H, *XN, *A, *P, *BA, *X, *Z, *Bv, *Av, *Y, *Q, *K, *V;
     ls_buf *beta, *alpha, *O, *QG, *G, *probs, *ids, *wts, *logits, *lp;
