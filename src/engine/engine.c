@@ -550,6 +550,12 @@ ls_status ls_engine_snapshot_restore(ls_engine *e, const ls_engine_snapshot *s, 
         return ls_fail(err, LS_E_USAGE, "snapshot of sequence %u: len %ld exceeds the capacity %ld", s->id,
                        s->len, e->cap);
     if (prompt_len < 1) return ls_fail(err, LS_E_USAGE, "engine restore: prompt_len must be >= 1");
+    /* Restored for another sequence, the snapshot is a prefix of its prompt,
+     * and the prompt's last token must still be computed (its logprobs
+     * select the first generated token). */
+    if ((seq_id != s->id || prompt_len != s->prompt_len) && s->len >= prompt_len)
+        return ls_fail(err, LS_E_USAGE, "snapshot of sequence %u: prefix_len %ld is not shorter than the "
+                       "prompt of sequence %u (%ld tokens)", s->id, s->len, seq_id, prompt_len);
     LS_TRY(free_slot(e, slot, "restore", err));
     seq_state *q = &e->ss[slot];
     LS_TRY(slot_zero(e, q, err));

@@ -139,7 +139,11 @@ ls_status ls_engine_snapshot_take(ls_engine *e, long slot, ls_engine_snapshot **
  * from the snapshotted sequence's, e.g. a prompt that shares a prefix). A
  * snapshot of another engine, model or numerics (activation dtype, FP8
  * mode, perturbation) is refused with LS_E_USAGE naming the field, as is a
- * snapshot longer than the slot's capacity. */
+ * snapshot longer than the slot's capacity. Restored for another sequence
+ * (another id or prompt length) it is a prefix of that prompt and must be
+ * shorter than it (prefix_len < prompt_len: the last prompt token is
+ * computed, its logprobs select the first generated token); restored for the
+ * sequence it was taken from (a preempted sequence) any length is taken. */
 ls_status ls_engine_snapshot_restore(ls_engine *e, const ls_engine_snapshot *s, long slot,
                                      uint32_t seq_id, long prompt_len, ls_error *err);
 /* Positions the snapshot holds (the next position of a restored sequence). */
