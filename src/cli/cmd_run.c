@@ -44,6 +44,20 @@ static const char usage_text[] =
     "                            by seed, sequence, position)\n"
     "  --seed S --temperature T --top-k K --top-p P   --sampling seeded only: its parameters\n"
     "                            (--seed required; defaults: T 1, K 0 = all, P 1)\n"
+    "  --samples-per-prompt N    rollout only: a GRPO group of N samples per prompt (default 1),\n"
+    "                            prefilled once and forked N ways; sample k of prompt id P is\n"
+    "                            trace sequence P*N+k, so it equals that sequence of the plain\n"
+    "                            rollout of each prompt listed N times (N > 1 needs --sampling\n"
+    "                            seeded: greedy samples would all be equal)\n"
+    "  --prefix-cache off|aligned|any  rollout only: a prompt sharing a prefix with an earlier\n"
+    "                            one starts from that prompt's state (snapshot) at the shared\n"
+    "                            length minus one (any) or that rounded down to --prefix-block\n"
+    "                            (aligned); the reused positions' records are copied (default off)\n"
+    "  --prefix-block N          --prefix-cache aligned only: the boundary (default 64)\n"
+    "  --preempt none|seeded:S   rollout only: evict sequences between decode steps and resume\n"
+    "                            them by recompute or from a snapshot, as drawn from seed S\n"
+    "                            (default none). None of these three changes a bit of any record;\n"
+    "                            all are recorded in run_params\n"
     "  --activations bf16|fp32   activation dtype (default bf16; replay --from: the rollout's)\n"
     "  --fp8 dequant|w8a8        FP8 checkpoints only: weights dequantised to fp32 (default), or\n"
     "                            w8a8 with activations quantised per token group of 128, as\n"
@@ -95,7 +109,7 @@ int ls_cmd_run(int argc, char **argv)
     ls_status st = LS_OK;
     enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
            O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
-           O_ROWS, O_REVERSE, O_CACHE, O_FP8, O_GPU };
+           O_ROWS, O_REVERSE, O_CACHE, O_FP8, O_GPU, O_SAMPLES, O_PREFIX, O_PBLOCK, O_PREEMPT };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
         {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
@@ -104,7 +118,8 @@ int ls_cmd_run(int argc, char **argv)
         {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"state-digest-every", O_EVERY, 1},
         {"perturb", O_PERTURB, 1}, {"dump-layers", O_DUMP, 1}, {"max-rows", O_ROWS, 1},
         {"reverse-batch", O_REVERSE, 0}, {"checkpoint-cache", O_CACHE, 1}, {"fp8", O_FP8, 1},
-        {"gpu", O_GPU, 1}, {NULL, 0, 0}};
+        {"gpu", O_GPU, 1}, {"samples-per-prompt", O_SAMPLES, 1}, {"prefix-cache", O_PREFIX, 1},
+        {"prefix-block", O_PBLOCK, 1}, {"preempt", O_PREEMPT, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *a = ca.opt, *x = ca.arg;
@@ -168,6 +183,11 @@ int ls_cmd_run(int argc, char **argv)
         case O_DUMP: s.dump_layers = x; break;
         case O_CACHE: st = ls_run_parse_hash_cache(x, &s.hash_cache, &err); break;
         case O_ROWS: st = ls_cli_parse_long(a, x, 1, 1L << 20, &s.max_rows, &err); break;
+        /* range checks are the run layer's (ls_run_spec_validate): 0 is refused there, by name */
+        case O_SAMPLES: st = ls_cli_parse_long(a, x, 0, 1L << 20, &s.samples_per_prompt, &err); break;
+        case O_PREFIX: s.prefix_cache = x; break;
+        case O_PBLOCK: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.prefix_block, &err); break;
+        case O_PREEMPT: s.preempt = x; break;
         }
     }
     if (st != LS_OK) return ls_cli_report("run", &err);

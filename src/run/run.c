@@ -99,6 +99,39 @@ void ls_run_spec_default(ls_run_spec *s)
     s->threads = 1;
     s->state_digest_every = 64;
     s->max_rows = 256;
+    s->samples_per_prompt = 1;
+}
+
+ls_status ls_run_spec_group(const ls_run_spec *s, ls_rollout_opts *o, int *preempt_on, uint64_t *preempt_seed,
+                            ls_error *err)
+{
+    ls_rollout_opts_default(o);
+    *preempt_on = 0;
+    *preempt_seed = 0;
+    if (s->samples_per_prompt < 1)
+        return ls_fail(err, LS_E_USAGE, "samples_per_prompt (--samples-per-prompt) must be >= 1 (got %ld)",
+                       s->samples_per_prompt);
+    o->samples_per_prompt = s->samples_per_prompt;
+    const char *pc = s->prefix_cache ? s->prefix_cache : "off";
+    if (!strcmp(pc, "off")) o->prefix_cache = LS_PREFIX_CACHE_OFF;
+    else if (!strcmp(pc, "aligned")) o->prefix_cache = LS_PREFIX_CACHE_ALIGNED;
+    else if (!strcmp(pc, "any")) o->prefix_cache = LS_PREFIX_CACHE_ANY;
+    else return ls_fail(err, LS_E_USAGE, "prefix_cache (--prefix-cache) '%s': expected off, aligned or any", pc);
+    if (s->prefix_block < 0 || (s->prefix_block > 0 && o->prefix_cache != LS_PREFIX_CACHE_ALIGNED))
+        return ls_fail(err, LS_E_USAGE, "prefix_block (--prefix-block) %ld: a block >= 1 applies to "
+                       "prefix_cache (--prefix-cache) aligned only", s->prefix_block);
+    if (s->prefix_block > 0) o->prefix_block = s->prefix_block;
+    const char *pp = s->preempt ? s->preempt : "none";
+    if (strcmp(pp, "none")) {
+        char *end;
+        const char *v = !strncmp(pp, "seeded:", 7) ? pp + 7 : NULL;
+        unsigned long long seed = v && *v && *v != '-' ? strtoull(v, &end, 10) : 0;
+        if (!v || !*v || *v == '-' || *end)
+            return ls_fail(err, LS_E_USAGE, "preempt (--preempt) '%s': expected none or seeded:SEED", pp);
+        *preempt_on = 1;
+        *preempt_seed = seed;
+    }
+    return LS_OK;
 }
 
 /* Whether the sampling parameters are the neutral ones of
@@ -151,6 +184,21 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
                            "digits", s->expect_source ? " of " : "",
                            s->expect_source ? s->expect_source : "", s->expect_merkle_root);
     }
+    ls_rollout_opts go;
+    int preempt_on;
+    uint64_t preempt_seed;
+    LS_TRY(ls_run_spec_group(s, &go, &preempt_on, &preempt_seed, err));
+    if (!rollout && (go.samples_per_prompt != 1 || go.prefix_cache != LS_PREFIX_CACHE_OFF || preempt_on))
+        return ls_fail(err, LS_E_USAGE, "samples_per_prompt, prefix_cache and preempt (--samples-per-prompt, "
+                       "--prefix-cache, --preempt) apply to rollouts only: a replay recomputes each sequence "
+                       "it is given");
+    if (go.samples_per_prompt > 1 && s->sampling.kind == LS_SAMPLING_GREEDY)
+        return ls_fail(err, LS_E_USAGE, "samples_per_prompt (--samples-per-prompt) %ld needs seeded sampling "
+                       "(--sampling seeded): greedy samples of one prompt would all be equal",
+                       go.samples_per_prompt);
+    if (go.prefix_cache != LS_PREFIX_CACHE_OFF && s->dump_layers)
+        return ls_fail(err, LS_E_USAGE, "dump_layers (--dump-layers) with prefix_cache (--prefix-cache): the "
+                       "reused positions' records keep their digests, not their dumps");
     if (s->sampling.kind == LS_SAMPLING_GREEDY && !sampling_params_unset(&s->sampling))
         return ls_fail(err, LS_E_USAGE, "sampling: seed, temperature, top_k and top_p (--seed, "
                        "--temperature, --top-k, --top-p) apply to seeded sampling only (--sampling "
@@ -179,6 +227,10 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     }
     for (long i = 0; i < s->batch->n; i++) {
         const ls_sequence *q = &s->batch->seqs[i];
+        if ((uint64_t)q->id * (uint64_t)go.samples_per_prompt + (uint64_t)(go.samples_per_prompt - 1) > UINT32_MAX)
+            return ls_fail(err, LS_E_USAGE, "samples_per_prompt (--samples-per-prompt) %ld: the sample ids of "
+                           "prompt %u (id * %ld + sample) exceed 32 bits", go.samples_per_prompt, q->id,
+                           go.samples_per_prompt);
         if (q->n_tokens < (rollout ? 1 : 2))
             return ls_fail(err, LS_E_INPUT, "sequence %u has %ld tokens (%s)", q->id, q->n_tokens,
                            rollout ? "a prompt needs one" : "a replay needs a prompt and a completion");
@@ -358,6 +410,24 @@ static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n,
                      "state_digest_every", (json_int_t)s->state_digest_every, "max_rows",
                      (json_int_t)s->max_rows);
     if (p && fp8) json_object_set_new(p, "fp8", json_string(fp8));
+    /* engine behaviours that change no bit (run/drive.h), recorded when used:
+     * absent means 1 sample, prefix cache off, no preemption */
+    ls_rollout_opts go;
+    int preempt_on;
+    uint64_t preempt_seed;
+    ls_error ignored;
+    if (p && ls_run_spec_group(s, &go, &preempt_on, &preempt_seed, &ignored) == LS_OK) {
+        if (go.samples_per_prompt > 1)
+            json_object_set_new(p, "samples_per_prompt", json_integer(go.samples_per_prompt));
+        if (go.prefix_cache == LS_PREFIX_CACHE_ALIGNED)
+            json_object_set_new(p, "prefix_cache", json_pack("{s:s, s:I}", "policy", "aligned", "block",
+                                                             (json_int_t)go.prefix_block));
+        else if (go.prefix_cache == LS_PREFIX_CACHE_ANY)
+            json_object_set_new(p, "prefix_cache", json_pack("{s:s}", "policy", "any"));
+        if (preempt_on)
+            json_object_set_new(p, "preemption", json_pack("{s:s, s:I}", "policy", "seeded", "seed",
+                                                           (json_int_t)preempt_seed));
+    }
     return p;
 }
 
@@ -474,8 +544,25 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     eo.act_bf16 = s->act_bf16;
     eo.max_rows = s->max_rows;
     eo.state_digest_every = s->state_digest_every;
-    ls_status st = LS_OK;
-    if (s->perturb) st = ls_run_parse_perturb(s->perturb, &eo.perturb_layer, &eo.perturb_op, err);
+    /* GRPO, prefix reuse and preemption (run/drive.h); a plain run keeps ls_run_rollout */
+    ls_rollout_opts go;
+    int preempt_on = 0;
+    uint64_t preempt_seed = 0;
+    ls_run_eviction *plan = NULL;
+    ls_sequence *expanded = NULL;  /* [b->n * N] the trace's sequences */
+    ls_rollout_stats gstats;
+    memset(&gstats, 0, sizeof gstats);
+    ls_status st = ls_run_spec_group(s, &go, &preempt_on, &preempt_seed, err);
+    long N = go.samples_per_prompt, n_trace = b->n * N;
+    int grouped = rollout && (N > 1 || go.prefix_cache != LS_PREFIX_CACHE_OFF || preempt_on);
+    if (st == LS_OK && preempt_on) {
+        long n_plan = 0;
+        st = ls_run_preempt_plan(preempt_seed, n_trace, s->max_new, &plan, &n_plan, err);
+        go.evictions = plan;
+        go.n_evictions = n_plan;
+    }
+    go.stats = &gstats;
+    if (st == LS_OK && s->perturb) st = ls_run_parse_perturb(s->perturb, &eo.perturb_layer, &eo.perturb_op, err);
     if (st == LS_OK) st = ls_checkpoint_open(s->checkpoint, &ck, err);
     if (st == LS_OK) st = ls_model_open(ck, &m, err);
     /* the FP8 mode: a choice for FP8 checkpoints only (dequant by default) */
@@ -532,7 +619,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     mo.fp8 = fp8;
     if (st == LS_OK) st = ls_run_manifest_facts(s->backend, s->gpu, &mo, &facts, err);
     if (st == LS_OK)
-        st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, &eo, b->n, max_len, &e, err);
+        st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, &eo,
+                                    grouped ? ls_run_group_slots(b->n, &go) : b->n, max_len, &e, err);
     if (hashing) pthread_join(hasher, NULL);
     if (st == LS_OK && !s->fingerprint && hj.st != LS_OK) {
         *err = hj.err;
@@ -559,8 +647,14 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         if (!seqs) st = ls_fail(err, LS_E_NOMEM, "out of memory");
         for (long i = 0; st == LS_OK && i < b->n; i++) seqs[i] = b->seqs[s->reverse_batch ? b->n - 1 - i : i];
     }
+    if (st == LS_OK && grouped) {
+        expanded = malloc(sizeof *expanded * (size_t)n_trace);
+        if (!expanded) st = ls_fail(err, LS_E_NOMEM, "out of memory");
+        else st = ls_run_group_sequences(seqs, b->n, N, expanded, err);
+    }
     if (st == LS_OK) {
-        params = run_params(s, seqs, b->n, fp8);
+        /* run_params.batch lists the trace's sequences (a replay re-runs each) */
+        params = run_params(s, grouped ? expanded : seqs, grouped ? n_trace : b->n, fp8);
         if (params) json_object_set_new(params, "checkpoint_verified", verification_json(fp, !s->fingerprint));
         params_text = params ? json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
         if (!params_text) st = ls_fail(err, LS_E_NOMEM, "out of memory");
@@ -588,15 +682,23 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     if (st == LS_OK) {
         uint64_t total = 0;
         for (long i = 0; i < b->n; i++)
-            total += (uint64_t)(rollout ? b->seqs[i].n_tokens + s->max_new - 1 : b->seqs[i].n_tokens - 1);
+            total += (uint64_t)(rollout ? N * (b->seqs[i].n_tokens + s->max_new - 1) : b->seqs[i].n_tokens - 1);
         res->positions = total;
         if (s->progress) ls_progress_begin(&sc.prog, s->mode, total, "tok");
         uint64_t t0 = ls_now_ns();
         if (rollout) {
-            res->completions = malloc(sizeof(int32_t) * (size_t)(b->n * s->max_new));
+            res->completions = malloc(sizeof(int32_t) * (size_t)(n_trace * s->max_new));
             if (!res->completions) st = ls_fail(err, LS_E_NOMEM, "out of memory");
-            else st = ls_run_rollout(e, seqs, b->n, s->max_new, &s->sampling, res->completions,
-                                     write_frame, &sc, err);
+            else if (grouped) {
+                st = ls_run_rollout_group(e, seqs, b->n, s->max_new, &s->sampling, &go, res->completions,
+                                          write_frame, &sc, err);
+                /* what the engine ran: reuse and forks skip positions, preemption recomputes some */
+                res->positions = (uint64_t)gstats.positions_computed;
+                ls_log_verbose("rollout: %ld samples per prompt (%ld forks), %ld prompt positions reused, "
+                               "%ld evictions (%ld recomputed, %ld restored)", N, gstats.forks,
+                               gstats.positions_reused, gstats.evictions, gstats.recomputed, gstats.restored);
+            } else st = ls_run_rollout(e, seqs, b->n, s->max_new, &s->sampling, res->completions,
+                                       write_frame, &sc, err);
         } else {
             long chunk = s->chunk > 0 ? s->chunk : max_len;
             st = ls_run_replay(e, seqs, b->n, chunk, write_frame, &sc, err);
@@ -618,6 +720,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     json_decref(params);
     json_decref(man);
     free(seqs);
+    free(expanded);
+    free(plan);
     free(dump);
     ls_engine_destroy(e);
     ls_model_close(m);

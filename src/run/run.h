@@ -73,6 +73,16 @@ typedef struct ls_run_spec {
     const char *fp8;               /* FP8 checkpoints: "dequant" (NULL: the default) or "w8a8"
                                       (--fp8, docs/numerics.md §9); a checkpoint without
                                       quantization_config takes NULL */
+    long samples_per_prompt;       /* rollout: GRPO group size, >= 1 (--samples-per-prompt; default
+                                      1): sample k of prompt id P is trace sequence P * N + k
+                                      (run/drive.h); N > 1 needs seeded sampling; replay: 1 */
+    const char *prefix_cache;      /* rollout: "off" (NULL: the default), "aligned" or "any"
+                                      (--prefix-cache, run/drive.h); replay: NULL */
+    long prefix_block;             /* prefix_cache aligned: the boundary, >= 1 (--prefix-block;
+                                      0: 64); otherwise 0 */
+    const char *preempt;           /* rollout: "none" (NULL: the default) or "seeded:SEED", the
+                                      eviction schedule of ls_run_preempt_plan (--preempt);
+                                      replay: NULL */
     const char *out;               /* trace path (-o) */
     int progress;                  /* progress on stderr (ls_progress) */
     const ls_fingerprint *fingerprint; /* the checkpoint's, already computed (borrowed), or NULL */
@@ -93,6 +103,11 @@ void ls_run_spec_default(ls_run_spec *s);
  * the field and its flag), including the fields the mode leaves unused
  * (see above). ls_run_execute calls it first. */
 ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err);
+
+/* The group options of a validated spec: GRPO size, prefix policy and
+ * block, and the seeded preemption (*preempt_on 0 = none, else *preempt_seed). */
+ls_status ls_run_spec_group(const ls_run_spec *s, ls_rollout_opts *o, int *preempt_on, uint64_t *preempt_seed,
+                            ls_error *err);
 
 /* Parses a perturbation "layer=L,op=OP" (op one of gdn, conv, attention,
  * router, experts, combine, norm, lm_head). */
@@ -148,7 +163,8 @@ typedef struct ls_run_result {
     uint64_t records;
     uint64_t positions;            /* token positions the model processed */
     double seconds;                /* engine wall time (excludes pinning the manifest) */
-    int32_t *completions;          /* rollout: [batch n, max_new] generated tokens; owned, free() */
+    int32_t *completions;          /* rollout: [batch n * samples_per_prompt, max_new] generated
+                                      tokens (sample k of prompt i at row i * N + k); owned, free() */
 } ls_run_result;
 
 /* Runs the spec and writes the trace (see the top of this file). A perturbed
