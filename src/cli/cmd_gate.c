@@ -28,6 +28,11 @@ static const char usage_text[] =
     "  --gpu N                --backend cuda only: the CUDA device of every run (default 0)\n"
     "  --threads N            CPU worker threads (default 1)\n"
     "  --fp8 dequant|w8a8     FP8 checkpoints only: dequantised weights (default) or w8a8\n"
+    "  --seed S               sample the rollout seeded with S (temperature 1; default greedy)\n"
+    "  --samples-per-prompt N --prefix-cache off|aligned|any --prefix-block N\n"
+    "  --preempt none|seeded:S  the rollout as served (as for run: a GRPO group, prefix\n"
+    "                         reuse, preemption; N > 1 needs --seed); the replays recompute\n"
+    "                         its sequences plainly, so the gate checks that configuration\n"
     "  --junit FILE           JUnit XML: one testsuite per replay, holding one testcase (that\n"
     "                         replay vs the rollout; a failure carries its first drift)\n"
     "  --json FILE|-          JSON summary (per replay: verdict, counts, first drift; schema\n"
@@ -48,18 +53,21 @@ int ls_cmd_gate(int argc, char **argv)
     o.max_new = 16;
     o.backend = "cpu";
     o.threads = 1;
+    o.samples_per_prompt = 1;
     ls_error err;
     ls_error_clear(&err);
     ls_status st = LS_OK;
     long v;
     int given_gpu = 0;
     enum { O_CK = LS_CLI_LONG, O_PROMPTS, O_MAXNEW, O_BACKEND, O_THREADS, O_JUNIT, O_JSON, O_WORKDIR,
-           O_CACHE, O_FP8, O_GPU };
+           O_CACHE, O_FP8, O_GPU, O_SEED, O_SAMPLES, O_PREFIX, O_PBLOCK, O_PREEMPT };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"prompts", O_PROMPTS, 1}, {"max-new-tokens", O_MAXNEW, 1},
         {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"junit", O_JUNIT, 1},
         {"json", O_JSON, 1}, {"workdir", O_WORKDIR, 1}, {"checkpoint-cache", O_CACHE, 1},
-        {"fp8", O_FP8, 1}, {"gpu", O_GPU, 1}, {NULL, 0, 0}};
+        {"fp8", O_FP8, 1}, {"gpu", O_GPU, 1}, {"seed", O_SEED, 1},
+        {"samples-per-prompt", O_SAMPLES, 1}, {"prefix-cache", O_PREFIX, 1}, {"prefix-block", O_PBLOCK, 1},
+        {"preempt", O_PREEMPT, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "gate", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *x = ca.arg;
@@ -78,6 +86,18 @@ int ls_cmd_gate(int argc, char **argv)
             st = ls_cli_parse_long(ca.opt, x, 1, 1024, &v, &err);
             o.threads = (int)v;
             break;
+        case O_SEED: {
+            char *end;
+            o.seed = strtoull(x, &end, 10);
+            o.seeded = 1;
+            if (end == x || *end || x[0] == '-')
+                st = ls_fail(&err, LS_E_USAGE, "--seed '%s': expected an unsigned integer", x);
+            break;
+        }
+        case O_SAMPLES: st = ls_cli_parse_long(ca.opt, x, 1, 1L << 20, &o.samples_per_prompt, &err); break;
+        case O_PREFIX: o.prefix_cache = x; break;
+        case O_PBLOCK: st = ls_cli_parse_long(ca.opt, x, 1, 1L << 30, &o.prefix_block, &err); break;
+        case O_PREEMPT: o.preempt = x; break;
         case O_JUNIT: o.junit = x; break;
         case O_JSON: o.json = x; break;
         case O_WORKDIR: o.workdir = x; break;

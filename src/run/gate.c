@@ -69,6 +69,11 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
     s.threads = o->threads;
     s.batch = batch;
     s.fp8 = o->fp8;
+    s.samples_per_prompt = o->samples_per_prompt > 0 ? o->samples_per_prompt : 1;
+    s.prefix_cache = o->prefix_cache;
+    s.prefix_block = o->prefix_block;
+    s.preempt = o->preempt;
+    if (o->seeded) s.sampling = (ls_sampling){LS_SAMPLING_SEEDED, o->seed, 1.0f, 0, 1.0f};
     s.out = ro_path;
     s.progress = out != NULL;
     /* Hash the checkpoint once: every run pins the same checkpoint section
@@ -108,6 +113,11 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
         snprintf(rp_path, sizeof rp_path, "%s/replay-%d.trace", dir, v + 1);
         s.mode = "replay";
         s.max_new = 0; /* a replay recomputes the rollout's tokens */
+        s.samples_per_prompt = 1; /* ... each of the rollout's sequences, plainly */
+        s.prefix_cache = NULL;
+        s.prefix_block = 0;
+        s.preempt = NULL;
+        s.sampling = (ls_sampling){LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
         s.expect_merkle_root = info.model_fingerprint;
         s.expect_source = ro_path;
         s.batch = &full;

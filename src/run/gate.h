@@ -32,6 +32,15 @@ typedef struct ls_gate_opts {
     ls_run_hash_cache hash_cache;  /* how the checkpoint is hashed (once, for every run) */
     const char *fp8;               /* FP8 checkpoints: "dequant" (NULL: default) or "w8a8"; the
                                       replays take the rollout's */
+    /* The rollout as served (run.h fields of the same names; the replays
+     * recompute its sequences plainly): 0 / NULL = 1 sample, off, none. */
+    long samples_per_prompt;
+    const char *prefix_cache;
+    long prefix_block;
+    const char *preempt;
+    int seeded;                    /* 1: the rollout samples seeded with `seed` (temperature 1, no
+                                      truncation); 0: greedy */
+    uint64_t seed;
 } ls_gate_opts;
 
 
