@@ -319,6 +319,56 @@ START_TEST(test_refusals)
 }
 END_TEST
 
+/* ---- the command line -------------------------------------------------------------------- */
+
+START_TEST(test_cli_group_equals_plain)
+{
+    char *dir = ls_test_tmpdir("group-cli");
+    char *o = NULL;
+    int rc = ls_test_cli(&o, "synth --preset qwen3.5-tiny --seed 5 --out %s/ck", dir);
+    ck_assert_msg(rc == 0, "synth: %s", o ? o : "");
+    free(o);
+    ls_test_write_text(dir, "p.jsonl", "{\"id\": 1, \"tokens\": [3, 1, 4, 1, 5, 9, 2, 6, 5]}\n"
+                                       "{\"id\": 4, \"tokens\": [3, 1, 4, 1, 5, 9, 7]}\n");
+    ls_test_write_text(dir, "plain.jsonl", "{\"id\": 2, \"tokens\": [3, 1, 4, 1, 5, 9, 2, 6, 5]}\n"
+                                           "{\"id\": 3, \"tokens\": [3, 1, 4, 1, 5, 9, 2, 6, 5]}\n"
+                                           "{\"id\": 8, \"tokens\": [3, 1, 4, 1, 5, 9, 7]}\n"
+                                           "{\"id\": 9, \"tokens\": [3, 1, 4, 1, 5, 9, 7]}\n");
+    const char *common = "--mode rollout --sampling seeded --seed 6 --max-new-tokens 5 --state-digest-every 2";
+    rc = ls_test_cli(&o, "run --checkpoint %s/ck --prompts %s/p.jsonl %s --samples-per-prompt 2 --prefix-cache "
+                     "aligned --prefix-block 2 --preempt seeded:3 -o %s/g.trace", dir, dir, common, dir);
+    ck_assert_msg(rc == 0, "group rollout: %s", o ? o : "");
+    free(o);
+    rc = ls_test_cli(&o, "run --checkpoint %s/ck --prompts %s/plain.jsonl %s -o %s/p.trace", dir, dir, common, dir);
+    ck_assert_msg(rc == 0, "plain rollout: %s", o ? o : "");
+    free(o);
+    rc = ls_test_cli(&o, "compare %s/g.trace %s/p.trace", dir, dir);
+    ck_assert_msg(rc == 0, "group vs plain: exit %d:\n%s", rc, o ? o : "");
+    free(o);
+    rc = ls_test_cli(&o, "trace dump %s/g.trace", dir);
+    ck_assert_msg(rc == 0 && o && strstr(o, "samples_per_prompt") && strstr(o, "prefix_cache") &&
+                  strstr(o, "preemption"), "run_params do not record the group options:\n%s", o ? o : "");
+    free(o);
+    static const struct {
+        const char *args, *needle;
+    } bad[] = {{"--samples-per-prompt 0", "samples_per_prompt (--samples-per-prompt)"},
+               {"--samples-per-prompt 2 --prefix-cache some", "prefix_cache (--prefix-cache)"},
+               {"--prefix-cache any --prefix-block 4", "prefix_block (--prefix-block)"},
+               {"--preempt seeded:x", "preempt (--preempt)"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        rc = ls_test_cli(&o, "run --checkpoint %s/ck --prompts %s/p.jsonl %s %s -o %s/x.trace", dir, dir, common,
+                         bad[i].args, dir);
+        ck_assert_msg(rc == 2 && o && strstr(o, bad[i].needle), "%s: exit %d, expected 2 naming %s:\n%s",
+                      bad[i].args, rc, bad[i].needle, o ? o : "");
+        free(o);
+    }
+    rc = ls_test_cli(&o, "run --checkpoint %s/ck --prompts %s/p.jsonl --mode rollout --samples-per-prompt 2 -o "
+                     "%s/x.trace", dir, dir, dir);
+    ck_assert_msg(rc == 2 && o && strstr(o, "seeded"), "greedy GRPO: exit %d:\n%s", rc, o ? o : "");
+    free(o);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("group");
@@ -328,6 +378,7 @@ int main(void)
     tcase_add_loop_test(tc, test_prefix_equals_recompute, 0, N_MODELS);
     tcase_add_loop_test(tc, test_preemption_equals_uninterrupted, 0, N_MODELS);
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_cli_group_equals_plain);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
