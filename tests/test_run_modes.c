@@ -248,8 +248,8 @@ START_TEST(test_gpu_option)
                    "--gpu applies to --backend cuda only", NULL);
     expect_refused("demo --gpu 0", "--gpu applies to --backend cuda only", NULL);
     static const char *const bad[] = {RO "--backend cuda --gpu 99", RO "--backend cuda --gpu -1",
-                                      "gate --checkpoint @/a --prompts @/prompts.jsonl --backend cuda "
-                                      "--gpu 99"};
+                                      ("gate --checkpoint @/a --prompts @/prompts.jsonl --backend cuda "
+                                       "--gpu 99")};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *o = NULL;
         int rc = ls_test_cli(&o, "%s", cmd(bad[i]));
