@@ -37,6 +37,7 @@ static void setup(void)
         ck_assert_msg(ls_checkpoint_open(path, &g_ck[i], &err) == LS_OK, "%s", err.msg);
         ck_assert_msg(ls_model_open(g_ck[i], &g_m[i], &err) == LS_OK, "%s", err.msg);
     }
+    ls_test_rm_tmpdir(dir); /* the shards stay mapped; nothing reads the paths again */
 }
 
 static ls_engine *mk(const ls_model *m, int act_bf16, long slots, long max_rows, long every)
