@@ -323,13 +323,13 @@ static ls_status t_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view 
     return op_end(be, IN(be)->rope_apply(IN(be), x, cos_t, sin_t, T, H, d, R, act_bf16, err), err);
 }
 
-static ls_status t_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, long cap,
-                             ls_view pos, ls_view o, long T, long Hq, long Hkv, long d,
-                             int act_bf16, ls_order order, ls_error *err)
+static ls_status t_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, ls_view pt,
+                             long page, long cap, ls_view pos, ls_view o, long T, long Hq, long Hkv,
+                             long d, int act_bf16, ls_order order, ls_error *err)
 {
     LS_TRY(op_begin(be, LS_BENCH_OP_ATTENTION, 0, 0, err));
-    return op_end(be, IN(be)->attention(IN(be), q, kc, vc, cap, pos, o, T, Hq, Hkv, d, act_bf16,
-                                        order, err), err);
+    return op_end(be, IN(be)->attention(IN(be), q, kc, vc, pt, page, cap, pos, o, T, Hq, Hkv, d,
+                                        act_bf16, order, err), err);
 }
 
 static ls_status t_sigmoid_gate(ls_backend *be, ls_view o, ls_view gate, long n, int act_bf16,
@@ -395,23 +395,24 @@ static ls_status t_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls_
 }
 
 static ls_status t_kv_append_batch(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
-                                   ls_buf *const *vcs, long cap, const long *row0,
-                                   const long *len, const long *pos0, long nseq, long Hkv, long d,
-                                   ls_error *err)
+                                   ls_buf *const *vcs, const ls_view *pts, long page, long cap,
+                                   const long *row0, const long *len, const long *pos0, long nseq,
+                                   long Hkv, long d, ls_error *err)
 {
     LS_TRY(op_begin(be, LS_BENCH_OP_KV_APPEND_BATCH, 0, 0, err));
-    return op_end(be, IN(be)->kv_append_batch(IN(be), k, v, kcs, vcs, cap, row0, len, pos0, nseq,
-                                              Hkv, d, err), err);
+    return op_end(be, IN(be)->kv_append_batch(IN(be), k, v, kcs, vcs, pts, page, cap, row0, len,
+                                              pos0, nseq, Hkv, d, err), err);
 }
 
 static ls_status t_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kcs,
-                                   ls_buf *const *vcs, long cap, const long *row0,
-                                   const long *len, long nseq, ls_view pos, ls_view o, long Hq,
-                                   long Hkv, long d, int act_bf16, ls_order order, ls_error *err)
+                                   ls_buf *const *vcs, const ls_view *pts, long page, long cap,
+                                   const long *row0, const long *len, long nseq, ls_view pos,
+                                   ls_view o, long Hq, long Hkv, long d, int act_bf16,
+                                   ls_order order, ls_error *err)
 {
     LS_TRY(op_begin(be, LS_BENCH_OP_ATTENTION_BATCH, 0, 0, err));
-    return op_end(be, IN(be)->attention_batch(IN(be), q, kcs, vcs, cap, row0, len, nseq, pos, o,
-                                              Hq, Hkv, d, act_bf16, order, err), err);
+    return op_end(be, IN(be)->attention_batch(IN(be), q, kcs, vcs, pts, page, cap, row0, len, nseq,
+                                              pos, o, Hq, Hkv, d, act_bf16, order, err), err);
 }
 
 static ls_status t_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)

@@ -126,28 +126,33 @@ ls_status ls_cuda_rope_apply(float *x /* [T, H, d] */, const float *cos_t /* [T,
                              int act_bf16, void *stream, ls_error *err);
 
 /* Attention (docs/numerics.md §4): one warp per (query, head), keys in
- * blocks of 32 from position 0, lane = key within the block. d <= 256. */
-ls_status ls_cuda_attention(const float *q /* [T, Hq, d] */, const float *kc /* [Hkv, cap, d] */,
-                            const float *vc /* [Hkv, cap, d] */, long cap,
+ * blocks of 32 from position 0, lane = key within the block. d <= 256. The
+ * cache is paged as ls_cpu_kv_row has it: [pages, Hkv, page, d], pt [cap /
+ * page] (device) maps a sequence's page to a cache page, NULL = identity (a
+ * contiguous [Hkv, cap, d] cache is page = cap, pt NULL). */
+ls_status ls_cuda_attention(const float *q /* [T, Hq, d] */,
+                            const float *kc /* [pages, Hkv, page, d] */, const float *vc,
+                            const int32_t *pt /* [cap / page] or NULL */, long page, long cap,
                             const int32_t *pos /* [T] */, float *o /* [T, Hq, d] */, long T,
                             long Hq, long Hkv, long d, int act_bf16, int order, void *stream,
                             ls_error *err);
 
 /* ls_cuda_attention for nseq sequences in one launch per 64: sequence s owns
- * rows row0[s] .. row0[s]+len[s]-1 of q, pos and o, and its own caches
- * kcs[s], vcs[s] (device pointers in host arrays). */
+ * rows row0[s] .. row0[s]+len[s]-1 of q, pos and o, and its caches kcs[s],
+ * vcs[s] with table pts[s] (device pointers in host arrays; pts NULL: every
+ * table the identity). */
 ls_status ls_cuda_attention_batch(const float *q, const float *const *kcs,
-                                  const float *const *vcs, long cap, const long *row0,
-                                  const long *len, long nseq, const int32_t *pos, float *o,
-                                  long Hq, long Hkv, long d, int act_bf16, int order, void *stream,
-                                  ls_error *err);
+                                  const float *const *vcs, const int32_t *const *pts, long page,
+                                  long cap, const long *row0, const long *len, long nseq,
+                                  const int32_t *pos, float *o, long Hq, long Hkv, long d,
+                                  int act_bf16, int order, void *stream, ls_error *err);
 
 /* KV-cache append for nseq sequences: rows row0[s] + i of k, v [T, Hkv, d]
- * go to position pos0[s] + i of head h of kcs[s], vcs[s] [Hkv, cap, d]. */
+ * go to position pos0[s] + i of head h of kcs[s], vcs[s] (paged as above). */
 ls_status ls_cuda_kv_append_batch(const float *k, const float *v, float *const *kcs,
-                                  float *const *vcs, long cap, const long *row0, const long *len,
-                                  const long *pos0, long nseq, long Hkv, long d, void *stream,
-                                  ls_error *err);
+                                  float *const *vcs, const int32_t *const *pts, long page,
+                                  long cap, const long *row0, const long *len, const long *pos0,
+                                  long nseq, long Hkv, long d, void *stream, ls_error *err);
 
 /* o_i = act(o_i · act(sigmoid(gate_i))). */
 ls_status ls_cuda_sigmoid_gate(float *o /* [n] */, const float *gate /* [n] */, long n,

@@ -48,19 +48,22 @@ extern "C" ls_status ls_cuda_rope_apply(float *x, const float *cos_t, const floa
 #define LS_ATT_TILE (LS_ATT_TILE_BLOCKS * LS_WARP)  /* 256 keys */
 #define LS_ATT_KG 8                                 /* key rows per warp loaded before their dots */
 
-/* Per-launch sequence table, passed by value (no device upload). */
+/* Per-launch sequence table, passed by value (no device upload): 3 KiB,
+ * within the 4 KiB of kernel parameters. */
 typedef struct ls_att_seqs {
     long row0[LS_CUDA_SEQ_CHUNK];
     long len[LS_CUDA_SEQ_CHUNK];
     long pos0[LS_CUDA_SEQ_CHUNK];  /* first cache position written (KV append) */
     float *kc[LS_CUDA_SEQ_CHUNK];  /* read-only in attention */
     float *vc[LS_CUDA_SEQ_CHUNK];
+    const int32_t *pt[LS_CUDA_SEQ_CHUNK]; /* page tables (device); NULL = identity */
 } ls_att_seqs;
 
-/* Fills sq with sequences s0 .. s0+n-1 (pos0 NULL: zeros); returns the
- * longest length. */
+/* Fills sq with sequences s0 .. s0+n-1 (pos0 NULL: zeros; pts NULL: every
+ * table the identity); returns the longest length. */
 static long ls_att_seqs_fill(ls_att_seqs *sq, const float *const *kcs, const float *const *vcs,
-                             const long *row0, const long *len, const long *pos0, long s0, long n)
+                             const int32_t *const *pts, const long *row0, const long *len,
+                             const long *pos0, long s0, long n)
 {
     long maxlen = 0;
     memset(sq, 0, sizeof *sq);
@@ -70,20 +73,29 @@ static long ls_att_seqs_fill(ls_att_seqs *sq, const float *const *kcs, const flo
         sq->pos0[s] = pos0 ? pos0[s0 + s] : 0;
         sq->kc[s] = (float *)kcs[s0 + s];
         sq->vc[s] = (float *)vcs[s0 + s];
+        sq->pt[s] = pts ? pts[s0 + s] : NULL;
         if (sq->len[s] > maxlen) maxlen = sq->len[s];
     }
     return maxlen;
 }
 
-/* Column `col` of the value rows of keys b0 .. b0+nb-1 into vb[0..nb) and 0
- * after (nb <= 0: all 0). The loads are issued together, so one thread has
- * up to 32 in flight. */
-__device__ __forceinline__ void ls_att_vload(float *vb, const float *V, long b0, long nb, long d,
-                                             int col)
+/* The row of position p of KV head h in a paged cache [pages, Hkv, page, d]
+ * (ls_cpu_kv_row): its first element is at row * d. */
+__device__ __forceinline__ long ls_att_row(const int32_t *pt, long page, long Hkv, long h, long p)
 {
-    const float *vcol = V + b0 * d + col; /* [nb] with stride d */
+    long i = p / page, pg = pt ? (long)pt[i] : i;
+    return (pg * Hkv + h) * page + p % page;
+}
+
+/* Column `col` of the value rows of the tile's keys j0 .. j0+nb-1 (rows[j]:
+ * the row of the tile's key j) into vb[0..nb) and 0 after (nb <= 0: all 0).
+ * The loads are issued together, so one thread has up to 32 in flight. */
+__device__ __forceinline__ void ls_att_vload(float *vb, const float *V, const long *rows, long j0,
+                                             long nb, long d, int col)
+{
 #pragma unroll
-    for (int jj = 0; jj < LS_WARP; jj++) vb[jj] = jj < nb ? __ldg(vcol + (long)jj * d) : 0.0f;
+    for (int jj = 0; jj < LS_WARP; jj++)
+        vb[jj] = jj < nb ? __ldg(V + rows[j0 + jj] * d + col) : 0.0f;
 }
 
 /* Per block of 32 keys (key j = lane j of the canonical formulation):
@@ -118,11 +130,21 @@ __device__ __forceinline__ void ls_att_vload(float *vb, const float *V, long b0,
  * in lanes >= nb exactly as the canonical block does; blocks past the query's
  * position are not formed at all. The kernel takes about 200 registers a
  * thread (one block per SM): what bounds it is the loads in flight, not the
- * number of resident warps. */
+ * number of resident warps.
+ *
+ * The cache is paged (ls_att_row): before a tile, thread j writes the row
+ * of the tile's key j (one division per thread and tile) to a shared table
+ * that phases (1) and (3) address through; the keys, their order and every
+ * operation on them are those of a contiguous cache, which is the identity
+ * table with page = cap. The table is double-buffered, so one barrier per
+ * tile suffices: tile i + 2 rewrites tile i's half only after every thread
+ * has passed tile i + 1's first barrier, i.e. has left tile i. */
+static_assert(LS_ATT_TILE == LS_ATT_THREADS, "one thread per key of a tile writes its row");
 __global__ void __launch_bounds__(LS_ATT_THREADS)
-ls_attention_kernel(const float *q, ls_att_seqs sq, long cap, const int32_t *pos, float *o,
-                    long Hq, long Hkv, long d, float scale, int act)
+ls_attention_kernel(const float *q, ls_att_seqs sq, long page, long cap, const int32_t *pos,
+                    float *o, long Hq, long Hkv, long d, float scale, int act)
 {
+    __shared__ long row_sm[2][LS_ATT_TILE];     /* row of each key of the tile; two tiles */
     __shared__ float bm_sm[LS_ATT_TILE_BLOCKS]; /* block maxima of the tile */
     __shared__ float c_sm[LS_ATT_TILE_BLOCKS];  /* c of each block */
     __shared__ float l_sm[LS_ATT_TILE_BLOCKS];  /* DOT32_lanes(p, 1) of each block */
@@ -137,9 +159,10 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long cap, const int32_t *pos
     long kvh = n * Hkv / Hq;
     long last = pos[t];
     if (last > cap - 1) last = cap - 1; /* never read past the cache (checked by the engine) */
-    const float *qv = q + pair * d;               /* [d] */
-    const float *K = sq.kc[sidx] + kvh * cap * d; /* [cap, d] */
-    const float *V = sq.vc[sidx] + kvh * cap * d; /* [cap, d] */
+    const float *qv = q + pair * d;    /* [d] */
+    const float *K = sq.kc[sidx];      /* [pages, Hkv, page, d] */
+    const float *V = sq.vc[sidx];      /* [pages, Hkv, page, d] */
+    const int32_t *pt = sq.pt[sidx];   /* [cap / page] or NULL */
     float qr[LS_ATT_DR];
 #pragma unroll
     for (int r = 0; r < LS_ATT_DR; r++) {
@@ -153,6 +176,9 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long cap, const int32_t *pos
         long nt = last - t0 + 1;
         if (nt > LS_ATT_TILE) nt = LS_ATT_TILE;
         int nblk = (int)((nt + LS_WARP - 1) / LS_WARP); /* blocks of this tile, >= 1 */
+        long *rows = row_sm[(t0 / LS_ATT_TILE) & 1];    /* [nt] */
+        if (tid < nt) rows[tid] = ls_att_row(pt, page, Hkv, kvh, t0 + tid);
+        __syncthreads();
         /* (1) Scores of block `warp`: keys b0 .. b0+nb-1 (nb <= 0: none). */
         long b0 = t0 + (long)warp * LS_WARP;
         long nb = last - b0 + 1;
@@ -166,7 +192,8 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long cap, const int32_t *pos
                     /* Keys past the block read the block's last row again
                      * (in the cache, never used): no per-key predicate. */
                     long j = j0 + g < nb ? j0 + g : nb - 1;
-                    const float *kl = K + (b0 + j) * d + lane; /* [d - lane], stride 32 */
+                    const float *kl = K + rows[(long)warp * LS_WARP + j] * d + lane; /* [d - lane],
+                                                                                       stride 32 */
 #pragma unroll
                     for (int r = 0; r < LS_ATT_DR; r++)
                         kv[g][r] = lane + r * LS_WARP < d ? __ldg(kl + r * LS_WARP) : 0.0f;
@@ -191,8 +218,8 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long cap, const int32_t *pos
         }
         float va[LS_WARP], vb[LS_WARP]; /* value columns of the next two blocks */
         if (dok) {
-            ls_att_vload(va, V, t0, nt, d, tid);
-            ls_att_vload(vb, V, t0 + LS_WARP, nt - LS_WARP, d, tid);
+            ls_att_vload(va, V, rows, 0, nt, d, tid);
+            ls_att_vload(vb, V, rows, LS_WARP, nt - LS_WARP, d, tid);
         }
         __syncthreads();
         /* (2) The chain of maxima; c, p_j and DOT32_lanes(p, 1) of block `warp`. */
@@ -232,7 +259,8 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long cap, const int32_t *pos
             if (dok) {
                 long nbb = nt - (long)b * LS_WARP; /* keys of block b (> 0) */
                 float vn[LS_WARP];
-                ls_att_vload(vn, V, t0 + (long)(b + 2) * LS_WARP, nbb - 2 * LS_WARP, d, tid);
+                /* block b + 2 of the tile (none past the tile: nbb - 64 <= 0 there) */
+                ls_att_vload(vn, V, rows, (long)(b + 2) * LS_WARP, nbb - 2 * LS_WARP, d, tid);
                 float pv[LS_WARP];
 #pragma unroll
                 for (int jj = 0; jj < LS_WARP; jj++) {
@@ -256,57 +284,61 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long cap, const int32_t *pos
     if (dok) o[pair * d + tid] = ls_act_d(acc / l, act);
 }
 
-static ls_status att_check(long cap, long Hq, long Hkv, long d, int order, ls_error *err)
+static ls_status att_check(long page, long cap, long Hq, long Hkv, long d, int order, ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order, err, "attention");
     LS_CUDA_REQUIRE(d >= 1 && d <= LS_CUDA_ATT_MAX_D && Hq >= 1 && Hkv >= 1 && cap >= 1, err,
                     "cuda portable attention: head dim %ld (max %d), heads %ld/%ld, cache %ld "
                     "not supported", d, LS_CUDA_ATT_MAX_D, Hq, Hkv, cap);
+    LS_CUDA_REQUIRE(page >= 1 && cap % page == 0, err,
+                    "cuda portable attention: page %ld, cap %ld (a multiple of the page)", page, cap);
     return LS_OK;
 }
 
 extern "C" ls_status ls_cuda_attention_batch(const float *q, const float *const *kcs,
-                                             const float *const *vcs, long cap,
-                                             const long *row0, const long *len, long nseq,
-                                             const int32_t *pos, float *o, long Hq, long Hkv,
-                                             long d, int act_bf16, int order, void *stream,
-                                             ls_error *err)
+                                             const float *const *vcs, const int32_t *const *pts,
+                                             long page, long cap, const long *row0,
+                                             const long *len, long nseq, const int32_t *pos,
+                                             float *o, long Hq, long Hkv, long d, int act_bf16,
+                                             int order, void *stream, ls_error *err)
 {
-    ls_status st = att_check(cap, Hq, Hkv, d, order, err);
+    ls_status st = att_check(page, cap, Hq, Hkv, d, order, err);
     if (st != LS_OK) return st;
     /* fp32(1/sqrt(d)) computed in double and rounded once (ls_cpu_inv_sqrt_scale). */
     float scale = (float)(1.0 / sqrt((double)d));
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
         long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK;
         ls_att_seqs sq;
-        long maxlen = ls_att_seqs_fill(&sq, kcs, vcs, row0, len, NULL, s0, n);
+        long maxlen = ls_att_seqs_fill(&sq, kcs, vcs, pts, row0, len, NULL, s0, n);
         if (maxlen <= 0) continue;
         LS_CUDA_REQUIRE(maxlen * Hq <= 0x7fffffffL, err,
                         "cuda portable attention: %ld tokens x %ld heads in one call", maxlen, Hq);
         dim3 grid((unsigned)(maxlen * Hq), (unsigned)n);
         ls_attention_kernel<<<grid, LS_ATT_THREADS, 0, (cudaStream_t)stream>>>(
-            q, sq, cap, pos, o, Hq, Hkv, d, scale, act_bf16);
+            q, sq, page, cap, pos, o, Hq, Hkv, d, scale, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_attention_kernel", err);
     }
     return LS_OK;
 }
 
-extern "C" ls_status ls_cuda_attention(const float *q, const float *kc, const float *vc, long cap,
-                                       const int32_t *pos, float *o, long T, long Hq, long Hkv,
-                                       long d, int act_bf16, int order, void *stream, ls_error *err)
+extern "C" ls_status ls_cuda_attention(const float *q, const float *kc, const float *vc,
+                                       const int32_t *pt, long page, long cap, const int32_t *pos,
+                                       float *o, long T, long Hq, long Hkv, long d, int act_bf16,
+                                       int order, void *stream, ls_error *err)
 {
-    ls_status st = att_check(cap, Hq, Hkv, d, order, err);
+    ls_status st = att_check(page, cap, Hq, Hkv, d, order, err);
     if (st != LS_OK) return st;
     if (T <= 0) return LS_OK;
     long row0 = 0;
-    return ls_cuda_attention_batch(q, &kc, &vc, cap, &row0, &T, 1, pos, o, Hq, Hkv, d, act_bf16,
-                                   order, stream, err);
+    return ls_cuda_attention_batch(q, &kc, &vc, &pt, page, cap, &row0, &T, 1, pos, o, Hq, Hkv, d,
+                                   act_bf16, order, stream, err);
 }
 
 /* ---- KV append ------------------------------------------------------------------- */
 
-/* Element e of (row i, kv head h, dim) of sequence blockIdx.y: a plain copy. */
-__global__ void ls_kv_append_kernel(const float *k, const float *v, ls_att_seqs sq, long cap,
+/* Element e of (row i, kv head h, dim) of sequence blockIdx.y: a plain copy
+ * to its position's row (ls_att_row). */
+__global__ void ls_kv_append_kernel(const float *k, const float *v, ls_att_seqs sq, long page,
                                     long Hkv, long d)
 {
     int sidx = (int)blockIdx.y;
@@ -315,24 +347,32 @@ __global__ void ls_kv_append_kernel(const float *k, const float *v, ls_att_seqs 
     if (e >= sq.len[sidx] * W) return;
     long i = e / W, hd = e % W, h = hd / d, dd = hd % d;
     long src = (sq.row0[sidx] + i) * W + hd;
-    long dst = (h * cap + sq.pos0[sidx] + i) * d + dd;
+    long dst = ls_att_row(sq.pt[sidx], page, Hkv, h, sq.pos0[sidx] + i) * d + dd;
     sq.kc[sidx][dst] = k[src];
     sq.vc[sidx][dst] = v[src];
 }
 
 extern "C" ls_status ls_cuda_kv_append_batch(const float *k, const float *v, float *const *kcs,
-                                             float *const *vcs, long cap, const long *row0,
+                                             float *const *vcs, const int32_t *const *pts,
+                                             long page, long cap, const long *row0,
                                              const long *len, const long *pos0, long nseq,
                                              long Hkv, long d, void *stream, ls_error *err)
 {
+    LS_CUDA_REQUIRE(page >= 1 && cap % page == 0, err,
+                    "cuda portable kv_append_batch: page %ld, cap %ld (a multiple of the page)",
+                    page, cap);
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
         long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK;
         ls_att_seqs sq;
         long maxlen = ls_att_seqs_fill(&sq, (const float *const *)kcs, (const float *const *)vcs,
-                                       row0, len, pos0, s0, n);
+                                       pts, row0, len, pos0, s0, n);
         if (maxlen <= 0) continue;
+        for (long s = 0; s < n; s++)
+            LS_CUDA_REQUIRE(sq.len[s] <= 0 || sq.pos0[s] + sq.len[s] <= cap, err,
+                            "cuda portable kv_append_batch: positions %ld..%ld past the cache (%ld)",
+                            sq.pos0[s], sq.pos0[s] + sq.len[s] - 1, cap);
         dim3 grid(ls_blocks_for(maxlen * Hkv * d, 256), (unsigned)n);
-        ls_kv_append_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(k, v, sq, cap, Hkv, d);
+        ls_kv_append_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(k, v, sq, page, Hkv, d);
         LS_CUDA_CHECK_LAUNCH("ls_kv_append_kernel", err);
     }
     return LS_OK;

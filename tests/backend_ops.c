@@ -245,6 +245,7 @@ static const ls_bweight *bo_bw(const bo_case *c, int id)
 static float *R(bo_case *c, int i) { return c->t[i].ref; }
 static int32_t *RI(bo_case *c, int i) { return c->t[i].ref; }
 static float *INIT(bo_case *c, int i) { return c->t[i].init; }
+static const int32_t *INITI(const bo_case *c, int i) { return c->t[i].init; }
 static ls_view V(const bo_case *c, int i) { return c->t[i].v; }
 static ls_view AT(const bo_case *c, int i, long elems)
 {
@@ -875,52 +876,139 @@ static ls_status rope_exec(bo_case *c, ls_backend *be, ls_error *err)
                           c->act, err);
 }
 
-typedef struct sh_att { int tier; long Hq, Hkv, d, cap, T, p0, pad; } sh_att;
+/* Paged caches (ls_cpu_kv_row): page > 0 puts the cache in a pool of pages
+ * [P, Hkv, page, d] behind a page table that scatters the logical pages
+ * over the pool (a stride coprime to P, and spare pages the table never
+ * names). The reference is the contiguous ls_cpu_attention over the
+ * logical cache gathered from the pool with the layout's formula written
+ * out here, so a backend passes only if paging changes no bit. Positions are
+ * chosen at the ceil-division boundaries: lengths pos + 1 = 0, 1 and
+ * page - 1 (mod page), a sequence ending exactly on a page, blocks of 32
+ * keys that span pages. */
+
+/* The logical page -> pool page map of `n` tables of `entries` each over
+ * a pool of P >= n * entries pages: a permutation step coprime to P. */
+static void bo_page_tables(int32_t *pt, long n, long entries, long P)
+{
+    long k = 7;
+    for (;; k++) {
+        long a = k, b = P;
+        while (b) {
+            long t = a % b;
+            a = b;
+            b = t;
+        }
+        if (a == 1) break;
+    }
+    for (long i = 0; i < n * entries; i++) pt[i] = (int32_t)((i * k + 3) % P);
+}
+
+/* The row of position p of head h behind table pt (the layout, spelled out
+ * independently of the library's helper). */
+static long bo_kv_row(const int32_t *pt, long page, long Hkv, long h, long p)
+{
+    return ((long)pt[p / page] * Hkv + h) * page + p % page;
+}
+
+/* The logical cache [Hkv, cap, d] of a paged pool (cap = entries * page). */
+static float *bo_kv_gather(const float *pool, const int32_t *pt, long page, long cap, long Hkv,
+                           long d)
+{
+    float *out = bo_xmalloc(sizeof(float) * (size_t)(Hkv * cap * d));
+    for (long h = 0; h < Hkv; h++)
+        for (long p = 0; p < cap; p++)
+            memcpy(out + (h * cap + p) * d, pool + bo_kv_row(pt, page, Hkv, h, p) * d,
+                   sizeof(float) * (size_t)d);
+    return out;
+}
+
+typedef struct sh_att { int tier; long Hq, Hkv, d, cap, T, p0, pad, page; } sh_att;
 static const sh_att att_shapes[] = {
-    {BO_ALL, 16, 2, 256, 200, 65, 0, 0},   /* prefill */
-    {BO_ALL, 16, 2, 256, 200, 1, 130, 0},  /* decode */
-    {BO_FULL, 16, 2, 256, 200, 63, 64, 0}, /* chunk */
-    {BO_QUICK, 16, 2, 256, 200, 9, 64, 0},
-    {BO_ALL, 4, 2, 48, 100, 65, 0, 0},
-    {BO_ALL, 6, 3, 96, 100, 33, 31, 0},
-    {BO_ALL, 2, 1, 77, 40, 9, 20, 1},
-    {BO_FULL, 16, 2, 256, 4200, 2, 4100, 0},
+    {BO_ALL, 16, 2, 256, 200, 65, 0, 0, 0},   /* prefill */
+    {BO_ALL, 16, 2, 256, 200, 1, 130, 0, 0},  /* decode */
+    {BO_FULL, 16, 2, 256, 200, 63, 64, 0, 0}, /* chunk */
+    {BO_QUICK, 16, 2, 256, 200, 9, 64, 0, 0},
+    {BO_ALL, 4, 2, 48, 100, 65, 0, 0, 0},
+    {BO_ALL, 6, 3, 96, 100, 33, 31, 0, 0},
+    {BO_ALL, 2, 1, 77, 40, 9, 20, 1, 0},
+    {BO_FULL, 16, 2, 256, 4200, 2, 4100, 0, 0},
+    /* paged: a prefill covers every length mod the page; the short runs
+     * start at lengths 0 and page - 1 (mod page) and cross into the next */
+    {BO_ALL, 16, 2, 256, 208, 65, 0, 0, 16},
+    {BO_ALL, 16, 2, 256, 208, 3, 31, 0, 16},  /* lengths 32, 33, 34: ends on a page */
+    {BO_ALL, 16, 2, 256, 208, 2, 46, 0, 16},  /* lengths 47, 48 */
+    {BO_ALL, 16, 2, 256, 204, 65, 0, 0, 17},
+    {BO_ALL, 16, 2, 256, 204, 3, 33, 0, 17},  /* lengths 34, 35, 36 */
+    {BO_ALL, 16, 2, 256, 204, 2, 49, 0, 17},  /* lengths 50, 51 */
+    {BO_ALL, 2, 1, 77, 51, 9, 20, 1, 17},     /* odd head dim, padded views */
+    {BO_ALL, 16, 2, 256, 400, 3, 99, 0, 100}, /* lengths 100, 101, 102 */
+    {BO_ALL, 16, 2, 256, 400, 2, 198, 0, 100},/* lengths 199, 200 */
+    {BO_FULL, 16, 2, 256, 4200, 2, 4099, 0, 100}, /* more than one key tile per page run */
 };
-enum { AT_Q, AT_KC, AT_VC, AT_POS, AT_O };
+enum { AT_Q, AT_KC, AT_VC, AT_POS, AT_O, AT_PT }; /* AT_PT: paged only */
+
+/* Table entries and positions they cover. */
+static long att_entries(const sh_att *s)
+{
+    return s->page ? (s->cap + s->page - 1) / s->page : 1;
+}
 
 static void att_setup(bo_case *c, const void *shape)
 {
     const sh_att *s = shape;
-    size_t nc = (size_t)(s->Hkv * s->cap * s->d), nq = (size_t)(s->T * s->Hq * s->d);
+    long E = att_entries(s), P = s->page ? E + 2 : 1;
+    size_t nc = s->page ? (size_t)(P * s->Hkv * s->page * s->d) : (size_t)(s->Hkv * s->cap * s->d);
+    size_t nq = (size_t)(s->T * s->Hq * s->d);
     c->pad = s->pad;
     bo_in(c, AT_Q, "q", nq, 4.0f, c->act);
-    bo_in(c, AT_KC, "k cache", nc, 1.0f, c->act);
-    bo_in(c, AT_VC, "v cache", nc, 1.0f, c->act);
+    bo_in(c, AT_KC, s->page ? "k pool" : "k cache", nc, 1.0f, c->act);
+    bo_in(c, AT_VC, s->page ? "v pool" : "v cache", nc, 1.0f, c->act);
     int32_t *pos = bo_i32(c, AT_POS, "pos", (size_t)s->T);
     for (long t = 0; t < s->T; t++) pos[t] = (int32_t)(s->p0 + t);
     bo_out(c, AT_O, "o", nq, 0);
+    if (s->page) bo_page_tables(bo_i32(c, AT_PT, "page table", (size_t)E), 1, E, P);
     bo_what(c, "Hq %ld Hkv %ld d %ld cap %ld T %ld from pos %ld", s->Hq, s->Hkv, s->d, s->cap, s->T,
             s->p0);
+    if (s->page) bo_what(c, " page %ld (%ld of %ld pool pages)", s->page, E, P);
 }
 
 static void att_ref(bo_case *c)
 {
     const sh_att *s = c->shape;
     float *scratch = bo_xmalloc(sizeof(float) * (size_t)s->d);
-    ls_cpu_attention(R(c, AT_Q), R(c, AT_KC), R(c, AT_VC), s->cap, RI(c, AT_POS), R(c, AT_O), s->T,
-                     s->Hq, s->Hkv, s->d, scratch, c->act, c->order);
+    if (s->page) {
+        long cap = att_entries(s) * s->page;
+        float *kc = bo_kv_gather(R(c, AT_KC), RI(c, AT_PT), s->page, cap, s->Hkv, s->d);
+        float *vc = bo_kv_gather(R(c, AT_VC), RI(c, AT_PT), s->page, cap, s->Hkv, s->d);
+        ls_cpu_attention(R(c, AT_Q), kc, vc, cap, RI(c, AT_POS), R(c, AT_O), s->T, s->Hq, s->Hkv,
+                         s->d, scratch, c->act, c->order);
+        free(kc);
+        free(vc);
+    } else {
+        ls_cpu_attention(R(c, AT_Q), R(c, AT_KC), R(c, AT_VC), s->cap, RI(c, AT_POS), R(c, AT_O),
+                         s->T, s->Hq, s->Hkv, s->d, scratch, c->act, c->order);
+    }
     free(scratch);
 }
 
 static ls_status att_exec(bo_case *c, ls_backend *be, ls_error *err)
 {
     const sh_att *s = c->shape;
-    return be->attention(be, V(c, AT_Q), V(c, AT_KC), V(c, AT_VC), s->cap, V(c, AT_POS), V(c, AT_O),
-                         s->T, s->Hq, s->Hkv, s->d, c->act, c->order, err);
+    ls_view pt = {NULL, 0};
+    long page = s->cap, cap = s->cap;
+    if (s->page) {
+        pt = V(c, AT_PT);
+        page = s->page;
+        cap = att_entries(s) * s->page;
+    }
+    return be->attention(be, V(c, AT_Q), V(c, AT_KC), V(c, AT_VC), pt, page, cap, V(c, AT_POS),
+                         V(c, AT_O), s->T, s->Hq, s->Hkv, s->d, c->act, c->order, err);
 }
 
 /* kv_append_batch and attention_batch: sequence s owns rows row0[s].. of the
- * packed K, V (or Q) and its own caches, written from position pos0[s]. */
+ * packed K, V (or Q) and its own caches, written from position pos0[s].
+ * Paged (page > 0): every sequence's pages are in one pool (as the engine
+ * has them), each behind its own table. */
 typedef struct sh_kvb {
     int tier;
     long Hq, Hkv, d, cap, nseq;
@@ -928,13 +1016,39 @@ typedef struct sh_kvb {
     int nlens;
     long pos0[4];
     int npos;
+    long page;
 } sh_kvb;
 static const sh_kvb kvb_shapes[] = {
-    {BO_ALL, 16, 2, 256, 200, 3, {65, 1, 10}, 3, {0, 130, 64}, 3},
-    {BO_ALL, 4, 1, 48, 20, 70, {1, 2, 0, 3}, 4, {0, 5, 17}, 3}, /* two launches of 64 */
-    {BO_ALL, 2, 1, 77, 40, 2, {9, 1}, 2, {20, 39}, 2},
+    {BO_ALL, 16, 2, 256, 200, 3, {65, 1, 10}, 3, {0, 130, 64}, 3, 0},
+    {BO_ALL, 4, 1, 48, 20, 70, {1, 2, 0, 3}, 4, {0, 5, 17}, 3, 0}, /* two launches of 64 */
+    {BO_ALL, 2, 1, 77, 40, 2, {9, 1}, 2, {20, 39}, 2, 0},
+    /* paged: a decode ending exactly on a page, runs crossing pages */
+    {BO_ALL, 16, 2, 256, 208, 3, {65, 1, 10}, 3, {0, 31, 47}, 3, 16},
+    {BO_ALL, 16, 2, 256, 204, 3, {65, 1, 18}, 3, {0, 33, 34}, 3, 17},
+    {BO_ALL, 16, 2, 256, 200, 3, {1, 2, 101}, 3, {99, 100, 0}, 3, 100},
+    {BO_ALL, 4, 1, 48, 32, 70, {1, 2, 0, 3}, 4, {15, 16, 17}, 3, 16}, /* two launches of 64 */
+    {BO_ALL, 2, 1, 77, 51, 2, {9, 1}, 2, {8, 33}, 2, 17},
 };
-enum { KB_K, KB_V, KB_C0 };        /* then the k caches, then the v caches */
+enum { KB_K, KB_V, KB_C0 };        /* then the k caches, then the v caches (paged: the k
+                                      pool, the v pool, the page tables) */
+
+static long kvb_entries(const sh_kvb *s)
+{
+    return (s->cap + s->page - 1) / s->page;
+}
+
+/* Paged: the pools and tables of a batch (tensors from index `first`). */
+static void kvb_pool_setup(bo_case *c, const sh_kvb *s, int first)
+{
+    long E = kvb_entries(s), P = s->nseq * E + 1;
+    size_t np = (size_t)(P * s->Hkv * s->page * s->d);
+    bo_in(c, first, "k pool", np, 1.0f, c->act);
+    bo_in(c, first + 1, "v pool", np, 1.0f, c->act);
+    c->t[first].flags |= BO_AT0;
+    c->t[first + 1].flags |= BO_AT0;
+    bo_page_tables(bo_i32(c, first + 2, "page tables", (size_t)(s->nseq * E)), s->nseq, E, P);
+    bo_what(c, " page %ld (%ld pool pages)", s->page, P);
+}
 
 static void kvb_setup(bo_case *c, const void *shape)
 {
@@ -943,20 +1057,26 @@ static void kvb_setup(bo_case *c, const void *shape)
     size_t nr = (size_t)(T * s->Hkv * s->d), nc = (size_t)(s->Hkv * s->cap * s->d);
     bo_in(c, KB_K, "k", nr, 1.0f, c->act);
     bo_in(c, KB_V, "v", nr, 1.0f, c->act);
+    bo_what(c, "Hkv %ld d %ld cap %ld, %ld sequences (%ld rows)", s->Hkv, s->d, s->cap, s->nseq, T);
+    if (s->page) {
+        kvb_pool_setup(c, s, KB_C0);
+        return;
+    }
     for (long q = 0; q < 2 * s->nseq; q++) /* earlier rows of each cache stay */
         bo_in(c, KB_C0 + (int)q, q < s->nseq ? "k cache" : "v cache", nc, 1.0f, c->act);
     for (long q = 0; q < 2 * s->nseq; q++) c->t[KB_C0 + q].flags |= BO_AT0;
-    bo_what(c, "Hkv %ld d %ld cap %ld, %ld sequences (%ld rows)", s->Hkv, s->d, s->cap, s->nseq, T);
 }
 
-/* Rows [len, Hkv, d] from row r0 to positions p0.. of each head of a cache. */
+/* Rows [len, Hkv, d] from row r0 to positions p0.. of each head of a cache
+ * (pt NULL: contiguous [Hkv, cap, d]; else paged with pages of `page`). */
 static void kv_copy(float *cache, const float *rows, long r0, long p0, long len, long Hkv, long d,
-                    long cap)
+                    long cap, const int32_t *pt, long page)
 {
     for (long i = 0; i < len; i++)
-        for (long h = 0; h < Hkv; h++)
-            memcpy(cache + (h * cap + p0 + i) * d, rows + ((r0 + i) * Hkv + h) * d,
-                   sizeof(float) * (size_t)d);
+        for (long h = 0; h < Hkv; h++) {
+            long row = pt ? bo_kv_row(pt, page, Hkv, h, p0 + i) : h * cap + p0 + i;
+            memcpy(cache + row * d, rows + ((r0 + i) * Hkv + h) * d, sizeof(float) * (size_t)d);
+        }
 }
 
 static void kvb_ref(bo_case *c)
@@ -964,39 +1084,66 @@ static void kvb_ref(bo_case *c)
     const sh_kvb *s = c->shape;
     const long *row0 = ROW0(c, s->nseq), *len = LEN(c, s->nseq), *pos0 = POS0(c, s->nseq);
     for (long q = 0; q < s->nseq; q++) {
-        kv_copy(R(c, KB_C0 + (int)q), R(c, KB_K), row0[q], pos0[q], len[q], s->Hkv, s->d, s->cap);
+        if (s->page) {
+            const int32_t *pt = RI(c, KB_C0 + 2) + q * kvb_entries(s);
+            kv_copy(R(c, KB_C0), R(c, KB_K), row0[q], pos0[q], len[q], s->Hkv, s->d, 0, pt, s->page);
+            kv_copy(R(c, KB_C0 + 1), R(c, KB_V), row0[q], pos0[q], len[q], s->Hkv, s->d, 0, pt,
+                    s->page);
+            continue;
+        }
+        kv_copy(R(c, KB_C0 + (int)q), R(c, KB_K), row0[q], pos0[q], len[q], s->Hkv, s->d, s->cap,
+                NULL, 0);
         kv_copy(R(c, KB_C0 + (int)(s->nseq + q)), R(c, KB_V), row0[q], pos0[q], len[q], s->Hkv,
-                s->d, s->cap);
+                s->d, s->cap, NULL, 0);
     }
+}
+
+/* The batch's caches, tables, page and capacity as the batched ops take them. */
+static void kvb_args(const bo_case *c, const sh_kvb *s, int first, ls_buf **kc, ls_buf **vc,
+                     ls_view *pts, long *page, long *cap)
+{
+    for (long q = 0; q < s->nseq; q++) {
+        kc[q] = s->page ? c->t[first].buf : c->t[first + q].buf;
+        vc[q] = s->page ? c->t[first + 1].buf : c->t[first + s->nseq + q].buf;
+        pts[q] = s->page ? AT(c, first + 2, q * kvb_entries(s)) : (ls_view){NULL, 0};
+    }
+    *page = s->page ? s->page : s->cap;
+    *cap = s->page ? kvb_entries(s) * s->page : s->cap;
 }
 
 static ls_status kvb_exec(bo_case *c, ls_backend *be, ls_error *err)
 {
     const sh_kvb *s = c->shape;
     const long *row0 = ROW0(c, s->nseq), *len = LEN(c, s->nseq), *pos0 = POS0(c, s->nseq);
-    if (be->kv_append_batch) {
-        ls_buf *kc[BO_MAX_TENSORS], *vc[BO_MAX_TENSORS];
-        for (long q = 0; q < s->nseq; q++) {
-            kc[q] = c->t[KB_C0 + q].buf;
-            vc[q] = c->t[KB_C0 + s->nseq + q].buf;
-        }
-        return be->kv_append_batch(be, V(c, KB_K), V(c, KB_V), kc, vc, s->cap, row0, len, pos0,
-                                   s->nseq, s->Hkv, s->d, err);
-    }
-    /* As the engine does without it: one block copy per sequence and cache. */
+    ls_buf *kc[BO_MAX_TENSORS], *vc[BO_MAX_TENSORS];
+    ls_view pts[BO_MAX_TENSORS];
+    long page, cap;
+    kvb_args(c, s, KB_C0, kc, vc, pts, &page, &cap);
+    if (be->kv_append_batch)
+        return be->kv_append_batch(be, V(c, KB_K), V(c, KB_V), kc, vc, pts, page, cap, row0, len,
+                                   pos0, s->nseq, s->Hkv, s->d, err);
+    /* As the engine does without it: block copies per sequence, cache and
+     * run of positions within one page (contiguous: one run). */
     c->fallback = 1;
     for (long q = 0; q < s->nseq; q++) {
-        if (len[q] == 0) continue;
-        ls_copy_shape kv = {len[q], s->Hkv, s->d, s->d, s->cap * s->d, s->Hkv * s->d, s->d};
-        LS_TRY(be->copy_blocks(be, AT(c, KB_C0 + (int)q, pos0[q] * s->d),
-                               AT(c, KB_K, row0[q] * s->Hkv * s->d), &kv, err));
-        LS_TRY(be->copy_blocks(be, AT(c, KB_C0 + (int)(s->nseq + q), pos0[q] * s->d),
-                               AT(c, KB_V, row0[q] * s->Hkv * s->d), &kv, err));
+        const int32_t *pt = s->page ? INITI(c, KB_C0 + 2) + q * kvb_entries(s) : NULL;
+        for (long i = 0; i < len[q];) {
+            long p = pos0[q] + i, m = len[q] - i, room = page - p % page;
+            if (m > room) m = room;
+            ls_copy_shape kv = {m, s->Hkv, s->d, s->d, page * s->d, s->Hkv * s->d, s->d};
+            long at = (pt ? bo_kv_row(pt, page, s->Hkv, 0, p) : p) * s->d;
+            LS_TRY(be->copy_blocks(be, ls_view_at((ls_view){kc[q], 0}, (size_t)at),
+                                   AT(c, KB_K, (row0[q] + i) * s->Hkv * s->d), &kv, err));
+            LS_TRY(be->copy_blocks(be, ls_view_at((ls_view){vc[q], 0}, (size_t)at),
+                                   AT(c, KB_V, (row0[q] + i) * s->Hkv * s->d), &kv, err));
+            i += m;
+        }
     }
     return LS_OK;
 }
 
-enum { AB_Q, AB_POS, AB_O, AB_C0 }; /* then the k caches, then the v caches */
+enum { AB_Q, AB_POS, AB_O, AB_C0 }; /* then the k caches, then the v caches (paged: the k
+                                       pool, the v pool, the page tables) */
 
 static void attb_setup(bo_case *c, const void *shape)
 {
@@ -1009,11 +1156,15 @@ static void attb_setup(bo_case *c, const void *shape)
         for (long i = 0; i < LEN(c, s->nseq)[q]; i++)
             pos[ROW0(c, s->nseq)[q] + i] = (int32_t)(POS0(c, s->nseq)[q] + i);
     bo_out(c, AB_O, "o", nq, 0);
+    bo_what(c, "Hq %ld Hkv %ld d %ld cap %ld, %ld sequences (%ld rows)", s->Hq, s->Hkv, s->d,
+            s->cap, s->nseq, T);
+    if (s->page) {
+        kvb_pool_setup(c, s, AB_C0);
+        return;
+    }
     for (long q = 0; q < 2 * s->nseq; q++)
         bo_in(c, AB_C0 + (int)q, q < s->nseq ? "k cache" : "v cache", nc, 1.0f, c->act);
     for (long q = 0; q < 2 * s->nseq; q++) c->t[AB_C0 + q].flags |= BO_AT0;
-    bo_what(c, "Hq %ld Hkv %ld d %ld cap %ld, %ld sequences (%ld rows)", s->Hq, s->Hkv, s->d,
-            s->cap, s->nseq, T);
 }
 
 static void attb_ref(bo_case *c)
@@ -1022,12 +1173,23 @@ static void attb_ref(bo_case *c)
     const long *row0 = ROW0(c, s->nseq), *len = LEN(c, s->nseq);
     long nq = s->Hq * s->d;
     float *scratch = bo_xmalloc(sizeof(float) * (size_t)s->d);
-    for (long q = 0; q < s->nseq; q++)
-        if (len[q] > 0)
-            ls_cpu_attention(R(c, AB_Q) + row0[q] * nq, R(c, AB_C0 + (int)q),
-                             R(c, AB_C0 + (int)(s->nseq + q)), s->cap, RI(c, AB_POS) + row0[q],
-                             R(c, AB_O) + row0[q] * nq, len[q], s->Hq, s->Hkv, s->d, scratch, c->act,
-                             c->order);
+    for (long q = 0; q < s->nseq; q++) {
+        if (len[q] == 0) continue;
+        const float *kc = R(c, AB_C0 + (int)q), *vc = R(c, AB_C0 + (int)(s->nseq + q));
+        float *kg = NULL, *vg = NULL;
+        long cap = s->cap;
+        if (s->page) { /* the contiguous reference over the gathered logical cache */
+            const int32_t *pt = RI(c, AB_C0 + 2) + q * kvb_entries(s);
+            cap = kvb_entries(s) * s->page;
+            kc = kg = bo_kv_gather(R(c, AB_C0), pt, s->page, cap, s->Hkv, s->d);
+            vc = vg = bo_kv_gather(R(c, AB_C0 + 1), pt, s->page, cap, s->Hkv, s->d);
+        }
+        ls_cpu_attention(R(c, AB_Q) + row0[q] * nq, kc, vc, cap, RI(c, AB_POS) + row0[q],
+                         R(c, AB_O) + row0[q] * nq, len[q], s->Hq, s->Hkv, s->d, scratch, c->act,
+                         c->order);
+        free(kg);
+        free(vg);
+    }
     free(scratch);
 }
 
@@ -1036,21 +1198,19 @@ static ls_status attb_exec(bo_case *c, ls_backend *be, ls_error *err)
     const sh_kvb *s = c->shape;
     const long *row0 = ROW0(c, s->nseq), *len = LEN(c, s->nseq);
     long nq = s->Hq * s->d;
-    if (be->attention_batch) {
-        ls_buf *kc[BO_MAX_TENSORS], *vc[BO_MAX_TENSORS];
-        for (long q = 0; q < s->nseq; q++) {
-            kc[q] = c->t[AB_C0 + q].buf;
-            vc[q] = c->t[AB_C0 + s->nseq + q].buf;
-        }
-        return be->attention_batch(be, V(c, AB_Q), kc, vc, s->cap, row0, len, s->nseq,
+    ls_buf *kc[BO_MAX_TENSORS], *vc[BO_MAX_TENSORS];
+    ls_view pts[BO_MAX_TENSORS];
+    long page, cap;
+    kvb_args(c, s, AB_C0, kc, vc, pts, &page, &cap);
+    if (be->attention_batch)
+        return be->attention_batch(be, V(c, AB_Q), kc, vc, pts, page, cap, row0, len, s->nseq,
                                    V(c, AB_POS), V(c, AB_O), s->Hq, s->Hkv, s->d, c->act, c->order,
                                    err);
-    }
     c->fallback = 1;
     for (long q = 0; q < s->nseq; q++)
         if (len[q] > 0)
-            LS_TRY(be->attention(be, AT(c, AB_Q, row0[q] * nq), V(c, AB_C0 + (int)q),
-                                 V(c, AB_C0 + (int)(s->nseq + q)), s->cap, AT(c, AB_POS, row0[q]),
+            LS_TRY(be->attention(be, AT(c, AB_Q, row0[q] * nq), (ls_view){kc[q], 0},
+                                 (ls_view){vc[q], 0}, pts[q], page, cap, AT(c, AB_POS, row0[q]),
                                  AT(c, AB_O, row0[q] * nq), len[q], s->Hq, s->Hkv, s->d, c->act,
                                  c->order, err));
     return LS_OK;

@@ -151,9 +151,15 @@ struct ls_backend {
     ls_status (*rope_apply)(ls_backend *be, ls_view x /* [T, H, d] */, ls_view cos_t /* [T, R/2] */,
                             ls_view sin_t /* [T, R/2] */, long T, long H, long d, long R,
                             int act_bf16, ls_error *err);
+    /* The cache is paged (ls_cpu_kv_row): kc and vc hold pages of `page`
+     * positions, the view pt (i32 [cap / page]) maps a sequence's page i to
+     * its pool page; pt.buf NULL is the identity (a contiguous [Hkv, cap, d]
+     * cache is page = cap with no table). cap: the positions the table
+     * covers (a multiple of page); keys past it are never read. */
     ls_status (*attention)(ls_backend *be, ls_view q /* [T, Hq, d] */,
-                           ls_view kc /* [Hkv, cap, d] */, ls_view vc /* [Hkv, cap, d] */,
-                           long cap, ls_view pos /* i32 [T] */, ls_view o /* [T, Hq, d] */,
+                           ls_view kc /* [pages, Hkv, page, d] */, ls_view vc /* same */,
+                           ls_view pt /* i32 [cap / page] or NULL buf */, long page, long cap,
+                           ls_view pos /* i32 [T] */, ls_view o /* [T, Hq, d] */,
                            long T, long Hq, long Hkv, long d, int act_bf16, ls_order order,
                            ls_error *err);
     ls_status (*sigmoid_gate)(ls_backend *be, ls_view o /* [n] */, ls_view gate /* [n] */, long n,
@@ -186,15 +192,18 @@ struct ls_backend {
                                      const long *row0, const long *len, long nseq, ls_view o,
                                      long Hk, long Hv, long dk, long dv, int act_bf16,
                                      ls_order order, ls_error *err);
-    /* copy_blocks of each sequence's K and V rows [len, Hkv, d] to positions
-     * pos0[s].. of each head of its caches [Hkv, cap, d]. */
+    /* Each sequence's K and V rows [len, Hkv, d] to positions pos0[s].. of
+     * its caches (paged as in attention: pts[s] its table, NULL pts or a
+     * NULL buf = identity; one page and cap for every sequence). */
     ls_status (*kv_append_batch)(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
-                                 ls_buf *const *vcs, long cap, const long *row0, const long *len,
-                                 const long *pos0, long nseq, long Hkv, long d, ls_error *err);
+                                 ls_buf *const *vcs, const ls_view *pts, long page, long cap,
+                                 const long *row0, const long *len, const long *pos0, long nseq,
+                                 long Hkv, long d, ls_error *err);
     ls_status (*attention_batch)(ls_backend *be, ls_view q, ls_buf *const *kcs,
-                                 ls_buf *const *vcs, long cap, const long *row0, const long *len,
-                                 long nseq, ls_view pos, ls_view o, long Hq, long Hkv, long d,
-                                 int act_bf16, ls_order order, ls_error *err);
+                                 ls_buf *const *vcs, const ls_view *pts, long page, long cap,
+                                 const long *row0, const long *len, long nseq, ls_view pos,
+                                 ls_view o, long Hq, long Hkv, long d, int act_bf16,
+                                 ls_order order, ls_error *err);
 
     /* ---- digests ----------------------------------------------------------- */
     /* Computes n_jobs independent SHA-256 digests over backend buffers and

@@ -316,7 +316,8 @@ static ls_status cpu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_vie
 
 typedef struct att_job {
     const float *q, *kc, *vc;
-    long cap;
+    const int32_t *pt;         /* NULL: identity */
+    long page, cap;
     const int32_t *pos;
     float *o;
     long T, Hq, Hkv, d;
@@ -328,18 +329,22 @@ typedef struct att_job {
 static void att_part(void *ctx, int thread, long b, long e)
 {
     att_job *j = ctx;
-    ls_cpu_attention_heads(j->q, j->kc, j->vc, j->cap, j->pos, j->o, j->T, j->Hq, j->Hkv, j->d, b,
-                           e, j->scratch[thread], j->act, j->order);
+    ls_cpu_attention_heads(j->q, j->kc, j->vc, j->pt, j->page, j->cap, j->pos, j->o, j->T, j->Hq,
+                           j->Hkv, j->d, b, e, j->scratch[thread], j->act, j->order);
 }
 
-static ls_status cpu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, long cap,
-                               ls_view pos, ls_view o, long T, long Hq, long Hkv, long d,
-                               int act_bf16, ls_order order, ls_error *err)
+static ls_status cpu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, ls_view pt,
+                               long page, long cap, ls_view pos, ls_view o, long T, long Hq,
+                               long Hkv, long d, int act_bf16, ls_order order, ls_error *err)
 {
     if (d > 1024) return ls_fail(err, LS_E_UNSUPPORTED, "cpu attention: head dim %ld > 1024", d);
+    if (page < 1 || cap < 1 || cap % page)
+        return ls_fail(err, LS_E_USAGE, "cpu attention: page %ld, cap %ld (a multiple of the page)",
+                       page, cap);
     cpu_impl *im = IMPL(be);
     LS_TRY(grow_all(im, (size_t)d, err));
-    att_job j = {F(q), F(kc), F(vc), cap, I32(pos), F(o), T, Hq, Hkv, d, im->scratch, act_bf16, order};
+    att_job j = {F(q), F(kc), F(vc), pt.buf ? I32(pt) : NULL, page, cap, I32(pos), F(o), T, Hq, Hkv, d,
+                 im->scratch, act_bf16, order};
     ls_pool_run(im->pool, Hq, att_part, &j);
     return LS_OK;
 }

@@ -291,13 +291,13 @@ static ls_status cu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view
     return ls_cuda_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, act_bf16, NULL, err);
 }
 
-static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, long cap,
-                              ls_view pos, ls_view o, long T, long Hq, long Hkv, long d,
-                              int act_bf16, ls_order order, ls_error *err)
+static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, ls_view pt,
+                              long page, long cap, ls_view pos, ls_view o, long T, long Hq,
+                              long Hkv, long d, int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_attention(F(q), F(kc), F(vc), cap, I32(pos), F(o), T, Hq, Hkv, d, act_bf16,
-                             (int)order, NULL, err);
+    return ls_cuda_attention(F(q), F(kc), F(vc), pt.buf ? I32(pt) : NULL, page, cap, I32(pos),
+                             F(o), T, Hq, Hkv, d, act_bf16, (int)order, NULL, err);
 }
 
 /* Device pointers of nseq state buffers (offset 0), in a malloc'd array. */
@@ -309,6 +309,19 @@ static float **dev_ptrs(ls_buf *const *bufs, long nseq, ls_error *err)
         return NULL;
     }
     for (long s = 0; s < nseq; s++) p[s] = (float *)bufs[s]->ptr;
+    return p;
+}
+
+/* Device pointers of nseq page tables (NULL for a NULL buf, or all NULL
+ * when views is NULL), in a malloc'd array. */
+static const int32_t **dev_tables(const ls_view *views, long nseq, ls_error *err)
+{
+    const int32_t **p = malloc(sizeof(int32_t *) * (size_t)(nseq > 0 ? nseq : 1));
+    if (!p) {
+        ls_fail(err, LS_E_NOMEM, "cuda backend: %ld page table pointers", nseq);
+        return NULL;
+    }
+    for (long s = 0; s < nseq; s++) p[s] = views && views[s].buf ? I32(views[s]) : NULL;
     return p;
 }
 
@@ -343,43 +356,42 @@ static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls
 }
 
 static ls_status cu_kv_append_batch(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
-                                    ls_buf *const *vcs, long cap, const long *row0,
-                                    const long *len, const long *pos0, long nseq, long Hkv, long d,
-                                    ls_error *err)
+                                    ls_buf *const *vcs, const ls_view *pts, long page, long cap,
+                                    const long *row0, const long *len, const long *pos0,
+                                    long nseq, long Hkv, long d, ls_error *err)
 {
     ON_DEVICE(be, err);
     float **kp = dev_ptrs(kcs, nseq, err);
-    if (!kp) return LS_E_NOMEM;
-    float **vp = dev_ptrs(vcs, nseq, err);
-    if (!vp) {
-        free(kp);
-        return LS_E_NOMEM;
-    }
-    ls_status r = ls_cuda_kv_append_batch(F(k), F(v), kp, vp, cap, row0, len, pos0, nseq, Hkv, d,
-                                          NULL, err);
+    float **vp = kp ? dev_ptrs(vcs, nseq, err) : NULL;
+    const int32_t **tp = vp ? dev_tables(pts, nseq, err) : NULL;
+    ls_status r = LS_E_NOMEM;
+    if (tp)
+        r = ls_cuda_kv_append_batch(F(k), F(v), kp, vp, tp, page, cap, row0, len, pos0, nseq, Hkv,
+                                    d, NULL, err);
     free(kp);
     free(vp);
+    free(tp);
     return r;
 }
 
 static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kcs,
-                                    ls_buf *const *vcs, long cap, const long *row0,
-                                    const long *len, long nseq, ls_view pos, ls_view o, long Hq,
-                                    long Hkv, long d, int act_bf16, ls_order order, ls_error *err)
+                                    ls_buf *const *vcs, const ls_view *pts, long page, long cap,
+                                    const long *row0, const long *len, long nseq, ls_view pos,
+                                    ls_view o, long Hq, long Hkv, long d, int act_bf16,
+                                    ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
     float **kp = dev_ptrs(kcs, nseq, err);
-    if (!kp) return LS_E_NOMEM;
-    float **vp = dev_ptrs(vcs, nseq, err);
-    if (!vp) {
-        free(kp);
-        return LS_E_NOMEM;
-    }
-    ls_status r = ls_cuda_attention_batch(F(q), (const float *const *)kp, (const float *const *)vp,
-                                          cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,
-                                          act_bf16, (int)order, NULL, err);
+    float **vp = kp ? dev_ptrs(vcs, nseq, err) : NULL;
+    const int32_t **tp = vp ? dev_tables(pts, nseq, err) : NULL;
+    ls_status r = LS_E_NOMEM;
+    if (tp)
+        r = ls_cuda_attention_batch(F(q), (const float *const *)kp, (const float *const *)vp, tp,
+                                    page, cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,
+                                    act_bf16, (int)order, NULL, err);
     free(kp);
     free(vp);
+    free(tp);
     return r;
 }
 

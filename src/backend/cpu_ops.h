@@ -186,6 +186,19 @@ void ls_cpu_rope_apply(float *x /* [T, H, d] */, const float *cos_t /* [T, R/2] 
 /* The query scale fp32(1/sqrt(d)) computed in double and rounded once. */
 float ls_cpu_inv_sqrt_scale(long d);
 
+/* The KV cache layout (docs/architecture.md "The KV cache"). A cache is
+ * pages of `page` positions, [pages, Hkv, page, d]; a sequence's page table
+ * pt maps its page i (positions i*page .. i*page + page - 1) to a page of
+ * that buffer. Row p of KV head h starts at element ls_cpu_kv_row(..) * d.
+ * pt NULL is the identity: a contiguous per-sequence cache [Hkv, cap, d] is
+ * the one-page case page = cap. Attention iterates logical positions; only
+ * this address depends on the layout, so the layout cannot change a bit. */
+static inline long ls_cpu_kv_row(const int32_t *pt, long page, long Hkv, long h, long p)
+{
+    long i = p / page, pg = pt ? (long)pt[i] : i;
+    return (pg * Hkv + h) * page + p % page;
+}
+
 /* Attention (docs/numerics.md §4) for T queries of one sequence. Query t
  * attends keys 0..pos[t] of the cache (rows already written, K after norm and
  * RoPE). Cache layout [Hkv, cap, d]. o = act(acc / l). */
@@ -193,8 +206,12 @@ void ls_cpu_attention(const float *q /* [T, Hq, d] */, const float *kc /* [Hkv, 
                       const float *vc /* [Hkv, cap, d] */, long cap, const int32_t *pos /* [T] */,
                       float *o /* [T, Hq, d] */, long T, long Hq, long Hkv, long d,
                       float *scratch /* [d] */, int act_bf16, ls_order order);
-/* The same for query heads [n0, n1) only. */
-void ls_cpu_attention_heads(const float *q, const float *kc, const float *vc, long cap,
+/* The same over a paged cache (ls_cpu_kv_row: pt [cap / page] or NULL),
+ * for query heads [n0, n1) only (heads are independent). With pt NULL and
+ * page = cap it is ls_cpu_attention; any layout holding the same rows gives
+ * the same bits. */
+void ls_cpu_attention_heads(const float *q, const float *kc /* [pages, Hkv, page, d] */,
+                            const float *vc, const int32_t *pt, long page, long cap,
                             const int32_t *pos, float *o, long T, long Hq, long Hkv, long d,
                             long n0, long n1, float *scratch /* [d] */, int act_bf16,
                             ls_order order);

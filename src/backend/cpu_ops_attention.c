@@ -42,33 +42,43 @@ void ls_cpu_attention(const float *q, const float *kc, const float *vc, long cap
                       const int32_t *pos, float *o, long T, long Hq, long Hkv, long d, float *scratch,
                       int act_bf16, ls_order order)
 {
-    ls_cpu_attention_heads(q, kc, vc, cap, pos, o, T, Hq, Hkv, d, 0, Hq, scratch, act_bf16, order);
+    ls_cpu_attention_heads(q, kc, vc, NULL, cap, cap, pos, o, T, Hq, Hkv, d, 0, Hq, scratch, act_bf16,
+                           order);
 }
 
-void ls_cpu_attention_heads(const float *q, const float *kc, const float *vc, long cap,
-                            const int32_t *pos, float *o, long T, long Hq, long Hkv, long d,
-                            long n0, long n1, float *scratch, int act_bf16, ls_order order)
+void ls_cpu_attention_heads(const float *q, const float *kc, const float *vc, const int32_t *pt,
+                            long page, long cap, const int32_t *pos, float *o, long T, long Hq,
+                            long Hkv, long d, long n0, long n1, float *scratch, int act_bf16,
+                            ls_order order)
 {
     float *acc = scratch;                  /* [d] */
     float pv[LS_ATT_BLOCK];                /* [32] lane values */
     float p[LS_ATT_BLOCK];                 /* [32] block probabilities */
     float s[LS_ATT_BLOCK];                 /* [32] block scores */
+    const float *kr[LS_ATT_BLOCK];         /* [32] key rows of the block */
+    const float *vr[LS_ATT_BLOCK];         /* [32] value rows of the block */
     float scale = ls_cpu_inv_sqrt_scale(d);
     for (long t = 0; t < T; t++) {
         long last = pos[t];
+        if (last > cap - 1) last = cap - 1; /* never past the table (the engine checks) */
         for (long n = n0; n < n1; n++) {
             long kvh = n * Hkv / Hq;
             const float *qv = q + (t * Hq + n) * d;   /* [d] */
-            const float *K = kc + kvh * cap * d;      /* [cap, d] */
-            const float *V = vc + kvh * cap * d;      /* [cap, d] */
             float M = -INFINITY, l = 0.0f;
             for (long i = 0; i < d; i++) acc[i] = 0.0f;
+            /* Blocks of 32 logical positions whatever the pages: a block may
+             * span pages, its keys are still keys b0 .. b0+nb-1 in order. */
             for (long b0 = 0; b0 <= last; b0 += LS_ATT_BLOCK) {
                 long nb = last - b0 + 1;
                 if (nb > LS_ATT_BLOCK) nb = LS_ATT_BLOCK;
+                for (long j = 0; j < nb; j++) {
+                    long row = ls_cpu_kv_row(pt, page, Hkv, kvh, b0 + j) * d;
+                    kr[j] = kc + row;
+                    vr[j] = vc + row;
+                }
                 float bm = -INFINITY;
                 for (long j = 0; j < nb; j++) {
-                    s[j] = ls_cpu_dot(qv, K + (b0 + j) * d, d, order) * scale;
+                    s[j] = ls_cpu_dot(qv, kr[j], d, order) * scale;
                     if (s[j] > bm) bm = s[j];
                 }
                 float Mn = M > bm ? M : bm;
@@ -79,7 +89,7 @@ void ls_cpu_attention_heads(const float *q, const float *kc, const float *vc, lo
                 float lc = l * c;
                 l = lc + ls_cpu_dot(p, ones, nb, order);
                 for (long i = 0; i < d; i++) {
-                    for (long j = 0; j < nb; j++) pv[j] = V[(b0 + j) * d + i];
+                    for (long j = 0; j < nb; j++) pv[j] = vr[j][i];
                     float ac = acc[i] * c;
                     acc[i] = ac + ls_cpu_dot(p, pv, nb, order);
                 }

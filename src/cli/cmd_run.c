@@ -1,4 +1,5 @@
 /* lockstep run — rollout or replay on a checkpoint, writing a trace. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,10 @@ static const char usage_text[] =
     "                            them by recompute or from a snapshot, as drawn from seed S\n"
     "                            (default none). None of these three changes a bit of any record;\n"
     "                            all are recorded in run_params\n"
+    "  --kv-page N               KV cache in pages of N positions from a pool shared by the\n"
+    "                            batch, a page table per sequence (0: one contiguous cache per\n"
+    "                            sequence, the default); attention reads the same keys in the\n"
+    "                            same order, so no bit changes; recorded in run_params\n"
     "  --activations bf16|fp32   activation dtype (default bf16; replay --from: the rollout's)\n"
     "  --fp8 dequant|w8a8        FP8 checkpoints only: weights dequantised to fp32 (default), or\n"
     "                            w8a8 with activations quantised per token group of 128, as\n"
@@ -109,7 +114,8 @@ int ls_cmd_run(int argc, char **argv)
     ls_status st = LS_OK;
     enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
            O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
-           O_ROWS, O_REVERSE, O_CACHE, O_FP8, O_GPU, O_SAMPLES, O_PREFIX, O_PBLOCK, O_PREEMPT };
+           O_ROWS, O_REVERSE, O_CACHE, O_FP8, O_GPU, O_SAMPLES, O_PREFIX, O_PBLOCK, O_PREEMPT,
+           O_KVPAGE };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
         {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
@@ -119,7 +125,8 @@ int ls_cmd_run(int argc, char **argv)
         {"perturb", O_PERTURB, 1}, {"dump-layers", O_DUMP, 1}, {"max-rows", O_ROWS, 1},
         {"reverse-batch", O_REVERSE, 0}, {"checkpoint-cache", O_CACHE, 1}, {"fp8", O_FP8, 1},
         {"gpu", O_GPU, 1}, {"samples-per-prompt", O_SAMPLES, 1}, {"prefix-cache", O_PREFIX, 1},
-        {"prefix-block", O_PBLOCK, 1}, {"preempt", O_PREEMPT, 1}, {NULL, 0, 0}};
+        {"prefix-block", O_PBLOCK, 1}, {"preempt", O_PREEMPT, 1}, {"kv-page", O_KVPAGE, 1},
+        {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *a = ca.opt, *x = ca.arg;
@@ -188,6 +195,8 @@ int ls_cmd_run(int argc, char **argv)
         case O_PREFIX: s.prefix_cache = x; break;
         case O_PBLOCK: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.prefix_block, &err); break;
         case O_PREEMPT: s.preempt = x; break;
+        /* any integer: the run layer refuses a negative or absurd size by name */
+        case O_KVPAGE: st = ls_cli_parse_long(a, x, LONG_MIN, LONG_MAX, &s.kv_page, &err); break;
         }
     }
     if (st != LS_OK) return ls_cli_report("run", &err);

@@ -41,6 +41,7 @@ static const char *const field_flags[][2] = {
     {"max_shard_bytes", "--max-shard-bytes"},
     {"the force option", "--force"},
     {"max_rows", "--max-rows"},
+    {"kv_page", "--kv-page"},
     {"the prompt_len option", "--prompt-len"},
     {"^layers ", "--layers "},          /* '^': only at the start of the message */
 };

@@ -86,6 +86,7 @@ void ls_engine_destroy(ls_engine *e)
     free(e->have), free(e->sample_ids), free(e->recs), free(e->rec_dig);
     free(e->jobs), free(e->sg), free(e->row_seq), free(e->dump_data), free(e->dumps);
     free(e->dump_elems), free(e->dump_dtype), free(e->rec_dumps);
+    free(e->free_pages), free(e->h_pt), free(e->pt_dirty), free(e->kpool), free(e->vpool);
     free(e);
 }
 
@@ -159,6 +160,28 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     }
     e->ss = calloc((size_t)e->max_seqs, sizeof *e->ss);
     if (!e->ss) return ls_fail_nomem(err, (size_t)e->max_seqs * sizeof *e->ss, "engine: state of %ld sequences", (long)e->max_seqs);
+    if (e->paged) {
+        /* One K and one V pool per attention layer, [pool_pages, Hkv, page, d];
+         * a pool page id names the same page of every layer's pools. */
+        e->kpool = calloc((size_t)L, sizeof(ls_buf *));
+        e->vpool = calloc((size_t)L, sizeof(ls_buf *));
+        e->free_pages = malloc(sizeof(int32_t) * (size_t)e->pool_pages);
+        e->h_pt = calloc((size_t)(e->max_seqs * e->max_pages), sizeof(int32_t));
+        e->pt_dirty = calloc((size_t)e->max_seqs, 1);
+        if (!e->kpool || !e->vpool || !e->free_pages || !e->h_pt || !e->pt_dirty)
+            return ls_fail_nomem(err, 2 * (size_t)L * sizeof(ls_buf *) + sizeof(int32_t) *
+                                 (size_t)(e->pool_pages + e->max_seqs * e->max_pages) + (size_t)e->max_seqs,
+                                 "engine: KV page tables (%ld pages)", e->pool_pages);
+        /* popped from the top: page 0 first */
+        for (long i = 0; i < e->pool_pages; i++) e->free_pages[i] = (int32_t)(e->pool_pages - 1 - i);
+        e->n_free = e->pool_pages;
+        LS_TRY(buf(e, e->max_seqs * e->max_pages, &e->pt, err));
+        for (long l = 0; l < L; l++)
+            if (c->is_attention[l]) {
+                LS_TRY(buf(e, e->pool_pages * Hkv * e->page * d, &e->kpool[l], err));
+                LS_TRY(buf(e, e->pool_pages * Hkv * e->page * d, &e->vpool[l], err));
+            }
+    }
     for (long s = 0; s < e->max_seqs; s++) {
         seq_state *q = &e->ss[s];
         q->conv = calloc((size_t)L, sizeof(ls_buf *));
@@ -168,7 +191,10 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         if (!q->conv || !q->gdn || !q->kc || !q->vc)
             return ls_fail_nomem(err, 4 * (size_t)L * sizeof(ls_buf *), "engine: state tables of sequence %ld", (long)s);
         for (long l = 0; l < L; l++) {
-            if (c->is_attention[l]) {
+            if (c->is_attention[l] && e->paged) {
+                q->kc[l] = e->kpool[l];
+                q->vc[l] = e->vpool[l];
+            } else if (c->is_attention[l]) {
                 LS_TRY(buf(e, Hkv * e->cap * d, &q->kc[l], err));
                 LS_TRY(buf(e, Hkv * e->cap * d, &q->vc[l], err));
             } else {
@@ -307,6 +333,19 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
                        "max_position_embeddings (%ld)", max_len, m->cfg.max_positions);
     if (o->max_rows < 1 || o->state_digest_every < 1)
         return ls_fail(err, LS_E_USAGE, "engine: max_rows and state_digest_every must be >= 1");
+    if (o->kv_page < 0)
+        return ls_fail(err, LS_E_USAGE, "engine: kv_page must be >= 0 (0 = contiguous; got %ld)", o->kv_page);
+    if (o->kv_pool_pages < 0 || (o->kv_pool_pages > 0 && o->kv_page == 0))
+        return ls_fail(err, LS_E_USAGE, "engine: kv_pool_pages %ld needs kv_page > 0 (and must be >= 0)",
+                       o->kv_pool_pages);
+    if (o->kv_page > 0) {
+        /* the pool's elements must be addressable: pages x Hkv x page x d */
+        long pages = o->kv_pool_pages ? o->kv_pool_pages : max_seqs * ((max_len + o->kv_page - 1) / o->kv_page);
+        double elems = (double)pages * (double)o->kv_page * (double)m->cfg.n_kv_heads * (double)m->cfg.head_dim;
+        if (o->kv_page > ((long)1 << 30) || pages > INT32_MAX || elems > 4e18)
+            return ls_fail(err, LS_E_USAGE, "engine: kv_page %ld with %ld pages: a pool of %.3g elements "
+                           "per layer is beyond what lockstep addresses", o->kv_page, pages, elems);
+    }
     if (o->perturb_op != LS_PERTURB_NONE && o->perturb_op != LS_PERTURB_LM_HEAD) {
         long l = o->perturb_layer;
         if (l < 0 || l >= m->cfg.n_layers)
@@ -341,6 +380,11 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
     e->max_seqs = max_seqs;
     e->cap = max_len;
     e->T = o->max_rows;
+    e->paged = o->kv_page > 0;
+    e->page = e->paged ? o->kv_page : max_len;
+    e->max_pages = (max_len + e->page - 1) / e->page;
+    e->kv_cap = e->max_pages * e->page;
+    e->pool_pages = !e->paged ? 0 : o->kv_pool_pages ? o->kv_pool_pages : max_seqs * e->max_pages;
     st = create_inner(e, err);
     if (st != LS_OK) {
         ls_engine_destroy(e);
@@ -370,6 +414,21 @@ long ls_engine_vocab(const ls_engine *e)
     return e->c.vocab;
 }
 
+long ls_engine_kv_page(const ls_engine *e)
+{
+    return e->paged ? e->page : 0;
+}
+
+long ls_engine_kv_pool_pages(const ls_engine *e)
+{
+    return e->pool_pages;
+}
+
+long ls_engine_kv_pages_used(const ls_engine *e)
+{
+    return e->pool_pages - e->n_free;
+}
+
 const char *ls_engine_backend_name(const ls_engine *e)
 {
     return e->be->name;
@@ -377,12 +436,75 @@ const char *ls_engine_backend_name(const ls_engine *e)
 
 /* ---- step API ------------------------------------------------------------------------ */
 
-/* Zeroes a slot's carried state: the state of a sequence at position 0. */
+/* ---- KV pages ------------------------------------------------------------------------
+ * Paged (kv_page > 0): a slot holds npages pool pages, its table's first
+ * entries, enough for every position it has written or is about to. A page
+ * is zeroed when taken (the rows a fresh sequence has not written are zero,
+ * as in a contiguous cache) and goes back to the pool when the slot's
+ * sequence leaves; its bits never reach another sequence, because attention
+ * reads positions 0..pos only and each of them was written by its owner. */
+
+/* Gives the slot pool pages until it holds enough for `positions`, all or
+ * none. */
+static ls_status pages_take(ls_engine *e, long slot, long positions, ls_error *err)
+{
+    seq_state *q = &e->ss[slot];
+    long need = (positions + e->page - 1) / e->page;
+    if (!e->paged || need <= q->npages) return LS_OK;
+    if (need > e->max_pages)
+        return ls_fail(err, LS_E_USAGE, "engine: sequence %u needs positions up to %ld (capacity %ld)", q->id,
+                       positions, e->cap);
+    if (need - q->npages > e->n_free)
+        return ls_fail(err, LS_E_USAGE, "engine: the KV page pool is full (kv_pool_pages %ld of kv_page %ld "
+                       "positions, %ld free): sequence %u needs %ld more for %ld positions; raise kv_pool_pages "
+                       "or run fewer sequences at once", e->pool_pages, e->page, e->n_free, q->id,
+                       need - q->npages, positions);
+    const ls_model_config *c = &e->c;
+    size_t per = (size_t)(c->n_kv_heads * e->page * c->head_dim); /* elements of a page */
+    int32_t *pt = e->h_pt + slot * e->max_pages;
+    for (; q->npages < need; q->npages++) {
+        int32_t pg = e->free_pages[--e->n_free];
+        pt[q->npages] = pg;
+        for (long l = 0; l < c->n_layers; l++)
+            if (c->is_attention[l]) {
+                LS_TRY(e->be->zero(e->be, AT(e->kpool[l], (size_t)pg * per), per, err));
+                LS_TRY(e->be->zero(e->be, AT(e->vpool[l], (size_t)pg * per), per, err));
+            }
+    }
+    e->pt_dirty[slot] = 1;
+    return LS_OK;
+}
+
+/* Returns the slot's pages to the pool. */
+static void pages_release(ls_engine *e, long slot)
+{
+    seq_state *q = &e->ss[slot];
+    if (!e->paged) return;
+    const int32_t *pt = e->h_pt + slot * e->max_pages;
+    while (q->npages > 0) e->free_pages[e->n_free++] = pt[--q->npages];
+}
+
+/* Uploads the page tables changed since the last step. */
+static ls_status pages_upload(ls_engine *e, ls_error *err)
+{
+    for (long s = 0; e->paged && s < e->max_seqs; s++)
+        if (e->pt_dirty[s]) {
+            LS_TRY(e->be->upload(e->be, ls_engine_slot_pt(e, s), e->h_pt + s * e->max_pages,
+                                 sizeof(int32_t) * (size_t)e->max_pages, err));
+            e->pt_dirty[s] = 0;
+        }
+    return LS_OK;
+}
+
+/* Zeroes a slot's carried state: the state of a sequence at position 0 (a
+ * paged slot holds no pages then: they are zeroed when taken). */
 static ls_status slot_zero(ls_engine *e, seq_state *q, ls_error *err)
 {
     const ls_model_config *c = &e->c;
     for (long l = 0; l < c->n_layers; l++) {
-        if (c->is_attention[l]) {
+        if (c->is_attention[l] && e->paged) {
+            continue;
+        } else if (c->is_attention[l]) {
             size_t n = (size_t)(c->n_kv_heads * e->cap * c->head_dim);
             LS_TRY(e->be->zero(e->be, BEV(q->kc[l]), n, err));
             LS_TRY(e->be->zero(e->be, BEV(q->vc[l]), n, err));
@@ -409,6 +531,7 @@ ls_status ls_engine_join(ls_engine *e, long slot, uint32_t seq_id, long prompt_l
 {
     LS_TRY(free_slot(e, slot, "join", err));
     seq_state *q = &e->ss[slot];
+    pages_release(e, slot);
     LS_TRY(slot_zero(e, q, err));
     q->len = 0;
     q->id = seq_id;
@@ -417,23 +540,46 @@ ls_status ls_engine_join(ls_engine *e, long slot, uint32_t seq_id, long prompt_l
     return LS_OK;
 }
 
+/* Where a sequence's KV rows are: per-layer buffers and their layout
+ * (ls_cpu_kv_row; pt NULL = contiguous, page = its capacity). */
+typedef struct kv_at {
+    ls_buf *const *kc, *const *vc;        /* [L] */
+    const int32_t *pt;                    /* host page table or NULL */
+    long page;
+} kv_at;
+
+static kv_at slot_kv(const ls_engine *e, long slot)
+{
+    const seq_state *q = &e->ss[slot];
+    kv_at a = {q->kc, q->vc, e->paged ? e->h_pt + slot * e->max_pages : NULL, e->page};
+    return a;
+}
+
 /* Copies len positions of carried state: the whole conv and GDN states and,
- * per attention layer and KV head, rows 0..len-1 ([Hkv, cap, d] caches of
- * dst_cap and src_cap positions). */
-static ls_status state_copy(ls_engine *e, ls_buf *const *dconv, ls_buf *const *dgdn, ls_buf *const *dkc,
-                            ls_buf *const *dvc, long dst_cap, ls_buf *const *sconv, ls_buf *const *sgdn,
-                            ls_buf *const *skc, ls_buf *const *svc, long src_cap, long len, ls_error *err)
+ * per attention layer and KV head, rows 0..len-1, in runs that stay within
+ * one page of each side (a contiguous side is one page). */
+static ls_status state_copy(ls_engine *e, ls_buf *const *dconv, ls_buf *const *dgdn, kv_at dst,
+                            ls_buf *const *sconv, ls_buf *const *sgdn, kv_at src, long len,
+                            ls_error *err)
 {
     const ls_model_config *c = &e->c;
     long d = c->head_dim, Hkv = c->n_kv_heads;
     long nconv = e->conv_dim * c->conv_kernel, ngdn = c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
-    /* one block per KV head: its first len rows of d */
-    ls_copy_shape kv = {1, Hkv, len * d, 0, dst_cap * d, 0, src_cap * d};
     for (long l = 0; l < c->n_layers; l++) {
         if (c->is_attention[l]) {
-            if (len == 0) continue;
-            LS_TRY(e->be->copy_blocks(e->be, BEV(dkc[l]), BEV(skc[l]), &kv, err));
-            LS_TRY(e->be->copy_blocks(e->be, BEV(dvc[l]), BEV(svc[l]), &kv, err));
+            for (long p = 0; p < len;) {
+                long n = len - p, rd = dst.page - p % dst.page, rs = src.page - p % src.page;
+                if (n > rd) n = rd;
+                if (n > rs) n = rs;
+                /* one block per KV head: its n rows of d from position p (head h's
+                 * rows are h pages of rows after head 0's in either layout) */
+                ls_copy_shape kv = {1, Hkv, n * d, 0, dst.page * d, 0, src.page * d};
+                size_t da = (size_t)(ls_cpu_kv_row(dst.pt, dst.page, Hkv, 0, p) * d);
+                size_t sa = (size_t)(ls_cpu_kv_row(src.pt, src.page, Hkv, 0, p) * d);
+                LS_TRY(e->be->copy_blocks(e->be, AT(dst.kc[l], da), AT(src.kc[l], sa), &kv, err));
+                LS_TRY(e->be->copy_blocks(e->be, AT(dst.vc[l], da), AT(src.vc[l], sa), &kv, err));
+                p += n;
+            }
         } else {
             LS_TRY(ls_copy_rows(e->be, BEV(dconv[l]), nconv, BEV(sconv[l]), nconv, 1, nconv, err));
             LS_TRY(ls_copy_rows(e->be, BEV(dgdn[l]), ngdn, BEV(sgdn[l]), ngdn, 1, ngdn, err));
@@ -449,12 +595,14 @@ ls_status ls_engine_fork(ls_engine *e, long src, long dst, uint32_t seq_id, ls_e
     LS_TRY(free_slot(e, dst, "fork", err));
     seq_state *q = &e->ss[dst];
     const seq_state *p = &e->ss[src];
+    pages_release(e, dst);
     LS_TRY(slot_zero(e, q, err));
-    LS_TRY(state_copy(e, q->conv, q->gdn, q->kc, q->vc, e->cap, p->conv, p->gdn, p->kc, p->vc, e->cap,
-                      p->len, err));
+    q->id = seq_id; /* named by a full pool's message */
+    LS_TRY(pages_take(e, dst, p->len, err));
+    LS_TRY(state_copy(e, q->conv, q->gdn, slot_kv(e, dst), p->conv, p->gdn, slot_kv(e, src), p->len,
+                      err));
     q->len = p->len;
     q->prompt_len = p->prompt_len;
-    q->id = seq_id;
     q->active = 1;
     return LS_OK;
 }
@@ -505,8 +653,8 @@ ls_status ls_engine_snapshot_take(ls_engine *e, long slot, ls_engine_snapshot **
     ls_engine_snapshot *s = NULL;
     LS_TRY(snap_get(e, q->len, &s, err));
     s->in_use = 1;
-    ls_status st = state_copy(e, s->conv, s->gdn, s->kc, s->vc, s->kv_cap, q->conv, q->gdn, q->kc, q->vc,
-                              e->cap, q->len, err);
+    kv_at to = {s->kc, s->vc, NULL, s->kv_cap};
+    ls_status st = state_copy(e, s->conv, s->gdn, to, q->conv, q->gdn, slot_kv(e, slot), q->len, err);
     if (st != LS_OK) {
         s->in_use = 0;
         return st;
@@ -558,9 +706,12 @@ ls_status ls_engine_snapshot_restore(ls_engine *e, const ls_engine_snapshot *s, 
                        "prompt of sequence %u (%ld tokens)", s->id, s->len, seq_id, prompt_len);
     LS_TRY(free_slot(e, slot, "restore", err));
     seq_state *q = &e->ss[slot];
+    pages_release(e, slot);
     LS_TRY(slot_zero(e, q, err));
-    LS_TRY(state_copy(e, q->conv, q->gdn, q->kc, q->vc, e->cap, s->conv, s->gdn, s->kc, s->vc, s->kv_cap,
-                      s->len, err));
+    q->id = seq_id; /* named by a full pool's message */
+    LS_TRY(pages_take(e, slot, s->len, err));
+    kv_at from = {s->kc, s->vc, NULL, s->kv_cap};
+    LS_TRY(state_copy(e, q->conv, q->gdn, slot_kv(e, slot), s->conv, s->gdn, from, s->len, err));
     q->len = s->len;
     q->prompt_len = prompt_len;
     q->id = seq_id;
@@ -586,7 +737,9 @@ void ls_engine_snapshot_free(ls_engine *e, ls_engine_snapshot *s)
 
 void ls_engine_leave(ls_engine *e, long slot)
 {
-    if (slot >= 0 && slot < e->max_seqs) e->ss[slot].active = 0;
+    if (slot < 0 || slot >= e->max_seqs) return;
+    e->ss[slot].active = 0;
+    pages_release(e, slot);
 }
 
 long ls_engine_slot_len(const ls_engine *e, long slot)
@@ -615,6 +768,13 @@ ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items
         e->sg[i] = (seg){it->slot, it->tokens, it->n, rows, e->ss[it->slot].len, it->last != 0};
         rows += it->n;
     }
+    /* Pages for the positions this step writes (past the capacity the
+     * forward refuses the step). */
+    for (long i = 0; i < n_items; i++) {
+        long end = e->ss[items[i].slot].len + items[i].n;
+        if (end <= e->cap) LS_TRY(pages_take(e, items[i].slot, end, err));
+    }
+    LS_TRY(pages_upload(e, err));
     return ls_engine_forward(e, e->sg, n_items, err);
 }
 

@@ -68,6 +68,15 @@ typedef struct ls_engine_opts {
     int fp8_w8a8;              /* FP8 matrices (docs/numerics.md §9): 0 = dequantised to fp32
                                   (default), 1 = w8a8 with per-token-group activation
                                   quantisation; no effect on a model without FP8 matrices */
+    long kv_page;              /* KV cache layout (docs/architecture.md "The KV cache"):
+                                  0 = a contiguous cache per slot (default); N > 0 = pages
+                                  of N positions from a pool shared by every slot, taken as
+                                  a sequence grows and returned when it leaves. The layout
+                                  changes no bit (docs/numerics.md §4) */
+    long kv_pool_pages;        /* kv_page > 0: pages in the pool; 0 = enough for every slot
+                                  at full capacity (max_seqs x ceil(max_len / kv_page)). A
+                                  step, fork or restore that needs a page of a full pool
+                                  fails with LS_E_USAGE naming kv_pool_pages */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -81,6 +90,12 @@ typedef struct ls_engine ls_engine;
 ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_opts *o,
                            long max_seqs, long max_len, ls_engine **out, ls_error *err);
 void ls_engine_destroy(ls_engine *e);
+
+/* The KV page size (0: contiguous) and, paged, the pool's pages and the
+ * pages in use now (for reports and tests). */
+long ls_engine_kv_page(const ls_engine *e);
+long ls_engine_kv_pool_pages(const ls_engine *e);
+long ls_engine_kv_pages_used(const ls_engine *e);
 
 /* Sizes fixed at creation: rows per step, slots, positions per sequence. */
 long ls_engine_max_rows(const ls_engine *e);
@@ -118,8 +133,10 @@ long ls_engine_slot_len(const ls_engine *e, long slot);
  * groups, prefix reuse and preemption (src/run/drive.h) rest on this.
  *
  * The destination slot's KV rows past len are zeroed, as ls_engine_join
- * leaves them. The KV layout is the contiguous [Hkv, cap, d] per slot; a
- * paged layout would copy page-table entries (or pages) here instead. */
+ * leaves them. With a paged cache (kv_page > 0) the destination takes its
+ * own pages from the pool and the K and V rows are copied into them (page
+ * contents, never shared pages); a snapshot holds its rows contiguously,
+ * outside the pool, so it takes no pages. */
 
 /* Starts sequence seq_id in the free slot dst with a copy of the carried
  * state of the joined slot src (same length and prompt length). */

@@ -343,28 +343,45 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     if (batched) {
         batch_args ba = {0};
         LS_TRY(batch_init(sg, nseg, &ba, err));
+        ls_view *pts = malloc(sizeof(ls_view) * (size_t)nseg);
+        if (!pts) {
+            batch_free(&ba);
+            return ls_fail_nomem(err, sizeof(ls_view) * (size_t)nseg, "engine: page tables of %ld sequences",
+                                 nseg);
+        }
         for (long s = 0; s < nseg; s++) {
             ba.st[s] = e->ss[sg[s].slot].kc[l];
             ba.st2[s] = e->ss[sg[s].slot].vc[l];
+            pts[s] = ls_engine_slot_pt(e, sg[s].slot);
         }
-        ls_status st = be->kv_append_batch(be, BEV(e->K), BEV(e->V), ba.st, ba.st2, e->cap, ba.row0,
-                                           ba.len, ba.pos0, nseg, Hkv, d, err);
+        ls_status st = be->kv_append_batch(be, BEV(e->K), BEV(e->V), ba.st, ba.st2, pts, e->page, e->kv_cap,
+                                           ba.row0, ba.len, ba.pos0, nseg, Hkv, d, err);
         if (st == LS_OK)
-            st = be->attention_batch(be, BEV(e->Q), ba.st, ba.st2, e->cap, ba.row0, ba.len, nseg,
-                                     BEV(e->pos), BEV(e->O), Hq, Hkv, d, act, oa, err);
+            st = be->attention_batch(be, BEV(e->Q), ba.st, ba.st2, pts, e->page, e->kv_cap, ba.row0, ba.len,
+                                     nseg, BEV(e->pos), BEV(e->O), Hq, Hkv, d, act, oa, err);
+        free(pts);
         batch_free(&ba);
         LS_TRY(st);
     }
     for (long s = 0; s < nseg && !batched; s++) {
         seq_state *q = &e->ss[sg[s].slot];
         long r0 = sg[s].row0, n = sg[s].n;
-        /* rows [n, Hkv, d] to positions pos0.. of the [Hkv, cap, d] caches */
-        ls_copy_shape kv = {n, Hkv, d, d, e->cap * d, Hkv * d, d};
-        size_t at = (size_t)(sg[s].pos0 * d);
-        LS_TRY(be->copy_blocks(be, AT(q->kc[l], at), AT(e->K, r0 * Hkv * d), &kv, err));
-        LS_TRY(be->copy_blocks(be, AT(q->vc[l], at), AT(e->V, r0 * Hkv * d), &kv, err));
-        LS_TRY(be->attention(be, AT(e->Q, r0 * Hq * d), BEV(q->kc[l]), BEV(q->vc[l]), e->cap,
-                             AT(e->pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa, err));
+        ls_view pt = ls_engine_slot_pt(e, sg[s].slot);
+        const int32_t *hpt = e->paged ? e->h_pt + sg[s].slot * e->max_pages : NULL;
+        /* rows [m, Hkv, d] to positions p.. of the caches, in runs within one
+         * page (contiguous: one run, page = cap) */
+        for (long i = 0; i < n;) {
+            long p = sg[s].pos0 + i, m = n - i, room = e->page - p % e->page;
+            if (m > room) m = room;
+            ls_copy_shape kv = {m, Hkv, d, d, e->page * d, Hkv * d, d};
+            size_t at = (size_t)(ls_cpu_kv_row(hpt, e->page, Hkv, 0, p) * d);
+            LS_TRY(be->copy_blocks(be, AT(q->kc[l], at), AT(e->K, (r0 + i) * Hkv * d), &kv, err));
+            LS_TRY(be->copy_blocks(be, AT(q->vc[l], at), AT(e->V, (r0 + i) * Hkv * d), &kv, err));
+            i += m;
+        }
+        LS_TRY(be->attention(be, AT(e->Q, r0 * Hq * d), BEV(q->kc[l]), BEV(q->vc[l]), pt, e->page,
+                             e->kv_cap, AT(e->pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa,
+                             err));
     }
     /* KV digests: the K row then the V row written at each position. */
     long W = Hkv * d;

@@ -25,7 +25,9 @@ typedef struct seq_state {
     long prompt_len;                      /* 0 = unknown */
     long len;                             /* tokens processed */
     ls_buf **conv, **gdn;                 /* [L] (NULL for attention layers): [C, K], [Hv, dk, dv] */
-    ls_buf **kc, **vc;                    /* [L] (NULL for gdn layers): [Hkv, cap, d] each */
+    ls_buf **kc, **vc;                    /* [L] (NULL for gdn layers): contiguous [Hkv, cap, d]
+                                             each, or (paged) the pool's [pool_pages, Hkv, page, d] */
+    long npages;                          /* paged: pool pages held (its table's first entries) */
 } seq_state;
 
 typedef struct seg {
@@ -60,6 +62,17 @@ struct ls_engine {
     ls_engine_opts o;
     ls_backend *be;
     long max_seqs, cap, T;                /* T = max rows per forward */
+    /* KV layout (ls_cpu_kv_row): contiguous = page cap, no table; paged =
+     * pages of `page` from a pool of pool_pages shared by every slot */
+    int paged;
+    long page, max_pages, kv_cap;         /* positions per page; table entries per slot;
+                                             positions a table covers (max_pages * page) */
+    long pool_pages, n_free;
+    int32_t *free_pages;                  /* [pool_pages] stack of free pool pages */
+    int32_t *h_pt;                        /* [max_seqs, max_pages] page tables (host) */
+    unsigned char *pt_dirty;              /* [max_seqs] table changed since its upload */
+    ls_buf *pt;                           /* [max_seqs, max_pages] page tables (backend) */
+    ls_buf **kpool, **vpool;              /* [L] paged: the pools (NULL for gdn layers) */
     long conv_dim, wqkvz;
     ls_bweight embed, lm_head;
     ls_buf *final_norm;
@@ -104,6 +117,13 @@ struct ls_engine {
 
 #define BEV(b) ((ls_view){(b), 0})
 #define AT(b, off) ((ls_view){(b), (size_t)(off)})
+
+/* The page table view of a slot: NULL buf (identity) when contiguous. */
+static inline ls_view ls_engine_slot_pt(const ls_engine *e, long slot)
+{
+    ls_view v = {e->paged ? e->pt : NULL, e->paged ? (size_t)(slot * e->max_pages) : 0};
+    return v;
+}
 
 /* One packed forward over the step's segments (engine_forward.c). */
 ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *err);

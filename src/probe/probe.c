@@ -370,7 +370,9 @@ static ls_status p_attention(pctx *c, int act, ls_order ord)
     LS_TRY(till(c, (size_t)(Hkv * cap * d), 1.0f, act, &vc));
     LS_TRY(tfrom(c, pos, (size_t)T, &pv));
     LS_TRY(tzero(c, (size_t)(T * Hq * d), &o));
-    LS_TRY(c->be->attention(c->be, q, kc, vc, cap, pv, o, T, Hq, Hkv, d, act, ord, c->err));
+    ls_view contiguous = {NULL, 0}; /* no page table: [Hkv, cap, d] */
+    LS_TRY(c->be->attention(c->be, q, kc, vc, contiguous, cap, cap, pv, o, T, Hq, Hkv, d, act, ord,
+                            c->err));
     return thash(c, o, (size_t)(T * Hq * d));
 }
 

@@ -38,6 +38,7 @@ typedef struct ls_gate_opts {
     const char *prefix_cache;
     long prefix_block;
     const char *preempt;
+    long kv_page;                  /* the rollout's KV page size (run.h kv_page; 0 contiguous) */
     int seeded;                    /* 1: the rollout samples seeded with `seed` (temperature 1, no
                                       truncation); 0: greedy */
     uint64_t seed;

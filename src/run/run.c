@@ -210,6 +210,9 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     if (s->state_digest_every < 1)
         return ls_fail(err, LS_E_USAGE, "state_digest_every (--state-digest-every) must be >= 1");
     if (s->max_rows < 1) return ls_fail(err, LS_E_USAGE, "max_rows (--max-rows) must be >= 1");
+    if (s->kv_page < 0 || s->kv_page > LS_RUN_KV_PAGE_MAX)
+        return ls_fail(err, LS_E_USAGE, "kv_page %ld: the KV page size must be 0 (a contiguous cache) or "
+                       "1..%ld positions", s->kv_page, LS_RUN_KV_PAGE_MAX);
     if (s->sampling.kind == LS_SAMPLING_SEEDED &&
         (!(s->sampling.temperature > 0.0f) || !(s->sampling.top_p > 0.0f && s->sampling.top_p <= 1.0f) ||
          s->sampling.top_k < 0))
@@ -410,6 +413,8 @@ static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n,
                      "state_digest_every", (json_int_t)s->state_digest_every, "max_rows",
                      (json_int_t)s->max_rows);
     if (p && fp8) json_object_set_new(p, "fp8", json_string(fp8));
+    /* absent = a contiguous cache, so traces of unpaged runs keep their bytes */
+    if (p && s->kv_page > 0) json_object_set_new(p, "kv_page", json_integer(s->kv_page));
     /* engine behaviours that change no bit (run/drive.h), recorded when used:
      * absent means 1 sample, prefix cache off, no preemption */
     ls_rollout_opts go;
@@ -544,6 +549,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     eo.act_bf16 = s->act_bf16;
     eo.max_rows = s->max_rows;
     eo.state_digest_every = s->state_digest_every;
+    eo.kv_page = s->kv_page;
     /* GRPO, prefix reuse and preemption (run/drive.h); a plain run keeps ls_run_rollout */
     ls_rollout_opts go;
     int preempt_on = 0;

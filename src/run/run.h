@@ -83,6 +83,10 @@ typedef struct ls_run_spec {
     const char *preempt;           /* rollout: "none" (NULL: the default) or "seeded:SEED", the
                                       eviction schedule of ls_run_preempt_plan (--preempt);
                                       replay: NULL */
+    long kv_page;                  /* KV cache page size (--kv-page): 0 = contiguous per sequence
+                                      (the default), 1 .. LS_RUN_KV_PAGE_MAX = pages of that many
+                                      positions from a shared pool (engine.h); changes no bit and
+                                      is recorded in run_params when set */
     const char *out;               /* trace path (-o) */
     int progress;                  /* progress on stderr (ls_progress) */
     const ls_fingerprint *fingerprint; /* the checkpoint's, already computed (borrowed), or NULL */
@@ -93,6 +97,10 @@ typedef struct ls_run_spec {
     const char *expect_source;     /* where expect_merkle_root came from, for the message (e.g. the
                                       rollout trace's path), or NULL */
 } ls_run_spec;
+
+/* The largest KV page size a spec takes (a page of a million positions is
+ * a typing error, not a layout). */
+#define LS_RUN_KV_PAGE_MAX (1L << 20)
 
 /* Defaults: no mode (the caller says which), no token budget, greedy,
  * bf16, cpu, 1 thread, state digests every 64 positions, 256 rows per

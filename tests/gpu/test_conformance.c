@@ -250,7 +250,7 @@ START_TEST(test_fail_closed)
     /* The kernels (null pointers: the check comes before any launch). */
     ck_assert_int_eq(ls_cuda_gdn_recurrent(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 1, 1, 256, 128, 1, 0, NULL, &err), LS_E_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(err.msg, "gdn_recurrent"));
-    ck_assert_int_eq(ls_cuda_attention(NULL, NULL, NULL, 8, NULL, NULL, 1, 1, 1, 512, 1, 0, NULL, &err), LS_E_UNSUPPORTED);
+    ck_assert_int_eq(ls_cuda_attention(NULL, NULL, NULL, NULL, 8, 8, NULL, NULL, 1, 1, 1, 512, 1, 0, NULL, &err), LS_E_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(err.msg, "attention"));
     ck_assert_int_eq(ls_cuda_linear(NULL, 0, 8, 8, NULL, NULL, 1, 1, LS_ORDER_REVERSED, NULL, &err), LS_E_UNSUPPORTED);
     ck_assert_int_eq(ls_cuda_conv_silu(NULL, 1, NULL, 0, NULL, NULL, 1, 1, 1, 9, 1, 0, NULL, &err), LS_E_UNSUPPORTED);
@@ -266,8 +266,8 @@ START_TEST(test_fail_closed)
     ck_assert_ptr_nonnull(strstr(err.msg, "gdn_recurrent"));
     ls_buf *qa = bo_buf(be, 512), *kc = bo_buf(be, 8 * 512), *vc = bo_buf(be, 8 * 512);
     ls_buf *pos = bo_buf(be, 1);
-    ck_assert_int_eq(be->attention(be, vw(qa), vw(kc), vw(vc), 8, vw(pos), vw(o), 1, 1, 1, 512, 1,
-                                   LS_ORDER_CANONICAL, &err), LS_E_UNSUPPORTED);
+    ck_assert_int_eq(be->attention(be, vw(qa), vw(kc), vw(vc), (ls_view){NULL, 0}, 8, 8, vw(pos),
+                                   vw(o), 1, 1, 1, 512, 1, LS_ORDER_CANONICAL, &err), LS_E_UNSUPPORTED);
     ck_assert_ptr_nonnull(strstr(err.msg, "attention"));
     /* Conv with K = 9 taps (the kernels hold at most 8). */
     float wc[9] = {0};
