@@ -465,7 +465,8 @@ ls_status ls_ablate_run(const ls_ablate_opts *o, const ls_run_batch *batch, ls_a
         ls_ablate_cell *w = &r->cells[i];
         w->planted_tl = planted_trace_layer(&layout, w->op, w->layer);
         snprintf(spec, sizeof spec, "layer=%d,op=%s", w->layer < 0 ? 0 : w->layer, ls_perturb_op_name(w->op));
-        snprintf(path, sizeof path, "%s/%s-%d.trace", dir, ls_perturb_op_name(w->op), w->layer);
+        if (w->layer < 0) snprintf(path, sizeof path, "%s/%s.trace", dir, ls_perturb_op_name(w->op));
+        else snprintf(path, sizeof path, "%s/%s-%d.trace", dir, ls_perturb_op_name(w->op), w->layer);
         s.perturb = spec;
         s.out = path;
         ls_error inner;
