@@ -375,14 +375,11 @@ ls_status ls_ablate_run(const ls_ablate_opts *o, const ls_run_batch *batch, ls_a
             w->layer = lay[i];
         }
     }
-    free(lay);
-    if (st == LS_OK && r->n_cells == 0)
-        st = ls_fail(err, LS_E_USAGE, "layers (--layers) '%s': no operator family exists in those layers",
-                     o->layers);
+    free(lay); /* never no cell: lm_head is ablated whatever the layers */
     /* Hash the checkpoint once: every run pins the same checkpoint section. */
     if (st == LS_OK) st = ls_run_fingerprint(ck, o->hash_cache, o->progress, &fp, err);
 
-    char dir[4096], strict[4200], first[4200], path[4300];
+    char dir[4096] = "", strict[4200], first[4200], path[4300];
     int temporary = 0, have_dir = 0;
     if (st == LS_OK) st = ls_run_workdir(o->workdir, "ablate", dir, sizeof dir, &temporary, err);
     have_dir = st == LS_OK;
