@@ -15,6 +15,22 @@ const char *ls_perturb_op_name(ls_perturb_op op)
     return op < LS_PERTURB_COUNT ? op_names[op] : "?";
 }
 
+int ls_perturb_op_in_layer(const ls_model_config *c, ls_perturb_op op, long layer)
+{
+    if (layer < 0 || layer >= c->n_layers) return 0;
+    int att = c->is_attention[layer];
+    switch (op) {
+    case LS_PERTURB_ATTENTION: return att;
+    case LS_PERTURB_GDN:
+    case LS_PERTURB_CONV: return !att;
+    case LS_PERTURB_ROUTER:
+    case LS_PERTURB_EXPERTS:
+    case LS_PERTURB_COMBINE:
+    case LS_PERTURB_NORM: return 1;
+    default: return 0; /* none, lm_head (no decoder layer's), out of range */
+    }
+}
+
 void ls_engine_opts_default(ls_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -351,12 +367,10 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
         if (l < 0 || l >= m->cfg.n_layers)
             return ls_fail(err, LS_E_USAGE, "engine: perturbation layer %ld is outside 0..%ld", l,
                            m->cfg.n_layers - 1);
-        int att = m->cfg.is_attention[l];
-        if ((o->perturb_op == LS_PERTURB_ATTENTION && !att) ||
-            ((o->perturb_op == LS_PERTURB_GDN || o->perturb_op == LS_PERTURB_CONV) && att))
+        if (!ls_perturb_op_in_layer(&m->cfg, o->perturb_op, l))
             return ls_fail(err, LS_E_USAGE, "engine: perturbation op %s does not exist in layer %ld "
                            "(a %s layer)", ls_perturb_op_name(o->perturb_op), l,
-                           att ? "full attention" : "gated DeltaNet");
+                           m->cfg.is_attention[l] ? "full attention" : "gated DeltaNet");
     }
     return LS_OK;
 }

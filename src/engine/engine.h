@@ -57,6 +57,14 @@ typedef enum ls_perturb_op {
 /* "gdn", "conv", ...; "none" for LS_PERTURB_NONE, "?" out of range. */
 const char *ls_perturb_op_name(ls_perturb_op op);
 
+/* 1 when op exists in decoder layer `layer` of a model of config c, so that
+ * the engine accepts perturb_layer = layer with it: attention in full
+ * attention layers, gdn and conv in gated DeltaNet layers, the others
+ * (router, experts, combine, norm) in every layer; lm_head in none (it is
+ * not a decoder layer's: the engine ignores its layer). 0 for a layer
+ * outside 0..n_layers-1 and for LS_PERTURB_NONE. */
+int ls_perturb_op_in_layer(const ls_model_config *c, ls_perturb_op op, long layer);
+
 typedef struct ls_engine_opts {
     int act_bf16;              /* 1 = bf16 activations (default), 0 = fp32 */
     long max_rows;             /* rows per forward call (packed tokens); default 256 */
