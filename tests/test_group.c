@@ -14,6 +14,7 @@
 #include "model/model.h"
 #include "run/run.h"
 #include "synth/synth.h"
+#include "synth_models.h"
 #include "testutil.h"
 
 #define N_MODELS 2
@@ -24,20 +25,9 @@ static ls_model *g_m[N_MODELS];
 static void setup(void)
 {
     if (g_m[0]) return;
-    char *dir = ls_test_tmpdir("group");
-    const char *presets[N_MODELS] = {"tiny", "qwen3.5-tiny"};
-    for (int i = 0; i < N_MODELS; i++) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/m%d", dir, i);
-        ls_error err;
-        ls_synth_config cfg;
-        ck_assert_msg(ls_synth_preset(presets[i], &cfg, &err) == LS_OK, "%s", err.msg);
-        ls_synth_options opt = ls_synth_options_default();
-        ck_assert_msg(ls_synth_write(&cfg, 11 + (uint64_t)i, path, &opt, &err) == LS_OK, "%s", err.msg);
-        ck_assert_msg(ls_checkpoint_open(path, &g_ck[i], &err) == LS_OK, "%s", err.msg);
-        ck_assert_msg(ls_model_open(g_ck[i], &g_m[i], &err) == LS_OK, "%s", err.msg);
-    }
-    ls_test_rm_tmpdir(dir); /* the shards stay mapped; nothing reads the paths again */
+    static const char *const presets[N_MODELS] = {"tiny", "qwen3.5-tiny"};
+    static const uint64_t seeds[N_MODELS] = {11, 12};
+    ls_test_open_synth_models("group", N_MODELS, presets, seeds, g_ck, g_m);
 }
 
 static ls_engine *mk(const ls_model *m, int act_bf16, long slots, long max_rows, long every)

@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "run/run.h"
 #include "synth/synth.h"
+#include "synth_models.h"
 #include "testutil.h"
 
 #define CAP 112
@@ -26,20 +27,9 @@ static ls_model *g_m[2];
 static void setup(void)
 {
     if (g_m[0]) return;
-    char *dir = ls_test_tmpdir("gpu_paged");
-    const char *presets[2] = {"tiny", "qwen3.5-tiny"};
-    for (int i = 0; i < 2; i++) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/m%d", dir, i);
-        ls_error err;
-        ls_error_clear(&err);
-        ls_synth_config cfg;
-        ck_assert_msg(ls_synth_preset(presets[i], &cfg, &err) == LS_OK, "%s", err.msg);
-        ls_synth_options opt = ls_synth_options_default();
-        ck_assert_msg(ls_synth_write(&cfg, 51 + (uint64_t)i, path, &opt, &err) == LS_OK, "%s", err.msg);
-        ck_assert_msg(ls_checkpoint_open(path, &g_ck[i], &err) == LS_OK, "%s", err.msg);
-        ck_assert_msg(ls_model_open(g_ck[i], &g_m[i], &err) == LS_OK, "%s", err.msg);
-    }
+    static const char *const presets[2] = {"tiny", "qwen3.5-tiny"};
+    static const uint64_t seeds[2] = {51, 52};
+    ls_test_open_synth_models("gpu_paged", 2, presets, seeds, g_ck, g_m);
 }
 
 static ls_engine *engine(const ls_model *m, const char *backend, int act_bf16, long slots, long max_rows,
