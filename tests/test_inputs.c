@@ -31,18 +31,8 @@
 #include "testutil.h"
 #include "trace_synth.h"
 
-/* The sanitizer build reserves terabytes of shadow address space at start,
- * so an address-space limit cannot be applied to it. */
-#if defined(__SANITIZE_ADDRESS__)
-#define LS_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define LS_TEST_ASAN 1
-#endif
-#endif
-#ifndef LS_TEST_ASAN
-#define LS_TEST_ASAN 0
-#endif
+/* The sanitizer build (LS_TEST_ASAN) reserves terabytes of shadow address
+ * space at start, so an address-space limit cannot be applied to it. */
 
 static char *g_dir;
 static char g_path[4400];

@@ -4,6 +4,19 @@
 
 #include <stddef.h>
 
+/* 1 in the AddressSanitizer build (harness/run's build-asan), which runs
+ * several times slower and cannot take an address-space limit. */
+#if defined(__SANITIZE_ADDRESS__)
+#define LS_TEST_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define LS_TEST_ASAN 1
+#endif
+#endif
+#ifndef LS_TEST_ASAN
+#define LS_TEST_ASAN 0
+#endif
+
 /* Creates a fresh temporary directory (under $TMPDIR or /tmp) and returns its
  * path (static storage per call site is not assumed: caller frees). */
 char *ls_test_tmpdir(const char *tag);
