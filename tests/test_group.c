@@ -357,6 +357,7 @@ START_TEST(test_cli_group_equals_plain)
                      "%s/x.trace", dir, dir, dir);
     ck_assert_msg(rc == 2 && o && strstr(o, "seeded"), "greedy GRPO: exit %d:\n%s", rc, o ? o : "");
     free(o);
+    ls_test_rm_tmpdir(dir);
 }
 END_TEST
 
