@@ -7,6 +7,9 @@
 #include <sys/mman.h>
 
 #include <jansson.h>
+/* the context-size estimates, for out-of-memory messages (exported by
+ * libzstd, declared in its static-linking section) */
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -711,7 +714,8 @@ ls_status ls_frame_load(ls_trace_file *f, ls_frame_buf *fb, ls_rec_decoder *dec,
     LS_TRY(ls_trace_file_view(f, fb->next_offset - fb->compressed_bytes, fb->compressed_bytes, &fb->comp_buf,
                               &fb->comp_cap, &fb->comp, err));
     LS_TRY(check_payload(fb, path, err));
-    if (!fb->dctx && !(fb->dctx = ZSTD_createDCtx())) return ls_fail(err, LS_E_NOMEM, "out of memory (zstd)");
+    if (!fb->dctx && !(fb->dctx = ZSTD_createDCtx()))
+        return ls_fail_nomem(err, ZSTD_estimateDCtxSize(), "%s: a zstd decompression context", path);
     LS_TRY(ls_trace_grow_payload(&fb->data, &fb->data_cap, fb->uncompressed_bytes, err));
     /* zstd verifies the content checksum (XXH64 of the decompressed bytes) here. */
     size_t r = ZSTD_decompressDCtx(fb->dctx, fb->data, fb->uncompressed_bytes, fb->comp, fb->compressed_bytes);

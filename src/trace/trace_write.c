@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* the context-size estimates, for out-of-memory messages (exported by
+ * libzstd, declared in its static-linking section) */
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 #include <zstd_errors.h>
 
@@ -85,7 +88,7 @@ ls_status ls_trace_writer_open(const char *path, const ls_trace_header *hdr, ls_
     if (!st) st = ls_outfile_open(&w->out, path, err);
     if (st) { free(json); free(w->layers); free(w); return st; }
     w->cctx = ZSTD_createCCtx();
-    if (!w->cctx) st = ls_fail(err, LS_E_NOMEM, "trace writer: out of memory (zstd)");
+    if (!w->cctx) st = ls_fail_nomem(err, ZSTD_estimateCCtxSize(1), "trace writer: a zstd compression context");
     /* Level 1, content size and content checksum in every payload (docs/trace-format.md, section 4). */
     if (!st && (ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, 1)) ||
                 ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_contentSizeFlag, 1)) ||
