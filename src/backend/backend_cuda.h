@@ -41,8 +41,8 @@ void ls_backend_cuda_opts_default(ls_backend_cuda_opts *o);
  * ("out of GPU memory", the bytes asked, the arena's and the device's
  * bytes), never waits; destroy frees the arena whatever failed, so the
  * device's free memory is what it was before the backend was created. The
- * reversed-order perturbation is not implemented on CUDA: such ops return
- * LS_E_UNSUPPORTED. */
+ * CUDA kernels run the canonical order only: an op asked for the reversed
+ * order (a perturbation) fails closed with LS_E_UNSUPPORTED. */
 ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend **out,
                                       ls_error *err);
 
