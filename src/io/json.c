@@ -202,3 +202,15 @@ char *ls_json_canonical(const json_t *j)
      * the exact spelling jansson produces with it. */
     return json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY | JSON_REAL_PRECISION(17));
 }
+
+ls_status ls_json_write_doc(const char *path, json_t *doc, const char *what, ls_error *err)
+{
+    char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(doc);
+    if (!text) return ls_fail(err, LS_E_NOMEM, "%s: out of memory", what);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* json_dumps allocates one byte more than the text, for its NUL */
+    ls_status st = ls_write_file_atomic(path, text, n + 1, err);
+    free(text);
+    return st;
+}

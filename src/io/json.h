@@ -64,6 +64,12 @@ ls_status ls_json_load_file(const char *path, json_t **out, ls_error *err);
  * asked for. */
 char *ls_json_canonical(const json_t *j);
 
+/* Writes doc as a report does: indented, members in insertion order, a
+ * final newline, atomically (ls_write_file_atomic; "-" is stdout, checked).
+ * Takes the caller's reference to doc; doc NULL (a document that could not be
+ * built) or no memory for the text is LS_E_NOMEM, "<what>: out of memory". */
+ls_status ls_json_write_doc(const char *path, json_t *doc, const char *what, ls_error *err);
+
 /* Size of the last jansson allocation on this thread that failed since
  * ls_json_canonical or ls_json_loadb began; 0 if none failed (or a program
  * installed its own jansson allocator). */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "io/json.h"
 #include "report/report.h"
 
 ls_status ls_report_write_gate_junit(const char *path, const ls_gate_result *r, ls_error *err)
@@ -82,12 +83,5 @@ ls_status ls_report_write_gate_json(const char *path, const char *backend, long 
                         "rollout_seconds", r->rollout_seconds, "replays", rows);
     else
         json_decref(rows);
-    char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(doc);
-    if (!text) return ls_fail(err, LS_E_NOMEM, "out of memory");
-    size_t n = strlen(text);
-    text[n] = '\n'; /* json_dumps allocates one byte more than the text, for its NUL */
-    ls_status st = ls_write_file_atomic(path, text, n + 1, err); /* "-": stdout, checked */
-    free(text);
-    return st;
+    return ls_json_write_doc(path, doc, "gate report", err);
 }

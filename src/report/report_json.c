@@ -7,6 +7,7 @@
 #include <jansson.h>
 
 #include "core/util.h"
+#include "io/json.h"
 #include "report/report.h"
 
 static json_t *jreal(double v) { return isfinite(v) ? json_real(v) : json_null(); }
@@ -160,13 +161,5 @@ ls_status ls_report_write_json(const char *path, const ls_compare_result *r, ls_
         (json_int_t)r->bytes_compared, "elapsed_s", jreal((double)r->elapsed_ns / 1e9));
     if (!root) return ls_fail(err, LS_E_INTERNAL, "json report: cannot build the document");
     json_object_set_new(root, "stats", stats_json(r, &r->stats, 1));
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    if (!text) return ls_fail(err, LS_E_NOMEM, "json report: out of memory");
-    size_t n = strlen(text);
-    text = realloc(text, n + 2);
-    text[n] = '\n';
-    ls_status st = ls_write_file_atomic(path, text, n + 1, err);
-    free(text);
-    return st;
+    return ls_json_write_doc(path, root, "json report", err);
 }

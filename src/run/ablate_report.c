@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/util.h"
+#include "io/json.h"
 #include "run/ablate.h"
 
 /* ---- what the reports say about a cell -------------------------------------- */
@@ -159,14 +160,7 @@ ls_status ls_ablate_write_json(const char *path, const ls_ablate_opts *o, const 
     else {
         json_decref(fams);
     }
-    char *text = doc ? json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(doc);
-    if (!text) return ls_fail(err, LS_E_NOMEM, "out of memory");
-    size_t n = strlen(text);
-    text[n] = '\n'; /* json_dumps allocates one byte more than the text, for its NUL */
-    ls_status st = ls_write_file_atomic(path, text, n + 1, err);
-    free(text);
-    return st;
+    return ls_json_write_doc(path, doc, "ablation report", err);
 }
 
 /* ---- Markdown and the printed table ---------------------------------------- */
