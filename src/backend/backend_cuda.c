@@ -569,6 +569,26 @@ static ls_status cu_digest_wait(ls_backend *be, ls_error *err)
     return im->dg ? ls_cuda_digester_wait(im->dg, err) : LS_OK;
 }
 
+/* The synchronous digest: where to hash chosen per call (ls_cuda_digest_plan),
+ * the digests copied to the jobs' outs before it returns. */
+static ls_status digest_now(cuda_impl *im, const ls_cuda_digest_job *cj, const ls_digest_job *jobs, long n_jobs,
+                            ls_error *err)
+{
+    uint8_t *dig = malloc((size_t)n_jobs * 32);
+    if (!dig) return ls_fail(err, LS_E_NOMEM, "cuda digest: %ld jobs", n_jobs);
+    ls_status st = scratch_reserve(im, ls_cuda_digest_scratch_bytes(cj, (int)n_jobs), err);
+    if (st == LS_OK)
+        st = ls_cuda_digest(cj, (int)n_jobs, im->scratch, im->scratch_bytes,
+                            ls_cuda_digest_plan(cj, (int)n_jobs, LS_CUDA_DIGEST_DEVICE_MAX_BYTES),
+                            host_sha256, dig, NULL, err);
+    for (long j = 0; st == LS_OK && j < n_jobs; j++) memcpy(jobs[j].out->bytes, dig + 32 * j, 32);
+    free(dig);
+    return st;
+}
+
+/* Submitted to the digester when there is one (done by digest_wait), else
+ * synchronous; a job too long for the digester's ring makes the call
+ * synchronous, after whatever was submitted before it. */
 static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
 {
     ON_DEVICE(be, err);
@@ -578,10 +598,9 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
         return ls_fail(err, LS_E_UNSUPPORTED, "cuda digest: %ld jobs in one call (at most 2^31-1)", n_jobs);
     if (!im->dg && !im->dg_off) digester_open(im);
     ls_cuda_digest_job *cj = calloc((size_t)n_jobs, sizeof *cj);
-    uint8_t *dig = malloc((size_t)n_jobs * 32);
     uint8_t **outs = im->dg ? malloc(sizeof *outs * (size_t)n_jobs) : NULL;
     ls_status st = LS_OK;
-    if (!cj || !dig || (im->dg && !outs)) st = ls_fail(err, LS_E_NOMEM, "cuda digest: %ld jobs", n_jobs);
+    if (!cj || (im->dg && !outs)) st = ls_fail(err, LS_E_NOMEM, "cuda digest: %ld jobs", n_jobs);
     for (long j = 0; st == LS_OK && j < n_jobs; j++)
         for (int s = 0; s < 2; s++) {
             const ls_digest_span *sp = &jobs[j].span[s];
@@ -597,25 +616,16 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
             cj[j].stride[s] = (uint64_t)sp->stride;
             cj[j].bf16[s] = sp->bf16 ? 1 : 0;
         }
+    int submitted = 0;
     if (st == LS_OK && im->dg) {
         for (long j = 0; j < n_jobs; j++) outs[j] = jobs[j].out->bytes;
-        ls_error serr;
-        ls_status ss = ls_cuda_digester_submit(im->dg, cj, outs, (int)n_jobs, NULL, &serr);
-        if (ss != LS_E_UNSUPPORTED) { /* done, or failed; else a job too long for the ring: */
-            free(cj), free(dig), free(outs);
-            return ss == LS_OK ? LS_OK : ls_fail(err, ss, "%s", serr.msg);
-        }
-        st = ls_cuda_digester_wait(im->dg, err); /* the synchronous path, in order after the rest */
+        st = ls_cuda_digester_submit(im->dg, cj, outs, (int)n_jobs, NULL, err);
+        submitted = st != LS_E_UNSUPPORTED;
+        if (!submitted) st = ls_cuda_digester_wait(im->dg, err);
     }
-    free(outs);
-    if (st == LS_OK) st = scratch_reserve(im, ls_cuda_digest_scratch_bytes(cj, (int)n_jobs), err);
-    if (st == LS_OK)
-        st = ls_cuda_digest(cj, (int)n_jobs, im->scratch, im->scratch_bytes,
-                            ls_cuda_digest_plan(cj, (int)n_jobs, LS_CUDA_DIGEST_DEVICE_MAX_BYTES),
-                            host_sha256, dig, NULL, err);
-    for (long j = 0; st == LS_OK && j < n_jobs; j++) memcpy(jobs[j].out->bytes, dig + 32 * j, 32);
+    if (st == LS_OK && !submitted) st = digest_now(im, cj, jobs, n_jobs, err);
     free(cj);
-    free(dig);
+    free(outs);
     return st;
 }
 
