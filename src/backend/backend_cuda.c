@@ -91,7 +91,8 @@ typedef struct cuda_impl {
     float synth_scale;
     uint64_t synth_calls;      /* synthetic matrices filled so far */
     ls_cuda_digester *dg;      /* asynchronous digests (created on the first digest call) */
-    int dg_off;                /* 1: no ring could be had; digests stay synchronous */
+    int dg_off;                /* 1: no ring could be had, or synchronous digests were asked
+                                  for; digests stay synchronous */
     int device;                /* CUDA ordinal everything of this backend runs on */
 } cuda_impl;
 
@@ -647,6 +648,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     ls_arena_init(&im->host);
     im->synth_seed = o->synthetic_weights_seed;
     im->synth_scale = o->synthetic_weights_scale;
+    im->dg_off = o->synchronous_digests != 0;
     im->device = o->device;
     /* the arena, its free-memory reading and every later call on this device */
     ls_status st = ls_cuda_use_device(o->device, err);

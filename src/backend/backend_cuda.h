@@ -23,6 +23,11 @@ typedef struct ls_backend_cuda_opts {
                                         (e4m3 bytes over the whole range; the values they
                                         stand for come with the model's block scales) */
     float synthetic_weights_scale;   /* synthetic bf16 values uniform in [-scale, scale) */
+    int synchronous_digests;         /* 1: every digest call computes its digests before it
+                                        returns (digest_wait has nothing to wait for); no ring
+                                        of device and pinned memory, no hashing threads. For a
+                                        backend that digests a few rows once (the reduction
+                                        probe); 0 (default): asynchronous where a ring fits */
 } ls_backend_cuda_opts;
 
 /* device 0, arena_bytes 0, no synthetic weights, scale 0.04 (about 1.8 / sqrt(2048):

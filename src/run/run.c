@@ -350,6 +350,7 @@ ls_status ls_run_manifest_facts(const char *backend, int gpu, ls_manifest_opts *
         ls_backend_cuda_opts_default(&co);
         co.arena_bytes = PROBE_ARENA_BYTES;
         co.device = gpu;
+        co.synchronous_digests = 1; /* one digest per probe: no ring, no hashing threads */
         ls_status st = ls_backend_cuda_create_opts(&co, &be, &inner);
         if (st != LS_OK)
             return ls_fail(err, st == LS_E_NOMEM ? st : LS_E_UNSUPPORTED,
