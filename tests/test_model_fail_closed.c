@@ -273,19 +273,6 @@ END_TEST
 /* ---- families skipped on purpose -------------------------------------------------------- */
 
 /* Merkle root of dir (fresh, no cache) as hex; fails the test on error. */
-static void root_of(const char *dir, char hex[65])
-{
-    ls_checkpoint *ck = NULL;
-    ls_error err;
-    ck_assert_msg(ls_checkpoint_open(dir, &ck, &err) == LS_OK, "%s", err.msg);
-    ls_fingerprint fp;
-    ls_fingerprint_opts o = {2, 0};
-    ck_assert_msg(ls_fingerprint_checkpoint(ck, &o, &fp, &err) == LS_OK, "%s: %s", dir, err.msg);
-    ls_digest_to_hex(&fp.merkle_root, hex);
-    ls_fingerprint_free(&fp);
-    ls_checkpoint_close(ck);
-}
-
 START_TEST(test_skipped_families_listed)
 {
     setup();
@@ -366,14 +353,14 @@ START_TEST(test_skipped_families_listed)
     /* One byte of a skipped tensor changes the root, though the model never
      * reads it; a NaN there is fingerprinted, not refused. */
     char before[65], after[65], nan_root[65];
-    root_of(d, before);
+    ls_test_merkle_root(d, before);
     fc[5] ^= 0x0001;
     char *d2 = variant("skipped-changed", extra, 3, NULL, NULL);
-    root_of(d2, after);
+    ls_test_merkle_root(d2, after);
     ck_assert_msg(strcmp(before, after) != 0, "a changed mtp.fc.weight left the root at %s", before);
     fc[5] = 0x7fc0; /* BF16 NaN */
     char *d3 = variant("skipped-nan", extra, 3, NULL, NULL);
-    root_of(d3, nan_root);
+    ls_test_merkle_root(d3, nan_root);
     ck_assert_msg(strcmp(nan_root, after) != 0 && strcmp(nan_root, before) != 0, "NaN root %s", nan_root);
     expect_model(d3, LS_OK, NULL, NULL);
 

@@ -661,19 +661,6 @@ START_TEST(test_vision_skipped_and_refused)
 END_TEST
 
 
-static void root_hex(const char *dir, char hex[65])
-{
-    ls_checkpoint *ck;
-    ls_error err;
-    ck_assert_msg(ls_checkpoint_open(dir, &ck, &err) == LS_OK, "%s", err.msg);
-    ls_fingerprint fp;
-    ls_fingerprint_opts o = {2, 0};
-    ck_assert_msg(ls_fingerprint_checkpoint(ck, &o, &fp, &err) == LS_OK, "%s: %s", dir, err.msg);
-    ls_digest_to_hex(&fp.merkle_root, hex);
-    ls_fingerprint_free(&fp);
-    ls_checkpoint_close(ck);
-}
-
 /* The vision tower and the MTP head are fingerprinted though never read:
  * one byte changed in one of them changes the Merkle root, and every record
  * of a run stays bit for bit the same. */
@@ -702,8 +689,8 @@ START_TEST(test_skipped_fingerprinted_records_unchanged)
     free(bytes);
 
     char a[65], b[65];
-    root_hex(src, a);
-    root_hex(dir, b);
+    ls_test_merkle_root(src, a);
+    ls_test_merkle_root(dir, b);
     ck_assert_msg(strcmp(a, b) != 0, "one byte of %s changed, the root did not (%s)", victims[_i], a);
     recs ra = {0}, rb = {0};
     run_model(src, &ra);

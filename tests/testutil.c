@@ -7,6 +7,9 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "fingerprint/fingerprint.h"
+#include "io/checkpoint.h"
+
 char *ls_test_tmpdir(const char *tag)
 {
     const char *base = getenv("TMPDIR");
@@ -97,4 +100,17 @@ char *ls_test_read(const char *path, size_t *len)
     fclose(f);
     if (len) *len = (size_t)n;
     return buf;
+}
+
+void ls_test_merkle_root(const char *dir, char hex[65])
+{
+    ls_checkpoint *ck = NULL;
+    ls_error err;
+    ck_assert_msg(ls_checkpoint_open(dir, &ck, &err) == LS_OK, "%s", err.msg);
+    ls_fingerprint fp;
+    ls_fingerprint_opts o = {2, 0};
+    ck_assert_msg(ls_fingerprint_checkpoint(ck, &o, &fp, &err) == LS_OK, "%s: %s", dir, err.msg);
+    ls_digest_to_hex(&fp.merkle_root, hex);
+    ls_fingerprint_free(&fp);
+    ls_checkpoint_close(ck);
 }

@@ -40,4 +40,8 @@ void ls_test_rm_tmpdir(char *dir);
 /* Reads a whole file; caller frees. *len may be NULL. */
 char *ls_test_read(const char *path, size_t *len);
 
+/* The Merkle root of the checkpoint in dir, as 64 hex digits and a NUL
+ * (aborts the test when the checkpoint does not open or hash). */
+void ls_test_merkle_root(const char *dir, char hex[65]);
+
 #endif
