@@ -85,6 +85,21 @@ START_TEST(test_raw_round_trip)
 }
 END_TEST
 
+/* The reserved-bytes rule (top of the document): a frame's flags (byte 5)
+ * and reserved bytes (6..7) are zero, and a nonzero one is named, as the
+ * digest pad byte and the trailer's reserved bytes are. */
+START_TEST(test_frame_reserved_named)
+{
+    t.fr[1].flags = 0x01;
+    expect_refused("frame header corrupted: flags (byte 5) are 0x01, must be 0");
+    t.fr[1].flags = 0;
+    t.fr[1].reserved = 0x0100;
+    expect_refused("frame header corrupted: reserved bytes 6..7 are 0x0100, must be 0");
+    t.fr[1].reserved = 0;
+    expect_equal_to_good();
+}
+END_TEST
+
 /* A digest entry's byte 3 is reserved (0); a nonzero one is named as such,
  * not as an unknown kind. */
 START_TEST(test_digest_pad_byte)
@@ -430,6 +445,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_raw_round_trip);
     tcase_add_test(tc, test_digest_pad_byte);
+    tcase_add_test(tc, test_frame_reserved_named);
     tcase_add_test(tc, test_trailer_bytes_count);
     tcase_add_test(tc, test_dump_matches_digest);
     tcase_add_test(tc, test_writer_dump_digest);
