@@ -112,6 +112,33 @@ START_TEST(test_examples_import_and_compare_equal)
 }
 END_TEST
 
+/* Two engines' imports against each other: each holds the positions its
+ * engine scored, so the prompt positions one holds (prompt logprobs) and the
+ * other lacks are counted as not compared, not reported as drifts; every
+ * pair compares equal. */
+START_TEST(test_imports_compare_with_each_other)
+{
+    char *out = NULL;
+    for (int i = 0; i < N_EXAMPLES; i++) ck_assert_int_eq(import_example(&examples[i], DATA, "ex"), 0);
+    for (int i = 0; i < N_EXAMPLES; i++)
+        for (int j = 0; j < N_EXAMPLES; j++) {
+            const example *a = &examples[i], *b = &examples[j];
+            int rc = ls_test_cli(&out, "compare %s'%s/ex-%s.trace' '%s/ex-%s.trace'",
+                                 a->logprobs_only || b->logprobs_only ? "--logprobs-only " : "", dir, a->file, dir, b->file);
+            ck_assert_msg(rc == 0, "%s against %s: exit %d\n%s", a->file, b->file, rc, out);
+            int a_prompt = !strcmp(a->positions, "13/13"), b_prompt = !strcmp(b->positions, "13/13");
+            char want[160];
+            snprintf(want, sizeof want, "trace %s is an import (the positions its engine scored): 15 positions of trace %s "
+                     "before its sequences' first positions (prompt) not compared", a_prompt ? "B" : "A", a_prompt ? "A" : "B");
+            if (a_prompt != b_prompt) ck_assert_msg(strstr(out, want), "%s against %s: no '%s' in\n%s", a->file, b->file, want, out);
+            else ck_assert_msg(!strstr(out, "(prompt) not compared"), "%s against %s:\n%s", a->file, b->file, out);
+            snprintf(want, sizeof want, "0        PASS     %s", a_prompt && b_prompt ? "13/13" : a_prompt || b_prompt ? "8/13" : "8/8");
+            ck_assert_msg(strstr(out, want), "%s against %s: no '%s' in\n%s", a->file, b->file, want, out);
+            free(out);
+        }
+}
+END_TEST
+
 START_TEST(test_one_ulp_is_named)
 {
     char *out = NULL;
@@ -143,6 +170,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_examples_are_generated_from_the_rollout);
     tcase_add_test(tc, test_examples_import_and_compare_equal);
+    tcase_add_test(tc, test_imports_compare_with_each_other);
     tcase_add_test(tc, test_one_ulp_is_named);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
