@@ -139,6 +139,34 @@ START_TEST(test_imports_compare_with_each_other)
 }
 END_TEST
 
+/* A format without top-k (verl) says so when imported, and a compare without
+ * --logprobs-only, which fails on the unused slots, says why and what to ask. */
+START_TEST(test_no_topk_says_logprobs_only)
+{
+    const example *e = NULL;
+    for (int i = 0; i < N_EXAMPLES; i++)
+        if (examples[i].logprobs_only) e = &examples[i];
+    ck_assert_ptr_nonnull(e);
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "import %s '%s/%s' -o '%s/nt.trace' --model-fingerprint %s", e->format, DATA, e->file, dir, fp);
+    ck_assert_msg(rc == 0 && strstr(out, "top-1 (no top-k in the file: compare it with --logprobs-only)"), "rc %d: %s", rc, out);
+    free(out);
+    for (int swap = 0; swap < 2; swap++) {
+        rc = ls_test_cli(&out, "compare '%s/%s.trace' '%s/%s.trace'", dir, swap ? "rollout" : "nt", dir, swap ? "nt" : "rollout");
+        ck_assert_msg(rc == 1, "exit %d\n%s", rc, out);
+        char want[200];
+        snprintf(want, sizeof want, "trace %s holds no top-k entry at any position compared (its engine returned none): "
+                 "--logprobs-only compares token ids and logprobs alone", swap ? "B" : "A");
+        ck_assert_msg(strstr(out, want), "no '%s' in\n%s", want, out);
+        free(out);
+    }
+    /* with entries on both sides there is no such note */
+    rc = ls_test_cli(&out, "compare --logprobs-only '%s/nt.trace' '%s/rollout.trace'", dir, dir);
+    ck_assert_msg(rc == 0 && !strstr(out, "holds no top-k"), "exit %d\n%s", rc, out);
+    free(out);
+}
+END_TEST
+
 START_TEST(test_one_ulp_is_named)
 {
     char *out = NULL;
@@ -171,6 +199,7 @@ int main(void)
     tcase_add_test(tc, test_examples_are_generated_from_the_rollout);
     tcase_add_test(tc, test_examples_import_and_compare_equal);
     tcase_add_test(tc, test_imports_compare_with_each_other);
+    tcase_add_test(tc, test_no_topk_says_logprobs_only);
     tcase_add_test(tc, test_one_ulp_is_named);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -110,6 +110,10 @@ int ls_cmd_compare(int argc, char **argv)
         ls_compare_result_free(&r);
         return ls_cli_report("compare", &err);
     }
+    /* the comparator's note names option fields; the user typed flags */
+    char note[sizeof r.note];
+    ls_cli_flag_names(r.note, note, sizeof note);
+    snprintf(r.note, sizeof r.note, "%s", note);
     /* The text report goes to stdout unless a report was asked for there;
      * under --quiet it is not written at all (the exit code is the verdict). */
     int stdout_taken = (json && !strcmp(json, "-")) || (junit && !strcmp(junit, "-")) || (html && !strcmp(html, "-"));

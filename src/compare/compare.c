@@ -127,6 +127,8 @@ typedef struct walk {
     int a_import, b_import;      /* the trace is an import: it holds positions from its engine's first on */
     uint64_t *outside;           /* [seqs_cap] a_import: B positions before A's first */
     uint64_t outside_a;          /* b_import: A positions before B's first, over all sequences */
+    uint64_t topk_positions;     /* positions whose top-k was compared */
+    uint64_t topk_used_a, topk_used_b; /* of those: positions where A's (B's) slot 0 holds a token */
     int logprobs_only;           /* token ids and selected logprobs only */
     int same_layout;             /* same top-k width and digest kinds: equal raw bytes mean equal records */
     ls_trace_reader *ra;         /* A, lazy */
@@ -339,6 +341,16 @@ static int topk_find(const ls_trace_record *r, int k, int32_t id)
     return -1;
 }
 
+/* Counts, for the note on a trace without top-k, whether each side's top-k
+ * holds a token at this position. */
+static void topk_count(walk *w, int k, const ls_trace_record *a, const ls_trace_record *b)
+{
+    if (k <= 0) return;
+    w->topk_positions++;
+    w->topk_used_a += a->topk_ids[0] >= 0;
+    w->topk_used_b += b->topk_ids[0] >= 0;
+}
+
 /* Compares one position present in both traces. Returns an error only when
  * decoding a record's digests fails (out of memory). */
 static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_record *a, const ls_trace_record *b,
@@ -358,6 +370,7 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         if (!w->logprobs_only) mark_digests_equal(w, s, a);
         cell(w, s, n_layers + 1, pos, LS_CELL_EQUAL);
         cell(w, s, n_layers + 2, pos, LS_CELL_EQUAL);
+        topk_count(w, k, a, b);
         return w->stats ? position_stats(w, s, si, a, b, err) : LS_OK;
     }
     ls_compare_drift d = {0};
@@ -459,6 +472,7 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
      * other list, and a slot used on one side only is a set difference. */
     int set_eq = 1, order_slot = -1, bits_slot = -1, set_slot = -1;
     double pa_sum = 0, pb_sum = 0, kl = 0;
+    topk_count(w, k, a, b);
     for (int x = 0; x < k; x++) {
         int32_t ia = a->topk_ids[x], ib = b->topk_ids[x];
         int m = ia >= 0 ? topk_find(b, k, ia) : -1;
@@ -763,6 +777,11 @@ ls_status ls_compare_files_diag(const char *path_a, const char *path_b, const ls
     if (r->n_seqs) qsort(r->seqs, r->n_seqs, sizeof *r->seqs, cmp_seq); /* seqs is NULL when empty */
     for (size_t i = 0; best && i < r->n_seqs; i++)
         if (r->seqs[i].seq == first_seq_id) r->first_seq = (int)i;
+    /* A trace whose engine returned no top-k (all slots unused) fails on
+     * every position where the other has entries: say why, and what to ask. */
+    if (w.topk_positions && (!w.topk_used_a) != (!w.topk_used_b))
+        note_add(r, "trace %s holds no top-k entry at any position compared (its engine returned none): "
+                 "the logprobs_only option compares token ids and logprobs alone", w.topk_used_a ? "B" : "A");
     /* Both traces may be imports (two engines): each side's earlier positions are outside the other. */
     uint64_t outside_b = 0;
     for (size_t i = 0; i < r->n_seqs; i++) outside_b += w.outside[i];
