@@ -167,6 +167,39 @@ START_TEST(test_no_topk_says_logprobs_only)
 }
 END_TEST
 
+/* The first command block of docs/import.md, run as written (lockstep on
+ * PATH; DIR the examples' checkpoint, resp.json the vLLM example): it
+ * imports, replays and compares equal. */
+START_TEST(test_documented_commands_run)
+{
+    size_t n;
+    char *doc = ls_test_read(LS_SOURCE_DIR "/docs/import.md", &n);
+    char *b = strstr(doc, "\n```\n");
+    ck_assert_ptr_nonnull(b);
+    b += 5;
+    char *e = strstr(b, "\n```");
+    ck_assert_ptr_nonnull(e);
+    e[1] = '\0';
+    char script[8192] = "", *o = script;
+    for (const char *p = b; *p && o < script + sizeof script - 600; p++) {
+        if (!strncmp(p, "DIR", 3)) o += sprintf(o, "'%s/goldens/qwen3next_tiny_a'", LS_SOURCE_DIR), p += 2;
+        else if (!strncmp(p, "resp.json", 9)) o += sprintf(o, "'%s/vllm-completions.json'", DATA), p += 8;
+        else *o++ = *p;
+    }
+    *o = '\0';
+    free(doc);
+    ls_test_write_text(dir, "doc.sh", script);
+    char bin[4200];
+    snprintf(bin, sizeof bin, "%s", LS_CLI_PATH);
+    *strrchr(bin, '/') = '\0';
+    char *out = NULL;
+    int rc = ls_test_sh(&out, "cd '%s' && PATH='%s':\"$PATH\" sh -e doc.sh", dir, bin);
+    ck_assert_msg(rc == 0 && strstr(out, "PASS: 3/3 sequences bitwise equal"), "docs/import.md's commands: exit %d\n%s\n%s",
+                  rc, script, out);
+    free(out);
+}
+END_TEST
+
 START_TEST(test_one_ulp_is_named)
 {
     char *out = NULL;
@@ -200,6 +233,7 @@ int main(void)
     tcase_add_test(tc, test_examples_import_and_compare_equal);
     tcase_add_test(tc, test_imports_compare_with_each_other);
     tcase_add_test(tc, test_no_topk_says_logprobs_only);
+    tcase_add_test(tc, test_documented_commands_run);
     tcase_add_test(tc, test_one_ulp_is_named);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
