@@ -44,7 +44,7 @@ static const char *tail(const char *out)
 static void teardown(void)
 {
     raw_free(&t);
-    free(dir);
+    ls_test_rm_tmpdir(dir);
 }
 
 /* Saves t to bad; 'trace dump' and 'compare' (as A and as B) must exit 2
