@@ -22,7 +22,7 @@ static void setup(void)
     snprintf(pa, sizeof pa, "%s/a.trace", dir);
     snprintf(pb, sizeof pb, "%s/b.trace", dir);
 }
-static void teardown(void) { free(dir); }
+static void teardown(void) { ls_test_rm_tmpdir(dir); }
 
 static const char *tail(const char *out)
 {

@@ -438,6 +438,13 @@ END_TEST
 
 /* ---- CLI ----------------------------------------------------------------------------------- */
 
+/* Whether needle occurs in [line, end). */
+static int in_line(const char *line, const char *needle, const char *end)
+{
+    const char *p = strstr(line, needle);
+    return p && p < end;
+}
+
 START_TEST(test_cli)
 {
     char in[4300], *out = NULL;
@@ -462,6 +469,14 @@ START_TEST(test_cli)
     ck_assert_int_eq(ls_test_cli(&out, "import --help"), 0);
     ck_assert_msg(strstr(out, "vllm-offline") && strstr(out, "--tokens-out") && strstr(out, "--logprobs-key"), "%s",
                   out);
+    free(out);
+    /* the command list names the formats */
+    ck_assert_int_eq(ls_test_cli(&out, "--help"), 0);
+    const char *line = strstr(out, "\n  import ");
+    ck_assert_msg(line, "%s", out);
+    const char *end = strchr(line + 1, '\n');
+    ck_assert_msg(end && in_line(line, "vLLM", end) && in_line(line, "SGLang", end) && in_line(line, "verl", end) &&
+                  in_line(line, "JSONL", end), "the import line of 'lockstep --help': %.*s", (int)(end ? end - line : 80), line);
     free(out);
 }
 END_TEST

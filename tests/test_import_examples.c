@@ -112,6 +112,94 @@ START_TEST(test_examples_import_and_compare_equal)
 }
 END_TEST
 
+/* Two engines' imports against each other: each holds the positions its
+ * engine scored, so the prompt positions one holds (prompt logprobs) and the
+ * other lacks are counted as not compared, not reported as drifts; every
+ * pair compares equal. */
+START_TEST(test_imports_compare_with_each_other)
+{
+    char *out = NULL;
+    for (int i = 0; i < N_EXAMPLES; i++) ck_assert_int_eq(import_example(&examples[i], DATA, "ex"), 0);
+    for (int i = 0; i < N_EXAMPLES; i++)
+        for (int j = 0; j < N_EXAMPLES; j++) {
+            const example *a = &examples[i], *b = &examples[j];
+            int rc = ls_test_cli(&out, "compare %s'%s/ex-%s.trace' '%s/ex-%s.trace'",
+                                 a->logprobs_only || b->logprobs_only ? "--logprobs-only " : "", dir, a->file, dir, b->file);
+            ck_assert_msg(rc == 0, "%s against %s: exit %d\n%s", a->file, b->file, rc, out);
+            int a_prompt = !strcmp(a->positions, "13/13"), b_prompt = !strcmp(b->positions, "13/13");
+            char want[160];
+            snprintf(want, sizeof want, "trace %s is an import (the positions its engine scored): 15 positions of trace %s "
+                     "before its sequences' first positions (prompt) not compared", a_prompt ? "B" : "A", a_prompt ? "A" : "B");
+            if (a_prompt != b_prompt) ck_assert_msg(strstr(out, want), "%s against %s: no '%s' in\n%s", a->file, b->file, want, out);
+            else ck_assert_msg(!strstr(out, "(prompt) not compared"), "%s against %s:\n%s", a->file, b->file, out);
+            snprintf(want, sizeof want, "0        PASS     %s", a_prompt && b_prompt ? "13/13" : a_prompt || b_prompt ? "8/13" : "8/8");
+            ck_assert_msg(strstr(out, want), "%s against %s: no '%s' in\n%s", a->file, b->file, want, out);
+            free(out);
+        }
+}
+END_TEST
+
+/* A format without top-k (verl) says so when imported, and a compare without
+ * --logprobs-only, which fails on the unused slots, says why and what to ask. */
+START_TEST(test_no_topk_says_logprobs_only)
+{
+    const example *e = NULL;
+    for (int i = 0; i < N_EXAMPLES; i++)
+        if (examples[i].logprobs_only) e = &examples[i];
+    ck_assert_ptr_nonnull(e);
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "import %s '%s/%s' -o '%s/nt.trace' --model-fingerprint %s", e->format, DATA, e->file, dir, fp);
+    ck_assert_msg(rc == 0 && strstr(out, "top-1 (no top-k in the file: compare it with --logprobs-only)"), "rc %d: %s", rc, out);
+    free(out);
+    for (int swap = 0; swap < 2; swap++) {
+        rc = ls_test_cli(&out, "compare '%s/%s.trace' '%s/%s.trace'", dir, swap ? "rollout" : "nt", dir, swap ? "nt" : "rollout");
+        ck_assert_msg(rc == 1, "exit %d\n%s", rc, out);
+        char want[200];
+        snprintf(want, sizeof want, "trace %s holds no top-k entry at any position compared (its engine returned none): "
+                 "--logprobs-only compares token ids and logprobs alone", swap ? "B" : "A");
+        ck_assert_msg(strstr(out, want), "no '%s' in\n%s", want, out);
+        free(out);
+    }
+    /* with entries on both sides there is no such note */
+    rc = ls_test_cli(&out, "compare --logprobs-only '%s/nt.trace' '%s/rollout.trace'", dir, dir);
+    ck_assert_msg(rc == 0 && !strstr(out, "holds no top-k"), "exit %d\n%s", rc, out);
+    free(out);
+}
+END_TEST
+
+/* The first command block of docs/import.md, run as written (lockstep on
+ * PATH; DIR the examples' checkpoint, resp.json the vLLM example): it
+ * imports, replays and compares equal. */
+START_TEST(test_documented_commands_run)
+{
+    size_t n;
+    char *doc = ls_test_read(LS_SOURCE_DIR "/docs/import.md", &n);
+    char *b = strstr(doc, "\n```\n");
+    ck_assert_ptr_nonnull(b);
+    b += 5;
+    char *e = strstr(b, "\n```");
+    ck_assert_ptr_nonnull(e);
+    e[1] = '\0';
+    char script[8192] = "", *o = script;
+    for (const char *p = b; *p && o < script + sizeof script - 600; p++) {
+        if (!strncmp(p, "DIR", 3)) o += sprintf(o, "'%s/goldens/qwen3next_tiny_a'", LS_SOURCE_DIR), p += 2;
+        else if (!strncmp(p, "resp.json", 9)) o += sprintf(o, "'%s/vllm-completions.json'", DATA), p += 8;
+        else *o++ = *p;
+    }
+    *o = '\0';
+    free(doc);
+    ls_test_write_text(dir, "doc.sh", script);
+    char bin[4200];
+    snprintf(bin, sizeof bin, "%s", LS_CLI_PATH);
+    *strrchr(bin, '/') = '\0';
+    char *out = NULL;
+    int rc = ls_test_sh(&out, "cd '%s' && PATH='%s':\"$PATH\" sh -e doc.sh", dir, bin);
+    ck_assert_msg(rc == 0 && strstr(out, "PASS: 3/3 sequences bitwise equal"), "docs/import.md's commands: exit %d\n%s\n%s",
+                  rc, script, out);
+    free(out);
+}
+END_TEST
+
 START_TEST(test_one_ulp_is_named)
 {
     char *out = NULL;
@@ -143,6 +231,9 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_examples_are_generated_from_the_rollout);
     tcase_add_test(tc, test_examples_import_and_compare_equal);
+    tcase_add_test(tc, test_imports_compare_with_each_other);
+    tcase_add_test(tc, test_no_topk_says_logprobs_only);
+    tcase_add_test(tc, test_documented_commands_run);
     tcase_add_test(tc, test_one_ulp_is_named);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -96,7 +96,7 @@ START_TEST(test_round_trip)
             expect_same(rec, &want);
         }
     ls_trace_index_close(ix);
-    free(dir);
+    ls_test_rm_tmpdir(dir);
 }
 END_TEST
 
@@ -129,7 +129,7 @@ START_TEST(test_writer_rejects)
     ck_assert_int_eq(ls_trace_writer_close(w, &err), LS_OK);
     h.topk = 0;
     ck_assert_int_eq(ls_trace_writer_open(path, &h, &w, &err), LS_E_USAGE);
-    free(dir);
+    ls_test_rm_tmpdir(dir);
 }
 END_TEST
 
@@ -149,7 +149,7 @@ START_TEST(test_unknown_major)
     ls_trace_reader *r;
     ck_assert_int_eq(ls_trace_reader_open(path, &r, &err), LS_E_UNSUPPORTED);
     ck_assert_msg(strstr(err.msg, "offset 8") && strstr(err.msg, "version 2.0"), "%s", err.msg);
-    free(dir);
+    ls_test_rm_tmpdir(dir);
 }
 END_TEST
 

@@ -45,7 +45,7 @@ static void setup(void)
 static void teardown(void)
 {
     free(file);
-    free(dir);
+    ls_test_rm_tmpdir(dir);
 }
 
 /* Runs dump and compare on bad; both must exit 2 and mention want. */

@@ -44,7 +44,7 @@ static const char *tail(const char *out)
 static void teardown(void)
 {
     raw_free(&t);
-    free(dir);
+    ls_test_rm_tmpdir(dir);
 }
 
 /* Saves t to bad; 'trace dump' and 'compare' (as A and as B) must exit 2
@@ -82,6 +82,21 @@ START_TEST(test_raw_round_trip)
     int rc = ls_test_cli(&out, "trace dump '%s'", bad);
     ck_assert_msg(rc == 0 && strstr(out, "complete"), "dump rc %d: %s", rc, tail(out));
     free(out);
+}
+END_TEST
+
+/* The reserved-bytes rule (top of the document): a frame's flags (byte 5)
+ * and reserved bytes (6..7) are zero, and a nonzero one is named, as the
+ * digest pad byte and the trailer's reserved bytes are. */
+START_TEST(test_frame_reserved_named)
+{
+    t.fr[1].flags = 0x01;
+    expect_refused("frame header corrupted: flags (byte 5) are 0x01, must be 0");
+    t.fr[1].flags = 0;
+    t.fr[1].reserved = 0x0100;
+    expect_refused("frame header corrupted: reserved bytes 6..7 are 0x0100, must be 0");
+    t.fr[1].reserved = 0;
+    expect_equal_to_good();
 }
 END_TEST
 
@@ -423,6 +438,70 @@ START_TEST(test_dump_padding)
 }
 END_TEST
 
+/* Positions of seq `seq` in `path` whose records carry a gdn_state digest, as a bit mask. */
+static uint32_t state_positions(const char *path, uint32_t seq)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ls_trace_reader *r;
+    ck_assert_msg(ls_trace_reader_open(path, &r, &err) == LS_OK, "%s", err.msg);
+    uint32_t mask = 0;
+    const ls_trace_record *x;
+    while (ls_trace_reader_next(r, &x, &err) == LS_OK && x)
+        for (uint32_t i = 0; x->seq == seq && x->pos < 32 && i < x->n_digests; i++)
+            if (x->digests[i].kind == LS_DIGEST_GDN_STATE) mask |= 1u << x->pos;
+    ls_trace_reader_close(r);
+    return mask;
+}
+
+/* Section 3, run_params.batch, as `run --from` reads it from another
+ * writer's rollout: entries whose id is not a sequence of the trace (an id
+ * beyond u32 included) or whose prompt_len is out of range are ignored, and
+ * keys the reader does not know (a u64 seed) leave the trace replayable. */
+START_TEST(test_batch_schema)
+{
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "--quiet synth --preset tiny --seed 1 --out '%s/ck'", dir);
+    ck_assert_msg(rc == 0, "%s", tail(out));
+    free(out);
+    ls_test_write_text(dir, "p.jsonl", "{\"id\":0,\"tokens\":[1,2,3,4,5]}\n{\"id\":1,\"tokens\":[9,8,7]}\n");
+    rc = ls_test_cli(&out, "--quiet run --checkpoint '%s/ck' --mode rollout --prompts '%s/p.jsonl' --max-new-tokens 3 "
+                     "-o '%s/ro.trace'", dir, dir, dir);
+    ck_assert_msg(rc == 0, "%s", tail(out));
+    free(out);
+    char ro[4300];
+    snprintf(ro, sizeof ro, "%s/ro.trace", dir);
+    raw_free(&t);
+    ck_assert_int_eq(raw_load(ro, &t), 0);
+    ck_assert_int_eq(raw_replace_json(&t, "{\"id\":1,\"n_tokens\":3,\"prompt_len\":3}],",
+                                      "{\"id\":1,\"n_tokens\":3,\"prompt_len\":3},{\"id\":4294967296,\"prompt_len\":2},"
+                                      "{\"id\":-4294967296,\"prompt_len\":2},{\"id\":1,\"prompt_len\":99},"
+                                      "{\"id\":\"0\",\"prompt_len\":2}],\"seed\":18446744073709551615,"), 0);
+    ck_assert_int_eq(raw_save(bad, &t), 0);
+    rc = ls_test_cli(&out, "--quiet run --checkpoint '%s/ck' --mode replay --from '%s' --chunk 2 -o '%s/rp.trace'", dir, bad,
+                     dir);
+    ck_assert_msg(rc == 0, "%s", tail(out));
+    free(out);
+    rc = ls_test_cli(&out, "--quiet run --checkpoint '%s/ck' --mode replay --from '%s' --chunk 2 -o '%s/rp0.trace'", dir, ro,
+                     dir);
+    ck_assert_msg(rc == 0, "%s", tail(out));
+    free(out);
+    char rp[4300], rp0[4300];
+    snprintf(rp, sizeof rp, "%s/rp.trace", dir);
+    snprintf(rp0, sizeof rp0, "%s/rp0.trace", dir);
+    /* seq 0: prompt of 5, 8 tokens: carried states at the boundary (pos 4) and the last position (6) only */
+    uint32_t m = state_positions(rp, 0);
+    ck_assert_msg(m == state_positions(rp0, 0) && m == (1u << 4 | 1u << 6),
+                  "seq 0 carries gdn_state at positions mask 0x%x (the rollout's batch alone: 0x%x, want 0x50)", m,
+                  state_positions(rp0, 0));
+    m = state_positions(rp, 1);
+    ck_assert_msg(m == (1u << 2 | 1u << 4), "seq 1 carries gdn_state at positions mask 0x%x, want 0x14", m);
+    rc = ls_test_cli(&out, "compare '%s' '%s'", rp0, rp);
+    ck_assert_msg(rc == 0, "%s", tail(out));
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("trace_rules");
@@ -430,6 +509,7 @@ int main(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_add_test(tc, test_raw_round_trip);
     tcase_add_test(tc, test_digest_pad_byte);
+    tcase_add_test(tc, test_frame_reserved_named);
     tcase_add_test(tc, test_trailer_bytes_count);
     tcase_add_test(tc, test_dump_matches_digest);
     tcase_add_test(tc, test_writer_dump_digest);
@@ -440,6 +520,7 @@ int main(void)
     tcase_add_test(tc, test_frame_kind_mode);
     tcase_add_test(tc, test_topk_slots);
     tcase_add_test(tc, test_dump_padding);
+    tcase_add_test(tc, test_batch_schema);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

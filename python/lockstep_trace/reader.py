@@ -107,7 +107,11 @@ class TraceReader:
         kind, flags, reserved, index, n_rec, n_seg, cchk, ubytes, cbytes = struct.unpack_from("<BBHIIIIQQ", fixed, 4)
         K = self.header.topk
         min_rec = RECORD_FIXED_BYTES + 8 * K + 4
-        if kind >= len(FRAME_KINDS) or flags or reserved or n_rec == 0 or n_seg == 0 or n_seg > n_rec or \
+        if flags:
+            raise self._err(off, "frame header corrupted: flags (byte 5) are 0x%02x, must be 0" % flags)
+        if reserved:
+            raise self._err(off, "frame header corrupted: reserved bytes 6..7 are 0x%04x, must be 0" % reserved)
+        if kind >= len(FRAME_KINDS) or n_rec == 0 or n_seg == 0 or n_seg > n_rec or \
                 ubytes > FRAME_MAX_BYTES or ubytes < n_rec * min_rec or cbytes < 9 or \
                 cbytes > _compress_bound(FRAME_MAX_BYTES) + 4:
             raise self._err(off, "frame header corrupted (kind %d, %d records, %d segments, %d / %d bytes)"

@@ -22,8 +22,9 @@ static const char usage_text[] =
     "verdict is bitwise. Trace A is walked in its execution order; B is indexed,\n"
     "so the two may be framed differently (rollout vs chunked replay). An imported\n"
     "trace ('lockstep import') holds the positions its engine scored: against a\n"
-    "rollout or replay, the positions both hold are compared and the other trace's\n"
-    "earlier (prompt) positions are counted as not compared, not as drifts.\n"
+    "rollout, a replay or another engine's import, the positions both hold are\n"
+    "compared and the other trace's earlier (prompt) positions are counted as not\n"
+    "compared, not as drifts.\n"
     "\n"
     "options:\n"
     "  --json FILE|-              write the JSON report (docs/compare-json.schema.json)\n"
@@ -109,6 +110,10 @@ int ls_cmd_compare(int argc, char **argv)
         ls_compare_result_free(&r);
         return ls_cli_report("compare", &err);
     }
+    /* the comparator's note names option fields; the user typed flags */
+    char note[sizeof r.note];
+    ls_cli_flag_names(r.note, note, sizeof note);
+    snprintf(r.note, sizeof r.note, "%s", note);
     /* The text report goes to stdout unless a report was asked for there;
      * under --quiet it is not written at all (the exit code is the verdict). */
     int stdout_taken = (json && !strcmp(json, "-")) || (junit && !strcmp(junit, "-")) || (html && !strcmp(html, "-"));

@@ -123,9 +123,10 @@ int ls_cmd_import(int argc, char **argv)
     if (fmt == LS_IMPORT_JSONL)
         ls_log_info("import: %llu records written to %s", (unsigned long long)sum.records, out);
     else
-        ls_log_info("import: %llu sequences, %llu records (%llu at prompt positions), top-%d, written to %s%s%s",
+        ls_log_info("import: %llu sequences, %llu records (%llu at prompt positions), top-%d%s, written to %s%s%s",
                     (unsigned long long)sum.sequences, (unsigned long long)sum.records,
-                    (unsigned long long)sum.prompt_records, sum.topk, out, o.tokens_out ? "; tokens to " : "",
-                    o.tokens_out ? o.tokens_out : "");
+                    (unsigned long long)sum.prompt_records, sum.topk,
+                    sum.no_topk ? " (no top-k in the file: compare it with --logprobs-only)" : "", out,
+                    o.tokens_out ? "; tokens to " : "", o.tokens_out ? o.tokens_out : "");
     return 0;
 }

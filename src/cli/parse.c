@@ -43,6 +43,7 @@ static const char *const field_flags[][2] = {
     {"max_rows", "--max-rows"},
     {"kv_page", "--kv-page"},
     {"the prompt_len option", "--prompt-len"},
+    {"the logprobs_only option", "--logprobs-only"},
     {"^layers ", "--layers "},          /* '^': only at the start of the message */
 };
 

@@ -124,8 +124,11 @@ typedef struct walk {
     uint64_t first_order;        /* drift discovery counter */
     uint64_t *drift_order;       /* [seqs_cap] order of each seq's first drift (0 = none) */
     int skip_token;              /* an imported trace has no input tokens */
-    int import_side;             /* 1: A is an import and B not, 2: B is and A not, 0: otherwise */
-    uint64_t *outside;           /* [seqs_cap] import_side 1: B positions before A's first */
+    int a_import, b_import;      /* the trace is an import: it holds positions from its engine's first on */
+    uint64_t *outside;           /* [seqs_cap] a_import: B positions before A's first */
+    uint64_t outside_a;          /* b_import: A positions before B's first, over all sequences */
+    uint64_t topk_positions;     /* positions whose top-k was compared */
+    uint64_t topk_used_a, topk_used_b; /* of those: positions where A's (B's) slot 0 holds a token */
     int logprobs_only;           /* token ids and selected logprobs only */
     int same_layout;             /* same top-k width and digest kinds: equal raw bytes mean equal records */
     ls_trace_reader *ra;         /* A, lazy */
@@ -338,6 +341,16 @@ static int topk_find(const ls_trace_record *r, int k, int32_t id)
     return -1;
 }
 
+/* Counts, for the note on a trace without top-k, whether each side's top-k
+ * holds a token at this position. */
+static void topk_count(walk *w, int k, const ls_trace_record *a, const ls_trace_record *b)
+{
+    if (k <= 0) return;
+    w->topk_positions++;
+    w->topk_used_a += a->topk_ids[0] >= 0;
+    w->topk_used_b += b->topk_ids[0] >= 0;
+}
+
 /* Compares one position present in both traces. Returns an error only when
  * decoding a record's digests fails (out of memory). */
 static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_trace_record *a, const ls_trace_record *b,
@@ -357,6 +370,7 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
         if (!w->logprobs_only) mark_digests_equal(w, s, a);
         cell(w, s, n_layers + 1, pos, LS_CELL_EQUAL);
         cell(w, s, n_layers + 2, pos, LS_CELL_EQUAL);
+        topk_count(w, k, a, b);
         return w->stats ? position_stats(w, s, si, a, b, err) : LS_OK;
     }
     ls_compare_drift d = {0};
@@ -458,6 +472,7 @@ static ls_status compare_pair(walk *w, ls_compare_seq *s, size_t si, const ls_tr
      * other list, and a slot used on one side only is a set difference. */
     int set_eq = 1, order_slot = -1, bits_slot = -1, set_slot = -1;
     double pa_sum = 0, pb_sum = 0, kl = 0;
+    topk_count(w, k, a, b);
     for (int x = 0; x < k; x++) {
         int32_t ia = a->topk_ids[x], ib = b->topk_ids[x];
         int m = ia >= 0 ? topk_find(b, k, ia) : -1;
@@ -686,14 +701,13 @@ ls_status ls_compare_files_diag(const char *path_a, const char *path_b, const ls
     else if (ha->digest_kinds_mask != hb->digest_kinds_mask)
         note_add(r, "digest kinds differ between the traces: compared only the kinds both carry");
     w.skip_token = !strcmp(ha->mode, "import") || !strcmp(hb->mode, "import");
-    w.import_side = !strcmp(ha->mode, "import") == !strcmp(hb->mode, "import") ? 0
-                    : !strcmp(ha->mode, "import")                             ? 1
-                                                                              : 2;
+    w.a_import = !strcmp(ha->mode, "import");
+    w.b_import = !strcmp(hb->mode, "import");
     w.same_layout = ha->topk == hb->topk && ha->digest_kinds_mask == hb->digest_kinds_mask;
     w.ra = ra;
     ls_trace_reader_set_lazy(ra, 1);
     ls_trace_index_set_lazy(w.ix, 1);
-    if (w.skip_token) note_add(r, "an imported trace carries generated tokens only: input tokens not compared");
+    if (w.skip_token) note_add(r, "imported trace: input tokens not compared");
     if (ha->topk != hb->topk && !logprobs_only)
         note_add(r, "top-k widths differ (%d vs %d): compared the first %d", ha->topk, hb->topk, r->topk_compared);
     note_header_differences(r, ha, hb);
@@ -710,12 +724,11 @@ ls_status ls_compare_files_diag(const char *path_a, const char *path_b, const ls
         ls_compare_seq *s;
         size_t si;
         if ((st = seq_slot(&w, a->seq, &s, &si, err))) goto out;
-        if (w.import_side == 1 && w.last_pos[si] < 0) {
+        if (w.a_import && w.last_pos[si] < 0) {
             /* A's first position of an imported sequence: B's positions before it are outside the import */
             for (int64_t q = ls_trace_index_next_pos(w.ix, a->seq, 0); q >= 0 && q < (int64_t)a->pos;
                  q = ls_trace_index_next_pos(w.ix, a->seq, (uint32_t)q + 1))
                 w.outside[si]++;
-            r->positions_outside_import += w.outside[si];
         } else if (s->pass) {
             /* a position of B skipped by A is a drift before this one */
             int64_t q = ls_trace_index_next_pos(w.ix, a->seq, (uint32_t)(w.last_pos[si] + 1));
@@ -725,8 +738,8 @@ ls_status ls_compare_files_diag(const char *path_a, const char *path_b, const ls
         if ((st = ls_trace_index_find(w.ix, a->seq, a->pos, &b, err))) goto out;
         if (!b) {
             s->positions_only_a++;
-            int64_t b_first = w.import_side == 2 ? ls_trace_index_next_pos(w.ix, a->seq, 0) : -1;
-            if (b_first > (int64_t)a->pos) r->positions_outside_import++; /* before B's imported sequence */
+            int64_t b_first = w.b_import ? ls_trace_index_next_pos(w.ix, a->seq, 0) : -1;
+            if (b_first > (int64_t)a->pos) w.outside_a++; /* before B's imported sequence */
             else if (s->pass) mark_missing(&w, s, si, a->pos, 1);
             continue;
         }
@@ -764,10 +777,22 @@ ls_status ls_compare_files_diag(const char *path_a, const char *path_b, const ls
     if (r->n_seqs) qsort(r->seqs, r->n_seqs, sizeof *r->seqs, cmp_seq); /* seqs is NULL when empty */
     for (size_t i = 0; best && i < r->n_seqs; i++)
         if (r->seqs[i].seq == first_seq_id) r->first_seq = (int)i;
-    if (r->positions_outside_import)
-        note_add(r, "trace %s is an import (the positions its engine scored): %" PRIu64 " positions of trace "
-                 "%s before its sequences' first positions (prompt) not compared",
-                 w.import_side == 1 ? "A" : "B", r->positions_outside_import, w.import_side == 1 ? "B" : "A");
+    /* A trace whose engine returned no top-k (all slots unused) fails on
+     * every position where the other has entries: say why, and what to ask. */
+    if (w.topk_positions && (!w.topk_used_a) != (!w.topk_used_b))
+        note_add(r, "trace %s holds no top-k entry at any position compared (its engine returned none): "
+                 "the logprobs_only option compares token ids and logprobs alone", w.topk_used_a ? "B" : "A");
+    /* Both traces may be imports (two engines): each side's earlier positions are outside the other. */
+    uint64_t outside_b = 0;
+    for (size_t i = 0; i < r->n_seqs; i++) outside_b += w.outside[i];
+    r->positions_outside_import = outside_b + w.outside_a;
+    for (int side = 0; side < 2; side++) {
+        uint64_t n = side ? w.outside_a : outside_b;
+        if (n)
+            note_add(r, "trace %s is an import (the positions its engine scored): %" PRIu64 " positions of trace "
+                     "%s before its sequences' first positions (prompt) not compared", side ? "B" : "A", n,
+                     side ? "A" : "B");
+    }
 out:
     free(w.last_pos);
     free(w.drift_order);

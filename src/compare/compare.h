@@ -16,10 +16,11 @@
  * top-k are diagnostics only.
  *
  * An imported trace holds the positions the engine scored, from some first
- * position of each sequence on; compared with a full trace (rollout or
- * replay), the full trace's positions before it are not compared (counted in
- * positions_outside_import and named in the note). Every other position held
- * by one trace only is a drift, and so is a sequence the import lacks. */
+ * position of each sequence on; compared with any other trace (a rollout, a
+ * replay, another import), the other trace's positions before it are not
+ * compared (counted in positions_outside_import and named in the note).
+ * Every other position held by one trace only is a drift, and so is a
+ * sequence the import lacks. */
 #ifndef LS_COMPARE_COMPARE_H
 #define LS_COMPARE_COMPARE_H
 
@@ -193,10 +194,10 @@ typedef struct ls_compare_result {
     int has_stats;                   /* stats, layer_stats and every seq's stats are filled */
     ls_compare_stats stats;          /* over every position of every sequence */
     ls_compare_layer_stats *layer_stats; /* [n_layers], owned; NULL without stats */
-    /* When one trace is an import (mode "import") and the other is not: the
-     * positions of the full trace before the imported sequence's first
-     * position (its prompt, when the engine returned no prompt logprobs).
-     * They are counted in positions_only_a/b but are not drifts. */
+    /* Where a trace is an import (mode "import"; one or both): the positions
+     * of the other trace before the imported sequence's first position (its
+     * prompt, when the engine returned no prompt logprobs). They are counted
+     * in positions_only_a/b but are not drifts. */
     uint64_t positions_outside_import;
     char note[1024];                 /* what was not compared and why, and header facts that
                                         differ, "; "-separated, e.g. "trace B has no digests: ..." */

@@ -46,9 +46,105 @@ static int boundary_x(const ls_compare_seq *s, int x0, double cw)
     return x0 + (int)((double)s->prompt_len / s->pos_per_col * cw);
 }
 
-/* One sequence's layers x positions map. Each row is drawn as runs of equal
- * cells (one rectangle per run), so a mostly equal or mostly differing row
- * costs a few rectangles, not one per column. */
+/* A coordinate for an SVG attribute: an integer as such, else one decimal. */
+static void svg_num(FILE *f, double v)
+{
+    if (v == (double)(long)v) fprintf(f, "%ld", (long)v);
+    else fprintf(f, "%.1f", v);
+}
+
+/* Rows with more runs of equal cells than this are drawn compactly. */
+#define HTML_DENSE_RUNS 8
+
+/* Last position of columns [c, e) of s, for a tooltip. */
+static uint32_t run_last_pos(const ls_compare_seq *s, uint32_t e)
+{
+    return e * s->pos_per_col - 1 < s->pos_end ? e * s->pos_per_col - 1 : s->pos_end - 1;
+}
+
+/* One row of s->cols cells from x0, cw wide each (gap: blank pixels at each
+ * run's right), at y, h high, drawn as runs of equal cells. A row of few runs
+ * draws a rectangle per run whose tooltip gives its positions. A dense row
+ * (sporadic differences, as between two engines that are nearly equal) draws
+ * one background rectangle in its commonest state and one path per other
+ * state at a dozen bytes per run, under one tooltip for the row: 32
+ * sequences x 99 layers of such rows weigh a few MB, not tens. A first-drift
+ * cell is always a rectangle of its own (outlined when stroke_first).
+ * Tooltips start with `prefix`. */
+static void cell_row(FILE *f, const ls_compare_seq *s, const uint8_t *cells, double x0, double cw, double gap, int y,
+                     int h, const char *prefix, int stroke_first)
+{
+    uint32_t runs = 0, count[4] = {0, 0, 0, 0};
+    for (uint32_t c = 0; c < s->cols;) {
+        uint32_t e = c + 1;
+        while (e < s->cols && cells[e] == cells[c] && cells[c] != LS_CELL_FIRST) e++;
+        runs++;
+        count[cells[c] & 3] += e - c;
+        c = e;
+    }
+    int dense = runs > HTML_DENSE_RUNS;
+    uint8_t bg = LS_CELL_EQUAL;
+    if (dense) {
+        for (uint8_t v = LS_CELL_NONE; v <= LS_CELL_DIFFERS; v++)
+            if (count[v] > count[bg]) bg = v;
+        fprintf(f, "<g><title>%s: %u runs of equal cells (the axis gives the positions per column)</title><rect x=\"", prefix,
+                runs);
+        svg_num(f, x0);
+        fprintf(f, "\" y=\"%d\" width=\"", y);
+        svg_num(f, s->cols * cw - gap);
+        fprintf(f, "\" height=\"%d\" fill=\"%s\"/>", h, cell_colour(bg));
+        for (uint8_t v = LS_CELL_NONE; v <= LS_CELL_DIFFERS; v++) {
+            if (v == bg || !count[v]) continue;
+            fprintf(f, "<path fill=\"%s\" d=\"", cell_colour(v));
+            double last = -1;
+            for (uint32_t c = 0; c < s->cols;) {
+                uint32_t e = c + 1;
+                while (e < s->cols && cells[e] == cells[c] && cells[c] != LS_CELL_FIRST) e++;
+                if (cells[c] == v) {
+                    /* after 'z' the pen is back at the run's corner: the next run is a relative move,
+                     * from coordinates rounded to the 0.1 printed so that the moves do not drift */
+                    double x = round((x0 + c * cw) * 10) / 10, w = round(((e - c) * cw - gap) * 10) / 10;
+                    if (last < 0) {
+                        fputc('M', f);
+                        svg_num(f, x);
+                        fprintf(f, " %d", y);
+                    } else {
+                        fputc('m', f);
+                        svg_num(f, x - last);
+                        fputs(" 0", f);
+                    }
+                    fputc('h', f);
+                    svg_num(f, w);
+                    fprintf(f, "v%dh", h);
+                    svg_num(f, -w);
+                    fputc('z', f);
+                    last = x;
+                }
+                c = e;
+            }
+            fputs("\"/>", f);
+        }
+    }
+    for (uint32_t c = 0; c < s->cols;) {
+        uint32_t e = c + 1;
+        while (e < s->cols && cells[e] == cells[c] && cells[c] != LS_CELL_FIRST) e++;
+        uint8_t v = cells[c];
+        if (!dense || v == LS_CELL_FIRST) {
+            fputs("<rect x=\"", f);
+            svg_num(f, x0 + c * cw);
+            fprintf(f, "\" y=\"%d\" width=\"", y);
+            svg_num(f, (e - c) * cw - gap);
+            fprintf(f, "\" height=\"%d\" fill=\"%s\"%s><title>%s, positions %u..%u: %s</title></rect>", h, cell_colour(v),
+                    v == LS_CELL_FIRST && stroke_first ? " stroke=\"#000\" stroke-width=\"2\"" : "", prefix,
+                    c * s->pos_per_col, run_last_pos(s, e), cell_state(v));
+        }
+        c = e;
+    }
+    if (dense) fputs("</g>", f);
+    fputc('\n', f);
+}
+
+/* One sequence's layers x positions map, each row drawn by cell_row. */
 static void heatmap(FILE *f, const ls_compare_result *r, const ls_compare_seq *s)
 {
     int rows = r->n_layers + 3;
@@ -65,17 +161,7 @@ static void heatmap(FILE *f, const ls_compare_result *r, const ls_compare_seq *s
         if (rows <= 60 || row % 4 == 0 || row == rows - 1 || row == rows - 2)
             fprintf(f, "<text x=\"%d\" y=\"%d\" class=\"rl\" text-anchor=\"end\">%s</text>\n", lw - 6,
                     top + row * ch + ch - 2, label);
-        const uint8_t *cells = s->cells + (size_t)row * s->cols;
-        for (uint32_t c = 0; c < s->cols;) {
-            uint32_t e = c + 1;
-            while (e < s->cols && cells[e] == cells[c] && cells[c] != LS_CELL_FIRST) e++;
-            uint8_t v = cells[c];
-            fprintf(f, "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" fill=\"%s\"%s><title>%s, positions %u..%u: %s</title></rect>\n",
-                    lw + (int)c * cw, top + row * ch, (int)(e - c) * cw - (cw > 2), ch - 1, cell_colour(v),
-                    v == LS_CELL_FIRST ? " stroke=\"#000\" stroke-width=\"2\"" : "", label, c * s->pos_per_col,
-                    e * s->pos_per_col - 1 < s->pos_end ? e * s->pos_per_col - 1 : s->pos_end - 1, cell_state(v));
-            c = e;
-        }
+        cell_row(f, s, s->cells + (size_t)row * s->cols, lw, cw, cw > 2, top + row * ch, ch - 1, label, 1);
     }
     int bx = boundary_x(s, lw, cw);
     if (bx >= 0) {
@@ -126,14 +212,9 @@ static void overview(FILE *f, const ls_compare_result *r)
             col[c] = m;
         }
         double cw = s->cols ? (double)pw / s->cols : pw;
-        for (uint32_t c = 0; c < s->cols;) {
-            uint32_t e = c + 1;
-            while (e < s->cols && col[e] == col[c]) e++;
-            fprintf(f, "<rect x=\"%.1f\" y=\"%d\" width=\"%.1f\" height=\"%d\" fill=\"%s\"><title>seq %u, positions %u..%u: %s</title></rect>",
-                    lw + c * cw, y, (e - c) * cw, ch - 1, cell_colour(col[c]), s->seq, c * s->pos_per_col,
-                    e * s->pos_per_col - 1 < s->pos_end ? e * s->pos_per_col - 1 : s->pos_end - 1, cell_state(col[c]));
-            c = e;
-        }
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "seq %u", s->seq);
+        cell_row(f, s, col, lw, cw, 0, y, ch - 1, prefix, 0);
         int bx = boundary_x(s, lw, cw);
         if (bx >= 0)
             fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#1565c0\"/>", bx, y, bx, y + ch - 1);

@@ -3,6 +3,7 @@
 #include "run/load.h"
 
 #include <jansson.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -236,7 +237,10 @@ ls_status ls_run_load_rollout(const char *trace_path, ls_run_batch *out, ls_run_
     for (size_t k = 0; st == LS_OK && json_is_array(b) && k < json_array_size(b); k++) {
         json_t *e = json_array_get(b, k);
         json_t *id = json_object_get(e, "id"), *pl = json_object_get(e, "prompt_len");
-        if (!json_is_integer(id) || !json_is_integer(pl)) continue;
+        /* an id beyond u32 names no sequence (docs/trace-format.md section 3): never truncate it onto one */
+        if (!json_is_integer(id) || !json_is_integer(pl) || json_integer_value(id) < 0 ||
+            json_integer_value(id) > (json_int_t)UINT32_MAX)
+            continue;
         for (long i = 0; i < out->n; i++)
             if (out->seqs[i].id == (uint32_t)json_integer_value(id)) {
                 long p = (long)json_integer_value(pl);

@@ -62,6 +62,7 @@ typedef struct ls_import_summary {
     uint64_t sequences;
     uint64_t prompt_records;         /* of records: prompt positions (engine prompt logprobs) */
     int topk;                        /* top-k width of the trace */
+    int no_topk;                     /* 1: the file gave no top-k entry at any position (slots unused) */
 } ls_import_summary;
 
 /* Converts JSONL text (one object per generated token: seq, pos, token,

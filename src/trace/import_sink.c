@@ -352,6 +352,7 @@ ls_status ls_imp_run(ls_import_format fmt, const char *label, ls_imp_walk_fn wal
         sum->sequences = n_seqs;
         sum->prompt_records = im.prompt_records;
         sum->topk = im.topk;
+        sum->no_topk = im.min_prefix < 0;
     }
     imp_free(&im);
     return st;

@@ -669,7 +669,14 @@ ls_status ls_frame_load(ls_trace_file *f, ls_frame_buf *fb, ls_rec_decoder *dec,
     fb->uncompressed_bytes = ls_rd64(fixed + 24);
     fb->compressed_bytes = ls_rd64(fixed + 32);
     uint64_t min_rec = LS_TRACE_RECORD_FIXED_BYTES + 8 * (uint64_t)dec->topk + 4;
-    if (fb->kind >= LS_TRACE_FRAME_KIND_COUNT || fixed[5] || ls_rd16(fixed + 6) ||
+    /* reserved bytes are named, as the document's reserved-bytes rule says */
+    if (fixed[5])
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame header corrupted: flags (byte 5) are 0x%02x, must be 0",
+                       path, off, fixed[5]);
+    if (ls_rd16(fixed + 6))
+        return ls_fail(err, LS_E_INPUT, "%s: offset %" PRIu64 ": frame header corrupted: reserved bytes 6..7 are 0x%04x, "
+                       "must be 0", path, off, ls_rd16(fixed + 6));
+    if (fb->kind >= LS_TRACE_FRAME_KIND_COUNT ||
         fb->n_records == 0 || fb->n_segments == 0 || fb->n_segments > fb->n_records ||
         fb->uncompressed_bytes > LS_TRACE_FRAME_MAX_BYTES || fb->uncompressed_bytes < fb->n_records * min_rec ||
         fb->compressed_bytes < 9 || fb->compressed_bytes > ZSTD_compressBound(LS_TRACE_FRAME_MAX_BYTES) + 4)

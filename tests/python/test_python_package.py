@@ -273,13 +273,13 @@ def read_frames(path):
 
 
 def build(path, head, frames, trailer="auto", tail=b""):
-    """Writes frames with every checksum recomputed; frame[4] = flags byte."""
+    """Writes frames with every checksum recomputed; frame[4] = flags byte | reserved bytes 6..7 << 8."""
     out, chain, nrec, nbytes = bytearray(head), hashlib.sha256(), 0, 0
     cctx = zstandard.ZstdCompressor(write_content_size=True, write_checksum=True)
     for kind, idx, segs, payload, flags in frames:
         comp = cctx.compress(bytes(payload))
         n = sum(s[2] for s in segs)
-        fh = b"LSFR" + struct.pack("<BBHIIIIQQ", kind, flags, 0, idx, n, len(segs), struct.unpack("<I", comp[-4:])[0],
+        fh = b"LSFR" + struct.pack("<BBHIIIIQQ", kind, flags & 0xff, flags >> 8, idx, n, len(segs), struct.unpack("<I", comp[-4:])[0],
                                    len(payload), len(comp)) + b"".join(struct.pack("<III", *s) for s in segs)
         chk = hashlib.sha256(fh).digest()
         out += fh + chk + comp
@@ -296,7 +296,7 @@ def build(path, head, frames, trailer="auto", tail=b""):
         f.write(out)
 
 
-def expect_refused(label, path, incomplete=False):
+def expect_refused(label, path, incomplete=False, says=None):
     rc, out, err = run("trace", "dump", path)
     try:
         with lt.TraceReader(path) as r:
@@ -312,6 +312,9 @@ def expect_refused(label, path, incomplete=False):
     m = re.search(r"offset (\d+)", err)
     ok(m is not None and int(m.group(1)) == py_err.offset,
        "%s: C names %s, the package offset %s (%s)" % (label, m and m.group(1), py_err.offset, py_err))
+    if says:
+        ok(says in err and says in str(py_err), "%s: both readers say '%s' (C: %s; package: %s)"
+           % (label, says, err.strip(), py_err))
 
 
 # A small bf16 trace: every family, a 3-element bf16 dump (2 padding bytes), K = 5.
@@ -413,7 +416,8 @@ mutate("a listed kind missing", drop_digest)
 mutate("record length", lambda h, f: struct.pack_into("<I", rec0(f), 0, struct.unpack_from("<I", rec0(f), 0)[0] + 4))
 mutate("record and segment disagree", lambda h, f: struct.pack_into("<I", rec0(f), 8, 1))
 mutate("frame kind prefill in a replay", lambda h, f: f[1].__setitem__(0, 0))
-mutate("frame flags", lambda h, f: f[1].__setitem__(4, 1))
+mutate("frame flags", lambda h, f: f[1].__setitem__(4, 1), says="flags (byte 5) are 0x01, must be 0")
+mutate("frame reserved", lambda h, f: f[1].__setitem__(4, 0x2000), says="reserved bytes 6..7 are 0x0020, must be 0")
 mutate("frame index", lambda h, f: f[1].__setitem__(1, 5))
 
 
@@ -431,7 +435,7 @@ def trailer(frames, reserved=0, records_delta=0):
     cctx = zstandard.ZstdCompressor(write_content_size=True, write_checksum=True)
     for kind, idx, segs, payload, flags in frames:   # the same bytes build() writes
         comp = cctx.compress(bytes(payload))
-        fh = b"LSFR" + struct.pack("<BBHIIIIQQ", kind, flags, 0, idx, sum(s[2] for s in segs), len(segs),
+        fh = b"LSFR" + struct.pack("<BBHIIIIQQ", kind, flags & 0xff, flags >> 8, idx, sum(s[2] for s in segs), len(segs),
                                    struct.unpack("<I", comp[-4:])[0], len(payload), len(comp))
         chain.update(hashlib.sha256(fh + b"".join(struct.pack("<III", *s) for s in segs)).digest())
     t = b"LSEN" + struct.pack("<IQQQ", reserved, len(frames), sum(s[2] for f in frames for s in f[2]) + records_delta,

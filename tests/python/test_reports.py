@@ -6,6 +6,7 @@ is self-contained (no scripts, no network references).
 
 usage: test_reports.py LOCKSTEP_BINARY SOURCE_DIR
 """
+import hashlib
 import json
 import os
 import subprocess
@@ -116,6 +117,41 @@ html = open(ht).read()
 assert size < 200_000, "HTML page of %d bytes" % size
 assert html.count('aria-label="heat map seq') == 1 and 'id="seq-3"' in html, "seq 3 alone drawn in full"
 assert "prompt | completion (pos %d)" % PROMPT in html and "15 passing sequences not drawn" in html, "boundary, summary"
+
+# Two nearly equal engines: every sequence fails, and the hidden digests differ
+# at scattered positions of every layer (8 x 512 positions x 99 layers). Rows
+# of many runs are drawn compactly (a path per state under one tooltip per
+# row): 0.7 MB; a titled rectangle per run made it 10 MB.
+N_SPARSE = 8
+DIG = [hashlib.sha256(b"layer %d" % i).digest() for i in range(len(LAYERS))]
+
+
+def sparse(path, differs):
+    batch = [{"id": q, "prompt_len": PROMPT, "n_tokens": N_POS} for q in range(N_SPARSE)]
+    with TraceWriter(path, mode="replay", model_fingerprint="ab" * 32, layers=LAYERS, digest_kinds=["hidden"],
+                     run_params={"batch": batch}) as w:
+        w.begin_frame("chunk")
+        for q in range(N_SPARSE):
+            for p in range(N_POS):
+                cells = [l for l in range(1, len(LAYERS)) if differs and hashlib.sha256(b"%d %d %d" % (q, p, l)).digest()[0] < 40]
+                w.add(Record(seq=q, pos=p, token=p % 97, next_token=(p + 1) % 97, logprob_bits=f32_bits(-1.0),
+                             topk=[((p + k) % 97, f32_bits(-k - 0.5)) for k in range(5)],
+                             digests=[(l, "hidden", bytes(32) if l in cells else DIG[l]) for l in range(len(LAYERS))]))
+        w.end_frame()
+
+
+sa, sb = os.path.join(d, "sparse_a.trace"), os.path.join(d, "sparse_b.trace")
+sparse(sa, False)
+sparse(sb, True)
+ht = os.path.join(d, "sparse.html")
+p = subprocess.run([LS, "--quiet", "compare", sa, sb, "--html", ht], capture_output=True, text=True)
+assert p.returncode == 1, p.stdout + p.stderr
+size = os.path.getsize(ht)
+html = open(ht).read()
+assert size < 1_000_000, "HTML page of %d bytes for %d sequences with scattered differences" % (size, N_SPARSE)
+assert html.count('aria-label="heat map seq') == N_SPARSE, "every failing sequence drawn in full"
+assert "runs of equal cells (the axis gives the positions per column)" in html, "dense rows drawn compactly"
+assert html.count('stroke="#000"') == N_SPARSE, "each heat map outlines its first drift"
 
 # --github: one ::error per failing sequence, a Markdown step summary appended to GITHUB_STEP_SUMMARY
 summary = os.path.join(d, "summary.md")
