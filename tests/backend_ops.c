@@ -76,7 +76,7 @@ typedef struct bo_case {
     int nw;
     long *aux;                     /* op data: sequence rows, lengths (owned) */
     void *aux2;                    /* op data: digest job specs (owned) */
-    int fallback;                  /* exec ran a NULL batched op as per-sequence ops */
+    const char *fallback;          /* exec ran a NULL optional op through others: how */
 } bo_case;
 
 struct bo_op {
@@ -766,7 +766,7 @@ static ls_status gdnb_exec(bo_case *c, ls_backend *be, ls_error *err)
                                        V(c, GB_BE), st, row0, len, s->nseq, V(c, GB_O), s->Hk,
                                        s->Hv, s->dk, s->dv, c->act, c->order, err);
     }
-    c->fallback = 1;
+    c->fallback = " via per-sequence ops";
     for (long q = 0; q < s->nseq; q++)
         if (len[q] > 0)
             LS_TRY(be->gdn_recurrent(be, AT(c, GB_Q, row0[q] * nk), AT(c, GB_K, row0[q] * nk),
@@ -829,7 +829,7 @@ static ls_status convb_exec(bo_case *c, ls_backend *be, ls_error *err)
         return be->conv_silu_batch(be, V(c, CB_X), xs, bo_bw(c, 0), st, row0, len, s->nseq,
                                    V(c, CB_Y), ys, s->C, s->K, c->act, c->order, err);
     }
-    c->fallback = 1;
+    c->fallback = " via per-sequence ops";
     for (long q = 0; q < s->nseq; q++)
         if (len[q] > 0)
             LS_TRY(be->conv_silu(be, AT(c, CB_X, row0[q] * xs), xs, bo_bw(c, 0),
@@ -1124,7 +1124,7 @@ static ls_status kvb_exec(bo_case *c, ls_backend *be, ls_error *err)
                                    pos0, s->nseq, s->Hkv, s->d, err);
     /* As the engine does without it: block copies per sequence, cache and
      * run of positions within one page (contiguous: one run). */
-    c->fallback = 1;
+    c->fallback = " via per-sequence ops";
     for (long q = 0; q < s->nseq; q++) {
         const int32_t *pt = s->page ? INITI(c, KB_C0 + 2) + q * kvb_entries(s) : NULL;
         for (long i = 0; i < len[q];) {
@@ -1206,7 +1206,7 @@ static ls_status attb_exec(bo_case *c, ls_backend *be, ls_error *err)
         return be->attention_batch(be, V(c, AB_Q), kc, vc, pts, page, cap, row0, len, s->nseq,
                                    V(c, AB_POS), V(c, AB_O), s->Hq, s->Hkv, s->d, c->act, c->order,
                                    err);
-    c->fallback = 1;
+    c->fallback = " via per-sequence ops";
     for (long q = 0; q < s->nseq; q++)
         if (len[q] > 0)
             LS_TRY(be->attention(be, AT(c, AB_Q, row0[q] * nq), (ls_view){kc[q], 0},
@@ -1353,6 +1353,63 @@ static ls_status moe_exec(bo_case *c, ls_backend *be, ls_error *err)
     return be->moe(be, &mw, AT(c, MO_X, T1 * s->D), AT(c, MO_IDS, T1 * s->k),
                    AT(c, MO_W, T1 * s->k), s->k, AT(c, MO_OUT, T1 * s->D), 1, c->act, c->order,
                    c->order2, err);
+}
+
+/* Expert parallelism (moe_slots, then moe_combine): the (token, slot) pairs
+ * split between two ranks by owner (experts 0..E/2-1 and the shared slots of
+ * even tokens on the first, the rest on the second), each rank computing
+ * its pairs with its own experts' weights only (the others' have no
+ * buffer), the rows put in slot order by exact copies, then combined: the
+ * output of moe, bit for bit. A backend without the ops runs moe (the
+ * engine refuses expert parallelism there). */
+static ls_status moe_ep_exec(bo_case *c, ls_backend *be, ls_error *err)
+{
+    const sh_moe *s = c->shape;
+    long E = s->E, k = s->k, T = s->T, D = s->D, slots = k + (s->shared ? 1 : 0);
+    if (!be->moe_slots || !be->moe_combine) {
+        c->fallback = " via moe (no expert-parallel ops)";
+        return moe_exec(c, be, err);
+    }
+    const int32_t *ids = INITI(c, MO_IDS);
+    int32_t *pairs = bo_xmalloc(sizeof(int32_t) * (size_t)(2 * T * slots));
+    ls_bweight *mine = bo_xmalloc(sizeof(ls_bweight) * (size_t)(3 * E));
+    ls_buf *all = NULL;
+    ls_status st = be->alloc(be, sizeof(float) * (size_t)(T * slots * D), &all, err);
+    for (int r = 0; r < 2 && st == LS_OK; r++) {
+        long n = 0;
+        for (long t = 0; t < T; t++)
+            for (long i = 0; i < slots; i++)
+                if ((i < k ? ids[t * k + i] >= E / 2 : t % 2) == r) {
+                    pairs[2 * n] = (int32_t)t;
+                    pairs[2 * n + 1] = (int32_t)i;
+                    n++;
+                }
+        for (long e = 0; e < 3 * E; e++) {
+            mine[e] = *bo_bw(c, (int)e);
+            if ((e % E >= E / 2) != r) mine[e].buf = NULL;
+        }
+        ls_bmoe mw = {E, D, s->I, s->Is, mine, mine + E, mine + 2 * E,
+                      s->shared ? bo_bw(c, (int)(3 * E)) : NULL,
+                      s->shared ? bo_bw(c, (int)(3 * E + 1)) : NULL,
+                      s->shared ? bo_bw(c, (int)(3 * E + 2)) : NULL,
+                      s->shared ? bo_bw(c, (int)(3 * E + 3)) : NULL};
+        ls_buf *pb = NULL, *cb = NULL;
+        st = be->alloc(be, sizeof(int32_t) * (size_t)(2 * n + 1), &pb, err);
+        if (st == LS_OK) st = be->alloc(be, sizeof(float) * (size_t)(n * D + 1), &cb, err);
+        if (st == LS_OK && n) st = be->upload(be, (ls_view){pb, 0}, pairs, sizeof(int32_t) * (size_t)(2 * n), err);
+        if (st == LS_OK)
+            st = be->moe_slots(be, &mw, V(c, MO_X), V(c, MO_IDS), V(c, MO_W), k, T, (ls_view){pb, 0}, n,
+                               (ls_view){cb, 0}, c->act, c->order, err);
+        for (long j = 0; j < n && st == LS_OK; j++)
+            st = ls_copy_rows(be, (ls_view){all, (size_t)((pairs[2 * j] * slots + pairs[2 * j + 1]) * D)}, D,
+                              (ls_view){cb, (size_t)(j * D)}, D, 1, D, err);
+    }
+    if (st == LS_OK)
+        st = be->moe_combine(be, (ls_view){all, 0}, k, D, s->shared, V(c, MO_OUT), T, c->act, c->order2,
+                             err);
+    free(pairs);
+    free(mine);
+    return st;
 }
 
 /* ---- memory: copy_blocks, alloc / upload / zero / download --------------- */
@@ -1600,6 +1657,7 @@ static const bo_op bo_ops[] = {
     {"sigmoid_gate", SHAPES(elem_shapes), 1, 1, elem_setup, sgate_ref, sgate_exec},
     {"router", SHAPES(router_shapes), 1, 2, router_setup, router_ref, router_exec},
     {"moe", SHAPES(moe_shapes), 1, 3, moe_setup, moe_ref, moe_exec},
+    {"moe_ep", SHAPES(moe_shapes), 1, 3, moe_setup, moe_ref, moe_ep_exec},
     {"residual", SHAPES(elem_shapes), 1, 1, elem_setup, resid_ref, resid_exec},
     {"logprobs", SHAPES(logprobs_shapes), 0, 2, logprobs_setup, logprobs_ref, logprobs_exec},
     {"copy_blocks", SHAPES(copy_shapes), 0, 1, copy_setup, copy_ref, copy_exec},
@@ -1671,7 +1729,7 @@ static int run_target(bo_case *c, const ls_bo_target *tg, int expect_unsupported
         printf("FAIL %s: %s: cannot create the backend: %s\n", tg->label, c->what, err.msg);
         return 0;
     }
-    c->fallback = 0;
+    c->fallback = NULL;
     if (c->nw) {
         ls_buf *wb = NULL;
         /* one buffer of host bytes for every matrix of the case (copied as
@@ -1800,7 +1858,7 @@ static long run_case(int opi, int si, int act, int ov, const ls_bo_target *tg, i
         }
         size_t len = strlen(oks);
         snprintf(oks + len, sizeof oks - len, "%s%s%s%s", len ? ", " : "", tg[i].label,
-                 c->fallback ? " via per-sequence ops" : "",
+                 c->fallback ? c->fallback : "",
                  expect_unsupported ? ": LS_E_UNSUPPORTED" : "");
     }
     if (!fails) printf("  ok %s [%s]\n", c->what, oks);

@@ -205,6 +205,31 @@ struct ls_backend {
                                  ls_view o, long Hq, long Hkv, long d, int act_bf16,
                                  ls_order order, ls_error *err);
 
+    /* ---- expert parallelism (optional) --------------------------------------------
+     * NULL on a backend without them: the engine then refuses an expert-parallel
+     * run (docs/parallel.md §3.1). They split moe in two, the slot rows and the
+     * combine, so that the slot rows of one step can be computed on the ranks
+     * that own their experts and combined on another, with the bits of moe.
+     *
+     * moe_slots: the slot rows of n (token, slot) pairs. pairs holds (t, i):
+     * i < k the routed slot i of token t (expert ids[t][i], weight
+     * weights[t][i]), i = k its shared expert. Row j of c is that slot's output
+     * exactly as moe computes it (ls_cpu_moe_slot): act(y · w), or act(γ ·
+     * shared(x)). Only the experts the pairs name need their weights (an EP
+     * rank wraps its own; the others may have a NULL buf); a pair outside
+     * 0..T-1, 0..k (0..k-1 without a shared expert), or naming an expert whose
+     * weights are absent fails with LS_E_INTERNAL. */
+    ls_status (*moe_slots)(ls_backend *be, const ls_bmoe *mw, ls_view x /* [T, D] */,
+                           ls_view ids /* i32 [T, k] */, ls_view weights /* [T, k] */, long k,
+                           long T, ls_view pairs /* i32 [n, 2] */, long n, ls_view c /* [n, D] */,
+                           int act_bf16, ls_order order_experts, ls_error *err);
+    /* moe_combine: out[t] from token t's slot rows c[t] (slots = k + has_shared:
+     * the k routed slots in top-k order, then the shared one), exactly as moe
+     * combines them (ls_cpu_moe_combine). */
+    ls_status (*moe_combine)(ls_backend *be, ls_view c /* [T, k + has_shared, D] */, long k,
+                             long D, int has_shared, ls_view out /* [T, D] */, long T, int act_bf16,
+                             ls_order order_combine, ls_error *err);
+
     /* ---- digests ----------------------------------------------------------- */
     /* Computes n_jobs independent SHA-256 digests over backend buffers and
      * writes each to its job's host `out`. The engine batches a layer's rows

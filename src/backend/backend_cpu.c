@@ -393,20 +393,19 @@ static void moe_part(void *ctx, int thread, long b, long e)
     }
 }
 
-static ls_status cpu_moe(ls_backend *be, const ls_bmoe *bm, ls_view x, ls_view ids,
-                         ls_view weights, long k, ls_view out, long T, int act_bf16,
-                         ls_order order_experts, ls_order order_combine, ls_error *err)
+/* The ls_moe_weights of a backend MoE; mats [3E + 4] holds the matrices.
+ * An expert whose weights are absent (an expert-parallel rank holds its own
+ * only) gets an empty matrix (no data): moe_slots refuses a pair naming it. */
+static void moe_table(const ls_bmoe *bm, ls_wmat *mats, ls_moe_weights *mw)
 {
-    cpu_impl *im = IMPL(be);
-    if (bm->sh_gate) LS_TRY(require_plain(bm->sh_gate_w, "moe (shared_expert_gate)", err));
-    ls_wmat *mats = malloc(sizeof(ls_wmat) * (size_t)(3 * bm->E + 4));
-    if (!mats) return ls_fail_nomem(err, sizeof(ls_wmat) * (size_t)(3 * bm->E + 4), "cpu moe: weight table of %ld experts", bm->E);
-    ls_moe_weights mw = {bm->E, bm->D, bm->I, bm->Is, mats, mats + bm->E, mats + 2 * bm->E,
-                         NULL, NULL, NULL, NULL};
+    static const ls_wmat none = {0};
+    *mw = (ls_moe_weights){bm->E, bm->D, bm->I, bm->Is, mats, mats + bm->E, mats + 2 * bm->E,
+                           NULL, NULL, NULL, NULL};
     for (long e = 0; e < bm->E; e++) {
-        mats[e] = wm(&bm->gate[e]);
-        mats[bm->E + e] = wm(&bm->up[e]);
-        mats[2 * bm->E + e] = wm(&bm->down[e]);
+        int have = bm->gate[e].buf && bm->up[e].buf && bm->down[e].buf;
+        mats[e] = have ? wm(&bm->gate[e]) : none;
+        mats[bm->E + e] = have ? wm(&bm->up[e]) : none;
+        mats[2 * bm->E + e] = have ? wm(&bm->down[e]) : none;
     }
     if (bm->sh_gate) {
         ls_wmat *sh = mats + 3 * bm->E;
@@ -414,25 +413,105 @@ static ls_status cpu_moe(ls_backend *be, const ls_bmoe *bm, ls_view x, ls_view i
         sh[1] = wm(bm->sh_up);
         sh[2] = wm(bm->sh_down);
         sh[3] = wm(bm->sh_gate_w);
-        mw.sh_gate = &sh[0];
-        mw.sh_up = &sh[1];
-        mw.sh_down = &sh[2];
-        mw.sh_gate_w = &sh[3];
+        mw->sh_gate = &sh[0];
+        mw->sh_up = &sh[1];
+        mw->sh_down = &sh[2];
+        mw->sh_gate_w = &sh[3];
     }
-    long slots = k + (bm->sh_gate ? 1 : 0);
+}
+
+/* The weight table and scratch for T tokens of slots each. */
+static ls_status moe_prepare(cpu_impl *im, const ls_bmoe *bm, long T, long k, ls_wmat **mats,
+                             ls_moe_weights *mw, ls_error *err)
+{
+    if (bm->sh_gate) LS_TRY(require_plain(bm->sh_gate_w, "moe (shared_expert_gate)", err));
+    *mats = malloc(sizeof(ls_wmat) * (size_t)(3 * bm->E + 4));
+    if (!*mats) return ls_fail_nomem(err, sizeof(ls_wmat) * (size_t)(3 * bm->E + 4), "cpu moe: weight table of %ld experts", bm->E);
+    moe_table(bm, *mats, mw);
     size_t width = (size_t)(bm->I > bm->Is ? bm->I : bm->Is);
     ls_status st = grow(&im->slots, &im->slots_cap, (size_t)(T * (k + 1) * bm->D), err);
     if (st == LS_OK) st = grow_all(im, LS_CPU_EXPERT_SCRATCH((size_t)bm->D, width), err);
     if (st != LS_OK) {
-        free(mats);
-        return st;
+        free(*mats);
+        *mats = NULL;
     }
+    return st;
+}
+
+static ls_status cpu_moe(ls_backend *be, const ls_bmoe *bm, ls_view x, ls_view ids,
+                         ls_view weights, long k, ls_view out, long T, int act_bf16,
+                         ls_order order_experts, ls_order order_combine, ls_error *err)
+{
+    cpu_impl *im = IMPL(be);
+    ls_wmat *mats;
+    ls_moe_weights mw;
+    LS_TRY(moe_prepare(im, bm, T, k, &mats, &mw, err));
+    long slots = k + (bm->sh_gate ? 1 : 0);
     moe_job j = {mw, F(x), I32(ids), F(weights), k, slots, im->slots, im, act_bf16, order_experts};
     ls_pool_run(im->pool, T * slots, moe_part, &j);
     for (long t = 0; t < T; t++)
         ls_cpu_moe_combine(im->slots + t * slots * bm->D, k, bm->D, bm->sh_gate != NULL,
                            F(out) + t * bm->D, act_bf16, order_combine);
     free(mats);
+    return LS_OK;
+}
+
+typedef struct slots_job {
+    ls_moe_weights mw;
+    const float *x;
+    const int32_t *ids, *pairs;           /* [T, k], [n, 2] */
+    const float *weights;
+    long k;
+    float *c;                             /* [n, D] */
+    cpu_impl *im;
+    int act;
+    ls_order order;
+} slots_job;
+
+static void slots_part(void *ctx, int thread, long b, long e)
+{
+    slots_job *j = ctx;
+    for (long p = b; p < e; p++)
+        ls_cpu_moe_slot(&j->mw, j->x, j->ids, j->weights, j->k, j->pairs[2 * p], j->pairs[2 * p + 1],
+                        j->c + p * j->mw.D, j->im->scratch[thread], j->act, j->order);
+}
+
+static ls_status cpu_moe_slots(ls_backend *be, const ls_bmoe *bm, ls_view x, ls_view ids,
+                               ls_view weights, long k, long T, ls_view pairs, long n, ls_view c,
+                               int act_bf16, ls_order order_experts, ls_error *err)
+{
+    cpu_impl *im = IMPL(be);
+    const int32_t *pr = I32(pairs), *id = I32(ids);
+    long slots = k + (bm->sh_gate ? 1 : 0);
+    for (long p = 0; p < n; p++) {
+        long t = pr[2 * p], i = pr[2 * p + 1];
+        if (t < 0 || t >= T || i < 0 || i >= slots)
+            return ls_fail(err, LS_E_INTERNAL, "cpu moe_slots: pair %ld is (token %ld, slot %ld), "
+                           "outside %ld tokens of %ld slots", p, t, i, T, slots);
+        long e = i < k ? id[t * k + i] : -1;
+        if (i < k && (e < 0 || e >= bm->E || !bm->gate[e].buf || !bm->up[e].buf || !bm->down[e].buf))
+            return ls_fail(err, LS_E_INTERNAL, "cpu moe_slots: pair %ld (token %ld, slot %ld) names "
+                           "expert %ld, whose weights this backend does not hold", p, t, i, e);
+    }
+    ls_wmat *mats;
+    ls_moe_weights mw;
+    LS_TRY(moe_prepare(im, bm, 0, k, &mats, &mw, err));
+    slots_job j = {mw, F(x), id, pr, F(weights), k, F(c), im, act_bf16, order_experts};
+    ls_pool_run(im->pool, n, slots_part, &j);
+    free(mats);
+    return LS_OK;
+}
+
+static ls_status cpu_moe_combine(ls_backend *be, ls_view c, long k, long D, int has_shared,
+                                 ls_view out, long T, int act_bf16, ls_order order_combine,
+                                 ls_error *err)
+{
+    (void)be;
+    (void)err;
+    long slots = k + (has_shared ? 1 : 0);
+    for (long t = 0; t < T; t++)
+        ls_cpu_moe_combine(F(c) + t * slots * D, k, D, has_shared, F(out) + t * D, act_bf16,
+                           order_combine);
     return LS_OK;
 }
 
@@ -582,6 +661,8 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
     be->sigmoid_gate = cpu_sigmoid_gate;
     be->router = cpu_router;
     be->moe = cpu_moe;
+    be->moe_slots = cpu_moe_slots;
+    be->moe_combine = cpu_moe_combine;
     be->residual = cpu_residual;
     be->logprobs = cpu_logprobs;
     be->digest = cpu_digest;

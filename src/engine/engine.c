@@ -103,6 +103,8 @@ void ls_engine_destroy(ls_engine *e)
     free(e->jobs), free(e->sg), free(e->row_seq), free(e->dump_data), free(e->dumps);
     free(e->dump_elems), free(e->dump_dtype), free(e->rec_dumps);
     free(e->free_pages), free(e->h_pt), free(e->pt_dirty), free(e->kpool), free(e->vpool);
+    free(e->h_ids), free(e->h_pairs), free(e->h_rows), free(e->h_all), free(e->ep_bytes);
+    free(e->ep_base);
     free(e);
 }
 
@@ -126,6 +128,10 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     if (!be->digest)
         return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no digest op: lockstep records "
                        "every digest through it and will not run without it", be->name);
+    if (e->ep && (!be->moe_slots || !be->moe_combine))
+        return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no expert-parallel ops (moe_slots, "
+                       "moe_combine): it cannot run as one rank of %d expert-parallel ranks",
+                       be->name, e->ep);
     LS_TRY(wrap(e, &m->embed, &e->embed, err));
     LS_TRY(wrap(e, &m->lm_head, &e->lm_head, err));
     LS_TRY(small(e, m->final_norm, D, &e->final_norm, err));
@@ -163,6 +169,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         w->experts = calloc((size_t)(3 * E), sizeof(ls_bweight));
         if (!w->experts) return ls_fail_nomem(err, (size_t)(3 * E) * sizeof(ls_bweight), "engine: expert table of %ld experts", (long)E);
         for (long x = 0; x < E; x++) {
+            if (e->ep && x / e->ep_per != e->ep_rank) continue; /* another rank's expert */
             LS_TRY(wrap(e, &ml->exp_gate[x], &w->experts[x], err));
             LS_TRY(wrap(e, &ml->exp_up[x], &w->experts[E + x], err));
             LS_TRY(wrap(e, &ml->exp_down[x], &w->experts[2 * E + x], err));
@@ -253,6 +260,22 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     LS_TRY(buf(e, T * k, &e->wts, err));
     LS_TRY(buf(e, T * V, &e->logits, err));
     LS_TRY(buf(e, T * V, &e->lp, err));
+    if (e->ep) {
+        long P = T * (k + 1); /* (token, slot) pairs of a step, the shared slot included */
+        LS_TRY(buf(e, 2 * P, &e->ep_pairs, err));
+        LS_TRY(buf(e, P * D, &e->ep_rows, err));
+        LS_TRY(buf(e, P * D, &e->ep_all, err));
+        e->h_ids = malloc(sizeof(int32_t) * (size_t)(T * k));
+        e->h_pairs = malloc(sizeof(int32_t) * (size_t)(2 * P));
+        e->h_rows = malloc(sizeof(float) * (size_t)(P * D));
+        e->h_all = malloc(sizeof(float) * (size_t)(P * D));
+        e->ep_bytes = calloc((size_t)e->ep, sizeof(size_t));
+        e->ep_base = calloc((size_t)e->ep, sizeof(long));
+        if (!e->h_ids || !e->h_pairs || !e->h_rows || !e->h_all || !e->ep_bytes || !e->ep_base)
+            return ls_fail_nomem(err, sizeof(float) * (size_t)(2 * P * D + 3 * P) +
+                                 (size_t)e->ep * (sizeof(size_t) + sizeof(long)),
+                                 "engine: expert-parallel buffers for %ld rows", T);
+    }
 
     /* Trace layers and digest slots. */
     e->n_tl = (int)(3 + 2 * L);
@@ -362,6 +385,12 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
             return ls_fail(err, LS_E_USAGE, "engine: kv_page %ld with %ld pages: a pool of %.3g elements "
                            "per layer is beyond what lockstep addresses", o->kv_page, pages, elems);
     }
+    if (o->ep_comm) {
+        int ep = ls_comm_size(o->ep_comm);
+        if (m->cfg.n_experts % ep != 0)
+            return ls_fail(err, LS_E_UNSUPPORTED, "engine: num_experts %ld is not a multiple of the "
+                           "%d expert-parallel ranks", (long)m->cfg.n_experts, ep);
+    }
     if (o->perturb_op != LS_PERTURB_NONE && o->perturb_op != LS_PERTURB_LM_HEAD) {
         long l = o->perturb_layer;
         if (l < 0 || l >= m->cfg.n_layers)
@@ -399,6 +428,11 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
     e->max_pages = (max_len + e->page - 1) / e->page;
     e->kv_cap = e->max_pages * e->page;
     e->pool_pages = !e->paged ? 0 : o->kv_pool_pages ? o->kv_pool_pages : max_seqs * e->max_pages;
+    if (o->ep_comm) {
+        e->ep = ls_comm_size(o->ep_comm);
+        e->ep_rank = ls_comm_rank(o->ep_comm);
+        e->ep_per = m->cfg.n_experts / e->ep;
+    }
     st = create_inner(e, err);
     if (st != LS_OK) {
         ls_engine_destroy(e);
@@ -761,7 +795,7 @@ long ls_engine_slot_len(const ls_engine *e, long slot)
     return slot >= 0 && slot < e->max_seqs ? e->ss[slot].len : -1;
 }
 
-ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err)
+static ls_status step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err)
 {
     e->step_rows = 0;
     if (n_items < 1 || n_items > e->T)
@@ -790,6 +824,16 @@ ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items
     }
     LS_TRY(pages_upload(e, err));
     return ls_engine_forward(e, e->sg, n_items, err);
+}
+
+ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err)
+{
+    ls_status st = step(e, items, n_items, err);
+    /* One rank of an expert-parallel group that fails tells the others, which
+     * would otherwise wait for its rows until their deadline. */
+    if (st != LS_OK && e->ep)
+        ls_comm_abort(e->o.ep_comm, "%s", err && err->msg[0] ? err->msg : ls_status_name(st));
+    return st;
 }
 
 long ls_engine_step_rows(const ls_engine *e)

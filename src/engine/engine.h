@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "comm/comm.h"
 #include "core/status.h"
 #include "engine/sample.h"
 #include "model/model.h"
@@ -85,6 +86,17 @@ typedef struct ls_engine_opts {
                                   at full capacity (max_seqs x ceil(max_len / kv_page)). A
                                   step, fork or restore that needs a page of a full pool
                                   fails with LS_E_USAGE naming kv_pool_pages */
+    ls_comm *ep_comm;          /* expert parallelism (docs/parallel.md §3.1), borrowed: NULL =
+                                  every expert here (default). Else the engine is one rank of
+                                  this communicator's EP group: it holds experts
+                                  r*E/ep .. (r+1)*E/ep - 1 only (n_experts % ep == 0, and the
+                                  backend must have moe_slots and moe_combine), computes the
+                                  slot rows of the pairs its experts own and the shared-expert
+                                  rows of tokens t with t % ep == r, and gathers every rank's
+                                  rows to combine them in slot order: every record equals the
+                                  engine's without it, bit for bit. Every rank runs the same
+                                  steps; a step that fails on one rank aborts the communicator,
+                                  so every rank's step fails naming it */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);

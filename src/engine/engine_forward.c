@@ -392,6 +392,71 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     return be->linear(be, &w->o, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
 }
 
+/* ---- expert parallelism (docs/parallel.md §3.1) ----------------------------------------
+ * Every rank holds the step's tokens and ran the router on them, so every
+ * rank knows every (token, slot) pair's owner: routed slot i of token t
+ * belongs to the owner of expert ids[t][i], the shared slot to rank t % ep.
+ * A rank computes its pairs' slot rows (moe_slots: the rows moe computes),
+ * the ranks gather every rank's rows (exact bytes, rank by rank, each rank's
+ * in (token, slot) order), and each rank puts them in slot order and
+ * combines them (moe_combine: moe's combine). No operand and no order
+ * changes, so the result is moe's, bit for bit. */
+
+static long ep_owner(const ls_engine *e, long t, long i, long k)
+{
+    return i < k ? e->h_ids[t * k + i] / e->ep_per : t % e->ep;
+}
+
+static ls_status moe_ep(ls_engine *e, long l, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const layer_w *w = &e->lw[l];
+    long D = e->c.hidden, k = e->c.topk, E = e->c.n_experts;
+    int shared = w->moe.sh_gate != NULL;
+    long slots = k + shared;
+    LS_TRY(be->download(be, e->h_ids, BEV(e->ids), sizeof(int32_t) * (size_t)(T * k), err));
+    for (long i = 0; i < T * k; i++)
+        if (e->h_ids[i] < 0 || e->h_ids[i] >= E)
+            return ls_fail(err, LS_E_INTERNAL, "engine: layer %ld: the router chose expert %d "
+                           "for row %ld (experts 0..%ld)", l, e->h_ids[i], i / k, E - 1);
+    for (int r = 0; r < e->ep; r++) e->ep_base[r] = 0;
+    long n = 0;
+    for (long t = 0; t < T; t++)
+        for (long i = 0; i < slots; i++) {
+            long r = ep_owner(e, t, i, k);
+            e->ep_base[r]++;
+            if (r != e->ep_rank) continue;
+            e->h_pairs[2 * n] = (int32_t)t;
+            e->h_pairs[2 * n + 1] = (int32_t)i;
+            n++;
+        }
+    if (n > 0) {
+        LS_TRY(be->upload(be, BEV(e->ep_pairs), e->h_pairs, sizeof(int32_t) * (size_t)(2 * n), err));
+        LS_TRY(be->moe_slots(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, T,
+                             BEV(e->ep_pairs), n, BEV(e->ep_rows), e->o.act_bf16,
+                             ord(e, l, LS_PERTURB_EXPERTS), err));
+        LS_TRY(be->download(be, e->h_rows, BEV(e->ep_rows), sizeof(float) * (size_t)(n * D), err));
+    }
+    /* each rank's row count becomes its byte count, then its first row */
+    long first = 0;
+    for (int r = 0; r < e->ep; r++) {
+        e->ep_bytes[r] = sizeof(float) * (size_t)(e->ep_base[r] * D);
+        long rows = e->ep_base[r];
+        e->ep_base[r] = first;
+        first += rows;
+    }
+    LS_TRY(ls_comm_all_gatherv(e->o.ep_comm, e->h_rows, e->ep_bytes, e->h_all, err));
+    for (long t = 0; t < T; t++)
+        for (long i = 0; i < slots; i++) {
+            long r = ep_owner(e, t, i, k);
+            memcpy(e->h_rows + (t * slots + i) * D, e->h_all + e->ep_base[r]++ * D,
+                   sizeof(float) * (size_t)D);
+        }
+    LS_TRY(be->upload(be, BEV(e->ep_all), e->h_rows, sizeof(float) * (size_t)(T * slots * D), err));
+    return be->moe_combine(be, BEV(e->ep_all), k, D, shared, BEV(e->A), T, e->o.act_bf16,
+                           ord(e, l, LS_PERTURB_COMBINE), err);
+}
+
 static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
 {
     ls_backend *be = e->be;
@@ -446,8 +511,11 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
         LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->post_norm), BEV(e->XN), T, D, act, on, err));
         LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
                           BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
-        LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
-                       ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
+        if (e->ep)
+            LS_TRY(moe_ep(e, l, T, err));
+        else
+            LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
+                           ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
         int tl = mixer_tl(l) + 1;
         /* ids are int32 and weights fp32, both hashed as raw 4 bytes little-endian. */
         for (long r = 0; r < T; r++)

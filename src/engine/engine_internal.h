@@ -113,6 +113,20 @@ struct ls_engine {
     uint32_t *dump_elems;                 /* [T, n_slots] 0 = none */
     uint8_t *dump_dtype;                  /* [T, n_slots] */
     ls_trace_dump *rec_dumps;             /* [T, n_slots] compacted */
+    /* expert parallelism (o.ep_comm; ep 0 = off): this rank owns experts
+     * ep_rank * ep_per .. (ep_rank + 1) * ep_per - 1, and the shared slot of
+     * tokens t with t % ep == ep_rank (docs/parallel.md §3.1) */
+    int ep, ep_rank;
+    long ep_per;
+    ls_buf *ep_pairs;                     /* i32 [T * (k+1), 2] this rank's (token, slot) pairs */
+    ls_buf *ep_rows;                      /* [T * (k+1), D] their slot rows */
+    ls_buf *ep_all;                       /* [T, k+1, D] every slot row, in slot order */
+    int32_t *h_ids;                       /* [T, k] the router's expert ids */
+    int32_t *h_pairs;                     /* [T * (k+1), 2] */
+    float *h_rows;                        /* [T * (k+1), D] this rank's rows; then all, slot order */
+    float *h_all;                         /* [T * (k+1), D] every rank's rows, rank by rank */
+    size_t *ep_bytes;                     /* [ep] bytes of each rank's rows */
+    long *ep_base;                        /* [ep] each rank's first row in h_all, then a cursor */
 };
 
 #define BEV(b) ((ls_view){(b), 0})

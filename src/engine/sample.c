@@ -21,7 +21,10 @@ float ls_sample_uniform(uint64_t seed, uint32_t seq, uint32_t pos)
     return (float)(x >> 40) * (1.0f / 16777216.0f);
 }
 
-static const float *g_lp; /* qsort has no context argument in C11 */
+/* qsort has no context argument in C11: the row being sorted, one per thread
+ * (ranks of an expert-parallel group may run as threads of one process, and
+ * each samples from its own engine's logprobs at the same time). */
+static _Thread_local const float *g_lp;
 
 static int by_logprob(const void *a, const void *b)
 {
@@ -46,7 +49,6 @@ ls_status ls_sample_select(const ls_sampling *s, const float *lp, long V, uint32
     if (!(s->top_p > 0.0f && s->top_p <= 1.0f))
         return ls_fail(err, LS_E_USAGE, "sampling: top-p must be in (0, 1]");
     for (long v = 0; v < V; v++) ids[v] = (int32_t)v;
-    /* Single-threaded use only: the engine samples on the calling thread. */
     g_lp = lp;
     qsort(ids, (size_t)V, sizeof *ids, by_logprob);
     long n = (s->top_k > 0 && s->top_k < V) ? s->top_k : V;
