@@ -1,9 +1,9 @@
-/* The CPU communicator (src/comm/comm.h): every operation at world sizes 1
+/* The CPU communicator (src/dist/comm.h): every operation at world sizes 1
  * to 4 with uneven sizes, ranks as threads and as forked processes; the
  * failure paths (a rank that aborts mid-collective, one that hangs, one that
  * closes its endpoint, one that is killed, calls that contradict each
  * other, bad arguments): every rank fails naming the culprit, within the
- * timeout, and nothing hangs. And the launcher environment (comm/launch.h). */
+ * timeout, and nothing hangs. And the launcher environment (dist/launch.h). */
 #include <check.h>
 #include <signal.h>
 #include <stdint.h>
@@ -14,8 +14,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "comm/comm.h"
-#include "comm/launch.h"
+#include "dist/comm.h"
+#include "dist/launch.h"
 #include "core/thread.h"
 #include "testutil.h"
 

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "comm/comm.h"
+#include "dist/comm.h"
 #include "core/thread.h"
 #include "gpu/engine_records.h"
 #include "io/checkpoint.h"

@@ -18,7 +18,7 @@ typedef enum ls_status {
     LS_E_UNSUPPORTED, /* well-formed but outside what lockstep implements (fail closed) */
     LS_E_IO,          /* open/read/write/rename/mmap failure */
     LS_E_NOMEM,       /* allocation failure */
-    LS_E_DEVICE,      /* CUDA / cuBLAS / NCCL failure; a communicator's (comm/comm.h) */
+    LS_E_DEVICE,      /* CUDA / cuBLAS / NCCL failure; a communicator's (dist/comm.h) */
     LS_E_CRYPTO,      /* OpenSSL failure */
     LS_E_INTERNAL     /* a bug in lockstep */
 } ls_status;

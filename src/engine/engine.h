@@ -34,7 +34,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
-#include "comm/comm.h"
+#include "dist/comm.h"
 #include "core/status.h"
 #include "engine/sample.h"
 #include "model/model.h"

@@ -9,7 +9,7 @@
  * boundary gets an abort message (the culprit's rank and the reason); a
  * stream cut in the middle of a message is shut down instead, which the
  * peer reads as a closed connection. */
-#include "comm/comm.h"
+#include "dist/comm.h"
 
 #include <errno.h>
 #include <poll.h>

@@ -1,10 +1,10 @@
 /* lockstep — launcher environment; see launch.h. */
-#include "comm/launch.h"
+#include "dist/launch.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm.h"
+#include "dist/comm.h"
 
 typedef struct family {
     const char *source, *rank, *size, *local;
