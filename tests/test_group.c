@@ -43,6 +43,25 @@ static ls_engine *mk(const ls_model *m, int act_bf16, long slots, long max_rows,
     return e;
 }
 
+/* An engine whose numerics differ from mk(m, 1, ...)'s in one field: FP8
+ * mode (fp8 1: w8a8, which a model without FP8 matrices records all the
+ * same) or a perturbation (perturb_layer >= 0, op router). */
+static ls_engine *mk_numerics(const ls_model *m, int fp8, int perturb_layer)
+{
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.max_rows = 64;
+    o.fp8_w8a8 = fp8;
+    if (perturb_layer >= 0) {
+        o.perturb_layer = perturb_layer;
+        o.perturb_op = LS_PERTURB_ROUTER;
+    }
+    ls_engine *e = NULL;
+    ls_error err;
+    ck_assert_msg(ls_run_engine_open(m, "cpu", 2, &o, 2, 96, &e, &err) == LS_OK, "%s", err.msg);
+    return e;
+}
+
 static void fill(const ls_model *m, int32_t *t, long n, uint64_t salt)
 {
     uint64_t x = 0x2545f4914f6cdd1dull ^ (salt * 0x9e3779b97f4a7c15ull);
@@ -274,6 +293,15 @@ START_TEST(test_refusals)
     ck_assert_int_eq(ls_engine_snapshot_len(sn), 8);
     expect_fail(ls_engine_snapshot_restore(other, sn, 0, 2, 12, &err), &err, "model");
     expect_fail(ls_engine_snapshot_restore(f32, sn, 0, 2, 12, &err), &err, "act_bf16");
+    /* another numerics: FP8 mode, a perturbation (even where the engine is
+     * otherwise the same), and the same numerics on another engine */
+    ls_engine *w8 = mk_numerics(g_m[0], 1, -1), *pert = mk_numerics(g_m[0], 0, 1), *twin = mk_numerics(g_m[0], 0, -1);
+    expect_fail(ls_engine_snapshot_restore(w8, sn, 0, 2, 12, &err), &err, "fp8");
+    expect_fail(ls_engine_snapshot_restore(pert, sn, 0, 2, 12, &err), &err, "perturbation");
+    expect_fail(ls_engine_snapshot_restore(twin, sn, 0, 2, 12, &err), &err, "another engine");
+    ls_engine_destroy(w8);
+    ls_engine_destroy(pert);
+    ls_engine_destroy(twin);
     expect_fail(ls_engine_snapshot_restore(e, sn, 1, 2, 8, &err), &err, "prefix_len");
     expect_fail(ls_engine_snapshot_restore(e, sn, 0, 2, 12, &err), &err, "slot 0 is taken");
     expect_fail(ls_engine_fork(e, 1, 0, 3, &err), &err, "holds no sequence");
@@ -349,7 +377,9 @@ START_TEST(test_cli_group_equals_plain)
     } bad[] = {{"--samples-per-prompt 0", "samples_per_prompt (--samples-per-prompt)"},
                {"--samples-per-prompt 2 --prefix-cache some", "prefix_cache (--prefix-cache)"},
                {"--prefix-cache any --prefix-block 4", "prefix_block (--prefix-block)"},
-               {"--preempt seeded:x", "preempt (--preempt)"}};
+               {"--preempt seeded:x", "preempt (--preempt)"},
+               {"--preempt seeded:18446744073709551616", "preempt (--preempt)"},
+               {"--preempt seeded:+3", "preempt (--preempt)"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = ls_test_cli(&o, "run --checkpoint %s/ck --prompts %s/p.jsonl %s %s -o %s/x.trace", dir, dir, common,
                          bad[i].args, dir);

@@ -123,10 +123,11 @@ ls_status ls_run_spec_group(const ls_run_spec *s, ls_rollout_opts *o, int *preem
     if (s->prefix_block > 0) o->prefix_block = s->prefix_block;
     const char *pp = s->preempt ? s->preempt : "none";
     if (strcmp(pp, "none")) {
-        char *end;
+        char *end = NULL;
         const char *v = !strncmp(pp, "seeded:", 7) ? pp + 7 : NULL;
-        unsigned long long seed = v && *v && *v != '-' ? strtoull(v, &end, 10) : 0;
-        if (!v || !*v || *v == '-' || *end)
+        errno = 0; /* a seed past 2^64 - 1 is refused, not clamped */
+        unsigned long long seed = v && *v && *v != '-' && *v != '+' ? strtoull(v, &end, 10) : 0;
+        if (!v || !*v || *v == '-' || *v == '+' || *end || errno == ERANGE)
             return ls_fail(err, LS_E_USAGE, "preempt (--preempt) '%s': expected none or seeded:SEED", pp);
         *preempt_on = 1;
         *preempt_seed = seed;
