@@ -11,6 +11,7 @@
 
 #include "gpu/engine_records.h"
 #include "io/checkpoint.h"
+#include "io/json.h"
 #include "model/model.h"
 #include "run/run.h"
 #include "synth/synth.h"
@@ -390,6 +391,28 @@ START_TEST(test_cli_group_equals_plain)
     rc = ls_test_cli(&o, "run --checkpoint %s/ck --prompts %s/p.jsonl --mode rollout --samples-per-prompt 2 -o "
                      "%s/x.trace", dir, dir, dir);
     ck_assert_msg(rc == 2 && o && strstr(o, "seeded"), "greedy GRPO: exit %d:\n%s", rc, o ? o : "");
+    free(o);
+    /* the gate runs the configuration as served (a GRPO group with prefix
+     * reuse and preemption, paged) against plain replays of every sample */
+    rc = ls_test_cli(&o, "gate --checkpoint %s/ck --prompts %s/p.jsonl --max-new-tokens 4 --seed 6 "
+                     "--samples-per-prompt 2 --prefix-cache aligned --prefix-block 2 --preempt seeded:3 --kv-page 5 "
+                     "--json %s/gate.json", dir, dir, dir);
+    ck_assert_msg(rc == 0 && o && strstr(o, "PASS: 5/5"), "gate on a group rollout: exit %d:\n%s", rc, o ? o : "");
+    free(o);
+    json_t *gj = NULL;
+    ls_error gerr;
+    char gpath[4400];
+    snprintf(gpath, sizeof gpath, "%s/gate.json", dir);
+    ck_assert_msg(ls_json_load_file(gpath, &gj, &gerr) == LS_OK, "%s", gerr.msg);
+    /* every replay recomputed the 4 samples (2 prompts x 2) in full: 2 x (9 + 3) + 2 x (7 + 3) positions */
+    json_t *reps = json_object_get(gj, "replays");
+    ck_assert_int_eq(json_array_size(reps), 5);
+    for (size_t i = 0; i < json_array_size(reps); i++)
+        ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(reps, i), "positions")), 44);
+    json_decref(gj);
+    rc = ls_test_cli(&o, "gate --checkpoint %s/ck --prompts %s/p.jsonl --samples-per-prompt 2", dir, dir);
+    ck_assert_msg(rc == 2 && o && strstr(o, "--samples-per-prompt") && strstr(o, "--seed"),
+                  "greedy GRPO gate: exit %d:\n%s", rc, o ? o : "");
     free(o);
     ls_test_rm_tmpdir(dir);
 }
