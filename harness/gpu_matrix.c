@@ -15,13 +15,38 @@
  * runs each of the 64 sequences alone, the CUDA single-sequence runs must
  * equal those records, and every cell is compared with them as well.
  *
- *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...] [--fp8 dequant|w8a8]
+ * Serving cells (what rollout engines do; src/run/drive.h, the entry points
+ * `lockstep run` uses): at every prompt length, on the first 16 sequences
+ * (sequences 8..15 share a prefix with 0..7, see prompt_of), each compared
+ * with exactly those sequences' single-sequence runs, CUDA and CPU:
+ *   kvN       paged KV cache, pages of N = 16, 17, 100 positions (an engine
+ *             with kv_page N): rollout, and replay in chunks of 16
+ *   pfx-any   prefix reuse at any length (ls_run_rollout_group, prefix_cache
+ *             any): each prompt starts from the state of the earlier prompt
+ *             sharing its longest prefix
+ *   pfx-al    prefix reuse at aligned boundaries (multiples of 16; 4 at
+ *             prompt length 8)
+ *   preempt   seeded preemption (ls_run_preempt_plan, as --preempt seeded:7)
+ *   pre-kv17  a forced eviction schedule (every sequence evicted once,
+ *             resumed by recompute or from a snapshot) on the paged engine
+ *             of page 17
+ *   grpo8     a GRPO group: 2 prompts x 8 samples, seeded sampling; compared
+ *             with each sample run alone on the same engine and with the CPU
+ *             engine running the same group
+ *   mixed-kv17  the mixed cell on a paged engine (page 17)
+ *
+ *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...] [--serving-only]
+ *              [--fp8 dequant|w8a8]
  *
  * --quick: prompts 8 and 64 only. --prompts: only these prompt lengths (of
  * 8, 64, 256, 1024) and no mixed cell, to run part of the matrix on its own.
- * --fp8 (an FP8 checkpoint only): the FP8 mode of every engine, CUDA and CPU
- * alike (engine opts fp8_w8a8); an FP8 checkpoint runs dequant without it,
- * as lockstep run does. */
+ * --serving-only: the serving cells alone (with the single-sequence runs of
+ * the 16 sequences they use, CUDA and CPU), combinable with --quick and
+ * --prompts. --fp8 (an FP8 checkpoint only): the FP8 mode of every engine,
+ * CUDA and CPU alike (engine opts fp8_w8a8); an FP8 checkpoint runs dequant
+ * without it, as lockstep run does.
+ * LS_MATRIX_BACKEND=cpu runs every "CUDA" engine on the CPU backend instead
+ * (a check of the driver itself on a machine without a GPU). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +89,41 @@ static void prompt(uint32_t id, long P, long V, int32_t *out)
     }
 }
 
+/* The prefix boundary of the aligned prefix cell at prompt length P. */
+static long prefix_block(long P)
+{
+    return P >= 64 ? 16 : 4;
+}
+
+/* The matrix's prompt of sequence id at length P: prompt() for every id but
+ * 8..15, which share a prefix with an earlier sequence so that the prefix
+ * cells have something to reuse (the other cells do not care). Sequence 8 + s
+ * takes its first k tokens from its base (sequence s; 15's base is 12, so its
+ * source is itself restored from a snapshot) and differs at token k:
+ *   s = 0  k = P          the whole prompt (reuse P - 1)
+ *       1  k = b + 1      reuse b (a multiple of the block b)
+ *       2  k = b + 2      reuse b + 1
+ *       3  k = 2b         reuse 2b - 1 (one short of a boundary)
+ *       4  k = P/2 + 3
+ *       5  k = 1          nothing to reuse
+ *       6  k = P - 1
+ *       7  k = P/2 + 3 + b/2 + 1, base 12 (more than 12 shares with 4)
+ * clamped to 1..P (b = prefix_block(P)). */
+static void prompt_of(uint32_t id, long P, long V, int32_t *out)
+{
+    prompt(id, P, V, out);
+    if (id < 8 || id > 15) return;
+    long s = id - 8, b = prefix_block(P);
+    const long k_of[8] = {P, b + 1, b + 2, 2 * b, P / 2 + 3, 1, P - 1, P / 2 + 3 + b / 2 + 1};
+    long k = k_of[s] < 1 ? 1 : k_of[s] > P ? P : k_of[s];
+    int32_t *base = malloc(sizeof(int32_t) * (size_t)P);
+    if (!base) { fprintf(stderr, "gpu_matrix: out of memory\n"); exit(2); }
+    prompt_of(s == 7 ? 12 : (uint32_t)s, P, V, base);
+    memcpy(out, base, sizeof(int32_t) * (size_t)k);
+    if (k < P && out[k] == base[k]) out[k] = (int32_t)((out[k] + 1) % V);
+    free(base);
+}
+
 typedef struct seqset {
     long n, P;
     int32_t *tok;          /* [n, P + GEN] prompt then completion */
@@ -77,7 +137,7 @@ static void seqset_make(seqset *q, uint32_t id0, long n, long P, long V)
     q->tok = calloc((size_t)(n * (P + GEN)), sizeof(int32_t));
     q->s = calloc((size_t)n, sizeof(ls_sequence));
     for (long i = 0; i < n; i++) {
-        prompt(id0 + (uint32_t)i, P, V, q->tok + i * (P + GEN));
+        prompt_of(id0 + (uint32_t)i, P, V, q->tok + i * (P + GEN));
         q->s[i] = (ls_sequence){id0 + (uint32_t)i, q->tok + i * (P + GEN), P, P};
     }
 }
@@ -169,13 +229,15 @@ static void cpu_singles(ls_engine **cpu, int nw, const seqset *q, long n, recs *
     free(th);
 }
 
-static void row(const char *cell, long N, long P, const char *mode, const recs *got, const recs *single,
-                const recs *cpu, double secs)
+/* subset 1: got's records must be among the reference's (the reference runs
+ * more sequences); 0: got and the reference hold the same records. */
+static void row_cmp(const char *cell, long N, long P, const char *mode, const recs *got, const recs *single,
+                    const recs *cpu, double secs, int subset)
 {
     char m1[400], m2[400] = "not run (subset)";
-    int d1 = recs_diff(got, single, 1, m1, sizeof m1);
+    int d1 = recs_diff(got, single, subset, m1, sizeof m1);
     int d2 = 0;
-    if (cpu) d2 = recs_diff(got, cpu, 1, m2, sizeof m2);
+    if (cpu) d2 = recs_diff(got, cpu, subset, m2, sizeof m2);
     g_cells++;
     if (d1 || d2) g_fail++;
     fprintf(g_md, "| %s | %ld | %ld | %s | %ld | %s | %s | %.1f |\n", cell, N, P, mode, got->n,
@@ -185,6 +247,12 @@ static void row(const char *cell, long N, long P, const char *mode, const recs *
            (d1 || d2) ? "FAIL" : "ok", cell, N, P, mode, got->n, d1 ? m1 : "equal",
            cpu ? (d2 ? m2 : "equal") : "-", secs);
     fflush(stdout);
+}
+
+static void row(const char *cell, long N, long P, const char *mode, const recs *got, const recs *single,
+                const recs *cpu, double secs)
+{
+    row_cmp(cell, N, P, mode, got, single, cpu, secs, 1);
 }
 
 /* Mixed steps on engine e through the run layer's continuous-batching
@@ -208,28 +276,198 @@ static void mixed(ls_engine *e, const ls_model *m, uint32_t id0, int nseq, const
     free(req), free(tok);
 }
 
-static ls_engine *make_engine(const ls_model *m, const char *backend, long max_seqs, long max_len, long rows,
-                              int threads)
+/* kv_page 0: the contiguous cache; N > 0: pages of N positions. */
+static ls_engine *make_engine_kv(const ls_model *m, const char *backend, long max_seqs, long max_len, long rows,
+                                 int threads, long kv_page)
 {
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.max_rows = rows;
     o.state_digest_every = 16;
     o.fp8_w8a8 = g_w8a8;
+    o.kv_page = kv_page;
     ls_engine *e = NULL;
     TRY(ls_run_engine_open(m, backend, threads, &o, max_seqs, max_len, &e, E_));
     return e;
 }
 
+static ls_engine *make_engine(const ls_model *m, const char *backend, long max_seqs, long max_len, long rows,
+                              int threads)
+{
+    return make_engine_kv(m, backend, max_seqs, max_len, rows, threads, 0);
+}
+
+/* ---- serving cells ---------------------------------------------------------------------
+ * What rollout engines do, through the run layer's entry points (the ones
+ * `lockstep run` calls: ls_run_rollout and ls_run_replay on a paged engine,
+ * ls_run_rollout_group for prefix reuse, preemption and GRPO). Each cell's
+ * records must be exactly the reference's: every record of every sequence,
+ * none missing, none extra. */
+
+#define NSERVE 16              /* the serving cells' sequences: the matrix's 0..15 */
+#define GRPO_PROMPTS 2
+#define GRPO_N 8
+
+static const ls_sampling SEEDED = {LS_SAMPLING_SEEDED, 7, 1.0f, 0, 1.0f};
+
+/* Appends the records of sequences lo..hi-1 of src to out (sorted stays sorted). */
+static void recs_pick(const recs *src, uint32_t lo, uint32_t hi, recs *out)
+{
+    for (long i = 0; i < src->n; i++) {
+        if (src->v[i].r.seq < lo || src->v[i].r.seq >= hi) continue;
+        ls_trace_record r = src->v[i].r;
+        r.digests = src->v[i].d;
+        TRY(recs_add(out, &r, E_));
+    }
+}
+
+static void group_run(ls_engine *e, const ls_sequence *pr, long np, const ls_sampling *s, const ls_rollout_opts *o,
+                      int32_t *comp, recs *out)
+{
+    TRY(ls_run_rollout_group(e, pr, np, GEN, s, o, comp, recs_sink, out, E_));
+    recs_sort(out);
+}
+
+/* Distinct completions among the n of comp [n, GEN]. */
+static long distinct(const int32_t *comp, long n)
+{
+    long d = 0;
+    for (long i = 0; i < n; i++) {
+        long j = 0;
+        while (j < i && memcmp(comp + j * GEN, comp + i * GEN, sizeof(int32_t) * GEN) != 0) j++;
+        d += j == i;
+    }
+    return d;
+}
+
+/* The serving cells at q's prompt length. single and cpu: the records of
+ * sequences 0..NSERVE-1 run alone on engine g's backend and on the CPU;
+ * comp [NSERVE, GEN]: their completions (what the replays recompute). */
+static void serving(ls_engine *g, const char *gb, const ls_model *m, const seqset *q, const recs *single,
+                    const recs *cpu, const int32_t *comp)
+{
+    long P = q->P;
+    char cell[64], mode[200];
+    ls_rollout_stats st;
+    ls_rollout_opts o;
+    static const long pages[3] = {16, 17, 100};
+    for (int k = 0; k < 3; k++) {
+        /* NSERVE + 1 slots: the forced preemption needs a spare */
+        ls_engine *pe = make_engine_kv(m, gb, NSERVE + 1, P + GEN, 256, 16, pages[k]);
+        double tc = now_s();
+        recs b = {0};
+        int32_t cc[NSERVE * GEN];
+        rollout(pe, q, NSERVE, &b, cc);
+        snprintf(cell, sizeof cell, "kv%ld.%ld", pages[k], P);
+        snprintf(mode, sizeof mode, "rollout, paged KV (page %ld)", pages[k]);
+        row_cmp(cell, NSERVE, P, mode, &b, single, cpu, now_s() - tc, 0);
+        recs_free(&b);
+        tc = now_s();
+        recs r = {0};
+        replay(pe, q, NSERVE, comp, 16, &r);
+        snprintf(cell, sizeof cell, "kv%ld.%ld.16", pages[k], P);
+        snprintf(mode, sizeof mode, "replay chunk 16, paged KV (page %ld)", pages[k]);
+        row_cmp(cell, NSERVE, P, mode, &r, single, cpu, now_s() - tc, 0);
+        recs_free(&r);
+        if (pages[k] == 17) {
+            /* every sequence evicted once: at decode step 1 or 2, back one or
+             * two steps later, by recompute (even) or from a snapshot (odd) */
+            ls_run_eviction ev[NSERVE];
+            for (long i = 0; i < NSERVE; i++) {
+                long at = 1 + (i / 2) % 2;
+                ev[i] = (ls_run_eviction){i, at, at + 1 + i % 2, i % 2 ? LS_RESUME_SNAPSHOT : LS_RESUME_RECOMPUTE};
+            }
+            ls_rollout_opts_default(&o);
+            o.evictions = ev;
+            o.n_evictions = NSERVE;
+            o.stats = &st;
+            tc = now_s();
+            recs x = {0};
+            group_run(pe, q->s, NSERVE, &GREEDY, &o, NULL, &x);
+            snprintf(cell, sizeof cell, "pre-kv17.%ld", P);
+            snprintf(mode, sizeof mode, "forced preemption, paged KV (page 17): %ld evictions, %ld recomputed, "
+                     "%ld restored", st.evictions, st.recomputed, st.restored);
+            row_cmp(cell, NSERVE, P, mode, &x, single, cpu, now_s() - tc, 0);
+            recs_free(&x);
+        }
+        ls_engine_destroy(pe);
+    }
+    /* prefix reuse, at any length and at aligned boundaries */
+    for (int a = 0; a < 2; a++) {
+        ls_rollout_opts_default(&o);
+        o.prefix_cache = a ? LS_PREFIX_CACHE_ALIGNED : LS_PREFIX_CACHE_ANY;
+        o.prefix_block = prefix_block(P);
+        o.stats = &st;
+        double tc = now_s();
+        recs x = {0};
+        group_run(g, q->s, NSERVE, &GREEDY, &o, NULL, &x);
+        snprintf(cell, sizeof cell, "pfx-%s.%ld", a ? "al" : "any", P);
+        if (a)
+            snprintf(mode, sizeof mode, "prefix reuse aligned (block %ld): %ld positions reused", prefix_block(P),
+                     st.positions_reused);
+        else
+            snprintf(mode, sizeof mode, "prefix reuse any: %ld positions reused", st.positions_reused);
+        row_cmp(cell, NSERVE, P, mode, &x, single, cpu, now_s() - tc, 0);
+        recs_free(&x);
+    }
+    /* seeded preemption (--preempt seeded:7) */
+    {
+        ls_run_eviction *plan = NULL;
+        long n_plan = 0;
+        TRY(ls_run_preempt_plan(7, NSERVE, GEN, &plan, &n_plan, E_));
+        ls_rollout_opts_default(&o);
+        o.evictions = plan;
+        o.n_evictions = n_plan;
+        o.stats = &st;
+        double tc = now_s();
+        recs x = {0};
+        group_run(g, q->s, NSERVE, &GREEDY, &o, NULL, &x);
+        snprintf(cell, sizeof cell, "preempt.%ld", P);
+        snprintf(mode, sizeof mode, "seeded preemption (seed 7): %ld evictions, %ld recomputed, %ld restored",
+                 st.evictions, st.recomputed, st.restored);
+        row_cmp(cell, NSERVE, P, mode, &x, single, cpu, now_s() - tc, 0);
+        recs_free(&x);
+        free(plan);
+    }
+    /* GRPO: the prompts of sequences 0 and 1 as ids 100 and 101, 8 samples
+     * each (sample ids 800..815); the reference is each sample alone */
+    {
+        ls_sequence pr[GRPO_PROMPTS], smp[GRPO_PROMPTS * GRPO_N];
+        for (long i = 0; i < GRPO_PROMPTS; i++) pr[i] = (ls_sequence){100 + (uint32_t)i, q->s[i].tokens, P, P};
+        TRY(ls_run_group_sequences(pr, GRPO_PROMPTS, GRPO_N, smp, E_));
+        double tc = now_s();
+        recs alone = {0}, x = {0}, xc = {0};
+        for (long i = 0; i < GRPO_PROMPTS * GRPO_N; i++)
+            TRY(ls_run_rollout(g, &smp[i], 1, GEN, &SEEDED, NULL, recs_sink, &alone, E_));
+        recs_sort(&alone);
+        ls_rollout_opts_default(&o);
+        o.samples_per_prompt = GRPO_N;
+        o.stats = &st;
+        int32_t cc[GRPO_PROMPTS * GRPO_N * GEN];
+        group_run(g, pr, GRPO_PROMPTS, &SEEDED, &o, cc, &x);
+        ls_engine *ce = make_engine(m, "cpu", GRPO_PROMPTS * GRPO_N, P + GEN, 256, 16);
+        group_run(ce, pr, GRPO_PROMPTS, &SEEDED, &o, NULL, &xc);
+        ls_engine_destroy(ce);
+        snprintf(cell, sizeof cell, "grpo8.%ld", P);
+        snprintf(mode, sizeof mode, "GRPO %d prompts x %d samples (seeded): %ld forks, %ld and %ld distinct "
+                 "completions; vs CPU: the same group", GRPO_PROMPTS, GRPO_N, st.forks, distinct(cc, GRPO_N),
+                 distinct(cc + GRPO_N * GEN, GRPO_N));
+        row_cmp(cell, GRPO_PROMPTS * GRPO_N, P, mode, &x, &alone, &xc, now_s() - tc, 0);
+        recs_free(&alone);
+        recs_free(&x);
+        recs_free(&xc);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *usage = "usage: gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...] "
-                        "[--fp8 dequant|w8a8]\n";
+                        "[--serving-only] [--fp8 dequant|w8a8]\n";
     if (argc < 3) {
         fputs(usage, stderr);
         return 2;
     }
-    int quick = 0, prompts = 0, want[4] = {1, 1, 1, 1}, mixed_on = 1;
+    int quick = 0, prompts = 0, want[4] = {1, 1, 1, 1}, mixed_on = 1, serving_only = 0;
     const char *fp8 = NULL;
     long Ps[4] = {8, 64, 256, 1024}, Ns[4] = {1, 4, 16, 64};
     for (int a = 3; a < argc; a++) {
@@ -253,6 +491,8 @@ int main(int argc, char **argv)
                 if (*end == '\0') break;
                 list = end + 1;
             }
+        } else if (strcmp(argv[a], "--serving-only") == 0 && !serving_only) {
+            serving_only = 1;
         } else if (strcmp(argv[a], "--fp8") == 0 && a + 1 < argc && !fp8) {
             fp8 = argv[++a];
             if (strcmp(fp8, "dequant") != 0 && strcmp(fp8, "w8a8") != 0) {
@@ -290,18 +530,15 @@ int main(int argc, char **argv)
     ls_engine *cw[CPU_WORKERS];
     for (int w = 0; w < CPU_WORKERS; w++) cw[w] = make_engine(m, "cpu", 1, 1024 + GEN, 256, 1);
     int32_t *comp = calloc(MAXN * GEN, sizeof(int32_t)), *comp_b = calloc(MAXN * GEN, sizeof(int32_t));
-    /* mixed prefill + decode, joining and leaving */
+    /* mixed prefill + decode, joining and leaving: on a contiguous engine
+     * (the matrix) and on a paged one (the serving cells) */
     if (mixed_on) {
         long plens[3] = {8, 64, quick ? 64 : 256};
         int nseq = 9;
         double tc = now_s();
-        recs mg = {0}, mc = {0}, single = {0};
-        /* 4 slots and 64 rows a step, so that sequences queue for slots */
-        ls_engine *gm = make_engine(m, gb, 4, plens[2] + GEN, 64, 16);
+        recs mc = {0}, single = {0};
         ls_engine *cm = make_engine(m, "cpu", 4, plens[2] + GEN, 64, 16);
-        mixed(gm, m, 500, nseq, plens, &mg);
         mixed(cm, m, 500, nseq, plens, &mc);
-        ls_engine_destroy(gm);
         ls_engine_destroy(cm);
         for (int i = 0; i < nseq; i++) {
             seqset one;
@@ -312,8 +549,22 @@ int main(int argc, char **argv)
             free(one.s);
         }
         recs_sort(&single);
-        row("mixed", 9, 0, "continuous batching: mixed, join/leave (4 slots, 64 rows)", &mg, &single, &mc, now_s() - tc);
-        recs_free(&mg);
+        double t_ref = now_s() - tc;
+        for (int paged = serving_only; paged < 2; paged++) {
+            tc = now_s();
+            recs mg = {0};
+            /* 4 slots and 64 rows a step, so that sequences queue for slots */
+            ls_engine *gm = make_engine_kv(m, gb, 4, plens[2] + GEN, 64, 16, paged ? 17 : 0);
+            mixed(gm, m, 500, nseq, plens, &mg);
+            ls_engine_destroy(gm);
+            if (paged)
+                row_cmp("mixed-kv17", 9, 0, "continuous batching, paged KV (page 17): mixed, join/leave (4 slots, "
+                        "64 rows)", &mg, &single, &mc, now_s() - tc + t_ref, 0);
+            else
+                row("mixed", 9, 0, "continuous batching: mixed, join/leave (4 slots, 64 rows)", &mg, &single, &mc,
+                    now_s() - tc + t_ref);
+            recs_free(&mg);
+        }
         recs_free(&mc);
         recs_free(&single);
     }
@@ -324,11 +575,13 @@ int main(int argc, char **argv)
         seqset_make(&q, 0, MAXN, P, V);
         double ts = now_s();
         recs single = {0}, cpu = {0};
-        singles(g, &q, MAXN, &single, comp);
-        cpu_singles(cw, CPU_WORKERS, &q, MAXN, &cpu); /* the CPU engine, each sequence alone */
-        row("single", MAXN, P, "CPU engine, each sequence alone (vs the CUDA ones)", &cpu, &single, NULL,
+        /* the serving cells alone need the single runs of their sequences only */
+        long ns = serving_only ? NSERVE : MAXN;
+        singles(g, &q, ns, &single, comp);
+        cpu_singles(cw, CPU_WORKERS, &q, ns, &cpu); /* the CPU engine, each sequence alone */
+        row("single", ns, P, "CPU engine, each sequence alone (vs the CUDA ones)", &cpu, &single, NULL,
             now_s() - ts);
-        for (int ni = 0; ni < 4; ni++) {
+        for (int ni = 0; ni < 4 && !serving_only; ni++) {
             long N = Ns[ni];
             char cell[64];
             snprintf(cell, sizeof cell, "r%ld.%ld", N, P);
@@ -360,6 +613,12 @@ int main(int argc, char **argv)
                 recs_free(&cb);
             }
         }
+        recs s16 = {0}, c16 = {0};
+        recs_pick(&single, 0, NSERVE, &s16);
+        recs_pick(&cpu, 0, NSERVE, &c16);
+        serving(g, gb, m, &q, &s16, &c16, comp);
+        recs_free(&s16);
+        recs_free(&c16);
         recs_free(&single);
         recs_free(&cpu);
         free(q.tok);

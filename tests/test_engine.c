@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend_cuda.h"
 #include "engine/engine.h"
 #include "run/run.h"
 #include "io/checkpoint.h"
@@ -528,12 +529,31 @@ START_TEST(test_config_fail_closed)
 }
 END_TEST
 
+/* The CUDA arena's usage is 0 of 0 for a backend that is not CUDA's (what
+ * harness/long_context prints as "—" on the CPU). */
+START_TEST(test_arena_usage_of_cpu_backend)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ls_backend *be = NULL;
+    ck_assert_msg(ls_backend_cpu_create(1, &be, &err) == LS_OK, "%s", err.msg);
+    size_t used = 1, cap = 1;
+    ls_backend_cuda_arena_usage(be, &used, &cap);
+    ck_assert_msg(used == 0 && cap == 0, "cpu backend: arena usage %zu of %zu, expected 0 of 0", used, cap);
+    used = cap = 1;
+    ls_backend_cuda_arena_usage(NULL, &used, &cap);
+    ck_assert_msg(used == 0 && cap == 0, "no backend: arena usage %zu of %zu, expected 0 of 0", used, cap);
+    be->destroy(be);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_config_fail_closed);
+    tcase_add_test(tc, test_arena_usage_of_cpu_backend);
     tcase_add_test(tc, test_rollout_equals_replay);
     tcase_add_test(tc, test_chunkings_and_packing);
     tcase_add_test(tc, test_decode_batch_and_sampling);

@@ -11,6 +11,7 @@
 
 #include "gpu/engine_records.h"
 #include "io/checkpoint.h"
+#include "io/json.h"
 #include "model/model.h"
 #include "run/run.h"
 #include "synth/synth.h"
@@ -40,6 +41,25 @@ static ls_engine *mk(const ls_model *m, int act_bf16, long slots, long max_rows,
     ls_engine *e = NULL;
     ls_error err;
     ck_assert_msg(ls_run_engine_open(m, "cpu", 2, &o, slots, 96, &e, &err) == LS_OK, "%s", err.msg);
+    return e;
+}
+
+/* An engine whose numerics differ from mk(m, 1, ...)'s in one field: FP8
+ * mode (fp8 1: w8a8, which a model without FP8 matrices records all the
+ * same) or a perturbation (perturb_layer >= 0, op router). */
+static ls_engine *mk_numerics(const ls_model *m, int fp8, int perturb_layer)
+{
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.max_rows = 64;
+    o.fp8_w8a8 = fp8;
+    if (perturb_layer >= 0) {
+        o.perturb_layer = perturb_layer;
+        o.perturb_op = LS_PERTURB_ROUTER;
+    }
+    ls_engine *e = NULL;
+    ls_error err;
+    ck_assert_msg(ls_run_engine_open(m, "cpu", 2, &o, 2, 96, &e, &err) == LS_OK, "%s", err.msg);
     return e;
 }
 
@@ -274,6 +294,15 @@ START_TEST(test_refusals)
     ck_assert_int_eq(ls_engine_snapshot_len(sn), 8);
     expect_fail(ls_engine_snapshot_restore(other, sn, 0, 2, 12, &err), &err, "model");
     expect_fail(ls_engine_snapshot_restore(f32, sn, 0, 2, 12, &err), &err, "act_bf16");
+    /* another numerics: FP8 mode, a perturbation (even where the engine is
+     * otherwise the same), and the same numerics on another engine */
+    ls_engine *w8 = mk_numerics(g_m[0], 1, -1), *pert = mk_numerics(g_m[0], 0, 1), *twin = mk_numerics(g_m[0], 0, -1);
+    expect_fail(ls_engine_snapshot_restore(w8, sn, 0, 2, 12, &err), &err, "fp8");
+    expect_fail(ls_engine_snapshot_restore(pert, sn, 0, 2, 12, &err), &err, "perturbation");
+    expect_fail(ls_engine_snapshot_restore(twin, sn, 0, 2, 12, &err), &err, "another engine");
+    ls_engine_destroy(w8);
+    ls_engine_destroy(pert);
+    ls_engine_destroy(twin);
     expect_fail(ls_engine_snapshot_restore(e, sn, 1, 2, 8, &err), &err, "prefix_len");
     expect_fail(ls_engine_snapshot_restore(e, sn, 0, 2, 12, &err), &err, "slot 0 is taken");
     expect_fail(ls_engine_fork(e, 1, 0, 3, &err), &err, "holds no sequence");
@@ -335,6 +364,10 @@ START_TEST(test_cli_group_equals_plain)
     free(o);
     rc = ls_test_cli(&o, "compare %s/g.trace %s/p.trace", dir, dir);
     ck_assert_msg(rc == 0, "group vs plain: exit %d:\n%s", rc, o ? o : "");
+    /* the manifests the runs pinned differ in their serving section only,
+     * which is informational: one manifest digest */
+    ck_assert_msg(o && !strstr(o, "manifest digests differ") && strstr(o, "manifest:"),
+                  "group vs plain: the manifest digests differ:\n%s", o ? o : "");
     free(o);
     rc = ls_test_cli(&o, "trace dump %s/g.trace", dir);
     ck_assert_msg(rc == 0 && o && strstr(o, "samples_per_prompt") && strstr(o, "prefix_cache") &&
@@ -345,7 +378,9 @@ START_TEST(test_cli_group_equals_plain)
     } bad[] = {{"--samples-per-prompt 0", "samples_per_prompt (--samples-per-prompt)"},
                {"--samples-per-prompt 2 --prefix-cache some", "prefix_cache (--prefix-cache)"},
                {"--prefix-cache any --prefix-block 4", "prefix_block (--prefix-block)"},
-               {"--preempt seeded:x", "preempt (--preempt)"}};
+               {"--preempt seeded:x", "preempt (--preempt)"},
+               {"--preempt seeded:18446744073709551616", "preempt (--preempt)"},
+               {"--preempt seeded:+3", "preempt (--preempt)"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         rc = ls_test_cli(&o, "run --checkpoint %s/ck --prompts %s/p.jsonl %s %s -o %s/x.trace", dir, dir, common,
                          bad[i].args, dir);
@@ -356,6 +391,28 @@ START_TEST(test_cli_group_equals_plain)
     rc = ls_test_cli(&o, "run --checkpoint %s/ck --prompts %s/p.jsonl --mode rollout --samples-per-prompt 2 -o "
                      "%s/x.trace", dir, dir, dir);
     ck_assert_msg(rc == 2 && o && strstr(o, "seeded"), "greedy GRPO: exit %d:\n%s", rc, o ? o : "");
+    free(o);
+    /* the gate runs the configuration as served (a GRPO group with prefix
+     * reuse and preemption, paged) against plain replays of every sample */
+    rc = ls_test_cli(&o, "gate --checkpoint %s/ck --prompts %s/p.jsonl --max-new-tokens 4 --seed 6 "
+                     "--samples-per-prompt 2 --prefix-cache aligned --prefix-block 2 --preempt seeded:3 --kv-page 5 "
+                     "--json %s/gate.json", dir, dir, dir);
+    ck_assert_msg(rc == 0 && o && strstr(o, "PASS: 5/5"), "gate on a group rollout: exit %d:\n%s", rc, o ? o : "");
+    free(o);
+    json_t *gj = NULL;
+    ls_error gerr;
+    char gpath[4400];
+    snprintf(gpath, sizeof gpath, "%s/gate.json", dir);
+    ck_assert_msg(ls_json_load_file(gpath, &gj, &gerr) == LS_OK, "%s", gerr.msg);
+    /* every replay recomputed the 4 samples (2 prompts x 2) in full: 2 x (9 + 3) + 2 x (7 + 3) positions */
+    json_t *reps = json_object_get(gj, "replays");
+    ck_assert_int_eq(json_array_size(reps), 5);
+    for (size_t i = 0; i < json_array_size(reps); i++)
+        ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(reps, i), "positions")), 44);
+    json_decref(gj);
+    rc = ls_test_cli(&o, "gate --checkpoint %s/ck --prompts %s/p.jsonl --samples-per-prompt 2", dir, dir);
+    ck_assert_msg(rc == 2 && o && strstr(o, "--samples-per-prompt") && strstr(o, "--seed"),
+                  "greedy GRPO gate: exit %d:\n%s", rc, o ? o : "");
     free(o);
     ls_test_rm_tmpdir(dir);
 }

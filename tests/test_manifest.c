@@ -640,6 +640,129 @@ START_TEST(test_manifest_matches_schema)
 }
 END_TEST
 
+/* The serving section (issue: the manifest states how the rollout was
+ * served): pinned with run's flags, every field recorded; informational in
+ * diff and outside the digest (none changes a bit of lockstep's engine);
+ * bad values refused naming the flag, edited sections naming the field; the
+ * schema takes it and refuses a bad one. */
+START_TEST(test_serving_section)
+{
+    char *d = make_single();
+    char *plain = pin(d, "plain", NULL);
+    char *a = pin(d, "served-a", "--kv-page 17 --samples-per-prompt 8 --prefix-cache aligned --prefix-block 64 "
+                  "--preempt seeded:3");
+    char *b = pin(d, "served-b", "--kv-page 100 --prefix-cache any");
+    char *k0 = pin(d, "served-k0", "--kv-page 0 --samples-per-prompt 1 --prefix-cache off --preempt none");
+    ls_error err;
+    ls_error_clear(&err);
+    json_t *ma, *mb, *mp, *m0;
+    ck_assert_msg(ls_manifest_load(a, &ma, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_manifest_load(b, &mb, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_manifest_load(plain, &mp, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_manifest_load(k0, &m0, &err) == LS_OK, "%s", err.msg);
+    char *sa = json_dumps(json_object_get(ma, "serving"), JSON_COMPACT | JSON_SORT_KEYS);
+    char *sb = json_dumps(json_object_get(mb, "serving"), JSON_COMPACT | JSON_SORT_KEYS);
+    ck_assert_str_eq(sa, "{\"kv_page\":17,\"preemption\":{\"policy\":\"seeded\",\"seed\":3},\"prefix_cache\":"
+                         "{\"block\":64,\"policy\":\"aligned\"},\"samples_per_prompt\":8}");
+    ck_assert_str_eq(sb, "{\"kv_page\":100,\"preemption\":{\"policy\":\"none\"},\"prefix_cache\":{\"policy\":"
+                         "\"any\"},\"samples_per_prompt\":1}");
+    free(sa);
+    free(sb);
+    /* the plain engine's values, stated or not: no section */
+    ck_assert_ptr_null(json_object_get(mp, "serving"));
+    ck_assert_ptr_null(json_object_get(m0, "serving"));
+    /* the section sits between topology and build (the order diff reports in) */
+    const char *key, *prev = NULL, *before = NULL;
+    json_t *v;
+    json_object_foreach(ma, key, v) {
+        if (!strcmp(key, "serving")) before = prev;
+        prev = key;
+    }
+    ck_assert_msg(before && !strcmp(before, "topology"), "serving follows %s", before ? before : "nothing");
+    /* one claim: the same manifest digest */
+    ls_digest da, db, dp;
+    ck_assert_int_eq(ls_manifest_digest(ma, &da, &err), LS_OK);
+    ck_assert_int_eq(ls_manifest_digest(mb, &db, &err), LS_OK);
+    ck_assert_int_eq(ls_manifest_digest(mp, &dp, &err), LS_OK);
+    ck_assert_msg(ls_digest_equal(&da, &dp) && ls_digest_equal(&db, &dp), "the serving section changed the digest");
+    ck_assert_int_eq(ls_manifest_classify("serving.kv_page", ma, mb), LS_CHANGE_INFORMATIONAL);
+    ck_assert_int_eq(ls_manifest_classify("serving", mp, ma), LS_CHANGE_INFORMATIONAL);
+    char *out;
+    ck_assert_int_eq(ls_test_cli(&out, "manifest diff %s %s", plain, a), 0);
+    ck_assert_msg(strstr(out, "informational serving: (absent) -> {") && strstr(out, "0 voiding"), "%s", out);
+    free(out);
+    ck_assert_int_eq(ls_test_cli(&out, "manifest diff %s %s", a, b), 0);
+    ck_assert_msg(strstr(out, "informational serving.kv_page: 17 -> 100") &&
+                  strstr(out, "informational serving.samples_per_prompt: 8 -> 1") &&
+                  strstr(out, "informational serving.prefix_cache.policy: \"aligned\" -> \"any\"") &&
+                  strstr(out, "informational serving.preemption.policy: \"seeded\" -> \"none\""), "%s", out);
+    free(out);
+    /* bad values: exit 2, naming the flag, nothing written */
+    static const struct {
+        const char *flags, *needle;
+    } bad[] = {{"--kv-page -1", "--kv-page -1"},
+               {"--kv-page 2000000", "--kv-page 2000000"},
+               {"--samples-per-prompt 0", "--samples-per-prompt"},
+               {"--prefix-cache some", "--prefix-cache"},
+               {"--prefix-block 4", "--prefix-block"},
+               {"--prefix-cache any --prefix-block 4", "--prefix-block"},
+               {"--preempt seeded:", "--preempt"},
+               {"--preempt sometimes", "--preempt"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = ls_test_cli(&out, "manifest pin --checkpoint %s %s -o %s.bad.json", d, bad[i].flags, d);
+        ck_assert_msg(rc == 2 && out && strstr(out, bad[i].needle), "%s: exit %d: %s", bad[i].flags, rc, out);
+        free(out);
+        ck_assert_int_eq(ls_test_sh(&out, "test ! -e %s.bad.json", d), 0);
+        free(out);
+    }
+    /* edited sections: refused naming the field */
+    static const struct {
+        const char *tag, *serving, *needle;
+    } edits[] = {
+        {"sv-type", "3", "field serving"},
+        {"sv-page", "{\"kv_page\": -1, \"samples_per_prompt\": 1, \"prefix_cache\": {\"policy\": \"off\"}, "
+                    "\"preemption\": {\"policy\": \"none\"}}", "serving.kv_page"},
+        {"sv-samples", "{\"kv_page\": 0, \"samples_per_prompt\": 0, \"prefix_cache\": {\"policy\": \"off\"}, "
+                       "\"preemption\": {\"policy\": \"none\"}}", "serving.samples_per_prompt"},
+        {"sv-policy", "{\"kv_page\": 0, \"samples_per_prompt\": 1, \"prefix_cache\": {\"policy\": \"some\"}, "
+                      "\"preemption\": {\"policy\": \"none\"}}", "serving.prefix_cache"},
+        {"sv-block", "{\"kv_page\": 0, \"samples_per_prompt\": 1, \"prefix_cache\": {\"policy\": \"aligned\"}, "
+                     "\"preemption\": {\"policy\": \"none\"}}", "serving.prefix_cache.block"},
+        {"sv-anyblock", "{\"kv_page\": 0, \"samples_per_prompt\": 1, \"prefix_cache\": {\"policy\": \"any\", "
+                        "\"block\": 4}, \"preemption\": {\"policy\": \"none\"}}", "serving.prefix_cache"},
+        {"sv-seed", "{\"kv_page\": 0, \"samples_per_prompt\": 1, \"prefix_cache\": {\"policy\": \"off\"}, "
+                    "\"preemption\": {\"policy\": \"seeded\"}}", "serving.preemption.seed"},
+        {"sv-extra", "{\"kv_page\": 0, \"samples_per_prompt\": 1, \"prefix_cache\": {\"policy\": \"off\"}, "
+                     "\"preemption\": {\"policy\": \"none\"}, \"page\": 3}", "field serving"}};
+    for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
+        json_t *e = json_deep_copy(mp), *sv = json_loads(edits[i].serving, JSON_DECODE_ANY, NULL);
+        ck_assert_ptr_nonnull(sv);
+        json_object_set_new(e, "serving", sv);
+        char *text = json_dumps(e, 0);
+        expect_bad(d, edits[i].tag, text, edits[i].needle);
+        free(text);
+        json_decref(e);
+    }
+    /* the schema takes the section and refuses a bad one */
+    const char *py = "import json,sys,jsonschema\n"
+                     "v=jsonschema.Draft202012Validator(json.load(open(sys.argv[1])))\n"
+                     "for p in sys.argv[2:]: v.validate(json.load(open(p)))\n"
+                     "bad=json.load(open(sys.argv[2])); bad['serving']['prefix_cache']={'policy':'any','block':4}\n"
+                     "print('ok' if not v.is_valid(bad) else 'schema accepted a block with policy any')\n";
+    char pyfile[4400];
+    snprintf(pyfile, sizeof pyfile, "%s.serving-check.py", d);
+    ls_test_write(pyfile, py, strlen(py));
+    int rc = ls_test_sh(&out, "/usr/bin/python3 %s %s/manifest/schema.json %s %s", pyfile, LS_SOURCE_DIR, a, b);
+    ck_assert_msg(rc == 0 && out && strcmp(out, "ok\n") == 0, "schema: %s", out);
+    free(out);
+    json_decref(ma);
+    json_decref(mb);
+    json_decref(mp);
+    json_decref(m0);
+    free(plain), free(a), free(b), free(k0), free(d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("manifest");
@@ -660,6 +783,7 @@ int main(void)
     tcase_add_test(tc, test_verify_pass_then_fail);
     tcase_add_test(tc, test_build_in_process_and_digest);
     tcase_add_test(tc, test_manifest_matches_schema);
+    tcase_add_test(tc, test_serving_section);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -44,6 +44,12 @@ ls_status ls_backend_cuda_query_gpu(int device, ls_gpu_info *out, int *present, 
     return LS_OK;
 }
 
+void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_t *capacity_bytes)
+{
+    (void)be;
+    *used_bytes = *capacity_bytes = 0;
+}
+
 #else
 
 #include <stdlib.h>
@@ -185,6 +191,15 @@ static void cu_destroy(ls_backend *be)
         free(im);
     }
     free(be);
+}
+
+void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_t *capacity_bytes)
+{
+    *used_bytes = *capacity_bytes = 0;
+    if (!be || be->destroy != cu_destroy || !be->impl) return;
+    const cuda_impl *im = IMPL(be);
+    *used_bytes = im->dev.used_bytes;
+    *capacity_bytes = im->dev.capacity_bytes;
 }
 
 /* Scratch shared by the MoE and digest ops, from the run's arena. The arena

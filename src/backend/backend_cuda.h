@@ -54,6 +54,13 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
 /* ls_backend_cuda_create_opts with the defaults and arena_bytes. */
 ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error *err);
 
+/* The device memory a CUDA backend's run has taken: *used_bytes of its
+ * arena's *capacity_bytes. The arena hands memory out and frees it only when
+ * the backend is destroyed, so *used_bytes is the run's high-water mark
+ * (weights, caches, work buffers, MoE and digest scratch). Both 0 for a
+ * backend that is not this one (the CPU's) and in a build without CUDA. */
+void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_t *capacity_bytes);
+
 /* LS_OK when `device` is a CUDA ordinal of this machine; else LS_E_USAGE
  * "no CUDA device N: this machine has M (0: NAME, ...)", or LS_E_UNSUPPORTED
  * in a build without CUDA. */

@@ -1,5 +1,6 @@
 /* lockstep manifest — pin, diff, verify, digest. */
 #include <jansson.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,8 @@
 static const char help[] =
     "usage: lockstep manifest pin --checkpoint DIR [--backend cpu|cuda [--gpu N]]\n"
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
+    "                             [--samples-per-prompt N] [--prefix-cache off|aligned|any]\n"
+    "                             [--prefix-block N] [--preempt none|seeded:S] [--kv-page N]\n"
     "                             [--threads N] -o FILE\n"
     "       lockstep manifest diff A B [--json]\n"
     "       lockstep manifest verify FILE --checkpoint DIR [--backend cpu|cuda [--gpu N]]\n"
@@ -27,7 +30,11 @@ static const char help[] =
     "        backend), topology, build and runtime (OS, CPU, host, GPU when\n"
     "        present: CUDA device --gpu N, default 0, which must exist). -o -\n"
     "        writes to stdout. A perturbation needs --mode fast (given --perturb\n"
-    "        alone, the mode becomes fast).\n"
+    "        alone, the mode becomes fast). --samples-per-prompt, --prefix-cache,\n"
+    "        --prefix-block, --preempt and --kv-page (as for run) state how the\n"
+    "        rollout is served: recorded in the section serving, informational\n"
+    "        (none of them changes a bit of lockstep's engine), so they leave the\n"
+    "        manifest digest as it is. Without them the section is absent.\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
     "        classifies it as voiding (the claim no longer holds: checkpoint,\n"
     "        architecture, providers, library versions, GPU kind, topology, mode,\n"
@@ -48,22 +55,27 @@ static const char help[] =
 /* The options of each subcommand: pin and verify share those that pin the
  * live system; diff has --json; digest none (each has -h/--help). */
 enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THREADS, OPT_JSON,
-       OPT_FP8, OPT_GPU };
+       OPT_FP8, OPT_GPU, OPT_SAMPLES, OPT_PREFIX, OPT_PBLOCK, OPT_PREEMPT, OPT_KVPAGE };
 #define LIVE_OPTS                                                                                  \
     {"checkpoint", OPT_CHECKPOINT, 1}, {"backend", OPT_BACKEND, 1}, {"mode", OPT_MODE, 1},         \
         {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}, {"fp8", OPT_FP8, 1},             \
         {"gpu", OPT_GPU, 1}
-static const ls_cli_opt pin_opts[] = {LIVE_OPTS, {"output", 'o', 1}, {NULL, 0, 0}};
+static const ls_cli_opt pin_opts[] = {LIVE_OPTS, {"output", 'o', 1}, {"samples-per-prompt", OPT_SAMPLES, 1},
+                                      {"prefix-cache", OPT_PREFIX, 1}, {"prefix-block", OPT_PBLOCK, 1},
+                                      {"preempt", OPT_PREEMPT, 1}, {"kv-page", OPT_KVPAGE, 1}, {NULL, 0, 0}};
 static const ls_cli_opt verify_opts[] = {LIVE_OPTS, {"json", OPT_JSON, 0}, {NULL, 0, 0}};
 static const ls_cli_opt diff_opts[] = {{"json", OPT_JSON, 0}, {NULL, 0, 0}};
 static const ls_cli_opt no_opts[] = {{NULL, 0, 0}};
 
 /* Parses the options pin (opts = pin_opts) and verify (verify_opts) share;
  * positional arguments are handed back in pos[] (at most 2), the CUDA
- * device in *gpu. A perturbation without --mode pins mode fast; progress
- * goes to stderr. Returns -1 on success or an exit code. */
+ * device in *gpu, pin's serving options in the fields of *sv (a run spec,
+ * validated by the run layer as run's are). A perturbation without --mode
+ * pins mode fast; progress goes to stderr. Returns -1 on success or an exit
+ * code. */
 static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest_opts *o,
-                      const char **out_path, int *as_json, int *gpu, const char **pos, int *npos)
+                      const char **out_path, int *as_json, int *gpu, const char **pos, int *npos,
+                      ls_run_spec *sv)
 {
     int mode_given = 0, gpu_given = 0;
     ls_error err;
@@ -98,6 +110,21 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
         }
         case 'o': *out_path = a.arg; break;
         case OPT_JSON: *as_json = 1; break;
+        /* ranges are the run layer's (ls_run_spec_serving), which names the field */
+        case OPT_SAMPLES:
+            if (ls_cli_parse_long(a.opt, a.arg, 0, 1L << 20, &sv->samples_per_prompt, &err) != LS_OK)
+                return ls_cli_report(CMD, &err);
+            break;
+        case OPT_PREFIX: sv->prefix_cache = a.arg; break;
+        case OPT_PBLOCK:
+            if (ls_cli_parse_long(a.opt, a.arg, 1, 1L << 30, &sv->prefix_block, &err) != LS_OK)
+                return ls_cli_report(CMD, &err);
+            break;
+        case OPT_PREEMPT: sv->preempt = a.arg; break;
+        case OPT_KVPAGE:
+            if (ls_cli_parse_long(a.opt, a.arg, LONG_MIN, LONG_MAX, &sv->kv_page, &err) != LS_OK)
+                return ls_cli_report(CMD, &err);
+            break;
         case LS_CLI_OPERAND:
             if (*npos == 2) return ls_cli_usage_error(CMD, "unexpected argument '%s'", a.arg);
             pos[(*npos)++] = a.arg;
@@ -183,13 +210,19 @@ static int cmd_pin(int argc, char **argv)
     ls_manifest_opts o = ls_manifest_opts_default();
     const char *out = NULL, *pos[2];
     int npos = 0, gpu = 0;
-    int rc = parse_live(argc, argv, pin_opts, &o, &out, NULL, &gpu, pos, &npos);
+    ls_run_spec sv;
+    ls_run_spec_default(&sv);
+    int rc = parse_live(argc, argv, pin_opts, &o, &out, NULL, &gpu, pos, &npos, &sv);
     if (rc >= 0) return rc;
     if (npos) return ls_cli_usage_error(CMD, "unexpected argument '%s'", pos[0]);
     if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "pin: --checkpoint DIR is required");
     if (!out) return ls_cli_usage_error(CMD, "pin: -o FILE is required");
     ls_error err;
     ls_error_clear(&err);
+    ls_manifest_serving serving;
+    int serving_any;
+    if (ls_run_spec_serving(&sv, &serving, &serving_any, &err) != LS_OK) return ls_cli_report(CMD, &err);
+    o.serving = serving_any ? &serving : NULL;
     json_t *m;
     ls_run_facts facts;
     if (ls_output_path_check(out, &err) != LS_OK || /* before hashing the checkpoint */
@@ -241,7 +274,7 @@ static int cmd_verify(int argc, char **argv)
     ls_manifest_opts o = ls_manifest_opts_default();
     const char *pos[2];
     int npos = 0, as_json = 0, gpu = 0;
-    int rc = parse_live(argc, argv, verify_opts, &o, NULL, &as_json, &gpu, pos, &npos);
+    int rc = parse_live(argc, argv, verify_opts, &o, NULL, &as_json, &gpu, pos, &npos, NULL);
     if (rc >= 0) return rc;
     if (npos != 1) return ls_cli_usage_error(CMD, "verify: exactly one manifest FILE is required");
     if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "verify: --checkpoint DIR is required");

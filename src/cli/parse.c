@@ -1,4 +1,5 @@
 /* lockstep CLI — option value parsing shared by the subcommands. */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -34,7 +35,9 @@ ls_status ls_cli_check_gpu(const char *backend, int given, ls_error *err)
     return LS_OK;
 }
 
-/* Library messages name option fields; the user typed flags. */
+/* Library messages name option fields; the user typed flags. A field name
+ * inside a longer name or a dotted path (a manifest's serving.kv_page, a
+ * JSON field) is left as it is: that is a field of a file, not an option. */
 static const char *const field_flags[][2] = {
     {"allow_different_model", "--allow-different-model"},
     {"allow_incomplete", "--allow-incomplete"},
@@ -57,6 +60,8 @@ void ls_cli_flag_names(const char *msg, char *out, size_t out_size)
             const char *f = field_flags[k][0];
             if (*f == '^' && (msg != start || strncmp(msg, f + 1, strlen(f + 1)) != 0)) continue;
             if (*f != '^' && strncmp(msg, f, strlen(f)) != 0) continue;
+            if (*f != '^' && msg > start && (isalnum((unsigned char)msg[-1]) || msg[-1] == '_' || msg[-1] == '.'))
+                continue;
             break;
         }
         if (k < nf) {

@@ -301,6 +301,37 @@ static ls_status build_section(json_t **out, ls_error *err)
     return LS_OK;
 }
 
+/* The serving section (manifest.h ls_manifest_serving): every field, so a
+ * manifest that has it states the whole configuration. */
+static ls_status serving_section(const ls_manifest_serving *sv, json_t **out, ls_error *err)
+{
+    *out = NULL;
+    const char *pc = sv->prefix_cache ? sv->prefix_cache : "off";
+    const char *pp = sv->preemption ? sv->preemption : "none";
+    int aligned = !strcmp(pc, "aligned"), seeded = !strcmp(pp, "seeded");
+    if (sv->kv_page < 0)
+        return ls_fail(err, LS_E_USAGE, "manifest serving: kv_page %ld must be >= 0 (0 = contiguous)", sv->kv_page);
+    if (sv->samples_per_prompt < 1)
+        return ls_fail(err, LS_E_USAGE, "manifest serving: samples_per_prompt %ld must be >= 1",
+                       sv->samples_per_prompt);
+    if (!aligned && strcmp(pc, "off") && strcmp(pc, "any"))
+        return ls_fail(err, LS_E_USAGE, "manifest serving: prefix_cache '%s': expected off, aligned or any", pc);
+    if (aligned ? sv->prefix_block < 1 : sv->prefix_block != 0)
+        return ls_fail(err, LS_E_USAGE, "manifest serving: prefix_block %ld: a block >= 1 with prefix_cache "
+                       "aligned, 0 otherwise", sv->prefix_block);
+    if (!seeded && strcmp(pp, "none"))
+        return ls_fail(err, LS_E_USAGE, "manifest serving: preemption '%s': expected none or seeded", pp);
+    json_t *prefix = aligned ? json_pack("{s:s, s:I}", "policy", pc, "block", (json_int_t)sv->prefix_block)
+                             : json_pack("{s:s}", "policy", pc);
+    /* the seed as run_params records it (a JSON integer) */
+    json_t *pre = seeded ? json_pack("{s:s, s:I}", "policy", pp, "seed", (json_int_t)sv->preempt_seed)
+                         : json_pack("{s:s}", "policy", pp);
+    *out = json_pack("{s:I, s:I, s:o, s:o}", "kv_page", (json_int_t)sv->kv_page, "samples_per_prompt",
+                     (json_int_t)sv->samples_per_prompt, "prefix_cache", prefix, "preemption", pre);
+    if (!*out) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+    return LS_OK;
+}
+
 ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error *err)
 {
     *out = NULL;
@@ -317,10 +348,11 @@ ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error
     if (!o.checkpoint && !o.checkpoint_dir)
         return ls_fail(err, LS_E_USAGE, "manifest: no checkpoint given");
 
-    json_t *num = NULL, *build = NULL, *ck_sec = NULL, *arch = NULL;
+    json_t *num = NULL, *build = NULL, *ck_sec = NULL, *arch = NULL, *serving = NULL;
     void *rt = NULL;
     ls_checkpoint *owned = NULL;
-    ls_status st = build_section(&build, err);
+    ls_status st = o.serving ? serving_section(o.serving, &serving, err) : LS_OK;
+    if (st == LS_OK) st = build_section(&build, err);
     if (st == LS_OK) st = ls_runtime_describe(o.gpu, &rt, err);
     const ls_checkpoint *ck = o.checkpoint;
     if (st == LS_OK && !ck) {
@@ -340,14 +372,20 @@ ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error
         json_decref(rt);
         json_decref(ck_sec);
         json_decref(arch);
+        json_decref(serving);
         return st;
     }
     json_t *topo = json_pack("{s:i, s:i, s:i}", "world_size", o.world_size, "tp_degree",
                              o.tp_degree, "ep_degree", o.ep_degree);
     /* Key order = the order diff and verify report differences in. */
-    *out = json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "manifest_version",
-                     LS_MANIFEST_VERSION, "checkpoint", ck_sec, "architecture", arch, "numerics",
-                     num, "topology", topo, "build", build, "runtime", (json_t *)rt);
+    if (serving)
+        *out = json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "manifest_version", LS_MANIFEST_VERSION,
+                         "checkpoint", ck_sec, "architecture", arch, "numerics", num, "topology", topo, "serving",
+                         serving, "build", build, "runtime", (json_t *)rt);
+    else
+        *out = json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "manifest_version",
+                         LS_MANIFEST_VERSION, "checkpoint", ck_sec, "architecture", arch, "numerics",
+                         num, "topology", topo, "build", build, "runtime", (json_t *)rt);
     if (!*out) return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
     return LS_OK;
 }
@@ -505,6 +543,37 @@ static ls_status validate_tensors(const json_t *ck, const char *label, ls_error 
     return LS_OK;
 }
 
+/* The optional serving section: exactly its four fields, each in range. */
+static ls_status validate_serving(const json_t *sv, const char *label, ls_error *err)
+{
+    if (!sv) return LS_OK; /* absent: the plain engine, and every manifest pinned before it existed */
+    if (!json_is_object(sv)) VFAIL("%s: field serving: expected an object", label);
+    LS_TRY(need_count(sv, "kv_page", "serving", 0, label, err));
+    LS_TRY(need_count(sv, "samples_per_prompt", "serving", 1, label, err));
+    const json_t *pc = json_object_get(sv, "prefix_cache"), *pp = json_object_get(sv, "preemption");
+    const char *pol = json_string_value(json_object_get(pc, "policy"));
+    int aligned = pol && !strcmp(pol, "aligned");
+    if (!json_is_object(pc) || !pol || (!aligned && strcmp(pol, "off") && strcmp(pol, "any")))
+        VFAIL("%s: field serving.prefix_cache: expected an object with policy \"off\", \"aligned\" or \"any\"",
+              label);
+    if (aligned) LS_TRY(need_count(pc, "block", "serving.prefix_cache", 1, label, err));
+    if (json_object_size(pc) != (aligned ? 2u : 1u))
+        VFAIL("%s: field serving.prefix_cache: expected policy%s only", label, aligned ? " and block" : "");
+    pol = json_string_value(json_object_get(pp, "policy"));
+    int seeded = pol && !strcmp(pol, "seeded");
+    if (!json_is_object(pp) || !pol || (!seeded && strcmp(pol, "none")))
+        VFAIL("%s: field serving.preemption: expected an object with policy \"none\" or \"seeded\"", label);
+    if (seeded && !json_is_integer(json_object_get(pp, "seed")))
+        VFAIL("%s: field serving.preemption.seed: %s", label,
+              json_object_get(pp, "seed") ? "expected an integer" : "missing");
+    if (json_object_size(pp) != (seeded ? 2u : 1u))
+        VFAIL("%s: field serving.preemption: expected policy%s only", label, seeded ? " and seed" : "");
+    if (json_object_size(sv) != 4)
+        VFAIL("%s: field serving: expected exactly kv_page, samples_per_prompt, prefix_cache and preemption",
+              label);
+    return LS_OK;
+}
+
 ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err)
 {
     if (!json_is_object(m)) VFAIL("%s: a manifest is a JSON object", label);
@@ -590,6 +659,7 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
             VFAIL("%s: field numerics.operators.%s.code_sha256: expected 64 hex digits",
                   label, op);
     }
+    LS_TRY(validate_serving(json_object_get(m, "serving"), label, err));
     LS_TRY(need_count(topo, "world_size", "topology", 1, label, err));
     LS_TRY(need_count(topo, "tp_degree", "topology", 1, label, err));
     LS_TRY(need_count(topo, "ep_degree", "topology", 1, label, err));
@@ -643,6 +713,8 @@ static const char *const informational_paths[] = {
     "runtime.gpu.device_index",  /* which of the host's cards the run chose, not which kind */
     "runtime.gpu.device_count",
     "runtime.gpu.kernel_driver", /* kernels are built ahead of time (sm_90 code in the binary) */
+    "serving",                  /* how the rollout was served: KV pages, GRPO samples, prefix
+                                   reuse, preemption; none changes a bit of lockstep's engine */
     NULL};
 
 static int path_under(const char *path, const char *prefix)

@@ -24,6 +24,7 @@
 
 #include <jansson.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "core/platform.h"
 #include "core/status.h"
@@ -34,6 +35,21 @@
 #define LS_MANIFEST_VERSION 1
 
 /* ---- building ---------------------------------------------------------------- */
+
+/* How a rollout is served (docs/architecture.md, "GRPO groups, prefix reuse
+ * and preemption" and "The KV cache"), recorded as the manifest's `serving`
+ * section so that a manifest says which of them the rollout used. None of
+ * them changes a bit of lockstep's engine (the claim tests/test_group.c and
+ * tests/test_paged.c check), so the section is informational: a difference
+ * in it voids nothing and it is outside the manifest digest. */
+typedef struct ls_manifest_serving {
+    long kv_page;                        /* KV cache page size; 0 = contiguous per sequence */
+    long samples_per_prompt;             /* GRPO group size, >= 1 */
+    const char *prefix_cache;            /* "off" | "aligned" | "any" */
+    long prefix_block;                   /* "aligned": the boundary, >= 1; otherwise 0 */
+    const char *preemption;              /* "none" | "seeded" */
+    uint64_t preempt_seed;               /* "seeded": the eviction schedule's seed; otherwise 0 */
+} ls_manifest_serving;
 
 typedef struct ls_manifest_opts {
     const char *checkpoint_dir;          /* opened when checkpoint is NULL */
@@ -69,6 +85,9 @@ typedef struct ls_manifest_opts {
                                             op gets reduction_fingerprint; NULL: none (the
                                             manifest then pins operators by name only) */
     size_t n_reduction_fingerprints;
+    const ls_manifest_serving *serving;  /* the serving section (borrowed), or NULL: none (the
+                                            plain engine: contiguous KV, 1 sample, no prefix
+                                            cache, no preemption) */
 } ls_manifest_opts;
 
 /* Defaults: backend "cpu", mode "strict", no perturbation, all threads,

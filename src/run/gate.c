@@ -55,6 +55,11 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
     /* a report path that cannot be written is refused before the runs */
     if (o->json && strcmp(o->json, "-")) LS_TRY(ls_output_path_check(o->json, err));
     if (o->junit && strcmp(o->junit, "-")) LS_TRY(ls_output_path_check(o->junit, err));
+    /* the gate's rollout is seeded by --seed (it has no --sampling): say so
+     * rather than the run layer's message, which names run's flags */
+    if (o->samples_per_prompt > 1 && !o->seeded)
+        return ls_fail(err, LS_E_USAGE, "samples_per_prompt (--samples-per-prompt) %ld needs a seeded rollout "
+                       "(--seed S): greedy samples of one prompt would all be equal", o->samples_per_prompt);
     char dir[4096], ro_path[4200], rp_path[4200], rep[4300];
     int temporary;
     LS_TRY(ls_run_workdir(o->workdir, "gate", dir, sizeof dir, &temporary, err));

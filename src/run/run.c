@@ -123,14 +123,36 @@ ls_status ls_run_spec_group(const ls_run_spec *s, ls_rollout_opts *o, int *preem
     if (s->prefix_block > 0) o->prefix_block = s->prefix_block;
     const char *pp = s->preempt ? s->preempt : "none";
     if (strcmp(pp, "none")) {
-        char *end;
+        char *end = NULL;
         const char *v = !strncmp(pp, "seeded:", 7) ? pp + 7 : NULL;
-        unsigned long long seed = v && *v && *v != '-' ? strtoull(v, &end, 10) : 0;
-        if (!v || !*v || *v == '-' || *end)
+        errno = 0; /* a seed past 2^64 - 1 is refused, not clamped */
+        unsigned long long seed = v && *v && *v != '-' && *v != '+' ? strtoull(v, &end, 10) : 0;
+        if (!v || !*v || *v == '-' || *v == '+' || *end || errno == ERANGE)
             return ls_fail(err, LS_E_USAGE, "preempt (--preempt) '%s': expected none or seeded:SEED", pp);
         *preempt_on = 1;
         *preempt_seed = seed;
     }
+    return LS_OK;
+}
+
+ls_status ls_run_spec_serving(const ls_run_spec *s, ls_manifest_serving *out, int *any, ls_error *err)
+{
+    memset(out, 0, sizeof *out);
+    *any = 0;
+    ls_rollout_opts go;
+    int preempt_on;
+    uint64_t seed;
+    LS_TRY(ls_run_spec_group(s, &go, &preempt_on, &seed, err));
+    if (s->kv_page < 0 || s->kv_page > LS_RUN_KV_PAGE_MAX)
+        return ls_fail(err, LS_E_USAGE, "kv_page %ld: the KV page size must be 0 (a contiguous cache) or "
+                       "1..%ld positions", s->kv_page, LS_RUN_KV_PAGE_MAX);
+    out->kv_page = s->kv_page;
+    out->samples_per_prompt = go.samples_per_prompt;
+    out->prefix_cache = ls_prefix_cache_name(go.prefix_cache);
+    out->prefix_block = go.prefix_cache == LS_PREFIX_CACHE_ALIGNED ? go.prefix_block : 0;
+    out->preemption = preempt_on ? "seeded" : "none";
+    out->preempt_seed = preempt_on ? seed : 0;
+    *any = s->kv_page > 0 || go.samples_per_prompt > 1 || go.prefix_cache != LS_PREFIX_CACHE_OFF || preempt_on;
     return LS_OK;
 }
 
@@ -624,6 +646,11 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         mo.perturbation = s->perturb;
     }
     mo.fp8 = fp8;
+    /* how the rollout is served, recorded (informational: manifest.h) */
+    ls_manifest_serving serving;
+    int serving_any = 0;
+    if (st == LS_OK) st = ls_run_spec_serving(s, &serving, &serving_any, err);
+    mo.serving = serving_any ? &serving : NULL;
     if (st == LS_OK) st = ls_run_manifest_facts(s->backend, s->gpu, &mo, &facts, err);
     if (st == LS_OK)
         st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, &eo,

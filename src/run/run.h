@@ -117,6 +117,16 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err);
 ls_status ls_run_spec_group(const ls_run_spec *s, ls_rollout_opts *o, int *preempt_on, uint64_t *preempt_seed,
                             ls_error *err);
 
+/* The serving options of a spec (samples_per_prompt, prefix_cache and
+ * prefix_block, preempt, kv_page) as a manifest records them
+ * (manifest/manifest.h ls_manifest_serving; strings static), validated as
+ * ls_run_spec_validate does them (LS_E_USAGE naming the field and its flag).
+ * *any = 0 when every one is the plain engine's (contiguous KV, 1 sample, no
+ * prefix cache, no preemption): the manifest then has no serving section.
+ * ls_run_execute records them in the manifest it pins; `manifest pin` takes
+ * the same flags. */
+ls_status ls_run_spec_serving(const ls_run_spec *s, ls_manifest_serving *out, int *any, ls_error *err);
+
 /* Parses a perturbation "layer=L,op=OP" (op one of gdn, conv, attention,
  * router, experts, combine, norm, lm_head). */
 ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err);

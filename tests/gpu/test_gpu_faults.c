@@ -147,6 +147,54 @@ START_TEST(test_model_larger_than_the_card)
 }
 END_TEST
 
+/* ls_backend_cuda_arena_usage: the arena's high-water mark, within its
+ * capacity, covering the weights once the engine exists and growing (never
+ * shrinking) with a step's scratch; harness/long_context reports it. */
+START_TEST(test_arena_usage)
+{
+    ls_model_config cfg;
+    preset_config("small", 0, &cfg);
+    ls_model *m = NULL;
+    ls_error err;
+    ls_error_clear(&err);
+    ck_assert_msg(ls_model_synthetic(&cfg, 1, &m, &err) == LS_OK, "%s", err.msg);
+    size_t arena = (size_t)512 << 20;
+    ls_backend_cuda_opts co;
+    ls_backend_cuda_opts_default(&co);
+    co.arena_bytes = arena;
+    co.synthetic_weights_seed = 0x1234567;
+    ls_backend *be = NULL;
+    ck_assert_msg(ls_backend_cuda_create_opts(&co, &be, &err) == LS_OK, "%s", err.msg);
+    size_t used0, cap;
+    ls_backend_cuda_arena_usage(be, &used0, &cap);
+    ck_assert_msg(cap == arena && used0 <= cap, "fresh backend: %zu of %zu bytes, arena %zu", used0, cap, arena);
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.max_rows = 16;
+    ls_engine *e = NULL;
+    ck_assert_msg(ls_engine_create(m, be, &o, 1, 64, &e, &err) == LS_OK, "%s", err.msg);
+    size_t used1;
+    ls_backend_cuda_arena_usage(be, &used1, &cap);
+    /* the expert matrices alone: layers x experts x 3 x I x D bf16 */
+    size_t experts = (size_t)cfg.n_layers * (size_t)cfg.n_experts * 3 * (size_t)cfg.moe_inter * (size_t)cfg.hidden * 2;
+    ck_assert_msg(used1 >= used0 + experts && used1 <= cap, "after the engine: %zu bytes used (before %zu, expert "
+                  "weights %zu, arena %zu)", used1, used0, experts, cap);
+    int32_t tok[16];
+    for (int i = 0; i < 16; i++) tok[i] = i + 1;
+    ck_assert_msg(ls_engine_join(e, 0, 1, 16, &err) == LS_OK, "%s", err.msg);
+    ls_engine_item it = {0, tok, 16, 1};
+    ck_assert_msg(ls_engine_step(e, &it, 1, &err) == LS_OK, "%s", err.msg);
+    size_t used2;
+    ls_backend_cuda_arena_usage(be, &used2, &cap);
+    ck_assert_msg(used2 >= used1 && used2 <= cap, "after a step: %zu bytes used (before %zu, arena %zu)", used2,
+                  used1, cap);
+    printf("  arena of %zu bytes: %zu used fresh, %zu with the engine, %zu after a step of 16 rows\n", cap, used0,
+           used1, used2);
+    ls_engine_destroy(e);
+    ls_model_close(m);
+}
+END_TEST
+
 START_TEST(test_device_that_does_not_exist)
 {
     ls_error err;
@@ -265,6 +313,7 @@ int main(void)
     TCase *tc = tcase_create("gpu_faults");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_model_larger_than_the_card);
+    tcase_add_test(tc, test_arena_usage);
     tcase_add_test(tc, test_device_that_does_not_exist);
     tcase_add_test(tc, test_cli_gpu_that_does_not_exist);
     tcase_add_test(tc, test_run_on_the_last_device);
