@@ -652,7 +652,7 @@ START_TEST(test_serving_section)
     char *a = pin(d, "served-a", "--kv-page 17 --samples-per-prompt 8 --prefix-cache aligned --prefix-block 64 "
                   "--preempt seeded:3");
     char *b = pin(d, "served-b", "--kv-page 100 --prefix-cache any");
-    char *k0 = pin(d, "served-k0", "--kv-page 0 --samples-per-prompt 1 --prefix-cache off --preempt none");
+    char *k0 = pin(d, "served-k0", "--samples-per-prompt 1 --prefix-cache off --preempt none");
     ls_error err;
     ls_error_clear(&err);
     json_t *ma, *mb, *mp, *m0;
@@ -701,6 +701,7 @@ START_TEST(test_serving_section)
     static const struct {
         const char *flags, *needle;
     } bad[] = {{"--kv-page -1", "--kv-page -1"},
+               {"--kv-page 0", "--kv-page 0: a page holds at least 1 position"},
                {"--kv-page 2000000", "--kv-page 2000000"},
                {"--samples-per-prompt 0", "--samples-per-prompt"},
                {"--prefix-cache some", "--prefix-cache"},

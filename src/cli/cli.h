@@ -22,6 +22,11 @@ int ls_cli_is_help(const char *arg);
 /* Parses a decimal option value into [lo, hi]; the error names opt. */
 ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, long *out, ls_error *err);
 
+/* --kv-page N: a page of N >= 1 positions. 0 is refused: a page that holds
+ * nothing is a mistake, not a request for a contiguous cache (that is the
+ * default, with the option left out); the run checks the upper bound. */
+ls_status ls_cli_parse_kv_page(const char *opt, const char *v, long *out, ls_error *err);
+
 /* --gpu N: a CUDA device ordinal (any int: one the machine lacks is refused
  * by the run with the devices it has). */
 ls_status ls_cli_parse_gpu(const char *opt, const char *v, int *out, ls_error *err);

@@ -35,7 +35,7 @@ static const char usage_text[] =
     "                         reuse, preemption; N > 1 needs --seed); the replays recompute\n"
     "                         its sequences plainly, so the gate checks that configuration\n"
     "  --kv-page N            the rollout's KV cache in pages of N positions (as for run;\n"
-    "                         default 0: contiguous); the replays keep a contiguous cache\n"
+    "                         default: contiguous); the replays keep a contiguous cache\n"
     "  --junit FILE           JUnit XML: one testsuite per replay, holding one testcase (that\n"
     "                         replay vs the rollout; a failure carries its first drift)\n"
     "  --json FILE|-          JSON summary (per replay: verdict, counts, first drift; schema\n"
@@ -103,7 +103,7 @@ int ls_cmd_gate(int argc, char **argv)
         case O_PBLOCK: st = ls_cli_parse_long(ca.opt, x, 1, 1L << 30, &o.prefix_block, &err); break;
         case O_PREEMPT: o.preempt = x; break;
         /* any integer: the run layer refuses a negative or absurd size by name */
-        case O_KVPAGE: st = ls_cli_parse_long(ca.opt, x, LONG_MIN, LONG_MAX, &o.kv_page, &err); break;
+        case O_KVPAGE: st = ls_cli_parse_kv_page(ca.opt, x, &o.kv_page, &err); break;
         case O_JUNIT: o.junit = x; break;
         case O_JSON: o.json = x; break;
         case O_WORKDIR: o.workdir = x; break;

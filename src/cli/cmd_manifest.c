@@ -122,7 +122,7 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
             break;
         case OPT_PREEMPT: sv->preempt = a.arg; break;
         case OPT_KVPAGE:
-            if (ls_cli_parse_long(a.opt, a.arg, LONG_MIN, LONG_MAX, &sv->kv_page, &err) != LS_OK)
+            if (ls_cli_parse_kv_page(a.opt, a.arg, &sv->kv_page, &err) != LS_OK)
                 return ls_cli_report(CMD, &err);
             break;
         case LS_CLI_OPERAND:

@@ -59,9 +59,9 @@ static const char usage_text[] =
     "                            them by recompute or from a snapshot, as drawn from seed S\n"
     "                            (default none). None of these three changes a bit of any record;\n"
     "                            all are recorded in run_params\n"
-    "  --kv-page N               KV cache in pages of N positions from a pool shared by the\n"
-    "                            batch, a page table per sequence (0: one contiguous cache per\n"
-    "                            sequence, the default); attention reads the same keys in the\n"
+    "  --kv-page N               KV cache in pages of N >= 1 positions from a pool shared by\n"
+    "                            the batch, a page table per sequence (default: one contiguous\n"
+    "                            cache per sequence); attention reads the same keys in the\n"
     "                            same order, so no bit changes; recorded in run_params\n"
     "  --activations bf16|fp32   activation dtype (default bf16; replay --from: the rollout's)\n"
     "  --fp8 dequant|w8a8        FP8 checkpoints only: weights dequantised to fp32 (default), or\n"
@@ -196,7 +196,7 @@ int ls_cmd_run(int argc, char **argv)
         case O_PBLOCK: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.prefix_block, &err); break;
         case O_PREEMPT: s.preempt = x; break;
         /* any integer: the run layer refuses a negative or absurd size by name */
-        case O_KVPAGE: st = ls_cli_parse_long(a, x, LONG_MIN, LONG_MAX, &s.kv_page, &err); break;
+        case O_KVPAGE: st = ls_cli_parse_kv_page(a, x, &s.kv_page, &err); break;
         }
     }
     if (st != LS_OK) return ls_cli_report("run", &err);

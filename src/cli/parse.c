@@ -19,6 +19,15 @@ ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, lo
     return LS_OK;
 }
 
+ls_status ls_cli_parse_kv_page(const char *opt, const char *v, long *out, ls_error *err)
+{
+    LS_TRY(ls_cli_parse_long(opt, v, LONG_MIN, LONG_MAX, out, err));
+    if (*out < 1)
+        return ls_fail(err, LS_E_USAGE, "%s %ld: a page holds at least 1 position (leave %s out for one "
+                       "contiguous cache per sequence)", opt, *out, opt);
+    return LS_OK;
+}
+
 ls_status ls_cli_parse_gpu(const char *opt, const char *v, int *out, ls_error *err)
 {
     long x;
