@@ -60,9 +60,12 @@ for module in reach:
     folder = os.path.join(root, "kernels") if module == "kernels" else os.path.join(root, "src", module)
     if not os.path.isdir(folder):
         continue
-    for name in sorted(os.listdir(folder)):
-        if name.endswith((".c", ".h", ".cu", ".cuh")):
-            check(os.path.join(folder, name), module)
+    # kernels/ has subfolders (kernels/tc: the tensor-core tier, built as its
+    # own library); their files obey the kernels module's reach.
+    for sub, _, names in sorted(os.walk(folder)) if module == "kernels" else [(folder, None, os.listdir(folder))]:
+        for name in sorted(names):
+            if name.endswith((".c", ".h", ".cu", ".cuh")):
+                check(os.path.join(sub, name), module)
 for d in sorted(os.listdir(os.path.join(root, "src"))):
     if os.path.isdir(os.path.join(root, "src", d)) and d not in reach:
         problems.append(f"src/{d}: a folder that is no module of the build")
