@@ -6,13 +6,15 @@
  * 256), and the pinned record of the fastest qualified one.
  *
  *   gemm_qualify OUT.md [--shape NxK]... [--max-rows R] [--max-candidates C]
- *                [--max-per-algo A] [--reps T] [--device D]
+ *                [--max-per-algo A] [--reps T] [--max-seconds S] [--device D]
  *
  * Default shapes: the Qwen3-Next linears 2048x4096, 12288x2048, 512x2048;
  * --max-rows 1024; --max-candidates 2000 (heuristic picks first, then one
  * configuration of each algorithm id in turn; 0 = every configuration
- * cuBLASLt accepts); --max-per-algo 0 (all); --reps 20. Progress goes to
- * stderr.
+ * cuBLASLt accepts); --max-per-algo 0 (all); --reps 20; --max-seconds 150
+ * per shape (candidates not started by then are reported as not run; 0 = no
+ * limit), so the default three shapes fit a 10-minute command. Progress
+ * goes to stderr.
  * Exit status: 0 when every shape has a qualified algorithm, 1 when one has
  * none, 2 on errors (no GPU, bad arguments, CUDA/cuBLASLt failures). */
 #include <getopt.h>
@@ -30,7 +32,7 @@
 
 static const char usage[] =
     "usage: gemm_qualify OUT.md [--shape NxK]... [--max-rows R] [--max-candidates C]\n"
-    "                    [--max-per-algo A] [--reps T] [--device D]\n";
+    "                    [--max-per-algo A] [--reps T] [--max-seconds S] [--device D]\n";
 
 static int parse_long(const char *s, long lo, long hi, long *out)
 {
@@ -48,12 +50,14 @@ int main(int argc, char **argv)
     ls_gemm_qualify_opts o;
     ls_gemm_qualify_opts_default(&o);
     o.max_candidates = 2000;
+    o.max_seconds = 150.0;
     long device = 0, v = 0;
     static const struct option longs[] = {
         {"shape", required_argument, NULL, 's'},      {"max-rows", required_argument, NULL, 'm'},
         {"max-candidates", required_argument, NULL, 'c'}, {"max-per-algo", required_argument, NULL, 'a'},
         {"reps", required_argument, NULL, 'r'},       {"device", required_argument, NULL, 'd'},
-        {"help", no_argument, NULL, 'h'},             {NULL, 0, NULL, 0}};
+        {"max-seconds", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     int ch, idx = 0;
     while ((ch = getopt_long(argc, argv, "h", longs, &idx)) != -1) {
         switch (ch) {
@@ -90,6 +94,10 @@ int main(int argc, char **argv)
         case 'r':
             if (!parse_long(optarg, 0, 100000, &v)) goto bad;
             o.time_reps = (int)v;
+            break;
+        case 't':
+            if (!parse_long(optarg, 0, 86400, &v)) goto bad;
+            o.max_seconds = (double)v;
             break;
         case 'd':
             if (!parse_long(optarg, 0, 1024, &device)) goto bad;

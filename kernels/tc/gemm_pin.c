@@ -8,6 +8,7 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gemm_rows.h"
 
@@ -1123,6 +1124,8 @@ ls_status ls_gemm_qualify(ls_gemm_lt *lt, const ls_gemm_qualify_opts *o, ls_gemm
     qbufs b;
     lt_desc d;
     int cand_cap = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     memset(q, 0, sizeof *q);
     memset(&b, 0, sizeof b);
     memset(&d, 0, sizeof d);
@@ -1159,6 +1162,19 @@ ls_status ls_gemm_qualify(ls_gemm_lt *lt, const ls_gemm_qualify_opts *o, ls_gemm
     double best_t = 0.0;
     for (int i = 0; i < q->n_cand; i++) {
         ls_gemm_candidate *c = &q->cand[i];
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double spent = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (o->max_seconds > 0.0 && spent > o->max_seconds) {
+            /* the rest stay "not run": recorded, never qualified */
+            for (int j = i; j < q->n_cand; j++)
+                snprintf(q->cand[j].fail_reason, sizeof q->cand[j].fail_reason,
+                         "not run: the %.0f s limit was reached", o->max_seconds);
+            q->n_not_run = q->n_cand - i;
+            if (progress)
+                fprintf(progress, "gemm [%" PRId64 " x %" PRId64 "]: time limit (%.0f s) after %d "
+                        "of %d candidates\n", q->n, q->k, o->max_seconds, i, q->n_cand);
+            break;
+        }
         LS_GO(qualify_one(lt, q, &b, &d, o, c, err));
         if (c->qualified) {
             double t = 0.0;
@@ -1273,7 +1289,8 @@ void ls_gemm_qual_write_markdown(const ls_gemm_qual *q, FILE *f)
             q->n_algo_ids, q->n_checked, q->n_valid, q->max_rows, q->n_cand, q->n_not_tried,
             q->n_ids_cut, LS_GEMM_CHECKS_PER_ALGO);
     fprintf(f, "- result: **%d qualified**, %d not row-invariant, %d refused at some M by "
-            "cuBLASLt\n", n_ok, n_bits, n_refused);
+            "cuBLASLt or not rebuildable, %d not run (time limit)\n", n_ok, n_bits,
+            n_refused - q->n_not_run, q->n_not_run);
     if (q->best >= 0) {
         ls_gemm_config_str(&q->cand[q->best].cfg, cfgs, sizeof cfgs);
         fprintf(f, "- fastest qualified (least sum of the times at M = 1, 32, 256): `%s`\n", cfgs);

@@ -129,6 +129,8 @@ typedef struct ls_gemm_qualify_opts {
     int max_candidates;      /* candidates qualified at most (heuristic picks first); 0 = all */
     int max_per_algo;        /* configurations kept per algorithm id at most; 0 = all (default) */
     int time_reps;           /* timed calls per M (after 3 warm-up calls) */
+    double max_seconds;      /* stop starting candidates after this long (from the call's
+                                start, enumeration included); 0 = no limit */
 } ls_gemm_qualify_opts;
 
 void ls_gemm_qualify_opts_default(ls_gemm_qualify_opts *o);
@@ -174,6 +176,7 @@ typedef struct ls_gemm_qual {
     long n_checked;                 /* configurations put to cublasLtMatmulAlgoCheck */
     int n_valid;                    /* ... that it accepted (split-K 1, no reduction) */
     int n_not_tried;                /* valid ones left out by max_candidates */
+    int n_not_run;                  /* candidates not run: max_seconds reached */
     int n_ids_cut;                  /* ids whose enumeration stopped at the per-id check limit */
     ls_gemm_candidate *cand; int n_cand; /* the candidates qualified; owned */
     int best;                       /* fastest qualified (least sum of the timed M), -1: none */
