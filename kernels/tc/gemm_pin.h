@@ -156,6 +156,8 @@ typedef struct ls_gemm_candidate {
     double us[LS_GEMM_TIMED_MS]; /* microseconds per call at ls_gemm_timed_m (0: not timed) */
 } ls_gemm_candidate;
 
+/* One M of the heuristic table. algo_id -1: no pick (or cuBLASLt refused to
+ * run it) at this M; the diff counts are -1 where nothing was compared. */
 typedef struct ls_gemm_heuristic_row {
     int64_t m;                 /* rows of the call */
     ls_gemm_config cfg;        /* the heuristic's first pick */

@@ -113,6 +113,12 @@ static void qualify_shape(int64_t n, int64_t k, int64_t max_rows, int max_candid
     ck_assert_msg(st == LS_OK, "qualification of [%lld x %lld]: %s", (long long)n, (long long)k,
                   err.msg);
     ls_gemm_qual_write_markdown(&q, stdout);
+    int n_ok = 0;
+    for (int i = 0; i < q.n_cand; i++) n_ok += q.cand[i].qualified;
+    printf("[%lld x %lld]: %d of %d candidates qualified; default heuristic: %d distinct picks over "
+           "%d Ms, %d with split-K or a reduction, row 0 first differs from M = 1 at M = %lld "
+           "(-1: never)\n", (long long)n, (long long)k, n_ok, q.n_cand, q.heur_n_configs, q.n_ms,
+           q.heur_splitk_ms, (long long)q.heur_first_row0_change);
     fflush(stdout);
     ck_assert_msg(q.n_cand > 0, "[%lld x %lld]: no candidate at all", (long long)n, (long long)k);
     ck_assert_msg(q.best >= 0, "[%lld x %lld]: none of %d candidates qualified", (long long)n,
