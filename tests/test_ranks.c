@@ -19,6 +19,9 @@
 #include <string.h>
 #include <time.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -280,6 +283,88 @@ START_TEST(test_rank_failure)
 }
 END_TEST
 
+/* A TCP port nobody listens on now (the kernel's pick). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Starts `lockstep run` once per rank in `ranks` (a space-separated list)
+ * with a launcher's variables (family: "torchrun" or "openmpi"), world size
+ * `world`, --ep `world`, env `extra`; waits for all. *rc0 = rank 0's exit
+ * code (-1 when rank 0 was not started); returns the largest exit code of
+ * the others; *out = every rank's output. */
+static int launch(const char *family, const char *ranks, int world, const char *extra, const char *trace,
+                  int *rc0, char **out)
+{
+    int port = free_port() - !strcmp(family, "torchrun"); /* torchrun: lockstep listens on MASTER_PORT + 1 */
+    const char *rv = !strcmp(family, "torchrun") ? "RANK" : "OMPI_COMM_WORLD_RANK";
+    const char *ws = !strcmp(family, "torchrun") ? "WORLD_SIZE" : "OMPI_COMM_WORLD_SIZE";
+    int rc = ls_test_sh(out, "cd %s && rm -f rc.*; for r in %s; do (env %s %s=$r %s=%d MASTER_ADDR=127.0.0.1 "
+                        "MASTER_PORT=%d timeout -s KILL 60 '%s' run --checkpoint tiny --mode rollout "
+                        "--prompts prompts.jsonl --max-new-tokens 6 --sampling seeded --seed 3 "
+                        "--state-digest-every 4 --max-rows 24 --ep %d --rank-timeout 3000 -o %s 2>&1; "
+                        "echo $? > rc.$r) & done; wait; worst=0; for f in rc.*; do r=${f#rc.}; v=$(cat $f); "
+                        "if [ $r = 0 ]; then echo \"rank0=$v\"; elif [ $v -gt $worst ]; then worst=$v; fi; done; "
+                        "rm -f rc.*; exit $worst",
+                        g_dir, ranks, extra, rv, ws, world, port, LS_CLI_PATH, world, trace);
+    const char *p = *out ? strstr(*out, "rank0=") : NULL;
+    *rc0 = p ? atoi(p + 6) : -1;
+    return rc;
+}
+
+/* Ranks started by a launcher (torchrun's and Open MPI's variables, TCP
+ * rendezvous on this host) give the self-launched run's bits; a worker that
+ * dies, or a rank that never comes, fails every rank with no trace. */
+START_TEST(test_launcher_ranks)
+{
+    char *out = NULL;
+    int rc0, rc = launch("torchrun", "1 0", 2, "", "launched2.trace", &rc0, &out);
+    ck_assert_msg(rc0 == 0 && rc == 0, "torchrun 2: rank 0 exit %d, workers %d\n%s", rc0, rc, out);
+    free(out);
+    expect_equal("tiny-r1.trace", "launched2.trace");
+    rc = launch("openmpi", "3 2 1 0", 4, "", "launched4.trace", &rc0, &out);
+    ck_assert_msg(rc0 == 0 && rc == 0, "openmpi 4: rank 0 exit %d, workers %d\n%s", rc0, rc, out);
+    free(out);
+    expect_equal("tiny-r1.trace", "launched4.trace");
+
+    rc = launch("torchrun", "0 1 2 3", 4, "LOCKSTEP_TEST_RANK_FAULT=1:3:kill", "launched-kill.trace", &rc0, &out);
+    ck_assert_msg(rc0 == 2 && rc != 0 && strstr(out, "rank 1 closed its connection"), "kill: rank 0 exit %d, "
+                  "workers %d\n%s", rc0, rc, out);
+    free(out);
+    expect_no_output("launched-kill.trace");
+
+    /* a rank started with another seed is refused before the first step */
+    int port = free_port() - 1;
+    rc = ls_test_sh(&out, "cd %s && for r in 0 1; do (RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "
+                    "timeout -s KILL 60 '%s' run --checkpoint tiny --mode rollout --prompts prompts.jsonl "
+                    "--max-new-tokens 6 --sampling seeded --seed $((3 + r)) --ep 2 -o mismatch.trace 2>&1; "
+                    "echo \"rc$r=$?\") & done; wait", g_dir, port, LS_CLI_PATH);
+    ck_assert_msg(strstr(out, "rc0=2") && strstr(out, "rc1=2") &&
+                  strstr(out, "rank 1: its run options, sequences or checkpoint config.json differ from rank 0's"),
+                  "mismatch:\n%s", out);
+    free(out);
+    expect_no_output("mismatch.trace");
+
+    double t0 = now_s();
+    rc = launch("torchrun", "0", 2, "", "launched-alone.trace", &rc0, &out);
+    ck_assert_msg(rc0 == 2 && strstr(out, "rank 1 did not") && now_s() - t0 < 30.0, "alone: rank 0 exit %d\n%s",
+                  rc0, out);
+    free(out);
+    expect_no_output("launched-alone.trace");
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ranks");
@@ -291,6 +376,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_manifest_topology);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_rank_failure);
+    tcase_add_test(tc, test_launcher_ranks);
     suite_add_tcase(s, tc);
     return s;
 }

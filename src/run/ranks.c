@@ -58,6 +58,19 @@ ls_status ls_run_ranks_start(int size, long timeout_ms, ls_run_ranks *rk, ls_err
     return LS_OK;
 }
 
+ls_status ls_run_ranks_join(const ls_comm_launch *l, long timeout_ms, ls_run_ranks *rk, ls_error *err)
+{
+    memset(rk, 0, sizeof *rk);
+    ls_comm_opts co = {timeout_ms};
+    ls_comm *c = NULL;
+    LS_TRY(ls_comm_cpu_rendezvous(l, &co, &c, err));
+    rk->size = l->world_size;
+    rk->rank = l->rank;
+    rk->comm = c;
+    rk->timeout_ms = ls_comm_timeout_ms(c);
+    return LS_OK;
+}
+
 /* Waits for pid until deadline_ns; 1 with *status when it exited. */
 static int reap_until(pid_t pid, uint64_t deadline_ns, int *status)
 {
@@ -84,6 +97,8 @@ static void describe_exit(int status, char *out, size_t n)
 ls_status ls_run_ranks_finish(ls_run_ranks *rk, ls_status st0, ls_error *err)
 {
     if (!rk->comm) return st0;
+    /* every rank at the end of its run: the workers' last exchange */
+    if (st0 == LS_OK) st0 = ls_comm_barrier(rk->comm, err);
     if (st0 != LS_OK) ls_comm_abort(rk->comm, "%s", err && err->msg[0] ? err->msg : ls_status_name(st0));
     /* on failure the endpoint goes at once: a worker still waiting on rank 0
      * sees the abort, or the closed socket */
@@ -130,8 +145,15 @@ ls_status ls_run_ranks_finish(ls_run_ranks *rk, ls_status st0, ls_error *err)
     return bad_rank ? LS_E_DEVICE : LS_OK;
 }
 
-void ls_run_ranks_worker_exit(ls_run_ranks *rk, ls_status st, const ls_error *err)
+void ls_run_ranks_worker_exit(ls_run_ranks *rk, ls_status st, const ls_error *err_in)
 {
+    ls_error e2;
+    const ls_error *err = err_in;
+    if (st == LS_OK && rk->comm) {
+        ls_error_clear(&e2);
+        st = ls_comm_barrier(rk->comm, &e2);
+        err = &e2;
+    }
     if (st != LS_OK) {
         if (rk->comm) ls_comm_abort(rk->comm, "%s", err && err->msg[0] ? err->msg : ls_status_name(st));
         const char *msg = err && err->msg[0] ? err->msg : ls_status_name(st);

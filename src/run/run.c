@@ -581,6 +581,61 @@ static ls_status check_expected_root(const ls_run_spec *s, const ls_fingerprint 
 
 /* ---- the workers of a run with several ranks (run/ranks.h) ------------------------------ */
 
+/* What every rank must agree on before the first step (docs/parallel.md §1,
+ * start-up checks): the SHA-256 of the spec's fields that decide the steps
+ * (mode, budget, chunk, sampling, dtypes, rows, cadence, serving, FP8,
+ * perturbation, ranks, every sequence's tokens) and of the checkpoint's
+ * config.json. Ranks a launcher started parse their own command lines, so
+ * one given other options would otherwise run other steps. */
+static ls_status spec_digest(const ls_run_spec *s, const ls_checkpoint *ck, uint8_t out[32], ls_error *err)
+{
+    json_t *seqs = json_array();
+    for (long i = 0; seqs && i < s->batch->n; i++) {
+        const ls_sequence *q = &s->batch->seqs[i];
+        json_t *toks = json_array();
+        for (long t = 0; toks && t < q->n_tokens; t++) json_array_append_new(toks, json_integer(q->tokens[t]));
+        json_array_append_new(seqs, json_pack("{s:I, s:I, s:o}", "id", (json_int_t)q->id, "prompt_len",
+                                              (json_int_t)q->prompt_len, "tokens", toks ? toks : json_null()));
+    }
+    const json_t *cfg = ls_checkpoint_config_json(ck);
+    char *cfg_text = cfg ? json_dumps(cfg, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_t *j = json_pack("{s:s, s:I, s:I, s:i, s:i, s:I, s:f, s:I, s:f, s:i, s:I, s:I, s:I, s:I, s:s?, s:I, s:s?, "
+                          "s:s?, s:s?, s:s?, s:i, s:i, s:s?, s:o}",
+                          "mode", s->mode, "max_new", (json_int_t)s->max_new, "chunk", (json_int_t)s->chunk,
+                          "reverse", s->reverse_batch, "sampling", (int)s->sampling.kind, "seed",
+                          (json_int_t)s->sampling.seed, "temperature", (double)s->sampling.temperature, "top_k",
+                          (json_int_t)s->sampling.top_k, "top_p", (double)s->sampling.top_p, "bf16", s->act_bf16,
+                          "every", (json_int_t)s->state_digest_every, "rows", (json_int_t)s->max_rows, "kv_page",
+                          (json_int_t)s->kv_page, "samples", (json_int_t)s->samples_per_prompt, "prefix",
+                          s->prefix_cache, "prefix_block", (json_int_t)s->prefix_block, "preempt", s->preempt,
+                          "perturb", s->perturb, "dump", s->dump_layers, "fp8", s->fp8, "ep", s->ep, "tp", s->tp,
+                          "config", cfg_text, "seqs", seqs ? seqs : json_null());
+    free(cfg_text);
+    char *text = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    if (!text) return ls_fail(err, LS_E_NOMEM, "out of memory");
+    ls_digest d;
+    ls_status st = ls_sha256_buf(text, strlen(text), &d, err);
+    free(text);
+    if (st == LS_OK) memcpy(out, d.bytes, 32);
+    return st;
+}
+
+/* Every rank's spec digest against rank 0's (one all-gather, exact bytes). */
+static ls_status check_ranks_agree(const ls_run_spec *s, const ls_checkpoint *ck, ls_run_ranks *rk, ls_error *err)
+{
+    uint8_t mine[32], *all = malloc(32 * (size_t)rk->size);
+    if (!all) return ls_fail(err, LS_E_NOMEM, "out of memory");
+    ls_status st = spec_digest(s, ck, mine, err);
+    if (st == LS_OK) st = ls_comm_all_gather(rk->comm, mine, 32, all, err);
+    for (int r = 1; st == LS_OK && r < rk->size; r++)
+        if (memcmp(all, all + 32 * r, 32) != 0)
+            st = ls_fail(err, LS_E_USAGE, "rank %d: its run options, sequences or checkpoint config.json differ "
+                         "from rank 0's (every rank must be started with the same command line and files)", r);
+    free(all);
+    return st;
+}
+
 typedef struct worker_sink {
     int rank;
     long steps;
@@ -714,8 +769,21 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         st = ls_fail(err, LS_E_USAGE, "ep (--ep) %d does not divide num_experts %ld of %s/config.json: each rank "
                      "owns an equal block of experts", s->ep, (long)m->cfg.n_experts, s->checkpoint);
     if (st == LS_OK && s->ep > 1) {
-        st = ls_run_ranks_start(s->ep, s->rank_timeout_ms, &rk, err);
+        /* started by a launcher whose world is these ranks: join it; else
+         * start the workers here (an allocation's variables that describe
+         * another world, or none, leave the run self-launched) */
+        ls_comm_launch la;
+        ls_error lerr;
+        ls_error_clear(&lerr);
+        int launched = ls_comm_launch_read(NULL, NULL, &la, &lerr) == LS_OK && la.found && la.world_size == s->ep;
+        if (launched)
+            ls_log_verbose("rank %d of %d, started by %s (rendezvous %s:%d)", la.rank, la.world_size, la.source,
+                           la.master_addr, la.master_port);
+        st = launched ? ls_run_ranks_join(&la, s->rank_timeout_ms, &rk, err)
+                      : ls_run_ranks_start(s->ep, s->rank_timeout_ms, &rk, err);
         if (st == LS_OK) eo.ep_comm = rk.comm;
+        if (st == LS_OK) st = check_ranks_agree(s, ck, &rk, err);
+        if (st != LS_OK && rk.rank > 0) ls_run_ranks_worker_exit(&rk, st, err);
         if (st == LS_OK && rk.rank > 0) run_worker(s, m, &eo, &go, grouped, max_len, &rk); /* does not return */
     }
     if (st == LS_OK && !s->fingerprint) {
