@@ -8,7 +8,8 @@
  * GRPO rollout with prefix reuse and preemption, and a chunked replay; the
  * header records the topology and the manifest digest is the one-rank run's.
  * `manifest pin --ep` records it; `manifest diff` calls EP1 against EP2
- * informational for strict manifests and voiding for fast ones. Refusals
+ * informational for strict manifests and voiding for fast ones; `gate --ep 2`
+ * replays an expert-parallel rollout on one rank. Refusals
  * (experts not divisible, the cuda backend, --tp, --rank-timeout with one
  * rank) exit 2 naming the flag. A worker that is killed, exits or hangs
  * mid-run makes every process end non-zero within a bounded time, naming the
@@ -145,6 +146,22 @@ START_TEST(test_ep_grouped_rollout)
     char *out = NULL;
     int rc = ls_test_cli(&out, "compare %s/g1.trace %s/g2.trace", g_dir, g_dir);
     ck_assert_msg(rc == 0 && strstr(out, "PASS: 10/10 sequences bitwise equal"), "exit %d\n%s", rc, out);
+    free(out);
+}
+END_TEST
+
+/* gate --ep: the rollout on two ranks, its replays on one */
+START_TEST(test_gate_ep)
+{
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "gate --checkpoint %s/tiny --prompts %s/prompts.jsonl --max-new-tokens 4 --seed 3 "
+                         "--ep 2", g_dir, g_dir);
+    ck_assert_msg(rc == 0 && strstr(out, "PASS: 5/5 replays bitwise equal to the rollout"), "exit %d\n%s", rc, out);
+    free(out);
+    rc = ls_test_cli(&out, "gate --checkpoint %s/tiny --prompts %s/prompts.jsonl --max-new-tokens 4 --ep 3", g_dir,
+                     g_dir);
+    ck_assert_msg(rc == 2 && strstr(out, "--ep") && strstr(out, "does not divide num_experts 8"), "exit %d\n%s", rc,
+                  out);
     free(out);
 }
 END_TEST
@@ -373,6 +390,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_ep_equals_one_rank, 0, N_MODELS);
     tcase_add_test(tc, test_ep_grouped_rollout);
+    tcase_add_test(tc, test_gate_ep);
     tcase_add_test(tc, test_manifest_topology);
     tcase_add_test(tc, test_refusals);
     tcase_add_test(tc, test_rank_failure);
