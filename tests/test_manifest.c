@@ -393,6 +393,50 @@ START_TEST(test_classification_rules)
                      LS_CHANGE_INFORMATIONAL);
     ck_assert_int_eq(ls_manifest_classify("runtime.host_names", clean, clean), LS_CHANGE_VOIDING);
     ck_assert_int_eq(ls_manifest_classify("topology.tp_degree", clean, clean), LS_CHANGE_VOIDING);
+    {
+        /* docs/parallel.md §4: informational between strict manifests of the
+         * same numerics and reduction tree; voiding in fast mode, across
+         * other numerics or another tree, and for unknown topology fields */
+        json_t *s1 = json_pack("{s:{s:s, s:s, s:{s:{s:s}}}, s:{s:i, s:s}}", "numerics", "backend", "cuda", "mode",
+                               "strict", "operators", "linear", "reduction_order", "dot32", "topology",
+                               "ep_degree", 1, "communicator", "none");
+        json_t *s2 = json_deep_copy(s1), *old = json_deep_copy(s1), *fast = json_deep_copy(s1);
+        json_t *tree = json_deep_copy(s1), *other = json_deep_copy(s1);
+        json_object_set_new(json_object_get(s2, "topology"), "ep_degree", json_integer(2));
+        json_object_set_new(json_object_get(s2, "topology"), "communicator", json_string("cpu-socket"));
+        json_object_del(json_object_get(old, "topology"), "communicator"); /* pinned before the field */
+        json_object_set_new(json_object_get(fast, "numerics"), "mode", json_string("fast"));
+        json_object_set_new(json_object_get(tree, "topology"), "reduction_tree", json_string("k8-binary"));
+        json_object_set_new(json_object_get(json_object_get(json_object_get(other, "numerics"), "operators"),
+                                            "linear"), "reduction_order", json_string("dot32-k8-tree"));
+        const char *leaves[] = {"topology.ep_degree", "topology.world_size", "topology.tp_degree",
+                                "topology.communicator", "topology.afd", "topology.afd.ffn_ranks",
+                                "runtime.gpu.nccl_version", "runtime.gpus[1].name"};
+        for (size_t i = 0; i < sizeof leaves / sizeof *leaves; i++) {
+            ck_assert_msg(ls_manifest_classify(leaves[i], s1, s2) == LS_CHANGE_INFORMATIONAL, "%s", leaves[i]);
+            ck_assert_msg(ls_manifest_classify(leaves[i], old, s2) == LS_CHANGE_INFORMATIONAL, "%s", leaves[i]);
+            ck_assert_msg(ls_manifest_classify(leaves[i], fast, s2) == LS_CHANGE_VOIDING, "%s", leaves[i]);
+            ck_assert_msg(ls_manifest_classify(leaves[i], tree, s2) == LS_CHANGE_VOIDING, "%s", leaves[i]);
+            ck_assert_msg(ls_manifest_classify(leaves[i], other, s2) == LS_CHANGE_VOIDING, "%s", leaves[i]);
+        }
+        ck_assert_int_eq(ls_manifest_classify("topology.reduction_tree", s1, tree), LS_CHANGE_VOIDING);
+        ck_assert_int_eq(ls_manifest_classify("topology.ranks_per_node", s1, s2), LS_CHANGE_VOIDING);
+        /* the claim: one digest for EP1 and EP2 (and a manifest pinned before
+         * the fields), another for another tree */
+        ls_digest d1, d2, d3, d4;
+        ls_error derr;
+        ck_assert_int_eq(ls_manifest_digest(s1, &d1, &derr), LS_OK);
+        ck_assert_int_eq(ls_manifest_digest(s2, &d2, &derr), LS_OK);
+        ck_assert_int_eq(ls_manifest_digest(old, &d3, &derr), LS_OK);
+        ck_assert_int_eq(ls_manifest_digest(tree, &d4, &derr), LS_OK);
+        ck_assert(ls_digest_equal(&d1, &d2) && ls_digest_equal(&d1, &d3) && !ls_digest_equal(&d1, &d4));
+        json_decref(s1);
+        json_decref(s2);
+        json_decref(old);
+        json_decref(fast);
+        json_decref(tree);
+        json_decref(other);
+    }
     ck_assert_int_eq(ls_manifest_classify("some.unknown.field", clean, clean), LS_CHANGE_VOIDING);
     /* kernel code changed under an otherwise equal row: informational */
     ck_assert_int_eq(ls_manifest_classify("numerics.operators.linear.code_sha256", cuda, cuda),
@@ -517,6 +561,35 @@ START_TEST(test_malformed_manifests)
     s = json_dumps(j, 0);
     expect_bad(d, "tp", s, "topology.tp_degree");
     free(s);
+    json_t *topo = json_object_get(j, "topology");
+    json_object_set_new(topo, "tp_degree", json_integer(1));
+    json_object_set_new(topo, "ep_degree", json_integer(2)); /* world_size 1 */
+    s = json_dumps(j, 0);
+    expect_bad(d, "world", s, "topology.world_size");
+    free(s);
+    json_object_set_new(topo, "world_size", json_integer(2));
+    json_object_set_new(topo, "communicator", json_string("none")); /* two ranks need one */
+    s = json_dumps(j, 0);
+    expect_bad(d, "comm", s, "topology.communicator");
+    free(s);
+    json_object_set_new(topo, "communicator", json_string("mpi"));
+    s = json_dumps(j, 0);
+    expect_bad(d, "comm2", s, "topology.communicator");
+    free(s);
+    json_object_set_new(topo, "communicator", json_string("cpu-socket"));
+    json_object_set_new(topo, "reduction_tree", json_string("ring"));
+    s = json_dumps(j, 0);
+    expect_bad(d, "tree", s, "topology.reduction_tree");
+    free(s);
+    json_object_set_new(topo, "reduction_tree", json_string("none"));
+    json_object_set_new(topo, "ranks_per_node", json_integer(2));
+    s = json_dumps(j, 0);
+    expect_bad(d, "extra", s, "topology.ranks_per_node");
+    free(s);
+    json_object_del(topo, "ranks_per_node");
+    json_object_set_new(topo, "world_size", json_integer(1));
+    json_object_set_new(topo, "ep_degree", json_integer(1));
+    json_object_set_new(topo, "communicator", json_string("none"));
     json_decref(orig);
     json_decref(j);
 

@@ -15,7 +15,7 @@ static const char help[] =
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
     "                             [--samples-per-prompt N] [--prefix-cache off|aligned|any]\n"
     "                             [--prefix-block N] [--preempt none|seeded:S] [--kv-page N]\n"
-    "                             [--threads N] -o FILE\n"
+    "                             [--ep N] [--tp 1] [--threads N] -o FILE\n"
     "       lockstep manifest diff A B [--json]\n"
     "       lockstep manifest verify FILE --checkpoint DIR [--backend cpu|cuda [--gpu N]]\n"
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
@@ -35,6 +35,9 @@ static const char help[] =
     "        rollout is served: recorded in the section serving, informational\n"
     "        (none of them changes a bit of lockstep's engine), so they leave the\n"
     "        manifest digest as it is. Without them the section is absent.\n"
+    "        --ep N (as for run) records the topology (N expert-parallel ranks,\n"
+    "        the CPU communicator); a strict manifest's digest does not depend on\n"
+    "        it (manifest/README.md).\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
     "        classifies it as voiding (the claim no longer holds: checkpoint,\n"
     "        architecture, providers, library versions, GPU kind, topology, mode,\n"
@@ -55,14 +58,15 @@ static const char help[] =
 /* The options of each subcommand: pin and verify share those that pin the
  * live system; diff has --json; digest none (each has -h/--help). */
 enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THREADS, OPT_JSON,
-       OPT_FP8, OPT_GPU, OPT_SAMPLES, OPT_PREFIX, OPT_PBLOCK, OPT_PREEMPT, OPT_KVPAGE };
+       OPT_FP8, OPT_GPU, OPT_SAMPLES, OPT_PREFIX, OPT_PBLOCK, OPT_PREEMPT, OPT_KVPAGE, OPT_EP, OPT_TP };
 #define LIVE_OPTS                                                                                  \
     {"checkpoint", OPT_CHECKPOINT, 1}, {"backend", OPT_BACKEND, 1}, {"mode", OPT_MODE, 1},         \
         {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}, {"fp8", OPT_FP8, 1},             \
         {"gpu", OPT_GPU, 1}
 static const ls_cli_opt pin_opts[] = {LIVE_OPTS, {"output", 'o', 1}, {"samples-per-prompt", OPT_SAMPLES, 1},
                                       {"prefix-cache", OPT_PREFIX, 1}, {"prefix-block", OPT_PBLOCK, 1},
-                                      {"preempt", OPT_PREEMPT, 1}, {"kv-page", OPT_KVPAGE, 1}, {NULL, 0, 0}};
+                                      {"preempt", OPT_PREEMPT, 1}, {"kv-page", OPT_KVPAGE, 1}, {"ep", OPT_EP, 1},
+                                      {"tp", OPT_TP, 1}, {NULL, 0, 0}};
 static const ls_cli_opt verify_opts[] = {LIVE_OPTS, {"json", OPT_JSON, 0}, {NULL, 0, 0}};
 static const ls_cli_opt diff_opts[] = {{"json", OPT_JSON, 0}, {NULL, 0, 0}};
 static const ls_cli_opt no_opts[] = {{NULL, 0, 0}};
@@ -121,6 +125,13 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
                 return ls_cli_report(CMD, &err);
             break;
         case OPT_PREEMPT: sv->preempt = a.arg; break;
+        case OPT_EP:
+        case OPT_TP: {
+            long n;
+            if (ls_cli_parse_long(a.opt, a.arg, 1, 1L << 20, &n, &err) != LS_OK) return ls_cli_report(CMD, &err);
+            *(c == OPT_EP ? &sv->ep : &sv->tp) = (int)n;
+            break;
+        }
         case OPT_KVPAGE:
             if (ls_cli_parse_kv_page(a.opt, a.arg, &sv->kv_page, &err) != LS_OK)
                 return ls_cli_report(CMD, &err);
@@ -223,6 +234,8 @@ static int cmd_pin(int argc, char **argv)
     int serving_any;
     if (ls_run_spec_serving(&sv, &serving, &serving_any, &err) != LS_OK) return ls_cli_report(CMD, &err);
     o.serving = serving_any ? &serving : NULL;
+    sv.backend = o.backend;
+    if (ls_run_spec_topology(&sv, &o, &err) != LS_OK) return ls_cli_report(CMD, &err);
     json_t *m;
     ls_run_facts facts;
     if (ls_output_path_check(out, &err) != LS_OK || /* before hashing the checkpoint */

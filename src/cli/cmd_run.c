@@ -82,6 +82,18 @@ static const char usage_text[] =
     "                            (same device, inode, size, mtime, ctime; default use), hash\n"
     "                            everything (off), or hash everything and store it (refresh);\n"
     "                            the header's run_params.checkpoint_verified says which\n"
+    "  --ep N                    expert parallelism on N ranks (default 1): N processes on this\n"
+    "                            host joined by the CPU communicator, rank r owning experts\n"
+    "                            r*E/N .. (r+1)*E/N-1; every record equals the one-rank run's\n"
+    "                            bit for bit; rank 0 writes the trace, and a rank that fails or\n"
+    "                            dies makes every rank exit non-zero with no trace written. N\n"
+    "                            must divide num_experts; --backend cpu only (no CUDA expert-\n"
+    "                            parallel operators or NCCL yet); recorded in run_params and\n"
+    "                            the manifest's topology (outside a strict manifest's digest)\n"
+    "  --tp N                    tensor parallelism: only 1 is accepted (not built yet)\n"
+    "  --rank-timeout MS         --ep N > 1 only: the deadline of every exchange between ranks;\n"
+    "                            a rank that does not answer within it is named and every rank\n"
+    "                            fails (default 60000)\n"
     "  -o, --out TRACE           the trace to write (temporary name, renamed when complete)\n"
     "Every option also takes the form --option=VALUE.\n"
     "\n"
@@ -115,7 +127,7 @@ int ls_cmd_run(int argc, char **argv)
     enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
            O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
            O_ROWS, O_REVERSE, O_CACHE, O_FP8, O_GPU, O_SAMPLES, O_PREFIX, O_PBLOCK, O_PREEMPT,
-           O_KVPAGE };
+           O_KVPAGE, O_EP, O_TP, O_RTIMEOUT };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
         {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
@@ -126,7 +138,7 @@ int ls_cmd_run(int argc, char **argv)
         {"reverse-batch", O_REVERSE, 0}, {"checkpoint-cache", O_CACHE, 1}, {"fp8", O_FP8, 1},
         {"gpu", O_GPU, 1}, {"samples-per-prompt", O_SAMPLES, 1}, {"prefix-cache", O_PREFIX, 1},
         {"prefix-block", O_PBLOCK, 1}, {"preempt", O_PREEMPT, 1}, {"kv-page", O_KVPAGE, 1},
-        {NULL, 0, 0}};
+        {"ep", O_EP, 1}, {"tp", O_TP, 1}, {"rank-timeout", O_RTIMEOUT, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *a = ca.opt, *x = ca.arg;
@@ -197,6 +209,16 @@ int ls_cmd_run(int argc, char **argv)
         case O_PREEMPT: s.preempt = x; break;
         /* any integer: the run layer refuses a negative or absurd size by name */
         case O_KVPAGE: st = ls_cli_parse_kv_page(a, x, &s.kv_page, &err); break;
+        /* the run layer refuses a degree the model, the backend or the build cannot take, by name */
+        case O_EP:
+            st = ls_cli_parse_long(a, x, 1, 1L << 20, &v, &err);
+            s.ep = (int)v;
+            break;
+        case O_TP:
+            st = ls_cli_parse_long(a, x, 1, 1L << 20, &v, &err);
+            s.tp = (int)v;
+            break;
+        case O_RTIMEOUT: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.rank_timeout_ms, &err); break;
         }
     }
     if (st != LS_OK) return ls_cli_report("run", &err);
@@ -263,7 +285,8 @@ int ls_cmd_run(int argc, char **argv)
     ls_run_batch_free(&b);
     if (st != LS_OK) return ls_cli_report("run", &err);
     free(res.completions);
-    char gpu_label[32] = "";
+    char gpu_label[48] = "";
+    if (s.ep > 1) snprintf(gpu_label, sizeof gpu_label, " on %d expert-parallel ranks", s.ep);
     if (!strcmp(s.backend, "cuda")) snprintf(gpu_label, sizeof gpu_label, " (CUDA device %d)", s.gpu);
     ls_log_info("%s: %llu records, %llu positions in %.2f s (%.1f tokens/s), backend %s%s, model %.16s..., "
                 "manifest %.16s...%s",

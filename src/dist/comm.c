@@ -702,6 +702,35 @@ ls_status ls_comm_cpu_world(int size, const ls_comm_opts *opts, ls_comm **comms,
     return st;
 }
 
+ls_status ls_comm_cpu_adopt(int rank, int size, int *fds, const ls_comm_opts *opts, ls_comm **out, ls_error *err)
+{
+    *out = NULL;
+    long timeout = opts && opts->timeout_ms ? opts->timeout_ms : LS_COMM_TIMEOUT_DEFAULT_MS;
+    ls_status st = LS_OK;
+    if (size < 1 || size > LS_COMM_MAX_RANKS || rank < 0 || rank >= size)
+        st = ls_fail(err, LS_E_USAGE, "comm: rank %d of a world of %d (expected 0..size-1, size 1..%d)", rank, size,
+                     LS_COMM_MAX_RANKS);
+    else if (timeout < 0)
+        st = ls_fail(err, LS_E_USAGE, "comm: timeout_ms %ld must be > 0 (0 = the default %ld)", timeout,
+                     LS_COMM_TIMEOUT_DEFAULT_MS);
+    for (int p = 0; st == LS_OK && p < size; p++)
+        if ((p == rank) != (fds[p] < 0))
+            st = ls_fail(err, LS_E_USAGE, "comm: rank %d: %s for rank %d", rank,
+                         p == rank ? "a connection to itself" : "no connection", p);
+    ls_comm *c = st == LS_OK ? endpoint_new(rank, size, timeout) : NULL;
+    if (st == LS_OK && !c)
+        st = ls_fail_nomem(err, sizeof(ls_comm) + (size_t)size * (sizeof(xfer) + 32), "comm: endpoint %d of %d",
+                           rank, size);
+    if (st != LS_OK) {
+        for (int p = 0; size <= LS_COMM_MAX_RANKS && p < size; p++)
+            if (fds[p] >= 0) close(fds[p]);
+        return st;
+    }
+    for (int p = 0; p < size; p++) c->fd[p] = fds[p];
+    *out = c;
+    return LS_OK;
+}
+
 int ls_comm_rank(const ls_comm *c)
 {
     return c->rank;

@@ -57,6 +57,12 @@ typedef struct ls_comm_opts {
 #define LS_COMM_MAX_RANKS 256
 ls_status ls_comm_cpu_world(int size, const ls_comm_opts *opts, ls_comm **comms, ls_error *err);
 
+/* Rank `rank`'s endpoint of a world of `size` over connections made
+ * elsewhere (ls_comm_cpu_rendezvous): fds[p] is a connected stream socket
+ * (Unix or TCP) to rank p, fds[rank] = -1. Takes ownership of every fd, also
+ * on failure (they are closed). */
+ls_status ls_comm_cpu_adopt(int rank, int size, int *fds, const ls_comm_opts *opts, ls_comm **out, ls_error *err);
+
 /* Closes the endpoint's connections and frees it (NULL is a no-op). Sends
  * nothing: a peer still waiting on this rank sees its connection closed and
  * names it. Call ls_comm_abort first to tell the peers why. */

@@ -18,6 +18,7 @@
 #define LS_COMM_LAUNCH_H
 
 #include "core/status.h"
+#include "dist/comm.h"
 
 typedef struct ls_comm_launch {
     int found;                 /* 0: no launcher variable set (a single rank; the rest zero) */
@@ -36,5 +37,18 @@ typedef const char *(*ls_comm_getenv)(const char *name, void *ctx);
  * 0..size-1, port 1..65535), a family with a rank but no size, a world size
  * above 1 without MASTER_ADDR and MASTER_PORT. */
 ls_status ls_comm_launch_read(ls_comm_getenv get, void *ctx, ls_comm_launch *out, ls_error *err);
+
+/* Connects this process to the other ranks the launcher started (every pair
+ * of ranks by TCP, docs/parallel.md §1) and returns its endpoint of the CPU
+ * communicator. Rank 0 listens on MASTER_PORT (every address; under torchrun
+ * MASTER_PORT + 1, since torchrun's agent keeps its store on MASTER_PORT)
+ * and each other rank connects to it at MASTER_ADDR, retrying until rank 0 listens,
+ * and tells it its own listening port; rank 0 answers every rank with every
+ * rank's address, and each rank then connects to the ranks below it and
+ * accepts those above it. Everything within the communicator's timeout (opts;
+ * 0 = LS_COMM_TIMEOUT_DEFAULT_MS): a rank that does not come is named. A
+ * world of one needs no connection. Fails LS_E_DEVICE naming the rank and
+ * the variables (LS_E_USAGE for a launch that is not found). */
+ls_status ls_comm_cpu_rendezvous(const ls_comm_launch *l, const ls_comm_opts *opts, ls_comm **out, ls_error *err);
 
 #endif

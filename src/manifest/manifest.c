@@ -332,6 +332,43 @@ static ls_status serving_section(const ls_manifest_serving *sv, json_t **out, ls
     return LS_OK;
 }
 
+/* The topology's values (docs/parallel.md §4), as they may be recorded. */
+static const char *const communicators[] = {"none", "cpu-socket", "nccl", NULL};
+static const char *const reduction_trees[] = {"none", "k8-binary", NULL};
+
+static int name_in(const char *s, const char *const *names)
+{
+    for (; s && *names; names++)
+        if (!strcmp(s, *names)) return 1;
+    return 0;
+}
+
+static ls_status topology_check(const ls_manifest_opts *o, ls_error *err)
+{
+    const char *comm = o->communicator ? o->communicator : "none";
+    const char *tree = o->reduction_tree ? o->reduction_tree : "none";
+    if (!name_in(comm, communicators))
+        return ls_fail(err, LS_E_USAGE, "manifest topology: communicator '%s': expected none, cpu-socket or "
+                       "nccl", comm);
+    if (!name_in(tree, reduction_trees))
+        return ls_fail(err, LS_E_USAGE, "manifest topology: reduction_tree '%s': expected none or k8-binary",
+                       tree);
+    if ((o->afd_attention_ranks > 0) != (o->afd_ffn_ranks > 0) || o->afd_attention_ranks < 0 ||
+        o->afd_ffn_ranks < 0)
+        return ls_fail(err, LS_E_USAGE, "manifest topology: afd %d:%d: both group sizes must be >= 1 (or "
+                       "both 0: colocated)", o->afd_attention_ranks, o->afd_ffn_ranks);
+    long want = o->afd_attention_ranks > 0 ? (long)o->afd_attention_ranks + o->afd_ffn_ranks
+                                           : (long)o->tp_degree * o->ep_degree;
+    if (o->world_size != want)
+        return ls_fail(err, LS_E_USAGE, "manifest topology: world_size %d is not %s (%ld)", o->world_size,
+                       o->afd_attention_ranks > 0 ? "attention_ranks + ffn_ranks" : "tp_degree * ep_degree",
+                       want);
+    if ((o->world_size > 1) != (strcmp(comm, "none") != 0))
+        return ls_fail(err, LS_E_USAGE, "manifest topology: communicator %s with world_size %d (one rank "
+                       "has none; several ranks need one)", comm, o->world_size);
+    return LS_OK;
+}
+
 ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error *err)
 {
     *out = NULL;
@@ -345,6 +382,7 @@ ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error
     if (o.world_size <= 0) o.world_size = 1;
     if (o.tp_degree <= 0) o.tp_degree = 1;
     if (o.ep_degree <= 0) o.ep_degree = 1;
+    LS_TRY(topology_check(&o, err));
     if (!o.checkpoint && !o.checkpoint_dir)
         return ls_fail(err, LS_E_USAGE, "manifest: no checkpoint given");
 
@@ -375,8 +413,14 @@ ls_status ls_manifest_build(const ls_manifest_opts *opts, json_t **out, ls_error
         json_decref(serving);
         return st;
     }
-    json_t *topo = json_pack("{s:i, s:i, s:i}", "world_size", o.world_size, "tp_degree",
-                             o.tp_degree, "ep_degree", o.ep_degree);
+    json_t *topo = json_pack("{s:i, s:i, s:i, s:o, s:s, s:s}", "world_size", o.world_size, "tp_degree",
+                             o.tp_degree, "ep_degree", o.ep_degree, "afd",
+                             o.afd_attention_ranks > 0
+                                 ? json_pack("{s:i, s:i}", "attention_ranks", o.afd_attention_ranks,
+                                             "ffn_ranks", o.afd_ffn_ranks)
+                                 : json_null(),
+                             "communicator", o.communicator ? o.communicator : "none", "reduction_tree",
+                             o.reduction_tree ? o.reduction_tree : "none");
     /* Key order = the order diff and verify report differences in. */
     if (serving)
         *out = json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "manifest_version", LS_MANIFEST_VERSION,
@@ -543,6 +587,46 @@ static ls_status validate_tensors(const json_t *ck, const char *label, ls_error 
     return LS_OK;
 }
 
+/* The topology's fields beyond the degrees, optional (manifests pinned
+ * before they existed lack them; absent = one rank's values), and its
+ * arithmetic: world_size = tp * ep colocated, attention + ffn with AFD. */
+static ls_status validate_topology(const json_t *topo, const char *label, ls_error *err)
+{
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)topo, key, v)
+        if (strcmp(key, "world_size") && strcmp(key, "tp_degree") && strcmp(key, "ep_degree") &&
+            strcmp(key, "afd") && strcmp(key, "communicator") && strcmp(key, "reduction_tree"))
+            VFAIL("%s: field topology.%s: not a field of topology (world_size, tp_degree, ep_degree, afd, "
+                  "communicator, reduction_tree)", label, key);
+    const json_t *comm = json_object_get(topo, "communicator");
+    if (comm && !name_in(json_string_value(comm), communicators))
+        VFAIL("%s: field topology.communicator: expected \"none\", \"cpu-socket\" or \"nccl\"", label);
+    const json_t *tree = json_object_get(topo, "reduction_tree");
+    if (tree && !name_in(json_string_value(tree), reduction_trees))
+        VFAIL("%s: field topology.reduction_tree: expected \"none\" or \"k8-binary\"", label);
+    const json_t *afd = json_object_get(topo, "afd");
+    json_int_t w = json_integer_value(json_object_get(topo, "world_size"));
+    json_int_t want = json_integer_value(json_object_get(topo, "tp_degree")) *
+                      json_integer_value(json_object_get(topo, "ep_degree"));
+    if (afd && !json_is_null(afd)) {
+        if (!json_is_object(afd) || json_object_size(afd) != 2)
+            VFAIL("%s: field topology.afd: expected null or {\"attention_ranks\": A, \"ffn_ranks\": F}", label);
+        LS_TRY(need_count(afd, "attention_ranks", "topology.afd", 1, label, err));
+        LS_TRY(need_count(afd, "ffn_ranks", "topology.afd", 1, label, err));
+        want = json_integer_value(json_object_get(afd, "attention_ranks")) +
+               json_integer_value(json_object_get(afd, "ffn_ranks"));
+    }
+    if (w != want)
+        VFAIL("%s: field topology.world_size: %lld is not %s (%lld)", label, (long long)w,
+              afd && !json_is_null(afd) ? "afd.attention_ranks + afd.ffn_ranks" : "tp_degree * ep_degree",
+              (long long)want);
+    if (comm && (w > 1) != (strcmp(json_string_value(comm), "none") != 0))
+        VFAIL("%s: field topology.communicator: %s with world_size %lld (one rank has none; several ranks "
+              "need one)", label, json_string_value(comm), (long long)w);
+    return LS_OK;
+}
+
 /* The optional serving section: exactly its four fields, each in range. */
 static ls_status validate_serving(const json_t *sv, const char *label, ls_error *err)
 {
@@ -663,6 +747,7 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
     LS_TRY(need_count(topo, "world_size", "topology", 1, label, err));
     LS_TRY(need_count(topo, "tp_degree", "topology", 1, label, err));
     LS_TRY(need_count(topo, "ep_degree", "topology", 1, label, err));
+    LS_TRY(validate_topology(topo, label, err));
     LS_TRY(need_string(build, "source_revision", "build", label, err));
     LS_TRY(need_string(build, "binary_sha256", "build", label, err));
     return LS_OK;
@@ -794,6 +879,37 @@ static int is_code_digest_path(const char *path)
 
 int ls_manifest_is_code_digest_path(const char *path) { return is_code_digest_path(path); }
 
+static const char *topology_str(const json_t *m, const char *key)
+{
+    const json_t *v = json_object_get(json_object_get(m, "topology"), key);
+    return v ? json_string_value(v) : "none"; /* absent: pinned before the field, one rank */
+}
+
+/* docs/parallel.md §4: for lockstep's own strict providers the topology is
+ * not part of the claim, because every exchange between ranks is exact data
+ * movement and a split reduction follows the tree recorded in
+ * topology.reduction_tree. So a topology difference is informational when
+ * both manifests are strict, their numerics (every operator row, its
+ * reduction order and fingerprint) are equal, their reduction trees are the
+ * same, and both communicators are ones lockstep knows (none of them
+ * reduces). Fast mode, another tree or other arithmetic: voiding. */
+static int topology_neutral(const json_t *old_m, const json_t *new_m)
+{
+    const json_t *na = json_object_get(old_m, "numerics"), *nb = json_object_get(new_m, "numerics");
+    const char *ma = json_string_value(json_object_get(na, "mode"));
+    const char *mb = json_string_value(json_object_get(nb, "mode"));
+    const char *ta = topology_str(old_m, "reduction_tree"), *tb = topology_str(new_m, "reduction_tree");
+    return ma && mb && !strcmp(ma, "strict") && !strcmp(mb, "strict") && json_equal((json_t *)na, (json_t *)nb) &&
+           ta && tb && !strcmp(ta, tb) && name_in(topology_str(old_m, "communicator"), communicators) &&
+           name_in(topology_str(new_m, "communicator"), communicators);
+}
+
+/* The topology leaves topology_neutral may call informational: the ones
+ * lockstep knows, except the reduction tree (a change of it voids). */
+static const char *const topology_paths[] = {"topology.world_size", "topology.tp_degree", "topology.ep_degree",
+                                             "topology.afd", "topology.communicator", "runtime.gpus",
+                                             "runtime.gpu.nccl_version", NULL};
+
 ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, const json_t *new_m)
 {
     for (size_t i = 0; informational_paths[i]; i++)
@@ -824,6 +940,9 @@ ls_change_class ls_manifest_classify(const char *path, const json_t *old_m, cons
     /* A GPU appearing, disappearing or changing does not touch a CPU claim. */
     if (path_under(path, "runtime.gpu") && backend_is(old_m, "cpu") && backend_is(new_m, "cpu"))
         return LS_CHANGE_INFORMATIONAL;
+    for (size_t i = 0; topology_paths[i]; i++)
+        if (path_under(path, topology_paths[i]))
+            return topology_neutral(old_m, new_m) ? LS_CHANGE_INFORMATIONAL : LS_CHANGE_VOIDING;
     return LS_CHANGE_VOIDING;
 }
 
@@ -855,6 +974,14 @@ ls_status ls_manifest_digest(const json_t *manifest, ls_digest *out, ls_error *e
         remove_path(claim, "build.binary_sha256");
     if (ls_manifest_classify("runtime.gpu", manifest, manifest) == LS_CHANGE_INFORMATIONAL)
         remove_path(claim, "runtime.gpu");
+    /* a strict claim holds at every topology (topology_neutral): one digest
+     * for EP1 and EPn; the reduction tree stays in it, absent read as none */
+    if (topology_neutral(manifest, manifest)) {
+        for (size_t i = 0; topology_paths[i]; i++) remove_path(claim, topology_paths[i]);
+        json_t *topo = json_object_get(claim, "topology");
+        if (json_is_object(topo) && !json_object_get(topo, "reduction_tree"))
+            json_object_set_new(topo, "reduction_tree", json_string("none"));
+    }
     const char *op;
     json_t *row;
     json_object_foreach(json_object_get(json_object_get(claim, "numerics"), "operators"), op, row)

@@ -63,7 +63,14 @@ typedef struct ls_manifest_opts {
     const char *perturbation;            /* spec string; NULL for none (required NULL when strict) */
     int threads;                         /* fingerprint threads; <= 0 = online cores */
     int progress;                        /* 1: progress bar on a terminal */
-    int world_size, tp_degree, ep_degree;/* topology; <= 0 means 1 */
+    int world_size, tp_degree, ep_degree;/* topology; <= 0 means 1. Colocated, world_size =
+                                            tp_degree * ep_degree (docs/parallel.md §4) */
+    int afd_attention_ranks, afd_ffn_ranks; /* topology.afd: both 0 = null (colocated); else
+                                            world_size = attention + ffn ranks */
+    const char *communicator;            /* topology.communicator: "none" (NULL: the default,
+                                            one rank), "cpu-socket" or "nccl" */
+    const char *reduction_tree;          /* topology.reduction_tree: "none" (NULL: today's
+                                            order) or "k8-binary" (docs/parallel.md §3.3) */
     const ls_fingerprint *fingerprint;   /* the checkpoint's fingerprint, already computed
                                             (borrowed; a gate hashes once for all its
                                             runs), or NULL to compute it */

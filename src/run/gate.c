@@ -79,6 +79,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
     s.prefix_block = o->prefix_block;
     s.preempt = o->preempt;
     s.kv_page = o->kv_page;
+    s.ep = o->ep;
     if (o->seeded) s.sampling = (ls_sampling){LS_SAMPLING_SEEDED, o->seed, 1.0f, 0, 1.0f};
     s.out = ro_path;
     s.progress = out != NULL;
@@ -124,6 +125,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
         s.prefix_block = 0;
         s.preempt = NULL;
         s.kv_page = 0; /* contiguous: the plain reference for a paged rollout */
+        s.ep = 0;      /* one rank: the plain reference for an expert-parallel rollout */
         s.sampling = (ls_sampling){LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
         s.expect_merkle_root = info.model_fingerprint;
         s.expect_source = ro_path;

@@ -39,6 +39,8 @@ typedef struct ls_gate_opts {
     long prefix_block;
     const char *preempt;
     long kv_page;                  /* the rollout's KV page size (run.h kv_page; 0 contiguous) */
+    int ep;                        /* the rollout's expert-parallel ranks (run.h ep; 0 or 1: one);
+                                      the replays run on one rank */
     int seeded;                    /* 1: the rollout samples seeded with `seed` (temperature 1, no
                                       truncation); 0: greedy */
     uint64_t seed;

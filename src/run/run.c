@@ -20,6 +20,7 @@
 #include "trace/trace.h"
 #include "backend/backend_cuda.h"
 #include "backend/providers.h"
+#include "run/ranks.h"
 
 ls_status ls_run_workdir(const char *given, const char *tag, char *out, size_t out_size, int *temporary,
                          ls_error *err)
@@ -171,6 +172,30 @@ static int is_hex64(const char *h)
     return n == 64;
 }
 
+ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_error *err)
+{
+    if (s->tp > 1)
+        return ls_fail(err, LS_E_UNSUPPORTED, "tp (--tp) %d: tensor parallelism is not built yet (docs/parallel.md "
+                       "§3.3); expert parallelism is (--ep)", s->tp);
+    if (s->tp < 0) return ls_fail(err, LS_E_USAGE, "tp (--tp) %d: expected >= 1", s->tp);
+    if (s->ep < 0 || s->ep > LS_COMM_MAX_RANKS)
+        return ls_fail(err, LS_E_USAGE, "ep (--ep) %d: expected 1..%d ranks", s->ep, LS_COMM_MAX_RANKS);
+    int ep = s->ep > 1 ? s->ep : 1;
+    if (ep > 1 && s->backend && strcmp(s->backend, "cpu"))
+        return ls_fail(err, LS_E_UNSUPPORTED, "ep (--ep) %d with backend (--backend) %s: expert parallelism runs "
+                       "on the cpu backend only until the CUDA backend has its expert-parallel operators "
+                       "(moe_slots, moe_combine) and NCCL", ep, s->backend);
+    if (s->rank_timeout_ms < 0 || (s->rank_timeout_ms > 0 && ep == 1))
+        return ls_fail(err, LS_E_USAGE, "rank_timeout_ms (--rank-timeout) %ld: a deadline >= 1 ms applies to "
+                       "several ranks (ep (--ep) > 1) only", s->rank_timeout_ms);
+    mo->world_size = ep;
+    mo->tp_degree = 1;
+    mo->ep_degree = ep;
+    mo->communicator = ep > 1 ? "cpu-socket" : "none";
+    mo->reduction_tree = "none";
+    return LS_OK;
+}
+
 ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
 {
     if (!s->mode) return ls_fail(err, LS_E_USAGE, "mode (--mode) is required: rollout or replay");
@@ -229,6 +254,8 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
         return ls_fail(err, LS_E_USAGE, "gpu (--gpu) %d applies to the cuda backend only (backend "
                        "(--backend) is cpu)", s->gpu);
     if (s->threads < 1) return ls_fail(err, LS_E_USAGE, "threads (--threads) must be >= 1");
+    ls_manifest_opts topo = ls_manifest_opts_default();
+    LS_TRY(ls_run_spec_topology(s, &topo, err));
     if (s->state_digest_every < 1)
         return ls_fail(err, LS_E_USAGE, "state_digest_every (--state-digest-every) must be >= 1");
     if (s->max_rows < 1) return ls_fail(err, LS_E_USAGE, "max_rows (--max-rows) must be >= 1");
@@ -438,6 +465,10 @@ static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n,
     if (p && fp8) json_object_set_new(p, "fp8", json_string(fp8));
     /* absent = a contiguous cache, so traces of unpaged runs keep their bytes */
     if (p && s->kv_page > 0) json_object_set_new(p, "kv_page", json_integer(s->kv_page));
+    /* absent = one rank, so one-rank traces keep their bytes (docs/parallel.md §4) */
+    if (p && s->ep > 1)
+        json_object_set_new(p, "topology", json_pack("{s:i, s:i, s:n, s:s}", "tp", 1, "ep", s->ep, "afd",
+                                                     "communicator", "cpu-socket"));
     /* engine behaviours that change no bit (run/drive.h), recorded when used:
      * absent means 1 sample, prefix cache off, no preemption */
     ls_rollout_opts go;
@@ -548,6 +579,112 @@ static ls_status check_expected_root(const ls_run_spec *s, const ls_fingerprint 
                    s->expect_merkle_root, root, s->checkpoint);
 }
 
+/* ---- the workers of a run with several ranks (run/ranks.h) ------------------------------ */
+
+/* What every rank must agree on before the first step (docs/parallel.md §1,
+ * start-up checks): the SHA-256 of the spec's fields that decide the steps
+ * (mode, budget, chunk, sampling, dtypes, rows, cadence, serving, FP8,
+ * perturbation, ranks, every sequence's tokens) and of the checkpoint's
+ * config.json. Ranks a launcher started parse their own command lines, so
+ * one given other options would otherwise run other steps. */
+static ls_status spec_digest(const ls_run_spec *s, const ls_checkpoint *ck, uint8_t out[32], ls_error *err)
+{
+    json_t *seqs = json_array();
+    for (long i = 0; seqs && i < s->batch->n; i++) {
+        const ls_sequence *q = &s->batch->seqs[i];
+        json_t *toks = json_array();
+        for (long t = 0; toks && t < q->n_tokens; t++) json_array_append_new(toks, json_integer(q->tokens[t]));
+        json_array_append_new(seqs, json_pack("{s:I, s:I, s:o}", "id", (json_int_t)q->id, "prompt_len",
+                                              (json_int_t)q->prompt_len, "tokens", toks ? toks : json_null()));
+    }
+    const json_t *cfg = ls_checkpoint_config_json(ck);
+    char *cfg_text = cfg ? json_dumps(cfg, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_t *j = json_pack("{s:s, s:I, s:I, s:i, s:i, s:I, s:f, s:I, s:f, s:i, s:I, s:I, s:I, s:I, s:s?, s:I, s:s?, "
+                          "s:s?, s:s?, s:s?, s:i, s:i, s:s?, s:o}",
+                          "mode", s->mode, "max_new", (json_int_t)s->max_new, "chunk", (json_int_t)s->chunk,
+                          "reverse", s->reverse_batch, "sampling", (int)s->sampling.kind, "seed",
+                          (json_int_t)s->sampling.seed, "temperature", (double)s->sampling.temperature, "top_k",
+                          (json_int_t)s->sampling.top_k, "top_p", (double)s->sampling.top_p, "bf16", s->act_bf16,
+                          "every", (json_int_t)s->state_digest_every, "rows", (json_int_t)s->max_rows, "kv_page",
+                          (json_int_t)s->kv_page, "samples", (json_int_t)s->samples_per_prompt, "prefix",
+                          s->prefix_cache, "prefix_block", (json_int_t)s->prefix_block, "preempt", s->preempt,
+                          "perturb", s->perturb, "dump", s->dump_layers, "fp8", s->fp8, "ep", s->ep, "tp", s->tp,
+                          "config", cfg_text, "seqs", seqs ? seqs : json_null());
+    free(cfg_text);
+    char *text = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(j);
+    if (!text) return ls_fail(err, LS_E_NOMEM, "out of memory");
+    ls_digest d;
+    ls_status st = ls_sha256_buf(text, strlen(text), &d, err);
+    free(text);
+    if (st == LS_OK) memcpy(out, d.bytes, 32);
+    return st;
+}
+
+/* Every rank's spec digest against rank 0's (one all-gather, exact bytes). */
+static ls_status check_ranks_agree(const ls_run_spec *s, const ls_checkpoint *ck, ls_run_ranks *rk, ls_error *err)
+{
+    uint8_t mine[32], *all = malloc(32 * (size_t)rk->size);
+    if (!all) return ls_fail(err, LS_E_NOMEM, "out of memory");
+    ls_status st = spec_digest(s, ck, mine, err);
+    if (st == LS_OK) st = ls_comm_all_gather(rk->comm, mine, 32, all, err);
+    for (int r = 1; st == LS_OK && r < rk->size; r++)
+        if (memcmp(all, all + 32 * r, 32) != 0)
+            st = ls_fail(err, LS_E_USAGE, "rank %d: its run options, sequences or checkpoint config.json differ "
+                         "from rank 0's (every rank must be started with the same command line and files)", r);
+    free(all);
+    return st;
+}
+
+typedef struct worker_sink {
+    int rank;
+    long steps;
+} worker_sink;
+
+/* A worker writes nothing: it counts its steps (for the planted faults of
+ * the tests) and drops the records, which are rank 0's to write. */
+static ls_status worker_frame(void *ctx, ls_frame_kind kind, const ls_trace_record *recs, long n, ls_error *err)
+{
+    (void)kind, (void)recs, (void)n, (void)err;
+    worker_sink *w = ctx;
+    ls_run_ranks_test_fault(w->rank, ++w->steps);
+    return LS_OK;
+}
+
+/* Rank r > 0: the same engine steps as rank 0 on its share of the experts,
+ * every exchange through its endpoint; ends the process. */
+static void run_worker(const ls_run_spec *s, const ls_model *m, const ls_engine_opts *eo, const ls_rollout_opts *go,
+                       int grouped, long max_len, ls_run_ranks *rk)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    const ls_run_batch *b = s->batch;
+    int rollout = strcmp(s->mode, "rollout") == 0;
+    long n_trace = b->n * go->samples_per_prompt;
+    ls_engine *e = NULL;
+    ls_sequence *seqs = malloc(sizeof *seqs * (size_t)b->n);
+    int32_t *completions = rollout ? malloc(sizeof(int32_t) * (size_t)(n_trace * s->max_new)) : NULL;
+    worker_sink w = {rk->rank, 0};
+    ls_status st = !seqs || (rollout && !completions) ? ls_fail(&err, LS_E_NOMEM, "out of memory") : LS_OK;
+    for (long i = 0; st == LS_OK && i < b->n; i++) seqs[i] = b->seqs[s->reverse_batch ? b->n - 1 - i : i];
+    if (st == LS_OK)
+        st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, eo,
+                                    grouped ? ls_run_group_slots(b->n, go) : b->n, max_len, &e, &err);
+    if (st == LS_OK) {
+        if (rollout && grouped)
+            st = ls_run_rollout_group(e, seqs, b->n, s->max_new, &s->sampling, go, completions, worker_frame, &w,
+                                      &err);
+        else if (rollout)
+            st = ls_run_rollout(e, seqs, b->n, s->max_new, &s->sampling, completions, worker_frame, &w, &err);
+        else
+            st = ls_run_replay(e, seqs, b->n, s->chunk > 0 ? s->chunk : max_len, worker_frame, &w, &err);
+    }
+    ls_engine_destroy(e);
+    free(seqs);
+    free(completions);
+    ls_run_ranks_worker_exit(rk, st, &err);
+}
+
 ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err)
 {
     memset(res, 0, sizeof *res);
@@ -624,6 +761,31 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         long need = rollout ? q->n_tokens + s->max_new - 1 : q->n_tokens - 1;
         if (need > max_len) max_len = need;
     }
+    /* Several ranks: the workers start here, after the model is open (they
+     * share its mapping) and before any thread of this run (run/ranks.h). */
+    ls_run_ranks rk;
+    memset(&rk, 0, sizeof rk);
+    if (st == LS_OK && s->ep > 1 && m->cfg.n_experts % s->ep != 0)
+        st = ls_fail(err, LS_E_USAGE, "ep (--ep) %d does not divide num_experts %ld of %s/config.json: each rank "
+                     "owns an equal block of experts", s->ep, (long)m->cfg.n_experts, s->checkpoint);
+    if (st == LS_OK && s->ep > 1) {
+        /* started by a launcher whose world is these ranks: join it; else
+         * start the workers here (an allocation's variables that describe
+         * another world, or none, leave the run self-launched) */
+        ls_comm_launch la;
+        ls_error lerr;
+        ls_error_clear(&lerr);
+        int launched = ls_comm_launch_read(NULL, NULL, &la, &lerr) == LS_OK && la.found && la.world_size == s->ep;
+        if (launched)
+            ls_log_verbose("rank %d of %d, started by %s (rendezvous %s:%d)", la.rank, la.world_size, la.source,
+                           la.master_addr, la.master_port);
+        st = launched ? ls_run_ranks_join(&la, s->rank_timeout_ms, &rk, err)
+                      : ls_run_ranks_start(s->ep, s->rank_timeout_ms, &rk, err);
+        if (st == LS_OK) eo.ep_comm = rk.comm;
+        if (st == LS_OK) st = check_ranks_agree(s, ck, &rk, err);
+        if (st != LS_OK && rk.rank > 0) ls_run_ranks_worker_exit(&rk, st, err);
+        if (st == LS_OK && rk.rank > 0) run_worker(s, m, &eo, &go, grouped, max_len, &rk); /* does not return */
+    }
     if (st == LS_OK && !s->fingerprint) {
         hj.ck = ck;
         hj.cache = s->hash_cache;
@@ -646,6 +808,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         mo.perturbation = s->perturb;
     }
     mo.fp8 = fp8;
+    if (st == LS_OK) st = ls_run_spec_topology(s, &mo, err);
     /* how the rollout is served, recorded (informational: manifest.h) */
     ls_manifest_serving serving;
     int serving_any = 0;
@@ -741,10 +904,14 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         if (s->progress) ls_progress_end(&sc.prog);
         ls_log_verbose("%s: %llu records in %.3f s on backend %s (max %ld rows per step)", s->mode,
                        (unsigned long long)sc.records, res->seconds, s->backend, eo.max_rows);
+        /* several ranks: the trace goes into place only once every worker
+         * has ended well (run/ranks.h) */
+        if (rk.size) st = ls_run_ranks_finish(&rk, st, err);
         if (st == LS_OK) st = ls_trace_writer_close(sc.w, err);
         else ls_trace_writer_abort(sc.w);
         res->records = sc.records;
     }
+    if (rk.size) st = ls_run_ranks_finish(&rk, st, err); /* a failure before the engine ran */
     if (st != LS_OK) {
         free(res->completions);
         res->completions = NULL;

@@ -87,6 +87,15 @@ typedef struct ls_run_spec {
                                       (the default), 1 .. LS_RUN_KV_PAGE_MAX = pages of that many
                                       positions from a shared pool (engine.h); changes no bit and
                                       is recorded in run_params when set */
+    int ep;                        /* expert-parallel ranks (--ep; docs/parallel.md §3.1): 0 or 1 =
+                                      one rank; N > 1 = N CPU ranks, one process each (run/ranks.h),
+                                      rank 0 writing the trace; num_experts % N == 0; the cpu
+                                      backend only (the CUDA backend has no expert-parallel ops) */
+    int tp;                        /* tensor-parallel ranks (--tp): 0 or 1; more is refused (the
+                                      engine has no tensor parallelism yet) */
+    long rank_timeout_ms;          /* several ranks: every exchange's deadline, after which the
+                                      rank waited for is named and every rank fails
+                                      (--rank-timeout; 0 = 60000); 0 with one rank */
     const char *out;               /* trace path (-o) */
     int progress;                  /* progress on stderr (ls_progress) */
     const ls_fingerprint *fingerprint; /* the checkpoint's, already computed (borrowed), or NULL */
@@ -126,6 +135,13 @@ ls_status ls_run_spec_group(const ls_run_spec *s, ls_rollout_opts *o, int *preem
  * ls_run_execute records them in the manifest it pins; `manifest pin` takes
  * the same flags. */
 ls_status ls_run_spec_serving(const ls_run_spec *s, ls_manifest_serving *out, int *any, ls_error *err);
+
+/* The topology of a spec (ep, tp) as a manifest records it (mo's
+ * world_size, tp_degree, ep_degree, communicator), validated as
+ * ls_run_spec_validate does (LS_E_USAGE naming the field and its flag).
+ * ls_run_execute records it in the manifest it pins; `manifest pin` takes
+ * the same flags. */
+ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_error *err);
 
 /* Parses a perturbation "layer=L,op=OP" (op one of gdn, conv, attention,
  * router, experts, combine, norm, lm_head). */
