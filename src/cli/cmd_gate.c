@@ -104,7 +104,7 @@ int ls_cmd_gate(int argc, char **argv)
         case O_PREFIX: o.prefix_cache = x; break;
         case O_PBLOCK: st = ls_cli_parse_long(ca.opt, x, 1, 1L << 30, &o.prefix_block, &err); break;
         case O_PREEMPT: o.preempt = x; break;
-        /* any integer: the run layer refuses a negative or absurd size by name */
+        /* at least one position; the run layer refuses an absurd size by name */
         case O_KVPAGE: st = ls_cli_parse_kv_page(ca.opt, x, &o.kv_page, &err); break;
         case O_EP: {
             long n;

@@ -207,7 +207,7 @@ int ls_cmd_run(int argc, char **argv)
         case O_PREFIX: s.prefix_cache = x; break;
         case O_PBLOCK: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.prefix_block, &err); break;
         case O_PREEMPT: s.preempt = x; break;
-        /* any integer: the run layer refuses a negative or absurd size by name */
+        /* at least one position; the run layer refuses an absurd size by name */
         case O_KVPAGE: st = ls_cli_parse_kv_page(a, x, &s.kv_page, &err); break;
         /* the run layer refuses a degree the model, the backend or the build cannot take, by name */
         case O_EP:
