@@ -97,6 +97,21 @@ typedef struct ls_engine_opts {
                                   engine's without it, bit for bit. Every rank runs the same
                                   steps; a step that fails on one rank aborts the communicator,
                                   so every rank's step fails naming it */
+    ls_comm *tp_comm;          /* tensor parallelism (docs/parallel.md §3.3, the order-preserving
+                                  form), borrowed: NULL = no TP (default). Else the engine is
+                                  rank r of this communicator's TP group of tp ranks: it holds
+                                  rows r*N/tp .. (r+1)*N/tp - 1 of every dense projection of N
+                                  output rows (q/k/v/o, the GDN projections and out_proj, the
+                                  lm_head by vocabulary; k/v whole when num_key_value_heads <
+                                  tp), computes those outputs with today's dot products and
+                                  all-gathers them (exact bytes), so every rank holds every
+                                  activation, state and logit and records what one rank records.
+                                  Without ep_comm the MoE runs expert-parallel over this group
+                                  (as ep_comm would); with ep_comm the experts are split over
+                                  that communicator instead (TP x EP: ep_comm spans the world).
+                                  tp must divide num_attention_heads, linear_num_key_heads,
+                                  linear_num_value_heads, hidden_size, vocab_size and
+                                  num_experts, and num_key_value_heads or be a multiple of it */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -116,6 +131,11 @@ void ls_engine_destroy(ls_engine *e);
 long ls_engine_kv_page(const ls_engine *e);
 long ls_engine_kv_pool_pages(const ls_engine *e);
 long ls_engine_kv_pages_used(const ls_engine *e);
+
+/* Bytes of the weight matrices (and FP8 scales) this engine wrapped: with
+ * tp_comm or ep_comm, this rank's share (the norms and other vectors, a few
+ * KB per layer, are not counted). */
+size_t ls_engine_weight_bytes(const ls_engine *e);
 
 /* Sizes fixed at creation: rows per step, slots, positions per sequence. */
 long ls_engine_max_rows(const ls_engine *e);

@@ -96,6 +96,31 @@ static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, in
     return LS_OK;
 }
 
+/* ---- tensor parallelism (docs/parallel.md §3.3, the order-preserving form) --------------
+ * A projection of N output rows held by rows on each rank (w->rows = N / tp):
+ * each rank computes its rows' outputs (each one the dot product one rank
+ * computes, over the whole K, in today's order), and the ranks all-gather
+ * them (exact bytes) into every rank's y [T, N]. A matrix kept whole (no TP,
+ * or KV heads fewer than tp) is the plain linear. */
+static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_view y, long T,
+                     ls_order o, ls_error *err)
+{
+    ls_backend *be = e->be;
+    if (w->rows == N) return be->linear(be, w, x, y, T, e->o.act_bf16, o, err);
+    long n = w->rows, tp = e->tp;
+    if (!e->tp || n * tp != N)
+        return ls_fail(err, LS_E_INTERNAL, "engine: a projection of %ld rows holds %ld (tp %ld)", N, n, tp);
+    LS_TRY(be->linear(be, w, x, BEV(e->tp_out), T, e->o.act_bf16, o, err));
+    size_t own = sizeof(float) * (size_t)(T * n);
+    LS_TRY(be->download(be, e->h_tp_a, BEV(e->tp_out), own, err));
+    LS_TRY(ls_comm_all_gather(e->o.tp_comm, e->h_tp_a, own, e->h_tp_b, err));
+    /* rank r's block is [T, n]: its rows become columns r*n.. of y */
+    for (long t = 0; t < T; t++)
+        for (long r = 0; r < tp; r++)
+            memcpy(e->h_tp_a + t * N + r * n, e->h_tp_b + (r * T + t) * n, sizeof(float) * (size_t)n);
+    return be->upload(be, y, e->h_tp_a, sizeof(float) * (size_t)(T * N), err);
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 
 /* Carried-state digests: p % N == N - 1, the last prompt position, and the
@@ -235,19 +260,19 @@ static ls_status gdn_project(ls_engine *e, layer_w *w, long T, ls_error *err)
 {
     ls_backend *be = e->be;
     const ls_model_config *c = &e->c;
-    int act = e->o.act_bf16;
     ls_order o = LS_ORDER_CANONICAL;
     if (c->arch == LS_MODEL_QWEN3_5_MOE) {
         /* Qwen3.5: four matrices whose rows are already in this order. */
-        LS_TRY(be->linear(be, &w->in_qkv, BEV(e->XN), BEV(e->X), T, act, o, err));
-        LS_TRY(be->linear(be, &w->in_z, BEV(e->XN), BEV(e->Z), T, act, o, err));
-        LS_TRY(be->linear(be, &w->in_b, BEV(e->XN), BEV(e->Bv), T, act, o, err));
-        return be->linear(be, &w->in_a, BEV(e->XN), BEV(e->Av), T, act, o, err);
+        long Hv = c->lin_v_heads;
+        LS_TRY(lin(e, &w->in_qkv, e->conv_dim, BEV(e->XN), BEV(e->X), T, o, err));
+        LS_TRY(lin(e, &w->in_z, Hv * c->lin_v_dim, BEV(e->XN), BEV(e->Z), T, o, err));
+        LS_TRY(lin(e, &w->in_b, Hv, BEV(e->XN), BEV(e->Bv), T, o, err));
+        return lin(e, &w->in_a, Hv, BEV(e->XN), BEV(e->Av), T, o, err);
     }
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
     long C = e->conv_dim, Wp = e->wqkvz, r = Hv / Hk;
-    LS_TRY(be->linear(be, &w->qkvz, BEV(e->XN), BEV(e->P), T, act, o, err));
-    LS_TRY(be->linear(be, &w->ba, BEV(e->XN), BEV(e->BA), T, act, o, err));
+    LS_TRY(lin(e, &w->qkvz, Wp, BEV(e->XN), BEV(e->P), T, o, err));
+    LS_TRY(lin(e, &w->ba, 2 * Hv, BEV(e->XN), BEV(e->BA), T, o, err));
     /* Qwen3-Next: de-interleave per key-head group (docs/model.md §2.3): group
      * g of a row holds q, k (dk each), v, z (r dv each), and of the ba row b,
      * a (r each). */
@@ -315,7 +340,7 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
         LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].gdn[l], LS_DIGEST_GDN_STATE, gdn_op, err));
     LS_TRY(be->gated_rmsnorm(be, BEV(e->O), BEV(e->Z), BEV(w->gnorm), BEV(e->O), T * Hv, dv, act,
                              LS_ORDER_CANONICAL, err));
-    return be->linear(be, &w->out_proj, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
+    return lin(e, &w->out_proj, c->hidden, BEV(e->O), BEV(e->A), T, LS_ORDER_CANONICAL, err);
 }
 
 static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
@@ -326,9 +351,9 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     int act = e->o.act_bf16;
     long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim;
     int tl = mixer_tl(l);
-    LS_TRY(be->linear(be, &w->q, BEV(e->XN), BEV(e->QG), T, act, LS_ORDER_CANONICAL, err));
-    LS_TRY(be->linear(be, &w->k, BEV(e->XN), BEV(e->K), T, act, LS_ORDER_CANONICAL, err));
-    LS_TRY(be->linear(be, &w->v, BEV(e->XN), BEV(e->V), T, act, LS_ORDER_CANONICAL, err));
+    LS_TRY(lin(e, &w->q, Hq * 2 * d, BEV(e->XN), BEV(e->QG), T, LS_ORDER_CANONICAL, err));
+    LS_TRY(lin(e, &w->k, Hkv * d, BEV(e->XN), BEV(e->K), T, LS_ORDER_CANONICAL, err));
+    LS_TRY(lin(e, &w->v, Hkv * d, BEV(e->XN), BEV(e->V), T, LS_ORDER_CANONICAL, err));
     /* Per head: d query values, then d gate values (docs/model.md §3.3 step 1). */
     ls_copy_shape heads = {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d};
     LS_TRY(be->copy_blocks(be, BEV(e->Q), AT(e->QG, 0), &heads, err));
@@ -389,7 +414,7 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
         LS_TRY(dq_push(e, r, tl, LS_DIGEST_KV, span(AT(e->K, r * W), 1, W, W, act),
                        span(AT(e->V, r * W), 1, W, W, act), err));
     LS_TRY(be->sigmoid_gate(be, BEV(e->O), BEV(e->G), T * Hq * d, act, err));
-    return be->linear(be, &w->o, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
+    return lin(e, &w->o, c->hidden, BEV(e->O), BEV(e->A), T, LS_ORDER_CANONICAL, err);
 }
 
 /* ---- expert parallelism (docs/parallel.md §3.1) ----------------------------------------
@@ -445,7 +470,7 @@ static ls_status moe_ep(ls_engine *e, long l, long T, ls_error *err)
         e->ep_base[r] = first;
         first += rows;
     }
-    LS_TRY(ls_comm_all_gatherv(e->o.ep_comm, e->h_rows, e->ep_bytes, e->h_all, err));
+    LS_TRY(ls_comm_all_gatherv(e->moe_comm, e->h_rows, e->ep_bytes, e->h_all, err));
     for (long t = 0; t < T; t++)
         for (long i = 0; i < slots; i++) {
             long r = ep_owner(e, t, i, k);
@@ -528,8 +553,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->final_norm), BEV(e->XN), T, D, act,
                        ord(e, L, LS_PERTURB_NORM), err));
     LS_TRY(dq_rows(e, e->XN, D, T, e->n_tl - 2, 0, err));
-    LS_TRY(be->linear(be, &e->lm_head, BEV(e->XN), BEV(e->logits), T, act,
-                      ord(e, -1, LS_PERTURB_LM_HEAD), err));
+    LS_TRY(lin(e, &e->lm_head, V, BEV(e->XN), BEV(e->logits), T, ord(e, -1, LS_PERTURB_LM_HEAD), err));
     LS_TRY(dq_rows(e, e->logits, V, T, e->n_tl - 1, 1, err));
     LS_TRY(dq_flush(e, err));
     LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
