@@ -4,7 +4,8 @@
  * joined by the CPU communicator. On synthetic checkpoints (Qwen3-Next tiny
  * and Qwen3.5 tiny with 4 key heads, Qwen3.5 tiny in FP8 with w8a8), TP1
  * through the tensor-parallel path, TP2, TP4 (where the shapes divide) and
- * TP2 x EP2 (TP groups of 2 inside a world of 4 that splits the experts)
+ * TP2 x EP2 (TP groups of 2 split from a world of 4 by ls_comm_split, the
+ * experts split over the world)
  * give every record of the plain engine bit for bit (tokens, logprobs,
  * top-5, every digest), on every rank, for a seeded rollout and its replay
  * in chunks of 3. A perturbation planted on one rank is localised to its
@@ -97,6 +98,7 @@ static void prompts(const ls_model *m, int32_t tok[N_SEQS][CAP], ls_sequence *pr
 typedef struct run_ctx {
     int model;
     ls_comm *tp, *ep;                     /* both NULL: the plain engine */
+    int split;                            /* > 0: tp is split from ep, groups of `split` ranks */
     int perturb_layer;
     ls_perturb_op perturb_op;
     const int32_t (*given)[CAP];          /* [N_SEQS] replay these (rollout skipped) */
@@ -124,7 +126,14 @@ static void *run_main(void *arg)
     ls_sequence pr[N_SEQS];
     prompts(m, x->tok, pr);
     ls_sampling s = {LS_SAMPLING_SEEDED, 17, 1.0f, 0, 1.0f};
-    x->st = ls_run_engine_open(m, "cpu", 1, &o, N_SEQS, CAP, &e, &err);
+    x->st = LS_OK;
+    if (x->split) {
+        /* the TP group of this rank: consecutive ranks of the world */
+        int r = ls_comm_rank(x->ep);
+        x->st = ls_comm_split(x->ep, r / x->split, r, &x->tp, &err);
+        o.tp_comm = x->tp;
+    }
+    if (x->st == LS_OK) x->st = ls_run_engine_open(m, "cpu", 1, &o, N_SEQS, CAP, &e, &err);
     if (x->st == LS_OK) x->weight_bytes = ls_engine_weight_bytes(e);
     if (x->st == LS_OK && !x->given)
         x->st = ls_run_rollout(e, pr, N_SEQS, MAX_NEW, &s, x->done, recs_sink, &x->ro, &err);
@@ -142,6 +151,10 @@ static void *run_main(void *arg)
     if (x->st == LS_OK) x->st = ls_run_replay(e, rs, N_SEQS, 3, recs_sink, &x->rp, &err);
     if (x->st != LS_OK) snprintf(x->msg, sizeof x->msg, "%s", err.msg);
     ls_engine_destroy(e);
+    if (x->split) {
+        ls_comm_destroy(x->tp);
+        x->tp = NULL;
+    }
     recs_sort(&x->ro);
     recs_sort(&x->rp);
     return NULL;
@@ -162,28 +175,27 @@ static const run_ctx *plain(int model)
     return x;
 }
 
-/* Runs `world` thread ranks in TP groups of tp consecutive ranks; ep > 0:
- * the experts split over the whole world (ep_comm), else over each TP
- * group. x[r] must be set up (model, perturbation) by the caller. */
+/* Runs `world` thread ranks in TP groups of tp consecutive ranks. ep_world
+ * 0: one TP group (world = tp), the experts split over it. ep_world 1: the
+ * experts split over the whole world (ep_comm), and each rank splits its TP
+ * group from it (ls_comm_split). x[r] must be set up (model, perturbation)
+ * by the caller. */
 static void run_ranks(run_ctx *x, int world, int tp, int ep_world)
 {
-    ls_comm *tpc[MAX_RANKS], *epc[MAX_RANKS];
+    ls_comm *comms[MAX_RANKS];
     ls_error err;
     ls_comm_opts co = {60000};
-    for (int g = 0; g < world / tp; g++)
-        ck_assert_msg(ls_comm_cpu_world(tp, &co, tpc + g * tp, &err) == LS_OK, "%s", err.msg);
-    if (ep_world) ck_assert_msg(ls_comm_cpu_world(world, &co, epc, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_comm_cpu_world(world, &co, comms, &err) == LS_OK, "%s", err.msg);
+    ck_assert(ep_world || world == tp);
     pthread_t t[MAX_RANKS];
     for (int r = 0; r < world; r++) {
-        x[r].tp = tpc[r];
-        x[r].ep = ep_world ? epc[r] : NULL;
+        x[r].tp = ep_world ? NULL : comms[r];
+        x[r].ep = ep_world ? comms[r] : NULL;
+        x[r].split = ep_world ? tp : 0;
         ck_assert_int_eq(ls_thread_start(&t[r], run_main, &x[r]), 0);
     }
     for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
-    for (int r = 0; r < world; r++) {
-        ls_comm_destroy(tpc[r]);
-        if (ep_world) ls_comm_destroy(epc[r]);
-    }
+    for (int r = 0; r < world; r++) ls_comm_destroy(comms[r]);
 }
 
 /* TP (x EP) ranks; every rank's records must equal the plain engine's. */
