@@ -8,8 +8,8 @@
  * experts split over the world)
  * give every record of the plain engine bit for bit (tokens, logprobs,
  * top-5, every digest), on every rank, for a seeded rollout and its replay
- * in chunks of 3. A perturbation planted on one rank is localised to its
- * layer on every rank; a topology that does not divide the model, a backend
+ * in chunks of 3. AFD 1A1F (rank 0 the mixers, rank 1 the MoE) likewise.
+ * A perturbation planted on one rank is localised to its layer on every rank; a topology that does not divide the model, a backend
  * without the ops, and a rank whose step fails are refused or reported on
  * every rank, naming the cause. */
 #include <check.h>
@@ -99,6 +99,7 @@ typedef struct run_ctx {
     int model;
     ls_comm *tp, *ep;                     /* both NULL: the plain engine */
     int split;                            /* > 0: tp is split from ep, groups of `split` ranks */
+    ls_comm *afd;                         /* attention-FFN disaggregation (1A1F) */
     int perturb_layer;
     ls_perturb_op perturb_op;
     const int32_t (*given)[CAP];          /* [N_SEQS] replay these (rollout skipped) */
@@ -116,6 +117,7 @@ static void *run_main(void *arg)
     run_ctx *x = arg;
     const ls_model *m = g_m[x->model];
     ls_engine_opts o = opts(x->model, x->tp, x->ep);
+    o.afd_comm = x->afd;
     if (x->perturb_op != LS_PERTURB_NONE) {
         o.perturb_op = x->perturb_op;
         o.perturb_layer = x->perturb_layer;
@@ -242,6 +244,47 @@ START_TEST(test_tp_equals_plain)
 }
 END_TEST
 
+/* ---- attention-FFN disaggregation 1A1F ------------------------------------------------------
+ * Rank 0 the mixers, rank 1 the MoE: both ranks' records (rank 1 takes rank
+ * 0's logprobs and digests) and completions equal the colocated engine's. */
+START_TEST(test_afd_equals_colocated)
+{
+    setup();
+    int model = _i;
+    const run_ctx *p = plain(model);
+    ls_comm *comms[2];
+    ls_error err;
+    ls_comm_opts co = {60000};
+    ck_assert_msg(ls_comm_cpu_world(2, &co, comms, &err) == LS_OK, "%s", err.msg);
+    run_ctx x[2];
+    memset(x, 0, sizeof x);
+    pthread_t t[2];
+    for (int r = 0; r < 2; r++) {
+        x[r].model = model;
+        x[r].afd = comms[r];
+        ck_assert_int_eq(ls_thread_start(&t[r], run_main, &x[r]), 0);
+    }
+    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < 2; r++) ls_comm_destroy(comms[r]);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_msg(x[r].st == LS_OK, "%s AFD rank %d: %s", g_name[model], r, x[r].msg);
+        char msg[512];
+        ck_assert_msg(recs_diff(&p->ro, &x[r].ro, 0, msg, sizeof msg) == 0,
+                      "%s AFD rank %d rollout: first difference: %s", g_name[model], r, msg);
+        ck_assert_msg(recs_diff(&p->rp, &x[r].rp, 0, msg, sizeof msg) == 0,
+                      "%s AFD rank %d replay: first difference: %s", g_name[model], r, msg);
+        ck_assert_msg(memcmp(p->done, x[r].done, sizeof p->done) == 0, "%s AFD rank %d: completions differ",
+                      g_name[model], r);
+        recs_free(&x[r].ro);
+        recs_free(&x[r].rp);
+    }
+    printf("%s AFD 1A1F: weight bytes attention rank %zu, FFN rank %zu (one rank: %zu)\n", g_name[model],
+           x[0].weight_bytes, x[1].weight_bytes, p->weight_bytes);
+    ck_assert(x[0].weight_bytes + x[1].weight_bytes == p->weight_bytes);
+    ck_assert(x[0].weight_bytes < p->weight_bytes && x[1].weight_bytes < p->weight_bytes);
+}
+END_TEST
+
 /* ---- a perturbation on one rank -------------------------------------------------------------- */
 
 /* The trace layer of the first drift of the first sequence that drifts, in
@@ -339,6 +382,17 @@ START_TEST(test_tp_refusals)
 {
     setup();
     expect_refused(0, 3, NULL, LS_E_UNSUPPORTED, "engine: num_attention_heads 4 is not a multiple of tp 3");
+    /* AFD on a communicator of 3 */
+    ls_comm *c3[3];
+    ls_error e3;
+    ck_assert_int_eq(ls_comm_cpu_world(3, NULL, c3, &e3), LS_OK);
+    ls_engine_opts o3 = opts(0, NULL, NULL);
+    o3.afd_comm = c3[0];
+    ls_engine *e = NULL;
+    ck_assert_int_eq(ls_run_engine_open(g_m[0], "cpu", 1, &o3, 2, CAP, &e, &e3), LS_E_UNSUPPORTED);
+    ck_assert_msg(strstr(e3.msg, "attention-FFN disaggregation runs on 2 ranks (1 attention, 1 FFN; the "
+                         "communicator has 3)"), "%s", e3.msg);
+    for (int r = 0; r < 3; r++) ls_comm_destroy(c3[r]);
     /* the FP8 model with 2 key heads */
     expect_refused(2, 4, NULL, LS_E_UNSUPPORTED, "engine: linear_num_key_heads 2 is not a multiple of tp 4");
     /* 384 rows of in_proj_qkv split in two: 192, across a scale block */
@@ -361,6 +415,7 @@ END_TEST
 typedef struct fail_ctx {
     ls_comm *comm;
     int bad;
+    int afd;                              /* the communicator is AFD's, not TP's */
     ls_status st;
     char msg[LS_ERROR_MSG_BYTES];
     double secs;
@@ -370,7 +425,8 @@ static void *fail_main(void *arg)
 {
     fail_ctx *x = arg;
     const ls_model *m = g_m[0];
-    ls_engine_opts o = opts(0, x->comm, NULL);
+    ls_engine_opts o = opts(0, x->afd ? NULL : x->comm, NULL);
+    o.afd_comm = x->afd ? x->comm : NULL;
     ls_engine *e = NULL;
     ls_error err;
     int32_t tok[4] = {1, 2, 3, x->bad ? (int32_t)m->cfg.vocab : 4};
@@ -392,11 +448,12 @@ static void *fail_main(void *arg)
 START_TEST(test_tp_rank_failure)
 {
     setup();
+    int afd = _i; /* 0: TP2; 1: AFD 1A1F, the FFN rank failing */
     ls_comm *comms[2];
     ls_error err;
     ls_comm_opts co = {30000};
     ck_assert_int_eq(ls_comm_cpu_world(2, &co, comms, &err), LS_OK);
-    fail_ctx x[2] = {{comms[0], 0, LS_OK, "", 0}, {comms[1], 1, LS_OK, "", 0}};
+    fail_ctx x[2] = {{comms[0], 0, afd, LS_OK, "", 0}, {comms[1], 1, afd, LS_OK, "", 0}};
     pthread_t t[2];
     for (int r = 0; r < 2; r++) ck_assert_int_eq(ls_thread_start(&t[r], fail_main, &x[r]), 0);
     for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
@@ -418,7 +475,8 @@ int main(void)
     tcase_add_loop_test(tc, test_tp_equals_plain, 0, 3);
     tcase_add_test(tc, test_tp_perturbation_localised);
     tcase_add_test(tc, test_tp_refusals);
-    tcase_add_test(tc, test_tp_rank_failure);
+    tcase_add_loop_test(tc, test_tp_rank_failure, 0, 2);
+    tcase_add_loop_test(tc, test_afd_equals_colocated, 0, 3);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK); /* the models are opened once for every test */

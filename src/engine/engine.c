@@ -123,7 +123,7 @@ void ls_engine_destroy(ls_engine *e)
     free(e->dump_elems), free(e->dump_dtype), free(e->rec_dumps);
     free(e->free_pages), free(e->h_pt), free(e->pt_dirty), free(e->kpool), free(e->vpool);
     free(e->h_ids), free(e->h_pairs), free(e->h_rows), free(e->h_all), free(e->ep_bytes);
-    free(e->ep_base), free(e->h_tp_a), free(e->h_tp_b);
+    free(e->ep_base), free(e->h_tp_a), free(e->h_tp_b), free(e->h_afd);
     free(e);
 }
 
@@ -157,8 +157,12 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
                        be->name, e->ep);
     /* KV heads fewer than the TP degree stay whole on every rank (§3.3) */
     int kv_whole = e->tp && Hkv % e->tp != 0;
-    LS_TRY(wrap(e, &m->embed, &e->embed, err));
-    LS_TRY(wrap_rows(e, &m->lm_head, 0, &e->lm_head, err));
+    /* AFD: the mixer rank holds no router or expert, the FFN rank nothing else */
+    int mixers = !e->afd || e->afd_rank == 0, ffn = !e->afd || e->afd_rank == 1;
+    if (mixers) {
+        LS_TRY(wrap(e, &m->embed, &e->embed, err));
+        LS_TRY(wrap_rows(e, &m->lm_head, 0, &e->lm_head, err));
+    }
     LS_TRY(small(e, m->final_norm, D, &e->final_norm, err));
     e->lw = calloc((size_t)L, sizeof *e->lw);
     if (!e->lw) return ls_fail_nomem(err, (size_t)L * sizeof *e->lw, "engine: weights of %ld layers", (long)L);
@@ -167,7 +171,9 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         layer_w *w = &e->lw[l];
         LS_TRY(small(e, ml->in_norm, D, &w->in_norm, err));
         LS_TRY(small(e, ml->post_norm, D, &w->post_norm, err));
-        if (ml->attention) {
+        if (!mixers) {
+            /* the FFN rank of AFD: no mixer weights */
+        } else if (ml->attention) {
             LS_TRY(wrap_rows(e, &ml->q_proj, 0, &w->q, err));
             LS_TRY(wrap_rows(e, &ml->k_proj, kv_whole, &w->k, err));
             LS_TRY(wrap_rows(e, &ml->v_proj, kv_whole, &w->v, err));
@@ -190,19 +196,21 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
             LS_TRY(small(e, ml->dt_bias, Hv, &w->dt_bias, err));
             LS_TRY(small(e, ml->gnorm, dv, &w->gnorm, err));
         }
-        LS_TRY(wrap(e, &ml->router, &w->router, err));
+        if (ffn) LS_TRY(wrap(e, &ml->router, &w->router, err));
         w->experts = calloc((size_t)(3 * E), sizeof(ls_bweight));
         if (!w->experts) return ls_fail_nomem(err, (size_t)(3 * E) * sizeof(ls_bweight), "engine: expert table of %ld experts", (long)E);
         for (long x = 0; x < E; x++) {
-            if (e->ep && x / e->ep_per != e->ep_rank) continue; /* another rank's expert */
+            if (!ffn || (e->ep && x / e->ep_per != e->ep_rank)) continue; /* another rank's expert */
             LS_TRY(wrap(e, &ml->exp_gate[x], &w->experts[x], err));
             LS_TRY(wrap(e, &ml->exp_up[x], &w->experts[E + x], err));
             LS_TRY(wrap(e, &ml->exp_down[x], &w->experts[2 * E + x], err));
         }
-        LS_TRY(wrap(e, &ml->sh_gate, &w->shg, err));
-        LS_TRY(wrap(e, &ml->sh_up, &w->shu, err));
-        LS_TRY(wrap(e, &ml->sh_down, &w->shd, err));
-        LS_TRY(wrap(e, &ml->sh_gate_w, &w->shw, err));
+        if (ffn) {
+            LS_TRY(wrap(e, &ml->sh_gate, &w->shg, err));
+            LS_TRY(wrap(e, &ml->sh_up, &w->shu, err));
+            LS_TRY(wrap(e, &ml->sh_down, &w->shd, err));
+            LS_TRY(wrap(e, &ml->sh_gate_w, &w->shw, err));
+        }
         w->moe = (ls_bmoe){E, D, c->moe_inter, c->shared_inter, w->experts, w->experts + E,
                            w->experts + 2 * E, &w->shg, &w->shu, &w->shd, &w->shw};
     }
@@ -285,6 +293,12 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     LS_TRY(buf(e, T * k, &e->wts, err));
     LS_TRY(buf(e, T * V, &e->logits, err));
     LS_TRY(buf(e, T * V, &e->lp, err));
+    if (e->afd) {
+        e->h_afd = malloc(sizeof(float) * (size_t)(T * (D + 2 * k)));
+        if (!e->h_afd)
+            return ls_fail_nomem(err, sizeof(float) * (size_t)(T * (D + 2 * k)),
+                                 "engine: attention-FFN buffers for %ld rows", T);
+    }
     if (e->tp) {
         long n = e->tp_max_n;
         LS_TRY(buf(e, T * (n / e->tp), &e->tp_out, err));
@@ -481,6 +495,10 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
             return ls_fail(err, LS_E_USAGE, "engine: kv_page %ld with %ld pages: a pool of %.3g elements "
                            "per layer is beyond what lockstep addresses", o->kv_page, pages, elems);
     }
+    if (o->afd_comm && (ls_comm_size(o->afd_comm) != 2 || o->tp_comm || o->ep_comm))
+        return ls_fail(err, LS_E_UNSUPPORTED, "engine: attention-FFN disaggregation runs on 2 ranks "
+                       "(1 attention, 1 FFN; the communicator has %d), without tensor or expert "
+                       "parallelism", ls_comm_size(o->afd_comm));
     if (o->tp_comm) LS_TRY(tp_check(m, ls_comm_size(o->tp_comm), o->ep_comm != NULL, err));
     if (o->ep_comm) {
         int ep = ls_comm_size(o->ep_comm);
@@ -530,6 +548,10 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
         e->ep = ls_comm_size(e->moe_comm);
         e->ep_rank = ls_comm_rank(e->moe_comm);
         e->ep_per = m->cfg.n_experts / e->ep;
+    }
+    if (o->afd_comm) {
+        e->afd = 1;
+        e->afd_rank = ls_comm_rank(o->afd_comm);
     }
     if (o->tp_comm) {
         const ls_model_config *c = &m->cfg;
@@ -944,8 +966,8 @@ ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items
     ls_status st = step(e, items, n_items, err);
     /* One rank of an expert- or tensor-parallel group that fails tells the
      * others, which would otherwise wait for its rows until their deadline. */
-    ls_comm *comms[2] = {e->o.ep_comm, e->o.tp_comm};
-    for (int i = 0; i < 2 && st != LS_OK; i++)
+    ls_comm *comms[3] = {e->o.ep_comm, e->o.tp_comm, e->o.afd_comm};
+    for (int i = 0; i < 3 && st != LS_OK; i++)
         if (comms[i]) ls_comm_abort(comms[i], "%s", err && err->msg[0] ? err->msg : ls_status_name(st));
     return st;
 }

@@ -482,6 +482,68 @@ static ls_status moe_ep(ls_engine *e, long l, long T, ls_error *err)
                            ord(e, l, LS_PERTURB_COMBINE), err);
 }
 
+/* ---- attention-FFN disaggregation 1A1F (docs/parallel.md §3.2) --------------------------
+ * Rank 0 runs everything but the MoE; per layer it sends the normed rows XN
+ * [T, D] and takes back the MoE output A [T, D] with the router's ids and
+ * weights [T, k] each (for its router digests), all exact bytes. Rank 1
+ * runs the router and the MoE on the rows it receives, with the colocated
+ * code, and holds nothing else. */
+
+/* Rank 0's MoE: a round trip to rank 1. */
+static ls_status moe_remote(ls_engine *e, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    long D = e->c.hidden, k = e->c.topk;
+    size_t rows = sizeof(float) * (size_t)(T * D), ik = sizeof(float) * (size_t)(T * k);
+    LS_TRY(be->download(be, e->h_afd, BEV(e->XN), rows, err));
+    LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows, 1, err));
+    LS_TRY(ls_comm_recv(e->o.afd_comm, e->h_afd, rows + 2 * ik, 1, err));
+    LS_TRY(be->upload(be, BEV(e->A), e->h_afd, rows, err));
+    LS_TRY(be->upload(be, BEV(e->ids), e->h_afd + T * D, ik, err));
+    return be->upload(be, BEV(e->wts), e->h_afd + T * D + T * k, ik, err);
+}
+
+/* Rank 1's forward: the MoE of every layer on the rows rank 0 sends. */
+static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    int act = e->o.act_bf16;
+    long D = c->hidden, k = c->topk;
+    size_t rows = sizeof(float) * (size_t)(T * D), ik = sizeof(float) * (size_t)(T * k);
+    for (long l = 0; l < c->n_layers; l++) {
+        layer_w *w = &e->lw[l];
+        LS_TRY(ls_comm_recv(e->o.afd_comm, e->h_afd, rows, 0, err));
+        LS_TRY(be->upload(be, BEV(e->XN), e->h_afd, rows, err));
+        LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
+                          BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
+        LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
+                       ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
+        LS_TRY(be->download(be, e->h_afd, BEV(e->A), rows, err));
+        LS_TRY(be->download(be, e->h_afd + T * D, BEV(e->ids), ik, err));
+        LS_TRY(be->download(be, e->h_afd + T * D + T * k, BEV(e->wts), ik, err));
+        LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows + 2 * ik, 0, err));
+    }
+    return LS_OK;
+}
+
+/* After the step (its digests complete): rank 0 sends what the records
+ * read — the logprobs and every digest slot — and rank 1 takes them, so
+ * both ranks record and sample alike. */
+static ls_status afd_records(ls_engine *e, long T, ls_error *err)
+{
+    ls_comm *c = e->o.afd_comm;
+    size_t lp = sizeof(float) * (size_t)(T * e->c.vocab), cells = (size_t)(T * e->n_slots);
+    if (e->afd_rank == 0) {
+        LS_TRY(ls_comm_send(c, e->h_lp, lp, 1, err));
+        LS_TRY(ls_comm_send(c, e->dig, cells * sizeof *e->dig, 1, err));
+        return ls_comm_send(c, e->have, cells, 1, err);
+    }
+    LS_TRY(ls_comm_recv(c, e->h_lp, lp, 0, err));
+    LS_TRY(ls_comm_recv(c, e->dig, cells * sizeof *e->dig, 0, err));
+    return ls_comm_recv(c, e->have, cells, 0, err);
+}
+
 static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
 {
     ls_backend *be = e->be;
@@ -516,6 +578,12 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     e->n_jobs = 0;
     memset(e->have, 0, (size_t)(T * e->n_slots));
     if (e->dumping) memset(e->dump_elems, 0, sizeof(uint32_t) * (size_t)(T * e->n_slots));
+    if (e->afd && e->afd_rank == 1) {
+        LS_TRY(forward_ffn(e, T, err));
+        for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
+        e->step_rows = T;
+        return LS_OK;
+    }
     long half = c->rotary_dims / 2;
     ls_cpu_rope_table(e->h_pos, T, c->rotary_dims, c->rope_theta, e->h_cos, e->h_sin, act);
     LS_TRY(be->upload(be, BEV(e->tok), e->h_tok, (size_t)T * 4, err));
@@ -534,9 +602,12 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
         LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
         LS_TRY(dq_rows(e, e->H, D, T, mixer_tl(l), 0, err));
         LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->post_norm), BEV(e->XN), T, D, act, on, err));
-        LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
-                          BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
-        if (e->ep)
+        if (!e->afd)
+            LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
+                              BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
+        if (e->afd)
+            LS_TRY(moe_remote(e, T, err));
+        else if (e->ep)
             LS_TRY(moe_ep(e, l, T, err));
         else
             LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
@@ -574,5 +645,6 @@ ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *er
         ls_status ws = e->be->digest_wait(e->be, st == LS_OK ? err : &werr);
         if (st == LS_OK) st = ws;
     }
+    if (st == LS_OK && e->afd) st = afd_records(e, e->step_rows, err);
     return st;
 }

@@ -136,6 +136,10 @@ struct ls_engine {
     float *h_tp_a, *h_tp_b;               /* [T, max N] host staging: own rows, every rank's */
     long tp_max_n;                        /* the widest sharded projection's N */
     size_t weight_bytes;                  /* matrices and FP8 scales this engine wrapped */
+    /* attention-FFN disaggregation (o.afd_comm; afd 0 = off): afd_rank 0
+     * runs the mixers, 1 the MoE (docs/parallel.md §3.2) */
+    int afd, afd_rank;
+    float *h_afd;                         /* [T * (D + 2k)]: rows, then ids (int32 bits), weights */
 };
 
 #define BEV(b) ((ls_view){(b), 0})
