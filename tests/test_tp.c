@@ -9,7 +9,8 @@
  * give every record of the plain engine bit for bit (tokens, logprobs,
  * top-5, every digest), on every rank, for a seeded rollout and its replay
  * in chunks of 3. AFD 1A1F (rank 0 the mixers, rank 1 the MoE) likewise.
- * A perturbation planted on one rank is localised to its layer on every rank; a topology that does not divide the model, a backend
+ * A perturbation planted on one rank is localised by the comparator to its
+ * layer on every rank; a topology that does not divide the model, a backend
  * without the ops, and a rank whose step fails are refused or reported on
  * every rank, naming the cause. */
 #include <check.h>
@@ -20,6 +21,7 @@
 
 #include "dist/comm.h"
 #include "core/thread.h"
+#include "compare/compare.h"
 #include "gpu/engine_records.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
@@ -287,35 +289,87 @@ END_TEST
 
 /* ---- a perturbation on one rank -------------------------------------------------------------- */
 
-/* The trace layer of the first drift of the first sequence that drifts, in
- * the comparator's causal order (positions in order; in a record, the input
- * token, its digests in layer-table order, then the selected token and its
- * logprobs); -1 when nothing drifts. b holds the same positions as a. */
-static int first_drift_layer(const recs *a, const recs *b, int n_layers)
+/* Writes a replay's records (sorted) as a trace, one chunk frame, so that
+ * the comparator (ls_compare_files) can localise a drift. */
+static void write_trace(const char *path, const recs *r, const ls_model_config *c)
 {
-    int best = -1;
-    uint32_t seq = UINT32_MAX;
-    for (long i = 0; i < a->n && i < b->n; i++) {
-        const ls_trace_record *x = &a->v[i].r, *y = &b->v[i].r;
-        ck_assert_msg(x->seq == y->seq && x->pos == y->pos, "records out of step");
-        if (x->seq == seq) continue; /* this sequence already drifted */
-        int at = -1;
-        if (x->token != y->token) at = 0;
-        for (uint32_t k = 0; at < 0 && k < x->n_digests; k++)
-            if (memcmp(a->v[i].d[k].digest.bytes, b->v[i].d[k].digest.bytes, 32)) at = a->v[i].d[k].layer;
-        if (at < 0 && (x->next_token != y->next_token || x->logprob_bits != y->logprob_bits ||
-                       memcmp(x->topk_logprob_bits, y->topk_logprob_bits, sizeof x->topk_logprob_bits)))
-            at = n_layers; /* past the last layer: the logprobs */
-        if (at < 0) continue;
-        seq = x->seq;
-        ck_assert_msg(best < 0 || best == at, "sequences drift first at layers %d and %d", best, at);
-        best = at;
+    int n = 3 + 2 * (int)c->n_layers;
+    ls_trace_layer layers[64];
+    ck_assert_int_le(n, 64);
+    for (int i = 0; i < n; i++) {
+        ls_trace_layer *tl = &layers[i];
+        memset(tl, 0, sizeof *tl);
+        tl->index = i;
+        tl->decoder_layer = -1;
+        if (i == 0) tl->family = LS_FAMILY_EMBED;
+        else if (i == n - 2) tl->family = LS_FAMILY_NORM;
+        else if (i == n - 1) tl->family = LS_FAMILY_LM_HEAD;
+        else {
+            tl->decoder_layer = (i - 1) / 2;
+            tl->family = (i - 1) % 2 ? LS_FAMILY_MOE
+                         : c->is_attention[tl->decoder_layer] ? LS_FAMILY_ATTENTION : LS_FAMILY_GDN;
+        }
     }
-    return best;
+    char model[65];
+    memset(model, 'a', 64);
+    model[64] = 0;
+    ls_trace_header h = {0};
+    h.mode = "replay";
+    h.engine = "lockstep-cpu";
+    h.model_fingerprint = model;
+    h.manifest_digest = "";
+    h.run_params_json = "{\"chunk\":3}";
+    h.topk = 5;
+    h.digest_kinds_mask = 0x1f;
+    h.state_digest_every = 4;
+    h.n_layers = n;
+    h.layers = layers;
+    ls_error err;
+    ls_trace_writer *w = NULL;
+    ck_assert_msg(ls_trace_writer_open(path, &h, &w, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_trace_writer_begin_frame(w, LS_FRAME_CHUNK, &err) == LS_OK, "%s", err.msg);
+    for (long i = 0; i < r->n; i++) {
+        ls_trace_record rec = r->v[i].r;
+        rec.digests = r->v[i].d;
+        ck_assert_msg(ls_trace_writer_add(w, &rec, &err) == LS_OK, "%s", err.msg);
+    }
+    ck_assert_msg(ls_trace_writer_end_frame(w, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_trace_writer_close(w, &err) == LS_OK, "%s", err.msg);
+}
+
+/* The comparator's verdict on a rank's replay against the plain engine's:
+ * -1 when equal, else the trace layer of the first drift, which must be the
+ * same in every drifting sequence (a digest drift, or n_layers for a drift
+ * past the last layer's digests). */
+static int compare_layer(const recs *plain_rp, const recs *rank_rp, const ls_model_config *c, int r)
+{
+    char *dir = ls_test_tmpdir("tp-compare");
+    char a[4200], b[4200];
+    snprintf(a, sizeof a, "%s/plain.trace", dir);
+    snprintf(b, sizeof b, "%s/rank%d.trace", dir, r);
+    write_trace(a, plain_rp, c);
+    write_trace(b, rank_rp, c);
+    ls_compare_result res;
+    ls_error err;
+    ck_assert_msg(ls_compare_files(a, b, NULL, &res, &err) == LS_OK, "%s", err.msg);
+    int n_layers = 3 + 2 * (int)c->n_layers, at = -1;
+    for (size_t i = 0; i < res.n_seqs && !res.equal; i++) {
+        const ls_compare_drift *d = &res.seqs[i].first;
+        if (d->what == LS_DRIFT_NONE) continue;
+        int l = d->what == LS_DRIFT_DIGEST ? d->layer : n_layers;
+        ck_assert_msg(at < 0 || at == l, "rank %d: sequences drift first at layers %d and %d (%s)", r, at, l,
+                      d->message);
+        at = l;
+    }
+    ck_assert_msg(res.equal == (at < 0), "rank %d: verdict %d with first drift layer %d", r, res.equal, at);
+    ls_compare_result_free(&res);
+    ls_test_rm_tmpdir(dir);
+    return at;
 }
 
 /* TP2 on model 0, the perturbation on rank 1 only, replaying the plain
- * engine's sequences: each rank's first drift is at the perturbed layer. */
+ * engine's sequences: the comparator puts each rank's first drift at the
+ * perturbed layer. */
 static void expect_localised(ls_perturb_op op, int layer, int want_tl, int want_ranks)
 {
     int model = 0;
@@ -329,11 +383,11 @@ static void expect_localised(ls_perturb_op op, int layer, int want_tl, int want_
     x[1].perturb_op = op;
     x[1].perturb_layer = layer;
     run_ranks(x, 2, 2, 0);
-    int n_tl = 3 + 2 * (int)g_m[model]->cfg.n_layers, drifted = 0;
+    int drifted = 0;
     for (int r = 0; r < 2; r++) {
         ck_assert_msg(x[r].st == LS_OK, "perturbed %s rank %d: %s", ls_perturb_op_name(op), r, x[r].msg);
         ck_assert_int_eq(x[r].rp.n, p->rp.n);
-        int at = first_drift_layer(&p->rp, &x[r].rp, n_tl);
+        int at = compare_layer(&p->rp, &x[r].rp, &g_m[model]->cfg, r);
         if (at >= 0) drifted |= 1 << r;
         ck_assert_msg(at < 0 || at == want_tl, "perturbed %s layer %d on rank 1: rank %d drifts first at trace "
                       "layer %d, not %d", ls_perturb_op_name(op), layer, r, at, want_tl);
