@@ -102,6 +102,7 @@ typedef struct run_ctx {
     ls_comm *tp, *ep;                     /* both NULL: the plain engine */
     int split;                            /* > 0: tp is split from ep, groups of `split` ranks */
     ls_comm *afd;                         /* attention-FFN disaggregation (1A1F) */
+    long kv_page;                         /* > 0: a paged KV cache (changes no bit) */
     int perturb_layer;
     ls_perturb_op perturb_op;
     const int32_t (*given)[CAP];          /* [N_SEQS] replay these (rollout skipped) */
@@ -120,6 +121,7 @@ static void *run_main(void *arg)
     const ls_model *m = g_m[x->model];
     ls_engine_opts o = opts(x->model, x->tp, x->ep);
     o.afd_comm = x->afd;
+    o.kv_page = x->kv_page;
     if (x->perturb_op != LS_PERTURB_NONE) {
         o.perturb_op = x->perturb_op;
         o.perturb_layer = x->perturb_layer;
@@ -203,14 +205,18 @@ static void run_ranks(run_ctx *x, int world, int tp, int ep_world)
 }
 
 /* TP (x EP) ranks; every rank's records must equal the plain engine's. */
-static void expect_equal(int model, int world, int tp, int ep_world)
+static void expect_equal_paged(int model, int world, int tp, int ep_world, long kv_page)
 {
     const run_ctx *p = plain(model);
     run_ctx *x = calloc((size_t)world, sizeof *x);
-    for (int r = 0; r < world; r++) x[r].model = model;
+    for (int r = 0; r < world; r++) {
+        x[r].model = model;
+        x[r].kv_page = kv_page;
+    }
     run_ranks(x, world, tp, ep_world);
     char what[64];
-    snprintf(what, sizeof what, ep_world ? "TP%d x EP%d" : "TP%d", tp, world / tp);
+    if (ep_world) snprintf(what, sizeof what, "TP%d x EP%d%s", tp, world / tp, kv_page ? " paged" : "");
+    else snprintf(what, sizeof what, "TP%d%s", tp, kv_page ? " paged" : "");
     for (int r = 0; r < world; r++) {
         ck_assert_msg(x[r].st == LS_OK, "%s %s rank %d: %s", g_name[model], what, r, x[r].msg);
         char msg[512];
@@ -234,6 +240,11 @@ static void expect_equal(int model, int world, int tp, int ep_world)
     free(x);
 }
 
+static void expect_equal(int model, int world, int tp, int ep_world)
+{
+    expect_equal_paged(model, world, tp, ep_world, 0);
+}
+
 START_TEST(test_tp_equals_plain)
 {
     setup();
@@ -242,6 +253,7 @@ START_TEST(test_tp_equals_plain)
     expect_equal(model, 2, 2, 0);
     expect_equal(model, 2, 2, 1); /* TP2 x EP1 over the same ranks: the experts via ep_comm */
     if (model < 2) expect_equal(model, 4, 4, 0);
+    if (model < 2) expect_equal_paged(model, 4, 4, 0, 5); /* each rank's KV pages hold its heads */
     expect_equal(model, 4, 2, 1); /* TP2 x EP2: two TP groups, experts over the 4 ranks */
 }
 END_TEST

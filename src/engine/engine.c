@@ -66,16 +66,31 @@ static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error 
  * a row-major matrix is contiguous, and so are its FP8 scale rows when the
  * range keeps the 128-row scale blocks, checked in tp_check). Without TP, or
  * for a matrix kept whole on every rank (`whole`), the full matrix. */
-static ls_status wrap_rows(ls_engine *e, const ls_wmat *m, int whole, ls_bweight *out, ls_error *err)
+static ls_status wrap_range(ls_engine *e, const ls_wmat *m, long r0, long n, ls_bweight *out,
+                            ls_error *err)
 {
-    if (!e->tp || whole) return wrap(e, m, out, err);
-    long n = m->rows / e->tp, r0 = (long)e->tp_rank * n;
     ls_wmat s = *m;
     s.rows = n;
     s.data = (const unsigned char *)m->data + (size_t)r0 * (size_t)m->cols * (size_t)ls_wtype_bytes(m->wtype);
     if (ls_wtype_is_f8(m->wtype))
         s.scale = m->scale + (size_t)(r0 / LS_FP8_BLOCK) * (size_t)LS_FP8_BLOCKS(m->cols);
     return wrap(e, &s, out, err);
+}
+
+static ls_status wrap_rows(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
+{
+    if (!e->tp) return wrap(e, m, out, err);
+    long n = m->rows / e->tp;
+    return wrap_range(e, m, (long)e->tp_rank * n, n, out, err);
+}
+
+/* k_proj, v_proj: the rows of this rank's KV heads kv_head0 .. (e->c holds
+ * their count), which ranks share when num_key_value_heads < tp. */
+static ls_status wrap_kv(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
+{
+    if (!e->tp) return wrap(e, m, out, err);
+    long d = e->c.head_dim;
+    return wrap_range(e, m, e->kv_head0 * d, e->c.n_kv_heads * d, out, err);
 }
 
 /* Small parameters, rounded to bf16 in bf16 mode (the reference casts every
@@ -155,13 +170,11 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no expert-parallel ops (moe_slots, "
                        "moe_combine): it cannot run as one rank of %d expert-parallel ranks",
                        be->name, e->ep);
-    /* KV heads fewer than the TP degree stay whole on every rank (§3.3) */
-    int kv_whole = e->tp && Hkv % e->tp != 0;
     /* AFD: the mixer rank holds no router or expert, the FFN rank nothing else */
     int mixers = !e->afd || e->afd_rank == 0, ffn = !e->afd || e->afd_rank == 1;
     if (mixers) {
         LS_TRY(wrap(e, &m->embed, &e->embed, err));
-        LS_TRY(wrap_rows(e, &m->lm_head, 0, &e->lm_head, err));
+        LS_TRY(wrap_rows(e, &m->lm_head, &e->lm_head, err));
     }
     LS_TRY(small(e, m->final_norm, D, &e->final_norm, err));
     e->lw = calloc((size_t)L, sizeof *e->lw);
@@ -174,24 +187,24 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         if (!mixers) {
             /* the FFN rank of AFD: no mixer weights */
         } else if (ml->attention) {
-            LS_TRY(wrap_rows(e, &ml->q_proj, 0, &w->q, err));
-            LS_TRY(wrap_rows(e, &ml->k_proj, kv_whole, &w->k, err));
-            LS_TRY(wrap_rows(e, &ml->v_proj, kv_whole, &w->v, err));
-            LS_TRY(wrap_rows(e, &ml->o_proj, 0, &w->o, err));
+            LS_TRY(wrap_rows(e, &ml->q_proj, &w->q, err));
+            LS_TRY(wrap_kv(e, &ml->k_proj, &w->k, err));
+            LS_TRY(wrap_kv(e, &ml->v_proj, &w->v, err));
+            LS_TRY(wrap_rows(e, &ml->o_proj, &w->o, err));
             LS_TRY(small(e, ml->q_norm, d, &w->q_norm, err));
             LS_TRY(small(e, ml->k_norm, d, &w->k_norm, err));
         } else {
             if (c->arch == LS_MODEL_QWEN3_5_MOE) {
-                LS_TRY(wrap_rows(e, &ml->in_qkv, 0, &w->in_qkv, err));
-                LS_TRY(wrap_rows(e, &ml->in_z, 0, &w->in_z, err));
-                LS_TRY(wrap_rows(e, &ml->in_b, 0, &w->in_b, err));
-                LS_TRY(wrap_rows(e, &ml->in_a, 0, &w->in_a, err));
+                LS_TRY(wrap_rows(e, &ml->in_qkv, &w->in_qkv, err));
+                LS_TRY(wrap_rows(e, &ml->in_z, &w->in_z, err));
+                LS_TRY(wrap_rows(e, &ml->in_b, &w->in_b, err));
+                LS_TRY(wrap_rows(e, &ml->in_a, &w->in_a, err));
             } else {
-                LS_TRY(wrap_rows(e, &ml->qkvz, 0, &w->qkvz, err));
-                LS_TRY(wrap_rows(e, &ml->ba, 0, &w->ba, err));
+                LS_TRY(wrap_rows(e, &ml->qkvz, &w->qkvz, err));
+                LS_TRY(wrap_rows(e, &ml->ba, &w->ba, err));
             }
             LS_TRY(wrap(e, &ml->conv, &w->conv, err));
-            LS_TRY(wrap_rows(e, &ml->out_proj, 0, &w->out_proj, err));
+            LS_TRY(wrap_rows(e, &ml->out_proj, &w->out_proj, err));
             LS_TRY(small(e, ml->A_log, Hv, &w->A_log, err));
             LS_TRY(small(e, ml->dt_bias, Hv, &w->dt_bias, err));
             LS_TRY(small(e, ml->gnorm, dv, &w->gnorm, err));
@@ -302,6 +315,12 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     if (e->tp) {
         long n = e->tp_max_n;
         LS_TRY(buf(e, T * (n / e->tp), &e->tp_out, err));
+        /* attention split by head: the gathered mixer output [T, Hq d] for
+         * o_proj, and the full K and V rows [T, Hkv d] for the KV digests */
+        const ls_model_config *mc = &m->cfg;
+        LS_TRY(buf(e, T * mc->n_heads * mc->head_dim, &e->tp_in, err));
+        LS_TRY(buf(e, T * mc->n_kv_heads * mc->head_dim, &e->k_full, err));
+        LS_TRY(buf(e, T * mc->n_kv_heads * mc->head_dim, &e->v_full, err));
         e->h_tp_a = malloc(sizeof(float) * (size_t)(T * n));
         e->h_tp_b = malloc(sizeof(float) * (size_t)(T * n));
         if (!e->h_tp_a || !e->h_tp_b)
@@ -454,8 +473,8 @@ static ls_status tp_check(const ls_model *m, int tp, int ep_elsewhere, ls_error 
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
             const ls_wmat *w = mats[i].w;
             if (!w->data || !ls_wtype_is_f8(w->wtype)) continue;
-            if ((i == 1 || i == 2) && kv % tp != 0) continue; /* kept whole */
-            long n = w->rows / tp;
+            /* k/v: one head per rank when KV heads are fewer than tp */
+            long n = (i == 1 || i == 2) && kv % tp != 0 ? w->rows / kv : w->rows / tp;
             if (n % LS_FP8_BLOCK != 0 && LS_FP8_BLOCK % n != 0)
                 return ls_fail(err, LS_E_UNSUPPORTED, "engine: layer %ld %s is FP8 with %ld rows: "
                                "%ld rows per rank at tp %d split its %d-row scale blocks", l,
@@ -562,6 +581,15 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
                          2 * hk * c->lin_k_dim + 2 * hv * c->lin_v_dim, 2 * hv};
         for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
             if (widths[i] > e->tp_max_n) e->tp_max_n = widths[i];
+        /* Attention is split by head: the engine's config holds this rank's
+         * query heads and KV heads, so its caches and ops are the rank's.
+         * KV heads fewer than tp: each rank holds the one its query heads
+         * read, shared by tp / Hkv consecutive ranks (§3.3). */
+        long hkv = c->n_kv_heads;
+        e->c.n_heads = c->n_heads / e->tp;
+        e->kv_share = hkv < 1 || hkv % e->tp == 0 ? 1 : e->tp / (int)hkv;
+        e->c.n_kv_heads = hkv % e->tp == 0 ? hkv / e->tp : 1;
+        e->kv_head0 = (e->tp_rank / e->kv_share) * e->c.n_kv_heads;
     }
     st = create_inner(e, err);
     if (st != LS_OK) {

@@ -102,23 +102,37 @@ static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, in
  * computes, over the whole K, in today's order), and the ranks all-gather
  * them (exact bytes) into every rank's y [T, N]. A matrix kept whole (no TP,
  * or KV heads fewer than tp) is the plain linear. */
+/* Every rank's columns [T, n] of src (exact bytes) into y [T, N]: rank r's
+ * are columns (r / share) * n .. of y, where `share` consecutive ranks hold
+ * the same columns (replicated KV heads; 1 otherwise) and the first of them
+ * provides them. */
+static ls_status gather_cols(ls_engine *e, ls_view src, long T, long n, long N, int share, ls_view y,
+                             ls_error *err)
+{
+    ls_backend *be = e->be;
+    long tp = e->tp;
+    size_t own = sizeof(float) * (size_t)(T * n);
+    if (n * (tp / share) != N)
+        return ls_fail(err, LS_E_INTERNAL, "engine: %ld columns on each of %ld ranks (shared by %d) do "
+                       "not make %ld", n, tp, share, N);
+    LS_TRY(be->download(be, e->h_tp_a, src, own, err));
+    LS_TRY(ls_comm_all_gather(e->o.tp_comm, e->h_tp_a, own, e->h_tp_b, err));
+    for (long t = 0; t < T; t++)
+        for (long r = 0; r < tp; r += share)
+            memcpy(e->h_tp_a + t * N + (r / share) * n, e->h_tp_b + (r * T + t) * n,
+                   sizeof(float) * (size_t)n);
+    return be->upload(be, y, e->h_tp_a, sizeof(float) * (size_t)(T * N), err);
+}
+
 static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_view y, long T,
                      ls_order o, ls_error *err)
 {
     ls_backend *be = e->be;
     if (w->rows == N) return be->linear(be, w, x, y, T, e->o.act_bf16, o, err);
-    long n = w->rows, tp = e->tp;
-    if (!e->tp || n * tp != N)
-        return ls_fail(err, LS_E_INTERNAL, "engine: a projection of %ld rows holds %ld (tp %ld)", N, n, tp);
+    if (!e->tp)
+        return ls_fail(err, LS_E_INTERNAL, "engine: a projection of %ld rows holds %ld", N, w->rows);
     LS_TRY(be->linear(be, w, x, BEV(e->tp_out), T, e->o.act_bf16, o, err));
-    size_t own = sizeof(float) * (size_t)(T * n);
-    LS_TRY(be->download(be, e->h_tp_a, BEV(e->tp_out), own, err));
-    LS_TRY(ls_comm_all_gather(e->o.tp_comm, e->h_tp_a, own, e->h_tp_b, err));
-    /* rank r's block is [T, n]: its rows become columns r*n.. of y */
-    for (long t = 0; t < T; t++)
-        for (long r = 0; r < tp; r++)
-            memcpy(e->h_tp_a + t * N + r * n, e->h_tp_b + (r * T + t) * n, sizeof(float) * (size_t)n);
-    return be->upload(be, y, e->h_tp_a, sizeof(float) * (size_t)(T * N), err);
+    return gather_cols(e, BEV(e->tp_out), T, w->rows, N, 1, y, err);
 }
 
 /* ---- forward ------------------------------------------------------------------------- */
@@ -408,13 +422,26 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
                              e->kv_cap, AT(e->pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa,
                              err));
     }
-    /* KV digests: the K row then the V row written at each position. */
+    /* KV digests: the K row then the V row written at each position, of
+     * every KV head (split by head: gathered from the ranks) */
     long W = Hkv * d;
+    ls_buf *kr = e->K, *vr = e->V;
+    if (e->tp) {
+        W = e->m->cfg.n_kv_heads * d;
+        LS_TRY(gather_cols(e, BEV(e->K), T, Hkv * d, W, e->kv_share, BEV(e->k_full), err));
+        LS_TRY(gather_cols(e, BEV(e->V), T, Hkv * d, W, e->kv_share, BEV(e->v_full), err));
+        kr = e->k_full;
+        vr = e->v_full;
+    }
     for (long r = 0; r < T; r++)
-        LS_TRY(dq_push(e, r, tl, LS_DIGEST_KV, span(AT(e->K, r * W), 1, W, W, act),
-                       span(AT(e->V, r * W), 1, W, W, act), err));
+        LS_TRY(dq_push(e, r, tl, LS_DIGEST_KV, span(AT(kr, r * W), 1, W, W, act),
+                       span(AT(vr, r * W), 1, W, W, act), err));
     LS_TRY(be->sigmoid_gate(be, BEV(e->O), BEV(e->G), T * Hq * d, act, err));
-    return lin(e, &w->o, c->hidden, BEV(e->O), BEV(e->A), T, LS_ORDER_CANONICAL, err);
+    if (!e->tp) return lin(e, &w->o, c->hidden, BEV(e->O), BEV(e->A), T, LS_ORDER_CANONICAL, err);
+    /* o_proj reads every head: the ranks' heads gathered, in head order */
+    long Wo = e->m->cfg.n_heads * d;
+    LS_TRY(gather_cols(e, BEV(e->O), T, Hq * d, Wo, 1, BEV(e->tp_in), err));
+    return lin(e, &w->o, c->hidden, BEV(e->tp_in), BEV(e->A), T, LS_ORDER_CANONICAL, err);
 }
 
 /* ---- expert parallelism (docs/parallel.md §3.1) ----------------------------------------

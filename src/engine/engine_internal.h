@@ -135,6 +135,10 @@ struct ls_engine {
     ls_buf *tp_out;                       /* [T, max N / tp] this rank's outputs */
     float *h_tp_a, *h_tp_b;               /* [T, max N] host staging: own rows, every rank's */
     long tp_max_n;                        /* the widest sharded projection's N */
+    long kv_head0;                        /* this rank's first KV head (c.n_kv_heads of them) */
+    int kv_share;                         /* consecutive ranks holding the same KV heads */
+    ls_buf *tp_in;                        /* [T, Hq d] the gathered attention output */
+    ls_buf *k_full, *v_full;              /* [T, Hkv d] every KV head's rows, for the digests */
     size_t weight_bytes;                  /* matrices and FP8 scales this engine wrapped */
     /* attention-FFN disaggregation (o.afd_comm; afd 0 = off): afd_rank 0
      * runs the mixers, 1 the MoE (docs/parallel.md §3.2) */
