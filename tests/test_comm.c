@@ -270,6 +270,23 @@ static void run_procs(int size, long timeout_ms, int (*script)(rank_ctx *), void
     }
 }
 
+static int script_split(rank_ctx *x); /* below */
+
+START_TEST(test_split_processes)
+{
+    for (int W = 1; W <= 4; W++) {
+        int status[8];
+        char msg[8][MSG];
+        run_procs(W, 20000, script_split, NULL, status, msg);
+        for (int r = 0; r < W; r++) {
+            ck_assert_msg(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0,
+                          "world %d rank %d: status %d: %s", W, r, status[r], msg[r]);
+            ck_assert_msg(msg[r][0] == '\0', "world %d: %s", W, msg[r]);
+        }
+    }
+}
+END_TEST
+
 START_TEST(test_every_op_processes)
 {
     for (int W = 1; W <= 4; W++) {
@@ -281,6 +298,105 @@ START_TEST(test_every_op_processes)
                           "world %d rank %d: status %d: %s", W, r, status[r], msg[r]);
             ck_assert_msg(msg[r][0] == '\0', "world %d: %s", W, msg[r]);
         }
+    }
+}
+END_TEST
+
+/* ---- split ------------------------------------------------------------------------------
+ * A world of W ranks split twice: groups of two consecutive ranks (the TP
+ * groups of a TP x EP world), numbered in reverse by their keys, and the
+ * ranks of equal parity. Each group all-gathers its members' parent ranks
+ * and runs point to point; the parent and both groups then take calls in
+ * turn, so their streams stay apart. */
+static int script_split(rank_ctx *x)
+{
+    int r = x->rank, W = x->size;
+    ls_comm *pair = NULL, *par = NULL;
+    int bad = 0;
+    if (CALL(x, ls_comm_split(x->c, r / 2, -r, &pair, &e_))) return 1;
+    if (CALL(x, ls_comm_split(x->c, r % 2, r, &par, &e_))) bad = 1;
+    for (int round = 0; round < 2 && !bad; round++) {
+        struct {
+            ls_comm *c;
+            int n, rank;
+            int member[4];                /* parent ranks in group order */
+        } g[2] = {{pair, 0, 0, {0}}, {par, 0, 0, {0}}};
+        for (int q = W - 1; q >= 0; q--) /* keys -q: the highest parent rank first */
+            if (q / 2 == r / 2) g[0].member[g[0].n++] = q;
+        for (int q = 0; q < W; q++)
+            if (q % 2 == r % 2) g[1].member[g[1].n++] = q;
+        for (int i = 0; i < 2 && !bad; i++) {
+            for (int j = 0; j < g[i].n; j++)
+                if (g[i].member[j] == r) g[i].rank = j;
+            if (ls_comm_size(g[i].c) != g[i].n || ls_comm_rank(g[i].c) != g[i].rank) {
+                snprintf(x->msg, MSG, "rank %d: group %d is rank %d of %d, expected %d of %d", r, i,
+                         ls_comm_rank(g[i].c), ls_comm_size(g[i].c), g[i].rank, g[i].n);
+                bad = 1;
+                break;
+            }
+            int32_t mine = r + 100 * round, got[4];
+            if (CALL(x, ls_comm_all_gather(g[i].c, &mine, 4, got, &e_))) bad = 1;
+            for (int j = 0; j < g[i].n && !bad; j++)
+                if (got[j] != g[i].member[j] + 100 * round) {
+                    snprintf(x->msg, MSG, "rank %d: group %d block %d is %d, expected %d", r, i, j, got[j],
+                             g[i].member[j] + 100 * round);
+                    bad = 1;
+                }
+            /* a ring step in the group */
+            int n = g[i].n, me = g[i].rank;
+            if (n > 1 && !bad) {
+                int32_t in = -1;
+                if (CALL(x, ls_comm_sendrecv(g[i].c, &mine, 4, (me + 1) % n, &in, 4, (me + n - 1) % n, &e_)))
+                    bad = 1;
+                else if (in != g[i].member[(me + n - 1) % n] + 100 * round) {
+                    snprintf(x->msg, MSG, "rank %d: group %d ring got %d", r, i, in);
+                    bad = 1;
+                }
+            }
+        }
+        int32_t w[8], mine = r;
+        if (!bad && CALL(x, ls_comm_all_gather(x->c, &mine, 4, w, &e_))) bad = 1;
+        for (int q = 0; q < W && !bad; q++)
+            if (w[q] != q) {
+                snprintf(x->msg, MSG, "rank %d: parent block %d is %d after the split", r, q, w[q]);
+                bad = 1;
+            }
+    }
+    ls_comm_destroy(pair);
+    ls_comm_destroy(par);
+    return bad;
+}
+
+START_TEST(test_split_threads)
+{
+    for (int W = 1; W <= 4; W++) {
+        rank_ctx ctx[8];
+        run_threads(W, 20000, script_split, ctx, NULL);
+        for (int r = 0; r < W; r++)
+            ck_assert_msg(ctx[r].msg[0] == '\0', "world %d: %s", W, ctx[r].msg);
+    }
+}
+END_TEST
+
+/* A rank that passes a bad color fails the split on every rank, naming it. */
+static int script_split_bad(rank_ctx *x)
+{
+    ls_comm *g = NULL;
+    CALL(x, ls_comm_split(x->c, x->rank == 1 ? -1 : 0, 0, &g, &e_));
+    if (g) snprintf(x->msg, MSG, "rank %d: the split succeeded", x->rank);
+    ls_comm_destroy(g);
+    return 1;
+}
+
+START_TEST(test_split_bad_color)
+{
+    rank_ctx ctx[8];
+    run_threads(3, 20000, script_split_bad, ctx, NULL);
+    for (int r = 0; r < 3; r++) {
+        const char *want = r == 1 ? "split: color -1 must be >= 0" : "rank 1 failed: ";
+        ck_assert_msg(ctx[r].st != LS_OK && strstr(ctx[r].msg, want), "rank %d: '%s' lacks '%s'", r,
+                      ctx[r].msg, want);
+        ck_assert_msg(ctx[r].ms < 10000, "rank %d took %ld ms", r, ctx[r].ms);
     }
 }
 END_TEST
@@ -583,6 +699,9 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_every_op_threads);
     tcase_add_test(tc, test_every_op_processes);
+    tcase_add_test(tc, test_split_threads);
+    tcase_add_test(tc, test_split_processes);
+    tcase_add_test(tc, test_split_bad_color);
     tcase_add_test(tc, test_rank_aborts_mid_collective);
     tcase_add_test(tc, test_rank_hangs_timeout);
     tcase_add_test(tc, test_rank_closes);

@@ -35,7 +35,7 @@
 #define MAGIC 0x4d43534cu /* "LSCM" */
 #define REASON_MAX 900    /* an abort's reason, bytes (fits an ls_error with context) */
 
-enum { OP_GATHER = 1, OP_ALLTOALL, OP_BCAST, OP_BARRIER, OP_P2P, OP_ABORT };
+enum { OP_GATHER = 1, OP_ALLTOALL, OP_BCAST, OP_BARRIER, OP_P2P, OP_ABORT, OP_SPLIT };
 
 static const char *op_name(int op)
 {
@@ -46,6 +46,7 @@ static const char *op_name(int op)
     case OP_BARRIER: return "barrier";
     case OP_P2P: return "send/recv";
     case OP_ABORT: return "abort";
+    case OP_SPLIT: return "split";
     default: return "an unknown operation";
     }
 }
@@ -728,6 +729,186 @@ ls_status ls_comm_cpu_adopt(int rank, int size, int *fds, const ls_comm_opts *op
     }
     for (int p = 0; p < size; p++) c->fd[p] = fds[p];
     *out = c;
+    return LS_OK;
+}
+
+/* ---- split ------------------------------------------------------------------------------
+ * A group's connections are new socket pairs: the lower-ranked member of each
+ * pair creates one and sends an end to the other in a header-only OP_SPLIT
+ * message on c's connection, the descriptor riding along as SCM_RIGHTS. Both
+ * sides are at a message boundary there (every earlier call completed), and
+ * the receiver takes the header with recvmsg, so the descriptor is not lost
+ * to a plain read. */
+
+/* Sends the OP_SPLIT header with descriptor fd to parent rank p. */
+static ls_status split_send(ls_comm *c, int p, int fd, int color, long deadline, ls_error *err)
+{
+    uint8_t h[HDR];
+    hdr_put(h, OP_SPLIT, c->tx_seq[p], color, 0);
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    memset(&u, 0, sizeof u);
+    size_t done = 0;
+    while (done < HDR) {
+        struct iovec iov = {h + done, HDR - done};
+        struct msghdr m = {0};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        if (done == 0) { /* the descriptor goes with the first byte */
+            m.msg_control = u.buf;
+            m.msg_controllen = sizeof u.buf;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+        }
+        ssize_t w = sendmsg(c->fd[p], &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            done += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            c->tx_cut[p] = done > 0;
+            char reason[REASON_MAX];
+            snprintf(reason, sizeof reason, "split: sending a connection to rank %d: %s", p,
+                     strerror(errno));
+            return fail_with(c, err, LS_E_DEVICE, c->rank, reason, "rank %d: %s", c->rank, reason);
+        }
+        long left = deadline - now_ms();
+        struct pollfd pf = {c->fd[p], POLLOUT, 0};
+        if (left <= 0 || poll(&pf, 1, (int)left) == 0) {
+            c->tx_cut[p] = done > 0;
+            char reason[REASON_MAX];
+            snprintf(reason, sizeof reason, "took no data from rank %d within %ld ms during split", c->rank,
+                     c->timeout_ms);
+            return fail_with(c, err, LS_E_DEVICE, p, reason, "rank %d: rank %d %s; rank %d is declared failed",
+                             c->rank, p, reason, p);
+        }
+    }
+    c->tx_seq[p]++;
+    return LS_OK;
+}
+
+/* Receives the OP_SPLIT header from parent rank p; *fd = the descriptor. */
+static ls_status split_recv(ls_comm *c, int p, int color, long deadline, int *fd, ls_error *err)
+{
+    uint8_t h[HDR];
+    size_t done = 0;
+    *fd = -1;
+    while (done < HDR) {
+        long left = deadline - now_ms();
+        struct pollfd pf = {c->fd[p], POLLIN, 0};
+        if (left <= 0 || poll(&pf, 1, (int)left) == 0) {
+            char reason[REASON_MAX];
+            snprintf(reason, sizeof reason, "sent no message to rank %d within %ld ms during split", c->rank,
+                     c->timeout_ms);
+            return fail_with(c, err, LS_E_DEVICE, p, reason, "rank %d: rank %d %s; rank %d is declared failed",
+                             c->rank, p, reason, p);
+        }
+        union {
+            struct cmsghdr align;
+            char buf[CMSG_SPACE(sizeof(int))];
+        } u;
+        struct iovec iov = {h + done, HDR - done};
+        struct msghdr m = {0};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = u.buf;
+        m.msg_controllen = sizeof u.buf;
+        ssize_t n = recvmsg(c->fd[p], &m, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+        if (n <= 0) {
+            if (*fd >= 0) close(*fd);
+            *fd = -1;
+            call k = {OP_SPLIT, "split"};
+            return peer_closed(c, &k, p, done > 0, err);
+        }
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&m); cm; cm = CMSG_NXTHDR(&m, cm))
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS && *fd < 0)
+                memcpy(fd, CMSG_DATA(cm), sizeof(int));
+        done += (size_t)n;
+    }
+    int op = h[4];
+    uint32_t seq = ls_rd32(h + 8);
+    int arg = (int)ls_rd32(h + 12);
+    if (ls_rd32(h) != MAGIC || op != OP_SPLIT || seq != c->rx_seq[p] || arg != color || *fd < 0) {
+        if (*fd >= 0) close(*fd);
+        *fd = -1;
+        char reason[REASON_MAX];
+        if (ls_rd32(h) == MAGIC && op == OP_ABORT)
+            snprintf(reason, sizeof reason, "aborted during split (rank %d was waiting for its connection)",
+                     c->rank);
+        else
+            snprintf(reason, sizeof reason, "sent %s (color %d, seq %u%s) where rank %d expected split "
+                     "(color %d, seq %u) with a connection", op_name(op), arg, seq,
+                     *fd < 0 ? ", no descriptor" : "", c->rank, color, c->rx_seq[p]);
+        return fail_with(c, err, LS_E_DEVICE, p, reason, "rank %d %s", p, reason);
+    }
+    c->rx_seq[p]++;
+    return LS_OK;
+}
+
+ls_status ls_comm_split(ls_comm *c, int color, int key, ls_comm **out, ls_error *err)
+{
+    if (out) *out = NULL;
+    ENTER(c, err);
+    if (!out) return bad_call(c, err, "split: no output");
+    if (color < 0) return bad_call(c, err, "split: color %d must be >= 0", color);
+    int W = c->size;
+    int32_t mine[2] = {color, key};
+    int32_t *all = malloc(sizeof(int32_t) * 2 * (size_t)W);
+    int *mem = malloc(sizeof(int) * (size_t)W);
+    if (!all || !mem) {
+        free(all), free(mem);
+        return fail_with(c, err, LS_E_NOMEM, c->rank, "out of memory in split", "rank %d: split: out of "
+                         "memory for %d ranks", c->rank, W);
+    }
+    ls_status st = ls_comm_all_gather(c, mine, sizeof mine, all, err);
+    /* the members in (key, rank) order: an insertion sort, W is small */
+    int n = 0, me = -1;
+    for (int p = 0; p < W && st == LS_OK; p++) {
+        if (all[2 * p] != color) continue;
+        int i = n++;
+        while (i > 0 && all[2 * mem[i - 1] + 1] > all[2 * p + 1]) {
+            mem[i] = mem[i - 1];
+            i--;
+        }
+        mem[i] = p;
+    }
+    for (int i = 0; i < n; i++)
+        if (mem[i] == c->rank) me = i;
+    ls_comm *k = NULL;
+    if (st == LS_OK) {
+        k = endpoint_new(me, n, c->timeout_ms);
+        if (!k)
+            st = fail_with(c, err, LS_E_NOMEM, c->rank, "out of memory in split", "rank %d: split: out of "
+                           "memory for an endpoint of %d ranks", c->rank, n);
+    }
+    long deadline = now_ms() + c->timeout_ms;
+    /* the lower rank of each pair creates and sends; sends first, so that no
+     * rank waits for a peer that is itself waiting */
+    for (int i = me + 1; i < n && st == LS_OK; i++) {
+        int sv[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+            char reason[REASON_MAX];
+            snprintf(reason, sizeof reason, "split: socketpair: %s", strerror(errno));
+            st = fail_with(c, err, LS_E_DEVICE, c->rank, reason, "rank %d: %s", c->rank, reason);
+            break;
+        }
+        k->fd[i] = sv[0];
+        st = split_send(c, mem[i], sv[1], color, deadline, err);
+        close(sv[1]); /* the peer holds its own copy once sent */
+    }
+    for (int i = 0; i < me && st == LS_OK; i++) st = split_recv(c, mem[i], color, deadline, &k->fd[i], err);
+    free(all), free(mem);
+    if (st != LS_OK) {
+        ls_comm_destroy(k);
+        return st;
+    }
+    *out = k;
     return LS_OK;
 }
 

@@ -63,6 +63,18 @@ ls_status ls_comm_cpu_world(int size, const ls_comm_opts *opts, ls_comm **comms,
  * on failure (they are closed). */
 ls_status ls_comm_cpu_adopt(int rank, int size, int *fds, const ls_comm_opts *opts, ls_comm **out, ls_error *err);
 
+/* Splits the communicator's ranks into groups (collective over c): the ranks
+ * that pass the same color (>= 0) form one group, numbered by (key, rank in
+ * c). *out is this rank's endpoint of its group, a communicator of its own:
+ * its own connections (for the CPU communicator, a socket pair per pair of
+ * members, created by the lower rank and handed to the other over c's
+ * connection), its own sequence of calls and its own failure state (a
+ * failure aborts the group's communicator, not c: a caller using both aborts
+ * both). Same timeout as c. Works for ranks as threads and as processes.
+ * The TP groups of a TP x EP world are split this way (docs/parallel.md
+ * §3.4). On failure c is aborted (as for any failed call) and *out is NULL. */
+ls_status ls_comm_split(ls_comm *c, int color, int key, ls_comm **out, ls_error *err);
+
 /* Closes the endpoint's connections and frees it (NULL is a no-op). Sends
  * nothing: a peer still waiting on this rank sees its connection closed and
  * names it. Call ls_comm_abort first to tell the peers why. */

@@ -45,6 +45,7 @@ static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error 
 {
     size_t bytes = (size_t)m->rows * (size_t)m->cols * (size_t)ls_wtype_bytes(m->wtype);
     LS_TRY(e->be->wrap_weights(e->be, m->data, bytes, m->wtype, &out->buf, err));
+    e->weight_bytes += bytes;
     out->off_bytes = 0;
     out->wtype = m->wtype;
     out->rows = m->rows;
@@ -54,9 +55,42 @@ static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error 
         /* the model binds FP8 matrices dequantised; w8a8 is the engine's choice */
         size_t sb = sizeof(float) * (size_t)LS_FP8_BLOCKS(m->rows) * (size_t)LS_FP8_BLOCKS(m->cols);
         LS_TRY(e->be->wrap_weights(e->be, m->scale, sb, LS_WTYPE_F32, &out->scale, err));
+        e->weight_bytes += sb;
         out->wtype = e->o.fp8_w8a8 ? LS_WTYPE_F8_W8A8 : LS_WTYPE_F8_DEQUANT;
     }
     return LS_OK;
+}
+
+/* Tensor parallelism: this rank's rows tp_rank * n .. + n - 1 (n = rows / tp)
+ * of a projection, borrowed from the model's matrix (no copy: a row range of
+ * a row-major matrix is contiguous, and so are its FP8 scale rows when the
+ * range keeps the 128-row scale blocks, checked in tp_check). Without TP, or
+ * for a matrix kept whole on every rank (`whole`), the full matrix. */
+static ls_status wrap_range(ls_engine *e, const ls_wmat *m, long r0, long n, ls_bweight *out,
+                            ls_error *err)
+{
+    ls_wmat s = *m;
+    s.rows = n;
+    s.data = (const unsigned char *)m->data + (size_t)r0 * (size_t)m->cols * (size_t)ls_wtype_bytes(m->wtype);
+    if (ls_wtype_is_f8(m->wtype))
+        s.scale = m->scale + (size_t)(r0 / LS_FP8_BLOCK) * (size_t)LS_FP8_BLOCKS(m->cols);
+    return wrap(e, &s, out, err);
+}
+
+static ls_status wrap_rows(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
+{
+    if (!e->tp) return wrap(e, m, out, err);
+    long n = m->rows / e->tp;
+    return wrap_range(e, m, (long)e->tp_rank * n, n, out, err);
+}
+
+/* k_proj, v_proj: the rows of this rank's KV heads kv_head0 .. (e->c holds
+ * their count), which ranks share when num_key_value_heads < tp. */
+static ls_status wrap_kv(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
+{
+    if (!e->tp) return wrap(e, m, out, err);
+    long d = e->c.head_dim;
+    return wrap_range(e, m, e->kv_head0 * d, e->c.n_kv_heads * d, out, err);
 }
 
 /* Small parameters, rounded to bf16 in bf16 mode (the reference casts every
@@ -104,7 +138,7 @@ void ls_engine_destroy(ls_engine *e)
     free(e->dump_elems), free(e->dump_dtype), free(e->rec_dumps);
     free(e->free_pages), free(e->h_pt), free(e->pt_dirty), free(e->kpool), free(e->vpool);
     free(e->h_ids), free(e->h_pairs), free(e->h_rows), free(e->h_all), free(e->ep_bytes);
-    free(e->ep_base);
+    free(e->ep_base), free(e->h_tp_a), free(e->h_tp_b), free(e->h_afd);
     free(e);
 }
 
@@ -128,12 +162,20 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     if (!be->digest)
         return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no digest op: lockstep records "
                        "every digest through it and will not run without it", be->name);
+    if (e->tp && (!be->moe_slots || !be->moe_combine))
+        return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no expert-parallel ops (moe_slots, "
+                       "moe_combine): it cannot run as one rank of %d tensor-parallel ranks (the "
+                       "MoE of a tensor-parallel group runs expert-parallel)", be->name, e->tp);
     if (e->ep && (!be->moe_slots || !be->moe_combine))
         return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no expert-parallel ops (moe_slots, "
                        "moe_combine): it cannot run as one rank of %d expert-parallel ranks",
                        be->name, e->ep);
-    LS_TRY(wrap(e, &m->embed, &e->embed, err));
-    LS_TRY(wrap(e, &m->lm_head, &e->lm_head, err));
+    /* AFD: the mixer rank holds no router or expert, the FFN rank nothing else */
+    int mixers = !e->afd || e->afd_rank == 0, ffn = !e->afd || e->afd_rank == 1;
+    if (mixers) {
+        LS_TRY(wrap(e, &m->embed, &e->embed, err));
+        LS_TRY(wrap_rows(e, &m->lm_head, &e->lm_head, err));
+    }
     LS_TRY(small(e, m->final_norm, D, &e->final_norm, err));
     e->lw = calloc((size_t)L, sizeof *e->lw);
     if (!e->lw) return ls_fail_nomem(err, (size_t)L * sizeof *e->lw, "engine: weights of %ld layers", (long)L);
@@ -142,42 +184,46 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         layer_w *w = &e->lw[l];
         LS_TRY(small(e, ml->in_norm, D, &w->in_norm, err));
         LS_TRY(small(e, ml->post_norm, D, &w->post_norm, err));
-        if (ml->attention) {
-            LS_TRY(wrap(e, &ml->q_proj, &w->q, err));
-            LS_TRY(wrap(e, &ml->k_proj, &w->k, err));
-            LS_TRY(wrap(e, &ml->v_proj, &w->v, err));
-            LS_TRY(wrap(e, &ml->o_proj, &w->o, err));
+        if (!mixers) {
+            /* the FFN rank of AFD: no mixer weights */
+        } else if (ml->attention) {
+            LS_TRY(wrap_rows(e, &ml->q_proj, &w->q, err));
+            LS_TRY(wrap_kv(e, &ml->k_proj, &w->k, err));
+            LS_TRY(wrap_kv(e, &ml->v_proj, &w->v, err));
+            LS_TRY(wrap_rows(e, &ml->o_proj, &w->o, err));
             LS_TRY(small(e, ml->q_norm, d, &w->q_norm, err));
             LS_TRY(small(e, ml->k_norm, d, &w->k_norm, err));
         } else {
             if (c->arch == LS_MODEL_QWEN3_5_MOE) {
-                LS_TRY(wrap(e, &ml->in_qkv, &w->in_qkv, err));
-                LS_TRY(wrap(e, &ml->in_z, &w->in_z, err));
-                LS_TRY(wrap(e, &ml->in_b, &w->in_b, err));
-                LS_TRY(wrap(e, &ml->in_a, &w->in_a, err));
+                LS_TRY(wrap_rows(e, &ml->in_qkv, &w->in_qkv, err));
+                LS_TRY(wrap_rows(e, &ml->in_z, &w->in_z, err));
+                LS_TRY(wrap_rows(e, &ml->in_b, &w->in_b, err));
+                LS_TRY(wrap_rows(e, &ml->in_a, &w->in_a, err));
             } else {
-                LS_TRY(wrap(e, &ml->qkvz, &w->qkvz, err));
-                LS_TRY(wrap(e, &ml->ba, &w->ba, err));
+                LS_TRY(wrap_rows(e, &ml->qkvz, &w->qkvz, err));
+                LS_TRY(wrap_rows(e, &ml->ba, &w->ba, err));
             }
             LS_TRY(wrap(e, &ml->conv, &w->conv, err));
-            LS_TRY(wrap(e, &ml->out_proj, &w->out_proj, err));
+            LS_TRY(wrap_rows(e, &ml->out_proj, &w->out_proj, err));
             LS_TRY(small(e, ml->A_log, Hv, &w->A_log, err));
             LS_TRY(small(e, ml->dt_bias, Hv, &w->dt_bias, err));
             LS_TRY(small(e, ml->gnorm, dv, &w->gnorm, err));
         }
-        LS_TRY(wrap(e, &ml->router, &w->router, err));
+        if (ffn) LS_TRY(wrap(e, &ml->router, &w->router, err));
         w->experts = calloc((size_t)(3 * E), sizeof(ls_bweight));
         if (!w->experts) return ls_fail_nomem(err, (size_t)(3 * E) * sizeof(ls_bweight), "engine: expert table of %ld experts", (long)E);
         for (long x = 0; x < E; x++) {
-            if (e->ep && x / e->ep_per != e->ep_rank) continue; /* another rank's expert */
+            if (!ffn || (e->ep && x / e->ep_per != e->ep_rank)) continue; /* another rank's expert */
             LS_TRY(wrap(e, &ml->exp_gate[x], &w->experts[x], err));
             LS_TRY(wrap(e, &ml->exp_up[x], &w->experts[E + x], err));
             LS_TRY(wrap(e, &ml->exp_down[x], &w->experts[2 * E + x], err));
         }
-        LS_TRY(wrap(e, &ml->sh_gate, &w->shg, err));
-        LS_TRY(wrap(e, &ml->sh_up, &w->shu, err));
-        LS_TRY(wrap(e, &ml->sh_down, &w->shd, err));
-        LS_TRY(wrap(e, &ml->sh_gate_w, &w->shw, err));
+        if (ffn) {
+            LS_TRY(wrap(e, &ml->sh_gate, &w->shg, err));
+            LS_TRY(wrap(e, &ml->sh_up, &w->shu, err));
+            LS_TRY(wrap(e, &ml->sh_down, &w->shd, err));
+            LS_TRY(wrap(e, &ml->sh_gate_w, &w->shw, err));
+        }
         w->moe = (ls_bmoe){E, D, c->moe_inter, c->shared_inter, w->experts, w->experts + E,
                            w->experts + 2 * E, &w->shg, &w->shu, &w->shd, &w->shw};
     }
@@ -260,6 +306,27 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     LS_TRY(buf(e, T * k, &e->wts, err));
     LS_TRY(buf(e, T * V, &e->logits, err));
     LS_TRY(buf(e, T * V, &e->lp, err));
+    if (e->afd) {
+        e->h_afd = malloc(sizeof(float) * (size_t)(T * (D + 2 * k)));
+        if (!e->h_afd)
+            return ls_fail_nomem(err, sizeof(float) * (size_t)(T * (D + 2 * k)),
+                                 "engine: attention-FFN buffers for %ld rows", T);
+    }
+    if (e->tp) {
+        long n = e->tp_max_n;
+        LS_TRY(buf(e, T * (n / e->tp), &e->tp_out, err));
+        /* attention split by head: the gathered mixer output [T, Hq d] for
+         * o_proj, and the full K and V rows [T, Hkv d] for the KV digests */
+        const ls_model_config *mc = &m->cfg;
+        LS_TRY(buf(e, T * mc->n_heads * mc->head_dim, &e->tp_in, err));
+        LS_TRY(buf(e, T * mc->n_kv_heads * mc->head_dim, &e->k_full, err));
+        LS_TRY(buf(e, T * mc->n_kv_heads * mc->head_dim, &e->v_full, err));
+        e->h_tp_a = malloc(sizeof(float) * (size_t)(T * n));
+        e->h_tp_b = malloc(sizeof(float) * (size_t)(T * n));
+        if (!e->h_tp_a || !e->h_tp_b)
+            return ls_fail_nomem(err, 2 * sizeof(float) * (size_t)(T * n),
+                                 "engine: tensor-parallel buffers for %ld rows", T);
+    }
     if (e->ep) {
         long P = T * (k + 1); /* (token, slot) pairs of a step, the shared slot included */
         LS_TRY(buf(e, 2 * P, &e->ep_pairs, err));
@@ -362,6 +429,68 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     return LS_OK;
 }
 
+/* The TP degree must divide what the group splits (docs/parallel.md §3.3):
+ * the heads (the order-preserving form splits projection rows, which the
+ * head counts divide; the head-split mixers will need it), the hidden size
+ * (o_proj, out_proj), the vocabulary (lm_head) and, when the MoE runs
+ * expert-parallel over this group, the experts. KV heads fewer than tp are
+ * kept whole; more must divide. An FP8 matrix split by rows must keep its
+ * 128-row scale blocks: rows per rank a multiple or a divisor of 128. */
+static ls_status tp_check(const ls_model *m, int tp, int ep_elsewhere, ls_error *err)
+{
+    const ls_model_config *c = &m->cfg;
+    struct {
+        const char *field;
+        long v;
+    } div[] = {{"num_attention_heads", c->n_heads}, {"linear_num_key_heads", c->lin_k_heads},
+               {"linear_num_value_heads", c->lin_v_heads}, {"hidden_size", c->hidden},
+               {"vocab_size", c->vocab}, {"num_experts", ep_elsewhere ? tp : c->n_experts}};
+    int has_attn = 0, has_gdn = 0;
+    for (long l = 0; l < c->n_layers; l++) {
+        has_attn |= c->is_attention[l] != 0;
+        has_gdn |= c->is_attention[l] == 0;
+    }
+    for (size_t i = 0; i < sizeof div / sizeof div[0]; i++) {
+        if (i == 0 && !has_attn) continue;
+        if ((i == 1 || i == 2) && !has_gdn) continue;
+        if (div[i].v % tp != 0)
+            return ls_fail(err, LS_E_UNSUPPORTED, "engine: %s %ld is not a multiple of tp %d",
+                           div[i].field, div[i].v, tp);
+    }
+    long kv = c->n_kv_heads;
+    if (has_attn && kv % tp != 0 && tp % kv != 0)
+        return ls_fail(err, LS_E_UNSUPPORTED, "engine: num_key_value_heads %ld is neither a multiple "
+                       "nor a divisor of tp %d", kv, tp);
+    for (long l = 0; l < c->n_layers; l++) {
+        const ls_model_layer *ml = &m->layers[l];
+        const struct {
+            const char *name;
+            const ls_wmat *w;
+        } mats[] = {{"q_proj", &ml->q_proj}, {"k_proj", &ml->k_proj}, {"v_proj", &ml->v_proj},
+                    {"o_proj", &ml->o_proj}, {"in_proj_qkvz", &ml->qkvz}, {"in_proj_ba", &ml->ba},
+                    {"in_proj_qkv", &ml->in_qkv}, {"in_proj_z", &ml->in_z}, {"in_proj_b", &ml->in_b},
+                    {"in_proj_a", &ml->in_a}, {"out_proj", &ml->out_proj}};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+            const ls_wmat *w = mats[i].w;
+            if (!w->data || !ls_wtype_is_f8(w->wtype)) continue;
+            /* k/v: one head per rank when KV heads are fewer than tp */
+            long n = (i == 1 || i == 2) && kv % tp != 0 ? w->rows / kv : w->rows / tp;
+            if (n % LS_FP8_BLOCK != 0 && LS_FP8_BLOCK % n != 0)
+                return ls_fail(err, LS_E_UNSUPPORTED, "engine: layer %ld %s is FP8 with %ld rows: "
+                               "%ld rows per rank at tp %d split its %d-row scale blocks", l,
+                               mats[i].name, w->rows, n, tp, LS_FP8_BLOCK);
+        }
+    }
+    if (ls_wtype_is_f8(m->lm_head.wtype)) {
+        long n = m->lm_head.rows / tp;
+        if (n % LS_FP8_BLOCK != 0 && LS_FP8_BLOCK % n != 0)
+            return ls_fail(err, LS_E_UNSUPPORTED, "engine: lm_head is FP8 with %ld rows: %ld rows per "
+                           "rank at tp %d split its %d-row scale blocks", m->lm_head.rows, n, tp,
+                           LS_FP8_BLOCK);
+    }
+    return LS_OK;
+}
+
 static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max_seqs, long max_len,
                             ls_error *err)
 {
@@ -385,6 +514,11 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
             return ls_fail(err, LS_E_USAGE, "engine: kv_page %ld with %ld pages: a pool of %.3g elements "
                            "per layer is beyond what lockstep addresses", o->kv_page, pages, elems);
     }
+    if (o->afd_comm && (ls_comm_size(o->afd_comm) != 2 || o->tp_comm || o->ep_comm))
+        return ls_fail(err, LS_E_UNSUPPORTED, "engine: attention-FFN disaggregation runs on 2 ranks "
+                       "(1 attention, 1 FFN; the communicator has %d), without tensor or expert "
+                       "parallelism", ls_comm_size(o->afd_comm));
+    if (o->tp_comm) LS_TRY(tp_check(m, ls_comm_size(o->tp_comm), o->ep_comm != NULL, err));
     if (o->ep_comm) {
         int ep = ls_comm_size(o->ep_comm);
         if (m->cfg.n_experts % ep != 0)
@@ -428,10 +562,34 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
     e->max_pages = (max_len + e->page - 1) / e->page;
     e->kv_cap = e->max_pages * e->page;
     e->pool_pages = !e->paged ? 0 : o->kv_pool_pages ? o->kv_pool_pages : max_seqs * e->max_pages;
-    if (o->ep_comm) {
-        e->ep = ls_comm_size(o->ep_comm);
-        e->ep_rank = ls_comm_rank(o->ep_comm);
+    e->moe_comm = o->ep_comm ? o->ep_comm : o->tp_comm;
+    if (e->moe_comm) {
+        e->ep = ls_comm_size(e->moe_comm);
+        e->ep_rank = ls_comm_rank(e->moe_comm);
         e->ep_per = m->cfg.n_experts / e->ep;
+    }
+    if (o->afd_comm) {
+        e->afd = 1;
+        e->afd_rank = ls_comm_rank(o->afd_comm);
+    }
+    if (o->tp_comm) {
+        const ls_model_config *c = &m->cfg;
+        e->tp = ls_comm_size(o->tp_comm);
+        e->tp_rank = ls_comm_rank(o->tp_comm);
+        long hv = c->lin_v_heads, hk = c->lin_k_heads;
+        long widths[] = {c->vocab, c->hidden, c->n_heads * 2 * c->head_dim, c->n_kv_heads * c->head_dim,
+                         2 * hk * c->lin_k_dim + 2 * hv * c->lin_v_dim, 2 * hv};
+        for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
+            if (widths[i] > e->tp_max_n) e->tp_max_n = widths[i];
+        /* Attention is split by head: the engine's config holds this rank's
+         * query heads and KV heads, so its caches and ops are the rank's.
+         * KV heads fewer than tp: each rank holds the one its query heads
+         * read, shared by tp / Hkv consecutive ranks (§3.3). */
+        long hkv = c->n_kv_heads;
+        e->c.n_heads = c->n_heads / e->tp;
+        e->kv_share = hkv < 1 || hkv % e->tp == 0 ? 1 : e->tp / (int)hkv;
+        e->c.n_kv_heads = hkv % e->tp == 0 ? hkv / e->tp : 1;
+        e->kv_head0 = (e->tp_rank / e->kv_share) * e->c.n_kv_heads;
     }
     st = create_inner(e, err);
     if (st != LS_OK) {
@@ -445,6 +603,11 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
 long ls_engine_max_rows(const ls_engine *e)
 {
     return e->T;
+}
+
+size_t ls_engine_weight_bytes(const ls_engine *e)
+{
+    return e->weight_bytes;
 }
 
 long ls_engine_max_seqs(const ls_engine *e)
@@ -829,10 +992,11 @@ static ls_status step(ls_engine *e, const ls_engine_item *items, long n_items, l
 ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err)
 {
     ls_status st = step(e, items, n_items, err);
-    /* One rank of an expert-parallel group that fails tells the others, which
-     * would otherwise wait for its rows until their deadline. */
-    if (st != LS_OK && e->ep)
-        ls_comm_abort(e->o.ep_comm, "%s", err && err->msg[0] ? err->msg : ls_status_name(st));
+    /* One rank of an expert- or tensor-parallel group that fails tells the
+     * others, which would otherwise wait for its rows until their deadline. */
+    ls_comm *comms[3] = {e->o.ep_comm, e->o.tp_comm, e->o.afd_comm};
+    for (int i = 0; i < 3 && st != LS_OK; i++)
+        if (comms[i]) ls_comm_abort(comms[i], "%s", err && err->msg[0] ? err->msg : ls_status_name(st));
     return st;
 }
 

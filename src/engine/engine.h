@@ -97,6 +97,36 @@ typedef struct ls_engine_opts {
                                   engine's without it, bit for bit. Every rank runs the same
                                   steps; a step that fails on one rank aborts the communicator,
                                   so every rank's step fails naming it */
+    ls_comm *tp_comm;          /* tensor parallelism (docs/parallel.md §3.3, the order-preserving
+                                  form), borrowed: NULL = no TP (default). Else the engine is
+                                  rank r of this communicator's TP group of tp ranks. Full
+                                  attention is split by head: the rank holds its query heads'
+                                  q_proj rows and its KV heads' k/v rows (a KV head shared by
+                                  tp / Hkv ranks when num_key_value_heads < tp) and their KV
+                                  cache, and the attention output is all-gathered before o_proj.
+                                  Every other dense projection of N output rows (o_proj, the GDN
+                                  projections and out_proj, the lm_head by vocabulary) is held
+                                  by rows r*N/tp .. (r+1)*N/tp - 1, its outputs computed with
+                                  today's dot products and all-gathered (exact bytes); the GDN
+                                  mixers run whole on every rank. Every rank records what one
+                                  rank records (KV digests over the gathered heads).
+                                  Without ep_comm the MoE runs expert-parallel over this group
+                                  (as ep_comm would); with ep_comm the experts are split over
+                                  that communicator instead (TP x EP: ep_comm spans the world).
+                                  tp must divide num_attention_heads, linear_num_key_heads,
+                                  linear_num_value_heads, hidden_size, vocab_size and
+                                  num_experts, and num_key_value_heads or be a multiple of it */
+    ls_comm *afd_comm;         /* attention-FFN disaggregation 1A1F (docs/parallel.md §3.2),
+                                  borrowed: NULL = colocated (default). Else a communicator of 2
+                                  ranks: rank 0 holds the embedding, the mixers, the norms and
+                                  the lm_head and runs everything but the MoE; rank 1 holds the
+                                  routers and the experts and runs the MoE of every layer. Per
+                                  layer rank 0 sends the normed rows [T, D], rank 1 returns the
+                                  MoE output [T, D] with the router's ids and weights; at the
+                                  end of a step rank 0 sends the logprobs and the digests, so
+                                  both ranks' records and samples equal the colocated engine's,
+                                  bit for bit. Both ranks run the same steps. Not combined with
+                                  tp_comm or ep_comm yet */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -116,6 +146,11 @@ void ls_engine_destroy(ls_engine *e);
 long ls_engine_kv_page(const ls_engine *e);
 long ls_engine_kv_pool_pages(const ls_engine *e);
 long ls_engine_kv_pages_used(const ls_engine *e);
+
+/* Bytes of the weight matrices (and FP8 scales) this engine wrapped: with
+ * tp_comm or ep_comm, this rank's share (the norms and other vectors, a few
+ * KB per layer, are not counted). */
+size_t ls_engine_weight_bytes(const ls_engine *e);
 
 /* Sizes fixed at creation: rows per step, slots, positions per sequence. */
 long ls_engine_max_rows(const ls_engine *e);

@@ -96,6 +96,45 @@ static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, in
     return LS_OK;
 }
 
+/* ---- tensor parallelism (docs/parallel.md §3.3, the order-preserving form) --------------
+ * A projection of N output rows held by rows on each rank (w->rows = N / tp):
+ * each rank computes its rows' outputs (each one the dot product one rank
+ * computes, over the whole K, in today's order), and the ranks all-gather
+ * them (exact bytes) into every rank's y [T, N]. A matrix kept whole (no TP,
+ * or KV heads fewer than tp) is the plain linear. */
+/* Every rank's columns [T, n] of src (exact bytes) into y [T, N]: rank r's
+ * are columns (r / share) * n .. of y, where `share` consecutive ranks hold
+ * the same columns (replicated KV heads; 1 otherwise) and the first of them
+ * provides them. */
+static ls_status gather_cols(ls_engine *e, ls_view src, long T, long n, long N, int share, ls_view y,
+                             ls_error *err)
+{
+    ls_backend *be = e->be;
+    long tp = e->tp;
+    size_t own = sizeof(float) * (size_t)(T * n);
+    if (n * (tp / share) != N)
+        return ls_fail(err, LS_E_INTERNAL, "engine: %ld columns on each of %ld ranks (shared by %d) do "
+                       "not make %ld", n, tp, share, N);
+    LS_TRY(be->download(be, e->h_tp_a, src, own, err));
+    LS_TRY(ls_comm_all_gather(e->o.tp_comm, e->h_tp_a, own, e->h_tp_b, err));
+    for (long t = 0; t < T; t++)
+        for (long r = 0; r < tp; r += share)
+            memcpy(e->h_tp_a + t * N + (r / share) * n, e->h_tp_b + (r * T + t) * n,
+                   sizeof(float) * (size_t)n);
+    return be->upload(be, y, e->h_tp_a, sizeof(float) * (size_t)(T * N), err);
+}
+
+static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_view y, long T,
+                     ls_order o, ls_error *err)
+{
+    ls_backend *be = e->be;
+    if (w->rows == N) return be->linear(be, w, x, y, T, e->o.act_bf16, o, err);
+    if (!e->tp)
+        return ls_fail(err, LS_E_INTERNAL, "engine: a projection of %ld rows holds %ld", N, w->rows);
+    LS_TRY(be->linear(be, w, x, BEV(e->tp_out), T, e->o.act_bf16, o, err));
+    return gather_cols(e, BEV(e->tp_out), T, w->rows, N, 1, y, err);
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 
 /* Carried-state digests: p % N == N - 1, the last prompt position, and the
@@ -235,19 +274,19 @@ static ls_status gdn_project(ls_engine *e, layer_w *w, long T, ls_error *err)
 {
     ls_backend *be = e->be;
     const ls_model_config *c = &e->c;
-    int act = e->o.act_bf16;
     ls_order o = LS_ORDER_CANONICAL;
     if (c->arch == LS_MODEL_QWEN3_5_MOE) {
         /* Qwen3.5: four matrices whose rows are already in this order. */
-        LS_TRY(be->linear(be, &w->in_qkv, BEV(e->XN), BEV(e->X), T, act, o, err));
-        LS_TRY(be->linear(be, &w->in_z, BEV(e->XN), BEV(e->Z), T, act, o, err));
-        LS_TRY(be->linear(be, &w->in_b, BEV(e->XN), BEV(e->Bv), T, act, o, err));
-        return be->linear(be, &w->in_a, BEV(e->XN), BEV(e->Av), T, act, o, err);
+        long Hv = c->lin_v_heads;
+        LS_TRY(lin(e, &w->in_qkv, e->conv_dim, BEV(e->XN), BEV(e->X), T, o, err));
+        LS_TRY(lin(e, &w->in_z, Hv * c->lin_v_dim, BEV(e->XN), BEV(e->Z), T, o, err));
+        LS_TRY(lin(e, &w->in_b, Hv, BEV(e->XN), BEV(e->Bv), T, o, err));
+        return lin(e, &w->in_a, Hv, BEV(e->XN), BEV(e->Av), T, o, err);
     }
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
     long C = e->conv_dim, Wp = e->wqkvz, r = Hv / Hk;
-    LS_TRY(be->linear(be, &w->qkvz, BEV(e->XN), BEV(e->P), T, act, o, err));
-    LS_TRY(be->linear(be, &w->ba, BEV(e->XN), BEV(e->BA), T, act, o, err));
+    LS_TRY(lin(e, &w->qkvz, Wp, BEV(e->XN), BEV(e->P), T, o, err));
+    LS_TRY(lin(e, &w->ba, 2 * Hv, BEV(e->XN), BEV(e->BA), T, o, err));
     /* Qwen3-Next: de-interleave per key-head group (docs/model.md §2.3): group
      * g of a row holds q, k (dk each), v, z (r dv each), and of the ba row b,
      * a (r each). */
@@ -315,7 +354,7 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
         LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].gdn[l], LS_DIGEST_GDN_STATE, gdn_op, err));
     LS_TRY(be->gated_rmsnorm(be, BEV(e->O), BEV(e->Z), BEV(w->gnorm), BEV(e->O), T * Hv, dv, act,
                              LS_ORDER_CANONICAL, err));
-    return be->linear(be, &w->out_proj, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
+    return lin(e, &w->out_proj, c->hidden, BEV(e->O), BEV(e->A), T, LS_ORDER_CANONICAL, err);
 }
 
 static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
@@ -326,9 +365,9 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     int act = e->o.act_bf16;
     long Hq = c->n_heads, Hkv = c->n_kv_heads, d = c->head_dim;
     int tl = mixer_tl(l);
-    LS_TRY(be->linear(be, &w->q, BEV(e->XN), BEV(e->QG), T, act, LS_ORDER_CANONICAL, err));
-    LS_TRY(be->linear(be, &w->k, BEV(e->XN), BEV(e->K), T, act, LS_ORDER_CANONICAL, err));
-    LS_TRY(be->linear(be, &w->v, BEV(e->XN), BEV(e->V), T, act, LS_ORDER_CANONICAL, err));
+    LS_TRY(lin(e, &w->q, Hq * 2 * d, BEV(e->XN), BEV(e->QG), T, LS_ORDER_CANONICAL, err));
+    LS_TRY(lin(e, &w->k, Hkv * d, BEV(e->XN), BEV(e->K), T, LS_ORDER_CANONICAL, err));
+    LS_TRY(lin(e, &w->v, Hkv * d, BEV(e->XN), BEV(e->V), T, LS_ORDER_CANONICAL, err));
     /* Per head: d query values, then d gate values (docs/model.md §3.3 step 1). */
     ls_copy_shape heads = {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d};
     LS_TRY(be->copy_blocks(be, BEV(e->Q), AT(e->QG, 0), &heads, err));
@@ -383,13 +422,26 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
                              e->kv_cap, AT(e->pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa,
                              err));
     }
-    /* KV digests: the K row then the V row written at each position. */
+    /* KV digests: the K row then the V row written at each position, of
+     * every KV head (split by head: gathered from the ranks) */
     long W = Hkv * d;
+    ls_buf *kr = e->K, *vr = e->V;
+    if (e->tp) {
+        W = e->m->cfg.n_kv_heads * d;
+        LS_TRY(gather_cols(e, BEV(e->K), T, Hkv * d, W, e->kv_share, BEV(e->k_full), err));
+        LS_TRY(gather_cols(e, BEV(e->V), T, Hkv * d, W, e->kv_share, BEV(e->v_full), err));
+        kr = e->k_full;
+        vr = e->v_full;
+    }
     for (long r = 0; r < T; r++)
-        LS_TRY(dq_push(e, r, tl, LS_DIGEST_KV, span(AT(e->K, r * W), 1, W, W, act),
-                       span(AT(e->V, r * W), 1, W, W, act), err));
+        LS_TRY(dq_push(e, r, tl, LS_DIGEST_KV, span(AT(kr, r * W), 1, W, W, act),
+                       span(AT(vr, r * W), 1, W, W, act), err));
     LS_TRY(be->sigmoid_gate(be, BEV(e->O), BEV(e->G), T * Hq * d, act, err));
-    return be->linear(be, &w->o, BEV(e->O), BEV(e->A), T, act, LS_ORDER_CANONICAL, err);
+    if (!e->tp) return lin(e, &w->o, c->hidden, BEV(e->O), BEV(e->A), T, LS_ORDER_CANONICAL, err);
+    /* o_proj reads every head: the ranks' heads gathered, in head order */
+    long Wo = e->m->cfg.n_heads * d;
+    LS_TRY(gather_cols(e, BEV(e->O), T, Hq * d, Wo, 1, BEV(e->tp_in), err));
+    return lin(e, &w->o, c->hidden, BEV(e->tp_in), BEV(e->A), T, LS_ORDER_CANONICAL, err);
 }
 
 /* ---- expert parallelism (docs/parallel.md §3.1) ----------------------------------------
@@ -445,7 +497,7 @@ static ls_status moe_ep(ls_engine *e, long l, long T, ls_error *err)
         e->ep_base[r] = first;
         first += rows;
     }
-    LS_TRY(ls_comm_all_gatherv(e->o.ep_comm, e->h_rows, e->ep_bytes, e->h_all, err));
+    LS_TRY(ls_comm_all_gatherv(e->moe_comm, e->h_rows, e->ep_bytes, e->h_all, err));
     for (long t = 0; t < T; t++)
         for (long i = 0; i < slots; i++) {
             long r = ep_owner(e, t, i, k);
@@ -455,6 +507,68 @@ static ls_status moe_ep(ls_engine *e, long l, long T, ls_error *err)
     LS_TRY(be->upload(be, BEV(e->ep_all), e->h_rows, sizeof(float) * (size_t)(T * slots * D), err));
     return be->moe_combine(be, BEV(e->ep_all), k, D, shared, BEV(e->A), T, e->o.act_bf16,
                            ord(e, l, LS_PERTURB_COMBINE), err);
+}
+
+/* ---- attention-FFN disaggregation 1A1F (docs/parallel.md §3.2) --------------------------
+ * Rank 0 runs everything but the MoE; per layer it sends the normed rows XN
+ * [T, D] and takes back the MoE output A [T, D] with the router's ids and
+ * weights [T, k] each (for its router digests), all exact bytes. Rank 1
+ * runs the router and the MoE on the rows it receives, with the colocated
+ * code, and holds nothing else. */
+
+/* Rank 0's MoE: a round trip to rank 1. */
+static ls_status moe_remote(ls_engine *e, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    long D = e->c.hidden, k = e->c.topk;
+    size_t rows = sizeof(float) * (size_t)(T * D), ik = sizeof(float) * (size_t)(T * k);
+    LS_TRY(be->download(be, e->h_afd, BEV(e->XN), rows, err));
+    LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows, 1, err));
+    LS_TRY(ls_comm_recv(e->o.afd_comm, e->h_afd, rows + 2 * ik, 1, err));
+    LS_TRY(be->upload(be, BEV(e->A), e->h_afd, rows, err));
+    LS_TRY(be->upload(be, BEV(e->ids), e->h_afd + T * D, ik, err));
+    return be->upload(be, BEV(e->wts), e->h_afd + T * D + T * k, ik, err);
+}
+
+/* Rank 1's forward: the MoE of every layer on the rows rank 0 sends. */
+static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    int act = e->o.act_bf16;
+    long D = c->hidden, k = c->topk;
+    size_t rows = sizeof(float) * (size_t)(T * D), ik = sizeof(float) * (size_t)(T * k);
+    for (long l = 0; l < c->n_layers; l++) {
+        layer_w *w = &e->lw[l];
+        LS_TRY(ls_comm_recv(e->o.afd_comm, e->h_afd, rows, 0, err));
+        LS_TRY(be->upload(be, BEV(e->XN), e->h_afd, rows, err));
+        LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
+                          BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
+        LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
+                       ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
+        LS_TRY(be->download(be, e->h_afd, BEV(e->A), rows, err));
+        LS_TRY(be->download(be, e->h_afd + T * D, BEV(e->ids), ik, err));
+        LS_TRY(be->download(be, e->h_afd + T * D + T * k, BEV(e->wts), ik, err));
+        LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows + 2 * ik, 0, err));
+    }
+    return LS_OK;
+}
+
+/* After the step (its digests complete): rank 0 sends what the records
+ * read — the logprobs and every digest slot — and rank 1 takes them, so
+ * both ranks record and sample alike. */
+static ls_status afd_records(ls_engine *e, long T, ls_error *err)
+{
+    ls_comm *c = e->o.afd_comm;
+    size_t lp = sizeof(float) * (size_t)(T * e->c.vocab), cells = (size_t)(T * e->n_slots);
+    if (e->afd_rank == 0) {
+        LS_TRY(ls_comm_send(c, e->h_lp, lp, 1, err));
+        LS_TRY(ls_comm_send(c, e->dig, cells * sizeof *e->dig, 1, err));
+        return ls_comm_send(c, e->have, cells, 1, err);
+    }
+    LS_TRY(ls_comm_recv(c, e->h_lp, lp, 0, err));
+    LS_TRY(ls_comm_recv(c, e->dig, cells * sizeof *e->dig, 0, err));
+    return ls_comm_recv(c, e->have, cells, 0, err);
 }
 
 static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
@@ -491,6 +605,12 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     e->n_jobs = 0;
     memset(e->have, 0, (size_t)(T * e->n_slots));
     if (e->dumping) memset(e->dump_elems, 0, sizeof(uint32_t) * (size_t)(T * e->n_slots));
+    if (e->afd && e->afd_rank == 1) {
+        LS_TRY(forward_ffn(e, T, err));
+        for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
+        e->step_rows = T;
+        return LS_OK;
+    }
     long half = c->rotary_dims / 2;
     ls_cpu_rope_table(e->h_pos, T, c->rotary_dims, c->rope_theta, e->h_cos, e->h_sin, act);
     LS_TRY(be->upload(be, BEV(e->tok), e->h_tok, (size_t)T * 4, err));
@@ -509,9 +629,12 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
         LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
         LS_TRY(dq_rows(e, e->H, D, T, mixer_tl(l), 0, err));
         LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->post_norm), BEV(e->XN), T, D, act, on, err));
-        LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
-                          BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
-        if (e->ep)
+        if (!e->afd)
+            LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
+                              BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
+        if (e->afd)
+            LS_TRY(moe_remote(e, T, err));
+        else if (e->ep)
             LS_TRY(moe_ep(e, l, T, err));
         else
             LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
@@ -528,8 +651,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->final_norm), BEV(e->XN), T, D, act,
                        ord(e, L, LS_PERTURB_NORM), err));
     LS_TRY(dq_rows(e, e->XN, D, T, e->n_tl - 2, 0, err));
-    LS_TRY(be->linear(be, &e->lm_head, BEV(e->XN), BEV(e->logits), T, act,
-                      ord(e, -1, LS_PERTURB_LM_HEAD), err));
+    LS_TRY(lin(e, &e->lm_head, V, BEV(e->XN), BEV(e->logits), T, ord(e, -1, LS_PERTURB_LM_HEAD), err));
     LS_TRY(dq_rows(e, e->logits, V, T, e->n_tl - 1, 1, err));
     LS_TRY(dq_flush(e, err));
     LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
@@ -550,5 +672,6 @@ ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *er
         ls_status ws = e->be->digest_wait(e->be, st == LS_OK ? err : &werr);
         if (st == LS_OK) st = ws;
     }
+    if (st == LS_OK && e->afd) st = afd_records(e, e->step_rows, err);
     return st;
 }

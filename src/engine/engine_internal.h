@@ -127,6 +127,23 @@ struct ls_engine {
     float *h_all;                         /* [T * (k+1), D] every rank's rows, rank by rank */
     size_t *ep_bytes;                     /* [ep] bytes of each rank's rows */
     long *ep_base;                        /* [ep] each rank's first row in h_all, then a cursor */
+    ls_comm *moe_comm;                    /* the communicator the experts are split over:
+                                             ep_comm, else tp_comm */
+    /* tensor parallelism (o.tp_comm; tp 0 = off): this rank holds rows
+     * tp_rank * N/tp .. of each sharded projection (docs/parallel.md §3.3) */
+    int tp, tp_rank;
+    ls_buf *tp_out;                       /* [T, max N / tp] this rank's outputs */
+    float *h_tp_a, *h_tp_b;               /* [T, max N] host staging: own rows, every rank's */
+    long tp_max_n;                        /* the widest sharded projection's N */
+    long kv_head0;                        /* this rank's first KV head (c.n_kv_heads of them) */
+    int kv_share;                         /* consecutive ranks holding the same KV heads */
+    ls_buf *tp_in;                        /* [T, Hq d] the gathered attention output */
+    ls_buf *k_full, *v_full;              /* [T, Hkv d] every KV head's rows, for the digests */
+    size_t weight_bytes;                  /* matrices and FP8 scales this engine wrapped */
+    /* attention-FFN disaggregation (o.afd_comm; afd 0 = off): afd_rank 0
+     * runs the mixers, 1 the MoE (docs/parallel.md §3.2) */
+    int afd, afd_rank;
+    float *h_afd;                         /* [T * (D + 2k)]: rows, then ids (int32 bits), weights */
 };
 
 #define BEV(b) ((ls_view){(b), 0})
