@@ -1,19 +1,25 @@
 /* Several ranks from the command line (docs/parallel.md §1, run/ranks.h):
- * `lockstep run --ep N` starts N processes joined by the CPU communicator,
- * rank 0 writing the trace.
+ * `lockstep run --ep N`, `--tp N`, `--tp N --ep M` and `--afd 1:1` start
+ * that many processes joined by the CPU communicator, rank 0 writing the
+ * trace.
  *
  * On synthetic checkpoints (Qwen3-Next tiny, Qwen3.5 tiny, Qwen3.5 tiny FP8
  * with w8a8 experts), the traces of --ep 2 and --ep 4 equal --ep 1's under
  * `lockstep compare` (every record and digest), for a seeded rollout, a
  * GRPO rollout with prefix reuse and preemption, and a chunked replay; the
  * header records the topology and the manifest digest is the one-rank run's.
- * `manifest pin --ep` records it; `manifest diff` calls EP1 against EP2
- * informational for strict manifests and voiding for fast ones; `gate --ep 2`
- * replays an expert-parallel rollout on one rank. Refusals
- * (experts not divisible, the cuda backend, --tp, --rank-timeout with one
- * rank) exit 2 naming the flag. A worker that is killed, exits or hangs
- * mid-run makes every process end non-zero within a bounded time, naming the
- * rank, with no trace and no temporary file left. */
+ * The same for --tp 2, --tp 4 (Qwen3-Next tiny and Qwen3.5 tiny with 4
+ * linear key heads, which 4 divides), --tp 2 --ep 2 and --afd 1:1, rollout
+ * and chunked replay. `manifest pin --ep/--tp/--afd` records the topology;
+ * `manifest diff` calls EP1 against EP2 and TP1 against TP2 informational
+ * for strict manifests and voiding for fast ones; `gate --ep 2`, `--tp 2`
+ * and `--afd 1:1` replay the rollout on one rank. Refusals (experts or heads
+ * not divisible, the cuda backend, AFD shapes other than 1:1, --rank-timeout
+ * with one rank) exit 2 naming the flag. A worker that is killed, exits or
+ * hangs mid-run (EP, TP, TP x EP) makes every process end non-zero within a
+ * bounded time, naming the rank, with no trace and no temporary file left.
+ * Ranks started by a launcher: --ep 2 and 4, --tp 2, --afd 1:1 equal the
+ * self-launched trace; TP x EP under a launcher is refused. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +48,15 @@ static void setup(void)
     free(out);
     ck_assert_msg(ls_test_cli(&out, "synth --preset qwen3.5-tiny --fp8 --seed 7 --out %s/q35fp8", g_dir) == 0,
                   "%s", out);
+    free(out);
+    /* 4 linear key heads (one value head each), so that TP4 divides them */
+    ck_assert_msg(ls_test_sh(&out, "cd %s && '%s' synth --preset tiny --seed 8 --config-only --out tiny4c && "
+                             "'%s' synth --preset qwen3.5-tiny --seed 9 --config-only --out q35k4c && "
+                             "sed -i 's/\"linear_num_key_heads\": 2/\"linear_num_key_heads\": 4/' "
+                             "tiny4c/config.json q35k4c/config.json && grep -c '\"linear_num_key_heads\": 4' "
+                             "tiny4c/config.json q35k4c/config.json && '%s' synth --config tiny4c/config.json "
+                             "--seed 8 --out tiny4 && '%s' synth --config q35k4c/config.json --seed 9 --out q35k4 2>&1",
+                             g_dir, LS_CLI_PATH, LS_CLI_PATH, LS_CLI_PATH, LS_CLI_PATH) == 0, "%s", out);
     free(out);
     /* prompts of 1, 7, 12, 19 and 30 tokens: several prefill steps at 24 rows */
     static const int lens[] = {1, 7, 12, 19, 30};
@@ -150,7 +165,53 @@ START_TEST(test_ep_grouped_rollout)
 }
 END_TEST
 
-/* gate --ep: the rollout on two ranks, its replays on one */
+/* TP and AFD from the command line: on each checkpoint, the rollout and the
+ * chunked replay of the one-rank rollout on every topology that divides its
+ * shapes equal the one-rank traces under `lockstep compare`. */
+#define N_TP_MODELS 3
+static const char *const g_tp_model[N_TP_MODELS] = {"tiny4", "q35k4", "q35fp8"};
+
+START_TEST(test_tp_equals_one_rank)
+{
+    const char *mod = g_tp_model[_i];
+    int fp8 = _i == 2;
+    /* the FP8 model keeps 2 linear key heads: TP4 does not divide them */
+    static const char *const topo[] = {"--tp 2", "--tp 4", "--tp 2 --ep 2", "--afd 1:1"};
+    static const char *const header[] = {
+        "\"topology\":{\"afd\":null,\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":2}",
+        "\"topology\":{\"afd\":null,\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":4}",
+        "\"topology\":{\"afd\":null,\"communicator\":\"cpu-socket\",\"ep\":2,\"tp\":2}",
+        "\"topology\":{\"afd\":[1,1],\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":1}",
+    };
+    char full[1024], ref[64], name[64];
+    snprintf(full, sizeof full, "--checkpoint %s/%s --mode rollout --prompts %s/prompts.jsonl%s --max-new-tokens 6 "
+             "--sampling seeded --seed 3 --state-digest-every 4 --max-rows 24", g_dir, mod, g_dir,
+             fp8 ? " --fp8 w8a8" : "");
+    snprintf(ref, sizeof ref, "%s-t1.trace", mod);
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "run %s -o %s/%s", full, g_dir, ref);
+    ck_assert_msg(rc == 0, "%s: exit %d\n%s", ref, rc, out ? out : "");
+    free(out);
+    for (int t = 0; t < 4; t++) {
+        if (fp8 && t == 1) continue;
+        snprintf(name, sizeof name, "%s-t%d.trace", mod, 10 + t);
+        rc = ls_test_cli(&out, "run %s %s -o %s/%s", full, topo[t], g_dir, name);
+        ck_assert_msg(rc == 0, "%s %s: exit %d\n%s", mod, topo[t], rc, out ? out : "");
+        free(out);
+        expect_equal(ref, name);
+        ck_assert_msg(header_has(name, header[t]), "%s %s: run_params lacks %s", mod, topo[t], header[t]);
+        /* the one-rank rollout replayed in chunks of 3 on these ranks */
+        snprintf(name, sizeof name, "%s-t%d.trace", mod, 20 + t);
+        rc = ls_test_cli(&out, "run --checkpoint %s/%s --mode replay --from %s/%s --chunk 3 --max-rows 24 %s -o %s/%s",
+                         g_dir, mod, g_dir, ref, topo[t], g_dir, name);
+        ck_assert_msg(rc == 0, "%s %s replay: exit %d\n%s", mod, topo[t], rc, out ? out : "");
+        free(out);
+        expect_equal(ref, name);
+    }
+}
+END_TEST
+
+/* gate --ep, --tp, --afd: the rollout on several ranks, its replays on one */
 START_TEST(test_gate_ep)
 {
     char *out = NULL;
@@ -158,6 +219,15 @@ START_TEST(test_gate_ep)
                          "--ep 2", g_dir, g_dir);
     ck_assert_msg(rc == 0 && strstr(out, "PASS: 5/5 replays bitwise equal to the rollout"), "exit %d\n%s", rc, out);
     free(out);
+    /* the tensor-parallel and the disaggregated rollout against one rank */
+    static const char *const more[] = {"--tp 2", "--tp 2 --ep 2", "--afd 1:1"};
+    for (int i = 0; i < 3; i++) {
+        rc = ls_test_cli(&out, "gate --checkpoint %s/tiny --prompts %s/prompts.jsonl --max-new-tokens 4 --seed 3 %s",
+                         g_dir, g_dir, more[i]);
+        ck_assert_msg(rc == 0 && strstr(out, "PASS: 5/5 replays bitwise equal to the rollout"), "%s: exit %d\n%s",
+                      more[i], rc, out);
+        free(out);
+    }
     rc = ls_test_cli(&out, "gate --checkpoint %s/tiny --prompts %s/prompts.jsonl --max-new-tokens 4 --ep 3", g_dir,
                      g_dir);
     ck_assert_msg(rc == 2 && strstr(out, "--ep") && strstr(out, "does not divide num_experts 8"), "exit %d\n%s", rc,
@@ -209,9 +279,43 @@ START_TEST(test_manifest_topology)
     ck_assert_msg(rc == 1 && strstr(out, "voiding       topology.ep_degree: 1 -> 2") && strstr(out, "3 voiding"),
                   "exit %d\n%s", rc, out);
     free(out);
+    /* TP1 against TP2 and against AFD 1:1: informational for strict manifests, one digest */
+    ck_assert_msg(ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --tp 2 -o %s/t2.json", g_dir, g_dir) == 0, "%s",
+                  out);
+    free(out);
+    ck_assert_msg(ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --afd 1:1 -o %s/a11.json", g_dir, g_dir) == 0,
+                  "%s", out);
+    free(out);
+    snprintf(path, sizeof path, "%s/t2.json", g_dir);
+    char *t2 = ls_test_read(path, NULL);
+    ck_assert_msg(strstr(t2, "\"tp_degree\": 2") && strstr(t2, "\"ep_degree\": 1") && strstr(t2, "\"world_size\": 2") &&
+                  strstr(t2, "\"reduction_tree\": \"none\"") && strstr(t2, "\"afd\": null"), "%s", t2);
+    free(t2);
+    snprintf(path, sizeof path, "%s/a11.json", g_dir);
+    char *a11 = ls_test_read(path, NULL);
+    ck_assert_msg(strstr(a11, "\"attention_ranks\": 1") && strstr(a11, "\"ffn_ranks\": 1") &&
+                  strstr(a11, "\"world_size\": 2") && strstr(a11, "\"tp_degree\": 1"), "%s", a11);
+    free(a11);
+    rc = ls_test_cli(&out, "--verbose manifest diff %s/m1.json %s/t2.json", g_dir, g_dir);
+    ck_assert_msg(rc == 0 && strstr(out, "informational topology.tp_degree: 1 -> 2") &&
+                  strstr(out, "informational topology.world_size: 1 -> 2") && strstr(out, " differences, 0 voiding"),
+                  "exit %d\n%s", rc, out);
+    free(out);
+    rc = ls_test_cli(&out, "--verbose manifest diff %s/t2.json %s/a11.json", g_dir, g_dir);
+    ck_assert_msg(rc == 0 && strstr(out, "informational topology.afd") && strstr(out, " differences, 0 voiding"),
+                  "exit %d\n%s", rc, out);
+    free(out);
+    ck_assert_int_eq(ls_test_cli(&d1, "manifest digest %s/m1.json", g_dir), 0);
+    ck_assert_int_eq(ls_test_cli(&d2, "manifest digest %s/t2.json", g_dir), 0);
+    ck_assert_msg(strlen(d1) > 64 && !strncmp(d1, d2, 64), "digests differ: %s vs %s", d1, d2);
+    free(d1);
+    free(d2);
     /* refusals */
-    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --tp 2 -o %s/x.json", g_dir, g_dir);
-    ck_assert_msg(rc == 2 && strstr(out, "--tp") && strstr(out, "not built yet"), "exit %d\n%s", rc, out);
+    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --afd 1:2 -o %s/x.json", g_dir, g_dir);
+    ck_assert_msg(rc == 2 && strstr(out, "--afd") && strstr(out, "runs as 1:1"), "exit %d\n%s", rc, out);
+    free(out);
+    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --backend cuda --tp 2 -o %s/x.json", g_dir, g_dir);
+    ck_assert_msg(rc == 2 && strstr(out, "--tp 2") && strstr(out, "cpu backend only"), "exit %d\n%s", rc, out);
     free(out);
     rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --backend cuda --ep 2 -o %s/x.json", g_dir, g_dir);
     ck_assert_msg(rc == 2 && strstr(out, "--ep"), "exit %d\n%s", rc, out);
@@ -239,7 +343,12 @@ START_TEST(test_refusals)
     static const char *const cases[][3] = {
         {"--ep 3", "--ep", "does not divide num_experts 8"},
         {"--ep 2 --backend cuda", "--ep", "cpu backend only"},
-        {"--tp 2", "--tp", "not built yet"},
+        {"--tp 3", "--tp 3", "num_attention_heads 4 is not a multiple of --tp 3"},
+        {"--tp 3 --ep 3", "--tp 3 --ep 3", "9 ranks do not divide num_experts 8"},
+        {"--tp 2 --backend cuda", "--tp 2", "cpu backend only"},
+        {"--afd 2:1", "--afd", "runs as 1:1"},
+        {"--afd 1:1 --ep 2", "--afd", "does not combine with tensor or expert parallelism"},
+        {"--afd 1", "--afd", "expected A:F"},
         {"--rank-timeout 100", "--rank-timeout", "several ranks"},
         {"--ep 0", "--ep", "1.."},
     };
@@ -252,6 +361,15 @@ START_TEST(test_refusals)
         free(out);
         expect_no_output("refused.trace");
     }
+    /* TP x EP under a launcher: its TP groups would need Unix socket pairs
+     * handed over TCP connections; refused before any rank connects */
+    char *out = NULL;
+    int rc = ls_test_sh(&out, "RANK=0 WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 timeout -s KILL 60 '%s' run "
+                        "--checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl --max-new-tokens 2 --tp 2 "
+                        "--ep 2 -o %s/refused.trace 2>&1", LS_CLI_PATH, g_dir, g_dir, g_dir);
+    ck_assert_msg(rc == 2 && strstr(out, "--tp 2 --ep 2 under a launcher (torchrun)"), "exit %d\n%s", rc, out);
+    free(out);
+    expect_no_output("refused.trace");
 }
 END_TEST
 
@@ -268,14 +386,17 @@ START_TEST(test_rank_failure)
 {
     static const struct {
         const char *fault;
-        int ep;
+        const char *ranks;
         const char *needle;
     } cases[] = {
-        {"1:3:kill", 2, "rank 1 was killed by signal 9"},
-        {"1:3:kill", 4, "rank 1 was killed by signal 9"},
-        {"2:3:exit", 4, "rank 2 exited with status 3"},
-        {"3:1:exit", 4, "rank 3 exited with status 3"},
-        {"1:3:hang", 4, "rank 1 sent no message to it within 1500 ms"},
+        {"1:3:kill", "--ep 2", "rank 1 was killed by signal 9"},
+        {"1:3:kill", "--ep 4", "rank 1 was killed by signal 9"},
+        {"2:3:exit", "--ep 4", "rank 2 exited with status 3"},
+        {"3:1:exit", "--ep 4", "rank 3 exited with status 3"},
+        {"1:3:hang", "--ep 4", "rank 1 sent no message to it within 1500 ms"},
+        {"1:3:kill", "--tp 2", "rank 1 was killed by signal 9"},
+        {"3:2:kill", "--tp 2 --ep 2", "rank 3 was killed by signal 9"},
+        {"1:3:kill", "--afd 1:1", "rank 1 was killed by signal 9"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char name[64];
@@ -283,12 +404,12 @@ START_TEST(test_rank_failure)
         char *out = NULL;
         double t0 = now_s();
         int rc = ls_test_sh(&out, "LOCKSTEP_TEST_RANK_FAULT=%s timeout -s KILL 60 '%s' run --checkpoint %s/tiny "
-                            "--mode rollout --prompts %s/prompts.jsonl --max-new-tokens 6 --max-rows 24 --ep %d "
+                            "--mode rollout --prompts %s/prompts.jsonl --max-new-tokens 6 --max-rows 24 %s "
                             "--rank-timeout 1500 -o %s/%s 2>&1",
-                            cases[i].fault, LS_CLI_PATH, g_dir, g_dir, cases[i].ep, g_dir, name);
+                            cases[i].fault, LS_CLI_PATH, g_dir, g_dir, cases[i].ranks, g_dir, name);
         double dt = now_s() - t0;
-        ck_assert_msg(rc == 2 && out && strstr(out, cases[i].needle), "%s at ep %d: exit %d\n%s", cases[i].fault,
-                      cases[i].ep, rc, out ? out : "");
+        ck_assert_msg(rc == 2 && out && strstr(out, cases[i].needle), "%s at %s: exit %d\n%s", cases[i].fault,
+                      cases[i].ranks, rc, out ? out : "");
         ck_assert_msg(dt < 30.0, "%s: %.1f s", cases[i].fault, dt);
         free(out);
         expect_no_output(name);
@@ -318,23 +439,26 @@ static int free_port(void)
 
 /* Starts `lockstep run` once per rank in `ranks` (a space-separated list)
  * with a launcher's variables (family: "torchrun" or "openmpi"), world size
- * `world`, --ep `world`, env `extra`; waits for all. *rc0 = rank 0's exit
+ * `world`, the topology flags `topo` (NULL: --ep `world`), env `extra`;
+ * waits for all. *rc0 = rank 0's exit
  * code (-1 when rank 0 was not started); returns the largest exit code of
  * the others; *out = every rank's output. */
-static int launch(const char *family, const char *ranks, int world, const char *extra, const char *trace,
-                  int *rc0, char **out)
+static int launch(const char *family, const char *ranks, int world, const char *topo, const char *extra,
+                  const char *trace, int *rc0, char **out)
 {
+    char ep[32];
+    snprintf(ep, sizeof ep, "--ep %d", world);
     int port = free_port() - !strcmp(family, "torchrun"); /* torchrun: lockstep listens on MASTER_PORT + 1 */
     const char *rv = !strcmp(family, "torchrun") ? "RANK" : "OMPI_COMM_WORLD_RANK";
     const char *ws = !strcmp(family, "torchrun") ? "WORLD_SIZE" : "OMPI_COMM_WORLD_SIZE";
     int rc = ls_test_sh(out, "cd %s && rm -f rc.*; for r in %s; do (env %s %s=$r %s=%d MASTER_ADDR=127.0.0.1 "
                         "MASTER_PORT=%d timeout -s KILL 60 '%s' run --checkpoint tiny --mode rollout "
                         "--prompts prompts.jsonl --max-new-tokens 6 --sampling seeded --seed 3 "
-                        "--state-digest-every 4 --max-rows 24 --ep %d --rank-timeout 3000 -o %s 2>&1; "
+                        "--state-digest-every 4 --max-rows 24 %s --rank-timeout 3000 -o %s 2>&1; "
                         "echo $? > rc.$r) & done; wait; worst=0; for f in rc.*; do r=${f#rc.}; v=$(cat $f); "
                         "if [ $r = 0 ]; then echo \"rank0=$v\"; elif [ $v -gt $worst ]; then worst=$v; fi; done; "
                         "rm -f rc.*; exit $worst",
-                        g_dir, ranks, extra, rv, ws, world, port, LS_CLI_PATH, world, trace);
+                        g_dir, ranks, extra, rv, ws, world, port, LS_CLI_PATH, topo ? topo : ep, trace);
     const char *p = *out ? strstr(*out, "rank0=") : NULL;
     *rc0 = p ? atoi(p + 6) : -1;
     return rc;
@@ -346,16 +470,25 @@ static int launch(const char *family, const char *ranks, int world, const char *
 START_TEST(test_launcher_ranks)
 {
     char *out = NULL;
-    int rc0, rc = launch("torchrun", "1 0", 2, "", "launched2.trace", &rc0, &out);
+    int rc0, rc = launch("torchrun", "1 0", 2, NULL, "", "launched2.trace", &rc0, &out);
     ck_assert_msg(rc0 == 0 && rc == 0, "torchrun 2: rank 0 exit %d, workers %d\n%s", rc0, rc, out);
     free(out);
     expect_equal("tiny-r1.trace", "launched2.trace");
-    rc = launch("openmpi", "3 2 1 0", 4, "", "launched4.trace", &rc0, &out);
+    rc = launch("openmpi", "3 2 1 0", 4, NULL, "", "launched4.trace", &rc0, &out);
     ck_assert_msg(rc0 == 0 && rc == 0, "openmpi 4: rank 0 exit %d, workers %d\n%s", rc0, rc, out);
     free(out);
     expect_equal("tiny-r1.trace", "launched4.trace");
+    /* TP and AFD ranks join the same way (no TP group to split) */
+    rc = launch("torchrun", "1 0", 2, "--tp 2", "", "launched-tp2.trace", &rc0, &out);
+    ck_assert_msg(rc0 == 0 && rc == 0, "torchrun --tp 2: rank 0 exit %d, workers %d\n%s", rc0, rc, out);
+    free(out);
+    expect_equal("tiny-r1.trace", "launched-tp2.trace");
+    rc = launch("openmpi", "0 1", 2, "--afd 1:1", "", "launched-afd.trace", &rc0, &out);
+    ck_assert_msg(rc0 == 0 && rc == 0, "openmpi --afd 1:1: rank 0 exit %d, workers %d\n%s", rc0, rc, out);
+    free(out);
+    expect_equal("tiny-r1.trace", "launched-afd.trace");
 
-    rc = launch("torchrun", "0 1 2 3", 4, "LOCKSTEP_TEST_RANK_FAULT=1:3:kill", "launched-kill.trace", &rc0, &out);
+    rc = launch("torchrun", "0 1 2 3", 4, NULL, "LOCKSTEP_TEST_RANK_FAULT=1:3:kill", "launched-kill.trace", &rc0, &out);
     ck_assert_msg(rc0 == 2 && rc != 0 && strstr(out, "rank 1 closed its connection"), "kill: rank 0 exit %d, "
                   "workers %d\n%s", rc0, rc, out);
     free(out);
@@ -374,7 +507,7 @@ START_TEST(test_launcher_ranks)
     expect_no_output("mismatch.trace");
 
     double t0 = now_s();
-    rc = launch("torchrun", "0", 2, "", "launched-alone.trace", &rc0, &out);
+    rc = launch("torchrun", "0", 2, NULL, "", "launched-alone.trace", &rc0, &out);
     ck_assert_msg(rc0 == 2 && strstr(out, "rank 1 did not") && now_s() - t0 < 30.0, "alone: rank 0 exit %d\n%s",
                   rc0, out);
     free(out);
@@ -390,6 +523,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_ep_equals_one_rank, 0, N_MODELS);
     tcase_add_test(tc, test_ep_grouped_rollout);
+    tcase_add_loop_test(tc, test_tp_equals_one_rank, 0, N_TP_MODELS);
     tcase_add_test(tc, test_gate_ep);
     tcase_add_test(tc, test_manifest_topology);
     tcase_add_test(tc, test_refusals);

@@ -26,6 +26,9 @@ ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, lo
  * nothing is a mistake, not a request for a contiguous cache (that is the
  * default, with the option left out); the run checks the upper bound. */
 ls_status ls_cli_parse_kv_page(const char *opt, const char *v, long *out, ls_error *err);
+/* --afd A:F: attention and FFN ranks, each an integer >= 1 (which shapes
+ * run is the run layer's to say). */
+ls_status ls_cli_parse_afd(const char *opt, const char *v, int *attention, int *ffn, ls_error *err);
 
 /* --gpu N: a CUDA device ordinal (any int: one the machine lacks is refused
  * by the run with the devices it has). */

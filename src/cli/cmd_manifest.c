@@ -15,7 +15,7 @@ static const char help[] =
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
     "                             [--samples-per-prompt N] [--prefix-cache off|aligned|any]\n"
     "                             [--prefix-block N] [--preempt none|seeded:S] [--kv-page N]\n"
-    "                             [--ep N] [--tp 1] [--threads N] -o FILE\n"
+    "                             [--tp N] [--ep M] [--afd 1:1] [--threads N] -o FILE\n"
     "       lockstep manifest diff A B [--json]\n"
     "       lockstep manifest verify FILE --checkpoint DIR [--backend cpu|cuda [--gpu N]]\n"
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
@@ -35,9 +35,9 @@ static const char help[] =
     "        rollout is served: recorded in the section serving, informational\n"
     "        (none of them changes a bit of lockstep's engine), so they leave the\n"
     "        manifest digest as it is. Without them the section is absent.\n"
-    "        --ep N (as for run) records the topology (N expert-parallel ranks,\n"
-    "        the CPU communicator); a strict manifest's digest does not depend on\n"
-    "        it (manifest/README.md).\n"
+    "        --tp N, --ep M and --afd 1:1 (as for run) record the topology (world\n"
+    "        size, degrees, AFD groups, the CPU communicator, reduction tree none);\n"
+    "        a strict manifest's digest does not depend on it (manifest/README.md).\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
     "        classifies it as voiding (the claim no longer holds: checkpoint,\n"
     "        architecture, providers, library versions, GPU kind, topology, mode,\n"
@@ -58,7 +58,7 @@ static const char help[] =
 /* The options of each subcommand: pin and verify share those that pin the
  * live system; diff has --json; digest none (each has -h/--help). */
 enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THREADS, OPT_JSON,
-       OPT_FP8, OPT_GPU, OPT_SAMPLES, OPT_PREFIX, OPT_PBLOCK, OPT_PREEMPT, OPT_KVPAGE, OPT_EP, OPT_TP };
+       OPT_FP8, OPT_GPU, OPT_SAMPLES, OPT_PREFIX, OPT_PBLOCK, OPT_PREEMPT, OPT_KVPAGE, OPT_EP, OPT_TP, OPT_AFD };
 #define LIVE_OPTS                                                                                  \
     {"checkpoint", OPT_CHECKPOINT, 1}, {"backend", OPT_BACKEND, 1}, {"mode", OPT_MODE, 1},         \
         {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}, {"fp8", OPT_FP8, 1},             \
@@ -66,7 +66,7 @@ enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THR
 static const ls_cli_opt pin_opts[] = {LIVE_OPTS, {"output", 'o', 1}, {"samples-per-prompt", OPT_SAMPLES, 1},
                                       {"prefix-cache", OPT_PREFIX, 1}, {"prefix-block", OPT_PBLOCK, 1},
                                       {"preempt", OPT_PREEMPT, 1}, {"kv-page", OPT_KVPAGE, 1}, {"ep", OPT_EP, 1},
-                                      {"tp", OPT_TP, 1}, {NULL, 0, 0}};
+                                      {"tp", OPT_TP, 1}, {"afd", OPT_AFD, 1}, {NULL, 0, 0}};
 static const ls_cli_opt verify_opts[] = {LIVE_OPTS, {"json", OPT_JSON, 0}, {NULL, 0, 0}};
 static const ls_cli_opt diff_opts[] = {{"json", OPT_JSON, 0}, {NULL, 0, 0}};
 static const ls_cli_opt no_opts[] = {{NULL, 0, 0}};
@@ -132,6 +132,10 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
             *(c == OPT_EP ? &sv->ep : &sv->tp) = (int)n;
             break;
         }
+        case OPT_AFD:
+            if (ls_cli_parse_afd(a.opt, a.arg, &sv->afd_attention, &sv->afd_ffn, &err) != LS_OK)
+                return ls_cli_report(CMD, &err);
+            break;
         case OPT_KVPAGE:
             if (ls_cli_parse_kv_page(a.opt, a.arg, &sv->kv_page, &err) != LS_OK)
                 return ls_cli_report(CMD, &err);

@@ -90,10 +90,20 @@ static const char usage_text[] =
     "                            must divide num_experts; --backend cpu only (no CUDA expert-\n"
     "                            parallel operators or NCCL yet); recorded in run_params and\n"
     "                            the manifest's topology (outside a strict manifest's digest)\n"
-    "  --tp N                    tensor parallelism: only 1 is accepted (not built yet)\n"
-    "  --rank-timeout MS         --ep N > 1 only: the deadline of every exchange between ranks;\n"
-    "                            a rank that does not answer within it is named and every rank\n"
-    "                            fails (default 60000)\n"
+    "  --tp N                    tensor parallelism on N ranks (default 1), order-preserving:\n"
+    "                            each rank holds its rows of every projection and of the\n"
+    "                            lm_head (attention split by head) and the outputs are\n"
+    "                            all-gathered, so every record equals the one-rank run's; the\n"
+    "                            MoE runs expert-parallel over the same ranks. N must divide\n"
+    "                            the heads, hidden_size, vocab_size and num_experts. With\n"
+    "                            --ep M: N*M ranks, TP groups of N consecutive ranks, the\n"
+    "                            experts split over all N*M. --backend cpu only\n"
+    "  --afd 1:1                 attention-FFN disaggregation: rank 0 runs the embedding,\n"
+    "                            mixers, norms and lm_head, rank 1 the routers and experts;\n"
+    "                            bit-equal to colocated. Only 1:1, without --tp/--ep\n"
+    "  --rank-timeout MS         several ranks only: the deadline of every exchange between\n"
+    "                            ranks; a rank that does not answer within it is named and\n"
+    "                            every rank fails (default 60000)\n"
     "  -o, --out TRACE           the trace to write (temporary name, renamed when complete)\n"
     "Every option also takes the form --option=VALUE.\n"
     "\n"
@@ -127,7 +137,7 @@ int ls_cmd_run(int argc, char **argv)
     enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
            O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
            O_ROWS, O_REVERSE, O_CACHE, O_FP8, O_GPU, O_SAMPLES, O_PREFIX, O_PBLOCK, O_PREEMPT,
-           O_KVPAGE, O_EP, O_TP, O_RTIMEOUT };
+           O_KVPAGE, O_EP, O_TP, O_AFD, O_RTIMEOUT };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
         {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
@@ -138,7 +148,7 @@ int ls_cmd_run(int argc, char **argv)
         {"reverse-batch", O_REVERSE, 0}, {"checkpoint-cache", O_CACHE, 1}, {"fp8", O_FP8, 1},
         {"gpu", O_GPU, 1}, {"samples-per-prompt", O_SAMPLES, 1}, {"prefix-cache", O_PREFIX, 1},
         {"prefix-block", O_PBLOCK, 1}, {"preempt", O_PREEMPT, 1}, {"kv-page", O_KVPAGE, 1},
-        {"ep", O_EP, 1}, {"tp", O_TP, 1}, {"rank-timeout", O_RTIMEOUT, 1}, {NULL, 0, 0}};
+        {"ep", O_EP, 1}, {"tp", O_TP, 1}, {"afd", O_AFD, 1}, {"rank-timeout", O_RTIMEOUT, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *a = ca.opt, *x = ca.arg;
@@ -218,6 +228,7 @@ int ls_cmd_run(int argc, char **argv)
             st = ls_cli_parse_long(a, x, 1, 1L << 20, &v, &err);
             s.tp = (int)v;
             break;
+        case O_AFD: st = ls_cli_parse_afd(a, x, &s.afd_attention, &s.afd_ffn, &err); break;
         case O_RTIMEOUT: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.rank_timeout_ms, &err); break;
         }
     }
@@ -285,8 +296,13 @@ int ls_cmd_run(int argc, char **argv)
     ls_run_batch_free(&b);
     if (st != LS_OK) return ls_cli_report("run", &err);
     free(res.completions);
-    char gpu_label[48] = "";
-    if (s.ep > 1) snprintf(gpu_label, sizeof gpu_label, " on %d expert-parallel ranks", s.ep);
+    char gpu_label[96] = "";
+    if (s.afd_attention > 0)
+        snprintf(gpu_label, sizeof gpu_label, " on %d:%d attention-FFN ranks", s.afd_attention, s.afd_ffn);
+    else if (s.tp > 1 && s.ep > 1)
+        snprintf(gpu_label, sizeof gpu_label, " on %d ranks (TP%d x EP%d)", s.tp * s.ep, s.tp, s.ep);
+    else if (s.tp > 1) snprintf(gpu_label, sizeof gpu_label, " on %d tensor-parallel ranks", s.tp);
+    else if (s.ep > 1) snprintf(gpu_label, sizeof gpu_label, " on %d expert-parallel ranks", s.ep);
     if (!strcmp(s.backend, "cuda")) snprintf(gpu_label, sizeof gpu_label, " (CUDA device %d)", s.gpu);
     ls_log_info("%s: %llu records, %llu positions in %.2f s (%.1f tokens/s), backend %s%s, model %.16s..., "
                 "manifest %.16s...%s",

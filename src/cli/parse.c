@@ -28,6 +28,19 @@ ls_status ls_cli_parse_kv_page(const char *opt, const char *v, long *out, ls_err
     return LS_OK;
 }
 
+ls_status ls_cli_parse_afd(const char *opt, const char *v, int *attention, int *ffn, ls_error *err)
+{
+    char *end;
+    errno = 0;
+    long a = isdigit((unsigned char)v[0]) ? strtol(v, &end, 10) : -1;
+    long f = a >= 1 && *end == ':' && isdigit((unsigned char)end[1]) ? strtol(end + 1, &end, 10) : -1;
+    if (errno || a < 1 || f < 1 || *end || a > 1 << 20 || f > 1 << 20)
+        return ls_fail(err, LS_E_USAGE, "%s '%s': expected A:F, the attention and FFN ranks (e.g. 1:1)", opt, v);
+    *attention = (int)a;
+    *ffn = (int)f;
+    return LS_OK;
+}
+
 ls_status ls_cli_parse_gpu(const char *opt, const char *v, int *out, ls_error *err)
 {
     long x;
@@ -57,6 +70,10 @@ static const char *const field_flags[][2] = {
     {"the prompt_len option", "--prompt-len"},
     {"the logprobs_only option", "--logprobs-only"},
     {"^layers ", "--layers "},          /* '^': only at the start of the message */
+    /* the engine's tensor-parallel refusals ("num_attention_heads 4 is not
+     * a multiple of tp 3", "... rows per rank at tp 2 split ...") */
+    {"of tp ", "of --tp "},
+    {"at tp ", "at --tp "},
 };
 
 void ls_cli_flag_names(const char *msg, char *out, size_t out_size)

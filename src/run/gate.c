@@ -80,6 +80,9 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
     s.preempt = o->preempt;
     s.kv_page = o->kv_page;
     s.ep = o->ep;
+    s.tp = o->tp;
+    s.afd_attention = o->afd_attention;
+    s.afd_ffn = o->afd_ffn;
     if (o->seeded) s.sampling = (ls_sampling){LS_SAMPLING_SEEDED, o->seed, 1.0f, 0, 1.0f};
     s.out = ro_path;
     s.progress = out != NULL;
@@ -125,7 +128,8 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
         s.prefix_block = 0;
         s.preempt = NULL;
         s.kv_page = 0; /* contiguous: the plain reference for a paged rollout */
-        s.ep = 0;      /* one rank: the plain reference for an expert-parallel rollout */
+        s.ep = s.tp = 0; /* one rank: the plain reference for a rollout on several */
+        s.afd_attention = s.afd_ffn = 0;
         s.sampling = (ls_sampling){LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
         s.expect_merkle_root = info.model_fingerprint;
         s.expect_source = ro_path;

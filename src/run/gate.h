@@ -39,8 +39,10 @@ typedef struct ls_gate_opts {
     long prefix_block;
     const char *preempt;
     long kv_page;                  /* the rollout's KV page size (run.h kv_page; 0 contiguous) */
-    int ep;                        /* the rollout's expert-parallel ranks (run.h ep; 0 or 1: one);
-                                      the replays run on one rank */
+    int ep, tp;                    /* the rollout's expert- and tensor-parallel ranks (run.h ep,
+                                      tp; 0 or 1: one); the replays run on one rank */
+    int afd_attention, afd_ffn;    /* the rollout's attention-FFN disaggregation (run.h; 0:0
+                                      colocated); the replays run colocated */
     int seeded;                    /* 1: the rollout samples seeded with `seed` (temperature 1, no
                                       truncation); 0: greedy */
     uint64_t seed;

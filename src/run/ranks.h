@@ -4,13 +4,14 @@
  * launcher (ls_run_ranks_join: torchrun, srun, mpirun, every rank its own
  * `lockstep run`, joined through the TCP rendezvous of dist/launch.h).
  *
- * A run with several ranks (ls_run_spec.ep > 1) starts them itself: the
- * process that called ls_run_execute is rank 0; it creates the CPU
- * communicator's world (src/dist/comm.h, Unix sockets between every pair of
- * ranks) and forks one worker per other rank. Each worker keeps its own
- * endpoint, closes the others, runs the same engine steps on its share of
- * the experts and writes nothing but its error, if any, on stderr (prefixed
- * "rank N: "); rank 0 writes the trace. A worker is a process, not a thread,
+ * A run with several ranks (ls_run_spec tp, ep or afd: ls_run_spec_world
+ * > 1) starts them itself: the process that called ls_run_execute is rank
+ * 0; it creates the CPU communicator's world (src/dist/comm.h, Unix sockets
+ * between every pair of ranks) and forks one worker per other rank. Each
+ * worker keeps its own endpoint, closes the others, runs the same engine
+ * steps on its share of the weights (experts, projection rows, or one side
+ * of attention-FFN disaggregation) and writes nothing but its error, if any,
+ * on stderr (prefixed "rank N: "); rank 0 writes the trace. A worker is a process, not a thread,
  * so that a rank that crashes takes no other rank's state with it: its
  * sockets close, the peers waiting on it name it at once, and every rank
  * exits non-zero.

@@ -172,27 +172,60 @@ static int is_hex64(const char *h)
     return n == 64;
 }
 
+int ls_run_spec_world(const ls_run_spec *s)
+{
+    if (s->afd_attention > 0 || s->afd_ffn > 0) return s->afd_attention + s->afd_ffn;
+    return (s->tp > 1 ? s->tp : 1) * (s->ep > 1 ? s->ep : 1);
+}
+
+/* The flags that make a spec's ranks, for messages: "--tp 2 --ep 2". */
+static void topology_flags(const ls_run_spec *s, char *out, size_t n)
+{
+    if (s->afd_attention > 0 || s->afd_ffn > 0) snprintf(out, n, "--afd %d:%d", s->afd_attention, s->afd_ffn);
+    else if (s->tp > 1 && s->ep > 1) snprintf(out, n, "--tp %d --ep %d", s->tp, s->ep);
+    else if (s->tp > 1) snprintf(out, n, "--tp %d", s->tp);
+    else snprintf(out, n, "--ep %d", s->ep);
+}
+
 ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_error *err)
 {
-    if (s->tp > 1)
-        return ls_fail(err, LS_E_UNSUPPORTED, "tp (--tp) %d: tensor parallelism is not built yet (docs/parallel.md "
-                       "§3.3); expert parallelism is (--ep)", s->tp);
-    if (s->tp < 0) return ls_fail(err, LS_E_USAGE, "tp (--tp) %d: expected >= 1", s->tp);
+    if (s->tp < 0 || s->tp > LS_COMM_MAX_RANKS)
+        return ls_fail(err, LS_E_USAGE, "tp (--tp) %d: expected 1..%d ranks", s->tp, LS_COMM_MAX_RANKS);
     if (s->ep < 0 || s->ep > LS_COMM_MAX_RANKS)
         return ls_fail(err, LS_E_USAGE, "ep (--ep) %d: expected 1..%d ranks", s->ep, LS_COMM_MAX_RANKS);
-    int ep = s->ep > 1 ? s->ep : 1;
-    if (ep > 1 && s->backend && strcmp(s->backend, "cpu"))
-        return ls_fail(err, LS_E_UNSUPPORTED, "ep (--ep) %d with backend (--backend) %s: expert parallelism runs "
-                       "on the cpu backend only until the CUDA backend has its expert-parallel operators "
-                       "(moe_slots, moe_combine) and NCCL", ep, s->backend);
-    if (s->rank_timeout_ms < 0 || (s->rank_timeout_ms > 0 && ep == 1))
+    int afd = s->afd_attention > 0 || s->afd_ffn > 0;
+    if (s->afd_attention < 0 || s->afd_ffn < 0 || (afd && (s->afd_attention < 1 || s->afd_ffn < 1)))
+        return ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: expected A:F, attention and FFN ranks >= 1 each",
+                       s->afd_attention, s->afd_ffn);
+    if (afd && (s->afd_attention != 1 || s->afd_ffn != 1))
+        return ls_fail(err, LS_E_UNSUPPORTED, "afd (--afd) %d:%d: attention-FFN disaggregation runs as 1:1 "
+                       "(one attention rank, one FFN rank); larger groups (TP inside the attention group, EP "
+                       "inside the FFN group, docs/parallel.md §3.4) are not built yet",
+                       s->afd_attention, s->afd_ffn);
+    if (afd && (s->tp > 1 || s->ep > 1))
+        return ls_fail(err, LS_E_UNSUPPORTED, "afd (--afd) 1:1 with %s (--%s) %d: attention-FFN disaggregation "
+                       "does not combine with tensor or expert parallelism yet", s->tp > 1 ? "tp" : "ep",
+                       s->tp > 1 ? "tp" : "ep", s->tp > 1 ? s->tp : s->ep);
+    long world = afd ? 2 : (long)(s->tp > 1 ? s->tp : 1) * (s->ep > 1 ? s->ep : 1);
+    char flags[64];
+    topology_flags(s, flags, sizeof flags);
+    if (world > LS_COMM_MAX_RANKS)
+        return ls_fail(err, LS_E_USAGE, "%s: %ld ranks, more than the %d a world holds", flags, world,
+                       LS_COMM_MAX_RANKS);
+    if (world > 1 && s->backend && strcmp(s->backend, "cpu"))
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s with backend (--backend) %s: several ranks run on the cpu "
+                       "backend only until the CUDA backend has its expert-parallel operators (moe_slots, "
+                       "moe_combine) and NCCL", flags, s->backend);
+    if (s->rank_timeout_ms < 0 || (s->rank_timeout_ms > 0 && world == 1))
         return ls_fail(err, LS_E_USAGE, "rank_timeout_ms (--rank-timeout) %ld: a deadline >= 1 ms applies to "
-                       "several ranks (ep (--ep) > 1) only", s->rank_timeout_ms);
-    mo->world_size = ep;
-    mo->tp_degree = 1;
-    mo->ep_degree = ep;
-    mo->communicator = ep > 1 ? "cpu-socket" : "none";
-    mo->reduction_tree = "none";
+                       "several ranks (--tp, --ep or --afd) only", s->rank_timeout_ms);
+    mo->world_size = (int)world;
+    mo->tp_degree = afd || s->tp < 1 ? 1 : s->tp;
+    mo->ep_degree = afd || s->ep < 1 ? 1 : s->ep;
+    mo->afd_attention_ranks = afd ? s->afd_attention : 0;
+    mo->afd_ffn_ranks = afd ? s->afd_ffn : 0;
+    mo->communicator = world > 1 ? "cpu-socket" : "none";
+    mo->reduction_tree = "none"; /* order-preserving TP: no reduction is split (docs/parallel.md §3.3) */
     return LS_OK;
 }
 
@@ -466,9 +499,14 @@ static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n,
     /* absent = a contiguous cache, so traces of unpaged runs keep their bytes */
     if (p && s->kv_page > 0) json_object_set_new(p, "kv_page", json_integer(s->kv_page));
     /* absent = one rank, so one-rank traces keep their bytes (docs/parallel.md §4) */
-    if (p && s->ep > 1)
-        json_object_set_new(p, "topology", json_pack("{s:i, s:i, s:n, s:s}", "tp", 1, "ep", s->ep, "afd",
+    if (p && ls_run_spec_world(s) > 1) {
+        int afd = s->afd_attention > 0;
+        json_object_set_new(p, "topology", json_pack("{s:i, s:i, s:o, s:s}", "tp", afd || s->tp < 1 ? 1 : s->tp,
+                                                     "ep", afd || s->ep < 1 ? 1 : s->ep, "afd",
+                                                     afd ? json_pack("[i, i]", s->afd_attention, s->afd_ffn)
+                                                         : json_null(),
                                                      "communicator", "cpu-socket"));
+    }
     /* engine behaviours that change no bit (run/drive.h), recorded when used:
      * absent means 1 sample, prefix cache off, no preemption */
     ls_rollout_opts go;
@@ -600,7 +638,7 @@ static ls_status spec_digest(const ls_run_spec *s, const ls_checkpoint *ck, uint
     const json_t *cfg = ls_checkpoint_config_json(ck);
     char *cfg_text = cfg ? json_dumps(cfg, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_t *j = json_pack("{s:s, s:I, s:I, s:i, s:i, s:I, s:f, s:I, s:f, s:i, s:I, s:I, s:I, s:I, s:s?, s:I, s:s?, "
-                          "s:s?, s:s?, s:s?, s:i, s:i, s:s?, s:o}",
+                          "s:s?, s:s?, s:s?, s:i, s:i, s:i, s:s?, s:o}",
                           "mode", s->mode, "max_new", (json_int_t)s->max_new, "chunk", (json_int_t)s->chunk,
                           "reverse", s->reverse_batch, "sampling", (int)s->sampling.kind, "seed",
                           (json_int_t)s->sampling.seed, "temperature", (double)s->sampling.temperature, "top_k",
@@ -609,7 +647,8 @@ static ls_status spec_digest(const ls_run_spec *s, const ls_checkpoint *ck, uint
                           (json_int_t)s->kv_page, "samples", (json_int_t)s->samples_per_prompt, "prefix",
                           s->prefix_cache, "prefix_block", (json_int_t)s->prefix_block, "preempt", s->preempt,
                           "perturb", s->perturb, "dump", s->dump_layers, "fp8", s->fp8, "ep", s->ep, "tp", s->tp,
-                          "config", cfg_text, "seqs", seqs ? seqs : json_null());
+                          "afd", s->afd_attention * 1000 + s->afd_ffn, "config", cfg_text, "seqs",
+                          seqs ? seqs : json_null());
     free(cfg_text);
     char *text = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_decref(j);
@@ -651,10 +690,11 @@ static ls_status worker_frame(void *ctx, ls_frame_kind kind, const ls_trace_reco
     return LS_OK;
 }
 
-/* Rank r > 0: the same engine steps as rank 0 on its share of the experts,
- * every exchange through its endpoint; ends the process. */
+/* Rank r > 0: the same engine steps as rank 0 on its share of the weights,
+ * every exchange through its endpoints (the world's, and its TP group's
+ * under TP x EP); ends the process. */
 static void run_worker(const ls_run_spec *s, const ls_model *m, const ls_engine_opts *eo, const ls_rollout_opts *go,
-                       int grouped, long max_len, ls_run_ranks *rk)
+                       int grouped, long max_len, ls_run_ranks *rk, ls_comm *tp_group)
 {
     ls_error err;
     ls_error_clear(&err);
@@ -682,7 +722,20 @@ static void run_worker(const ls_run_spec *s, const ls_model *m, const ls_engine_
     ls_engine_destroy(e);
     free(seqs);
     free(completions);
+    if (st != LS_OK && tp_group) ls_comm_abort(tp_group, "rank %d failed: %s", rk->rank, err.msg);
+    ls_comm_destroy(tp_group);
     ls_run_ranks_worker_exit(rk, st, &err);
+}
+
+/* Rank 0's end of a run with several ranks (a no-op with one): its TP
+ * group's endpoint first (aborted on a failure, so that a worker waiting in
+ * it hears why at once), then the world's (ls_run_ranks_finish). */
+static ls_status ranks_finish(ls_run_ranks *rk, ls_comm **tp_group, ls_status st, ls_error *err)
+{
+    if (*tp_group && st != LS_OK) ls_comm_abort(*tp_group, "rank 0 failed: %s", err->msg);
+    ls_comm_destroy(*tp_group);
+    *tp_group = NULL;
+    return rk->size ? ls_run_ranks_finish(rk, st, err) : st;
 }
 
 ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err)
@@ -765,26 +818,61 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
      * share its mapping) and before any thread of this run (run/ranks.h). */
     ls_run_ranks rk;
     memset(&rk, 0, sizeof rk);
-    if (st == LS_OK && s->ep > 1 && m->cfg.n_experts % s->ep != 0)
-        st = ls_fail(err, LS_E_USAGE, "ep (--ep) %d does not divide num_experts %ld of %s/config.json: each rank "
-                     "owns an equal block of experts", s->ep, (long)m->cfg.n_experts, s->checkpoint);
-    if (st == LS_OK && s->ep > 1) {
+    ls_comm *tp_group = NULL; /* TP x EP: this rank's TP group, split from the world (owned) */
+    int world = ls_run_spec_world(s);
+    char flags[64];
+    topology_flags(s, flags, sizeof flags);
+    /* the experts are split over the world with ep > 1 (docs/parallel.md
+     * §3.4); over the TP group with tp alone, which the engine checks with
+     * the other shapes tp must divide */
+    if (st == LS_OK && s->ep > 1 && m->cfg.n_experts % world != 0) {
+        if (s->tp > 1)
+            st = ls_fail(err, LS_E_USAGE, "%s: %d ranks do not divide num_experts %ld of %s/config.json: each "
+                         "rank owns an equal block of experts", flags, world, (long)m->cfg.n_experts, s->checkpoint);
+        else
+            st = ls_fail(err, LS_E_USAGE, "ep (--ep) %d does not divide num_experts %ld of %s/config.json: each "
+                         "rank owns an equal block of experts", s->ep, (long)m->cfg.n_experts, s->checkpoint);
+    }
+    if (st == LS_OK && world > 1) {
         /* started by a launcher whose world is these ranks: join it; else
          * start the workers here (an allocation's variables that describe
          * another world, or none, leave the run self-launched) */
         ls_comm_launch la;
         ls_error lerr;
         ls_error_clear(&lerr);
-        int launched = ls_comm_launch_read(NULL, NULL, &la, &lerr) == LS_OK && la.found && la.world_size == s->ep;
+        int launched = ls_comm_launch_read(NULL, NULL, &la, &lerr) == LS_OK && la.found && la.world_size == world;
         if (launched)
             ls_log_verbose("rank %d of %d, started by %s (rendezvous %s:%d)", la.rank, la.world_size, la.source,
                            la.master_addr, la.master_port);
-        st = launched ? ls_run_ranks_join(&la, s->rank_timeout_ms, &rk, err)
-                      : ls_run_ranks_start(s->ep, s->rank_timeout_ms, &rk, err);
-        if (st == LS_OK) eo.ep_comm = rk.comm;
+        /* a TP group is split from the world by handing Unix socket pairs
+         * over the world's connections (ls_comm_split), which the TCP
+         * connections of a rendezvous cannot carry */
+        if (launched && s->tp > 1 && s->ep > 1)
+            st = ls_fail(err, LS_E_UNSUPPORTED, "%s under a launcher (%s): the TP groups of a TP x EP world are "
+                         "split from a self-launched world only (their connections are Unix socket pairs); "
+                         "run it without the launcher's variables, or with --tp or --ep alone", flags,
+                         la.source);
+        if (st == LS_OK)
+            st = launched ? ls_run_ranks_join(&la, s->rank_timeout_ms, &rk, err)
+                          : ls_run_ranks_start(world, s->rank_timeout_ms, &rk, err);
         if (st == LS_OK) st = check_ranks_agree(s, ck, &rk, err);
+        if (st == LS_OK) {
+            if (s->afd_attention > 0) {
+                eo.afd_comm = rk.comm; /* rank 0 attention, rank 1 FFN */
+            } else if (s->tp > 1 && s->ep > 1) {
+                /* TP groups of consecutive ranks, the experts over the world */
+                eo.ep_comm = rk.comm;
+                st = ls_comm_split(rk.comm, rk.rank / s->tp, rk.rank, &tp_group, err);
+                eo.tp_comm = tp_group;
+            } else if (s->tp > 1) {
+                eo.tp_comm = rk.comm; /* the MoE expert-parallel over the same ranks */
+            } else {
+                eo.ep_comm = rk.comm;
+            }
+        }
         if (st != LS_OK && rk.rank > 0) ls_run_ranks_worker_exit(&rk, st, err);
-        if (st == LS_OK && rk.rank > 0) run_worker(s, m, &eo, &go, grouped, max_len, &rk); /* does not return */
+        if (st == LS_OK && rk.rank > 0)
+            run_worker(s, m, &eo, &go, grouped, max_len, &rk, tp_group); /* does not return */
     }
     if (st == LS_OK && !s->fingerprint) {
         hj.ck = ck;
@@ -906,12 +994,12 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
                        (unsigned long long)sc.records, res->seconds, s->backend, eo.max_rows);
         /* several ranks: the trace goes into place only once every worker
          * has ended well (run/ranks.h) */
-        if (rk.size) st = ls_run_ranks_finish(&rk, st, err);
+        st = ranks_finish(&rk, &tp_group, st, err);
         if (st == LS_OK) st = ls_trace_writer_close(sc.w, err);
         else ls_trace_writer_abort(sc.w);
         res->records = sc.records;
     }
-    if (rk.size) st = ls_run_ranks_finish(&rk, st, err); /* a failure before the engine ran */
+    st = ranks_finish(&rk, &tp_group, st, err); /* a failure before the engine ran */
     if (st != LS_OK) {
         free(res->completions);
         res->completions = NULL;

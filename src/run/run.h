@@ -89,10 +89,18 @@ typedef struct ls_run_spec {
                                       is recorded in run_params when set */
     int ep;                        /* expert-parallel ranks (--ep; docs/parallel.md §3.1): 0 or 1 =
                                       one rank; N > 1 = N CPU ranks, one process each (run/ranks.h),
-                                      rank 0 writing the trace; num_experts % N == 0; the cpu
-                                      backend only (the CUDA backend has no expert-parallel ops) */
-    int tp;                        /* tensor-parallel ranks (--tp): 0 or 1; more is refused (the
-                                      engine has no tensor parallelism yet) */
+                                      rank 0 writing the trace; num_experts % (tp * ep) == 0; the
+                                      cpu backend only (the CUDA backend has no expert-parallel ops) */
+    int tp;                        /* tensor-parallel ranks (--tp; docs/parallel.md §3.3, the
+                                      order-preserving form): 0 or 1 = none; N > 1 = N CPU ranks
+                                      (engine tp_comm), the engine refusing shapes N does not divide.
+                                      With ep > 1 the world is tp * ep ranks: TP groups of tp
+                                      consecutive ranks (rank / tp), the experts split over the
+                                      whole world (§3.4) */
+    int afd_attention, afd_ffn;    /* attention-FFN disaggregation (--afd A:F; §3.2): both 0 =
+                                      colocated; 1:1 = two CPU ranks, rank 0 attention, rank 1 the
+                                      FFN (engine afd_comm); other shapes, and AFD with tp or ep > 1,
+                                      are refused (not built) */
     long rank_timeout_ms;          /* several ranks: every exchange's deadline, after which the
                                       rank waited for is named and every rank fails
                                       (--rank-timeout; 0 = 60000); 0 with one rank */
@@ -136,12 +144,16 @@ ls_status ls_run_spec_group(const ls_run_spec *s, ls_rollout_opts *o, int *preem
  * the same flags. */
 ls_status ls_run_spec_serving(const ls_run_spec *s, ls_manifest_serving *out, int *any, ls_error *err);
 
-/* The topology of a spec (ep, tp) as a manifest records it (mo's
- * world_size, tp_degree, ep_degree, communicator), validated as
+/* The topology of a spec (tp, ep, afd) as a manifest records it (mo's
+ * world_size, tp_degree, ep_degree, afd, communicator), validated as
  * ls_run_spec_validate does (LS_E_USAGE naming the field and its flag).
  * ls_run_execute records it in the manifest it pins; `manifest pin` takes
  * the same flags. */
 ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_error *err);
+
+/* The number of ranks a spec runs on: afd_attention + afd_ffn with AFD,
+ * else tp * ep (each 0 counting as 1). */
+int ls_run_spec_world(const ls_run_spec *s);
 
 /* Parses a perturbation "layer=L,op=OP" (op one of gdn, conv, attention,
  * router, experts, combine, norm, lm_head). */
