@@ -3,8 +3,9 @@
  * backend holding only its share of the weights (attention and the gated
  * DeltaNet split by head, every other projection by output rows, the
  * experts split between the ranks), joined by the CPU communicator. On
- * synthetic checkpoints (Qwen3-Next tiny and Qwen3.5 tiny with 4 key heads,
- * Qwen3.5 tiny FP8 w8a8 with 2 and with 4 key heads), TP1 through the
+ * synthetic checkpoints (Qwen3-Next tiny as the preset has it, 2 key heads
+ * of 2 value heads each, and with 4 key heads; Qwen3.5 tiny with 4 key
+ * heads; Qwen3.5 tiny FP8 w8a8 with 2 and with 4 key heads), TP1 through the
  * tensor-parallel path, TP2, TP4 where the shapes divide (also with a paged
  * KV cache), TP2 x EP1 and TP2 x EP2 (TP groups split from the world by
  * ls_comm_split, the experts split over the world) give every record of the
@@ -32,7 +33,7 @@
 #include "synth/synth.h"
 #include "testutil.h"
 
-#define N_MODELS 5
+#define N_MODELS 6
 #define CAP 64
 #define N_SEQS 5
 #define MAX_NEW 6
@@ -42,14 +43,14 @@ static ls_checkpoint *g_ck[N_MODELS];
 static ls_model *g_m[N_MODELS];
 static const char *const g_name[N_MODELS] = {"tiny (4 key heads)", "qwen3.5-tiny (4 key heads)",
                                              "qwen3.5-tiny fp8 w8a8", "qwen3.5-tiny fp8 w8a8 (4 key heads)",
-                                             "qwen3.5-tiny fp8 (hidden 384)"};
+                                             "qwen3.5-tiny fp8 (hidden 384)", "tiny"};
 
 static void setup(void)
 {
     if (g_m[0]) return;
     char *dir = ls_test_tmpdir("tp");
     static const char *const presets[N_MODELS] = {"tiny", "qwen3.5-tiny", "qwen3.5-tiny", "qwen3.5-tiny",
-                                                  "qwen3.5-tiny"};
+                                                  "qwen3.5-tiny", "tiny"};
     for (int i = 0; i < N_MODELS; i++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/m%d", dir, i);
@@ -57,11 +58,12 @@ static void setup(void)
         ls_synth_config cfg;
         ck_assert_msg(ls_synth_preset(presets[i], &cfg, &err) == LS_OK, "%s", err.msg);
         /* 4 key heads (value heads 4: one per key head) so that TP4 divides
-         * them; one FP8 model keeps 2; the last has out_proj rows that TP2
-         * splits across a scale block (192 of 384) */
-        if (i != 2) cfg.linear_num_key_heads = 4;
+         * them; one FP8 model keeps 2, and so does the preset tiny (two
+         * value heads per key head, as the released models); model 4 has
+         * out_proj rows that TP2 splits across a scale block (192 of 384) */
+        if (i != 2 && i != 5) cfg.linear_num_key_heads = 4;
         if (i == 4) cfg.hidden_size = 384;
-        if (i >= 2) {
+        if (i >= 2 && i <= 4) {
             cfg.fp8 = 1;
             cfg.fused_experts = 0;
         }
@@ -79,7 +81,7 @@ static ls_engine_opts opts(int model, ls_comm *tp, ls_comm *ep)
     ls_engine_opts_default(&o);
     o.max_rows = 24; /* the prompts take several prefill steps */
     o.state_digest_every = 4;
-    o.fp8_w8a8 = model >= 2;
+    o.fp8_w8a8 = model >= 2 && model <= 4;
     o.tp_comm = tp;
     o.ep_comm = ep;
     return o;
@@ -255,9 +257,10 @@ START_TEST(test_tp_equals_plain)
     setup();
     int model = _i;
     expect_equal(model, 1, 1, 0); /* TP1 through the tensor-parallel path */
+    if (model == 4) return;       /* refused at TP2 (test_tp_refusals) */
     expect_equal(model, 2, 2, 0);
     expect_equal(model, 2, 2, 1); /* TP2 x EP1 over the same ranks: the experts via ep_comm */
-    if (model != 2) expect_equal(model, 4, 4, 0);
+    if (model != 2 && model != 5) expect_equal(model, 4, 4, 0);
     if (model < 2) expect_equal_paged(model, 4, 4, 0, 5); /* each rank's KV pages hold its heads */
     expect_equal(model, 4, 2, 1); /* TP2 x EP2: two TP groups, experts over the 4 ranks */
 }
@@ -542,7 +545,7 @@ int main(void)
     Suite *s = suite_create("tp");
     TCase *tc = tcase_create("tp");
     tcase_set_timeout(tc, 1200);
-    tcase_add_loop_test(tc, test_tp_equals_plain, 0, 4);
+    tcase_add_loop_test(tc, test_tp_equals_plain, 0, N_MODELS);
     tcase_add_test(tc, test_tp_perturbation_localised);
     tcase_add_test(tc, test_tp_refusals);
     tcase_add_loop_test(tc, test_tp_rank_failure, 0, 2);
