@@ -61,11 +61,10 @@ static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error 
     return LS_OK;
 }
 
-/* Tensor parallelism: this rank's rows tp_rank * n .. + n - 1 (n = rows / tp)
- * of a projection, borrowed from the model's matrix (no copy: a row range of
- * a row-major matrix is contiguous, and so are its FP8 scale rows when the
- * range keeps the 128-row scale blocks, checked in tp_check). Without TP, or
- * for a matrix kept whole on every rank (`whole`), the full matrix. */
+/* Tensor parallelism: rows r0 .. r0 + n - 1 of a projection, borrowed from
+ * the model's matrix (no copy: a row range of a row-major matrix is
+ * contiguous, and so are its FP8 scale rows when the range starts a 128-row
+ * scale block or lies inside one, checked in tp_check). */
 static ls_status wrap_range(ls_engine *e, const ls_wmat *m, long r0, long n, ls_bweight *out,
                             ls_error *err)
 {
@@ -77,6 +76,8 @@ static ls_status wrap_range(ls_engine *e, const ls_wmat *m, long r0, long n, ls_
     return wrap(e, &s, out, err);
 }
 
+/* This rank's rows tp_rank * N/tp .. of a projection of N rows; without TP
+ * the whole matrix. */
 static ls_status wrap_rows(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
 {
     if (!e->tp) return wrap(e, m, out, err);

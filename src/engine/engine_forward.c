@@ -97,11 +97,10 @@ static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, in
 }
 
 /* ---- tensor parallelism (docs/parallel.md §3.3, the order-preserving form) --------------
- * A projection of N output rows held by rows on each rank (w->rows = N / tp):
- * each rank computes its rows' outputs (each one the dot product one rank
- * computes, over the whole K, in today's order), and the ranks all-gather
- * them (exact bytes) into every rank's y [T, N]. A matrix kept whole (no TP,
- * or KV heads fewer than tp) is the plain linear. */
+ * The mixers run over this rank's heads (e->c holds its head counts); what
+ * reads every head (o_proj, out_proj) or every vocabulary row (the logits)
+ * is preceded or followed by an all-gather of exact bytes. */
+
 /* Every rank's columns [T, n] of src (exact bytes) into y [T, N]: rank r's
  * are columns (r / share) * n .. of y, where `share` consecutive ranks hold
  * the same columns (replicated KV heads; 1 otherwise) and the first of them
@@ -124,6 +123,10 @@ static ls_status gather_cols(ls_engine *e, ls_view src, long T, long n, long N, 
     return be->upload(be, y, e->h_tp_a, sizeof(float) * (size_t)(T * N), err);
 }
 
+/* y [T, N] = x W^T. A matrix held whole (w->rows = N: no TP, or split by
+ * head, N being this rank's heads) is the plain linear; one held by rows
+ * (w->rows = N / tp) computes this rank's outputs, each the dot product one
+ * rank computes over the whole K in today's order, and all-gathers them. */
 static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_view y, long T,
                      ls_order o, ls_error *err)
 {
@@ -327,8 +330,9 @@ static ls_status gdn_project(ls_engine *e, layer_w *w, long T, ls_error *err)
             }
             if (at != 2 * qk + Hv * c->lin_v_dim)
                 return ls_fail(err, LS_E_INTERNAL, "engine: in_proj_qkv rows %ld of %ld", at, C);
-        } else
-        LS_TRY(lin(e, &w->in_qkv, e->conv_dim, BEV(e->XN), BEV(e->X), T, o, err));
+        } else {
+            LS_TRY(lin(e, &w->in_qkv, e->conv_dim, BEV(e->XN), BEV(e->X), T, o, err));
+        }
         LS_TRY(lin(e, &w->in_z, Hv * c->lin_v_dim, BEV(e->XN), BEV(e->Z), T, o, err));
         LS_TRY(lin(e, &w->in_b, Hv, BEV(e->XN), BEV(e->Bv), T, o, err));
         return lin(e, &w->in_a, Hv, BEV(e->XN), BEV(e->Av), T, o, err);
