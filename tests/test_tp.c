@@ -1,16 +1,19 @@
 /* Tensor parallelism on CPU ranks (engine.h tp_comm, docs/parallel.md §3.3,
  * the order-preserving form): ranks as threads, each with its own CPU
- * backend holding only its rows of every dense projection and its experts,
- * joined by the CPU communicator. On synthetic checkpoints (Qwen3-Next tiny
- * and Qwen3.5 tiny with 4 key heads, Qwen3.5 tiny in FP8 with w8a8), TP1
- * through the tensor-parallel path, TP2, TP4 (where the shapes divide) and
- * TP2 x EP2 (TP groups of 2 split from a world of 4 by ls_comm_split, the
- * experts split over the world)
- * give every record of the plain engine bit for bit (tokens, logprobs,
- * top-5, every digest), on every rank, for a seeded rollout and its replay
- * in chunks of 3. AFD 1A1F (rank 0 the mixers, rank 1 the MoE) likewise.
- * A perturbation planted on one rank is localised by the comparator to its
- * layer on every rank; a topology that does not divide the model, a backend
+ * backend holding only its share of the weights (attention and the gated
+ * DeltaNet split by head, every other projection by output rows, the
+ * experts split between the ranks), joined by the CPU communicator. On
+ * synthetic checkpoints (Qwen3-Next tiny as the preset has it, 2 key heads
+ * of 2 value heads each, and with 4 key heads; Qwen3.5 tiny with 4 key
+ * heads; Qwen3.5 tiny FP8 w8a8 with 2 and with 4 key heads), TP1 through the
+ * tensor-parallel path, TP2, TP4 where the shapes divide (also with a paged
+ * KV cache), TP2 x EP1 and TP2 x EP2 (TP groups split from the world by
+ * ls_comm_split, the experts split over the world) give every record of the
+ * plain engine bit for bit (tokens, logprobs, top-5, every digest), on every
+ * rank, for a seeded rollout and its replay in chunks of 3. AFD 1A1F (rank 0
+ * the mixers, rank 1 the MoE) likewise. A perturbation planted on one rank
+ * is localised by the comparator to its layer on every rank; a topology that
+ * does not divide the model, an FP8 shard across a scale block, a backend
  * without the ops, and a rank whose step fails are refused or reported on
  * every rank, naming the cause. */
 #include <check.h>
@@ -30,7 +33,7 @@
 #include "synth/synth.h"
 #include "testutil.h"
 
-#define N_MODELS 4
+#define N_MODELS 6
 #define CAP 64
 #define N_SEQS 5
 #define MAX_NEW 6
@@ -39,13 +42,15 @@
 static ls_checkpoint *g_ck[N_MODELS];
 static ls_model *g_m[N_MODELS];
 static const char *const g_name[N_MODELS] = {"tiny (4 key heads)", "qwen3.5-tiny (4 key heads)",
-                                             "qwen3.5-tiny fp8 w8a8", "qwen3.5-tiny fp8 (4 key heads)"};
+                                             "qwen3.5-tiny fp8 w8a8", "qwen3.5-tiny fp8 w8a8 (4 key heads)",
+                                             "qwen3.5-tiny fp8 (hidden 384)", "tiny"};
 
 static void setup(void)
 {
     if (g_m[0]) return;
     char *dir = ls_test_tmpdir("tp");
-    static const char *const presets[N_MODELS] = {"tiny", "qwen3.5-tiny", "qwen3.5-tiny", "qwen3.5-tiny"};
+    static const char *const presets[N_MODELS] = {"tiny", "qwen3.5-tiny", "qwen3.5-tiny", "qwen3.5-tiny",
+                                                  "qwen3.5-tiny", "tiny"};
     for (int i = 0; i < N_MODELS; i++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/m%d", dir, i);
@@ -53,10 +58,12 @@ static void setup(void)
         ls_synth_config cfg;
         ck_assert_msg(ls_synth_preset(presets[i], &cfg, &err) == LS_OK, "%s", err.msg);
         /* 4 key heads (value heads 4: one per key head) so that TP4 divides
-         * them; the FP8 model keeps 2, so that in_proj_qkv's 256 rows split
-         * into whole 128-row scale blocks at TP2 */
-        if (i != 2) cfg.linear_num_key_heads = 4;
-        if (i >= 2) {
+         * them; one FP8 model keeps 2, and so does the preset tiny (two
+         * value heads per key head, as the released models); model 4 has
+         * out_proj rows that TP2 splits across a scale block (192 of 384) */
+        if (i != 2 && i != 5) cfg.linear_num_key_heads = 4;
+        if (i == 4) cfg.hidden_size = 384;
+        if (i >= 2 && i <= 4) {
             cfg.fp8 = 1;
             cfg.fused_experts = 0;
         }
@@ -74,7 +81,7 @@ static ls_engine_opts opts(int model, ls_comm *tp, ls_comm *ep)
     ls_engine_opts_default(&o);
     o.max_rows = 24; /* the prompts take several prefill steps */
     o.state_digest_every = 4;
-    o.fp8_w8a8 = model >= 2;
+    o.fp8_w8a8 = model >= 2 && model <= 4;
     o.tp_comm = tp;
     o.ep_comm = ep;
     return o;
@@ -250,9 +257,10 @@ START_TEST(test_tp_equals_plain)
     setup();
     int model = _i;
     expect_equal(model, 1, 1, 0); /* TP1 through the tensor-parallel path */
+    if (model == 4) return;       /* refused at TP2 (test_tp_refusals) */
     expect_equal(model, 2, 2, 0);
     expect_equal(model, 2, 2, 1); /* TP2 x EP1 over the same ranks: the experts via ep_comm */
-    if (model < 2) expect_equal(model, 4, 4, 0);
+    if (model != 2 && model != 5) expect_equal(model, 4, 4, 0);
     if (model < 2) expect_equal_paged(model, 4, 4, 0, 5); /* each rank's KV pages hold its heads */
     expect_equal(model, 4, 2, 1); /* TP2 x EP2: two TP groups, experts over the 4 ranks */
 }
@@ -415,13 +423,12 @@ START_TEST(test_tp_perturbation_localised)
     /* model 0: layers 1 and 3 are full attention; trace layer of decoder
      * layer l's mixer is 1 + 2l, its MoE 2 + 2l, the lm_head 2 + 2L */
     int L = (int)g_m[0]->cfg.n_layers;
-    /* the attention is computed on every rank: rank 1's drifted output
-     * reaches rank 0 through the o_proj rows rank 1 computes */
+    /* attention is split by head: rank 1's heads' drifted output reaches
+     * rank 0 in the gathered o_proj input */
     expect_localised(LS_PERTURB_ATTENTION, 1, 3, 3);
     /* experts: rank 1's slot rows reach every rank */
     expect_localised(LS_PERTURB_EXPERTS, 2, 6, 3);
-    /* the GDN recurrence runs on every rank, only rank 1's changes; its
-     * out_proj rows reach rank 0 */
+    /* the GDN recurrence of rank 1's value heads; gathered before out_proj */
     expect_localised(LS_PERTURB_GDN, 2, 5, 3);
     /* the lm_head: rank 1's vocabulary half of the logits */
     expect_localised(LS_PERTURB_LM_HEAD, 0, 2 + 2 * L, 3);
@@ -461,10 +468,10 @@ START_TEST(test_tp_refusals)
     for (int r = 0; r < 3; r++) ls_comm_destroy(c3[r]);
     /* the FP8 model with 2 key heads */
     expect_refused(2, 4, NULL, LS_E_UNSUPPORTED, "engine: linear_num_key_heads 2 is not a multiple of tp 4");
-    /* 384 rows of in_proj_qkv split in two: 192, across a scale block */
-    expect_refused(3, 2, NULL, LS_E_UNSUPPORTED,
-                   "engine: layer 0 in_proj_qkv is FP8 with 384 rows: 192 rows per rank at tp 2 split its "
-                   "128-row scale blocks");
+    /* 384 rows of out_proj split in two: rank 1's 192..383 straddle a scale block */
+    expect_refused(4, 2, NULL, LS_E_UNSUPPORTED,
+                   "engine: layer 0 out_proj is FP8: rows 192..383 of rank 1 at tp 2 split its 128-row "
+                   "scale blocks");
     /* a backend without moe_slots / moe_combine (the CUDA backends today) */
     ls_backend *be = NULL;
     ls_error err;
@@ -538,7 +545,7 @@ int main(void)
     Suite *s = suite_create("tp");
     TCase *tc = tcase_create("tp");
     tcase_set_timeout(tc, 1200);
-    tcase_add_loop_test(tc, test_tp_equals_plain, 0, 3);
+    tcase_add_loop_test(tc, test_tp_equals_plain, 0, N_MODELS);
     tcase_add_test(tc, test_tp_perturbation_localised);
     tcase_add_test(tc, test_tp_refusals);
     tcase_add_loop_test(tc, test_tp_rank_failure, 0, 2);

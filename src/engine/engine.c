@@ -61,11 +61,10 @@ static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error 
     return LS_OK;
 }
 
-/* Tensor parallelism: this rank's rows tp_rank * n .. + n - 1 (n = rows / tp)
- * of a projection, borrowed from the model's matrix (no copy: a row range of
- * a row-major matrix is contiguous, and so are its FP8 scale rows when the
- * range keeps the 128-row scale blocks, checked in tp_check). Without TP, or
- * for a matrix kept whole on every rank (`whole`), the full matrix. */
+/* Tensor parallelism: rows r0 .. r0 + n - 1 of a projection, borrowed from
+ * the model's matrix (no copy: a row range of a row-major matrix is
+ * contiguous, and so are its FP8 scale rows when the range starts a 128-row
+ * scale block or lies inside one, checked in tp_check). */
 static ls_status wrap_range(ls_engine *e, const ls_wmat *m, long r0, long n, ls_bweight *out,
                             ls_error *err)
 {
@@ -77,6 +76,8 @@ static ls_status wrap_range(ls_engine *e, const ls_wmat *m, long r0, long n, ls_
     return wrap(e, &s, out, err);
 }
 
+/* This rank's rows tp_rank * N/tp .. of a projection of N rows; without TP
+ * the whole matrix. */
 static ls_status wrap_rows(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
 {
     if (!e->tp) return wrap(e, m, out, err);
@@ -91,6 +92,30 @@ static ls_status wrap_kv(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_err
     if (!e->tp) return wrap(e, m, out, err);
     long d = e->c.head_dim;
     return wrap_range(e, m, e->kv_head0 * d, e->c.n_kv_heads * d, out, err);
+}
+
+/* The conv weight [conv_dim, K] of this rank's channels: its key heads' q
+ * and k channels and its value heads' v channels, three row ranges of the
+ * full weight copied into one host matrix the engine keeps (e->conv_w[l];
+ * the weight is a few KB per layer). */
+static ls_status conv_rows(ls_engine *e, const ls_wmat *m, long l, ls_bweight *out, ls_error *err)
+{
+    const ls_model_config *c = &e->c; /* this rank's heads */
+    long qk = c->lin_k_heads * c->lin_k_dim, vv = c->lin_v_heads * c->lin_v_dim, r = e->tp_rank;
+    size_t row = (size_t)m->cols * (size_t)ls_wtype_bytes(m->wtype);
+    unsigned char *dst = malloc(row * (size_t)(2 * qk + vv));
+    if (!dst) return ls_fail_nomem(err, row * (size_t)(2 * qk + vv), "engine: conv weight of layer %ld", l);
+    e->conv_w[l] = dst;
+    const unsigned char *src = m->data;
+    long from[3] = {r * qk, e->tp * qk + r * qk, 2 * e->tp * qk + r * vv}, len[3] = {qk, qk, vv};
+    for (int i = 0; i < 3; i++) {
+        memcpy(dst, src + (size_t)from[i] * row, (size_t)len[i] * row);
+        dst += (size_t)len[i] * row;
+    }
+    ls_wmat s = *m;
+    s.data = e->conv_w[l];
+    s.rows = 2 * qk + vv;
+    return wrap(e, &s, out, err);
 }
 
 /* Small parameters, rounded to bf16 in bf16 mode (the reference casts every
@@ -139,6 +164,8 @@ void ls_engine_destroy(ls_engine *e)
     free(e->free_pages), free(e->h_pt), free(e->pt_dirty), free(e->kpool), free(e->vpool);
     free(e->h_ids), free(e->h_pairs), free(e->h_rows), free(e->h_all), free(e->ep_bytes);
     free(e->ep_base), free(e->h_tp_a), free(e->h_tp_b), free(e->h_afd);
+    for (long l = 0; e->conv_w && l < e->c.n_layers; l++) free(e->conv_w[l]);
+    free(e->conv_w);
     free(e);
 }
 
@@ -177,6 +204,8 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         LS_TRY(wrap_rows(e, &m->lm_head, &e->lm_head, err));
     }
     LS_TRY(small(e, m->final_norm, D, &e->final_norm, err));
+    e->conv_w = calloc((size_t)L, sizeof *e->conv_w);
+    if (!e->conv_w) return ls_fail_nomem(err, (size_t)L * sizeof *e->conv_w, "engine: conv table");
     e->lw = calloc((size_t)L, sizeof *e->lw);
     if (!e->lw) return ls_fail_nomem(err, (size_t)L * sizeof *e->lw, "engine: weights of %ld layers", (long)L);
     for (long l = 0; l < L; l++) {
@@ -194,7 +223,17 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
             LS_TRY(small(e, ml->q_norm, d, &w->q_norm, err));
             LS_TRY(small(e, ml->k_norm, d, &w->k_norm, err));
         } else {
-            if (c->arch == LS_MODEL_QWEN3_5_MOE) {
+            if (c->arch == LS_MODEL_QWEN3_5_MOE && e->tp) {
+                /* this rank's heads' rows of the q, k and v sections */
+                const ls_wmat *qkv = &ml->in_qkv;
+                long r = e->tp_rank;
+                LS_TRY(wrap_range(e, qkv, r * Hk * dk, Hk * dk, &w->in_qkv, err));
+                LS_TRY(wrap_range(e, qkv, e->tp * Hk * dk + r * Hk * dk, Hk * dk, &w->in_k, err));
+                LS_TRY(wrap_range(e, qkv, 2 * e->tp * Hk * dk + r * Hv * dv, Hv * dv, &w->in_v, err));
+                LS_TRY(wrap_rows(e, &ml->in_z, &w->in_z, err));
+                LS_TRY(wrap_rows(e, &ml->in_b, &w->in_b, err));
+                LS_TRY(wrap_rows(e, &ml->in_a, &w->in_a, err));
+            } else if (c->arch == LS_MODEL_QWEN3_5_MOE) {
                 LS_TRY(wrap_rows(e, &ml->in_qkv, &w->in_qkv, err));
                 LS_TRY(wrap_rows(e, &ml->in_z, &w->in_z, err));
                 LS_TRY(wrap_rows(e, &ml->in_b, &w->in_b, err));
@@ -203,10 +242,12 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
                 LS_TRY(wrap_rows(e, &ml->qkvz, &w->qkvz, err));
                 LS_TRY(wrap_rows(e, &ml->ba, &w->ba, err));
             }
-            LS_TRY(wrap(e, &ml->conv, &w->conv, err));
+            if (e->tp) LS_TRY(conv_rows(e, &ml->conv, l, &w->conv, err));
+            else LS_TRY(wrap(e, &ml->conv, &w->conv, err));
             LS_TRY(wrap_rows(e, &ml->out_proj, &w->out_proj, err));
-            LS_TRY(small(e, ml->A_log, Hv, &w->A_log, err));
-            LS_TRY(small(e, ml->dt_bias, Hv, &w->dt_bias, err));
+            /* this rank's value heads (all of them without TP) */
+            LS_TRY(small(e, ml->A_log + e->tp_rank * Hv, Hv, &w->A_log, err));
+            LS_TRY(small(e, ml->dt_bias + e->tp_rank * Hv, Hv, &w->dt_bias, err));
             LS_TRY(small(e, ml->gnorm, dv, &w->gnorm, err));
         }
         if (ffn) LS_TRY(wrap(e, &ml->router, &w->router, err));
@@ -318,9 +359,18 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         /* attention split by head: the gathered mixer output [T, Hq d] for
          * o_proj, and the full K and V rows [T, Hkv d] for the KV digests */
         const ls_model_config *mc = &m->cfg;
-        LS_TRY(buf(e, T * mc->n_heads * mc->head_dim, &e->tp_in, err));
+        long hvd = mc->lin_v_heads * mc->lin_v_dim, hqd = mc->n_heads * mc->head_dim;
+        LS_TRY(buf(e, T * (hvd > hqd ? hvd : hqd), &e->tp_in, err));
+        /* a full GDN state [Hv, dk, dv] and conv state [conv_dim, K] for their digests */
+        long cfull = 2 * mc->lin_k_heads * mc->lin_k_dim + hvd;
+        LS_TRY(buf(e, hvd * mc->lin_k_dim, &e->gdn_full, err));
+        LS_TRY(buf(e, cfull * K, &e->conv_full, err));
         LS_TRY(buf(e, T * mc->n_kv_heads * mc->head_dim, &e->k_full, err));
         LS_TRY(buf(e, T * mc->n_kv_heads * mc->head_dim, &e->v_full, err));
+        long st = m->cfg.lin_v_heads * m->cfg.lin_v_dim * m->cfg.lin_k_dim;
+        long cv = (2 * m->cfg.lin_k_heads * m->cfg.lin_k_dim + m->cfg.lin_v_heads * m->cfg.lin_v_dim) * K;
+        if (T * n < st) n = (st + T - 1) / T;
+        if (T * n < cv) n = (cv + T - 1) / T;
         e->h_tp_a = malloc(sizeof(float) * (size_t)(T * n));
         e->h_tp_b = malloc(sizeof(float) * (size_t)(T * n));
         if (!e->h_tp_a || !e->h_tp_b)
@@ -461,6 +511,8 @@ static ls_status tp_check(const ls_model *m, int tp, int ep_elsewhere, ls_error 
     if (has_attn && kv % tp != 0 && tp % kv != 0)
         return ls_fail(err, LS_E_UNSUPPORTED, "engine: num_key_value_heads %ld is neither a multiple "
                        "nor a divisor of tp %d", kv, tp);
+    long kvn = kv % tp == 0 ? kv / tp : 1, share = kv % tp == 0 ? 1 : tp / kv; /* KV heads per rank */
+    long Hk = c->lin_k_heads, dk = c->lin_k_dim, Hv = c->lin_v_heads, dv = c->lin_v_dim;
     for (long l = 0; l < c->n_layers; l++) {
         const ls_model_layer *ml = &m->layers[l];
         const struct {
@@ -469,24 +521,43 @@ static ls_status tp_check(const ls_model *m, int tp, int ep_elsewhere, ls_error 
         } mats[] = {{"q_proj", &ml->q_proj}, {"k_proj", &ml->k_proj}, {"v_proj", &ml->v_proj},
                     {"o_proj", &ml->o_proj}, {"in_proj_qkvz", &ml->qkvz}, {"in_proj_ba", &ml->ba},
                     {"in_proj_qkv", &ml->in_qkv}, {"in_proj_z", &ml->in_z}, {"in_proj_b", &ml->in_b},
-                    {"in_proj_a", &ml->in_a}, {"out_proj", &ml->out_proj}};
+                    {"in_proj_a", &ml->in_a}, {"out_proj", &ml->out_proj}, {"lm_head", &m->lm_head}};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
             const ls_wmat *w = mats[i].w;
-            if (!w->data || !ls_wtype_is_f8(w->wtype)) continue;
-            /* k/v: one head per rank when KV heads are fewer than tp */
-            long n = (i == 1 || i == 2) && kv % tp != 0 ? w->rows / kv : w->rows / tp;
-            if (n % LS_FP8_BLOCK != 0 && LS_FP8_BLOCK % n != 0)
-                return ls_fail(err, LS_E_UNSUPPORTED, "engine: layer %ld %s is FP8 with %ld rows: "
-                               "%ld rows per rank at tp %d split its %d-row scale blocks", l,
-                               mats[i].name, w->rows, n, tp, LS_FP8_BLOCK);
+            if (!w->data || !ls_wtype_is_f8(w->wtype) || (i == 11 && l > 0)) continue;
+            for (long r = 0; r < tp; r++) {
+                /* the row ranges rank r wraps: its KV heads; Qwen3.5's q, k
+                 * and v sections of its heads; else rows r*N/tp.. */
+                long start[3], n[3], np = 1;
+                if (i == 1 || i == 2) {
+                    n[0] = kvn * c->head_dim;
+                    start[0] = (r / share) * n[0];
+                } else if (i == 6) {
+                    np = 3;
+                    n[0] = n[1] = Hk / tp * dk;
+                    n[2] = Hv / tp * dv;
+                    start[0] = r * n[0];
+                    start[1] = Hk * dk + r * n[1];
+                    start[2] = 2 * Hk * dk + r * n[2];
+                } else {
+                    n[0] = w->rows / tp;
+                    start[0] = r * n[0];
+                }
+                for (long p = 0; p < np; p++) {
+                    if (start[p] % LS_FP8_BLOCK == 0 || start[p] / LS_FP8_BLOCK == (start[p] + n[p] - 1) / LS_FP8_BLOCK)
+                        continue;
+                    char where[64];
+                    if (i == 11) snprintf(where, sizeof where, "lm_head");
+                    else snprintf(where, sizeof where, "layer %ld %s", l, mats[i].name);
+                    return ls_fail(err, LS_E_UNSUPPORTED, "engine: %s is FP8: rows %ld..%ld of rank %ld at "
+                                   "tp %d split its %d-row scale blocks", where, start[p], start[p] + n[p] - 1,
+                                   r, tp, LS_FP8_BLOCK);
+                }
+            }
         }
-    }
-    if (ls_wtype_is_f8(m->lm_head.wtype)) {
-        long n = m->lm_head.rows / tp;
-        if (n % LS_FP8_BLOCK != 0 && LS_FP8_BLOCK % n != 0)
-            return ls_fail(err, LS_E_UNSUPPORTED, "engine: lm_head is FP8 with %ld rows: %ld rows per "
-                           "rank at tp %d split its %d-row scale blocks", m->lm_head.rows, n, tp,
-                           LS_FP8_BLOCK);
+        if (!c->is_attention[l] && tp > 1 && ml->conv.data && ls_wtype_is_f8(ml->conv.wtype))
+            return ls_fail(err, LS_E_UNSUPPORTED, "engine: layer %ld conv1d is FP8: a tensor-parallel "
+                           "rank copies its channels, which lockstep does for bf16 and fp32 only", l);
     }
     return LS_OK;
 }
@@ -590,6 +661,10 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
         e->kv_share = hkv < 1 || hkv % e->tp == 0 ? 1 : e->tp / (int)hkv;
         e->c.n_kv_heads = hkv % e->tp == 0 ? hkv / e->tp : 1;
         e->kv_head0 = (e->tp_rank / e->kv_share) * e->c.n_kv_heads;
+        /* gated DeltaNet split by head likewise: this rank's key heads and
+         * the value heads of their groups */
+        e->c.lin_k_heads = c->lin_k_heads / e->tp;
+        e->c.lin_v_heads = c->lin_v_heads / e->tp;
     }
     st = create_inner(e, err);
     if (st != LS_OK) {

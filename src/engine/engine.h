@@ -99,17 +99,16 @@ typedef struct ls_engine_opts {
                                   so every rank's step fails naming it */
     ls_comm *tp_comm;          /* tensor parallelism (docs/parallel.md §3.3, the order-preserving
                                   form), borrowed: NULL = no TP (default). Else the engine is
-                                  rank r of this communicator's TP group of tp ranks. Full
-                                  attention is split by head: the rank holds its query heads'
-                                  q_proj rows and its KV heads' k/v rows (a KV head shared by
-                                  tp / Hkv ranks when num_key_value_heads < tp) and their KV
-                                  cache, and the attention output is all-gathered before o_proj.
-                                  Every other dense projection of N output rows (o_proj, the GDN
-                                  projections and out_proj, the lm_head by vocabulary) is held
-                                  by rows r*N/tp .. (r+1)*N/tp - 1, its outputs computed with
-                                  today's dot products and all-gathered (exact bytes); the GDN
-                                  mixers run whole on every rank. Every rank records what one
-                                  rank records (KV digests over the gathered heads).
+                                  rank r of this communicator's TP group of tp ranks. The mixers
+                                  are split by head: the rank holds its query heads' q_proj rows,
+                                  its KV heads' k/v rows (a KV head shared by tp / Hkv ranks when
+                                  num_key_value_heads < tp) and KV cache, its key-head groups'
+                                  GDN projections, conv channels and states; each mixer's output
+                                  is all-gathered before o_proj / out_proj. Those and the lm_head
+                                  are held by output rows r*N/tp .. (r+1)*N/tp - 1, their outputs
+                                  computed with today's dot products and all-gathered (exact
+                                  bytes). Every rank records what one rank records (the KV and
+                                  state digests over the full tensors, gathered).
                                   Without ep_comm the MoE runs expert-parallel over this group
                                   (as ep_comm would); with ep_comm the experts are split over
                                   that communicator instead (TP x EP: ep_comm spans the world).

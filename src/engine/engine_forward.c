@@ -97,11 +97,10 @@ static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, in
 }
 
 /* ---- tensor parallelism (docs/parallel.md §3.3, the order-preserving form) --------------
- * A projection of N output rows held by rows on each rank (w->rows = N / tp):
- * each rank computes its rows' outputs (each one the dot product one rank
- * computes, over the whole K, in today's order), and the ranks all-gather
- * them (exact bytes) into every rank's y [T, N]. A matrix kept whole (no TP,
- * or KV heads fewer than tp) is the plain linear. */
+ * The mixers run over this rank's heads (e->c holds its head counts); what
+ * reads every head (o_proj, out_proj) or every vocabulary row (the logits)
+ * is preceded or followed by an all-gather of exact bytes. */
+
 /* Every rank's columns [T, n] of src (exact bytes) into y [T, N]: rank r's
  * are columns (r / share) * n .. of y, where `share` consecutive ranks hold
  * the same columns (replicated KV heads; 1 otherwise) and the first of them
@@ -124,6 +123,10 @@ static ls_status gather_cols(ls_engine *e, ls_view src, long T, long n, long N, 
     return be->upload(be, y, e->h_tp_a, sizeof(float) * (size_t)(T * N), err);
 }
 
+/* y [T, N] = x W^T. A matrix held whole (w->rows = N: no TP, or split by
+ * head, N being this rank's heads) is the plain linear; one held by rows
+ * (w->rows = N / tp) computes this rank's outputs, each the dot product one
+ * rank computes over the whole K in today's order, and all-gathers them. */
 static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_view y, long T,
                      ls_order o, ls_error *err)
 {
@@ -232,6 +235,43 @@ static ls_digest_span state_span(const ls_engine *e, ls_digest_kind kind, ls_buf
     return span(BEV(st), 1, SN, SN, 0);
 }
 
+/* Queues the digest of a carried state at `row`. Under TP the state is this
+ * rank's heads (GDN: [Hv_r, dk, dv]; conv: its [C_r, K] channels): the ranks'
+ * parts are gathered into the full state, in head order (conv: the q, k and
+ * v channels of every rank in turn), and digested at once, since the
+ * gathered copy is reused. */
+static ls_status state_push(ls_engine *e, long row, int tl, ls_digest_kind kind, ls_buf *st, ls_error *err)
+{
+    if (!e->tp) return dq_push(e, row, tl, kind, state_span(e, kind, st), no_span, err);
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c, *mc = &e->m->cfg;
+    long tp = e->tp, K = c->conv_kernel;
+    if (kind == LS_DIGEST_GDN_STATE) {
+        long n = c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+        LS_TRY(gather_cols(e, BEV(st), 1, n, n * tp, 1, BEV(e->gdn_full), err));
+        long SN = n * tp;
+        LS_TRY(dq_push(e, row, tl, kind, span(BEV(e->gdn_full), 1, SN, SN, 0), no_span, err));
+        return dq_flush(e, err);
+    }
+    long Cr = e->conv_dim, qk = c->lin_k_heads * c->lin_k_dim, vv = c->lin_v_heads * c->lin_v_dim;
+    size_t own = sizeof(float) * (size_t)(Cr * K);
+    LS_TRY(be->download(be, e->h_tp_a, BEV(st), own, err));
+    LS_TRY(ls_comm_all_gather(e->o.tp_comm, e->h_tp_a, own, e->h_tp_b, err));
+    /* rank r's channels: q at r*qk, k at tp*qk + r*qk, v at 2*tp*qk + r*vv */
+    for (long r = 0; r < tp; r++) {
+        const float *src = e->h_tp_b + r * Cr * K;
+        long to[3] = {r * qk, tp * qk + r * qk, 2 * tp * qk + r * vv}, len[3] = {qk, qk, vv}, from = 0;
+        for (int i = 0; i < 3; i++) {
+            memcpy(e->h_tp_a + to[i] * K, src + from * K, sizeof(float) * (size_t)(len[i] * K));
+            from += len[i];
+        }
+    }
+    long C = 2 * mc->lin_k_heads * mc->lin_k_dim + mc->lin_v_heads * mc->lin_v_dim;
+    LS_TRY(be->upload(be, BEV(e->conv_full), e->h_tp_a, sizeof(float) * (size_t)(C * K), err));
+    LS_TRY(dq_push(e, row, tl, kind, span(AT(e->conv_full, 1), C, K - 1, K, e->o.act_bf16), no_span, err));
+    return dq_flush(e, err);
+}
+
 /* After a batched op ran every sequence in one call (single_runs): the state
  * digest of each sequence whose last row is due. */
 static ls_status last_state_digests(ls_engine *e, long l, const seg *sg, long nseg,
@@ -239,8 +279,7 @@ static ls_status last_state_digests(ls_engine *e, long l, const seg *sg, long ns
 {
     for (long s = 0; s < nseg; s++)
         if (state_due(e, &sg[s], sg[s].n - 1))
-            LS_TRY(dq_push(e, sg[s].row0 + sg[s].n - 1, mixer_tl(l), kind,
-                           state_span(e, kind, st[s]), no_span, err));
+            LS_TRY(state_push(e, sg[s].row0 + sg[s].n - 1, mixer_tl(l), kind, st[s], err));
     return LS_OK;
 }
 
@@ -258,8 +297,7 @@ static ls_status state_runs(ls_engine *e, long l, const seg *q, ls_buf *st, ls_d
         LS_TRY(op(e, l, q->row0 + i, j - i + 1, st, err));
         pending = state_due(e, q, j);
         if (pending)
-            LS_TRY(dq_push(e, q->row0 + j, mixer_tl(l), kind, state_span(e, kind, st),
-                           no_span, err));
+            LS_TRY(state_push(e, q->row0 + j, mixer_tl(l), kind, st, err));
         i = j + 1;
     }
     return LS_OK;
@@ -278,7 +316,23 @@ static ls_status gdn_project(ls_engine *e, layer_w *w, long T, ls_error *err)
     if (c->arch == LS_MODEL_QWEN3_5_MOE) {
         /* Qwen3.5: four matrices whose rows are already in this order. */
         long Hv = c->lin_v_heads;
-        LS_TRY(lin(e, &w->in_qkv, e->conv_dim, BEV(e->XN), BEV(e->X), T, o, err));
+        if (e->tp) {
+            /* this rank's q, k and v rows are three ranges of in_proj_qkv:
+             * each projected alone, then placed in X's channel order */
+            long C = e->conv_dim, qk = c->lin_k_heads * c->lin_k_dim;
+            const ls_bweight *part[3] = {&w->in_qkv, &w->in_k, &w->in_v};
+            long at = 0;
+            for (int i = 0; i < 3; i++) {
+                long n = part[i]->rows;
+                LS_TRY(be->linear(be, part[i], BEV(e->XN), BEV(e->tp_out), T, e->o.act_bf16, o, err));
+                LS_TRY(ls_copy_rows(be, AT(e->X, at), C, BEV(e->tp_out), n, T, n, err));
+                at += n;
+            }
+            if (at != 2 * qk + Hv * c->lin_v_dim)
+                return ls_fail(err, LS_E_INTERNAL, "engine: in_proj_qkv rows %ld of %ld", at, C);
+        } else {
+            LS_TRY(lin(e, &w->in_qkv, e->conv_dim, BEV(e->XN), BEV(e->X), T, o, err));
+        }
         LS_TRY(lin(e, &w->in_z, Hv * c->lin_v_dim, BEV(e->XN), BEV(e->Z), T, o, err));
         LS_TRY(lin(e, &w->in_b, Hv, BEV(e->XN), BEV(e->Bv), T, o, err));
         return lin(e, &w->in_a, Hv, BEV(e->XN), BEV(e->Av), T, o, err);
@@ -354,7 +408,11 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
         LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].gdn[l], LS_DIGEST_GDN_STATE, gdn_op, err));
     LS_TRY(be->gated_rmsnorm(be, BEV(e->O), BEV(e->Z), BEV(w->gnorm), BEV(e->O), T * Hv, dv, act,
                              LS_ORDER_CANONICAL, err));
-    return lin(e, &w->out_proj, c->hidden, BEV(e->O), BEV(e->A), T, LS_ORDER_CANONICAL, err);
+    if (!e->tp) return lin(e, &w->out_proj, c->hidden, BEV(e->O), BEV(e->A), T, LS_ORDER_CANONICAL, err);
+    /* out_proj reads every value head: the ranks' heads gathered, in head order */
+    const ls_model_config *mc = &e->m->cfg;
+    LS_TRY(gather_cols(e, BEV(e->O), T, Hv * dv, mc->lin_v_heads * mc->lin_v_dim, 1, BEV(e->tp_in), err));
+    return lin(e, &w->out_proj, c->hidden, BEV(e->tp_in), BEV(e->A), T, LS_ORDER_CANONICAL, err);
 }
 
 static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)

@@ -10,6 +10,8 @@ typedef struct layer_w {
     ls_buf *in_norm, *post_norm;          /* [D] */
     ls_bweight qkvz, ba, conv, out_proj;  /* gdn (qkvz, ba: Qwen3-Next) */
     ls_bweight in_qkv, in_z, in_b, in_a;  /* gdn, Qwen3.5: split projections */
+    ls_bweight in_k, in_v;                /* Qwen3.5 under TP: in_qkv holds this rank's q rows,
+                                             these its k and v rows */
     ls_buf *A_log, *dt_bias, *gnorm;      /* [Hv], [Hv], [dv] */
     ls_bweight q, k, v, o;                /* attention */
     ls_buf *q_norm, *k_norm;              /* [d] */
@@ -139,6 +141,8 @@ struct ls_engine {
     int kv_share;                         /* consecutive ranks holding the same KV heads */
     ls_buf *tp_in;                        /* [T, Hq d] the gathered attention output */
     ls_buf *k_full, *v_full;              /* [T, Hkv d] every KV head's rows, for the digests */
+    ls_buf *gdn_full, *conv_full;         /* a full GDN state and conv state, for their digests */
+    unsigned char **conv_w;               /* [L] TP: this rank's conv weight rows (host), or NULL */
     size_t weight_bytes;                  /* matrices and FP8 scales this engine wrapped */
     /* attention-FFN disaggregation (o.afd_comm; afd 0 = off): afd_rank 0
      * runs the mixers, 1 the MoE (docs/parallel.md §3.2) */
