@@ -1,21 +1,25 @@
-/* Tensor parallelism on CPU ranks (engine.h tp_comm, docs/parallel.md §3.3,
- * the order-preserving form): ranks as threads, each with its own CPU
- * backend holding only its share of the weights (attention and the gated
- * DeltaNet split by head, every other projection by output rows, the
- * experts split between the ranks), joined by the CPU communicator. On
- * synthetic checkpoints (Qwen3-Next tiny as the preset has it, 2 key heads
- * of 2 value heads each, and with 4 key heads; Qwen3.5 tiny with 4 key
- * heads; Qwen3.5 tiny FP8 w8a8 with 2 and with 4 key heads), TP1 through the
- * tensor-parallel path, TP2, TP4 where the shapes divide (also with a paged
- * KV cache), TP2 x EP1 and TP2 x EP2 (TP groups split from the world by
- * ls_comm_split, the experts split over the world) give every record of the
- * plain engine bit for bit (tokens, logprobs, top-5, every digest), on every
- * rank, for a seeded rollout and its replay in chunks of 3. AFD 1A1F (rank 0
- * the mixers, rank 1 the MoE) likewise. A perturbation planted on one rank
- * is localised by the comparator to its layer on every rank; a topology that
- * does not divide the model, an FP8 shard across a scale block, a backend
- * without the ops, and a rank whose step fails are refused or reported on
- * every rank, naming the cause. */
+/* Several ranks on the CPU (docs/parallel.md): ranks as threads, each with
+ * its own CPU backend holding only its share of the weights, joined by the
+ * CPU communicator, against the plain engine on synthetic checkpoints
+ * (Qwen3-Next tiny as the preset has it, 2 key heads of 2 value heads each,
+ * and with 4 key heads; Qwen3.5 tiny with 4 key heads; Qwen3.5 tiny FP8 w8a8
+ * with 2 and with 4 key heads). Every record of the plain engine (tokens,
+ * logprobs, top-5, every digest) must come out bit for bit on every rank,
+ * for a seeded rollout and its replay in chunks of 3, under
+ * - expert parallelism (engine.h ep_comm, §3.1): EP1 through the
+ *   expert-parallel path, EP2, EP4, each rank holding its own experts;
+ * - tensor parallelism in the order-preserving form (tp_comm, §3.3):
+ *   attention and the gated DeltaNet split by head, every other projection
+ *   by output rows, the experts split between the ranks: TP1 through the
+ *   tensor-parallel path, TP2, TP4 where the shapes divide (also with a paged
+ *   KV cache), TP2 x EP1 and TP2 x EP2 (TP groups split from the world by
+ *   ls_comm_split, the experts split over the world);
+ * - attention-FFN disaggregation 1A1F (afd_comm, §3.2): rank 0 the mixers,
+ *   rank 1 the MoE.
+ * A perturbation planted on one rank is localised by the comparator to its
+ * layer on every rank; a topology that does not divide the model, an FP8
+ * shard across a scale block, a backend without the ops, and a rank whose
+ * step fails are refused or reported on every rank, naming the cause. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,7 +195,7 @@ static const run_ctx *plain(int model)
 /* Runs `world` thread ranks in TP groups of tp consecutive ranks. ep_world
  * 0: one TP group (world = tp), the experts split over it. ep_world 1: the
  * experts split over the whole world (ep_comm), and each rank splits its TP
- * group from it (ls_comm_split). x[r] must be set up (model, perturbation)
+ * group from it (ls_comm_split), or, at tp 1, has none (EP alone). x[r] must be set up (model, perturbation)
  * by the caller. */
 static void run_ranks(run_ctx *x, int world, int tp, int ep_world)
 {
@@ -204,7 +208,7 @@ static void run_ranks(run_ctx *x, int world, int tp, int ep_world)
     for (int r = 0; r < world; r++) {
         x[r].tp = ep_world ? NULL : comms[r];
         x[r].ep = ep_world ? comms[r] : NULL;
-        x[r].split = ep_world ? tp : 0;
+        x[r].split = ep_world && tp > 1 ? tp : 0; /* tp 1: expert parallelism alone */
         ck_assert_int_eq(ls_thread_start(&t[r], run_main, &x[r]), 0);
     }
     for (int r = 0; r < world; r++) pthread_join(t[r], NULL);
@@ -222,7 +226,8 @@ static void expect_equal_paged(int model, int world, int tp, int ep_world, long 
     }
     run_ranks(x, world, tp, ep_world);
     char what[64];
-    if (ep_world) snprintf(what, sizeof what, "TP%d x EP%d%s", tp, world / tp, kv_page ? " paged" : "");
+    if (ep_world && tp == 1) snprintf(what, sizeof what, "EP%d", world);
+    else if (ep_world) snprintf(what, sizeof what, "TP%d x EP%d%s", tp, world / tp, kv_page ? " paged" : "");
     else snprintf(what, sizeof what, "TP%d%s", tp, kv_page ? " paged" : "");
     for (int r = 0; r < world; r++) {
         ck_assert_msg(x[r].st == LS_OK, "%s %s rank %d: %s", g_name[model], what, r, x[r].msg);
@@ -251,6 +256,16 @@ static void expect_equal(int model, int world, int tp, int ep_world)
 {
     expect_equal_paged(model, world, tp, ep_world, 0);
 }
+
+START_TEST(test_ep_equals_plain)
+{
+    setup();
+    int model = _i;
+    /* EP1 runs the expert-parallel path (slots, gather, combine) on one rank */
+    static const int eps[] = {1, 2, 4};
+    for (int i = 0; i < 3; i++) expect_equal(model, eps[i], 1, 1);
+}
+END_TEST
 
 START_TEST(test_tp_equals_plain)
 {
@@ -451,6 +466,30 @@ static void expect_refused(int model, int tp, ls_backend *be, ls_status want, co
     for (int r = 0; r < tp; r++) ls_comm_destroy(comms[r]);
 }
 
+START_TEST(test_ep_refusals)
+{
+    setup();
+    ls_comm *comms[3];
+    ls_error err;
+    ck_assert_int_eq(ls_comm_cpu_world(3, NULL, comms, &err), LS_OK);
+    ls_engine_opts o = opts(0, NULL, comms[0]);
+    ls_engine *e = NULL;
+    ck_assert_int_eq(ls_run_engine_open(g_m[0], "cpu", 1, &o, 2, CAP, &e, &err), LS_E_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "num_experts 8 is not a multiple of the 3 expert-parallel ranks"), "%s",
+                  err.msg);
+    for (int r = 0; r < 3; r++) ls_comm_destroy(comms[r]);
+    /* a backend without moe_slots / moe_combine */
+    ck_assert_int_eq(ls_comm_cpu_world(2, NULL, comms, &err), LS_OK);
+    o = opts(0, NULL, comms[0]);
+    ls_backend *be = NULL;
+    ck_assert_int_eq(ls_backend_cpu_create(1, &be, &err), LS_OK);
+    be->moe_slots = NULL;
+    ck_assert_int_eq(ls_engine_create(g_m[0], be, &o, 2, CAP, &e, &err), LS_E_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "backend cpu has no expert-parallel ops"), "%s", err.msg);
+    for (int r = 0; r < 2; r++) ls_comm_destroy(comms[r]);
+}
+END_TEST
+
 START_TEST(test_tp_refusals)
 {
     setup();
@@ -488,7 +527,7 @@ END_TEST
 typedef struct fail_ctx {
     ls_comm *comm;
     int bad;
-    int afd;                              /* the communicator is AFD's, not TP's */
+    int kind;                             /* whose communicator: 0 TP, 1 AFD, 2 EP */
     ls_status st;
     char msg[LS_ERROR_MSG_BYTES];
     double secs;
@@ -498,8 +537,8 @@ static void *fail_main(void *arg)
 {
     fail_ctx *x = arg;
     const ls_model *m = g_m[0];
-    ls_engine_opts o = opts(0, x->afd ? NULL : x->comm, NULL);
-    o.afd_comm = x->afd ? x->comm : NULL;
+    ls_engine_opts o = opts(0, x->kind == 0 ? x->comm : NULL, x->kind == 2 ? x->comm : NULL);
+    o.afd_comm = x->kind == 1 ? x->comm : NULL;
     ls_engine *e = NULL;
     ls_error err;
     int32_t tok[4] = {1, 2, 3, x->bad ? (int32_t)m->cfg.vocab : 4};
@@ -518,15 +557,15 @@ static void *fail_main(void *arg)
     return NULL;
 }
 
-START_TEST(test_tp_rank_failure)
+START_TEST(test_rank_failure)
 {
     setup();
-    int afd = _i; /* 0: TP2; 1: AFD 1A1F, the FFN rank failing */
+    int kind = _i; /* 0: TP2; 1: AFD 1A1F, the FFN rank failing; 2: EP2 */
     ls_comm *comms[2];
     ls_error err;
     ls_comm_opts co = {30000};
     ck_assert_int_eq(ls_comm_cpu_world(2, &co, comms, &err), LS_OK);
-    fail_ctx x[2] = {{comms[0], 0, afd, LS_OK, "", 0}, {comms[1], 1, afd, LS_OK, "", 0}};
+    fail_ctx x[2] = {{comms[0], 0, kind, LS_OK, "", 0}, {comms[1], 1, kind, LS_OK, "", 0}};
     pthread_t t[2];
     for (int r = 0; r < 2; r++) ck_assert_int_eq(ls_thread_start(&t[r], fail_main, &x[r]), 0);
     for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
@@ -542,13 +581,15 @@ END_TEST
 
 int main(void)
 {
-    Suite *s = suite_create("tp");
-    TCase *tc = tcase_create("tp");
+    Suite *s = suite_create("parallel");
+    TCase *tc = tcase_create("parallel");
     tcase_set_timeout(tc, 1200);
+    tcase_add_loop_test(tc, test_ep_equals_plain, 0, N_MODELS);
+    tcase_add_test(tc, test_ep_refusals);
     tcase_add_loop_test(tc, test_tp_equals_plain, 0, N_MODELS);
     tcase_add_test(tc, test_tp_perturbation_localised);
     tcase_add_test(tc, test_tp_refusals);
-    tcase_add_loop_test(tc, test_tp_rank_failure, 0, 2);
+    tcase_add_loop_test(tc, test_rank_failure, 0, 3);
     tcase_add_loop_test(tc, test_afd_equals_colocated, 0, 3);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
