@@ -609,6 +609,11 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
     return LS_OK;
 }
 
+ls_status ls_engine_check_tp(const ls_model *m, int tp, int ep_elsewhere, ls_error *err)
+{
+    return tp_check(m, tp, ep_elsewhere, err);
+}
+
 ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_opts *o,
                            long max_seqs, long max_len, ls_engine **out, ls_error *err)
 {

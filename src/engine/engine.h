@@ -151,6 +151,12 @@ long ls_engine_kv_pages_used(const ls_engine *e);
  * KB per layer, are not counted). */
 size_t ls_engine_weight_bytes(const ls_engine *e);
 
+/* The shape checks ls_engine_create makes for a rank of tp tensor-parallel
+ * ranks (ep_elsewhere: the experts are split over another communicator),
+ * without a communicator: a run can refuse a topology before it starts its
+ * ranks. The same message as the engine's ("... of tp N"). */
+ls_status ls_engine_check_tp(const ls_model *m, int tp, int ep_elsewhere, ls_error *err);
+
 /* Sizes fixed at creation: rows per step, slots, positions per sequence. */
 long ls_engine_max_rows(const ls_engine *e);
 long ls_engine_max_seqs(const ls_engine *e);

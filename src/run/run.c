@@ -823,8 +823,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     char flags[64];
     topology_flags(s, flags, sizeof flags);
     /* the experts are split over the world with ep > 1 (docs/parallel.md
-     * §3.4); over the TP group with tp alone, which the engine checks with
-     * the other shapes tp must divide */
+     * §3.4); over the TP group with tp alone, checked below with the other
+     * shapes tp must divide */
     if (st == LS_OK && s->ep > 1 && m->cfg.n_experts % world != 0) {
         if (s->tp > 1)
             st = ls_fail(err, LS_E_USAGE, "%s: %d ranks do not divide num_experts %ld of %s/config.json: each "
@@ -833,6 +833,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
             st = ls_fail(err, LS_E_USAGE, "ep (--ep) %d does not divide num_experts %ld of %s/config.json: each "
                          "rank owns an equal block of experts", s->ep, (long)m->cfg.n_experts, s->checkpoint);
     }
+    /* the shapes tp must divide, before any rank starts (each would refuse) */
+    if (st == LS_OK && s->tp > 1) st = ls_engine_check_tp(m, s->tp, s->ep > 1, err);
     if (st == LS_OK && world > 1) {
         /* started by a launcher whose world is these ranks: join it; else
          * start the workers here (an allocation's variables that describe
