@@ -6,9 +6,11 @@
 #define LS_TESTS_SYNTH_MODELS_H
 
 #include <check.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "io/checkpoint.h"
+#include "engine/sample.h"
 #include "model/model.h"
 #include "synth/synth.h"
 #include "testutil.h"
@@ -30,6 +32,24 @@ static void ls_test_open_synth_models(const char *tag, int n, const char *const 
         ck_assert_msg(ls_model_open(ck[i], &m[i], &err) == LS_OK, "%s", err.msg);
     }
     ls_test_rm_tmpdir(dir);
+}
+
+/* n token ids of m's vocabulary from a counter-based stream keyed by salt
+ * (the same ids for the same salt in every test program). */
+static inline void ls_test_fill_tokens(const ls_model *m, int32_t *t, long n, uint64_t salt)
+{
+    uint64_t x = 0x2545f4914f6cdd1dull ^ (salt * 0x9e3779b97f4a7c15ull);
+    for (long i = 0; i < n; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        t[i] = (int32_t)((x >> 33) % (uint64_t)m->cfg.vocab);
+    }
+}
+
+/* Seeded sampling from the whole distribution (temperature 1, no top-k/p). */
+static inline ls_sampling ls_test_seeded(uint64_t seed)
+{
+    ls_sampling s = {LS_SAMPLING_SEEDED, seed, 1.0f, 0, 1.0f};
+    return s;
 }
 
 #endif

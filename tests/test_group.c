@@ -63,21 +63,6 @@ static ls_engine *mk_numerics(const ls_model *m, int fp8, int perturb_layer)
     return e;
 }
 
-static void fill(const ls_model *m, int32_t *t, long n, uint64_t salt)
-{
-    uint64_t x = 0x2545f4914f6cdd1dull ^ (salt * 0x9e3779b97f4a7c15ull);
-    for (long i = 0; i < n; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        t[i] = (int32_t)((x >> 33) % (uint64_t)m->cfg.vocab);
-    }
-}
-
-static ls_sampling seeded(uint64_t seed)
-{
-    ls_sampling s = {LS_SAMPLING_SEEDED, seed, 1.0f, 0, 1.0f};
-    return s;
-}
-
 /* The plain rollout of the group's sequences (each prompt n times, sample ids). */
 static void plain(const ls_model *m, const ls_sequence *pr, long np, long n, long max_new, const ls_sampling *s,
                   long every, recs *out, int32_t *comp)
@@ -124,11 +109,11 @@ START_TEST(test_grpo_equals_plain)
     static const long lens[3] = {1, 6, 17};
     ls_sequence pr[3];
     for (int i = 0; i < 3; i++) {
-        fill(m, toks[i], lens[i], (uint64_t)i);
+        ls_test_fill_tokens(m, toks[i], lens[i], (uint64_t)i);
         pr[i] = (ls_sequence){(uint32_t)(3 * i + 2), toks[i], lens[i], lens[i]};
     }
     const long N = 4, MAX_NEW = 7;
-    ls_sampling s = seeded(99);
+    ls_sampling s = ls_test_seeded(99);
     long rows[2] = {64, 5}; /* whole prompts per step; prompts split across steps */
     long every[2] = {3, 64};
     for (int v = 0; v < 2; v++) {
@@ -169,20 +154,20 @@ START_TEST(test_prefix_equals_recompute)
      * shares nothing; p5 = p1 exactly (prompt fully shared) */
     static int32_t t[6][32];
     long lens[6] = {21, 19, 25, 22, 7, 19};
-    fill(m, t[0], 25, 1);
+    ls_test_fill_tokens(m, t[0], 25, 1);
     memcpy(t[2], t[0], sizeof(int32_t) * 25);
     memcpy(t[1], t[0], sizeof(int32_t) * 13);
-    fill(m, t[1] + 13, 6, 2);
+    ls_test_fill_tokens(m, t[1] + 13, 6, 2);
     t[1][13] = (t[0][13] + 1) % (int32_t)m->cfg.vocab;
     memcpy(t[3], t[0], sizeof(int32_t) * 17);
-    fill(m, t[3] + 17, 5, 3);
+    ls_test_fill_tokens(m, t[3] + 17, 5, 3);
     t[3][17] = (t[0][17] + 1) % (int32_t)m->cfg.vocab;
-    fill(m, t[4], 7, 4);
+    ls_test_fill_tokens(m, t[4], 7, 4);
     t[4][0] = (t[0][0] + 1) % (int32_t)m->cfg.vocab;
     memcpy(t[5], t[1], sizeof(int32_t) * 19);
     ls_sequence pr[6];
     for (int i = 0; i < 6; i++) pr[i] = (ls_sequence){(uint32_t)(10 + i), t[i], lens[i], lens[i]};
-    ls_sampling s = seeded(7);
+    ls_sampling s = ls_test_seeded(7);
     const long MAX_NEW = 4;
     struct {
         ls_prefix_cache pc;
@@ -229,10 +214,10 @@ START_TEST(test_preemption_equals_uninterrupted)
     long lens[3] = {12, 3, 9};
     ls_sequence pr[3];
     for (int i = 0; i < 3; i++) {
-        fill(m, t[i], lens[i], 20 + (uint64_t)i);
+        ls_test_fill_tokens(m, t[i], lens[i], 20 + (uint64_t)i);
         pr[i] = (ls_sequence){(uint32_t)i, t[i], lens[i], lens[i]};
     }
-    ls_sampling s = seeded(3);
+    ls_sampling s = ls_test_seeded(3);
     const long MAX_NEW = 9, N = 2;
     /* forced: both resume kinds, back-to-back, a sequence evicted twice, and
      * several at the same step */
@@ -284,7 +269,7 @@ START_TEST(test_refusals)
     ls_engine *f32 = mk(g_m[0], 0, 2, 64, 64);
     ls_engine *other = mk(g_m[1], 1, 2, 64, 64);
     int32_t tok[8];
-    fill(g_m[0], tok, 8, 5);
+    ls_test_fill_tokens(g_m[0], tok, 8, 5);
     ls_error err;
     ls_engine_item it = {0, tok, 8, 0};
     ck_assert_msg(ls_engine_join(e, 0, 1, 8, &err) == LS_OK, "%s", err.msg);
@@ -314,7 +299,7 @@ START_TEST(test_refusals)
     ls_engine_leave(e, 1);
 
     ls_sequence pr = {7, tok, 8, 8};
-    ls_sampling s = seeded(1), g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
+    ls_sampling s = ls_test_seeded(1), g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     (void)g;
     ls_rollout_opts o;
     ls_rollout_opts_default(&o);

@@ -54,21 +54,6 @@ static ls_engine *mk(const ls_model *m, long slots, long max_rows, long every, l
     return mk_pool(m, slots, max_rows, every, page, 0);
 }
 
-static void fill(const ls_model *m, int32_t *t, long n, uint64_t salt)
-{
-    uint64_t x = 0x2545f4914f6cdd1dull ^ (salt * 0x9e3779b97f4a7c15ull);
-    for (long i = 0; i < n; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        t[i] = (int32_t)((x >> 33) % (uint64_t)m->cfg.vocab);
-    }
-}
-
-static ls_sampling seeded(uint64_t seed)
-{
-    ls_sampling s = {LS_SAMPLING_SEEDED, seed, 1.0f, 0, 1.0f};
-    return s;
-}
-
 static void expect_same(const char *what, const recs *a, const recs *b, const int32_t *ca, const int32_t *cb,
                         long n)
 {
@@ -100,7 +85,7 @@ static int32_t toks[N_PROMPTS][101];
 static void prompts(const ls_model *m, ls_sequence *pr)
 {
     for (long i = 0; i < N_PROMPTS; i++) {
-        fill(m, toks[i], lens[i], 40 + (uint64_t)i);
+        ls_test_fill_tokens(m, toks[i], lens[i], 40 + (uint64_t)i);
         pr[i] = (ls_sequence){(uint32_t)(5 + i), toks[i], lens[i], lens[i]};
     }
 }
@@ -114,7 +99,7 @@ START_TEST(test_rollout_paged_equals_contiguous)
     ls_sequence pr[N_PROMPTS];
     prompts(m, pr);
     const long MAX_NEW = 4;
-    ls_sampling s = seeded(21);
+    ls_sampling s = ls_test_seeded(21);
     ls_error err;
     recs a = {0};
     static int32_t ca[N_PROMPTS * 4], cb[N_PROMPTS * 4];
@@ -195,17 +180,17 @@ START_TEST(test_group_paged_equals_plain)
      * of 16, on a page of 17); p2 = p0 and 3 more; p3 unrelated, 16 tokens */
     static int32_t t[4][40];
     long ln[4] = {33, 20, 36, 16};
-    fill(m, t[0], 36, 1);
+    ls_test_fill_tokens(m, t[0], 36, 1);
     memcpy(t[2], t[0], sizeof(int32_t) * 36);
     memcpy(t[1], t[0], sizeof(int32_t) * 17);
-    fill(m, t[1] + 17, 3, 2);
+    ls_test_fill_tokens(m, t[1] + 17, 3, 2);
     t[1][17] = (t[0][17] + 1) % (int32_t)m->cfg.vocab;
-    fill(m, t[3], 16, 3);
+    ls_test_fill_tokens(m, t[3], 16, 3);
     t[3][0] = (t[0][0] + 1) % (int32_t)m->cfg.vocab;
     ls_sequence pr[4];
     for (int i = 0; i < 4; i++) pr[i] = (ls_sequence){(uint32_t)(2 + i), t[i], ln[i], ln[i]};
     const long N = 3, MAX_NEW = 6;
-    ls_sampling s = seeded(5);
+    ls_sampling s = ls_test_seeded(5);
     ls_error err;
     /* the plain rollout: each prompt N times, contiguous */
     ls_sequence seqs[12];
@@ -275,10 +260,10 @@ START_TEST(test_pool_reuse_and_full)
     static int32_t comp[2][5][5];
     for (int run = 0; run < 2; run++)
         for (int i = 0; i < 5; i++) {
-            fill(m, t[i], pl[i], 60 + (uint64_t)i);
+            ls_test_fill_tokens(m, t[i], pl[i], 60 + (uint64_t)i);
             rq[i] = (ls_run_request){(uint32_t)i, t[i], pl[i], 5, i, 6, comp[run][i]};
         }
-    ls_sampling s = seeded(8);
+    ls_sampling s = ls_test_seeded(8);
     ls_error err;
     recs a = {0}, b = {0};
     ls_engine *e = mk(m, 2, 16, 4, 0);
@@ -301,7 +286,7 @@ START_TEST(test_pool_reuse_and_full)
     /* A pool too small for one sequence: refused at the step, naming the field. */
     e = mk_pool(m, 2, 64, 4, 16, 2);
     int32_t tok[40];
-    fill(m, tok, 40, 9);
+    ls_test_fill_tokens(m, tok, 40, 9);
     ck_assert_msg(ls_engine_join(e, 0, 1, 40, &err) == LS_OK, "%s", err.msg);
     ls_engine_item it = {0, tok, 40, 0};
     ls_status st = ls_engine_step(e, &it, 1, &err);
