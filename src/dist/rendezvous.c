@@ -41,13 +41,12 @@ static int left_ms(uint64_t deadline)
     return n >= deadline ? 0 : (int)(deadline - n > 1000000 ? 1000000 : deadline - n);
 }
 
-/* Reads or writes exactly n bytes by the deadline; 0 on success, else -1
- * with errno (ETIMEDOUT; ECONNRESET for a closed connection). */
-static int io_all(int fd, void *buf, size_t n, int writing, uint64_t deadline)
+/* Waits until fd is ready for events or the deadline passes: 0 when ready,
+ * else -1 with errno (ETIMEDOUT at the deadline). */
+static int wait_ready(int fd, short events, uint64_t deadline)
 {
-    uint8_t *p = buf;
-    while (n) {
-        struct pollfd pf = {fd, (short)(writing ? POLLOUT : POLLIN), 0};
+    for (;;) {
+        struct pollfd pf = {fd, events, 0};
         int w = poll(&pf, 1, left_ms(deadline));
         if (w < 0 && errno == EINTR) continue;
         if (w < 0) return -1;
@@ -55,6 +54,17 @@ static int io_all(int fd, void *buf, size_t n, int writing, uint64_t deadline)
             errno = ETIMEDOUT;
             return -1;
         }
+        return 0;
+    }
+}
+
+/* Reads or writes exactly n bytes by the deadline; 0 on success, else -1
+ * with errno (ETIMEDOUT; ECONNRESET for a closed connection). */
+static int io_all(int fd, void *buf, size_t n, int writing, uint64_t deadline)
+{
+    uint8_t *p = buf;
+    while (n) {
+        if (wait_ready(fd, (short)(writing ? POLLOUT : POLLIN), deadline) != 0) return -1;
         ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
         if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (k < 0) return -1;
@@ -102,14 +112,7 @@ static int listen_on(int port, int backlog, int *bound_port)
 static int accept_by(int lfd, uint64_t deadline, struct sockaddr_in *peer)
 {
     for (;;) {
-        struct pollfd pf = {lfd, POLLIN, 0};
-        int w = poll(&pf, 1, left_ms(deadline));
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return -1;
-        if (w == 0) {
-            errno = ETIMEDOUT;
-            return -1;
-        }
+        if (wait_ready(lfd, POLLIN, deadline) != 0) return -1;
         socklen_t len = sizeof *peer;
         int fd = accept4(lfd, (struct sockaddr *)peer, &len, SOCK_CLOEXEC);
         if (fd < 0 && (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN)) continue;
