@@ -14,9 +14,11 @@ bytes (section 6):
   top-k expert ids in rank order and their weights as applied;
 * ``kv`` — the K row (after ``k_norm`` and RoPE) and the V row that the
   attention writes to the cache, taken from the cache's ``update``;
-* ``conv_state``, ``gdn_state`` — read from the cache (``get_conv_state``:
-  the last W-1 conv inputs; ``get_recurrent_state``: fp32 [H_v, d_k, d_v])
-  after a forward call that ends where a state digest is due. The cache holds
+* ``conv_state``, ``gdn_state`` — read from the cache (the conv state: the
+  last W-1 conv inputs; the recurrent state: fp32 [H_v, d_k, d_v]; through
+  ``get_conv_state``/``get_recurrent_state`` where the cache has them, from
+  its per-layer ``conv_states``/``recurrent_states`` otherwise, as caches
+  before transformers 5.2x keep them) after a forward call that ends where a state digest is due. The cache holds
   the state after the call's last position only, so ``teacher_forced`` runs
   the sequence in calls that end at those positions (p % N == N - 1, the last
   prompt position, the last position), as lockstep's replay does.
@@ -85,6 +87,39 @@ def _split(spec):
 
 def _first(x):
     return x[0] if isinstance(x, (tuple, list)) else x
+
+
+def _cache_state(cache, layer: int, which: str):
+    """The cache's ``which`` ("conv" or "recurrent") state of decoder layer
+    ``layer``, batch first; None when the cache keeps no such state. Newer
+    transformers caches have get_conv_state/get_recurrent_state; older ones
+    keep the states per layer (layers[i].conv_states[0]) or in one list per
+    kind (conv_states[i])."""
+    get = getattr(cache, "get_%s_state" % which, None)
+    if get is not None:
+        return get(layer)
+    name = "%s_states" % which
+    layers = getattr(cache, "layers", None)
+    if layers is not None and layer < len(layers):
+        st = getattr(layers[layer], name, None)
+        if isinstance(st, dict):
+            return st.get(0)
+    st = getattr(cache, name, None)
+    if isinstance(st, (list, tuple)) and layer < len(st):
+        return st[layer]
+    return None
+
+
+def _cache_has_states(cache, gdn_layers: Sequence[int]) -> bool:
+    """Whether the cache keeps GDN states (before any forward filled them)."""
+    if hasattr(cache, "get_conv_state") and hasattr(cache, "get_recurrent_state"):
+        return True
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return all(i < len(layers) and isinstance(getattr(layers[i], "conv_states", None), dict) and
+                   isinstance(getattr(layers[i], "recurrent_states", None), dict) for i in gdn_layers)
+    return isinstance(getattr(cache, "conv_states", None), (list, tuple)) and \
+        isinstance(getattr(cache, "recurrent_states", None), (list, tuple))
 
 
 def _rows_bytes(t: torch.Tensor, dtype: torch.dtype) -> List[bytes]:
@@ -194,8 +229,8 @@ class HFRecorder:
         if cache is not None:
             if "attention" in self.mixer_family:
                 kinds.append("kv")
-            if "gdn" in self.mixer_family and hasattr(cache, "get_conv_state") and \
-                    hasattr(cache, "get_recurrent_state"):
+            gdn = [i for i, f in enumerate(self.mixer_family) if f == "gdn"]
+            if gdn and _cache_has_states(cache, gdn):
                 kinds += ["gdn_state", "conv_state"]
         return kinds
 
@@ -360,10 +395,10 @@ class HFRecorder:
                 rows[(mix, "kv")] = [x + y for x, y in zip(kb, vb)]
             if self.mixer_family[i] == "gdn" and cache is not None:
                 if "conv_state" in self.digest_kinds:
-                    cs = cache.get_conv_state(i)[0]                 # [conv_dim, W]: the last W inputs
+                    cs = _cache_state(cache, i, "conv")[0]          # [conv_dim, W]: the last W inputs
                     rows[(mix, "conv_state")] = [None] * (t - 1) + _rows_bytes(cs[:, 1:].reshape(1, -1), self.act)
                 if "gdn_state" in self.digest_kinds:
-                    gs = cache.get_recurrent_state(i)[0]            # [H_v, d_k, d_v] fp32
+                    gs = _cache_state(cache, i, "recurrent")[0]     # [H_v, d_k, d_v] fp32
                     rows[(mix, "gdn_state")] = [None] * (t - 1) + _rows_bytes(gs.reshape(1, -1), torch.float32)
         lp = torch.log_softmax(logits, dim=-1)
         order = torch.sort(lp, dim=-1, descending=True, stable=True).indices[:, :self.topk]   # ties: lower id first
