@@ -13,7 +13,13 @@
  *
  * LS_GPU_QUICK=1 (the sanitizer runs) keeps the out-of-memory path but on a
  * 1 GiB arena with the 80B model's first 2 layers (~6 GB), so the sanitized
- * fill covers a gigabyte, not the card. */
+ * fill covers a gigabyte, not the card. Under a sanitizer
+ * (LS_GPU_SANITIZER=TOOL, set by harness/gpu_check) the free-memory
+ * differences are printed, not asserted: the tool allocates device memory
+ * of its own (initcheck keeps one shadow bit per byte of every allocation:
+ * 128 MiB for the 1 GiB arena, measured on the H200), so the driver's count
+ * says nothing about lockstep there; the unsanitized run (ctest -L gpu)
+ * asserts it. */
 #include "gpu_testutil.h"
 
 #include <stdint.h>
@@ -94,6 +100,11 @@ static void expect_free_back(const char *what, int device, size_t before)
     printf("  %s: device %d free %zu bytes before, %zu after (|diff| %zu, tolerance %zu)\n", what,
            device, before, after, diff, LS_FAULTS_FREE_TOLERANCE_BYTES);
     fflush(stdout);
+    const char *tool = getenv("LS_GPU_SANITIZER");
+    if (tool && *tool) {
+        printf("  %s: not asserted under %s (the tool's own device memory)\n", what, tool);
+        return;
+    }
     ck_assert_msg(diff <= LS_FAULTS_FREE_TOLERANCE_BYTES,
                   "%s: device %d free memory %zu bytes before, %zu after: the failed run left %zu "
                   "bytes allocated", what, device, before, after, before - after);
