@@ -16,12 +16,17 @@
  * for strict manifests and voiding for fast ones; `gate --ep 2`, `--tp 2`
  * and `--afd 1:1` replay the rollout on one rank. Refusals (experts or heads
  * not divisible, the cuda backend, AFD shapes other than 1:1, --rank-timeout
- * with one rank) exit 2 naming the flag. A worker that is killed, exits or
+ * with one rank, --afd-balance without --afd) exit 2 naming the flag.
+ * `--afd 1:1 --afd-balance FILE` writes the per-layer balance report (one
+ * row per decoder layer, of its mixer family; totals the rows' sums) and the
+ * one-rank trace. A worker that is killed, exits or
  * hangs mid-run (EP, TP, TP x EP) makes every process end non-zero within a
  * bounded time, naming the rank, with no trace and no temporary file left.
  * Ranks started by a launcher: --ep 2 and 4, --tp 2, --afd 1:1 equal the
  * self-launched trace; TP x EP under a launcher is refused. */
 #include <check.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -354,6 +359,7 @@ START_TEST(test_refusals)
         {"--afd 1", "--afd", "expected A:F"},
         {"--rank-timeout 100", "--rank-timeout", "several ranks"},
         {"--ep 0", "--ep", "1.."},
+        {"--afd-balance refused.json", "--afd-balance", "attention-FFN disaggregated run (--afd 1:1)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out = NULL;
@@ -366,6 +372,7 @@ START_TEST(test_refusals)
             ck_assert_msg(!strstr(out, "rank "), "--tp 3: a worker started:\n%s", out);
         free(out);
         expect_no_output("refused.trace");
+        expect_no_output("refused.json");
     }
     /* TP x EP under a launcher: its TP groups would need Unix socket pairs
      * handed over TCP connections; refused before any rank connects */
@@ -521,6 +528,66 @@ START_TEST(test_launcher_ranks)
 }
 END_TEST
 
+/* --afd 1:1 --afd-balance: the trace is the one-rank trace, and the report
+ * has one row per decoder layer, of that layer's mixer family, with both
+ * ranks' busy and waiting times; the totals are the rows' sums. */
+START_TEST(test_afd_balance)
+{
+    setup();
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl "
+                         "--max-new-tokens 4 --max-rows 24 -o %s/bal1.trace", g_dir, g_dir, g_dir);
+    ck_assert_msg(rc == 0, "%s", out);
+    free(out);
+    rc = ls_test_cli(&out, "run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl --max-new-tokens 4 "
+                     "--max-rows 24 --afd 1:1 --afd-balance %s/bal.json -o %s/bal2.trace", g_dir, g_dir, g_dir,
+                     g_dir);
+    ck_assert_msg(rc == 0 && strstr(out, "afd balance: mixers") && strstr(out, "bal.json"), "exit %d\n%s", rc, out);
+    free(out);
+    expect_equal("bal1.trace", "bal2.trace");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/bal.json", g_dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    ck_assert_msg(root, "%s: %s", path, je.text);
+    json_t *layers = json_object_get(root, "layers"), *tot = json_object_get(root, "totals");
+    ck_assert_msg(json_array_size(layers) == 4 && tot, "4 layer rows and totals expected");
+    ck_assert_str_eq(json_string_value(json_object_get(root, "mode")), "rollout");
+    /* 5 prompts of 1..30 tokens at 24 rows a step, then 3 decode steps */
+    ck_assert_int_gt(json_integer_value(json_object_get(root, "steps")), 4);
+    ck_assert_int_eq(json_integer_value(json_object_get(root, "rows")), 1 + 7 + 12 + 19 + 30 + 3 * 5);
+    static const char *const fam[4] = {"gdn", "attention", "gdn", "attention"}; /* tiny: interval 2 */
+    static const char *const keys[4] = {"attention_rank_busy_s", "attention_rank_wait_s", "ffn_rank_busy_s",
+                                        "ffn_rank_wait_s"};
+    double sum[4] = {0}, mix[2] = {0};
+    for (size_t l = 0; l < 4; l++) {
+        json_t *r = json_array_get(layers, l);
+        ck_assert_int_eq(json_integer_value(json_object_get(r, "layer")), (long)l);
+        ck_assert_str_eq(json_string_value(json_object_get(r, "mixer")), fam[l]);
+        for (int k = 0; k < 4; k++) {
+            double v = json_real_value(json_object_get(r, keys[k]));
+            /* both ranks do work in every layer; waiting may round to 0 */
+            ck_assert_msg(k % 2 ? v >= 0 : v > 0, "layer %zu %s = %g", l, keys[k], v);
+            sum[k] += v;
+        }
+        mix[l % 2] += json_real_value(json_object_get(r, keys[0]));
+    }
+    static const char *const tkeys[5] = {"gdn_mixers_s", "attention_mixers_s", "experts_s",
+                                         "attention_rank_wait_s", "ffn_rank_wait_s"};
+    const double want[5] = {mix[0], mix[1], sum[2], sum[1], sum[3]};
+    for (int k = 0; k < 5; k++) {
+        double v = json_real_value(json_object_get(tot, tkeys[k]));
+        ck_assert_msg(fabs(v - want[k]) <= 1e-5 * (1 + want[k]), "totals.%s %g, the rows sum to %g", tkeys[k], v,
+                      want[k]);
+    }
+    for (int k = 0; k < 2; k++) {
+        double f = json_real_value(json_object_get(tot, k ? "ffn_rank_idle_fraction" : "attention_rank_idle_fraction"));
+        ck_assert_msg(f >= 0 && f < 1, "idle fraction %g", f);
+    }
+    json_decref(root);
+}
+END_TEST
+
 static Suite *suite(void)
 {
     Suite *s = suite_create("ranks");
@@ -533,6 +600,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_gate_ep);
     tcase_add_test(tc, test_manifest_topology);
     tcase_add_test(tc, test_refusals);
+    tcase_add_test(tc, test_afd_balance);
     tcase_add_test(tc, test_rank_failure);
     tcase_add_test(tc, test_launcher_ranks);
     suite_add_tcase(s, tc);

@@ -101,6 +101,10 @@ static const char usage_text[] =
     "  --afd 1:1                 attention-FFN disaggregation: rank 0 runs the embedding,\n"
     "                            mixers, norms and lm_head, rank 1 the routers and experts;\n"
     "                            bit-equal to colocated. Only 1:1, without --tp/--ep\n"
+    "  --afd-balance FILE        with --afd: where each rank's time went, per decoder layer\n"
+    "                            (attention rank busy / waiting for the experts, FFN rank\n"
+    "                            busy / waiting for rows) and totals by GDN, attention and\n"
+    "                            expert work, as JSON (wall-clock; docs/parallel.md §3.2)\n"
     "  --rank-timeout MS         several ranks only: the deadline of every exchange between\n"
     "                            ranks; a rank that does not answer within it is named and\n"
     "                            every rank fails (default 60000)\n"
@@ -137,7 +141,7 @@ int ls_cmd_run(int argc, char **argv)
     enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
            O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
            O_ROWS, O_REVERSE, O_CACHE, O_FP8, O_GPU, O_SAMPLES, O_PREFIX, O_PBLOCK, O_PREEMPT,
-           O_KVPAGE, O_EP, O_TP, O_AFD, O_RTIMEOUT };
+           O_KVPAGE, O_EP, O_TP, O_AFD, O_BALANCE, O_RTIMEOUT };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
         {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
@@ -148,7 +152,8 @@ int ls_cmd_run(int argc, char **argv)
         {"reverse-batch", O_REVERSE, 0}, {"checkpoint-cache", O_CACHE, 1}, {"fp8", O_FP8, 1},
         {"gpu", O_GPU, 1}, {"samples-per-prompt", O_SAMPLES, 1}, {"prefix-cache", O_PREFIX, 1},
         {"prefix-block", O_PBLOCK, 1}, {"preempt", O_PREEMPT, 1}, {"kv-page", O_KVPAGE, 1},
-        {"ep", O_EP, 1}, {"tp", O_TP, 1}, {"afd", O_AFD, 1}, {"rank-timeout", O_RTIMEOUT, 1}, {NULL, 0, 0}};
+        {"ep", O_EP, 1}, {"tp", O_TP, 1}, {"afd", O_AFD, 1}, {"afd-balance", O_BALANCE, 1},
+        {"rank-timeout", O_RTIMEOUT, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *a = ca.opt, *x = ca.arg;
@@ -229,6 +234,7 @@ int ls_cmd_run(int argc, char **argv)
             s.tp = (int)v;
             break;
         case O_AFD: st = ls_cli_parse_afd(a, x, &s.afd_attention, &s.afd_ffn, &err); break;
+        case O_BALANCE: s.afd_balance = x; break;
         case O_RTIMEOUT: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.rank_timeout_ms, &err); break;
         }
     }

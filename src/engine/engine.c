@@ -163,7 +163,7 @@ void ls_engine_destroy(ls_engine *e)
     free(e->dump_elems), free(e->dump_dtype), free(e->rec_dumps);
     free(e->free_pages), free(e->h_pt), free(e->pt_dirty), free(e->kpool), free(e->vpool);
     free(e->h_ids), free(e->h_pairs), free(e->h_rows), free(e->h_all), free(e->ep_bytes);
-    free(e->ep_base), free(e->h_tp_a), free(e->h_tp_b), free(e->h_afd);
+    free(e->ep_base), free(e->h_tp_a), free(e->h_tp_b), free(e->h_afd), free(e->afd_ns);
     for (long l = 0; e->conv_w && l < e->c.n_layers; l++) free(e->conv_w[l]);
     free(e->conv_w);
     free(e);
@@ -349,7 +349,8 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     LS_TRY(buf(e, T * V, &e->lp, err));
     if (e->afd) {
         e->h_afd = malloc(sizeof(float) * (size_t)(T * (D + 2 * k)));
-        if (!e->h_afd)
+        e->afd_ns = calloc((size_t)(2 * e->c.n_layers), sizeof(uint64_t));
+        if (!e->h_afd || !e->afd_ns)
             return ls_fail_nomem(err, sizeof(float) * (size_t)(T * (D + 2 * k)),
                                  "engine: attention-FFN buffers for %ld rows", T);
     }

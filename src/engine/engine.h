@@ -170,6 +170,27 @@ long ls_engine_vocab(const ls_engine *e);
  * owned by the engine). */
 const ls_trace_layer *ls_engine_layers(const ls_engine *e, int *n);
 
+/* Where the time of an attention-FFN disaggregated engine went, per decoder
+ * layer, over all its steps so far (docs/parallel.md §3.2): the attention
+ * rank's time busy in the layer (norms, mixer, residuals, digests, the
+ * normed rows' way to the host) and waiting for the FFN rank's answer (the
+ * experts, both transfers and any gap), the FFN rank's time busy (router,
+ * experts, the rows' way back) and waiting for the attention rank's rows.
+ * Wall-clock seconds: the backend's copies to the host are synchronous, so
+ * a layer's device work is inside its span. */
+typedef struct ls_afd_balance {
+    long n_layers, steps, rows;       /* rows: all steps' rows */
+    double *attn_busy_s, *attn_wait_s; /* [n_layers] each */
+    double *ffn_busy_s, *ffn_wait_s;   /* [n_layers] each */
+    double attn_head_s;                /* embedding, final norm, lm_head, logprobs: no FFN work */
+} ls_afd_balance;
+
+/* Collective over the engine's afd_comm: both ranks call it after the same
+ * steps; rank 1 sends its times, rank 0 fills *out (rank 1: *out zeroed).
+ * LS_E_USAGE on an engine without afd_comm. Free with ls_afd_balance_free. */
+ls_status ls_engine_afd_balance(ls_engine *e, ls_afd_balance *out, ls_error *err);
+void ls_afd_balance_free(ls_afd_balance *b);
+
 
 /* ---- step API (continuous batching) -------------------------------------------
  * A slot (0 .. max_seqs-1) holds one sequence's carried state (KV cache, GDN

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/engine_internal.h"
+#include "core/util.h"
 #include "fingerprint/sha256.h"
 
 static ls_order ord(const ls_engine *e, long layer, ls_perturb_op op)
@@ -574,15 +575,18 @@ static ls_status moe_ep(ls_engine *e, long l, long T, ls_error *err)
  * runs the router and the MoE on the rows it receives, with the colocated
  * code, and holds nothing else. */
 
-/* Rank 0's MoE: a round trip to rank 1. */
-static ls_status moe_remote(ls_engine *e, long T, ls_error *err)
+/* Rank 0's MoE: a round trip to rank 1; the time from sending the rows to
+ * the answer is added to *wait_ns. */
+static ls_status moe_remote(ls_engine *e, long T, uint64_t *wait_ns, ls_error *err)
 {
     ls_backend *be = e->be;
     long D = e->c.hidden, k = e->c.topk;
     size_t rows = sizeof(float) * (size_t)(T * D), ik = sizeof(float) * (size_t)(T * k);
     LS_TRY(be->download(be, e->h_afd, BEV(e->XN), rows, err));
+    uint64_t t0 = ls_now_ns();
     LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows, 1, err));
     LS_TRY(ls_comm_recv(e->o.afd_comm, e->h_afd, rows + 2 * ik, 1, err));
+    *wait_ns += ls_now_ns() - t0;
     LS_TRY(be->upload(be, BEV(e->A), e->h_afd, rows, err));
     LS_TRY(be->upload(be, BEV(e->ids), e->h_afd + T * D, ik, err));
     return be->upload(be, BEV(e->wts), e->h_afd + T * D + T * k, ik, err);
@@ -598,7 +602,12 @@ static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
     size_t rows = sizeof(float) * (size_t)(T * D), ik = sizeof(float) * (size_t)(T * k);
     for (long l = 0; l < c->n_layers; l++) {
         layer_w *w = &e->lw[l];
+        uint64_t t0 = ls_now_ns();
         LS_TRY(ls_comm_recv(e->o.afd_comm, e->h_afd, rows, 0, err));
+        uint64_t t1 = ls_now_ns();
+        /* before the first step's rows rank 0 was still starting (its
+         * manifest, the checkpoint's hash): not a bubble of the pipeline */
+        if (e->afd_steps > 0 || l > 0) e->afd_ns[2 * l + 1] += t1 - t0;
         LS_TRY(be->upload(be, BEV(e->XN), e->h_afd, rows, err));
         LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
                           BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
@@ -608,6 +617,7 @@ static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
         LS_TRY(be->download(be, e->h_afd + T * D, BEV(e->ids), ik, err));
         LS_TRY(be->download(be, e->h_afd + T * D + T * k, BEV(e->wts), ik, err));
         LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows + 2 * ik, 0, err));
+        e->afd_ns[2 * l] += ls_now_ns() - t1;
     }
     return LS_OK;
 }
@@ -665,10 +675,12 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     if (e->dumping) memset(e->dump_elems, 0, sizeof(uint32_t) * (size_t)(T * e->n_slots));
     if (e->afd && e->afd_rank == 1) {
         LS_TRY(forward_ffn(e, T, err));
+        e->afd_steps++, e->afd_rows += T;
         for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
         e->step_rows = T;
         return LS_OK;
     }
+    uint64_t t_head = ls_now_ns(), t_layers = 0; /* AFD: rank 0's time outside the layers */
     long half = c->rotary_dims / 2;
     ls_cpu_rope_table(e->h_pos, T, c->rotary_dims, c->rope_theta, e->h_cos, e->h_sin, act);
     LS_TRY(be->upload(be, BEV(e->tok), e->h_tok, (size_t)T * 4, err));
@@ -680,6 +692,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     for (long l = 0; l < L; l++) {
         layer_w *w = &e->lw[l];
         ls_order on = ord(e, l, LS_PERTURB_NORM);
+        uint64_t t_layer = ls_now_ns(), wait = 0;
         LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->in_norm), BEV(e->XN), T, D, act, on, err));
         if (c->is_attention[l]) LS_TRY(attn_layer(e, l, sg, nseg, T, err));
         else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
@@ -691,7 +704,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
             LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
                               BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
         if (e->afd)
-            LS_TRY(moe_remote(e, T, err));
+            LS_TRY(moe_remote(e, T, &wait, err));
         else if (e->ep)
             LS_TRY(moe_ep(e, l, T, err));
         else
@@ -705,6 +718,12 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
         LS_TRY(dq_flush(e, err)); /* H changes next: mixer hidden rows, router */
         LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
         LS_TRY(dq_rows(e, e->H, D, T, tl, 0, err));
+        if (e->afd) {
+            uint64_t span_ns = ls_now_ns() - t_layer;
+            e->afd_ns[2 * l] += span_ns - wait;
+            e->afd_ns[2 * l + 1] += wait;
+            t_layers += span_ns;
+        }
     }
     LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->final_norm), BEV(e->XN), T, D, act,
                        ord(e, L, LS_PERTURB_NORM), err));
@@ -714,6 +733,10 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     LS_TRY(dq_flush(e, err));
     LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
     LS_TRY(be->download(be, e->h_lp, BEV(e->lp), (size_t)(T * V) * 4, err));
+    if (e->afd) {
+        e->afd_head_ns += ls_now_ns() - t_head - t_layers;
+        e->afd_steps++, e->afd_rows += T;
+    }
     for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
     e->step_rows = T;
     return LS_OK;
@@ -732,4 +755,41 @@ ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *er
     }
     if (st == LS_OK && e->afd) st = afd_records(e, e->step_rows, err);
     return st;
+}
+
+ls_status ls_engine_afd_balance(ls_engine *e, ls_afd_balance *out, ls_error *err)
+{
+    memset(out, 0, sizeof *out);
+    if (!e->afd) return ls_fail(err, LS_E_USAGE, "engine: the attention-FFN balance of an engine without afd_comm");
+    long L = e->c.n_layers;
+    size_t bytes = sizeof(uint64_t) * (size_t)(2 * L);
+    if (e->afd_rank == 1) return ls_comm_send(e->o.afd_comm, e->afd_ns, bytes, 0, err);
+    uint64_t *ffn = malloc(bytes);
+    double *t = calloc((size_t)(4 * L), sizeof(double));
+    if (!ffn || !t) {
+        free(ffn), free(t);
+        return ls_fail_nomem(err, bytes + sizeof(double) * (size_t)(4 * L), "engine: the attention-FFN balance");
+    }
+    ls_status st = ls_comm_recv(e->o.afd_comm, ffn, bytes, 1, err);
+    if (st != LS_OK) {
+        free(ffn), free(t);
+        return st;
+    }
+    out->n_layers = L, out->steps = e->afd_steps, out->rows = e->afd_rows;
+    out->attn_busy_s = t, out->attn_wait_s = t + L, out->ffn_busy_s = t + 2 * L, out->ffn_wait_s = t + 3 * L;
+    for (long l = 0; l < L; l++) {
+        out->attn_busy_s[l] = (double)e->afd_ns[2 * l] / 1e9;
+        out->attn_wait_s[l] = (double)e->afd_ns[2 * l + 1] / 1e9;
+        out->ffn_busy_s[l] = (double)ffn[2 * l] / 1e9;
+        out->ffn_wait_s[l] = (double)ffn[2 * l + 1] / 1e9;
+    }
+    out->attn_head_s = (double)e->afd_head_ns / 1e9;
+    free(ffn);
+    return LS_OK;
+}
+
+void ls_afd_balance_free(ls_afd_balance *b)
+{
+    free(b->attn_busy_s); /* one block for the four arrays */
+    memset(b, 0, sizeof *b);
 }

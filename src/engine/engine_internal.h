@@ -148,6 +148,11 @@ struct ls_engine {
      * runs the mixers, 1 the MoE (docs/parallel.md §3.2) */
     int afd, afd_rank;
     float *h_afd;                         /* [T * (D + 2k)]: rows, then ids (int32 bits), weights */
+    /* per decoder layer, this rank's wall time (ns) over the engine's
+     * steps: [2L] busy, then waiting on the other rank (ls_afd_balance) */
+    uint64_t *afd_ns;
+    uint64_t afd_head_ns;                 /* rank 0: embedding, final norm, lm_head, logprobs */
+    long afd_steps, afd_rows;
 };
 
 #define BEV(b) ((ls_view){(b), 0})

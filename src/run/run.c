@@ -216,6 +216,9 @@ ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_er
         return ls_fail(err, LS_E_UNSUPPORTED, "%s with backend (--backend) %s: several ranks run on the cpu "
                        "backend only until the CUDA backend has its expert-parallel operators (moe_slots, "
                        "moe_combine) and NCCL", flags, s->backend);
+    if (s->afd_balance && !afd)
+        return ls_fail(err, LS_E_USAGE, "afd_balance (--afd-balance) %s: the balance report is of an "
+                       "attention-FFN disaggregated run (--afd 1:1)", s->afd_balance);
     if (s->rank_timeout_ms < 0 || (s->rank_timeout_ms > 0 && world == 1))
         return ls_fail(err, LS_E_USAGE, "rank_timeout_ms (--rank-timeout) %ld: a deadline >= 1 ms applies to "
                        "several ranks (--tp, --ep or --afd) only", s->rank_timeout_ms);
@@ -719,6 +722,10 @@ static void run_worker(const ls_run_spec *s, const ls_model *m, const ls_engine_
         else
             st = ls_run_replay(e, seqs, b->n, s->chunk > 0 ? s->chunk : max_len, worker_frame, &w, &err);
     }
+    if (st == LS_OK && s->afd_balance) {
+        ls_afd_balance bal; /* the FFN rank sends its times to rank 0 */
+        st = ls_engine_afd_balance(e, &bal, &err);
+    }
     ls_engine_destroy(e);
     free(seqs);
     free(completions);
@@ -736,6 +743,51 @@ static ls_status ranks_finish(ls_run_ranks *rk, ls_comm **tp_group, ls_status st
     ls_comm_destroy(*tp_group);
     *tp_group = NULL;
     return rk->size ? ls_run_ranks_finish(rk, st, err) : st;
+}
+
+/* The attention-FFN balance report (--afd-balance; docs/parallel.md §3.2):
+ * per decoder layer each rank's busy and waiting seconds, and the totals by
+ * kind of work, as JSON. Wall-clock times: they differ from run to run. */
+static ls_status write_afd_balance(const ls_run_spec *s, const ls_model *m, const ls_afd_balance *b,
+                                   ls_error *err)
+{
+    json_t *layers = json_array(), *root = NULL;
+    double gdn = 0, attn = 0, experts = 0, attn_wait = 0, ffn_wait = 0;
+    for (long l = 0; layers && l < b->n_layers; l++) {
+        int is_attn = m->cfg.is_attention[l];
+        *(is_attn ? &attn : &gdn) += b->attn_busy_s[l];
+        experts += b->ffn_busy_s[l];
+        attn_wait += b->attn_wait_s[l];
+        ffn_wait += b->ffn_wait_s[l];
+        json_array_append_new(layers, json_pack("{s:I, s:s, s:f, s:f, s:f, s:f}", "layer", (json_int_t)l, "mixer",
+                                                is_attn ? "attention" : "gdn", "attention_rank_busy_s",
+                                                b->attn_busy_s[l], "attention_rank_wait_s", b->attn_wait_s[l],
+                                                "ffn_rank_busy_s", b->ffn_busy_s[l], "ffn_rank_wait_s",
+                                                b->ffn_wait_s[l]));
+    }
+    double attn_all = gdn + attn + attn_wait + b->attn_head_s, ffn_all = experts + ffn_wait;
+    double attn_idle = attn_all > 0 ? attn_wait / attn_all : 0, ffn_idle = ffn_all > 0 ? ffn_wait / ffn_all : 0;
+    if (layers)
+        root = json_pack("{s:s, s:s, s:{s:i, s:i}, s:I, s:I, s:o, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+                         "mode", s->mode, "backend", s->backend ? s->backend : "cpu", "topology",
+                         "attention_ranks", s->afd_attention, "ffn_ranks", s->afd_ffn, "steps",
+                         (json_int_t)b->steps, "rows", (json_int_t)b->rows, "layers", layers, "totals",
+                         "gdn_mixers_s", gdn, "attention_mixers_s", attn, "experts_s", experts,
+                         "attention_rank_head_s", b->attn_head_s, "attention_rank_wait_s", attn_wait,
+                         "ffn_rank_wait_s", ffn_wait, "attention_rank_idle_fraction", attn_idle,
+                         "ffn_rank_idle_fraction", ffn_idle);
+    char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(6)) : NULL;
+    json_decref(root);
+    if (!text) return ls_fail(err, LS_E_NOMEM, "%s: out of memory for the balance report", s->afd_balance);
+    size_t n = strlen(text);
+    text[n] = '\n'; /* json_dumps' terminator becomes the last newline */
+    ls_status st = ls_write_file_atomic(s->afd_balance, text, n + 1, err);
+    free(text);
+    if (st == LS_OK)
+        ls_log_info("afd balance: mixers %.3f s (GDN %.3f, attention %.3f), experts %.3f s; waiting: attention "
+                    "rank %.0f %%, FFN rank %.0f %% of its time (per layer: %s)", gdn + attn, gdn, attn, experts,
+                    100 * attn_idle, 100 * ffn_idle, s->afd_balance);
+    return st;
 }
 
 ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err)
@@ -757,6 +809,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     int hashing = 0;
     sink_ctx sc;
     memset(&sc, 0, sizeof sc);
+    ls_afd_balance balance; /* --afd-balance: rank 0's gathered times */
+    memset(&balance, 0, sizeof balance);
     ls_engine_opts eo;
     ls_engine_opts_default(&eo);
     eo.act_bf16 = s->act_bf16;
@@ -991,6 +1045,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
             st = ls_run_replay(e, seqs, b->n, chunk, write_frame, &sc, err);
         }
         res->seconds = (double)(ls_now_ns() - t0) / 1e9;
+        if (st == LS_OK && s->afd_balance) st = ls_engine_afd_balance(e, &balance, err);
         if (s->progress) ls_progress_end(&sc.prog);
         ls_log_verbose("%s: %llu records in %.3f s on backend %s (max %ld rows per step)", s->mode,
                        (unsigned long long)sc.records, res->seconds, s->backend, eo.max_rows);
@@ -999,8 +1054,10 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         st = ranks_finish(&rk, &tp_group, st, err);
         if (st == LS_OK) st = ls_trace_writer_close(sc.w, err);
         else ls_trace_writer_abort(sc.w);
+        if (st == LS_OK && s->afd_balance) st = write_afd_balance(s, m, &balance, err);
         res->records = sc.records;
     }
+    ls_afd_balance_free(&balance);
     st = ranks_finish(&rk, &tp_group, st, err); /* a failure before the engine ran */
     if (st != LS_OK) {
         free(res->completions);

@@ -101,6 +101,8 @@ typedef struct ls_run_spec {
                                       colocated; 1:1 = two CPU ranks, rank 0 attention, rank 1 the
                                       FFN (engine afd_comm); other shapes, and AFD with tp or ep > 1,
                                       are refused (not built) */
+    const char *afd_balance;       /* with afd 1:1: where the per-layer balance report goes
+                                      (--afd-balance; JSON, docs/parallel.md §3.2), NULL = none */
     long rank_timeout_ms;          /* several ranks: every exchange's deadline, after which the
                                       rank waited for is named and every rank fails
                                       (--rank-timeout; 0 = 60000); 0 with one rank */
