@@ -256,6 +256,132 @@ START_TEST(test_gdn)
 }
 END_TEST
 
+/* The chunk-aligned GDN form (docs/numerics.md §5.1) over 150 tokens (two
+ * full chunks of 64 and 22 rows): the outputs and the whole carried state
+ * (S at the chunk start and the chunk's rows) are bit-identical whether the
+ * tokens come in one call, one at a time or in runs of 7 and 13, with the
+ * heads split over two calls; they equal a transcription of the rows'
+ * formulas; the state materialised after each position is within fp32
+ * rounding of the recurrent form's state there, and the outputs of the two
+ * forms agree to rounding; after a chunk's last row the materialised state is
+ * the carried S bit for bit. */
+START_TEST(test_gdn_chunked)
+{
+    const long T = 150, Hk = 2, Hv = 4, dk = 48, dv = 40, C = LS_GDN_CHUNK;
+    const size_t SF = LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv), SN = (size_t)(Hv * dk * dv);
+    for (int act = 0; act < 2; act++) {
+        float *q = rvec(T * Hk * dk, 1.0f, act), *k = rvec(T * Hk * dk, 1.0f, act);
+        float *v = rvec(T * Hv * dv, 1.0f, act);
+        float *b = rvec(T * Hv, 3.0f, act), *a = rvec(T * Hv, 3.0f, act);
+        float *Al = rvec(Hv, 1.0f, 1), *dt = rvec(Hv, 1.0f, 1);
+        float *beta = malloc(sizeof(float) * (size_t)(T * Hv)), *alpha = malloc(sizeof(float) * (size_t)(T * Hv));
+        for (long i = 0; i < Hv; i++) Al[i] = -2.0f + 0.25f * Al[i]; /* decays near 1, as trained models have */
+        ls_cpu_gdn_gates(b, a, Al, dt, beta, alpha, T, Hv, act);
+        ls_cpu_l2norm_scale(q, T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
+        ls_cpu_l2norm_scale(k, T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
+        float *scr = malloc(sizeof(float) * LS_CPU_GDN_CHUNK_SCRATCH_FLOATS(dv));
+        float *st1 = calloc(SF, sizeof(float)), *st2 = calloc(SF, sizeof(float)), *st3 = calloc(SF, sizeof(float));
+        size_t on = (size_t)(T * Hv * dv);
+        float *o1 = malloc(sizeof(float) * on), *o2 = malloc(sizeof(float) * on), *o3 = malloc(sizeof(float) * on);
+        float *orec = malloc(sizeof(float) * on), *want = malloc(sizeof(float) * on);
+        float *Srec = calloc(SN, sizeof(float)), *mat = malloc(sizeof(float) * SN);
+        float *rscr = malloc(sizeof(float) * LS_CPU_GDN_SCRATCH_FLOATS(dv));
+        /* one call */
+        ls_cpu_gdn_chunked_heads(q, k, v, alpha, beta, st1, o1, T, 0, Hk, Hv, dk, dv, 0, Hv, scr, act,
+                                 LS_ORDER_CANONICAL);
+        /* one token a call, heads in two calls; the recurrent form beside it */
+        double max_state_rel = 0;
+        for (long t = 0; t < T; t++) {
+            const float *qt = q + t * Hk * dk, *kt = k + t * Hk * dk, *vt = v + t * Hv * dv;
+            for (int part = 0; part < 2; part++)
+                ls_cpu_gdn_chunked_heads(qt, kt, vt, alpha + t * Hv, beta + t * Hv, st2, o2 + t * Hv * dv, 1, t, Hk,
+                                         Hv, dk, dv, part ? 1 : 0, part ? Hv : 1, scr, act, LS_ORDER_CANONICAL);
+            ls_cpu_gdn_recurrent(qt, kt, vt, alpha + t * Hv, beta + t * Hv, Srec, orec + t * Hv * dv, 1, Hk, Hv, dk,
+                                 dv, rscr, act, LS_ORDER_CANONICAL);
+            ls_cpu_gdn_chunked_state_heads(st2, t, Hv, dk, dv, 0, Hv, mat, scr);
+            if ((t + 1) % C == 0) expect_bits("materialised state at a chunk's end = S", mat, st2, (long)SN);
+            double num = 0, den = 0;
+            for (size_t e = 0; e < SN; e++) {
+                double d = (double)mat[e] - Srec[e];
+                num += d * d, den += (double)Srec[e] * Srec[e];
+            }
+            double rel = sqrt(num / (den > 0 ? den : 1));
+            if (rel > max_state_rel) max_state_rel = rel;
+        }
+        ck_assert_msg(max_state_rel < 1e-5, "materialised state vs recurrent: relative error %g", max_state_rel);
+        /* runs of 7 and 13 */
+        for (long t = 0, n = 7; t < T; t += n, n = n == 7 ? 13 : 7) {
+            long m = t + n > T ? T - t : n;
+            ls_cpu_gdn_chunked_heads(q + t * Hk * dk, k + t * Hk * dk, v + t * Hv * dv, alpha + t * Hv, beta + t * Hv,
+                                     st3, o3 + t * Hv * dv, m, t, Hk, Hv, dk, dv, 0, Hv, scr, act, LS_ORDER_CANONICAL);
+        }
+        expect_bits("chunked out, token by token", o2, o1, (long)on);
+        expect_bits("chunked out, runs of 7 and 13", o3, o1, (long)on);
+        expect_bits("chunked state, token by token", st2, st1, (long)SF);
+        expect_bits("chunked state, runs of 7 and 13", st3, st1, (long)SF);
+        /* transcription of the row formulas (cpu_ops.h), head by head */
+        float *S0 = calloc(SN, sizeof(float)), *U = malloc(sizeof(float) * (size_t)(C * dv)), d[64];
+        for (long h = 0; h < Hv; h++) {
+            long kh = h * Hk / Hv;
+            float *Sh = S0 + h * dk * dv;
+            for (long t = 0; t < T; t++) {
+                long r = t % C, c0 = t - r;
+                const float *kr = k + (t * Hk + kh) * dk, *qr = q + (t * Hk + kh) * dk;
+                d[r] = 1.0f;
+                for (long s2 = r - 1; s2 >= 0; s2--) d[s2] = d[s2 + 1] * alpha[(c0 + s2 + 1) * Hv + h];
+                float P = d[0] * alpha[c0 * Hv + h], be = beta[t * Hv + h];
+                for (long j = 0; j < dv; j++) {
+                    float m0 = dot32(Sh + j, dv, kr, 1, dk), pm = P * m0, df = v[(t * Hv + h) * dv + j] - pm;
+                    U[r * dv + j] = df * be;
+                }
+                for (long s2 = 0; s2 < r; s2++) {
+                    float kk = dot32(kr, 1, k + ((c0 + s2) * Hk + kh) * dk, 1, dk), aa = kk * d[s2], Ars = be * aa;
+                    for (long j = 0; j < dv; j++) {
+                        float prod = Ars * U[s2 * dv + j];
+                        U[r * dv + j] = U[r * dv + j] - prod;
+                    }
+                }
+                for (long j = 0; j < dv; j++) {
+                    float acc = P * dot32(Sh + j, dv, qr, 1, dk);
+                    for (long s2 = 0; s2 <= r; s2++) {
+                        float qk = dot32(qr, 1, k + ((c0 + s2) * Hk + kh) * dk, 1, dk), w = qk * d[s2];
+                        float prod = w * U[s2 * dv + j];
+                        acc = acc + prod;
+                    }
+                    want[(t * Hv + h) * dv + j] = A(acc, act);
+                }
+                if (r == C - 1) {
+                    for (long e = 0; e < dk * dv; e++) Sh[e] = P * Sh[e];
+                    for (long s2 = 0; s2 <= r; s2++)
+                        for (long i = 0; i < dk; i++) {
+                            float ki = d[s2] * k[((c0 + s2) * Hk + kh) * dk + i];
+                            for (long j = 0; j < dv; j++) {
+                                float prod = ki * U[s2 * dv + j];
+                                Sh[i * dv + j] = Sh[i * dv + j] + prod;
+                            }
+                        }
+                }
+            }
+        }
+        expect_bits("chunked out = the transcription", o1, want, (long)on);
+        expect_bits("chunked S at the last chunk start = the transcription", st1, S0, (long)SN);
+        /* the two forms agree to rounding (bf16 outputs: a few ulps) */
+        double worst = 0;
+        for (size_t i = 0; i < on; i++) {
+            double dd = fabs((double)o1[i] - orec[i]) / (fabs((double)orec[i]) + 1e-3);
+            if (dd > worst) worst = dd;
+        }
+        printf("  chunk-aligned vs recurrent (%s): state rel err %.3g, outputs max rel diff %.3g\n",
+               act ? "bf16" : "fp32", max_state_rel, worst);
+        ck_assert_msg(worst < (act ? 2e-2 : 1e-4), "chunk-aligned vs recurrent outputs: relative difference %g (%s)",
+                      worst, act ? "bf16" : "fp32");
+        free(q), free(k), free(v), free(b), free(a), free(Al), free(dt), free(beta), free(alpha), free(scr);
+        free(st1), free(st2), free(st3), free(o1), free(o2), free(o3), free(orec), free(want), free(Srec), free(mat);
+        free(rscr), free(S0), free(U);
+    }
+}
+END_TEST
+
 START_TEST(test_rope)
 {
     long T = 3, H = 2, d = 16, R = 8, half = 4;
@@ -588,6 +714,7 @@ int main(void)
     tcase_add_test(tc, test_norms);
     tcase_add_test(tc, test_conv_state_carry);
     tcase_add_test(tc, test_gdn);
+    tcase_add_test(tc, test_gdn_chunked);
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_attention);
     tcase_add_test(tc, test_router_moe);

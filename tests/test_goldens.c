@@ -9,7 +9,8 @@
  *   fp32 activations vs transformers fp32: max |Δ logprob| <= 1e-4 over every
  *     next-token logprob and top-5 logprob, top-5 ids equal (a swap of two ids
  *     only where transformers' own two logprobs are within 1e-5), greedy
- *     tokens from the stored prompts identical.
+ *     tokens from the stored prompts identical; the same with the
+ *     chunk-aligned GDN form (docs/numerics.md §5.1).
  *   bf16 activations vs transformers: measured against transformers' own
  *     fp32-vs-bf16 gap on the same golden (see BF16_* below, docs/numerics.md
  *     §8 and goldens/README.md for the reasoning).
@@ -189,6 +190,9 @@ static int32_t *json_tokens(const json_t *a, long *n)
     return t;
 }
 
+/* 1 while a test runs the chunk-aligned GDN form (docs/numerics.md §5.1). */
+static int g_gdn_chunked;
+
 /* An engine on the CPU; FP8 models in dequant mode unless w8a8. */
 static ls_engine *mk_engine_fp8(const loaded *L, int act_bf16, int w8a8)
 {
@@ -196,6 +200,7 @@ static ls_engine *mk_engine_fp8(const loaded *L, int act_bf16, int w8a8)
     ls_engine_opts_default(&o);
     o.act_bf16 = act_bf16;
     o.fp8_w8a8 = w8a8;
+    o.gdn_chunked = g_gdn_chunked;
     ls_engine *e;
     ls_error err;
     ck_assert_msg(ls_run_engine_open(L->m, "cpu", 2, &o, 1, 256, &e, &err) == LS_OK, "%s", err.msg);
@@ -289,10 +294,10 @@ static void check_next(const char *where, long p, const ls_trace_record *r, int3
     st->positions++;
 }
 
-START_TEST(test_fp32_vs_transformers)
+static void fp32_vs_transformers(int golden)
 {
     loaded L = {0};
-    load_golden(&L, GOLDENS[_i]);
+    load_golden(&L, GOLDENS[golden]);
     ls_engine *e = mk_engine(&L, 0);
     fp32_stats st = {0};
     char where[128];
@@ -337,12 +342,30 @@ START_TEST(test_fp32_vs_transformers)
         recs_free(&out);
         free(pr);
     }
-    printf("%s fp32 vs transformers fp32: %ld logprobs, max |d next| %.3g, max |d top-5| %.3g, "
+    printf("%s fp32%s vs transformers fp32: %ld logprobs, max |d next| %.3g, max |d top-5| %.3g, "
            "top-5 swaps at near-ties %ld, greedy tokens equal %ld/2 prompts x %d steps\n",
-           L.name, st.positions, st.max_next, st.max_top5, st.swaps, n_gen_equal, GEN_STEPS);
+           L.name, g_gdn_chunked ? " (chunk-aligned GDN)" : "", st.positions, st.max_next, st.max_top5, st.swaps,
+           n_gen_equal, GEN_STEPS);
     fflush(stdout);
     ls_engine_destroy(e);
     unload(&L);
+}
+
+START_TEST(test_fp32_vs_transformers)
+{
+    g_gdn_chunked = 0;
+    fp32_vs_transformers(_i);
+}
+END_TEST
+
+/* The chunk-aligned GDN form is the same model to rounding: the same
+ * tolerances against transformers (sequences of up to 130 tokens cross two
+ * chunk boundaries). */
+START_TEST(test_fp32_vs_transformers_chunk_aligned)
+{
+    g_gdn_chunked = 1;
+    fp32_vs_transformers(_i);
+    g_gdn_chunked = 0;
 }
 END_TEST
 
@@ -881,6 +904,7 @@ int main(int argc, char **argv)
     }
     tcase_add_loop_test(tc, test_qwen35_layouts_identical, 0, N_GOLDENS - FIRST_QWEN35);
     tcase_add_loop_test(tc, test_fp32_vs_transformers, 0, N_ALL_GOLDENS);
+    tcase_add_loop_test(tc, test_fp32_vs_transformers_chunk_aligned, 0, N_ALL_GOLDENS);
     tcase_add_loop_test(tc, test_bf16_vs_transformers, 0, N_GOLDENS);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -148,6 +148,16 @@ struct ls_backend {
                                ls_view state /* [Hv, dk, dv] */, ls_view o /* [T, Hv, dv] */,
                                long T, long Hk, long Hv, long dk, long dv, int act_bf16,
                                ls_order order, ls_error *err);
+    /* The chunk-aligned GDN form (backend/cpu_ops.h ls_cpu_gdn_chunked_heads;
+     * docs/numerics.md §5.1), optional: NULL on a backend without it. The
+     * state holds LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv); rows t are
+     * positions pos0 + t. gdn_chunked_state writes the recurrent state
+     * after position pos (the last one run) [Hv, dk, dv] to s_out. */
+    ls_status (*gdn_chunked)(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha, ls_view beta,
+                             ls_view state, ls_view o, long T, long pos0, long Hk, long Hv, long dk, long dv,
+                             int act_bf16, ls_order order, ls_error *err);
+    ls_status (*gdn_chunked_state)(ls_backend *be, ls_view state, long pos, ls_view s_out, long Hv, long dk,
+                                   long dv, ls_error *err);
     ls_status (*rope_apply)(ls_backend *be, ls_view x /* [T, H, d] */, ls_view cos_t /* [T, R/2] */,
                             ls_view sin_t /* [T, R/2] */, long T, long H, long d, long R,
                             int act_bf16, ls_error *err);

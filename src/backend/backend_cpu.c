@@ -303,6 +303,57 @@ static ls_status cpu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view
     return LS_OK;
 }
 
+typedef struct gdn_chunked_job {
+    gdn_job g;
+    long pos0;
+} gdn_chunked_job;
+
+static void gdn_chunked_part(void *ctx, int thread, long b, long e)
+{
+    gdn_chunked_job *c = ctx;
+    gdn_job *j = &c->g;
+    ls_cpu_gdn_chunked_heads(j->q, j->k, j->v, j->alpha, j->beta, j->state, j->o, j->T, c->pos0, j->Hk, j->Hv,
+                             j->dk, j->dv, b, e, j->scratch[thread], j->act, j->order);
+}
+
+static ls_status cpu_gdn_chunked(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha, ls_view beta,
+                                 ls_view state, ls_view o, long T, long pos0, long Hk, long Hv, long dk, long dv,
+                                 int act_bf16, ls_order order, ls_error *err)
+{
+    if (dv > 1024 || dk > 4096)
+        return ls_fail(err, LS_E_UNSUPPORTED, "cpu gdn_chunked: d_v %ld > 1024", dv);
+    cpu_impl *im = IMPL(be);
+    LS_TRY(grow_all(im, LS_CPU_GDN_CHUNK_SCRATCH_FLOATS(dv), err));
+    gdn_chunked_job j = {{F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk, dv, im->scratch,
+                          act_bf16, order},
+                         pos0};
+    ls_pool_run(im->pool, Hv, gdn_chunked_part, &j);
+    return LS_OK;
+}
+
+typedef struct gdn_state_job {
+    const float *state;
+    float *out;
+    long pos, Hv, dk, dv;
+    float *const *scratch;
+} gdn_state_job;
+
+static void gdn_state_part(void *ctx, int thread, long b, long e)
+{
+    gdn_state_job *j = ctx;
+    ls_cpu_gdn_chunked_state_heads(j->state, j->pos, j->Hv, j->dk, j->dv, b, e, j->out, j->scratch[thread]);
+}
+
+static ls_status cpu_gdn_chunked_state(ls_backend *be, ls_view state, long pos, ls_view s_out, long Hv, long dk,
+                                       long dv, ls_error *err)
+{
+    cpu_impl *im = IMPL(be);
+    LS_TRY(grow_all(im, LS_GDN_CHUNK, err));
+    gdn_state_job j = {F(state), F(s_out), pos, Hv, dk, dv, im->scratch};
+    ls_pool_run(im->pool, Hv, gdn_state_part, &j);
+    return LS_OK;
+}
+
 static ls_status cpu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view sin_t, long T,
                                 long H, long d, long R, int act_bf16, ls_error *err)
 {
@@ -656,6 +707,8 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
     be->gdn_gates = cpu_gdn_gates;
     be->l2norm_scale = cpu_l2norm_scale;
     be->gdn_recurrent = cpu_gdn_recurrent;
+    be->gdn_chunked = cpu_gdn_chunked;
+    be->gdn_chunked_state = cpu_gdn_chunked_state;
     be->rope_apply = cpu_rope_apply;
     be->attention = cpu_attention;
     be->sigmoid_gate = cpu_sigmoid_gate;

@@ -174,6 +174,39 @@ void ls_cpu_gdn_recurrent_heads(const float *q, const float *k, const float *v,
                                 float *scratch /* [LS_CPU_GDN_SCRATCH_FLOATS(dv)] */,
                                 int act_bf16, ls_order order);
 
+/* The chunk-aligned GDN form (docs/numerics.md §5.1): chunks of C positions
+ * at absolute multiples of C in the sequence. The carried state is S at the
+ * chunk's start [Hv, dk, dv] followed by the chunk's rows so far: k
+ * [Hv, C, dk], u [Hv, C, dv], α [Hv, C] (LS_GDN_CHUNK_STATE_FLOATS). */
+#define LS_GDN_CHUNK 64
+#define LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv) \
+    ((size_t)(Hv) * ((size_t)(dk) * (size_t)(dv) + LS_GDN_CHUNK * ((size_t)(dk) + (size_t)(dv) + 1)))
+#define LS_CPU_GDN_CHUNK_SCRATCH_FLOATS(dv) ((size_t)(LS_LANES + 2) * (size_t)(dv) + LS_GDN_CHUNK)
+
+/* The chunk-aligned step over T tokens at positions pos0 .. pos0+T-1, value
+ * heads [h0, h1). Row r = p mod C of its chunk, for each head (key head
+ * h·Hk/Hv), with d_s = α_{s+1} ··· α_r (the product from r down, d_r = 1)
+ * and P = d_0 α_0:
+ *   m0 = DOT32_i(S0[i][·], k_r),  mq = DOT32_i(S0[i][·], q_r)
+ *   u_r = (v − P m0) β − Σ_{s<r ascending} (β ((k_r · k_s) d_s)) u_s
+ *   o_r = act(P mq + Σ_{s<=r ascending} ((q_r · k_s) d_s) u_s)
+ * dots LS_DOT32; at r = C − 1 the chunk folds into S0:
+ *   S0 ← P S0 + Σ_{s ascending} (d_s k_s) ⊗ u_s.
+ * Every quantity of row r reads rows <= r only, so a token's bits do not
+ * depend on how its chunk's rows were split between calls. */
+void ls_cpu_gdn_chunked_heads(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk, dk] */,
+                              const float *v /* [T, Hv, dv] */, const float *alpha /* [T, Hv] */,
+                              const float *beta /* [T, Hv] */, float *state /* LS_GDN_CHUNK_STATE_FLOATS */,
+                              float *o /* [T, Hv, dv] */, long T, long pos0, long Hk, long Hv, long dk, long dv,
+                              long h0, long h1, float *scratch /* [LS_CPU_GDN_CHUNK_SCRATCH_FLOATS(dv)] */,
+                              int act_bf16, ls_order order);
+/* The recurrent state after position pos (the last one the chunk-aligned
+ * step ran) of heads [h0, h1) into s_out [Hv, dk, dv]: S0 when pos ends a
+ * chunk, else the fold of rows 0 .. pos mod C (the same arithmetic as the
+ * fold at the boundary). */
+void ls_cpu_gdn_chunked_state_heads(const float *state, long pos, long Hv, long dk, long dv, long h0, long h1,
+                                    float *s_out /* [Hv, dk, dv] */, float *scratch /* [LS_GDN_CHUNK] */);
+
 /* ==== attention: cpu_ops_attention.c; CUDA kernels/ops_attention.cu ======= */
 
 /* Partial rotate-half RoPE in place on the first R dims of every head:

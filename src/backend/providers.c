@@ -33,6 +33,16 @@ static const ls_provider cpu_rows[] = {
         "sha256-row-major"),
 };
 
+/* The chunk-aligned GDN form (docs/numerics.md §5.1; ls_engine_opts.gdn_chunked):
+ * the row that replaces gdn_recurrent's in a manifest. CPU only for now. */
+static const ls_provider cpu_gdn_chunked =
+    CPU("gdn_recurrent", "ls_cpu_gdn_chunked_heads", "1x32", "fp32", "gdn-chunk-aligned-64-dot32");
+
+const ls_provider *ls_backend_gdn_chunked_provider(const char *backend)
+{
+    return backend && !strcmp(backend, "cpu") ? &cpu_gdn_chunked : NULL;
+}
+
 #define CUDA(op, kernel, tile, order) \
     {op, "cuda-portable", kernel, tile, "none", "fp32", order, "portable", "strict"}
 

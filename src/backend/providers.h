@@ -25,6 +25,11 @@ const ls_provider *ls_backend_list_providers(const char *backend, size_t *count)
 const ls_provider *ls_backend_list_fp8_providers(const char *backend, const char *fp8_mode,
                                                  size_t *count);
 
+/* The row of the chunk-aligned GDN form on `backend` (it replaces the
+ * gdn_recurrent row when a run uses that form), or NULL where the backend
+ * has no kernel for it. */
+const ls_provider *ls_backend_gdn_chunked_provider(const char *backend);
+
 /* The provider that runs `op` on `backend`, or NULL. */
 const ls_provider *ls_backend_find_provider(const char *backend, const char *op);
 

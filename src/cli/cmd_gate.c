@@ -39,6 +39,8 @@ static const char usage_text[] =
     "  --tp N, --ep M, --afd 1:1  the rollout on tensor-parallel, expert-parallel or\n"
     "                         attention-FFN CPU ranks (as for run); the replays run on one\n"
     "                         rank, so the gate checks that topology against one rank\n"
+    "  --gdn-form recurrent|chunk-aligned  the GDN arithmetic of every run (as for run;\n"
+    "                         cpu only); the replays recompute in the rollout's form\n"
     "  --junit FILE           JUnit XML: one testsuite per replay, holding one testcase (that\n"
     "                         replay vs the rollout; a failure carries its first drift)\n"
     "  --json FILE|-          JSON summary (per replay: verdict, counts, first drift; schema\n"
@@ -67,7 +69,7 @@ int ls_cmd_gate(int argc, char **argv)
     int given_gpu = 0;
     enum { O_CK = LS_CLI_LONG, O_PROMPTS, O_MAXNEW, O_BACKEND, O_THREADS, O_JUNIT, O_JSON, O_WORKDIR,
            O_CACHE, O_FP8, O_GPU, O_SEED, O_SAMPLES, O_PREFIX, O_PBLOCK, O_PREEMPT,
-           O_KVPAGE, O_EP, O_TP, O_AFD };
+           O_KVPAGE, O_EP, O_TP, O_AFD, O_GDN };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"prompts", O_PROMPTS, 1}, {"max-new-tokens", O_MAXNEW, 1},
         {"backend", O_BACKEND, 1}, {"threads", O_THREADS, 1}, {"junit", O_JUNIT, 1},
@@ -75,7 +77,7 @@ int ls_cmd_gate(int argc, char **argv)
         {"fp8", O_FP8, 1}, {"gpu", O_GPU, 1}, {"seed", O_SEED, 1},
         {"samples-per-prompt", O_SAMPLES, 1}, {"prefix-cache", O_PREFIX, 1}, {"prefix-block", O_PBLOCK, 1},
         {"preempt", O_PREEMPT, 1}, {"kv-page", O_KVPAGE, 1}, {"ep", O_EP, 1},
-        {"tp", O_TP, 1}, {"afd", O_AFD, 1}, {NULL, 0, 0}};
+        {"tp", O_TP, 1}, {"afd", O_AFD, 1}, {"gdn-form", O_GDN, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "gate", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *x = ca.arg;
@@ -116,6 +118,7 @@ int ls_cmd_gate(int argc, char **argv)
             break;
         }
         case O_AFD: st = ls_cli_parse_afd(ca.opt, x, &o.afd_attention, &o.afd_ffn, &err); break;
+        case O_GDN: st = ls_cli_parse_gdn_form(ca.opt, x, &o.gdn_chunked, &err); break;
         case O_JUNIT: o.junit = x; break;
         case O_JSON: o.json = x; break;
         case O_WORKDIR: o.workdir = x; break;

@@ -7,6 +7,7 @@
 
 #include "cli/cli.h"
 #include "core/util.h"
+#include "backend/providers.h"
 #include "manifest/manifest.h"
 #include "run/run.h"
 
@@ -15,11 +16,12 @@ static const char help[] =
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
     "                             [--samples-per-prompt N] [--prefix-cache off|aligned|any]\n"
     "                             [--prefix-block N] [--preempt none|seeded:S] [--kv-page N]\n"
-    "                             [--tp N] [--ep M] [--afd 1:1] [--threads N] -o FILE\n"
+    "                             [--tp N] [--ep M] [--afd 1:1] [--gdn-form recurrent|chunk-aligned]\n"
+    "                             [--threads N] -o FILE\n"
     "       lockstep manifest diff A B [--json]\n"
     "       lockstep manifest verify FILE --checkpoint DIR [--backend cpu|cuda [--gpu N]]\n"
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
-    "                             [--threads N] [--json]\n"
+    "                             [--gdn-form recurrent|chunk-aligned] [--threads N] [--json]\n"
     "       lockstep manifest digest FILE\n"
     "\n"
     "pin     records what a determinism claim depends on: the checkpoint (config\n"
@@ -38,6 +40,8 @@ static const char help[] =
     "        --tp N, --ep M and --afd 1:1 (as for run) record the topology (world\n"
     "        size, degrees, AFD groups, the CPU communicator, reduction tree none);\n"
     "        a strict manifest's digest does not depend on it (manifest/README.md).\n"
+    "        --gdn-form chunk-aligned (as for run; cpu only) records the chunk-aligned\n"
+    "        GDN arithmetic: numerics.gdn_form and its operator row (a change voids).\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
     "        classifies it as voiding (the claim no longer holds: checkpoint,\n"
     "        architecture, providers, library versions, GPU kind, topology, mode,\n"
@@ -58,11 +62,11 @@ static const char help[] =
 /* The options of each subcommand: pin and verify share those that pin the
  * live system; diff has --json; digest none (each has -h/--help). */
 enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THREADS, OPT_JSON,
-       OPT_FP8, OPT_GPU, OPT_SAMPLES, OPT_PREFIX, OPT_PBLOCK, OPT_PREEMPT, OPT_KVPAGE, OPT_EP, OPT_TP, OPT_AFD };
+       OPT_FP8, OPT_GPU, OPT_SAMPLES, OPT_PREFIX, OPT_PBLOCK, OPT_PREEMPT, OPT_KVPAGE, OPT_EP, OPT_TP, OPT_AFD, OPT_GDN };
 #define LIVE_OPTS                                                                                  \
     {"checkpoint", OPT_CHECKPOINT, 1}, {"backend", OPT_BACKEND, 1}, {"mode", OPT_MODE, 1},         \
         {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}, {"fp8", OPT_FP8, 1},             \
-        {"gpu", OPT_GPU, 1}
+        {"gpu", OPT_GPU, 1}, {"gdn-form", OPT_GDN, 1}
 static const ls_cli_opt pin_opts[] = {LIVE_OPTS, {"output", 'o', 1}, {"samples-per-prompt", OPT_SAMPLES, 1},
                                       {"prefix-cache", OPT_PREFIX, 1}, {"prefix-block", OPT_PBLOCK, 1},
                                       {"preempt", OPT_PREEMPT, 1}, {"kv-page", OPT_KVPAGE, 1}, {"ep", OPT_EP, 1},
@@ -81,7 +85,7 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
                       const char **out_path, int *as_json, int *gpu, const char **pos, int *npos,
                       ls_run_spec *sv)
 {
-    int mode_given = 0, gpu_given = 0;
+    int mode_given = 0, gpu_given = 0, gdn = 0;
     ls_error err;
     ls_error_clear(&err);
     ls_cli_args a = {.cmd = CMD, .usage = help, .opts = opts, .argc = argc, .argv = argv};
@@ -103,6 +107,9 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
             if (strcmp(a.arg, "dequant") && strcmp(a.arg, "w8a8"))
                 return ls_cli_usage_error(CMD, "--fp8 '%s': expected dequant or w8a8", a.arg);
             o->fp8 = a.arg;
+            break;
+        case OPT_GDN:
+            if (ls_cli_parse_gdn_form(a.opt, a.arg, &gdn, &err) != LS_OK) return ls_cli_report(CMD, &err);
             break;
         case OPT_THREADS: {
             char *end;
@@ -147,6 +154,10 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
         }
     }
     if (ls_cli_check_gpu(o->backend, gpu_given, &err) != LS_OK) return ls_cli_report(CMD, &err);
+    /* the chunk-aligned GDN row is the backend's (cpu only for now) */
+    if (gdn && !(o->gdn_chunked = ls_backend_gdn_chunked_provider(o->backend)))
+        return ls_cli_usage_error(CMD, "--gdn-form chunk-aligned runs on the cpu backend only: backend %s has "
+                                  "no kernel for it yet", o->backend);
     if (o->perturbation && !mode_given) o->mode = "fast"; /* a perturbed run is never strict */
     o->progress = 1;
     return -1;

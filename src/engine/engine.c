@@ -185,7 +185,11 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     long K = c->conv_kernel, E = c->n_experts, k = c->topk;
     e->conv_dim = 2 * Hk * dk + Hv * dv;
     e->wqkvz = 2 * Hk * dk + 2 * Hv * dv;
+    e->gdn_floats = e->o.gdn_chunked ? (long)LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv) : Hv * dk * dv;
     ls_backend *be = e->be;
+    if (e->o.gdn_chunked && (!be->gdn_chunked || !be->gdn_chunked_state))
+        return ls_fail(err, LS_E_UNSUPPORTED, "engine: the chunk-aligned GDN form (gdn_chunked) runs on the "
+                       "cpu backend only: backend %s has no kernel for it yet", be->name);
     if (!be->digest)
         return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no digest op: lockstep records "
                        "every digest through it and will not run without it", be->name);
@@ -309,10 +313,11 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
                 LS_TRY(buf(e, Hkv * e->cap * d, &q->vc[l], err));
             } else {
                 LS_TRY(buf(e, e->conv_dim * K, &q->conv[l], err));
-                LS_TRY(buf(e, Hv * dk * dv, &q->gdn[l], err));
+                LS_TRY(buf(e, e->gdn_floats, &q->gdn[l], err));
             }
         }
     }
+    if (e->o.gdn_chunked) LS_TRY(buf(e, Hv * dk * dv, &e->gdn_mat, err));
     long Wq = Hq * 2 * d;
     LS_TRY(buf(e, T, &e->tok, err));
     LS_TRY(buf(e, T, &e->pos, err));
@@ -802,8 +807,7 @@ static ls_status slot_zero(ls_engine *e, seq_state *q, ls_error *err)
             LS_TRY(e->be->zero(e->be, BEV(q->vc[l]), n, err));
         } else {
             LS_TRY(e->be->zero(e->be, BEV(q->conv[l]), (size_t)(e->conv_dim * c->conv_kernel), err));
-            LS_TRY(e->be->zero(e->be, BEV(q->gdn[l]),
-                               (size_t)(c->lin_v_heads * c->lin_k_dim * c->lin_v_dim), err));
+            LS_TRY(e->be->zero(e->be, BEV(q->gdn[l]), (size_t)e->gdn_floats, err));
         }
     }
     return LS_OK;
@@ -856,7 +860,7 @@ static ls_status state_copy(ls_engine *e, ls_buf *const *dconv, ls_buf *const *d
 {
     const ls_model_config *c = &e->c;
     long d = c->head_dim, Hkv = c->n_kv_heads;
-    long nconv = e->conv_dim * c->conv_kernel, ngdn = c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
+    long nconv = e->conv_dim * c->conv_kernel, ngdn = e->gdn_floats;
     for (long l = 0; l < c->n_layers; l++) {
         if (c->is_attention[l]) {
             for (long p = 0; p < len;) {
@@ -929,7 +933,7 @@ static ls_status snap_get(ls_engine *e, long len, ls_engine_snapshot **out, ls_e
             LS_TRY(buf(e, c->n_kv_heads * kv_cap * c->head_dim, &s->vc[l], err));
         } else {
             LS_TRY(buf(e, e->conv_dim * c->conv_kernel, &s->conv[l], err));
-            LS_TRY(buf(e, c->lin_v_heads * c->lin_k_dim * c->lin_v_dim, &s->gdn[l], err));
+            LS_TRY(buf(e, e->gdn_floats, &s->gdn[l], err));
         }
     }
     *out = s;

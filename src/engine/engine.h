@@ -74,6 +74,11 @@ typedef struct ls_engine_opts {
     ls_perturb_op perturb_op;
     const unsigned char *dump_decoder_layers; /* [n_layers] 1 = dump this decoder layer's
                                           tensors (both trace layers) in the records; NULL = none */
+    int gdn_chunked;           /* the GDN form (docs/numerics.md §5.1): 0 = recurrent (default);
+                                  1 = chunk-aligned, chunks of LS_GDN_CHUNK positions at absolute
+                                  multiples in the sequence, the state carried at their starts
+                                  (with the current chunk's rows). Needs a backend with
+                                  gdn_chunked (the cpu backend) */
     int fp8_w8a8;              /* FP8 matrices (docs/numerics.md §9): 0 = dequantised to fp32
                                   (default), 1 = w8a8 with per-token-group activation
                                   quantisation; no effect on a model without FP8 matrices */

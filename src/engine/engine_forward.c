@@ -219,6 +219,10 @@ static ls_status gdn_op(ls_engine *e, long l, long row, long n, ls_buf *gs, ls_e
 {
     const ls_model_config *c = &e->c;
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    if (e->o.gdn_chunked) /* rows row.. of one sequence sit at positions h_pos[row].. */
+        return e->be->gdn_chunked(e->be, AT(e->Q, row * Hk * dk), AT(e->K, row * Hk * dk), AT(e->V, row * Hv * dv),
+                                  AT(e->alpha, row * Hv), AT(e->beta, row * Hv), BEV(gs), AT(e->O, row * Hv * dv), n,
+                                  e->h_pos[row], Hk, Hv, dk, dv, e->o.act_bf16, ord(e, l, LS_PERTURB_GDN), err);
     return e->be->gdn_recurrent(e->be, AT(e->Q, row * Hk * dk), AT(e->K, row * Hk * dk),
                                 AT(e->V, row * Hv * dv), AT(e->alpha, row * Hv),
                                 AT(e->beta, row * Hv), BEV(gs), AT(e->O, row * Hv * dv), n, Hk,
@@ -243,9 +247,20 @@ static ls_digest_span state_span(const ls_engine *e, ls_digest_kind kind, ls_buf
  * gathered copy is reused. */
 static ls_status state_push(ls_engine *e, long row, int tl, ls_digest_kind kind, ls_buf *st, ls_error *err)
 {
-    if (!e->tp) return dq_push(e, row, tl, kind, state_span(e, kind, st), no_span, err);
     ls_backend *be = e->be;
     const ls_model_config *c = &e->c, *mc = &e->m->cfg;
+    /* the chunk-aligned form carries the state at its chunk's start: the
+     * state after the row is materialised (and digested before the next) */
+    int mat = kind == LS_DIGEST_GDN_STATE && e->o.gdn_chunked;
+    if (mat) {
+        LS_TRY(be->gdn_chunked_state(be, BEV(st), e->h_pos[row], BEV(e->gdn_mat), c->lin_v_heads, c->lin_k_dim,
+                                     c->lin_v_dim, err));
+        st = e->gdn_mat;
+    }
+    if (!e->tp) {
+        LS_TRY(dq_push(e, row, tl, kind, state_span(e, kind, st), no_span, err));
+        return mat ? dq_flush(e, err) : LS_OK;
+    }
     long tp = e->tp, K = c->conv_kernel;
     if (kind == LS_DIGEST_GDN_STATE) {
         long n = c->lin_v_heads * c->lin_k_dim * c->lin_v_dim;
@@ -374,6 +389,7 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     ls_order oc = ord(e, l, LS_PERTURB_CONV), og = ord(e, l, LS_PERTURB_GDN);
     int batched = be->conv_silu_batch && be->gdn_recurrent_batch && nseg > 1 &&
                   single_runs(e, sg, nseg);
+    int gdn_batched = batched && !e->o.gdn_chunked; /* the chunk-aligned form runs per sequence */
     batch_args ba = {0};
     if (batched) {
         LS_TRY(batch_init(sg, nseg, &ba, err));
@@ -396,7 +412,8 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     LS_TRY(be->l2norm_scale(be, BEV(e->K), T * Hk, dk, 1.0f, og, err));
     LS_TRY(be->gdn_gates(be, BEV(e->Bv), BEV(e->Av), BEV(w->A_log), BEV(w->dt_bias), BEV(e->beta),
                          BEV(e->alpha), T, Hv, act, err));
-    if (batched) {
+    if (batched && !gdn_batched) batch_free(&ba);
+    if (gdn_batched) {
         for (long s = 0; s < nseg; s++) ba.st[s] = e->ss[sg[s].slot].gdn[l];
         ls_status st = be->gdn_recurrent_batch(be, BEV(e->Q), BEV(e->K), BEV(e->V), BEV(e->alpha),
                                                BEV(e->beta), ba.st, ba.row0, ba.len, nseg, BEV(e->O),
@@ -405,7 +422,7 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
         batch_free(&ba);
         LS_TRY(st);
     }
-    for (long s = 0; s < nseg && !batched; s++)
+    for (long s = 0; s < nseg && !gdn_batched; s++)
         LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].gdn[l], LS_DIGEST_GDN_STATE, gdn_op, err));
     LS_TRY(be->gated_rmsnorm(be, BEV(e->O), BEV(e->Z), BEV(w->gnorm), BEV(e->O), T * Hv, dv, act,
                              LS_ORDER_CANONICAL, err));

@@ -76,6 +76,9 @@ struct ls_engine {
     ls_buf *pt;                           /* [max_seqs, max_pages] page tables (backend) */
     ls_buf **kpool, **vpool;              /* [L] paged: the pools (NULL for gdn layers) */
     long conv_dim, wqkvz;
+    long gdn_floats;                      /* a GDN layer's carried state: [Hv, dk, dv], and with
+                                             o.gdn_chunked the chunk's rows (LS_GDN_CHUNK_STATE_FLOATS) */
+    ls_buf *gdn_mat;                      /* o.gdn_chunked: [Hv, dk, dv] a state materialised for its digest */
     ls_bweight embed, lm_head;
     ls_buf *final_norm;
     layer_w *lw;                          /* [L] */

@@ -203,9 +203,9 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
         return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
     }
     int tensor_core = 0;
-    size_t n_all = n + (fp8 ? o->n_fp8_providers : 0);
+    size_t n_f8 = fp8 ? o->n_fp8_providers : 0, n_all = n + n_f8 + (o->gdn_chunked ? 1 : 0);
     for (size_t i = 0; i < n_all; i++) {
-        const ls_provider *p = i < n ? &rows[i] : &o->fp8_providers[i - n];
+        const ls_provider *p = i < n ? &rows[i] : i < n + n_f8 ? &o->fp8_providers[i - n] : o->gdn_chunked;
         /* One row per op: a row of the requested mode wins over a strict one
          * (fast mode keeps strict providers for ops with no fast variant). */
         json_t *have = json_object_get(ops, p->op);
@@ -217,7 +217,7 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
                                 p->tile_shape, "split_policy", p->split_policy,
                                 "accumulator_dtype", p->accumulator_dtype, "reduction_order",
                                 p->reduction_order, "tier", p->tier, "mode", p->mode);
-        const char *fp = reduction_fingerprint_of(o, p->op);
+        const char *fp = p == o->gdn_chunked ? NULL : reduction_fingerprint_of(o, p->op);
         if (row && fp && json_object_set_new(row, "reduction_fingerprint", json_string(fp)) != 0) {
             json_decref(row);
             row = NULL;
@@ -243,6 +243,8 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
     }
     /* only for an FP8 checkpoint, so other manifests keep their digests */
     if (fp8) json_object_set_new(*out, "fp8", fp8);
+    /* only for the chunk-aligned form, for the same reason */
+    if (o->gdn_chunked) json_object_set_new(*out, "gdn_form", json_string(LS_MANIFEST_GDN_CHUNKED));
     return LS_OK;
 }
 
@@ -721,6 +723,10 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
         if (json_object_size(fp8) != 2)
             VFAIL("%s: field numerics.fp8: expected exactly mode and weight_block_size", label);
     }
+    const json_t *gf = json_object_get(num, "gdn_form");
+    if (gf && (!json_is_string(gf) || strcmp(json_string_value(gf), LS_MANIFEST_GDN_CHUNKED)))
+        VFAIL("%s: field numerics.gdn_form: expected \"%s\" (absent: the recurrent form)", label,
+              LS_MANIFEST_GDN_CHUNKED);
     LS_TRY(need_object(num, "operators", "numerics", label, &ops, err));
     const char *op;
     json_t *row;

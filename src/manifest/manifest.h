@@ -33,6 +33,8 @@
 #include "io/checkpoint.h"
 
 #define LS_MANIFEST_VERSION 1
+/* numerics.gdn_form of a run in the chunk-aligned GDN form (docs/numerics.md §5.1) */
+#define LS_MANIFEST_GDN_CHUNKED "chunk-aligned-64"
 
 /* ---- building ---------------------------------------------------------------- */
 
@@ -83,6 +85,12 @@ typedef struct ls_manifest_opts {
                                             a quantization_config: "dequant" (NULL: the default)
                                             or "w8a8" (docs/numerics.md §9); must be NULL for
                                             any other checkpoint */
+    const ls_provider *gdn_chunked;      /* the backend's row of the chunk-aligned GDN form
+                                            (docs/numerics.md §5.1) when the run uses it: it
+                                            replaces the gdn_recurrent row, without a reduction
+                                            fingerprint (the probe measures the recurrent op),
+                                            and numerics.gdn_form records the form; NULL: the
+                                            recurrent form (the field absent) */
     const ls_provider *fp8_providers;    /* [n_fp8_providers] the backend's rows for that mode
                                             (borrowed), recorded for an FP8 checkpoint */
     size_t n_fp8_providers;

@@ -424,6 +424,7 @@ ls_status ls_ablate_run(const ls_ablate_opts *o, const ls_run_batch *batch, ls_a
         s.expect_merkle_root = info.model_fingerprint;
         s.expect_source = first;
         s.fp8 = info.fp8[0] ? info.fp8 : NULL;
+        s.gdn_chunked = info.gdn_chunked;
         s.out = strict;
         if (st == LS_OK) st = ls_run_execute(&s, &res, err);
         if (st == LS_OK) {

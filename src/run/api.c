@@ -331,6 +331,7 @@ lockstep_status lockstep_replay(lockstep_checkpoint *h, const char *rollout_trac
          * and digest cadence unless the options say otherwise. */
         if (!act_set) s.act_bf16 = info.act_bf16;
         if (!s.fp8 && info.fp8[0]) s.fp8 = info.fp8;
+        s.gdn_chunked = info.gdn_chunked; /* the rollout's GDN form (the C API has no option for it) */
         if (!(opts && opts->state_digest_every)) s.state_digest_every = info.state_digest_every;
         s.expect_merkle_root = info.model_fingerprint;
         s.expect_source = rollout_trace;

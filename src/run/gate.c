@@ -79,6 +79,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
     s.prefix_block = o->prefix_block;
     s.preempt = o->preempt;
     s.kv_page = o->kv_page;
+    s.gdn_chunked = o->gdn_chunked;
     s.ep = o->ep;
     s.tp = o->tp;
     s.afd_attention = o->afd_attention;
@@ -139,6 +140,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
         s.perturb = vars[v].perturb;
         s.act_bf16 = info.act_bf16;
         s.fp8 = info.fp8[0] ? info.fp8 : NULL;
+        s.gdn_chunked = info.gdn_chunked;
         s.state_digest_every = info.state_digest_every;
         s.out = rp_path;
         st = ls_run_execute(&s, &res, err);

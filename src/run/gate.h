@@ -39,6 +39,8 @@ typedef struct ls_gate_opts {
     long prefix_block;
     const char *preempt;
     long kv_page;                  /* the rollout's KV page size (run.h kv_page; 0 contiguous) */
+    int gdn_chunked;               /* the GDN form of every run (run.h gdn_chunked): the replays
+                                      recompute in the rollout's form */
     int ep, tp;                    /* the rollout's expert- and tensor-parallel ranks (run.h ep,
                                       tp; 0 or 1: one); the replays run on one rank */
     int afd_attention, afd_ffn;    /* the rollout's attention-FFN disaggregation (run.h; 0:0

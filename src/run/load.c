@@ -10,6 +10,7 @@
 
 #include "core/util.h"
 #include "io/json.h"
+#include "manifest/manifest.h"
 
 void ls_run_batch_free(ls_run_batch *b)
 {
@@ -171,6 +172,11 @@ ls_status ls_run_load_rollout(const char *trace_path, ls_run_batch *out, ls_run_
                          "\"w8a8\"", trace_path);
         else if (f8)
             snprintf(info->fp8, sizeof info->fp8, "%s", json_string_value(f8));
+        json_t *gf = json_object_get(params, "gdn_form");
+        if (st == LS_OK && gf && (!json_is_string(gf) || strcmp(json_string_value(gf), LS_MANIFEST_GDN_CHUNKED)))
+            st = ls_fail(err, LS_E_INPUT, "%s: header field run_params.gdn_form must be \"%s\" (absent: the "
+                         "recurrent form)", trace_path, LS_MANIFEST_GDN_CHUNKED);
+        info->gdn_chunked = gf != NULL;
     }
     /* Tokens per sequence, appended in position order. */
     long cap = 0;

@@ -243,6 +243,9 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     LS_TRY(ls_output_path_check(s->out, err)); /* before the run, not after it */
     if (!s->batch || s->batch->n < 1)
         return ls_fail(err, LS_E_USAGE, "batch: no sequences (--prompts, --from or --tokens)");
+    if (s->gdn_chunked && s->backend && !ls_backend_gdn_chunked_provider(s->backend))
+        return ls_fail(err, LS_E_UNSUPPORTED, "gdn_form (--gdn-form) chunk-aligned runs on the cpu backend "
+                       "only: backend %s has no kernel for it yet", s->backend);
     if (!s->backend || (strcmp(s->backend, "cpu") && strcmp(s->backend, "cuda")))
         return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda",
                        s->backend ? s->backend : "(none)");
@@ -501,6 +504,8 @@ static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n,
     if (p && fp8) json_object_set_new(p, "fp8", json_string(fp8));
     /* absent = a contiguous cache, so traces of unpaged runs keep their bytes */
     if (p && s->kv_page > 0) json_object_set_new(p, "kv_page", json_integer(s->kv_page));
+    /* absent = the recurrent form, so other traces keep their bytes */
+    if (p && s->gdn_chunked) json_object_set_new(p, "gdn_form", json_string(LS_MANIFEST_GDN_CHUNKED));
     /* absent = one rank, so one-rank traces keep their bytes (docs/parallel.md §4) */
     if (p && ls_run_spec_world(s) > 1) {
         int afd = s->afd_attention > 0;
@@ -641,7 +646,7 @@ static ls_status spec_digest(const ls_run_spec *s, const ls_checkpoint *ck, uint
     const json_t *cfg = ls_checkpoint_config_json(ck);
     char *cfg_text = cfg ? json_dumps(cfg, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     json_t *j = json_pack("{s:s, s:I, s:I, s:i, s:i, s:I, s:f, s:I, s:f, s:i, s:I, s:I, s:I, s:I, s:s?, s:I, s:s?, "
-                          "s:s?, s:s?, s:s?, s:i, s:i, s:i, s:s?, s:o}",
+                          "s:s?, s:s?, s:s?, s:i, s:i, s:i, s:i, s:s?, s:o}",
                           "mode", s->mode, "max_new", (json_int_t)s->max_new, "chunk", (json_int_t)s->chunk,
                           "reverse", s->reverse_batch, "sampling", (int)s->sampling.kind, "seed",
                           (json_int_t)s->sampling.seed, "temperature", (double)s->sampling.temperature, "top_k",
@@ -650,7 +655,7 @@ static ls_status spec_digest(const ls_run_spec *s, const ls_checkpoint *ck, uint
                           (json_int_t)s->kv_page, "samples", (json_int_t)s->samples_per_prompt, "prefix",
                           s->prefix_cache, "prefix_block", (json_int_t)s->prefix_block, "preempt", s->preempt,
                           "perturb", s->perturb, "dump", s->dump_layers, "fp8", s->fp8, "ep", s->ep, "tp", s->tp,
-                          "afd", s->afd_attention * 1000 + s->afd_ffn, "config", cfg_text, "seqs",
+                          "afd", s->afd_attention * 1000 + s->afd_ffn, "gdn", s->gdn_chunked, "config", cfg_text, "seqs",
                           seqs ? seqs : json_null());
     free(cfg_text);
     char *text = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
@@ -817,6 +822,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     eo.max_rows = s->max_rows;
     eo.state_digest_every = s->state_digest_every;
     eo.kv_page = s->kv_page;
+    eo.gdn_chunked = s->gdn_chunked;
     /* GRPO, prefix reuse and preemption (run/drive.h); a plain run keeps ls_run_rollout */
     ls_rollout_opts go;
     int preempt_on = 0;
@@ -959,6 +965,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     if (st == LS_OK) st = ls_run_spec_serving(s, &serving, &serving_any, err);
     mo.serving = serving_any ? &serving : NULL;
     if (st == LS_OK) st = ls_run_manifest_facts(s->backend, s->gpu, &mo, &facts, err);
+    if (s->gdn_chunked) mo.gdn_chunked = ls_backend_gdn_chunked_provider(s->backend);
     if (st == LS_OK)
         st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, &eo,
                                     grouped ? ls_run_group_slots(b->n, &go) : b->n, max_len, &e, err);

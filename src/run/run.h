@@ -87,6 +87,10 @@ typedef struct ls_run_spec {
                                       (the default), 1 .. LS_RUN_KV_PAGE_MAX = pages of that many
                                       positions from a shared pool (engine.h); changes no bit and
                                       is recorded in run_params when set */
+    int gdn_chunked;               /* the GDN form (--gdn-form; docs/numerics.md §5.1): 0 =
+                                      recurrent (default), 1 = chunk-aligned (cpu backend only);
+                                      recorded in run_params.gdn_form and numerics.gdn_form when
+                                      1, and taken from the rollout by replay --from */
     int ep;                        /* expert-parallel ranks (--ep; docs/parallel.md §3.1): 0 or 1 =
                                       one rank; N > 1 = N CPU ranks, one process each (run/ranks.h),
                                       rank 0 writing the trace; num_experts % (tp * ep) == 0; the
