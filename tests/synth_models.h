@@ -1,7 +1,8 @@
 /* Synthetic checkpoints opened as models, for tests that run whole models:
  * each preset written with its seed into a temporary directory, opened, and
  * the directory removed (the shards stay mapped; nothing reads the paths
- * again). Aborts the test on failure. Include once per test program. */
+ * again); or the pieces: a preset written to a directory the caller keeps,
+ * a checkpoint directory opened as a model. Aborts the test on failure. */
 #ifndef LS_TESTS_SYNTH_MODELS_H
 #define LS_TESTS_SYNTH_MODELS_H
 
@@ -15,21 +16,35 @@
 #include "synth/synth.h"
 #include "testutil.h"
 
-static void ls_test_open_synth_models(const char *tag, int n, const char *const *presets,
-                                      const uint64_t *seeds, ls_checkpoint **ck, ls_model **m)
+/* Writes synth preset `preset` with `seed` into directory path. */
+static inline void ls_test_write_synth(const char *preset, uint64_t seed, const char *path)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ls_synth_config cfg;
+    ck_assert_msg(ls_synth_preset(preset, &cfg, &err) == LS_OK, "%s", err.msg);
+    ls_synth_options opt = ls_synth_options_default();
+    ck_assert_msg(ls_synth_write(&cfg, seed, path, &opt, &err) == LS_OK, "%s", err.msg);
+}
+
+/* Opens the checkpoint in dir and the model on it (the caller closes both). */
+static inline void ls_test_open_model(const char *dir, ls_checkpoint **ck, ls_model **m)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ck_assert_msg(ls_checkpoint_open(dir, ck, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_model_open(*ck, m, &err) == LS_OK, "%s", err.msg);
+}
+
+static inline void ls_test_open_synth_models(const char *tag, int n, const char *const *presets,
+                                             const uint64_t *seeds, ls_checkpoint **ck, ls_model **m)
 {
     char *dir = ls_test_tmpdir(tag);
     for (int i = 0; i < n; i++) {
         char path[4200];
         snprintf(path, sizeof path, "%s/m%d", dir, i);
-        ls_error err;
-        ls_error_clear(&err);
-        ls_synth_config cfg;
-        ck_assert_msg(ls_synth_preset(presets[i], &cfg, &err) == LS_OK, "%s", err.msg);
-        ls_synth_options opt = ls_synth_options_default();
-        ck_assert_msg(ls_synth_write(&cfg, seeds[i], path, &opt, &err) == LS_OK, "%s", err.msg);
-        ck_assert_msg(ls_checkpoint_open(path, &ck[i], &err) == LS_OK, "%s", err.msg);
-        ck_assert_msg(ls_model_open(ck[i], &m[i], &err) == LS_OK, "%s", err.msg);
+        ls_test_write_synth(presets[i], seeds[i], path);
+        ls_test_open_model(path, &ck[i], &m[i]);
     }
     ls_test_rm_tmpdir(dir);
 }
