@@ -263,26 +263,13 @@ static void run_one(const model_src *s, const run_cfg *rc, int rollout, long chu
                                "max_rows", (json_int_t)rows, "model", s->desc);
     char *params_text = params ? json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
     if (!params_text) { fprintf(stderr, "long_context: out of memory\n"); exit(2); }
-    int nl;
-    const ls_trace_layer *layers = ls_engine_layers(e, &nl);
-    char engine_name[64];
-    snprintf(engine_name, sizeof engine_name, "lockstep-%s", rc->backend);
     ls_trace_header h;
-    memset(&h, 0, sizeof h);
-    h.mode = rollout ? "rollout" : "replay";
-    h.engine = engine_name;
-    h.model_fingerprint = s->fingerprint;
-    h.manifest_digest = "";
-    h.run_params_json = params_text;
-    h.topk = 5;
-    h.digest_kinds_mask = (1u << LS_DIGEST_COUNT) - 1;
-    h.state_digest_every = (uint32_t)rc->every;
-    h.n_layers = nl;
-    h.layers = layers;
-    h.activation_dtype = "bf16";
+    char engine_name[64];
+    ls_run_trace_header(e, rollout ? "rollout" : "replay", rc->backend, s->fingerprint, "", params_text,
+                        rc->every, 1, &h, engine_name);
     sink_ctx sc;
     memset(&sc, 0, sizeof sc);
-    sc.topk = 5;
+    sc.topk = h.topk;
     TRY(path, ls_trace_writer_open(path, &h, &sc.w, E_));
     g_peak_resets += peak_reset();
     static const ls_sampling greedy = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};

@@ -740,6 +740,27 @@ ls_status ls_comm_cpu_adopt(int rank, int size, int *fds, const ls_comm_opts *op
  * the receiver takes the header with recvmsg, so the descriptor is not lost
  * to a plain read. */
 
+/* Waits until rank p's connection is ready for events (POLLOUT: room for
+ * this rank's message; POLLIN: p's message) or the deadline: LS_OK when
+ * ready, or when poll itself failed (the caller's next send or receive then
+ * says why). At the deadline p is declared failed, as run() declares a peer,
+ * for having taken no data (POLLOUT; c->tx_cut[p] = half_sent first, so the
+ * abort knows whether p's stream stops inside a message) or sent no
+ * message (POLLIN) within the timeout during split. */
+static ls_status wait_split_peer(ls_comm *c, int p, short events, int half_sent, long deadline, ls_error *err)
+{
+    long left = deadline - now_ms();
+    struct pollfd pf = {c->fd[p], events, 0};
+    if (left > 0 && poll(&pf, 1, (int)left) != 0) return LS_OK;
+    int sending = (events & POLLOUT) != 0;
+    if (sending) c->tx_cut[p] = (unsigned char)half_sent;
+    char reason[REASON_MAX];
+    snprintf(reason, sizeof reason, "%s rank %d within %ld ms during split",
+             sending ? "took no data from" : "sent no message to", c->rank, c->timeout_ms);
+    return fail_with(c, err, LS_E_DEVICE, p, reason, "rank %d: rank %d %s; rank %d is declared failed", c->rank,
+                     p, reason, p);
+}
+
 /* Sends the OP_SPLIT header with descriptor fd to parent rank p. */
 static ls_status split_send(ls_comm *c, int p, int fd, int color, long deadline, ls_error *err)
 {
@@ -777,16 +798,7 @@ static ls_status split_send(ls_comm *c, int p, int fd, int color, long deadline,
                      strerror(errno));
             return fail_with(c, err, LS_E_DEVICE, c->rank, reason, "rank %d: %s", c->rank, reason);
         }
-        long left = deadline - now_ms();
-        struct pollfd pf = {c->fd[p], POLLOUT, 0};
-        if (left <= 0 || poll(&pf, 1, (int)left) == 0) {
-            c->tx_cut[p] = done > 0;
-            char reason[REASON_MAX];
-            snprintf(reason, sizeof reason, "took no data from rank %d within %ld ms during split", c->rank,
-                     c->timeout_ms);
-            return fail_with(c, err, LS_E_DEVICE, p, reason, "rank %d: rank %d %s; rank %d is declared failed",
-                             c->rank, p, reason, p);
-        }
+        LS_TRY(wait_split_peer(c, p, POLLOUT, done > 0, deadline, err));
     }
     c->tx_seq[p]++;
     return LS_OK;
@@ -799,15 +811,7 @@ static ls_status split_recv(ls_comm *c, int p, int color, long deadline, int *fd
     size_t done = 0;
     *fd = -1;
     while (done < HDR) {
-        long left = deadline - now_ms();
-        struct pollfd pf = {c->fd[p], POLLIN, 0};
-        if (left <= 0 || poll(&pf, 1, (int)left) == 0) {
-            char reason[REASON_MAX];
-            snprintf(reason, sizeof reason, "sent no message to rank %d within %ld ms during split", c->rank,
-                     c->timeout_ms);
-            return fail_with(c, err, LS_E_DEVICE, p, reason, "rank %d: rank %d %s; rank %d is declared failed",
-                             c->rank, p, reason, p);
-        }
+        LS_TRY(wait_split_peer(c, p, POLLIN, 0, deadline, err));
         union {
             struct cmsghdr align;
             char buf[CMSG_SPACE(sizeof(int))];

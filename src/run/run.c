@@ -607,6 +607,28 @@ static json_t *verification_json(const ls_fingerprint *fp, int hashed_here)
                      hashed_here ? "this run" : "the caller, once for all its runs");
 }
 
+void ls_run_trace_header(const ls_engine *e, const char *mode, const char *backend,
+                         const char *model_fingerprint, const char *manifest_digest,
+                         const char *run_params_json, long state_digest_every, int act_bf16,
+                         ls_trace_header *h, char engine_name[64])
+{
+    snprintf(engine_name, 64, "lockstep-%s", backend);
+    int nl;
+    const ls_trace_layer *layers = ls_engine_layers(e, &nl);
+    memset(h, 0, sizeof *h);
+    h->mode = mode;
+    h->engine = engine_name;
+    h->model_fingerprint = model_fingerprint;
+    h->manifest_digest = manifest_digest;
+    h->run_params_json = run_params_json;
+    h->topk = 5;
+    h->digest_kinds_mask = (1u << LS_DIGEST_COUNT) - 1;
+    h->state_digest_every = (uint32_t)state_digest_every;
+    h->n_layers = nl;
+    h->layers = layers;
+    h->activation_dtype = act_bf16 ? "bf16" : "fp32";
+}
+
 /* A replay must run on the checkpoint its sequences were made with: tokens
  * of another model replayed here would only fail later, in compare, as a
  * model mismatch (or, worse, be compared with --allow-different-model). */
@@ -1007,24 +1029,11 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         params_text = params ? json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
         if (!params_text) st = ls_fail(err, LS_E_NOMEM, "out of memory");
     }
-    char engine_name[64];
-    snprintf(engine_name, sizeof engine_name, "lockstep-%s", s->backend);
     if (st == LS_OK) {
-        int nl;
-        const ls_trace_layer *layers = ls_engine_layers(e, &nl);
         ls_trace_header h;
-        memset(&h, 0, sizeof h);
-        h.mode = s->mode;
-        h.engine = engine_name;
-        h.model_fingerprint = res->merkle_root;
-        h.manifest_digest = res->manifest_digest;
-        h.run_params_json = params_text;
-        h.topk = 5;
-        h.digest_kinds_mask = (1u << LS_DIGEST_COUNT) - 1;
-        h.state_digest_every = (uint32_t)s->state_digest_every;
-        h.n_layers = nl;
-        h.layers = layers;
-        h.activation_dtype = s->act_bf16 ? "bf16" : "fp32";
+        char engine_name[64];
+        ls_run_trace_header(e, s->mode, s->backend, res->merkle_root, res->manifest_digest, params_text,
+                            s->state_digest_every, s->act_bf16, &h, engine_name);
         st = ls_trace_writer_open(s->out, &h, &sc.w, err);
     }
     if (st == LS_OK) {

@@ -28,6 +28,7 @@
 #include "probe/probe.h"
 #include "run/drive.h"
 #include "run/load.h"
+#include "trace/trace.h"
 
 /* How a run hashes its checkpoint (the manifest pins every tensor's SHA-256).
  * The cache (fingerprint/fingerprint.h) keeps each shard's digests keyed by
@@ -186,6 +187,19 @@ ls_status ls_run_engine_open_gpu(const ls_model *m, const char *backend, int thr
 ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads,
                              const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
                              ls_error *err);
+
+/* The trace header of a run on engine e, filled as ls_run_execute fills it
+ * for `lockstep run`: engine "lockstep-<backend>" (written into engine_name,
+ * which must outlive *h), top-5 candidates, every digest kind, the engine's
+ * layer table, activations "bf16" or "fp32" as act_bf16 says. One fill, so a
+ * caller that drives ls_run_rollout / ls_run_replay itself (the long-context
+ * harness) writes the header `run` writes and its traces compare with run's.
+ * *h borrows every string given; manifest_digest is "" when no manifest was
+ * pinned. */
+void ls_run_trace_header(const ls_engine *e, const char *mode, const char *backend,
+                         const char *model_fingerprint, const char *manifest_digest,
+                         const char *run_params_json, long state_digest_every, int act_bf16,
+                         ls_trace_header *h, char engine_name[64]);
 
 /* Storage for what ls_run_manifest_facts hands a manifest; must outlive
  * the ls_manifest_opts it fills. */

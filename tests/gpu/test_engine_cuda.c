@@ -12,7 +12,7 @@
 #include "io/checkpoint.h"
 #include "model/model.h"
 #include "run/run.h"
-#include "synth/synth.h"
+#include "synth_models.h"
 #include "testutil.h"
 
 #define N_SEQS 3
@@ -24,15 +24,10 @@ static int g_n_dirs;
 static void setup_models(void)
 {
     if (g_n_dirs) return;
-    ls_error err;
-    ls_error_clear(&err);
     char *tmp = ls_test_tmpdir("gpu_engine");
     static char tiny[4096];
     snprintf(tiny, sizeof tiny, "%s/tiny", tmp);
-    ls_synth_config cfg;
-    ck_assert_msg(ls_synth_preset("tiny", &cfg, &err) == LS_OK, "%s", err.msg);
-    ls_synth_options opt = ls_synth_options_default();
-    ck_assert_msg(ls_synth_write(&cfg, 7, tiny, &opt, &err) == LS_OK, "%s", err.msg);
+    ls_test_write_synth("tiny", 7, tiny);
     g_dirs[g_n_dirs++] = tiny;
     static char gold[8][4096];
     const char *names[8] = {"qwen3next_tiny_a", "qwen3next_tiny_b", "qwen3next_tiny_c", "qwen35moe_tiny_a",
@@ -118,12 +113,9 @@ static void replay(const ls_model *m, const char *backend, int act_bf16, int w8a
 
 static void check_model(const char *dir)
 {
-    ls_error err;
-    ls_error_clear(&err);
     ls_checkpoint *ck = NULL;
     ls_model *m = NULL;
-    ck_assert_msg(ls_checkpoint_open(dir, &ck, &err) == LS_OK, "%s", err.msg);
-    ck_assert_msg(ls_model_open(ck, &m, &err) == LS_OK, "%s", err.msg);
+    ls_test_open_model(dir, &ck, &m);
     ls_sampling greedy = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     ls_sampling seeded = {LS_SAMPLING_SEEDED, 1234, 0.8f, 40, 0.95f};
     const ls_sampling *samp[2] = {&greedy, &seeded};
@@ -178,8 +170,7 @@ START_TEST(test_engine_cuda_fails_closed_on_perturb)
     ls_error_clear(&err);
     ls_checkpoint *ck = NULL;
     ls_model *m = NULL;
-    ck_assert_msg(ls_checkpoint_open(g_dirs[0], &ck, &err) == LS_OK, "%s", err.msg);
-    ck_assert_msg(ls_model_open(ck, &m, &err) == LS_OK, "%s", err.msg);
+    ls_test_open_model(g_dirs[0], &ck, &m);
     /* The run layer refuses the spec ... */
     ls_run_batch b = {0, NULL};
     const char *jsonl = "{\"id\": 1, \"tokens\": [1, 2, 3]}\n";
@@ -224,8 +215,7 @@ START_TEST(test_engine_cuda_refuses_tp)
     ls_error_clear(&err);
     ls_checkpoint *ck = NULL;
     ls_model *m = NULL;
-    ck_assert_msg(ls_checkpoint_open(g_dirs[0], &ck, &err) == LS_OK, "%s", err.msg);
-    ck_assert_msg(ls_model_open(ck, &m, &err) == LS_OK, "%s", err.msg);
+    ls_test_open_model(g_dirs[0], &ck, &m);
     ls_comm *comms[2];
     ck_assert_msg(ls_comm_cpu_world(2, NULL, comms, &err) == LS_OK, "%s", err.msg);
     ls_engine_opts o;

@@ -27,10 +27,9 @@
 #include "backend/backend_cuda.h"
 #include "compare/compare.h"
 #include "engine/engine.h"
-#include "io/json.h"
 #include "model/model.h"
 #include "run/run.h"
-#include "synth/synth.h"
+#include "synth_models.h"
 #include "testutil.h"
 
 #ifdef LOCKSTEP_HAVE_CUDA
@@ -44,25 +43,6 @@
 #define LS_FAULTS_FREE_TOLERANCE_BYTES ((size_t)16 << 20)
 
 static int g_quick;
-
-/* A synth preset's config as ls_model_parse_config reads it, truncated to
- * n_layers (0: all). */
-static void preset_config(const char *preset, long n_layers, ls_model_config *c)
-{
-    ls_error err;
-    ls_error_clear(&err);
-    ls_synth_config sc;
-    ck_assert_msg(ls_synth_preset(preset, &sc, &err) == LS_OK, "%s", err.msg);
-    if (n_layers) ck_assert_msg(ls_synth_config_truncate(&sc, n_layers, &err) == LS_OK, "%s", err.msg);
-    char *text;
-    size_t len;
-    ck_assert_msg(ls_synth_config_render(&sc, &text, &len, &err) == LS_OK, "%s", err.msg);
-    json_t *j;
-    ck_assert_msg(ls_json_load_buf(preset, text, len, &j, &err) == LS_OK, "%s", err.msg);
-    ck_assert_msg(ls_model_parse_config(j, c, &err) == LS_OK, "%s", err.msg);
-    json_decref(j);
-    free(text);
-}
 
 /* Engine on a synthetic model, the CUDA backend generating its weights on
  * `device` in an arena of arena_bytes (0: 90 % of the free memory). */
@@ -116,7 +96,7 @@ START_TEST(test_model_larger_than_the_card)
     ls_error_clear(&err);
     /* warm-up: context and lazily loaded modules of the creation path */
     ls_model_config tiny;
-    preset_config("tiny", 0, &tiny);
+    ls_test_preset_config("tiny", 0, 0, &tiny);
     ls_model *mt;
     ck_assert_msg(ls_model_synthetic(&tiny, 3, &mt, &err) == LS_OK, "%s", err.msg);
     ls_engine *e = NULL;
@@ -126,7 +106,7 @@ START_TEST(test_model_larger_than_the_card)
 
     size_t before = free_bytes(0);
     ls_model_config big;
-    preset_config("qwen3-next-80b-a3b", g_quick ? 2 : 0, &big);
+    ls_test_preset_config("qwen3-next-80b-a3b", g_quick ? 2 : 0, 0, &big);
     ls_model *m;
     ck_assert_msg(ls_model_synthetic(&big, 1, &m, &err) == LS_OK, "%s", err.msg);
     size_t arena = g_quick ? (size_t)1 << 30 : 0;
@@ -164,7 +144,7 @@ END_TEST
 START_TEST(test_arena_usage)
 {
     ls_model_config cfg;
-    preset_config("small", 0, &cfg);
+    ls_test_preset_config("small", 0, 0, &cfg);
     ls_model *m = NULL;
     ls_error err;
     ls_error_clear(&err);

@@ -12,32 +12,16 @@
 
 #include "backend/backend_cuda.h"
 #include "engine/engine.h"
-#include "io/json.h"
 #include "model/model.h"
 #include "numerics/fp8.h"
-#include "synth/synth.h"
+#include "synth_models.h"
 
 /* A synth preset's config as ls_model_parse_config reads it (fp8: the FP8
  * release layout's, quantization_config included). */
 static void preset_config(const char *name, int fp8, ls_model_config *c)
 {
-    ls_error err;
-    ls_error_clear(&err);
-    ls_synth_config sc;
-    ck_assert_msg(ls_synth_preset(name, &sc, &err) == LS_OK, "%s", err.msg);
-    if (fp8) {
-        sc.fp8 = 1;
-        sc.fused_experts = 0;
-    }
-    char *text;
-    size_t len;
-    ck_assert_msg(ls_synth_config_render(&sc, &text, &len, &err) == LS_OK, "%s", err.msg);
-    json_t *j;
-    ck_assert_msg(ls_json_load_buf(name, text, len, &j, &err) == LS_OK, "%s", err.msg);
-    ck_assert_msg(ls_model_parse_config(j, c, &err) == LS_OK, "%s", err.msg);
+    ls_test_preset_config(name, 0, fp8, c);
     ck_assert_int_eq(c->fp8, fp8);
-    json_decref(j);
-    free(text);
 }
 
 static void tiny_config(ls_model_config *c)
