@@ -187,16 +187,45 @@ START_TEST(test_conv_state_carry)
 }
 END_TEST
 
+/* GDN inputs for T tokens: q, k (normalised, q scaled) [T, Hk, dk], v
+ * [T, Hv, dv], the gates' β and α [T, Hv] from random b, a and per-head
+ * A_log (shifted by a_shift) and dt_bias; the raw b, a, A_log, dt_bias too. */
+typedef struct gdn_in {
+    float *q, *k, *v, *b, *a, *Al, *dt, *beta, *alpha;
+} gdn_in;
+
+static gdn_in gdn_inputs(long T, long Hk, long Hv, long dk, long dv, int act, float al_scale, float al_shift)
+{
+    gdn_in g;
+    g.q = rvec(T * Hk * dk, 1.0f, act), g.k = rvec(T * Hk * dk, 1.0f, act);
+    g.v = rvec(T * Hv * dv, 1.0f, act);
+    g.b = rvec(T * Hv, 3.0f, act), g.a = rvec(T * Hv, 3.0f, act);
+    g.Al = rvec(Hv, 1.0f, 1), g.dt = rvec(Hv, 1.0f, 1);
+    for (long i = 0; i < Hv; i++) g.Al[i] = al_shift + al_scale * g.Al[i];
+    g.beta = malloc(sizeof(float) * (size_t)(T * Hv)), g.alpha = malloc(sizeof(float) * (size_t)(T * Hv));
+    ls_cpu_gdn_gates(g.b, g.a, g.Al, g.dt, g.beta, g.alpha, T, Hv, act);
+    return g;
+}
+
+static void gdn_normalise(gdn_in *g, long T, long Hk, long dk)
+{
+    ls_cpu_l2norm_scale(g->q, T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
+    ls_cpu_l2norm_scale(g->k, T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
+}
+
+static void gdn_free(gdn_in *g)
+{
+    free(g->q), free(g->k), free(g->v), free(g->b), free(g->a), free(g->Al), free(g->dt), free(g->beta);
+    free(g->alpha);
+}
+
 START_TEST(test_gdn)
 {
     long T = 5, Hk = 2, Hv = 4, dk = 48, dv = 40;
     for (int act = 0; act < 2; act++) {
-        float *q = rvec(T * Hk * dk, 1.0f, act), *k = rvec(T * Hk * dk, 1.0f, act);
-        float *v = rvec(T * Hv * dv, 1.0f, act);
-        float *b = rvec(T * Hv, 3.0f, act), *a = rvec(T * Hv, 3.0f, act);
-        float *Al = rvec(Hv, 1.0f, 1), *dt = rvec(Hv, 1.0f, 1);
-        float *beta = malloc(sizeof(float) * (size_t)(T * Hv)), *alpha = malloc(sizeof(float) * (size_t)(T * Hv));
-        ls_cpu_gdn_gates(b, a, Al, dt, beta, alpha, T, Hv, act);
+        gdn_in g = gdn_inputs(T, Hk, Hv, dk, dv, act, 1.0f, 0.0f);
+        float *q = g.q, *k = g.k, *v = g.v, *b = g.b, *a = g.a, *Al = g.Al, *dt = g.dt, *beta = g.beta,
+              *alpha = g.alpha;
         for (long i = 0; i < T * Hv; i++) {
             float wb = A(1.0f / (1.0f + ls_expf(-b[i])), act);
             float sp_in = a[i] + dt[i % Hv];
@@ -206,8 +235,7 @@ START_TEST(test_gdn)
             float wa = ls_expf(g);
             expect_bits("alpha", &alpha[i], &wa, 1);
         }
-        ls_cpu_l2norm_scale(q, T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
-        ls_cpu_l2norm_scale(k, T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
+        gdn_normalise(&g, T, Hk, dk);
         float *S = calloc((size_t)(Hv * dk * dv), sizeof(float)), *S2 = calloc((size_t)(Hv * dk * dv), sizeof(float));
         float *Sw = calloc((size_t)(Hv * dk * dv), sizeof(float));
         float *o = malloc(sizeof(float) * (size_t)(T * Hv * dv)), *o2 = malloc(sizeof(float) * (size_t)(T * Hv * dv));
@@ -250,7 +278,7 @@ START_TEST(test_gdn)
         expect_bits("gdn out token by token", o2, want, T * Hv * dv);
         expect_bits("gdn state", S, Sw, Hv * dk * dv);
         expect_bits("gdn state token by token", S2, Sw, Hv * dk * dv);
-        free(q), free(k), free(v), free(b), free(a), free(Al), free(dt), free(beta), free(alpha);
+        gdn_free(&g);
         free(S), free(S2), free(Sw), free(o), free(o2), free(want);
     }
 }
@@ -270,15 +298,9 @@ START_TEST(test_gdn_chunked)
     const long T = 150, Hk = 2, Hv = 4, dk = 48, dv = 40, C = LS_GDN_CHUNK;
     const size_t SF = LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv), SN = (size_t)(Hv * dk * dv);
     for (int act = 0; act < 2; act++) {
-        float *q = rvec(T * Hk * dk, 1.0f, act), *k = rvec(T * Hk * dk, 1.0f, act);
-        float *v = rvec(T * Hv * dv, 1.0f, act);
-        float *b = rvec(T * Hv, 3.0f, act), *a = rvec(T * Hv, 3.0f, act);
-        float *Al = rvec(Hv, 1.0f, 1), *dt = rvec(Hv, 1.0f, 1);
-        float *beta = malloc(sizeof(float) * (size_t)(T * Hv)), *alpha = malloc(sizeof(float) * (size_t)(T * Hv));
-        for (long i = 0; i < Hv; i++) Al[i] = -2.0f + 0.25f * Al[i]; /* decays near 1, as trained models have */
-        ls_cpu_gdn_gates(b, a, Al, dt, beta, alpha, T, Hv, act);
-        ls_cpu_l2norm_scale(q, T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
-        ls_cpu_l2norm_scale(k, T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
+        gdn_in g = gdn_inputs(T, Hk, Hv, dk, dv, act, 0.25f, -2.0f); /* decays near 1, as trained */
+        gdn_normalise(&g, T, Hk, dk);
+        const float *q = g.q, *k = g.k, *v = g.v, *beta = g.beta, *alpha = g.alpha;
         float *scr = malloc(sizeof(float) * LS_CPU_GDN_CHUNK_SCRATCH_FLOATS(dv));
         float *st1 = calloc(SF, sizeof(float)), *st2 = calloc(SF, sizeof(float)), *st3 = calloc(SF, sizeof(float));
         size_t on = (size_t)(T * Hv * dv);
@@ -375,8 +397,8 @@ START_TEST(test_gdn_chunked)
                act ? "bf16" : "fp32", max_state_rel, worst);
         ck_assert_msg(worst < (act ? 2e-2 : 1e-4), "chunk-aligned vs recurrent outputs: relative difference %g (%s)",
                       worst, act ? "bf16" : "fp32");
-        free(q), free(k), free(v), free(b), free(a), free(Al), free(dt), free(beta), free(alpha), free(scr);
-        free(st1), free(st2), free(st3), free(o1), free(o2), free(o3), free(orec), free(want), free(Srec), free(mat);
+        gdn_free(&g);
+        free(scr), free(st1), free(st2), free(st3), free(o1), free(o2), free(o3), free(orec), free(want), free(Srec), free(mat);
         free(rscr), free(S0), free(U);
     }
 }

@@ -34,20 +34,7 @@ static void setup(void)
     ck_assert_msg(ls_test_cli(&out, "synth --preset qwen3.5-tiny --seed 6 --out %s/q35", g_dir) == 0, "%s", out);
     free(out);
     static const int lens[] = {1, 63, 64, 65, 130};
-    char path[4200];
-    snprintf(path, sizeof path, "%s/prompts.jsonl", g_dir);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    uint64_t x = 0x2545F4914F6CDD1Dull;
-    for (int s = 0; s < 5; s++) {
-        fprintf(f, "{\"id\": %d, \"tokens\": [", s);
-        for (int i = 0; i < lens[s]; i++) {
-            x = x * 6364136223846793005ull + 1442695040888963407ull;
-            fprintf(f, "%s%d", i ? ", " : "", (int)((x >> 33) % 500));
-        }
-        fprintf(f, "]}\n");
-    }
-    fclose(f);
+    ls_test_write_prompts(g_dir, lens, 5, 0x2545F4914F6CDD1Dull, 500);
 }
 
 static void teardown(void) {}

@@ -66,20 +66,7 @@ static void setup(void)
     free(out);
     /* prompts of 1, 7, 12, 19 and 30 tokens: several prefill steps at 24 rows */
     static const int lens[] = {1, 7, 12, 19, 30};
-    char path[4200];
-    snprintf(path, sizeof path, "%s/prompts.jsonl", g_dir);
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    uint64_t x = 0x9E3779B97F4A7C15ull;
-    for (int s = 0; s < 5; s++) {
-        fprintf(f, "{\"id\": %d, \"tokens\": [", s);
-        for (int i = 0; i < lens[s]; i++) {
-            x = x * 6364136223846793005ull + 1442695040888963407ull;
-            fprintf(f, "%s%d", i ? ", " : "", (int)((x >> 33) % 1000));
-        }
-        fprintf(f, "]}\n");
-    }
-    fclose(f);
+    ls_test_write_prompts(g_dir, lens, 5, 0x9E3779B97F4A7C15ull, 1000);
 }
 
 static void teardown(void) {}

@@ -81,6 +81,24 @@ void ls_test_write_text(const char *dir, const char *name, const char *text)
     ls_test_write(path, text, strlen(text));
 }
 
+void ls_test_write_prompts(const char *dir, const int *lens, int n, uint64_t seed, int vocab)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/prompts.jsonl", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "%s: cannot create", path);
+    uint64_t x = seed;
+    for (int s = 0; s < n; s++) {
+        fprintf(f, "{\"id\": %d, \"tokens\": [", s);
+        for (int i = 0; i < lens[s]; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            fprintf(f, "%s%d", i ? ", " : "", (int)((x >> 33) % (uint64_t)vocab));
+        }
+        fprintf(f, "]}\n");
+    }
+    ck_assert_msg(fclose(f) == 0, "%s: write failed", path);
+}
+
 void ls_test_rm_tmpdir(char *dir)
 {
     ls_test_sh(NULL, "rm -rf '%s'", dir);

@@ -3,6 +3,7 @@
 #define LS_TESTS_TESTUTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* 1 in the AddressSanitizer build (harness/run's build-asan), which runs
  * several times slower and cannot take an address-space limit. */
@@ -33,6 +34,11 @@ void ls_test_write(const char *path, const void *data, size_t len);
 
 /* Writes text to DIR/NAME (aborts the test on failure). */
 void ls_test_write_text(const char *dir, const char *name, const char *text);
+
+/* Writes DIR/prompts.jsonl: n prompts {"id": s, "tokens": [...]} of lens[s]
+ * tokens each, ids drawn from a 64-bit LCG seeded with `seed`, modulo
+ * `vocab` (aborts the test on failure). */
+void ls_test_write_prompts(const char *dir, const int *lens, int n, uint64_t seed, int vocab);
 
 /* Removes a test's temporary directory (recursively) and frees its path. */
 void ls_test_rm_tmpdir(char *dir);
