@@ -836,6 +836,8 @@ def make_traces(out, base):
         header(name, lambda h: (h.__setitem__("run_params", fn(h["run_params"])), None)[1])
     rp("rp_batch_string", lambda p: dict(p, batch="all"))
     rp("rp_batch_bad_entries", lambda p: dict(p, batch=[{"id": 99, "prompt_len": 0}, 7]))
+    rp("rp_gdn_form_bad", lambda p: dict(p, gdn_form="chunked"))
+    rp("rp_gdn_form_number", lambda p: dict(p, gdn_form=64))
     header("rp_not_json", lambda h: json.dumps(h, separators=(",", ":")).replace(
         '"run_params":{', '"run_params":{]', 1).encode())
     # offsets the messages name (the header's length is the base trace's)
@@ -868,6 +870,7 @@ def make_manifests(out, base):
     for sec in ("checkpoint", "architecture", "numerics", "topology", "build", "runtime"):
         man("%s_missing" % sec, lambda m, s=sec: m.pop(s))
         man("%s_array" % sec, lambda m, s=sec: m.update({s: []}))
+    man("gdn_form_bad", lambda m: m["numerics"].update(gdn_form="chunk-aligned-32"))
     man("config_sha_short", lambda m: m["checkpoint"].update(config_sha256="00"))
     man("total_bytes_negative", lambda m: m["checkpoint"].update(total_bytes=-1))
     man("tensor_count_wrong", lambda m: m["checkpoint"].update(tensor_count=3))
