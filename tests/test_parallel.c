@@ -14,8 +14,8 @@
  *   tensor-parallel path, TP2, TP4 where the shapes divide (also with a paged
  *   KV cache), TP2 x EP1 and TP2 x EP2 (TP groups split from the world by
  *   ls_comm_split, the experts split over the world);
- * - attention-FFN disaggregation 1A1F (afd_comm, §3.2): rank 0 the mixers,
- *   rank 1 the MoE.
+ * - attention-FFN disaggregation 1A1F and 1A2F (afd_comm, §3.2): rank 0 the mixers,
+ *   the other ranks the MoE (two: the experts split between them).
  * A perturbation planted on one rank is localised by the comparator to its
  * layer on every rank; a topology that does not divide the model, an FP8
  * shard across a scale block, a backend without the ops, and a rank whose
@@ -112,7 +112,8 @@ typedef struct run_ctx {
     int model;
     ls_comm *tp, *ep;                     /* both NULL: the plain engine */
     int split;                            /* > 0: tp is split from ep, groups of `split` ranks */
-    ls_comm *afd;                         /* attention-FFN disaggregation (1A1F) */
+    ls_comm *afd;                         /* attention-FFN disaggregation (1AnF) */
+    int afd_split;                        /* 1: the FFN ranks (afd ranks >= 1) split their ep group */
     long kv_page;                         /* > 0: a paged KV cache (changes no bit) */
     int perturb_layer;
     ls_perturb_op perturb_op;
@@ -150,6 +151,12 @@ static void *run_main(void *arg)
         x->st = ls_comm_split(x->ep, r / x->split, r, &x->tp, &err);
         o.tp_comm = x->tp;
     }
+    if (x->afd_split) {
+        /* 1AnF: the FFN ranks' group splits the experts; rank 0's group is unused */
+        int r = ls_comm_rank(x->afd);
+        x->st = ls_comm_split(x->afd, r > 0, r, &x->ep, &err);
+        o.ep_comm = r > 0 ? x->ep : NULL;
+    }
     if (x->st == LS_OK) x->st = ls_run_engine_open(m, "cpu", 1, &o, N_SEQS, CAP, &e, &err);
     if (x->st == LS_OK) x->weight_bytes = ls_engine_weight_bytes(e);
     if (x->st == LS_OK && !x->given)
@@ -171,6 +178,10 @@ static void *run_main(void *arg)
     if (x->split) {
         ls_comm_destroy(x->tp);
         x->tp = NULL;
+    }
+    if (x->afd_split) {
+        ls_comm_destroy(x->ep);
+        x->ep = NULL;
     }
     recs_sort(&x->ro);
     recs_sort(&x->rp);
@@ -281,29 +292,32 @@ START_TEST(test_tp_equals_plain)
 }
 END_TEST
 
-/* ---- attention-FFN disaggregation 1A1F ------------------------------------------------------
- * Rank 0 the mixers, rank 1 the MoE: both ranks' records (rank 1 takes rank
- * 0's logprobs and digests) and completions equal the colocated engine's. */
+/* ---- attention-FFN disaggregation 1A1F and 1A2F -----------------------------------------------
+ * Rank 0 the mixers, the other ranks the MoE (two: expert-parallel between
+ * them): every rank's records (the FFN ranks take rank 0's logprobs and
+ * digests) and completions equal the colocated engine's. Loop index: model
+ * (3) x F (1, 2). */
 START_TEST(test_afd_equals_colocated)
 {
     setup();
-    int model = _i;
+    int model = _i % 3, F = 1 + _i / 3, W = 1 + F;
     const run_ctx *p = plain(model);
-    ls_comm *comms[2];
+    ls_comm *comms[3];
     ls_error err;
     ls_comm_opts co = {60000};
-    ck_assert_msg(ls_comm_cpu_world(2, &co, comms, &err) == LS_OK, "%s", err.msg);
-    run_ctx x[2];
+    ck_assert_msg(ls_comm_cpu_world(W, &co, comms, &err) == LS_OK, "%s", err.msg);
+    run_ctx x[3];
     memset(x, 0, sizeof x);
-    pthread_t t[2];
-    for (int r = 0; r < 2; r++) {
+    pthread_t t[3];
+    for (int r = 0; r < W; r++) {
         x[r].model = model;
         x[r].afd = comms[r];
+        x[r].afd_split = F > 1;
         ck_assert_int_eq(ls_thread_start(&t[r], run_main, &x[r]), 0);
     }
-    for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
-    for (int r = 0; r < 2; r++) ls_comm_destroy(comms[r]);
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < W; r++) pthread_join(t[r], NULL);
+    for (int r = 0; r < W; r++) ls_comm_destroy(comms[r]);
+    for (int r = 0; r < W; r++) {
         ck_assert_msg(x[r].st == LS_OK, "%s AFD rank %d: %s", g_name[model], r, x[r].msg);
         char msg[512];
         ck_assert_msg(recs_diff(&p->ro, &x[r].ro, 0, msg, sizeof msg) == 0,
@@ -315,10 +329,13 @@ START_TEST(test_afd_equals_colocated)
         recs_free(&x[r].ro);
         recs_free(&x[r].rp);
     }
-    printf("%s AFD 1A1F: weight bytes attention rank %zu, FFN rank %zu (one rank: %zu)\n", g_name[model],
-           x[0].weight_bytes, x[1].weight_bytes, p->weight_bytes);
-    ck_assert(x[0].weight_bytes + x[1].weight_bytes == p->weight_bytes);
-    ck_assert(x[0].weight_bytes < p->weight_bytes && x[1].weight_bytes < p->weight_bytes);
+    size_t all = 0;
+    for (int r = 0; r < W; r++) all += x[r].weight_bytes;
+    printf("%s AFD 1A%dF: weight bytes attention rank %zu, FFN rank(s) %zu %zu (one rank: %zu)\n", g_name[model], F,
+           x[0].weight_bytes, x[1].weight_bytes, F > 1 ? x[2].weight_bytes : 0, p->weight_bytes);
+    /* the routers (and a shared expert) are on every FFN rank, the experts split */
+    ck_assert(F > 1 ? all > p->weight_bytes : all == p->weight_bytes);
+    for (int r = 0; r < W; r++) ck_assert(x[r].weight_bytes < p->weight_bytes);
 }
 END_TEST
 
@@ -494,16 +511,16 @@ START_TEST(test_tp_refusals)
 {
     setup();
     expect_refused(0, 3, NULL, LS_E_UNSUPPORTED, "engine: num_attention_heads 4 is not a multiple of tp 3");
-    /* AFD on a communicator of 3 */
+    /* AFD on a communicator of 3: an FFN rank without the FFN ranks' ep_comm */
     ls_comm *c3[3];
     ls_error e3;
     ck_assert_int_eq(ls_comm_cpu_world(3, NULL, c3, &e3), LS_OK);
     ls_engine_opts o3 = opts(0, NULL, NULL);
-    o3.afd_comm = c3[0];
+    o3.afd_comm = c3[1];
     ls_engine *e = NULL;
     ck_assert_int_eq(ls_run_engine_open(g_m[0], "cpu", 1, &o3, 2, CAP, &e, &e3), LS_E_UNSUPPORTED);
-    ck_assert_msg(strstr(e3.msg, "attention-FFN disaggregation runs on 2 ranks (1 attention, 1 FFN; the "
-                         "communicator has 3)"), "%s", e3.msg);
+    ck_assert_msg(strstr(e3.msg, "attention-FFN disaggregation runs on 1 + F ranks (1 attention, F FFN; the "
+                         "communicator has 3): with F > 1 each FFN rank needs ep_comm"), "%s", e3.msg);
     for (int r = 0; r < 3; r++) ls_comm_destroy(c3[r]);
     /* the FP8 model with 2 key heads */
     expect_refused(2, 4, NULL, LS_E_UNSUPPORTED, "engine: linear_num_key_heads 2 is not a multiple of tp 4");
@@ -590,7 +607,7 @@ int main(void)
     tcase_add_test(tc, test_tp_perturbation_localised);
     tcase_add_test(tc, test_tp_refusals);
     tcase_add_loop_test(tc, test_rank_failure, 0, 3);
-    tcase_add_loop_test(tc, test_afd_equals_colocated, 0, 3);
+    tcase_add_loop_test(tc, test_afd_equals_colocated, 0, 6);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK); /* the models are opened once for every test */

@@ -1,5 +1,5 @@
 /* Several ranks from the command line (docs/parallel.md §1, run/ranks.h):
- * `lockstep run --ep N`, `--tp N`, `--tp N --ep M` and `--afd 1:1` start
+ * `lockstep run --ep N`, `--tp N`, `--tp N --ep M` and `--afd 1:F` start
  * that many processes joined by the CPU communicator, rank 0 writing the
  * trace.
  *
@@ -7,23 +7,25 @@
  * with w8a8 experts), the traces of --ep 2 and --ep 4 equal --ep 1's under
  * `lockstep compare` (every record and digest), for a seeded rollout, a
  * GRPO rollout with prefix reuse and preemption (also at --tp 2, --tp 2
- * --ep 2 and --afd 1:1), and a chunked replay; the
+ * --ep 2, --afd 1:1 and --afd 1:2), and a chunked replay; the
  * header records the topology and the manifest digest is the one-rank run's.
  * The same for --tp 2, --tp 4 (Qwen3-Next tiny and Qwen3.5 tiny with 4
- * linear key heads, which 4 divides), --tp 2 --ep 2 and --afd 1:1, rollout
- * and chunked replay. `manifest pin --ep/--tp/--afd` records the topology;
+ * linear key heads, which 4 divides), --tp 2 --ep 2, --afd 1:1 and --afd
+ * 1:2 (the experts split over the two FFN ranks), rollout and chunked
+ * replay. `manifest pin --ep/--tp/--afd` records the topology;
  * `manifest diff` calls EP1 against EP2 and TP1 against TP2 informational
- * for strict manifests and voiding for fast ones; `gate --ep 2`, `--tp 2`
- * and `--afd 1:1` replay the rollout on one rank. Refusals (experts or heads
- * not divisible, the cuda backend, AFD shapes other than 1:1, --rank-timeout
+ * for strict manifests and voiding for fast ones; `gate --ep 2`, `--tp 2`,
+ * `--afd 1:1` and `--afd 1:2` replay the rollout on one rank. Refusals
+ * (experts or heads not divisible, the cuda backend, an attention group of
+ * several ranks, FFN ranks that do not divide the experts, --rank-timeout
  * with one rank, --afd-balance without --afd) exit 2 naming the flag.
  * `--afd 1:1 --afd-balance FILE` writes the per-layer balance report (one
  * row per decoder layer, of its mixer family; totals the rows' sums) and the
  * one-rank trace. A worker that is killed, exits or
- * hangs mid-run (EP, TP, TP x EP) makes every process end non-zero within a
+ * hangs mid-run (EP, TP, TP x EP, AFD) makes every process end non-zero within a
  * bounded time, naming the rank, with no trace and no temporary file left.
  * Ranks started by a launcher: --ep 2 and 4, --tp 2, --afd 1:1 equal the
- * self-launched trace; TP x EP under a launcher is refused. */
+ * self-launched trace; TP x EP and AFD 1:2 under a launcher are refused. */
 #include <check.h>
 #include <jansson.h>
 #include <math.h>
@@ -142,8 +144,8 @@ END_TEST
 START_TEST(test_ep_grouped_rollout)
 {
     /* GRPO samples, prefix reuse and preemption take the same steps on every rank */
-    static const char *const topo[] = {"--ep 1", "--ep 2", "--tp 2", "--tp 2 --ep 2", "--afd 1:1"};
-    for (int t = 0; t < 5; t++) {
+    static const char *const topo[] = {"--ep 1", "--ep 2", "--tp 2", "--tp 2 --ep 2", "--afd 1:1", "--afd 1:2"};
+    for (int t = 0; t < 6; t++) {
         char *out = NULL;
         int rc = ls_test_cli(&out, "run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl "
                              "--max-new-tokens 5 --sampling seeded --seed 9 --samples-per-prompt 2 --prefix-cache any "
@@ -171,12 +173,13 @@ START_TEST(test_tp_equals_one_rank)
     const char *mod = g_tp_model[_i];
     int fp8 = _i == 2;
     /* the FP8 model keeps 2 linear key heads: TP4 does not divide them */
-    static const char *const topo[] = {"--tp 2", "--tp 4", "--tp 2 --ep 2", "--afd 1:1"};
+    static const char *const topo[] = {"--tp 2", "--tp 4", "--tp 2 --ep 2", "--afd 1:1", "--afd 1:2"};
     static const char *const header[] = {
         "\"topology\":{\"afd\":null,\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":2}",
         "\"topology\":{\"afd\":null,\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":4}",
         "\"topology\":{\"afd\":null,\"communicator\":\"cpu-socket\",\"ep\":2,\"tp\":2}",
         "\"topology\":{\"afd\":[1,1],\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":1}",
+        "\"topology\":{\"afd\":[1,2],\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":1}",
     };
     char full[1024], ref[64], name[64];
     snprintf(full, sizeof full, "--checkpoint %s/%s --mode rollout --prompts %s/prompts.jsonl%s --max-new-tokens 6 "
@@ -187,7 +190,7 @@ START_TEST(test_tp_equals_one_rank)
     int rc = ls_test_cli(&out, "run %s -o %s/%s", full, g_dir, ref);
     ck_assert_msg(rc == 0, "%s: exit %d\n%s", ref, rc, out ? out : "");
     free(out);
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < 5; t++) {
         if (fp8 && t == 1) continue;
         snprintf(name, sizeof name, "%s-t%d.trace", mod, 10 + t);
         rc = ls_test_cli(&out, "run %s %s -o %s/%s", full, topo[t], g_dir, name);
@@ -215,8 +218,8 @@ START_TEST(test_gate_ep)
     ck_assert_msg(rc == 0 && strstr(out, "PASS: 5/5 replays bitwise equal to the rollout"), "exit %d\n%s", rc, out);
     free(out);
     /* the tensor-parallel and the disaggregated rollout against one rank */
-    static const char *const more[] = {"--tp 2", "--tp 2 --ep 2", "--afd 1:1"};
-    for (int i = 0; i < 3; i++) {
+    static const char *const more[] = {"--tp 2", "--tp 2 --ep 2", "--afd 1:1", "--afd 1:2"};
+    for (int i = 0; i < 4; i++) {
         rc = ls_test_cli(&out, "gate --checkpoint %s/tiny --prompts %s/prompts.jsonl --max-new-tokens 4 --seed 3 %s",
                          g_dir, g_dir, more[i]);
         ck_assert_msg(rc == 0 && strstr(out, "PASS: 5/5 replays bitwise equal to the rollout"), "%s: exit %d\n%s",
@@ -306,8 +309,8 @@ START_TEST(test_manifest_topology)
     free(d1);
     free(d2);
     /* refusals */
-    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --afd 1:2 -o %s/x.json", g_dir, g_dir);
-    ck_assert_msg(rc == 2 && strstr(out, "--afd") && strstr(out, "runs as 1:1"), "exit %d\n%s", rc, out);
+    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --afd 2:1 -o %s/x.json", g_dir, g_dir);
+    ck_assert_msg(rc == 2 && strstr(out, "--afd") && strstr(out, "one attention rank"), "exit %d\n%s", rc, out);
     free(out);
     rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --backend cuda --tp 2 -o %s/x.json", g_dir, g_dir);
     ck_assert_msg(rc == 2 && strstr(out, "--tp 2") && strstr(out, "cpu backend only"), "exit %d\n%s", rc, out);
@@ -341,8 +344,9 @@ START_TEST(test_refusals)
         {"--tp 3", "--tp 3", "num_attention_heads 4 is not a multiple of --tp 3"},
         {"--tp 3 --ep 3", "--tp 3 --ep 3", "9 ranks do not divide num_experts 8"},
         {"--tp 2 --backend cuda", "--tp 2", "cpu backend only"},
-        {"--afd 2:1", "--afd", "runs as 1:1"},
-        {"--afd 1:1 --ep 2", "--afd", "does not combine with tensor or expert parallelism"},
+        {"--afd 2:1", "--afd", "runs with one attention rank"},
+        {"--afd 1:3", "--afd", "3 FFN ranks do not divide num_experts 8"},
+        {"--afd 1:1 --ep 2", "--afd", "does not combine with --tp or --ep"},
         {"--afd 1", "--afd", "expected A:F"},
         {"--rank-timeout 100", "--rank-timeout", "several ranks"},
         {"--ep 0", "--ep", "1.."},
@@ -368,6 +372,14 @@ START_TEST(test_refusals)
                         "--checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl --max-new-tokens 2 --tp 2 "
                         "--ep 2 -o %s/refused.trace 2>&1", LS_CLI_PATH, g_dir, g_dir, g_dir);
     ck_assert_msg(rc == 2 && strstr(out, "--tp 2 --ep 2 under a launcher (torchrun)"), "exit %d\n%s", rc, out);
+    free(out);
+    expect_no_output("refused.trace");
+    /* so is AFD's FFN group */
+    rc = ls_test_sh(&out, "RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 timeout -s KILL 60 '%s' run "
+                    "--checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl --max-new-tokens 2 --afd 1:2 "
+                    "-o %s/refused.trace 2>&1", LS_CLI_PATH, g_dir, g_dir, g_dir);
+    ck_assert_msg(rc == 2 && strstr(out, "--afd 1:2 under a launcher (torchrun): the FFN groups"), "exit %d\n%s", rc,
+                  out);
     free(out);
     expect_no_output("refused.trace");
 }
@@ -397,6 +409,8 @@ START_TEST(test_rank_failure)
         {"1:3:kill", "--tp 2", "rank 1 was killed by signal 9"},
         {"3:2:kill", "--tp 2 --ep 2", "rank 3 was killed by signal 9"},
         {"1:3:kill", "--afd 1:1", "rank 1 was killed by signal 9"},
+        {"2:3:kill", "--afd 1:2", "rank 2 was killed by signal 9"},
+        {"1:2:hang", "--afd 1:2", "rank 1 sent no message to it within 1500 ms"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char name[64];

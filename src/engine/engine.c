@@ -202,7 +202,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
                        "moe_combine): it cannot run as one rank of %d expert-parallel ranks",
                        be->name, e->ep);
     /* AFD: the mixer rank holds no router or expert, the FFN rank nothing else */
-    int mixers = !e->afd || e->afd_rank == 0, ffn = !e->afd || e->afd_rank == 1;
+    int mixers = !e->afd || e->afd_rank == 0, ffn = !e->afd || e->afd_rank >= 1;
     if (mixers) {
         LS_TRY(wrap(e, &m->embed, &e->embed, err));
         LS_TRY(wrap_rows(e, &m->lm_head, &e->lm_head, err));
@@ -591,10 +591,16 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
             return ls_fail(err, LS_E_USAGE, "engine: kv_page %ld with %ld pages: a pool of %.3g elements "
                            "per layer is beyond what lockstep addresses", o->kv_page, pages, elems);
     }
-    if (o->afd_comm && (ls_comm_size(o->afd_comm) != 2 || o->tp_comm || o->ep_comm))
-        return ls_fail(err, LS_E_UNSUPPORTED, "engine: attention-FFN disaggregation runs on 2 ranks "
-                       "(1 attention, 1 FFN; the communicator has %d), without tensor or expert "
-                       "parallelism", ls_comm_size(o->afd_comm));
+    if (o->afd_comm) {
+        /* 1 attention rank and F FFN ranks; with F > 1 the FFN ranks split
+         * the experts over ep_comm (their own F), the attention rank has none */
+        int n = ls_comm_size(o->afd_comm), r = ls_comm_rank(o->afd_comm);
+        int ep_ok = r == 0 || n == 2 ? !o->ep_comm : o->ep_comm && ls_comm_size(o->ep_comm) == n - 1;
+        if (n < 2 || o->tp_comm || !ep_ok)
+            return ls_fail(err, LS_E_UNSUPPORTED, "engine: attention-FFN disaggregation runs on 1 + F ranks (1 "
+                           "attention, F FFN; the communicator has %d): with F > 1 each FFN rank needs ep_comm "
+                           "over the F FFN ranks and the attention rank none; no tensor parallelism", n);
+    }
     if (o->tp_comm) LS_TRY(tp_check(m, ls_comm_size(o->tp_comm), o->ep_comm != NULL, err));
     if (o->ep_comm) {
         int ep = ls_comm_size(o->ep_comm);
@@ -651,7 +657,7 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
         e->ep_per = m->cfg.n_experts / e->ep;
     }
     if (o->afd_comm) {
-        e->afd = 1;
+        e->afd = ls_comm_size(o->afd_comm);
         e->afd_rank = ls_comm_rank(o->afd_comm);
     }
     if (o->tp_comm) {

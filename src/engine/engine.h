@@ -120,17 +120,19 @@ typedef struct ls_engine_opts {
                                   tp must divide num_attention_heads, linear_num_key_heads,
                                   linear_num_value_heads, hidden_size, vocab_size and
                                   num_experts, and num_key_value_heads or be a multiple of it */
-    ls_comm *afd_comm;         /* attention-FFN disaggregation 1A1F (docs/parallel.md §3.2),
-                                  borrowed: NULL = colocated (default). Else a communicator of 2
-                                  ranks: rank 0 holds the embedding, the mixers, the norms and
-                                  the lm_head and runs everything but the MoE; rank 1 holds the
-                                  routers and the experts and runs the MoE of every layer. Per
-                                  layer rank 0 sends the normed rows [T, D], rank 1 returns the
-                                  MoE output [T, D] with the router's ids and weights; at the
-                                  end of a step rank 0 sends the logprobs and the digests, so
-                                  both ranks' records and samples equal the colocated engine's,
-                                  bit for bit. Both ranks run the same steps. Not combined with
-                                  tp_comm or ep_comm yet */
+    ls_comm *afd_comm;         /* attention-FFN disaggregation 1AnF (docs/parallel.md §3.2),
+                                  borrowed: NULL = colocated (default). Else a communicator of
+                                  1 + F ranks: rank 0 holds the embedding, the mixers, the norms
+                                  and the lm_head and runs everything but the MoE; ranks 1..F
+                                  hold the routers and the experts and run the MoE of every
+                                  layer (F > 1: expert-parallel, each FFN rank given ep_comm
+                                  over the F of them; rank 0 no ep_comm). Per layer rank 0 sends
+                                  the normed rows [T, D] to every FFN rank, FFN rank 1 returns
+                                  the MoE output [T, D] with the router's ids and weights; at
+                                  the end of a step rank 0 sends the logprobs and the digests,
+                                  so every rank's records and samples equal the colocated
+                                  engine's, bit for bit. All ranks run the same steps. Not
+                                  combined with tp_comm */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);

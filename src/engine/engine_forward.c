@@ -585,12 +585,14 @@ static ls_status moe_ep(ls_engine *e, long l, long T, ls_error *err)
                            ord(e, l, LS_PERTURB_COMBINE), err);
 }
 
-/* ---- attention-FFN disaggregation 1A1F (docs/parallel.md §3.2) --------------------------
+/* ---- attention-FFN disaggregation 1AnF (docs/parallel.md §3.2) --------------------------
  * Rank 0 runs everything but the MoE; per layer it sends the normed rows XN
- * [T, D] and takes back the MoE output A [T, D] with the router's ids and
- * weights [T, k] each (for its router digests), all exact bytes. Rank 1
- * runs the router and the MoE on the rows it receives, with the colocated
- * code, and holds nothing else. */
+ * [T, D] to every FFN rank and takes back the MoE output A [T, D] with the
+ * router's ids and weights [T, k] each (for its router digests), all exact
+ * bytes, from FFN rank 1. The FFN ranks run the router and the MoE on the
+ * rows they receive, with the colocated code (F > 1: expert-parallel over
+ * their own communicator, every FFN rank ending with the whole output),
+ * and hold nothing else. */
 
 /* Rank 0's MoE: a round trip to rank 1; the time from sending the rows to
  * the answer is added to *wait_ns. */
@@ -601,7 +603,7 @@ static ls_status moe_remote(ls_engine *e, long T, uint64_t *wait_ns, ls_error *e
     size_t rows = sizeof(float) * (size_t)(T * D), ik = sizeof(float) * (size_t)(T * k);
     LS_TRY(be->download(be, e->h_afd, BEV(e->XN), rows, err));
     uint64_t t0 = ls_now_ns();
-    LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows, 1, err));
+    for (int r = 1; r < e->afd; r++) LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows, r, err));
     LS_TRY(ls_comm_recv(e->o.afd_comm, e->h_afd, rows + 2 * ik, 1, err));
     *wait_ns += ls_now_ns() - t0;
     LS_TRY(be->upload(be, BEV(e->A), e->h_afd, rows, err));
@@ -609,7 +611,8 @@ static ls_status moe_remote(ls_engine *e, long T, uint64_t *wait_ns, ls_error *e
     return be->upload(be, BEV(e->wts), e->h_afd + T * D + T * k, ik, err);
 }
 
-/* Rank 1's forward: the MoE of every layer on the rows rank 0 sends. */
+/* An FFN rank's forward: the MoE of every layer on the rows rank 0 sends;
+ * FFN rank 1 answers. */
 static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
 {
     ls_backend *be = e->be;
@@ -628,28 +631,36 @@ static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
         LS_TRY(be->upload(be, BEV(e->XN), e->h_afd, rows, err));
         LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
                           BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
-        LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
-                       ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
-        LS_TRY(be->download(be, e->h_afd, BEV(e->A), rows, err));
-        LS_TRY(be->download(be, e->h_afd + T * D, BEV(e->ids), ik, err));
-        LS_TRY(be->download(be, e->h_afd + T * D + T * k, BEV(e->wts), ik, err));
-        LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows + 2 * ik, 0, err));
+        if (e->ep)
+            LS_TRY(moe_ep(e, l, T, err));
+        else
+            LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
+                           ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
+        if (e->afd_rank == 1) {
+            LS_TRY(be->download(be, e->h_afd, BEV(e->A), rows, err));
+            LS_TRY(be->download(be, e->h_afd + T * D, BEV(e->ids), ik, err));
+            LS_TRY(be->download(be, e->h_afd + T * D + T * k, BEV(e->wts), ik, err));
+            LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows + 2 * ik, 0, err));
+        }
         e->afd_ns[2 * l] += ls_now_ns() - t1;
     }
     return LS_OK;
 }
 
 /* After the step (its digests complete): rank 0 sends what the records
- * read — the logprobs and every digest slot — and rank 1 takes them, so
- * both ranks record and sample alike. */
+ * read — the logprobs and every digest slot — and every FFN rank takes
+ * them, so all ranks record and sample alike. */
 static ls_status afd_records(ls_engine *e, long T, ls_error *err)
 {
     ls_comm *c = e->o.afd_comm;
     size_t lp = sizeof(float) * (size_t)(T * e->c.vocab), cells = (size_t)(T * e->n_slots);
     if (e->afd_rank == 0) {
-        LS_TRY(ls_comm_send(c, e->h_lp, lp, 1, err));
-        LS_TRY(ls_comm_send(c, e->dig, cells * sizeof *e->dig, 1, err));
-        return ls_comm_send(c, e->have, cells, 1, err);
+        for (int r = 1; r < e->afd; r++) {
+            LS_TRY(ls_comm_send(c, e->h_lp, lp, r, err));
+            LS_TRY(ls_comm_send(c, e->dig, cells * sizeof *e->dig, r, err));
+            LS_TRY(ls_comm_send(c, e->have, cells, r, err));
+        }
+        return LS_OK;
     }
     LS_TRY(ls_comm_recv(c, e->h_lp, lp, 0, err));
     LS_TRY(ls_comm_recv(c, e->dig, cells * sizeof *e->dig, 0, err));
@@ -690,7 +701,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     e->n_jobs = 0;
     memset(e->have, 0, (size_t)(T * e->n_slots));
     if (e->dumping) memset(e->dump_elems, 0, sizeof(uint32_t) * (size_t)(T * e->n_slots));
-    if (e->afd && e->afd_rank == 1) {
+    if (e->afd && e->afd_rank >= 1) {
         LS_TRY(forward_ffn(e, T, err));
         e->afd_steps++, e->afd_rows += T;
         for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
@@ -780,7 +791,10 @@ ls_status ls_engine_afd_balance(ls_engine *e, ls_afd_balance *out, ls_error *err
     if (!e->afd) return ls_fail(err, LS_E_USAGE, "engine: the attention-FFN balance of an engine without afd_comm");
     long L = e->c.n_layers;
     size_t bytes = sizeof(uint64_t) * (size_t)(2 * L);
+    /* FFN rank 1 speaks for its group (it answers rank 0 once the group has
+     * combined: its wait and busy times are the group's as rank 0 sees it) */
     if (e->afd_rank == 1) return ls_comm_send(e->o.afd_comm, e->afd_ns, bytes, 0, err);
+    if (e->afd_rank > 1) return LS_OK;
     uint64_t *ffn = malloc(bytes);
     double *t = calloc((size_t)(4 * L), sizeof(double));
     if (!ffn || !t) {

@@ -148,7 +148,8 @@ struct ls_engine {
     unsigned char **conv_w;               /* [L] TP: this rank's conv weight rows (host), or NULL */
     size_t weight_bytes;                  /* matrices and FP8 scales this engine wrapped */
     /* attention-FFN disaggregation (o.afd_comm; afd 0 = off): afd_rank 0
-     * runs the mixers, 1 the MoE (docs/parallel.md §3.2) */
+     * runs the mixers, 1 .. afd - 1 the MoE (docs/parallel.md §3.2); afd
+     * is the communicator's size, 1 + F */
     int afd, afd_rank;
     float *h_afd;                         /* [T * (D + 2k)]: rows, then ids (int32 bits), weights */
     /* per decoder layer, this rank's wall time (ns) over the engine's

@@ -197,16 +197,17 @@ ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_er
     if (s->afd_attention < 0 || s->afd_ffn < 0 || (afd && (s->afd_attention < 1 || s->afd_ffn < 1)))
         return ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: expected A:F, attention and FFN ranks >= 1 each",
                        s->afd_attention, s->afd_ffn);
-    if (afd && (s->afd_attention != 1 || s->afd_ffn != 1))
-        return ls_fail(err, LS_E_UNSUPPORTED, "afd (--afd) %d:%d: attention-FFN disaggregation runs as 1:1 "
-                       "(one attention rank, one FFN rank); larger groups (TP inside the attention group, EP "
-                       "inside the FFN group, docs/parallel.md §3.4) are not built yet",
+    if (afd && s->afd_attention != 1)
+        return ls_fail(err, LS_E_UNSUPPORTED, "afd (--afd) %d:%d: attention-FFN disaggregation runs with one "
+                       "attention rank (1:F, the experts split over the F FFN ranks); an attention group of "
+                       "several ranks (TP inside it, docs/parallel.md §3.2) is not built yet",
                        s->afd_attention, s->afd_ffn);
     if (afd && (s->tp > 1 || s->ep > 1))
-        return ls_fail(err, LS_E_UNSUPPORTED, "afd (--afd) 1:1 with %s (--%s) %d: attention-FFN disaggregation "
-                       "does not combine with tensor or expert parallelism yet", s->tp > 1 ? "tp" : "ep",
-                       s->tp > 1 ? "tp" : "ep", s->tp > 1 ? s->tp : s->ep);
-    long world = afd ? 2 : (long)(s->tp > 1 ? s->tp : 1) * (s->ep > 1 ? s->ep : 1);
+        return ls_fail(err, LS_E_UNSUPPORTED, "afd (--afd) %d:%d with %s (--%s) %d: attention-FFN disaggregation "
+                       "does not combine with --tp or --ep (1:F splits the experts over the F FFN ranks itself)",
+                       s->afd_attention, s->afd_ffn, s->tp > 1 ? "tp" : "ep", s->tp > 1 ? "tp" : "ep",
+                       s->tp > 1 ? s->tp : s->ep);
+    long world = afd ? 1 + (long)s->afd_ffn : (long)(s->tp > 1 ? s->tp : 1) * (s->ep > 1 ? s->ep : 1);
     char flags[64];
     topology_flags(s, flags, sizeof flags);
     if (world > LS_COMM_MAX_RANKS)
@@ -900,7 +901,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
      * share its mapping) and before any thread of this run (run/ranks.h). */
     ls_run_ranks rk;
     memset(&rk, 0, sizeof rk);
-    ls_comm *tp_group = NULL; /* TP x EP: this rank's TP group, split from the world (owned) */
+    ls_comm *tp_group = NULL; /* TP x EP: this rank's TP group; AFD 1:F: the FFN ranks' group; split from
+                                 the world (owned) */
     int world = ls_run_spec_world(s);
     char flags[64];
     topology_flags(s, flags, sizeof flags);
@@ -915,6 +917,11 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
             st = ls_fail(err, LS_E_USAGE, "ep (--ep) %d does not divide num_experts %ld of %s/config.json: each "
                          "rank owns an equal block of experts", s->ep, (long)m->cfg.n_experts, s->checkpoint);
     }
+    /* AFD 1:F: the experts split over the F FFN ranks */
+    if (st == LS_OK && s->afd_ffn > 1 && m->cfg.n_experts % s->afd_ffn != 0)
+        st = ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: %d FFN ranks do not divide num_experts %ld of "
+                     "%s/config.json: each FFN rank owns an equal block of experts", s->afd_attention, s->afd_ffn,
+                     s->afd_ffn, (long)m->cfg.n_experts, s->checkpoint);
     /* the shapes tp must divide, before any rank starts (each would refuse) */
     if (st == LS_OK && s->tp > 1) st = ls_engine_check_tp(m, s->tp, s->ep > 1, err);
     if (st == LS_OK && world > 1) {
@@ -928,21 +935,25 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         if (launched)
             ls_log_verbose("rank %d of %d, started by %s (rendezvous %s:%d)", la.rank, la.world_size, la.source,
                            la.master_addr, la.master_port);
-        /* a TP group is split from the world by handing Unix socket pairs
-         * over the world's connections (ls_comm_split), which the TCP
-         * connections of a rendezvous cannot carry */
-        if (launched && s->tp > 1 && s->ep > 1)
-            st = ls_fail(err, LS_E_UNSUPPORTED, "%s under a launcher (%s): the TP groups of a TP x EP world are "
-                         "split from a self-launched world only (their connections are Unix socket pairs); "
-                         "run it without the launcher's variables, or with --tp or --ep alone", flags,
-                         la.source);
+        /* a TP group (or AFD's FFN group) is split from the world by handing
+         * Unix socket pairs over the world's connections (ls_comm_split),
+         * which the TCP connections of a rendezvous cannot carry */
+        if (launched && ((s->tp > 1 && s->ep > 1) || s->afd_ffn > 1))
+            st = ls_fail(err, LS_E_UNSUPPORTED, "%s under a launcher (%s): the %s groups of this world are split "
+                         "from a self-launched world only (their connections are Unix socket pairs); run it "
+                         "without the launcher's variables, or with %s", flags, la.source,
+                         s->afd_ffn > 1 ? "FFN" : "TP", s->afd_ffn > 1 ? "--afd 1:1" : "--tp or --ep alone");
         if (st == LS_OK)
             st = launched ? ls_run_ranks_join(&la, s->rank_timeout_ms, &rk, err)
                           : ls_run_ranks_start(world, s->rank_timeout_ms, &rk, err);
         if (st == LS_OK) st = check_ranks_agree(s, ck, &rk, err);
         if (st == LS_OK) {
             if (s->afd_attention > 0) {
-                eo.afd_comm = rk.comm; /* rank 0 attention, rank 1 FFN */
+                eo.afd_comm = rk.comm; /* rank 0 attention, ranks 1..F FFN */
+                /* F > 1: the FFN ranks' own group splits the experts (rank 0's
+                 * group of one is held and freed, unused) */
+                if (s->afd_ffn > 1) st = ls_comm_split(rk.comm, rk.rank > 0, rk.rank, &tp_group, err);
+                if (st == LS_OK && s->afd_ffn > 1 && rk.rank > 0) eo.ep_comm = tp_group;
             } else if (s->tp > 1 && s->ep > 1) {
                 /* TP groups of consecutive ranks, the experts over the world */
                 eo.ep_comm = rk.comm;
