@@ -350,7 +350,7 @@ START_TEST(test_refusals)
         {"--afd 1", "--afd", "expected A:F"},
         {"--rank-timeout 100", "--rank-timeout", "several ranks"},
         {"--ep 0", "--ep", "1.."},
-        {"--afd-balance refused.json", "--afd-balance", "attention-FFN disaggregated run (--afd 1:1)"},
+        {"--afd-balance refused.json", "--afd-balance", "attention-FFN disaggregated run (--afd 1:F)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out = NULL;

@@ -219,7 +219,7 @@ ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_er
                        "moe_combine) and NCCL", flags, s->backend);
     if (s->afd_balance && !afd)
         return ls_fail(err, LS_E_USAGE, "afd_balance (--afd-balance) %s: the balance report is of an "
-                       "attention-FFN disaggregated run (--afd 1:1)", s->afd_balance);
+                       "attention-FFN disaggregated run (--afd 1:F)", s->afd_balance);
     if (s->rank_timeout_ms < 0 || (s->rank_timeout_ms > 0 && world == 1))
         return ls_fail(err, LS_E_USAGE, "rank_timeout_ms (--rank-timeout) %ld: a deadline >= 1 ms applies to "
                        "several ranks (--tp, --ep or --afd) only", s->rank_timeout_ms);
