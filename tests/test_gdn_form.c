@@ -7,7 +7,8 @@
  *     form from the rollout's run_params.gdn_form;
  *   - the recurrent form's rollout of the same prompts differs (the form
  *     changes bits), and so do the manifests: numerics.gdn_form and the
- *     gdn_recurrent row's kernel, voiding under `manifest diff`;
+ *     gdn_recurrent row's kernel and reduction fingerprint (the probe's
+ *     gdn_chunked row), voiding under `manifest diff`;
  *   - `gate` with the rollout as served (a GRPO group of 4 with prefix reuse,
  *     seeded preemption and a paged cache of 17) passes in that form: forks,
  *     snapshots and restores carry the chunk's rows;
@@ -126,7 +127,11 @@ START_TEST(test_manifest)
     free(text);
     snprintf(cmd, sizeof cmd, "manifest diff %s/rec.json %s/ca.json", g_dir, g_dir);
     rc = cli(&out, cmd);
-    ck_assert_msg(rc == 1 && strstr(out, "numerics.gdn_form") && strstr(out, "voiding"), "exit %d\n%s", rc, out);
+    /* the form, and the row's kernel and probe fingerprint (the probe's gdn_chunked row) */
+    ck_assert_msg(rc == 1 && strstr(out, "numerics.gdn_form") && strstr(out, "voiding") &&
+                      strstr(out, "numerics.operators.gdn_recurrent.kernel_id") &&
+                      strstr(out, "numerics.operators.gdn_recurrent.reduction_fingerprint"),
+                  "exit %d\n%s", rc, out);
     free(out);
     snprintf(cmd, sizeof cmd, "manifest verify %s/ca.json --checkpoint %s/tiny --gdn-form chunk-aligned", g_dir,
              g_dir);

@@ -23,7 +23,7 @@ static void probe_cpu(int threads, const char *fp8, const char *perturb, ls_prob
     ls_error_clear(&err);
     ls_backend *be;
     ck_assert_msg(ls_backend_cpu_create(threads, &be, &err) == LS_OK, "%s", err.msg);
-    ls_probe_opts o = {"cpu", fp8, perturb};
+    ls_probe_opts o = {"cpu", fp8, perturb, 0};
     ck_assert_msg(ls_probe_run(be, &o, t, &err) == LS_OK, "%s", err.msg);
     be->destroy(be);
 }
@@ -71,12 +71,39 @@ START_TEST(test_every_row_probed)
     ls_error err;
     ls_backend *be;
     ck_assert(ls_backend_cpu_create(1, &be, &err) == LS_OK);
-    ls_probe_opts bad = {"cpu", NULL, "softmax"};
+    ls_probe_opts bad = {"cpu", NULL, "softmax", 0};
     ck_assert_int_eq(ls_probe_run(be, &bad, &t, &err), LS_E_USAGE);
     ck_assert_ptr_nonnull(strstr(err.msg, "softmax"));
-    ls_probe_opts bad2 = {"tpu", NULL, NULL};
+    ls_probe_opts bad2 = {"tpu", NULL, NULL, 0};
     ck_assert_int_eq(ls_probe_run(be, &bad2, &t, &err), LS_E_USAGE);
     be->destroy(be);
+}
+END_TEST
+
+/* The chunk-aligned GDN row (docs/numerics.md §5.1), asked for: one more
+ * row after the registry's, its own fingerprint, the same with 3 threads,
+ * reversed under the gdn perturbation; every other row as without it. */
+START_TEST(test_gdn_chunked_row)
+{
+    ls_probe_table base, t1, t3, tp;
+    probe_cpu(1, NULL, NULL, &base);
+    ls_error err;
+    ls_error_clear(&err);
+    ls_backend *be;
+    for (int threads = 1; threads <= 3; threads += 2)
+        for (int pert = 0; pert < 2 - (threads == 3); pert++) {
+            ck_assert(ls_backend_cpu_create(threads, &be, &err) == LS_OK);
+            ls_probe_opts o = {"cpu", NULL, pert ? "gdn" : NULL, 1};
+            ck_assert_msg(ls_probe_run(be, &o, pert ? &tp : threads == 1 ? &t1 : &t3, &err) == LS_OK, "%s", err.msg);
+            be->destroy(be);
+        }
+    ck_assert_uint_eq(t1.count, base.count + 1);
+    ck_assert_str_eq(t1.rows[base.count].op, "gdn_chunked");
+    for (size_t i = 0; i < base.count; i++) ck_assert_str_eq(t1.rows[i].sha256, base.rows[i].sha256);
+    const char *c1 = ls_probe_find(&t1, "gdn_chunked")->sha256;
+    ck_assert_str_ne(c1, ls_probe_find(&t1, "gdn_recurrent")->sha256);
+    ck_assert_str_eq(c1, ls_probe_find(&t3, "gdn_chunked")->sha256);
+    ck_assert_str_ne(c1, ls_probe_find(&tp, "gdn_chunked")->sha256);
 }
 END_TEST
 
@@ -326,6 +353,7 @@ int main(void)
     TCase *tc = tcase_create("probe");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_every_row_probed);
+    tcase_add_test(tc, test_gdn_chunked_row);
     tcase_add_test(tc, test_stable_across_threads);
     tcase_add_test(tc, test_perturb_changes_exactly_its_rows);
     tcase_add_test(tc, test_probe_is_fast);

@@ -217,7 +217,7 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
                                 p->tile_shape, "split_policy", p->split_policy,
                                 "accumulator_dtype", p->accumulator_dtype, "reduction_order",
                                 p->reduction_order, "tier", p->tier, "mode", p->mode);
-        const char *fp = p == o->gdn_chunked ? NULL : reduction_fingerprint_of(o, p->op);
+        const char *fp = reduction_fingerprint_of(o, p == o->gdn_chunked ? "gdn_chunked" : p->op);
         if (row && fp && json_object_set_new(row, "reduction_fingerprint", json_string(fp)) != 0) {
             json_decref(row);
             row = NULL;

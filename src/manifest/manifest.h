@@ -87,9 +87,9 @@ typedef struct ls_manifest_opts {
                                             any other checkpoint */
     const ls_provider *gdn_chunked;      /* the backend's row of the chunk-aligned GDN form
                                             (docs/numerics.md §5.1) when the run uses it: it
-                                            replaces the gdn_recurrent row, without a reduction
-                                            fingerprint (the probe measures the recurrent op),
-                                            and numerics.gdn_form records the form; NULL: the
+                                            replaces the gdn_recurrent row, its reduction
+                                            fingerprint the probe's "gdn_chunked" row, and
+                                            numerics.gdn_form records the form; NULL: the
                                             recurrent form (the field absent) */
     const ls_provider *fp8_providers;    /* [n_fp8_providers] the backend's rows for that mode
                                             (borrowed), recorded for an FP8 checkpoint */

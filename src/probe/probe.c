@@ -343,6 +343,34 @@ static ls_status p_gdn_recurrent(pctx *c, int act, ls_order ord)
     return thash(c, st, (size_t)(Hv * dk * dv));
 }
 
+/* The chunk-aligned form (docs/numerics.md §5.1) over 70 rows, one chunk
+ * boundary crossed: the outputs, the carried state (S at the second chunk's
+ * start and its 6 rows) and the state materialised after the last row. */
+static ls_status p_gdn_chunked(pctx *c, int act, ls_order ord)
+{
+    long T = 70, Hk = 1, Hv = 2, dk = 40, dv = 20;
+    size_t SF = LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv);
+    if (!c->be->gdn_chunked || !c->be->gdn_chunked_state)
+        return ls_fail(c->err, LS_E_UNSUPPORTED, "backend %s has no chunk-aligned GDN op", c->be->name);
+    ls_view q, k, v, alpha, beta, st, o, mat;
+    float g[2 * 70];
+    LS_TRY(till(c, (size_t)(T * Hk * dk), 0.05f, 0, &q));
+    LS_TRY(till(c, (size_t)(T * Hk * dk), 0.05f, 0, &k));
+    LS_TRY(till(c, (size_t)(T * Hv * dv), 0.5f, act, &v));
+    for (long i = 0; i < T * Hv; i++) g[i] = ls_round_bf16(0.5f + 0.45f * unit(c)); /* decay in (0.5, 1) */
+    LS_TRY(tfrom(c, g, (size_t)(T * Hv), &alpha));
+    for (long i = 0; i < T * Hv; i++) g[i] = ls_round_bf16(0.1f + 0.8f * unit(c));
+    LS_TRY(tfrom(c, g, (size_t)(T * Hv), &beta));
+    LS_TRY(tzero(c, SF, &st));
+    LS_TRY(tzero(c, (size_t)(T * Hv * dv), &o));
+    LS_TRY(tzero(c, (size_t)(Hv * dk * dv), &mat));
+    LS_TRY(c->be->gdn_chunked(c->be, q, k, v, alpha, beta, st, o, T, 0, Hk, Hv, dk, dv, act, ord, c->err));
+    LS_TRY(c->be->gdn_chunked_state(c->be, st, T - 1, mat, Hv, dk, dv, c->err));
+    LS_TRY(thash(c, o, (size_t)(T * Hv * dv)));
+    LS_TRY(thash(c, st, SF));
+    return thash(c, mat, (size_t)(Hv * dk * dv));
+}
+
 static ls_status p_rope(pctx *c, int act, ls_order ord)
 {
     (void)ord; /* elementwise */
@@ -567,6 +595,7 @@ static const probe_def probes[] = {
     {"gdn_gates", p_gdn_gates, 1},
     {"l2norm", p_l2norm, 0},
     {"gdn_recurrent", p_gdn_recurrent, 1},
+    {"gdn_chunked", p_gdn_chunked, 1},
     {"rope", p_rope, 1},
     {"attention", p_attention, 1},
     {"router_softmax", p_router, 1},
@@ -589,7 +618,7 @@ static const probe_def probes[] = {
 static const struct {
     const char *perturb, *op;
 } perturbed_rows[] = {
-    {"gdn", "gdn_recurrent"},   {"gdn", "l2norm"},
+    {"gdn", "gdn_recurrent"},   {"gdn", "l2norm"},    {"gdn", "gdn_chunked"},
     {"conv", "conv_silu"},      {"attention", "attention"},
     {"router", "router_softmax"}, {"router", "topk"},
     {"router", "renormalise"},  {"experts", "experts"},
@@ -669,8 +698,11 @@ ls_status ls_probe_run(ls_backend *be, const ls_probe_opts *o, ls_probe_table *o
     /* rows computed by one probe (the router's three) share its digest */
     const probe_def *last = NULL;
     ls_digest last_d;
-    for (size_t i = 0; st == LS_OK && i < n + nf; i++) {
-        const ls_provider *r = i < n ? &rows[i] : &frows[i - n];
+    /* the chunk-aligned GDN row when asked for: after the registry's rows */
+    static const ls_provider gdn_chunked_row = {"gdn_chunked", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t ng = o->gdn_chunked ? 1 : 0;
+    for (size_t i = 0; st == LS_OK && i < n + nf + ng; i++) {
+        const ls_provider *r = i < n ? &rows[i] : i < n + nf ? &frows[i - n] : &gdn_chunked_row;
         const probe_def *p = find_probe(r->op);
         if (!p) continue; /* no backend op of its own (sampling) */
         if (out->count == LS_PROBE_MAX_ROWS) {

@@ -46,6 +46,8 @@ typedef struct ls_probe_opts {
     const char *perturb_op;          /* NULL, or the engine perturbation op's name ("gdn",
                                         "conv", "attention", "router", "experts", "combine",
                                         "norm", "lm_head"): the rows it reverses run reversed */
+    int gdn_chunked;                 /* 1: also the row "gdn_chunked", the chunk-aligned GDN
+                                        form (docs/numerics.md §5.1), after the registry's */
 } ls_probe_opts;
 
 typedef struct ls_probe_table {

@@ -423,7 +423,7 @@ ls_status ls_run_manifest_facts(const char *backend, int gpu, ls_manifest_opts *
     /* The probe: the perturbed operator runs reversed, as in the engine. A
      * manifest records any perturbation spec as given; one that is not the
      * engine's layer=L,op=OP reverses no operator the probe can run. */
-    ls_probe_opts po = {backend, fp8, NULL};
+    ls_probe_opts po = {backend, fp8, NULL, mo->gdn_chunked != NULL};
     if (mo->perturbation) {
         int layer;
         ls_perturb_op op;
@@ -997,8 +997,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     int serving_any = 0;
     if (st == LS_OK) st = ls_run_spec_serving(s, &serving, &serving_any, err);
     mo.serving = serving_any ? &serving : NULL;
-    if (st == LS_OK) st = ls_run_manifest_facts(s->backend, s->gpu, &mo, &facts, err);
     if (s->gdn_chunked) mo.gdn_chunked = ls_backend_gdn_chunked_provider(s->backend);
+    if (st == LS_OK) st = ls_run_manifest_facts(s->backend, s->gpu, &mo, &facts, err);
     if (st == LS_OK)
         st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, &eo,
                                     grouped ? ls_run_group_slots(b->n, &go) : b->n, max_len, &e, err);

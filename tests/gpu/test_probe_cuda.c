@@ -21,7 +21,7 @@ static void probe(int cuda, const char *fp8, ls_probe_table *t)
         ck_assert_msg(ls_backend_cuda_create((size_t)256 << 20, &be, &err) == LS_OK, "%s", err.msg);
     else
         ck_assert_msg(ls_backend_cpu_create(4, &be, &err) == LS_OK, "%s", err.msg);
-    ls_probe_opts o = {cuda ? "cuda" : "cpu", fp8, NULL};
+    ls_probe_opts o = {cuda ? "cuda" : "cpu", fp8, NULL, 0};
     ck_assert_msg(ls_probe_run(be, &o, t, &err) == LS_OK, "%s", err.msg);
     be->destroy(be);
 }
