@@ -126,6 +126,9 @@ START_TEST(test_run_errors)
     o.backend = "tpu";
     expect_fail(lockstep_rollout(ck, &one, 1, &o, out, &e), &e, LOCKSTEP_E_USAGE, "backend", out);
     lockstep_run_options_default(&o);
+    o.gdn_form = "chunked";
+    expect_fail(lockstep_rollout(ck, &one, 1, &o, out, &e), &e, LOCKSTEP_E_USAGE, "gdn_form 'chunked'", out);
+    lockstep_run_options_default(&o);
     o.perturb = "layer=9,op=gdn";
     expect_fail(lockstep_rollout(ck, &one, 1, &o, out, &e), &e, LOCKSTEP_E_USAGE, "layer 9", out);
 
@@ -216,6 +219,19 @@ START_TEST(test_rollout_equals_replay)
         ck_assert_str_eq(v.drift_what, "");
         ck_assert_msg(!strncmp(v.line, "equal: 2 sequences, 18 positions", 32), "%s", v.line);
     }
+
+    /* The chunk-aligned GDN form: its replay (the form taken from the
+     * rollout) equals it; the recurrent rollout does not. */
+    lockstep_run_options ca = o;
+    ca.gdn_form = "chunk-aligned";
+    ck_assert_msg(lockstep_rollout(ck, prompts, 2, &ca, at(5, "ca.trace"), &e) == LOCKSTEP_OK, "%s", e.message);
+    rp.gdn_form = NULL;
+    ck_assert_msg(lockstep_replay(ck, at(5, "ca.trace"), &rp, at(6, "ca_rp.trace"), &e) == LOCKSTEP_OK, "%s",
+                  e.message);
+    v = compare(at(5, "ca.trace"), at(6, "ca_rp.trace"), NULL);
+    ck_assert_msg(v.equal, "chunk-aligned rollout vs its replay: %s", v.line);
+    v = compare(ro, at(5, "ca.trace"), NULL);
+    ck_assert_msg(!v.equal, "the recurrent and chunk-aligned rollouts are equal");
     lockstep_checkpoint_close(ck);
 }
 END_TEST

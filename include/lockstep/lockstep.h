@@ -255,6 +255,10 @@ struct lockstep_run_options {
                                      token group of 128); NULL (default): dequant, or the
                                      rollout's for lockstep_replay. Non-NULL for a checkpoint
                                      without quantization_config fails (LOCKSTEP_E_USAGE) */
+    const char *gdn_form;         /* the Gated DeltaNet arithmetic: "recurrent" or
+                                     "chunk-aligned" (chunks of 64 at absolute positions,
+                                     cpu only; docs/numerics.md section 5.1); NULL (default):
+                                     recurrent, or the rollout's for lockstep_replay */
 };
 
 /* lockstep_run_options_default:

@@ -174,6 +174,9 @@ static ls_status spec_from_options(const lockstep_run_options *opts, const char 
     s->dump_layers = o.dump_layers;
     s->progress = o.progress;
     s->fp8 = o.fp8;
+    if (o.gdn_form && strcmp(o.gdn_form, "recurrent") && strcmp(o.gdn_form, "chunk-aligned"))
+        return ls_fail(err, LS_E_USAGE, "run options: gdn_form '%s': expected recurrent or chunk-aligned", o.gdn_form);
+    s->gdn_chunked = o.gdn_form && !strcmp(o.gdn_form, "chunk-aligned");
     *act_set = o.activations != NULL;
     if (o.activations) {
         if (strcmp(o.activations, "bf16") && strcmp(o.activations, "fp32"))
@@ -331,7 +334,7 @@ lockstep_status lockstep_replay(lockstep_checkpoint *h, const char *rollout_trac
          * and digest cadence unless the options say otherwise. */
         if (!act_set) s.act_bf16 = info.act_bf16;
         if (!s.fp8 && info.fp8[0]) s.fp8 = info.fp8;
-        s.gdn_chunked = info.gdn_chunked; /* the rollout's GDN form (the C API has no option for it) */
+        if (!(opts && opts->gdn_form)) s.gdn_chunked = info.gdn_chunked; /* the rollout's GDN form */
         if (!(opts && opts->state_digest_every)) s.state_digest_every = info.state_digest_every;
         s.expect_merkle_root = info.model_fingerprint;
         s.expect_source = rollout_trace;
