@@ -242,6 +242,7 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     if (!s->checkpoint) return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint DIR) is required");
     if (!s->out) return ls_fail(err, LS_E_USAGE, "out (-o TRACE) is required");
     LS_TRY(ls_output_path_check(s->out, err)); /* before the run, not after it */
+    if (s->afd_balance) LS_TRY(ls_output_path_check(s->afd_balance, err));
     if (!s->batch || s->batch->n < 1)
         return ls_fail(err, LS_E_USAGE, "batch: no sequences (--prompts, --from or --tokens)");
     if (s->gdn_chunked && s->backend && !ls_backend_gdn_chunked_provider(s->backend))
@@ -775,9 +776,10 @@ static ls_status ranks_finish(ls_run_ranks *rk, ls_comm **tp_group, ls_status st
 
 /* The attention-FFN balance report (--afd-balance; docs/parallel.md §3.2):
  * per decoder layer each rank's busy and waiting seconds, and the totals by
- * kind of work, as JSON. Wall-clock times: they differ from run to run. */
+ * kind of work, as JSON into `out` (opened before the run), committed or
+ * aborted. Wall-clock times: they differ from run to run. */
 static ls_status write_afd_balance(const ls_run_spec *s, const ls_model *m, const ls_afd_balance *b,
-                                   ls_error *err)
+                                   ls_outfile *out, ls_error *err)
 {
     json_t *layers = json_array(), *root = NULL;
     double gdn = 0, attn = 0, experts = 0, attn_wait = 0, ffn_wait = 0;
@@ -806,16 +808,20 @@ static ls_status write_afd_balance(const ls_run_spec *s, const ls_model *m, cons
                          "ffn_rank_idle_fraction", ffn_idle);
     char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(6)) : NULL;
     json_decref(root);
-    if (!text) return ls_fail(err, LS_E_NOMEM, "%s: out of memory for the balance report", s->afd_balance);
-    size_t n = strlen(text);
-    text[n] = '\n'; /* json_dumps' terminator becomes the last newline */
-    ls_status st = ls_write_file_atomic(s->afd_balance, text, n + 1, err);
+    size_t n = text ? strlen(text) : 0;
+    if (text) text[n] = '\n'; /* json_dumps' terminator becomes the last newline */
+    ls_status st = text ? ls_outfile_write(out, text, n + 1, err)
+                        : ls_fail(err, LS_E_NOMEM, "%s: out of memory for the balance report", s->afd_balance);
     free(text);
-    if (st == LS_OK)
-        ls_log_info("afd balance: mixers %.3f s (GDN %.3f, attention %.3f), experts %.3f s; waiting: attention "
-                    "rank %.0f %%, FFN rank %.0f %% of its time (per layer: %s)", gdn + attn, gdn, attn, experts,
-                    100 * attn_idle, 100 * ffn_idle, s->afd_balance);
-    return st;
+    if (st != LS_OK) {
+        ls_outfile_abort(out);
+        return st;
+    }
+    LS_TRY(ls_outfile_commit(out, err));
+    ls_log_info("afd balance: mixers %.3f s (GDN %.3f, attention %.3f), experts %.3f s; waiting: attention rank "
+                "%.0f %%, FFN rank %.0f %% of its time (per layer: %s)", gdn + attn, gdn, attn, experts,
+                100 * attn_idle, 100 * ffn_idle, s->afd_balance);
+    return LS_OK;
 }
 
 ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err)
@@ -837,8 +843,10 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     int hashing = 0;
     sink_ctx sc;
     memset(&sc, 0, sizeof sc);
-    ls_afd_balance balance; /* --afd-balance: rank 0's gathered times */
+    ls_afd_balance balance; /* --afd-balance: rank 0's gathered times, and their file */
     memset(&balance, 0, sizeof balance);
+    ls_outfile balance_out;
+    int balance_open = 0;
     ls_engine_opts eo;
     ls_engine_opts_default(&eo);
     eo.act_bf16 = s->act_bf16;
@@ -1046,6 +1054,12 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         ls_run_trace_header(e, s->mode, s->backend, res->merkle_root, res->manifest_digest, params_text,
                             s->state_digest_every, s->act_bf16, &h, engine_name);
         st = ls_trace_writer_open(s->out, &h, &sc.w, err);
+        /* the balance report's file too, before the run (as the trace's) */
+        if (st == LS_OK && s->afd_balance) {
+            st = ls_outfile_open(&balance_out, s->afd_balance, err);
+            balance_open = st == LS_OK;
+            if (st != LS_OK) ls_trace_writer_abort(sc.w);
+        }
     }
     if (st == LS_OK) {
         uint64_t total = 0;
@@ -1081,7 +1095,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         st = ranks_finish(&rk, &tp_group, st, err);
         if (st == LS_OK) st = ls_trace_writer_close(sc.w, err);
         else ls_trace_writer_abort(sc.w);
-        if (st == LS_OK && s->afd_balance) st = write_afd_balance(s, m, &balance, err);
+        if (balance_open && st == LS_OK) st = write_afd_balance(s, m, &balance, &balance_out, err);
+        else if (balance_open) ls_outfile_abort(&balance_out);
         res->records = sc.records;
     }
     ls_afd_balance_free(&balance);
