@@ -19,9 +19,9 @@
  * (experts or heads not divisible, the cuda backend, an attention group of
  * several ranks, FFN ranks that do not divide the experts, --rank-timeout
  * with one rank, --afd-balance without --afd) exit 2 naming the flag.
- * `--afd 1:1 --afd-balance FILE` writes the per-layer balance report (one
- * row per decoder layer, of its mixer family; totals the rows' sums) and the
- * one-rank trace. A worker that is killed, exits or
+ * `--afd 1:1` and `--afd 1:2` with `--afd-balance FILE` write the per-layer
+ * balance report (one row per decoder layer, of its mixer family, every FFN
+ * rank's times; totals the rows' sums) and the one-rank trace. A worker that is killed, exits or
  * hangs mid-run (EP, TP, TP x EP, AFD) makes every process end non-zero within a
  * bounded time, naming the rank, with no trace and no temporary file left.
  * Ranks started by a launcher: --ep 2 and 4, --tp 2, --afd 1:1 equal the
@@ -529,19 +529,22 @@ START_TEST(test_launcher_ranks)
 }
 END_TEST
 
-/* --afd 1:1 --afd-balance: the trace is the one-rank trace, and the report
- * has one row per decoder layer, of that layer's mixer family, with both
- * ranks' busy and waiting times; the totals are the rows' sums. */
+/* --afd 1:F --afd-balance (F = 1, 2; loop index F - 1): the trace is the
+ * one-rank trace, and the report has one row per decoder layer, of that
+ * layer's mixer family, with the attention rank's and every FFN rank's busy
+ * and waiting times; the totals are the rows' sums (experts: the slowest
+ * FFN rank of each layer). */
 START_TEST(test_afd_balance)
 {
     setup();
+    int F = 1 + _i;
     char *out = NULL;
     int rc = ls_test_cli(&out, "run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl "
                          "--max-new-tokens 4 --max-rows 24 -o %s/bal1.trace", g_dir, g_dir, g_dir);
     ck_assert_msg(rc == 0, "%s", out);
     free(out);
     rc = ls_test_cli(&out, "run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl --max-new-tokens 4 "
-                     "--max-rows 24 --afd 1:1 --afd-balance %s/bal.json -o %s/bal2.trace", g_dir, g_dir, g_dir,
+                     "--max-rows 24 --afd 1:%d --afd-balance %s/bal.json -o %s/bal2.trace", g_dir, g_dir, F, g_dir,
                      g_dir);
     ck_assert_msg(rc == 0 && strstr(out, "afd balance: mixers") && strstr(out, "bal.json"), "exit %d\n%s", rc, out);
     free(out);
@@ -554,37 +557,50 @@ START_TEST(test_afd_balance)
     json_t *layers = json_object_get(root, "layers"), *tot = json_object_get(root, "totals");
     ck_assert_msg(json_array_size(layers) == 4 && tot, "4 layer rows and totals expected");
     ck_assert_str_eq(json_string_value(json_object_get(root, "mode")), "rollout");
+    ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(root, "topology"), "ffn_ranks")), F);
     /* 5 prompts of 1..30 tokens at 24 rows a step, then 3 decode steps */
     ck_assert_int_gt(json_integer_value(json_object_get(root, "steps")), 4);
     ck_assert_int_eq(json_integer_value(json_object_get(root, "rows")), 1 + 7 + 12 + 19 + 30 + 3 * 5);
     static const char *const fam[4] = {"gdn", "attention", "gdn", "attention"}; /* tiny: interval 2 */
-    static const char *const keys[4] = {"attention_rank_busy_s", "attention_rank_wait_s", "ffn_rank_busy_s",
-                                        "ffn_rank_wait_s"};
-    double sum[4] = {0}, mix[2] = {0};
+    double mix[2] = {0}, attn_wait = 0, experts = 0, fbusy[2] = {0}, fwait[2] = {0};
     for (size_t l = 0; l < 4; l++) {
         json_t *r = json_array_get(layers, l);
         ck_assert_int_eq(json_integer_value(json_object_get(r, "layer")), (long)l);
         ck_assert_str_eq(json_string_value(json_object_get(r, "mixer")), fam[l]);
-        for (int k = 0; k < 4; k++) {
-            double v = json_real_value(json_object_get(r, keys[k]));
-            /* both ranks do work in every layer; waiting may round to 0 */
-            ck_assert_msg(k % 2 ? v >= 0 : v > 0, "layer %zu %s = %g", l, keys[k], v);
-            sum[k] += v;
+        double busy = json_real_value(json_object_get(r, "attention_rank_busy_s"));
+        double wait = json_real_value(json_object_get(r, "attention_rank_wait_s"));
+        ck_assert_msg(busy > 0 && wait >= 0, "layer %zu attention rank busy %g wait %g", l, busy, wait);
+        mix[l % 2] += busy, attn_wait += wait;
+        json_t *fb = json_object_get(r, "ffn_ranks_busy_s"), *fw = json_object_get(r, "ffn_ranks_wait_s");
+        ck_assert_msg(json_array_size(fb) == (size_t)F && json_array_size(fw) == (size_t)F, "layer %zu: %d FFN ranks",
+                      l, F);
+        double slowest = 0;
+        for (int f = 0; f < F; f++) {
+            double b = json_real_value(json_array_get(fb, (size_t)f)), w = json_real_value(json_array_get(fw, (size_t)f));
+            /* every FFN rank works in every layer; waiting may round to 0 */
+            ck_assert_msg(b > 0 && w >= 0, "layer %zu FFN rank %d busy %g wait %g", l, 1 + f, b, w);
+            if (b > slowest) slowest = b;
+            fbusy[f] += b, fwait[f] += w;
         }
-        mix[l % 2] += json_real_value(json_object_get(r, keys[0]));
+        experts += slowest;
     }
-    static const char *const tkeys[5] = {"gdn_mixers_s", "attention_mixers_s", "experts_s",
-                                         "attention_rank_wait_s", "ffn_rank_wait_s"};
-    const double want[5] = {mix[0], mix[1], sum[2], sum[1], sum[3]};
-    for (int k = 0; k < 5; k++) {
+    static const char *const tkeys[4] = {"gdn_mixers_s", "attention_mixers_s", "experts_s", "attention_rank_wait_s"};
+    const double want[4] = {mix[0], mix[1], experts, attn_wait};
+    for (int k = 0; k < 4; k++) {
         double v = json_real_value(json_object_get(tot, tkeys[k]));
-        ck_assert_msg(fabs(v - want[k]) <= 1e-5 * (1 + want[k]), "totals.%s %g, the rows sum to %g", tkeys[k], v,
+        ck_assert_msg(fabs(v - want[k]) <= 1e-5 * (1 + want[k]), "totals.%s %g, the rows give %g", tkeys[k], v,
                       want[k]);
     }
-    for (int k = 0; k < 2; k++) {
-        double f = json_real_value(json_object_get(tot, k ? "ffn_rank_idle_fraction" : "attention_rank_idle_fraction"));
-        ck_assert_msg(f >= 0 && f < 1, "idle fraction %g", f);
+    for (int f = 0; f < F; f++) {
+        double b = json_real_value(json_array_get(json_object_get(tot, "ffn_ranks_busy_s"), (size_t)f));
+        double w = json_real_value(json_array_get(json_object_get(tot, "ffn_ranks_wait_s"), (size_t)f));
+        double i = json_real_value(json_array_get(json_object_get(tot, "ffn_ranks_idle_fraction"), (size_t)f));
+        ck_assert_msg(fabs(b - fbusy[f]) <= 1e-5 * (1 + b) && fabs(w - fwait[f]) <= 1e-5 * (1 + w),
+                      "FFN rank %d totals %g %g, the rows sum to %g %g", 1 + f, b, w, fbusy[f], fwait[f]);
+        ck_assert_msg(i >= 0 && i < 1, "FFN rank %d idle fraction %g", 1 + f, i);
     }
+    double i0 = json_real_value(json_object_get(tot, "attention_rank_idle_fraction"));
+    ck_assert_msg(i0 >= 0 && i0 < 1, "attention rank idle fraction %g", i0);
     json_decref(root);
 }
 END_TEST
@@ -601,7 +617,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_gate_ep);
     tcase_add_test(tc, test_manifest_topology);
     tcase_add_test(tc, test_refusals);
-    tcase_add_test(tc, test_afd_balance);
+    tcase_add_loop_test(tc, test_afd_balance, 0, 2);
     tcase_add_test(tc, test_rank_failure);
     tcase_add_test(tc, test_launcher_ranks);
     suite_add_tcase(s, tc);

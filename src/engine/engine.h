@@ -180,21 +180,24 @@ const ls_trace_layer *ls_engine_layers(const ls_engine *e, int *n);
 /* Where the time of an attention-FFN disaggregated engine went, per decoder
  * layer, over all its steps so far (docs/parallel.md §3.2): the attention
  * rank's time busy in the layer (norms, mixer, residuals, digests, the
- * normed rows' way to the host) and waiting for the FFN rank's answer (the
- * experts, both transfers and any gap), the FFN rank's time busy (router,
- * experts, the rows' way back) and waiting for the attention rank's rows.
- * Wall-clock seconds: the backend's copies to the host are synchronous, so
- * a layer's device work is inside its span. */
+ * normed rows' way to the host) and waiting for the FFN ranks' answer (the
+ * experts, the transfers and any gap); each FFN rank's time busy (router,
+ * its experts, the exchange within the FFN group, the answer's way back)
+ * and waiting for the attention rank's rows. Wall-clock seconds: the
+ * backend's copies to the host are synchronous, so a layer's device work is
+ * inside its span. */
 typedef struct ls_afd_balance {
     long n_layers, steps, rows;       /* rows: all steps' rows */
+    int n_ffn;                        /* F, the FFN ranks */
     double *attn_busy_s, *attn_wait_s; /* [n_layers] each */
-    double *ffn_busy_s, *ffn_wait_s;   /* [n_layers] each */
+    double *ffn_busy_s, *ffn_wait_s;   /* [n_ffn, n_layers] each: FFN rank 1 + f's at f * n_layers */
     double attn_head_s;                /* embedding, final norm, lm_head, logprobs: no FFN work */
 } ls_afd_balance;
 
-/* Collective over the engine's afd_comm: both ranks call it after the same
- * steps; rank 1 sends its times, rank 0 fills *out (rank 1: *out zeroed).
- * LS_E_USAGE on an engine without afd_comm. Free with ls_afd_balance_free. */
+/* Collective over the engine's afd_comm: every rank calls it after the same
+ * steps; the FFN ranks send their times, rank 0 fills *out (the FFN ranks:
+ * *out zeroed). LS_E_USAGE on an engine without afd_comm. Free with
+ * ls_afd_balance_free. */
 ls_status ls_engine_afd_balance(ls_engine *e, ls_afd_balance *out, ls_error *err);
 void ls_afd_balance_free(ls_afd_balance *b);
 

@@ -790,37 +790,38 @@ ls_status ls_engine_afd_balance(ls_engine *e, ls_afd_balance *out, ls_error *err
     memset(out, 0, sizeof *out);
     if (!e->afd) return ls_fail(err, LS_E_USAGE, "engine: the attention-FFN balance of an engine without afd_comm");
     long L = e->c.n_layers;
+    int F = e->afd - 1;
     size_t bytes = sizeof(uint64_t) * (size_t)(2 * L);
-    /* FFN rank 1 speaks for its group (it answers rank 0 once the group has
-     * combined: its wait and busy times are the group's as rank 0 sees it) */
-    if (e->afd_rank == 1) return ls_comm_send(e->o.afd_comm, e->afd_ns, bytes, 0, err);
-    if (e->afd_rank > 1) return LS_OK;
+    if (e->afd_rank > 0) return ls_comm_send(e->o.afd_comm, e->afd_ns, bytes, 0, err);
     uint64_t *ffn = malloc(bytes);
-    double *t = calloc((size_t)(4 * L), sizeof(double));
+    size_t nt = (size_t)(2 * L + 2 * F * L);
+    double *t = calloc(nt, sizeof(double));
     if (!ffn || !t) {
         free(ffn), free(t);
-        return ls_fail_nomem(err, bytes + sizeof(double) * (size_t)(4 * L), "engine: the attention-FFN balance");
+        return ls_fail_nomem(err, bytes + sizeof(double) * nt, "engine: the attention-FFN balance");
     }
-    ls_status st = ls_comm_recv(e->o.afd_comm, ffn, bytes, 1, err);
-    if (st != LS_OK) {
-        free(ffn), free(t);
-        return st;
-    }
-    out->n_layers = L, out->steps = e->afd_steps, out->rows = e->afd_rows;
-    out->attn_busy_s = t, out->attn_wait_s = t + L, out->ffn_busy_s = t + 2 * L, out->ffn_wait_s = t + 3 * L;
+    out->n_layers = L, out->steps = e->afd_steps, out->rows = e->afd_rows, out->n_ffn = F;
+    out->attn_busy_s = t, out->attn_wait_s = t + L, out->ffn_busy_s = t + 2 * L, out->ffn_wait_s = t + 2 * L + F * L;
     for (long l = 0; l < L; l++) {
         out->attn_busy_s[l] = (double)e->afd_ns[2 * l] / 1e9;
         out->attn_wait_s[l] = (double)e->afd_ns[2 * l + 1] / 1e9;
-        out->ffn_busy_s[l] = (double)ffn[2 * l] / 1e9;
-        out->ffn_wait_s[l] = (double)ffn[2 * l + 1] / 1e9;
     }
     out->attn_head_s = (double)e->afd_head_ns / 1e9;
+    ls_status st = LS_OK;
+    for (int f = 0; st == LS_OK && f < F; f++) {
+        st = ls_comm_recv(e->o.afd_comm, ffn, bytes, 1 + f, err);
+        for (long l = 0; st == LS_OK && l < L; l++) {
+            out->ffn_busy_s[f * L + l] = (double)ffn[2 * l] / 1e9;
+            out->ffn_wait_s[f * L + l] = (double)ffn[2 * l + 1] / 1e9;
+        }
+    }
     free(ffn);
-    return LS_OK;
+    if (st != LS_OK) ls_afd_balance_free(out);
+    return st;
 }
 
 void ls_afd_balance_free(ls_afd_balance *b)
 {
-    free(b->attn_busy_s); /* one block for the four arrays */
+    free(b->attn_busy_s); /* one block for every array */
     memset(b, 0, sizeof *b);
 }

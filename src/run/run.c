@@ -775,37 +775,60 @@ static ls_status ranks_finish(ls_run_ranks *rk, ls_comm **tp_group, ls_status st
 }
 
 /* The attention-FFN balance report (--afd-balance; docs/parallel.md §3.2):
- * per decoder layer each rank's busy and waiting seconds, and the totals by
- * kind of work, as JSON into `out` (opened before the run), committed or
- * aborted. Wall-clock times: they differ from run to run. */
+ * per decoder layer the attention rank's and each FFN rank's busy and
+ * waiting seconds, and the totals by kind of work, as JSON into `out`
+ * (opened before the run), committed or aborted. Wall-clock times: they
+ * differ from run to run. */
 static ls_status write_afd_balance(const ls_run_spec *s, const ls_model *m, const ls_afd_balance *b,
                                    ls_outfile *out, ls_error *err)
 {
-    json_t *layers = json_array(), *root = NULL;
-    double gdn = 0, attn = 0, experts = 0, attn_wait = 0, ffn_wait = 0;
-    for (long l = 0; layers && l < b->n_layers; l++) {
+    long L = b->n_layers;
+    int F = b->n_ffn;
+    json_t *layers = json_array(), *fbusy = json_array(), *fwait = json_array(), *fidle = json_array();
+    double gdn = 0, attn = 0, experts = 0, attn_wait = 0;
+    for (long l = 0; layers && l < L; l++) {
         int is_attn = m->cfg.is_attention[l];
         *(is_attn ? &attn : &gdn) += b->attn_busy_s[l];
-        experts += b->ffn_busy_s[l];
         attn_wait += b->attn_wait_s[l];
-        ffn_wait += b->ffn_wait_s[l];
-        json_array_append_new(layers, json_pack("{s:I, s:s, s:f, s:f, s:f, s:f}", "layer", (json_int_t)l, "mixer",
+        json_t *busy = json_array(), *wait = json_array();
+        double slowest = 0; /* the FFN group answers when its slowest rank is done */
+        for (int f = 0; f < F; f++) {
+            double x = b->ffn_busy_s[f * L + l];
+            if (x > slowest) slowest = x;
+            json_array_append_new(busy, json_real(x));
+            json_array_append_new(wait, json_real(b->ffn_wait_s[f * L + l]));
+        }
+        experts += slowest;
+        json_array_append_new(layers, json_pack("{s:I, s:s, s:f, s:f, s:o, s:o}", "layer", (json_int_t)l, "mixer",
                                                 is_attn ? "attention" : "gdn", "attention_rank_busy_s",
                                                 b->attn_busy_s[l], "attention_rank_wait_s", b->attn_wait_s[l],
-                                                "ffn_rank_busy_s", b->ffn_busy_s[l], "ffn_rank_wait_s",
-                                                b->ffn_wait_s[l]));
+                                                "ffn_ranks_busy_s", busy, "ffn_ranks_wait_s", wait));
     }
-    double attn_all = gdn + attn + attn_wait + b->attn_head_s, ffn_all = experts + ffn_wait;
-    double attn_idle = attn_all > 0 ? attn_wait / attn_all : 0, ffn_idle = ffn_all > 0 ? ffn_wait / ffn_all : 0;
-    if (layers)
-        root = json_pack("{s:s, s:s, s:{s:i, s:i}, s:I, s:I, s:o, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}}",
+    double max_ffn_idle = 0;
+    for (int f = 0; fbusy && f < F; f++) {
+        double busy = 0, wait = 0;
+        for (long l = 0; l < L; l++) busy += b->ffn_busy_s[f * L + l], wait += b->ffn_wait_s[f * L + l];
+        double idle = busy + wait > 0 ? wait / (busy + wait) : 0;
+        if (idle > max_ffn_idle) max_ffn_idle = idle;
+        json_array_append_new(fbusy, json_real(busy));
+        json_array_append_new(fwait, json_real(wait));
+        json_array_append_new(fidle, json_real(idle));
+    }
+    double attn_all = gdn + attn + attn_wait + b->attn_head_s;
+    double attn_idle = attn_all > 0 ? attn_wait / attn_all : 0;
+    json_t *root = NULL;
+    if (layers && fbusy && fwait && fidle)
+        root = json_pack("{s:s, s:s, s:{s:i, s:i}, s:I, s:I, s:o, s:{s:f, s:f, s:f, s:f, s:f, s:f, s:O, s:O, s:O}}",
                          "mode", s->mode, "backend", s->backend ? s->backend : "cpu", "topology",
-                         "attention_ranks", s->afd_attention, "ffn_ranks", s->afd_ffn, "steps",
-                         (json_int_t)b->steps, "rows", (json_int_t)b->rows, "layers", layers, "totals",
-                         "gdn_mixers_s", gdn, "attention_mixers_s", attn, "experts_s", experts,
-                         "attention_rank_head_s", b->attn_head_s, "attention_rank_wait_s", attn_wait,
-                         "ffn_rank_wait_s", ffn_wait, "attention_rank_idle_fraction", attn_idle,
-                         "ffn_rank_idle_fraction", ffn_idle);
+                         "attention_ranks", s->afd_attention, "ffn_ranks", F, "steps", (json_int_t)b->steps,
+                         "rows", (json_int_t)b->rows, "layers", layers, "totals", "gdn_mixers_s", gdn,
+                         "attention_mixers_s", attn, "experts_s", experts, "attention_rank_head_s",
+                         b->attn_head_s, "attention_rank_wait_s", attn_wait, "attention_rank_idle_fraction",
+                         attn_idle, "ffn_ranks_busy_s", fbusy, "ffn_ranks_wait_s", fwait,
+                         "ffn_ranks_idle_fraction", fidle);
+    else
+        json_decref(layers);
+    json_decref(fbusy), json_decref(fwait), json_decref(fidle); /* root holds its own references (O) */
     char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(6)) : NULL;
     json_decref(root);
     size_t n = text ? strlen(text) : 0;
@@ -818,9 +841,9 @@ static ls_status write_afd_balance(const ls_run_spec *s, const ls_model *m, cons
         return st;
     }
     LS_TRY(ls_outfile_commit(out, err));
-    ls_log_info("afd balance: mixers %.3f s (GDN %.3f, attention %.3f), experts %.3f s; waiting: attention rank "
-                "%.0f %%, FFN rank %.0f %% of its time (per layer: %s)", gdn + attn, gdn, attn, experts,
-                100 * attn_idle, 100 * ffn_idle, s->afd_balance);
+    ls_log_info("afd balance: mixers %.3f s (GDN %.3f, attention %.3f), experts %.3f s (the slowest FFN rank per "
+                "layer); waiting: attention rank %.0f %%, FFN ranks up to %.0f %% of their time (per layer: %s)",
+                gdn + attn, gdn, attn, experts, 100 * attn_idle, 100 * max_ffn_idle, s->afd_balance);
     return LS_OK;
 }
 
