@@ -11,7 +11,8 @@
  *     gdn_chunked row), voiding under `manifest diff`;
  *   - `gate` with the rollout as served (a GRPO group of 4 with prefix reuse,
  *     seeded preemption and a paged cache of 17) passes in that form: forks,
- *     snapshots and restores carry the chunk's rows;
+ *     snapshots and restores carry the chunk's rows; so does prefix reuse of
+ *     69 shared positions (a snapshot taken 5 rows into a chunk);
  *   - refusals exit 2 naming --gdn-form: a value other than recurrent or
  *     chunk-aligned, and the cuda backend (no kernel yet) for run and
  *     manifest pin. */
@@ -36,6 +37,17 @@ static void setup(void)
     free(out);
     static const int lens[] = {1, 63, 64, 65, 130};
     ls_test_write_prompts(g_dir, lens, 5, 0x2545F4914F6CDD1Dull, 500);
+    /* two prompts sharing their first 70 tokens (a chunk and 6 rows): prefix
+     * reuse then restores a snapshot taken inside a chunk */
+    char path[4200], text[4096];
+    int n = snprintf(text, sizeof text, "{\"id\": 0, \"tokens\": [");
+    for (int i = 0; i < 100; i++) n += snprintf(text + n, sizeof text - (size_t)n, "%s%d", i ? ", " : "", (i * 37 + 11) % 500);
+    n += snprintf(text + n, sizeof text - (size_t)n, "]}\n{\"id\": 1, \"tokens\": [");
+    for (int i = 0; i < 73; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%s%d", i ? ", " : "", i < 70 ? (i * 37 + 11) % 500 : 400 + i);
+    snprintf(text + n, sizeof text - (size_t)n, "]}\n");
+    snprintf(path, sizeof path, "%s/shared.jsonl", g_dir);
+    ls_test_write(path, text, strlen(text));
 }
 
 static void teardown(void) {}
@@ -99,6 +111,15 @@ START_TEST(test_gate_served)
              "--kv-page 17 --workdir %s/gate-%s", g_dir, g_model[_i], g_dir, g_dir, g_model[_i]);
     int rc = cli(&out, cmd);
     ck_assert_msg(rc == 0, "gate, chunk-aligned, GRPO 4 + prefix reuse + preemption + paged: exit %d\n%s", rc, out);
+    free(out);
+    /* prefix reuse inside a chunk: the second prompt starts from the first's
+     * state after 69 of the 70 shared positions (64 folded, 5 rows carried) */
+    snprintf(cmd, sizeof cmd, "-v gate --checkpoint %s/%s --prompts %s/shared.jsonl --max-new-tokens 4 "
+             "--gdn-form chunk-aligned --prefix-cache any --workdir %s/gate-shared-%s", g_dir, g_model[_i], g_dir,
+             g_dir, g_model[_i]);
+    rc = cli(&out, cmd);
+    ck_assert_msg(rc == 0 && strstr(out, "69 prompt positions reused"), "gate, chunk-aligned, prefix reuse: exit %d\n%s",
+                  rc, out);
     free(out);
 }
 END_TEST
