@@ -323,18 +323,28 @@ static ls_status p_l2norm(pctx *c, int act, ls_order ord)
     return thash(c, x, (size_t)(R * d));
 }
 
+/* The GDN step's inputs for T rows of one key head and Hv = 2 value heads
+ * (T <= 70), drawn in this order: q, k (small, not normalised), v, the
+ * decays α in (0.5, 1) and β in (0.1, 0.9), both bf16-exact. */
+static ls_status gdn_inputs(pctx *c, long T, long dk, long dv, int act, ls_view *q, ls_view *k, ls_view *v,
+                            ls_view *alpha, ls_view *beta)
+{
+    const long Hk = 1, Hv = 2;
+    float g[2 * 70];
+    LS_TRY(till(c, (size_t)(T * Hk * dk), 0.05f, 0, q));
+    LS_TRY(till(c, (size_t)(T * Hk * dk), 0.05f, 0, k));
+    LS_TRY(till(c, (size_t)(T * Hv * dv), 0.5f, act, v));
+    for (long i = 0; i < T * Hv; i++) g[i] = ls_round_bf16(0.5f + 0.45f * unit(c)); /* decay in (0.5, 1) */
+    LS_TRY(tfrom(c, g, (size_t)(T * Hv), alpha));
+    for (long i = 0; i < T * Hv; i++) g[i] = ls_round_bf16(0.1f + 0.8f * unit(c));
+    return tfrom(c, g, (size_t)(T * Hv), beta);
+}
+
 static ls_status p_gdn_recurrent(pctx *c, int act, ls_order ord)
 {
     long T = 3, Hk = 1, Hv = 2, dk = 40, dv = 20;
     ls_view q, k, v, alpha, beta, st, o;
-    float g[6];
-    LS_TRY(till(c, (size_t)(T * Hk * dk), 0.05f, 0, &q));
-    LS_TRY(till(c, (size_t)(T * Hk * dk), 0.05f, 0, &k));
-    LS_TRY(till(c, (size_t)(T * Hv * dv), 0.5f, act, &v));
-    for (int i = 0; i < 6; i++) g[i] = ls_round_bf16(0.5f + 0.45f * unit(c)); /* decay in (0.5, 1) */
-    LS_TRY(tfrom(c, g, (size_t)(T * Hv), &alpha));
-    for (int i = 0; i < 6; i++) g[i] = ls_round_bf16(0.1f + 0.8f * unit(c));
-    LS_TRY(tfrom(c, g, (size_t)(T * Hv), &beta));
+    LS_TRY(gdn_inputs(c, T, dk, dv, act, &q, &k, &v, &alpha, &beta));
     LS_TRY(till(c, (size_t)(Hv * dk * dv), 0.1f, 0, &st));
     LS_TRY(tzero(c, (size_t)(T * Hv * dv), &o));
     LS_TRY(c->be->gdn_recurrent(c->be, q, k, v, alpha, beta, st, o, T, Hk, Hv, dk, dv, act, ord,
@@ -353,14 +363,7 @@ static ls_status p_gdn_chunked(pctx *c, int act, ls_order ord)
     if (!c->be->gdn_chunked || !c->be->gdn_chunked_state)
         return ls_fail(c->err, LS_E_UNSUPPORTED, "backend %s has no chunk-aligned GDN op", c->be->name);
     ls_view q, k, v, alpha, beta, st, o, mat;
-    float g[2 * 70];
-    LS_TRY(till(c, (size_t)(T * Hk * dk), 0.05f, 0, &q));
-    LS_TRY(till(c, (size_t)(T * Hk * dk), 0.05f, 0, &k));
-    LS_TRY(till(c, (size_t)(T * Hv * dv), 0.5f, act, &v));
-    for (long i = 0; i < T * Hv; i++) g[i] = ls_round_bf16(0.5f + 0.45f * unit(c)); /* decay in (0.5, 1) */
-    LS_TRY(tfrom(c, g, (size_t)(T * Hv), &alpha));
-    for (long i = 0; i < T * Hv; i++) g[i] = ls_round_bf16(0.1f + 0.8f * unit(c));
-    LS_TRY(tfrom(c, g, (size_t)(T * Hv), &beta));
+    LS_TRY(gdn_inputs(c, T, dk, dv, act, &q, &k, &v, &alpha, &beta));
     LS_TRY(tzero(c, SF, &st));
     LS_TRY(tzero(c, (size_t)(T * Hv * dv), &o));
     LS_TRY(tzero(c, (size_t)(Hv * dk * dv), &mat));
