@@ -26,8 +26,6 @@ ls_status ls_cli_parse_long(const char *opt, const char *v, long lo, long hi, lo
  * nothing is a mistake, not a request for a contiguous cache (that is the
  * default, with the option left out); the run checks the upper bound. */
 ls_status ls_cli_parse_kv_page(const char *opt, const char *v, long *out, ls_error *err);
-/* --gdn-form recurrent|chunk-aligned: *chunked 0 or 1 (docs/numerics.md §5.1). */
-ls_status ls_cli_parse_gdn_form(const char *opt, const char *v, int *chunked, ls_error *err);
 /* --afd A:F: attention and FFN ranks, each an integer >= 1 (which shapes
  * run is the run layer's to say). */
 ls_status ls_cli_parse_afd(const char *opt, const char *v, int *attention, int *ffn, ls_error *err);

@@ -118,7 +118,7 @@ int ls_cmd_gate(int argc, char **argv)
             break;
         }
         case O_AFD: st = ls_cli_parse_afd(ca.opt, x, &o.afd_attention, &o.afd_ffn, &err); break;
-        case O_GDN: st = ls_cli_parse_gdn_form(ca.opt, x, &o.gdn_chunked, &err); break;
+        case O_GDN: st = ls_run_parse_gdn_form(ca.opt, x, &o.gdn_chunked, &err); break;
         case O_JUNIT: o.junit = x; break;
         case O_JSON: o.json = x; break;
         case O_WORKDIR: o.workdir = x; break;

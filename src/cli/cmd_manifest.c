@@ -109,7 +109,7 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
             o->fp8 = a.arg;
             break;
         case OPT_GDN:
-            if (ls_cli_parse_gdn_form(a.opt, a.arg, &gdn, &err) != LS_OK) return ls_cli_report(CMD, &err);
+            if (ls_run_parse_gdn_form(a.opt, a.arg, &gdn, &err) != LS_OK) return ls_cli_report(CMD, &err);
             break;
         case OPT_THREADS: {
             char *end;

@@ -245,7 +245,7 @@ int ls_cmd_run(int argc, char **argv)
         case O_AFD: st = ls_cli_parse_afd(a, x, &s.afd_attention, &s.afd_ffn, &err); break;
         case O_BALANCE: s.afd_balance = x; break;
         case O_GDN:
-            st = ls_cli_parse_gdn_form(a, x, &s.gdn_chunked, &err);
+            st = ls_run_parse_gdn_form(a, x, &s.gdn_chunked, &err);
             gdn_given = 1;
             break;
         case O_RTIMEOUT: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.rank_timeout_ms, &err); break;

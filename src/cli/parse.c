@@ -28,14 +28,6 @@ ls_status ls_cli_parse_kv_page(const char *opt, const char *v, long *out, ls_err
     return LS_OK;
 }
 
-ls_status ls_cli_parse_gdn_form(const char *opt, const char *v, int *chunked, ls_error *err)
-{
-    if (strcmp(v, "recurrent") && strcmp(v, "chunk-aligned"))
-        return ls_fail(err, LS_E_USAGE, "%s '%s': expected recurrent or chunk-aligned", opt, v);
-    *chunked = !strcmp(v, "chunk-aligned");
-    return LS_OK;
-}
-
 ls_status ls_cli_parse_afd(const char *opt, const char *v, int *attention, int *ffn, ls_error *err)
 {
     char *end;

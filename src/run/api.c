@@ -174,9 +174,7 @@ static ls_status spec_from_options(const lockstep_run_options *opts, const char 
     s->dump_layers = o.dump_layers;
     s->progress = o.progress;
     s->fp8 = o.fp8;
-    if (o.gdn_form && strcmp(o.gdn_form, "recurrent") && strcmp(o.gdn_form, "chunk-aligned"))
-        return ls_fail(err, LS_E_USAGE, "run options: gdn_form '%s': expected recurrent or chunk-aligned", o.gdn_form);
-    s->gdn_chunked = o.gdn_form && !strcmp(o.gdn_form, "chunk-aligned");
+    if (o.gdn_form) LS_TRY(ls_run_parse_gdn_form("run options: gdn_form", o.gdn_form, &s->gdn_chunked, err));
     *act_set = o.activations != NULL;
     if (o.activations) {
         if (strcmp(o.activations, "bf16") && strcmp(o.activations, "fp32"))

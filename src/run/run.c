@@ -331,6 +331,14 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     return LS_OK;
 }
 
+ls_status ls_run_parse_gdn_form(const char *what, const char *v, int *chunked, ls_error *err)
+{
+    if (strcmp(v, "recurrent") && strcmp(v, "chunk-aligned"))
+        return ls_fail(err, LS_E_USAGE, "%s '%s': expected recurrent or chunk-aligned", what, v);
+    *chunked = !strcmp(v, "chunk-aligned");
+    return LS_OK;
+}
+
 ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err)
 {
     char opname[32];

@@ -166,6 +166,12 @@ int ls_run_spec_world(const ls_run_spec *s);
  * router, experts, combine, norm, lm_head). */
 ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err);
 
+/* A GDN form's name (--gdn-form, lockstep_run_options.gdn_form; docs/numerics.md
+ * §5.1): "recurrent" -> *chunked 0, "chunk-aligned" -> 1; anything else
+ * LS_E_USAGE, the message opening with `what` (the option as the caller
+ * knows it). */
+ls_status ls_run_parse_gdn_form(const char *what, const char *v, int *chunked, ls_error *err);
+
 /* The backend called `name` ("cpu": threads workers; "cuda": CUDA device
  * gpu, its arena 90 % of that device's free memory). LS_E_USAGE for an
  * unknown name, a gpu other than 0 with cpu, or a device this machine does
