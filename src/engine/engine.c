@@ -64,7 +64,7 @@ static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error 
 /* Tensor parallelism: rows r0 .. r0 + n - 1 of a projection, borrowed from
  * the model's matrix (no copy: a row range of a row-major matrix is
  * contiguous, and so are its FP8 scale rows when the range starts a 128-row
- * scale block or lies inside one, checked in tp_check). */
+ * scale block or lies inside one, checked in ls_engine_check_tp). */
 static ls_status wrap_range(ls_engine *e, const ls_wmat *m, long r0, long n, ls_bweight *out,
                             ls_error *err)
 {
@@ -356,7 +356,8 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         e->h_afd = malloc(sizeof(float) * (size_t)(T * (D + 2 * k)));
         e->afd_ns = calloc((size_t)(2 * e->c.n_layers), sizeof(uint64_t));
         if (!e->h_afd || !e->afd_ns)
-            return ls_fail_nomem(err, sizeof(float) * (size_t)(T * (D + 2 * k)),
+            return ls_fail_nomem(err, sizeof(float) * (size_t)(T * (D + 2 * k)) +
+                                          sizeof(uint64_t) * (size_t)(2 * e->c.n_layers),
                                  "engine: attention-FFN buffers for %ld rows", T);
     }
     if (e->tp) {
@@ -492,7 +493,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
  * expert-parallel over this group, the experts. KV heads fewer than tp are
  * kept whole; more must divide. An FP8 matrix split by rows must keep its
  * 128-row scale blocks: rows per rank a multiple or a divisor of 128. */
-static ls_status tp_check(const ls_model *m, int tp, int ep_elsewhere, ls_error *err)
+ls_status ls_engine_check_tp(const ls_model *m, int tp, int ep_elsewhere, ls_error *err)
 {
     const ls_model_config *c = &m->cfg;
     struct {
@@ -601,7 +602,7 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
                            "attention, F FFN; the communicator has %d): with F > 1 each FFN rank needs ep_comm "
                            "over the F FFN ranks and the attention rank none; no tensor parallelism", n);
     }
-    if (o->tp_comm) LS_TRY(tp_check(m, ls_comm_size(o->tp_comm), o->ep_comm != NULL, err));
+    if (o->tp_comm) LS_TRY(ls_engine_check_tp(m, ls_comm_size(o->tp_comm), o->ep_comm != NULL, err));
     if (o->ep_comm) {
         int ep = ls_comm_size(o->ep_comm);
         if (m->cfg.n_experts % ep != 0)
@@ -619,11 +620,6 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
                            m->cfg.is_attention[l] ? "full attention" : "gated DeltaNet");
     }
     return LS_OK;
-}
-
-ls_status ls_engine_check_tp(const ls_model *m, int tp, int ep_elsewhere, ls_error *err)
-{
-    return tp_check(m, tp, ep_elsewhere, err);
 }
 
 ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_opts *o,
