@@ -13,7 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/backend_cuda.h"
+#include "engine/engine.h"
 #include "numerics/reduce.h"
+#include "run/run.h"
 
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "ls_cuda.h"
@@ -89,6 +92,30 @@ static inline int ls_gpu_same_i32(const char *what, const int32_t *want, const i
         }
     }
     return 1;
+}
+
+/* Device memory of an engine a GPU test opens: the test models need a few
+ * MiB. The default arena (90 % of the free memory) would do, but
+ * compute-sanitizer's initcheck tracks every byte of every allocation, and
+ * opening an engine over 125 GB dozens of times made the engine test
+ * outlast its sanitizer step. */
+#define LS_GPU_TEST_ARENA_BYTES ((size_t)2 << 30)
+
+/* An engine on `backend` ("cpu": one thread; "cuda": device 0 with the arena
+ * above) for the model's test runs. */
+static inline ls_status ls_gpu_engine_open(const ls_model *m, const char *backend,
+                                           const ls_engine_opts *o, long max_seqs, long max_len,
+                                           ls_engine **out, ls_error *err)
+{
+    *out = NULL;
+    if (strcmp(backend, "cuda")) return ls_run_engine_open(m, backend, 1, o, max_seqs, max_len, out, err);
+    ls_backend_cuda_opts co;
+    ls_backend_cuda_opts_default(&co);
+    co.arena_bytes = LS_GPU_TEST_ARENA_BYTES;
+    ls_backend *be;
+    ls_status st = ls_backend_cuda_create_opts(&co, &be, err);
+    if (st != LS_OK) return st;
+    return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
 }
 
 /* Deterministic pseudo-random numbers (splitmix64), so failures reproduce. */

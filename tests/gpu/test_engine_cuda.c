@@ -72,7 +72,7 @@ static ls_engine *engine(const ls_model *m, const char *backend, int act_bf16, i
     o.state_digest_every = 3; /* carried-state digests at many positions */
     o.max_rows = 64;
     ls_engine *e = NULL;
-    ck_assert_msg(ls_run_engine_open(m, backend, 1, &o, N_SEQS, 64, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_gpu_engine_open(m, backend, &o, N_SEQS, 64, &e, &err) == LS_OK, "%s", err.msg);
     return e;
 }
 
@@ -192,7 +192,7 @@ START_TEST(test_engine_cuda_fails_closed_on_perturb)
     o.perturb_layer = 0;
     o.perturb_op = LS_PERTURB_GDN;
     ls_engine *e = NULL;
-    ck_assert_msg(ls_run_engine_open(m, "cuda", 1, &o, 1, 16, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_gpu_engine_open(m, "cuda", &o, 1, 16, &e, &err) == LS_OK, "%s", err.msg);
     ls_sampling g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     recs got;
     memset(&got, 0, sizeof got);

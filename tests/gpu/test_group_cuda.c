@@ -39,7 +39,7 @@ static ls_engine *engine(const ls_model *m, const char *backend, int act_bf16, l
     o.state_digest_every = 3;
     o.max_rows = max_rows;
     ls_engine *e = NULL;
-    ck_assert_msg(ls_run_engine_open(m, backend, 1, &o, slots, 64, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_gpu_engine_open(m, backend, &o, slots, 64, &e, &err) == LS_OK, "%s", err.msg);
     return e;
 }
 

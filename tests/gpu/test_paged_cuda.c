@@ -46,7 +46,7 @@ static ls_engine *engine(const ls_model *m, const char *backend, int act_bf16, l
     o.max_rows = max_rows;
     o.kv_page = page;
     ls_engine *e = NULL;
-    ck_assert_msg(ls_run_engine_open(m, backend, 1, &o, slots, CAP, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_gpu_engine_open(m, backend, &o, slots, CAP, &e, &err) == LS_OK, "%s", err.msg);
     return e;
 }
 
