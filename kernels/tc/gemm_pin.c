@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -643,6 +644,15 @@ static uint16_t rand_bf16(uint64_t *s)
     return (uint16_t)(((r >> 20) & 1u) << 15 | (120u + (uint32_t)(r & 7u)) << 7 | ((r >> 8) & 0x7fu));
 }
 
+/* The value of bf16 bits (the top half of an fp32). */
+static float bf16_value(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 /* The input row at position i of the run with m rows: the probe (row 0 of
  * the reference run) first, in the middle and last; the other positions
  * rotate through rows 1 .. p-1 with an offset that changes with m, so every
@@ -689,6 +699,9 @@ typedef struct qbufs {
     unsigned long long *count;  /* device [2 n_ms]: differing elements per run */
     unsigned long long *hfirst; /* host copies */
     unsigned long long *hcount;
+    double *want0;              /* host [N]: row 0 of x Wᵀ in fp64 */
+    double *tol0;               /* host [N]: the error any fp32 summation order may make there */
+    float *got0;                /* host [N]: row 0 of a reference run */
 } qbufs;
 
 static void qbufs_free(qbufs *b)
@@ -705,6 +718,9 @@ static void qbufs_free(qbufs *b)
     free(b->moff);
     free(b->hfirst);
     free(b->hcount);
+    free(b->want0);
+    free(b->tol0);
+    free(b->got0);
     memset(b, 0, sizeof *b);
 }
 
@@ -722,7 +738,10 @@ static ls_status qbufs_init(ls_gemm_qual *q, qbufs *b, ls_error *err)
     b->moff = calloc(nm, sizeof *b->moff);
     b->hfirst = calloc(2 * nm, sizeof *b->hfirst);
     b->hcount = calloc(2 * nm, sizeof *b->hcount);
-    if (!b->xoff || !b->moff || !b->hfirst || !b->hcount) {
+    b->want0 = malloc(sizeof *b->want0 * (size_t)n);
+    b->tol0 = malloc(sizeof *b->tol0 * (size_t)n);
+    b->got0 = malloc(sizeof *b->got0 * (size_t)n);
+    if (!b->xoff || !b->moff || !b->hfirst || !b->hcount || !b->want0 || !b->tol0 || !b->got0) {
         st = ls_fail_nomem(err, nm * 48, "GEMM qualification tables");
         goto done;
     }
@@ -746,6 +765,19 @@ static ls_status qbufs_init(ls_gemm_qual *q, qbufs *b, ls_error *err)
     uint64_t s = q->seed;
     for (int64_t i = 0; i < n * k; i++) hw[i] = rand_bf16(&s);
     for (int64_t i = 0; i < p * k; i++) hx[i] = rand_bf16(&s);
+    /* row 0 of x Wᵀ in fp64. A bf16 product is exact in fp32, so an fp32 sum
+     * of the k products in any order is within 2 k 2^-24 Σ|x w| of it (twice
+     * the classical γ_k bound, for accumulators that truncate) */
+    for (int64_t j = 0; j < n; j++) {
+        double sum = 0.0, mag = 0.0;
+        for (int64_t i = 0; i < k; i++) {
+            double t = (double)bf16_value(hx[i]) * (double)bf16_value(hw[j * k + i]);
+            sum += t;
+            mag += fabs(t);
+        }
+        b->want0[j] = sum;
+        b->tol0[j] = 2.0 * (double)k * ldexp(1.0, -24) * mag + ldexp(1.0, -126);
+    }
     for (int r = 0; r < q->n_ms; r++) {
         int64_t m = q->ms[r];
         for (int64_t i = 0; i < m; i++) {
@@ -765,6 +797,14 @@ static ls_status qbufs_init(ls_gemm_qual *q, qbufs *b, ls_error *err)
     RT_GO(cudaMalloc((void **)&b->y1, sizeof(float) * (size_t)n), "heuristic M = 1 row");
     RT_GO(cudaMalloc((void **)&b->first, sizeof *b->first * 2 * nm), "diff slots");
     RT_GO(cudaMalloc((void **)&b->count, sizeof *b->count * 2 * nm), "diff counts");
+    /* The outputs start as a NaN pattern. cuBLASLt's Hopper kernels store
+     * through bulk (TMA) copies, which compute-sanitizer 2025.3's initcheck
+     * does not record as writes: without this it reports every read of a
+     * GEMM's output. NaN bits are no product of these inputs, and the
+     * reference check in qualify_one proves each candidate wrote its output. */
+    RT_GO(cudaMemset(b->yref, 0xff, sizeof(float) * (size_t)(p * n)), "reference output");
+    RT_GO(cudaMemset(b->y, 0xff, sizeof(float) * (size_t)(p * n)), "output");
+    RT_GO(cudaMemset(b->y1, 0xff, sizeof(float) * (size_t)n), "heuristic M = 1 row");
     RT_GO(cudaMemcpy(q->w_dev, hw, sizeof *hw * (size_t)(n * k), cudaMemcpyHostToDevice), "upload W");
     RT_GO(cudaMemcpy(q->x_dev, hx, sizeof *hx * (size_t)(p * k), cudaMemcpyHostToDevice), "upload x");
     RT_GO(cudaMemcpy(b->xall, hall, sizeof *hall * (size_t)xt, cudaMemcpyHostToDevice), "upload rows");
@@ -1047,6 +1087,20 @@ static ls_status qualify_one(ls_gemm_lt *lt, ls_gemm_qual *q, qbufs *b, lt_desc 
         c->fail_m = q->max_rows;
         snprintf(c->fail_reason, sizeof c->fail_reason, "cublasLtMatmul refuses M = %" PRId64 ": %s",
                  q->max_rows, cublasLtGetStatusName(refused));
+        goto done;
+    }
+    /* bit-stable is not enough: row 0 must be x Wᵀ */
+    RT_GO(cudaMemcpy(b->got0, b->yref, sizeof(float) * (size_t)q->n, cudaMemcpyDeviceToHost),
+          "reading the reference run (a GEMM may have failed)");
+    for (int64_t j = 0; j < q->n; j++) {
+        double g = (double)b->got0[j];
+        if (fabs(g - b->want0[j]) <= b->tol0[j]) continue; /* false for NaN */
+        c->fail_m = q->max_rows;
+        c->fail_row = c->fail_input_row = 0;
+        c->fail_col = j;
+        snprintf(c->fail_reason, sizeof c->fail_reason,
+                 "row 0 of its output is not x W^T: column %" PRId64 " is %.9g, the fp64 product "
+                 "%.9g (error bound %.3g)", j, g, b->want0[j], b->tol0[j]);
         goto done;
     }
     LS_GO(slots_reset(b, q->n_ms, err));
