@@ -279,10 +279,5 @@ int main(void)
     tcase_add_test(tc, test_tiny_replay);
     tcase_add_test(tc, test_cli_bad_flags);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ls_test_run_suite(s, 1) ? 1 : 0;
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backend_ops.h"
+#include "testutil.h"
 
 static ls_status cpu_create(void *arg, ls_backend **out, ls_error *err)
 {
@@ -49,9 +50,5 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, test_op, 0, ls_bo_op_count());
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ls_test_run_suite(s, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

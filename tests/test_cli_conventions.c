@@ -523,11 +523,7 @@ int main(void)
     tcase_add_test(tc, test_no_color);
     tcase_add_test(tc, test_progress_plain_lines);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = ls_test_run_suite(s, 1);
     if (g_dir) ls_test_rm_tmpdir(g_dir);
     return failed ? 1 : 0;
 }

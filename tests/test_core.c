@@ -141,9 +141,5 @@ int main(void)
     tcase_add_test(tc, test_bf16_rounding);
     tcase_add_test(tc, test_dot32_order);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ls_test_run_suite(s, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

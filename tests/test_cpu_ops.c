@@ -14,6 +14,7 @@
 #include "backend/cpu_ops.h"
 #include "numerics/lsmath.h"
 #include "numerics/reduce.h"
+#include "testutil.h"
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
@@ -745,9 +746,5 @@ int main(void)
     tcase_add_test(tc, test_backend_threads);
     tcase_add_test(tc, test_backend_digest);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ls_test_run_suite(s, 0) ? 1 : 0;
 }

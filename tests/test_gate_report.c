@@ -105,9 +105,5 @@ int main(void)
     TCase *tc = tcase_create("gate_report");
     tcase_add_loop_test(tc, test_gate_json_drift_rows, 0, 2);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ls_test_run_suite(s, 0) ? 1 : 0;
 }

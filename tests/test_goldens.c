@@ -895,20 +895,11 @@ int main(int argc, char **argv)
     suite_add_tcase(s, tc);
     if (g_update) {
         /* only the strict goldens, in this process (no fork) so a failure stops */
-        SRunner *sr = srunner_create(s);
-        srunner_set_fork_status(sr, CK_NOFORK);
-        srunner_run_all(sr, CK_NORMAL);
-        int failed = srunner_ntests_failed(sr);
-        srunner_free(sr);
-        return failed ? 1 : 0;
+        return ls_test_run_suite(s, 1) ? 1 : 0;
     }
     tcase_add_loop_test(tc, test_qwen35_layouts_identical, 0, N_GOLDENS - FIRST_QWEN35);
     tcase_add_loop_test(tc, test_fp32_vs_transformers, 0, N_ALL_GOLDENS);
     tcase_add_loop_test(tc, test_fp32_vs_transformers_chunk_aligned, 0, N_ALL_GOLDENS);
     tcase_add_loop_test(tc, test_bf16_vs_transformers, 0, N_GOLDENS);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ls_test_run_suite(s, 0) ? 1 : 0;
 }

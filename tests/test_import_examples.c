@@ -236,9 +236,5 @@ int main(void)
     tcase_add_test(tc, test_documented_commands_run);
     tcase_add_test(tc, test_one_ulp_is_named);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ls_test_run_suite(s, 0) ? 1 : 0;
 }

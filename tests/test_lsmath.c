@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "numerics/lsmath.h"
+#include "testutil.h"
 
 /* Stated bounds (ULP of the correctly rounded fp32 result). */
 #define EXP_MAX_ULP 1
@@ -257,9 +258,5 @@ int main(void)
     tcase_add_test(tc, test_log1p_specials);
     tcase_add_test(tc, test_derived);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ls_test_run_suite(s, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

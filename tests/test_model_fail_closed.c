@@ -634,11 +634,7 @@ int main(void)
     tcase_add_test(tc, test_nonfinite_far_into_a_tensor);
     tcase_add_test(tc, test_nonfinite_refused_by_commands);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = ls_test_run_suite(s, 1);
     ls_checkpoint_close(g_ck);
     if (g_dir) ls_test_rm_tmpdir(g_dir);
     return failed ? 1 : 0;

@@ -609,10 +609,5 @@ int main(void)
     tcase_add_loop_test(tc, test_rank_failure, 0, 3);
     tcase_add_loop_test(tc, test_afd_equals_colocated, 0, 6);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK); /* the models are opened once for every test */
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ls_test_run_suite(s, 1) ? EXIT_FAILURE : EXIT_SUCCESS; /* the models are opened once for every test */
 }

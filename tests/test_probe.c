@@ -365,9 +365,5 @@ int main(void)
     tcase_add_test(tm, test_fingerprint_rules);
     tcase_add_test(tm, test_cli_verify_and_diff);
     suite_add_tcase(s, tm);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ls_test_run_suite(s, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -849,10 +849,7 @@ int main(void)
     tcase_add_test(tc, test_synth_release_shapes);
     tcase_add_test(tc, test_synth_layouts);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = ls_test_run_suite(s, 0);
     if (g_dir) ls_test_rm_tmpdir(g_dir);
     return failed ? 1 : 0;
 }

@@ -626,11 +626,7 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = ls_test_run_suite(suite(), 1);
     if (g_dir) ls_test_rm_tmpdir(g_dir);
     return failed ? 1 : 0;
 }

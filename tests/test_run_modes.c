@@ -372,11 +372,7 @@ int main(void)
     tcase_add_test(tc, test_run_layer_refuses_another_checkpoint);
     tcase_add_test(tc, test_api_refuses);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    int failed = ls_test_run_suite(s, 1);
     if (g_prompts.n) ls_run_batch_free(&g_prompts);
     if (g_dir) ls_test_rm_tmpdir(g_dir);
     return failed ? 1 : 0;

@@ -161,9 +161,5 @@ int main(void)
     tcase_add_test(tc, test_writer_rejects);
     tcase_add_test(tc, test_unknown_major);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return ls_test_run_suite(s, 0) ? 1 : 0;
 }

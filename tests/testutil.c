@@ -132,3 +132,13 @@ void ls_test_merkle_root(const char *dir, char hex[65])
     ls_fingerprint_free(&fp);
     ls_checkpoint_close(ck);
 }
+
+int ls_test_run_suite(Suite *s, int nofork)
+{
+    SRunner *sr = srunner_create(s);
+    if (nofork) srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed;
+}

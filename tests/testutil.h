@@ -2,6 +2,7 @@
 #ifndef LS_TESTS_TESTUTIL_H
 #define LS_TESTS_TESTUTIL_H
 
+#include <check.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,6 +18,11 @@
 #ifndef LS_TEST_ASAN
 #define LS_TEST_ASAN 0
 #endif
+
+/* Runs every case of s (in forked children unless nofork: GPU suites, and
+ * suites that open their models once for all cases), prints Check's
+ * summary, frees the runner; returns the number of failed cases. */
+int ls_test_run_suite(Suite *s, int nofork);
 
 /* Creates a fresh temporary directory (under $TMPDIR or /tmp) and returns its
  * path (static storage per call site is not assumed: caller frees). */

@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "numerics/reduce.h"
 #include "run/run.h"
+#include "testutil.h"
 
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "ls_cuda.h"
@@ -40,12 +41,7 @@ static inline int ls_gpu_available(void)
 /* Runs a suite without fork; returns the process exit code. */
 static inline int ls_gpu_run_suite(Suite *s)
 {
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return ls_test_run_suite(s, 1) ? EXIT_FAILURE : EXIT_SUCCESS;
 }
 
 /* Compares two fp32 arrays bit for bit; on the first difference prints the
