@@ -13,6 +13,7 @@
 #include "io/checkpoint.h"
 #include "io/json.h"
 #include "model/model.h"
+#include "synth_models.h"
 #include "testutil.h"
 
 /* ---- in-memory trace ------------------------------------------------------------ */
@@ -110,15 +111,10 @@ static void setup(void)
 {
     if (g_model) return;
     g_dir = ls_test_tmpdir("engine");
-    char *out = NULL;
-    int rc = ls_test_cli(&out, "synth --preset tiny --seed 7 --out %s/tiny", g_dir);
-    ck_assert_msg(rc == 0, "synth failed: %s", out ? out : "");
-    free(out);
     char path[4200];
     snprintf(path, sizeof path, "%s/tiny", g_dir);
-    ls_error err;
-    ck_assert_msg(ls_checkpoint_open(path, &g_ck, &err) == LS_OK, "%s", err.msg);
-    ck_assert_msg(ls_model_open(g_ck, &g_model, &err) == LS_OK, "%s", err.msg);
+    ls_test_write_synth("tiny", 7, path);
+    ls_test_open_model(path, &g_ck, &g_model);
 }
 
 static int32_t *prompt(long n, uint32_t salt)

@@ -20,6 +20,7 @@
 #include "io/checkpoint.h"
 #include "model/model.h"
 #include "st_image.h"
+#include "synth_models.h"
 #include "testutil.h"
 
 static char *g_dir;
@@ -30,16 +31,11 @@ static void setup(void)
 {
     if (g_ck) return;
     g_dir = ls_test_tmpdir("model-fc");
-    char *out = NULL;
-    int rc = ls_test_cli(&out, "synth --preset tiny --seed 7 --out %s/tiny", g_dir);
-    ck_assert_msg(rc == 0, "synth failed: %s", out ? out : "");
-    free(out);
     char path[4200];
     snprintf(path, sizeof path, "%s/tiny", g_dir);
-    ls_error err;
-    ck_assert_msg(ls_checkpoint_open(path, &g_ck, &err) == LS_OK, "%s", err.msg);
+    ls_test_write_synth("tiny", 7, path);
     ls_model *m = NULL;
-    ck_assert_msg(ls_model_open(g_ck, &m, &err) == LS_OK, "%s", err.msg);
+    ls_test_open_model(path, &g_ck, &m);
     g_cfg = m->cfg;
     ls_model_close(m);
     snprintf(path, sizeof path, "%s/prompts.jsonl", g_dir);
