@@ -53,7 +53,8 @@
  *
  * Kernel micro-benchmarks (direct calls to kernels/ops.h, not a forward):
  *   gdn_scan  ls_cuda_gdn_recurrent over 8192 tokens, one layer, vs FLA's
- *             published 0.472 ms
+ *             published 0.472 ms (harness/fla_gdn.py times FLA itself); then
+ *             one decode step of 1 and of 32 sequences (ls_cuda_gdn_recurrent_batch)
  *   --moe-plans  the MoE experts of one layer alone under every kernel plan of
  *             ls_cuda_moe_forward_plan, at 1 .. prefill tokens, vs the bytes of
  *             the distinct experts routed to / copy bandwidth (and whether every
@@ -524,6 +525,33 @@ static void gdn_scan(const ls_model_config *c, timer *tm, int reps)
     double bytes = (double)TS * (2 * Hk * dk + 2 * Hv * dv + 2 * Hv) * 4;
     printf("  gdn scan streams %.1f MB -> %.1f GB/s; 4 FLOP per state element per token: %.2f TFLOP/s\n",
            bytes / 1e6, bytes / (gm * 1e-3) / 1e9, 4.0 * TS * Hv * dk * dv / (gm * 1e-3) / 1e12);
+    /* decode: one token of each of B sequences on its own carried state
+     * (the engine's batched call), the reference of FLA's fused_recurrent */
+    static const long decode_b[] = {1, 32};
+    for (int bi = 0; bi < 2; bi++) {
+        long B = decode_b[bi];
+        float *Sb = dmalloc((size_t)B * Hv * dk * dv * 4);
+        float *states[32];
+        long row0[32], len[32];
+        for (long s = 0; s < B; s++) {
+            states[s] = Sb + s * Hv * dk * dv;
+            row0[s] = s;
+            len[s] = 1;
+        }
+        CU(cudaMemset(Sb, 0, (size_t)B * Hv * dk * dv * 4));
+        for (int r = 0; r < 1 + reps; r++) {
+            tstart(tm);
+            CK(ls_cuda_gdn_recurrent_batch(q, k, v, al, be, states, row0, len, B, o, Hk, Hv, dk, dv, 1, 0,
+                                           NULL, &g_err));
+            float ms = tstop(tm);
+            if (r >= 1) t[r - 1] = ms;
+        }
+        float dm = median(t, reps);
+        double sb = (double)B * Hv * dk * dv * 4 * 2; /* each state read and written */
+        printf("gdn decode batch %ld (one token per sequence, one layer): %.4f ms; states %.1f MB read + "
+               "written -> %.0f GB/s\n", B, dm, sb / 1e6, sb / (dm * 1e-3) / 1e9);
+        CU(cudaFree(Sb));
+    }
     free(h_al);
     free(h_be);
     void *bufs[] = {q, k, v, al, be, o, S};
