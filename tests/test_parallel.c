@@ -14,8 +14,9 @@
  *   tensor-parallel path, TP2, TP4 where the shapes divide (also with a paged
  *   KV cache), TP2 x EP1 and TP2 x EP2 (TP groups split from the world by
  *   ls_comm_split, the experts split over the world);
- * - attention-FFN disaggregation 1A1F and 1A2F (afd_comm, §3.2): rank 0 the mixers,
- *   the other ranks the MoE (two: the experts split between them).
+ * - attention-FFN disaggregation 1A1F, 1A2F, 2A1F and 2A2F (afd_comm, §3.2):
+ *   the first A ranks the mixers (two: split by head between them, as TP
+ *   does), the other ranks the MoE (two: the experts split between them).
  * A perturbation planted on one rank is localised by the comparator to its
  * layer on every rank; a topology that does not divide the model, an FP8
  * shard across a scale block, a backend without the ops, and a rank whose
@@ -112,8 +113,9 @@ typedef struct run_ctx {
     int model;
     ls_comm *tp, *ep;                     /* both NULL: the plain engine */
     int split;                            /* > 0: tp is split from ep, groups of `split` ranks */
-    ls_comm *afd;                         /* attention-FFN disaggregation (1AnF) */
-    int afd_split;                        /* 1: the FFN ranks (afd ranks >= 1) split their ep group */
+    ls_comm *afd;                         /* attention-FFN disaggregation (AnF) */
+    int afd_att;                          /* A, the attention ranks (afd ranks < A) */
+    int afd_split;                        /* 1: each side splits its group (tp: A > 1, ep: F > 1) */
     long kv_page;                         /* > 0: a paged KV cache (changes no bit) */
     int perturb_layer;
     ls_perturb_op perturb_op;
@@ -133,6 +135,7 @@ static void *run_main(void *arg)
     const ls_model *m = g_m[x->model];
     ls_engine_opts o = opts(x->model, x->tp, x->ep);
     o.afd_comm = x->afd;
+    o.afd_attention = x->afd_att;
     o.kv_page = x->kv_page;
     if (x->perturb_op != LS_PERTURB_NONE) {
         o.perturb_op = x->perturb_op;
@@ -152,10 +155,12 @@ static void *run_main(void *arg)
         o.tp_comm = x->tp;
     }
     if (x->afd_split) {
-        /* 1AnF: the FFN ranks' group splits the experts; rank 0's group is unused */
-        int r = ls_comm_rank(x->afd);
-        x->st = ls_comm_split(x->afd, r > 0, r, &x->ep, &err);
-        o.ep_comm = r > 0 ? x->ep : NULL;
+        /* AnF: the attention ranks' group splits the mixers (A > 1), the FFN
+         * ranks' the experts (F > 1); a group of one is unused */
+        int r = ls_comm_rank(x->afd), A = x->afd_att, F = ls_comm_size(x->afd) - A;
+        x->st = ls_comm_split(x->afd, r >= A, r, &x->ep, &err);
+        o.tp_comm = r < A && A > 1 ? x->ep : NULL;
+        o.ep_comm = r >= A && F > 1 ? x->ep : NULL;
     }
     if (x->st == LS_OK) x->st = ls_run_engine_open(m, "cpu", 1, &o, N_SEQS, CAP, &e, &err);
     if (x->st == LS_OK) x->weight_bytes = ls_engine_weight_bytes(e);
@@ -292,49 +297,55 @@ START_TEST(test_tp_equals_plain)
 }
 END_TEST
 
-/* ---- attention-FFN disaggregation 1A1F and 1A2F -----------------------------------------------
- * Rank 0 the mixers, the other ranks the MoE (two: expert-parallel between
- * them): every rank's records (the FFN ranks take rank 0's logprobs and
- * digests) and completions equal the colocated engine's. Loop index: model
- * (3) x F (1, 2). */
+/* ---- attention-FFN disaggregation AnF --------------------------------------------------------
+ * Ranks 0..A-1 the mixers (A = 2: tensor-parallel between them), the other
+ * ranks the MoE (two: expert-parallel between them): every rank's records
+ * (the FFN ranks take rank 0's logprobs and digests) and completions equal
+ * the colocated engine's. Loop index: model (3) x (A, F) of 1:1, 1:2, 2:1,
+ * 2:2. */
 START_TEST(test_afd_equals_colocated)
 {
     setup();
-    int model = _i % 3, F = 1 + _i / 3, W = 1 + F;
+    static const int topo[4][2] = {{1, 1}, {1, 2}, {2, 1}, {2, 2}};
+    int model = _i % 3, A = topo[_i / 3][0], F = topo[_i / 3][1], W = A + F;
     const run_ctx *p = plain(model);
-    ls_comm *comms[3];
+    ls_comm *comms[4];
     ls_error err;
     ls_comm_opts co = {60000};
     ck_assert_msg(ls_comm_cpu_world(W, &co, comms, &err) == LS_OK, "%s", err.msg);
-    run_ctx x[3];
+    run_ctx x[4];
     memset(x, 0, sizeof x);
-    pthread_t t[3];
+    pthread_t t[4];
     for (int r = 0; r < W; r++) {
         x[r].model = model;
         x[r].afd = comms[r];
-        x[r].afd_split = F > 1;
+        x[r].afd_att = A;
+        x[r].afd_split = A > 1 || F > 1;
         ck_assert_int_eq(ls_thread_start(&t[r], run_main, &x[r]), 0);
     }
     for (int r = 0; r < W; r++) pthread_join(t[r], NULL);
     for (int r = 0; r < W; r++) ls_comm_destroy(comms[r]);
     for (int r = 0; r < W; r++) {
-        ck_assert_msg(x[r].st == LS_OK, "%s AFD rank %d: %s", g_name[model], r, x[r].msg);
+        ck_assert_msg(x[r].st == LS_OK, "%s AFD %d:%d rank %d: %s", g_name[model], A, F, r, x[r].msg);
         char msg[512];
         ck_assert_msg(recs_diff(&p->ro, &x[r].ro, 0, msg, sizeof msg) == 0,
-                      "%s AFD rank %d rollout: first difference: %s", g_name[model], r, msg);
+                      "%s AFD %d:%d rank %d rollout: first difference: %s", g_name[model], A, F, r, msg);
         ck_assert_msg(recs_diff(&p->rp, &x[r].rp, 0, msg, sizeof msg) == 0,
-                      "%s AFD rank %d replay: first difference: %s", g_name[model], r, msg);
-        ck_assert_msg(memcmp(p->done, x[r].done, sizeof p->done) == 0, "%s AFD rank %d: completions differ",
-                      g_name[model], r);
+                      "%s AFD %d:%d rank %d replay: first difference: %s", g_name[model], A, F, r, msg);
+        ck_assert_msg(memcmp(p->done, x[r].done, sizeof p->done) == 0, "%s AFD %d:%d rank %d: completions differ",
+                      g_name[model], A, F, r);
         recs_free(&x[r].ro);
         recs_free(&x[r].rp);
     }
-    size_t all = 0;
-    for (int r = 0; r < W; r++) all += x[r].weight_bytes;
-    printf("%s AFD 1A%dF: weight bytes attention rank %zu, FFN rank(s) %zu %zu (one rank: %zu)\n", g_name[model], F,
-           x[0].weight_bytes, x[1].weight_bytes, F > 1 ? x[2].weight_bytes : 0, p->weight_bytes);
-    /* the routers (and a shared expert) are on every FFN rank, the experts split */
-    ck_assert(F > 1 ? all > p->weight_bytes : all == p->weight_bytes);
+    size_t att = 0, ffn = 0;
+    for (int r = 0; r < W; r++) *(r < A ? &att : &ffn) += x[r].weight_bytes;
+    printf("%s AFD %d:%d: weight bytes attention rank(s) %zu, FFN rank(s) %zu (one rank: %zu)\n", g_name[model], A,
+           F, att, ffn, p->weight_bytes);
+    /* each side holds only its own matrices, split over its ranks: the
+     * mixers and the lm_head over A (the embedding on every attention rank),
+     * the experts over F (the routers and a shared expert on every FFN rank);
+     * with one rank a side, exactly the colocated engine's */
+    ck_assert(F > 1 ? att + ffn > p->weight_bytes : A > 1 || att + ffn == p->weight_bytes);
     for (int r = 0; r < W; r++) ck_assert(x[r].weight_bytes < p->weight_bytes);
 }
 END_TEST
@@ -519,8 +530,9 @@ START_TEST(test_tp_refusals)
     o3.afd_comm = c3[1];
     ls_engine *e = NULL;
     ck_assert_int_eq(ls_run_engine_open(g_m[0], "cpu", 1, &o3, 2, CAP, &e, &e3), LS_E_UNSUPPORTED);
-    ck_assert_msg(strstr(e3.msg, "attention-FFN disaggregation runs on 1 + F ranks (1 attention, F FFN; the "
-                         "communicator has 3): with F > 1 each FFN rank needs ep_comm"), "%s", e3.msg);
+    ck_assert_msg(strstr(e3.msg, "attention-FFN disaggregation runs on A + F ranks (A 1 attention, F FFN; the "
+                         "communicator has 3): with A > 1 each attention rank needs tp_comm over the A attention "
+                         "ranks, with F > 1 each FFN rank ep_comm"), "%s", e3.msg);
     for (int r = 0; r < 3; r++) ls_comm_destroy(c3[r]);
     /* the FP8 model with 2 key heads */
     expect_refused(2, 4, NULL, LS_E_UNSUPPORTED, "engine: linear_num_key_heads 2 is not a multiple of tp 4");
@@ -607,7 +619,7 @@ int main(void)
     tcase_add_test(tc, test_tp_perturbation_localised);
     tcase_add_test(tc, test_tp_refusals);
     tcase_add_loop_test(tc, test_rank_failure, 0, 3);
-    tcase_add_loop_test(tc, test_afd_equals_colocated, 0, 6);
+    tcase_add_loop_test(tc, test_afd_equals_colocated, 0, 12);
     suite_add_tcase(s, tc);
     return ls_test_run_suite(s, 1) ? EXIT_FAILURE : EXIT_SUCCESS; /* the models are opened once for every test */
 }

@@ -1,5 +1,5 @@
 /* Several ranks from the command line (docs/parallel.md §1, run/ranks.h):
- * `lockstep run --ep N`, `--tp N`, `--tp N --ep M` and `--afd 1:F` start
+ * `lockstep run --ep N`, `--tp N`, `--tp N --ep M` and `--afd A:F` start
  * that many processes joined by the CPU communicator, rank 0 writing the
  * trace.
  *
@@ -10,14 +10,15 @@
  * --ep 2, --afd 1:1 and --afd 1:2), and a chunked replay; the
  * header records the topology and the manifest digest is the one-rank run's.
  * The same for --tp 2, --tp 4 (Qwen3-Next tiny and Qwen3.5 tiny with 4
- * linear key heads, which 4 divides), --tp 2 --ep 2, --afd 1:1 and --afd
- * 1:2 (the experts split over the two FFN ranks), rollout and chunked
- * replay. `manifest pin --ep/--tp/--afd` records the topology;
+ * linear key heads, which 4 divides), --tp 2 --ep 2, --afd 1:1, --afd 1:2
+ * (the experts split over the two FFN ranks) and --afd 2:2 (the mixers
+ * split over the two attention ranks too), rollout and chunked replay.
+ * `manifest pin --ep/--tp/--afd` records the topology;
  * `manifest diff` calls EP1 against EP2 and TP1 against TP2 informational
  * for strict manifests and voiding for fast ones; `gate --ep 2`, `--tp 2`,
  * `--afd 1:1` and `--afd 1:2` replay the rollout on one rank. Refusals
- * (experts or heads not divisible, the cuda backend, an attention group of
- * several ranks, FFN ranks that do not divide the experts, --rank-timeout
+ * (experts or heads not divisible, the cuda backend, attention ranks that
+ * do not divide the heads, FFN ranks that do not divide the experts, --rank-timeout
  * with one rank, --afd-balance without --afd) exit 2 naming the flag.
  * `--afd 1:1` and `--afd 1:2` with `--afd-balance FILE` write the per-layer
  * balance report (one row per decoder layer, of its mixer family, every FFN
@@ -173,13 +174,14 @@ START_TEST(test_tp_equals_one_rank)
     const char *mod = g_tp_model[_i];
     int fp8 = _i == 2;
     /* the FP8 model keeps 2 linear key heads: TP4 does not divide them */
-    static const char *const topo[] = {"--tp 2", "--tp 4", "--tp 2 --ep 2", "--afd 1:1", "--afd 1:2"};
+    static const char *const topo[] = {"--tp 2", "--tp 4", "--tp 2 --ep 2", "--afd 1:1", "--afd 1:2", "--afd 2:2"};
     static const char *const header[] = {
         "\"topology\":{\"afd\":null,\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":2}",
         "\"topology\":{\"afd\":null,\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":4}",
         "\"topology\":{\"afd\":null,\"communicator\":\"cpu-socket\",\"ep\":2,\"tp\":2}",
         "\"topology\":{\"afd\":[1,1],\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":1}",
         "\"topology\":{\"afd\":[1,2],\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":1}",
+        "\"topology\":{\"afd\":[2,2],\"communicator\":\"cpu-socket\",\"ep\":1,\"tp\":1}",
     };
     char full[1024], ref[64], name[64];
     snprintf(full, sizeof full, "--checkpoint %s/%s --mode rollout --prompts %s/prompts.jsonl%s --max-new-tokens 6 "
@@ -190,7 +192,7 @@ START_TEST(test_tp_equals_one_rank)
     int rc = ls_test_cli(&out, "run %s -o %s/%s", full, g_dir, ref);
     ck_assert_msg(rc == 0, "%s: exit %d\n%s", ref, rc, out ? out : "");
     free(out);
-    for (int t = 0; t < 5; t++) {
+    for (int t = 0; t < 6; t++) {
         if (fp8 && t == 1) continue;
         snprintf(name, sizeof name, "%s-t%d.trace", mod, 10 + t);
         rc = ls_test_cli(&out, "run %s %s -o %s/%s", full, topo[t], g_dir, name);
@@ -309,9 +311,14 @@ START_TEST(test_manifest_topology)
     free(d1);
     free(d2);
     /* refusals */
-    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --afd 2:1 -o %s/x.json", g_dir, g_dir);
-    ck_assert_msg(rc == 2 && strstr(out, "--afd") && strstr(out, "one attention rank"), "exit %d\n%s", rc, out);
+    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --afd 2:3 -o %s/a23.json", g_dir, g_dir);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
     free(out);
+    snprintf(path, sizeof path, "%s/a23.json", g_dir);
+    char *a23 = ls_test_read(path, NULL);
+    ck_assert_msg(strstr(a23, "\"attention_ranks\": 2") && strstr(a23, "\"ffn_ranks\": 3") &&
+                  strstr(a23, "\"world_size\": 5"), "%s", a23);
+    free(a23);
     rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --backend cuda --tp 2 -o %s/x.json", g_dir, g_dir);
     ck_assert_msg(rc == 2 && strstr(out, "--tp 2") && strstr(out, "cpu backend only"), "exit %d\n%s", rc, out);
     free(out);
@@ -344,13 +351,13 @@ START_TEST(test_refusals)
         {"--tp 3", "--tp 3", "num_attention_heads 4 is not a multiple of --tp 3"},
         {"--tp 3 --ep 3", "--tp 3 --ep 3", "9 ranks do not divide num_experts 8"},
         {"--tp 2 --backend cuda", "--tp 2", "cpu backend only"},
-        {"--afd 2:1", "--afd", "runs with one attention rank"},
+        {"--afd 3:1", "--afd", "3 attention ranks split every mixer by head"},
         {"--afd 1:3", "--afd", "3 FFN ranks do not divide num_experts 8"},
         {"--afd 1:1 --ep 2", "--afd", "does not combine with --tp or --ep"},
         {"--afd 1", "--afd", "expected A:F"},
         {"--rank-timeout 100", "--rank-timeout", "several ranks"},
         {"--ep 0", "--ep", "1.."},
-        {"--afd-balance refused.json", "--afd-balance", "attention-FFN disaggregated run (--afd 1:F)"},
+        {"--afd-balance refused.json", "--afd-balance", "attention-FFN disaggregated run (--afd A:F)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out = NULL;
@@ -378,7 +385,7 @@ START_TEST(test_refusals)
     rc = ls_test_sh(&out, "RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=1 timeout -s KILL 60 '%s' run "
                     "--checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl --max-new-tokens 2 --afd 1:2 "
                     "-o %s/refused.trace 2>&1", LS_CLI_PATH, g_dir, g_dir, g_dir);
-    ck_assert_msg(rc == 2 && strstr(out, "--afd 1:2 under a launcher (torchrun): the FFN groups"), "exit %d\n%s", rc,
+    ck_assert_msg(rc == 2 && strstr(out, "--afd 1:2 under a launcher (torchrun): the attention and FFN groups"), "exit %d\n%s", rc,
                   out);
     free(out);
     expect_no_output("refused.trace");

@@ -36,7 +36,7 @@ static const char usage_text[] =
     "                         its sequences plainly, so the gate checks that configuration\n"
     "  --kv-page N            the rollout's KV cache in pages of N positions (as for run;\n"
     "                         default: contiguous); the replays keep a contiguous cache\n"
-    "  --tp N, --ep M, --afd 1:F  the rollout on tensor-parallel, expert-parallel or\n"
+    "  --tp N, --ep M, --afd A:F  the rollout on tensor-parallel, expert-parallel or\n"
     "                         attention-FFN CPU ranks (as for run); the replays run on one\n"
     "                         rank, so the gate checks that topology against one rank\n"
     "  --gdn-form recurrent|chunk-aligned  the GDN arithmetic of every run (as for run;\n"

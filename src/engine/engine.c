@@ -193,7 +193,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     if (!be->digest)
         return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no digest op: lockstep records "
                        "every digest through it and will not run without it", be->name);
-    if (e->tp && (!be->moe_slots || !be->moe_combine))
+    if (e->tp && e->moe_comm && (!be->moe_slots || !be->moe_combine))
         return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no expert-parallel ops (moe_slots, "
                        "moe_combine): it cannot run as one rank of %d tensor-parallel ranks (the "
                        "MoE of a tensor-parallel group runs expert-parallel)", be->name, e->tp);
@@ -202,7 +202,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
                        "moe_combine): it cannot run as one rank of %d expert-parallel ranks",
                        be->name, e->ep);
     /* AFD: the mixer rank holds no router or expert, the FFN rank nothing else */
-    int mixers = !e->afd || e->afd_rank == 0, ffn = !e->afd || e->afd_rank >= 1;
+    int mixers = !e->afd || e->afd_rank < e->afd_att, ffn = !e->afd || e->afd_rank >= e->afd_att;
     if (mixers) {
         LS_TRY(wrap(e, &m->embed, &e->embed, err));
         LS_TRY(wrap_rows(e, &m->lm_head, &e->lm_head, err));
@@ -593,16 +593,26 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
                            "per layer is beyond what lockstep addresses", o->kv_page, pages, elems);
     }
     if (o->afd_comm) {
-        /* 1 attention rank and F FFN ranks; with F > 1 the FFN ranks split
-         * the experts over ep_comm (their own F), the attention rank has none */
+        /* A attention ranks and F FFN ranks; with A > 1 the attention ranks
+         * split the mixers over tp_comm (their own A), with F > 1 the FFN
+         * ranks the experts over ep_comm (their own F) */
         int n = ls_comm_size(o->afd_comm), r = ls_comm_rank(o->afd_comm);
-        int ep_ok = r == 0 || n == 2 ? !o->ep_comm : o->ep_comm && ls_comm_size(o->ep_comm) == n - 1;
-        if (n < 2 || o->tp_comm || !ep_ok)
-            return ls_fail(err, LS_E_UNSUPPORTED, "engine: attention-FFN disaggregation runs on 1 + F ranks (1 "
-                           "attention, F FFN; the communicator has %d): with F > 1 each FFN rank needs ep_comm "
-                           "over the F FFN ranks and the attention rank none; no tensor parallelism", n);
+        int A = o->afd_attention > 0 ? o->afd_attention : 1, F = n - A;
+        int ok = F >= 1;
+        if (ok && r < A)
+            ok = !o->ep_comm && (A == 1 ? !o->tp_comm : o->tp_comm && ls_comm_size(o->tp_comm) == A);
+        else if (ok)
+            ok = !o->tp_comm && (F == 1 ? !o->ep_comm : o->ep_comm && ls_comm_size(o->ep_comm) == F);
+        if (!ok)
+            return ls_fail(err, LS_E_UNSUPPORTED, "engine: attention-FFN disaggregation runs on A + F ranks (A %d "
+                           "attention, F FFN; the communicator has %d): with A > 1 each attention rank needs "
+                           "tp_comm over the A attention ranks, with F > 1 each FFN rank ep_comm over the F FFN "
+                           "ranks, and nothing else", A, n);
+        /* the attention group's MoE is remote: its TP shapes only */
+        if (r < A && A > 1) LS_TRY(ls_engine_check_tp(m, A, 1, err));
+    } else if (o->tp_comm) {
+        LS_TRY(ls_engine_check_tp(m, ls_comm_size(o->tp_comm), o->ep_comm != NULL, err));
     }
-    if (o->tp_comm) LS_TRY(ls_engine_check_tp(m, ls_comm_size(o->tp_comm), o->ep_comm != NULL, err));
     if (o->ep_comm) {
         int ep = ls_comm_size(o->ep_comm);
         if (m->cfg.n_experts % ep != 0)
@@ -646,7 +656,9 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
     e->max_pages = (max_len + e->page - 1) / e->page;
     e->kv_cap = e->max_pages * e->page;
     e->pool_pages = !e->paged ? 0 : o->kv_pool_pages ? o->kv_pool_pages : max_seqs * e->max_pages;
-    e->moe_comm = o->ep_comm ? o->ep_comm : o->tp_comm;
+    /* an attention rank of AFD has no MoE of its own */
+    int afd_mixer = o->afd_comm && ls_comm_rank(o->afd_comm) < (o->afd_attention > 0 ? o->afd_attention : 1);
+    e->moe_comm = afd_mixer ? NULL : o->ep_comm ? o->ep_comm : o->tp_comm;
     if (e->moe_comm) {
         e->ep = ls_comm_size(e->moe_comm);
         e->ep_rank = ls_comm_rank(e->moe_comm);
@@ -655,6 +667,7 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
     if (o->afd_comm) {
         e->afd = ls_comm_size(o->afd_comm);
         e->afd_rank = ls_comm_rank(o->afd_comm);
+        e->afd_att = o->afd_attention > 0 ? o->afd_attention : 1;
     }
     if (o->tp_comm) {
         const ls_model_config *c = &m->cfg;

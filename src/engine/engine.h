@@ -120,19 +120,22 @@ typedef struct ls_engine_opts {
                                   tp must divide num_attention_heads, linear_num_key_heads,
                                   linear_num_value_heads, hidden_size, vocab_size and
                                   num_experts, and num_key_value_heads or be a multiple of it */
-    ls_comm *afd_comm;         /* attention-FFN disaggregation 1AnF (docs/parallel.md §3.2),
+    ls_comm *afd_comm;         /* attention-FFN disaggregation AnF (docs/parallel.md §3.2),
                                   borrowed: NULL = colocated (default). Else a communicator of
-                                  1 + F ranks: rank 0 holds the embedding, the mixers, the norms
-                                  and the lm_head and runs everything but the MoE; ranks 1..F
-                                  hold the routers and the experts and run the MoE of every
-                                  layer (F > 1: expert-parallel, each FFN rank given ep_comm
-                                  over the F of them; rank 0 no ep_comm). Per layer rank 0 sends
-                                  the normed rows [T, D] to every FFN rank, FFN rank 1 returns
-                                  the MoE output [T, D] with the router's ids and weights; at
-                                  the end of a step rank 0 sends the logprobs and the digests,
-                                  so every rank's records and samples equal the colocated
-                                  engine's, bit for bit. All ranks run the same steps. Not
-                                  combined with tp_comm */
+                                  A + F ranks: ranks 0..A-1 hold the embedding, the mixers, the
+                                  norms and the lm_head and run everything but the MoE (A > 1:
+                                  tensor-parallel, each attention rank given tp_comm over the A
+                                  of them); ranks A..A+F-1 hold the routers and the experts and
+                                  run the MoE of every layer (F > 1: expert-parallel, each FFN
+                                  rank given ep_comm over the F of them). Per layer rank 0 sends
+                                  the normed rows [T, D] to every FFN rank, FFN rank A returns
+                                  the MoE output [T, D] with the router's ids and weights to
+                                  rank 0, which passes them to the other attention ranks; at
+                                  the end of a step rank 0 sends the logprobs and the digests
+                                  to the FFN ranks, so every rank's records and samples equal
+                                  the colocated engine's, bit for bit. All ranks run the same
+                                  steps */
+    int afd_attention;         /* with afd_comm: A, the attention ranks (0 = 1) */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -189,13 +192,13 @@ const ls_trace_layer *ls_engine_layers(const ls_engine *e, int *n);
 typedef struct ls_afd_balance {
     long n_layers, steps, rows;       /* rows: all steps' rows */
     int n_ffn;                        /* F, the FFN ranks */
-    double *attn_busy_s, *attn_wait_s; /* [n_layers] each */
-    double *ffn_busy_s, *ffn_wait_s;   /* [n_ffn, n_layers] each: FFN rank 1 + f's at f * n_layers */
+    double *attn_busy_s, *attn_wait_s; /* [n_layers] each: attention rank 0's */
+    double *ffn_busy_s, *ffn_wait_s;   /* [n_ffn, n_layers] each: FFN rank A + f's at f * n_layers */
     double attn_head_s;                /* embedding, final norm, lm_head, logprobs: no FFN work */
 } ls_afd_balance;
 
 /* Collective over the engine's afd_comm: every rank calls it after the same
- * steps; the FFN ranks send their times, rank 0 fills *out (the FFN ranks:
+ * steps; the FFN ranks send their times, rank 0 fills *out (the other ranks:
  * *out zeroed). LS_E_USAGE on an engine without afd_comm. Free with
  * ls_afd_balance_free. */
 ls_status ls_engine_afd_balance(ls_engine *e, ls_afd_balance *out, ls_error *err);

@@ -585,26 +585,36 @@ static ls_status moe_ep(ls_engine *e, long l, long T, ls_error *err)
                            ord(e, l, LS_PERTURB_COMBINE), err);
 }
 
-/* ---- attention-FFN disaggregation 1AnF (docs/parallel.md §3.2) --------------------------
- * Rank 0 runs everything but the MoE; per layer it sends the normed rows XN
- * [T, D] to every FFN rank and takes back the MoE output A [T, D] with the
- * router's ids and weights [T, k] each (for its router digests), all exact
- * bytes, from FFN rank 1. The FFN ranks run the router and the MoE on the
+/* ---- attention-FFN disaggregation AnF (docs/parallel.md §3.2) --------------------------
+ * Ranks 0..A-1 run everything but the MoE (A > 1: tensor-parallel, every
+ * one holding the same normed rows); per layer rank 0 sends the normed rows
+ * XN [T, D] to every FFN rank and takes back the MoE output A [T, D] with
+ * the router's ids and weights [T, k] each (for its router digests), all
+ * exact bytes, from FFN rank A, and passes them on to attention ranks
+ * 1..A-1. The FFN ranks run the router and the MoE on the
  * rows they receive, with the colocated code (F > 1: expert-parallel over
  * their own communicator, every FFN rank ending with the whole output),
  * and hold nothing else. */
 
-/* Rank 0's MoE: a round trip to rank 1; the time from sending the rows to
- * the answer is added to *wait_ns. */
+/* An attention rank's MoE: rank 0's round trip to FFN rank A, which the
+ * other attention ranks take from rank 0; the time from sending the rows
+ * (or asking) to the answer is added to *wait_ns. */
 static ls_status moe_remote(ls_engine *e, long T, uint64_t *wait_ns, ls_error *err)
 {
     ls_backend *be = e->be;
+    ls_comm *c = e->o.afd_comm;
     long D = e->c.hidden, k = e->c.topk;
     size_t rows = sizeof(float) * (size_t)(T * D), ik = sizeof(float) * (size_t)(T * k);
-    LS_TRY(be->download(be, e->h_afd, BEV(e->XN), rows, err));
     uint64_t t0 = ls_now_ns();
-    for (int r = 1; r < e->afd; r++) LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows, r, err));
-    LS_TRY(ls_comm_recv(e->o.afd_comm, e->h_afd, rows + 2 * ik, 1, err));
+    if (e->afd_rank == 0) {
+        LS_TRY(be->download(be, e->h_afd, BEV(e->XN), rows, err));
+        t0 = ls_now_ns();
+        for (int r = e->afd_att; r < e->afd; r++) LS_TRY(ls_comm_send(c, e->h_afd, rows, r, err));
+        LS_TRY(ls_comm_recv(c, e->h_afd, rows + 2 * ik, e->afd_att, err));
+        for (int r = 1; r < e->afd_att; r++) LS_TRY(ls_comm_send(c, e->h_afd, rows + 2 * ik, r, err));
+    } else {
+        LS_TRY(ls_comm_recv(c, e->h_afd, rows + 2 * ik, 0, err));
+    }
     *wait_ns += ls_now_ns() - t0;
     LS_TRY(be->upload(be, BEV(e->A), e->h_afd, rows, err));
     LS_TRY(be->upload(be, BEV(e->ids), e->h_afd + T * D, ik, err));
@@ -612,7 +622,7 @@ static ls_status moe_remote(ls_engine *e, long T, uint64_t *wait_ns, ls_error *e
 }
 
 /* An FFN rank's forward: the MoE of every layer on the rows rank 0 sends;
- * FFN rank 1 answers. */
+ * FFN rank A answers. */
 static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
 {
     ls_backend *be = e->be;
@@ -636,7 +646,7 @@ static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
         else
             LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
                            ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
-        if (e->afd_rank == 1) {
+        if (e->afd_rank == e->afd_att) {
             LS_TRY(be->download(be, e->h_afd, BEV(e->A), rows, err));
             LS_TRY(be->download(be, e->h_afd + T * D, BEV(e->ids), ik, err));
             LS_TRY(be->download(be, e->h_afd + T * D + T * k, BEV(e->wts), ik, err));
@@ -649,13 +659,15 @@ static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
 
 /* After the step (its digests complete): rank 0 sends what the records
  * read — the logprobs and every digest slot — and every FFN rank takes
- * them, so all ranks record and sample alike. */
+ * them, so all ranks record and sample alike (the other attention ranks
+ * computed the same themselves, as a tensor-parallel group does). */
 static ls_status afd_records(ls_engine *e, long T, ls_error *err)
 {
     ls_comm *c = e->o.afd_comm;
     size_t lp = sizeof(float) * (size_t)(T * e->c.vocab), cells = (size_t)(T * e->n_slots);
+    if (e->afd_rank > 0 && e->afd_rank < e->afd_att) return LS_OK;
     if (e->afd_rank == 0) {
-        for (int r = 1; r < e->afd; r++) {
+        for (int r = e->afd_att; r < e->afd; r++) {
             LS_TRY(ls_comm_send(c, e->h_lp, lp, r, err));
             LS_TRY(ls_comm_send(c, e->dig, cells * sizeof *e->dig, r, err));
             LS_TRY(ls_comm_send(c, e->have, cells, r, err));
@@ -701,7 +713,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     e->n_jobs = 0;
     memset(e->have, 0, (size_t)(T * e->n_slots));
     if (e->dumping) memset(e->dump_elems, 0, sizeof(uint32_t) * (size_t)(T * e->n_slots));
-    if (e->afd && e->afd_rank >= 1) {
+    if (e->afd && e->afd_rank >= e->afd_att) {
         LS_TRY(forward_ffn(e, T, err));
         e->afd_steps++, e->afd_rows += T;
         for (long s = 0; s < nseg; s++) e->ss[sg[s].slot].len += sg[s].n;
@@ -790,9 +802,10 @@ ls_status ls_engine_afd_balance(ls_engine *e, ls_afd_balance *out, ls_error *err
     memset(out, 0, sizeof *out);
     if (!e->afd) return ls_fail(err, LS_E_USAGE, "engine: the attention-FFN balance of an engine without afd_comm");
     long L = e->c.n_layers;
-    int F = e->afd - 1;
+    int F = e->afd - e->afd_att;
     size_t bytes = sizeof(uint64_t) * (size_t)(2 * L);
-    if (e->afd_rank > 0) return ls_comm_send(e->o.afd_comm, e->afd_ns, bytes, 0, err);
+    if (e->afd_rank >= e->afd_att) return ls_comm_send(e->o.afd_comm, e->afd_ns, bytes, 0, err);
+    if (e->afd_rank > 0) return LS_OK; /* another attention rank: rank 0's times speak for the group */
     uint64_t *ffn = malloc(bytes);
     size_t nt = (size_t)(2 * L + 2 * F * L);
     double *t = calloc(nt, sizeof(double));
@@ -809,7 +822,7 @@ ls_status ls_engine_afd_balance(ls_engine *e, ls_afd_balance *out, ls_error *err
     out->attn_head_s = (double)e->afd_head_ns / 1e9;
     ls_status st = LS_OK;
     for (int f = 0; st == LS_OK && f < F; f++) {
-        st = ls_comm_recv(e->o.afd_comm, ffn, bytes, 1 + f, err);
+        st = ls_comm_recv(e->o.afd_comm, ffn, bytes, e->afd_att + f, err);
         for (long l = 0; st == LS_OK && l < L; l++) {
             out->ffn_busy_s[f * L + l] = (double)ffn[2 * l] / 1e9;
             out->ffn_wait_s[f * L + l] = (double)ffn[2 * l + 1] / 1e9;

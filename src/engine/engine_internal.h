@@ -147,10 +147,10 @@ struct ls_engine {
     ls_buf *gdn_full, *conv_full;         /* a full GDN state and conv state, for their digests */
     unsigned char **conv_w;               /* [L] TP: this rank's conv weight rows (host), or NULL */
     size_t weight_bytes;                  /* matrices and FP8 scales this engine wrapped */
-    /* attention-FFN disaggregation (o.afd_comm; afd 0 = off): afd_rank 0
-     * runs the mixers, 1 .. afd - 1 the MoE (docs/parallel.md §3.2); afd
-     * is the communicator's size, 1 + F */
-    int afd, afd_rank;
+    /* attention-FFN disaggregation (o.afd_comm; afd 0 = off): afd_rank
+     * 0 .. afd_att - 1 run the mixers, afd_att .. afd - 1 the MoE
+     * (docs/parallel.md §3.2); afd is the communicator's size, A + F */
+    int afd, afd_rank, afd_att;
     float *h_afd;                         /* [T * (D + 2k)]: rows, then ids (int32 bits), weights */
     /* per decoder layer, this rank's wall time (ns) over the engine's
      * steps: [2L] busy, then waiting on the other rank (ls_afd_balance) */

@@ -197,17 +197,13 @@ ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_er
     if (s->afd_attention < 0 || s->afd_ffn < 0 || (afd && (s->afd_attention < 1 || s->afd_ffn < 1)))
         return ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: expected A:F, attention and FFN ranks >= 1 each",
                        s->afd_attention, s->afd_ffn);
-    if (afd && s->afd_attention != 1)
-        return ls_fail(err, LS_E_UNSUPPORTED, "afd (--afd) %d:%d: attention-FFN disaggregation runs with one "
-                       "attention rank (1:F, the experts split over the F FFN ranks); an attention group of "
-                       "several ranks (TP inside it, docs/parallel.md §3.2) is not built yet",
-                       s->afd_attention, s->afd_ffn);
     if (afd && (s->tp > 1 || s->ep > 1))
         return ls_fail(err, LS_E_UNSUPPORTED, "afd (--afd) %d:%d with %s (--%s) %d: attention-FFN disaggregation "
-                       "does not combine with --tp or --ep (1:F splits the experts over the F FFN ranks itself)",
-                       s->afd_attention, s->afd_ffn, s->tp > 1 ? "tp" : "ep", s->tp > 1 ? "tp" : "ep",
-                       s->tp > 1 ? s->tp : s->ep);
-    long world = afd ? 1 + (long)s->afd_ffn : (long)(s->tp > 1 ? s->tp : 1) * (s->ep > 1 ? s->ep : 1);
+                       "does not combine with --tp or --ep (A:F splits the mixers over the A attention ranks and "
+                       "the experts over the F FFN ranks itself)", s->afd_attention, s->afd_ffn,
+                       s->tp > 1 ? "tp" : "ep", s->tp > 1 ? "tp" : "ep", s->tp > 1 ? s->tp : s->ep);
+    long world = afd ? (long)s->afd_attention + s->afd_ffn
+                     : (long)(s->tp > 1 ? s->tp : 1) * (s->ep > 1 ? s->ep : 1);
     char flags[64];
     topology_flags(s, flags, sizeof flags);
     if (world > LS_COMM_MAX_RANKS)
@@ -219,7 +215,7 @@ ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_er
                        "moe_combine) and NCCL", flags, s->backend);
     if (s->afd_balance && !afd)
         return ls_fail(err, LS_E_USAGE, "afd_balance (--afd-balance) %s: the balance report is of an "
-                       "attention-FFN disaggregated run (--afd 1:F)", s->afd_balance);
+                       "attention-FFN disaggregated run (--afd A:F)", s->afd_balance);
     if (s->rank_timeout_ms < 0 || (s->rank_timeout_ms > 0 && world == 1))
         return ls_fail(err, LS_E_USAGE, "rank_timeout_ms (--rank-timeout) %ld: a deadline >= 1 ms applies to "
                        "several ranks (--tp, --ep or --afd) only", s->rank_timeout_ms);
@@ -940,8 +936,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
      * share its mapping) and before any thread of this run (run/ranks.h). */
     ls_run_ranks rk;
     memset(&rk, 0, sizeof rk);
-    ls_comm *tp_group = NULL; /* TP x EP: this rank's TP group; AFD 1:F: the FFN ranks' group; split from
-                                 the world (owned) */
+    ls_comm *tp_group = NULL; /* TP x EP: this rank's TP group; AFD A:F: this rank's side (the attention or
+                                 the FFN ranks); split from the world (owned) */
     int world = ls_run_spec_world(s);
     char flags[64];
     topology_flags(s, flags, sizeof flags);
@@ -956,13 +952,20 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
             st = ls_fail(err, LS_E_USAGE, "ep (--ep) %d does not divide num_experts %ld of %s/config.json: each "
                          "rank owns an equal block of experts", s->ep, (long)m->cfg.n_experts, s->checkpoint);
     }
-    /* AFD 1:F: the experts split over the F FFN ranks */
+    /* AFD A:F: the experts split over the F FFN ranks, the mixers over the A
+     * attention ranks (their MoE is remote: experts need not divide) */
     if (st == LS_OK && s->afd_ffn > 1 && m->cfg.n_experts % s->afd_ffn != 0)
         st = ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: %d FFN ranks do not divide num_experts %ld of "
                      "%s/config.json: each FFN rank owns an equal block of experts", s->afd_attention, s->afd_ffn,
                      s->afd_ffn, (long)m->cfg.n_experts, s->checkpoint);
     /* the shapes tp must divide, before any rank starts (each would refuse) */
     if (st == LS_OK && s->tp > 1) st = ls_engine_check_tp(m, s->tp, s->ep > 1, err);
+    ls_error shape;
+    ls_error_clear(&shape);
+    if (st == LS_OK && s->afd_attention > 1 && ls_engine_check_tp(m, s->afd_attention, 1, &shape) != LS_OK)
+        st = ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: the %d attention ranks split every mixer by head (as "
+                     "--tp %d would): %s", s->afd_attention, s->afd_ffn, s->afd_attention, s->afd_attention,
+                     shape.msg);
     if (st == LS_OK && world > 1) {
         /* started by a launcher whose world is these ranks: join it; else
          * start the workers here (an allocation's variables that describe
@@ -977,22 +980,27 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         /* a TP group (or AFD's FFN group) is split from the world by handing
          * Unix socket pairs over the world's connections (ls_comm_split),
          * which the TCP connections of a rendezvous cannot carry */
-        if (launched && ((s->tp > 1 && s->ep > 1) || s->afd_ffn > 1))
+        int afd_split = s->afd_attention > 1 || s->afd_ffn > 1;
+        if (launched && ((s->tp > 1 && s->ep > 1) || afd_split))
             st = ls_fail(err, LS_E_UNSUPPORTED, "%s under a launcher (%s): the %s groups of this world are split "
                          "from a self-launched world only (their connections are Unix socket pairs); run it "
                          "without the launcher's variables, or with %s", flags, la.source,
-                         s->afd_ffn > 1 ? "FFN" : "TP", s->afd_ffn > 1 ? "--afd 1:1" : "--tp or --ep alone");
+                         afd_split ? "attention and FFN" : "TP", afd_split ? "--afd 1:1" : "--tp or --ep alone");
         if (st == LS_OK)
             st = launched ? ls_run_ranks_join(&la, s->rank_timeout_ms, &rk, err)
                           : ls_run_ranks_start(world, s->rank_timeout_ms, &rk, err);
         if (st == LS_OK) st = check_ranks_agree(s, ck, &rk, err);
         if (st == LS_OK) {
             if (s->afd_attention > 0) {
-                eo.afd_comm = rk.comm; /* rank 0 attention, ranks 1..F FFN */
-                /* F > 1: the FFN ranks' own group splits the experts (rank 0's
-                 * group of one is held and freed, unused) */
-                if (s->afd_ffn > 1) st = ls_comm_split(rk.comm, rk.rank > 0, rk.rank, &tp_group, err);
-                if (st == LS_OK && s->afd_ffn > 1 && rk.rank > 0) eo.ep_comm = tp_group;
+                eo.afd_comm = rk.comm; /* ranks 0..A-1 attention, A..A+F-1 FFN */
+                eo.afd_attention = s->afd_attention;
+                /* each side's own group: the attention ranks' splits the
+                 * mixers (A > 1), the FFN ranks' the experts (F > 1); a
+                 * group of one is held and freed, unused */
+                int ffn = rk.rank >= s->afd_attention;
+                if (afd_split) st = ls_comm_split(rk.comm, ffn, rk.rank, &tp_group, err);
+                if (st == LS_OK && !ffn && s->afd_attention > 1) eo.tp_comm = tp_group;
+                if (st == LS_OK && ffn && s->afd_ffn > 1) eo.ep_comm = tp_group;
             } else if (s->tp > 1 && s->ep > 1) {
                 /* TP groups of consecutive ranks, the experts over the world */
                 eo.ep_comm = rk.comm;
