@@ -23,7 +23,7 @@
  * `--afd 1:1` and `--afd 1:2` with `--afd-balance FILE` write the per-layer
  * balance report (one row per decoder layer, of its mixer family, every FFN
  * rank's times; totals the rows' sums) and the one-rank trace. A worker that is killed, exits or
- * hangs mid-run (EP, TP, TP x EP, AFD) makes every process end non-zero within a
+ * hangs mid-run (EP, TP, TP x EP, AFD 1:F and 2:2) makes every process end non-zero within a
  * bounded time, naming the rank, with no trace and no temporary file left.
  * Ranks started by a launcher: --ep 2 and 4, --tp 2, --afd 1:1 equal the
  * self-launched trace; TP x EP and AFD 1:2 under a launcher are refused. */
@@ -418,6 +418,8 @@ START_TEST(test_rank_failure)
         {"1:3:kill", "--afd 1:1", "rank 1 was killed by signal 9"},
         {"2:3:kill", "--afd 1:2", "rank 2 was killed by signal 9"},
         {"1:2:hang", "--afd 1:2", "rank 1 sent no message to it within 1500 ms"},
+        {"1:3:kill", "--afd 2:2", "rank 1 was killed by signal 9"}, /* the second attention rank */
+        {"3:3:kill", "--afd 2:2", "rank 3 was killed by signal 9"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char name[64];
