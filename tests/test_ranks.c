@@ -13,7 +13,8 @@
  * linear key heads, which 4 divides), --tp 2 --ep 2, --afd 1:1, --afd 1:2
  * (the experts split over the two FFN ranks) and --afd 2:2 (the mixers
  * split over the two attention ranks too), rollout and chunked replay.
- * `manifest pin --ep/--tp/--afd` records the topology;
+ * `manifest pin --ep/--tp/--afd` records the topology (and refuses one the
+ * checkpoint does not divide, as run does);
  * `manifest diff` calls EP1 against EP2 and TP1 against TP2 informational
  * for strict manifests and voiding for fast ones; `gate --ep 2`, `--tp 2`,
  * `--afd 1:1` and `--afd 1:2` replay the rollout on one rank. Refusals
@@ -310,15 +311,23 @@ START_TEST(test_manifest_topology)
     ck_assert_msg(strlen(d1) > 64 && !strncmp(d1, d2, 64), "digests differ: %s vs %s", d1, d2);
     free(d1);
     free(d2);
-    /* refusals */
-    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --afd 2:3 -o %s/a23.json", g_dir, g_dir);
+    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --afd 2:4 -o %s/a24.json", g_dir, g_dir);
     ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
     free(out);
-    snprintf(path, sizeof path, "%s/a23.json", g_dir);
-    char *a23 = ls_test_read(path, NULL);
-    ck_assert_msg(strstr(a23, "\"attention_ranks\": 2") && strstr(a23, "\"ffn_ranks\": 3") &&
-                  strstr(a23, "\"world_size\": 5"), "%s", a23);
-    free(a23);
+    snprintf(path, sizeof path, "%s/a24.json", g_dir);
+    char *a24 = ls_test_read(path, NULL);
+    ck_assert_msg(strstr(a24, "\"attention_ranks\": 2") && strstr(a24, "\"ffn_ranks\": 4") &&
+                  strstr(a24, "\"world_size\": 6"), "%s", a24);
+    free(a24);
+    /* refusals: a topology the checkpoint does not divide, as run refuses it */
+    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --afd 2:3 -o %s/x.json", g_dir, g_dir);
+    ck_assert_msg(rc == 2 && strstr(out, "--afd") && strstr(out, "3 FFN ranks do not divide num_experts 8"),
+                  "exit %d\n%s", rc, out);
+    free(out);
+    rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --tp 3 -o %s/x.json", g_dir, g_dir);
+    ck_assert_msg(rc == 2 && strstr(out, "num_attention_heads 4 is not a multiple of --tp 3"), "exit %d\n%s", rc,
+                  out);
+    free(out);
     rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --backend cuda --tp 2 -o %s/x.json", g_dir, g_dir);
     ck_assert_msg(rc == 2 && strstr(out, "--tp 2") && strstr(out, "cpu backend only"), "exit %d\n%s", rc, out);
     free(out);

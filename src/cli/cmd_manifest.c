@@ -39,7 +39,8 @@ static const char help[] =
     "        manifest digest as it is. Without them the section is absent.\n"
     "        --tp N, --ep M and --afd A:F (as for run) record the topology (world\n"
     "        size, degrees, AFD groups, the CPU communicator, reduction tree none);\n"
-    "        a strict manifest's digest does not depend on it (manifest/README.md).\n"
+    "        a strict manifest's digest does not depend on it (manifest/README.md);\n"
+    "        a topology the checkpoint does not divide is refused as run refuses it.\n"
     "        --gdn-form chunk-aligned (as for run; cpu only) records the chunk-aligned\n"
     "        GDN arithmetic: numerics.gdn_form and its operator row (a change voids).\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
@@ -250,7 +251,9 @@ static int cmd_pin(int argc, char **argv)
     if (ls_run_spec_serving(&sv, &serving, &serving_any, &err) != LS_OK) return ls_cli_report(CMD, &err);
     o.serving = serving_any ? &serving : NULL;
     sv.backend = o.backend;
-    if (ls_run_spec_topology(&sv, &o, &err) != LS_OK) return ls_cli_report(CMD, &err);
+    sv.checkpoint = o.checkpoint_dir;
+    if (ls_run_spec_topology(&sv, &o, &err) != LS_OK || ls_run_topology_check_checkpoint(&sv, &err) != LS_OK)
+        return ls_cli_report(CMD, &err);
     json_t *m;
     ls_run_facts facts;
     if (ls_output_path_check(out, &err) != LS_OK || /* before hashing the checkpoint */

@@ -851,6 +851,53 @@ static ls_status write_afd_balance(const ls_run_spec *s, const ls_model *m, cons
     return LS_OK;
 }
 
+/* The shapes a topology must divide, checked before any rank starts (each
+ * would refuse). */
+ls_status ls_run_topology_check(const ls_run_spec *s, const ls_model *m, ls_error *err)
+{
+    int world = ls_run_spec_world(s);
+    char flags[64];
+    topology_flags(s, flags, sizeof flags);
+    /* the experts are split over the world with ep > 1 (docs/parallel.md
+     * §3.4); over the TP group with tp alone, checked below with the other
+     * shapes tp must divide */
+    if (s->ep > 1 && m->cfg.n_experts % world != 0) {
+        if (s->tp > 1)
+            return ls_fail(err, LS_E_USAGE, "%s: %d ranks do not divide num_experts %ld of %s/config.json: each "
+                           "rank owns an equal block of experts", flags, world, (long)m->cfg.n_experts,
+                           s->checkpoint);
+        return ls_fail(err, LS_E_USAGE, "ep (--ep) %d does not divide num_experts %ld of %s/config.json: each "
+                       "rank owns an equal block of experts", s->ep, (long)m->cfg.n_experts, s->checkpoint);
+    }
+    /* AFD A:F: the experts split over the F FFN ranks, the mixers over the A
+     * attention ranks (their MoE is remote: experts need not divide) */
+    if (s->afd_ffn > 1 && m->cfg.n_experts % s->afd_ffn != 0)
+        return ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: %d FFN ranks do not divide num_experts %ld of "
+                       "%s/config.json: each FFN rank owns an equal block of experts", s->afd_attention,
+                       s->afd_ffn, s->afd_ffn, (long)m->cfg.n_experts, s->checkpoint);
+    if (s->tp > 1) LS_TRY(ls_engine_check_tp(m, s->tp, s->ep > 1, err));
+    ls_error shape;
+    ls_error_clear(&shape);
+    if (s->afd_attention > 1 && ls_engine_check_tp(m, s->afd_attention, 1, &shape) != LS_OK)
+        return ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: the %d attention ranks split every mixer by head (as "
+                       "--tp %d would): %s", s->afd_attention, s->afd_ffn, s->afd_attention, s->afd_attention,
+                       shape.msg);
+    return LS_OK;
+}
+
+ls_status ls_run_topology_check_checkpoint(const ls_run_spec *s, ls_error *err)
+{
+    if (ls_run_spec_world(s) <= 1) return LS_OK;
+    ls_checkpoint *ck = NULL;
+    ls_model *m = NULL;
+    ls_status st = ls_checkpoint_open(s->checkpoint, &ck, err);
+    if (st == LS_OK) st = ls_model_open(ck, &m, err);
+    if (st == LS_OK) st = ls_run_topology_check(s, m, err);
+    ls_model_close(m);
+    ls_checkpoint_close(ck);
+    return st;
+}
+
 ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err)
 {
     memset(res, 0, sizeof *res);
@@ -941,31 +988,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     int world = ls_run_spec_world(s);
     char flags[64];
     topology_flags(s, flags, sizeof flags);
-    /* the experts are split over the world with ep > 1 (docs/parallel.md
-     * §3.4); over the TP group with tp alone, checked below with the other
-     * shapes tp must divide */
-    if (st == LS_OK && s->ep > 1 && m->cfg.n_experts % world != 0) {
-        if (s->tp > 1)
-            st = ls_fail(err, LS_E_USAGE, "%s: %d ranks do not divide num_experts %ld of %s/config.json: each "
-                         "rank owns an equal block of experts", flags, world, (long)m->cfg.n_experts, s->checkpoint);
-        else
-            st = ls_fail(err, LS_E_USAGE, "ep (--ep) %d does not divide num_experts %ld of %s/config.json: each "
-                         "rank owns an equal block of experts", s->ep, (long)m->cfg.n_experts, s->checkpoint);
-    }
-    /* AFD A:F: the experts split over the F FFN ranks, the mixers over the A
-     * attention ranks (their MoE is remote: experts need not divide) */
-    if (st == LS_OK && s->afd_ffn > 1 && m->cfg.n_experts % s->afd_ffn != 0)
-        st = ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: %d FFN ranks do not divide num_experts %ld of "
-                     "%s/config.json: each FFN rank owns an equal block of experts", s->afd_attention, s->afd_ffn,
-                     s->afd_ffn, (long)m->cfg.n_experts, s->checkpoint);
-    /* the shapes tp must divide, before any rank starts (each would refuse) */
-    if (st == LS_OK && s->tp > 1) st = ls_engine_check_tp(m, s->tp, s->ep > 1, err);
-    ls_error shape;
-    ls_error_clear(&shape);
-    if (st == LS_OK && s->afd_attention > 1 && ls_engine_check_tp(m, s->afd_attention, 1, &shape) != LS_OK)
-        st = ls_fail(err, LS_E_USAGE, "afd (--afd) %d:%d: the %d attention ranks split every mixer by head (as "
-                     "--tp %d would): %s", s->afd_attention, s->afd_ffn, s->afd_attention, s->afd_attention,
-                     shape.msg);
+    if (st == LS_OK) st = ls_run_topology_check(s, m, err);
     if (st == LS_OK && world > 1) {
         /* started by a launcher whose world is these ranks: join it; else
          * start the workers here (an allocation's variables that describe

@@ -162,6 +162,18 @@ ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_er
  * else tp * ep (each 0 counting as 1). */
 int ls_run_spec_world(const ls_run_spec *s);
 
+/* Whether the model divides the spec's topology: ep (or tp x ep) and the FFN
+ * ranks divide num_experts, tp and the attention ranks what tensor
+ * parallelism splits (ls_engine_check_tp). LS_E_USAGE / LS_E_UNSUPPORTED
+ * naming the flag and the field, as ls_run_execute refuses before any rank
+ * starts. s->checkpoint names the model in messages. */
+ls_status ls_run_topology_check(const ls_run_spec *s, const ls_model *m, ls_error *err);
+
+/* The same for the checkpoint in s->checkpoint, opened for the check (a
+ * one-rank spec: nothing opened, LS_OK). `manifest pin` refuses what run
+ * would. */
+ls_status ls_run_topology_check_checkpoint(const ls_run_spec *s, ls_error *err);
+
 /* Parses a perturbation "layer=L,op=OP" (op one of gdn, conv, attention,
  * router, experts, combine, norm, lm_head). */
 ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err);
