@@ -232,7 +232,7 @@ static int bo_weight(bo_case *c, long rows, long cols, ls_wtype wt, float scale)
 static ls_wmat bo_wm(const bo_case *c, int id)
 {
     ls_wmat m = {c->wblob + c->wd[id].off, c->wd[id].wt, c->wd[id].rows, c->wd[id].cols,
-                 c->wd[id].scale};
+                 c->wd[id].scale, NULL, 0};
     return m;
 }
 

@@ -77,7 +77,7 @@ START_TEST(test_linear)
                 float *wf = malloc(sizeof(float) * (size_t)(out * in));
                 for (long i = 0; i < out * in; i++) wf[i] = ls_bf16_to_f32(wb[i]) * 1.0009765625f;
                 ls_wmat w = {wt ? (const void *)wf : (const void *)wb, wt ? LS_WTYPE_F32 : LS_WTYPE_BF16,
-                             out, in, NULL};
+                             out, in, NULL, NULL, 0};
                 float *y = calloc((size_t)(T * out), sizeof(float));
                 float *y2 = calloc((size_t)(T * out), sizeof(float));
                 float *want = calloc((size_t)(T * out), sizeof(float));
@@ -157,7 +157,7 @@ START_TEST(test_conv_state_carry)
         long T = 9, C = 40, K = 4;
         float *x = rvec(T * C, 2.0f, act);
         uint16_t *wb = rbf16(C * K, 0.8f);
-        ls_wmat w = {wb, LS_WTYPE_BF16, C, K, NULL};
+        ls_wmat w = {wb, LS_WTYPE_BF16, C, K, NULL, NULL, 0};
         float *st = calloc((size_t)(C * K), sizeof(float)), *st2 = calloc((size_t)(C * K), sizeof(float));
         float *y = malloc(sizeof(float) * (size_t)(T * C)), *y2 = malloc(sizeof(float) * (size_t)(T * C));
         float *want = malloc(sizeof(float) * (size_t)(T * C));
@@ -514,7 +514,7 @@ START_TEST(test_router_moe)
         /* Experts 2 and 5 get identical router rows: their probabilities tie
          * exactly and the lower index must come first. */
         memcpy(wr + 5 * D, wr + 2 * D, sizeof(uint16_t) * (size_t)D);
-        ls_wmat router = {wr, LS_WTYPE_BF16, E, D, NULL};
+        ls_wmat router = {wr, LS_WTYPE_BF16, E, D, NULL, NULL, 0};
         float *x = rvec(T * D, 2.0f, act);
         float probs[24], wts[9];
         int32_t ids[9];
@@ -553,13 +553,13 @@ START_TEST(test_router_moe)
         ls_wmat g[8], u[8], dn[8];
         uint16_t *wg = rbf16(E * I * D, 0.3f), *wu = rbf16(E * I * D, 0.3f), *wd = rbf16(E * D * I, 0.3f);
         for (long e = 0; e < E; e++) {
-            g[e] = (ls_wmat){wg + e * I * D, LS_WTYPE_BF16, I, D, NULL};
-            u[e] = (ls_wmat){wu + e * I * D, LS_WTYPE_BF16, I, D, NULL};
-            dn[e] = (ls_wmat){wd + e * D * I, LS_WTYPE_BF16, D, I, NULL};
+            g[e] = (ls_wmat){wg + e * I * D, LS_WTYPE_BF16, I, D, NULL, NULL, 0};
+            u[e] = (ls_wmat){wu + e * I * D, LS_WTYPE_BF16, I, D, NULL, NULL, 0};
+            dn[e] = (ls_wmat){wd + e * D * I, LS_WTYPE_BF16, D, I, NULL, NULL, 0};
         }
         uint16_t *sg = rbf16(Is * D, 0.3f), *su = rbf16(Is * D, 0.3f), *sd = rbf16(D * Is, 0.3f), *sgw = rbf16(D, 0.3f);
-        ls_wmat shg = {sg, LS_WTYPE_BF16, Is, D, NULL}, shu = {su, LS_WTYPE_BF16, Is, D, NULL}, shd = {sd, LS_WTYPE_BF16, D, Is, NULL},
-                shw = {sgw, LS_WTYPE_BF16, 1, D, NULL};
+        ls_wmat shg = {sg, LS_WTYPE_BF16, Is, D, NULL, NULL, 0}, shu = {su, LS_WTYPE_BF16, Is, D, NULL, NULL, 0}, shd = {sd, LS_WTYPE_BF16, D, Is, NULL, NULL, 0},
+                shw = {sgw, LS_WTYPE_BF16, 1, D, NULL, NULL, 0};
         ls_moe_weights mw = {E, D, I, Is, g, u, dn, &shg, &shu, &shd, &shw};
         float *out = malloc(sizeof(float) * (size_t)(T * D));
         float *scratch = malloc(sizeof(float) * ((size_t)((k + 1) * D) + LS_CPU_EXPERT_SCRATCH(D, I)));

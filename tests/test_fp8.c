@@ -243,8 +243,8 @@ START_TEST(test_dot_dequant)
         for (int c = 0; c < DC; c++)
             wf[r * DC + c] = ls_e4m3_to_f32(g_w8[r * DC + c]) * g_ws[(r / 128) * 3 + c / 128];
     for (int c = 0; c < DC; c++) x[c] = ls_round_bf16(sinf((float)c * 0.37f) * 3.0f);
-    ls_wmat f8 = {g_w8, LS_WTYPE_F8_DEQUANT, DR, DC, g_ws};
-    ls_wmat f32 = {wf, LS_WTYPE_F32, DR, DC, NULL};
+    ls_wmat f8 = {g_w8, LS_WTYPE_F8_DEQUANT, DR, DC, g_ws, NULL, 0};
+    ls_wmat f32 = {wf, LS_WTYPE_F32, DR, DC, NULL, NULL, 0};
     for (int o = 0; o < 2; o++)
         for (int r = 0; r < DR; r++) {
             float a = ls_cpu_dot_wrow(&f8, r, x, (ls_order)o);
@@ -284,7 +284,7 @@ START_TEST(test_dot_w8a8)
     for (int c = 0; c < 128; c++) x[DC + 128 + c] = 0.0f; /* token 1's middle group: zero */
     ls_cpu_fp8_quant_act(x, 3, DC, q, xs);
     ck_assert(xs[3 + 1] == 0.0f);
-    ls_wmat w = {g_w8, LS_WTYPE_F8_W8A8, DR, DC, g_ws};
+    ls_wmat w = {g_w8, LS_WTYPE_F8_W8A8, DR, DC, g_ws, NULL, 0};
     static float y[3 * DR];
     ls_cpu_linear_q(&w, q, xs, y, 3, 0, DR, 0, LS_ORDER_CANONICAL);
     int differs = 0;

@@ -101,12 +101,24 @@ struct ls_backend {
      * the backend's lifetime (the checkpoint mmap), whose elements are of
      * type wtype (an FP8 matrix's e4m3 bytes: LS_WTYPE_F8_DEQUANT or _W8A8;
      * its block scales: LS_WTYPE_F32). The CPU borrows it; CUDA copies it to
-     * the device. host == NULL (a synthetic model's matrix, model.h): a
-     * backend created to generate weights fills the buffer itself with
-     * values of that type (CUDA with synthetic_weights_seed: bf16 or e4m3,
-     * backend_cuda.h); every other refuses with LS_E_UNSUPPORTED. */
+     * the device. host == NULL (a synthetic model's matrix, model.h, on a
+     * backend without wrap_generated): a backend created to generate
+     * weights fills the buffer itself with values of that type (CUDA with
+     * synthetic_weights_seed: bf16 or e4m3 of its own generator, for
+     * benchmarks only, backend_cuda.h); every other refuses with
+     * LS_E_UNSUPPORTED. */
     ls_status (*wrap_weights)(ls_backend *be, const void *host, size_t bytes, ls_wtype wtype,
                               ls_buf **out, ls_error *err);
+    /* Optional (NULL: the engine wraps such a matrix with wrap_weights and
+     * host == NULL). A matrix without data that gen generates (a synthetic
+     * model's, numerics/types.h ls_wgen): rows r0 .. r0 + rows - 1 of gen's
+     * matrix [.., cols] of type wtype, generated into a buffer of this
+     * backend (*out); for an FP8 wtype also their block scales (*scale_out,
+     * F32 [ceil(rows/128), ceil(cols/128)]). The bytes are those of the same
+     * rows of the whole matrix, so a rank that wraps its slice holds what
+     * the written checkpoint holds there. */
+    ls_status (*wrap_generated)(ls_backend *be, const ls_wgen *gen, long r0, long rows, long cols,
+                                ls_wtype wtype, ls_buf **out, ls_buf **scale_out, ls_error *err);
     ls_status (*upload)(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err);
     ls_status (*download)(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err);
     /* Sets n elements (4 bytes each) to zero. */

@@ -44,7 +44,7 @@ static int32_t *I32(ls_view v)
 static ls_wmat wm(const ls_bweight *w)
 {
     ls_wmat m = {(const char *)w->buf->ptr + w->off_bytes, w->wtype, w->rows, w->cols,
-                 w->scale ? (const float *)w->scale->ptr : NULL};
+                 w->scale ? (const float *)w->scale->ptr : NULL, NULL, 0};
     return m;
 }
 
@@ -94,14 +94,31 @@ static ls_status cpu_wrap(ls_backend *be, const void *host, size_t bytes, ls_wty
     (void)wtype; /* the ops read the element type from ls_bweight */
     if (!host)
         return ls_fail(err, LS_E_UNSUPPORTED, "cpu backend: a weight matrix of %zu bytes has no "
-                       "data (a synthetic model, ls_model_synthetic): the CPU reference computes "
-                       "only from weights in host memory; run synthetic models on the CUDA "
-                       "backend with synthetic_weights_seed set", bytes);
+                       "data and no generator: the CPU reference computes from weights in host "
+                       "memory, or generates a synthetic model's (wrap_generated)", bytes);
     ls_buf *b = ls_arena_alloc(&IMPL(be)->arena, sizeof *b, err);
     if (!b) return err ? err->status : LS_E_NOMEM;
     b->ptr = (void *)(uintptr_t)host; /* borrowed, never written through */
     b->bytes = bytes;
     *out = b;
+    return LS_OK;
+}
+
+/* A synthetic matrix's rows, generated into the arena (the backend owns
+ * them, as it owns every buffer it allocates). */
+static ls_status cpu_wrap_generated(ls_backend *be, const ls_wgen *gen, long r0, long rows,
+                                    long cols, ls_wtype wtype, ls_buf **out, ls_buf **scale_out,
+                                    ls_error *err)
+{
+    size_t bytes = (size_t)rows * (size_t)cols * (size_t)ls_wtype_bytes(wtype);
+    ls_buf *b = NULL, *s = NULL;
+    LS_TRY(cpu_alloc(be, bytes, &b, err));
+    if (ls_wtype_is_f8(wtype))
+        LS_TRY(cpu_alloc(be, sizeof(float) * (size_t)LS_FP8_BLOCKS(rows) *
+                         (size_t)LS_FP8_BLOCKS(cols), &s, err));
+    LS_TRY(gen->fill(gen, r0, rows, cols, b->ptr, s ? (float *)s->ptr : NULL, err));
+    *out = b;
+    if (scale_out) *scale_out = s;
     return LS_OK;
 }
 
@@ -695,6 +712,7 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
     be->name = "cpu";
     be->alloc = cpu_alloc;
     be->wrap_weights = cpu_wrap;
+    be->wrap_generated = cpu_wrap_generated;
     be->upload = cpu_upload;
     be->download = cpu_download;
     be->zero = cpu_zero;

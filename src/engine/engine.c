@@ -44,20 +44,25 @@ void ls_engine_opts_default(ls_engine_opts *o)
 static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
 {
     size_t bytes = (size_t)m->rows * (size_t)m->cols * (size_t)ls_wtype_bytes(m->wtype);
-    LS_TRY(e->be->wrap_weights(e->be, m->data, bytes, m->wtype, &out->buf, err));
-    e->weight_bytes += bytes;
+    size_t sb = sizeof(float) * (size_t)LS_FP8_BLOCKS(m->rows) * (size_t)LS_FP8_BLOCKS(m->cols);
+    const int f8 = ls_wtype_is_f8(m->wtype);
+    out->scale = NULL;
+    if (!m->data && m->gen && e->be->wrap_generated) {
+        /* a synthetic model's matrix: the backend generates this row range
+         * (scales included), the bytes of the written checkpoint there */
+        LS_TRY(e->be->wrap_generated(e->be, m->gen, m->gen_row0, m->rows, m->cols, m->wtype,
+                                     &out->buf, f8 ? &out->scale : NULL, err));
+    } else {
+        LS_TRY(e->be->wrap_weights(e->be, m->data, bytes, m->wtype, &out->buf, err));
+        if (f8) LS_TRY(e->be->wrap_weights(e->be, m->scale, sb, LS_WTYPE_F32, &out->scale, err));
+    }
+    e->weight_bytes += bytes + (f8 ? sb : 0);
     out->off_bytes = 0;
     out->wtype = m->wtype;
     out->rows = m->rows;
     out->cols = m->cols;
-    out->scale = NULL;
-    if (ls_wtype_is_f8(m->wtype)) {
-        /* the model binds FP8 matrices dequantised; w8a8 is the engine's choice */
-        size_t sb = sizeof(float) * (size_t)LS_FP8_BLOCKS(m->rows) * (size_t)LS_FP8_BLOCKS(m->cols);
-        LS_TRY(e->be->wrap_weights(e->be, m->scale, sb, LS_WTYPE_F32, &out->scale, err));
-        e->weight_bytes += sb;
-        out->wtype = e->o.fp8_w8a8 ? LS_WTYPE_F8_W8A8 : LS_WTYPE_F8_DEQUANT;
-    }
+    /* the model binds FP8 matrices dequantised; w8a8 is the engine's choice */
+    if (f8) out->wtype = e->o.fp8_w8a8 ? LS_WTYPE_F8_W8A8 : LS_WTYPE_F8_DEQUANT;
     return LS_OK;
 }
 
@@ -70,8 +75,10 @@ static ls_status wrap_range(ls_engine *e, const ls_wmat *m, long r0, long n, ls_
 {
     ls_wmat s = *m;
     s.rows = n;
-    s.data = (const unsigned char *)m->data + (size_t)r0 * (size_t)m->cols * (size_t)ls_wtype_bytes(m->wtype);
-    if (ls_wtype_is_f8(m->wtype))
+    if (m->data)
+        s.data = (const unsigned char *)m->data + (size_t)r0 * (size_t)m->cols * (size_t)ls_wtype_bytes(m->wtype);
+    s.gen_row0 = m->gen_row0 + r0; /* a generated matrix: the same rows of the whole */
+    if (ls_wtype_is_f8(m->wtype) && m->scale)
         s.scale = m->scale + (size_t)(r0 / LS_FP8_BLOCK) * (size_t)LS_FP8_BLOCKS(m->cols);
     return wrap(e, &s, out, err);
 }
@@ -109,7 +116,12 @@ static ls_status conv_rows(ls_engine *e, const ls_wmat *m, long l, ls_bweight *o
     const unsigned char *src = m->data;
     long from[3] = {r * qk, e->tp * qk + r * qk, 2 * e->tp * qk + r * vv}, len[3] = {qk, qk, vv};
     for (int i = 0; i < 3; i++) {
-        memcpy(dst, src + (size_t)from[i] * row, (size_t)len[i] * row);
+        if (src) memcpy(dst, src + (size_t)from[i] * row, (size_t)len[i] * row);
+        else if (m->gen) /* a synthetic model's conv weight (bf16): generated on the host */
+            LS_TRY(m->gen->fill(m->gen, m->gen_row0 + from[i], len[i], m->cols, dst, NULL, err));
+        else
+            return ls_fail(err, LS_E_UNSUPPORTED, "engine: the conv weight of layer %ld has no "
+                           "data and no generator", l);
         dst += (size_t)len[i] * row;
     }
     ls_wmat s = *m;
@@ -531,7 +543,7 @@ ls_status ls_engine_check_tp(const ls_model *m, int tp, int ep_elsewhere, ls_err
                     {"in_proj_a", &ml->in_a}, {"out_proj", &ml->out_proj}, {"lm_head", &m->lm_head}};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
             const ls_wmat *w = mats[i].w;
-            if (!w->data || !ls_wtype_is_f8(w->wtype) || (i == 11 && l > 0)) continue;
+            if ((!w->data && !w->gen) || !ls_wtype_is_f8(w->wtype) || (i == 11 && l > 0)) continue;
             for (long r = 0; r < tp; r++) {
                 /* the row ranges rank r wraps: its KV heads; Qwen3.5's q, k
                  * and v sections of its heads; else rows r*N/tp.. */
@@ -562,7 +574,7 @@ ls_status ls_engine_check_tp(const ls_model *m, int tp, int ep_elsewhere, ls_err
                 }
             }
         }
-        if (!c->is_attention[l] && tp > 1 && ml->conv.data && ls_wtype_is_f8(ml->conv.wtype))
+        if (!c->is_attention[l] && tp > 1 && (ml->conv.data || ml->conv.gen) && ls_wtype_is_f8(ml->conv.wtype))
             return ls_fail(err, LS_E_UNSUPPORTED, "engine: layer %ld conv1d is FP8: a tensor-parallel "
                            "rank copies its channels, which lockstep does for bf16 and fp32 only", l);
     }

@@ -11,6 +11,7 @@
 
 #include "model/model_fp8.h"
 #include "numerics/reduce.h"
+#include "synth/synth.h"
 
 #define LIM_DIM 1048576L       /* sanity bound on every size field */
 
@@ -523,6 +524,128 @@ typedef struct binder {
     long fp8_cap;              /* capacity of m->fp8_scales */
 } binder;
 
+/* ---- synthetic weights: lockstep synth's, by (seed, name, element) ---------------
+ * A synthetic model keeps the tensor list `lockstep synth` writes for its
+ * config (ls_synth_list_tensors, per-expert names: a fused stack holds the
+ * same values under them) and, per matrix, a generator naming its tensor;
+ * the small parameters are filled from the same list. So every byte equals
+ * the checkpoint synth writes for the same config and seed, and a row range
+ * (a tensor-parallel rank's) is generated alone. */
+typedef struct ls_model_synth {
+    ls_synth_tensor *tensors;  /* [n] sorted by name (owned) */
+    size_t n;
+    struct synth_gen *gens;    /* [n]: at most one generator per tensor (owned) */
+    size_t n_gens;
+    uint64_t seed;
+} ls_model_synth;
+
+typedef struct synth_gen {
+    ls_wgen g;                 /* first member: fill casts back */
+    const ls_synth_tensor *t;  /* into ls_model_synth.tensors */
+    uint64_t seed;
+} synth_gen;
+
+static int cmp_tensor_name(const void *key, const void *elem)
+{
+    return strcmp(key, ((const ls_synth_tensor *)elem)->name);
+}
+
+/* The synth name of the model's tensor `name`: Qwen3.5 keeps the language
+ * model under model.language_model (the checkpoint reader strips it). */
+static const ls_synth_tensor *synth_find(const binder *b, const char *name, ls_error *err)
+{
+    char full[300];
+    const char *pre = "model.";
+    if (b->m->cfg.arch == LS_MODEL_QWEN3_5_MOE && strncmp(name, pre, strlen(pre)) == 0)
+        snprintf(full, sizeof full, "model.language_model.%s", name + strlen(pre));
+    else
+        snprintf(full, sizeof full, "%s", name);
+    const ls_model_synth *s = b->m->synth;
+    const ls_synth_tensor *t = bsearch(full, s->tensors, s->n, sizeof *s->tensors, cmp_tensor_name);
+    if (!t) ls_fail(err, LS_E_INTERNAL, "model: synthetic tensor '%s' is not in synth's list", full);
+    return t;
+}
+
+/* Rows r0 .. r0 + n - 1 of the matrix. An FP8 range that lies inside one
+ * scale block without starting it (tensor parallelism allows that,
+ * ls_engine_check_tp) is cut from the whole blocks around it, whose scales
+ * are the slice's; every other range is generated as it is. */
+static ls_status synth_gen_fill(const ls_wgen *g, long r0, long n, long cols, void *dst,
+                                float *scale, ls_error *err)
+{
+    const synth_gen *sg = (const synth_gen *)g;
+    const ls_synth_tensor *t = sg->t;
+    const long C = (long)(t->ndim == 2 ? t->shape[1] : t->shape[2]), R = (long)t->shape[0];
+    if (cols != C)
+        return ls_fail(err, LS_E_INTERNAL, "model: '%s' has %ld columns, asked for %ld", t->name,
+                       C, cols);
+    if (!t->fp8 || (r0 % LS_FP8_BLOCK == 0 && (n % LS_FP8_BLOCK == 0 || r0 + n == R)))
+        return ls_synth_fill_rows(t, sg->seed, r0, n, dst, scale, err);
+    long a0 = r0 / LS_FP8_BLOCK * LS_FP8_BLOCK;
+    long a1 = (r0 + n + LS_FP8_BLOCK - 1) / LS_FP8_BLOCK * LS_FP8_BLOCK;
+    if (a1 > R) a1 = R;
+    uint8_t *q = malloc((size_t)(a1 - a0) * (size_t)C);
+    float *sc = malloc(sizeof(float) * (size_t)(LS_FP8_BLOCKS(a1 - a0) * LS_FP8_BLOCKS(C)));
+    ls_status st = q && sc ? ls_synth_fill_rows(t, sg->seed, a0, a1 - a0, q, sc, err)
+                           : ls_fail(err, LS_E_NOMEM, "model: rows %ld..%ld of '%s'", a0, a1, t->name);
+    if (st == LS_OK) {
+        memcpy(dst, q + (size_t)(r0 - a0) * (size_t)C, (size_t)n * (size_t)C);
+        if (scale)
+            memcpy(scale, sc, sizeof(float) * (size_t)(LS_FP8_BLOCKS(n) * LS_FP8_BLOCKS(C)));
+    }
+    free(q);
+    free(sc);
+    return st;
+}
+
+/* The generator of synthetic matrix `name` [rows, cols] of type wtype. */
+static ls_status synth_mat(binder *b, const char *name, long rows, long cols, ls_wtype wtype,
+                           ls_wmat *m, ls_error *err)
+{
+    const ls_synth_tensor *t = synth_find(b, name, err);
+    if (!t) return err ? err->status : LS_E_INTERNAL;
+    long tc = (long)(t->ndim == 2 ? t->shape[1] : t->shape[2]);
+    int f8 = ls_wtype_is_f8(wtype);
+    if ((long)t->shape[0] != rows || tc != cols || (t->fp8 == LS_SYNTH_F8_WEIGHT) != f8)
+        return ls_fail(err, LS_E_INTERNAL, "model: synthetic '%s' is [%ld, %ld]%s, synth lists "
+                       "[%lld, %ld]%s", t->name, rows, cols, f8 ? " FP8" : "",
+                       (long long)t->shape[0], tc, t->fp8 ? " FP8" : "");
+    ls_model_synth *s = b->m->synth;
+    synth_gen *g = &s->gens[s->n_gens++]; /* n_gens <= n: one per listed tensor at most */
+    g->g.fill = synth_gen_fill;
+    g->t = t;
+    g->seed = s->seed;
+    m->gen = &g->g;
+    m->gen_row0 = 0;
+    return LS_OK;
+}
+
+/* The config synth writes for cfg (the fields its tensor list reads). */
+static void synth_config_of(const ls_model_config *c, ls_synth_config *sc)
+{
+    memset(sc, 0, sizeof *sc);
+    sc->arch = c->arch == LS_MODEL_QWEN3_5_MOE ? LS_SYNTH_QWEN3_5_MOE : LS_SYNTH_QWEN3_NEXT;
+    sc->fused_experts = 0; /* per-expert names: a fused stack's values are generated under them */
+    sc->fp8 = c->fp8;
+    sc->vocab_size = c->vocab;
+    sc->hidden_size = c->hidden;
+    sc->num_hidden_layers = c->n_layers;
+    sc->num_attention_heads = c->n_heads;
+    sc->num_key_value_heads = c->n_kv_heads;
+    sc->head_dim = c->head_dim;
+    sc->linear_num_key_heads = c->lin_k_heads;
+    sc->linear_num_value_heads = c->lin_v_heads;
+    sc->linear_key_head_dim = c->lin_k_dim;
+    sc->linear_value_head_dim = c->lin_v_dim;
+    sc->linear_conv_kernel_dim = c->conv_kernel;
+    sc->num_experts = c->n_experts;
+    sc->num_experts_per_tok = c->topk;
+    sc->moe_intermediate_size = c->moe_inter;
+    sc->shared_expert_intermediate_size = c->shared_inter;
+    for (long l = 0; l < c->n_layers && l < LS_SYNTH_MAX_LAYERS; l++)
+        sc->layer_full[l] = (uint8_t)(c->is_attention[l] != 0);
+}
+
 /* Records that the model reads t (every exposed tensor must be read, see
  * check_all_used). */
 static void mark_used(binder *b, const ls_tensor *t)
@@ -545,25 +668,24 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* A synthetic small parameter: element i = bf16(offset + scale u), u uniform
- * in [-1, 1) from mix64(key + (i + 1) golden gamma), key = mix64(seed ^
- * mix64(vector number)); bf16-exact like a checkpoint's bf16 parameters
- * widened to fp32. Norm weights lie near 0 (RMSNorm scales by 1 + w), the
- * gated norm's near 1, A_log and dt_bias near Qwen3-Next's typical 1.5 and -2. */
+/* A synthetic small parameter: the bf16 values synth writes for it,
+ * widened as ls_model_open widens a checkpoint's. */
 static ls_status synth_vec(binder *b, const char *name, long n, float **out, ls_error *err)
 {
-    float offset = 0.0f, scale = 0.1f;
-    if (ends_with(name, "A_log")) offset = 1.5f, scale = 1.0f;
-    else if (ends_with(name, "dt_bias")) offset = -2.0f, scale = 1.0f;
-    else if (ends_with(name, "linear_attn.norm.weight")) offset = 1.0f;
+    const ls_synth_tensor *t = synth_find(b, name, err);
+    if (!t) return err ? err->status : LS_E_INTERNAL;
+    if (t->ndim != 1 || t->shape[0] != n || t->fp8)
+        return ls_fail(err, LS_E_INTERNAL, "model: synthetic '%s' is not a vector of %ld", t->name, n);
     float *v = malloc(sizeof(float) * (size_t)n);
-    if (!v) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
-    uint64_t key = mix64(b->seed ^ mix64(b->stream++));
-    for (long i = 0; i < n; i++) {
-        uint64_t r = mix64(key + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ull);
-        float u = (float)((int64_t)(r >> 40) - ((int64_t)1 << 23)) * (1.0f / 8388608.0f);
-        v[i] = ls_round_bf16(offset + scale * u);
+    uint16_t *h = malloc(sizeof(uint16_t) * (size_t)n);
+    if (!v || !h) {
+        free(v);
+        free(h);
+        return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     }
+    ls_synth_fill(t, b->seed, h);
+    for (long i = 0; i < n; i++) v[i] = ls_bf16_to_f32(h[i]);
+    free(h);
     *out = v;
     return LS_OK;
 }
@@ -681,7 +803,7 @@ static ls_status bind_f8(binder *b, const char *name, long rows, long cols, ls_w
  * itself does so at wrap_weights; the others refuse it). */
 static ls_wmat no_data(long rows, long cols)
 {
-    ls_wmat m = {NULL, LS_WTYPE_BF16, rows, cols, NULL};
+    ls_wmat m = {NULL, LS_WTYPE_BF16, rows, cols, NULL, NULL, 0};
     return m;
 }
 
@@ -707,7 +829,7 @@ static ls_status synth_f8(binder *b, long rows, long cols, ls_wmat *m, ls_error 
         float u = (float)((int64_t)(r >> 40) - ((int64_t)1 << 23)) * (1.0f / 8388608.0f);
         v[j] = SYNTH_F8_SCALE * (1.0f + 0.25f * u);
     }
-    *m = (ls_wmat){NULL, LS_WTYPE_F8_DEQUANT, rows, cols, v};
+    *m = (ls_wmat){NULL, LS_WTYPE_F8_DEQUANT, rows, cols, v, NULL, 0};
     return LS_OK;
 }
 
@@ -726,9 +848,9 @@ static ls_status mat(binder *b, const char *name, long rows, long cols, int mid1
                      ls_wmat *m, ls_error *err)
 {
     if (!b->ck) {
-        if (b->m->cfg.fp8 && f8 == F8_RELEASE) return synth_f8(b, rows, cols, m, err);
-        *m = no_data(rows, cols);
-        return LS_OK;
+        if (b->m->cfg.fp8 && f8 == F8_RELEASE) LS_TRY(synth_f8(b, rows, cols, m, err));
+        else *m = no_data(rows, cols);
+        return synth_mat(b, name, rows, cols, m->wtype, m, err);
     }
     const ls_tensor *t;
     int64_t sh2[2] = {rows, cols}, sh3[3] = {rows, 1, cols};
@@ -773,9 +895,13 @@ static ls_status expert_view(binder *b, int layer, int e, ls_expert_proj p, long
 {
     if (!b->ck) {
         /* every expert of an FP8 release is FP8 */
-        if (b->m->cfg.fp8) return synth_f8(b, rows, cols, m, err);
-        *m = no_data(rows, cols);
-        return LS_OK;
+        if (b->m->cfg.fp8) LS_TRY(synth_f8(b, rows, cols, m, err));
+        else *m = no_data(rows, cols);
+        static const char *const proj[3] = {"gate", "up", "down"};
+        char name[160];
+        snprintf(name, sizeof name, "model.layers.%d.mlp.experts.%d.%s_proj.weight", layer, e,
+                 proj[p == LS_EXPERT_GATE ? 0 : p == LS_EXPERT_UP ? 1 : 2]);
+        return synth_mat(b, name, rows, cols, m->wtype, m, err);
     }
     ls_matrix_view v;
     LS_TRY(ls_checkpoint_expert(b->ck, layer, e, p, &v, err));
@@ -1020,6 +1146,21 @@ ls_status ls_model_synthetic(const ls_model_config *cfg, uint64_t seed, ls_model
     ls_model *m = calloc(1, sizeof *m);
     if (!m) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     m->cfg = *cfg;
+    ls_synth_config sc;
+    synth_config_of(cfg, &sc);
+    ls_status st = LS_OK;
+    m->synth = calloc(1, sizeof *m->synth);
+    if (!m->synth) st = ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    if (st == LS_OK) st = ls_synth_list_tensors(&sc, &m->synth->tensors, &m->synth->n, err);
+    if (st == LS_OK) {
+        m->synth->seed = seed;
+        m->synth->gens = calloc(m->synth->n + 1, sizeof *m->synth->gens);
+        if (!m->synth->gens) st = ls_fail(err, LS_E_NOMEM, "model: out of memory");
+    }
+    if (st != LS_OK) {
+        ls_model_close(m);
+        return st;
+    }
     binder b = {NULL, NULL, 0, seed, 0, m, {NULL, NULL, 0}, 0};
     return bind_model(m, &b, out, err);
 }
@@ -1037,5 +1178,10 @@ void ls_model_close(ls_model *m)
     free(m->final_norm);
     for (long i = 0; i < m->n_fp8; i++) free(m->fp8_scales[i]);
     free(m->fp8_scales);
+    if (m->synth) {
+        free(m->synth->tensors);
+        free(m->synth->gens);
+        free(m->synth);
+    }
     free(m);
 }

@@ -112,6 +112,9 @@ typedef struct ls_model {
     ls_wmat lm_head;           /* [V, D] */
     float *final_norm;         /* [D] */
     ls_model_layer *layers;    /* [L] */
+    struct ls_model_synth *synth; /* synthetic: synth's tensor list and the matrices'
+                                     generators (ls_wmat.gen points into it); owned; NULL
+                                     for a checkpoint's model */
 } ls_model;
 
 /* Parses and validates a config.json object (a jansson json_t*). */

@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "core/status.h"
 #include "numerics/fp8.h"
 #include "numerics/reduce.h"
 
@@ -40,13 +41,30 @@ static inline long ls_wtype_bytes(ls_wtype t)
     return t == LS_WTYPE_BF16 ? 2 : t == LS_WTYPE_F32 ? 4 : 1;
 }
 
+/* A matrix without data whose values are generated where they are needed
+ * (a synthetic model's, model.h): fill writes rows r0 .. r0 + n - 1 of the
+ * whole matrix [R, cols] as stored into dst ([n, cols] of its wtype; FP8:
+ * e4m3 bytes) and, for an FP8 matrix, their block scales into scale
+ * ([ceil(n/128), ceil(cols/128)] fp32; r0 and n then fall on 128-row
+ * blocks). The values of a row depend on the row alone, so a rank that
+ * generates its slice gets the bytes of the same rows of the whole. */
+typedef struct ls_wgen ls_wgen;
+struct ls_wgen {
+    ls_status (*fill)(const ls_wgen *g, long r0, long n, long cols, void *dst, float *scale,
+                      ls_error *err);
+};
+
 /* A weight matrix [rows, cols], row-major, as stored (borrowed pointer). */
 typedef struct ls_wmat {
-    const void *data;          /* [rows, cols] */
+    const void *data;          /* [rows, cols]; NULL for a synthetic model's matrix */
     ls_wtype wtype;
     long rows, cols;
     const float *scale;        /* FP8 only: [LS_FP8_BLOCKS(rows), LS_FP8_BLOCKS(cols)] fp32, the
                                   checkpoint's weight_scale_inv (borrowed); NULL otherwise */
+    const ls_wgen *gen;        /* data == NULL: generates the values (borrowed from the model);
+                                  NULL otherwise */
+    long gen_row0;             /* gen: the row of the generated matrix this one starts at (a
+                                  row range of it, as tensor parallelism wraps) */
 } ls_wmat;
 
 /* act(x): bf16 rounding in bf16 activation mode, identity otherwise. */

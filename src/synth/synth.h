@@ -186,6 +186,20 @@ uint64_t ls_synth_tensor_bytes(const ls_synth_tensor *t);
  * memory (FP8 only). */
 ls_status ls_synth_fill_bytes(const ls_synth_tensor *t, uint64_t seed, void *dst, ls_error *err);
 
+/* Rows r0 .. r0 + n - 1 of matrix t (2-D, or 3-D [R, 1, C] as conv1d;
+ * NORMAL or ONE_PLUS_NORMAL values; not a fused stack or a scale tensor)
+ * as stored, into dst ([n, C]): bf16 values, or for an FP8 weight its e4m3
+ * bytes and, into scale when not NULL, the block scales of those rows
+ * ([ceil(n/128), ceil(C/128)] F32). Element i of the slice is element
+ * r0 * C + i of the whole, drawn from (seed, name, index) alone, so the
+ * bytes are those ls_synth_fill_bytes writes at that place. An FP8 slice
+ * must hold whole 128-row scale blocks (r0 % 128 == 0, and n % 128 == 0 or
+ * the slice ends the matrix); LS_E_INTERNAL otherwise, or when t is not such
+ * a matrix or the rows lie outside it; LS_E_NOMEM when the bf16 values of
+ * an FP8 slice do not fit in memory. */
+ls_status ls_synth_fill_rows(const ls_synth_tensor *t, uint64_t seed, int64_t r0, int64_t n,
+                             void *dst, float *scale, ls_error *err);
+
 /* ---- writing a checkpoint ------------------------------------------------------ */
 
 typedef struct ls_synth_options {

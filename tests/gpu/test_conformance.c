@@ -130,17 +130,17 @@ static void check_moe_plans(long E, long D, long I, long Is, long k, long T, int
     ls_wmat *g = calloc(E, sizeof *g), *u = calloc(E, sizeof *u), *dn = calloc(E, sizeof *dn);
     const void **dg = calloc(E, sizeof *dg), **du = calloc(E, sizeof *du), **dd = calloc(E, sizeof *dd);
     for (long e = 0; e < E; e++) {
-        g[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D, NULL};
-        u[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D, NULL};
-        dn[e] = (ls_wmat){rand_w(D, I, wt_, 0.05f), wt_, D, I, NULL};
+        g[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D, NULL, NULL, 0};
+        u[e] = (ls_wmat){rand_w(I, D, wt_, 0.05f), wt_, I, D, NULL, NULL, 0};
+        dn[e] = (ls_wmat){rand_w(D, I, wt_, 0.05f), wt_, D, I, NULL, NULL, 0};
         dg[e] = dup_dev(g[e].data, wbytes(I, D, wt_));
         du[e] = dup_dev(u[e].data, wbytes(I, D, wt_));
         dd[e] = dup_dev(dn[e].data, wbytes(D, I, wt_));
     }
-    ls_wmat sg = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D, NULL};
-    ls_wmat su = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D, NULL};
-    ls_wmat sd = {rand_w(D, Is, wt_, 0.05f), wt_, D, Is, NULL};
-    ls_wmat sgw = {rand_w(1, D, wt_, 0.05f), wt_, 1, D, NULL};
+    ls_wmat sg = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D, NULL, NULL, 0};
+    ls_wmat su = {rand_w(Is, D, wt_, 0.05f), wt_, Is, D, NULL, NULL, 0};
+    ls_wmat sd = {rand_w(D, Is, wt_, 0.05f), wt_, D, Is, NULL, NULL, 0};
+    ls_wmat sgw = {rand_w(1, D, wt_, 0.05f), wt_, 1, D, NULL, NULL, 0};
     ls_moe_weights mw = {E, D, I, Is, g, u, dn, shared ? &sg : NULL, &su, &sd, &sgw};
     ls_cuda_moe cm = {.E = E, .D = D, .I = I, .Is = Is, .wtype = wt_,
                       .gate = dup_dev(dg, sizeof(void *) * E), .up = dup_dev(du, sizeof(void *) * E),
