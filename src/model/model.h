@@ -18,12 +18,15 @@
  * (docs/model.md §2.4).
  *
  * ls_model_synthetic builds the same model from a config alone, for
- * benchmarks at shapes whose weights are not on disk (Qwen3-Next-80B-A3B is
- * ~150 GB): every matrix has its shape and dtype (bf16; with cfg->fp8, FP8
- * where the FP8 releases quantise) but no data, small parameters and FP8
- * block scales are generated on the host. Only a backend that fills weights
- * itself can run it (ls_backend_cuda_opts.synthetic_weights_seed); the CPU
- * backend refuses matrices without data. */
+ * shapes whose weights are not on disk (Qwen3-Next-80B-A3B is ~150 GB):
+ * every matrix has its shape and dtype (bf16; with cfg->fp8, FP8 where the
+ * FP8 releases quantise) but no data, and a generator of the values
+ * `lockstep synth` writes for that config and seed (docs/synth.md), row
+ * range by row range; the small parameters are those values, generated on
+ * the host. A backend with wrap_generated (the CPU) generates each matrix,
+ * or a rank's share, when the engine wraps it, and so runs the written
+ * checkpoint's weights; the CUDA backend fills them with its own
+ * bench-only device generator (ls_backend_cuda_opts.synthetic_weights_seed). */
 #ifndef LS_MODEL_MODEL_H
 #define LS_MODEL_MODEL_H
 
@@ -123,18 +126,22 @@ ls_status ls_model_parse_config(const void *config_json, ls_model_config *cfg, l
 ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err);
 /* A model with config *cfg (checked like a parsed config.json: LS_E_UNSUPPORTED
  * or LS_E_USAGE naming the field) and no checkpoint: the tensors and shapes
- * ls_model_open binds, every matrix with data == NULL, the small parameters
- * (norm weights, A_log, dt_bias) bf16-exact values generated from seed (the
- * same seed, the same values). Matrices are bf16, except with cfg->fp8 = 1
- * those an FP8 release stores F8_E4M3 (what synth --fp8 quantises: attention
- * q/k/v/o, the GDN qkvz or qkv and z projections and out_proj, every routed
- * and shared expert projection): LS_WTYPE_F8_DEQUANT with block scales
- * generated from seed on the host (owned by the model, fp8_scales), about
- * 0.04 / 448 each so that W = q · s has the spread of the bf16 synthetic
- * weights (model.c, synth_f8); embed, lm_head, the GDN b/a projections,
- * conv1d, the router and the shared expert gate stay bf16 (as the releases
- * keep them). The small parameters do not depend on cfg->fp8.
- * *out owned by the caller. */
+ * ls_model_open binds, every matrix with data == NULL and gen set (gen_row0
+ * 0): gen->fill writes any row range of the bytes `lockstep synth` writes
+ * for this config and seed (ls_synth_fill_rows; FP8: e4m3 bytes and the
+ * block scales amax / 448 of whole 128-row blocks). The small parameters
+ * (norm weights, A_log, dt_bias) are synth's bf16 values, widened as
+ * ls_model_open widens them, and do not depend on cfg->fp8. Matrices are
+ * bf16, except with cfg->fp8 = 1 those an FP8 release stores F8_E4M3 (what
+ * synth --fp8 quantises: attention q/k/v/o, the GDN qkvz or qkv and z
+ * projections and out_proj, every routed and shared expert projection):
+ * LS_WTYPE_F8_DEQUANT; embed, lm_head, the GDN b/a projections, conv1d, the
+ * router and the shared expert gate stay bf16 (as the releases keep them).
+ * An FP8 matrix's scale holds block scales for the CUDA benchmark's device
+ * generator only (which has no wrap_generated): about 0.04 / 448 each, so
+ * W = q · s has the spread of its bf16 values (model.c synth_f8; owned by
+ * the model, fp8_scales); a backend that generates ignores them and
+ * generates synth's. *out owned by the caller. */
 ls_status ls_model_synthetic(const ls_model_config *cfg, uint64_t seed, ls_model **out,
                              ls_error *err);
 void ls_model_close(ls_model *m);
