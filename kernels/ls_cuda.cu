@@ -233,6 +233,134 @@ extern "C" ls_status ls_cuda_fill_e4m3(uint8_t *dst, size_t n, uint64_t seed, vo
     return LS_OK;
 }
 
+/* ---- lockstep synth's values (synth_gen.c, bit for bit) ---------------------- */
+
+/* ls_synth_irwin_hall: 2 (u0 + u1 + u2 + u3) - 4 * 65535 over the four
+ * 16-bit fields of x. */
+__device__ static int32_t ls_fill_irwin_hall(uint64_t x)
+{
+    int32_t s = (int32_t)(x & 0xffff) + (int32_t)((x >> 16) & 0xffff) +
+                (int32_t)((x >> 32) & 0xffff) + (int32_t)(x >> 48);
+    return 2 * s - 4 * 65535;
+}
+
+/* Element first + i: fill_normal_at's loop body, operation for operation. */
+__global__ void ls_fill_synth_bf16_kernel(uint16_t *dst, size_t n, uint64_t key, uint64_t first,
+                                          float c, float base)
+{
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t x = ls_fill_mix64(key + ((uint64_t)first + (uint64_t)i + 1) * 0x9E3779B97F4A7C15ull);
+        float z = (float)ls_fill_irwin_hall(x); /* exact */
+        float v = base + z * c;                 /* two rounded fp32 operations (-fmad=false) */
+        dst[i] = ls_f32_to_bf16(v);
+    }
+}
+
+extern "C" ls_status ls_cuda_fill_synth_bf16(uint16_t *dst, size_t n, uint64_t key, uint64_t first,
+                                             float c, float base, void *stream, ls_error *err)
+{
+    if (n == 0) return LS_OK;
+    size_t blocks = (n + 255) / 256;
+    ls_fill_synth_bf16_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0,
+                                (cudaStream_t)stream>>>(dst, n, key, first, c, base);
+    LS_CUDA_CHECK_LAUNCH("ls_fill_synth_bf16_kernel", err);
+    return LS_OK;
+}
+
+/* One thread block per 128 x 128 block b of v [rows, cols]: scale[b] =
+ * amax / 448 (synth_gen.c block_scale; a max is exact in any order). */
+__global__ void ls_fill_synth_scale_kernel(const uint16_t *v, long rows, long cols, float *scale)
+{
+    __shared__ float m[256];
+    const long bc = LS_FP8_BLOCKS(cols), b = (long)blockIdx.x;
+    const long r0 = (b / bc) * LS_FP8_BLOCK, c0 = (b % bc) * LS_FP8_BLOCK;
+    const long nr = rows - r0 < LS_FP8_BLOCK ? rows - r0 : LS_FP8_BLOCK;
+    const long nc = cols - c0 < LS_FP8_BLOCK ? cols - c0 : LS_FP8_BLOCK;
+    float amax = 0.0f;
+    for (long k = threadIdx.x; k < nr * nc; k += blockDim.x) {
+        float a = ls_bf16_to_f32(v[(r0 + k / nc) * cols + c0 + k % nc]);
+        if (a < 0.0f) a = -a;
+        if (a > amax) amax = a;
+    }
+    m[threadIdx.x] = amax;
+    __syncthreads();
+    for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s && m[threadIdx.x + s] > m[threadIdx.x]) m[threadIdx.x] = m[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) scale[b] = m[0] > 0.0f ? m[0] / LS_FP8_E4M3_MAX : 1.0f;
+}
+
+/* q[i] = e4m3(v[i] / scale of its block) (synth_gen.c ls_synth_fill_rows). */
+__global__ void ls_fill_synth_quant_kernel(const uint16_t *v, const float *scale, size_t n, long cols,
+                                           uint8_t *q)
+{
+    const long bc = LS_FP8_BLOCKS(cols);
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        long r = (long)(i / (size_t)cols), cc = (long)(i % (size_t)cols);
+        float s = scale[(r / LS_FP8_BLOCK) * bc + cc / LS_FP8_BLOCK];
+        q[i] = ls_f32_to_e4m3(ls_bf16_to_f32(v[i]) / s);
+    }
+}
+
+extern "C" ls_status ls_cuda_fill_synth_e4m3(uint8_t *dst, float *scale, long r0, long n, long rows,
+                                             long cols, uint64_t key, float c, float base,
+                                             void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(r0 >= 0 && n > 0 && r0 + n <= rows && cols > 0, err,
+                    "synthetic FP8 weights: rows %ld..%ld of a [%ld, %ld] matrix", r0, r0 + n - 1,
+                    rows, cols);
+    /* the whole blocks around the range: a block's scale needs all its rows */
+    const long a0 = r0 / LS_FP8_BLOCK * LS_FP8_BLOCK;
+    long a1 = (r0 + n + LS_FP8_BLOCK - 1) / LS_FP8_BLOCK * LS_FP8_BLOCK;
+    if (a1 > rows) a1 = rows;
+    const int direct = a0 == r0 && a1 == r0 + n;
+    const size_t na = (size_t)(a1 - a0) * (size_t)cols;
+    const size_t nsa = (size_t)LS_FP8_BLOCKS(a1 - a0) * (size_t)LS_FP8_BLOCKS(cols);
+    const size_t ns = (size_t)LS_FP8_BLOCKS(n) * (size_t)LS_FP8_BLOCKS(cols);
+    LS_CUDA_REQUIRE(nsa < ((size_t)1 << 31), err, "synthetic FP8 weights: %zu scale blocks", nsa);
+    cudaStream_t st = (cudaStream_t)stream;
+    uint16_t *v = NULL;   /* [a1 - a0, cols] bf16 values */
+    uint8_t *q = dst;     /* [a1 - a0, cols] e4m3 */
+    float *sc = scale;    /* [BLOCKS(a1 - a0), BLOCKS(cols)] */
+    ls_status rc = ls_cuda_malloc((void **)&v, na * 2, err);
+    if (rc == LS_OK && !direct) rc = ls_cuda_malloc((void **)&q, na, err);
+    if (rc == LS_OK && !direct) rc = ls_cuda_malloc((void **)&sc, nsa * sizeof(float), err);
+    if (rc == LS_OK) rc = ls_cuda_fill_synth_bf16(v, na, key, (uint64_t)a0 * (uint64_t)cols, c, base, stream, err);
+    if (rc == LS_OK) {
+        ls_fill_synth_scale_kernel<<<(unsigned)nsa, 256, 0, st>>>(v, a1 - a0, cols, sc);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) rc = ls_fail(err, LS_E_DEVICE, "ls_fill_synth_scale_kernel: %s", cudaGetErrorString(e));
+    }
+    if (rc == LS_OK) {
+        size_t blocks = (na + 255) / 256;
+        ls_fill_synth_quant_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(v, sc, na, cols, q);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess) rc = ls_fail(err, LS_E_DEVICE, "ls_fill_synth_quant_kernel: %s", cudaGetErrorString(e));
+    }
+    if (rc == LS_OK && !direct) {
+        /* the range's rows, and the scale rows of its blocks from r0 / 128 on
+         * (the first block of the scratch) */
+        cudaError_t e = cudaMemcpyAsync(dst, q + (size_t)(r0 - a0) * (size_t)cols, (size_t)n * (size_t)cols,
+                                        cudaMemcpyDeviceToDevice, st);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(scale, sc, ns * sizeof(float), cudaMemcpyDeviceToDevice, st);
+        if (e != cudaSuccess) rc = ls_fail(err, LS_E_DEVICE, "synthetic FP8 weights: copy: %s", cudaGetErrorString(e));
+    }
+    /* the scratch is freed only after the device is done with it */
+    cudaError_t e = cudaStreamSynchronize(st);
+    if (rc == LS_OK && e != cudaSuccess)
+        rc = ls_fail(err, LS_E_DEVICE, "synthetic FP8 weights: %s", cudaGetErrorString(e));
+    ls_cuda_free(v);
+    if (!direct) {
+        if (q != dst) ls_cuda_free(q);
+        if (sc != scale) ls_cuda_free(sc);
+    }
+    return rc;
+}
+
 extern "C" size_t ls_cuda_mem_free_bytes(void)
 {
     size_t free_b = 0, total_b = 0;

@@ -87,6 +87,25 @@ ls_status ls_cuda_fill_uniform_bf16(uint16_t *dst, size_t n, uint64_t seed, floa
  * byte is finite: never 0x7F or 0xFF (the e4m3fn NaNs); u = -1 gives 0xFE
  * (-448). The values a matrix stands for come with its block scales. */
 ls_status ls_cuda_fill_e4m3(uint8_t *dst, size_t n, uint64_t seed, void *stream, ls_error *err);
+/* lockstep synth's values on the device (docs/synth.md, "The same weights
+ * without a checkpoint"): n bf16 values, dst[i] = element first + i of the
+ * tensor whose values are bf16_rne(base + fp32(fp32(ih_j) · c)), ih_j the
+ * centred Irwin–Hall integer (ls_synth_irwin_hall) of splitmix64 draw j
+ * under key (ls_synth_draw); the same integer mixing and fp32 operations in
+ * the same order as synth_gen.c fill_normal_at (the build forbids FMA
+ * contraction), so the same bits as ls_synth_fill_rows. */
+ls_status ls_cuda_fill_synth_bf16(uint16_t *dst, size_t n, uint64_t key, uint64_t first, float c,
+                                  float base, void *stream, ls_error *err);
+/* Rows r0 .. r0 + n - 1 of an FP8 matrix [rows, cols] of those values,
+ * quantised as synth --fp8 writes them: e4m3 bytes into dst [n, cols] and
+ * the block scales amax / 448 (1 for an all-zero block) of the blocks from
+ * r0 / 128 on into scale [ceil(n/128), ceil(cols/128)]. A range that does
+ * not hold whole 128-row blocks is cut from the blocks around it (scratch
+ * device memory, freed before return); the call returns after the device
+ * finished (it synchronises stream). */
+ls_status ls_cuda_fill_synth_e4m3(uint8_t *dst, float *scale, long r0, long n, long rows,
+                                  long cols, uint64_t key, float c, float base, void *stream,
+                                  ls_error *err);
 /* Free device memory on the current device in bytes (0 on failure). */
 size_t ls_cuda_mem_free_bytes(void);
 /* Free and total memory of the current device in bytes (cudaMemGetInfo:

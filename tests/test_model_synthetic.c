@@ -439,6 +439,34 @@ static void expect_rows(const ls_wmat *g, const ls_wmat *w, long r0, long n, con
     free(sc);
 }
 
+/* The generator's parameters (what a device generator computes from,
+ * ls_wgen.normal) give every bf16 value of the checkpoint's matrix; for an
+ * FP8 matrix, the value each e4m3 byte quantises to within its block. */
+static void expect_params(const ls_wmat *g, const ls_wmat *w, const char *what, int model)
+{
+    ck_assert_msg(g->gen->normal && g->gen->rows == w->rows, "model %d %s: no device parameters",
+                  model, what);
+    for (long r = 0; r < w->rows; r++)
+        for (long c = 0; c < w->cols; c++) {
+            uint64_t j = (uint64_t)(r * w->cols + c);
+            float z = (float)ls_synth_irwin_hall(ls_synth_draw(g->gen->key, j));
+            uint16_t v = ls_f32_to_bf16(g->gen->base + z * g->gen->c);
+            if (w->wtype == LS_WTYPE_BF16) {
+                uint16_t want = ((const uint16_t *)w->data)[j];
+                ck_assert_msg(v == want, "model %d %s element %llu: parameters give 0x%04x, the "
+                              "checkpoint holds 0x%04x", model, what, (unsigned long long)j, v,
+                              want);
+            } else {
+                float s = ls_wmat_scale_row(w, r)[c / LS_FP8_BLOCK];
+                uint8_t q = ls_f32_to_e4m3(ls_bf16_to_f32(v) / s);
+                uint8_t want = ((const uint8_t *)w->data)[j];
+                ck_assert_msg(q == want, "model %d %s element %llu: parameters give e4m3 0x%02x, "
+                              "the checkpoint holds 0x%02x", model, what, (unsigned long long)j, q,
+                              want);
+            }
+        }
+}
+
 /* Every matrix generated whole equals the written checkpoint's tensor
  * (bf16 bytes; FP8 e4m3 bytes and block scales); a slice generated alone
  * equals the slice of the whole: any rows of a bf16 matrix; for FP8 whole
@@ -458,6 +486,7 @@ START_TEST(test_weights_equal_checkpoint)
             ck_assert_msg(g->rows == w->rows && g->cols == w->cols && g->wtype == w->wtype,
                           "model %d %s: shape or type differs", k, names[i]);
             expect_rows(g, w, 0, w->rows, names[i], k);
+            expect_params(g, w, names[i], k);
             if (!ls_wtype_is_f8(w->wtype)) {
                 if (w->rows >= 3) expect_rows(g, w, w->rows / 3, w->rows / 2, names[i], k);
                 continue;

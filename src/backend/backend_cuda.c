@@ -154,6 +154,33 @@ static ls_status cu_wrap_weights(ls_backend *be, const void *host, size_t bytes,
     return ls_cuda_fill_uniform_bf16((*out)->ptr, bytes / 2, seed, im->synth_scale, NULL, err);
 }
 
+/* A synthetic model's rows, with lockstep synth's values generated on the
+ * device (backend.h wrap_generated; synthetic_weights_exact). */
+static ls_status cu_wrap_generated(ls_backend *be, const ls_wgen *gen, long r0, long rows,
+                                   long cols, ls_wtype wtype, ls_buf **out, ls_buf **scale_out,
+                                   ls_error *err)
+{
+    ON_DEVICE(be, err);
+    if (!gen->normal)
+        return ls_fail(err, LS_E_UNSUPPORTED, "cuda backend: a synthetic matrix of %ld x %ld has "
+                       "no device parameters (ls_wgen.normal = 0)", rows, cols);
+    if (wtype != LS_WTYPE_BF16 && !ls_wtype_is_f8(wtype))
+        return ls_fail(err, LS_E_UNSUPPORTED, "cuda backend: synthetic weights are generated as "
+                       "bf16 or e4m3, not weight type %d", (int)wtype);
+    size_t n = (size_t)rows * (size_t)cols;
+    LS_TRY(cu_alloc(be, n * (size_t)ls_wtype_bytes(wtype), out, err));
+    if (!ls_wtype_is_f8(wtype))
+        return ls_cuda_fill_synth_bf16((*out)->ptr, n, gen->key, (uint64_t)r0 * (uint64_t)cols,
+                                       gen->c, gen->base, NULL, err);
+    ls_buf *s = NULL;
+    LS_TRY(cu_alloc(be, sizeof(float) * (size_t)LS_FP8_BLOCKS(rows) * (size_t)LS_FP8_BLOCKS(cols),
+                    &s, err));
+    LS_TRY(ls_cuda_fill_synth_e4m3((*out)->ptr, s->ptr, r0, rows, gen->rows, cols, gen->key, gen->c,
+                                   gen->base, NULL, err));
+    if (scale_out) *scale_out = s;
+    return LS_OK;
+}
+
 static ls_status cu_upload(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err)
 {
     ON_DEVICE(be, err);
@@ -677,6 +704,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->name = "cuda-portable";
     be->alloc = cu_alloc;
     be->wrap_weights = cu_wrap_weights;
+    if (o->synthetic_weights_exact) be->wrap_generated = cu_wrap_generated;
     be->upload = cu_upload;
     be->download = cu_download;
     be->zero = cu_zero;

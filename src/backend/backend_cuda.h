@@ -23,6 +23,12 @@ typedef struct ls_backend_cuda_opts {
                                         (e4m3 bytes over the whole range; the values they
                                         stand for come with the model's block scales) */
     float synthetic_weights_scale;   /* synthetic bf16 values uniform in [-scale, scale) */
+    int synthetic_weights_exact;     /* 1: the backend has wrap_generated, so the engine has
+                                        it generate a synthetic model's matrices (and a rank's
+                                        row ranges) with lockstep synth's values on the device
+                                        (ls_cuda_fill_synth_bf16 / _e4m3: the written
+                                        checkpoint's bytes, FP8 scales included); 0 (default):
+                                        the seed's generator above, for benchmarks */
     int synchronous_digests;         /* 1: every digest call computes its digests before it
                                         returns (digest_wait has nothing to wait for); no ring
                                         of device and pinned memory, no hashing threads. For a

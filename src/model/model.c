@@ -613,6 +613,8 @@ static ls_status synth_mat(binder *b, const char *name, long rows, long cols, ls
     ls_model_synth *s = b->m->synth;
     synth_gen *g = &s->gens[s->n_gens++]; /* n_gens <= n: one per listed tensor at most */
     g->g.fill = synth_gen_fill;
+    g->g.normal = ls_synth_normal_params(t, s->seed, &g->g.key, &g->g.c, &g->g.base);
+    g->g.rows = rows;
     g->t = t;
     g->seed = s->seed;
     m->gen = &g->g;

@@ -52,6 +52,16 @@ typedef struct ls_wgen ls_wgen;
 struct ls_wgen {
     ls_status (*fill)(const ls_wgen *g, long r0, long n, long cols, void *dst, float *scale,
                       ls_error *err);
+    /* The same values as parameters a device generator computes them from
+     * (docs/synth.md "The generator"): element j of the whole matrix
+     * (row-major) is bf16_rne(base + fp32(fp32(ih_j) · c)), ih_j the centred
+     * Irwin–Hall integer of splitmix64 draw j under key; an FP8 matrix's
+     * bytes are those values quantised per 128 x 128 block (scale = amax /
+     * 448, 1 for an all-zero block). */
+    int normal;                /* 1: key, c, base and rows are set */
+    uint64_t key;
+    float c, base;
+    long rows;                 /* of the whole matrix */
 };
 
 /* A weight matrix [rows, cols], row-major, as stored (borrowed pointer). */

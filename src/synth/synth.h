@@ -200,6 +200,16 @@ ls_status ls_synth_fill_bytes(const ls_synth_tensor *t, uint64_t seed, void *dst
 ls_status ls_synth_fill_rows(const ls_synth_tensor *t, uint64_t seed, int64_t r0, int64_t n,
                              void *dst, float *scale, ls_error *err);
 
+/* The values of a NORMAL or ONE_PLUS_NORMAL tensor t (not fused, not a
+ * scale tensor; an FP8 weight: its bf16 values before quantisation) as
+ * parameters another generator (a device, kernels/ls_cuda.h) can compute
+ * them from: element i = bf16_rne(base + fp32(fp32(ih) · c)), ih =
+ * ls_synth_irwin_hall(ls_synth_draw(key, i)), every operation fp32 and
+ * rounded (no contraction). 1 when t is such a tensor (then *key, *c and
+ * *base are set), 0 otherwise. */
+int ls_synth_normal_params(const ls_synth_tensor *t, uint64_t seed, uint64_t *key, float *c,
+                           float *base);
+
 /* ---- writing a checkpoint ------------------------------------------------------ */
 
 typedef struct ls_synth_options {

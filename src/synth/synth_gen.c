@@ -142,15 +142,32 @@ static uint64_t tensor_numel(const ls_synth_tensor *t)
     return n;
 }
 
+/* The fp32 factor of a NORMAL value: 5726623060 = 4 (2^32 - 1) / 3 exactly,
+ * the variance of the centred Irwin–Hall integer. */
+static float normal_c(double std)
+{
+    return (float)(std / ls_synth_sqrt(5726623060.0));
+}
+
+int ls_synth_normal_params(const ls_synth_tensor *t, uint64_t seed, uint64_t *key, float *c,
+                           float *base)
+{
+    if (t->fused || t->fp8 == LS_SYNTH_F8_SCALE ||
+        (t->init != LS_SYNTH_INIT_NORMAL && t->init != LS_SYNTH_INIT_ONE_PLUS_NORMAL))
+        return 0;
+    *key = ls_synth_key(seed, t->name);
+    *c = normal_c(t->std);
+    *base = t->init == LS_SYNTH_INIT_ONE_PLUS_NORMAL ? 1.0f : 0.0f;
+    return 1;
+}
+
 /* NORMAL (or ONE_PLUS_NORMAL) values first .. first + n - 1 of the tensor
  * keyed `key` (element i depends on (key, i) alone, so a slice is the slice
  * of the whole). */
 static void fill_normal_at(uint64_t key, uint64_t first, uint64_t n, double std, int one_plus,
                            uint16_t *dst)
 {
-    /* 5726623060 = 4 (2^32 - 1) / 3 exactly: the variance of the centred
-     * Irwin–Hall integer. */
-    const float c = (float)(std / ls_synth_sqrt(5726623060.0));
+    const float c = normal_c(std);
     const float base = one_plus ? 1.0f : 0.0f;
     for (uint64_t i = 0; i < n; i++) {
         float z = (float)ls_synth_irwin_hall(ls_synth_draw(key, first + i)); /* exact */
