@@ -801,8 +801,9 @@ static ls_status bind_f8(binder *b, const char *name, long rows, long cols, ls_w
     return LS_OK;
 }
 
-/* A synthetic model's matrix: bf16, no data (a backend that can fill weights
- * itself does so at wrap_weights; the others refuse it). */
+/* A synthetic model's matrix: bf16, no data; synth_mat then gives it its
+ * generator (a backend with wrap_generated runs it; CUDA's bench generator
+ * fills it at wrap_weights instead). */
 static ls_wmat no_data(long rows, long cols)
 {
     ls_wmat m = {NULL, LS_WTYPE_BF16, rows, cols, NULL, NULL, 0};
