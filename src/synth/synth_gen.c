@@ -262,6 +262,23 @@ static float block_scale(const uint16_t *w, int64_t R, int64_t C, int64_t bi, in
     return amax > 0.0f ? amax / LS_FP8_E4M3_MAX : 1.0f;
 }
 
+/* The bf16 matrix w [R, C] quantised per 128 x 128 block: the e4m3 bytes
+ * into q [R, C] and the block scales into scale [ceil(R/128), ceil(C/128)],
+ * either may be NULL. */
+static void quantise_blocks(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
+{
+    const int64_t BR = LS_FP8_BLOCKS(R), BC = LS_FP8_BLOCKS(C);
+    for (int64_t bi = 0; bi < BR; bi++)
+        for (int64_t bj = 0; bj < BC; bj++) {
+            float sc = block_scale(w, R, C, bi, bj);
+            if (scale) scale[bi * BC + bj] = sc;
+            if (!q) continue;
+            for (int64_t r = bi * LS_FP8_BLOCK; r < R && r < (bi + 1) * LS_FP8_BLOCK; r++)
+                for (int64_t c = bj * LS_FP8_BLOCK; c < C && c < (bj + 1) * LS_FP8_BLOCK; c++)
+                    q[r * C + c] = ls_f32_to_e4m3(ls_bf16_to_f32(w[r * C + c]) / sc);
+        }
+}
+
 ls_status ls_synth_fill_bytes(const ls_synth_tensor *t, uint64_t seed, void *dst, ls_error *err)
 {
     if (!t->fp8) {
@@ -284,21 +301,8 @@ ls_status ls_synth_fill_bytes(const ls_synth_tensor *t, uint64_t seed, void *dst
         return ls_fail(err, LS_E_NOMEM, "synth: cannot allocate the %lld x %lld values of %s",
                        (long long)R, (long long)C, w.name);
     ls_synth_fill(&w, seed, v);
-    const int64_t BR = LS_FP8_BLOCKS(R), BC = LS_FP8_BLOCKS(C);
-    if (t->fp8 == LS_SYNTH_F8_SCALE) {
-        float *out = dst; /* [BR, BC] */
-        for (int64_t bi = 0; bi < BR; bi++)
-            for (int64_t bj = 0; bj < BC; bj++) out[bi * BC + bj] = block_scale(v, R, C, bi, bj);
-    } else {
-        uint8_t *out = dst; /* [R, C] */
-        for (int64_t bi = 0; bi < BR; bi++)
-            for (int64_t bj = 0; bj < BC; bj++) {
-                float sc = block_scale(v, R, C, bi, bj);
-                for (int64_t r = bi * LS_FP8_BLOCK; r < R && r < (bi + 1) * LS_FP8_BLOCK; r++)
-                    for (int64_t c = bj * LS_FP8_BLOCK; c < C && c < (bj + 1) * LS_FP8_BLOCK; c++)
-                        out[r * C + c] = ls_f32_to_e4m3(ls_bf16_to_f32(v[r * C + c]) / sc);
-            }
-    }
+    if (t->fp8 == LS_SYNTH_F8_SCALE) quantise_blocks(v, R, C, NULL, dst);
+    else quantise_blocks(v, R, C, dst, NULL);
     free(v);
     return LS_OK;
 }
@@ -333,16 +337,7 @@ ls_status ls_synth_fill_rows(const ls_synth_tensor *t, uint64_t seed, int64_t r0
         return ls_fail(err, LS_E_NOMEM, "synth: cannot allocate the %lld x %lld values of %s",
                        (long long)n, (long long)C, t->name);
     fill_normal_at(key, first, cnt, t->std, one_plus, v);
-    const int64_t BR = LS_FP8_BLOCKS(n), BC = LS_FP8_BLOCKS(C);
-    uint8_t *out = dst; /* [n, C] */
-    for (int64_t bi = 0; bi < BR; bi++)
-        for (int64_t bj = 0; bj < BC; bj++) {
-            float sc = block_scale(v, n, C, bi, bj);
-            if (scale) scale[bi * BC + bj] = sc; /* [BR, BC] */
-            for (int64_t r = bi * LS_FP8_BLOCK; r < n && r < (bi + 1) * LS_FP8_BLOCK; r++)
-                for (int64_t c = bj * LS_FP8_BLOCK; c < C && c < (bj + 1) * LS_FP8_BLOCK; c++)
-                    out[r * C + c] = ls_f32_to_e4m3(ls_bf16_to_f32(v[r * C + c]) / sc);
-        }
+    quantise_blocks(v, n, C, dst, scale);
     free(v);
     return LS_OK;
 }
