@@ -581,6 +581,12 @@ ls_status ls_engine_check_tp(const ls_model *m, int tp, int ep_elsewhere, ls_err
     return LS_OK;
 }
 
+/* AFD's attention ranks A (afd_attention; 0 means 1). */
+static int afd_attention_ranks(const ls_engine_opts *o)
+{
+    return o->afd_attention > 0 ? o->afd_attention : 1;
+}
+
 static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max_seqs, long max_len,
                             ls_error *err)
 {
@@ -609,7 +615,7 @@ static ls_status check_opts(const ls_model *m, const ls_engine_opts *o, long max
          * split the mixers over tp_comm (their own A), with F > 1 the FFN
          * ranks the experts over ep_comm (their own F) */
         int n = ls_comm_size(o->afd_comm), r = ls_comm_rank(o->afd_comm);
-        int A = o->afd_attention > 0 ? o->afd_attention : 1, F = n - A;
+        int A = afd_attention_ranks(o), F = n - A;
         int ok = F >= 1;
         if (ok && r < A)
             ok = !o->ep_comm && (A == 1 ? !o->tp_comm : o->tp_comm && ls_comm_size(o->tp_comm) == A);
@@ -668,18 +674,17 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
     e->max_pages = (max_len + e->page - 1) / e->page;
     e->kv_cap = e->max_pages * e->page;
     e->pool_pages = !e->paged ? 0 : o->kv_pool_pages ? o->kv_pool_pages : max_seqs * e->max_pages;
+    if (o->afd_comm) {
+        e->afd = ls_comm_size(o->afd_comm);
+        e->afd_rank = ls_comm_rank(o->afd_comm);
+        e->afd_att = afd_attention_ranks(o);
+    }
     /* an attention rank of AFD has no MoE of its own */
-    int afd_mixer = o->afd_comm && ls_comm_rank(o->afd_comm) < (o->afd_attention > 0 ? o->afd_attention : 1);
-    e->moe_comm = afd_mixer ? NULL : o->ep_comm ? o->ep_comm : o->tp_comm;
+    e->moe_comm = e->afd && e->afd_rank < e->afd_att ? NULL : o->ep_comm ? o->ep_comm : o->tp_comm;
     if (e->moe_comm) {
         e->ep = ls_comm_size(e->moe_comm);
         e->ep_rank = ls_comm_rank(e->moe_comm);
         e->ep_per = m->cfg.n_experts / e->ep;
-    }
-    if (o->afd_comm) {
-        e->afd = ls_comm_size(o->afd_comm);
-        e->afd_rank = ls_comm_rank(o->afd_comm);
-        e->afd_att = o->afd_attention > 0 ? o->afd_attention : 1;
     }
     if (o->tp_comm) {
         const ls_model_config *c = &m->cfg;
