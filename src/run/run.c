@@ -1000,7 +1000,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         if (launched)
             ls_log_verbose("rank %d of %d, started by %s (rendezvous %s:%d)", la.rank, la.world_size, la.source,
                            la.master_addr, la.master_port);
-        /* a TP group (or AFD's FFN group) is split from the world by handing
+        /* a TP group (or AFD's attention or FFN group) is split from the world by handing
          * Unix socket pairs over the world's connections (ls_comm_split),
          * which the TCP connections of a rendezvous cannot carry */
         int afd_split = s->afd_attention > 1 || s->afd_ffn > 1;
