@@ -113,6 +113,33 @@ static inline ls_status ls_gpu_engine_open(const ls_model *m, const char *backen
     return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
 }
 
+/* The logprobs of one sequence's prefill of 9 tokens then one decode step
+ * ([10, V], malloc'd; *n_out = 10 V) on an engine with options o over be
+ * (the engine takes the backend and destroys it). */
+static inline float *ls_gpu_prefill_decode(const ls_model *m, ls_backend *be, const ls_engine_opts *o,
+                                           long *n_out)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ls_engine *e;
+    ck_assert_msg(ls_engine_create(m, be, o, 1, 32, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_engine_join(e, 0, 1, 9, &err) == LS_OK, "%s", err.msg);
+    int32_t toks[10];
+    for (int i = 0; i < 10; i++) toks[i] = (int32_t)((i * 131 + 7) % m->cfg.vocab);
+    long V = m->cfg.vocab;
+    float *lp = malloc(sizeof(float) * (size_t)(10 * V));
+    ck_assert_ptr_nonnull(lp);
+    ls_engine_item it = {0, toks, 9, 0};
+    ck_assert_msg(ls_engine_step(e, &it, 1, &err) == LS_OK, "%s", err.msg);
+    memcpy(lp, ls_engine_logprobs(e, 0), sizeof(float) * (size_t)(9 * V));
+    it = (ls_engine_item){0, toks + 9, 1, 1};
+    ck_assert_msg(ls_engine_step(e, &it, 1, &err) == LS_OK, "%s", err.msg);
+    memcpy(lp + 9 * V, ls_engine_logprobs(e, 0), sizeof(float) * (size_t)V);
+    ls_engine_destroy(e);
+    *n_out = 10 * V;
+    return lp;
+}
+
 /* Deterministic pseudo-random numbers (splitmix64), so failures reproduce. */
 static inline uint64_t ls_gpu_rand_u64(uint64_t *state)
 {

@@ -110,27 +110,10 @@ END_TEST
 /* Logprobs of a prefill of 9 tokens and one decode step. */
 static float *run(const ls_model *m, ls_backend *be, long *n_out)
 {
-    ls_error err;
-    ls_error_clear(&err);
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.max_rows = 16;
-    ls_engine *e;
-    ck_assert_msg(ls_engine_create(m, be, &o, 1, 32, &e, &err) == LS_OK, "%s", err.msg);
-    ck_assert_msg(ls_engine_join(e, 0, 1, 9, &err) == LS_OK, "%s", err.msg);
-    int32_t toks[10];
-    for (int i = 0; i < 10; i++) toks[i] = (int32_t)((i * 131 + 7) % m->cfg.vocab);
-    long V = m->cfg.vocab;
-    float *lp = malloc(sizeof(float) * (size_t)(10 * V));
-    ls_engine_item it = {0, toks, 9, 0};
-    ck_assert_msg(ls_engine_step(e, &it, 1, &err) == LS_OK, "%s", err.msg);
-    memcpy(lp, ls_engine_logprobs(e, 0), sizeof(float) * (size_t)(9 * V));
-    it = (ls_engine_item){0, toks + 9, 1, 1};
-    ck_assert_msg(ls_engine_step(e, &it, 1, &err) == LS_OK, "%s", err.msg);
-    memcpy(lp + 9 * V, ls_engine_logprobs(e, 0), sizeof(float) * (size_t)V);
-    ls_engine_destroy(e);
-    *n_out = 10 * V;
-    return lp;
+    return ls_gpu_prefill_decode(m, be, &o, n_out);
 }
 
 START_TEST(test_engine_equals_checkpoint)

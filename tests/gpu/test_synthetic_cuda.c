@@ -202,22 +202,7 @@ static float *run_synthetic_mode(const ls_model *m, uint64_t seed, int w8a8, lon
     ls_engine_opts_default(&o);
     o.max_rows = 16;
     o.fp8_w8a8 = w8a8;
-    ls_engine *e;
-    ck_assert_msg(ls_engine_create(m, be, &o, 1, 32, &e, &err) == LS_OK, "%s", err.msg);
-    ck_assert_msg(ls_engine_join(e, 0, 1, 9, &err) == LS_OK, "%s", err.msg);
-    int32_t toks[10];
-    for (int i = 0; i < 10; i++) toks[i] = (int32_t)((i * 131 + 7) % m->cfg.vocab);
-    long V = m->cfg.vocab;
-    float *lp = malloc(sizeof(float) * (size_t)(10 * V));
-    ls_engine_item it = {0, toks, 9, 0};
-    ck_assert_msg(ls_engine_step(e, &it, 1, &err) == LS_OK, "%s", err.msg);
-    memcpy(lp, ls_engine_logprobs(e, 0), sizeof(float) * (size_t)(9 * V));
-    it = (ls_engine_item){0, toks + 9, 1, 1};
-    ck_assert_msg(ls_engine_step(e, &it, 1, &err) == LS_OK, "%s", err.msg);
-    memcpy(lp + 9 * V, ls_engine_logprobs(e, 0), sizeof(float) * (size_t)V);
-    ls_engine_destroy(e);
-    *n_out = 10 * V;
-    return lp;
+    return ls_gpu_prefill_decode(m, be, &o, n_out);
 }
 
 static float *run_synthetic(const ls_model *m, uint64_t seed, long *n_out)
