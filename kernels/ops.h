@@ -212,6 +212,27 @@ ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float *x, const 
 int ls_cuda_moe_plan_count(void);
 const char *ls_cuda_moe_plan_name(int plan);
 
+/* Expert parallelism (backend.h moe_slots, moe_combine). ls_cuda_moe_slots:
+ * the slot rows of the pairs (t, i) (i < k routed slot i, i = k the shared
+ * slot) whose token t is in t0 .. t0+T-1, with x, ids and weights the rows
+ * of those T tokens (token t0 first): row j of c is pair j's slot row, the
+ * one ls_cuda_moe_forward combines (ls_cpu_moe_slot); rows of pairs outside
+ * the tokens are left as they are. Every pair (t, i < k) of the tokens whose
+ * id is in [0, E) is computed (-1 in ids: none), and with mw->sh_gate every
+ * token's shared slot, so ids names the pairs to compute and mw holds their
+ * experts' weights. Scratch: ls_cuda_moe_scratch_bytes(mw, T, k). */
+ls_status ls_cuda_moe_slots(const ls_cuda_moe *mw, const float *x /* [T, D] */,
+                            const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,
+                            long k, long t0, long T, const int32_t *pairs /* [n, 2] */, long n,
+                            float *c /* [n, D] */, void *scratch, int act_bf16, int order_experts,
+                            void *stream, ls_error *err);
+
+/* out[t] = the canonical combine of token t's slot rows c[t] (the k routed
+ * ones in top-k order, then the shared one): ls_cpu_moe_combine. */
+ls_status ls_cuda_moe_combine(const float *c /* [T, k + has_shared, D] */, long k, long D,
+                              int has_shared, float *out /* [T, D] */, long T, int act_bf16,
+                              int order_combine, void *stream, ls_error *err);
+
 /* h_i = act(h_i + a_i). */
 ls_status ls_cuda_residual(float *h /* [n] */, const float *a /* [n] */, long n, int act_bf16,
                            void *stream, ls_error *err);

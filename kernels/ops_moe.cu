@@ -626,14 +626,10 @@ extern "C" const char *ls_cuda_moe_plan_name(int plan)
     return plan >= 0 && plan < ls_cuda_moe_plan_count() ? ls_moe_plan_names[plan] : "?";
 }
 
-extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float *x,
-                                              const int32_t *ids, const float *weights, long k,
-                                              float *out, long T, void *scratch, int act_bf16,
-                                              int order_experts, int order_combine, int plan,
-                                              void *stream, ls_error *err)
+/* What every MoE entry point refuses (fail closed). */
+static ls_status ls_moe_check(const ls_cuda_moe *mw, long k, int order_experts, ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order_experts, err, "moe (experts)");
-    LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
     LS_REQUIRE_WTYPE_ANY(mw->wtype, err, "moe");
     if (mw->sh_gate) {
         LS_REQUIRE_WTYPE_ANY(mw->sh_wtype, err, "moe (shared expert)");
@@ -647,7 +643,18 @@ extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float
                         (mw->sh_gate == NULL || mw->Is >= 1),
                     err, "cuda portable moe: shape E %ld D %ld I %ld Is %ld k %ld not supported",
                     mw->E, mw->D, mw->I, mw->Is, k);
-    if (T <= 0) return LS_OK;
+    return LS_OK;
+}
+
+/* The slot rows of every (token, slot) pair whose expert id is in [0, E),
+ * and the shared slot of every token (mw->sh_gate set), into the scratch's
+ * c [T, k+1, D] (*cbuf_out): the expert launches of the forward, without its
+ * combine. T >= 1, mw checked (ls_moe_check). */
+static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                  const float *weights, long k, long T, void *scratch,
+                                  int act_bf16, int plan, cudaStream_t s, float **cbuf_out,
+                                  ls_error *err)
+{
     long P = T * k;
     if (plan < 0) plan = P <= mw->E ? 0 : 1;
     LS_CUDA_REQUIRE(plan < ls_cuda_moe_plan_count(), err, "cuda portable moe: no plan %d", plan);
@@ -677,7 +684,6 @@ extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float
         mqs = mq + (size_t)slots * W;              /* [T, k+1, ceil(W/128)] */
     }
     ls_moe_q8 q8 = {xq, xqs, mq, mqs};
-    cudaStream_t s = (cudaStream_t)stream;
     if (!single) {
         unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
         ls_moe_count_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count);
@@ -694,6 +700,22 @@ extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float
     else
         LS_TRY((ls_moe_experts_launch<LS_MOE_NT, 0, 2>(mw, x, q8, xq, xqs, mq, mqs, tl, weights, W,
                                                        tiles, mid, gamma, cbuf, act_bf16, s, err)));
+    *cbuf_out = cbuf;
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float *x,
+                                              const int32_t *ids, const float *weights, long k,
+                                              float *out, long T, void *scratch, int act_bf16,
+                                              int order_experts, int order_combine, int plan,
+                                              void *stream, ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
+    LS_TRY(ls_moe_check(mw, k, order_experts, err));
+    if (T <= 0) return LS_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    float *cbuf = NULL;
+    LS_TRY(ls_moe_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, plan, s, &cbuf, err));
     ls_moe_combine_kernel<<<ls_blocks_for(T * mw->D, 256), 256, 0, s>>>(
         cbuf, ids, weights, mw->E, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
@@ -707,4 +729,64 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
 {
     return ls_cuda_moe_forward_plan(mw, x, ids, weights, k, out, T, scratch, act_bf16,
                                     order_experts, order_combine, -1, stream, err);
+}
+
+/* ---- expert parallelism: slot rows and their combine ----------------------------- */
+
+/* Thread per (pair j, column d) of the pairs whose token is in [t0, t0 + T):
+ * c[j] = the slot row the launches above formed for (t, i). */
+__global__ void ls_moe_gather_slots_kernel(const float *cbuf, const int32_t *pairs, long n, long t0,
+                                           long T, long k, long D, float *c)
+{
+    long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n * D) return;
+    long j = g / D, d = g % D, t = pairs[2 * j] - t0, i = pairs[2 * j + 1];
+    if (t < 0 || t >= T) return;
+    c[g] = cbuf[(t * (k + 1) + i) * D + d];
+}
+
+extern "C" ls_status ls_cuda_moe_slots(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                       const float *weights, long k, long t0, long T,
+                                       const int32_t *pairs, long n, float *c, void *scratch,
+                                       int act_bf16,
+                                       int order_experts, void *stream, ls_error *err)
+{
+    LS_TRY(ls_moe_check(mw, k, order_experts, err));
+    if (T <= 0 || n <= 0) return LS_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    float *cbuf = NULL;
+    LS_TRY(ls_moe_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, -1, s, &cbuf, err));
+    ls_moe_gather_slots_kernel<<<ls_blocks_for(n * mw->D, 256), 256, 0, s>>>(cbuf, pairs, n, t0, T, k,
+                                                                             mw->D, c);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_gather_slots_kernel", err);
+    return LS_OK;
+}
+
+/* Thread per (token, j): ls_cpu_moe_combine's canonical sum over c [T,
+ * slots, D] (the k routed slots in top-k order from +0, rounded once, then
+ * the shared one added and rounded), as ls_moe_combine_kernel over its own
+ * slot rows. */
+__global__ void ls_moe_combine_slots_kernel(const float *c, long T, long k, long D, int has_shared,
+                                            float *out, int act)
+{
+    long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= T * D) return;
+    long t = e / D, j = e % D;
+    const float *ct = c + t * (k + has_shared) * D; /* [k + has_shared, D] */
+    float s = 0.0f;
+    for (long i = 0; i < k; i++) s = s + ct[i * D + j];
+    float routed = ls_act_d(s, act);
+    out[e] = has_shared ? ls_act_d(routed + ct[k * D + j], act) : routed;
+}
+
+extern "C" ls_status ls_cuda_moe_combine(const float *c, long k, long D, int has_shared, float *out,
+                                         long T, int act_bf16, int order_combine, void *stream,
+                                         ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
+    if (T <= 0) return LS_OK;
+    ls_moe_combine_slots_kernel<<<ls_blocks_for(T * D, 256), 256, 0, (cudaStream_t)stream>>>(
+        c, T, k, D, has_shared != 0, out, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_combine_slots_kernel", err);
+    return LS_OK;
 }

@@ -21,6 +21,21 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
 
 #ifndef LOCKSTEP_HAVE_CUDA
 
+int ls_backend_cuda_built(void)
+{
+    return 0;
+}
+
+int ls_backend_cuda_device_count(void)
+{
+    return 0;
+}
+
+int ls_backend_cuda_touched(void)
+{
+    return 0;
+}
+
 ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend **out,
                                       ls_error *err)
 {
@@ -61,14 +76,35 @@ void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_
 #include "ops.h"
 #include "sha256.h"
 
+/* Set by every entry point below that calls into the CUDA runtime. */
+static volatile int g_touched;
+
+int ls_backend_cuda_built(void)
+{
+    return 1;
+}
+
+int ls_backend_cuda_touched(void)
+{
+    return g_touched;
+}
+
+int ls_backend_cuda_device_count(void)
+{
+    g_touched = 1;
+    return ls_cuda_device_count();
+}
+
 ls_status ls_backend_cuda_check_device(int device, ls_error *err)
 {
+    g_touched = 1;
     return ls_cuda_check_device(device, err);
 }
 
 ls_status ls_backend_cuda_query_gpu(int device, ls_gpu_info *out, int *present, ls_error *err)
 {
     (void)err;
+    g_touched = 1;
     ls_error qerr;
     ls_error_clear(&qerr);
     *present = ls_cuda_query_device(device, out, &qerr) == LS_OK;
@@ -83,6 +119,9 @@ struct ls_buf {
 
 typedef struct moe_entry {     /* device pointer tables of one MoE block */
     const ls_bweight *key;     /* mw->gate, stable for the model's lifetime */
+    const void **host;         /* the tables' host copy (in the host arena): with key and
+                                  cm's shared-expert fields, what the entry was built from */
+    size_t table_bytes;
     ls_cuda_moe cm;
     struct moe_entry *next;
 } moe_entry;
@@ -454,22 +493,40 @@ static ls_status cu_router(ls_backend *be, const ls_bweight *w, ls_view x, long 
                           I32(ids), F(weights), act_bf16, (int)order, NULL, err);
 }
 
+/* An expert whose weights this backend holds (an expert-parallel rank wraps
+ * its own only; the others' have a NULL buf). */
+static int expert_held(const ls_bmoe *mw, long e)
+{
+    return mw->gate[e].buf && mw->up[e].buf && mw->down[e].buf;
+}
+
+/* The fields of two MoE descriptions but their device tables. */
+static int same_moe(const ls_cuda_moe *a, const ls_cuda_moe *b)
+{
+    return a->E == b->E && a->D == b->D && a->I == b->I && a->Is == b->Is && a->wtype == b->wtype &&
+           a->sh_gate == b->sh_gate && a->sh_up == b->sh_up && a->sh_down == b->sh_down &&
+           a->sh_wtype == b->sh_wtype && a->sh_gate_s == b->sh_gate_s && a->sh_up_s == b->sh_up_s &&
+           a->sh_down_s == b->sh_down_s && a->sh_gate_w == b->sh_gate_w && a->shg_wtype == b->shg_wtype;
+}
+
 /* Device pointer tables for one MoE block, built on first use and kept for
- * the backend's lifetime. All matrices must share one dtype (fail closed). */
+ * the backend's lifetime. All matrices must share one dtype (fail closed);
+ * an expert not held has NULL pointers, which no launch reads (moe_slots
+ * computes only the pairs of held experts). An entry is reused when its
+ * key and every pointer it holds are this call's (a caller may hand the
+ * same table with other experts held), else a new one is built. */
 static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe **out,
                             ls_error *err)
 {
     cuda_impl *im = IMPL(be);
-    for (moe_entry *e = im->moe; e; e = e->next)
-        if (e->key == mw->gate) {
-            *out = &e->cm;
-            return LS_OK;
-        }
     /* one weight type for the routed experts, one for the shared expert's
      * three matrices; the shared expert gate vector bf16 or fp32 */
-    ls_wtype wt = mw->gate[0].wtype;
+    long first = 0;
+    while (first < mw->E - 1 && !expert_held(mw, first)) first++;
+    ls_wtype wt = mw->gate[first].wtype;
     for (long e = 0; e < mw->E; e++)
-        if (mw->gate[e].wtype != wt || mw->up[e].wtype != wt || mw->down[e].wtype != wt)
+        if (expert_held(mw, e) &&
+            (mw->gate[e].wtype != wt || mw->up[e].wtype != wt || mw->down[e].wtype != wt))
             return ls_fail(err, LS_E_UNSUPPORTED,
                            "cuda portable moe: expert %ld mixes weight dtypes (all experts of a "
                            "block must share one)", e);
@@ -484,44 +541,50 @@ static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe
     size_t tb = sizeof(void *) * (size_t)mw->E;
     size_t ntab = f8 ? 6 : 3; /* gate, up, down pointers; FP8: their scales too */
     const void **h = malloc(ntab * tb);
-    if (!h) return ls_fail(err, LS_E_NOMEM, "cuda moe tables");
+    if (!h) return ls_fail_nomem(err, ntab * tb, "cuda moe tables");
     for (long e = 0; e < mw->E; e++) {
-        h[e] = W(&mw->gate[e]);
-        h[mw->E + e] = W(&mw->up[e]);
-        h[2 * mw->E + e] = W(&mw->down[e]);
+        int held = expert_held(mw, e);
+        h[e] = held ? W(&mw->gate[e]) : NULL;
+        h[mw->E + e] = held ? W(&mw->up[e]) : NULL;
+        h[2 * mw->E + e] = held ? W(&mw->down[e]) : NULL;
         if (f8) {
-            h[3 * mw->E + e] = S(&mw->gate[e]);
-            h[4 * mw->E + e] = S(&mw->up[e]);
-            h[5 * mw->E + e] = S(&mw->down[e]);
+            h[3 * mw->E + e] = held ? S(&mw->gate[e]) : NULL;
+            h[4 * mw->E + e] = held ? S(&mw->up[e]) : NULL;
+            h[5 * mw->E + e] = held ? S(&mw->down[e]) : NULL;
         }
     }
+    int sh = mw->sh_gate != NULL;
+    ls_cuda_moe cm = {.E = mw->E, .D = mw->D, .I = mw->I, .Is = mw->Is, .wtype = (int)wt,
+                      .sh_gate = sh ? W(mw->sh_gate) : NULL, .sh_up = sh ? W(mw->sh_up) : NULL,
+                      .sh_down = sh ? W(mw->sh_down) : NULL, .sh_wtype = (int)swt,
+                      .sh_gate_s = sh ? S(mw->sh_gate) : NULL, .sh_up_s = sh ? S(mw->sh_up) : NULL,
+                      .sh_down_s = sh ? S(mw->sh_down) : NULL, .sh_gate_w = sh ? W(mw->sh_gate_w) : NULL,
+                      .shg_wtype = sh ? (int)mw->sh_gate_w->wtype : 0};
+    for (moe_entry *e = im->moe; e; e = e->next)
+        if (e->key == mw->gate && e->table_bytes == ntab * tb && !memcmp(e->host, h, ntab * tb) &&
+            same_moe(&e->cm, &cm)) {
+            free(h);
+            *out = &e->cm;
+            return LS_OK;
+        }
     void *d = ls_cuda_arena_alloc(&im->dev, ntab * tb, err);
-    ls_status st = d ? ls_cuda_upload(d, h, ntab * tb, err) : LS_E_NOMEM;
+    const void **keep = d ? ls_arena_alloc(&im->host, ntab * tb, err) : NULL;
+    ls_status st = keep ? ls_cuda_upload(d, h, ntab * tb, err) : LS_E_NOMEM;
+    if (keep) memcpy(keep, h, ntab * tb);
     free(h);
-    if (st != LS_OK) return st;
+    LS_TRY(st);
     moe_entry *e = ls_arena_alloc(&im->host, sizeof *e, err);
     if (!e) return LS_E_NOMEM;
     e->key = mw->gate;
-    e->cm.E = mw->E;
-    e->cm.D = mw->D;
-    e->cm.I = mw->I;
-    e->cm.Is = mw->Is;
-    e->cm.wtype = (int)wt;
+    e->host = keep;
+    e->table_bytes = ntab * tb;
+    e->cm = cm;
     e->cm.gate = (const void *const *)d;
     e->cm.up = (const void *const *)((char *)d + tb);
     e->cm.down = (const void *const *)((char *)d + 2 * tb);
-    e->cm.sh_gate = mw->sh_gate ? W(mw->sh_gate) : NULL;
-    e->cm.sh_up = mw->sh_gate ? W(mw->sh_up) : NULL;
-    e->cm.sh_down = mw->sh_gate ? W(mw->sh_down) : NULL;
-    e->cm.sh_gate_w = mw->sh_gate ? W(mw->sh_gate_w) : NULL;
     e->cm.gate_s = f8 ? (const float *const *)((char *)d + 3 * tb) : NULL;
     e->cm.up_s = f8 ? (const float *const *)((char *)d + 4 * tb) : NULL;
     e->cm.down_s = f8 ? (const float *const *)((char *)d + 5 * tb) : NULL;
-    e->cm.sh_wtype = (int)swt;
-    e->cm.sh_gate_s = mw->sh_gate ? S(mw->sh_gate) : NULL;
-    e->cm.sh_up_s = mw->sh_gate ? S(mw->sh_up) : NULL;
-    e->cm.sh_down_s = mw->sh_gate ? S(mw->sh_down) : NULL;
-    e->cm.shg_wtype = mw->sh_gate ? (int)mw->sh_gate_w->wtype : 0;
     e->next = im->moe;
     im->moe = e;
     *out = &e->cm;
@@ -550,6 +613,75 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
                                    (int)order_combine, NULL, err));
     }
     return LS_OK;
+}
+
+/* The pairs (t, i) are checked on the host as the CPU checks them; the
+ * launches then compute every pair of ids_sel [T, k] (the routed pairs
+ * asked for, -1 elsewhere) and, when a pair asks for it, every token's shared
+ * slot, and gather the rows asked for. Each row is the one moe forms for its
+ * pair (ls_cuda_moe_slots), so the bits are moe's. */
+static ls_status cu_moe_slots(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view ids,
+                              ls_view weights, long k, long T, ls_view pairs, long n, ls_view c,
+                              int act_bf16, ls_order order_experts, ls_error *err)
+{
+    ON_DEVICE(be, err);
+    cuda_impl *im = IMPL(be);
+    if (n <= 0 || T <= 0) return LS_OK;
+    long slots = k + (mw->sh_gate ? 1 : 0);
+    long chunk = 65535 / (k + 1); /* tokens per launch, as in cu_moe */
+    if (chunk < 1) return ls_fail(err, LS_E_UNSUPPORTED, "cuda portable moe: top-k %ld too large", k);
+    int32_t *h = malloc(sizeof(int32_t) * (size_t)(2 * n + 2 * T * k));
+    if (!h) return ls_fail_nomem(err, sizeof(int32_t) * (size_t)(2 * n + 2 * T * k), "cuda moe_slots: pairs");
+    int32_t *pr = h, *id = h + 2 * n, *sel = id + T * k; /* [n, 2], [T, k], [T, k] */
+    ls_status st = ls_cuda_download(pr, I32(pairs), sizeof(int32_t) * (size_t)(2 * n), err);
+    if (st == LS_OK) st = ls_cuda_download(id, I32(ids), sizeof(int32_t) * (size_t)(T * k), err);
+    for (long i = 0; i < T * k; i++) sel[i] = -1;
+    int shared = 0;
+    for (long p = 0; st == LS_OK && p < n; p++) {
+        long t = pr[2 * p], i = pr[2 * p + 1];
+        if (t < 0 || t >= T || i < 0 || i >= slots) {
+            st = ls_fail(err, LS_E_INTERNAL, "cuda moe_slots: pair %ld is (token %ld, slot %ld), "
+                         "outside %ld tokens of %ld slots", p, t, i, T, slots);
+            break;
+        }
+        long e = i < k ? id[t * k + i] : -1;
+        if (i < k && (e < 0 || e >= mw->E || !expert_held(mw, e)))
+            st = ls_fail(err, LS_E_INTERNAL, "cuda moe_slots: pair %ld (token %ld, slot %ld) names "
+                         "expert %ld, whose weights this backend does not hold", p, t, i, e);
+        else if (i < k) sel[t * k + i] = (int32_t)e;
+        else shared = 1;
+    }
+    const ls_cuda_moe *cm = NULL;
+    if (st == LS_OK) st = moe_tables(be, mw, &cm, err);
+    long Tc = T < chunk ? T : chunk;
+    /* the moe's scratch, then ids_sel on a 256-byte boundary */
+    size_t moe_bytes = cm ? (ls_cuda_moe_scratch_bytes(cm, Tc, k) + 255) / 256 * 256 : 0;
+    if (st == LS_OK) st = scratch_reserve(im, moe_bytes + sizeof(int32_t) * (size_t)(T * k), err);
+    int32_t *sel_dev = st == LS_OK ? (int32_t *)((char *)im->scratch + moe_bytes) : NULL;
+    if (st == LS_OK) st = ls_cuda_upload(sel_dev, sel, sizeof(int32_t) * (size_t)(T * k), err);
+    free(h);
+    LS_TRY(st);
+    ls_cuda_moe cs = *cm;
+    if (!shared) { /* no shared slot asked for: none computed */
+        cs.sh_gate = cs.sh_up = cs.sh_down = cs.sh_gate_w = NULL;
+        cs.sh_gate_s = cs.sh_up_s = cs.sh_down_s = NULL;
+    }
+    for (long t0 = 0; t0 < T; t0 += chunk) {
+        long m = T - t0 < chunk ? T - t0 : chunk;
+        LS_TRY(ls_cuda_moe_slots(&cs, F(x) + t0 * mw->D, sel_dev + t0 * k, F(weights) + t0 * k, k, t0, m,
+                                 I32(pairs), n, F(c), im->scratch, act_bf16, (int)order_experts, NULL,
+                                 err));
+    }
+    return LS_OK;
+}
+
+static ls_status cu_moe_combine(ls_backend *be, ls_view c, long k, long D, int has_shared,
+                                ls_view out, long T, int act_bf16, ls_order order_combine,
+                                ls_error *err)
+{
+    ON_DEVICE(be, err);
+    return ls_cuda_moe_combine(F(c), k, D, has_shared, F(out), T, act_bf16, (int)order_combine, NULL,
+                               err);
 }
 
 static ls_status cu_residual(ls_backend *be, ls_view h, ls_view a, long n, int act_bf16, ls_error *err)
@@ -676,6 +808,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
                                       ls_error *err)
 {
     *out = NULL;
+    g_touched = 1;
     if (ls_cuda_device_count() < 1)
         return ls_fail(err, LS_E_DEVICE, "cuda backend: no CUDA device visible (hint: check "
                        "nvidia-smi and CUDA_VISIBLE_DEVICES)");
@@ -695,7 +828,8 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     /* the arena, its free-memory reading and every later call on this device */
     ls_status st = ls_cuda_use_device(o->device, err);
     size_t arena_bytes = o->arena_bytes;
-    if (st == LS_OK && arena_bytes == 0) arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9;
+    if (st == LS_OK && arena_bytes == 0)
+        arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9 / (size_t)(o->arena_share > 1 ? o->arena_share : 1);
     if (st == LS_OK) st = ls_cuda_arena_init(&im->dev, arena_bytes, err);
     if (st != LS_OK) {
         cu_destroy(be);
@@ -727,6 +861,8 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->sigmoid_gate = cu_sigmoid_gate;
     be->router = cu_router;
     be->moe = cu_moe;
+    be->moe_slots = cu_moe_slots;
+    be->moe_combine = cu_moe_combine;
     be->residual = cu_residual;
     be->logprobs = cu_logprobs;
     be->digest = cu_digest;

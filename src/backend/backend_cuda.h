@@ -14,7 +14,9 @@
 typedef struct ls_backend_cuda_opts {
     int device;                      /* CUDA ordinal (0 .. count-1) everything runs on; default 0 */
     size_t arena_bytes;              /* device memory of the run; 0 = 90 % of the device's free
-                                        memory */
+                                        memory, divided by arena_share */
+    int arena_share;                 /* processes that share the device, each with its own
+                                        arena (ranks of one run on one GPU); 0 or 1: none */
     uint64_t synthetic_weights_seed; /* 0: wrap_weights needs host data (refuses NULL);
                                         else wrap_weights with host == NULL fills the buffer
                                         on the device from seed ^ (k · 0xD1B54A32D192ED03),
@@ -71,6 +73,20 @@ void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_
  * "no CUDA device N: this machine has M (0: NAME, ...)", or LS_E_UNSUPPORTED
  * in a build without CUDA. */
 ls_status ls_backend_cuda_check_device(int device, ls_error *err);
+
+/* 1 in a build with CUDA, else 0; touches no device (a process that forks
+ * CUDA ranks may ask before it forks). */
+int ls_backend_cuda_built(void);
+
+/* The CUDA devices this process sees (0 without CUDA or without a device).
+ * Initialises the CUDA runtime: a process that has asked must not fork
+ * children that use CUDA. */
+int ls_backend_cuda_device_count(void);
+
+/* 1 once this process has called into the CUDA runtime through this
+ * header's functions (a backend created, a device checked, queried or
+ * counted), else 0. */
+int ls_backend_cuda_touched(void);
 
 /* CUDA device `device` as the runtime describes it, for the manifest.
  * *present = 0 (and *out zeroed, LS_OK) in a build without CUDA or when no
