@@ -540,7 +540,7 @@ START_TEST(test_tp_refusals)
     expect_refused(4, 2, NULL, LS_E_UNSUPPORTED,
                    "engine: layer 0 out_proj is FP8: rows 192..383 of rank 1 at tp 2 split its 128-row "
                    "scale blocks");
-    /* a backend without moe_slots / moe_combine (the CUDA backends today) */
+    /* a backend without moe_slots / moe_combine */
     ls_backend *be = NULL;
     ls_error err;
     ck_assert_int_eq(ls_backend_cpu_create(1, &be, &err), LS_OK);

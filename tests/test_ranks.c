@@ -18,7 +18,7 @@
  * `manifest diff` calls EP1 against EP2 and TP1 against TP2 informational
  * for strict manifests and voiding for fast ones; `gate --ep 2`, `--tp 2`,
  * `--afd 1:1` and `--afd 1:2` replay the rollout on one rank. Refusals
- * (experts or heads not divisible, the cuda backend, attention ranks that
+ * (experts or heads not divisible, CUDA ranks in a build without CUDA, attention ranks that
  * do not divide the heads, FFN ranks that do not divide the experts, --rank-timeout
  * with one rank, --afd-balance without --afd) exit 2 naming the flag.
  * `--afd 1:1` and `--afd 1:2` with `--afd-balance FILE` write the per-layer
@@ -328,12 +328,15 @@ START_TEST(test_manifest_topology)
     ck_assert_msg(rc == 2 && strstr(out, "num_attention_heads 4 is not a multiple of --tp 3"), "exit %d\n%s", rc,
                   out);
     free(out);
+#ifndef LOCKSTEP_HAVE_CUDA
+    /* CUDA ranks in a build without CUDA (with it: tests/gpu/test_ranks_cuda.c) */
     rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --backend cuda --tp 2 -o %s/x.json", g_dir, g_dir);
-    ck_assert_msg(rc == 2 && strstr(out, "--tp 2") && strstr(out, "cpu backend only"), "exit %d\n%s", rc, out);
+    ck_assert_msg(rc == 2 && strstr(out, "--tp 2") && strstr(out, "built without CUDA"), "exit %d\n%s", rc, out);
     free(out);
     rc = ls_test_cli(&out, "manifest pin --checkpoint %s/tiny --backend cuda --ep 2 -o %s/x.json", g_dir, g_dir);
-    ck_assert_msg(rc == 2 && strstr(out, "--ep"), "exit %d\n%s", rc, out);
+    ck_assert_msg(rc == 2 && strstr(out, "--ep") && strstr(out, "built without CUDA"), "exit %d\n%s", rc, out);
     free(out);
+#endif
 }
 END_TEST
 
@@ -356,10 +359,8 @@ START_TEST(test_refusals)
 {
     static const char *const cases[][3] = {
         {"--ep 3", "--ep", "does not divide num_experts 8"},
-        {"--ep 2 --backend cuda", "--ep", "cpu backend only"},
         {"--tp 3", "--tp 3", "num_attention_heads 4 is not a multiple of --tp 3"},
         {"--tp 3 --ep 3", "--tp 3 --ep 3", "9 ranks do not divide num_experts 8"},
-        {"--tp 2 --backend cuda", "--tp 2", "cpu backend only"},
         {"--afd 3:1", "--afd", "3 attention ranks split every mixer by head"},
         {"--afd 1:3", "--afd", "3 FFN ranks do not divide num_experts 8"},
         {"--afd 1:1 --ep 2", "--afd", "does not combine with --tp or --ep"},
@@ -381,6 +382,21 @@ START_TEST(test_refusals)
         expect_no_output("refused.trace");
         expect_no_output("refused.json");
     }
+#ifndef LOCKSTEP_HAVE_CUDA
+    /* CUDA ranks in a build without CUDA: refused before any worker starts
+     * (with CUDA they run: tests/gpu/test_ranks_cuda.c) */
+    static const char *const cuda_topo[] = {"--ep 2", "--tp 2", "--afd 1:1"};
+    for (size_t i = 0; i < sizeof cuda_topo / sizeof *cuda_topo; i++) {
+        char *out = NULL;
+        int rc = ls_test_cli(&out, "run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl "
+                             "--max-new-tokens 2 --backend cuda %s -o %s/refused.trace", g_dir, g_dir,
+                             cuda_topo[i], g_dir);
+        ck_assert_msg(rc == 2 && strstr(out, cuda_topo[i]) && strstr(out, "built without CUDA") &&
+                      !strstr(out, "rank "), "%s --backend cuda: exit %d\n%s", cuda_topo[i], rc, out ? out : "");
+        free(out);
+        expect_no_output("refused.trace");
+    }
+#endif
     /* TP x EP under a launcher: its TP groups would need Unix socket pairs
      * handed over TCP connections; refused before any rank connects */
     char *out = NULL;

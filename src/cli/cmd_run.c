@@ -75,7 +75,11 @@ static const char usage_text[] =
     "                            manifest and run_params (replay --from: the rollout's)\n"
     "  --backend cpu|cuda        operator backend (default cpu; cuda needs a CUDA build and a GPU)\n"
     "  --gpu N                   --backend cuda only: the CUDA device to run on (default 0; as\n"
-    "                            numbered under CUDA_VISIBLE_DEVICES); recorded in the manifest\n"
+    "                            numbered under CUDA_VISIBLE_DEVICES); recorded in the manifest.\n"
+    "                            Several ranks (--ep, --tp, --afd): rank r on device N+r when\n"
+    "                            the machine has devices N..N+W-1 for its W ranks, else all W\n"
+    "                            on device N, each with 1/W of its free memory; under a\n"
+    "                            launcher local rank l on device N+l, which must exist\n"
     "  --threads N               CPU worker threads (no effect on any bit; default 1)\n"
     "  --state-digest-every N    carried-state digest cadence (default 64; replay --from: the rollout's)\n"
     "  --perturb layer=L,op=OP   reverse one operator's reduction order in decoder layer L\n"
@@ -93,8 +97,8 @@ static const char usage_text[] =
     "                            r*E/N .. (r+1)*E/N-1; every record equals the one-rank run's\n"
     "                            bit for bit; rank 0 writes the trace, and a rank that fails or\n"
     "                            dies makes every rank exit non-zero with no trace written. N\n"
-    "                            must divide num_experts; --backend cpu only (no CUDA expert-\n"
-    "                            parallel operators or NCCL yet); recorded in run_params and\n"
+    "                            must divide num_experts; cpu or cuda (the rows exchanged go\n"
+    "                            through host memory: no NCCL yet); recorded in run_params and\n"
     "                            the manifest's topology (outside a strict manifest's digest)\n"
     "  --tp N                    tensor parallelism on N ranks (default 1), order-preserving:\n"
     "                            each rank holds its rows of every projection and of the\n"
@@ -103,13 +107,13 @@ static const char usage_text[] =
     "                            MoE runs expert-parallel over the same ranks. N must divide\n"
     "                            the heads, hidden_size, vocab_size and num_experts. With\n"
     "                            --ep M: N*M ranks, TP groups of N consecutive ranks, the\n"
-    "                            experts split over all N*M. --backend cpu only\n"
+    "                            experts split over all N*M. cpu or cuda, as --ep\n"
     "  --afd A:F                 attention-FFN disaggregation on A + F ranks: ranks 0..A-1 run\n"
     "                            the embedding, mixers, norms and lm_head (A > 1: split by\n"
     "                            head as --tp A would, A dividing the heads and hidden_size),\n"
     "                            ranks A..A+F-1 the routers and experts (F > 1: the experts\n"
     "                            split over them, F dividing num_experts); bit-equal to\n"
-    "                            colocated. Without --tp/--ep\n"
+    "                            colocated. Without --tp/--ep; cpu or cuda, as --ep\n"
     "  --afd-balance FILE        with --afd: where each rank's time went, per decoder layer\n"
     "                            (attention rank busy / waiting for the experts, each FFN\n"
     "                            rank busy / waiting for rows) and totals by GDN, attention and\n"
@@ -324,7 +328,11 @@ int ls_cmd_run(int argc, char **argv)
         snprintf(gpu_label, sizeof gpu_label, " on %d ranks (TP%d x EP%d)", s.tp * s.ep, s.tp, s.ep);
     else if (s.tp > 1) snprintf(gpu_label, sizeof gpu_label, " on %d tensor-parallel ranks", s.tp);
     else if (s.ep > 1) snprintf(gpu_label, sizeof gpu_label, " on %d expert-parallel ranks", s.ep);
-    if (!strcmp(s.backend, "cuda")) snprintf(gpu_label, sizeof gpu_label, " (CUDA device %d)", s.gpu);
+    if (!strcmp(s.backend, "cuda")) {
+        size_t n = strlen(gpu_label);
+        snprintf(gpu_label + n, sizeof gpu_label - n, ls_run_spec_world(&s) > 1 ? " (from CUDA device %d)"
+                                                                               : " (CUDA device %d)", s.gpu);
+    }
     ls_log_info("%s: %llu records, %llu positions in %.2f s (%.1f tokens/s), backend %s%s, model %.16s..., "
                 "manifest %.16s...%s",
                 s.out, (unsigned long long)res.records, (unsigned long long)res.positions, res.seconds,

@@ -46,7 +46,7 @@ ls_status ls_run_ranks_start(int size, long timeout_ms, ls_run_ranks *rk, ls_err
             for (int p = 0; p < size; p++)
                 if (p != r) ls_comm_destroy(comms[p]);
             memset(rk->pid, 0, sizeof rk->pid);
-            rk->rank = r;
+            rk->rank = rk->local_rank = r;
             rk->comm = comms[r];
             return LS_OK;
         }
@@ -66,6 +66,8 @@ ls_status ls_run_ranks_join(const ls_comm_launch *l, long timeout_ms, ls_run_ran
     LS_TRY(ls_comm_cpu_rendezvous(l, &co, &c, err));
     rk->size = l->world_size;
     rk->rank = l->rank;
+    rk->launched = 1;
+    rk->local_rank = l->local_rank;
     rk->comm = c;
     rk->timeout_ms = ls_comm_timeout_ms(c);
     return LS_OK;

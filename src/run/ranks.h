@@ -17,9 +17,11 @@
  * exits non-zero.
  *
  * Forking happens after the checkpoint and model are open (the mapping is
- * shared, read-only) and before any thread of the run starts: call
- * ls_run_execute with several ranks from a process that runs no other
- * thread. */
+ * shared, read-only) and before any thread of the run starts and before the
+ * process touches CUDA (a CUDA context does not survive a fork: every rank
+ * creates its own backend after it): call ls_run_execute with several
+ * ranks from a process that runs no other thread and, for a CUDA run, has
+ * made no CUDA call. */
 #ifndef LS_RUN_RANKS_H
 #define LS_RUN_RANKS_H
 
@@ -33,6 +35,9 @@ typedef struct ls_run_ranks {
     int size;                      /* ranks, >= 2 */
     int rank;                      /* this process's rank: 0 in the caller, >= 1 in a worker */
     ls_comm *comm;                 /* this process's endpoint (owned) */
+    int launched;                  /* 1: started by a launcher (ls_run_ranks_join) */
+    int local_rank;                /* this process's rank among the ranks of its host: the
+                                      launcher's local rank; self-launched, its rank */
     long timeout_ms;               /* the communicator's deadline; also the reaping grace */
     pid_t pid[LS_COMM_MAX_RANKS];  /* rank 0: each worker's process id ([0] unused, 0 once reaped) */
 } ls_run_ranks;

@@ -209,10 +209,10 @@ ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_er
     if (world > LS_COMM_MAX_RANKS)
         return ls_fail(err, LS_E_USAGE, "%s: %ld ranks, more than the %d a world holds", flags, world,
                        LS_COMM_MAX_RANKS);
-    if (world > 1 && s->backend && strcmp(s->backend, "cpu"))
-        return ls_fail(err, LS_E_UNSUPPORTED, "%s with backend (--backend) %s: several ranks run on the cpu "
-                       "backend only until the CUDA backend has its expert-parallel operators (moe_slots, "
-                       "moe_combine) and NCCL", flags, s->backend);
+    /* refused before any worker starts (the ranks would each refuse) */
+    if (world > 1 && s->backend && !strcmp(s->backend, "cuda") && !ls_backend_cuda_built())
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s with backend (--backend) cuda: this "
+                       "lockstep was built without CUDA (no nvcc at build time)", flags);
     if (s->afd_balance && !afd)
         return ls_fail(err, LS_E_USAGE, "afd_balance (--afd-balance) %s: the balance report is of an "
                        "attention-FFN disaggregated run (--afd A:F)", s->afd_balance);
@@ -352,8 +352,11 @@ ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, 
                    "router, experts, combine, norm, lm_head)", opname);
 }
 
-ls_status ls_run_backend_create(const char *name, int threads, int gpu, ls_backend **out,
-                                ls_error *err)
+/* ls_run_backend_create with the arena shared by `share` processes on the
+ * device (ranks of one run on one GPU: each takes its part of the free
+ * memory). */
+static ls_status backend_create_shared(const char *name, int threads, int gpu, int share, ls_backend **out,
+                                       ls_error *err)
 {
     *out = NULL;
     if (name && !strcmp(name, "cpu")) {
@@ -368,6 +371,7 @@ ls_status ls_run_backend_create(const char *name, int threads, int gpu, ls_backe
     ls_backend_cuda_opts co;
     ls_backend_cuda_opts_default(&co);
     co.device = gpu;
+    co.arena_share = share;
     ls_error inner;
     ls_error_clear(&inner);
     ls_status st = ls_backend_cuda_create_opts(&co, out, &inner);
@@ -379,14 +383,27 @@ ls_status ls_run_backend_create(const char *name, int threads, int gpu, ls_backe
     return LS_OK;
 }
 
+ls_status ls_run_backend_create(const char *name, int threads, int gpu, ls_backend **out,
+                                ls_error *err)
+{
+    return backend_create_shared(name, threads, gpu, 1, out, err);
+}
+
+static ls_status engine_open_shared(const ls_model *m, const char *backend, int threads, int gpu, int share,
+                                    const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
+                                    ls_error *err)
+{
+    ls_backend *be;
+    *out = NULL;
+    LS_TRY(backend_create_shared(backend, threads, gpu, share, &be, err));
+    return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
+}
+
 ls_status ls_run_engine_open_gpu(const ls_model *m, const char *backend, int threads, int gpu,
                                  const ls_engine_opts *o, long max_seqs, long max_len,
                                  ls_engine **out, ls_error *err)
 {
-    ls_backend *be;
-    *out = NULL;
-    LS_TRY(ls_run_backend_create(backend, threads, gpu, &be, err));
-    return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
+    return engine_open_shared(m, backend, threads, gpu, 1, o, max_seqs, max_len, out, err);
 }
 
 ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads,
@@ -711,6 +728,38 @@ static ls_status check_ranks_agree(const ls_run_spec *s, const ls_checkpoint *ck
     return st;
 }
 
+/* The CUDA device of one rank and how many ranks share it (docs/parallel.md
+ * §1). Self-launched: rank r runs on device gpu + r when the machine has
+ * devices gpu .. gpu + W - 1, else every rank runs on gpu, each with 1/W of
+ * its free memory. Started by a launcher: local rank l on device gpu + l,
+ * which must exist (one rank per device). cpu, or one rank: gpu alone. It
+ * asks the CUDA runtime for the devices, so it runs after the fork, in
+ * every rank. */
+typedef struct rank_device {
+    int gpu;                       /* the CUDA ordinal this rank runs on */
+    int share;                     /* ranks of this run on it (>= 1) */
+} rank_device;
+
+static ls_status rank_device_pick(const ls_run_spec *s, const ls_run_ranks *rk, rank_device *d, ls_error *err)
+{
+    d->gpu = s->gpu;
+    d->share = 1;
+    if (!rk->size || strcmp(s->backend, "cuda")) return LS_OK;
+    int count = ls_backend_cuda_device_count();
+    if (rk->launched) {
+        d->gpu = s->gpu + rk->local_rank;
+        if (d->gpu >= count)
+            return ls_fail(err, LS_E_USAGE, "rank %d: local rank %d runs on CUDA device %d (gpu (--gpu) %d + "
+                           "its local rank) and this machine has %d: a launcher's ranks run one per device",
+                           rk->rank, rk->local_rank, d->gpu, s->gpu, count);
+    } else if (s->gpu + rk->size <= count) {
+        d->gpu = s->gpu + rk->rank;
+    } else {
+        d->share = rk->size;
+    }
+    return LS_OK;
+}
+
 typedef struct worker_sink {
     int rank;
     long steps;
@@ -743,9 +792,11 @@ static void run_worker(const ls_run_spec *s, const ls_model *m, const ls_engine_
     worker_sink w = {rk->rank, 0};
     ls_status st = !seqs || (rollout && !completions) ? ls_fail(&err, LS_E_NOMEM, "out of memory") : LS_OK;
     for (long i = 0; st == LS_OK && i < b->n; i++) seqs[i] = b->seqs[s->reverse_batch ? b->n - 1 - i : i];
+    rank_device dev;
+    if (st == LS_OK) st = rank_device_pick(s, rk, &dev, &err);
     if (st == LS_OK)
-        st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, eo,
-                                    grouped ? ls_run_group_slots(b->n, go) : b->n, max_len, &e, &err);
+        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, eo,
+                                grouped ? ls_run_group_slots(b->n, go) : b->n, max_len, &e, &err);
     if (st == LS_OK) {
         if (rollout && grouped)
             st = ls_run_rollout_group(e, seqs, b->n, s->max_new, &s->sampling, go, completions, worker_frame, &w,
@@ -1009,6 +1060,12 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
                          "from a self-launched world only (their connections are Unix socket pairs); run it "
                          "without the launcher's variables, or with %s", flags, la.source,
                          afd_split ? "attention and FFN" : "TP", afd_split ? "--afd 1:1" : "--tp or --ep alone");
+        /* CUDA does not survive a fork: the workers start before this
+         * process touches CUDA, and every rank creates its own backend */
+        if (st == LS_OK && !launched && !strcmp(s->backend, "cuda") && ls_backend_cuda_touched())
+            st = ls_fail(err, LS_E_UNSUPPORTED, "%s with backend (--backend) cuda: the ranks are forked before "
+                         "the process touches CUDA, and this process already has (an earlier CUDA run in it); "
+                         "run each CUDA run of several ranks in a process of its own", flags);
         if (st == LS_OK)
             st = launched ? ls_run_ranks_join(&la, s->rank_timeout_ms, &rk, err)
                           : ls_run_ranks_start(world, s->rank_timeout_ms, &rk, err);
@@ -1068,10 +1125,12 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     if (st == LS_OK) st = ls_run_spec_serving(s, &serving, &serving_any, err);
     mo.serving = serving_any ? &serving : NULL;
     if (s->gdn_chunked) mo.gdn_chunked = ls_backend_gdn_chunked_provider(s->backend);
-    if (st == LS_OK) st = ls_run_manifest_facts(s->backend, s->gpu, &mo, &facts, err);
+    rank_device dev; /* rank 0's device: the one the manifest describes */
+    if (st == LS_OK) st = rank_device_pick(s, &rk, &dev, err);
+    if (st == LS_OK) st = ls_run_manifest_facts(s->backend, dev.gpu, &mo, &facts, err);
     if (st == LS_OK)
-        st = ls_run_engine_open_gpu(m, s->backend, s->threads, s->gpu, &eo,
-                                    grouped ? ls_run_group_slots(b->n, &go) : b->n, max_len, &e, err);
+        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, &eo,
+                                grouped ? ls_run_group_slots(b->n, &go) : b->n, max_len, &e, err);
     if (hashing) pthread_join(hasher, NULL);
     if (st == LS_OK && !s->fingerprint && hj.st != LS_OK) {
         *err = hj.err;

@@ -65,7 +65,10 @@ typedef struct ls_run_spec {
     int act_bf16;                  /* 1 bf16, 0 fp32 activations (--activations) */
     const char *backend;           /* "cpu" | "cuda" (--backend) */
     int gpu;                       /* cuda: the CUDA device everything runs on, an ordinal
-                                      0 .. count-1 (--gpu; default 0); cpu: 0 */
+                                      0 .. count-1 (--gpu; default 0); with W ranks rank r on
+                                      gpu + r when the machine has gpu + W devices, else all on
+                                      gpu with 1/W of its memory each (docs/parallel.md §1);
+                                      cpu: 0 */
     int threads;                   /* CPU worker threads, >= 1 (--threads) */
     long state_digest_every;       /* carried-state digest cadence, >= 1 (--state-digest-every) */
     long max_rows;                 /* packed tokens per forward, >= 1 (--max-rows) */
@@ -93,19 +96,19 @@ typedef struct ls_run_spec {
                                       recorded in run_params.gdn_form and numerics.gdn_form when
                                       1, and taken from the rollout by replay --from */
     int ep;                        /* expert-parallel ranks (--ep; docs/parallel.md §3.1): 0 or 1 =
-                                      one rank; N > 1 = N CPU ranks, one process each (run/ranks.h),
-                                      rank 0 writing the trace; num_experts % (tp * ep) == 0; the
-                                      cpu backend only (the CUDA backend has no expert-parallel ops) */
+                                      one rank; N > 1 = N ranks, one process each (run/ranks.h),
+                                      rank 0 writing the trace; num_experts % (tp * ep) == 0; cpu
+                                      or cuda (CUDA ranks exchange through host memory) */
     int tp;                        /* tensor-parallel ranks (--tp; docs/parallel.md §3.3, the
-                                      order-preserving form): 0 or 1 = none; N > 1 = N CPU ranks
+                                      order-preserving form): 0 or 1 = none; N > 1 = N ranks
                                       (engine tp_comm), the engine refusing shapes N does not divide.
                                       With ep > 1 the world is tp * ep ranks: TP groups of tp
                                       consecutive ranks (rank / tp), the experts split over the
                                       whole world (§3.4) */
     int afd_attention, afd_ffn;    /* attention-FFN disaggregation (--afd A:F; §3.2): both 0 =
-                                      colocated; 1:1 = two CPU ranks, rank 0 attention, rank 1 the
-                                      FFN (engine afd_comm); other shapes, and AFD with tp or ep > 1,
-                                      are refused (not built) */
+                                      colocated; A:F = A + F ranks, ranks 0..A-1 the mixers, A..
+                                      the FFN (engine afd_comm); AFD with tp or ep > 1 is
+                                      refused */
     const char *afd_balance;       /* with afd 1:1: where the per-layer balance report goes
                                       (--afd-balance; JSON, docs/parallel.md §3.2), NULL = none */
     long rank_timeout_ms;          /* several ranks: every exchange's deadline, after which the

@@ -3,11 +3,9 @@
  * Qwen3.5 MoE, and FP8 block-quantised Qwen3.5 in both --fp8 modes), bf16 and
  * fp32 activations, greedy and seeded rollouts (tokens, logprob bits, top-5,
  * every digest), and replay at several chunkings on CUDA against the CPU's
- * whole-sequence replay. And the refusal of tensor parallelism (no
- * expert-parallel ops on CUDA yet). */
+ * whole-sequence replay. (CUDA engines as ranks of several: test_ranks_cuda.c.) */
 #include "gpu_testutil.h"
 
-#include "dist/comm.h"
 #include "engine_records.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
@@ -206,31 +204,6 @@ START_TEST(test_engine_cuda_fails_closed_on_perturb)
 }
 END_TEST
 
-/* The CUDA backends have no moe_slots/moe_combine yet: an engine asked to be
- * one rank of a tensor-parallel group is refused at creation, naming why. */
-START_TEST(test_engine_cuda_refuses_tp)
-{
-    setup_models();
-    ls_error err;
-    ls_error_clear(&err);
-    ls_checkpoint *ck = NULL;
-    ls_model *m = NULL;
-    ls_test_open_model(g_dirs[0], &ck, &m);
-    ls_comm *comms[2];
-    ck_assert_msg(ls_comm_cpu_world(2, NULL, comms, &err) == LS_OK, "%s", err.msg);
-    ls_engine_opts o;
-    ls_engine_opts_default(&o);
-    o.tp_comm = comms[0];
-    ls_engine *e = NULL;
-    ck_assert_int_eq(ls_run_engine_open(m, "cuda", 1, &o, 1, 16, &e, &err), LS_E_UNSUPPORTED);
-    ck_assert_msg(strstr(err.msg, "cannot run as one rank of 2 tensor-parallel ranks"), "%s", err.msg);
-    printf("  ok tensor parallelism on cuda refused: %s\n", err.msg);
-    for (int r = 0; r < 2; r++) ls_comm_destroy(comms[r]);
-    ls_model_close(m);
-    ls_checkpoint_close(ck);
-}
-END_TEST
-
 int main(void)
 {
     if (!ls_gpu_available()) return LS_GPU_SKIP;
@@ -240,7 +213,6 @@ int main(void)
     int n = getenv("LS_GPU_QUICK") ? 1 : 9; /* tiny synth + eight goldens */
     tcase_add_loop_test(tc, test_engine_cuda_equals_cpu, 0, n);
     tcase_add_test(tc, test_engine_cuda_fails_closed_on_perturb);
-    tcase_add_test(tc, test_engine_cuda_refuses_tp);
     suite_add_tcase(s, tc);
     return ls_gpu_run_suite(s);
 }
