@@ -748,8 +748,8 @@ __global__ void ls_moe_gather_slots_kernel(const float *cbuf, const int32_t *pai
 extern "C" ls_status ls_cuda_moe_slots(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
                                        const float *weights, long k, long t0, long T,
                                        const int32_t *pairs, long n, float *c, void *scratch,
-                                       int act_bf16,
-                                       int order_experts, void *stream, ls_error *err)
+                                       int act_bf16, int order_experts, void *stream,
+                                       ls_error *err)
 {
     LS_TRY(ls_moe_check(mw, k, order_experts, err));
     if (T <= 0 || n <= 0) return LS_OK;
