@@ -5,7 +5,8 @@
  * One block = LS_GDNC_WPB warps x LS_GDNC_CPW value columns of one value head.
  * Tokens run in order (row r of a chunk reads rows <= r); per token:
  *   A. the row joins the chunk: k_r into shared memory (the chunk's key rows
- *      kb [C, dk] live there for the whole call), q_r beside it, α_r.
+ *      kb [C, dk] live there for the whole call), q_r beside it, α_r; the
+ *      token's inputs were loaded into registers during the previous token.
  *   B. thread 0 takes the decays d[s] from r down (the CPU's chunk_decays);
  *      each warp takes m0 = DOT32_i(S0[i][j], k_r) and mq (q_r) for its
  *      columns as the recurrent kernel does (lane l: rows l + 32r of S0 in
@@ -36,6 +37,7 @@
 #define LS_GDNC_RPL (LS_CUDA_GDN_MAX_DK / LS_WARP)  /* key rows per lane */
 #define LS_GDNC_TPB (LS_GDNC_WPB * LS_WARP)
 #define LS_GDNC_DG 4                                /* row dot products per warp pass */
+static_assert(LS_GDNC_TPB >= LS_CUDA_GDN_MAX_DK, "a block's threads cover a key row");
 
 /* Offsets of head h's parts of the chunk area (cpu_ops_gdn.c chunk_k, chunk_u, chunk_alpha). */
 __device__ __forceinline__ long ls_gdnc_k(long Hv, long dk, long dv, long h)
@@ -83,6 +85,23 @@ template <int N> __device__ __forceinline__ void ls_gdnc_tree_n(float *p)
         }
 }
 
+/* One token's inputs as a thread uses them: q and k at key row tid (a
+ * block's threads cover dk), v at the thread's chain column, α, β. */
+typedef struct ls_gdnc_tok {
+    float q, k, v, a, b;
+} ls_gdnc_tok;
+
+__device__ __forceinline__ void ls_gdnc_load(ls_gdnc_tok *x, const float *q, const float *k, const float *v,
+                                             const float *alpha, const float *beta, long t, long h, long kh,
+                                             long Hk, long Hv, long dk, long dv, long j, int tid, int has_v)
+{
+    x->q = tid < dk ? q[(t * Hk + kh) * dk + tid] : 0.0f;
+    x->k = tid < dk ? k[(t * Hk + kh) * dk + tid] : 0.0f;
+    x->v = has_v ? v[(t * Hv + h) * dv + j] : 0.0f;
+    x->a = alpha[t * Hv + h];
+    x->b = beta[t * Hv + h];
+}
+
 __global__ void __launch_bounds__(LS_GDNC_TPB)
 ls_gdn_chunked_kernel(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk, dk] */,
                       const float *v /* [T, Hv, dv] */, const float *alpha /* [T, Hv] */,
@@ -125,17 +144,22 @@ ls_gdn_chunked_kernel(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk
 
     const int c = lane & (LS_GDNC_CPW - 1); /* the column of this lane's chain */
     const int col_ok = j0 + c < dv;
+    ls_gdnc_tok cur;
+    ls_gdnc_load(&cur, q, k, v, alpha, beta, 0, h, kh, Hk, Hv, dk, dv, j0 + c, tid, lane < LS_GDNC_CPW && col_ok);
+    ls_gdnc_tok nxt = cur;
     for (long t = 0; t < T; t++) {
         const long r = (pos0 + t) % LS_GDNC_C;
+        /* the next token's inputs are loaded while this one is computed */
+        if (t + 1 < T)
+            ls_gdnc_load(&nxt, q, k, v, alpha, beta, t + 1, h, kh, Hk, Hv, dk, dv, j0 + c, tid,
+                         lane < LS_GDNC_CPW && col_ok);
         /* A: row r joins the chunk first; every sum below runs over rows <= r */
-        const float *qt = q + (t * Hk + kh) * dk, *kt = k + (t * Hk + kh) * dk;
-        for (long i = tid; i < dk; i += LS_GDNC_TPB) {
-            float kv = kt[i];
-            kr[i] = kv;
-            kb[r][i] = kv;
-            qr[i] = qt[i];
+        if (tid < dk) {
+            kr[tid] = cur.k;
+            kb[r][tid] = cur.k;
+            qr[tid] = cur.q;
         }
-        if (tid == 0) al[r] = alpha[t * Hv + h];
+        if (tid == 0) al[r] = cur.a;
         __syncthreads();
 
         /* B: decays; m0 and mq of this warp's columns; the block's row dots */
@@ -199,12 +223,11 @@ ls_gdn_chunked_kernel(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk
 
         /* C: u_r = (v − P m0) β − Σ_{s<r} (β ((k_r · k_s) d[s])) u_s in lanes 0..CPW−1;
          * o_r = P mq + Σ_{s<=r} ((q_r · k_s) d[s]) u_s in lanes CPW..2 CPW−1 */
-        const float P = Pr, bt = beta[t * Hv + h];
+        const float P = Pr, bt = cur.b;
         float u = 0.0f, acc = 0.0f;
         if (lane < LS_GDNC_CPW) {
-            float vj = col_ok ? v[(t * Hv + h) * dv + j0 + c] : 0.0f;
             float pm = P * ls_gdnc_pick(pk, c);
-            float diff = vj - pm;
+            float diff = cur.v - pm;
             u = diff * bt;
             for (long s = 0; s < r; s++) {
                 float a = KK[s] * d[s];
@@ -258,6 +281,7 @@ ls_gdn_chunked_kernel(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk
             }
         }
         __syncthreads(); /* the next row overwrites kr, qr, kb[r'], al, d, KK, QK */
+        cur = nxt;
     }
 
 #pragma unroll
