@@ -12,7 +12,7 @@
  *      columns as the recurrent kernel does (lane l: rows l + 32r of S0 in
  *      registers, ascending, then the butterfly), and the block takes the
  *      column-independent dots k_r · k_s (s < r) and q_r · k_s (s <= r) once,
- *      a warp per s, in LS_DOT32 order.
+ *      a warp per s (LS_GDNC_DG of them a pass), in LS_DOT32 order.
  *   C. lane c < CPW runs column c's correction chain u_r (s ascending),
  *      lane CPW + c its output chain o_r at the same time; o's last term
  *      (s = r) takes u_r from lane c. At r = C − 1 the lanes fold the chunk
@@ -341,6 +341,8 @@ ls_gdn_chunked_state_kernel(const float *state, long pos, float *s_out /* [Hv, d
     }
     s_out[h * dk * dv + e] = x;
 }
+
+/* ---- host entry points (harness/gdn_chunked_emu runs everything above this line) ---- */
 
 static ls_status gdnc_check(long Hk, long Hv, long dk, long dv, ls_error *err)
 {
