@@ -55,6 +55,11 @@
  *   gdn_scan  ls_cuda_gdn_recurrent over 8192 tokens, one layer, vs FLA's
  *             published 0.472 ms (harness/fla_gdn.py times FLA itself); then
  *             one decode step of 1 and of 32 sequences (ls_cuda_gdn_recurrent_batch)
+ *   gdn_chunked  the chunk-aligned form (docs/numerics.md §5.1,
+ *             ls_cuda_gdn_chunked) over the same 8192 tokens, one layer, vs
+ *             FLA's published 0.472 ms; then one decode step of one sequence
+ *             at rows 0, 31 and 63 of a chunk (63 folds the chunk into its
+ *             state) and the state materialisation a digest at row 31 costs
  *   --moe-plans  the MoE experts of one layer alone under every kernel plan of
  *             ls_cuda_moe_forward_plan, at 1 .. prefill tokens, vs the bytes of
  *             the distinct experts routed to / copy bandwidth (and whether every
@@ -72,6 +77,7 @@
 #include <time.h>
 
 #include "backend/backend_cuda.h"
+#include "backend/cpu_ops.h"
 #include "bench_backend_timing.h"
 #include "engine/engine.h"
 #include "io/json.h"
@@ -558,6 +564,57 @@ static void gdn_scan(const ls_model_config *c, timer *tm, int reps)
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
 }
 
+/* Kernel micro-benchmark: the strict chunk-aligned form of one GDN layer. */
+static void gdn_chunked_scan(const ls_model_config *c, timer *tm, int reps)
+{
+    const long TS = 8192;
+    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    size_t sb = LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv) * 4;
+    float *q = dfill((size_t)TS * Hk * dk * 4, 0.1f), *k = dfill((size_t)TS * Hk * dk * 4, 0.1f);
+    float *v = dfill((size_t)TS * Hv * dv * 4, 1.0f);
+    float *al = dmalloc((size_t)TS * Hv * 4), *be = dmalloc((size_t)TS * Hv * 4);
+    float *o = dmalloc((size_t)TS * Hv * dv * 4), *S = dmalloc(sb), *M = dmalloc((size_t)Hv * dk * dv * 4);
+    float *h_al = hfill((size_t)TS * Hv, 0.95f, 0.04f, 11), *h_be = hfill((size_t)TS * Hv, 0.5f, 0.4f, 12);
+    CU(cudaMemcpy(al, h_al, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(be, h_be, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
+    float t[MAX_REPS];
+    for (int r = 0; r < 1 + reps; r++) {
+        CU(cudaMemset(S, 0, sb));
+        tstart(tm);
+        CK(ls_cuda_gdn_chunked(q, k, v, al, be, S, o, TS, 0, Hk, Hv, dk, dv, 1, 0, NULL, &g_err));
+        float ms = tstop(tm);
+        if (r >= 1) t[r - 1] = ms;
+    }
+    float gm = median(t, reps);
+    printf("gdn chunk-aligned 8192 tokens (h_qk %ld, h_v %ld, d %ld), strict: %.3f ms = %.1f x FLA's "
+           "published 0.472 ms (chunked, H200)\n", Hk, Hv, dk, gm, gm / 0.472);
+    /* decode: one token of one sequence after the prefill, at rows 0, 31, 63 */
+    static const long rows[] = {0, 31, 63};
+    for (int ri = 0; ri < 3; ri++) {
+        long pos = TS + rows[ri];
+        for (int r = 0; r < 1 + reps; r++) {
+            tstart(tm);
+            CK(ls_cuda_gdn_chunked(q, k, v, al, be, S, o, 1, pos, Hk, Hv, dk, dv, 1, 0, NULL, &g_err));
+            float ms = tstop(tm);
+            if (r >= 1) t[r - 1] = ms;
+        }
+        printf("gdn chunk-aligned decode, one sequence at row %ld of its chunk (one layer): %.4f ms\n",
+               rows[ri], median(t, reps));
+    }
+    for (int r = 0; r < 1 + reps; r++) {
+        tstart(tm);
+        CK(ls_cuda_gdn_chunked_state(S, TS + 31, M, Hv, dk, dv, NULL, &g_err));
+        float ms = tstop(tm);
+        if (r >= 1) t[r - 1] = ms;
+    }
+    printf("gdn chunk-aligned state materialisation at row 31 (one layer, for a digest): %.4f ms\n",
+           median(t, reps));
+    free(h_al);
+    free(h_be);
+    void *bufs[] = {q, k, v, al, be, o, S, M};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
+}
+
 /* The FP8 experts of one layer of the MoE micro-benchmark: e4m3 bytes from
  * the device generator, block scales near 0.04/448 from the host (as
  * ls_model_synthetic's), the shared expert gate vector bf16. All device
@@ -893,6 +950,7 @@ int main(int argc, char **argv)
     double bw = copy_bandwidth(&tm, reps);
     if (moe_plans) moe_plan_table(&full_cfg, &tm, bw, prefill, reps);
     gdn_scan(&full_cfg, &tm, reps);
+    gdn_chunked_scan(&full_cfg, &tm, reps);
 
     /* The engine: as many layers as fit (or --layers), 1 + BMAX slots of
      * prefill + the decode steps' positions, max_rows for the prefill. */

@@ -32,6 +32,8 @@ extern "C" {
 
 /* Largest head dims the register-resident kernels take (fail closed above). */
 #define LS_CUDA_GDN_MAX_DK 128
+/* Rows per chunk of the chunk-aligned GDN form (= LS_GDN_CHUNK of backend/cpu_ops.h). */
+#define LS_CUDA_GDN_CHUNK 64
 #define LS_CUDA_ATT_MAX_D 256
 #define LS_CUDA_CONV_MAX_K 8
 /* Sequences per launch of the batched mixer entries (more: several launches). */
@@ -118,6 +120,25 @@ ls_status ls_cuda_gdn_recurrent_batch(const float *q, const float *k, const floa
                                       float *const *states, const long *row0, const long *len,
                                       long nseq, float *o, long Hk, long Hv, long dk, long dv,
                                       int act_bf16, int order, void *stream, ls_error *err);
+
+/* The chunk-aligned GDN form (docs/numerics.md §5.1), bit for bit the CPU's
+ * ls_cpu_gdn_chunked_heads over all Hv heads: T tokens at positions pos0 ..
+ * pos0+T-1 of one sequence; state is S0 [Hv, dk, dv] then the chunk's rows
+ * k [Hv, C, dk], u [Hv, C, dv], alpha [Hv, C] (LS_GDN_CHUNK_STATE_FLOATS).
+ * Block = (32 value columns, value head), tokens in order; a second launch
+ * writes the call's key rows and alphas into the chunk area. dk <= 128. */
+ls_status ls_cuda_gdn_chunked(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk, dk] */,
+                              const float *v /* [T, Hv, dv] */, const float *alpha /* [T, Hv] */,
+                              const float *beta /* [T, Hv] */, float *state /* chunk state */,
+                              float *o /* [T, Hv, dv] */, long T, long pos0, long Hk, long Hv,
+                              long dk, long dv, int act_bf16, int order, void *stream,
+                              ls_error *err);
+
+/* The recurrent state after position pos (the last one run) of the
+ * chunk-aligned state into s_out [Hv, dk, dv]: ls_cpu_gdn_chunked_state_heads. */
+ls_status ls_cuda_gdn_chunked_state(const float *state /* chunk state */, long pos,
+                                    float *s_out /* [Hv, dk, dv] */, long Hv, long dk, long dv,
+                                    void *stream, ls_error *err);
 
 /* Partial rotate-half RoPE in place; tables from ls_cpu_rope_table (host),
  * uploaded: cos_t/sin_t [T, R/2], one row per token of the call. */

@@ -777,6 +777,75 @@ static ls_status gdnb_exec(bo_case *c, ls_backend *be, ls_error *err)
     return LS_OK;
 }
 
+/* The chunk-aligned form (gdn_chunked, then gdn_chunked_state after the
+ * last position): T tokens at positions pos0.. of a sequence whose current
+ * chunk already holds rows 0 .. pos0 mod 64 − 1 from earlier calls. The
+ * backend runs the tokens in calls of `split` (0: one call), the reference
+ * in one; the whole carried state is compared (S0 and every chunk row, the
+ * rows of earlier chunks a call leaves behind included), the outputs and the
+ * materialised state. */
+typedef struct sh_gdnc { int tier; long Hk, Hv, dk, dv, T, pos0, split, pad; } sh_gdnc;
+static const sh_gdnc gdnc_shapes[] = {
+    {BO_ALL, 16, 32, 128, 128, 1, 0, 0, 0},      /* the first decode step */
+    {BO_ALL, 16, 32, 128, 128, 1, 100, 0, 0},    /* decode inside a chunk */
+    {BO_ALL, 16, 32, 128, 128, 1, 127, 0, 0},    /* decode at a chunk's last row: the fold */
+    {BO_FULL, 16, 32, 128, 128, 150, 0, 0, 0},   /* prefill over two boundaries */
+    {BO_FULL, 16, 32, 128, 128, 150, 37, 1, 0},  /* the same token by token */
+    {BO_FULL, 16, 32, 128, 128, 91, 37, 0, 0},   /* ends on a chunk's last row */
+    {BO_QUICK, 16, 32, 128, 128, 70, 5, 0, 0},
+    {BO_QUICK, 16, 32, 128, 128, 9, 60, 1, 0},
+    {BO_ALL, 2, 4, 48, 96, 130, 63, 7, 0},       /* calls of 7 */
+    {BO_ALL, 1, 2, 96, 48, 65, 64, 0, 0},
+    {BO_ALL, 3, 3, 77, 33, 9, 60, 1, 1},
+    {BO_ALL, 2, 6, 40, 72, 200, 3, 64, 0},       /* GQA 2:6, a column tile of 8 */
+    {BO_ALL, 1, 1, 128, 20, 67, 190, 0, 1},      /* more than a chunk's worth of new rows */
+};
+enum { GC_Q, GC_K, GC_V, GC_AL, GC_BE, GC_S, GC_O, GC_M };
+
+static void gdnc_setup(bo_case *c, const void *shape)
+{
+    const sh_gdnc *s = shape;
+    c->pad = s->pad;
+    gdn_inputs(c, GC_Q, s->T, s->Hk, s->Hv, s->dk, s->dv);
+    /* S0 and the chunk's rows from earlier calls: k and u rows, α in (0.5, 1] */
+    size_t SN = (size_t)(s->Hv * s->dk * s->dv), n = LS_GDN_CHUNK_STATE_FLOATS(s->Hv, s->dk, s->dv);
+    size_t na = (size_t)(s->Hv * LS_GDN_CHUNK);
+    float *st = bo_in(c, GC_S, "state", n, 0.1f, 0);
+    for (size_t i = n - na; i < n; i++) st[i] = 0.5f + 0.5f * fabsf(bo_rand_f32(c, 1.0f));
+    bo_out(c, GC_O, "o", (size_t)(s->T * s->Hv * s->dv), 0);
+    bo_out(c, GC_M, "materialised state", SN, 0);
+    bo_what(c, "Hk %ld Hv %ld dk %ld dv %ld T %ld at %ld", s->Hk, s->Hv, s->dk, s->dv, s->T, s->pos0);
+    if (s->split) bo_what(c, " in calls of %ld", s->split);
+}
+
+static void gdnc_ref(bo_case *c)
+{
+    const sh_gdnc *s = c->shape;
+    float *scratch = bo_xmalloc(sizeof(float) * LS_CPU_GDN_CHUNK_SCRATCH_FLOATS(s->dv));
+    ls_cpu_gdn_chunked_heads(R(c, GC_Q), R(c, GC_K), R(c, GC_V), R(c, GC_AL), R(c, GC_BE), R(c, GC_S),
+                             R(c, GC_O), s->T, s->pos0, s->Hk, s->Hv, s->dk, s->dv, 0, s->Hv, scratch,
+                             c->act, c->order);
+    ls_cpu_gdn_chunked_state_heads(R(c, GC_S), s->pos0 + s->T - 1, s->Hv, s->dk, s->dv, 0, s->Hv,
+                                   R(c, GC_M), scratch);
+    free(scratch);
+}
+
+static ls_status gdnc_exec(bo_case *c, ls_backend *be, ls_error *err)
+{
+    const sh_gdnc *s = c->shape;
+    if (!be->gdn_chunked || !be->gdn_chunked_state)
+        return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no chunk-aligned GDN op", be->name);
+    long n = s->split ? s->split : s->T;
+    for (long t = 0; t < s->T; t += n) {
+        long m = s->T - t < n ? s->T - t : n;
+        LS_TRY(be->gdn_chunked(be, AT(c, GC_Q, t * s->Hk * s->dk), AT(c, GC_K, t * s->Hk * s->dk),
+                               AT(c, GC_V, t * s->Hv * s->dv), AT(c, GC_AL, t * s->Hv), AT(c, GC_BE, t * s->Hv),
+                               V(c, GC_S), AT(c, GC_O, t * s->Hv * s->dv), m, s->pos0 + t, s->Hk, s->Hv, s->dk,
+                               s->dv, c->act, c->order, err));
+    }
+    return be->gdn_chunked_state(be, V(c, GC_S), s->pos0 + s->T - 1, V(c, GC_M), s->Hv, s->dk, s->dv, err);
+}
+
 /* conv_silu_batch: as conv_silu, one state per sequence. */
 typedef struct sh_convb {
     int tier;
@@ -1652,6 +1721,7 @@ static const bo_op bo_ops[] = {
     {"gdn_gates", SHAPES(gates_shapes), 1, 1, gates_setup, gates_ref, gates_exec},
     {"l2norm_scale", SHAPES(l2_shapes), 0, 2, l2_setup, l2_ref, l2_exec},
     {"gdn_recurrent", SHAPES(gdn_shapes), 1, 2, gdn_setup, gdn_ref, gdn_exec},
+    {"gdn_chunked", SHAPES(gdnc_shapes), 1, 2, gdnc_setup, gdnc_ref, gdnc_exec},
     {"rope_apply", SHAPES(rope_shapes), 1, 1, rope_setup, rope_ref, rope_exec},
     {"attention", SHAPES(att_shapes), 1, 2, att_setup, att_ref, att_exec},
     {"sigmoid_gate", SHAPES(elem_shapes), 1, 1, elem_setup, sgate_ref, sgate_exec},

@@ -64,8 +64,9 @@ START_TEST(test_table_well_formed)
 }
 END_TEST
 
-/* Every row of the registry, fp8 rows included, resolves on every backend
- * this build has code for: no row without a code digest. */
+/* Every row of the registry, fp8 and chunk-aligned GDN rows included,
+ * resolves on every backend this build has code for: no row without a code
+ * digest. */
 static void check_rows(const char *backend, const ls_provider *rows, size_t n, const char *what)
 {
     ck_assert_msg(rows && n > 0, "%s %s: no rows", backend, what);
@@ -94,6 +95,7 @@ START_TEST(test_every_provider_resolves)
         check_rows(backends[b], rows, n, "fp8 dequant");
         rows = ls_backend_list_fp8_providers(backends[b], "w8a8", &n);
         check_rows(backends[b], rows, n, "fp8 w8a8");
+        check_rows(backends[b], ls_backend_gdn_chunked_provider(backends[b]), 1, "gdn chunk-aligned");
     }
 }
 END_TEST

@@ -13,9 +13,8 @@
  *     seeded preemption and a paged cache of 17) passes in that form: forks,
  *     snapshots and restores carry the chunk's rows; so does prefix reuse of
  *     69 shared positions (a snapshot taken 5 rows into a chunk);
- *   - refusals exit 2 naming --gdn-form: a value other than recurrent or
- *     chunk-aligned, and the cuda backend (no kernel yet) for run and
- *     manifest pin. */
+ *   - a value other than recurrent or chunk-aligned is refused (exit 2,
+ *     naming --gdn-form). The cuda backend's form is tests/gpu's. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,23 +164,15 @@ END_TEST
 START_TEST(test_refusals)
 {
     setup();
-    static const char *const cases[][2] = {
-        {"run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl --gdn-form chunked -o %s/x.trace",
-         "expected recurrent or chunk-aligned"},
-        {"run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl --gdn-form chunk-aligned --backend cuda "
-         "-o %s/x.trace",
-         "cpu backend only"},
-        {"manifest pin --checkpoint %s/tiny --backend cuda --gdn-form chunk-aligned -o %s/x.json%s", "cpu backend only"},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        char cmd[16384];
-        char *out = NULL;
-        snprintf(cmd, sizeof cmd, cases[i][0], g_dir, g_dir, i == 2 ? "" : g_dir);
-        int rc = cli(&out, cmd);
-        ck_assert_msg(rc == 2 && strstr(out, "--gdn-form") && strstr(out, cases[i][1]), "%s: exit %d\n%s", cmd, rc,
-                      out);
-        free(out);
-    }
+    char cmd[16384];
+    char *out = NULL;
+    snprintf(cmd, sizeof cmd,
+             "run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl --gdn-form chunked -o %s/x.trace",
+             g_dir, g_dir, g_dir);
+    int rc = cli(&out, cmd);
+    ck_assert_msg(rc == 2 && strstr(out, "--gdn-form") && strstr(out, "expected recurrent or chunk-aligned"),
+                  "%s: exit %d\n%s", cmd, rc, out);
+    free(out);
 }
 END_TEST
 

@@ -70,6 +70,7 @@ void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "backend/cpu_ops.h"
 #include "core/util.h"
 #include "fingerprint/sha256.h"
 #include "ls_cuda.h"
@@ -364,6 +365,26 @@ static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view 
     ON_DEVICE(be, err);
     return ls_cuda_gdn_recurrent(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk,
                                  dv, act_bf16, (int)order, NULL, err);
+}
+
+/* The chunk-aligned form (kernels/ops_gdn_chunked.cu): the CPU's state layout. */
+_Static_assert(LS_CUDA_GDN_CHUNK == LS_GDN_CHUNK, "the CUDA and CPU chunk-aligned GDN forms share C");
+
+static ls_status cu_gdn_chunked(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
+                                ls_view beta, ls_view state, ls_view o, long T, long pos0, long Hk,
+                                long Hv, long dk, long dv, int act_bf16, ls_order order,
+                                ls_error *err)
+{
+    ON_DEVICE(be, err);
+    return ls_cuda_gdn_chunked(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, pos0, Hk, Hv,
+                               dk, dv, act_bf16, (int)order, NULL, err);
+}
+
+static ls_status cu_gdn_chunked_state(ls_backend *be, ls_view state, long pos, ls_view s_out,
+                                      long Hv, long dk, long dv, ls_error *err)
+{
+    ON_DEVICE(be, err);
+    return ls_cuda_gdn_chunked_state(F(state), pos, F(s_out), Hv, dk, dv, NULL, err);
 }
 
 static ls_status cu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view sin_t, long T,
@@ -852,6 +873,8 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->gdn_gates = cu_gdn_gates;
     be->l2norm_scale = cu_l2norm_scale;
     be->gdn_recurrent = cu_gdn_recurrent;
+    be->gdn_chunked = cu_gdn_chunked;
+    be->gdn_chunked_state = cu_gdn_chunked_state;
     be->rope_apply = cu_rope_apply;
     be->attention = cu_attention;
     be->conv_silu_batch = cu_conv_silu_batch;

@@ -149,7 +149,7 @@ void ls_cpu_topk(const float *x /* [n] */, long n, long k, int32_t *ids /* [k] *
 void ls_cpu_rope_table(const int32_t *pos /* [T] */, long T, long R, double theta,
                        float *cos_t /* [T, R/2] */, float *sin_t /* [T, R/2] */, int act_bf16);
 
-/* ==== GDN: cpu_ops_gdn.c; CUDA kernels/ops_gdn.cu ========================= */
+/* ==== GDN: cpu_ops_gdn.c; CUDA kernels/ops_gdn.cu, ops_gdn_chunked.cu ===== */
 
 /* Floats of scratch the GDN step needs: lane partials [32, dv], m and u
  * [dv] each. Scratch, not stack arrays: the ops run on pool workers, whose

@@ -1,5 +1,6 @@
 /* lockstep — CPU reference of the Gated DeltaNet recurrent step (the kernel of
- * kernels/ops_gdn.cu); see cpu_ops.h and docs/numerics.md. */
+ * kernels/ops_gdn.cu) and of the chunk-aligned form (kernels/ops_gdn_chunked.cu);
+ * see cpu_ops.h and docs/numerics.md. */
 #include "backend/cpu_ops.h"
 
 #include <string.h>

@@ -33,18 +33,25 @@ static const ls_provider cpu_rows[] = {
         "sha256-row-major"),
 };
 
+#define CUDA(op, kernel, tile, order) \
+    {op, "cuda-portable", kernel, tile, "none", "fp32", order, "portable", "strict"}
+
 /* The chunk-aligned GDN form (docs/numerics.md §5.1; ls_engine_opts.gdn_chunked):
- * the row that replaces gdn_recurrent's in a manifest. CPU only for now. */
+ * the row that replaces gdn_recurrent's in a manifest. The CUDA kernels do
+ * the CPU's operations in the CPU's order, hence the same order id. */
 static const ls_provider cpu_gdn_chunked =
     CPU("gdn_recurrent", "ls_cpu_gdn_chunked_heads", "1x32", "fp32", "gdn-chunk-aligned-64-dot32");
+static const ls_provider cuda_gdn_chunked =
+    CUDA("gdn_recurrent", "ls_gdn_chunked_kernel+ls_gdn_chunk_rows_kernel+ls_gdn_chunked_state_kernel",
+         "4warps x 8cols/block, lane = key rows l+32r in registers, chunk key rows in shared memory",
+         "gdn-chunk-aligned-64-dot32");
 
 const ls_provider *ls_backend_gdn_chunked_provider(const char *backend)
 {
-    return backend && !strcmp(backend, "cpu") ? &cpu_gdn_chunked : NULL;
+    if (!backend) return NULL;
+    if (!strcmp(backend, "cpu")) return &cpu_gdn_chunked;
+    return !strcmp(backend, "cuda") ? &cuda_gdn_chunked : NULL;
 }
-
-#define CUDA(op, kernel, tile, order) \
-    {op, "cuda-portable", kernel, tile, "none", "fp32", order, "portable", "strict"}
 
 /* Portable strict CUDA kernels (kernels/ops.h): CUDA cores, one warp per
  * reduction in the CPU's orders, so the reduction-order ids equal the CPU's.

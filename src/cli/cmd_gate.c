@@ -40,7 +40,7 @@ static const char usage_text[] =
     "                         attention-FFN ranks (as for run; cpu or cuda); the replays run\n"
     "                         on one rank, so the gate checks that topology against one rank\n"
     "  --gdn-form recurrent|chunk-aligned  the GDN arithmetic of every run (as for run;\n"
-    "                         cpu only); the replays recompute in the rollout's form\n"
+    "                         cpu or cuda); the replays recompute in the rollout's form\n"
     "  --junit FILE           JUnit XML: one testsuite per replay, holding one testcase (that\n"
     "                         replay vs the rollout; a failure carries its first drift)\n"
     "  --json FILE|-          JSON summary (per replay: verdict, counts, first drift; schema\n"

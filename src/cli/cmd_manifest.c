@@ -41,7 +41,7 @@ static const char help[] =
     "        size, degrees, AFD groups, the CPU communicator, reduction tree none);\n"
     "        a strict manifest's digest does not depend on it (manifest/README.md);\n"
     "        a topology the checkpoint does not divide is refused as run refuses it.\n"
-    "        --gdn-form chunk-aligned (as for run; cpu only) records the chunk-aligned\n"
+    "        --gdn-form chunk-aligned (as for run; cpu or cuda) records the chunk-aligned\n"
     "        GDN arithmetic: numerics.gdn_form and its operator row (a change voids).\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
     "        classifies it as voiding (the claim no longer holds: checkpoint,\n"
@@ -155,10 +155,9 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
         }
     }
     if (ls_cli_check_gpu(o->backend, gpu_given, &err) != LS_OK) return ls_cli_report(CMD, &err);
-    /* the chunk-aligned GDN row is the backend's (cpu only for now) */
+    /* the chunk-aligned GDN row is the backend's */
     if (gdn && !(o->gdn_chunked = ls_backend_gdn_chunked_provider(o->backend)))
-        return ls_cli_usage_error(CMD, "--gdn-form chunk-aligned runs on the cpu backend only: backend %s has "
-                                  "no kernel for it yet", o->backend);
+        return ls_cli_usage_error(CMD, "--gdn-form chunk-aligned: backend %s has no kernel for it", o->backend);
     if (o->perturbation && !mode_given) o->mode = "fast"; /* a perturbed run is never strict */
     o->progress = 1;
     return -1;

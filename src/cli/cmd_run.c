@@ -71,7 +71,7 @@ static const char usage_text[] =
     "                            by token); chunk-aligned: chunks of 64 positions at absolute\n"
     "                            multiples, the state carried at their starts, rollout = replay\n"
     "                            bitwise at any chunking as with the recurrent form, other bits\n"
-    "                            (docs/numerics.md §5.1); --backend cpu only; recorded in the\n"
+    "                            (docs/numerics.md §5.1); cpu and cuda backends; recorded in the\n"
     "                            manifest and run_params (replay --from: the rollout's)\n"
     "  --backend cpu|cuda        operator backend (default cpu; cuda needs a CUDA build and a GPU)\n"
     "  --gpu N                   --backend cuda only: the CUDA device to run on (default 0; as\n"

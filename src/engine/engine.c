@@ -200,8 +200,8 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     e->gdn_floats = e->o.gdn_chunked ? (long)LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv) : Hv * dk * dv;
     ls_backend *be = e->be;
     if (e->o.gdn_chunked && (!be->gdn_chunked || !be->gdn_chunked_state))
-        return ls_fail(err, LS_E_UNSUPPORTED, "engine: the chunk-aligned GDN form (gdn_chunked) runs on the "
-                       "cpu backend only: backend %s has no kernel for it yet", be->name);
+        return ls_fail(err, LS_E_UNSUPPORTED, "engine: the chunk-aligned GDN form (gdn_chunked): backend %s "
+                       "has no kernel for it", be->name);
     if (!be->digest)
         return ls_fail(err, LS_E_UNSUPPORTED, "backend %s has no digest op: lockstep records "
                        "every digest through it and will not run without it", be->name);

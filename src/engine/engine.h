@@ -78,7 +78,7 @@ typedef struct ls_engine_opts {
                                   1 = chunk-aligned, chunks of LS_GDN_CHUNK positions at absolute
                                   multiples in the sequence, the state carried at their starts
                                   (with the current chunk's rows). Needs a backend with
-                                  gdn_chunked (the cpu backend) */
+                                  gdn_chunked (the cpu and cuda backends) */
     int fp8_w8a8;              /* FP8 matrices (docs/numerics.md §9): 0 = dequantised to fp32
                                   (default), 1 = w8a8 with per-token-group activation
                                   quantisation; no effect on a model without FP8 matrices */

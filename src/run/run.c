@@ -241,12 +241,12 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     if (s->afd_balance) LS_TRY(ls_output_path_check(s->afd_balance, err));
     if (!s->batch || s->batch->n < 1)
         return ls_fail(err, LS_E_USAGE, "batch: no sequences (--prompts, --from or --tokens)");
-    if (s->gdn_chunked && s->backend && !ls_backend_gdn_chunked_provider(s->backend))
-        return ls_fail(err, LS_E_UNSUPPORTED, "gdn_form (--gdn-form) chunk-aligned runs on the cpu backend "
-                       "only: backend %s has no kernel for it yet", s->backend);
     if (!s->backend || (strcmp(s->backend, "cpu") && strcmp(s->backend, "cuda")))
         return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda",
                        s->backend ? s->backend : "(none)");
+    if (s->gdn_chunked && !ls_backend_gdn_chunked_provider(s->backend))
+        return ls_fail(err, LS_E_UNSUPPORTED, "gdn_form (--gdn-form) chunk-aligned: backend %s has no kernel "
+                       "for it", s->backend);
     if (rollout) {
         if (s->max_new < 1) return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) must be >= 1");
         if (s->chunk != 0)

@@ -92,7 +92,7 @@ typedef struct ls_run_spec {
                                       positions from a shared pool (engine.h); changes no bit and
                                       is recorded in run_params when set */
     int gdn_chunked;               /* the GDN form (--gdn-form; docs/numerics.md §5.1): 0 =
-                                      recurrent (default), 1 = chunk-aligned (cpu backend only);
+                                      recurrent (default), 1 = chunk-aligned (cpu and cuda backends);
                                       recorded in run_params.gdn_form and numerics.gdn_form when
                                       1, and taken from the rollout by replay --from */
     int ep;                        /* expert-parallel ranks (--ep; docs/parallel.md §3.1): 0 or 1 =

@@ -3,7 +3,10 @@
  * Qwen3.5 MoE, and FP8 block-quantised Qwen3.5 in both --fp8 modes), bf16 and
  * fp32 activations, greedy and seeded rollouts (tokens, logprob bits, top-5,
  * every digest), and replay at several chunkings on CUDA against the CPU's
- * whole-sequence replay. (CUDA engines as ranks of several: test_ranks_cuda.c.) */
+ * whole-sequence replay. The same for the chunk-aligned GDN form
+ * (docs/numerics.md §5.1) on prompts and rollouts that cross a chunk
+ * boundary (positions 64) in prefill, decode and every replay chunking.
+ * (CUDA engines as ranks of several: test_ranks_cuda.c.) */
 #include "gpu_testutil.h"
 
 #include "engine_records.h"
@@ -15,6 +18,7 @@
 
 #define N_SEQS 3
 #define MAX_NEW 6
+#define MAX_PROMPT 80
 
 static const char *g_dirs[16];
 static int g_n_dirs;
@@ -41,11 +45,13 @@ typedef struct run_cfg {
     int act_bf16;
     int w8a8; /* FP8 checkpoints: 1 for --fp8 w8a8, 0 for dequant */
     const ls_sampling *sampling;
+    int gdn_chunked; /* the chunk-aligned GDN form, on prompts that cross position 64 */
 } run_cfg;
 
-static void make_prompts(const ls_model *m, int32_t toks[N_SEQS][32], ls_sequence *seqs)
+static void make_prompts(const ls_model *m, int gdn_chunked, int32_t toks[N_SEQS][MAX_PROMPT], ls_sequence *seqs)
 {
-    static const long lens[N_SEQS] = {5, 11, 17};
+    static const long short_lens[N_SEQS] = {5, 11, 17}, crossing_lens[N_SEQS] = {30, 61, 70};
+    const long *lens = gdn_chunked ? crossing_lens : short_lens;
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (int s = 0; s < N_SEQS; s++) {
         for (long i = 0; i < lens[s]; i++) {
@@ -59,18 +65,20 @@ static void make_prompts(const ls_model *m, int32_t toks[N_SEQS][32], ls_sequenc
     }
 }
 
-static ls_engine *engine(const ls_model *m, const char *backend, int act_bf16, int w8a8)
+static ls_engine *engine(const ls_model *m, const run_cfg *rc)
 {
     ls_error err;
     ls_error_clear(&err);
     ls_engine_opts o;
     ls_engine_opts_default(&o);
-    o.act_bf16 = act_bf16;
-    o.fp8_w8a8 = w8a8;
+    o.act_bf16 = rc->act_bf16;
+    o.fp8_w8a8 = rc->w8a8;
+    o.gdn_chunked = rc->gdn_chunked;
     o.state_digest_every = 3; /* carried-state digests at many positions */
     o.max_rows = 64;
     ls_engine *e = NULL;
-    ck_assert_msg(ls_gpu_engine_open(m, backend, &o, N_SEQS, 64, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_gpu_engine_open(m, rc->backend, &o, N_SEQS, rc->gdn_chunked ? 128 : 64, &e, &err) == LS_OK,
+                  "%s", err.msg);
     return e;
 }
 
@@ -78,38 +86,40 @@ static void rollout(const ls_model *m, const run_cfg *rc, recs *out, int32_t com
 {
     ls_error err;
     ls_error_clear(&err);
-    int32_t toks[N_SEQS][32];
+    int32_t toks[N_SEQS][MAX_PROMPT];
     ls_sequence seqs[N_SEQS];
-    make_prompts(m, toks, seqs);
-    ls_engine *e = engine(m, rc->backend, rc->act_bf16, rc->w8a8);
+    make_prompts(m, rc->gdn_chunked, toks, seqs);
+    ls_engine *e = engine(m, rc);
     ck_assert_msg(ls_run_rollout(e, seqs, N_SEQS, MAX_NEW, rc->sampling, &comp[0][0], recs_sink, out,
                                     &err) == LS_OK, "%s rollout: %s", rc->backend, err.msg);
     ls_engine_destroy(e);
     recs_sort(out);
 }
 
-static void replay(const ls_model *m, const char *backend, int act_bf16, int w8a8,
-                   int32_t comp[N_SEQS][MAX_NEW], long chunk, recs *out)
+static void replay(const ls_model *m, const run_cfg *rc, int32_t comp[N_SEQS][MAX_NEW], long chunk, recs *out)
 {
     ls_error err;
     ls_error_clear(&err);
-    int32_t toks[N_SEQS][32], full[N_SEQS][32 + MAX_NEW];
+    int32_t toks[N_SEQS][MAX_PROMPT], full[N_SEQS][MAX_PROMPT + MAX_NEW];
     ls_sequence seqs[N_SEQS];
-    make_prompts(m, toks, seqs);
+    make_prompts(m, rc->gdn_chunked, toks, seqs);
     for (int s = 0; s < N_SEQS; s++) {
         memcpy(full[s], toks[s], sizeof(int32_t) * (size_t)seqs[s].n_tokens);
         memcpy(full[s] + seqs[s].n_tokens, comp[s], sizeof(int32_t) * MAX_NEW);
         seqs[s].tokens = full[s];
         seqs[s].n_tokens += MAX_NEW;
     }
-    ls_engine *e = engine(m, backend, act_bf16, w8a8);
+    ls_engine *e = engine(m, rc);
     ck_assert_msg(ls_run_replay(e, seqs, N_SEQS, chunk, recs_sink, out, &err) == LS_OK, "%s replay: %s",
-                  backend, err.msg);
+                  rc->backend, err.msg);
     ls_engine_destroy(e);
     recs_sort(out);
 }
 
-static void check_model(const char *dir)
+/* Every record and digest of the CUDA engine equals the CPU engine's:
+ * rollouts (greedy and seeded), then CUDA replays at several chunkings
+ * against the CPU's. */
+static void check_model(const char *dir, int gdn_chunked)
 {
     ls_checkpoint *ck = NULL;
     ls_model *m = NULL;
@@ -122,11 +132,11 @@ static void check_model(const char *dir)
     for (int act = 1; act >= 0; act--)
         for (int si = 0; si < 2; si++) {
             char msg[512], what[160];
-            snprintf(what, sizeof what, "%s %s %s%s", base, act ? "bf16" : "fp32", si ? "seeded" : "greedy",
-                     !m->cfg.fp8 ? "" : w8a8 ? " fp8-w8a8" : " fp8-dequant");
+            snprintf(what, sizeof what, "%s %s %s%s%s", base, act ? "bf16" : "fp32", si ? "seeded" : "greedy",
+                     !m->cfg.fp8 ? "" : w8a8 ? " fp8-w8a8" : " fp8-dequant", gdn_chunked ? " chunk-aligned" : "");
             recs cpu = {0}, gpu = {0};
             int32_t comp_c[N_SEQS][MAX_NEW], comp_g[N_SEQS][MAX_NEW];
-            run_cfg rc = {"cpu", act, w8a8, samp[si]}, rg = {"cuda", act, w8a8, samp[si]};
+            run_cfg rc = {"cpu", act, w8a8, samp[si], gdn_chunked}, rg = {"cuda", act, w8a8, samp[si], gdn_chunked};
             rollout(m, &rc, &cpu, comp_c);
             rollout(m, &rg, &gpu, comp_g);
             int d = recs_diff(&cpu, &gpu, 0, msg, sizeof msg);
@@ -136,11 +146,11 @@ static void check_model(const char *dir)
             recs_free(&gpu);
             /* replay: CPU whole-sequence vs CUDA at several chunkings */
             recs rep_cpu = {0};
-            replay(m, "cpu", act, w8a8, comp_c, 64, &rep_cpu);
+            replay(m, &rc, comp_c, 64, &rep_cpu);
             static const long chunks[] = {1, 4, 7, 64};
             for (int c = 0; c < 4; c++) {
                 recs rep = {0};
-                replay(m, "cuda", act, w8a8, comp_c, chunks[c], &rep);
+                replay(m, &rg, comp_c, chunks[c], &rep);
                 d = recs_diff(&rep_cpu, &rep, 0, msg, sizeof msg);
                 printf("%s %s replay chunk %ld cuda vs cpu: %s\n", d ? "MISMATCH" : "  ok", what, chunks[c], msg);
                 ck_assert_msg(!d, "%s replay chunk %ld: %s", what, chunks[c], msg);
@@ -157,7 +167,16 @@ static void check_model(const char *dir)
 START_TEST(test_engine_cuda_equals_cpu)
 {
     setup_models();
-    check_model(g_dirs[_i < g_n_dirs ? _i : 0]);
+    check_model(g_dirs[_i < g_n_dirs ? _i : 0], 0);
+}
+END_TEST
+
+/* The chunk-aligned form: the synth model, a Qwen3-Next and a Qwen3.5 golden. */
+START_TEST(test_engine_cuda_chunk_aligned_equals_cpu)
+{
+    setup_models();
+    static const int pick[3] = {0, 1, 4};
+    check_model(g_dirs[pick[_i]], 1);
 }
 END_TEST
 
@@ -212,6 +231,7 @@ int main(void)
     tcase_set_timeout(tc, 900);
     int n = getenv("LS_GPU_QUICK") ? 1 : 9; /* tiny synth + eight goldens */
     tcase_add_loop_test(tc, test_engine_cuda_equals_cpu, 0, n);
+    tcase_add_loop_test(tc, test_engine_cuda_chunk_aligned_equals_cpu, 0, getenv("LS_GPU_QUICK") ? 1 : 3);
     tcase_add_test(tc, test_engine_cuda_fails_closed_on_perturb);
     suite_add_tcase(s, tc);
     return ls_gpu_run_suite(s);

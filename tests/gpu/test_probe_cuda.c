@@ -1,7 +1,8 @@
 /* The portable tier's CPU = CUDA claim, per operator: the CUDA backend's
  * reduction fingerprints (src/probe) equal the CPU reference's for every
- * operator row, FP8 rows of both modes included. Prints the table and the
- * probe times. SKIP (77) without a GPU. */
+ * operator row, FP8 rows of both modes and the chunk-aligned GDN row
+ * (gdn_chunked) included. Prints the table and the probe times. SKIP (77)
+ * without a GPU. */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,7 +22,7 @@ static void probe(int cuda, const char *fp8, ls_probe_table *t)
         ck_assert_msg(ls_backend_cuda_create((size_t)256 << 20, &be, &err) == LS_OK, "%s", err.msg);
     else
         ck_assert_msg(ls_backend_cpu_create(4, &be, &err) == LS_OK, "%s", err.msg);
-    ls_probe_opts o = {cuda ? "cuda" : "cpu", fp8, NULL, 0};
+    ls_probe_opts o = {cuda ? "cuda" : "cpu", fp8, NULL, 1};
     ck_assert_msg(ls_probe_run(be, &o, t, &err) == LS_OK, "%s", err.msg);
     be->destroy(be);
 }

@@ -1,0 +1,219 @@
+/* lockstep — the chunk-aligned GDN kernels of kernels/ops_gdn_chunked.cu run
+ * on the host under a small SIMT emulation, against the CPU reference
+ * (ls_cpu_gdn_chunked_heads, ls_cpu_gdn_chunked_state_heads), bit for bit:
+ * outputs, the whole carried state, the materialised state. A check of the
+ * kernel source where no GPU is at hand; it proves nothing about the GPU's
+ * scheduling (harness/gpu_check's racecheck does that), only that the
+ * source's arithmetic and indexing are the CPU's. Built and run by
+ * harness/gdn_chunked_emu, which cuts the kernels out of the .cu file.
+ *
+ * Each CUDA thread of a block is a ucontext fiber; __syncthreads and the
+ * warp shuffles are barriers over the block's or the warp's fibers (a
+ * shuffle: every lane stores, barrier, reads its partner, barrier), so the
+ * kernels run as written, one block at a time. */
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+extern "C" {
+#include "backend/cpu_ops.h"
+#include "numerics/reduce.h"
+}
+#include "ops.h" /* LS_CUDA_GDN_MAX_DK, LS_CUDA_GDN_CHUNK */
+
+/* ---- the CUDA names the kernels use -------------------------------------------------- */
+struct emu_dim { unsigned x, y, z; };
+static emu_dim threadIdx, blockIdx, blockDim;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __shared__ static /* one block runs at a time */
+#define __launch_bounds__(n)
+#define LS_WARP 32
+#define LS_FULL_MASK 0xffffffffu
+
+static inline float ls_act_d(float x, int act_bf16)
+{
+    return act_bf16 ? ls_round_bf16(x) : x;
+}
+
+/* ---- fibers and barriers ------------------------------------------------------------- */
+#define EMU_MAX_THREADS 256
+static ucontext_t emu_sched, emu_ctx[EMU_MAX_THREADS];
+static int emu_cur, emu_threads, emu_done, emu_finished[EMU_MAX_THREADS];
+static int emu_arrived[1 + EMU_MAX_THREADS / 32];  /* group 0: the block; 1 + w: warp w */
+static long emu_gen[1 + EMU_MAX_THREADS / 32];
+static float emu_lanes[EMU_MAX_THREADS / 32][32];   /* a warp's shuffle exchange */
+
+static void emu_barrier(int g, int size)
+{
+    long my = emu_gen[g];
+    if (++emu_arrived[g] == size) {
+        emu_arrived[g] = 0;
+        emu_gen[g]++;
+        return;
+    }
+    while (emu_gen[g] == my) swapcontext(&emu_ctx[emu_cur], &emu_sched);
+}
+
+static void __syncthreads() { emu_barrier(0, emu_threads); }
+static void __syncwarp() { emu_barrier(1 + (int)threadIdx.x / 32, 32); }
+
+static float emu_shuffle(float v, int from)
+{
+    int w = (int)threadIdx.x / 32;
+    __syncwarp();
+    emu_lanes[w][threadIdx.x % 32] = v;
+    __syncwarp();
+    float r = emu_lanes[w][from];
+    __syncwarp();
+    return r;
+}
+
+static float __shfl_xor_sync(unsigned, float v, int s) { return emu_shuffle(v, (int)(threadIdx.x % 32) ^ s); }
+static float __shfl_sync(unsigned, float v, int src) { return emu_shuffle(v, src); }
+
+#include "kernels_body.inc"
+
+static std::function<void()> *emu_body;
+static char emu_stacks[EMU_MAX_THREADS][64 * 1024];
+
+static void emu_fiber()
+{
+    (*emu_body)();
+    emu_finished[emu_cur] = 1;
+    emu_done++;
+    swapcontext(&emu_ctx[emu_cur], &emu_sched);
+}
+
+/* Runs body as a grid (gx, gy) of blocks of nt threads, one block at a time. */
+static void emu_launch(unsigned gx, unsigned gy, unsigned nt, std::function<void()> body)
+{
+    blockDim = {nt, 1, 1};
+    emu_body = &body;
+    static unsigned by, bx; /* live across swapcontext, which returns like setjmp */
+    for (by = 0; by < gy; by++)
+        for (bx = 0; bx < gx; bx++) {
+            emu_threads = (int)nt;
+            emu_done = 0;
+            memset(emu_arrived, 0, sizeof emu_arrived);
+            for (unsigned t = 0; t < nt; t++) {
+                emu_finished[t] = 0;
+                getcontext(&emu_ctx[t]);
+                emu_ctx[t].uc_stack.ss_sp = emu_stacks[t];
+                emu_ctx[t].uc_stack.ss_size = sizeof emu_stacks[t];
+                emu_ctx[t].uc_link = NULL;
+                makecontext(&emu_ctx[t], emu_fiber, 0);
+            }
+            while (emu_done < (int)nt)
+                for (emu_cur = 0; emu_cur < (int)nt; emu_cur++) {
+                    if (emu_finished[emu_cur]) continue;
+                    threadIdx = {(unsigned)emu_cur, 0, 0};
+                    blockIdx = {bx, by, 0};
+                    swapcontext(&emu_sched, &emu_ctx[emu_cur]);
+                }
+        }
+}
+
+/* ---- one case ------------------------------------------------------------------------ */
+static uint64_t emu_rng = 12345;
+
+static float emu_rand(float scale) /* uniform in [-scale, scale) */
+{
+    emu_rng = emu_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return ((float)((emu_rng >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f) * scale;
+}
+
+static int same(const char *what, const float *want, const float *got, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ls_f32_bits(want[i]) != ls_f32_bits(got[i])) {
+            printf("MISMATCH %s element %zu of %zu: cpu 0x%08x (%.9g) emulated cuda 0x%08x (%.9g)\n", what, i, n,
+                   ls_f32_bits(want[i]), (double)want[i], ls_f32_bits(got[i]), (double)got[i]);
+            return 0;
+        }
+    return 1;
+}
+
+/* T tokens at pos0 (the emulated kernels in calls of split, 0 = one) against
+ * the CPU in one call; the chunk's earlier rows and S0 random. 1 = differ. */
+static int run(long Hk, long Hv, long dk, long dv, long T, long pos0, long split, int act)
+{
+    size_t SF = LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv), SN = (size_t)(Hv * dk * dv);
+    std::vector<float> q(T * Hk * dk), k(T * Hk * dk), v(T * Hv * dv), al(T * Hv), be(T * Hv);
+    for (size_t i = 0; i < q.size(); i++) {
+        q[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
+        k[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
+    }
+    ls_cpu_l2norm_scale(q.data(), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
+    ls_cpu_l2norm_scale(k.data(), T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
+    for (float &x : v) x = emu_rand(1.0f);
+    for (long i = 0; i < T * Hv; i++) {
+        al[i] = 0.5f + 0.5f * fabsf(emu_rand(1.0f));
+        be[i] = ls_round_bf16(fabsf(emu_rand(1.0f)));
+    }
+    std::vector<float> s_cpu(SF), o_cpu(T * Hv * dv), m_cpu(SN), o_emu(T * Hv * dv), m_emu(SN);
+    for (float &x : s_cpu) x = emu_rand(0.1f);
+    for (size_t i = SF - (size_t)(Hv * LS_GDN_CHUNK); i < SF; i++) s_cpu[i] = 0.5f + 0.5f * fabsf(emu_rand(1.0f));
+    std::vector<float> s_emu = s_cpu, scratch(LS_CPU_GDN_CHUNK_SCRATCH_FLOATS(dv));
+    ls_cpu_gdn_chunked_heads(q.data(), k.data(), v.data(), al.data(), be.data(), s_cpu.data(), o_cpu.data(), T,
+                             pos0, Hk, Hv, dk, dv, 0, Hv, scratch.data(), act, LS_ORDER_CANONICAL);
+    ls_cpu_gdn_chunked_state_heads(s_cpu.data(), pos0 + T - 1, Hv, dk, dv, 0, Hv, m_cpu.data(), scratch.data());
+    long n = split ? split : T;
+    float *S = s_emu.data();
+    for (long t = 0; t < T; t += n) {
+        long m = T - t < n ? T - t : n, p0 = pos0 + t;
+        const float *qt = &q[t * Hk * dk], *kt = &k[t * Hk * dk], *vt = &v[t * Hv * dv];
+        const float *at = &al[t * Hv], *bt = &be[t * Hv];
+        float *ot = &o_emu[t * Hv * dv];
+        /* the launches of ls_cuda_gdn_chunked (keep in step with it) */
+        emu_launch((unsigned)((dv + 31) / 32), (unsigned)Hv, 128,
+                   [=] { ls_gdn_chunked_kernel(qt, kt, vt, at, bt, S, ot, m, p0, Hk, Hv, dk, dv, act); });
+        emu_launch((unsigned)Hv, 1, 128, [=] { ls_gdn_chunk_rows_kernel(kt, at, S, m, p0, Hk, Hv, dk, dv); });
+    }
+    float *M = m_emu.data(); /* ls_cuda_gdn_chunked_state's launch */
+    emu_launch((unsigned)((dk * dv + 255) / 256), (unsigned)Hv, 256,
+               [=] { ls_gdn_chunked_state_kernel(S, pos0 + T - 1, M, Hv, dk, dv); });
+    int ok = same("o", o_cpu.data(), o_emu.data(), o_cpu.size()) &&
+             same("state", s_cpu.data(), s_emu.data(), SF) && same("materialised state", m_cpu.data(), M, SN);
+    printf("%s Hk %ld Hv %ld dk %ld dv %ld T %ld at %ld calls of %ld act %s\n", ok ? "  ok" : "FAIL", Hk, Hv, dk,
+           dv, T, pos0, split ? split : T, act ? "bf16" : "fp32");
+    fflush(stdout);
+    return !ok;
+}
+
+/* Hk Hv dk dv T pos0 split act: one case; "quick": the first three of the
+ * default set (the unit suite's, ~10 s); no arguments: the default set (GQA,
+ * dk 40 .. 128, partial column tiles, pos0 inside a chunk, calls of 1, 7
+ * and 64, more new rows than a chunk holds, the fold at a chunk's end; a few
+ * minutes). */
+int main(int argc, char **argv)
+{
+    if (argc == 9)
+        return run(atol(argv[1]), atol(argv[2]), atol(argv[3]), atol(argv[4]), atol(argv[5]), atol(argv[6]),
+                   atol(argv[7]), atoi(argv[8]));
+    int quick = argc == 2 && !strcmp(argv[1], "quick");
+    if (argc != 1 && !quick) {
+        fprintf(stderr, "usage: gdn_chunked_emu [quick | Hk Hv dk dv T pos0 split act]\n");
+        return 2;
+    }
+    static const long cases[][8] = {
+        {1, 2, 40, 20, 70, 0, 0, 1},    {3, 3, 77, 33, 9, 60, 1, 0},   {1, 1, 48, 40, 67, 190, 7, 0},
+        {2, 6, 40, 72, 140, 3, 64, 0},  {1, 2, 96, 48, 67, 190, 0, 1}, {1, 2, 128, 40, 130, 63, 7, 1},
+        {1, 1, 128, 128, 1, 127, 0, 1}, {1, 1, 128, 128, 1, 100, 0, 0}, {1, 2, 128, 128, 70, 5, 0, 1},
+    };
+    int bad = 0;
+    size_t n = quick ? 3 : sizeof cases / sizeof cases[0];
+    for (size_t i = 0; i < n; i++) {
+        const long *c = cases[i];
+        bad |= run(c[0], c[1], c[2], c[3], c[4], c[5], c[6], (int)c[7]);
+    }
+    return bad;
+}
