@@ -699,9 +699,9 @@ typedef struct qbufs {
     unsigned long long *count;  /* device [2 n_ms]: differing elements per run */
     unsigned long long *hfirst; /* host copies */
     unsigned long long *hcount;
-    double *want0;              /* host [N]: row 0 of x Wᵀ in fp64 */
-    double *tol0;               /* host [N]: the error any fp32 summation order may make there */
-    float *got0;                /* host [N]: row 0 of a reference run */
+    double *want0;              /* host [2, N]: rows 0 and max_rows - 1 of x Wᵀ in fp64 */
+    double *tol0;               /* host [2, N]: the error any fp32 summation order may make there */
+    float *got0;                /* host [2, N]: those rows of a reference run */
 } qbufs;
 
 static void qbufs_free(qbufs *b)
@@ -738,9 +738,9 @@ static ls_status qbufs_init(ls_gemm_qual *q, qbufs *b, ls_error *err)
     b->moff = calloc(nm, sizeof *b->moff);
     b->hfirst = calloc(2 * nm, sizeof *b->hfirst);
     b->hcount = calloc(2 * nm, sizeof *b->hcount);
-    b->want0 = malloc(sizeof *b->want0 * (size_t)n);
-    b->tol0 = malloc(sizeof *b->tol0 * (size_t)n);
-    b->got0 = malloc(sizeof *b->got0 * (size_t)n);
+    b->want0 = malloc(sizeof *b->want0 * 2 * (size_t)n);
+    b->tol0 = malloc(sizeof *b->tol0 * 2 * (size_t)n);
+    b->got0 = malloc(sizeof *b->got0 * 2 * (size_t)n);
     if (!b->xoff || !b->moff || !b->hfirst || !b->hcount || !b->want0 || !b->tol0 || !b->got0) {
         st = ls_fail_nomem(err, nm * 48, "GEMM qualification tables");
         goto done;
@@ -765,18 +765,22 @@ static ls_status qbufs_init(ls_gemm_qual *q, qbufs *b, ls_error *err)
     uint64_t s = q->seed;
     for (int64_t i = 0; i < n * k; i++) hw[i] = rand_bf16(&s);
     for (int64_t i = 0; i < p * k; i++) hx[i] = rand_bf16(&s);
-    /* row 0 of x Wᵀ in fp64. A bf16 product is exact in fp32, so an fp32 sum
-     * of the k products in any order is within 2 k 2^-24 Σ|x w| of it (twice
-     * the classical γ_k bound, for accumulators that truncate) */
-    for (int64_t j = 0; j < n; j++) {
-        double sum = 0.0, mag = 0.0;
-        for (int64_t i = 0; i < k; i++) {
-            double t = (double)bf16_value(hx[i]) * (double)bf16_value(hw[j * k + i]);
-            sum += t;
-            mag += fabs(t);
+    /* rows 0 and p - 1 of x Wᵀ in fp64 (the first and the last row a GEMM
+     * writes). A bf16 product is exact in fp32, so an fp32 sum of the k
+     * products in any order is within 2 k 2^-24 Σ|x w| of it (twice the
+     * classical γ_k bound, for accumulators that truncate) */
+    for (int c = 0; c < 2; c++) {
+        const uint16_t *xr = hx + (c ? p - 1 : 0) * k;
+        for (int64_t j = 0; j < n; j++) {
+            double sum = 0.0, mag = 0.0;
+            for (int64_t i = 0; i < k; i++) {
+                double t = (double)bf16_value(xr[i]) * (double)bf16_value(hw[j * k + i]);
+                sum += t;
+                mag += fabs(t);
+            }
+            b->want0[c * n + j] = sum;
+            b->tol0[c * n + j] = 2.0 * (double)k * ldexp(1.0, -24) * mag + ldexp(1.0, -126);
         }
-        b->want0[j] = sum;
-        b->tol0[j] = 2.0 * (double)k * ldexp(1.0, -24) * mag + ldexp(1.0, -126);
     }
     for (int r = 0; r < q->n_ms; r++) {
         int64_t m = q->ms[r];
@@ -1089,18 +1093,21 @@ static ls_status qualify_one(ls_gemm_lt *lt, ls_gemm_qual *q, qbufs *b, lt_desc 
                  q->max_rows, cublasLtGetStatusName(refused));
         goto done;
     }
-    /* bit-stable is not enough: row 0 must be x Wᵀ */
+    /* bit-stable is not enough: the first and the last row must be x Wᵀ */
     RT_GO(cudaMemcpy(b->got0, b->yref, sizeof(float) * (size_t)q->n, cudaMemcpyDeviceToHost),
           "reading the reference run (a GEMM may have failed)");
-    for (int64_t j = 0; j < q->n; j++) {
-        double g = (double)b->got0[j];
-        if (fabs(g - b->want0[j]) <= b->tol0[j]) continue; /* false for NaN */
+    RT_GO(cudaMemcpy(b->got0 + q->n, b->yref + (q->max_rows - 1) * q->n, sizeof(float) * (size_t)q->n,
+                     cudaMemcpyDeviceToHost), "reading the reference run (a GEMM may have failed)");
+    for (int64_t e = 0; e < 2 * q->n; e++) {
+        double g = (double)b->got0[e];
+        if (fabs(g - b->want0[e]) <= b->tol0[e]) continue; /* false for NaN */
         c->fail_m = q->max_rows;
-        c->fail_row = c->fail_input_row = 0;
-        c->fail_col = j;
+        c->fail_row = c->fail_input_row = e < q->n ? 0 : q->max_rows - 1;
+        c->fail_col = e % q->n;
         snprintf(c->fail_reason, sizeof c->fail_reason,
-                 "row 0 of its output is not x W^T: column %" PRId64 " is %.9g, the fp64 product "
-                 "%.9g (error bound %.3g)", j, g, b->want0[j], b->tol0[j]);
+                 "row %" PRId64 " of its output is not x W^T: column %" PRId64 " is %.9g, the fp64 "
+                 "product %.9g (error bound %.3g)", c->fail_row, c->fail_col, g, b->want0[e],
+                 b->tol0[e]);
         goto done;
     }
     LS_GO(slots_reset(b, q->n_ms, err));
