@@ -59,8 +59,15 @@ __device__ __forceinline__ long ls_gdnc_alpha(long Hv, long dk, long dv, long h)
 __device__ __forceinline__ float ls_gdnc_decays(const float *al /* [C] */, long r, float *d /* [C] */)
 {
     d[r] = 1.0f;
-    for (long s = r - 1; s >= 0; s--) d[s] = d[s + 1] * al[s + 1];
-    return d[0] * al[0];
+    float x = 1.0f;
+    /* one thread, on the block's critical path: unrolled so that the α loads
+     * run ahead of the product, which stays the serial chain from r down */
+#pragma unroll 8
+    for (long s = r - 1; s >= 0; s--) {
+        x = x * al[s + 1];
+        d[s] = x;
+    }
+    return x * al[0];
 }
 
 /* p[c] of a lane's CPW values with a runtime c, without local memory. */
