@@ -35,7 +35,7 @@ static emu_dim threadIdx, blockIdx, blockDim;
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static /* one block runs at a time */
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define LS_WARP 32
 #define LS_FULL_MASK 0xffffffffu
 

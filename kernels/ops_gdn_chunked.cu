@@ -59,8 +59,15 @@ __device__ __forceinline__ long ls_gdnc_alpha(long Hv, long dk, long dv, long h)
 __device__ __forceinline__ float ls_gdnc_decays(const float *al /* [C] */, long r, float *d /* [C] */)
 {
     d[r] = 1.0f;
-    for (long s = r - 1; s >= 0; s--) d[s] = d[s + 1] * al[s + 1];
-    return d[0] * al[0];
+    float x = 1.0f;
+    /* one thread, on the block's critical path: unrolled so that the α loads
+     * run ahead of the product, which stays the serial chain from r down */
+#pragma unroll 8
+    for (long s = r - 1; s >= 0; s--) {
+        x = x * al[s + 1];
+        d[s] = x;
+    }
+    return x * al[0];
 }
 
 /* p[c] of a lane's CPW values with a runtime c, without local memory. */
@@ -102,7 +109,10 @@ __device__ __forceinline__ void ls_gdnc_load(ls_gdnc_tok *x, const float *q, con
     x->b = beta[t * Hv + h];
 }
 
-__global__ void __launch_bounds__(LS_GDNC_TPB)
+/* Only one resident block per SM is required (minBlocks 1; the grid is
+ * about one block per SM at Qwen3-Next shapes), so the compiler may spend
+ * registers on the chains' unrolling instead of spilling. */
+__global__ void __launch_bounds__(LS_GDNC_TPB, 1)
 ls_gdn_chunked_kernel(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk, dk] */,
                       const float *v /* [T, Hv, dv] */, const float *alpha /* [T, Hv] */,
                       const float *beta /* [T, Hv] */, float *state /* LS_GDN_CHUNK_STATE_FLOATS */,
@@ -229,6 +239,8 @@ ls_gdn_chunked_kernel(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk
             float pm = P * ls_gdnc_pick(pk, c);
             float diff = cur.v - pm;
             u = diff * bt;
+            /* unrolled so that the loads run ahead of the chain (the sum stays in s order) */
+#pragma unroll 4
             for (long s = 0; s < r; s++) {
                 float a = KK[s] * d[s];
                 float A = bt * a;
@@ -237,6 +249,7 @@ ls_gdn_chunked_kernel(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk
             }
         } else if (lane < 2 * LS_GDNC_CPW) {
             acc = P * ls_gdnc_pick(pq, c);
+#pragma unroll 4
             for (long s = 0; s < r; s++) {
                 float w = QK[s] * d[s];
                 float prod = w * uw[s][c];
