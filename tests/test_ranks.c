@@ -52,13 +52,7 @@ static void setup(void)
     if (g_dir) return;
     g_dir = ls_test_tmpdir("ranks");
     char *out = NULL;
-    ck_assert_msg(ls_test_cli(&out, "synth --preset tiny --seed 5 --out %s/tiny", g_dir) == 0, "%s", out);
-    free(out);
-    ck_assert_msg(ls_test_cli(&out, "synth --preset qwen3.5-tiny --seed 6 --out %s/q35", g_dir) == 0, "%s", out);
-    free(out);
-    ck_assert_msg(ls_test_cli(&out, "synth --preset qwen3.5-tiny --fp8 --seed 7 --out %s/q35fp8", g_dir) == 0,
-                  "%s", out);
-    free(out);
+    ls_test_synth_rank_models(g_dir);
     /* 4 linear key heads (one value head each), so that TP4 divides them */
     ck_assert_msg(ls_test_sh(&out, "cd %s && '%s' synth --preset tiny --seed 8 --config-only --out tiny4c && "
                              "'%s' synth --preset qwen3.5-tiny --seed 9 --config-only --out q35k4c && "
@@ -553,6 +547,23 @@ START_TEST(test_launcher_ranks)
                   "mismatch:\n%s", out);
     free(out);
     expect_no_output("mismatch.trace");
+
+    /* a rank whose copy of the checkpoint holds other weights (one mantissa
+     * bit of the last element; config.json the same) is refused before the
+     * first step, naming it: launched ranks fingerprint their own copies */
+    port = free_port() - 1;
+    rc = ls_test_sh(&out, "cd %s && rm -rf tinyw && cp -r tiny tinyw && f=tinyw/model.safetensors && "
+                    "n=$(($(stat -c %%s $f) - 2)) && b=$(od -An -tu1 -j $n -N1 $f) && "
+                    "printf \"\\\\$(printf %%03o $((b ^ 1)))\" | dd of=$f bs=1 seek=$n conv=notrunc 2>/dev/null && "
+                    "for r in 0 1; do (RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d timeout -s KILL 60 "
+                    "'%s' run --checkpoint $([ $r = 0 ] && echo tiny || echo tinyw) --mode rollout --prompts "
+                    "prompts.jsonl --max-new-tokens 6 --sampling seeded --seed 3 --ep 2 -o weights.trace 2>&1; "
+                    "echo \"rc$r=$?\") & done; wait", g_dir, port, LS_CLI_PATH);
+    ck_assert_msg(strstr(out, "rc0=2") && strstr(out, "rc1=2") &&
+                  strstr(out, "rank 1: the weights of its checkpoint differ from rank 0's (Merkle root"),
+                  "weights:\n%s", out);
+    free(out);
+    expect_no_output("weights.trace");
 
     double t0 = now_s();
     rc = launch("torchrun", "0", 2, NULL, "", "launched-alone.trace", &rc0, &out);

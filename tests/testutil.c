@@ -44,6 +44,21 @@ static int run_capture(char **output, const char *cmd)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+void ls_test_synth_rank_models(const char *dir)
+{
+    static const char *const what[][2] = {
+        {"tiny", "--preset tiny --seed 5"},
+        {"q35", "--preset qwen3.5-tiny --seed 6"},
+        {"q35fp8", "--preset qwen3.5-tiny --fp8 --seed 7"},
+    };
+    for (size_t i = 0; i < sizeof what / sizeof what[0]; i++) {
+        char *out = NULL;
+        int rc = ls_test_cli(&out, "synth %s --out %s/%s", what[i][1], dir, what[i][0]);
+        ck_assert_msg(rc == 0, "synth %s: %s", what[i][1], out ? out : "");
+        free(out);
+    }
+}
+
 int ls_test_sh(char **output, const char *cmd_fmt, ...)
 {
     char cmd[12288];

@@ -32,6 +32,11 @@ char *ls_test_tmpdir(const char *tag);
  * malloc'd string (caller frees; may be NULL). Returns the exit code, or -1. */
 int ls_test_cli(char **output, const char *args_fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Writes the three synthetic checkpoints the rank suites run into dir with
+ * `lockstep synth`: tiny (Qwen3-Next tiny, seed 5), q35 (Qwen3.5 tiny, seed
+ * 6) and q35fp8 (Qwen3.5 tiny FP8, seed 7). Aborts the test on failure. */
+void ls_test_synth_rank_models(const char *dir);
+
 /* Runs an arbitrary shell command the same way. */
 int ls_test_sh(char **output, const char *cmd_fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -20,6 +20,8 @@
 #include "trace/trace.h"
 #include "backend/backend_cuda.h"
 #include "backend/providers.h"
+#include "code/code.h"
+#include "core/build_info.h"
 #include "run/ranks.h"
 
 ls_status ls_run_workdir(const char *given, const char *tag, char *out, size_t out_size, int *temporary,
@@ -713,17 +715,67 @@ static ls_status spec_digest(const ls_run_spec *s, const ls_checkpoint *ck, uint
     return st;
 }
 
-/* Every rank's spec digest against rank 0's (one all-gather, exact bytes). */
-static ls_status check_ranks_agree(const ls_run_spec *s, const ls_checkpoint *ck, ls_run_ranks *rk, ls_error *err)
+/* The build a rank runs, for the start-up checks: SHA-256 of lockstep's
+ * version and source revision and of the code digests (src/code/code.h) of
+ * every function and kernel of the run's backend, so two ranks agree only
+ * when they run the same machine code for it. */
+static ls_status build_digest(const char *backend, uint8_t out[32], ls_error *err)
 {
-    uint8_t mine[32], *all = malloc(32 * (size_t)rk->size);
+    ls_sha256 h;
+    LS_TRY(ls_sha256_init(&h, err));
+    ls_status st = ls_sha256_update(&h, LS_VERSION, sizeof LS_VERSION, err);
+    if (st == LS_OK) st = ls_sha256_update(&h, LS_SOURCE_REVISION, sizeof LS_SOURCE_REVISION, err);
+    size_t n = 0;
+    const ls_code_entry *rows = ls_code_list(&n);
+    for (size_t i = 0; st == LS_OK && i < n; i++) {
+        if (strcmp(rows[i].backend, backend)) continue;
+        const char *parts[3] = {rows[i].name, rows[i].sha256 ? rows[i].sha256 : "",
+                                rows[i].ptx_sha256 ? rows[i].ptx_sha256 : ""};
+        for (int p = 0; st == LS_OK && p < 3; p++) st = ls_sha256_update(&h, parts[p], strlen(parts[p]) + 1, err);
+    }
+    ls_digest d;
+    if (st == LS_OK) st = ls_sha256_final(&h, &d, err);
+    else ls_sha256_discard(&h);
+    if (st == LS_OK) memcpy(out, d.bytes, 32);
+    return st;
+}
+
+/* Every rank's spec digest, build digest and (fp non-NULL: ranks a launcher
+ * started, each reading its own copy of the checkpoint) weights' Merkle root
+ * against rank 0's: one all-gather of exact bytes, and every rank fails
+ * naming the first rank that differs and in what. */
+static ls_status check_ranks_agree(const ls_run_spec *s, const ls_checkpoint *ck, const ls_fingerprint *fp,
+                                   ls_run_ranks *rk, ls_error *err)
+{
+    enum { PART = 32, ROW = 3 * PART };
+    uint8_t mine[ROW] = {0}, *all = malloc(ROW * (size_t)rk->size);
     if (!all) return ls_fail(err, LS_E_NOMEM, "out of memory");
     ls_status st = spec_digest(s, ck, mine, err);
-    if (st == LS_OK) st = ls_comm_all_gather(rk->comm, mine, 32, all, err);
-    for (int r = 1; st == LS_OK && r < rk->size; r++)
-        if (memcmp(all, all + 32 * r, 32) != 0)
+    if (st == LS_OK) st = build_digest(s->backend, mine + PART, err);
+    if (st == LS_OK && fp) memcpy(mine + 2 * PART, fp->merkle_root.bytes, PART);
+    if (st == LS_OK) st = ls_comm_all_gather(rk->comm, mine, ROW, all, err);
+    for (int r = 1; st == LS_OK && r < rk->size; r++) {
+        const uint8_t *row = all + ROW * (size_t)r;
+        if (memcmp(all, row, PART) != 0)
             st = ls_fail(err, LS_E_USAGE, "rank %d: its run options, sequences or checkpoint config.json differ "
                          "from rank 0's (every rank must be started with the same command line and files)", r);
+        else if (memcmp(all + PART, row + PART, PART) != 0)
+            st = ls_fail(err, LS_E_USAGE, "rank %d: it runs another build of lockstep than rank 0 (another "
+                         "version, source revision or machine code of the %s backend; rank 0 runs %s, "
+                         "revision %s): every rank must run the same build", r, s->backend, LS_VERSION,
+                         LS_SOURCE_REVISION);
+        else if (memcmp(all + 2 * PART, row + 2 * PART, PART) != 0) {
+            char h0[65], hr[65];
+            ls_digest d0, dr;
+            memcpy(d0.bytes, all + 2 * PART, PART);
+            memcpy(dr.bytes, row + 2 * PART, PART);
+            ls_digest_to_hex(&d0, h0);
+            ls_digest_to_hex(&dr, hr);
+            st = ls_fail(err, LS_E_INPUT, "rank %d: the weights of its checkpoint differ from rank 0's (Merkle "
+                         "root %.16s... where rank 0 has %.16s...; `lockstep fingerprint` on each copy says "
+                         "which tensor): every rank must read the same checkpoint", r, hr, h0);
+        }
+    }
     free(all);
     return st;
 }
@@ -965,7 +1017,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     hash_job hj;
     memset(&hj, 0, sizeof hj);
     pthread_t hasher;
-    int hashing = 0;
+    int hashing = 0, hashed = 0; /* hashed: fingerprinted before the ranks started */
     sink_ctx sc;
     memset(&sc, 0, sizeof sc);
     ls_afd_balance balance; /* --afd-balance: rank 0's gathered times, and their file */
@@ -1066,10 +1118,26 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
             st = ls_fail(err, LS_E_UNSUPPORTED, "%s with backend (--backend) cuda: the ranks are forked before "
                          "the process touches CUDA, and this process already has (an earlier CUDA run in it); "
                          "run each CUDA run of several ranks in a process of its own", flags);
+        /* ranks a launcher started may each read their own copy of the
+         * checkpoint: every rank fingerprints it before the first step
+         * (forked ranks share rank 0's, fingerprinted below) */
+        if (st == LS_OK && launched && !s->fingerprint) {
+            hj.ck = ck;
+            hj.cache = s->hash_cache;
+            hj.progress = s->progress;
+            ls_error_clear(&hj.err);
+            hash_main(&hj);
+            hashed = 1;
+            if (hj.st != LS_OK) {
+                *err = hj.err;
+                st = hj.st;
+            }
+        }
         if (st == LS_OK)
             st = launched ? ls_run_ranks_join(&la, s->rank_timeout_ms, &rk, err)
                           : ls_run_ranks_start(world, s->rank_timeout_ms, &rk, err);
-        if (st == LS_OK) st = check_ranks_agree(s, ck, &rk, err);
+        if (st == LS_OK)
+            st = check_ranks_agree(s, ck, !launched ? NULL : s->fingerprint ? s->fingerprint : &hj.fp, &rk, err);
         if (st == LS_OK) {
             if (s->afd_attention > 0) {
                 eo.afd_comm = rk.comm; /* ranks 0..A-1 attention, A..A+F-1 FFN */
@@ -1096,7 +1164,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         if (st == LS_OK && rk.rank > 0)
             run_worker(s, m, &eo, &go, grouped, max_len, &rk, tp_group); /* does not return */
     }
-    if (st == LS_OK && !s->fingerprint) {
+    if (st == LS_OK && !s->fingerprint && !hashed) {
         hj.ck = ck;
         hj.cache = s->hash_cache;
         hj.progress = s->progress;

@@ -58,14 +58,7 @@ static void setup(void)
 {
     if (g_dir) return;
     g_dir = ls_test_tmpdir("ranks_cuda");
-    char *out = NULL;
-    ck_assert_msg(ls_test_cli(&out, "synth --preset tiny --seed 5 --out %s/tiny", g_dir) == 0, "%s", out);
-    free(out);
-    ck_assert_msg(ls_test_cli(&out, "synth --preset qwen3.5-tiny --seed 6 --out %s/q35", g_dir) == 0, "%s", out);
-    free(out);
-    ck_assert_msg(ls_test_cli(&out, "synth --preset qwen3.5-tiny --fp8 --seed 7 --out %s/q35fp8", g_dir) == 0,
-                  "%s", out);
-    free(out);
+    ls_test_synth_rank_models(g_dir);
     /* prompts of 1, 7, 12, 19 and 30 tokens: several prefill steps at 24 rows */
     static const int lens[] = {1, 7, 12, 19, 30};
     ls_test_write_prompts(g_dir, lens, 5, 0x9E3779B97F4A7C15ull, 1000);
