@@ -40,6 +40,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "run/ranks.h"
 #include "testutil.h"
 
 static char *g_dir;
@@ -387,6 +388,18 @@ START_TEST(test_refusals)
                              cuda_topo[i], g_dir);
         ck_assert_msg(rc == 2 && strstr(out, cuda_topo[i]) && strstr(out, "built without CUDA") &&
                       !strstr(out, "rank "), "%s --backend cuda: exit %d\n%s", cuda_topo[i], rc, out ? out : "");
+        free(out);
+        expect_no_output("refused.trace");
+    }
+#else
+    /* CUDA ranks on a machine without a GPU: one refusal before any worker
+     * starts, not one per rank (with a GPU: tests/gpu/test_ranks_cuda.c) */
+    if (ls_run_ranks_cuda_devices() == 0) {
+        char *out = NULL;
+        int rc = ls_test_cli(&out, "run --checkpoint %s/tiny --mode rollout --prompts %s/prompts.jsonl "
+                             "--max-new-tokens 2 --backend cuda --tp 2 -o %s/refused.trace", g_dir, g_dir, g_dir);
+        ck_assert_msg(rc == 2 && strstr(out, "--tp 2 with backend (--backend) cuda: no CUDA device visible") &&
+                      !strstr(out, "rank "), "exit %d\n%s", rc, out ? out : "");
         free(out);
         expect_no_output("refused.trace");
     }

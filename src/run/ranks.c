@@ -13,6 +13,7 @@
 #include <sys/prctl.h>
 #endif
 
+#include "backend/backend_cuda.h"
 #include "core/util.h"
 
 ls_status ls_run_ranks_start(int size, long timeout_ms, ls_run_ranks *rk, ls_error *err)
@@ -181,4 +182,20 @@ void ls_run_ranks_test_fault(int rank, long step)
     if (!strcmp(action, "kill")) raise(SIGKILL);
     if (!strcmp(action, "hang"))
         for (;;) pause();
+}
+
+int ls_run_ranks_cuda_devices(void)
+{
+    if (!ls_backend_cuda_built()) return 0;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) return 0;
+    if (pid == 0) {
+        int n = ls_backend_cuda_device_count();
+        _exit(n < 0 ? 0 : n > 100 ? 100 : n);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 0;
 }

@@ -80,4 +80,10 @@ void ls_run_ranks_worker_exit(ls_run_ranks *rk, ls_status st, const ls_error *er
  * other rank or step, or when the variable is unset or malformed. */
 void ls_run_ranks_test_fault(int rank, long step);
 
+/* The CUDA devices this machine shows, counted in a child process, so that
+ * the caller stays free to fork CUDA ranks (a process that asked the CUDA
+ * runtime itself could not): 0 in a build without CUDA, without a device,
+ * or when no child can be started. */
+int ls_run_ranks_cuda_devices(void);
+
 #endif

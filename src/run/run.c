@@ -1118,6 +1118,10 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
             st = ls_fail(err, LS_E_UNSUPPORTED, "%s with backend (--backend) cuda: the ranks are forked before "
                          "the process touches CUDA, and this process already has (an earlier CUDA run in it); "
                          "run each CUDA run of several ranks in a process of its own", flags);
+        /* one message, not one per rank, when there is no device at all */
+        if (st == LS_OK && !launched && !strcmp(s->backend, "cuda") && ls_run_ranks_cuda_devices() < 1)
+            st = ls_fail(err, LS_E_UNSUPPORTED, "%s with backend (--backend) cuda: no CUDA device visible (hint: "
+                         "check nvidia-smi and CUDA_VISIBLE_DEVICES)", flags);
         /* ranks a launcher started may each read their own copy of the
          * checkpoint: every rank fingerprints it before the first step
          * (forked ranks share rank 0's, fingerprinted below) */

@@ -27,6 +27,7 @@
 
 #include "backend/backend_cuda.h"
 #include "run/load.h"
+#include "run/ranks.h"
 #include "run/run.h"
 #include "testutil.h"
 
@@ -40,19 +41,6 @@ static const char *const g_fp8[N_CASES] = {"", "", " --fp8 dequant", " --fp8 w8a
 
 #define N_TOPO 5
 static const char *const g_topo[N_TOPO] = {"--ep 2", "--tp 2", "--tp 2 --ep 2", "--afd 1:1", "--afd 2:2"};
-
-/* Whether a CUDA device is present, asked in a child so that this process
- * never initialises CUDA (its forks could not use it). */
-static int gpu_present(void)
-{
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) return 0;
-    if (pid == 0) _exit(ls_backend_cuda_device_count() > 0 ? 0 : 1);
-    int status = 0;
-    if (waitpid(pid, &status, 0) != pid) return 0;
-    return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-}
 
 static void setup(void)
 {
@@ -221,7 +209,7 @@ END_TEST
 
 int main(void)
 {
-    if (!gpu_present()) {
+    if (ls_run_ranks_cuda_devices() < 1) { /* asked in a child: this process stays CUDA-free */
         printf("SKIP: no CUDA device%s\n", ls_backend_cuda_built() ? "" : " (built without CUDA)");
         return LS_GPU_SKIP;
     }
