@@ -53,6 +53,9 @@ typedef struct ls_bo_config {
                                   E = 512 MoEs, T = 63 / 65 on the 2048-wide GDN,
                                   router and MoE) for BO_QUICK stand-ins of T 2..9 or
                                   narrower experts */
+    int small_only;            /* 1: with quick, the BO_ALL shapes alone (the CPU suite
+                                  under AddressSanitizer, several times slower: every
+                                  operator and path still runs, at small sizes) */
 } ls_bo_config;
 
 /* The operators of the table, in a fixed order. */

@@ -31,7 +31,7 @@ static const ls_bo_target g_targets[] = {
     {"cpu x1", cpu_create, (void *)(intptr_t)1, 1},
     {"cpu x4", cpu_create, (void *)(intptr_t)4, 1},
 };
-static ls_bo_config g_cfg = {1};
+static ls_bo_config g_cfg = {1, 0};
 
 START_TEST(test_op)
 {
@@ -45,6 +45,7 @@ int main(void)
 {
     const char *full = getenv("LS_BACKEND_OPS_FULL");
     g_cfg.quick = !(full && *full && strcmp(full, "0") != 0);
+    g_cfg.small_only = g_cfg.quick && LS_TEST_ASAN;
     Suite *s = suite_create("backend_ops");
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 600);

@@ -53,7 +53,7 @@ static const ls_bo_target g_cuda = {"cuda-portable", cuda_create, NULL, 0};
 
 START_TEST(test_op)
 {
-    ls_bo_config cfg = {g_quick};
+    ls_bo_config cfg = {g_quick, 0};
     long fails = ls_bo_run_op(_i, &g_cuda, 1, &cfg);
     ck_assert_msg(fails == 0, "%s: %ld cases differ from the CPU reference or did not run",
                   ls_bo_op_name(_i), fails);
