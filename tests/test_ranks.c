@@ -73,11 +73,7 @@ static void teardown(void) {}
 /* `compare A B` passes: every sequence bitwise equal. */
 static void expect_equal(const char *a, const char *b)
 {
-    char *out = NULL;
-    int rc = ls_test_cli(&out, "compare %s/%s %s/%s", g_dir, a, g_dir, b);
-    ck_assert_msg(rc == 0 && out && strstr(out, "PASS: 5/5 sequences bitwise equal"), "%s vs %s: exit %d\n%s", a, b,
-                  rc, out ? out : "");
-    free(out);
+    ls_test_expect_traces_equal(g_dir, a, b, 5);
 }
 
 /* The trace's header holds `needle` (the header is JSON text near the start). */
@@ -520,6 +516,24 @@ static int launch(const char *family, const char *ranks, int world, const char *
     return rc;
 }
 
+/* Two ranks with torchrun's variables, after the shell command `setup`
+ * (empty, or ending in "&& "), each `run ... --ep 2 RANK_ARGS` where
+ * rank_args may use the shell's $r (the rank): both exit 2 before the first
+ * step, the output names `msg`, and no trace is in place. */
+static void expect_pair_refused(const char *setup, const char *rank_args, const char *trace, const char *msg)
+{
+    char *out = NULL;
+    int port = free_port() - 1; /* torchrun: lockstep listens on MASTER_PORT + 1 */
+    ls_test_sh(&out, "cd %s && %sfor r in 0 1; do (RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "
+               "timeout -s KILL 60 '%s' run %s --mode rollout --prompts prompts.jsonl --max-new-tokens 6 "
+               "--sampling seeded --ep 2 -o %s 2>&1; echo \"rc$r=$?\") & done; wait", g_dir, setup, port,
+               LS_CLI_PATH, rank_args, trace);
+    ck_assert_msg(out && strstr(out, "rc0=2") && strstr(out, "rc1=2") && strstr(out, msg), "%s:\n%s", trace,
+                  out ? out : "");
+    free(out);
+    expect_no_output(trace);
+}
+
 /* Ranks started by a launcher (torchrun's and Open MPI's variables, TCP
  * rendezvous on this host) give the self-launched run's bits; a worker that
  * dies, or a rank that never comes, fails every rank with no trace. */
@@ -551,33 +565,16 @@ START_TEST(test_launcher_ranks)
     expect_no_output("launched-kill.trace");
 
     /* a rank started with another seed is refused before the first step */
-    int port = free_port() - 1;
-    rc = ls_test_sh(&out, "cd %s && for r in 0 1; do (RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "
-                    "timeout -s KILL 60 '%s' run --checkpoint tiny --mode rollout --prompts prompts.jsonl "
-                    "--max-new-tokens 6 --sampling seeded --seed $((3 + r)) --ep 2 -o mismatch.trace 2>&1; "
-                    "echo \"rc$r=$?\") & done; wait", g_dir, port, LS_CLI_PATH);
-    ck_assert_msg(strstr(out, "rc0=2") && strstr(out, "rc1=2") &&
-                  strstr(out, "rank 1: its run options, sequences or checkpoint config.json differ from rank 0's"),
-                  "mismatch:\n%s", out);
-    free(out);
-    expect_no_output("mismatch.trace");
-
+    expect_pair_refused("", "--checkpoint tiny --seed $((3 + r))", "mismatch.trace",
+                        "rank 1: its run options, sequences or checkpoint config.json differ from rank 0's");
     /* a rank whose copy of the checkpoint holds other weights (one mantissa
      * bit of the last element; config.json the same) is refused before the
      * first step, naming it: launched ranks fingerprint their own copies */
-    port = free_port() - 1;
-    rc = ls_test_sh(&out, "cd %s && rm -rf tinyw && cp -r tiny tinyw && f=tinyw/model.safetensors && "
-                    "n=$(($(stat -c %%s $f) - 2)) && b=$(od -An -tu1 -j $n -N1 $f) && "
-                    "printf \"\\\\$(printf %%03o $((b ^ 1)))\" | dd of=$f bs=1 seek=$n conv=notrunc 2>/dev/null && "
-                    "for r in 0 1; do (RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d timeout -s KILL 60 "
-                    "'%s' run --checkpoint $([ $r = 0 ] && echo tiny || echo tinyw) --mode rollout --prompts "
-                    "prompts.jsonl --max-new-tokens 6 --sampling seeded --seed 3 --ep 2 -o weights.trace 2>&1; "
-                    "echo \"rc$r=$?\") & done; wait", g_dir, port, LS_CLI_PATH);
-    ck_assert_msg(strstr(out, "rc0=2") && strstr(out, "rc1=2") &&
-                  strstr(out, "rank 1: the weights of its checkpoint differ from rank 0's (Merkle root"),
-                  "weights:\n%s", out);
-    free(out);
-    expect_no_output("weights.trace");
+    expect_pair_refused("rm -rf tinyw && cp -r tiny tinyw && f=tinyw/model.safetensors && "
+                        "n=$(($(stat -c %s $f) - 2)) && b=$(od -An -tu1 -j $n -N1 $f) && "
+                        "printf \"\\\\$(printf %03o $((b ^ 1)))\" | dd of=$f bs=1 seek=$n conv=notrunc 2>/dev/null && ",
+                        "--checkpoint $([ $r = 0 ] && echo tiny || echo tinyw) --seed 3", "weights.trace",
+                        "rank 1: the weights of its checkpoint differ from rank 0's (Merkle root");
 
     double t0 = now_s();
     rc = launch("torchrun", "0", 2, NULL, "", "launched-alone.trace", &rc0, &out);

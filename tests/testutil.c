@@ -44,6 +44,15 @@ static int run_capture(char **output, const char *cmd)
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+void ls_test_expect_traces_equal(const char *dir, const char *a, const char *b, long n_seqs)
+{
+    char *out = NULL, want[96];
+    snprintf(want, sizeof want, "PASS: %ld/%ld sequences bitwise equal", n_seqs, n_seqs);
+    int rc = ls_test_cli(&out, "compare %s/%s %s/%s", dir, a, dir, b);
+    ck_assert_msg(rc == 0 && out && strstr(out, want), "%s vs %s: exit %d\n%s", a, b, rc, out ? out : "");
+    free(out);
+}
+
 void ls_test_synth_rank_models(const char *dir)
 {
     static const char *const what[][2] = {

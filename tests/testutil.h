@@ -37,6 +37,10 @@ int ls_test_cli(char **output, const char *args_fmt, ...) __attribute__((format(
  * 6) and q35fp8 (Qwen3.5 tiny FP8, seed 7). Aborts the test on failure. */
 void ls_test_synth_rank_models(const char *dir);
 
+/* `lockstep compare DIR/A DIR/B` passes with all n_seqs sequences bitwise
+ * equal (aborts the test otherwise). */
+void ls_test_expect_traces_equal(const char *dir, const char *a, const char *b, long n_seqs);
+
 /* Runs an arbitrary shell command the same way. */
 int ls_test_sh(char **output, const char *cmd_fmt, ...) __attribute__((format(printf, 2, 3)));
 
