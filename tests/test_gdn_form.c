@@ -70,8 +70,9 @@ START_TEST(test_rollout_equals_replays)
     int rc = cli(&out, cmd);
     ck_assert_msg(rc == 0, "%s", out);
     free(out);
-    static const char *const chunks[] = {"--chunk 1", "--chunk 7", "--chunk 64", "--chunk 256", ""};
-    for (int c = 0; c < 5; c++) {
+    /* under AddressSanitizer chunks of 7, 64 and whole (1 and 256 run the same code) */
+    static const char *const chunks[] = {"--chunk 7", "--chunk 64", "", "--chunk 1", "--chunk 256"};
+    for (int c = 0; c < (LS_TEST_ASAN ? 3 : 5); c++) {
         snprintf(cmd, sizeof cmd, "run --checkpoint %s --mode replay --from %s %s -o %s/%s-rp%d.trace", ck, a,
                  chunks[c], g_dir, m, c);
         rc = cli(&out, cmd);

@@ -97,7 +97,8 @@ START_TEST(test_ep_equals_one_rank)
     const char *mod = g_model[m];
     const char *fp8 = m == 2 ? " --fp8 w8a8" : "";
     char name[64], ref[64], rep[64], full[1024];
-    for (int ep = 1; ep <= 4; ep *= 2) {
+    /* under AddressSanitizer 1 and 4 ranks (2 runs the same code) */
+    for (int ep = 1; ep <= 4; ep *= LS_TEST_ASAN ? 4 : 2) {
         snprintf(name, sizeof name, "%s-r%d.trace", mod, ep);
         snprintf(full, sizeof full, "--checkpoint %s/%s --mode rollout --prompts %s/prompts.jsonl%s "
                  "--max-new-tokens 6 --sampling seeded --seed 3 --state-digest-every 4", g_dir, mod, g_dir, fp8);
@@ -118,7 +119,7 @@ START_TEST(test_ep_equals_one_rank)
     }
     /* the replay of the one-rank rollout, in chunks of 3, on 1, 2 and 4 ranks */
     snprintf(ref, sizeof ref, "%s-r1.trace", mod);
-    for (int ep = 1; ep <= 4; ep *= 2) {
+    for (int ep = 1; ep <= 4; ep *= LS_TEST_ASAN ? 4 : 2) {
         snprintf(rep, sizeof rep, "%s-p%d.trace", mod, ep);
         char *out = NULL;
         int rc = ls_test_cli(&out, "run --checkpoint %s/%s --mode replay --from %s/%s --chunk 3 --max-rows 24 "
@@ -186,6 +187,8 @@ START_TEST(test_tp_equals_one_rank)
     free(out);
     for (int t = 0; t < 6; t++) {
         if (fp8 && t == 1) continue;
+        /* under AddressSanitizer TP2 x EP2 and AFD 2:2 (TP, EP and AFD code) */
+        if (LS_TEST_ASAN && t != 2 && t != 5) continue;
         snprintf(name, sizeof name, "%s-t%d.trace", mod, 10 + t);
         rc = ls_test_cli(&out, "run %s %s -o %s/%s", full, topo[t], g_dir, name);
         ck_assert_msg(rc == 0, "%s %s: exit %d\n%s", mod, topo[t], rc, out ? out : "");
