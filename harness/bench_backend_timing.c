@@ -261,6 +261,11 @@ static ls_status t_embed(ls_backend *be, const ls_bweight *emb, ls_view tokens, 
     return op_end(be, IN(be)->embed(IN(be), emb, tokens, T, h, act_bf16, err), err);
 }
 
+static ls_status t_prepare_linear(ls_backend *be, const ls_bweight *w, long max_rows, ls_error *err)
+{
+    return IN(be)->prepare_linear(IN(be), w, max_rows, err); /* before the run: not timed */
+}
+
 static ls_status t_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T,
                           int act_bf16, ls_order order, ls_error *err)
 {
@@ -452,6 +457,7 @@ ls_status ls_bench_timing_create(ls_backend *inner, ls_backend **out, ls_error *
     be->destroy = t_destroy;
     be->embed = t_embed;
     be->linear = t_linear;
+    if (inner->prepare_linear) be->prepare_linear = t_prepare_linear;
     be->rmsnorm = t_rmsnorm;
     be->gated_rmsnorm = t_gated_rmsnorm;
     be->conv_silu = t_conv_silu;

@@ -25,7 +25,7 @@
 #include <time.h>
 
 #include "core/util.h"
-#include "gemm_pin.h"
+#include "tc/gemm_pin.h"
 #include "ls_cuda.h"
 
 #define MAX_SHAPES 16

@@ -137,6 +137,13 @@ extern "C" ls_status ls_cuda_download(void *dst_host, const void *src_dev, size_
     return LS_OK;
 }
 
+extern "C" ls_status ls_cuda_copy(void *dst_dev, const void *src_dev, size_t bytes, ls_error *err)
+{
+    if (bytes == 0) return LS_OK;
+    LS_CUDA_CHECK(cudaMemcpy(dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice), err, "device-to-device copy");
+    return LS_OK;
+}
+
 extern "C" ls_status ls_cuda_memset(void *dst_dev, int value, size_t bytes, ls_error *err)
 {
     if (bytes == 0) return LS_OK;

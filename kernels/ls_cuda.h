@@ -65,6 +65,8 @@ void ls_cuda_arena_free(ls_cuda_arena *a);
 ls_status ls_cuda_upload(void *dst_dev, const void *src_host, size_t bytes, ls_error *err);
 ls_status ls_cuda_download(void *dst_host, const void *src_dev, size_t bytes, ls_error *err);
 ls_status ls_cuda_memset(void *dst_dev, int value, size_t bytes, ls_error *err);
+/* Device to device, not overlapping. */
+ls_status ls_cuda_copy(void *dst_dev, const void *src_dev, size_t bytes, ls_error *err);
 /* One launch copying rows x groups blocks of len 4-byte elements between
  * device buffers that do not overlap:
  * dst[r*dst_stride + g*dst_step + i] = src[r*src_stride + g*src_step + i]. */

@@ -258,6 +258,15 @@ ls_status ls_cuda_moe_combine(const float *c /* [T, k + has_shared, D] */, long 
 ls_status ls_cuda_residual(float *h /* [n] */, const float *a /* [n] */, long n, int act_bf16,
                            void *stream, ls_error *err);
 
+/* The tensor-core tier's linear (docs/tensor-core-tier.md §2.2) around its
+ * pinned cuBLASLt GEMM: x fp32 [n] to bf16 (round to nearest even: exact for
+ * bf16 activations); and y [T, n] = act(src [T, ld]) (ld >= n: the GEMM's
+ * output padded to a multiple of 8 columns; in place when src == y, ld == n,
+ * where fp32 activations leave nothing to do). */
+ls_status ls_cuda_tc_to_bf16(const float *x, uint16_t *xb, long n, void *stream, ls_error *err);
+ls_status ls_cuda_tc_out(const float *src, long ld, float *y, long T, long n, int act_bf16, void *stream,
+                         ls_error *err);
+
 /* lp_v = l_v − (m + log(SUM32(exp(l − m)))) per row (lp may equal logits). */
 ls_status ls_cuda_logprobs(const float *logits /* [R, V] */, float *lp /* [R, V] */, long R,
                            long V, int order, void *stream, ls_error *err);

@@ -306,6 +306,43 @@ extern "C" ls_status ls_cuda_residual(float *h, const float *a, long n, int act_
     return LS_OK;
 }
 
+/* ---- the tensor-core tier's linear: bf16 operands in, act on the fp32 out --------
+ * (docs/tensor-core-tier.md §2.2). The GEMM itself is cuBLASLt's pinned
+ * algorithm (kernels/tc/gemm_pin.h); these are its two elementwise ends. */
+
+__global__ void ls_tc_to_bf16_kernel(const float *x, uint16_t *xb, long n)
+{
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) xb[i] = ls_f32_to_bf16(x[i]);
+}
+
+/* y[t, :n] = act(src[t, :n]) with src rows ld apart (ld >= n: a padded GEMM
+ * output); in place when src == y and ld == n. */
+__global__ void ls_tc_out_kernel(const float *src, long ld, float *y, long T, long n, int act)
+{
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= T * n) return;
+    long t = i / n, c = i - t * n;
+    y[i] = ls_act_d(src[t * ld + c], act);
+}
+
+extern "C" ls_status ls_cuda_tc_to_bf16(const float *x, uint16_t *xb, long n, void *stream, ls_error *err)
+{
+    if (n <= 0) return LS_OK;
+    ls_tc_to_bf16_kernel<<<ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, xb, n);
+    LS_CUDA_CHECK_LAUNCH("ls_tc_to_bf16_kernel", err);
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_tc_out(const float *src, long ld, float *y, long T, long n, int act_bf16,
+                                    void *stream, ls_error *err)
+{
+    if (T <= 0 || n <= 0 || (src == y && ld == n && !act_bf16)) return LS_OK;
+    ls_tc_out_kernel<<<ls_blocks_for(T * n, 256), 256, 0, (cudaStream_t)stream>>>(src, ld, y, T, n, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_tc_out_kernel", err);
+    return LS_OK;
+}
+
 /* ---- causal conv + SiLU ------------------------------------------------------- */
 
 /* One thread per channel; the K-entry window lives in registers (indices are

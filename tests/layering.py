@@ -41,6 +41,8 @@ def check(path, module):
                     continue  # the installed C API header (include/lockstep), implemented by run
                 if "/" in target:
                     dep = target.split("/")[0]
+                    if dep in kernel_headers:
+                        dep = "kernels"  # a folder of kernels/ (tc/)
                 elif target in kernel_headers:
                     dep = "kernels"
                 else:

@@ -257,8 +257,12 @@ struct lockstep_run_options {
                                      without quantization_config fails (LOCKSTEP_E_USAGE) */
     const char *gdn_form;         /* the Gated DeltaNet arithmetic: "recurrent" or
                                      "chunk-aligned" (chunks of 64 at absolute positions,
-                                     cpu only; docs/numerics.md section 5.1); NULL (default):
+                                     cpu or cuda; docs/numerics.md section 5.1); NULL (default):
                                      recurrent, or the rollout's for lockstep_replay */
+    const char *tier;             /* the strict tier: "portable" or "tc" (cuda: linears on
+                                     tensor cores through pinned cuBLASLt algorithms;
+                                     docs/tensor-core-tier.md); NULL (default): portable, or
+                                     the rollout's for lockstep_replay */
 };
 
 /* lockstep_run_options_default:

@@ -138,6 +138,13 @@ struct ls_backend {
     ls_status (*linear)(ls_backend *be, const ls_bweight *w, ls_view x /* [T, in] */,
                         ls_view y /* [T, out] */, long T, int act_bf16, ls_order order,
                         ls_error *err);
+    /* Optional (NULL: nothing to prepare). Called by the engine once for each
+     * weight it will pass to linear, before the first step, with the most rows
+     * a call will have: a backend that chooses a kernel per weight shape
+     * chooses it here, so the choice is made, and can be pinned in the
+     * manifest, before the run (the CUDA tensor-core tier qualifies a
+     * cuBLASLt algorithm per shape, backend_cuda.h tier_tc). */
+    ls_status (*prepare_linear)(ls_backend *be, const ls_bweight *w, long max_rows, ls_error *err);
     ls_status (*rmsnorm)(ls_backend *be, ls_view x /* [R, n] */, ls_view w /* [n] */,
                          ls_view y /* [R, n] */, long R, long n, int act_bf16, ls_order order,
                          ls_error *err);

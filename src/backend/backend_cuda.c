@@ -65,8 +65,16 @@ void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_
     *used_bytes = *capacity_bytes = 0;
 }
 
+void ls_backend_cuda_tc_pins(const ls_backend *be, const char *const **records, size_t *n)
+{
+    (void)be;
+    *records = NULL;
+    *n = 0;
+}
+
 #else
 
+#include <inttypes.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -76,6 +84,7 @@ void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_
 #include "ls_cuda.h"
 #include "ops.h"
 #include "sha256.h"
+#include "tc/gemm_pin.h"
 
 /* Set by every entry point below that calls into the CUDA runtime. */
 static volatile int g_touched;
@@ -140,7 +149,30 @@ typedef struct cuda_impl {
     int dg_off;                /* 1: no ring could be had, or synchronous digests were asked
                                   for; digests stay synchronous */
     int device;                /* CUDA ordinal everything of this backend runs on */
+    ls_gemm_lt *lt;            /* tier_tc: cuBLASLt handle and workspace (outside the arena) */
+    long tc_rows;              /* tier_tc: rows qualified at least */
+    struct tc_shape *tc;       /* tier_tc: the shapes prepared, ordered by (N, K) */
+    const char **tc_records;   /* [n_tc] their records (tc[i].record), for the manifest */
+    size_t n_tc;
+    struct tc_pad *tc_pads;    /* tier_tc: zero-padded copies of weights whose N % 8 != 0 */
+    size_t n_tc_pads;
 } cuda_impl;
+
+/* One weight shape of the tensor-core tier: its pinned algorithm, for the
+ * GEMM of n_pad (N rounded up to a multiple of 8, cuBLASLt's 16-byte rows)
+ * output columns. */
+typedef struct tc_shape {
+    long n, k, n_pad;
+    ls_gemm_plan *plan;
+    char record[512];          /* ls_gemm_pin_format */
+} tc_shape;
+
+/* A weight [N, K] whose N is not a multiple of 8, copied with zero rows up
+ * to [n_pad, K] (the padded columns of the GEMM's output are dropped). */
+typedef struct tc_pad {
+    const void *w;
+    void *padded;
+} tc_pad;
 
 #define IMPL(be) ((cuda_impl *)(be)->impl)
 
@@ -253,6 +285,11 @@ static void cu_destroy(ls_backend *be)
     cuda_impl *im = IMPL(be);
     if (im) {
         ls_cuda_digester_destroy(im->dg); /* waits: its threads write into callers' memory */
+        for (size_t i = 0; i < im->n_tc; i++) ls_gemm_plan_destroy(im->tc[i].plan);
+        free(im->tc);
+        free(im->tc_records);
+        free(im->tc_pads);
+        ls_gemm_lt_destroy(im->lt);
         ls_cuda_arena_free(&im->dev);
         ls_arena_free(&im->host);
         free(im);
@@ -267,6 +304,15 @@ void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_
     const cuda_impl *im = IMPL(be);
     *used_bytes = im->dev.used_bytes;
     *capacity_bytes = im->dev.capacity_bytes;
+}
+
+void ls_backend_cuda_tc_pins(const ls_backend *be, const char *const **records, size_t *n)
+{
+    *records = NULL;
+    *n = 0;
+    if (!be || be->destroy != cu_destroy || !be->impl) return;
+    *records = IMPL(be)->tc_records;
+    *n = IMPL(be)->n_tc;
 }
 
 /* Scratch shared by the MoE and digest ops, from the run's arena. The arena
@@ -299,10 +345,150 @@ static const float *S(const ls_bweight *w)
     return w->scale ? (const float *)w->scale->ptr : NULL;
 }
 
+/* ---- the tensor-core tier's linears (docs/tensor-core-tier.md §2.2) ------------- */
+
+/* The seed of the qualification's random inputs: fixed, so every process
+ * that qualifies a shape on the same GPU and cuBLASLt makes the same choice. */
+#define TC_QUAL_SEED 0x6c6f636b73746570ull
+/* Candidates qualified per shape at most (the heuristic's picks first). */
+#define TC_QUAL_CANDIDATES 8
+/* cuBLASLt's workspace: what the qualification lets a candidate ask for. */
+#define TC_WORKSPACE_BYTES ((size_t)32 << 20)
+
+static tc_shape *tc_find(cuda_impl *im, long n, long k)
+{
+    for (size_t i = 0; i < im->n_tc; i++)
+        if (im->tc[i].n == n && im->tc[i].k == k) return &im->tc[i];
+    return NULL;
+}
+
+static const void *tc_padded(const cuda_impl *im, const void *w)
+{
+    for (size_t i = 0; i < im->n_tc_pads; i++)
+        if (im->tc_pads[i].w == w) return im->tc_pads[i].padded;
+    return NULL;
+}
+
+#define TC_PAD_N(n) (((n) + 7) / 8 * 8)
+
+/* The zero-padded copy of w (rows up to a multiple of 8), made once. */
+static ls_status tc_pad_weight(cuda_impl *im, const ls_bweight *w, ls_error *err)
+{
+    if (tc_padded(im, W(w))) return LS_OK;
+    size_t row = sizeof(uint16_t) * (size_t)w->cols, bytes = row * (size_t)TC_PAD_N(w->rows);
+    void *p = ls_cuda_arena_alloc(&im->dev, bytes, err);
+    if (!p) return LS_E_NOMEM;
+    LS_TRY(ls_cuda_memset(p, 0, bytes, err));
+    LS_TRY(ls_cuda_copy(p, W(w), row * (size_t)w->rows, err));
+    tc_pad *grown = realloc(im->tc_pads, sizeof *grown * (im->n_tc_pads + 1));
+    if (!grown) return ls_fail(err, LS_E_NOMEM, "tensor-core tier: out of memory");
+    im->tc_pads = grown;
+    im->tc_pads[im->n_tc_pads++] = (tc_pad){W(w), p};
+    return LS_OK;
+}
+
+/* Qualifies the shape of w once (ls_gemm_qualify up to max_rows rows) and
+ * pins the first candidate, in the qualification's own order, that is
+ * row-invariant: the choice is deterministic (not the fastest, which timing
+ * noise could change between the processes of a rollout and its replay). */
+static ls_status cu_prepare_linear(ls_backend *be, const ls_bweight *w, long max_rows, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    if (!im->lt) return LS_OK;
+    ON_DEVICE(be, err);
+    if (w->wtype != LS_WTYPE_BF16)
+        return ls_fail(err, LS_E_UNSUPPORTED, "tensor-core tier: linear [%ld x %ld] has %s weights; the "
+                       "tier runs bf16 weights only", w->rows, w->cols,
+                       w->wtype == LS_WTYPE_F32 ? "fp32" : "FP8");
+    if (w->cols % 8 != 0)
+        return ls_fail(err, LS_E_UNSUPPORTED, "tensor-core tier: linear [%ld x %ld]: K = %ld is not a "
+                       "multiple of 8 (cuBLASLt's 16-byte bf16 rows)", w->rows, w->cols, w->cols);
+    if (w->rows % 8 != 0) LS_TRY(tc_pad_weight(im, w, err));
+    if (tc_find(im, w->rows, w->cols)) return LS_OK;
+    ls_gemm_qualify_opts qo;
+    ls_gemm_qualify_opts_default(&qo);
+    qo.n = TC_PAD_N(w->rows);
+    qo.k = w->cols;
+    qo.max_rows = max_rows > im->tc_rows ? max_rows : im->tc_rows;
+    if (qo.max_rows < 2) qo.max_rows = 2;
+    qo.seed = TC_QUAL_SEED;
+    qo.max_candidates = TC_QUAL_CANDIDATES;
+    qo.time_reps = 0;
+    ls_gemm_qual q;
+    uint64_t t0 = ls_now_ns();
+    ls_status st = ls_gemm_qualify(im->lt, &qo, &q, NULL, err);
+    int pick = -1;
+    for (int i = 0; st == LS_OK && i < q.n_cand && pick < 0; i++)
+        if (q.cand[i].qualified) pick = i;
+    if (st == LS_OK && pick < 0) {
+        const ls_gemm_candidate *c = q.n_cand > 0 ? &q.cand[0] : NULL;
+        st = ls_fail(err, LS_E_UNSUPPORTED, "tensor-core tier: no cuBLASLt algorithm for linear [%ld x %ld] is "
+                     "row-invariant up to %" PRId64 " rows on this GPU (%d candidates tried%s%s)", w->rows,
+                     w->cols, qo.max_rows, q.n_cand, c ? "; the first: " : "",
+                     c ? (c->fail_reason[0] ? c->fail_reason : "a row changed with M") : "");
+    }
+    tc_shape sh = {w->rows, w->cols, qo.n, NULL, ""};
+    ls_gemm_pin pin;
+    if (st == LS_OK) st = ls_gemm_qual_pin(&q, pick, &pin, err);
+    ls_gemm_qual_free(&q);
+    if (st == LS_OK) st = ls_gemm_pin_rebuild(im->lt, &pin, &sh.plan, err);
+    if (st == LS_OK) st = ls_gemm_pin_format(&pin, sh.record, sizeof sh.record, err);
+    tc_shape *grown = st == LS_OK ? realloc(im->tc, sizeof *im->tc * (im->n_tc + 1)) : NULL;
+    const char **recs = grown ? realloc(im->tc_records, sizeof *recs * (im->n_tc + 1)) : NULL;
+    if (grown) im->tc = grown;
+    if (recs) im->tc_records = recs;
+    if (st == LS_OK && (!grown || !recs)) st = ls_fail(err, LS_E_NOMEM, "tensor-core tier: out of memory");
+    if (st != LS_OK) {
+        ls_gemm_plan_destroy(sh.plan);
+        return st;
+    }
+    /* keep (N, K) order: the manifest lists the records as they stand */
+    size_t at = im->n_tc;
+    while (at > 0 && (im->tc[at - 1].n > sh.n || (im->tc[at - 1].n == sh.n && im->tc[at - 1].k > sh.k))) {
+        im->tc[at] = im->tc[at - 1];
+        at--;
+    }
+    im->tc[at] = sh;
+    im->n_tc++;
+    for (size_t i = 0; i < im->n_tc; i++) im->tc_records[i] = im->tc[i].record;
+    ls_log_verbose("tensor-core tier: linear [%ld x %ld] pinned up to %ld rows in %.2f s: %s", sh.n, sh.k,
+                   qo.max_rows, (double)(ls_now_ns() - t0) / 1e9, sh.record);
+    return LS_OK;
+}
+
+/* y = act(bf16(x) Wᵀ) with the shape's pinned GEMM: x to bf16 in scratch
+ * (exact for bf16 activations), the GEMM into y (fp32 accumulation in the
+ * algorithm's order; into scratch for a padded weight, whose extra columns
+ * are dropped), then y rounded to bf16 for bf16 activations. */
+static ls_status tc_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T, int act_bf16,
+                           ls_order order, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    tc_shape *sh = tc_find(im, w->rows, w->cols);
+    const void *wp = sh && sh->n_pad != sh->n ? tc_padded(im, W(w)) : W(w);
+    if (!sh || !wp)
+        return ls_fail(err, LS_E_INTERNAL, "tensor-core tier: linear [%ld x %ld] was never prepared "
+                       "(prepare_linear)", w->rows, w->cols);
+    if (order != LS_ORDER_CANONICAL)
+        return ls_fail(err, LS_E_UNSUPPORTED, "tensor-core tier: linear has its algorithm's order only "
+                       "(a reversed order was asked for)");
+    size_t ny = sh->n_pad != sh->n ? (size_t)T * (size_t)sh->n_pad : 0, nx = (size_t)T * (size_t)w->cols;
+    LS_TRY(scratch_reserve(im, sizeof(float) * ny + sizeof(uint16_t) * nx, err));
+    float *yp = ny ? im->scratch : F(y);
+    uint16_t *xb = (uint16_t *)((float *)im->scratch + ny);
+    if ((uintptr_t)yp % 16 != 0 || (uintptr_t)wp % 16 != 0 || (uintptr_t)xb % 16 != 0)
+        return ls_fail(err, LS_E_INTERNAL, "tensor-core tier: linear [%ld x %ld]: an operand is not "
+                       "16-byte aligned", w->rows, w->cols);
+    LS_TRY(ls_cuda_tc_to_bf16(F(x), xb, (long)nx, NULL, err));
+    LS_TRY(ls_gemm_plan_run(sh->plan, wp, xb, yp, T, NULL, err));
+    return ls_cuda_tc_out(yp, sh->n_pad, F(y), T, w->rows, act_bf16, NULL, err);
+}
+
 static ls_status cu_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T,
                            int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
+    if (IMPL(be)->lt) return tc_linear(be, w, x, y, T, act_bf16, order, err);
     if (!ls_wtype_is_f8(w->wtype))
         return ls_cuda_linear(W(w), (int)w->wtype, w->rows, w->cols, F(x), F(y), T, act_bf16,
                               (int)order, NULL, err);
@@ -846,9 +1032,12 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     im->synth_scale = o->synthetic_weights_scale;
     im->dg_off = o->synchronous_digests != 0;
     im->device = o->device;
+    im->tc_rows = o->tc_rows;
     /* the arena, its free-memory reading and every later call on this device */
     ls_status st = ls_cuda_use_device(o->device, err);
     size_t arena_bytes = o->arena_bytes;
+    /* the tier's cuBLASLt workspace before the arena sizes itself by what is free */
+    if (st == LS_OK && o->tier_tc) st = ls_gemm_lt_create(TC_WORKSPACE_BYTES, &im->lt, err);
     if (st == LS_OK && arena_bytes == 0)
         arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9 / (size_t)(o->arena_share > 1 ? o->arena_share : 1);
     if (st == LS_OK) st = ls_cuda_arena_init(&im->dev, arena_bytes, err);
@@ -856,7 +1045,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
         cu_destroy(be);
         return st;
     }
-    be->name = "cuda-portable";
+    be->name = o->tier_tc ? "cuda-tensor-core" : "cuda-portable";
     be->alloc = cu_alloc;
     be->wrap_weights = cu_wrap_weights;
     if (o->synthetic_weights_exact) be->wrap_generated = cu_wrap_generated;
@@ -867,6 +1056,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->destroy = cu_destroy;
     be->embed = cu_embed;
     be->linear = cu_linear;
+    if (o->tier_tc) be->prepare_linear = cu_prepare_linear;
     be->rmsnorm = cu_rmsnorm;
     be->gated_rmsnorm = cu_gated_rmsnorm;
     be->conv_silu = cu_conv_silu;

@@ -36,6 +36,14 @@ typedef struct ls_backend_cuda_opts {
                                         of device and pinned memory, no hashing threads. For a
                                         backend that digests a few rows once (the reduction
                                         probe); 0 (default): asynchronous where a ring fits */
+    int tier_tc;                     /* 1: the tensor-core strict tier (docs/tensor-core-tier.md
+                                        §2.2): every bf16 linear through one cuBLASLt algorithm
+                                        per weight shape, qualified row-invariant on this GPU by
+                                        prepare_linear and pinned (ls_backend_cuda_tc_pins); the
+                                        other ops stay portable. 0 (default): portable */
+    long tc_rows;                    /* tier_tc: the rows per call each shape is qualified for:
+                                        the larger of this and prepare_linear's max_rows (a fixed
+                                        value makes the choice independent of max_rows) */
 } ls_backend_cuda_opts;
 
 /* device 0, arena_bytes 0, no synthetic weights, scale 0.04 (about 1.8 / sqrt(2048):
@@ -68,6 +76,12 @@ ls_status ls_backend_cuda_create(size_t arena_bytes, ls_backend **out, ls_error 
  * (weights, caches, work buffers, MoE and digest scratch). Both 0 for a
  * backend that is not this one (the CPU's) and in a build without CUDA. */
 void ls_backend_cuda_arena_usage(const ls_backend *be, size_t *used_bytes, size_t *capacity_bytes);
+
+/* The tensor-core tier's pinned GEMM records (kernels/tc/gemm_pin.h, one
+ * canonical JSON line each), one per weight shape prepared so far, ordered
+ * by (N, K): *n of them in *records, owned by the backend until it is
+ * destroyed. *n = 0 for a portable backend, the CPU's, and without CUDA. */
+void ls_backend_cuda_tc_pins(const ls_backend *be, const char *const **records, size_t *n);
 
 /* LS_OK when `device` is a CUDA ordinal of this machine; else LS_E_USAGE
  * "no CUDA device N: this machine has M (0: NAME, ...)", or LS_E_UNSUPPORTED

@@ -53,6 +53,24 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend)
     return !strcmp(backend, "cuda") ? &cuda_gdn_chunked : NULL;
 }
 
+/* The tensor-core strict tier (docs/tensor-core-tier.md §2.2; backend_cuda.h
+ * tier_tc): the rows that replace linear's and lm_head's. The GEMM is
+ * cuBLASLt's, one algorithm per weight shape, pinned in numerics.tc_gemms
+ * (algorithm id, tile, stages, swizzle, cuBLASLt version); the order within
+ * a tile is the hardware's, so the order id is new and no probe applies. */
+#define TC(op) \
+    {op, "cuda-tensor-core", "ls_tc_to_bf16_kernel + cuBLASLt pinned algorithm + ls_tc_out_kernel", \
+     "per weight shape: the pinned record's tile, stages and CTA swizzle", "none (split-K 1, no reduction scheme)", \
+     "fp32", "cublaslt-pinned-per-shape", "tensor-core", "strict"}
+static const ls_provider cuda_tc_rows[] = {TC("linear"), TC("lm_head")};
+
+const ls_provider *ls_backend_tc_linear_providers(const char *backend, size_t *count)
+{
+    int cuda = backend && !strcmp(backend, "cuda");
+    *count = cuda ? sizeof cuda_tc_rows / sizeof cuda_tc_rows[0] : 0;
+    return cuda ? cuda_tc_rows : NULL;
+}
+
 /* Portable strict CUDA kernels (kernels/ops.h): CUDA cores, one warp per
  * reduction in the CPU's orders, so the reduction-order ids equal the CPU's.
  * Tile shapes are launch configurations (warps x lanes, or threads). */

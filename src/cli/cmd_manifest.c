@@ -17,11 +17,12 @@ static const char help[] =
     "                             [--samples-per-prompt N] [--prefix-cache off|aligned|any]\n"
     "                             [--prefix-block N] [--preempt none|seeded:S] [--kv-page N]\n"
     "                             [--tp N] [--ep M] [--afd A:F] [--gdn-form recurrent|chunk-aligned]\n"
-    "                             [--threads N] -o FILE\n"
+    "                             [--tier portable|tc] [--threads N] -o FILE\n"
     "       lockstep manifest diff A B [--json]\n"
     "       lockstep manifest verify FILE --checkpoint DIR [--backend cpu|cuda [--gpu N]]\n"
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
-    "                             [--gdn-form recurrent|chunk-aligned] [--threads N] [--json]\n"
+    "                             [--gdn-form recurrent|chunk-aligned] [--tier portable|tc]\n"
+    "                             [--threads N] [--json]\n"
     "       lockstep manifest digest FILE\n"
     "\n"
     "pin     records what a determinism claim depends on: the checkpoint (config\n"
@@ -43,6 +44,10 @@ static const char help[] =
     "        a topology the checkpoint does not divide is refused as run refuses it.\n"
     "        --gdn-form chunk-aligned (as for run; cpu or cuda) records the chunk-aligned\n"
     "        GDN arithmetic: numerics.gdn_form and its operator row (a change voids).\n"
+    "        --tier tc (as for run; --backend cuda) records the tensor-core tier:\n"
+    "        numerics.tier, its linear and lm_head rows and numerics.tc_gemms, the\n"
+    "        cuBLASLt algorithm this GPU qualifies for each linear shape (the engine\n"
+    "        is opened on the device, weights loaded, as run opens it).\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
     "        classifies it as voiding (the claim no longer holds: checkpoint,\n"
     "        architecture, providers, library versions, GPU kind, topology, mode,\n"
@@ -63,11 +68,12 @@ static const char help[] =
 /* The options of each subcommand: pin and verify share those that pin the
  * live system; diff has --json; digest none (each has -h/--help). */
 enum { OPT_CHECKPOINT = LS_CLI_LONG, OPT_BACKEND, OPT_MODE, OPT_PERTURB, OPT_THREADS, OPT_JSON,
-       OPT_FP8, OPT_GPU, OPT_SAMPLES, OPT_PREFIX, OPT_PBLOCK, OPT_PREEMPT, OPT_KVPAGE, OPT_EP, OPT_TP, OPT_AFD, OPT_GDN };
+       OPT_FP8, OPT_GPU, OPT_SAMPLES, OPT_PREFIX, OPT_PBLOCK, OPT_PREEMPT, OPT_KVPAGE, OPT_EP, OPT_TP, OPT_AFD, OPT_GDN,
+       OPT_TIER };
 #define LIVE_OPTS                                                                                  \
     {"checkpoint", OPT_CHECKPOINT, 1}, {"backend", OPT_BACKEND, 1}, {"mode", OPT_MODE, 1},         \
         {"perturb", OPT_PERTURB, 1}, {"threads", OPT_THREADS, 1}, {"fp8", OPT_FP8, 1},             \
-        {"gpu", OPT_GPU, 1}, {"gdn-form", OPT_GDN, 1}
+        {"gpu", OPT_GPU, 1}, {"gdn-form", OPT_GDN, 1}, {"tier", OPT_TIER, 1}
 static const ls_cli_opt pin_opts[] = {LIVE_OPTS, {"output", 'o', 1}, {"samples-per-prompt", OPT_SAMPLES, 1},
                                       {"prefix-cache", OPT_PREFIX, 1}, {"prefix-block", OPT_PBLOCK, 1},
                                       {"preempt", OPT_PREEMPT, 1}, {"kv-page", OPT_KVPAGE, 1}, {"ep", OPT_EP, 1},
@@ -84,9 +90,10 @@ static const ls_cli_opt no_opts[] = {{NULL, 0, 0}};
  * code. */
 static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest_opts *o,
                       const char **out_path, int *as_json, int *gpu, const char **pos, int *npos,
-                      ls_run_spec *sv)
+                      ls_run_spec *sv, int *tier_tc)
 {
     int mode_given = 0, gpu_given = 0, gdn = 0;
+    *tier_tc = 0;
     ls_error err;
     ls_error_clear(&err);
     ls_cli_args a = {.cmd = CMD, .usage = help, .opts = opts, .argc = argc, .argv = argv};
@@ -111,6 +118,9 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
             break;
         case OPT_GDN:
             if (ls_run_parse_gdn_form(a.opt, a.arg, &gdn, &err) != LS_OK) return ls_cli_report(CMD, &err);
+            break;
+        case OPT_TIER:
+            if (ls_run_parse_tier(a.opt, a.arg, tier_tc, &err) != LS_OK) return ls_cli_report(CMD, &err);
             break;
         case OPT_THREADS: {
             char *end;
@@ -159,6 +169,11 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
     if (gdn && !(o->gdn_chunked = ls_backend_gdn_chunked_provider(o->backend)))
         return ls_cli_usage_error(CMD, "--gdn-form chunk-aligned: backend %s has no kernel for it", o->backend);
     if (o->perturbation && !mode_given) o->mode = "fast"; /* a perturbed run is never strict */
+    if (*tier_tc && strcmp(o->backend, "cuda"))
+        return ls_cli_usage_error(CMD, "--tier tc runs on the cuda backend only (--backend is %s)", o->backend);
+    if (*tier_tc && o->perturbation)
+        return ls_cli_usage_error(CMD, "--perturb applies to the portable tier (the tc tier's GEMMs have their "
+                                  "algorithm's order only)");
     o->progress = 1;
     return -1;
 }
@@ -231,6 +246,18 @@ static void print_diff_json(const ls_manifest_delta *d, const char *verdict)
     json_decref(o);
 }
 
+/* --tier tc: the tier's rows and the GEMM algorithms this GPU qualifies for
+ * the checkpoint's linears, as run pins them (ls_run_tc_pins: the engine is
+ * opened on the device). The records stay in *records for the build. */
+static ls_status tc_rows(ls_manifest_opts *o, int gpu, char ***records, size_t *n, ls_error *err)
+{
+    LS_TRY(ls_run_tc_pins(o->checkpoint_dir, gpu, records, n, err));
+    o->tc_linear = ls_backend_tc_linear_providers(o->backend, &o->n_tc_linear);
+    o->tc_gemms = (const char *const *)*records;
+    o->n_tc_gemms = *n;
+    return LS_OK;
+}
+
 static int cmd_pin(int argc, char **argv)
 {
     ls_manifest_opts o = ls_manifest_opts_default();
@@ -238,7 +265,8 @@ static int cmd_pin(int argc, char **argv)
     int npos = 0, gpu = 0;
     ls_run_spec sv;
     ls_run_spec_default(&sv);
-    int rc = parse_live(argc, argv, pin_opts, &o, &out, NULL, &gpu, pos, &npos, &sv);
+    int tc;
+    int rc = parse_live(argc, argv, pin_opts, &o, &out, NULL, &gpu, pos, &npos, &sv, &tc);
     if (rc >= 0) return rc;
     if (npos) return ls_cli_usage_error(CMD, "unexpected argument '%s'", pos[0]);
     if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "pin: --checkpoint DIR is required");
@@ -253,13 +281,17 @@ static int cmd_pin(int argc, char **argv)
     sv.checkpoint = o.checkpoint_dir;
     if (ls_run_spec_topology(&sv, &o, &err) != LS_OK || ls_run_topology_check_checkpoint(&sv, &err) != LS_OK)
         return ls_cli_report(CMD, &err);
-    json_t *m;
+    json_t *m = NULL;
     ls_run_facts facts;
-    if (ls_output_path_check(out, &err) != LS_OK || /* before hashing the checkpoint */
-        ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err) != LS_OK ||
-        ls_manifest_build(&o, &m, &err) != LS_OK)
-        return ls_cli_report(CMD, &err);
-    ls_status st = ls_manifest_save(m, out, &err);
+    char **recs = NULL;
+    size_t n_recs = 0;
+    ls_status st = ls_output_path_check(out, &err); /* before hashing the checkpoint */
+    if (st == LS_OK && tc) st = tc_rows(&o, gpu, &recs, &n_recs, &err);
+    if (st == LS_OK) st = ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err);
+    if (st == LS_OK) st = ls_manifest_build(&o, &m, &err);
+    ls_run_tc_pins_free(recs, n_recs);
+    if (st != LS_OK) return ls_cli_report(CMD, &err);
+    st = ls_manifest_save(m, out, &err);
     json_decref(m);
     if (st != LS_OK) return ls_cli_report(CMD, &err);
     return 0;
@@ -304,7 +336,8 @@ static int cmd_verify(int argc, char **argv)
     ls_manifest_opts o = ls_manifest_opts_default();
     const char *pos[2];
     int npos = 0, as_json = 0, gpu = 0;
-    int rc = parse_live(argc, argv, verify_opts, &o, NULL, &as_json, &gpu, pos, &npos, NULL);
+    int tc;
+    int rc = parse_live(argc, argv, verify_opts, &o, NULL, &as_json, &gpu, pos, &npos, NULL, &tc);
     if (rc >= 0) return rc;
     if (npos != 1) return ls_cli_usage_error(CMD, "verify: exactly one manifest FILE is required");
     if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "verify: --checkpoint DIR is required");
@@ -314,8 +347,12 @@ static int cmd_verify(int argc, char **argv)
     if (ls_manifest_load(pos[0], &pinned, &err) != LS_OK) return ls_cli_report(CMD, &err);
     ls_manifest_delta d;
     ls_run_facts facts;
-    ls_status st = ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err);
+    char **recs = NULL;
+    size_t n_recs = 0;
+    ls_status st = tc ? tc_rows(&o, gpu, &recs, &n_recs, &err) : LS_OK;
+    if (st == LS_OK) st = ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err);
     if (st == LS_OK) st = ls_manifest_verify(pinned, &o, &d, &err);
+    ls_run_tc_pins_free(recs, n_recs);
     json_decref(pinned);
     if (st != LS_OK) return ls_cli_report(CMD, &err);
     warn_code_changes(&d);

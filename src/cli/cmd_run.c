@@ -74,6 +74,14 @@ static const char usage_text[] =
     "                            (docs/numerics.md §5.1); cpu and cuda backends; recorded in the\n"
     "                            manifest and run_params (replay --from: the rollout's)\n"
     "  --backend cpu|cuda        operator backend (default cpu; cuda needs a CUDA build and a GPU)\n"
+    "  --tier portable|tc        the strict tier (default portable: CUDA = CPU bit for bit); tc:\n"
+    "                            --backend cuda, the linears and lm_head on tensor cores through\n"
+    "                            one cuBLASLt algorithm per weight shape, qualified row-invariant\n"
+    "                            on this GPU at start and pinned in the manifest: deterministic,\n"
+    "                            batch- and chunk-invariant, not equal to the CPU\n"
+    "                            (docs/tensor-core-tier.md); one rank, bf16 checkpoints,\n"
+    "                            --max-rows <= 1024; recorded in run_params (replay --from: the\n"
+    "                            rollout's)\n"
     "  --gpu N                   --backend cuda only: the CUDA device to run on (default 0; as\n"
     "                            numbered under CUDA_VISIBLE_DEVICES); recorded in the manifest.\n"
     "                            Several ranks (--ep, --tp, --afd): rank r on device N+r when\n"
@@ -148,7 +156,7 @@ int ls_cmd_run(int argc, char **argv)
     /* Options given on the command line, so that one the mode does not use
      * is refused even when its value equals the default. */
     const char *given_chunk = NULL, *given_max_new = NULL, *given_sampling = NULL, *given_param = NULL;
-    int gdn_given = 0;
+    int gdn_given = 0, tier_given = 0;
     int have_seed = 0, given_gpu = 0;
     ls_error err;
     ls_error_clear(&err);
@@ -156,7 +164,7 @@ int ls_cmd_run(int argc, char **argv)
     enum { O_CK = LS_CLI_LONG, O_MODE, O_PROMPTS, O_FROM, O_TOKENS, O_MAXNEW, O_CHUNK, O_SAMPLING,
            O_SEED, O_TEMP, O_TOPK, O_TOPP, O_ACT, O_BACKEND, O_THREADS, O_EVERY, O_PERTURB, O_DUMP,
            O_ROWS, O_REVERSE, O_CACHE, O_FP8, O_GPU, O_SAMPLES, O_PREFIX, O_PBLOCK, O_PREEMPT,
-           O_KVPAGE, O_EP, O_TP, O_AFD, O_BALANCE, O_RTIMEOUT, O_GDN };
+           O_KVPAGE, O_EP, O_TP, O_AFD, O_BALANCE, O_RTIMEOUT, O_GDN, O_TIER };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"mode", O_MODE, 1}, {"prompts", O_PROMPTS, 1}, {"from", O_FROM, 1},
         {"tokens", O_TOKENS, 1}, {"out", 'o', 1}, {"max-new-tokens", O_MAXNEW, 1}, {"chunk", O_CHUNK, 1},
@@ -168,7 +176,7 @@ int ls_cmd_run(int argc, char **argv)
         {"gpu", O_GPU, 1}, {"samples-per-prompt", O_SAMPLES, 1}, {"prefix-cache", O_PREFIX, 1},
         {"prefix-block", O_PBLOCK, 1}, {"preempt", O_PREEMPT, 1}, {"kv-page", O_KVPAGE, 1},
         {"ep", O_EP, 1}, {"tp", O_TP, 1}, {"afd", O_AFD, 1}, {"afd-balance", O_BALANCE, 1},
-        {"rank-timeout", O_RTIMEOUT, 1}, {"gdn-form", O_GDN, 1}, {NULL, 0, 0}};
+        {"rank-timeout", O_RTIMEOUT, 1}, {"gdn-form", O_GDN, 1}, {"tier", O_TIER, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "run", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
     for (int c; st == LS_OK && (c = ls_cli_next(&ca)) != LS_CLI_END;) {
         const char *a = ca.opt, *x = ca.arg;
@@ -254,6 +262,10 @@ int ls_cmd_run(int argc, char **argv)
             st = ls_run_parse_gdn_form(a, x, &s.gdn_chunked, &err);
             gdn_given = 1;
             break;
+        case O_TIER:
+            st = ls_run_parse_tier(a, x, &s.tier_tc, &err);
+            tier_given = 1;
+            break;
         case O_RTIMEOUT: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.rank_timeout_ms, &err); break;
         }
     }
@@ -305,6 +317,7 @@ int ls_cmd_run(int argc, char **argv)
             if (!act) s.act_bf16 = info.act_bf16;
             if (!fp8 && info.fp8[0]) s.fp8 = info.fp8; /* info lives until the run ends */
             if (!gdn_given) s.gdn_chunked = info.gdn_chunked;
+            if (!tier_given) s.tier_tc = info.tier_tc;
             if (!state_every) state_every = info.state_digest_every;
             /* the run refuses a checkpoint other than the rollout's */
             s.expect_merkle_root = info.model_fingerprint;

@@ -187,6 +187,24 @@ const ls_trace_layer *ls_engine_layers(const ls_engine *e, int *n)
     return e->layers;
 }
 
+/* Hands the backend every weight the forward passes to linear (lin() and
+ * the TP projection parts of engine_forward.c), before the first step, when
+ * it chooses kernels per shape (backend.h prepare_linear). */
+static ls_status prepare_linears(ls_engine *e, ls_error *err)
+{
+    ls_backend *be = e->be;
+    if (!be->prepare_linear) return LS_OK;
+    if (e->lm_head.buf) LS_TRY(be->prepare_linear(be, &e->lm_head, e->T, err));
+    for (long l = 0; l < e->c.n_layers; l++) {
+        layer_w *w = &e->lw[l];
+        const ls_bweight *ws[] = {&w->qkvz, &w->ba, &w->out_proj, &w->in_qkv, &w->in_z, &w->in_b,
+                                  &w->in_a, &w->in_k, &w->in_v, &w->q, &w->k, &w->v, &w->o};
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->buf) LS_TRY(be->prepare_linear(be, ws[i], e->T, err));
+    }
+    return LS_OK;
+}
+
 static ls_status create_inner(ls_engine *e, ls_error *err)
 {
     const ls_model_config *c = &e->c;
@@ -284,6 +302,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
         w->moe = (ls_bmoe){E, D, c->moe_inter, c->shared_inter, w->experts, w->experts + E,
                            w->experts + 2 * E, &w->shg, &w->shu, &w->shd, &w->shw};
     }
+    LS_TRY(prepare_linears(e, err));
     e->ss = calloc((size_t)e->max_seqs, sizeof *e->ss);
     if (!e->ss) return ls_fail_nomem(err, (size_t)e->max_seqs * sizeof *e->ss, "engine: state of %ld sequences", (long)e->max_seqs);
     if (e->paged) {
@@ -761,6 +780,11 @@ long ls_engine_kv_pages_used(const ls_engine *e)
 const char *ls_engine_backend_name(const ls_engine *e)
 {
     return e->be->name;
+}
+
+const ls_backend *ls_engine_backend(const ls_engine *e)
+{
+    return e->be;
 }
 
 /* ---- step API ------------------------------------------------------------------------ */

@@ -171,8 +171,10 @@ ls_status ls_engine_check_tp(const ls_model *m, int tp, int ep_elsewhere, ls_err
 long ls_engine_max_rows(const ls_engine *e);
 long ls_engine_max_seqs(const ls_engine *e);
 long ls_engine_capacity(const ls_engine *e);
-/* The backend's name ("cpu", "cuda-portable", ...). */
+/* The backend's name ("cpu", "cuda-portable", "cuda-tensor-core", ...). */
 const char *ls_engine_backend_name(const ls_engine *e);
+/* The backend the engine owns (for what it pinned: backend_cuda.h tc pins). */
+const ls_backend *ls_engine_backend(const ls_engine *e);
 /* Vocabulary size: the length of a row of ls_engine_logprobs. */
 long ls_engine_vocab(const ls_engine *e);
 

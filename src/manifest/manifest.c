@@ -203,9 +203,11 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
         return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
     }
     int tensor_core = 0;
-    size_t n_f8 = fp8 ? o->n_fp8_providers : 0, n_all = n + n_f8 + (o->gdn_chunked ? 1 : 0);
+    size_t n_f8 = fp8 ? o->n_fp8_providers : 0, n_g = o->gdn_chunked ? 1 : 0;
+    size_t n_tc = o->tc_linear ? o->n_tc_linear : 0, n_all = n + n_f8 + n_g + n_tc;
     for (size_t i = 0; i < n_all; i++) {
-        const ls_provider *p = i < n ? &rows[i] : i < n + n_f8 ? &o->fp8_providers[i - n] : o->gdn_chunked;
+        const ls_provider *p = i < n ? &rows[i] : i < n + n_f8 ? &o->fp8_providers[i - n]
+                             : i < n + n_f8 + n_g ? o->gdn_chunked : &o->tc_linear[i - n - n_f8 - n_g];
         /* One row per op: a row of the requested mode wins over a strict one
          * (fast mode keeps strict providers for ops with no fast variant). */
         json_t *have = json_object_get(ops, p->op);
@@ -217,7 +219,8 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
                                 p->tile_shape, "split_policy", p->split_policy,
                                 "accumulator_dtype", p->accumulator_dtype, "reduction_order",
                                 p->reduction_order, "tier", p->tier, "mode", p->mode);
-        const char *fp = reduction_fingerprint_of(o, p == o->gdn_chunked ? "gdn_chunked" : p->op);
+        const char *fp = i >= n + n_f8 + n_g ? NULL /* tensor-core rows: no probe applies */
+                         : reduction_fingerprint_of(o, p == o->gdn_chunked ? "gdn_chunked" : p->op);
         if (row && fp && json_object_set_new(row, "reduction_fingerprint", json_string(fp)) != 0) {
             json_decref(row);
             row = NULL;
@@ -245,6 +248,26 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
     if (fp8) json_object_set_new(*out, "fp8", fp8);
     /* only for the chunk-aligned form, for the same reason */
     if (o->gdn_chunked) json_object_set_new(*out, "gdn_form", json_string(LS_MANIFEST_GDN_CHUNKED));
+    /* only for the tensor-core tier: its pinned GEMM algorithms */
+    if (n_tc) {
+        json_t *gemms = json_array();
+        for (size_t i = 0; gemms && i < o->n_tc_gemms; i++) {
+            json_error_t je;
+            json_t *rec = json_loads(o->tc_gemms[i], 0, &je);
+            if (!rec || json_array_append_new(gemms, rec) != 0) {
+                json_decref(gemms);
+                json_decref(*out);
+                *out = NULL;
+                return ls_fail(err, LS_E_INTERNAL, "manifest: pinned GEMM record %zu is not JSON: %s", i,
+                               rec ? "out of memory" : je.text);
+            }
+        }
+        if (!gemms || json_object_set_new(*out, "tc_gemms", gemms) != 0) {
+            json_decref(*out);
+            *out = NULL;
+            return ls_fail(err, LS_E_NOMEM, "manifest: out of memory");
+        }
+    }
     return LS_OK;
 }
 
@@ -727,6 +750,23 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
     if (gf && (!json_is_string(gf) || strcmp(json_string_value(gf), LS_MANIFEST_GDN_CHUNKED)))
         VFAIL("%s: field numerics.gdn_form: expected \"%s\" (absent: the recurrent form)", label,
               LS_MANIFEST_GDN_CHUNKED);
+    const json_t *tg = json_object_get(num, "tc_gemms"); /* the tensor-core tier only */
+    const char *tier = json_string_value(json_object_get(num, "tier"));
+    if (strcmp(tier, "portable") && strcmp(tier, "tensor-core"))
+        VFAIL("%s: field numerics.tier: expected \"portable\" or \"tensor-core\"", label);
+    if (tg && !strcmp(tier, "portable"))
+        VFAIL("%s: field numerics.tc_gemms: only a tensor-core tier pins GEMM algorithms", label);
+    if (!strcmp(tier, "tensor-core") && (!json_is_array(tg) || json_array_size(tg) == 0))
+        VFAIL("%s: field numerics.tc_gemms: a tensor-core tier needs its pinned GEMM records (a non-empty "
+              "array)", label);
+    for (size_t i = 0; tg && i < json_array_size(tg); i++) {
+        const json_t *r = json_array_get(tg, i);
+        if (!json_is_object(r) || !json_is_string(json_object_get(r, "kind")) ||
+            !json_is_integer(json_object_get(r, "n")) || !json_is_integer(json_object_get(r, "k")) ||
+            !json_is_integer(json_object_get(r, "algo_id")) || !json_is_integer(json_object_get(r, "cublaslt_version")))
+            VFAIL("%s: field numerics.tc_gemms[%zu]: expected a pinned GEMM record (kind, n, k, algo_id, ..., "
+                  "cublaslt_version)", label, i);
+    }
     LS_TRY(need_object(num, "operators", "numerics", label, &ops, err));
     const char *op;
     json_t *row;

@@ -177,6 +177,11 @@ ls_status ls_run_load_rollout(const char *trace_path, ls_run_batch *out, ls_run_
             st = ls_fail(err, LS_E_INPUT, "%s: header field run_params.gdn_form must be \"%s\" (absent: the "
                          "recurrent form)", trace_path, LS_MANIFEST_GDN_CHUNKED);
         info->gdn_chunked = gf != NULL;
+        json_t *tier = json_object_get(params, "tier");
+        if (st == LS_OK && tier && (!json_is_string(tier) || strcmp(json_string_value(tier), "tc")))
+            st = ls_fail(err, LS_E_INPUT, "%s: header field run_params.tier must be \"tc\" (absent: the "
+                         "portable tier)", trace_path);
+        info->tier_tc = tier != NULL;
     }
     /* Tokens per sequence, appended in position order. */
     long cap = 0;

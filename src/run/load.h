@@ -39,6 +39,7 @@ typedef struct ls_run_rollout_info {
     long state_digest_every;
     long max_new;                  /* run_params.max_new_tokens, 0 if absent */
     int gdn_chunked;               /* run_params.gdn_form: 1 = the chunk-aligned GDN form */
+    int tier_tc;                   /* run_params.tier: 1 = the tensor-core tier ("tc") */
     char fp8[16];                  /* run_params.fp8 of a run on an FP8 checkpoint ("dequant" or
                                       "w8a8"), "" when absent: a replay's ls_run_spec.fp8 */
     char model_fingerprint[65];    /* the checkpoint's Merkle root (hex) the rollout ran on: a

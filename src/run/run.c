@@ -254,6 +254,20 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     if (s->gdn_chunked && !ls_backend_gdn_chunked_provider(s->backend))
         return ls_fail(err, LS_E_UNSUPPORTED, "gdn_form (--gdn-form) chunk-aligned: backend %s has no kernel "
                        "for it", s->backend);
+    if (s->tier_tc) {
+        if (strcmp(s->backend, "cuda"))
+            return ls_fail(err, LS_E_USAGE, "tier (--tier) tc runs on the cuda backend only (backend "
+                           "(--backend) is %s; the cpu is the portable tier's reference)", s->backend);
+        if (ls_run_spec_world(s) > 1)
+            return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) tc runs on one rank (--tp, --ep and --afd "
+                           "are not built for it yet)");
+        if (s->perturb)
+            return ls_fail(err, LS_E_USAGE, "perturb (--perturb) applies to the portable tier (the tc "
+                           "tier's GEMMs have their algorithm's order only)");
+        if (s->max_rows > LS_RUN_TC_ROWS)
+            return ls_fail(err, LS_E_USAGE, "rows per call (--max-rows) %ld: the tc tier qualifies its GEMMs up "
+                           "to %d rows per call", s->max_rows, LS_RUN_TC_ROWS);
+    }
     if (rollout) {
         if (s->max_new < 1) return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) must be >= 1");
         if (s->chunk != 0)
@@ -342,6 +356,14 @@ ls_status ls_run_parse_gdn_form(const char *what, const char *v, int *chunked, l
     return LS_OK;
 }
 
+ls_status ls_run_parse_tier(const char *what, const char *v, int *tc, ls_error *err)
+{
+    if (strcmp(v, "portable") && strcmp(v, "tc"))
+        return ls_fail(err, LS_E_USAGE, "%s '%s': expected portable or tc", what, v);
+    *tc = !strcmp(v, "tc");
+    return LS_OK;
+}
+
 ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err)
 {
     char opname[32];
@@ -362,8 +384,8 @@ ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, 
 /* ls_run_backend_create with the arena shared by `share` processes on the
  * device (ranks of one run on one GPU: each takes its part of the free
  * memory). */
-static ls_status backend_create_shared(const char *name, int threads, int gpu, int share, ls_backend **out,
-                                       ls_error *err)
+static ls_status backend_create_shared(const char *name, int threads, int gpu, int share, int tier_tc,
+                                       ls_backend **out, ls_error *err)
 {
     *out = NULL;
     if (name && !strcmp(name, "cpu")) {
@@ -379,6 +401,8 @@ static ls_status backend_create_shared(const char *name, int threads, int gpu, i
     ls_backend_cuda_opts_default(&co);
     co.device = gpu;
     co.arena_share = share;
+    co.tier_tc = tier_tc;
+    co.tc_rows = LS_RUN_TC_ROWS;
     ls_error inner;
     ls_error_clear(&inner);
     ls_status st = ls_backend_cuda_create_opts(&co, out, &inner);
@@ -393,16 +417,16 @@ static ls_status backend_create_shared(const char *name, int threads, int gpu, i
 ls_status ls_run_backend_create(const char *name, int threads, int gpu, ls_backend **out,
                                 ls_error *err)
 {
-    return backend_create_shared(name, threads, gpu, 1, out, err);
+    return backend_create_shared(name, threads, gpu, 1, 0, out, err);
 }
 
 static ls_status engine_open_shared(const ls_model *m, const char *backend, int threads, int gpu, int share,
-                                    const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
-                                    ls_error *err)
+                                    int tier_tc, const ls_engine_opts *o, long max_seqs, long max_len,
+                                    ls_engine **out, ls_error *err)
 {
     ls_backend *be;
     *out = NULL;
-    LS_TRY(backend_create_shared(backend, threads, gpu, share, &be, err));
+    LS_TRY(backend_create_shared(backend, threads, gpu, share, tier_tc, &be, err));
     return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
 }
 
@@ -410,7 +434,7 @@ ls_status ls_run_engine_open_gpu(const ls_model *m, const char *backend, int thr
                                  const ls_engine_opts *o, long max_seqs, long max_len,
                                  ls_engine **out, ls_error *err)
 {
-    return engine_open_shared(m, backend, threads, gpu, 1, o, max_seqs, max_len, out, err);
+    return engine_open_shared(m, backend, threads, gpu, 1, 0, o, max_seqs, max_len, out, err);
 }
 
 ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads,
@@ -536,6 +560,8 @@ static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n,
     if (p && s->kv_page > 0) json_object_set_new(p, "kv_page", json_integer(s->kv_page));
     /* absent = the recurrent form, so other traces keep their bytes */
     if (p && s->gdn_chunked) json_object_set_new(p, "gdn_form", json_string(LS_MANIFEST_GDN_CHUNKED));
+    /* absent = the portable tier, likewise */
+    if (p && s->tier_tc) json_object_set_new(p, "tier", json_string("tc"));
     /* absent = one rank, so one-rank traces keep their bytes (docs/parallel.md §4) */
     if (p && ls_run_spec_world(s) > 1) {
         int afd = s->afd_attention > 0;
@@ -852,7 +878,7 @@ static void run_worker(const ls_run_spec *s, const ls_model *m, const ls_engine_
     rank_device dev;
     if (st == LS_OK) st = rank_device_pick(s, rk, &dev, &err);
     if (st == LS_OK)
-        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, eo,
+        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, s->tier_tc, eo,
                                 grouped ? ls_run_group_slots(b->n, go) : b->n, max_len, &e, &err);
     if (st == LS_OK) {
         if (rollout && grouped)
@@ -1006,6 +1032,44 @@ ls_status ls_run_topology_check_checkpoint(const ls_run_spec *s, ls_error *err)
     return st;
 }
 
+void ls_run_tc_pins_free(char **records, size_t n)
+{
+    for (size_t i = 0; records && i < n; i++) free(records[i]);
+    free(records);
+}
+
+ls_status ls_run_tc_pins(const char *checkpoint, int gpu, char ***records, size_t *n, ls_error *err)
+{
+    *records = NULL;
+    *n = 0;
+    ls_checkpoint *ck = NULL;
+    ls_model *m = NULL;
+    ls_engine *e = NULL;
+    ls_status st = ls_checkpoint_open(checkpoint, &ck, err);
+    if (st == LS_OK) st = ls_model_open(ck, &m, err);
+    if (st == LS_OK && m->cfg.fp8)
+        st = ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) tc: %s is an FP8 checkpoint; the tc tier runs bf16 "
+                     "weights only (its FP8 GEMMs are not built)", checkpoint);
+    ls_engine_opts eo;
+    ls_engine_opts_default(&eo);
+    if (st == LS_OK) st = engine_open_shared(m, "cuda", 1, gpu, 1, 1, &eo, 1, 1, &e, err);
+    const char *const *recs = NULL;
+    if (st == LS_OK) ls_backend_cuda_tc_pins(ls_engine_backend(e), &recs, n);
+    if (st == LS_OK && *n > 0 && !(*records = calloc(*n, sizeof **records)))
+        st = ls_fail(err, LS_E_NOMEM, "out of memory");
+    for (size_t i = 0; st == LS_OK && i < *n; i++)
+        if (!((*records)[i] = strdup(recs[i]))) st = ls_fail(err, LS_E_NOMEM, "out of memory");
+    if (st != LS_OK) {
+        ls_run_tc_pins_free(*records, *n);
+        *records = NULL;
+        *n = 0;
+    }
+    ls_engine_destroy(e);
+    ls_model_close(m);
+    ls_checkpoint_close(ck);
+    return st;
+}
+
 ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err)
 {
     memset(res, 0, sizeof *res);
@@ -1063,6 +1127,9 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         st = ls_fail(err, LS_E_USAGE, "fp8 (--fp8) applies to FP8 checkpoints only: %s/config.json "
                      "has no quantization_config", s->checkpoint);
     if (st == LS_OK && m->cfg.fp8) fp8 = s->fp8 ? s->fp8 : "dequant";
+    if (st == LS_OK && fp8 && s->tier_tc)
+        st = ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) tc: %s is an FP8 checkpoint; the tc tier runs bf16 "
+                     "weights only (its FP8 GEMMs are not built)", s->checkpoint);
     eo.fp8_w8a8 = fp8 && !strcmp(fp8, "w8a8");
     if (st == LS_OK && s->dump_layers) {
         dump = calloc((size_t)m->cfg.n_layers, 1);
@@ -1206,8 +1273,13 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     if (st == LS_OK) st = rank_device_pick(s, &rk, &dev, err);
     if (st == LS_OK) st = ls_run_manifest_facts(s->backend, dev.gpu, &mo, &facts, err);
     if (st == LS_OK)
-        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, &eo,
+        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, s->tier_tc, &eo,
                                 grouped ? ls_run_group_slots(b->n, &go) : b->n, max_len, &e, err);
+    if (st == LS_OK && s->tier_tc) {
+        /* the GEMM algorithms the engine's backend qualified and pinned */
+        mo.tc_linear = ls_backend_tc_linear_providers(s->backend, &mo.n_tc_linear);
+        ls_backend_cuda_tc_pins(ls_engine_backend(e), &mo.tc_gemms, &mo.n_tc_gemms);
+    }
     if (hashing) pthread_join(hasher, NULL);
     if (st == LS_OK && !s->fingerprint && hj.st != LS_OK) {
         *err = hj.err;

@@ -95,6 +95,13 @@ typedef struct ls_run_spec {
                                       recurrent (default), 1 = chunk-aligned (cpu and cuda backends);
                                       recorded in run_params.gdn_form and numerics.gdn_form when
                                       1, and taken from the rollout by replay --from */
+    int tier_tc;                   /* the strict tier (--tier; docs/tensor-core-tier.md): 0 =
+                                      portable (default, CPU = CUDA bit for bit), 1 = tc: the
+                                      cuda backend's linears through cuBLASLt algorithms
+                                      qualified row-invariant per weight shape (up to
+                                      LS_RUN_TC_ROWS rows) and pinned in numerics.tc_gemms;
+                                      one rank, bf16 weights, no perturbation; recorded in
+                                      run_params.tier and taken from the rollout by replay --from */
     int ep;                        /* expert-parallel ranks (--ep; docs/parallel.md §3.1): 0 or 1 =
                                       one rank; N > 1 = N ranks, one process each (run/ranks.h),
                                       rank 0 writing the trace; num_experts % (tp * ep) == 0; cpu
@@ -124,6 +131,11 @@ typedef struct ls_run_spec {
     const char *expect_source;     /* where expect_merkle_root came from, for the message (e.g. the
                                       rollout trace's path), or NULL */
 } ls_run_spec;
+
+/* The rows per call the tensor-core tier qualifies its GEMMs for, whatever
+ * max_rows (<= this) a run has, so a rollout and its replays pin the same
+ * algorithms. */
+#define LS_RUN_TC_ROWS 1024
 
 /* The largest KV page size a spec takes (a page of a million positions is
  * a typing error, not a layout). */
@@ -186,6 +198,20 @@ ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, 
  * LS_E_USAGE, the message opening with `what` (the option as the caller
  * knows it). */
 ls_status ls_run_parse_gdn_form(const char *what, const char *v, int *chunked, ls_error *err);
+
+/* A strict tier's name (--tier, lockstep_run_options.tier): "portable" ->
+ * *tc 0, "tc" -> 1; anything else LS_E_USAGE, the message opening with
+ * `what`. */
+ls_status ls_run_parse_tier(const char *what, const char *v, int *tc, ls_error *err);
+
+/* The pinned GEMM records (kernels/tc/gemm_pin.h) a tc-tier run of the bf16
+ * checkpoint in `checkpoint` on CUDA device `gpu` pins, for `manifest pin` and
+ * `verify`: its engine opened (weights on the device) on a tc backend as
+ * ls_run_execute opens it, each linear shape qualified, the records copied
+ * out. Free *records (n strings) with ls_run_tc_pins_free. LS_E_UNSUPPORTED
+ * for an FP8 checkpoint or without CUDA. */
+ls_status ls_run_tc_pins(const char *checkpoint, int gpu, char ***records, size_t *n, ls_error *err);
+void ls_run_tc_pins_free(char **records, size_t n);
 
 /* The backend called `name` ("cpu": threads workers; "cuda": CUDA device
  * gpu, its arena 90 % of that device's free memory). LS_E_USAGE for an

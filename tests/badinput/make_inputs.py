@@ -838,6 +838,7 @@ def make_traces(out, base):
     rp("rp_batch_bad_entries", lambda p: dict(p, batch=[{"id": 99, "prompt_len": 0}, 7]))
     rp("rp_gdn_form_bad", lambda p: dict(p, gdn_form="chunked"))
     rp("rp_gdn_form_number", lambda p: dict(p, gdn_form=64))
+    rp("rp_tier_bad", lambda p: dict(p, tier="tensor-core"))
     header("rp_not_json", lambda h: json.dumps(h, separators=(",", ":")).replace(
         '"run_params":{', '"run_params":{]', 1).encode())
     # offsets the messages name (the header's length is the base trace's)
@@ -871,6 +872,10 @@ def make_manifests(out, base):
         man("%s_missing" % sec, lambda m, s=sec: m.pop(s))
         man("%s_array" % sec, lambda m, s=sec: m.update({s: []}))
     man("gdn_form_bad", lambda m: m["numerics"].update(gdn_form="chunk-aligned-32"))
+    man("tier_bad", lambda m: m["numerics"].update(tier="tc"))
+    man("tier_tc_no_gemms", lambda m: m["numerics"].update(tier="tensor-core"))
+    man("tc_gemms_portable", lambda m: m["numerics"].update(tc_gemms=[{"kind": "linear_bf16_f32_tn"}]))
+    man("tc_gemms_bad_record", lambda m: m["numerics"].update(tier="tensor-core", tc_gemms=[{"kind": "x"}]))
     man("config_sha_short", lambda m: m["checkpoint"].update(config_sha256="00"))
     man("total_bytes_negative", lambda m: m["checkpoint"].update(total_bytes=-1))
     man("tensor_count_wrong", lambda m: m["checkpoint"].update(tensor_count=3))

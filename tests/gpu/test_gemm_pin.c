@@ -11,7 +11,7 @@
 #include "gpu_testutil.h"
 
 #ifdef LOCKSTEP_HAVE_CUDA
-#include "gemm_pin.h"
+#include "tc/gemm_pin.h"
 
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 
