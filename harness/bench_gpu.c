@@ -80,6 +80,7 @@
 #include "backend/cpu_ops.h"
 #include "bench_backend_timing.h"
 #include "engine/engine.h"
+#include "run/run.h"
 #include "io/json.h"
 #include "ls_cuda.h"
 #include "model/model.h"
@@ -195,7 +196,8 @@ static uint64_t mix(uint64_t z)
 
 static const char *g_preset = "qwen3-next-80b-a3b";
 static const char *g_fp8;      /* NULL bf16; "dequant" or "w8a8": the FP8 release layout */
-static int g_tier_tc;          /* --tier tc: the linears and lm_head through pinned cuBLASLt GEMMs */
+static ls_tier g_tier;         /* --tier: tc pinned cuBLASLt GEMMs for the linears and lm_head, fast
+                                  the default heuristic's per call (backend_cuda.h tier) */
 
 /* The preset's config with its first L layers (all with L = 0), through the
  * parser every checkpoint's config.json goes through; with --fp8 the FP8
@@ -357,7 +359,7 @@ static ls_status bench_open(bench *b, long L, size_t arena, ls_error *err)
     ls_backend_cuda_opts_default(&co);
     co.arena_bytes = arena;
     co.synthetic_weights_seed = 0x1234567;
-    co.tier_tc = g_tier_tc;
+    co.tier = g_tier;
     co.tc_rows = 1024; /* as lockstep run qualifies (LS_RUN_TC_ROWS) */
     ls_backend *cuda, *tb;
     CK(ls_backend_cuda_create_opts(&co, &cuda, &g_err));
@@ -923,10 +925,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--preset")) g_preset = argv[i + 1];
         else if (!strcmp(argv[i], "--fp8")) g_fp8 = argv[i + 1];
-        else if (!strcmp(argv[i], "--tier") && !strcmp(argv[i + 1], "tc")) g_tier_tc = 1;
-        else if (!strcmp(argv[i], "--tier") && !strcmp(argv[i + 1], "portable")) g_tier_tc = 0;
+        else if (!strcmp(argv[i], "--tier") && ls_run_parse_tier("--tier", argv[i + 1], &g_tier, &g_err) == LS_OK) {}
         else {
-            fprintf(stderr, "usage: bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc] "
+            fprintf(stderr, "usage: bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc|fast] "
                             "[--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans]\n");
             return 2;
         }
@@ -974,7 +975,7 @@ int main(int argc, char **argv)
     CU(cudaMemGetInfo(&free_b, &total_b));
     /* the CUDA context, events, the digest stream; with --tier tc also the
      * GEMM qualification's own buffers (up to [1024 x 151936] fp32 outputs) */
-    size_t arena = free_b - (g_tier_tc ? 8 : 1) * GIB;
+    size_t arena = free_b - (g_tier != LS_TIER_PORTABLE ? 8 : 1) * GIB;
     long L = L_arg ? L_arg : layers_that_fit(full, (double)arena, b.T, b.slots, b.cap);
     if (L > full_cfg.n_layers) L = full_cfg.n_layers;
     ls_model_close(full);

@@ -259,8 +259,9 @@ struct lockstep_run_options {
                                      "chunk-aligned" (chunks of 64 at absolute positions,
                                      cpu or cuda; docs/numerics.md section 5.1); NULL (default):
                                      recurrent, or the rollout's for lockstep_replay */
-    const char *tier;             /* the strict tier: "portable" or "tc" (cuda: linears on
-                                     tensor cores through pinned cuBLASLt algorithms;
+    const char *tier;             /* the linears' tier: "portable", "tc" (cuda: on tensor cores
+                                     through pinned cuBLASLt algorithms) or "fast" (cuda:
+                                     cuBLASLt's per-call choice, a non-strict run;
                                      docs/tensor-core-tier.md); NULL (default): portable, or
                                      the rollout's for lockstep_replay */
 };

@@ -576,6 +576,85 @@ ls_status ls_gemm_plan_run(ls_gemm_plan *plan, const uint16_t *w, const uint16_t
     return LS_OK;
 }
 
+/* ---- unpinned: the default heuristic per call (the fast tier) ---------------------------------------- */
+struct ls_gemm_fast {
+    ls_gemm_lt *lt;                   /* not owned */
+    int64_t n, k, max_rows;
+    lt_desc d;                        /* owned */
+    cublasLtMatmulPreference_t pref;  /* owned: the context's workspace */
+    cublasLtMatmulAlgo_t *algo;       /* [max_rows + 1]: the heuristic's first pick per M */
+    unsigned char *have;              /* [max_rows + 1]: 1 once algo[M] was asked for */
+};
+
+void ls_gemm_fast_destroy(ls_gemm_fast *f)
+{
+    if (!f) return;
+    if (f->pref) cublasLtMatmulPreferenceDestroy(f->pref);
+    desc_destroy(&f->d);
+    free(f->algo);
+    free(f->have);
+    free(f);
+}
+
+ls_status ls_gemm_fast_create(ls_gemm_lt *lt, int64_t n, int64_t k, int64_t max_rows, ls_gemm_fast **out,
+                              ls_error *err)
+{
+    ls_status st = LS_OK;
+    *out = NULL;
+    if (n < 8 || k < 8 || n % 8 || k % 8 || max_rows < 1)
+        return ls_fail(err, LS_E_USAGE, "GEMM [%" PRId64 " x %" PRId64 "] up to %" PRId64 " rows: N and K "
+                       "must be positive multiples of 8 (16-byte rows)", n, k, max_rows);
+    ls_gemm_fast *f = calloc(1, sizeof *f);
+    if (!f) return ls_fail_nomem(err, sizeof *f, "unpinned GEMM");
+    f->lt = lt;
+    f->n = n;
+    f->k = k;
+    f->max_rows = max_rows;
+    f->algo = calloc((size_t)max_rows + 1, sizeof *f->algo);
+    f->have = calloc((size_t)max_rows + 1, 1);
+    uint64_t wsb = (uint64_t)lt->ws_bytes;
+    if (!f->algo || !f->have) {
+        st = ls_fail_nomem(err, ((size_t)max_rows + 1) * (sizeof *f->algo + 1), "unpinned GEMM picks");
+        goto done;
+    }
+    LS_GO(desc_create(&f->d, n, k, 1, err));
+    LT_GO(cublasLtMatmulPreferenceCreate(&f->pref), "heuristic preference");
+    LT_GO(cublasLtMatmulPreferenceSetAttribute(f->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                               sizeof wsb), "heuristic workspace");
+    *out = f;
+    return LS_OK;
+done:
+    ls_gemm_fast_destroy(f);
+    return st;
+}
+
+ls_status ls_gemm_fast_run(ls_gemm_fast *f, const uint16_t *w, const uint16_t *x, float *y, int64_t m,
+                           void *stream, ls_error *err)
+{
+    if (m < 1 || m > f->max_rows)
+        return ls_fail(err, LS_E_UNSUPPORTED, "unpinned GEMM [%" PRId64 " x %" PRId64 "]: %" PRId64 " rows "
+                       "asked, at most %" PRId64, f->n, f->k, m, f->max_rows);
+    LS_TRY(desc_set_m(&f->d, m, err));
+    if (!f->have[m]) {
+        cublasLtMatmulHeuristicResult_t r;
+        int got = 0;
+        memset(&r, 0, sizeof r);
+        LT_CHECK(cublasLtMatmulAlgoGetHeuristic(f->lt->h, f->d.op, f->d.a, f->d.b, f->d.d, f->d.d, f->pref, 1,
+                                                &r, &got),
+                 "the default heuristic");
+        if (got < 1 || r.state != CUBLAS_STATUS_SUCCESS)
+            return ls_fail(err, LS_E_UNSUPPORTED, "unpinned GEMM [%" PRId64 " x %" PRId64 "]: the heuristic "
+                           "has no algorithm at M = %" PRId64, f->n, f->k, m);
+        f->algo[m] = r.algo;
+        f->have[m] = 1;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    LT_CHECK(cublasLtMatmul(f->lt->h, f->d.op, &alpha, w, f->d.a, x, f->d.b, &beta, y, f->d.d, y, f->d.d,
+                            &f->algo[m], f->lt->ws, f->lt->ws_bytes, (cudaStream_t)stream),
+             "the unpinned GEMM");
+    return LS_OK;
+}
+
 /* ---- qualification ---------------------------------------------------------------------------------- */
 void ls_gemm_qualify_opts_default(ls_gemm_qualify_opts *o)
 {

@@ -123,6 +123,22 @@ void ls_gemm_plan_destroy(ls_gemm_plan *plan); /* NULL is fine */
 ls_status ls_gemm_plan_run(ls_gemm_plan *plan, const uint16_t *w, const uint16_t *x, float *y,
                            int64_t m, void *stream, ls_error *err);
 
+/* ---- unpinned: the default heuristic per call ------------------------------------ */
+/* What serving engines do, for the fast tier (docs/tensor-core-tier.md §6):
+ * the same GEMM with cuBLASLt's default heuristic asked at each M (its first
+ * pick, remembered per M), split-K and reduction schemes allowed. Not row-
+ * invariant: a row's bits may change with the rows beside it. */
+typedef struct ls_gemm_fast ls_gemm_fast;
+
+/* For shape (n, k) (multiples of 8) and calls of 1 .. max_rows rows; lt must
+ * outlive it. */
+ls_status ls_gemm_fast_create(ls_gemm_lt *lt, int64_t n, int64_t k, int64_t max_rows, ls_gemm_fast **out,
+                              ls_error *err);
+void ls_gemm_fast_destroy(ls_gemm_fast *f); /* NULL is fine */
+/* y [m, N] = x [m, K] Wᵀ as ls_gemm_plan_run, with the heuristic's pick at m. */
+ls_status ls_gemm_fast_run(ls_gemm_fast *f, const uint16_t *w, const uint16_t *x, float *y, int64_t m,
+                           void *stream, ls_error *err);
+
 /* ---- qualification ---------------------------------------------------------------------- */
 typedef struct ls_gemm_qualify_opts {
     int64_t n, k;            /* weight shape [N, K]; K a multiple of 8 */

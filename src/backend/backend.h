@@ -30,6 +30,13 @@
 #include "core/status.h"
 #include "fingerprint/sha256.h"
 
+/* The tiers a backend's linears run in (docs/tensor-core-tier.md): portable
+ * (the CPU reference's order, every backend), tc (strict, tensor cores, one
+ * pinned algorithm per weight shape) and fast (tensor cores, the library's
+ * per-call choice: not row-invariant, the yardstick for what strictness
+ * costs). tc and fast are the CUDA backend's (backend_cuda.h). */
+typedef enum ls_tier { LS_TIER_PORTABLE = 0, LS_TIER_TC = 1, LS_TIER_FAST = 2 } ls_tier;
+
 typedef struct ls_buf ls_buf;            /* opaque, backend-owned */
 typedef struct ls_backend ls_backend;
 
@@ -143,7 +150,7 @@ struct ls_backend {
      * a call will have: a backend that chooses a kernel per weight shape
      * chooses it here, so the choice is made, and can be pinned in the
      * manifest, before the run (the CUDA tensor-core tier qualifies a
-     * cuBLASLt algorithm per shape, backend_cuda.h tier_tc). */
+     * cuBLASLt algorithm per shape, backend_cuda.h tier). */
     ls_status (*prepare_linear)(ls_backend *be, const ls_bweight *w, long max_rows, ls_error *err);
     ls_status (*rmsnorm)(ls_backend *be, ls_view x /* [R, n] */, ls_view w /* [n] */,
                          ls_view y /* [R, n] */, long R, long n, int act_bf16, ls_order order,

@@ -149,22 +149,24 @@ typedef struct cuda_impl {
     int dg_off;                /* 1: no ring could be had, or synchronous digests were asked
                                   for; digests stay synchronous */
     int device;                /* CUDA ordinal everything of this backend runs on */
-    ls_gemm_lt *lt;            /* tier_tc: cuBLASLt handle and workspace (outside the arena) */
-    long tc_rows;              /* tier_tc: rows qualified at least */
-    struct tc_shape *tc;       /* tier_tc: the shapes prepared, ordered by (N, K) */
-    const char **tc_records;   /* [n_tc] their records (tc[i].record), for the manifest */
+    ls_tier tier;              /* the linears' tier */
+    ls_gemm_lt *lt;            /* tc, fast: cuBLASLt handle and workspace (outside the arena) */
+    long tc_rows;              /* tc, fast: rows prepared at least */
+    struct tc_shape *tc;       /* tc, fast: the shapes prepared, ordered by (N, K) */
+    const char **tc_records;   /* [n_tc] tc: their records (tc[i].record), for the manifest */
     size_t n_tc;
-    struct tc_pad *tc_pads;    /* tier_tc: zero-padded copies of weights whose N % 8 != 0 */
+    struct tc_pad *tc_pads;    /* tc, fast: zero-padded copies of weights whose N % 8 != 0 */
     size_t n_tc_pads;
 } cuda_impl;
 
-/* One weight shape of the tensor-core tier: its pinned algorithm, for the
- * GEMM of n_pad (N rounded up to a multiple of 8, cuBLASLt's 16-byte rows)
- * output columns. */
+/* One weight shape of the tc or fast tier: its pinned algorithm (tc) or
+ * its unpinned GEMM (fast), for the GEMM of n_pad (N rounded up to a
+ * multiple of 8, cuBLASLt's 16-byte rows) output columns. */
 typedef struct tc_shape {
     long n, k, n_pad;
-    ls_gemm_plan *plan;
-    char record[512];          /* ls_gemm_pin_format */
+    ls_gemm_plan *plan;        /* tc */
+    ls_gemm_fast *fast;        /* fast */
+    char record[512];          /* tc: ls_gemm_pin_format */
 } tc_shape;
 
 /* A weight [N, K] whose N is not a multiple of 8, copied with zero rows up
@@ -285,7 +287,10 @@ static void cu_destroy(ls_backend *be)
     cuda_impl *im = IMPL(be);
     if (im) {
         ls_cuda_digester_destroy(im->dg); /* waits: its threads write into callers' memory */
-        for (size_t i = 0; i < im->n_tc; i++) ls_gemm_plan_destroy(im->tc[i].plan);
+        for (size_t i = 0; i < im->n_tc; i++) {
+            ls_gemm_plan_destroy(im->tc[i].plan);
+            ls_gemm_fast_destroy(im->tc[i].fast);
+        }
         free(im->tc);
         free(im->tc_records);
         free(im->tc_pads);
@@ -311,6 +316,7 @@ void ls_backend_cuda_tc_pins(const ls_backend *be, const char *const **records, 
     *records = NULL;
     *n = 0;
     if (!be || be->destroy != cu_destroy || !be->impl) return;
+    if (IMPL(be)->tier != LS_TIER_TC) return; /* fast pins nothing */
     *records = IMPL(be)->tc_records;
     *n = IMPL(be)->n_tc;
 }
@@ -387,35 +393,22 @@ static ls_status tc_pad_weight(cuda_impl *im, const ls_bweight *w, ls_error *err
     return LS_OK;
 }
 
-/* Qualifies the shape of w once (ls_gemm_qualify up to max_rows rows) and
- * pins the first candidate, in the qualification's own order, that is
- * row-invariant: the choice is deterministic (not the fastest, which timing
- * noise could change between the processes of a rollout and its replay). */
-static ls_status cu_prepare_linear(ls_backend *be, const ls_bweight *w, long max_rows, ls_error *err)
+/* The tc tier's algorithm for shape (n_pad, k): ls_gemm_qualify up to rows
+ * rows, and the first candidate, in the qualification's own order, that is
+ * row-invariant (the choice is deterministic: not the fastest, which timing
+ * noise could change between the processes of a rollout and its replay),
+ * rebuilt as a plan, its record in sh->record. */
+static ls_status tc_qualify(cuda_impl *im, tc_shape *sh, long rows, ls_error *err)
 {
-    cuda_impl *im = IMPL(be);
-    if (!im->lt) return LS_OK;
-    ON_DEVICE(be, err);
-    if (w->wtype != LS_WTYPE_BF16)
-        return ls_fail(err, LS_E_UNSUPPORTED, "tensor-core tier: linear [%ld x %ld] has %s weights; the "
-                       "tier runs bf16 weights only", w->rows, w->cols,
-                       w->wtype == LS_WTYPE_F32 ? "fp32" : "FP8");
-    if (w->cols % 8 != 0)
-        return ls_fail(err, LS_E_UNSUPPORTED, "tensor-core tier: linear [%ld x %ld]: K = %ld is not a "
-                       "multiple of 8 (cuBLASLt's 16-byte bf16 rows)", w->rows, w->cols, w->cols);
-    if (w->rows % 8 != 0) LS_TRY(tc_pad_weight(im, w, err));
-    if (tc_find(im, w->rows, w->cols)) return LS_OK;
     ls_gemm_qualify_opts qo;
     ls_gemm_qualify_opts_default(&qo);
-    qo.n = TC_PAD_N(w->rows);
-    qo.k = w->cols;
-    qo.max_rows = max_rows > im->tc_rows ? max_rows : im->tc_rows;
-    if (qo.max_rows < 2) qo.max_rows = 2;
+    qo.n = sh->n_pad;
+    qo.k = sh->k;
+    qo.max_rows = rows;
     qo.seed = TC_QUAL_SEED;
     qo.max_candidates = TC_QUAL_CANDIDATES;
     qo.time_reps = 0;
     ls_gemm_qual q;
-    uint64_t t0 = ls_now_ns();
     ls_status st = ls_gemm_qualify(im->lt, &qo, &q, NULL, err);
     int pick = -1;
     for (int i = 0; st == LS_OK && i < q.n_cand && pick < 0; i++)
@@ -423,23 +416,48 @@ static ls_status cu_prepare_linear(ls_backend *be, const ls_bweight *w, long max
     if (st == LS_OK && pick < 0) {
         const ls_gemm_candidate *c = q.n_cand > 0 ? &q.cand[0] : NULL;
         st = ls_fail(err, LS_E_UNSUPPORTED, "tensor-core tier: no cuBLASLt algorithm for linear [%ld x %ld] is "
-                     "row-invariant up to %" PRId64 " rows on this GPU (%d candidates tried%s%s)", w->rows,
-                     w->cols, qo.max_rows, q.n_cand, c ? "; the first: " : "",
+                     "row-invariant up to %ld rows on this GPU (%d candidates tried%s%s)", sh->n, sh->k, rows,
+                     q.n_cand, c ? "; the first: " : "",
                      c ? (c->fail_reason[0] ? c->fail_reason : "a row changed with M") : "");
     }
-    tc_shape sh = {w->rows, w->cols, qo.n, NULL, ""};
     ls_gemm_pin pin;
     if (st == LS_OK) st = ls_gemm_qual_pin(&q, pick, &pin, err);
     ls_gemm_qual_free(&q);
-    if (st == LS_OK) st = ls_gemm_pin_rebuild(im->lt, &pin, &sh.plan, err);
-    if (st == LS_OK) st = ls_gemm_pin_format(&pin, sh.record, sizeof sh.record, err);
+    if (st == LS_OK) st = ls_gemm_pin_rebuild(im->lt, &pin, &sh->plan, err);
+    if (st == LS_OK) st = ls_gemm_pin_format(&pin, sh->record, sizeof sh->record, err);
+    return st;
+}
+
+/* Prepares the shape of w once: tc qualifies and pins its algorithm, fast
+ * makes its unpinned GEMM. */
+static ls_status cu_prepare_linear(ls_backend *be, const ls_bweight *w, long max_rows, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    if (!im->lt) return LS_OK;
+    ON_DEVICE(be, err);
+    const char *tier = im->tier == LS_TIER_TC ? "tensor-core tier" : "fast tier";
+    if (w->wtype != LS_WTYPE_BF16)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: linear [%ld x %ld] has %s weights; the tier runs bf16 weights "
+                       "only", tier, w->rows, w->cols, w->wtype == LS_WTYPE_F32 ? "fp32" : "FP8");
+    if (w->cols % 8 != 0)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: linear [%ld x %ld]: K = %ld is not a multiple of 8 "
+                       "(cuBLASLt's 16-byte bf16 rows)", tier, w->rows, w->cols, w->cols);
+    if (w->rows % 8 != 0) LS_TRY(tc_pad_weight(im, w, err));
+    if (tc_find(im, w->rows, w->cols)) return LS_OK;
+    long rows = max_rows > im->tc_rows ? max_rows : im->tc_rows;
+    if (rows < 2) rows = 2;
+    tc_shape sh = {w->rows, w->cols, TC_PAD_N(w->rows), NULL, NULL, ""};
+    uint64_t t0 = ls_now_ns();
+    ls_status st = im->tier == LS_TIER_TC ? tc_qualify(im, &sh, rows, err)
+                                          : ls_gemm_fast_create(im->lt, sh.n_pad, sh.k, rows, &sh.fast, err);
     tc_shape *grown = st == LS_OK ? realloc(im->tc, sizeof *im->tc * (im->n_tc + 1)) : NULL;
     const char **recs = grown ? realloc(im->tc_records, sizeof *recs * (im->n_tc + 1)) : NULL;
     if (grown) im->tc = grown;
     if (recs) im->tc_records = recs;
-    if (st == LS_OK && (!grown || !recs)) st = ls_fail(err, LS_E_NOMEM, "tensor-core tier: out of memory");
+    if (st == LS_OK && (!grown || !recs)) st = ls_fail(err, LS_E_NOMEM, "%s: out of memory", tier);
     if (st != LS_OK) {
         ls_gemm_plan_destroy(sh.plan);
+        ls_gemm_fast_destroy(sh.fast);
         return st;
     }
     /* keep (N, K) order: the manifest lists the records as they stand */
@@ -451,8 +469,9 @@ static ls_status cu_prepare_linear(ls_backend *be, const ls_bweight *w, long max
     im->tc[at] = sh;
     im->n_tc++;
     for (size_t i = 0; i < im->n_tc; i++) im->tc_records[i] = im->tc[i].record;
-    ls_log_verbose("tensor-core tier: linear [%ld x %ld] pinned up to %ld rows in %.2f s: %s", sh.n, sh.k,
-                   qo.max_rows, (double)(ls_now_ns() - t0) / 1e9, sh.record);
+    if (im->tier == LS_TIER_TC)
+        ls_log_verbose("tensor-core tier: linear [%ld x %ld] pinned up to %ld rows in %.2f s: %s", sh.n, sh.k, rows,
+                       (double)(ls_now_ns() - t0) / 1e9, sh.record);
     return LS_OK;
 }
 
@@ -467,11 +486,11 @@ static ls_status tc_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_vi
     tc_shape *sh = tc_find(im, w->rows, w->cols);
     const void *wp = sh && sh->n_pad != sh->n ? tc_padded(im, W(w)) : W(w);
     if (!sh || !wp)
-        return ls_fail(err, LS_E_INTERNAL, "tensor-core tier: linear [%ld x %ld] was never prepared "
-                       "(prepare_linear)", w->rows, w->cols);
+        return ls_fail(err, LS_E_INTERNAL, "%s tier: linear [%ld x %ld] was never prepared (prepare_linear)",
+                       im->tier == LS_TIER_TC ? "tensor-core" : "fast", w->rows, w->cols);
     if (order != LS_ORDER_CANONICAL)
-        return ls_fail(err, LS_E_UNSUPPORTED, "tensor-core tier: linear has its algorithm's order only "
-                       "(a reversed order was asked for)");
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s tier: linear has its algorithm's order only (a reversed "
+                       "order was asked for)", im->tier == LS_TIER_TC ? "tensor-core" : "fast");
     size_t ny = sh->n_pad != sh->n ? (size_t)T * (size_t)sh->n_pad : 0, nx = (size_t)T * (size_t)w->cols;
     LS_TRY(scratch_reserve(im, sizeof(float) * ny + sizeof(uint16_t) * nx, err));
     float *yp = ny ? im->scratch : F(y);
@@ -480,7 +499,8 @@ static ls_status tc_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_vi
         return ls_fail(err, LS_E_INTERNAL, "tensor-core tier: linear [%ld x %ld]: an operand is not "
                        "16-byte aligned", w->rows, w->cols);
     LS_TRY(ls_cuda_tc_to_bf16(F(x), xb, (long)nx, NULL, err));
-    LS_TRY(ls_gemm_plan_run(sh->plan, wp, xb, yp, T, NULL, err));
+    if (sh->plan) LS_TRY(ls_gemm_plan_run(sh->plan, wp, xb, yp, T, NULL, err));
+    else LS_TRY(ls_gemm_fast_run(sh->fast, wp, xb, yp, T, NULL, err));
     return ls_cuda_tc_out(yp, sh->n_pad, F(y), T, w->rows, act_bf16, NULL, err);
 }
 
@@ -1032,12 +1052,13 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     im->synth_scale = o->synthetic_weights_scale;
     im->dg_off = o->synchronous_digests != 0;
     im->device = o->device;
+    im->tier = o->tier;
     im->tc_rows = o->tc_rows;
     /* the arena, its free-memory reading and every later call on this device */
     ls_status st = ls_cuda_use_device(o->device, err);
     size_t arena_bytes = o->arena_bytes;
     /* the tier's cuBLASLt workspace before the arena sizes itself by what is free */
-    if (st == LS_OK && o->tier_tc) st = ls_gemm_lt_create(TC_WORKSPACE_BYTES, &im->lt, err);
+    if (st == LS_OK && o->tier != LS_TIER_PORTABLE) st = ls_gemm_lt_create(TC_WORKSPACE_BYTES, &im->lt, err);
     if (st == LS_OK && arena_bytes == 0)
         arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9 / (size_t)(o->arena_share > 1 ? o->arena_share : 1);
     if (st == LS_OK) st = ls_cuda_arena_init(&im->dev, arena_bytes, err);
@@ -1045,7 +1066,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
         cu_destroy(be);
         return st;
     }
-    be->name = o->tier_tc ? "cuda-tensor-core" : "cuda-portable";
+    be->name = o->tier == LS_TIER_TC ? "cuda-tensor-core" : o->tier == LS_TIER_FAST ? "cuda-fast" : "cuda-portable";
     be->alloc = cu_alloc;
     be->wrap_weights = cu_wrap_weights;
     if (o->synthetic_weights_exact) be->wrap_generated = cu_wrap_generated;
@@ -1056,7 +1077,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->destroy = cu_destroy;
     be->embed = cu_embed;
     be->linear = cu_linear;
-    if (o->tier_tc) be->prepare_linear = cu_prepare_linear;
+    if (o->tier != LS_TIER_PORTABLE) be->prepare_linear = cu_prepare_linear;
     be->rmsnorm = cu_rmsnorm;
     be->gated_rmsnorm = cu_gated_rmsnorm;
     be->conv_silu = cu_conv_silu;

@@ -36,14 +36,18 @@ typedef struct ls_backend_cuda_opts {
                                         of device and pinned memory, no hashing threads. For a
                                         backend that digests a few rows once (the reduction
                                         probe); 0 (default): asynchronous where a ring fits */
-    int tier_tc;                     /* 1: the tensor-core strict tier (docs/tensor-core-tier.md
-                                        §2.2): every bf16 linear through one cuBLASLt algorithm
-                                        per weight shape, qualified row-invariant on this GPU by
-                                        prepare_linear and pinned (ls_backend_cuda_tc_pins); the
-                                        other ops stay portable. 0 (default): portable */
-    long tc_rows;                    /* tier_tc: the rows per call each shape is qualified for:
-                                        the larger of this and prepare_linear's max_rows (a fixed
-                                        value makes the choice independent of max_rows) */
+    ls_tier tier;                    /* the linears' tier (docs/tensor-core-tier.md §2.2, §6):
+                                        LS_TIER_PORTABLE (default); LS_TIER_TC: every bf16
+                                        linear through one cuBLASLt algorithm per weight
+                                        shape, qualified row-invariant on this GPU by
+                                        prepare_linear and pinned (ls_backend_cuda_tc_pins);
+                                        LS_TIER_FAST: through cuBLASLt's default heuristic
+                                        per call (not row-invariant). The other ops stay
+                                        portable in every tier */
+    long tc_rows;                    /* tc and fast: the rows per call each shape is prepared
+                                        (tc: qualified) for: the larger of this and
+                                        prepare_linear's max_rows (a fixed value makes the
+                                        choice independent of max_rows) */
 } ls_backend_cuda_opts;
 
 /* device 0, arena_bytes 0, no synthetic weights, scale 0.04 (about 1.8 / sqrt(2048):

@@ -53,22 +53,31 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend)
     return !strcmp(backend, "cuda") ? &cuda_gdn_chunked : NULL;
 }
 
-/* The tensor-core strict tier (docs/tensor-core-tier.md §2.2; backend_cuda.h
- * tier_tc): the rows that replace linear's and lm_head's. The GEMM is
- * cuBLASLt's, one algorithm per weight shape, pinned in numerics.tc_gemms
- * (algorithm id, tile, stages, swizzle, cuBLASLt version); the order within
- * a tile is the hardware's, so the order id is new and no probe applies. */
+/* The CUDA backend's tc and fast tiers (docs/tensor-core-tier.md §2.2, §6;
+ * backend_cuda.h tier): the rows that replace linear's and lm_head's. The
+ * GEMM is cuBLASLt's: tc one algorithm per weight shape, pinned in
+ * numerics.tc_gemms (algorithm id, tile, stages, swizzle, cuBLASLt version);
+ * fast the default heuristic's pick per call, a non-strict row. The order
+ * within a tile is the hardware's, so the order ids are new and no probe
+ * applies. */
 #define TC(op) \
     {op, "cuda-tensor-core", "ls_tc_to_bf16_kernel + cuBLASLt pinned algorithm + ls_tc_out_kernel", \
      "per weight shape: the pinned record's tile, stages and CTA swizzle", "none (split-K 1, no reduction scheme)", \
      "fp32", "cublaslt-pinned-per-shape", "tensor-core", "strict"}
+#define FAST(op) \
+    {op, "cuda-fast", "ls_tc_to_bf16_kernel + cuBLASLt default heuristic per call + ls_tc_out_kernel", \
+     "the heuristic's pick per weight shape and rows of the call", "the heuristic's (split-K and reduction " \
+     "schemes allowed)", "fp32", "cublaslt-heuristic-per-call", "tensor-core", "fast"}
 static const ls_provider cuda_tc_rows[] = {TC("linear"), TC("lm_head")};
+static const ls_provider cuda_fast_rows[] = {FAST("linear"), FAST("lm_head")};
 
-const ls_provider *ls_backend_tc_linear_providers(const char *backend, size_t *count)
+const ls_provider *ls_backend_tier_linear_providers(const char *backend, ls_tier tier, size_t *count)
 {
     int cuda = backend && !strcmp(backend, "cuda");
-    *count = cuda ? sizeof cuda_tc_rows / sizeof cuda_tc_rows[0] : 0;
-    return cuda ? cuda_tc_rows : NULL;
+    const ls_provider *rows = !cuda ? NULL : tier == LS_TIER_TC ? cuda_tc_rows
+                                         : tier == LS_TIER_FAST ? cuda_fast_rows : NULL;
+    *count = rows ? 2 : 0;
+    return rows;
 }
 
 /* Portable strict CUDA kernels (kernels/ops.h): CUDA cores, one warp per

@@ -17,11 +17,11 @@ static const char help[] =
     "                             [--samples-per-prompt N] [--prefix-cache off|aligned|any]\n"
     "                             [--prefix-block N] [--preempt none|seeded:S] [--kv-page N]\n"
     "                             [--tp N] [--ep M] [--afd A:F] [--gdn-form recurrent|chunk-aligned]\n"
-    "                             [--tier portable|tc] [--threads N] -o FILE\n"
+    "                             [--tier portable|tc|fast] [--threads N] -o FILE\n"
     "       lockstep manifest diff A B [--json]\n"
     "       lockstep manifest verify FILE --checkpoint DIR [--backend cpu|cuda [--gpu N]]\n"
     "                             [--mode strict|fast] [--perturb SPEC] [--fp8 dequant|w8a8]\n"
-    "                             [--gdn-form recurrent|chunk-aligned] [--tier portable|tc]\n"
+    "                             [--gdn-form recurrent|chunk-aligned] [--tier portable|tc|fast]\n"
     "                             [--threads N] [--json]\n"
     "       lockstep manifest digest FILE\n"
     "\n"
@@ -47,7 +47,8 @@ static const char help[] =
     "        --tier tc (as for run; --backend cuda) records the tensor-core tier:\n"
     "        numerics.tier, its linear and lm_head rows and numerics.tc_gemms, the\n"
     "        cuBLASLt algorithm this GPU qualifies for each linear shape (the engine\n"
-    "        is opened on the device, weights loaded, as run opens it).\n"
+    "        is opened on the device, weights loaded, as run opens it). --tier fast\n"
+    "        records the fast tier's rows in mode fast (no strict claim).\n"
     "diff    lists every difference between two manifests as PATH: old -> new and\n"
     "        classifies it as voiding (the claim no longer holds: checkpoint,\n"
     "        architecture, providers, library versions, GPU kind, topology, mode,\n"
@@ -90,10 +91,10 @@ static const ls_cli_opt no_opts[] = {{NULL, 0, 0}};
  * code. */
 static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest_opts *o,
                       const char **out_path, int *as_json, int *gpu, const char **pos, int *npos,
-                      ls_run_spec *sv, int *tier_tc)
+                      ls_run_spec *sv, ls_tier *tier)
 {
     int mode_given = 0, gpu_given = 0, gdn = 0;
-    *tier_tc = 0;
+    *tier = LS_TIER_PORTABLE;
     ls_error err;
     ls_error_clear(&err);
     ls_cli_args a = {.cmd = CMD, .usage = help, .opts = opts, .argc = argc, .argv = argv};
@@ -120,7 +121,7 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
             if (ls_run_parse_gdn_form(a.opt, a.arg, &gdn, &err) != LS_OK) return ls_cli_report(CMD, &err);
             break;
         case OPT_TIER:
-            if (ls_run_parse_tier(a.opt, a.arg, tier_tc, &err) != LS_OK) return ls_cli_report(CMD, &err);
+            if (ls_run_parse_tier(a.opt, a.arg, tier, &err) != LS_OK) return ls_cli_report(CMD, &err);
             break;
         case OPT_THREADS: {
             char *end;
@@ -169,11 +170,15 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
     if (gdn && !(o->gdn_chunked = ls_backend_gdn_chunked_provider(o->backend)))
         return ls_cli_usage_error(CMD, "--gdn-form chunk-aligned: backend %s has no kernel for it", o->backend);
     if (o->perturbation && !mode_given) o->mode = "fast"; /* a perturbed run is never strict */
-    if (*tier_tc && strcmp(o->backend, "cuda"))
-        return ls_cli_usage_error(CMD, "--tier tc runs on the cuda backend only (--backend is %s)", o->backend);
-    if (*tier_tc && o->perturbation)
-        return ls_cli_usage_error(CMD, "--perturb applies to the portable tier (the tc tier's GEMMs have their "
-                                  "algorithm's order only)");
+    const char *tn = ls_run_tier_name(*tier);
+    if (*tier != LS_TIER_PORTABLE && strcmp(o->backend, "cuda"))
+        return ls_cli_usage_error(CMD, "--tier %s runs on the cuda backend only (--backend is %s)", tn, o->backend);
+    if (*tier != LS_TIER_PORTABLE && o->perturbation)
+        return ls_cli_usage_error(CMD, "--perturb applies to the portable tier (the %s tier's GEMMs have "
+                                  "cuBLASLt's orders only)", tn);
+    if (*tier == LS_TIER_FAST && mode_given && strcmp(o->mode, "fast"))
+        return ls_cli_usage_error(CMD, "--tier fast is a fast-mode run (--mode %s)", o->mode);
+    if (*tier == LS_TIER_FAST) o->mode = "fast";
     o->progress = 1;
     return -1;
 }
@@ -246,13 +251,15 @@ static void print_diff_json(const ls_manifest_delta *d, const char *verdict)
     json_decref(o);
 }
 
-/* --tier tc: the tier's rows and the GEMM algorithms this GPU qualifies for
- * the checkpoint's linears, as run pins them (ls_run_tc_pins: the engine is
- * opened on the device). The records stay in *records for the build. */
-static ls_status tc_rows(ls_manifest_opts *o, int gpu, char ***records, size_t *n, ls_error *err)
+/* --tier tc or fast: the tier's rows; tc also the GEMM algorithms this GPU
+ * qualifies for the checkpoint's linears, as run pins them (ls_run_tc_pins:
+ * the engine is opened on the device). The records stay in *records for the
+ * build. */
+static ls_status tier_rows(ls_manifest_opts *o, ls_tier tier, int gpu, char ***records, size_t *n, ls_error *err)
 {
-    LS_TRY(ls_run_tc_pins(o->checkpoint_dir, gpu, records, n, err));
-    o->tc_linear = ls_backend_tc_linear_providers(o->backend, &o->n_tc_linear);
+    if (tier == LS_TIER_PORTABLE) return LS_OK;
+    if (tier == LS_TIER_TC) LS_TRY(ls_run_tc_pins(o->checkpoint_dir, gpu, records, n, err));
+    o->tc_linear = ls_backend_tier_linear_providers(o->backend, tier, &o->n_tc_linear);
     o->tc_gemms = (const char *const *)*records;
     o->n_tc_gemms = *n;
     return LS_OK;
@@ -265,8 +272,8 @@ static int cmd_pin(int argc, char **argv)
     int npos = 0, gpu = 0;
     ls_run_spec sv;
     ls_run_spec_default(&sv);
-    int tc;
-    int rc = parse_live(argc, argv, pin_opts, &o, &out, NULL, &gpu, pos, &npos, &sv, &tc);
+    ls_tier tier;
+    int rc = parse_live(argc, argv, pin_opts, &o, &out, NULL, &gpu, pos, &npos, &sv, &tier);
     if (rc >= 0) return rc;
     if (npos) return ls_cli_usage_error(CMD, "unexpected argument '%s'", pos[0]);
     if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "pin: --checkpoint DIR is required");
@@ -286,7 +293,7 @@ static int cmd_pin(int argc, char **argv)
     char **recs = NULL;
     size_t n_recs = 0;
     ls_status st = ls_output_path_check(out, &err); /* before hashing the checkpoint */
-    if (st == LS_OK && tc) st = tc_rows(&o, gpu, &recs, &n_recs, &err);
+    if (st == LS_OK) st = tier_rows(&o, tier, gpu, &recs, &n_recs, &err);
     if (st == LS_OK) st = ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err);
     if (st == LS_OK) st = ls_manifest_build(&o, &m, &err);
     ls_run_tc_pins_free(recs, n_recs);
@@ -336,8 +343,8 @@ static int cmd_verify(int argc, char **argv)
     ls_manifest_opts o = ls_manifest_opts_default();
     const char *pos[2];
     int npos = 0, as_json = 0, gpu = 0;
-    int tc;
-    int rc = parse_live(argc, argv, verify_opts, &o, NULL, &as_json, &gpu, pos, &npos, NULL, &tc);
+    ls_tier tier;
+    int rc = parse_live(argc, argv, verify_opts, &o, NULL, &as_json, &gpu, pos, &npos, NULL, &tier);
     if (rc >= 0) return rc;
     if (npos != 1) return ls_cli_usage_error(CMD, "verify: exactly one manifest FILE is required");
     if (!o.checkpoint_dir) return ls_cli_usage_error(CMD, "verify: --checkpoint DIR is required");
@@ -349,7 +356,7 @@ static int cmd_verify(int argc, char **argv)
     ls_run_facts facts;
     char **recs = NULL;
     size_t n_recs = 0;
-    ls_status st = tc ? tc_rows(&o, gpu, &recs, &n_recs, &err) : LS_OK;
+    ls_status st = tier_rows(&o, tier, gpu, &recs, &n_recs, &err);
     if (st == LS_OK) st = ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err);
     if (st == LS_OK) st = ls_manifest_verify(pinned, &o, &d, &err);
     ls_run_tc_pins_free(recs, n_recs);

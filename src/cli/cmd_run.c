@@ -74,14 +74,17 @@ static const char usage_text[] =
     "                            (docs/numerics.md §5.1); cpu and cuda backends; recorded in the\n"
     "                            manifest and run_params (replay --from: the rollout's)\n"
     "  --backend cpu|cuda        operator backend (default cpu; cuda needs a CUDA build and a GPU)\n"
-    "  --tier portable|tc        the strict tier (default portable: CUDA = CPU bit for bit); tc:\n"
+    "  --tier portable|tc|fast   the linears' tier (default portable: CUDA = CPU bit for bit); tc:\n"
     "                            --backend cuda, the linears and lm_head on tensor cores through\n"
     "                            one cuBLASLt algorithm per weight shape, qualified row-invariant\n"
     "                            on this GPU at start and pinned in the manifest: deterministic,\n"
-    "                            batch- and chunk-invariant, not equal to the CPU\n"
-    "                            (docs/tensor-core-tier.md); one rank, bf16 checkpoints,\n"
-    "                            --max-rows <= 1024; recorded in run_params (replay --from: the\n"
-    "                            rollout's)\n"
+    "                            batch- and chunk-invariant, not equal to the CPU; fast: through\n"
+    "                            cuBLASLt's default heuristic per call, as serving engines run\n"
+    "                            them: not batch-invariant, a non-strict run (manifest mode fast),\n"
+    "                            the yardstick for what strictness costs\n"
+    "                            (docs/tensor-core-tier.md); tc and fast: one rank, bf16\n"
+    "                            checkpoints, --max-rows <= 1024; recorded in run_params (replay\n"
+    "                            --from: the rollout's)\n"
     "  --gpu N                   --backend cuda only: the CUDA device to run on (default 0; as\n"
     "                            numbered under CUDA_VISIBLE_DEVICES); recorded in the manifest.\n"
     "                            Several ranks (--ep, --tp, --afd): rank r on device N+r when\n"
@@ -263,7 +266,7 @@ int ls_cmd_run(int argc, char **argv)
             gdn_given = 1;
             break;
         case O_TIER:
-            st = ls_run_parse_tier(a, x, &s.tier_tc, &err);
+            st = ls_run_parse_tier(a, x, &s.tier, &err);
             tier_given = 1;
             break;
         case O_RTIMEOUT: st = ls_cli_parse_long(a, x, 1, 1L << 30, &s.rank_timeout_ms, &err); break;
@@ -317,7 +320,7 @@ int ls_cmd_run(int argc, char **argv)
             if (!act) s.act_bf16 = info.act_bf16;
             if (!fp8 && info.fp8[0]) s.fp8 = info.fp8; /* info lives until the run ends */
             if (!gdn_given) s.gdn_chunked = info.gdn_chunked;
-            if (!tier_given) s.tier_tc = info.tier_tc;
+            if (!tier_given) s.tier = info.tier;
             if (!state_every) state_every = info.state_digest_every;
             /* the run refuses a checkpoint other than the rollout's */
             s.expect_merkle_root = info.model_fingerprint;
@@ -352,6 +355,7 @@ int ls_cmd_run(int argc, char **argv)
                 s.out, (unsigned long long)res.records, (unsigned long long)res.positions, res.seconds,
                 res.seconds > 0 ? (double)res.positions / res.seconds : 0.0, s.backend, gpu_label,
                 res.merkle_root,
-                res.manifest_digest, s.perturb ? " (perturbed: not a strict run)" : "");
+                res.manifest_digest, s.perturb ? " (perturbed: not a strict run)"
+                : s.tier == LS_TIER_FAST ? " (fast tier: not a strict run)" : "");
     return 0;
 }

@@ -249,7 +249,7 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
     /* only for the chunk-aligned form, for the same reason */
     if (o->gdn_chunked) json_object_set_new(*out, "gdn_form", json_string(LS_MANIFEST_GDN_CHUNKED));
     /* only for the tensor-core tier: its pinned GEMM algorithms */
-    if (n_tc) {
+    if (n_tc && o->n_tc_gemms) {
         json_t *gemms = json_array();
         for (size_t i = 0; gemms && i < o->n_tc_gemms; i++) {
             json_error_t je;
@@ -756,9 +756,11 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
         VFAIL("%s: field numerics.tier: expected \"portable\" or \"tensor-core\"", label);
     if (tg && !strcmp(tier, "portable"))
         VFAIL("%s: field numerics.tc_gemms: only a tensor-core tier pins GEMM algorithms", label);
-    if (!strcmp(tier, "tensor-core") && (!json_is_array(tg) || json_array_size(tg) == 0))
-        VFAIL("%s: field numerics.tc_gemms: a tensor-core tier needs its pinned GEMM records (a non-empty "
+    if (!strcmp(tier, "tensor-core") && !strcmp(mode, "strict") && (!json_is_array(tg) || json_array_size(tg) == 0))
+        VFAIL("%s: field numerics.tc_gemms: a strict tensor-core tier needs its pinned GEMM records (a non-empty "
               "array)", label);
+    if (tg && strcmp(mode, "strict"))
+        VFAIL("%s: field numerics.tc_gemms: only a strict tier pins GEMM algorithms (mode is %s)", label, mode);
     for (size_t i = 0; tg && i < json_array_size(tg); i++) {
         const json_t *r = json_array_get(tg, i);
         if (!json_is_object(r) || !json_is_string(json_object_get(r, "kind")) ||

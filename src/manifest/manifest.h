@@ -91,13 +91,13 @@ typedef struct ls_manifest_opts {
                                             fingerprint the probe's "gdn_chunked" row, and
                                             numerics.gdn_form records the form; NULL: the
                                             recurrent form (the field absent) */
-    const ls_provider *tc_linear;        /* [n_tc_linear] the tensor-core tier's rows when the run
-                                            uses it (providers.h): they replace the linear and
+    const ls_provider *tc_linear;        /* [n_tc_linear] the tc or fast tier's rows when the run
+                                            uses one (providers.h): they replace the linear and
                                             lm_head rows (no reduction fingerprint: no probe
-                                            applies), and numerics.tier says "tensor-core"; NULL:
-                                            the portable tier */
+                                            applies), and numerics.tier says "tensor-core" (the
+                                            fast rows only in mode fast); NULL: the portable tier */
     size_t n_tc_linear;
-    const char *const *tc_gemms;         /* [n_tc_gemms] with tc_linear: the pinned GEMM records,
+    const char *const *tc_gemms;         /* [n_tc_gemms] with tc's rows: the pinned GEMM records,
                                             one canonical JSON object each (kernels/tc/gemm_pin.h),
                                             recorded in order as numerics.tc_gemms */
     size_t n_tc_gemms;

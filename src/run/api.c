@@ -175,7 +175,7 @@ static ls_status spec_from_options(const lockstep_run_options *opts, const char 
     s->progress = o.progress;
     s->fp8 = o.fp8;
     if (o.gdn_form) LS_TRY(ls_run_parse_gdn_form("run options: gdn_form", o.gdn_form, &s->gdn_chunked, err));
-    if (o.tier) LS_TRY(ls_run_parse_tier("run options: tier", o.tier, &s->tier_tc, err));
+    if (o.tier) LS_TRY(ls_run_parse_tier("run options: tier", o.tier, &s->tier, err));
     *act_set = o.activations != NULL;
     if (o.activations) {
         if (strcmp(o.activations, "bf16") && strcmp(o.activations, "fp32"))
@@ -334,7 +334,7 @@ lockstep_status lockstep_replay(lockstep_checkpoint *h, const char *rollout_trac
         if (!act_set) s.act_bf16 = info.act_bf16;
         if (!s.fp8 && info.fp8[0]) s.fp8 = info.fp8;
         if (!(opts && opts->gdn_form)) s.gdn_chunked = info.gdn_chunked; /* the rollout's GDN form */
-        if (!(opts && opts->tier)) s.tier_tc = info.tier_tc;             /* and its tier */
+        if (!(opts && opts->tier)) s.tier = info.tier;                   /* and its tier */
         if (!(opts && opts->state_digest_every)) s.state_digest_every = info.state_digest_every;
         s.expect_merkle_root = info.model_fingerprint;
         s.expect_source = rollout_trace;

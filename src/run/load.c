@@ -11,6 +11,7 @@
 #include "core/util.h"
 #include "io/json.h"
 #include "manifest/manifest.h"
+#include "run/run.h"
 
 void ls_run_batch_free(ls_run_batch *b)
 {
@@ -178,10 +179,13 @@ ls_status ls_run_load_rollout(const char *trace_path, ls_run_batch *out, ls_run_
                          "recurrent form)", trace_path, LS_MANIFEST_GDN_CHUNKED);
         info->gdn_chunked = gf != NULL;
         json_t *tier = json_object_get(params, "tier");
-        if (st == LS_OK && tier && (!json_is_string(tier) || strcmp(json_string_value(tier), "tc")))
-            st = ls_fail(err, LS_E_INPUT, "%s: header field run_params.tier must be \"tc\" (absent: the "
-                         "portable tier)", trace_path);
-        info->tier_tc = tier != NULL;
+        info->tier = LS_TIER_PORTABLE;
+        ls_error ignored;
+        if (st == LS_OK && tier &&
+            (!json_is_string(tier) || !strcmp(json_string_value(tier), "portable") ||
+             ls_run_parse_tier("run_params.tier", json_string_value(tier), &info->tier, &ignored) != LS_OK))
+            st = ls_fail(err, LS_E_INPUT, "%s: header field run_params.tier must be \"tc\" or \"fast\" (absent: "
+                         "the portable tier)", trace_path);
     }
     /* Tokens per sequence, appended in position order. */
     long cap = 0;

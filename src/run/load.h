@@ -4,6 +4,7 @@
 #ifndef LS_RUN_LOAD_H
 #define LS_RUN_LOAD_H
 
+#include "backend/backend.h"
 #include <stddef.h>
 
 #include "core/status.h"
@@ -39,7 +40,7 @@ typedef struct ls_run_rollout_info {
     long state_digest_every;
     long max_new;                  /* run_params.max_new_tokens, 0 if absent */
     int gdn_chunked;               /* run_params.gdn_form: 1 = the chunk-aligned GDN form */
-    int tier_tc;                   /* run_params.tier: 1 = the tensor-core tier ("tc") */
+    ls_tier tier;                  /* run_params.tier: "tc" or "fast" (absent: portable) */
     char fp8[16];                  /* run_params.fp8 of a run on an FP8 checkpoint ("dequant" or
                                       "w8a8"), "" when absent: a replay's ls_run_spec.fp8 */
     char model_fingerprint[65];    /* the checkpoint's Merkle root (hex) the rollout ran on: a

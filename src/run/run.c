@@ -254,19 +254,20 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     if (s->gdn_chunked && !ls_backend_gdn_chunked_provider(s->backend))
         return ls_fail(err, LS_E_UNSUPPORTED, "gdn_form (--gdn-form) chunk-aligned: backend %s has no kernel "
                        "for it", s->backend);
-    if (s->tier_tc) {
+    if (s->tier != LS_TIER_PORTABLE) {
+        const char *t = ls_run_tier_name(s->tier);
         if (strcmp(s->backend, "cuda"))
-            return ls_fail(err, LS_E_USAGE, "tier (--tier) tc runs on the cuda backend only (backend "
-                           "(--backend) is %s; the cpu is the portable tier's reference)", s->backend);
+            return ls_fail(err, LS_E_USAGE, "tier (--tier) %s runs on the cuda backend only (backend "
+                           "(--backend) is %s; the cpu is the portable tier's reference)", t, s->backend);
         if (ls_run_spec_world(s) > 1)
-            return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) tc runs on one rank (--tp, --ep and --afd "
-                           "are not built for it yet)");
+            return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) %s runs on one rank (--tp, --ep and --afd "
+                           "are not built for it yet)", t);
         if (s->perturb)
-            return ls_fail(err, LS_E_USAGE, "perturb (--perturb) applies to the portable tier (the tc "
-                           "tier's GEMMs have their algorithm's order only)");
+            return ls_fail(err, LS_E_USAGE, "perturb (--perturb) applies to the portable tier (the %s "
+                           "tier's GEMMs have cuBLASLt's orders only)", t);
         if (s->max_rows > LS_RUN_TC_ROWS)
-            return ls_fail(err, LS_E_USAGE, "rows per call (--max-rows) %ld: the tc tier qualifies its GEMMs up "
-                           "to %d rows per call", s->max_rows, LS_RUN_TC_ROWS);
+            return ls_fail(err, LS_E_USAGE, "rows per call (--max-rows) %ld: the %s tier prepares its GEMMs "
+                           "for up to %d rows per call", s->max_rows, t, LS_RUN_TC_ROWS);
     }
     if (rollout) {
         if (s->max_new < 1) return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) must be >= 1");
@@ -356,12 +357,20 @@ ls_status ls_run_parse_gdn_form(const char *what, const char *v, int *chunked, l
     return LS_OK;
 }
 
-ls_status ls_run_parse_tier(const char *what, const char *v, int *tc, ls_error *err)
+const char *ls_run_tier_name(ls_tier tier)
 {
-    if (strcmp(v, "portable") && strcmp(v, "tc"))
-        return ls_fail(err, LS_E_USAGE, "%s '%s': expected portable or tc", what, v);
-    *tc = !strcmp(v, "tc");
-    return LS_OK;
+    return tier == LS_TIER_TC ? "tc" : tier == LS_TIER_FAST ? "fast" : "portable";
+}
+
+ls_status ls_run_parse_tier(const char *what, const char *v, ls_tier *tier, ls_error *err)
+{
+    static const ls_tier all[] = {LS_TIER_PORTABLE, LS_TIER_TC, LS_TIER_FAST};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(v, ls_run_tier_name(all[i]))) {
+            *tier = all[i];
+            return LS_OK;
+        }
+    return ls_fail(err, LS_E_USAGE, "%s '%s': expected portable, tc or fast", what, v);
 }
 
 ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err)
@@ -384,7 +393,7 @@ ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, 
 /* ls_run_backend_create with the arena shared by `share` processes on the
  * device (ranks of one run on one GPU: each takes its part of the free
  * memory). */
-static ls_status backend_create_shared(const char *name, int threads, int gpu, int share, int tier_tc,
+static ls_status backend_create_shared(const char *name, int threads, int gpu, int share, ls_tier tier,
                                        ls_backend **out, ls_error *err)
 {
     *out = NULL;
@@ -401,7 +410,7 @@ static ls_status backend_create_shared(const char *name, int threads, int gpu, i
     ls_backend_cuda_opts_default(&co);
     co.device = gpu;
     co.arena_share = share;
-    co.tier_tc = tier_tc;
+    co.tier = tier;
     co.tc_rows = LS_RUN_TC_ROWS;
     ls_error inner;
     ls_error_clear(&inner);
@@ -417,16 +426,16 @@ static ls_status backend_create_shared(const char *name, int threads, int gpu, i
 ls_status ls_run_backend_create(const char *name, int threads, int gpu, ls_backend **out,
                                 ls_error *err)
 {
-    return backend_create_shared(name, threads, gpu, 1, 0, out, err);
+    return backend_create_shared(name, threads, gpu, 1, LS_TIER_PORTABLE, out, err);
 }
 
 static ls_status engine_open_shared(const ls_model *m, const char *backend, int threads, int gpu, int share,
-                                    int tier_tc, const ls_engine_opts *o, long max_seqs, long max_len,
+                                    ls_tier tier, const ls_engine_opts *o, long max_seqs, long max_len,
                                     ls_engine **out, ls_error *err)
 {
     ls_backend *be;
     *out = NULL;
-    LS_TRY(backend_create_shared(backend, threads, gpu, share, tier_tc, &be, err));
+    LS_TRY(backend_create_shared(backend, threads, gpu, share, tier, &be, err));
     return ls_engine_create(m, be, o, max_seqs, max_len, out, err);
 }
 
@@ -434,7 +443,7 @@ ls_status ls_run_engine_open_gpu(const ls_model *m, const char *backend, int thr
                                  const ls_engine_opts *o, long max_seqs, long max_len,
                                  ls_engine **out, ls_error *err)
 {
-    return engine_open_shared(m, backend, threads, gpu, 1, 0, o, max_seqs, max_len, out, err);
+    return engine_open_shared(m, backend, threads, gpu, 1, LS_TIER_PORTABLE, o, max_seqs, max_len, out, err);
 }
 
 ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads,
@@ -561,7 +570,7 @@ static json_t *run_params(const ls_run_spec *s, const ls_sequence *seqs, long n,
     /* absent = the recurrent form, so other traces keep their bytes */
     if (p && s->gdn_chunked) json_object_set_new(p, "gdn_form", json_string(LS_MANIFEST_GDN_CHUNKED));
     /* absent = the portable tier, likewise */
-    if (p && s->tier_tc) json_object_set_new(p, "tier", json_string("tc"));
+    if (p && s->tier != LS_TIER_PORTABLE) json_object_set_new(p, "tier", json_string(ls_run_tier_name(s->tier)));
     /* absent = one rank, so one-rank traces keep their bytes (docs/parallel.md §4) */
     if (p && ls_run_spec_world(s) > 1) {
         int afd = s->afd_attention > 0;
@@ -878,7 +887,7 @@ static void run_worker(const ls_run_spec *s, const ls_model *m, const ls_engine_
     rank_device dev;
     if (st == LS_OK) st = rank_device_pick(s, rk, &dev, &err);
     if (st == LS_OK)
-        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, s->tier_tc, eo,
+        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, s->tier, eo,
                                 grouped ? ls_run_group_slots(b->n, go) : b->n, max_len, &e, &err);
     if (st == LS_OK) {
         if (rollout && grouped)
@@ -1052,7 +1061,7 @@ ls_status ls_run_tc_pins(const char *checkpoint, int gpu, char ***records, size_
                      "weights only (its FP8 GEMMs are not built)", checkpoint);
     ls_engine_opts eo;
     ls_engine_opts_default(&eo);
-    if (st == LS_OK) st = engine_open_shared(m, "cuda", 1, gpu, 1, 1, &eo, 1, 1, &e, err);
+    if (st == LS_OK) st = engine_open_shared(m, "cuda", 1, gpu, 1, LS_TIER_TC, &eo, 1, 1, &e, err);
     const char *const *recs = NULL;
     if (st == LS_OK) ls_backend_cuda_tc_pins(ls_engine_backend(e), &recs, n);
     if (st == LS_OK && *n > 0 && !(*records = calloc(*n, sizeof **records)))
@@ -1127,9 +1136,9 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         st = ls_fail(err, LS_E_USAGE, "fp8 (--fp8) applies to FP8 checkpoints only: %s/config.json "
                      "has no quantization_config", s->checkpoint);
     if (st == LS_OK && m->cfg.fp8) fp8 = s->fp8 ? s->fp8 : "dequant";
-    if (st == LS_OK && fp8 && s->tier_tc)
-        st = ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) tc: %s is an FP8 checkpoint; the tc tier runs bf16 "
-                     "weights only (its FP8 GEMMs are not built)", s->checkpoint);
+    if (st == LS_OK && fp8 && s->tier != LS_TIER_PORTABLE)
+        st = ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) %s: %s is an FP8 checkpoint; the tier runs bf16 "
+                     "weights only (its FP8 GEMMs are not built)", ls_run_tier_name(s->tier), s->checkpoint);
     eo.fp8_w8a8 = fp8 && !strcmp(fp8, "w8a8");
     if (st == LS_OK && s->dump_layers) {
         dump = calloc((size_t)m->cfg.n_layers, 1);
@@ -1273,12 +1282,14 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     if (st == LS_OK) st = rank_device_pick(s, &rk, &dev, err);
     if (st == LS_OK) st = ls_run_manifest_facts(s->backend, dev.gpu, &mo, &facts, err);
     if (st == LS_OK)
-        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, s->tier_tc, &eo,
+        st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, s->tier, &eo,
                                 grouped ? ls_run_group_slots(b->n, &go) : b->n, max_len, &e, err);
-    if (st == LS_OK && s->tier_tc) {
-        /* the GEMM algorithms the engine's backend qualified and pinned */
-        mo.tc_linear = ls_backend_tc_linear_providers(s->backend, &mo.n_tc_linear);
+    if (st == LS_OK && s->tier != LS_TIER_PORTABLE) {
+        /* the tier's linear rows; tc: the GEMM algorithms the engine's backend
+         * qualified and pinned; fast: a non-strict run */
+        mo.tc_linear = ls_backend_tier_linear_providers(s->backend, s->tier, &mo.n_tc_linear);
         ls_backend_cuda_tc_pins(ls_engine_backend(e), &mo.tc_gemms, &mo.n_tc_gemms);
+        if (s->tier == LS_TIER_FAST) mo.mode = "fast";
     }
     if (hashing) pthread_join(hasher, NULL);
     if (st == LS_OK && !s->fingerprint && hj.st != LS_OK) {
@@ -1298,7 +1309,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         ls_digest_to_hex(&md, res->manifest_digest);
         ls_log_verbose("%s: %zu tensors, %.3f GB; manifest pinned (backend %s, mode %s), digest %s",
                        s->checkpoint, ls_checkpoint_count(ck), (double)ls_checkpoint_total_bytes(ck) / 1e9,
-                       s->backend, s->perturb ? "fast" : "strict", res->manifest_digest);
+                       s->backend, s->perturb || s->tier == LS_TIER_FAST ? "fast" : "strict", res->manifest_digest);
         ls_digest_to_hex(&fp->merkle_root, res->merkle_root);
     }
     if (st == LS_OK) {

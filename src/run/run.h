@@ -95,12 +95,14 @@ typedef struct ls_run_spec {
                                       recurrent (default), 1 = chunk-aligned (cpu and cuda backends);
                                       recorded in run_params.gdn_form and numerics.gdn_form when
                                       1, and taken from the rollout by replay --from */
-    int tier_tc;                   /* the strict tier (--tier; docs/tensor-core-tier.md): 0 =
-                                      portable (default, CPU = CUDA bit for bit), 1 = tc: the
-                                      cuda backend's linears through cuBLASLt algorithms
-                                      qualified row-invariant per weight shape (up to
-                                      LS_RUN_TC_ROWS rows) and pinned in numerics.tc_gemms;
-                                      one rank, bf16 weights, no perturbation; recorded in
+    ls_tier tier;                  /* the linears' tier (--tier; docs/tensor-core-tier.md):
+                                      portable (default, CPU = CUDA bit for bit); tc: the cuda
+                                      backend's linears through cuBLASLt algorithms qualified
+                                      row-invariant per weight shape (up to LS_RUN_TC_ROWS rows)
+                                      and pinned in numerics.tc_gemms; fast: through cuBLASLt's
+                                      default heuristic per call, a non-strict run (manifest mode
+                                      fast), the yardstick for what strictness costs. tc and
+                                      fast: one rank, bf16 weights, no perturbation; recorded in
                                       run_params.tier and taken from the rollout by replay --from */
     int ep;                        /* expert-parallel ranks (--ep; docs/parallel.md §3.1): 0 or 1 =
                                       one rank; N > 1 = N ranks, one process each (run/ranks.h),
@@ -199,10 +201,12 @@ ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, 
  * knows it). */
 ls_status ls_run_parse_gdn_form(const char *what, const char *v, int *chunked, ls_error *err);
 
-/* A strict tier's name (--tier, lockstep_run_options.tier): "portable" ->
- * *tc 0, "tc" -> 1; anything else LS_E_USAGE, the message opening with
- * `what`. */
-ls_status ls_run_parse_tier(const char *what, const char *v, int *tc, ls_error *err);
+/* A tier's name (--tier, lockstep_run_options.tier): "portable", "tc" or
+ * "fast"; anything else LS_E_USAGE, the message opening with `what`. */
+ls_status ls_run_parse_tier(const char *what, const char *v, ls_tier *tier, ls_error *err);
+
+/* The name ls_run_parse_tier reads ("portable", "tc", "fast"). */
+const char *ls_run_tier_name(ls_tier tier);
 
 /* The pinned GEMM records (kernels/tc/gemm_pin.h) a tc-tier run of the bf16
  * checkpoint in `checkpoint` on CUDA device `gpu` pins, for `manifest pin` and

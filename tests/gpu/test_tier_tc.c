@@ -16,6 +16,8 @@
  *     digest is the one the run's trace carries; the portable manifest
  *     differs from it with a voiding difference; `manifest verify --tier tc`
  *     holds on the same GPU;
+ *   - the fast tier (--tier fast: cuBLASLt's per-call choice) runs as a
+ *     non-strict run, pins mode fast, and differs from tc under manifest diff;
  *   - an FP8 checkpoint is refused (exit 2, naming it).
  * Every CUDA run is a CLI process; this process only asks for a device. */
 #include <check.h>
@@ -236,6 +238,52 @@ START_TEST(test_tc_manifest)
 }
 END_TEST
 
+/* The fast tier: the same linears through cuBLASLt's per-call choice, a
+ * non-strict run. It runs, says so, pins mode fast with its rows (no GEMM
+ * records), and whether its replay in chunks of 1 still equals its rollout
+ * is printed, not asserted: nothing promises it. */
+START_TEST(test_fast_tier)
+{
+    char args[4096];
+    char *out = NULL;
+    snprintf(args, sizeof args, "run --backend cuda --tier fast --checkpoint %s/tiny " ROLLOUT " --prompts "
+             "%s/prompts.jsonl -o %s/tiny-fast.trace", g_dir, g_dir, g_dir);
+    int rc = ls_test_cli(&out, "%s", args);
+    ck_assert_msg(rc == 0 && out && strstr(out, "fast tier: not a strict run"), "fast rollout: exit %d\n%s", rc,
+                  out ? out : "");
+    free(out);
+    snprintf(args, sizeof args, "run --backend cuda --checkpoint %s/tiny --mode replay --from %s/tiny-fast.trace "
+             "--chunk 1 -o %s/tiny-fast-rp.trace", g_dir, g_dir, g_dir);
+    cli_ok("fast replay (tier from the rollout)", args);
+    rc = ls_test_cli(&out, "compare %s/tiny-fast.trace %s/tiny-fast-rp.trace", g_dir, g_dir);
+    ck_assert_msg(rc == 0 || rc == 1, "compare: exit %d\n%s", rc, out ? out : "");
+    printf("  fast tier on tiny: rollout vs replay in chunks of 1 %s\n", rc == 0 ? "equal" : "differ");
+    free(out);
+    snprintf(args, sizeof args, "manifest pin --checkpoint %s/tiny --backend cuda --tier fast -o %s/fast.json", g_dir,
+             g_dir);
+    cli_ok("manifest pin --tier fast", args);
+    json_t *m = load_json("fast.json");
+    json_t *num = json_object_get(m, "numerics");
+    ck_assert_str_eq(json_string_value(json_object_get(num, "mode")), "fast");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(json_object_get(num, "operators"), "linear"),
+                                                       "provider")), "cuda-fast");
+    ck_assert_msg(!json_object_get(num, "tc_gemms"), "a fast manifest pins no GEMM records");
+    json_decref(m);
+    char *dig = NULL;
+    rc = ls_test_cli(&dig, "manifest digest %s/fast.json", g_dir);
+    ck_assert_msg(rc == 0 && dig, "manifest digest: exit %d", rc);
+    dig[strcspn(dig, " \n")] = '\0';
+    rc = ls_test_sh(&out, "'%s' trace dump %s/tiny-fast.trace --json 2>/dev/null | head -1", LS_CLI_PATH, g_dir);
+    ck_assert_msg(rc == 0 && out && strstr(out, dig), "tiny-fast.trace's header lacks the digest %s", dig);
+    free(out);
+    free(dig);
+    rc = ls_test_cli(&out, "manifest diff %s/tc.json %s/fast.json", g_dir, g_dir);
+    ck_assert_msg(rc == 1 && out && strstr(out, "numerics.mode"), "diff tc -> fast: exit %d\n%s", rc, out ? out : "");
+    free(out);
+    printf("  ok fast tier: runs, marked non-strict; manifest mode fast, its digest in the trace; tc -> fast voids\n");
+}
+END_TEST
+
 START_TEST(test_tc_fp8_refused)
 {
     char *out = NULL;
@@ -264,6 +312,7 @@ int main(void)
     tcase_add_loop_test(tc, test_tc_invariance, 0, N_MODELS);
     tcase_add_loop_test(tc, test_tc_vs_portable, 0, N_MODELS);
     tcase_add_test(tc, test_tc_manifest);
+    tcase_add_test(tc, test_fast_tier); /* after test_tc_manifest: it diffs against tc.json */
     tcase_add_test(tc, test_tc_fp8_refused);
     suite_add_tcase(s, tc);
     return ls_test_run_suite(s, 1) ? EXIT_FAILURE : EXIT_SUCCESS;
