@@ -36,7 +36,7 @@
  *   mixed-kv17  the mixed cell on a paged engine (page 17)
  *
  *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...] [--serving-only]
- *              [--fp8 dequant|w8a8]
+ *              [--fp8 dequant|w8a8] [--tier portable|tc]
  *
  * --quick: prompts 8 and 64 only. --prompts: only these prompt lengths (of
  * 8, 64, 256, 1024) and no mixed cell, to run part of the matrix on its own.
@@ -45,6 +45,16 @@
  * --prompts. --fp8 (an FP8 checkpoint only): the FP8 mode of every engine,
  * CUDA and CPU alike (engine opts fp8_w8a8); an FP8 checkpoint runs dequant
  * without it, as lockstep run does.
+ * --tier tc: every CUDA engine on the tensor-core strict tier, as
+ * `lockstep run --backend cuda --tier tc` opens it (ls_run_engine_open_tier:
+ * every linear through its cuBLASLt algorithm qualified for LS_RUN_TC_ROWS
+ * rows per call; docs/tensor-core-tier.md). The tier is deterministic and
+ * batch-invariant but not equal to the CPU reference (§1), so no CPU engine
+ * runs: no CPU single runs, no cpu-batch cell, no CPU reference for the mixed
+ * and grpo8 cells, and the CPU column reads "n/a (tc tier)"; every cell is
+ * still compared bitwise with the same sequences run alone on the tc engine.
+ * A bf16 checkpoint only (no --fp8, no FP8 checkpoint) and the cuda backend
+ * only. --tier portable (the default): the portable tier, as above.
  * LS_MATRIX_BACKEND=cpu runs every "CUDA" engine on the CPU backend instead
  * (a check of the driver itself on a machine without a GPU). */
 #include <pthread.h>
@@ -66,6 +76,7 @@
 static FILE *g_md;
 static int g_fail, g_cells;
 static int g_w8a8;         /* --fp8 w8a8: every engine, CUDA and CPU */
+static int g_tc;           /* --tier tc: every engine on the tc tier; none on the CPU */
 
 static double now_s(void)
 {
@@ -241,11 +252,11 @@ static void row_cmp(const char *cell, long N, long P, const char *mode, const re
     g_cells++;
     if (d1 || d2) g_fail++;
     fprintf(g_md, "| %s | %ld | %ld | %s | %ld | %s | %s | %.1f |\n", cell, N, P, mode, got->n,
-            d1 ? m1 : "equal", cpu ? (d2 ? m2 : "equal") : "—", secs);
+            d1 ? m1 : "equal", cpu ? (d2 ? m2 : "equal") : g_tc ? "n/a (tc tier)" : "—", secs);
     fflush(g_md);
     printf("%-6s %-8s N=%-3ld P=%-5ld %-22s records %-6ld single: %s; cpu: %s (%.1fs)\n",
            (d1 || d2) ? "FAIL" : "ok", cell, N, P, mode, got->n, d1 ? m1 : "equal",
-           cpu ? (d2 ? m2 : "equal") : "-", secs);
+           cpu ? (d2 ? m2 : "equal") : g_tc ? "n/a (tc tier)" : "-", secs);
     fflush(stdout);
 }
 
@@ -276,10 +287,17 @@ static void mixed(ls_engine *e, const ls_model *m, uint32_t id0, int nseq, const
     free(req), free(tok);
 }
 
-/* kv_page 0: the contiguous cache; N > 0: pages of N positions. */
+/* kv_page 0: the contiguous cache; N > 0: pages of N positions. On the tc
+ * tier (g_tc) the backend must be cuda and rows at most LS_RUN_TC_ROWS, the
+ * rows per call its GEMMs are qualified for. */
 static ls_engine *make_engine_kv(const ls_model *m, const char *backend, long max_seqs, long max_len, long rows,
                                  int threads, long kv_page)
 {
+    if (g_tc && rows > LS_RUN_TC_ROWS) {
+        fprintf(stderr, "gpu_matrix: --tier tc: an engine of %ld rows per call; the tc tier qualifies its GEMMs "
+                "for at most %d\n", rows, LS_RUN_TC_ROWS);
+        exit(2);
+    }
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.max_rows = rows;
@@ -287,7 +305,7 @@ static ls_engine *make_engine_kv(const ls_model *m, const char *backend, long ma
     o.fp8_w8a8 = g_w8a8;
     o.kv_page = kv_page;
     ls_engine *e = NULL;
-    TRY(ls_run_engine_open(m, backend, threads, &o, max_seqs, max_len, &e, E_));
+    TRY(ls_run_engine_open_tier(m, backend, threads, 0, g_tc, &o, max_seqs, max_len, &e, E_));
     return e;
 }
 
@@ -341,7 +359,8 @@ static long distinct(const int32_t *comp, long n)
 }
 
 /* The serving cells at q's prompt length. single and cpu: the records of
- * sequences 0..NSERVE-1 run alone on engine g's backend and on the CPU;
+ * sequences 0..NSERVE-1 run alone on engine g's backend and on the CPU (cpu
+ * NULL on the tc tier: no CPU comparison, no CPU engine for grpo8);
  * comp [NSERVE, GEN]: their completions (what the replays recompute). */
 static void serving(ls_engine *g, const char *gb, const ls_model *m, const seqset *q, const recs *single,
                     const recs *cpu, const int32_t *comp)
@@ -445,14 +464,16 @@ static void serving(ls_engine *g, const char *gb, const ls_model *m, const seqse
         o.stats = &st;
         int32_t cc[GRPO_PROMPTS * GRPO_N * GEN];
         group_run(g, pr, GRPO_PROMPTS, &SEEDED, &o, cc, &x);
-        ls_engine *ce = make_engine(m, "cpu", GRPO_PROMPTS * GRPO_N, P + GEN, 256, 16);
-        group_run(ce, pr, GRPO_PROMPTS, &SEEDED, &o, NULL, &xc);
-        ls_engine_destroy(ce);
+        if (cpu) {
+            ls_engine *ce = make_engine(m, "cpu", GRPO_PROMPTS * GRPO_N, P + GEN, 256, 16);
+            group_run(ce, pr, GRPO_PROMPTS, &SEEDED, &o, NULL, &xc);
+            ls_engine_destroy(ce);
+        }
         snprintf(cell, sizeof cell, "grpo8.%ld", P);
         snprintf(mode, sizeof mode, "GRPO %d prompts x %d samples (seeded): %ld forks, %ld and %ld distinct "
-                 "completions; vs CPU: the same group", GRPO_PROMPTS, GRPO_N, st.forks, distinct(cc, GRPO_N),
-                 distinct(cc + GRPO_N * GEN, GRPO_N));
-        row_cmp(cell, GRPO_PROMPTS * GRPO_N, P, mode, &x, &alone, &xc, now_s() - tc, 0);
+                 "completions%s", GRPO_PROMPTS, GRPO_N, st.forks, distinct(cc, GRPO_N),
+                 distinct(cc + GRPO_N * GEN, GRPO_N), cpu ? "; vs CPU: the same group" : "");
+        row_cmp(cell, GRPO_PROMPTS * GRPO_N, P, mode, &x, &alone, cpu ? &xc : NULL, now_s() - tc, 0);
         recs_free(&alone);
         recs_free(&x);
         recs_free(&xc);
@@ -462,12 +483,12 @@ static void serving(ls_engine *g, const char *gb, const ls_model *m, const seqse
 int main(int argc, char **argv)
 {
     const char *usage = "usage: gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...] "
-                        "[--serving-only] [--fp8 dequant|w8a8]\n";
+                        "[--serving-only] [--fp8 dequant|w8a8] [--tier portable|tc]\n";
     if (argc < 3) {
         fputs(usage, stderr);
         return 2;
     }
-    int quick = 0, prompts = 0, want[4] = {1, 1, 1, 1}, mixed_on = 1, serving_only = 0;
+    int quick = 0, prompts = 0, want[4] = {1, 1, 1, 1}, mixed_on = 1, serving_only = 0, tier_given = 0;
     const char *fp8 = NULL;
     long Ps[4] = {8, 64, 256, 1024}, Ns[4] = {1, 4, 16, 64};
     for (int a = 3; a < argc; a++) {
@@ -500,10 +521,28 @@ int main(int argc, char **argv)
                 return 2;
             }
             g_w8a8 = strcmp(fp8, "w8a8") == 0;
+        } else if (strcmp(argv[a], "--tier") == 0 && a + 1 < argc && !tier_given) {
+            tier_given = 1;
+            ls_error err;
+            if (ls_run_parse_tier("--tier", argv[++a], &g_tc, &err) != LS_OK) {
+                fprintf(stderr, "gpu_matrix: %s\n", err.msg);
+                return 2;
+            }
         } else {
             fputs(usage, stderr);
             return 2;
         }
+    }
+    /* LS_MATRIX_BACKEND=cpu runs the driver itself on a machine without a GPU. */
+    const char *gb = getenv("LS_MATRIX_BACKEND") ? getenv("LS_MATRIX_BACKEND") : "cuda";
+    if (g_tc && fp8) {
+        fprintf(stderr, "gpu_matrix: --tier tc: the tc tier runs bf16 weights only (its FP8 GEMMs are not built); "
+                "leave out --fp8 %s\n", fp8);
+        return 2;
+    }
+    if (g_tc && strcmp(gb, "cuda") != 0) {
+        fprintf(stderr, "gpu_matrix: --tier tc runs on the cuda backend only (LS_MATRIX_BACKEND is %s)\n", gb);
+        return 2;
     }
     ls_checkpoint *ck = NULL;
     ls_model *m = NULL;
@@ -514,21 +553,37 @@ int main(int argc, char **argv)
                 "quantization_config\n", argv[1]);
         return 2;
     }
+    if (g_tc && m->cfg.fp8) {
+        fprintf(stderr, "gpu_matrix: --tier tc: %s is an FP8 checkpoint; the tc tier runs bf16 weights only\n",
+                argv[1]);
+        return 2;
+    }
     if (m->cfg.fp8)
         printf("gpu_matrix: FP8 checkpoint (%ld e4m3 matrices), every engine in %s mode\n", m->n_fp8,
                g_w8a8 ? "w8a8" : "dequant");
     long V = m->cfg.vocab;
     g_md = fopen(argv[2], "w");
     if (!g_md) { perror(argv[2]); return 2; }
+    if (g_tc)
+        fprintf(g_md, "Tier: tc (every linear through a cuBLASLt algorithm qualified row-invariant for %d rows "
+                "per call and pinned; docs/tensor-core-tier.md). Every cell is compared bitwise with the same "
+                "sequences run alone on this tc engine. The CPU column does not apply: the tc tier is "
+                "deterministic and batch-invariant but not equal to the CPU reference (tensor cores accumulate "
+                "in the hardware's order, not the reference's; docs/tensor-core-tier.md §1), so no CPU engine "
+                "runs.\n\n", LS_RUN_TC_ROWS);
+    else
+        fprintf(g_md, "Tier: portable (CUDA = CPU bit for bit). Every cell is compared bitwise with the same "
+                "sequences run alone on this engine and on the CPU reference engine.\n\n");
     fprintf(g_md, "| cell | sequences | prompt | mode | records | vs single-sequence run | vs CPU engine | s |\n"
                   "|---|---|---|---|---|---|---|---|\n");
     double t0 = now_s();
-    /* LS_MATRIX_BACKEND=cpu runs the driver itself on a machine without a GPU. */
-    const char *gb = getenv("LS_MATRIX_BACKEND") ? getenv("LS_MATRIX_BACKEND") : "cuda";
     ls_engine *g = make_engine(m, gb, MAXN, 1024 + GEN, 256, 16);
-    ls_engine *c = make_engine(m, "cpu", 8, 256 + GEN, 256, 16);
-    ls_engine *cw[CPU_WORKERS];
-    for (int w = 0; w < CPU_WORKERS; w++) cw[w] = make_engine(m, "cpu", 1, 1024 + GEN, 256, 1);
+    /* the CPU reference engines: none on the tc tier (not CPU-equal) */
+    ls_engine *c = NULL, *cw[CPU_WORKERS] = {NULL};
+    if (!g_tc) {
+        c = make_engine(m, "cpu", 8, 256 + GEN, 256, 16);
+        for (int w = 0; w < CPU_WORKERS; w++) cw[w] = make_engine(m, "cpu", 1, 1024 + GEN, 256, 1);
+    }
     int32_t *comp = calloc(MAXN * GEN, sizeof(int32_t)), *comp_b = calloc(MAXN * GEN, sizeof(int32_t));
     /* mixed prefill + decode, joining and leaving: on a contiguous engine
      * (the matrix) and on a paged one (the serving cells) */
@@ -537,9 +592,12 @@ int main(int argc, char **argv)
         int nseq = 9;
         double tc = now_s();
         recs mc = {0}, single = {0};
-        ls_engine *cm = make_engine(m, "cpu", 4, plens[2] + GEN, 64, 16);
-        mixed(cm, m, 500, nseq, plens, &mc);
-        ls_engine_destroy(cm);
+        if (!g_tc) {
+            ls_engine *cm = make_engine(m, "cpu", 4, plens[2] + GEN, 64, 16);
+            mixed(cm, m, 500, nseq, plens, &mc);
+            ls_engine_destroy(cm);
+        }
+        const recs *mcpu = g_tc ? NULL : &mc;
         for (int i = 0; i < nseq; i++) {
             seqset one;
             seqset_make(&one, 500 + (uint32_t)i, 1, plens[i % 3], V);
@@ -559,9 +617,9 @@ int main(int argc, char **argv)
             ls_engine_destroy(gm);
             if (paged)
                 row_cmp("mixed-kv17", 9, 0, "continuous batching, paged KV (page 17): mixed, join/leave (4 slots, "
-                        "64 rows)", &mg, &single, &mc, now_s() - tc + t_ref, 0);
+                        "64 rows)", &mg, &single, mcpu, now_s() - tc + t_ref, 0);
             else
-                row("mixed", 9, 0, "continuous batching: mixed, join/leave (4 slots, 64 rows)", &mg, &single, &mc,
+                row("mixed", 9, 0, "continuous batching: mixed, join/leave (4 slots, 64 rows)", &mg, &single, mcpu,
                     now_s() - tc + t_ref);
             recs_free(&mg);
         }
@@ -575,12 +633,15 @@ int main(int argc, char **argv)
         seqset_make(&q, 0, MAXN, P, V);
         double ts = now_s();
         recs single = {0}, cpu = {0};
+        const recs *cref = g_tc ? NULL : &cpu; /* the CPU reference, if it applies */
         /* the serving cells alone need the single runs of their sequences only */
         long ns = serving_only ? NSERVE : MAXN;
         singles(g, &q, ns, &single, comp);
-        cpu_singles(cw, CPU_WORKERS, &q, ns, &cpu); /* the CPU engine, each sequence alone */
-        row("single", ns, P, "CPU engine, each sequence alone (vs the CUDA ones)", &cpu, &single, NULL,
-            now_s() - ts);
+        if (cref) {
+            cpu_singles(cw, CPU_WORKERS, &q, ns, &cpu); /* the CPU engine, each sequence alone */
+            row("single", ns, P, "CPU engine, each sequence alone (vs the CUDA ones)", &cpu, &single, NULL,
+                now_s() - ts);
+        }
         for (int ni = 0; ni < 4 && !serving_only; ni++) {
             long N = Ns[ni];
             char cell[64];
@@ -588,7 +649,7 @@ int main(int argc, char **argv)
             double tc = now_s();
             recs b = {0};
             rollout(g, &q, N, &b, comp_b);
-            row(cell, N, P, "rollout (prefill+decode)", &b, &single, &cpu, now_s() - tc);
+            row(cell, N, P, "rollout (prefill+decode)", &b, &single, cref, now_s() - tc);
             recs_free(&b);
             long chunks[4] = {P + GEN, 128, 16, 1};
             int nch = P <= 64 ? 4 : 3;
@@ -601,22 +662,22 @@ int main(int argc, char **argv)
                 if (k == 0) snprintf(mode, sizeof mode, "replay whole");
                 else snprintf(mode, sizeof mode, "replay chunk %ld", chunks[k]);
                 snprintf(cell, sizeof cell, "p%ld.%ld.%ld", N, P, chunks[k]);
-                row(cell, N, P, mode, &r, &single, &cpu, now_s() - tc);
+                row(cell, N, P, mode, &r, &single, cref, now_s() - tc);
                 recs_free(&r);
             }
-            if (P <= 64 && N == 4) { /* the CPU engine on the same batch */
+            if (cref && P <= 64 && N == 4) { /* the CPU engine on the same batch */
                 tc = now_s();
                 recs cb = {0};
                 int32_t cc[4 * GEN];
                 rollout(c, &q, 4, &cb, cc);
-                row("cpu-batch", 4, P, "CPU rollout, batch of 4", &cb, &single, &cpu, now_s() - tc);
+                row("cpu-batch", 4, P, "CPU rollout, batch of 4", &cb, &single, cref, now_s() - tc);
                 recs_free(&cb);
             }
         }
         recs s16 = {0}, c16 = {0};
         recs_pick(&single, 0, NSERVE, &s16);
         recs_pick(&cpu, 0, NSERVE, &c16);
-        serving(g, gb, m, &q, &s16, &c16, comp);
+        serving(g, gb, m, &q, &s16, cref ? &c16 : NULL, comp);
         recs_free(&s16);
         recs_free(&c16);
         recs_free(&single);

@@ -543,6 +543,31 @@ START_TEST(test_arena_usage_of_cpu_backend)
 }
 END_TEST
 
+/* ls_run_engine_open_tier: the portable tier opens what ls_run_engine_open
+ * opens; the tc tier is refused, before any device is touched, on the cpu
+ * backend and above LS_RUN_TC_ROWS rows per call (tests/gpu/test_tier_tc.c
+ * opens it on a GPU). */
+START_TEST(test_open_tier_refusals)
+{
+    setup();
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.max_rows = 16;
+    ls_engine *e = NULL;
+    ls_error err;
+    ck_assert_msg(ls_run_engine_open_tier(g_model, "cpu", 1, 0, 0, &o, 1, 32, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_ptr_nonnull(e);
+    ls_engine_destroy(e);
+    ls_status st = ls_run_engine_open_tier(g_model, "cpu", 1, 0, 1, &o, 1, 32, &e, &err);
+    ck_assert_msg(st == LS_E_USAGE && strstr(err.msg, "cuda backend only") && !e, "tc on cpu: %d %s", (int)st,
+                  err.msg);
+    o.max_rows = LS_RUN_TC_ROWS + 1;
+    st = ls_run_engine_open_tier(g_model, "cuda", 1, 0, 1, &o, 1, 32, &e, &err);
+    ck_assert_msg(st == LS_E_USAGE && strstr(err.msg, "rows per call") && !e, "tc above %d rows: %d %s",
+                  LS_RUN_TC_ROWS, (int)st, err.msg);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("engine");
@@ -550,6 +575,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_config_fail_closed);
     tcase_add_test(tc, test_arena_usage_of_cpu_backend);
+    tcase_add_test(tc, test_open_tier_refusals);
     tcase_add_test(tc, test_rollout_equals_replay);
     tcase_add_test(tc, test_chunkings_and_packing);
     tcase_add_test(tc, test_decode_batch_and_sampling);
