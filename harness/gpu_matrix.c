@@ -76,6 +76,7 @@
 static FILE *g_md;
 static int g_fail, g_cells;
 static int g_w8a8;         /* --fp8 w8a8: every engine, CUDA and CPU */
+static ls_tier g_tier;     /* --tier: the engines' tier (portable or tc) */
 static int g_tc;           /* --tier tc: every engine on the tc tier; none on the CPU */
 
 static double now_s(void)
@@ -305,7 +306,7 @@ static ls_engine *make_engine_kv(const ls_model *m, const char *backend, long ma
     o.fp8_w8a8 = g_w8a8;
     o.kv_page = kv_page;
     ls_engine *e = NULL;
-    TRY(ls_run_engine_open_tier(m, backend, threads, 0, g_tc, &o, max_seqs, max_len, &e, E_));
+    TRY(ls_run_engine_open_tier(m, backend, threads, 0, g_tier, &o, max_seqs, max_len, &e, E_));
     return e;
 }
 
@@ -524,10 +525,15 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[a], "--tier") == 0 && a + 1 < argc && !tier_given) {
             tier_given = 1;
             ls_error err;
-            if (ls_run_parse_tier("--tier", argv[++a], &g_tc, &err) != LS_OK) {
+            if (ls_run_parse_tier("--tier", argv[++a], &g_tier, &err) != LS_OK) {
                 fprintf(stderr, "gpu_matrix: %s\n", err.msg);
                 return 2;
             }
+            if (g_tier == LS_TIER_FAST) {
+                fprintf(stderr, "gpu_matrix: --tier fast: the matrix checks the strict tiers (portable, tc)\n");
+                return 2;
+            }
+            g_tc = g_tier == LS_TIER_TC;
         } else {
             fputs(usage, stderr);
             return 2;

@@ -555,14 +555,15 @@ START_TEST(test_open_tier_refusals)
     o.max_rows = 16;
     ls_engine *e = NULL;
     ls_error err;
-    ck_assert_msg(ls_run_engine_open_tier(g_model, "cpu", 1, 0, 0, &o, 1, 32, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_engine_open_tier(g_model, "cpu", 1, 0, LS_TIER_PORTABLE, &o, 1, 32, &e, &err) == LS_OK, "%s",
+                  err.msg);
     ck_assert_ptr_nonnull(e);
     ls_engine_destroy(e);
-    ls_status st = ls_run_engine_open_tier(g_model, "cpu", 1, 0, 1, &o, 1, 32, &e, &err);
+    ls_status st = ls_run_engine_open_tier(g_model, "cpu", 1, 0, LS_TIER_TC, &o, 1, 32, &e, &err);
     ck_assert_msg(st == LS_E_USAGE && strstr(err.msg, "cuda backend only") && !e, "tc on cpu: %d %s", (int)st,
                   err.msg);
     o.max_rows = LS_RUN_TC_ROWS + 1;
-    st = ls_run_engine_open_tier(g_model, "cuda", 1, 0, 1, &o, 1, 32, &e, &err);
+    st = ls_run_engine_open_tier(g_model, "cuda", 1, 0, LS_TIER_TC, &o, 1, 32, &e, &err);
     ck_assert_msg(st == LS_E_USAGE && strstr(err.msg, "rows per call") && !e, "tc above %d rows: %d %s",
                   LS_RUN_TC_ROWS, (int)st, err.msg);
 }

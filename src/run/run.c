@@ -446,23 +446,24 @@ ls_status ls_run_engine_open_gpu(const ls_model *m, const char *backend, int thr
     return engine_open_shared(m, backend, threads, gpu, 1, LS_TIER_PORTABLE, o, max_seqs, max_len, out, err);
 }
 
-ls_status ls_run_engine_open_tier(const ls_model *m, const char *backend, int threads, int gpu, int tier_tc,
+ls_status ls_run_engine_open_tier(const ls_model *m, const char *backend, int threads, int gpu, ls_tier tier,
                                   const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
                                   ls_error *err)
 {
     *out = NULL;
-    if (tier_tc) { /* what ls_run_execute refuses for a tc run */
+    if (tier != LS_TIER_PORTABLE) { /* what ls_run_execute refuses for a tc or fast run */
+        const char *t = ls_run_tier_name(tier);
         if (!backend || strcmp(backend, "cuda"))
-            return ls_fail(err, LS_E_USAGE, "tier (--tier) tc runs on the cuda backend only (backend "
-                           "(--backend) is %s)", backend ? backend : "(none)");
+            return ls_fail(err, LS_E_USAGE, "tier (--tier) %s runs on the cuda backend only (backend "
+                           "(--backend) is %s)", t, backend ? backend : "(none)");
         if (m->cfg.fp8)
-            return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) tc: an FP8 checkpoint; the tc tier runs bf16 "
-                           "weights only (its FP8 GEMMs are not built)");
+            return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) %s: an FP8 checkpoint; the tier runs bf16 "
+                           "weights only (its FP8 GEMMs are not built)", t);
         if (o->max_rows > LS_RUN_TC_ROWS)
-            return ls_fail(err, LS_E_USAGE, "rows per call (--max-rows) %ld: the tc tier qualifies its GEMMs up "
-                           "to %d rows per call", o->max_rows, LS_RUN_TC_ROWS);
+            return ls_fail(err, LS_E_USAGE, "rows per call (--max-rows) %ld: the %s tier prepares its GEMMs for "
+                           "up to %d rows per call", o->max_rows, t, LS_RUN_TC_ROWS);
     }
-    return engine_open_shared(m, backend, threads, gpu, 1, tier_tc, o, max_seqs, max_len, out, err);
+    return engine_open_shared(m, backend, threads, gpu, 1, tier, o, max_seqs, max_len, out, err);
 }
 
 ls_status ls_run_engine_open(const ls_model *m, const char *backend, int threads,

@@ -234,14 +234,14 @@ ls_status ls_run_engine_open_gpu(const ls_model *m, const char *backend, int thr
                                  const ls_engine_opts *o, long max_seqs, long max_len,
                                  ls_engine **out, ls_error *err);
 
-/* ls_run_engine_open_gpu on the strict tier tier_tc (ls_run_spec.tier_tc;
- * docs/tensor-core-tier.md): 0 = portable, the same as
- * ls_run_engine_open_gpu; 1 = tc: the cuda backend as ls_run_execute opens it
- * for --tier tc, every linear's cuBLASLt algorithm qualified for
- * LS_RUN_TC_ROWS rows per call and pinned when the engine is created.
- * LS_E_USAGE for tc on a backend other than cuda or with o->max_rows >
- * LS_RUN_TC_ROWS, LS_E_UNSUPPORTED for tc on an FP8 checkpoint. */
-ls_status ls_run_engine_open_tier(const ls_model *m, const char *backend, int threads, int gpu, int tier_tc,
+/* ls_run_engine_open_gpu on the linears' tier (ls_run_spec.tier;
+ * docs/tensor-core-tier.md): portable is ls_run_engine_open_gpu; tc and fast
+ * the cuda backend as ls_run_execute opens it for --tier tc or fast (tc:
+ * every linear's cuBLASLt algorithm qualified for LS_RUN_TC_ROWS rows per
+ * call and pinned when the engine is created). LS_E_USAGE for tc or fast on
+ * a backend other than cuda or with o->max_rows > LS_RUN_TC_ROWS,
+ * LS_E_UNSUPPORTED on an FP8 checkpoint. */
+ls_status ls_run_engine_open_tier(const ls_model *m, const char *backend, int threads, int gpu, ls_tier tier,
                                   const ls_engine_opts *o, long max_seqs, long max_len, ls_engine **out,
                                   ls_error *err);
 
