@@ -351,7 +351,7 @@ static const float *S(const ls_bweight *w)
     return w->scale ? (const float *)w->scale->ptr : NULL;
 }
 
-/* ---- the tensor-core tier's linears (docs/tensor-core-tier.md §2.2) ------------- */
+/* ---- the tc and fast tiers' linears (docs/tensor-core-tier.md §2.2, §6) ---------- */
 
 /* The seed of the qualification's random inputs: fixed, so every process
  * that qualifies a shape on the same GPU and cuBLASLt makes the same choice. */
@@ -360,6 +360,12 @@ static const float *S(const ls_bweight *w)
 #define TC_QUAL_CANDIDATES 8
 /* cuBLASLt's workspace: what the qualification lets a candidate ask for. */
 #define TC_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* For messages: "tensor-core tier" or "fast tier". */
+static const char *tier_label(const cuda_impl *im)
+{
+    return im->tier == LS_TIER_TC ? "tensor-core tier" : "fast tier";
+}
 
 static tc_shape *tc_find(cuda_impl *im, long n, long k)
 {
@@ -387,7 +393,7 @@ static ls_status tc_pad_weight(cuda_impl *im, const ls_bweight *w, ls_error *err
     LS_TRY(ls_cuda_memset(p, 0, bytes, err));
     LS_TRY(ls_cuda_copy(p, W(w), row * (size_t)w->rows, err));
     tc_pad *grown = realloc(im->tc_pads, sizeof *grown * (im->n_tc_pads + 1));
-    if (!grown) return ls_fail(err, LS_E_NOMEM, "tensor-core tier: out of memory");
+    if (!grown) return ls_fail(err, LS_E_NOMEM, "%s: out of memory", tier_label(im));
     im->tc_pads = grown;
     im->tc_pads[im->n_tc_pads++] = (tc_pad){W(w), p};
     return LS_OK;
@@ -435,7 +441,7 @@ static ls_status cu_prepare_linear(ls_backend *be, const ls_bweight *w, long max
     cuda_impl *im = IMPL(be);
     if (!im->lt) return LS_OK;
     ON_DEVICE(be, err);
-    const char *tier = im->tier == LS_TIER_TC ? "tensor-core tier" : "fast tier";
+    const char *tier = tier_label(im);
     if (w->wtype != LS_WTYPE_BF16)
         return ls_fail(err, LS_E_UNSUPPORTED, "%s: linear [%ld x %ld] has %s weights; the tier runs bf16 weights "
                        "only", tier, w->rows, w->cols, w->wtype == LS_WTYPE_F32 ? "fp32" : "FP8");
@@ -475,10 +481,11 @@ static ls_status cu_prepare_linear(ls_backend *be, const ls_bweight *w, long max
     return LS_OK;
 }
 
-/* y = act(bf16(x) Wᵀ) with the shape's pinned GEMM: x to bf16 in scratch
- * (exact for bf16 activations), the GEMM into y (fp32 accumulation in the
- * algorithm's order; into scratch for a padded weight, whose extra columns
- * are dropped), then y rounded to bf16 for bf16 activations. */
+/* y = act(bf16(x) Wᵀ) with the shape's GEMM (tc pinned, fast unpinned): x
+ * to bf16 in scratch (exact for bf16 activations), the GEMM into y (fp32
+ * accumulation in the algorithm's order; into scratch for a padded weight,
+ * whose extra columns are dropped), then y rounded to bf16 for bf16
+ * activations. */
 static ls_status tc_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T, int act_bf16,
                            ls_order order, ls_error *err)
 {
@@ -486,18 +493,18 @@ static ls_status tc_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_vi
     tc_shape *sh = tc_find(im, w->rows, w->cols);
     const void *wp = sh && sh->n_pad != sh->n ? tc_padded(im, W(w)) : W(w);
     if (!sh || !wp)
-        return ls_fail(err, LS_E_INTERNAL, "%s tier: linear [%ld x %ld] was never prepared (prepare_linear)",
-                       im->tier == LS_TIER_TC ? "tensor-core" : "fast", w->rows, w->cols);
+        return ls_fail(err, LS_E_INTERNAL, "%s: linear [%ld x %ld] was never prepared (prepare_linear)",
+                       tier_label(im), w->rows, w->cols);
     if (order != LS_ORDER_CANONICAL)
-        return ls_fail(err, LS_E_UNSUPPORTED, "%s tier: linear has its algorithm's order only (a reversed "
-                       "order was asked for)", im->tier == LS_TIER_TC ? "tensor-core" : "fast");
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s: linear has cuBLASLt's order only (a reversed order was "
+                       "asked for)", tier_label(im));
     size_t ny = sh->n_pad != sh->n ? (size_t)T * (size_t)sh->n_pad : 0, nx = (size_t)T * (size_t)w->cols;
     LS_TRY(scratch_reserve(im, sizeof(float) * ny + sizeof(uint16_t) * nx, err));
     float *yp = ny ? im->scratch : F(y);
     uint16_t *xb = (uint16_t *)((float *)im->scratch + ny);
     if ((uintptr_t)yp % 16 != 0 || (uintptr_t)wp % 16 != 0 || (uintptr_t)xb % 16 != 0)
-        return ls_fail(err, LS_E_INTERNAL, "tensor-core tier: linear [%ld x %ld]: an operand is not "
-                       "16-byte aligned", w->rows, w->cols);
+        return ls_fail(err, LS_E_INTERNAL, "%s: linear [%ld x %ld]: an operand is not 16-byte aligned",
+                       tier_label(im), w->rows, w->cols);
     LS_TRY(ls_cuda_tc_to_bf16(F(x), xb, (long)nx, NULL, err));
     if (sh->plan) LS_TRY(ls_gemm_plan_run(sh->plan, wp, xb, yp, T, NULL, err));
     else LS_TRY(ls_gemm_fast_run(sh->fast, wp, xb, yp, T, NULL, err));
