@@ -86,6 +86,25 @@ void ls_backend_cuda_tc_pins(const ls_backend *be, const char *const **records, 
 #include "sha256.h"
 #include "tc/gemm_pin.h"
 
+/* The tc and fast tiers' GEMMs (kernels/tc) are in liblockstep.so and the
+ * programs built with the library, not in liblockstep.a (they call the
+ * shared cuBLASLt, which a fully static program cannot link): referred to
+ * weakly, they are NULL in a program without them, whose backend then
+ * refuses those tiers (ls_backend_cuda_create_opts). */
+#pragma weak ls_gemm_lt_create
+#pragma weak ls_gemm_lt_destroy
+#pragma weak ls_gemm_qualify_opts_default
+#pragma weak ls_gemm_qualify
+#pragma weak ls_gemm_qual_free
+#pragma weak ls_gemm_qual_pin
+#pragma weak ls_gemm_pin_rebuild
+#pragma weak ls_gemm_pin_format
+#pragma weak ls_gemm_plan_run
+#pragma weak ls_gemm_plan_destroy
+#pragma weak ls_gemm_fast_create
+#pragma weak ls_gemm_fast_run
+#pragma weak ls_gemm_fast_destroy
+
 /* Set by every entry point below that calls into the CUDA runtime. */
 static volatile int g_touched;
 
@@ -294,7 +313,7 @@ static void cu_destroy(ls_backend *be)
         free(im->tc);
         free(im->tc_records);
         free(im->tc_pads);
-        ls_gemm_lt_destroy(im->lt);
+        if (im->lt) ls_gemm_lt_destroy(im->lt);
         ls_cuda_arena_free(&im->dev);
         ls_arena_free(&im->host);
         free(im);
@@ -1065,6 +1084,10 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     ls_status st = ls_cuda_use_device(o->device, err);
     size_t arena_bytes = o->arena_bytes;
     /* the tier's cuBLASLt workspace before the arena sizes itself by what is free */
+    if (st == LS_OK && o->tier != LS_TIER_PORTABLE && !ls_gemm_lt_create)
+        st = ls_fail(err, LS_E_UNSUPPORTED, "the %s tier needs cuBLASLt, which this program was linked without "
+                     "(liblockstep.a has the portable tier only; link liblockstep.so, or use the lockstep "
+                     "command)", o->tier == LS_TIER_TC ? "tc" : "fast");
     if (st == LS_OK && o->tier != LS_TIER_PORTABLE) st = ls_gemm_lt_create(TC_WORKSPACE_BYTES, &im->lt, err);
     if (st == LS_OK && arena_bytes == 0)
         arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9 / (size_t)(o->arena_share > 1 ? o->arena_share : 1);
