@@ -25,9 +25,9 @@
  *      ls_gemm_pin_rebuild turns a record back into a runnable plan, failing
  *      closed when this cuBLASLt or GPU cannot run exactly that configuration.
  *
- * The CUDA backend's tensor-core tier (backend_cuda.h tier_tc) qualifies and
- * pins every linear shape through these at engine start and records the pins
- * in the manifest (numerics.tc_gemms). Everything here is callable
+ * The CUDA backend's tc tier (backend_cuda.h tier) qualifies and pins every
+ * linear shape through these at engine start and records the pins in the
+ * manifest (numerics.tc_gemms); its fast tier runs ls_gemm_fast_run. Everything here is callable
  * from C without CUDA headers; device pointers are plain pointers, streams
  * opaque (NULL = the default stream). Every failing CUDA or cuBLASLt call is
  * reported with LS_E_DEVICE naming the call, file and line. */
