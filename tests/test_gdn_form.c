@@ -84,7 +84,7 @@ START_TEST(test_rollout_equals_replays)
                       chunks[c][0] ? chunks[c] : "whole", rc, out);
         free(out);
     }
-    snprintf(cmd, sizeof cmd, "trace dump %s/%s-rp4.trace --positions 0", g_dir, m);
+    snprintf(cmd, sizeof cmd, "trace dump %s/%s-rp2.trace --positions 0", g_dir, m); /* the whole replay */
     rc = cli(&out, cmd);
     ck_assert_msg(rc == 0 && strstr(out, "chunk-aligned-64"), "the replay's header lacks gdn_form:\n%s", out);
     free(out);
