@@ -70,13 +70,14 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend)
      "schemes allowed)", "fp32", "cublaslt-heuristic-per-call", "tensor-core", "fast"}
 static const ls_provider cuda_tc_rows[] = {TC("linear"), TC("lm_head")};
 static const ls_provider cuda_fast_rows[] = {FAST("linear"), FAST("lm_head")};
+_Static_assert(sizeof cuda_tc_rows == sizeof cuda_fast_rows, "the tc and fast tiers replace the same rows");
 
 const ls_provider *ls_backend_tier_linear_providers(const char *backend, ls_tier tier, size_t *count)
 {
     int cuda = backend && !strcmp(backend, "cuda");
     const ls_provider *rows = !cuda ? NULL : tier == LS_TIER_TC ? cuda_tc_rows
                                          : tier == LS_TIER_FAST ? cuda_fast_rows : NULL;
-    *count = rows ? 2 : 0;
+    *count = rows ? sizeof cuda_tc_rows / sizeof cuda_tc_rows[0] : 0;
     return rows;
 }
 

@@ -236,6 +236,26 @@ ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_er
     return LS_OK;
 }
 
+/* What the tc and fast tiers refuse (nothing for the portable tier): a
+ * backend other than cuda, more than LS_RUN_TC_ROWS rows per call, and, when
+ * m is given, an FP8 model (`checkpoint` names it, or NULL). */
+static ls_status tier_refusals(ls_tier tier, const char *backend, long max_rows, const ls_model *m,
+                               const char *checkpoint, ls_error *err)
+{
+    if (tier == LS_TIER_PORTABLE) return LS_OK;
+    const char *t = ls_run_tier_name(tier);
+    if (!backend || strcmp(backend, "cuda"))
+        return ls_fail(err, LS_E_USAGE, "tier (--tier) %s runs on the cuda backend only (backend (--backend) is "
+                       "%s; the cpu is the portable tier's reference)", t, backend ? backend : "(none)");
+    if (max_rows > LS_RUN_TC_ROWS)
+        return ls_fail(err, LS_E_USAGE, "rows per call (--max-rows) %ld: the %s tier prepares its GEMMs for up "
+                       "to %d rows per call", max_rows, t, LS_RUN_TC_ROWS);
+    if (m && m->cfg.fp8)
+        return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) %s: %s is an FP8 checkpoint; the tier runs bf16 "
+                       "weights only (its FP8 GEMMs are not built)", t, checkpoint ? checkpoint : "the model");
+    return LS_OK;
+}
+
 ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
 {
     if (!s->mode) return ls_fail(err, LS_E_USAGE, "mode (--mode) is required: rollout or replay");
@@ -256,18 +276,13 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
                        "for it", s->backend);
     if (s->tier != LS_TIER_PORTABLE) {
         const char *t = ls_run_tier_name(s->tier);
-        if (strcmp(s->backend, "cuda"))
-            return ls_fail(err, LS_E_USAGE, "tier (--tier) %s runs on the cuda backend only (backend "
-                           "(--backend) is %s; the cpu is the portable tier's reference)", t, s->backend);
+        LS_TRY(tier_refusals(s->tier, s->backend, s->max_rows, NULL, NULL, err));
         if (ls_run_spec_world(s) > 1)
             return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) %s runs on one rank (--tp, --ep and --afd "
                            "are not built for it yet)", t);
         if (s->perturb)
             return ls_fail(err, LS_E_USAGE, "perturb (--perturb) applies to the portable tier (the %s "
                            "tier's GEMMs have cuBLASLt's orders only)", t);
-        if (s->max_rows > LS_RUN_TC_ROWS)
-            return ls_fail(err, LS_E_USAGE, "rows per call (--max-rows) %ld: the %s tier prepares its GEMMs "
-                           "for up to %d rows per call", s->max_rows, t, LS_RUN_TC_ROWS);
     }
     if (rollout) {
         if (s->max_new < 1) return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) must be >= 1");
@@ -451,18 +466,7 @@ ls_status ls_run_engine_open_tier(const ls_model *m, const char *backend, int th
                                   ls_error *err)
 {
     *out = NULL;
-    if (tier != LS_TIER_PORTABLE) { /* what ls_run_execute refuses for a tc or fast run */
-        const char *t = ls_run_tier_name(tier);
-        if (!backend || strcmp(backend, "cuda"))
-            return ls_fail(err, LS_E_USAGE, "tier (--tier) %s runs on the cuda backend only (backend "
-                           "(--backend) is %s)", t, backend ? backend : "(none)");
-        if (m->cfg.fp8)
-            return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) %s: an FP8 checkpoint; the tier runs bf16 "
-                           "weights only (its FP8 GEMMs are not built)", t);
-        if (o->max_rows > LS_RUN_TC_ROWS)
-            return ls_fail(err, LS_E_USAGE, "rows per call (--max-rows) %ld: the %s tier prepares its GEMMs for "
-                           "up to %d rows per call", o->max_rows, t, LS_RUN_TC_ROWS);
-    }
+    LS_TRY(tier_refusals(tier, backend, o->max_rows, m, NULL, err)); /* as ls_run_execute refuses them */
     return engine_open_shared(m, backend, threads, gpu, 1, tier, o, max_seqs, max_len, out, err);
 }
 
@@ -1076,11 +1080,9 @@ ls_status ls_run_tc_pins(const char *checkpoint, int gpu, char ***records, size_
     ls_engine *e = NULL;
     ls_status st = ls_checkpoint_open(checkpoint, &ck, err);
     if (st == LS_OK) st = ls_model_open(ck, &m, err);
-    if (st == LS_OK && m->cfg.fp8)
-        st = ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) tc: %s is an FP8 checkpoint; the tc tier runs bf16 "
-                     "weights only (its FP8 GEMMs are not built)", checkpoint);
     ls_engine_opts eo;
     ls_engine_opts_default(&eo);
+    if (st == LS_OK) st = tier_refusals(LS_TIER_TC, "cuda", eo.max_rows, m, checkpoint, err);
     if (st == LS_OK) st = engine_open_shared(m, "cuda", 1, gpu, 1, LS_TIER_TC, &eo, 1, 1, &e, err);
     const char *const *recs = NULL;
     if (st == LS_OK) ls_backend_cuda_tc_pins(ls_engine_backend(e), &recs, n);
@@ -1156,9 +1158,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         st = ls_fail(err, LS_E_USAGE, "fp8 (--fp8) applies to FP8 checkpoints only: %s/config.json "
                      "has no quantization_config", s->checkpoint);
     if (st == LS_OK && m->cfg.fp8) fp8 = s->fp8 ? s->fp8 : "dequant";
-    if (st == LS_OK && fp8 && s->tier != LS_TIER_PORTABLE)
-        st = ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) %s: %s is an FP8 checkpoint; the tier runs bf16 "
-                     "weights only (its FP8 GEMMs are not built)", ls_run_tier_name(s->tier), s->checkpoint);
+    if (st == LS_OK) st = tier_refusals(s->tier, s->backend, s->max_rows, m, s->checkpoint, err);
     eo.fp8_w8a8 = fp8 && !strcmp(fp8, "w8a8");
     if (st == LS_OK && s->dump_layers) {
         dump = calloc((size_t)m->cfg.n_layers, 1);

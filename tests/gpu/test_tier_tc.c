@@ -69,17 +69,27 @@ static void cli_ok(const char *what, const char *fmt_args)
     free(out);
 }
 
+/* `compare A B --json` (flags: more options, or ""): its report, *rc its
+ * exit status (0 equal or 1 different; anything else fails the test). */
+static json_t *compare_json(const char *a, const char *b, const char *flags, int *rc)
+{
+    char *out = NULL;
+    *rc = ls_test_sh(&out, "'%s' --quiet compare %s/%s %s/%s%s --json - 2>/dev/null", LS_CLI_PATH, g_dir, a, g_dir,
+                     b, flags);
+    json_error_t je;
+    json_t *j = (*rc == 0 || *rc == 1) && out ? json_loads(out, 0, &je) : NULL;
+    ck_assert_msg(j != NULL, "compare %s %s%s: exit %d\n%s", a, b, flags, *rc, out ? out : "");
+    free(out);
+    return j;
+}
+
 /* `compare A B --json`: sequence `seq` (present in both) is bitwise equal
  * with every position of A compared; the other sequences of B are B's
  * alone. */
 static int seq_equal(const char *a, const char *b, int seq)
 {
-    char *out = NULL;
-    int rc = ls_test_sh(&out, "'%s' --quiet compare %s/%s %s/%s --json - 2>/dev/null", LS_CLI_PATH, g_dir, a,
-                        g_dir, b);
-    json_error_t je;
-    json_t *j = (rc == 0 || rc == 1) && out ? json_loads(out, 0, &je) : NULL;
-    ck_assert_msg(j != NULL, "compare %s %s: exit %d\n%s", a, b, rc, out ? out : "");
+    int rc;
+    json_t *j = compare_json(a, b, "", &rc);
     int found = 0, equal = 0;
     json_t *sq = json_object_get(j, "sequences"), *e;
     size_t i;
@@ -90,9 +100,8 @@ static int seq_equal(const char *a, const char *b, int seq)
                 json_integer_value(json_object_get(e, "positions_only_a")) == 0 &&
                 json_integer_value(json_object_get(e, "positions_only_b")) == 0;
     }
-    ck_assert_msg(found, "compare %s %s: no sequence %d\n%s", a, b, seq, out);
+    ck_assert_msg(found, "compare %s %s: no sequence %d", a, b, seq);
     json_decref(j);
-    free(out);
     return equal;
 }
 
@@ -152,19 +161,14 @@ static void expect_close_to_portable(const char *mod, const char *ref, const cha
     snprintf(args, sizeof args, "run --backend cuda --tier portable --checkpoint %s/%s --mode replay --from %s/%s "
              "-o %s/%s", g_dir, mod, g_dir, ref, g_dir, name);
     cli_ok("portable replay", args);
-    char *out = NULL;
-    int rc = ls_test_sh(&out, "'%s' --quiet compare %s/%s %s/%s --stats --json - 2>/dev/null", LS_CLI_PATH, g_dir,
-                        ref, g_dir, name);
-    ck_assert_msg(rc == 0 || rc == 1, "compare --stats: exit %d\n%s", rc, out ? out : "");
-    json_error_t je;
-    json_t *j = json_loads(out ? out : "", 0, &je);
-    ck_assert_msg(j != NULL, "compare --json: %s\n%s", je.text, out ? out : "");
+    int rc;
+    json_t *j = compare_json(ref, name, " --stats", &rc);
     json_t *dl = json_object_get(json_object_get(j, "stats"), "dlogprob");
     double mx = json_number_value(json_object_get(dl, "max")), p99 = json_number_value(json_object_get(dl, "p99"));
     double p50 = json_number_value(json_object_get(dl, "p50"));
     double mean = json_number_value(json_object_get(dl, "mean"));
     json_int_t n = json_integer_value(json_object_get(dl, "n"));
-    ck_assert_msg(n > 0, "no positions compared\n%s", out);
+    ck_assert_msg(n > 0, "%s vs %s: no positions compared", ref, name);
     /* bf16 operands, fp32 accumulation in both tiers: only the order
      * differs, so most positions agree closely; a flipped expert choice
      * downstream of a tiny difference can move a few by more (max) */
@@ -174,7 +178,6 @@ static void expect_close_to_portable(const char *mod, const char *ref, const cha
            p50, p99, mx);
     fflush(stdout);
     json_decref(j);
-    free(out);
 }
 
 START_TEST(test_tc_vs_portable)
@@ -197,6 +200,21 @@ static json_t *load_json(const char *name)
     json_t *j = json_load_file(path, 0, &je);
     ck_assert_msg(j != NULL, "%s: %s", path, je.text);
     return j;
+}
+
+/* The header of trace `trace` carries the digest of the manifest `manifest`
+ * pinned beside it (both in g_dir). */
+static void expect_trace_digest(const char *trace, const char *manifest)
+{
+    char *out = NULL, *dig = NULL;
+    int rc = ls_test_cli(&dig, "manifest digest %s/%s", g_dir, manifest);
+    ck_assert_msg(rc == 0 && dig, "manifest digest %s: exit %d", manifest, rc);
+    dig[strcspn(dig, " \n")] = '\0'; /* "HEX  FILE" */
+    rc = ls_test_sh(&out, "'%s' trace dump %s/%s --json 2>/dev/null | head -1", LS_CLI_PATH, g_dir, trace);
+    ck_assert_msg(rc == 0 && out && strstr(out, dig), "%s's header lacks the digest %s of %s:\n%.600s", trace, dig,
+                  manifest, out ? out : "");
+    free(out);
+    free(dig);
 }
 
 /* The pinned manifest: what it records, its digest in the trace, the
@@ -227,17 +245,10 @@ START_TEST(test_tc_manifest)
     printf("  ok manifest pin --tier tc: %zu pinned GEMM shapes\n", json_array_size(g));
     json_decref(m);
     /* the run's trace carries the pinned manifest's digest */
-    char *out = NULL, *dig = NULL;
-    int rc = ls_test_cli(&dig, "manifest digest %s/tc.json", g_dir);
-    ck_assert_msg(rc == 0 && dig, "manifest digest: exit %d", rc);
-    dig[strcspn(dig, " \n")] = '\0'; /* "HEX  FILE" */
-    rc = ls_test_sh(&out, "'%s' trace dump %s/tiny-tc.trace --json 2>/dev/null | head -1", LS_CLI_PATH, g_dir);
-    ck_assert_msg(rc == 0 && out && strstr(out, dig), "tiny-tc.trace's header lacks the digest %s:\n%.600s", dig,
-                  out ? out : "");
-    free(out);
-    free(dig);
+    expect_trace_digest("tiny-tc.trace", "tc.json");
     /* portable -> tc is a voiding difference */
-    rc = ls_test_cli(&out, "manifest diff %s/portable.json %s/tc.json", g_dir, g_dir);
+    char *out = NULL;
+    int rc = ls_test_cli(&out, "manifest diff %s/portable.json %s/tc.json", g_dir, g_dir);
     ck_assert_msg(rc == 1 && out && strstr(out, "numerics.tier"), "diff: exit %d\n%s", rc, out ? out : "");
     free(out);
     rc = ls_test_cli(&out, "manifest verify %s/tc.json --checkpoint %s/tiny --backend cuda --tier tc", g_dir,
@@ -280,14 +291,7 @@ START_TEST(test_fast_tier)
                                                        "provider")), "cuda-fast");
     ck_assert_msg(!json_object_get(num, "tc_gemms"), "a fast manifest pins no GEMM records");
     json_decref(m);
-    char *dig = NULL;
-    rc = ls_test_cli(&dig, "manifest digest %s/fast.json", g_dir);
-    ck_assert_msg(rc == 0 && dig, "manifest digest: exit %d", rc);
-    dig[strcspn(dig, " \n")] = '\0';
-    rc = ls_test_sh(&out, "'%s' trace dump %s/tiny-fast.trace --json 2>/dev/null | head -1", LS_CLI_PATH, g_dir);
-    ck_assert_msg(rc == 0 && out && strstr(out, dig), "tiny-fast.trace's header lacks the digest %s", dig);
-    free(out);
-    free(dig);
+    expect_trace_digest("tiny-fast.trace", "fast.json");
     rc = ls_test_cli(&out, "manifest diff %s/tc.json %s/fast.json", g_dir, g_dir);
     ck_assert_msg(rc == 1 && out && strstr(out, "numerics.mode"), "diff tc -> fast: exit %d\n%s", rc, out ? out : "");
     free(out);
