@@ -233,6 +233,20 @@ ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float *x, const 
 int ls_cuda_moe_plan_count(void);
 const char *ls_cuda_moe_plan_name(int plan);
 
+/* The tensor-core tier's experts (docs/tensor-core-tier.md §2.3): the same
+ * grouping, slot rows and combine as ls_cuda_moe_forward, each expert's
+ * gate/up and down products on tensor cores (bf16 operands: x and the
+ * hidden rows rounded to bf16; fp32 accumulation in ascending K steps of 16;
+ * one pass per 16 pairs of an expert, so a pair's bits do not depend on the
+ * others). bf16 experts, D, I and Is multiples of 16, every matrix 32-byte
+ * aligned; else LS_E_UNSUPPORTED.
+ * Scratch: ls_cuda_moe_scratch_bytes(mw, T, k). */
+ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x /* [T, D] */,
+                                 const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,
+                                 long k, float *out /* [T, D] */, long T, void *scratch,
+                                 int act_bf16, int order_experts, int order_combine, void *stream,
+                                 ls_error *err);
+
 /* Expert parallelism (backend.h moe_slots, moe_combine). ls_cuda_moe_slots:
  * the slot rows of the pairs (t, i) (i < k routed slot i, i = k the shared
  * slot) whose token t is in t0 .. t0+T-1, with x, ids and weights the rows

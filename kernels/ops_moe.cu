@@ -8,6 +8,9 @@
 #include "ops.h"
 #include "ops_common.cuh"
 
+#include <cuda_bf16.h>
+#include <mma.h>
+
 #define LS_MOE_WARPS 8 /* output rows per block, one warp each */
 
 /* ---- router ------------------------------------------------------------------- */
@@ -729,6 +732,222 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
 {
     return ls_cuda_moe_forward_plan(mw, x, ids, weights, k, out, T, scratch, act_bf16,
                                     order_experts, order_combine, -1, stream, err);
+}
+
+/* ---- the tensor-core tier's experts (docs/tensor-core-tier.md §2.3) -------------------- */
+
+/* The grouping and tiles above (every call grouped, tiles of at most
+ * LS_MOE_TILE pairs of one expert, the shared expert's tiles runs of tokens),
+ * each tile in passes of 16 pairs: the pass's activation rows rounded to bf16
+ * (ls_f32_to_bf16, as the tc linears' inputs) into shared memory, padded with
+ * zero rows, against 16 weight rows per warp through WMMA 16x16x16 (bf16 in,
+ * fp32 accumulate), K in ascending steps of 16 from one zero accumulator.
+ * An output element is the hardware's dot of its own row and column, so a
+ * pair's bits do not depend on the other pairs of its pass, its row in it,
+ * or how many pairs chose the expert. Gate/up: mid = act(act(silu(act(g)))
+ * · act(u)) as the portable kernels form it; down: c = act(act(y) · w) (shared:
+ * act(γ · act(y))); the combine is the portable one. bf16 weights only, D, I
+ * and Is multiples of 16 (ls_moe_tc_check). */
+#define LS_MOE_TC_WARPS 4
+#define LS_MOE_TC_COLS (16 * LS_MOE_TC_WARPS) /* output columns per block */
+#define LS_MOE_TC_KC 256                      /* K staged per pass */
+#define LS_MOE_TC_LDA (LS_MOE_TC_KC + 16)      /* staged row stride: 32-byte aligned rows */
+
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> ls_tc_acc;
+
+/* The pass's rows q0 .. q0+nr-1 of src (row of pair q: src + row(q) * ld,
+ * row as ls_moe_pair gives token and slot: the token (by_slot 0) or the slot
+ * row t (k+1) + slot) columns k0 .. k0+kc-1, rounded to bf16, zero beyond. */
+__device__ __forceinline__ void ls_moe_tc_stage(__nv_bfloat16 (*a)[LS_MOE_TC_LDA],
+                                                const ls_moe_tiles &tl, int shared, long p0,
+                                                int q0, int nr, const float *src, long ld,
+                                                int by_slot, long k0, long kc)
+{
+    for (int i = threadIdx.x; i < 16 * LS_MOE_TC_KC; i += LS_MOE_TC_WARPS * LS_WARP) {
+        int r = i / LS_MOE_TC_KC, c = i % LS_MOE_TC_KC;
+        float v = 0.0f;
+        if (r < nr && c < kc) {
+            long t, slot;
+            ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
+            long row = by_slot ? t * (tl.k + 1) + slot : t;
+            v = src[row * ld + k0 + c];
+        }
+        __nv_bfloat16_raw b;
+        b.x = ls_f32_to_bf16(v);
+        a[r][c] = b;
+    }
+}
+
+/* acc += a (16 x kc, staged) · B, B's column j = weight row (n0 + j) of
+ * length K at columns k0 .. k0+kc-1. */
+__device__ __forceinline__ void ls_moe_tc_mma(ls_tc_acc &acc, __nv_bfloat16 (*a)[LS_MOE_TC_LDA],
+                                              const __nv_bfloat16 *w, long K, long k0, long kc)
+{
+    using namespace nvcuda;
+#pragma unroll 4
+    for (long kk = 0; kk < kc; kk += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+        wmma::load_matrix_sync(fa, &a[0][kk], LS_MOE_TC_LDA);
+        wmma::load_matrix_sync(fb, w + k0 + kk, (unsigned)K);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
+
+/* grid (ceil(W / 64), tiles): warp w of a block owns hidden units n0 .. n0+15,
+ * n0 = 64 blockIdx.x + 16 w, of its tile's expert. */
+__global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
+ls_moe_tc_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
+                         float *mid, int act)
+{
+    using namespace nvcuda;
+    __shared__ __align__(128) __nv_bfloat16 a[16][LS_MOE_TC_LDA];
+    __shared__ __align__(128) float o[LS_MOE_TC_WARPS][2][16 * 16];
+    int shared, n;
+    long e, p0;
+    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return; /* whole block */
+    long width = shared ? mw.Is : mw.I;
+    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    long n0 = (long)blockIdx.x * LS_MOE_TC_COLS + warp * 16;
+    if ((long)blockIdx.x * LS_MOE_TC_COLS >= width) return; /* whole block */
+    int mine = n0 < width;                                  /* whole warp */
+    const __nv_bfloat16 *wg = (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 0) + n0 * mw.D;
+    const __nv_bfloat16 *wu = (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 1) + n0 * mw.D;
+    for (int q0 = 0; q0 < n; q0 += 16) {
+        int nr = n - q0 < 16 ? n - q0 : 16;
+        ls_tc_acc g, u;
+        wmma::fill_fragment(g, 0.0f);
+        wmma::fill_fragment(u, 0.0f);
+        for (long k0 = 0; k0 < mw.D; k0 += LS_MOE_TC_KC) {
+            long kc = mw.D - k0 < LS_MOE_TC_KC ? mw.D - k0 : LS_MOE_TC_KC;
+            __syncthreads();
+            ls_moe_tc_stage(a, tl, shared, p0, q0, nr, x, mw.D, 0, k0, kc);
+            __syncthreads();
+            if (mine) {
+                ls_moe_tc_mma(g, a, wg, mw.D, k0, kc);
+                ls_moe_tc_mma(u, a, wu, mw.D, k0, kc);
+            }
+        }
+        if (!mine) continue;
+        wmma::store_matrix_sync(o[warp][0], g, 16, wmma::mem_row_major);
+        wmma::store_matrix_sync(o[warp][1], u, 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int i = lane; i < nr * 16; i += LS_WARP) {
+            int r = i / 16, c = i % 16;
+            long t, slot;
+            ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
+            float gq = ls_act_d(o[warp][0][i], act), uq = ls_act_d(o[warp][1][i], act);
+            float sg = ls_act_d(ls_siluf(gq), act);
+            mid[(t * (tl.k + 1) + slot) * W + n0 + c] = ls_act_d(sg * uq, act);
+        }
+        __syncwarp();
+    }
+}
+
+/* grid (ceil(D / 64), tiles): warp w owns outputs j0 .. j0+15, j0 = 64
+ * blockIdx.x + 16 w, of its tile's slot rows. */
+__global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
+ls_moe_tc_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
+                      const float *mid, const float *gamma, float *cbuf, int act)
+{
+    using namespace nvcuda;
+    __shared__ __align__(128) __nv_bfloat16 a[16][LS_MOE_TC_LDA];
+    __shared__ __align__(128) float o[LS_MOE_TC_WARPS][16 * 16];
+    int shared, n;
+    long e, p0;
+    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return; /* whole block */
+    long width = shared ? mw.Is : mw.I;
+    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    long j0 = (long)blockIdx.x * LS_MOE_TC_COLS + warp * 16;
+    int mine = j0 < mw.D; /* whole warp */
+    const __nv_bfloat16 *wd = (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 2) + j0 * width;
+    for (int q0 = 0; q0 < n; q0 += 16) {
+        int nr = n - q0 < 16 ? n - q0 : 16;
+        ls_tc_acc y;
+        wmma::fill_fragment(y, 0.0f);
+        for (long k0 = 0; k0 < width; k0 += LS_MOE_TC_KC) {
+            long kc = width - k0 < LS_MOE_TC_KC ? width - k0 : LS_MOE_TC_KC;
+            __syncthreads();
+            ls_moe_tc_stage(a, tl, shared, p0, q0, nr, mid, W, 1, k0, kc);
+            __syncthreads();
+            if (mine) ls_moe_tc_mma(y, a, wd, width, k0, kc);
+        }
+        if (!mine) continue;
+        wmma::store_matrix_sync(o[warp], y, 16, wmma::mem_row_major);
+        __syncwarp();
+        for (int i = lane; i < nr * 16; i += LS_WARP) {
+            int r = i / 16, c = i % 16;
+            long t, slot;
+            ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
+            float yq = ls_act_d(o[warp][i], act);
+            float cq = shared ? ls_act_d(gamma[t] * yq, act)
+                              : ls_act_d(yq * weights[t * tl.k + slot], act);
+            cbuf[(t * (tl.k + 1) + slot) * mw.D + j0 + c] = cq;
+        }
+        __syncwarp();
+    }
+}
+
+/* What the tensor-core experts refuse beyond ls_moe_check. */
+static ls_status ls_moe_tc_check(const ls_cuda_moe *mw, ls_error *err)
+{
+    LS_CUDA_REQUIRE(mw->wtype == LS_WTYPE_BF16_ID && (!mw->sh_gate || mw->sh_wtype == LS_WTYPE_BF16_ID),
+                    err, "tensor-core tier: the MoE experts must be bf16 (wtype %d, shared %d)",
+                    mw->wtype, mw->sh_gate ? mw->sh_wtype : LS_WTYPE_BF16_ID);
+    LS_CUDA_REQUIRE(mw->D % 16 == 0 && mw->I % 16 == 0 && (!mw->sh_gate || mw->Is % 16 == 0), err,
+                    "tensor-core tier: MoE hidden %ld, expert width %ld and shared width %ld must be "
+                    "multiples of 16", mw->D, mw->I, mw->Is);
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                            const float *weights, long k, float *out, long T,
+                                            void *scratch, int act_bf16, int order_experts,
+                                            int order_combine, void *stream, ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
+    LS_TRY(ls_moe_check(mw, k, order_experts, err));
+    LS_TRY(ls_moe_tc_check(mw, err));
+    if (T <= 0) return LS_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    long P = T * k;
+    long sh_tiles = !mw->sh_gate ? 0 : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
+    long max_tiles = (long)ls_moe_max_tiles(mw->E, P);
+    LS_CUDA_REQUIRE(P <= INT32_MAX && sh_tiles + max_tiles <= 65535, err,
+                    "tensor-core moe: T %ld x k %ld pairs over E %ld experts exceed one launch; "
+                    "call with fewer tokens", T, k, mw->E);
+    long slots = T * (k + 1), W = (long)ls_moe_width(mw);
+    float *mid = (float *)scratch;               /* the layout of ls_moe_slot_rows */
+    float *cbuf = mid + (size_t)slots * W;
+    float *gamma = cbuf + (size_t)slots * mw->D;
+    int32_t *count = (int32_t *)(gamma + T);
+    int32_t *pairs = count + mw->E;
+    int32_t *tile_e = pairs + P;
+    int32_t *tile_p0 = tile_e + max_tiles;
+    int32_t *tile_n = tile_p0 + max_tiles;
+    int32_t *ntiles = tile_n + max_tiles;
+    unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
+    ls_moe_count_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_count_kernel", err);
+    ls_moe_group_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count, pairs, tile_e,
+                                                              tile_p0, tile_n, ntiles);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
+    ls_moe_tiles tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, 0};
+    dim3 g1(ls_blocks_for(W, LS_MOE_TC_COLS), (unsigned)(sh_tiles + max_tiles));
+    ls_moe_tc_gate_up_kernel<<<g1, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_tc_gate_up_kernel", err);
+    if (mw->sh_gate) {
+        ls_moe_shared_gate_kernel<<<(unsigned)T, LS_WARP, 0, s>>>(*mw, x, T, gamma, act_bf16);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
+    }
+    dim3 g2(ls_blocks_for(mw->D, LS_MOE_TC_COLS), (unsigned)(sh_tiles + max_tiles));
+    ls_moe_tc_down_kernel<<<g2, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
+                                                                   cbuf, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_tc_down_kernel", err);
+    ls_moe_combine_kernel<<<ls_blocks_for(T * mw->D, 256), 256, 0, s>>>(
+        cbuf, ids, weights, mw->E, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
+    return LS_OK;
 }
 
 /* ---- expert parallelism: slot rows and their combine ----------------------------- */

@@ -807,6 +807,16 @@ static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe
         }
     }
     int sh = mw->sh_gate != NULL;
+    /* the tensor-core experts read whole 32-byte fragments (kernels/ops_moe.cu) */
+    int misaligned = 0;
+    for (size_t i = 0; im->tier != LS_TIER_PORTABLE && i < 3 * (size_t)mw->E; i++)
+        misaligned |= (int)((uintptr_t)h[i] % 32);
+    if (sh && im->tier != LS_TIER_PORTABLE)
+        misaligned |= (int)(((uintptr_t)W(mw->sh_gate) | (uintptr_t)W(mw->sh_up) | (uintptr_t)W(mw->sh_down)) % 32);
+    if (misaligned) {
+        free(h);
+        return ls_fail(err, LS_E_INTERNAL, "%s: an expert matrix is not 32-byte aligned", tier_label(im));
+    }
     ls_cuda_moe cm = {.E = mw->E, .D = mw->D, .I = mw->I, .Is = mw->Is, .wtype = (int)wt,
                       .sh_gate = sh ? W(mw->sh_gate) : NULL, .sh_up = sh ? W(mw->sh_up) : NULL,
                       .sh_down = sh ? W(mw->sh_down) : NULL, .sh_wtype = (int)swt,
@@ -861,9 +871,14 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
     LS_TRY(scratch_reserve(im, need, err));
     for (long t0 = 0; t0 < T; t0 += chunk) {
         long n = T - t0 < chunk ? T - t0 : chunk;
-        LS_TRY(ls_cuda_moe_forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k,
-                                   F(out) + t0 * mw->D, n, im->scratch, act_bf16, (int)order_experts,
-                                   (int)order_combine, NULL, err));
+        if (im->tier == LS_TIER_PORTABLE)
+            LS_TRY(ls_cuda_moe_forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k,
+                                       F(out) + t0 * mw->D, n, im->scratch, act_bf16, (int)order_experts,
+                                       (int)order_combine, NULL, err));
+        else /* tc and fast: the tensor-core experts (docs/tensor-core-tier.md §2.3) */
+            LS_TRY(ls_cuda_moe_forward_tc(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k,
+                                          F(out) + t0 * mw->D, n, im->scratch, act_bf16, (int)order_experts,
+                                          (int)order_combine, NULL, err));
     }
     return LS_OK;
 }

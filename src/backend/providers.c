@@ -53,12 +53,14 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend)
     return !strcmp(backend, "cuda") ? &cuda_gdn_chunked : NULL;
 }
 
-/* The CUDA backend's tc and fast tiers (docs/tensor-core-tier.md §2.2, §6;
- * backend_cuda.h tier): the rows that replace linear's and lm_head's. The
- * GEMM is cuBLASLt's: tc one algorithm per weight shape, pinned in
- * numerics.tc_gemms (algorithm id, tile, stages, swizzle, cuBLASLt version);
- * fast the default heuristic's pick per call, a non-strict row. The order
- * within a tile is the hardware's, so the order ids are new and no probe
+/* The CUDA backend's tc and fast tiers (docs/tensor-core-tier.md §2.2, §2.3,
+ * §6; backend_cuda.h tier): the rows that replace linear's, lm_head's and
+ * the experts'. The linears' GEMM is cuBLASLt's: tc one algorithm per weight
+ * shape, pinned in numerics.tc_gemms (algorithm id, tile, stages, swizzle,
+ * cuBLASLt version); fast the default heuristic's pick per call, a
+ * non-strict row. The experts are lockstep's own WMMA kernels in both tiers
+ * (the fast tier has no faster twin for them yet). The order within an
+ * instruction is the hardware's, so the order ids are new and no probe
  * applies. */
 #define TC(op) \
     {op, "cuda-tensor-core", "ls_tc_to_bf16_kernel + cuBLASLt pinned algorithm + ls_tc_out_kernel", \
@@ -68,11 +70,15 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend)
     {op, "cuda-fast", "ls_tc_to_bf16_kernel + cuBLASLt default heuristic per call + ls_tc_out_kernel", \
      "the heuristic's pick per weight shape and rows of the call", "the heuristic's (split-K and reduction " \
      "schemes allowed)", "fp32", "cublaslt-heuristic-per-call", "tensor-core", "fast"}
-static const ls_provider cuda_tc_rows[] = {TC("linear"), TC("lm_head")};
-static const ls_provider cuda_fast_rows[] = {FAST("linear"), FAST("lm_head")};
+#define TC_EXPERTS(provider) \
+    {"experts", provider, "ls_moe_count_kernel+ls_moe_group_kernel+ls_moe_tc_gate_up_kernel+ls_moe_tc_down_kernel", \
+     "4warps/block, warp per 16 output columns x 16 pairs of one expert (WMMA 16x16x16 bf16, fp32 accumulate)", \
+     "none", "fp32", "wmma-k16-ascending", "tensor-core", "strict"}
+static const ls_provider cuda_tc_rows[] = {TC("linear"), TC("lm_head"), TC_EXPERTS("cuda-tensor-core")};
+static const ls_provider cuda_fast_rows[] = {FAST("linear"), FAST("lm_head"), TC_EXPERTS("cuda-fast")};
 _Static_assert(sizeof cuda_tc_rows == sizeof cuda_fast_rows, "the tc and fast tiers replace the same rows");
 
-const ls_provider *ls_backend_tier_linear_providers(const char *backend, ls_tier tier, size_t *count)
+const ls_provider *ls_backend_tier_providers(const char *backend, ls_tier tier, size_t *count)
 {
     int cuda = backend && !strcmp(backend, "cuda");
     const ls_provider *rows = !cuda ? NULL : tier == LS_TIER_TC ? cuda_tc_rows

@@ -31,11 +31,11 @@ const ls_provider *ls_backend_list_fp8_providers(const char *backend, const char
  * has no kernel for it. */
 const ls_provider *ls_backend_gdn_chunked_provider(const char *backend);
 
-/* The rows of a tier's linears on `backend` (they replace the linear and
- * lm_head rows when a run uses the tier: tc strict, its algorithms pinned in
- * numerics.tc_gemms; fast non-strict), or NULL (*count = 0) for the portable
- * tier and where the backend has no such tier. */
-const ls_provider *ls_backend_tier_linear_providers(const char *backend, ls_tier tier, size_t *count);
+/* The rows of a tier on `backend` (they replace the linear, lm_head and
+ * experts rows when a run uses the tier: tc strict, its algorithms pinned in
+ * numerics.tc_gemms; fast non-strict in its linears), or NULL (*count = 0)
+ * for the portable tier and where the backend has no such tier. */
+const ls_provider *ls_backend_tier_providers(const char *backend, ls_tier tier, size_t *count);
 
 /* The provider that runs `op` on `backend`, or NULL. */
 const ls_provider *ls_backend_find_provider(const char *backend, const char *op);

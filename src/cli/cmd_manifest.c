@@ -259,7 +259,7 @@ static ls_status tier_rows(ls_manifest_opts *o, ls_tier tier, int gpu, char ***r
 {
     if (tier == LS_TIER_PORTABLE) return LS_OK;
     if (tier == LS_TIER_TC) LS_TRY(ls_run_tc_pins(o->checkpoint_dir, gpu, records, n, err));
-    o->tc_linear = ls_backend_tier_linear_providers(o->backend, tier, &o->n_tc_linear);
+    o->tier_providers = ls_backend_tier_providers(o->backend, tier, &o->n_tier_providers);
     o->tc_gemms = (const char *const *)*records;
     o->n_tc_gemms = *n;
     return LS_OK;

@@ -204,14 +204,16 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
     }
     int tensor_core = 0;
     size_t n_f8 = fp8 ? o->n_fp8_providers : 0, n_g = o->gdn_chunked ? 1 : 0;
-    size_t n_tc = o->tc_linear ? o->n_tc_linear : 0, n_all = n + n_f8 + n_g + n_tc;
+    size_t n_tc = o->tier_providers ? o->n_tier_providers : 0, n_all = n + n_f8 + n_g + n_tc;
     for (size_t i = 0; i < n_all; i++) {
         const ls_provider *p = i < n ? &rows[i] : i < n + n_f8 ? &o->fp8_providers[i - n]
-                             : i < n + n_f8 + n_g ? o->gdn_chunked : &o->tc_linear[i - n - n_f8 - n_g];
+                             : i < n + n_f8 + n_g ? o->gdn_chunked : &o->tier_providers[i - n - n_f8 - n_g];
         /* One row per op: a row of the requested mode wins over a strict one
-         * (fast mode keeps strict providers for ops with no fast variant). */
+         * (fast mode keeps strict providers for ops with no fast variant); a
+         * tier's row replaces the portable one whatever its mode. */
+        int tier_row = i >= n + n_f8 + n_g;
         json_t *have = json_object_get(ops, p->op);
-        if (have && strcmp(p->mode, o->mode) != 0) continue;
+        if (have && strcmp(p->mode, o->mode) != 0 && !tier_row) continue;
         if (!have && strcmp(p->mode, o->mode) != 0 && strcmp(p->mode, "strict") != 0) continue;
         if (strcmp(p->tier, "tensor-core") == 0) tensor_core = 1;
         json_t *row = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "provider",
@@ -219,7 +221,7 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
                                 p->tile_shape, "split_policy", p->split_policy,
                                 "accumulator_dtype", p->accumulator_dtype, "reduction_order",
                                 p->reduction_order, "tier", p->tier, "mode", p->mode);
-        const char *fp = i >= n + n_f8 + n_g ? NULL /* tensor-core rows: no probe applies */
+        const char *fp = tier_row ? NULL /* tensor-core rows: no probe applies */
                          : reduction_fingerprint_of(o, p == o->gdn_chunked ? "gdn_chunked" : p->op);
         if (row && fp && json_object_set_new(row, "reduction_fingerprint", json_string(fp)) != 0) {
             json_decref(row);

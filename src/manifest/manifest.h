@@ -91,12 +91,13 @@ typedef struct ls_manifest_opts {
                                             fingerprint the probe's "gdn_chunked" row, and
                                             numerics.gdn_form records the form; NULL: the
                                             recurrent form (the field absent) */
-    const ls_provider *tc_linear;        /* [n_tc_linear] the tc or fast tier's rows when the run
-                                            uses one (providers.h): they replace the linear and
-                                            lm_head rows (no reduction fingerprint: no probe
-                                            applies), and numerics.tier says "tensor-core" (the
-                                            fast rows only in mode fast); NULL: the portable tier */
-    size_t n_tc_linear;
+    const ls_provider *tier_providers;   /* [n_tier_providers] the tc or fast tier's rows when the
+                                            run uses one (providers.h): they replace the linear,
+                                            lm_head and experts rows whatever their mode (no
+                                            reduction fingerprint: no probe applies), and
+                                            numerics.tier says "tensor-core" (the fast rows only
+                                            in mode fast); NULL: the portable tier */
+    size_t n_tier_providers;
     const char *const *tc_gemms;         /* [n_tc_gemms] with tc's rows: the pinned GEMM records,
                                             one canonical JSON object each (kernels/tc/gemm_pin.h),
                                             recorded in order as numerics.tc_gemms */

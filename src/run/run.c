@@ -1307,7 +1307,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     if (st == LS_OK && s->tier != LS_TIER_PORTABLE) {
         /* the tier's linear rows; tc: the GEMM algorithms the engine's backend
          * qualified and pinned; fast: a non-strict run */
-        mo.tc_linear = ls_backend_tier_linear_providers(s->backend, s->tier, &mo.n_tc_linear);
+        mo.tier_providers = ls_backend_tier_providers(s->backend, s->tier, &mo.n_tier_providers);
         ls_backend_cuda_tc_pins(ls_engine_backend(e), &mo.tc_gemms, &mo.n_tc_gemms);
         if (s->tier == LS_TIER_FAST) mo.mode = "fast";
     }

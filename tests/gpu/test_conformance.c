@@ -16,6 +16,9 @@
  * Direct kernel checks, for what the table cannot express:
  *   - every MoE kernel plan (ls_cuda_moe_forward_plan): the backend always
  *     takes the default plan, so only a direct call can force the others;
+ *     and on the same experts the tensor-core tier's (ls_cuda_moe_forward_tc):
+ *     batch invariant bit for bit, near the portable rows, refused where
+ *     its shapes do not hold;
  *   - top-k (ls_cuda_topk): not an operator of ls_backend;
  *   - shape limits that fail closed on CUDA (GDN dk > 128, attention d > 256,
  *     conv K > 8, linear with the reversed order, MoE experts of mixed
@@ -124,6 +127,68 @@ static void reset_arena(void)
 
 /* ---- direct: every MoE kernel plan ------------------------------------------------------ */
 
+/* The tensor-core tier's experts (ls_cuda_moe_forward_tc) on the same
+ * experts and tokens: a pair's bits do not depend on the other tokens (each
+ * token alone, and the tokens in reverse order, give its row of the whole
+ * call bit for bit), and the rows are the portable ones up to bf16 operand
+ * rounding (|Δ| <= 2 % of the largest |out|: a wrong layout or a missed
+ * K step is far off). Shapes the kernels do not take fail closed. */
+static void check_moe_tc(const ls_cuda_moe *cm, const float *x, const int32_t *ids, const float *w,
+                         long k, long T, const float *ref, const char *what)
+{
+    long D = cm->D;
+    float *dout = dalloc(4 * T * D), *tout = malloc(4 * T * D);
+    void *dscr = dalloc(ls_cuda_moe_scratch_bytes(cm, T, k));
+    ls_error e_;
+    ls_status st = ls_cuda_moe_forward_tc(cm, dup_dev(x, 4 * T * D), dup_dev(ids, 4 * T * k),
+                                          dup_dev(w, 4 * T * k), k, dout, T, dscr, 1, 0, 0, NULL, &e_);
+    if (cm->wtype != LS_WTYPE_BF16 || D % 16 || cm->I % 16 || (cm->sh_gate && cm->Is % 16)) {
+        ck_assert_int_eq(st, LS_E_UNSUPPORTED);
+        ck_assert_ptr_nonnull(strstr(e_.msg, "tensor-core tier"));
+        printf("  ok %s, tensor cores refused: %s\n", what, e_.msg);
+        free(tout);
+        return;
+    }
+    ck_assert_msg(st == LS_OK, "%s", e_.msg);
+    fetch(tout, dout, 4 * T * D);
+    float big = 0.0f, worst = 0.0f;
+    for (long i = 0; i < T * D; i++) {
+        big = fmaxf(big, fabsf(ref[i]));
+        worst = fmaxf(worst, fabsf(ref[i] - tout[i]));
+    }
+    ck_assert_msg(worst <= 0.02f * big, "%s, tensor cores: max |tc - portable| %g of max |out| %g", what,
+                  (double)worst, (double)big);
+    /* each token alone, then all of them in reverse order */
+    for (long t = 0; t <= T; t++) {
+        int rev = t == T;
+        long n = rev ? T : 1;
+        float *xs = malloc(4 * n * D), *ws = malloc(4 * n * k), *got = malloc(4 * n * D);
+        int32_t *is = malloc(4 * n * k);
+        for (long r = 0; r < n; r++) {
+            long src = rev ? T - 1 - r : t;
+            memcpy(xs + r * D, x + src * D, 4 * D);
+            memcpy(is + r * k, ids + src * k, 4 * k);
+            memcpy(ws + r * k, w + src * k, 4 * k);
+        }
+        ck_assert_msg(ls_cuda_moe_forward_tc(cm, dup_dev(xs, 4 * n * D), dup_dev(is, 4 * n * k),
+                                             dup_dev(ws, 4 * n * k), k, dout, n, dscr, 1, 0, 0, NULL,
+                                             &e_) == LS_OK, "%s", e_.msg);
+        fetch(got, dout, 4 * n * D);
+        for (long r = 0; r < n; r++) {
+            long src = rev ? T - 1 - r : t;
+            char w2[256];
+            snprintf(w2, sizeof w2, "%s, tensor cores, token %ld %s", what, src,
+                     rev ? "in the reversed batch" : "alone");
+            ck_assert_msg(ls_gpu_same_f32(w2, tout + src * D, got + r * D, (size_t)D),
+                          "%s: differs from the batch", w2);
+        }
+        free(xs); free(ws); free(is); free(got);
+    }
+    printf("  ok %s, tensor cores: each token alone and reversed equal the batch; max |tc - portable| %.3g "
+           "(max |out| %.3g)\n", what, (double)worst, (double)big);
+    free(tout);
+}
+
 static void check_moe_plans(long E, long D, long I, long Is, long k, long T, int shared, int wt_)
 {
     reset_arena();
@@ -176,6 +241,7 @@ static void check_moe_plans(long E, long D, long I, long Is, long k, long T, int
         same_f32(what, out, gout, (size_t)(T * D));
         printf("  ok %s\n", what);
     }
+    check_moe_tc(&cm, x, ids, w, k, T, out, what);
     for (long e = 0; e < E; e++) {
         free((void *)g[e].data); free((void *)u[e].data); free((void *)dn[e].data);
     }
@@ -189,6 +255,7 @@ START_TEST(test_moe_plans)
     check_moe_plans(16, 2048, 512, 512, 10, 1, 1, LS_WTYPE_BF16);
     check_moe_plans(16, 2048, 512, 512, 10, g_quick ? 3 : 65, 1, LS_WTYPE_BF16);
     check_moe_plans(16, 512, 256, 128, 4, g_quick ? 5 : 40, 1, LS_WTYPE_F32);
+    check_moe_plans(4, 256, 128, 64, 2, g_quick ? 40 : 150, 1, LS_WTYPE_BF16); /* > 64 pairs an expert */
     check_moe_plans(8, 96, 48, 80, 3, 7, 1, LS_WTYPE_BF16);
     check_moe_plans(8, 96, 48, 80, 3, 7, 0, LS_WTYPE_BF16);
 }
