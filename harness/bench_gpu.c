@@ -45,6 +45,27 @@
  *             would have to prefill its caches again)
  *   prefill   tokens/s of one step of `prefill` tokens; replay in chunks of 256;
  *             the batched prefill that brings 32 sequences to the context
+ *   ttft      (--ttft LENS) per prompt length L of LENS and concurrency c of
+ *             --ttft-conc (default 1,8), on an engine of its own opened after
+ *             the rest (same max_rows; --layers or as many layers as fit it): c
+ *             slots of max L + 2 + reps positions for the largest c. A slot's KV
+ *             cache and states are allocated when the engine is created, for
+ *             its whole capacity, so the largest point fitting at creation is
+ *             what makes every point fit; each point's sequences leave their
+ *             slots before the next joins (state zeroed), and a point whose
+ *             step still runs out of device memory is printed as skipped.
+ *             TTFT: the prefill of c fresh sequences of L-token prompts (each
+ *             its own) as the engine serves it, from its first step until the
+ *             last returns, every sequence's first-token logprobs on the host
+ *             then: the batched prefill's packing, one step of all c prompts
+ *             when c L <= max_rows, else steps of max_rows / c tokens of each
+ *             (the line says which, and the split); the joins (state zeroing)
+ *             are not in it. Median of min(reps, 3) after a warm-up when one
+ *             step, else one run. TPOT: median of reps decode steps of the c
+ *             sequences after 2 untimed ones (context L + 2 ..), per token of
+ *             one sequence; decode tok/s = c / TPOT. One line per (L, c) with
+ *             the tier and the layers, all of them again as a table at the
+ *             end; --only-ttft runs this table alone (no micro-benchmarks)
  * Not measured any more: the decode step as one CUDA graph. ls_engine_step
  * synchronises with the host inside the step (token and position uploads,
  * the per-layer digest calls, the logprob download), which stream capture
@@ -66,10 +87,15 @@
  *             plan gives the same bits); with --fp8 the experts are e4m3 with
  *             block scales in that mode
  *
- *   bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--layers N] [--prefill T] [--reps N]
- *             [--breakdown] [--moe-plans]
- *             NAME: a synth preset (default qwen3-next-80b-a3b) */
+ *   bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc|fast] [--layers N]
+ *             [--prefill T] [--reps N] [--breakdown] [--moe-plans]
+ *             [--ttft LENS [--ttft-conc LIST] [--only-ttft]]
+ *             NAME: a synth preset (default qwen3-next-80b-a3b); T: the prefill
+ *             length and the engines' max_rows (at least 32); LENS, LIST: comma
+ *             lists of prompt lengths (e.g. 128,1024,8192,32768) and of
+ *             concurrencies (1..32) */
 #include <cuda_runtime.h>
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -321,7 +347,8 @@ typedef struct bench {
     ls_engine *e;
     ls_backend *tb;            /* the timing decorator (owned by the engine) */
     long T, cap, slots;        /* max_rows, positions per sequence, slots */
-    int32_t *prompt;           /* [cap] tokens of every prefill */
+    int32_t *prompt;           /* [cap] tokens of every prefill; the TTFT engine's [slots x cap],
+                                  a prompt per slot */
     uint64_t rng;              /* decode tokens */
 } bench;
 
@@ -332,11 +359,20 @@ static long decode_steps(int reps)
     return 3 + 3L * reps;
 }
 
-static double step_ms(bench *b, const ls_engine_item *items, long n)
+/* One engine step; its time by the host clock is added to *ms. */
+static ls_status step_timed(bench *b, const ls_engine_item *items, long n, double *ms)
 {
     double t0 = now_ms();
-    CK(ls_engine_step(b->e, items, n, &g_err));
-    return now_ms() - t0;
+    ls_status st = ls_engine_step(b->e, items, n, &g_err);
+    *ms += now_ms() - t0;
+    return st;
+}
+
+static double step_ms(bench *b, const ls_engine_item *items, long n)
+{
+    double ms = 0;
+    CK(step_timed(b, items, n, &ms));
+    return ms;
 }
 
 /* Slot s starts a fresh sequence (state zeroed) whose prompt is `prompt_len` long. */
@@ -805,20 +841,41 @@ static void prefill_and_replay(bench *b, long prefill, int reps, int breakdown)
            prefill / (rm * 1e-3));
 }
 
-/* Slots 1 .. BMAX to context `prefill` in packed steps of T rows. */
-static void fill_batch(bench *b, long prefill)
+/* Tokens of each of B sequences in one step of the batched prefill: all
+ * B sequences in every step, max_rows / B tokens of each. */
+static long batch_per(const bench *b, int B)
+{
+    return b->T / B > 0 ? b->T / B : 1;
+}
+
+/* Slots s0 .. s0+B-1 start fresh sequences with prompts of len tokens
+ * (sequence i's at b->prompt + i * stride) and prefill them in packed steps
+ * (batch_per tokens of each per step; one step when B len <= max_rows). *ms:
+ * the steps' time by the host clock; the joins (state zeroing on the
+ * device) are done before it starts. The first failing step's status. */
+static ls_status prefill_batch(bench *b, long s0, int B, long len, long stride, double *ms)
 {
     ls_engine_item it[BMAX];
-    long per = b->T / BMAX > 0 ? b->T / BMAX : 1;
-    for (long s = 1; s <= BMAX; s++) rejoin(b, s, prefill);
-    double ms = 0;
-    for (long p0 = 0; p0 < prefill; p0 += per) {
-        long n = prefill - p0 < per ? prefill - p0 : per;
-        for (int i = 0; i < BMAX; i++) it[i] = (ls_engine_item){1 + i, b->prompt + p0, n, 0};
-        ms += step_ms(b, it, BMAX);
+    long per = batch_per(b, B);
+    for (long s = s0; s < s0 + B; s++) rejoin(b, s, len);
+    CU(cudaDeviceSynchronize());
+    *ms = 0;
+    for (long p0 = 0; p0 < len; p0 += per) {
+        long n = len - p0 < per ? len - p0 : per;
+        for (int i = 0; i < B; i++) it[i] = (ls_engine_item){s0 + i, b->prompt + i * stride + p0, n, 0};
+        ls_status st = step_timed(b, it, B, ms);
+        if (st != LS_OK) return st;
     }
+    return LS_OK;
+}
+
+/* Slots 1 .. BMAX to context `prefill` in packed steps of T rows (one prompt for all). */
+static void fill_batch(bench *b, long prefill)
+{
+    double ms;
+    CK(prefill_batch(b, 1, BMAX, prefill, 0, &ms));
     printf("batched prefill of %d sequences to context %ld (%ld tokens each per step): %.1f ms -> "
-           "%.0f tokens/s\n", BMAX, prefill, per, ms, BMAX * prefill / (ms * 1e-3));
+           "%.0f tokens/s\n", BMAX, prefill, batch_per(b, BMAX), ms, BMAX * prefill / (ms * 1e-3));
 }
 
 /* Bytes a decode step of B sequences at context ctx must read: every dense
@@ -910,15 +967,194 @@ static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
            sm, sm / ms);
 }
 
+/* ---- TTFT and TPOT ------------------------------------------------------------------------- */
+
+#define TTFT_MAX 16            /* entries of --ttft and of --ttft-conc */
+#define TTFT_LINE 2048
+
+/* How the batched prefill splits c prompts of len tokens into steps. */
+static void ttft_split(const bench *b, int c, long len, char *out, size_t size)
+{
+    long per = batch_per(b, c), steps = (len + per - 1) / per, last = len - (steps - 1) * per;
+    if (steps == 1) {
+        if (c == 1) snprintf(out, size, "1 step of 1 x %ld tokens (the whole prompt in one ls_engine_step)", len);
+        else snprintf(out, size, "1 step of %d x %ld tokens (all %d prompts in one ls_engine_step)", c, len, c);
+        return;
+    }
+    char tail[64] = "", rule[64] = "max_rows tokens per step";
+    if (last != per) snprintf(tail, sizeof tail, ", the last %d x %ld", c, last);
+    if (c > 1) snprintf(rule, sizeof rule, "max_rows / %d tokens of each sequence per step", c);
+    snprintf(out, size, "%ld steps of %d x %ld tokens%s (%d x %ld > max_rows %ld: the batched prefill's "
+             "packing, %s)", steps, c, per, tail, c, len, b->T, rule);
+}
+
+/* The TTFT / TPOT table on b's engine (c slots from 0 for each point; every
+ * sequence leaves its slot after its point). */
+static void ttft_table(bench *b, long L, const long *lens, int n_lens, const long *conc, int n_conc, int reps)
+{
+    const char *tier = ls_run_tier_name(g_tier);
+    char(*lines)[TTFT_LINE] = calloc((size_t)(n_lens * n_conc), TTFT_LINE);
+    if (!lines) exit(2);
+    int n = 0;
+    for (int li = 0; li < n_lens; li++)
+        for (int ci = 0; ci < n_conc; ci++, n++) {
+            long len = lens[li];
+            int c = (int)conc[ci];
+            char split[256];
+            ttft_split(b, c, len, split, sizeof split);
+            int one = c * len <= b->T, runs = one ? 1 + (reps < 3 ? reps : 3) : 1;
+            printf("ttft L=%ld conc=%d: running: prefill of %d x %ld tokens in %s, %s, then %d + %d decode "
+                   "steps\n", len, c, c, len, split, one ? "timed after a warm-up" : "one run", 2, reps);
+            fflush(stdout);
+            float t[MAX_REPS];
+            int k = 0;
+            ls_status st = LS_OK;
+            for (int r = 0; r < runs && st == LS_OK; r++) {
+                double ms;
+                st = prefill_batch(b, 0, c, len, b->cap, &ms);
+                if (st == LS_OK && (!one || r >= 1)) t[k++] = (float)ms;
+            }
+            if (st == LS_OK) {
+                char run_what[48] = "one run";
+                if (one) snprintf(run_what, sizeof run_what, "median of %d after a warm-up", k);
+                float ttft = median(t, k);
+                float tpot = decode_median(b, 0, c, 0, 2, reps);
+                snprintf(lines[n], TTFT_LINE, "ttft L=%ld conc=%d: TTFT %.1f ms, TPOT %.3f ms/token, %.1f "
+                         "decode tok/s (tier %s, %ld layers; prefill %s; TTFT %s; TPOT median of %d "
+                         "steps at context %ld..%ld)", len, c, ttft, tpot, c / (tpot * 1e-3), tier, L, split,
+                         run_what, reps, len + 2, len + 1 + reps);
+            } else if (st == LS_E_NOMEM) {
+                snprintf(lines[n], TTFT_LINE, "ttft L=%ld conc=%d: skipped (tier %s, %ld layers): a prefill "
+                         "step ran out of device memory: %s", len, c, tier, L, g_err.msg);
+            } else {
+                fprintf(stderr, "bench_gpu: ttft L=%ld conc=%d: %s\n", len, c, g_err.msg);
+                exit(2);
+            }
+            for (long s = 0; s < c; s++) ls_engine_leave(b->e, s);
+            printf("%s\n", lines[n]);
+            fflush(stdout);
+        }
+    printf("ttft table (%s, %ld layers, max_rows %ld):\n", tier, L, b->T);
+    for (int i = 0; i < n; i++) printf("  %s\n", lines[i]);
+    fflush(stdout);
+    free(lines);
+}
+
 /* ---- main ------------------------------------------------------------------------------------ */
+
+/* A comma list of 1 .. TTFT_MAX integers in lo..hi ("128,1024") into v;
+ * returns how many, or 0 after a one-line message naming the option. */
+static int parse_list(const char *opt, const char *text, long lo, long hi, long *v)
+{
+    int n = 0;
+    const char *p = text;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < lo || x > hi || n == TTFT_MAX || (*end != ',' && *end)) {
+            fprintf(stderr, "bench_gpu: %s '%s': expected a comma list of at most %d integers in %ld..%ld\n",
+                    opt, text, TTFT_MAX, lo, hi);
+            return 0;
+        }
+        v[n++] = x;
+        if (!*end) return n;
+        p = end + 1;
+    }
+}
+
+static long max_of(const long *v, int n)
+{
+    long m = v[0];
+    for (int i = 1; i < n; i++) m = v[i] > m ? v[i] : m;
+    return m;
+}
+
+/* b->prompt: n pseudo-random tokens. */
+static void bench_prompt(bench *b, long n, long vocab)
+{
+    b->prompt = malloc(sizeof(int32_t) * (size_t)n);
+    if (!b->prompt) exit(2);
+    for (long i = 0; i < n; i++) b->prompt[i] = (int32_t)(mix(0xabcdull + (uint64_t)i) % (uint64_t)vocab);
+}
+
+/* Opens b's engine (T, slots, cap and prompt set) on L_arg layers or, with
+ * L_arg 0, on as many as layers_that_fit gives for this sizing, a layer less
+ * each time creation runs out of device memory; returns the layers. */
+static long bench_fit(bench *b, const ls_model_config *full_cfg, long L_arg)
+{
+    ls_model *full;
+    CK(ls_model_synthetic(full_cfg, 1, &full, &g_err));
+    size_t free_b, total_b;
+    CU(cudaMemGetInfo(&free_b, &total_b));
+    /* the CUDA context, events, the digest stream; with --tier tc also the
+     * GEMM qualification's own buffers (up to [1024 x 151936] fp32 outputs) */
+    size_t arena = free_b - (g_tier != LS_TIER_PORTABLE ? 8 : 1) * GIB;
+    long L = L_arg ? L_arg : layers_that_fit(full, (double)arena, b->T, b->slots, b->cap);
+    if (L > full_cfg->n_layers) L = full_cfg->n_layers;
+    ls_model_close(full);
+    ls_error err;
+    ls_error_clear(&err);
+    while (L >= 1 && bench_open(b, L, arena, &err) != LS_OK) {
+        if (L_arg) {
+            fprintf(stderr, "bench_gpu: %ld layers do not fit: %s\n", L, err.msg);
+            exit(2);
+        }
+        fprintf(stderr, "bench_gpu: %ld layers do not fit (%s); trying %ld\n", L, err.msg, L - 1);
+        L--;
+    }
+    if (L < 1) {
+        fprintf(stderr, "bench_gpu: not even one layer fits\n");
+        exit(2);
+    }
+    return L;
+}
+
+static void bench_close(bench *b)
+{
+    ls_engine_destroy(b->e);
+    ls_model_close(b->m);
+    free(b->prompt);
+    b->e = NULL;
+    b->m = NULL;
+    b->prompt = NULL;
+}
+
+/* The model, device and engine lines of b's engine on L layers. */
+static void describe(const bench *b, long L, long n_layers_full, const struct cudaDeviceProp *prop,
+                     size_t total_b)
+{
+    long n_att = 0;
+    double weights = wbytes(&b->m->embed) + wbytes(&b->m->lm_head);
+    for (long l = 0; l < L; l++) {
+        n_att += b->m->cfg.is_attention[l];
+        weights += layer_bytes(b->m, l);
+    }
+    if (g_fp8)
+        printf("model: %s config (synth preset), FP8 release layout (%ld e4m3 matrices with 128 x 128 "
+               "block scales, the rest bf16), --fp8 %s (%s), %ld of its %ld layers\n", g_preset,
+               b->m->n_fp8, g_fp8, strcmp(g_fp8, "w8a8") ? "weights dequantised to fp32"
+               : "e4m3 weights against per-token-group e4m3 activations", L, n_layers_full);
+    else
+        printf("model: %s config (synth preset), bf16 weights, %ld of its %ld layers\n", g_preset, L,
+               n_layers_full);
+    printf("device: %s, %d SMs, %.1f GiB; layers %ld (%ld attention), weights %.1f GiB generated on device\n",
+           prop->name, prop->multiProcessorCount, total_b / 1073741824.0, L, n_att, weights / 1073741824.0);
+    printf("engine: ls_engine_step on the %s backend (synthetic weights), max_rows %ld, %ld slots of %ld "
+           "positions, state digests every 64 positions\n", ls_engine_backend_name(b->e), b->T, b->slots, b->cap);
+    fflush(stdout);
+}
 
 int main(int argc, char **argv)
 {
     long L_arg = 0, prefill = 1024;
-    int reps = 5, breakdown = 0, moe_plans = 0;
+    int reps = 5, breakdown = 0, moe_plans = 0, only_ttft = 0, n_lens = 0, n_conc = 2;
+    long lens[TTFT_MAX], conc[TTFT_MAX] = {1, 8};
+    const char *conc_arg = NULL;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--breakdown")) { breakdown = 1; i--; continue; }
         if (!strcmp(argv[i], "--moe-plans")) { moe_plans = 1; i--; continue; }
+        if (!strcmp(argv[i], "--only-ttft")) { only_ttft = 1; i--; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "bench_gpu: %s needs a value\n", argv[i]); return 2; }
         if (!strcmp(argv[i], "--layers")) L_arg = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill")) prefill = atol(argv[i + 1]);
@@ -926,9 +1162,15 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--preset")) g_preset = argv[i + 1];
         else if (!strcmp(argv[i], "--fp8")) g_fp8 = argv[i + 1];
         else if (!strcmp(argv[i], "--tier") && ls_run_parse_tier("--tier", argv[i + 1], &g_tier, &g_err) == LS_OK) {}
-        else {
+        else if (!strcmp(argv[i], "--ttft")) {
+            if (!(n_lens = parse_list("--ttft", argv[i + 1], 1, 1L << 20, lens))) return 2;
+        } else if (!strcmp(argv[i], "--ttft-conc")) {
+            conc_arg = argv[i + 1];
+            if (!(n_conc = parse_list("--ttft-conc", conc_arg, 1, BMAX, conc))) return 2;
+        } else {
             fprintf(stderr, "usage: bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc|fast] "
-                            "[--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans]\n");
+                            "[--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans] "
+                            "[--ttft LENS [--ttft-conc LIST] [--only-ttft]]\n");
             return 2;
         }
     }
@@ -940,6 +1182,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_gpu: --reps 1..%d, --prefill 1..65536, --layers >= 1\n", MAX_REPS);
         return 2;
     }
+    if (!n_lens && (only_ttft || conc_arg)) {
+        fprintf(stderr, "bench_gpu: %s: needs --ttft LENS\n", only_ttft ? "--only-ttft" : "--ttft-conc");
+        return 2;
+    }
+    ls_model_config full_cfg;
+    bench_config(0, &full_cfg);
+    /* the TTFT engine's positions: the longest prompt and its decode steps */
+    long ttft_cap = n_lens ? max_of(lens, n_lens) + 2 + reps : 0;
+    if (ttft_cap > full_cfg.max_positions) {
+        fprintf(stderr, "bench_gpu: --ttft %ld: with its %d decode steps past the model's "
+                "max_position_embeddings (%ld)\n", max_of(lens, n_lens), 2 + reps, full_cfg.max_positions);
+        return 2;
+    }
     if (ls_cuda_device_count() < 1) { printf("SKIP: no CUDA device\n"); return 77; }
     ls_error_clear(&g_err);
     struct cudaDeviceProp prop;
@@ -949,76 +1204,50 @@ int main(int argc, char **argv)
     timer tm;
     CU(cudaEventCreate(&tm.a));
     CU(cudaEventCreate(&tm.b));
-    ls_model_config full_cfg;
-    bench_config(0, &full_cfg);
 
-    /* Kernel micro-benchmarks first, in memory the engine takes afterwards. */
-    double bw = copy_bandwidth(&tm, reps);
-    if (moe_plans) moe_plan_table(&full_cfg, &tm, bw, prefill, reps);
-    gdn_scan(&full_cfg, &tm, reps);
-    gdn_chunked_scan(&full_cfg, &tm, reps);
-
-    /* The engine: as many layers as fit (or --layers), 1 + BMAX slots of
-     * prefill + the decode steps' positions, max_rows for the prefill. */
     bench b;
     memset(&b, 0, sizeof b);
     b.T = prefill > BMAX ? prefill : BMAX;
-    b.cap = prefill + decode_steps(reps);
-    b.slots = 1 + BMAX;
     b.rng = 7;
-    b.prompt = malloc(sizeof(int32_t) * (size_t)b.cap);
-    if (!b.prompt) return 2;
-    for (long i = 0; i < b.cap; i++)
-        b.prompt[i] = (int32_t)(mix(0xabcdull + (uint64_t)i) % (uint64_t)full_cfg.vocab);
-    ls_model *full;
-    CK(ls_model_synthetic(&full_cfg, 1, &full, &g_err));
-    CU(cudaMemGetInfo(&free_b, &total_b));
-    /* the CUDA context, events, the digest stream; with --tier tc also the
-     * GEMM qualification's own buffers (up to [1024 x 151936] fp32 outputs) */
-    size_t arena = free_b - (g_tier != LS_TIER_PORTABLE ? 8 : 1) * GIB;
-    long L = L_arg ? L_arg : layers_that_fit(full, (double)arena, b.T, b.slots, b.cap);
-    if (L > full_cfg.n_layers) L = full_cfg.n_layers;
-    ls_model_close(full);
-    ls_error err;
-    ls_error_clear(&err);
-    while (L >= 1 && bench_open(&b, L, arena, &err) != LS_OK) {
-        if (L_arg) {
-            fprintf(stderr, "bench_gpu: %ld layers do not fit: %s\n", L, err.msg);
-            return 2;
-        }
-        fprintf(stderr, "bench_gpu: %ld layers do not fit (%s); trying %ld\n", L, err.msg, L - 1);
-        L--;
-    }
-    if (L < 1) { fprintf(stderr, "bench_gpu: not even one layer fits\n"); return 2; }
-    long n_att = 0;
-    double weights = wbytes(&b.m->embed) + wbytes(&b.m->lm_head);
-    for (long l = 0; l < L; l++) {
-        n_att += b.m->cfg.is_attention[l];
-        weights += layer_bytes(b.m, l);
-    }
-    if (g_fp8)
-        printf("model: %s config (synth preset), FP8 release layout (%ld e4m3 matrices with 128 x 128 "
-               "block scales, the rest bf16), --fp8 %s (%s), %ld of its %ld layers\n", g_preset,
-               b.m->n_fp8, g_fp8, strcmp(g_fp8, "w8a8") ? "weights dequantised to fp32"
-               : "e4m3 weights against per-token-group e4m3 activations", L, full_cfg.n_layers);
-    else
-        printf("model: %s config (synth preset), bf16 weights, %ld of its %ld layers\n", g_preset, L,
-               full_cfg.n_layers);
-    printf("device: %s, %d SMs, %.1f GiB; layers %ld (%ld attention), weights %.1f GiB generated on device\n",
-           prop.name, prop.multiProcessorCount, total_b / 1073741824.0, L, n_att, weights / 1073741824.0);
-    printf("engine: ls_engine_step on the %s backend (synthetic weights), max_rows %ld, %ld slots of %ld "
-           "positions, state digests every 64 positions\n", ls_engine_backend_name(b.e), b.T, b.slots, b.cap);
-    printf("decode as one CUDA graph: not measured (ls_engine_step synchronises with the host within the "
-           "step; see device idle between ops)\n");
+    if (!only_ttft) {
+        /* Kernel micro-benchmarks first, in memory the engine takes afterwards. */
+        double bw = copy_bandwidth(&tm, reps);
+        if (moe_plans) moe_plan_table(&full_cfg, &tm, bw, prefill, reps);
+        gdn_scan(&full_cfg, &tm, reps);
+        gdn_chunked_scan(&full_cfg, &tm, reps);
 
-    prefill_and_replay(&b, prefill, reps, breakdown);
-    fill_batch(&b, prefill);
-    decode(&b, 1, 0, bw, reps, breakdown);
-    decode(&b, BMAX, 1, bw, reps, breakdown);
+        /* The engine: as many layers as fit (or --layers), 1 + BMAX slots of
+         * prefill + the decode steps' positions, max_rows for the prefill. */
+        b.cap = prefill + decode_steps(reps);
+        b.slots = 1 + BMAX;
+        bench_prompt(&b, b.cap, full_cfg.vocab);
+        long L = bench_fit(&b, &full_cfg, L_arg);
+        describe(&b, L, full_cfg.n_layers, &prop, total_b);
+        printf("decode as one CUDA graph: not measured (ls_engine_step synchronises with the host within the "
+               "step; see device idle between ops)\n");
+
+        prefill_and_replay(&b, prefill, reps, breakdown);
+        fill_batch(&b, prefill);
+        decode(&b, 1, 0, bw, reps, breakdown);
+        decode(&b, BMAX, 1, bw, reps, breakdown);
+        bench_close(&b);
+    }
+    if (n_lens) {
+        /* An engine of its own: a slot's KV cache holds its capacity from
+         * creation on, so it is sized for the largest point (the most
+         * sequences, the longest prompt) and the points take turns. */
+        b.slots = max_of(conc, n_conc);
+        b.cap = ttft_cap;
+        bench_prompt(&b, b.slots * b.cap, full_cfg.vocab);
+        printf("ttft: an engine for %ld sequences of up to %ld positions (prompts up to %ld tokens and %d "
+               "decode steps)\n", b.slots, b.cap, ttft_cap - 2 - reps, 2 + reps);
+        fflush(stdout);
+        long L = bench_fit(&b, &full_cfg, L_arg);
+        describe(&b, L, full_cfg.n_layers, &prop, total_b);
+        ttft_table(&b, L, lens, n_lens, conc, n_conc, reps);
+        bench_close(&b);
+    }
 
     printf("bench_gpu: done\n");
-    ls_engine_destroy(b.e);
-    ls_model_close(b.m);
-    free(b.prompt);
     return 0;
 }
