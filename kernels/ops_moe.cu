@@ -738,153 +738,166 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
 
 /* The grouping and tiles above (every call grouped, tiles of at most
  * LS_MOE_TILE pairs of one expert, the shared expert's tiles runs of tokens),
- * each tile in passes of 16 pairs: the pass's activation rows rounded to bf16
- * (ls_f32_to_bf16, as the tc linears' inputs) into shared memory, padded with
- * zero rows, against 16 weight rows per warp through WMMA 16x16x16 (bf16 in,
- * fp32 accumulate), K in ascending steps of 16 from one zero accumulator.
- * An output element is the hardware's dot of its own row and column, so a
- * pair's bits do not depend on the other pairs of its pass, its row in it,
- * or how many pairs chose the expert. Gate/up: mid = act(act(silu(act(g)))
- * · act(u)) as the portable kernels form it; down: c = act(act(y) · w) (shared:
- * act(γ · act(y))); the combine is the portable one. bf16 weights only, D, I
- * and Is multiples of 16 (ls_moe_tc_check). */
-#define LS_MOE_TC_WARPS 4
-#define LS_MOE_TC_COLS (16 * LS_MOE_TC_WARPS) /* output columns per block */
-#define LS_MOE_TC_KC 256                      /* K staged per pass */
+ * each tile in passes of 16 pairs. A block owns 16 output columns of its
+ * tile; its 4 warps own the 4 K slices of ls_moe_tc_slice (consecutive runs
+ * of K, each a multiple of 16 long, the last ones possibly empty). A warp
+ * stages the pass's activation rows of its slice rounded to bf16
+ * (ls_f32_to_bf16, as the tc linears' inputs; zero rows past the tile's
+ * end) and sweeps the slice in ascending steps of 16 through WMMA 16x16x16
+ * (bf16 in, fp32 accumulate) from a zero accumulator; the block then sums
+ * the 4 slice partials in slice order, ((p0 + p1) + p2) + p3. An output
+ * element is the hardware's dot of its own row and column, so a pair's bits
+ * do not depend on the other pairs of its pass, its row in it, or how many
+ * pairs chose the expert. Gate/up: mid = act(act(silu(act(g))) · act(u)) as
+ * the portable kernels form it; down: c = act(act(y) · w) (shared: act(γ ·
+ * act(y))); the combine is the portable one. bf16 weights only, D, I and Is
+ * multiples of 16 (ls_moe_tc_check). */
+#define LS_MOE_TC_WARPS 4                      /* = the K slices */
+#define LS_MOE_TC_KC 128                       /* K staged at a time per warp */
 #define LS_MOE_TC_LDA (LS_MOE_TC_KC + 16)      /* staged row stride: 32-byte aligned rows */
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> ls_tc_acc;
 
-/* The pass's rows q0 .. q0+nr-1 of src (row of pair q: src + row(q) * ld,
- * row as ls_moe_pair gives token and slot: the token (by_slot 0) or the slot
- * row t (k+1) + slot) columns k0 .. k0+kc-1, rounded to bf16, zero beyond. */
-__device__ __forceinline__ void ls_moe_tc_stage(__nv_bfloat16 (*a)[LS_MOE_TC_LDA],
-                                                const ls_moe_tiles &tl, int shared, long p0,
-                                                int q0, int nr, const float *src, long ld,
-                                                int by_slot, long k0, long kc)
+/* Length of each K slice: K / 16 steps split into LS_MOE_TC_WARPS runs. */
+__device__ __forceinline__ long ls_moe_tc_slice(long K)
 {
-    for (int i = threadIdx.x; i < 16 * LS_MOE_TC_KC; i += LS_MOE_TC_WARPS * LS_WARP) {
-        int r = i / LS_MOE_TC_KC, c = i % LS_MOE_TC_KC;
-        float v = 0.0f;
-        if (r < nr && c < kc) {
-            long t, slot;
-            ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
-            long row = by_slot ? t * (tl.k + 1) + slot : t;
-            v = src[row * ld + k0 + c];
-        }
-        __nv_bfloat16_raw b;
-        b.x = ls_f32_to_bf16(v);
-        a[r][c] = b;
-    }
+    return (K / 16 + LS_MOE_TC_WARPS - 1) / LS_MOE_TC_WARPS * 16;
 }
 
-/* acc += a (16 x kc, staged) · B, B's column j = weight row (n0 + j) of
- * length K at columns k0 .. k0+kc-1. */
-__device__ __forceinline__ void ls_moe_tc_mma(ls_tc_acc &acc, __nv_bfloat16 (*a)[LS_MOE_TC_LDA],
-                                              const __nv_bfloat16 *w, long K, long k0, long kc)
+/* Threads 0..15: the source row of each pass row (NULL past the tile's
+ * end), the pair's token row of x (by_slot 0) or its slot row of mid. */
+__device__ __forceinline__ void ls_moe_tc_rows(const float **rows, const ls_moe_tiles &tl,
+                                               int shared, long p0, int q0, int nr,
+                                               const float *src, long ld, int by_slot)
+{
+    int r = (int)threadIdx.x;
+    if (r >= 16) return;
+    const float *row = NULL;
+    if (r < nr) {
+        long t, slot;
+        ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
+        row = src + (by_slot ? t * (tl.k + 1) + slot : t) * ld;
+    }
+    rows[r] = row;
+}
+
+/* acc = the warp's slice ks .. ke-1 of (the 16 rows) · B, B's column j =
+ * weight row j of w (rows of length K); a is the warp's staging buffer. */
+__device__ __forceinline__ void ls_moe_tc_slice_mma(ls_tc_acc &acc, __nv_bfloat16 (*a)[LS_MOE_TC_LDA],
+                                                    const float *const *rows,
+                                                    const __nv_bfloat16 *w, long K, long ks,
+                                                    long ke)
 {
     using namespace nvcuda;
-#pragma unroll 4
-    for (long kk = 0; kk < kc; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-        wmma::load_matrix_sync(fa, &a[0][kk], LS_MOE_TC_LDA);
-        wmma::load_matrix_sync(fb, w + k0 + kk, (unsigned)K);
-        wmma::mma_sync(acc, fa, fb, acc);
+    int lane = (int)(threadIdx.x & 31u);
+    wmma::fill_fragment(acc, 0.0f);
+    for (long k0 = ks; k0 < ke; k0 += LS_MOE_TC_KC) {
+        long kc = ke - k0 < LS_MOE_TC_KC ? ke - k0 : LS_MOE_TC_KC;
+        __syncwarp();
+        for (int i = lane; i < 16 * LS_MOE_TC_KC; i += LS_WARP) {
+            int r = i / LS_MOE_TC_KC, c = i % LS_MOE_TC_KC;
+            __nv_bfloat16_raw b;
+            b.x = rows[r] && c < kc ? ls_f32_to_bf16(rows[r][k0 + c]) : (uint16_t)0;
+            a[r][c] = b;
+        }
+        __syncwarp();
+#pragma unroll 8
+        for (long kk = 0; kk < kc; kk += 16) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+            wmma::load_matrix_sync(fa, &a[0][kk], LS_MOE_TC_LDA);
+            wmma::load_matrix_sync(fb, w + k0 + kk, (unsigned)K);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
     }
 }
 
-/* grid (ceil(W / 64), tiles): warp w of a block owns hidden units n0 .. n0+15,
- * n0 = 64 blockIdx.x + 16 w, of its tile's expert. */
+/* Element i of the 16x16 output: the slice partials of part[.][i] summed
+ * in slice order. */
+__device__ __forceinline__ float ls_moe_tc_sum(const float (*part)[16 * 16], int i)
+{
+    float s = part[0][i];
+#pragma unroll
+    for (int w = 1; w < LS_MOE_TC_WARPS; w++) s = s + part[w][i];
+    return s;
+}
+
+/* grid (ceil(W / 16), tiles): block per (tile, hidden units n0 .. n0+15). */
 __global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
 ls_moe_tc_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                          float *mid, int act)
 {
     using namespace nvcuda;
-    __shared__ __align__(128) __nv_bfloat16 a[16][LS_MOE_TC_LDA];
-    __shared__ __align__(128) float o[LS_MOE_TC_WARPS][2][16 * 16];
+    __shared__ __align__(128) __nv_bfloat16 a[LS_MOE_TC_WARPS][16][LS_MOE_TC_LDA];
+    __shared__ __align__(128) float og[LS_MOE_TC_WARPS][16 * 16], ou[LS_MOE_TC_WARPS][16 * 16];
+    __shared__ const float *rows[16];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return; /* whole block */
-    long width = shared ? mw.Is : mw.I;
-    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
-    long n0 = (long)blockIdx.x * LS_MOE_TC_COLS + warp * 16;
-    if ((long)blockIdx.x * LS_MOE_TC_COLS >= width) return; /* whole block */
-    int mine = n0 < width;                                  /* whole warp */
+    long width = shared ? mw.Is : mw.I, n0 = (long)blockIdx.x * 16;
+    if (n0 >= width) return;                               /* whole block */
+    int warp = (int)(threadIdx.x >> 5);
+    long slice = ls_moe_tc_slice(mw.D), ks = warp * slice;
+    long ke = ks + slice < mw.D ? ks + slice : mw.D;
     const __nv_bfloat16 *wg = (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 0) + n0 * mw.D;
     const __nv_bfloat16 *wu = (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 1) + n0 * mw.D;
     for (int q0 = 0; q0 < n; q0 += 16) {
         int nr = n - q0 < 16 ? n - q0 : 16;
+        ls_moe_tc_rows(rows, tl, shared, p0, q0, nr, x, mw.D, 0);
+        __syncthreads();
         ls_tc_acc g, u;
-        wmma::fill_fragment(g, 0.0f);
-        wmma::fill_fragment(u, 0.0f);
-        for (long k0 = 0; k0 < mw.D; k0 += LS_MOE_TC_KC) {
-            long kc = mw.D - k0 < LS_MOE_TC_KC ? mw.D - k0 : LS_MOE_TC_KC;
-            __syncthreads();
-            ls_moe_tc_stage(a, tl, shared, p0, q0, nr, x, mw.D, 0, k0, kc);
-            __syncthreads();
-            if (mine) {
-                ls_moe_tc_mma(g, a, wg, mw.D, k0, kc);
-                ls_moe_tc_mma(u, a, wu, mw.D, k0, kc);
-            }
-        }
-        if (!mine) continue;
-        wmma::store_matrix_sync(o[warp][0], g, 16, wmma::mem_row_major);
-        wmma::store_matrix_sync(o[warp][1], u, 16, wmma::mem_row_major);
-        __syncwarp();
-        for (int i = lane; i < nr * 16; i += LS_WARP) {
+        ls_moe_tc_slice_mma(g, a[warp], rows, wg, mw.D, ks, ke);
+        ls_moe_tc_slice_mma(u, a[warp], rows, wu, mw.D, ks, ke);
+        wmma::store_matrix_sync(og[warp], g, 16, wmma::mem_row_major);
+        wmma::store_matrix_sync(ou[warp], u, 16, wmma::mem_row_major);
+        __syncthreads();
+        for (int i = (int)threadIdx.x; i < nr * 16; i += LS_MOE_TC_WARPS * LS_WARP) {
             int r = i / 16, c = i % 16;
             long t, slot;
             ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
-            float gq = ls_act_d(o[warp][0][i], act), uq = ls_act_d(o[warp][1][i], act);
+            float gq = ls_act_d(ls_moe_tc_sum(og, i), act), uq = ls_act_d(ls_moe_tc_sum(ou, i), act);
             float sg = ls_act_d(ls_siluf(gq), act);
             mid[(t * (tl.k + 1) + slot) * W + n0 + c] = ls_act_d(sg * uq, act);
         }
-        __syncwarp();
+        __syncthreads();
     }
 }
 
-/* grid (ceil(D / 64), tiles): warp w owns outputs j0 .. j0+15, j0 = 64
- * blockIdx.x + 16 w, of its tile's slot rows. */
+/* grid (D / 16, tiles): block per (tile, outputs j0 .. j0+15). */
 __global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
 ls_moe_tc_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                       const float *mid, const float *gamma, float *cbuf, int act)
 {
     using namespace nvcuda;
-    __shared__ __align__(128) __nv_bfloat16 a[16][LS_MOE_TC_LDA];
-    __shared__ __align__(128) float o[LS_MOE_TC_WARPS][16 * 16];
+    __shared__ __align__(128) __nv_bfloat16 a[LS_MOE_TC_WARPS][16][LS_MOE_TC_LDA];
+    __shared__ __align__(128) float oy[LS_MOE_TC_WARPS][16 * 16];
+    __shared__ const float *rows[16];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return; /* whole block */
-    long width = shared ? mw.Is : mw.I;
-    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
-    long j0 = (long)blockIdx.x * LS_MOE_TC_COLS + warp * 16;
-    int mine = j0 < mw.D; /* whole warp */
+    long width = shared ? mw.Is : mw.I, j0 = (long)blockIdx.x * 16;
+    int warp = (int)(threadIdx.x >> 5);
+    long slice = ls_moe_tc_slice(width), ks = warp * slice;
+    long ke = ks + slice < width ? ks + slice : width;
     const __nv_bfloat16 *wd = (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 2) + j0 * width;
     for (int q0 = 0; q0 < n; q0 += 16) {
         int nr = n - q0 < 16 ? n - q0 : 16;
+        ls_moe_tc_rows(rows, tl, shared, p0, q0, nr, mid, W, 1);
+        __syncthreads();
         ls_tc_acc y;
-        wmma::fill_fragment(y, 0.0f);
-        for (long k0 = 0; k0 < width; k0 += LS_MOE_TC_KC) {
-            long kc = width - k0 < LS_MOE_TC_KC ? width - k0 : LS_MOE_TC_KC;
-            __syncthreads();
-            ls_moe_tc_stage(a, tl, shared, p0, q0, nr, mid, W, 1, k0, kc);
-            __syncthreads();
-            if (mine) ls_moe_tc_mma(y, a, wd, width, k0, kc);
-        }
-        if (!mine) continue;
-        wmma::store_matrix_sync(o[warp], y, 16, wmma::mem_row_major);
-        __syncwarp();
-        for (int i = lane; i < nr * 16; i += LS_WARP) {
+        ls_moe_tc_slice_mma(y, a[warp], rows, wd, width, ks, ke);
+        wmma::store_matrix_sync(oy[warp], y, 16, wmma::mem_row_major);
+        __syncthreads();
+        for (int i = (int)threadIdx.x; i < nr * 16; i += LS_MOE_TC_WARPS * LS_WARP) {
             int r = i / 16, c = i % 16;
             long t, slot;
             ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
-            float yq = ls_act_d(o[warp][i], act);
+            float yq = ls_act_d(ls_moe_tc_sum(oy, i), act);
             float cq = shared ? ls_act_d(gamma[t] * yq, act)
                               : ls_act_d(yq * weights[t * tl.k + slot], act);
             cbuf[(t * (tl.k + 1) + slot) * mw.D + j0 + c] = cq;
         }
-        __syncwarp();
+        __syncthreads();
     }
 }
 
@@ -933,14 +946,14 @@ extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *
                                                               tile_p0, tile_n, ntiles);
     LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
     ls_moe_tiles tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, 0};
-    dim3 g1(ls_blocks_for(W, LS_MOE_TC_COLS), (unsigned)(sh_tiles + max_tiles));
+    dim3 g1((unsigned)(W / 16), (unsigned)(sh_tiles + max_tiles));
     ls_moe_tc_gate_up_kernel<<<g1, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_gate_up_kernel", err);
     if (mw->sh_gate) {
         ls_moe_shared_gate_kernel<<<(unsigned)T, LS_WARP, 0, s>>>(*mw, x, T, gamma, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     }
-    dim3 g2(ls_blocks_for(mw->D, LS_MOE_TC_COLS), (unsigned)(sh_tiles + max_tiles));
+    dim3 g2((unsigned)(mw->D / 16), (unsigned)(sh_tiles + max_tiles));
     ls_moe_tc_down_kernel<<<g2, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
                                                                    cbuf, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_down_kernel", err);

@@ -72,8 +72,8 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend)
      "schemes allowed)", "fp32", "cublaslt-heuristic-per-call", "tensor-core", "fast"}
 #define TC_EXPERTS(provider) \
     {"experts", provider, "ls_moe_count_kernel+ls_moe_group_kernel+ls_moe_tc_gate_up_kernel+ls_moe_tc_down_kernel", \
-     "4warps/block, warp per 16 output columns x 16 pairs of one expert (WMMA 16x16x16 bf16, fp32 accumulate)", \
-     "none", "fp32", "wmma-k16-ascending", "tensor-core", "strict"}
+     "4warps/block per 16 output columns x 16 pairs of one expert, warp per K slice (WMMA 16x16x16 bf16, fp32 accumulate)", \
+     "4 fixed K slices summed in slice order", "fp32", "wmma-k16-ascending-4slices", "tensor-core", "strict"}
 static const ls_provider cuda_tc_rows[] = {TC("linear"), TC("lm_head"), TC_EXPERTS("cuda-tensor-core")};
 static const ls_provider cuda_fast_rows[] = {FAST("linear"), FAST("lm_head"), TC_EXPERTS("cuda-fast")};
 _Static_assert(sizeof cuda_tc_rows == sizeof cuda_fast_rows, "the tc and fast tiers replace the same rows");
