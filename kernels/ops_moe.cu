@@ -781,39 +781,55 @@ __device__ __forceinline__ void ls_moe_tc_rows(const float **rows, const ls_moe_
     rows[r] = row;
 }
 
-/* acc = the warp's slice ks .. ke-1 of (the 16 rows) · B, B's column j =
- * weight row j of w (rows of length K); a is the warp's staging buffer. */
-__device__ __forceinline__ void ls_moe_tc_slice_mma(ls_tc_acc &acc, __nv_bfloat16 (*a)[LS_MOE_TC_LDA],
+/* The warp's slice ks .. ke-1 of (the 16 rows) · Bᵀ for NW weight matrices
+ * and NC column tiles: acc[m][c] over weight rows 16 c .. 16 c + 15 of w[m]
+ * (rows of length K; tiles c >= live are left alone). a is the warp's
+ * staging buffer: lane l converts columns 4l .. 4l+3 of every row. The
+ * column tiles only share the staging: each accumulates alone, so NC
+ * changes no bit. */
+template <int NW, int NC>
+__device__ __forceinline__ void ls_moe_tc_slice_mma(ls_tc_acc (&acc)[NW][NC],
+                                                    __nv_bfloat16 (*a)[LS_MOE_TC_LDA],
                                                     const float *const *rows,
-                                                    const __nv_bfloat16 *w, long K, long ks,
-                                                    long ke)
+                                                    const __nv_bfloat16 *const *w, int live,
+                                                    long K, long ks, long ke)
 {
     using namespace nvcuda;
     int lane = (int)(threadIdx.x & 31u);
-    wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+    for (int m = 0; m < NW; m++)
+#pragma unroll
+        for (int c = 0; c < NC; c++) wmma::fill_fragment(acc[m][c], 0.0f);
     for (long k0 = ks; k0 < ke; k0 += LS_MOE_TC_KC) {
         long kc = ke - k0 < LS_MOE_TC_KC ? ke - k0 : LS_MOE_TC_KC;
         __syncwarp();
-        for (int i = lane; i < 16 * LS_MOE_TC_KC; i += LS_WARP) {
-            int r = i / LS_MOE_TC_KC, c = i % LS_MOE_TC_KC;
-            __nv_bfloat16_raw b;
-            b.x = rows[r] && c < kc ? ls_f32_to_bf16(rows[r][k0 + c]) : (uint16_t)0;
-            a[r][c] = b;
+        for (int r = 0; r < 16; r++) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (rows[r] && 4 * lane < kc) v = *(const float4 *)(rows[r] + k0 + 4 * lane);
+            uint2 b;
+            b.x = (uint32_t)ls_f32_to_bf16(v.x) | (uint32_t)ls_f32_to_bf16(v.y) << 16;
+            b.y = (uint32_t)ls_f32_to_bf16(v.z) | (uint32_t)ls_f32_to_bf16(v.w) << 16;
+            *(uint2 *)&a[r][4 * lane] = b;
         }
         __syncwarp();
-#pragma unroll 8
         for (long kk = 0; kk < kc; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
             wmma::load_matrix_sync(fa, &a[0][kk], LS_MOE_TC_LDA);
-            wmma::load_matrix_sync(fb, w + k0 + kk, (unsigned)K);
-            wmma::mma_sync(acc, fa, fb, acc);
+#pragma unroll
+            for (int m = 0; m < NW; m++)
+#pragma unroll
+                for (int c = 0; c < NC; c++) {
+                    if (c >= live) continue;
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+                    wmma::load_matrix_sync(fb, w[m] + (long)c * 16 * K + k0 + kk, (unsigned)K);
+                    wmma::mma_sync(acc[m][c], fa, fb, acc[m][c]);
+                }
         }
     }
 }
 
-/* Element i of the 16x16 output: the slice partials of part[.][i] summed
- * in slice order. */
+/* Element i of a 16x16 output tile: the slice partials part[w][i] summed in
+ * slice order. */
 __device__ __forceinline__ float ls_moe_tc_sum(const float (*part)[16 * 16], int i)
 {
     float s = part[0][i];
@@ -822,83 +838,120 @@ __device__ __forceinline__ float ls_moe_tc_sum(const float (*part)[16 * 16], int
     return s;
 }
 
-/* grid (ceil(W / 16), tiles): block per (tile, hidden units n0 .. n0+15). */
+/* The column tiles of a block: NC tiles of 16 from n0 = 16 NC blockIdx.x,
+ * those below `width` live. */
+template <int NC>
+__device__ __forceinline__ int ls_moe_tc_live(long n0, long width)
+{
+    long live = (width - n0) / 16;
+    return live < NC ? (int)live : NC;
+}
+
+/* grid (ceil(W / (16 NC)), tiles): block per (tile, hidden units n0 ..
+ * n0 + 16 NC - 1). */
+template <int NC>
 __global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
 ls_moe_tc_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                          float *mid, int act)
 {
     using namespace nvcuda;
     __shared__ __align__(128) __nv_bfloat16 a[LS_MOE_TC_WARPS][16][LS_MOE_TC_LDA];
-    __shared__ __align__(128) float og[LS_MOE_TC_WARPS][16 * 16], ou[LS_MOE_TC_WARPS][16 * 16];
+    __shared__ __align__(128) float o[2][LS_MOE_TC_WARPS][16 * 16];
     __shared__ const float *rows[16];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return; /* whole block */
-    long width = shared ? mw.Is : mw.I, n0 = (long)blockIdx.x * 16;
+    long width = shared ? mw.Is : mw.I, n0 = (long)blockIdx.x * 16 * NC;
     if (n0 >= width) return;                               /* whole block */
+    int live = ls_moe_tc_live<NC>(n0, width);
     int warp = (int)(threadIdx.x >> 5);
     long slice = ls_moe_tc_slice(mw.D), ks = warp * slice;
     long ke = ks + slice < mw.D ? ks + slice : mw.D;
-    const __nv_bfloat16 *wg = (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 0) + n0 * mw.D;
-    const __nv_bfloat16 *wu = (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 1) + n0 * mw.D;
+    const __nv_bfloat16 *w[2] = {
+        (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 0) + n0 * mw.D,
+        (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 1) + n0 * mw.D};
     for (int q0 = 0; q0 < n; q0 += 16) {
         int nr = n - q0 < 16 ? n - q0 : 16;
         ls_moe_tc_rows(rows, tl, shared, p0, q0, nr, x, mw.D, 0);
         __syncthreads();
-        ls_tc_acc g, u;
-        ls_moe_tc_slice_mma(g, a[warp], rows, wg, mw.D, ks, ke);
-        ls_moe_tc_slice_mma(u, a[warp], rows, wu, mw.D, ks, ke);
-        wmma::store_matrix_sync(og[warp], g, 16, wmma::mem_row_major);
-        wmma::store_matrix_sync(ou[warp], u, 16, wmma::mem_row_major);
-        __syncthreads();
-        for (int i = (int)threadIdx.x; i < nr * 16; i += LS_MOE_TC_WARPS * LS_WARP) {
-            int r = i / 16, c = i % 16;
-            long t, slot;
-            ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
-            float gq = ls_act_d(ls_moe_tc_sum(og, i), act), uq = ls_act_d(ls_moe_tc_sum(ou, i), act);
-            float sg = ls_act_d(ls_siluf(gq), act);
-            mid[(t * (tl.k + 1) + slot) * W + n0 + c] = ls_act_d(sg * uq, act);
+        ls_tc_acc acc[2][NC];
+        ls_moe_tc_slice_mma<2, NC>(acc, a[warp], rows, w, live, mw.D, ks, ke);
+        for (int c = 0; c < live; c++) {
+            wmma::store_matrix_sync(o[0][warp], acc[0][c], 16, wmma::mem_row_major);
+            wmma::store_matrix_sync(o[1][warp], acc[1][c], 16, wmma::mem_row_major);
+            __syncthreads();
+            for (int i = (int)threadIdx.x; i < nr * 16; i += LS_MOE_TC_WARPS * LS_WARP) {
+                long t, slot;
+                ls_moe_pair(tl, shared, p0, q0 + i / 16, &t, &slot);
+                float gq = ls_act_d(ls_moe_tc_sum(o[0], i), act);
+                float uq = ls_act_d(ls_moe_tc_sum(o[1], i), act);
+                float sg = ls_act_d(ls_siluf(gq), act);
+                mid[(t * (tl.k + 1) + slot) * W + n0 + 16 * c + i % 16] = ls_act_d(sg * uq, act);
+            }
+            __syncthreads();
         }
-        __syncthreads();
     }
 }
 
-/* grid (D / 16, tiles): block per (tile, outputs j0 .. j0+15). */
+/* grid (ceil(D / (16 NC)), tiles): block per (tile, outputs j0 .. j0 + 16 NC - 1). */
+template <int NC>
 __global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
 ls_moe_tc_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                       const float *mid, const float *gamma, float *cbuf, int act)
 {
     using namespace nvcuda;
     __shared__ __align__(128) __nv_bfloat16 a[LS_MOE_TC_WARPS][16][LS_MOE_TC_LDA];
-    __shared__ __align__(128) float oy[LS_MOE_TC_WARPS][16 * 16];
+    __shared__ __align__(128) float o[LS_MOE_TC_WARPS][16 * 16];
     __shared__ const float *rows[16];
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return; /* whole block */
-    long width = shared ? mw.Is : mw.I, j0 = (long)blockIdx.x * 16;
+    long width = shared ? mw.Is : mw.I, j0 = (long)blockIdx.x * 16 * NC;
+    int live = ls_moe_tc_live<NC>(j0, mw.D);
     int warp = (int)(threadIdx.x >> 5);
     long slice = ls_moe_tc_slice(width), ks = warp * slice;
     long ke = ks + slice < width ? ks + slice : width;
-    const __nv_bfloat16 *wd = (const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 2) + j0 * width;
+    const __nv_bfloat16 *w[1] = {(const __nv_bfloat16 *)ls_moe_matrix(mw, e, shared, 2) + j0 * width};
     for (int q0 = 0; q0 < n; q0 += 16) {
         int nr = n - q0 < 16 ? n - q0 : 16;
         ls_moe_tc_rows(rows, tl, shared, p0, q0, nr, mid, W, 1);
         __syncthreads();
-        ls_tc_acc y;
-        ls_moe_tc_slice_mma(y, a[warp], rows, wd, width, ks, ke);
-        wmma::store_matrix_sync(oy[warp], y, 16, wmma::mem_row_major);
-        __syncthreads();
-        for (int i = (int)threadIdx.x; i < nr * 16; i += LS_MOE_TC_WARPS * LS_WARP) {
-            int r = i / 16, c = i % 16;
-            long t, slot;
-            ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
-            float yq = ls_act_d(ls_moe_tc_sum(oy, i), act);
-            float cq = shared ? ls_act_d(gamma[t] * yq, act)
-                              : ls_act_d(yq * weights[t * tl.k + slot], act);
-            cbuf[(t * (tl.k + 1) + slot) * mw.D + j0 + c] = cq;
+        ls_tc_acc acc[1][NC];
+        ls_moe_tc_slice_mma<1, NC>(acc, a[warp], rows, w, live, width, ks, ke);
+        for (int c = 0; c < live; c++) {
+            wmma::store_matrix_sync(o[warp], acc[0][c], 16, wmma::mem_row_major);
+            __syncthreads();
+            for (int i = (int)threadIdx.x; i < nr * 16; i += LS_MOE_TC_WARPS * LS_WARP) {
+                long t, slot;
+                ls_moe_pair(tl, shared, p0, q0 + i / 16, &t, &slot);
+                float yq = ls_act_d(ls_moe_tc_sum(o, i), act);
+                float cq = shared ? ls_act_d(gamma[t] * yq, act)
+                                  : ls_act_d(yq * weights[t * tl.k + slot], act);
+                cbuf[(t * (tl.k + 1) + slot) * mw.D + j0 + 16 * c + i % 16] = cq;
+            }
+            __syncthreads();
         }
-        __syncthreads();
     }
+}
+
+/* Launch of the gate/up and down kernels with NC column tiles per block. */
+template <int NC>
+static ls_status ls_moe_tc_launch(const ls_cuda_moe *mw, const float *x, const ls_moe_tiles &tl,
+                                  const float *weights, long W, long tiles, float *mid,
+                                  float *gamma, float *cbuf, int act, cudaStream_t s, ls_error *err)
+{
+    dim3 g1(ls_blocks_for(W, 16 * NC), (unsigned)tiles);
+    ls_moe_tc_gate_up_kernel<NC><<<g1, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_tc_gate_up_kernel", err);
+    if (mw->sh_gate) {
+        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
+    }
+    dim3 g2(ls_blocks_for(mw->D, 16 * NC), (unsigned)tiles);
+    ls_moe_tc_down_kernel<NC><<<g2, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
+                                                                       cbuf, act);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_tc_down_kernel", err);
+    return LS_OK;
 }
 
 /* What the tensor-core experts refuse beyond ls_moe_check. */
@@ -921,6 +974,8 @@ extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *
     LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
     LS_TRY(ls_moe_check(mw, k, order_experts, err));
     LS_TRY(ls_moe_tc_check(mw, err));
+    LS_CUDA_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)scratch % 16 == 0, err,
+                    "tensor-core moe: x and the scratch must be 16-byte aligned");
     if (T <= 0) return LS_OK;
     cudaStream_t s = (cudaStream_t)stream;
     long P = T * k;
@@ -946,17 +1001,15 @@ extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *
                                                               tile_p0, tile_n, ntiles);
     LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
     ls_moe_tiles tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, 0};
-    dim3 g1((unsigned)(W / 16), (unsigned)(sh_tiles + max_tiles));
-    ls_moe_tc_gate_up_kernel<<<g1, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act_bf16);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_tc_gate_up_kernel", err);
-    if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)T, LS_WARP, 0, s>>>(*mw, x, T, gamma, act_bf16);
-        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
-    }
-    dim3 g2((unsigned)(mw->D / 16), (unsigned)(sh_tiles + max_tiles));
-    ls_moe_tc_down_kernel<<<g2, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
-                                                                   cbuf, act_bf16);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_tc_down_kernel", err);
+    /* Few pairs (decode): a block per 16 columns, for the most warps in
+     * flight; many (prefill): per 64, each tile's rows staged once per 64
+     * columns. The bits are the same (ls_moe_tc_slice_mma). */
+    if (P <= mw->E)
+        LS_TRY(ls_moe_tc_launch<1>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
+                                   act_bf16, s, err));
+    else
+        LS_TRY(ls_moe_tc_launch<4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
+                                   act_bf16, s, err));
     ls_moe_combine_kernel<<<ls_blocks_for(T * mw->D, 256), 256, 0, s>>>(
         cbuf, ids, weights, mw->E, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
