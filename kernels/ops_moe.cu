@@ -1001,11 +1001,12 @@ extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *
                                                               tile_p0, tile_n, ntiles);
     LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
     ls_moe_tiles tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, 0};
-    /* Fewer than 128 pairs (decode of a few sequences): a block per 16
-     * columns, for the most warps in flight; more: per 64, each tile's rows
-     * staged once per 64 columns. The bits are the same
-     * (ls_moe_tc_slice_mma). */
-    if (P < 128)
+    /* No more pairs than experts (decode): a block per 16 columns, for the
+     * most warps in flight; more (prefill): per 64, each tile's rows staged
+     * once per 64 columns. The bits are the same (ls_moe_tc_slice_mma).
+     * Measured on the H200 (reports/perf-h200.md run 15): at batch 32 (320
+     * pairs over 512 experts) 16 columns take 0.92x the time of 64. */
+    if (P <= mw->E)
         LS_TRY(ls_moe_tc_launch<1>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
                                    act_bf16, s, err));
     else
