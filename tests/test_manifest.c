@@ -678,6 +678,61 @@ START_TEST(test_build_in_process_and_digest)
 }
 END_TEST
 
+/* The tc and fast tiers' rows (providers.h ls_backend_tier_providers)
+ * replace the linear, lm_head and experts rows of the CUDA registry whatever
+ * their mode; every other op keeps its portable row; tc records its pinned
+ * GEMMs and tier "tensor-core", fast mode "fast" and no records. */
+START_TEST(test_tier_rows)
+{
+    char *d = make_single();
+    ls_error err;
+    ls_checkpoint *ck;
+    ck_assert_int_eq(ls_checkpoint_open(d, &ck, &err), LS_OK);
+    static const char *const rec[] = {
+        "{\"kind\": \"linear_bf16_f32_tn\", \"n\": 1000, \"k\": 128, \"algo_id\": 66, \"tile\": 7, "
+        "\"stages\": 35, \"splitk\": 1, \"reduction\": 0, \"swizzle\": 0, \"custom\": 0, "
+        "\"inner_shape\": 0, \"cluster_shape\": 3, \"cublaslt_version\": 130100, \"cc\": \"9.0\", "
+        "\"qualified_rows\": 1024}"};
+    for (int fast = 0; fast < 2; fast++) {
+        ls_manifest_opts o = ls_manifest_opts_default();
+        o.checkpoint = ck;
+        o.threads = 2;
+        o.backend = "cuda";
+        o.mode = fast ? "fast" : "strict";
+        o.providers = ls_backend_list_providers("cuda", &o.n_providers);
+        o.tier_providers = ls_backend_tier_providers("cuda", fast ? LS_TIER_FAST : LS_TIER_TC,
+                                                     &o.n_tier_providers);
+        ck_assert_uint_eq(o.n_tier_providers, 3);
+        if (!fast) {
+            o.tc_gemms = rec;
+            o.n_tc_gemms = 1;
+        }
+        json_t *m;
+        ck_assert_msg(ls_manifest_build(&o, &m, &err) == LS_OK, "%s", err.msg);
+        ck_assert_int_eq(ls_manifest_validate(m, "built", &err), LS_OK);
+        json_t *num = json_object_get(m, "numerics"), *ops = json_object_get(num, "operators");
+        const char *want = fast ? "cuda-fast" : "cuda-tensor-core";
+        static const char *const tier_ops[] = {"linear", "lm_head", "experts"};
+        for (size_t i = 0; i < 3; i++) {
+            json_t *row = json_object_get(ops, tier_ops[i]);
+            ck_assert_str_eq(json_string_value(json_object_get(row, "provider")), want);
+            ck_assert_str_eq(json_string_value(json_object_get(row, "tier")), "tensor-core");
+            ck_assert_ptr_null(json_object_get(row, "reduction_fingerprint"));
+        }
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(ops, "experts"), "reduction_order")),
+                         "wmma-k16-ascending-4slices");
+        ck_assert_str_eq(json_string_value(json_object_get(json_object_get(ops, "rmsnorm"), "provider")),
+                         "cuda-portable");
+        ck_assert_str_eq(json_string_value(json_object_get(num, "tier")), "tensor-core");
+        ck_assert_str_eq(json_string_value(json_object_get(num, "mode")), fast ? "fast" : "strict");
+        ck_assert_int_eq(json_object_get(num, "tc_gemms") != NULL, !fast);
+        json_decref(m);
+    }
+    ls_checkpoint_close(ck);
+    free(d);
+}
+END_TEST
+
 START_TEST(test_manifest_matches_schema)
 {
     char *d = make_sharded();
@@ -856,6 +911,7 @@ int main(void)
     tcase_add_test(tc, test_malformed_manifests);
     tcase_add_test(tc, test_verify_pass_then_fail);
     tcase_add_test(tc, test_build_in_process_and_digest);
+    tcase_add_test(tc, test_tier_rows);
     tcase_add_test(tc, test_manifest_matches_schema);
     tcase_add_test(tc, test_serving_section);
     suite_add_tcase(s, tc);
