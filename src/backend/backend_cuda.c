@@ -807,16 +807,6 @@ static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe
         }
     }
     int sh = mw->sh_gate != NULL;
-    /* the tensor-core experts read whole 32-byte fragments (kernels/ops_moe.cu) */
-    int misaligned = 0;
-    for (size_t i = 0; im->tier != LS_TIER_PORTABLE && i < 3 * (size_t)mw->E; i++)
-        misaligned |= (int)((uintptr_t)h[i] % 32);
-    if (sh && im->tier != LS_TIER_PORTABLE)
-        misaligned |= (int)(((uintptr_t)W(mw->sh_gate) | (uintptr_t)W(mw->sh_up) | (uintptr_t)W(mw->sh_down)) % 32);
-    if (misaligned) {
-        free(h);
-        return ls_fail(err, LS_E_INTERNAL, "%s: an expert matrix is not 32-byte aligned", tier_label(im));
-    }
     ls_cuda_moe cm = {.E = mw->E, .D = mw->D, .I = mw->I, .Is = mw->Is, .wtype = (int)wt,
                       .sh_gate = sh ? W(mw->sh_gate) : NULL, .sh_up = sh ? W(mw->sh_up) : NULL,
                       .sh_down = sh ? W(mw->sh_down) : NULL, .sh_wtype = (int)swt,
@@ -830,6 +820,16 @@ static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe
             *out = &e->cm;
             return LS_OK;
         }
+    /* a new table: the tensor-core experts read whole 32-byte fragments (kernels/ops_moe.cu) */
+    int misaligned = 0;
+    for (size_t i = 0; im->tier != LS_TIER_PORTABLE && i < 3 * (size_t)mw->E; i++)
+        misaligned |= (int)((uintptr_t)h[i] % 32);
+    if (sh && im->tier != LS_TIER_PORTABLE)
+        misaligned |= (int)(((uintptr_t)cm.sh_gate | (uintptr_t)cm.sh_up | (uintptr_t)cm.sh_down) % 32);
+    if (misaligned) {
+        free(h);
+        return ls_fail(err, LS_E_INTERNAL, "%s: an expert matrix is not 32-byte aligned", tier_label(im));
+    }
     void *d = ls_cuda_arena_alloc(&im->dev, ntab * tb, err);
     const void **keep = d ? ls_arena_alloc(&im->host, ntab * tb, err) : NULL;
     ls_status st = keep ? ls_cuda_upload(d, h, ntab * tb, err) : LS_E_NOMEM;
