@@ -738,8 +738,9 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
 
 /* The grouping and tiles above (every call grouped, tiles of at most
  * LS_MOE_TILE pairs of one expert, the shared expert's tiles runs of tokens),
- * each tile in passes of 16 pairs. A block owns 16 output columns of its
- * tile; its 4 warps own the 4 K slices of ls_moe_tc_slice (consecutive runs
+ * each tile in passes of 16 pairs. A block owns 16 NC output columns of its
+ * tile (NC column tiles of 16, NC 1 or 4 by the call's size); its 4 warps
+ * own the 4 K slices of ls_moe_tc_slice (consecutive runs
  * of K, each a multiple of 16 long, the last ones possibly empty). A warp
  * stages the pass's activation rows of its slice rounded to bf16
  * (ls_f32_to_bf16, as the tc linears' inputs; zero rows past the tile's
