@@ -168,7 +168,7 @@ typedef struct cuda_impl {
     int dg_off;                /* 1: no ring could be had, or synchronous digests were asked
                                   for; digests stay synchronous */
     int device;                /* CUDA ordinal everything of this backend runs on */
-    ls_tier tier;              /* the linears' tier */
+    ls_tier tier;              /* the GEMMs' tier: linears and experts */
     ls_gemm_lt *lt;            /* tc, fast: cuBLASLt handle and workspace (outside the arena) */
     long tc_rows;              /* tc, fast: rows prepared at least */
     struct tc_shape *tc;       /* tc, fast: the shapes prepared, ordered by (N, K) */

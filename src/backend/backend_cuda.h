@@ -36,14 +36,15 @@ typedef struct ls_backend_cuda_opts {
                                         of device and pinned memory, no hashing threads. For a
                                         backend that digests a few rows once (the reduction
                                         probe); 0 (default): asynchronous where a ring fits */
-    ls_tier tier;                    /* the linears' tier (docs/tensor-core-tier.md §2.2, §6):
+    ls_tier tier;                    /* the GEMMs' tier (docs/tensor-core-tier.md §2.2, §2.3, §6):
                                         LS_TIER_PORTABLE (default); LS_TIER_TC: every bf16
                                         linear through one cuBLASLt algorithm per weight
                                         shape, qualified row-invariant on this GPU by
                                         prepare_linear and pinned (ls_backend_cuda_tc_pins);
                                         LS_TIER_FAST: through cuBLASLt's default heuristic
-                                        per call (not row-invariant). The other ops stay
-                                        portable in every tier */
+                                        per call (not row-invariant). Both run the MoE
+                                        experts on tensor cores (ls_cuda_moe_forward_tc);
+                                        the other ops stay portable in every tier */
     long tc_rows;                    /* tc and fast: the rows per call each shape is prepared
                                         (tc: qualified) for: the larger of this and
                                         prepare_linear's max_rows (a fixed value makes the

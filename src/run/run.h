@@ -95,7 +95,7 @@ typedef struct ls_run_spec {
                                       recurrent (default), 1 = chunk-aligned (cpu and cuda backends);
                                       recorded in run_params.gdn_form and numerics.gdn_form when
                                       1, and taken from the rollout by replay --from */
-    ls_tier tier;                  /* the linears' tier (--tier; docs/tensor-core-tier.md):
+    ls_tier tier;                  /* the GEMMs' tier (--tier; docs/tensor-core-tier.md):
                                       portable (default, CPU = CUDA bit for bit); tc: the cuda
                                       backend's linears through cuBLASLt algorithms qualified
                                       row-invariant per weight shape (up to LS_RUN_TC_ROWS rows)
@@ -234,7 +234,7 @@ ls_status ls_run_engine_open_gpu(const ls_model *m, const char *backend, int thr
                                  const ls_engine_opts *o, long max_seqs, long max_len,
                                  ls_engine **out, ls_error *err);
 
-/* ls_run_engine_open_gpu on the linears' tier (ls_run_spec.tier;
+/* ls_run_engine_open_gpu on the GEMMs' tier (ls_run_spec.tier;
  * docs/tensor-core-tier.md): portable is ls_run_engine_open_gpu; tc and fast
  * the cuda backend as ls_run_execute opens it for --tier tc or fast (tc:
  * every linear's cuBLASLt algorithm qualified for LS_RUN_TC_ROWS rows per
