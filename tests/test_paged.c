@@ -67,11 +67,17 @@ static void expect_same(const char *what, const recs *a, const recs *b, const in
 
 /* The sanitizer build runs whole models ~8x slower: there two page sizes,
  * one that divides none of the prompt lengths below but 17 and 34, and one
- * longer than most prompts. */
+ * longer than most prompts; the paged rollouts only in prefill chunks of 7
+ * (which start and end anywhere in a page) and the replays only whole and
+ * in chunks of 17 (across every page boundary of both sizes). */
 #if LS_TEST_ASAN
 static const long pages[] = {17, 100};
+static const long rollout_rows[] = {7};
+static const long replay_chunks[] = {1000, 17};
 #else
 static const long pages[] = {16, 17, 64, 100};
+static const long rollout_rows[] = {128, 7};       /* whole prompts per step; chunks of 7 */
+static const long replay_chunks[] = {1000, 5, 17}; /* whole sequences; chunks across pages */
 #endif
 #define N_PAGES ((int)(sizeof pages / sizeof pages[0]))
 
@@ -107,13 +113,10 @@ START_TEST(test_rollout_paged_equals_contiguous)
     ck_assert_msg(ls_run_rollout(e, pr, N_PROMPTS, MAX_NEW, &s, ca, recs_sink, &a, &err) == LS_OK, "%s", err.msg);
     ls_engine_destroy(e);
     recs_sort(&a);
-    /* whole prompts per step, and prefills split into chunks of 7 that start
-     * and end anywhere in a page */
-    static const long rows[] = {128, 7};
     for (int p = 0; p < N_PAGES; p++)
-        for (int r = 0; r < 2; r++) {
+        for (size_t r = 0; r < sizeof rollout_rows / sizeof rollout_rows[0]; r++) {
             recs b = {0};
-            e = mk(m, N_PROMPTS, rows[r], 3, pages[p]);
+            e = mk(m, N_PROMPTS, rollout_rows[r], 3, pages[p]);
             ck_assert_msg(ls_run_rollout(e, pr, N_PROMPTS, MAX_NEW, &s, cb, recs_sink, &b, &err) == LS_OK,
                           "%s", err.msg);
             /* every page went back to the pool as its sequence left */
@@ -123,7 +126,8 @@ START_TEST(test_rollout_paged_equals_contiguous)
             ls_engine_destroy(e);
             recs_sort(&b);
             char what[96];
-            snprintf(what, sizeof what, "model %d, rollout, page %ld, max_rows %ld", _i, pages[p], rows[r]);
+            snprintf(what, sizeof what, "model %d, rollout, page %ld, max_rows %ld", _i, pages[p],
+                     rollout_rows[r]);
             expect_same(what, &a, &b, ca, cb, N_PROMPTS * MAX_NEW);
             recs_free(&b);
         }
@@ -145,23 +149,23 @@ START_TEST(test_replay_paged_equals_contiguous)
         sq[i] = pr[i + 1];
         sq[i].prompt_len = lens[i + 1] / 2;
     }
-    static const long chunks[] = {1000, 5, 17}; /* whole sequences; chunks across pages */
     ls_error err;
-    for (int c = 0; c < 3; c++) {
+    for (size_t c = 0; c < sizeof replay_chunks / sizeof replay_chunks[0]; c++) {
+        long chunk = replay_chunks[c];
         recs a = {0};
         ls_engine *e = mk(m, N_PROMPTS, 64, 4, 0);
-        ck_assert_msg(ls_run_replay(e, sq, N_PROMPTS - 1, chunks[c], recs_sink, &a, &err) == LS_OK, "%s", err.msg);
+        ck_assert_msg(ls_run_replay(e, sq, N_PROMPTS - 1, chunk, recs_sink, &a, &err) == LS_OK, "%s", err.msg);
         ls_engine_destroy(e);
         recs_sort(&a);
         for (int p = 0; p < N_PAGES; p++) {
             recs b = {0};
             e = mk(m, N_PROMPTS, 64, 4, pages[p]);
-            ck_assert_msg(ls_run_replay(e, sq, N_PROMPTS - 1, chunks[c], recs_sink, &b, &err) == LS_OK, "%s",
+            ck_assert_msg(ls_run_replay(e, sq, N_PROMPTS - 1, chunk, recs_sink, &b, &err) == LS_OK, "%s",
                           err.msg);
             ls_engine_destroy(e);
             recs_sort(&b);
             char what[96];
-            snprintf(what, sizeof what, "model %d, replay chunk %ld, page %ld", _i, chunks[c], pages[p]);
+            snprintf(what, sizeof what, "model %d, replay chunk %ld, page %ld", _i, chunk, pages[p]);
             expect_same(what, &a, &b, NULL, NULL, 0);
             recs_free(&b);
         }
