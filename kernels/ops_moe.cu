@@ -649,6 +649,41 @@ static ls_status ls_moe_check(const ls_cuda_moe *mw, long k, int order_experts, 
     return LS_OK;
 }
 
+/* Carves the scratch (the layout of ls_cuda_moe_scratch_bytes, tile lists
+ * of max_tiles entries) into mid, cbuf, gamma and the grouping's lists, and
+ * unless `single` launches the count and group kernels over the T k pairs of
+ * ids; *tl: the tiles of the expert launches. Fails when those exceed one
+ * launch. */
+static ls_status ls_moe_layout(const ls_cuda_moe *mw, const int32_t *ids, long T, long k,
+                               long sh_tiles, long max_tiles, int single, void *scratch,
+                               cudaStream_t s, ls_moe_tiles *tl, float **mid, float **cbuf,
+                               float **gamma, ls_error *err)
+{
+    long P = T * k, slots = T * (k + 1);
+    LS_CUDA_REQUIRE(P <= INT32_MAX && sh_tiles + max_tiles <= 65535, err,
+                    "cuda moe: T %ld x k %ld pairs over E %ld experts exceed one launch; "
+                    "call with fewer tokens", T, k, mw->E);
+    *mid = (float *)scratch;                                /* [T, k+1, W] */
+    *cbuf = *mid + (size_t)slots * ls_moe_width(mw);        /* [T, k+1, D] */
+    *gamma = *cbuf + (size_t)slots * mw->D;                 /* [T] */
+    int32_t *count = (int32_t *)(*gamma + T);               /* [E] */
+    int32_t *pairs = count + mw->E;                         /* [P] */
+    int32_t *tile_e = pairs + P;                            /* [max_tiles] */
+    int32_t *tile_p0 = tile_e + max_tiles;                  /* [max_tiles] */
+    int32_t *tile_n = tile_p0 + max_tiles;                  /* [max_tiles] */
+    int32_t *ntiles = tile_n + max_tiles;                   /* [1] */
+    if (!single) {
+        unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
+        ls_moe_count_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_count_kernel", err);
+        ls_moe_group_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(
+            ids, P, mw->E, count, pairs, tile_e, tile_p0, tile_n, ntiles);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
+    }
+    *tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, single};
+    return LS_OK;
+}
+
 /* The slot rows of every (token, slot) pair whose expert id is in [0, E),
  * and the shared slot of every token (mw->sh_gate set), into the scratch's
  * c [T, k+1, D] (*cbuf_out): the expert launches of the forward, without its
@@ -664,38 +699,21 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
     int single = plan == 0;
     long sh_tiles = !mw->sh_gate ? 0 : single ? T : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
     long max_tiles = single ? P : (long)ls_moe_max_tiles(mw->E, P);
-    LS_CUDA_REQUIRE(P <= INT32_MAX && sh_tiles + max_tiles <= 65535, err,
-                    "cuda portable moe: T %ld x k %ld pairs over E %ld experts exceed one launch; "
-                    "call with fewer tokens", T, k, mw->E);
     long slots = T * (k + 1);
     long W = (long)ls_moe_width(mw);
-    float *mid = (float *)scratch;                 /* [T, k+1, W] */
-    float *cbuf = mid + (size_t)slots * W;         /* [T, k+1, D] */
-    float *gamma = cbuf + (size_t)slots * mw->D;   /* [T] */
-    int32_t *count = (int32_t *)(gamma + T);       /* [E] */
-    int32_t *pairs = count + mw->E;                /* [P] */
-    int32_t *tile_e = pairs + P;                   /* [max_tiles] */
-    int32_t *tile_p0 = tile_e + max_tiles;         /* [max_tiles] */
-    int32_t *tile_n = tile_p0 + max_tiles;         /* [max_tiles] */
-    int32_t *ntiles = tile_n + max_tiles;          /* [1] */
+    float *mid, *cbuf, *gamma;
+    ls_moe_tiles tl;
+    LS_TRY(ls_moe_layout(mw, ids, T, k, sh_tiles, max_tiles, single, scratch, s, &tl, &mid, &cbuf,
+                         &gamma, err));
     /* w8a8: x and the slots' hidden rows quantised (ls_moe_w8a8_floats) */
     float *xq = NULL, *xqs = NULL, *mq = NULL, *mqs = NULL;
     if (ls_moe_w8a8(mw)) {
-        xq = (float *)(ntiles + 1);                /* [T, D] */
+        xq = (float *)(tl.ntiles + 1);             /* [T, D] */
         xqs = xq + (size_t)T * mw->D;              /* [T, ceil(D/128)] */
         mq = xqs + (size_t)T * LS_FP8_BLOCKS(mw->D); /* [T, k+1, W] */
         mqs = mq + (size_t)slots * W;              /* [T, k+1, ceil(W/128)] */
     }
     ls_moe_q8 q8 = {xq, xqs, mq, mqs};
-    if (!single) {
-        unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
-        ls_moe_count_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count);
-        LS_CUDA_CHECK_LAUNCH("ls_moe_count_kernel", err);
-        ls_moe_group_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(
-            ids, P, mw->E, count, pairs, tile_e, tile_p0, tile_n, ntiles);
-        LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
-    }
-    ls_moe_tiles tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, single};
     long tiles = sh_tiles + max_tiles;
     if (single)
         LS_TRY((ls_moe_experts_launch<1, 1, 6>(mw, x, q8, xq, xqs, mq, mqs, tl, weights, W, tiles,
@@ -982,26 +1000,11 @@ extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *
     long P = T * k;
     long sh_tiles = !mw->sh_gate ? 0 : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
     long max_tiles = (long)ls_moe_max_tiles(mw->E, P);
-    LS_CUDA_REQUIRE(P <= INT32_MAX && sh_tiles + max_tiles <= 65535, err,
-                    "tensor-core moe: T %ld x k %ld pairs over E %ld experts exceed one launch; "
-                    "call with fewer tokens", T, k, mw->E);
-    long slots = T * (k + 1), W = (long)ls_moe_width(mw);
-    float *mid = (float *)scratch;               /* the layout of ls_moe_slot_rows */
-    float *cbuf = mid + (size_t)slots * W;
-    float *gamma = cbuf + (size_t)slots * mw->D;
-    int32_t *count = (int32_t *)(gamma + T);
-    int32_t *pairs = count + mw->E;
-    int32_t *tile_e = pairs + P;
-    int32_t *tile_p0 = tile_e + max_tiles;
-    int32_t *tile_n = tile_p0 + max_tiles;
-    int32_t *ntiles = tile_n + max_tiles;
-    unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
-    ls_moe_count_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_count_kernel", err);
-    ls_moe_group_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count, pairs, tile_e,
-                                                              tile_p0, tile_n, ntiles);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
-    ls_moe_tiles tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, 0};
+    long W = (long)ls_moe_width(mw);
+    float *mid, *cbuf, *gamma;
+    ls_moe_tiles tl;
+    LS_TRY(ls_moe_layout(mw, ids, T, k, sh_tiles, max_tiles, 0, scratch, s, &tl, &mid, &cbuf, &gamma,
+                         err));
     /* No more pairs than experts (decode): a block per 16 columns, for the
      * most warps in flight; more (prefill): per 64, each tile's rows staged
      * once per 64 columns. The bits are the same (ls_moe_tc_slice_mma).

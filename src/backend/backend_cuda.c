@@ -869,16 +869,14 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
     long Tc = T < chunk ? T : chunk;
     size_t need = ls_cuda_moe_scratch_bytes(cm, Tc, k);
     LS_TRY(scratch_reserve(im, need, err));
+    /* tc and fast: the tensor-core experts (docs/tensor-core-tier.md §2.3) */
+    ls_status (*forward)(const ls_cuda_moe *, const float *, const int32_t *, const float *, long, float *,
+                         long, void *, int, int, int, void *, ls_error *) =
+        im->tier == LS_TIER_PORTABLE ? ls_cuda_moe_forward : ls_cuda_moe_forward_tc;
     for (long t0 = 0; t0 < T; t0 += chunk) {
         long n = T - t0 < chunk ? T - t0 : chunk;
-        if (im->tier == LS_TIER_PORTABLE)
-            LS_TRY(ls_cuda_moe_forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k,
-                                       F(out) + t0 * mw->D, n, im->scratch, act_bf16, (int)order_experts,
-                                       (int)order_combine, NULL, err));
-        else /* tc and fast: the tensor-core experts (docs/tensor-core-tier.md §2.3) */
-            LS_TRY(ls_cuda_moe_forward_tc(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k,
-                                          F(out) + t0 * mw->D, n, im->scratch, act_bf16, (int)order_experts,
-                                          (int)order_combine, NULL, err));
+        LS_TRY(forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k, F(out) + t0 * mw->D,
+                       n, im->scratch, act_bf16, (int)order_experts, (int)order_combine, NULL, err));
     }
     return LS_OK;
 }

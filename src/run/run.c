@@ -1305,7 +1305,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         st = engine_open_shared(m, s->backend, s->threads, dev.gpu, dev.share, s->tier, &eo,
                                 grouped ? ls_run_group_slots(b->n, &go) : b->n, max_len, &e, err);
     if (st == LS_OK && s->tier != LS_TIER_PORTABLE) {
-        /* the tier's linear rows; tc: the GEMM algorithms the engine's backend
+        /* the tier's rows; tc: the GEMM algorithms the engine's backend
          * qualified and pinned; fast: a non-strict run */
         mo.tier_providers = ls_backend_tier_providers(s->backend, s->tier, &mo.n_tier_providers);
         ls_backend_cuda_tc_pins(ls_engine_backend(e), &mo.tc_gemms, &mo.n_tc_gemms);
