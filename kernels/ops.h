@@ -140,6 +140,36 @@ ls_status ls_cuda_gdn_chunked_state(const float *state /* chunk state */, long p
                                     float *s_out /* [Hv, dk, dv] */, long Hv, long dk, long dv,
                                     void *stream, ls_error *err);
 
+/* The chunk-aligned GDN form on tensor cores (docs/tensor-core-tier.md §3):
+ * the rule of ls_cuda_gdn_chunked (chunks at absolute multiples of C = 64,
+ * row r of a chunk reads rows <= r only, so a token's bits do not depend on
+ * how its chunk's rows were split between calls), not its arithmetic:
+ * per row, U_r = β_r v_r − Σ_{s<r} A_rs U_s and W_r = β_r e^{Γ_r} k_r −
+ * Σ_{s<r} A_rs W_s (A_rs = β_r (k_r · k_s) e^{Γ_r − Γ_s}, Γ the running sum
+ * of log α from the chunk's start) on CUDA cores; V_r = U_r − W_r S0 and
+ * e^{Γ_r} q_r S0 on tensor cores (WMMA tf32); o_r = e^{Γ_r} q_r S0 +
+ * Σ_{s<=r} (q_r · k_s) e^{Γ_r − Γ_s} V_s on CUDA cores; a full chunk folds
+ * into S0 ← e^{Γ_63} S0 + Σ_s (e^{Γ_63 − Γ_s} k_s) ⊗ V_s on tensor cores.
+ * The state is S0 [Hv, dk, dv] then per head the chunk's rows k [C, dk],
+ * W [C, dk], U [C, dv], V [C, dv], Γ [C] (LS_CUDA_GDN_TC_STATE_FLOATS).
+ * dk a multiple of 16, dv of 32, both <= 128. scratch (device, 256-byte
+ * aligned) holds ls_cuda_gdn_tc_scratch_bytes(T, Hv, dk, dv) bytes. */
+#define LS_CUDA_GDN_TC_ROW_FLOATS(dk, dv) (2 * (size_t)(dk) + 2 * (size_t)(dv) + 1)
+#define LS_CUDA_GDN_TC_STATE_FLOATS(Hv, dk, dv) \
+    ((size_t)(Hv) * ((size_t)(dk) * (size_t)(dv) + LS_CUDA_GDN_CHUNK * LS_CUDA_GDN_TC_ROW_FLOATS(dk, dv)))
+size_t ls_cuda_gdn_tc_scratch_bytes(long T, long Hv, long dk, long dv);
+ls_status ls_cuda_gdn_chunked_tc(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk, dk] */,
+                                 const float *v /* [T, Hv, dv] */, const float *alpha /* [T, Hv] */,
+                                 const float *beta /* [T, Hv] */, float *state /* tc chunk state */,
+                                 float *o /* [T, Hv, dv] */, long T, long pos0, long Hk, long Hv, long dk,
+                                 long dv, int act_bf16, void *scratch, size_t scratch_bytes, void *stream,
+                                 ls_error *err);
+/* The recurrent state after position pos (the last one run) of the tc
+ * chunk state into s_out [Hv, dk, dv]: S0 when pos ends a chunk, else
+ * e^{Γ_r} S0 + Σ_{s<=r ascending} e^{Γ_r − Γ_s} k_s ⊗ V_s on CUDA cores. */
+ls_status ls_cuda_gdn_chunked_tc_state(const float *state, long pos, float *s_out /* [Hv, dk, dv] */, long Hv,
+                                       long dk, long dv, void *stream, ls_error *err);
+
 /* Partial rotate-half RoPE in place; tables from ls_cpu_rope_table (host),
  * uploaded: cos_t/sin_t [T, R/2], one row per token of the call. */
 ls_status ls_cuda_rope_apply(float *x /* [T, H, d] */, const float *cos_t /* [T, R/2] */,
