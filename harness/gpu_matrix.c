@@ -36,7 +36,7 @@
  *   mixed-kv17  the mixed cell on a paged engine (page 17)
  *
  *   gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...] [--serving-only]
- *              [--fp8 dequant|w8a8] [--tier portable|tc]
+ *              [--fp8 dequant|w8a8] [--tier portable|tc] [--gdn-form chunk-aligned]
  *
  * --quick: prompts 8 and 64 only. --prompts: only these prompt lengths (of
  * 8, 64, 256, 1024) and no mixed cell, to run part of the matrix on its own.
@@ -55,6 +55,10 @@
  * still compared bitwise with the same sequences run alone on the tc engine.
  * A bf16 checkpoint only (no --fp8, no FP8 checkpoint) and the cuda backend
  * only. --tier portable (the default): the portable tier, as above.
+ * --gdn-form chunk-aligned: every engine, CUDA and CPU, runs Gated DeltaNet
+ * in the chunk-aligned form (docs/numerics.md §5.1; on the tc tier its
+ * tensor-core kernels, docs/tensor-core-tier.md §3), and the replays add
+ * chunks of 63 and 65, which straddle the form's chunk boundaries.
  * LS_MATRIX_BACKEND=cpu runs every "CUDA" engine on the CPU backend instead
  * (a check of the driver itself on a machine without a GPU). */
 #include <pthread.h>
@@ -78,6 +82,7 @@ static int g_fail, g_cells;
 static int g_w8a8;         /* --fp8 w8a8: every engine, CUDA and CPU */
 static ls_tier g_tier;     /* --tier: the engines' tier (portable or tc) */
 static int g_tc;           /* --tier tc: every engine on the tc tier; none on the CPU */
+static int g_gdn;          /* --gdn-form chunk-aligned: every engine in that GDN form */
 
 static double now_s(void)
 {
@@ -305,6 +310,7 @@ static ls_engine *make_engine_kv(const ls_model *m, const char *backend, long ma
     o.state_digest_every = 16;
     o.fp8_w8a8 = g_w8a8;
     o.kv_page = kv_page;
+    o.gdn_chunked = g_gdn;
     ls_engine *e = NULL;
     TRY(ls_run_engine_open_tier(m, backend, threads, 0, g_tier, &o, max_seqs, max_len, &e, E_));
     return e;
@@ -484,7 +490,7 @@ static void serving(ls_engine *g, const char *gb, const ls_model *m, const seqse
 int main(int argc, char **argv)
 {
     const char *usage = "usage: gpu_matrix CHECKPOINT_DIR OUT.md [--quick | --prompts P,P,...] "
-                        "[--serving-only] [--fp8 dequant|w8a8] [--tier portable|tc]\n";
+                        "[--serving-only] [--fp8 dequant|w8a8] [--tier portable|tc] [--gdn-form chunk-aligned]\n";
     if (argc < 3) {
         fputs(usage, stderr);
         return 2;
@@ -534,6 +540,12 @@ int main(int argc, char **argv)
                 return 2;
             }
             g_tc = g_tier == LS_TIER_TC;
+        } else if (strcmp(argv[a], "--gdn-form") == 0 && a + 1 < argc && !g_gdn) {
+            ls_error err;
+            if (ls_run_parse_gdn_form("--gdn-form", argv[++a], &g_gdn, &err) != LS_OK) {
+                fprintf(stderr, "gpu_matrix: %s\n", err.msg);
+                return 2;
+            }
         } else {
             fputs(usage, stderr);
             return 2;
@@ -580,6 +592,10 @@ int main(int argc, char **argv)
     else
         fprintf(g_md, "Tier: portable (CUDA = CPU bit for bit). Every cell is compared bitwise with the same "
                 "sequences run alone on this engine and on the CPU reference engine.\n\n");
+    if (g_gdn)
+        fprintf(g_md, "Gated DeltaNet form: chunk-aligned (chunks of 64 at absolute positions; %s). The replays "
+                "add chunks of 63 and 65, which straddle its chunk boundaries.\n\n",
+                g_tc ? "the tensor-core kernels, docs/tensor-core-tier.md §3" : "docs/numerics.md §5.1");
     fprintf(g_md, "| cell | sequences | prompt | mode | records | vs single-sequence run | vs CPU engine | s |\n"
                   "|---|---|---|---|---|---|---|---|\n");
     double t0 = now_s();
@@ -657,10 +673,12 @@ int main(int argc, char **argv)
             rollout(g, &q, N, &b, comp_b);
             row(cell, N, P, "rollout (prefill+decode)", &b, &single, cref, now_s() - tc);
             recs_free(&b);
-            long chunks[4] = {P + GEN, 128, 16, 1};
-            int nch = P <= 64 ? 4 : 3;
-            for (int k = 0; k < nch; k++) {
-                if (chunks[k] >= P + GEN && k > 0) continue;
+            /* whole, then chunks (1 for short prompts only; 63 and 65 in the chunk-aligned GDN form) */
+            long chunks[6] = {P + GEN, 128, 65, 63, 16, 1};
+            for (int k = 0; k < 6; k++) {
+                if ((chunks[k] >= P + GEN && k > 0) || (chunks[k] == 1 && P > 64) ||
+                    ((chunks[k] == 63 || chunks[k] == 65) && !g_gdn))
+                    continue;
                 tc = now_s();
                 recs r = {0};
                 replay(g, &q, N, comp, chunks[k], &r);

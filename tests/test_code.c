@@ -95,7 +95,13 @@ START_TEST(test_every_provider_resolves)
         check_rows(backends[b], rows, n, "fp8 dequant");
         rows = ls_backend_list_fp8_providers(backends[b], "w8a8", &n);
         check_rows(backends[b], rows, n, "fp8 w8a8");
-        check_rows(backends[b], ls_backend_gdn_chunked_provider(backends[b]), 1, "gdn chunk-aligned");
+        check_rows(backends[b], ls_backend_gdn_chunked_provider(backends[b], LS_TIER_PORTABLE), 1,
+                   "gdn chunk-aligned");
+        for (int t = LS_TIER_TC; t <= LS_TIER_FAST && b > 0; t++) {
+            check_rows(backends[b], ls_backend_gdn_chunked_provider(backends[b], (ls_tier)t), 1, "gdn chunk-aligned, tier");
+            rows = ls_backend_tier_providers(backends[b], (ls_tier)t, &n);
+            check_rows(backends[b], rows, n, "tier");
+        }
     }
 }
 END_TEST

@@ -693,15 +693,17 @@ START_TEST(test_tier_rows)
         "\"stages\": 35, \"splitk\": 1, \"reduction\": 0, \"swizzle\": 0, \"custom\": 0, "
         "\"inner_shape\": 0, \"cluster_shape\": 3, \"cublaslt_version\": 130100, \"cc\": \"9.0\", "
         "\"qualified_rows\": 1024}"};
-    for (int fast = 0; fast < 2; fast++) {
+    for (int run = 0; run < 4; run++) {
+        int fast = run % 2, gdn = run / 2; /* gdn: the chunk-aligned form's row, the tier's */
+        ls_tier tier = fast ? LS_TIER_FAST : LS_TIER_TC;
         ls_manifest_opts o = ls_manifest_opts_default();
         o.checkpoint = ck;
         o.threads = 2;
         o.backend = "cuda";
         o.mode = fast ? "fast" : "strict";
         o.providers = ls_backend_list_providers("cuda", &o.n_providers);
-        o.tier_providers = ls_backend_tier_providers("cuda", fast ? LS_TIER_FAST : LS_TIER_TC,
-                                                     &o.n_tier_providers);
+        o.tier_providers = ls_backend_tier_providers("cuda", tier, &o.n_tier_providers);
+        if (gdn) o.gdn_chunked = ls_backend_gdn_chunked_provider("cuda", tier);
         ck_assert_uint_eq(o.n_tier_providers, 3);
         if (!fast) {
             o.tc_gemms = rec;
@@ -723,6 +725,11 @@ START_TEST(test_tier_rows)
                          "wmma-k16-ascending-4slices");
         ck_assert_str_eq(json_string_value(json_object_get(json_object_get(ops, "rmsnorm"), "provider")),
                          "cuda-portable");
+        json_t *g = json_object_get(ops, "gdn_recurrent");
+        ck_assert_str_eq(json_string_value(json_object_get(g, "provider")), gdn ? want : "cuda-portable");
+        ck_assert_str_eq(json_string_value(json_object_get(g, "reduction_order")),
+                         gdn ? "chunk-aligned-64-wmma-tf32" : "gdn-recurrent-dot32");
+        ck_assert_int_eq(json_object_get(num, "gdn_form") != NULL, gdn);
         ck_assert_str_eq(json_string_value(json_object_get(num, "tier")), "tensor-core");
         ck_assert_str_eq(json_string_value(json_object_get(num, "mode")), fast ? "fast" : "strict");
         ck_assert_int_eq(json_object_get(num, "tc_gemms") != NULL, !fast);

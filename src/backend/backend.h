@@ -184,6 +184,10 @@ struct ls_backend {
                              int act_bf16, ls_order order, ls_error *err);
     ls_status (*gdn_chunked_state)(ls_backend *be, ls_view state, long pos, ls_view s_out, long Hv, long dk,
                                    long dv, ls_error *err);
+    /* Floats of the state gdn_chunked carries, where it is not
+     * LS_GDN_CHUNK_STATE_FLOATS (NULL): the tensor-core form keeps more per
+     * row (kernels/ops.h LS_CUDA_GDN_TC_STATE_FLOATS). */
+    size_t (*gdn_chunked_floats)(ls_backend *be, long Hv, long dk, long dv);
     ls_status (*rope_apply)(ls_backend *be, ls_view x /* [T, H, d] */, ls_view cos_t /* [T, R/2] */,
                             ls_view sin_t /* [T, R/2] */, long T, long H, long d, long R,
                             int act_bf16, ls_error *err);

@@ -602,21 +602,39 @@ static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view 
 /* The chunk-aligned form (kernels/ops_gdn_chunked.cu): the CPU's state layout. */
 _Static_assert(LS_CUDA_GDN_CHUNK == LS_GDN_CHUNK, "the CUDA and CPU chunk-aligned GDN forms share C");
 
+/* The tc and fast tiers run the tensor-core form (kernels/ops_gdn_tc.cu,
+ * docs/tensor-core-tier.md §3), with its own state layout. */
 static ls_status cu_gdn_chunked(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
                                 ls_view beta, ls_view state, ls_view o, long T, long pos0, long Hk,
                                 long Hv, long dk, long dv, int act_bf16, ls_order order,
                                 ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_gdn_chunked(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, pos0, Hk, Hv,
-                               dk, dv, act_bf16, (int)order, NULL, err);
+    cuda_impl *im = IMPL(be);
+    if (im->tier == LS_TIER_PORTABLE)
+        return ls_cuda_gdn_chunked(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, pos0, Hk, Hv,
+                                   dk, dv, act_bf16, (int)order, NULL, err);
+    if (order != LS_ORDER_CANONICAL)
+        return ls_fail(err, LS_E_UNSUPPORTED, "%s gdn_chunked: only the canonical order", tier_label(im));
+    size_t need = ls_cuda_gdn_tc_scratch_bytes(T, Hv, dk, dv);
+    LS_TRY(scratch_reserve(im, need, err));
+    return ls_cuda_gdn_chunked_tc(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, pos0, Hk, Hv, dk, dv,
+                                  act_bf16, im->scratch, im->scratch_bytes, NULL, err);
 }
 
 static ls_status cu_gdn_chunked_state(ls_backend *be, ls_view state, long pos, ls_view s_out,
                                       long Hv, long dk, long dv, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_gdn_chunked_state(F(state), pos, F(s_out), Hv, dk, dv, NULL, err);
+    if (IMPL(be)->tier == LS_TIER_PORTABLE)
+        return ls_cuda_gdn_chunked_state(F(state), pos, F(s_out), Hv, dk, dv, NULL, err);
+    return ls_cuda_gdn_chunked_tc_state(F(state), pos, F(s_out), Hv, dk, dv, NULL, err);
+}
+
+static size_t cu_gdn_chunked_floats(ls_backend *be, long Hv, long dk, long dv)
+{
+    return IMPL(be)->tier == LS_TIER_PORTABLE ? LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv)
+                                              : LS_CUDA_GDN_TC_STATE_FLOATS(Hv, dk, dv);
 }
 
 static ls_status cu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view sin_t, long T,
@@ -1129,6 +1147,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->gdn_recurrent = cu_gdn_recurrent;
     be->gdn_chunked = cu_gdn_chunked;
     be->gdn_chunked_state = cu_gdn_chunked_state;
+    be->gdn_chunked_floats = cu_gdn_chunked_floats;
     be->rope_apply = cu_rope_apply;
     be->attention = cu_attention;
     be->conv_silu_batch = cu_conv_silu_batch;

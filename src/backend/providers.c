@@ -46,11 +46,23 @@ static const ls_provider cuda_gdn_chunked =
          "4warps x 8cols/block, lane = key rows l+32r in registers, chunk key rows in shared memory",
          "gdn-chunk-aligned-64-dot32");
 
-const ls_provider *ls_backend_gdn_chunked_provider(const char *backend)
+/* The tc and fast tiers' chunk-aligned form (docs/tensor-core-tier.md §3):
+ * its own arithmetic, the products with the state on tensor cores. */
+#define TC_GDN(provider) \
+    {"gdn_recurrent", provider, "ls_gdnt_rows_kernel+ls_gdnt_state_kernel+ls_gdnt_out_kernel+ls_gdnt_mat_kernel", \
+     "chunks of 64 at absolute positions; a block per chunk and head (rows, outputs), per head and 32 value " \
+     "columns (state: WMMA 16x16x8 tf32, fp32 accumulate)", "none", "fp32", "chunk-aligned-64-wmma-tf32", \
+     "tensor-core", "strict"}
+static const ls_provider cuda_tc_gdn_chunked = TC_GDN("cuda-tensor-core");
+static const ls_provider cuda_fast_gdn_chunked = TC_GDN("cuda-fast");
+
+const ls_provider *ls_backend_gdn_chunked_provider(const char *backend, ls_tier tier)
 {
     if (!backend) return NULL;
-    if (!strcmp(backend, "cpu")) return &cpu_gdn_chunked;
-    return !strcmp(backend, "cuda") ? &cuda_gdn_chunked : NULL;
+    if (!strcmp(backend, "cpu")) return tier == LS_TIER_PORTABLE ? &cpu_gdn_chunked : NULL;
+    if (strcmp(backend, "cuda")) return NULL;
+    return tier == LS_TIER_TC ? &cuda_tc_gdn_chunked : tier == LS_TIER_FAST ? &cuda_fast_gdn_chunked
+                                                                            : &cuda_gdn_chunked;
 }
 
 /* The CUDA backend's tc and fast tiers (docs/tensor-core-tier.md §2.2, §2.3,

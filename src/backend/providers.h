@@ -26,10 +26,11 @@ const ls_provider *ls_backend_list_providers(const char *backend, size_t *count)
 const ls_provider *ls_backend_list_fp8_providers(const char *backend, const char *fp8_mode,
                                                  size_t *count);
 
-/* The row of the chunk-aligned GDN form on `backend` (it replaces the
- * gdn_recurrent row when a run uses that form), or NULL where the backend
+/* The row of the chunk-aligned GDN form on `backend` in `tier` (it replaces
+ * the gdn_recurrent row when a run uses that form: the portable kernels, or
+ * the tensor-core ones in the tc and fast tiers), or NULL where the backend
  * has no kernel for it. */
-const ls_provider *ls_backend_gdn_chunked_provider(const char *backend);
+const ls_provider *ls_backend_gdn_chunked_provider(const char *backend, ls_tier tier);
 
 /* The rows of a tier on `backend` (they replace the linear, lm_head and
  * experts rows when a run uses the tier: tc strict, its algorithms pinned in

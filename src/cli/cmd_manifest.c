@@ -166,9 +166,6 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
         }
     }
     if (ls_cli_check_gpu(o->backend, gpu_given, &err) != LS_OK) return ls_cli_report(CMD, &err);
-    /* the chunk-aligned GDN row is the backend's */
-    if (gdn && !(o->gdn_chunked = ls_backend_gdn_chunked_provider(o->backend)))
-        return ls_cli_usage_error(CMD, "--gdn-form chunk-aligned: backend %s has no kernel for it", o->backend);
     if (o->perturbation && !mode_given) o->mode = "fast"; /* a perturbed run is never strict */
     const char *tn = ls_run_tier_name(*tier);
     if (*tier != LS_TIER_PORTABLE && strcmp(o->backend, "cuda"))
@@ -178,6 +175,9 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
                                   "cuBLASLt's orders only)", tn);
     if (*tier == LS_TIER_FAST && mode_given && strcmp(o->mode, "fast"))
         return ls_cli_usage_error(CMD, "--tier fast is a fast-mode run (--mode %s)", o->mode);
+    /* the chunk-aligned GDN row is the backend's in the tier */
+    if (gdn && !(o->gdn_chunked = ls_backend_gdn_chunked_provider(o->backend, *tier)))
+        return ls_cli_usage_error(CMD, "--gdn-form chunk-aligned: backend %s has no kernel for it", o->backend);
     if (*tier == LS_TIER_FAST) o->mode = "fast";
     o->progress = 1;
     return -1;

@@ -215,8 +215,10 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     long K = c->conv_kernel, E = c->n_experts, k = c->topk;
     e->conv_dim = 2 * Hk * dk + Hv * dv;
     e->wqkvz = 2 * Hk * dk + 2 * Hv * dv;
-    e->gdn_floats = e->o.gdn_chunked ? (long)LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv) : Hv * dk * dv;
     ls_backend *be = e->be;
+    e->gdn_floats = !e->o.gdn_chunked        ? Hv * dk * dv
+                    : be->gdn_chunked_floats ? (long)be->gdn_chunked_floats(be, Hv, dk, dv)
+                                             : (long)LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv);
     if (e->o.gdn_chunked && (!be->gdn_chunked || !be->gdn_chunked_state))
         return ls_fail(err, LS_E_UNSUPPORTED, "engine: the chunk-aligned GDN form (gdn_chunked): backend %s "
                        "has no kernel for it", be->name);

@@ -210,10 +210,11 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
                              : i < n + n_f8 + n_g ? o->gdn_chunked : &o->tier_providers[i - n - n_f8 - n_g];
         /* One row per op: a row of the requested mode wins over a strict one
          * (fast mode keeps strict providers for ops with no fast variant); a
-         * tier's row replaces the portable one whatever its mode. */
-        int tier_row = i >= n + n_f8 + n_g;
+         * tier's row, and the chunk-aligned GDN form's, replaces the portable
+         * one whatever its mode. */
+        int tier_row = i >= n + n_f8 + n_g, replaces = i >= n + n_f8;
         json_t *have = json_object_get(ops, p->op);
-        if (have && strcmp(p->mode, o->mode) != 0 && !tier_row) continue;
+        if (have && strcmp(p->mode, o->mode) != 0 && !replaces) continue;
         if (!have && strcmp(p->mode, o->mode) != 0 && strcmp(p->mode, "strict") != 0) continue;
         if (strcmp(p->tier, "tensor-core") == 0) tensor_core = 1;
         json_t *row = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "provider",
@@ -221,7 +222,7 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
                                 p->tile_shape, "split_policy", p->split_policy,
                                 "accumulator_dtype", p->accumulator_dtype, "reduction_order",
                                 p->reduction_order, "tier", p->tier, "mode", p->mode);
-        const char *fp = tier_row ? NULL /* tensor-core rows: no probe applies */
+        const char *fp = tier_row || !strcmp(p->tier, "tensor-core") ? NULL /* no probe applies */
                          : reduction_fingerprint_of(o, p == o->gdn_chunked ? "gdn_chunked" : p->op);
         if (row && fp && json_object_set_new(row, "reduction_fingerprint", json_string(fp)) != 0) {
             json_decref(row);

@@ -271,9 +271,6 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     if (!s->backend || (strcmp(s->backend, "cpu") && strcmp(s->backend, "cuda")))
         return ls_fail(err, LS_E_USAGE, "backend (--backend) '%s': expected cpu or cuda",
                        s->backend ? s->backend : "(none)");
-    if (s->gdn_chunked && !ls_backend_gdn_chunked_provider(s->backend))
-        return ls_fail(err, LS_E_UNSUPPORTED, "gdn_form (--gdn-form) chunk-aligned: backend %s has no kernel "
-                       "for it", s->backend);
     if (s->tier != LS_TIER_PORTABLE) {
         const char *t = ls_run_tier_name(s->tier);
         LS_TRY(tier_refusals(s->tier, s->backend, s->max_rows, NULL, NULL, err));
@@ -284,6 +281,9 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
             return ls_fail(err, LS_E_USAGE, "perturb (--perturb) applies to the portable tier (the %s "
                            "tier's GEMMs have cuBLASLt's orders only)", t);
     }
+    if (s->gdn_chunked && !ls_backend_gdn_chunked_provider(s->backend, s->tier))
+        return ls_fail(err, LS_E_UNSUPPORTED, "gdn_form (--gdn-form) chunk-aligned: backend %s has no kernel "
+                       "for it", s->backend);
     if (rollout) {
         if (s->max_new < 1) return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) must be >= 1");
         if (s->chunk != 0)
@@ -1297,7 +1297,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     int serving_any = 0;
     if (st == LS_OK) st = ls_run_spec_serving(s, &serving, &serving_any, err);
     mo.serving = serving_any ? &serving : NULL;
-    if (s->gdn_chunked) mo.gdn_chunked = ls_backend_gdn_chunked_provider(s->backend);
+    if (s->gdn_chunked) mo.gdn_chunked = ls_backend_gdn_chunked_provider(s->backend, s->tier);
     rank_device dev; /* rank 0's device: the one the manifest describes */
     if (st == LS_OK) st = rank_device_pick(s, &rk, &dev, err);
     if (st == LS_OK) st = ls_run_manifest_facts(s->backend, dev.gpu, &mo, &facts, err);
