@@ -81,6 +81,12 @@
  *             FLA's published 0.472 ms; then one decode step of one sequence
  *             at rows 0, 31 and 63 of a chunk (63 folds the chunk into its
  *             state) and the state materialisation a digest at row 31 costs
+ *   gdn_chunked_tc  the same rows for the chunk-aligned form on tensor cores
+ *             (ls_cuda_gdn_chunked_tc, docs/tensor-core-tier.md §3): 8192
+ *             tokens as a ratio to the recurrent and the portable chunk-aligned
+ *             times of this run (and FLA's 0.472 ms), the decode step at rows
+ *             0, 31, 63 and the state materialisation at row 31; a shape the
+ *             kernel refuses prints one skipped line
  *   --moe-plans  the MoE experts of one layer alone under every kernel plan of
  *             ls_cuda_moe_forward_plan, at 1 .. prefill tokens, vs the bytes of
  *             the distinct experts routed to / copy bandwidth (and whether every
@@ -546,8 +552,9 @@ static double copy_bandwidth(timer *tm, int reps)
     return bw;
 }
 
-/* Kernel micro-benchmark: the strict recurrent scan of one GDN layer. */
-static void gdn_scan(const ls_model_config *c, timer *tm, int reps)
+/* Kernel micro-benchmark: the strict recurrent scan of one GDN layer;
+ * returns the 8192-token time (ms). */
+static float gdn_scan(const ls_model_config *c, timer *tm, int reps)
 {
     const long TS = 8192;
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
@@ -603,10 +610,12 @@ static void gdn_scan(const ls_model_config *c, timer *tm, int reps)
     free(h_be);
     void *bufs[] = {q, k, v, al, be, o, S};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
+    return gm;
 }
 
-/* Kernel micro-benchmark: the strict chunk-aligned form of one GDN layer. */
-static void gdn_chunked_scan(const ls_model_config *c, timer *tm, int reps)
+/* Kernel micro-benchmark: the strict chunk-aligned form of one GDN layer;
+ * returns the 8192-token time (ms). */
+static float gdn_chunked_scan(const ls_model_config *c, timer *tm, int reps)
 {
     const long TS = 8192;
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
@@ -653,6 +662,74 @@ static void gdn_chunked_scan(const ls_model_config *c, timer *tm, int reps)
     free(h_al);
     free(h_be);
     void *bufs[] = {q, k, v, al, be, o, S, M};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
+    return gm;
+}
+
+/* Kernel micro-benchmark: the chunk-aligned form on tensor cores
+ * (ls_cuda_gdn_chunked_tc, docs/tensor-core-tier.md §3) on the inputs of
+ * gdn_chunked_scan, against the recurrent (rec_ms) and portable chunk-aligned
+ * (port_ms) times of this run. A shape the kernel refuses (dk not a multiple
+ * of 16, ...) prints a skipped line instead of its rows. */
+static void gdn_chunked_tc_scan(const ls_model_config *c, timer *tm, int reps, float rec_ms, float port_ms)
+{
+    const long TS = 8192;
+    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
+    size_t sb = LS_CUDA_GDN_TC_STATE_FLOATS(Hv, dk, dv) * 4;
+    size_t scr_b = ls_cuda_gdn_tc_scratch_bytes(TS, Hv, dk, dv);
+    float *q = dfill((size_t)TS * Hk * dk * 4, 0.1f), *k = dfill((size_t)TS * Hk * dk * 4, 0.1f);
+    float *v = dfill((size_t)TS * Hv * dv * 4, 1.0f);
+    float *al = dmalloc((size_t)TS * Hv * 4), *be = dmalloc((size_t)TS * Hv * 4);
+    float *o = dmalloc((size_t)TS * Hv * dv * 4), *S = dmalloc(sb), *M = dmalloc((size_t)Hv * dk * dv * 4);
+    void *scr = dmalloc(scr_b ? scr_b : 256);
+    float *h_al = hfill((size_t)TS * Hv, 0.95f, 0.04f, 11), *h_be = hfill((size_t)TS * Hv, 0.5f, 0.4f, 12);
+    CU(cudaMemcpy(al, h_al, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(be, h_be, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
+    float t[MAX_REPS];
+    for (int r = 0; r < 1 + reps; r++) {
+        CU(cudaMemset(S, 0, sb));
+        tstart(tm);
+        ls_status st = ls_cuda_gdn_chunked_tc(q, k, v, al, be, S, o, TS, 0, Hk, Hv, dk, dv, 1, scr, scr_b, NULL,
+                                              &g_err);
+        float ms = tstop(tm);
+        if (st == LS_E_UNSUPPORTED && r == 0) {
+            printf("gdn chunk-aligned tensor cores (h_qk %ld, h_v %ld, d %ld/%ld): skipped: %s\n", Hk, Hv, dk, dv,
+                   g_err.msg);
+            goto out;
+        }
+        CK(st);
+        if (r >= 1) t[r - 1] = ms;
+    }
+    float gm = median(t, reps);
+    printf("gdn chunk-aligned tensor cores 8192 tokens (h_qk %ld, h_v %ld, d %ld), scratch %.1f MB: %.3f ms = "
+           "%.2f x strict recurrent, %.2f x strict chunk-aligned, %.1f x FLA's published 0.472 ms (chunked, "
+           "H200)\n", Hk, Hv, dk, scr_b / 1e6, gm, gm / rec_ms, gm / port_ms, gm / 0.472);
+    /* decode: one token of one sequence after the prefill, at rows 0, 31, 63
+     * (63 folds the chunk into S0 on tensor cores) */
+    static const long rows[] = {0, 31, 63};
+    for (int ri = 0; ri < 3; ri++) {
+        long pos = TS + rows[ri];
+        for (int r = 0; r < 1 + reps; r++) {
+            tstart(tm);
+            CK(ls_cuda_gdn_chunked_tc(q, k, v, al, be, S, o, 1, pos, Hk, Hv, dk, dv, 1, scr, scr_b, NULL, &g_err));
+            float ms = tstop(tm);
+            if (r >= 1) t[r - 1] = ms;
+        }
+        printf("gdn chunk-aligned tensor cores decode, one sequence at row %ld of its chunk (one layer): %.4f ms\n",
+               rows[ri], median(t, reps));
+    }
+    for (int r = 0; r < 1 + reps; r++) {
+        tstart(tm);
+        CK(ls_cuda_gdn_chunked_tc_state(S, TS + 31, M, Hv, dk, dv, NULL, &g_err));
+        float ms = tstop(tm);
+        if (r >= 1) t[r - 1] = ms;
+    }
+    printf("gdn chunk-aligned tensor cores state materialisation at row 31 (one layer, for a digest): %.4f ms\n",
+           median(t, reps));
+out:
+    free(h_al);
+    free(h_be);
+    void *bufs[] = {q, k, v, al, be, o, S, M, scr};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
 }
 
@@ -1213,8 +1290,9 @@ int main(int argc, char **argv)
         /* Kernel micro-benchmarks first, in memory the engine takes afterwards. */
         double bw = copy_bandwidth(&tm, reps);
         if (moe_plans) moe_plan_table(&full_cfg, &tm, bw, prefill, reps);
-        gdn_scan(&full_cfg, &tm, reps);
-        gdn_chunked_scan(&full_cfg, &tm, reps);
+        float rec_ms = gdn_scan(&full_cfg, &tm, reps);
+        float port_ms = gdn_chunked_scan(&full_cfg, &tm, reps);
+        gdn_chunked_tc_scan(&full_cfg, &tm, reps, rec_ms, port_ms);
 
         /* The engine: as many layers as fit (or --layers), 1 + BMAX slots of
          * prefill + the decode steps' positions, max_rows for the prefill. */

@@ -19,6 +19,10 @@
  *     and on the same experts the tensor-core tier's (ls_cuda_moe_forward_tc):
  *     batch invariant bit for bit, near the portable rows, refused where
  *     its shapes do not hold;
+ *   - the chunk-aligned GDN form on tensor cores (ls_cuda_gdn_chunked_tc, not
+ *     an operator of ls_backend yet): whole, cut and in pieces bit for bit
+ *     (outputs, its state, the materialised states), near the portable
+ *     chunk-aligned kernel, refused where its shapes or scratch do not hold;
  *   - top-k (ls_cuda_topk): not an operator of ls_backend;
  *   - shape limits that fail closed on CUDA (GDN dk > 128, attention d > 256,
  *     conv K > 8, linear with the reversed order, MoE experts of mixed
@@ -261,6 +265,291 @@ START_TEST(test_moe_plans)
 }
 END_TEST
 
+/* ---- direct: the chunk-aligned GDN form on tensor cores ---------------------------------- */
+
+/* ls_cuda_gdn_chunked_tc (docs/tensor-core-tier.md §3) on one sequence of
+ * N = P + T tokens: P = 0, or a first call of P = 37 tokens that leaves the
+ * state mid-chunk, then T tokens. Three splittings of the same tokens, each
+ * from a zeroed state:
+ *   whole   the P tokens, then the T in one call (T > 1024: the kernel's
+ *           own pieces);
+ *   cut     calls that end at the marks (positions mid-chunk and at a
+ *           chunk's end, and the last), the state materialised at each;
+ *   pieces  calls of 1 for the first 70 positions, then of 7, 64, 65, 256
+ *           in turn, also ending at the marks, materialised there.
+ * The three give the same o and the same whole tc state
+ * (LS_CUDA_GDN_TC_STATE_FLOATS), and cut and pieces the same materialised
+ * states, bit for bit: row r of a chunk reads rows <= r only. Against the
+ * portable chunk-aligned kernel (ls_cuda_gdn_chunked, the CPU's bits) on the
+ * cut calls, o and every materialised state are within 2 % of the largest
+ * portable |value| (TF32 products: a wrong row, decay or fold is far off).
+ * Each call is given exactly ls_cuda_gdn_tc_scratch_bytes of its T. */
+#define LS_CONF_GDN_TC_P 37        /* the mid-chunk start's first call */
+#define LS_CONF_GDN_TC_TMAX 1100   /* the longest T: more than one of the kernel's pieces */
+#define LS_CONF_GDN_TC_MARKS 8
+
+typedef struct gdn_tc_seq {
+    long Hk, Hv, dk, dv;
+    int act;
+    const float *q, *k, *v, *al, *be; /* device: [N, Hk, dk] twice, [N, Hv, dv], [N, Hv] twice */
+    void *scr;                        /* device scratch of the largest call */
+    long marks[LS_CONF_GDN_TC_MARKS]; /* ascending positions whose materialised state is compared */
+    int n_marks;
+} gdn_tc_seq;
+
+static int cmp_long(const void *a, const void *b)
+{
+    long x = *(const long *)a, y = *(const long *)b;
+    return (x > y) - (x < y);
+}
+
+/* The last positions of the calls that run positions 0 .. N-1 (ascending,
+ * into ends [N]); returns their count. pieces 0: a call ending at P-1 (when
+ * P > 0) and one ending at N-1; 1: the pieces schedule. Every mark also ends
+ * a call unless whole is set. */
+static long gdn_tc_ends(const gdn_tc_seq *s, long N, long P, int pieces, int whole, long *ends)
+{
+    static const long cycle[] = {7, 64, 65, 256};
+    long n = 0;
+    if (pieces) {
+        int ci = 0;
+        for (long pos = 0; pos < N;) {
+            long m = pos < 70 ? 1 : cycle[ci++ % 4];
+            pos = pos + m < N ? pos + m : N;
+            ends[n++] = pos - 1;
+        }
+    } else {
+        if (P > 0) ends[n++] = P - 1;
+        ends[n++] = N - 1;
+    }
+    for (int i = 0; i < s->n_marks && !whole; i++) ends[n++] = s->marks[i];
+    qsort(ends, (size_t)n, sizeof *ends, cmp_long);
+    long u = 0;
+    for (long i = 0; i < n; i++)
+        if (u == 0 || ends[i] != ends[u - 1]) ends[u++] = ends[i];
+    return u;
+}
+
+/* Runs positions 0 .. ends[n-1] in the calls ending at ends[] from a zeroed
+ * state, on tensor cores (tc 1) or the portable kernel (0); after a call
+ * ending at mark i materialises the state into mats + i Hv dk dv (device). */
+static void gdn_tc_run(const gdn_tc_seq *s, int tc, const long *ends, long n, float *state, float *o, float *mats)
+{
+    size_t SN = (size_t)(s->Hv * s->dk * s->dv);
+    size_t sf = tc ? LS_CUDA_GDN_TC_STATE_FLOATS(s->Hv, s->dk, s->dv)
+                   : LS_GDN_CHUNK_STATE_FLOATS(s->Hv, s->dk, s->dv);
+    long nk = s->Hk * s->dk, nv = s->Hv * s->dv;
+    ls_error e_;
+    ck_assert_msg(ls_cuda_memset(state, 0, 4 * sf, &e_) == LS_OK, "%s", e_.msg);
+    long pos = 0;
+    for (long c = 0; c < n; c++) {
+        long m = ends[c] + 1 - pos;
+        ls_status st;
+        if (tc)
+            st = ls_cuda_gdn_chunked_tc(s->q + pos * nk, s->k + pos * nk, s->v + pos * nv, s->al + pos * s->Hv,
+                                        s->be + pos * s->Hv, state, o + pos * nv, m, pos, s->Hk, s->Hv, s->dk,
+                                        s->dv, s->act, s->scr, ls_cuda_gdn_tc_scratch_bytes(m, s->Hv, s->dk, s->dv),
+                                        NULL, &e_);
+        else
+            st = ls_cuda_gdn_chunked(s->q + pos * nk, s->k + pos * nk, s->v + pos * nv, s->al + pos * s->Hv,
+                                     s->be + pos * s->Hv, state, o + pos * nv, m, pos, s->Hk, s->Hv, s->dk, s->dv,
+                                     s->act, LS_ORDER_CANONICAL, NULL, &e_);
+        ck_assert_msg(st == LS_OK, "gdn %s, %ld tokens at %ld: %s", tc ? "tc" : "portable", m, pos, e_.msg);
+        pos = ends[c] + 1;
+        for (int i = 0; i < s->n_marks; i++) {
+            if (s->marks[i] != ends[c]) continue;
+            st = tc ? ls_cuda_gdn_chunked_tc_state(state, ends[c], mats + i * SN, s->Hv, s->dk, s->dv, NULL, &e_)
+                    : ls_cuda_gdn_chunked_state(state, ends[c], mats + i * SN, s->Hv, s->dk, s->dv, NULL, &e_);
+            ck_assert_msg(st == LS_OK, "gdn %s state at %ld: %s", tc ? "tc" : "portable", ends[c], e_.msg);
+        }
+    }
+}
+
+/* a and b bit for bit (memcmp); else prints the first differing element
+ * with both values' bits and fails. */
+static void same_bits(const char *what, const float *a, const float *b, size_t n)
+{
+    if (memcmp(a, b, 4 * n) == 0) return;
+    ls_gpu_same_f32(what, a, b, n);
+    ck_abort_msg("%s: not bitwise equal", what);
+}
+
+/* max |got - want| / max |want| over n values (infinite when got is not
+ * finite somewhere); fails above 2 %. */
+static double near_portable(const char *what, const float *want, const float *got, size_t n)
+{
+    float big = 0.0f, worst = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        big = fmaxf(big, fabsf(want[i]));
+        worst = isfinite(got[i]) ? fmaxf(worst, fabsf(got[i] - want[i])) : INFINITY;
+    }
+    double rel = big > 0.0f ? (double)worst / (double)big : (double)worst;
+    ck_assert_msg(rel <= 2e-2, "%s: max |tc - portable| %g of max |portable| %g (%.3g)", what, (double)worst,
+                  (double)big, rel);
+    return rel;
+}
+
+/* Host inputs of N tokens as the engine feeds the step: q, k L2-normalised
+ * per head (q scaled by 1/sqrt(dk)), α = exp(-e^a softplus(x)) in (0, 1)
+ * with every 13th near 1e-30, β a sigmoid; bf16-exact under act. */
+static void gdn_tc_inputs(long N, long Hk, long Hv, long dk, long dv, int act, float **q, float **k, float **v,
+                          float **al, float **be)
+{
+    size_t nq = (size_t)(N * Hk * dk), nh = (size_t)(N * Hv);
+    *q = rand_f32(nq, 1.0f, act);
+    *k = rand_f32(nq, 1.0f, act);
+    *v = rand_f32((size_t)(N * Hv * dv), 1.0f, act);
+    ls_cpu_l2norm_scale(*q, N * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
+    ls_cpu_l2norm_scale(*k, N * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
+    for (size_t i = 0; i < nq && act; i++) {
+        (*q)[i] = ls_round_bf16((*q)[i]);
+        (*k)[i] = ls_round_bf16((*k)[i]);
+    }
+    *al = malloc(4 * nh);
+    *be = malloc(4 * nh);
+    for (size_t i = 0; i < nh; i++) {
+        float x = ls_gpu_rand_f32(&g_seed, 4.0f), a = ls_gpu_rand_f32(&g_seed, 2.0f);
+        float sp = x > 20.0f ? x : log1pf(expf(x));
+        (*al)[i] = i % 13 == 5 ? 1e-30f : expf(-expf(a) * sp);
+        if (!((*al)[i] > 0.0f)) (*al)[i] = 1e-30f;
+        float b = 1.0f / (1.0f + expf(-ls_gpu_rand_f32(&g_seed, 4.0f)));
+        (*be)[i] = act ? ls_round_bf16(b) : b;
+    }
+}
+
+static void check_gdn_tc(long Hk, long Hv, long dk, long dv, int act)
+{
+    reset_arena();
+    static const long Ts_full[] = {1, 63, 64, 65, 200, LS_CONF_GDN_TC_TMAX}, Ts_quick[] = {1, 64, 65};
+    const long *Ts = g_quick ? Ts_quick : Ts_full;
+    int nT = g_quick ? 3 : 6;
+    long NMAX = LS_CONF_GDN_TC_P + Ts[nT - 1];
+    long nk = Hk * dk, nv = Hv * dv;
+    size_t SN = (size_t)(Hv * dk * dv), SF = LS_CUDA_GDN_TC_STATE_FLOATS(Hv, dk, dv);
+    size_t PF = LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv), OF = (size_t)(NMAX * nv);
+    float *q, *k, *v, *al, *be;
+    gdn_tc_inputs(NMAX, Hk, Hv, dk, dv, act, &q, &k, &v, &al, &be);
+    gdn_tc_seq s = {Hk, Hv, dk, dv, act, dup_dev(q, 4 * NMAX * nk), dup_dev(k, 4 * NMAX * nk),
+                    dup_dev(v, 4 * OF), dup_dev(al, 4 * NMAX * Hv), dup_dev(be, 4 * NMAX * Hv), NULL, {0}, 0};
+    size_t scr_bytes = 0;
+    for (long t = 1; t <= NMAX; t++) {
+        size_t b = ls_cuda_gdn_tc_scratch_bytes(t, Hv, dk, dv);
+        scr_bytes = b > scr_bytes ? b : scr_bytes;
+    }
+    ls_error e_;
+    ck_assert_msg(ls_cuda_malloc(&s.scr, scr_bytes ? scr_bytes : 256, &e_) == LS_OK, "%s", e_.msg);
+    /* device: o and state of each run (whole, cut, pieces tc; cut portable), materialised states */
+    float *d_o[4], *d_st[4], *d_m[4];
+    for (int r = 0; r < 4; r++) {
+        d_o[r] = dalloc(4 * OF);
+        d_st[r] = dalloc(4 * (r == 3 ? PF : SF));
+        d_m[r] = dalloc(4 * SN * LS_CONF_GDN_TC_MARKS);
+    }
+    float *h_o[4], *h_st[3], *h_m[4];
+    for (int r = 0; r < 4; r++) {
+        h_o[r] = malloc(4 * OF);
+        h_m[r] = malloc(4 * SN * LS_CONF_GDN_TC_MARKS);
+        if (r < 3) h_st[r] = malloc(4 * SF);
+    }
+    long *ends = malloc(sizeof(long) * (size_t)(NMAX + LS_CONF_GDN_TC_MARKS));
+    double worst_o = 0.0, worst_s = 0.0;
+    long calls = 0;
+    for (int ti = 0; ti < nT; ti++)
+        for (long P = 0; P <= LS_CONF_GDN_TC_P; P += LS_CONF_GDN_TC_P) {
+            long T = Ts[ti], N = P + T;
+            /* mid-chunk rows 40, 64, 100, 1000; chunk ends 63, 127, 1023; the last position */
+            static const long cand[] = {40, 63, 64, 100, 127, 1000, 1023};
+            s.n_marks = 0;
+            for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
+                if (cand[i] >= P && cand[i] < N - 1) s.marks[s.n_marks++] = cand[i];
+            s.marks[s.n_marks++] = N - 1;
+            int last = s.n_marks - 1;
+            char what[200];
+            snprintf(what, sizeof what, "gdn tc Hk %ld Hv %ld dk %ld dv %ld act %d, T %ld at %ld", Hk, Hv, dk, dv,
+                     act, T, P);
+            /* whole, cut, pieces on tensor cores; cut on the portable kernel */
+            for (int r = 0; r < 4; r++) {
+                long n = gdn_tc_ends(&s, N, P, r == 2, r == 0, ends);
+                gdn_tc_run(&s, r < 3, ends, n, d_st[r], d_o[r], d_m[r]);
+                calls += n;
+                fetch(h_o[r], d_o[r], 4 * (size_t)(N * nv));
+                /* the whole run ends at no mark but the last */
+                size_t m0 = r == 0 ? (size_t)last * SN : 0;
+                fetch(h_m[r] + m0, d_m[r] + m0, 4 * (SN * (size_t)s.n_marks - m0));
+                if (r < 3) fetch(h_st[r], d_st[r], 4 * SF);
+            }
+            static const char *const run_name[] = {"whole", "cut at the marks", "in pieces"};
+            char w2[300];
+            for (int r = 1; r < 3; r++) {
+                snprintf(w2, sizeof w2, "%s: o %s vs whole", what, run_name[r]);
+                same_bits(w2, h_o[0], h_o[r], (size_t)(N * nv));
+                snprintf(w2, sizeof w2, "%s: tc state %s vs whole", what, run_name[r]);
+                same_bits(w2, h_st[0], h_st[r], SF);
+            }
+            snprintf(w2, sizeof w2, "%s: materialised state at %ld, whole vs in pieces", what, N - 1);
+            same_bits(w2, h_m[0] + last * SN, h_m[2] + last * SN, SN);
+            for (int i = 0; i < s.n_marks; i++) {
+                snprintf(w2, sizeof w2, "%s: materialised state at %ld, cut vs in pieces", what, s.marks[i]);
+                same_bits(w2, h_m[1] + i * SN, h_m[2] + i * SN, SN);
+            }
+            snprintf(w2, sizeof w2, "%s: o", what);
+            worst_o = fmax(worst_o, near_portable(w2, h_o[3], h_o[1], (size_t)(N * nv)));
+            for (int i = 0; i < s.n_marks; i++) {
+                snprintf(w2, sizeof w2, "%s: materialised state at %ld", what, s.marks[i]);
+                worst_s = fmax(worst_s, near_portable(w2, h_m[3] + i * SN, h_m[1] + i * SN, SN));
+            }
+        }
+    printf("  ok gdn tc Hk %ld Hv %ld dk %ld dv %ld act %d: T 1 .. %ld at 0 and %d, whole = cut = in pieces bit "
+           "for bit (o, state, materialised states; %ld calls); vs portable max rel |d| o %.3g state %.3g\n", Hk,
+           Hv, dk, dv, act, Ts[nT - 1], LS_CONF_GDN_TC_P, calls, worst_o, worst_s);
+    fflush(stdout);
+    /* a scratch one byte short of what the call needs is refused */
+    long T = 65;
+    size_t need = ls_cuda_gdn_tc_scratch_bytes(T, Hv, dk, dv);
+    ls_error_clear(&e_);
+    ls_status st = ls_cuda_gdn_chunked_tc(s.q, s.k, s.v, s.al, s.be, d_st[0], d_o[0], T, 0, Hk, Hv, dk, dv, act,
+                                          s.scr, need - 1, NULL, &e_);
+    ck_assert_msg(need > 0 && st != LS_OK && strstr(e_.msg, "scratch"),
+                  "%ld tokens with %zu of %zu scratch bytes: status %d, '%s'", T, need - 1, need, (int)st, e_.msg);
+    ls_cuda_free(s.scr);
+    for (int r = 0; r < 4; r++) {
+        free(h_o[r]); free(h_m[r]);
+        if (r < 3) free(h_st[r]);
+    }
+    free(ends); free(q); free(k); free(v); free(al); free(be);
+}
+
+/* Shapes the tensor-core form does not take fail closed, naming the
+ * dimension (null inputs: the check comes before any launch). */
+static void check_gdn_tc_refused(void)
+{
+    static const long shapes[][3] = {{40, 32, 'k'}, {144, 32, 'k'}, {32, 48, 'v'}, {64, 100, 'v'}};
+    void *scr = NULL;
+    size_t bytes = (size_t)64 << 20;
+    ls_error e_;
+    ck_assert_msg(ls_cuda_malloc(&scr, bytes, &e_) == LS_OK, "%s", e_.msg);
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        long dk = shapes[i][0], dv = shapes[i][1];
+        const char *field = shapes[i][2] == 'k' ? "dk" : "dv";
+        ls_error_clear(&e_);
+        ls_status st = ls_cuda_gdn_chunked_tc(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 1, 0, 1, 2, dk, dv, 1, scr,
+                                              bytes, NULL, &e_);
+        ck_assert_msg(st == LS_E_UNSUPPORTED && strstr(e_.msg, field), "gdn tc dk %ld dv %ld: status %d, '%s'",
+                      dk, dv, (int)st, e_.msg);
+        printf("  ok gdn tc dk %ld dv %ld refused: %s\n", dk, dv, e_.msg);
+    }
+    ls_cuda_free(scr);
+}
+
+START_TEST(test_gdn_tc)
+{
+    check_gdn_tc_refused();
+    check_gdn_tc(2, 4, 32, 32, 0);
+    check_gdn_tc(4, 8, 64, 64, 1);
+    check_gdn_tc(16, 32, 128, 128, 1);
+}
+END_TEST
+
 /* ---- direct: top-k of logprob rows ---------------------------------------------------- */
 
 static void check_topk(long R, long V, long k, float scale)
@@ -392,6 +681,7 @@ int main(void)
     TCase *td = tcase_create("direct kernels");
     tcase_set_timeout(td, 900);
     tcase_add_test(td, test_moe_plans);
+    tcase_add_test(td, test_gdn_tc);
     tcase_add_test(td, test_topk);
     tcase_add_test(td, test_fail_closed);
     suite_add_tcase(s, td);

@@ -7,7 +7,9 @@
  *   - a seeded rollout is the same under other packings (--max-rows 7 with
  *     the batch reversed, --max-rows 256) and alone per sequence, and its
  *     teacher-forced replays at chunks 1, 7, 64, 256 and whole equal it,
- *     bit for bit (`lockstep compare`);
+ *     bit for bit (`lockstep compare`); in the recurrent GDN form and in the
+ *     chunk-aligned one (--gdn-form chunk-aligned, docs/numerics.md §5.1:
+ *     one prompt crosses position 64, so packings and chunks split a chunk);
  *   - against the portable tier on the same tokens it is not a bitwise
  *     claim: the |d logprob| distribution is printed (for the report), its
  *     median small (the same function, another summation order);
@@ -16,6 +18,10 @@
  *     digest is the one the run's trace carries; the portable manifest
  *     differs from it with a voiding difference; `manifest verify --tier tc`
  *     holds on the same GPU;
+ *   - `manifest pin --tier tc --gdn-form chunk-aligned` records the GDN row
+ *     of the chunk-aligned form on tensor cores (provider cuda-tensor-core,
+ *     order chunk-aligned-64-wmma-tf32; --tier fast: cuda-fast, the same
+ *     order), and the chunk-aligned rollout's trace carries its digest;
  *   - the fast tier (--tier fast: cuBLASLt's per-call choice) runs as a
  *     non-strict run, pins mode fast, and differs from tc under manifest diff;
  *   - an FP8 checkpoint is refused (exit 2, naming it).
@@ -37,6 +43,12 @@ static char *g_dir;
 static const char *const g_model[N_MODELS] = {"tiny", "q35"};
 #define N_SEQS 6
 static const int g_lens[N_SEQS] = {1, 7, 12, 19, 30, 70};
+/* The GDN forms the invariance runs in: the default (recurrent) and the
+ * chunk-aligned one; the flag the rollouts add and the traces' name tag. */
+#define N_FORMS 2
+static const char *const g_form_flag[N_FORMS] = {"", " --gdn-form chunk-aligned"};
+static const char *const g_form_tag[N_FORMS] = {"", "-ca"};
+static const char *const g_form_name[N_FORMS] = {"recurrent GDN", "chunk-aligned GDN"};
 
 static void setup(void)
 {
@@ -109,42 +121,45 @@ static int seq_equal(const char *a, const char *b, int seq)
 #define ROLLOUT "--mode rollout --max-new-tokens 6 --sampling seeded --seed 11 --state-digest-every 4"
 
 /* Rollout under three packings and alone per sequence, replays at five
- * chunkings: all equal the first rollout. */
+ * chunkings: all equal the first rollout. Loop index: model x GDN form
+ * (the replays take the form from the rollout). */
 START_TEST(test_tc_invariance)
 {
-    const char *mod = g_model[_i];
+    const char *mod = g_model[_i / N_FORMS], *form = g_form_flag[_i % N_FORMS], *tag = g_form_tag[_i % N_FORMS];
+    const char *fname = g_form_name[_i % N_FORMS];
     char args[4096], name[64], ref[64];
-    snprintf(ref, sizeof ref, "%s-tc.trace", mod);
-    snprintf(args, sizeof args, RUN_TC " " ROLLOUT " --prompts %s/prompts.jsonl --max-rows 24 -o %s/%s", g_dir, mod,
-             g_dir, g_dir, ref);
+    snprintf(ref, sizeof ref, "%s-tc%s.trace", mod, tag);
+    snprintf(args, sizeof args, RUN_TC " " ROLLOUT "%s --prompts %s/prompts.jsonl --max-rows 24 -o %s/%s", g_dir,
+             mod, form, g_dir, g_dir, ref);
     cli_ok("tc rollout", args);
     static const char *const packings[] = {"--max-rows 7 --reverse-batch", "--max-rows 256"};
     for (int p = 0; p < 2; p++) {
-        snprintf(name, sizeof name, "%s-tc-pack%d.trace", mod, p);
-        snprintf(args, sizeof args, RUN_TC " " ROLLOUT " --prompts %s/prompts.jsonl %s -o %s/%s", g_dir, mod, g_dir,
-                 packings[p], g_dir, name);
+        snprintf(name, sizeof name, "%s-tc%s-pack%d.trace", mod, tag, p);
+        snprintf(args, sizeof args, RUN_TC " " ROLLOUT "%s --prompts %s/prompts.jsonl %s -o %s/%s", g_dir, mod, form,
+                 g_dir, packings[p], g_dir, name);
         cli_ok(packings[p], args);
         ls_test_expect_traces_equal(g_dir, ref, name, N_SEQS);
     }
-    printf("  ok %s tc: rollout equal at --max-rows 24, 7 (batch reversed) and 256\n", mod);
+    printf("  ok %s tc, %s: rollout equal at --max-rows 24, 7 (batch reversed) and 256\n", mod, fname);
     /* batch of one: the sequence's records equal its records in the batch */
     for (int i = 0; i < N_SEQS; i++) {
-        snprintf(name, sizeof name, "%s-tc-alone%d.trace", mod, i);
-        snprintf(args, sizeof args, RUN_TC " " ROLLOUT " --prompts %s/prompt%d.jsonl --max-rows 24 -o %s/%s", g_dir,
-                 mod, g_dir, i, g_dir, name);
+        snprintf(name, sizeof name, "%s-tc%s-alone%d.trace", mod, tag, i);
+        snprintf(args, sizeof args, RUN_TC " " ROLLOUT "%s --prompts %s/prompt%d.jsonl --max-rows 24 -o %s/%s",
+                 g_dir, mod, form, g_dir, i, g_dir, name);
         cli_ok("tc rollout alone", args);
-        ck_assert_msg(seq_equal(name, ref, i), "%s: sequence %d alone differs from it in the batch", mod, i);
+        ck_assert_msg(seq_equal(name, ref, i), "%s, %s: sequence %d alone differs from it in the batch", mod, fname,
+                      i);
     }
-    printf("  ok %s tc: each of %d sequences alone = in the batch\n", mod, N_SEQS);
+    printf("  ok %s tc, %s: each of %d sequences alone = in the batch\n", mod, fname, N_SEQS);
     static const char *const chunks[] = {"--chunk 1", "--chunk 7", "--chunk 64", "--chunk 256", ""};
     for (int c = 0; c < 5; c++) {
-        snprintf(name, sizeof name, "%s-tc-replay%d.trace", mod, c);
+        snprintf(name, sizeof name, "%s-tc%s-replay%d.trace", mod, tag, c);
         snprintf(args, sizeof args, "run --backend cuda --checkpoint %s/%s --mode replay --from %s/%s %s -o %s/%s",
                  g_dir, mod, g_dir, ref, chunks[c], g_dir, name);
-        cli_ok("tc replay (tier from the rollout)", args);
+        cli_ok("tc replay (tier and GDN form from the rollout)", args);
         ls_test_expect_traces_equal(g_dir, ref, name, N_SEQS);
     }
-    printf("  ok %s tc: replays at chunks 1, 7, 64, 256 and whole = the rollout\n", mod);
+    printf("  ok %s tc, %s: replays at chunks 1, 7, 64, 256 and whole = the rollout\n", mod, fname);
     fflush(stdout);
 }
 END_TEST
@@ -259,6 +274,45 @@ START_TEST(test_tc_manifest)
 }
 END_TEST
 
+/* The GDN row of `manifest pin --tier TIER --gdn-form chunk-aligned`
+ * (pinned to g_dir/NAME): an operator row of a gdn op with provider
+ * `provider` and the tensor-core chunk-aligned order, and the form. */
+static void expect_gdn_tc_row(const char *tier, const char *name, const char *provider)
+{
+    char args[4096];
+    snprintf(args, sizeof args, "manifest pin --checkpoint %s/tiny --backend cuda --tier %s --gdn-form chunk-aligned "
+             "-o %s/%s", g_dir, tier, g_dir, name);
+    cli_ok("manifest pin --gdn-form chunk-aligned", args);
+    json_t *m = load_json(name);
+    json_t *num = json_object_get(m, "numerics");
+    ck_assert_str_eq(json_string_value(json_object_get(num, "gdn_form")), "chunk-aligned-64");
+    json_t *ops = json_object_get(num, "operators"), *row;
+    const char *op;
+    int found = 0;
+    json_object_foreach(ops, op, row) {
+        if (strncmp(op, "gdn", 3) != 0) continue;
+        const char *pv = json_string_value(json_object_get(row, "provider"));
+        const char *order = json_string_value(json_object_get(row, "reduction_order"));
+        printf("    %s: %s %s: %s / %s\n", name, tier, op, pv ? pv : "?", order ? order : "?");
+        found |= pv && order && !strcmp(pv, provider) && !strcmp(order, "chunk-aligned-64-wmma-tf32");
+    }
+    ck_assert_msg(found, "%s: no gdn row with provider %s and order chunk-aligned-64-wmma-tf32", name, provider);
+    json_decref(m);
+}
+
+/* The chunk-aligned form's manifests on the tc and fast tiers, and the
+ * digest of the tc one in the chunk-aligned tc rollout's trace (after
+ * test_tc_invariance, which writes tiny-tc-ca.trace). */
+START_TEST(test_tc_gdn_chunked_manifest)
+{
+    expect_gdn_tc_row("tc", "tc-ca.json", "cuda-tensor-core");
+    expect_trace_digest("tiny-tc-ca.trace", "tc-ca.json");
+    expect_gdn_tc_row("fast", "fast-ca.json", "cuda-fast");
+    printf("  ok manifest pin --gdn-form chunk-aligned: tc and fast tiers' gdn rows on tensor cores; the "
+           "chunk-aligned trace carries the tc digest\n");
+}
+END_TEST
+
 /* The fast tier: the same linears through cuBLASLt's per-call choice, a
  * non-strict run. It runs, says so, pins mode fast with its rows (no GEMM
  * records), and whether its replay in chunks of 1 still equals its rollout
@@ -326,9 +380,10 @@ int main(void)
     tcase_add_unchecked_fixture(tc, setup, NULL);
     /* LS_GPU_QUICK (the sanitizer runs): Qwen3-Next tiny only */
     int models = getenv("LS_GPU_QUICK") ? 1 : N_MODELS;
-    tcase_add_loop_test(tc, test_tc_invariance, 0, models);
+    tcase_add_loop_test(tc, test_tc_invariance, 0, models * N_FORMS);
     tcase_add_loop_test(tc, test_tc_vs_portable, 0, models);
     tcase_add_test(tc, test_tc_manifest);
+    tcase_add_test(tc, test_tc_gdn_chunked_manifest);
     tcase_add_test(tc, test_fast_tier); /* after test_tc_manifest: it diffs against tc.json */
     tcase_add_test(tc, test_tc_fp8_refused);
     suite_add_tcase(s, tc);
