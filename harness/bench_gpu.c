@@ -95,7 +95,8 @@
  *
  *   bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc|fast] [--layers N]
  *             [--prefill T] [--reps N] [--breakdown] [--moe-plans]
- *             [--ttft LENS [--ttft-conc LIST] [--only-ttft]]
+ *             [--ttft LENS [--ttft-conc LIST] [--only-ttft]] [--only-kernels]
+ *             --only-kernels: the kernel micro-benchmarks alone (no engine)
  *             NAME: a synth preset (default qwen3-next-80b-a3b); T: the prefill
  *             length and the engines' max_rows (at least 32); LENS, LIST: comma
  *             lists of prompt lengths (e.g. 128,1024,8192,32768) and of
@@ -1225,13 +1226,14 @@ static void describe(const bench *b, long L, long n_layers_full, const struct cu
 int main(int argc, char **argv)
 {
     long L_arg = 0, prefill = 1024;
-    int reps = 5, breakdown = 0, moe_plans = 0, only_ttft = 0, n_lens = 0, n_conc = 2;
+    int reps = 5, breakdown = 0, moe_plans = 0, only_ttft = 0, only_kernels = 0, n_lens = 0, n_conc = 2;
     long lens[TTFT_MAX], conc[TTFT_MAX] = {1, 8};
     const char *conc_arg = NULL;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--breakdown")) { breakdown = 1; i--; continue; }
         if (!strcmp(argv[i], "--moe-plans")) { moe_plans = 1; i--; continue; }
         if (!strcmp(argv[i], "--only-ttft")) { only_ttft = 1; i--; continue; }
+        if (!strcmp(argv[i], "--only-kernels")) { only_kernels = 1; i--; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "bench_gpu: %s needs a value\n", argv[i]); return 2; }
         if (!strcmp(argv[i], "--layers")) L_arg = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill")) prefill = atol(argv[i + 1]);
@@ -1247,7 +1249,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc|fast] "
                             "[--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans] "
-                            "[--ttft LENS [--ttft-conc LIST] [--only-ttft]]\n");
+                            "[--ttft LENS [--ttft-conc LIST] [--only-ttft]] [--only-kernels]\n");
             return 2;
         }
     }
@@ -1286,14 +1288,16 @@ int main(int argc, char **argv)
     memset(&b, 0, sizeof b);
     b.T = prefill > BMAX ? prefill : BMAX;
     b.rng = 7;
+    double bw = 0;
     if (!only_ttft) {
         /* Kernel micro-benchmarks first, in memory the engine takes afterwards. */
-        double bw = copy_bandwidth(&tm, reps);
+        bw = copy_bandwidth(&tm, reps);
         if (moe_plans) moe_plan_table(&full_cfg, &tm, bw, prefill, reps);
         float rec_ms = gdn_scan(&full_cfg, &tm, reps);
         float port_ms = gdn_chunked_scan(&full_cfg, &tm, reps);
         gdn_chunked_tc_scan(&full_cfg, &tm, reps, rec_ms, port_ms);
-
+    }
+    if (!only_ttft && !only_kernels) {
         /* The engine: as many layers as fit (or --layers), 1 + BMAX slots of
          * prefill + the decode steps' positions, max_rows for the prefill. */
         b.cap = prefill + decode_steps(reps);
