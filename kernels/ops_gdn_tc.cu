@@ -33,6 +33,7 @@
 #include "ops.h"
 #include "ops_common.cuh"
 
+#include <cuda_pipeline.h>
 #include <mma.h>
 
 #define LS_GDNT_C LS_CUDA_GDN_CHUNK       /* rows per chunk */
@@ -43,9 +44,10 @@
 #define LS_GDNT_LOG_MIN (-200.0f)         /* log α of α = 0: e^{−200} is 0 in fp32 */
 
 /* A piece: n rows of a call that started at position pos0, from position
- * p0 on; its chunk i (of nch) starts at position cs0 + i·C. */
+ * p0 on; its chunk i (of nch) starts at position cs0 + i·C. The chunks'
+ * start states lie at scratch + states (floats). */
 typedef struct ls_gdnt_piece {
-    long n, p0, cs0, pos0;
+    long n, p0, cs0, pos0, states;
     int nch;
 } ls_gdnt_piece;
 
@@ -175,13 +177,20 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
         for (int s = lane; s < LS_GDNT_C; s += LS_WARP)
             A[r * LS_GDNT_LDA + s] = s < r ? (bet[r] * A[r * LS_GDNT_LDA + s]) * expf(gam[r] - gam[s]) : 0.0f;
     __syncthreads();
-    /* forward substitution, column c of W | U, rows ascending (X over Ks) */
+    /* the rows' seeds β_r e^{Γ_r} k_r | β_r v_r (the cached rows' W | U) into X over Ks, then
+     * forward substitution, column c of W | U, rows ascending */
+    for (int r = warp; r < rb; r += nw) {
+        const float bg = r < ra ? 0.0f : bet[r] * expf(gam[r]), b = r < ra ? 0.0f : bet[r];
+        const float *vr = v + ((cs + r - pc.pos0) * Hv + h) * dv;
+        for (int c = lane; c < ld; c += LS_WARP)
+            X[r * ld + c] = r < ra ? (c < dk ? a.w[r * dk + c] : a.u[r * dv + c - dk])
+                                   : (c < dk ? bg * a.k[r * dk + c] : b * vr[c - dk]);
+    }
+    __syncthreads();
     if (tid < ld) {
         const int c = tid;
-        for (int r = 0; r < ra; r++) X[r * ld + c] = c < dk ? a.w[r * dk + c] : a.u[r * dv + c - dk];
         for (int r = ra; r < rb; r++) {
-            long t = cs + r - pc.pos0;
-            float x = c < dk ? (bet[r] * expf(gam[r])) * a.k[r * dk + c] : bet[r] * v[(t * Hv + h) * dv + c - dk];
+            float x = X[r * ld + c];
             const float *Ar = A + r * LS_GDNT_LDA;
 #pragma unroll 8
             for (int s = 0; s < r; s++) x = fmaf(-Ar[s], X[s * ld + c], x);
@@ -194,77 +203,135 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
     }
 }
 
-/* ---- 2. V, I and the fold, the piece's chunks in order -------------------------------- */
+/* ---- 2. V and the fold, the piece's chunks in order ----------------------------------- */
 
-#define LS_GDNT_SW 4 /* warps of the state block */
+#define LS_GDNT_SW 8 /* warps of the state block */
 
-/* Block (32 value columns, head h). Shared (dynamic): S [dk, LDS] the state's
- * columns; M [2, C, dk + 8] the chunk's W and q rows (later K̃); R [2, C, LDS]
- * the products W S0 and q S0; Vs [C, LDS] the chunk's V columns. */
+/* The chunk-start states of a piece's chunks [Hv, dk, dv] follow its areas
+ * in the scratch; chunk 0's is the state's S0 unless chunk 0 folds. */
+__device__ __forceinline__ float *ls_gdnt_start(float *state, float *scratch, const ls_gdnt_piece &pc, int i,
+                                                long h, long Hv, int dk, int dv)
+{
+    int ra, rb;
+    ls_gdnt_rows(pc, 0, &ra, &rb);
+    if (i == 0 && rb < LS_GDNT_C) return state + h * dk * dv;
+    return scratch + pc.states + ((long)i * Hv + h) * dk * dv;
+}
+
+/* One chunk's inputs in shared memory: W rows [C, dk + 8] (+0.0 outside the
+ * call's rows, in the row tiles that hold them), key rows [C, dk + 8] (a full
+ * chunk: the fold's), U and cached V columns [C, LDS], Γ [C]. */
+typedef struct ls_gdnt_buf {
+    float *w, *k, *u, *g;
+} ls_gdnt_buf;
+
+__device__ __forceinline__ void ls_gdnt_cp16(float *dst, const float *src)
+{
+    __pipeline_memcpy_async(dst, src, 16);
+}
+
+/* Starts the copies of chunk i's inputs into b (cp.async, committed by the caller). */
+__device__ void ls_gdnt_prefetch(const ls_gdnt_piece &pc, int i, const ls_gdnt_area &a, const ls_gdnt_buf &b,
+                                 int dk, int dv, int c0, int tid, int nt)
+{
+    int ra, rb;
+    ls_gdnt_rows(pc, i, &ra, &rb);
+    const int ldm = dk + 8, q4 = dk / 4, tr0 = ra / 16 * 16, tr1 = (rb - 1) / 16 * 16 + 16;
+    for (int e = tid; e < (tr1 - tr0) * q4; e += nt) {
+        int r = tr0 + e / q4, c = e % q4 * 4;
+        if (r >= ra && r < rb)
+            ls_gdnt_cp16(b.w + r * ldm + c, a.w + r * dk + c);
+        else
+            *(float4 *)(b.w + r * ldm + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    if (rb == LS_GDNT_C)
+        for (int e = tid; e < LS_GDNT_C * q4; e += nt) {
+            int r = e / q4, c = e % q4 * 4;
+            ls_gdnt_cp16(b.k + r * ldm + c, a.k + r * dk + c);
+        }
+    /* U of the call's rows, V of the cached ones (a full chunk folds them too) */
+    for (int e = tid; e < rb * (LS_GDNT_COLS / 4); e += nt) {
+        int r = e / (LS_GDNT_COLS / 4), c = e % (LS_GDNT_COLS / 4) * 4;
+        if (r >= ra)
+            ls_gdnt_cp16(b.u + r * LS_GDNT_LDS + c, a.u + r * dv + c0 + c);
+        else if (rb == LS_GDNT_C)
+            ls_gdnt_cp16(b.u + r * LS_GDNT_LDS + c, a.v + r * dv + c0 + c);
+    }
+    for (int e = tid; e < LS_GDNT_C / 4; e += nt) ls_gdnt_cp16(b.g + 4 * e, a.g + 4 * e);
+}
+
+/* Block (32 value columns, head h), the piece's chunks in order, the next
+ * chunk's inputs copied while this one runs. Shared (dynamic): S [dk, LDS]
+ * the state's columns, R [C, LDS] the product W S0, two ls_gdnt_bufs. Per
+ * chunk: its start state out (ls_gdnt_start), V_r = U_r − (W S0)_r for the
+ * call's rows, and a full chunk's fold. */
 __global__ void __launch_bounds__(LS_GDNT_SW * LS_WARP)
-ls_gdnt_state_kernel(const float *q, float *state, float *scratch, float *o, ls_gdnt_piece pc, long Hk,
-                     long Hv, int dk, int dv)
+ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, int dk, int dv)
 {
     extern __shared__ __align__(128) float sms[];
     const int ldm = dk + 8, c0 = blockIdx.x * LS_GDNT_COLS, tid = threadIdx.x, lane = tid % LS_WARP;
-    const int warp = tid / LS_WARP;
-    const long h = blockIdx.y, kh = h * Hk / Hv;
-    float *S = sms, *M = S + dk * LS_GDNT_LDS, *R = M + 2 * LS_GDNT_C * ldm, *Vs = R + 2 * LS_GDNT_C * LS_GDNT_LDS;
+    const int warp = tid / LS_WARP, nt = LS_GDNT_SW * LS_WARP;
+    const long h = blockIdx.y;
+    float *S = sms, *R = S + dk * LS_GDNT_LDS, *p = R + LS_GDNT_C * LS_GDNT_LDS;
+    ls_gdnt_buf buf[2];
+    for (int b = 0; b < 2; b++) {
+        buf[b].w = p;
+        buf[b].k = buf[b].w + LS_GDNT_C * ldm;
+        buf[b].u = buf[b].k + LS_GDNT_C * ldm;
+        buf[b].g = buf[b].u + LS_GDNT_C * LS_GDNT_LDS;
+        p = buf[b].g + LS_GDNT_C;
+    }
     float *S0 = state + h * dk * dv;
     for (int r = warp; r < dk; r += LS_GDNT_SW) S[r * LS_GDNT_LDS + lane] = S0[(long)r * dv + c0 + lane];
+    ls_gdnt_prefetch(pc, 0, ls_gdnt_area_of(state, scratch, 0, h, Hv, dk, dv), buf[0], dk, dv, c0, tid, nt);
+    __pipeline_commit();
     for (int i = 0; i < pc.nch; i++) {
         int ra, rb;
         ls_gdnt_rows(pc, i, &ra, &rb);
-        const long cs = pc.cs0 + (long)i * LS_GDNT_C;
         ls_gdnt_area a = ls_gdnt_area_of(state, scratch, i, h, Hv, dk, dv);
-        const int tr0 = ra / 16, tr1 = (rb - 1) / 16, full = rb == LS_GDNT_C;
-        /* the W and q rows of the row tiles that hold the call's rows, +0.0 outside them */
-        for (int r = tr0 * 16 + warp; r < tr1 * 16 + 16; r += LS_GDNT_SW) {
-            const int in = r >= ra && r < rb;
-            const float *qr = q + ((cs + r - pc.pos0) * Hk + kh) * dk;
-#pragma unroll 4
-            for (int c = lane; c < dk; c += LS_WARP) {
-                M[r * ldm + c] = in ? a.w[r * dk + c] : 0.0f;
-                M[(LS_GDNT_C + r) * ldm + c] = in ? qr[c] : 0.0f;
-            }
+        const ls_gdnt_buf &b = buf[i % 2];
+        if (i + 1 < pc.nch) {
+            ls_gdnt_prefetch(pc, i + 1, ls_gdnt_area_of(state, scratch, i + 1, h, Hv, dk, dv), buf[(i + 1) % 2],
+                             dk, dv, c0, tid, nt);
+            __pipeline_commit();
+            __pipeline_wait_prior(1);
+        } else {
+            __pipeline_wait_prior(0);
         }
         __syncthreads();
-        /* jobs (row tile, column tile, W or q), a warp each in turn */
-        for (int j = warp; j < (tr1 - tr0 + 1) * 4; j += LS_GDNT_SW) {
-            const int tr = tr0 + j / 4, ct = (j / 2) % 2, wq = j % 2;
+        const int tr0 = ra / 16, tr1 = (rb - 1) / 16, full = rb == LS_GDNT_C;
+        float *start = ls_gdnt_start(state, scratch, pc, i, h, Hv, dk, dv);
+        if (start != S0)
+            for (int r = warp; r < dk; r += LS_GDNT_SW) start[(long)r * dv + c0 + lane] = S[r * LS_GDNT_LDS + lane];
+        /* R = W S0 over the row tiles of the call's rows, a warp per (row tile, column tile) */
+        for (int j = warp; j < (tr1 - tr0 + 1) * 2; j += LS_GDNT_SW) {
+            const int tr = tr0 + j / 2, ct = j % 2;
             ls_gdnt_acc acc;
             wmma::fill_fragment(acc, 0.0f);
             for (int kk = 0; kk < dk; kk += 8) {
                 ls_gdnt_a_row fa;
                 ls_gdnt_b_row fb;
-                wmma::load_matrix_sync(fa, M + (wq * LS_GDNT_C + tr * 16) * ldm + kk, (unsigned)ldm);
+                wmma::load_matrix_sync(fa, b.w + tr * 16 * ldm + kk, (unsigned)ldm);
                 wmma::load_matrix_sync(fb, S + kk * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS);
                 ls_gdnt_tf32(fa);
                 ls_gdnt_tf32(fb);
                 wmma::mma_sync(acc, fa, fb, acc);
             }
-            wmma::store_matrix_sync(R + (wq * LS_GDNT_C + tr * 16) * LS_GDNT_LDS + ct * 16, acc, LS_GDNT_LDS,
-                                    wmma::mem_row_major);
+            wmma::store_matrix_sync(R + tr * 16 * LS_GDNT_LDS + ct * 16, acc, LS_GDNT_LDS, wmma::mem_row_major);
         }
         __syncthreads();
-        /* V_r = U_r − (W S0)_r and I_r = e^{Γ_r} (q S0)_r, a lane per column; the fold needs every row's V */
-        for (int r = (full ? 0 : ra) + warp; r < rb; r += LS_GDNT_SW) {
-            if (r < ra) {
-                Vs[r * LS_GDNT_LDS + lane] = a.v[r * dv + c0 + lane];
-                continue;
-            }
-            float vr = a.u[r * dv + c0 + lane] - R[r * LS_GDNT_LDS + lane];
-            Vs[r * LS_GDNT_LDS + lane] = vr;
+        /* V_r = U_r − R_r into the buffer (over U) and the area, a lane per column */
+        for (int r = ra + warp; r < rb; r += LS_GDNT_SW) {
+            float vr = b.u[r * LS_GDNT_LDS + lane] - R[r * LS_GDNT_LDS + lane];
+            b.u[r * LS_GDNT_LDS + lane] = vr;
             a.v[r * dv + c0 + lane] = vr;
-            o[((cs + r - pc.pos0) * Hv + h) * dv + c0 + lane] = expf(a.g[r]) * R[(LS_GDNT_C + r) * LS_GDNT_LDS + lane];
         }
-        if (!full) continue; /* the last chunk of the call; the next chunk's staging writes M only */
-        /* the fold: K̃_s = e^{Γ_63 − Γ_s} k_s into M, then S ← e^{Γ_63} S + K̃ᵀ V per 16x16 tile */
-        const float g63 = a.g[LS_GDNT_C - 1], e63 = expf(g63);
-        for (int s = warp; s < LS_GDNT_C; s += LS_GDNT_SW) {
-            const float d = expf(g63 - a.g[s]);
-#pragma unroll 4
-            for (int c = lane; c < dk; c += LS_WARP) M[s * ldm + c] = d * a.k[s * dk + c];
+        if (!full) continue; /* the call's last chunk */
+        /* the fold: K̃_s = e^{Γ_63 − Γ_s} k_s in place, then S ← e^{Γ_63} S + K̃ᵀ V per 16x16 tile */
+        const float g63 = b.g[LS_GDNT_C - 1], e63 = expf(g63);
+        for (int r = warp; r < LS_GDNT_C; r += LS_GDNT_SW) {
+            const float d = expf(g63 - b.g[r]);
+            for (int c = lane; c < dk; c += LS_WARP) b.k[r * ldm + c] = d * b.k[r * ldm + c];
         }
         __syncthreads();
         for (int j = warp; j < (dk / 16) * 2; j += LS_GDNT_SW) {
@@ -277,36 +344,41 @@ ls_gdnt_state_kernel(const float *q, float *state, float *scratch, float *o, ls_
             for (int ks = 0; ks < LS_GDNT_C; ks += 8) {
                 ls_gdnt_a_col fa;
                 ls_gdnt_b_row fb;
-                wmma::load_matrix_sync(fa, M + ks * ldm + ti * 16, (unsigned)ldm);
-                wmma::load_matrix_sync(fb, Vs + ks * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS);
+                wmma::load_matrix_sync(fa, b.k + ks * ldm + ti * 16, (unsigned)ldm);
+                wmma::load_matrix_sync(fb, b.u + ks * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS);
                 ls_gdnt_tf32(fa);
                 ls_gdnt_tf32(fb);
                 wmma::mma_sync(acc, fa, fb, acc);
             }
             wmma::store_matrix_sync(St, acc, LS_GDNT_LDS, wmma::mem_row_major);
         }
-        __syncthreads();
+        __syncthreads(); /* S complete; the buffer free for chunk i + 2's copies */
     }
+    __syncthreads();
     for (int r = warp; r < dk; r += LS_GDNT_SW) S0[(long)r * dv + c0 + lane] = S[r * LS_GDNT_LDS + lane];
 }
 
 /* ---- 3. the outputs ---------------------------------------------------------------- */
 
-#define LS_GDNT_OC (LS_CUDA_GDN_MAX_DK / LS_WARP) /* output columns per lane */
+#define LS_GDNT_OC (LS_CUDA_GDN_MAX_DK / LS_WARP)     /* output columns per lane */
+#define LS_GDNT_OJ ((LS_GDNT_C / 16) * (LS_CUDA_GDN_MAX_DK / 16) / (LS_GDNT_T / LS_WARP)) /* I tiles per warp */
 
-/* Block (chunk i, head h). Shared (dynamic): P [C, LDA]; Qs, Ks [C, dk + 8]
- * the call's q rows and the chunk's key rows (+0.0 elsewhere), which Vs
- * [C, dv] (the chunk's V rows) later overwrites. P_rs = (q_r · k_s) e^{Γ_r −
- * Γ_s} for s <= r (+0.0 otherwise), then o_r = act(I_r + Σ_{s<=r asc} P_rs
- * V_s): a warp per row, a lane per column (LS_GDNT_OC of them). */
+/* Block (chunk i, head h). Shared (dynamic): P [C, LDA]; Qs [C, dk + 8] the
+ * call's q rows (+0.0 elsewhere); then Ks [C, dk + 8] the chunk's key rows
+ * (+0.0 beyond the call), which the chunk's start state Ss [dk, dv + 8]
+ * overwrites, which I [C, dv + 8] and Vs [C, dv] (the chunk's V rows)
+ * overwrite in turn. P_rs = (q_r · k_s) e^{Γ_r − Γ_s} for s <= r (+0.0
+ * otherwise), I = q Ss on tensor cores, then o_r = act(e^{Γ_r} I_r +
+ * Σ_{s<=r asc} P_rs V_s): a warp per row, a lane per column. */
 __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gdnt_piece pc, long Hk, long Hv,
                    int dk, int dv, int act)
 {
     extern __shared__ __align__(128) float smo[];
     __shared__ float gam[LS_GDNT_C];
-    const int ldk = dk + 8;
-    float *P = smo, *Qs = P + LS_GDNT_C * LS_GDNT_LDA, *Ks = Qs + LS_GDNT_C * ldk, *Vs = Qs;
+    const int ldk = dk + 8, lds = dv + 8;
+    float *P = smo, *Qs = P + LS_GDNT_C * LS_GDNT_LDA, *Ks = Qs + LS_GDNT_C * ldk, *Ss = Ks, *I = Ks,
+          *Vs = I + LS_GDNT_C * lds;
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid % LS_WARP, warp = tid / LS_WARP;
     const int nw = LS_GDNT_T / LS_WARP;
     const long h = blockIdx.y, kh = h * Hk / Hv, cs = pc.cs0 + (long)i * LS_GDNT_C;
@@ -322,20 +394,53 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
         }
     }
     __syncthreads();
-    ls_gdnt_xyt(Qs, Ks, ldk, dk, P, LS_GDNT_LDA, ra / 16, (rb - 1) / 16, warp, nw);
-    __syncthreads();
+    const int tr0 = ra / 16, tr1 = (rb - 1) / 16;
+    ls_gdnt_xyt(Qs, Ks, ldk, dk, P, LS_GDNT_LDA, tr0, tr1, warp, nw);
+    __syncthreads(); /* Ks read: the start state over it */
     for (int r = ra + warp; r < rb; r += nw)
         for (int s = lane; s < LS_GDNT_C; s += LS_WARP)
             P[r * LS_GDNT_LDA + s] = s <= r ? P[r * LS_GDNT_LDA + s] * expf(gam[r] - gam[s]) : 0.0f;
-    __syncthreads(); /* Vs over Qs and Ks, read by the products above */
+    const float *st = ls_gdnt_start(state, scratch, pc, i, h, Hv, dk, dv);
+    for (int r = warp; r < dk; r += nw)
+        for (int c = lane; c < dv; c += LS_WARP) Ss[r * lds + c] = st[(long)r * dv + c];
+    __syncthreads();
+    /* I = q Ss, a warp per (row tile, column tile), kept in registers across the barrier */
+    ls_gdnt_acc acc[LS_GDNT_OJ];
+    const int nct = dv / 16, njobs = (tr1 - tr0 + 1) * nct;
+#pragma unroll
+    for (int m = 0; m < LS_GDNT_OJ; m++) {
+        const int j = warp + m * nw;
+        if (j >= njobs) continue;
+        const int tr = tr0 + j / nct, ct = j % nct;
+        wmma::fill_fragment(acc[m], 0.0f);
+        for (int kk = 0; kk < dk; kk += 8) {
+            ls_gdnt_a_row fa;
+            ls_gdnt_b_row fb;
+            wmma::load_matrix_sync(fa, Qs + tr * 16 * ldk + kk, (unsigned)ldk);
+            wmma::load_matrix_sync(fb, Ss + kk * lds + ct * 16, (unsigned)lds);
+            ls_gdnt_tf32(fa);
+            ls_gdnt_tf32(fb);
+            wmma::mma_sync(acc[m], fa, fb, acc[m]);
+        }
+    }
+    __syncthreads(); /* Ss read: I and Vs over it */
+#pragma unroll
+    for (int m = 0; m < LS_GDNT_OJ; m++) {
+        const int j = warp + m * nw;
+        if (j < njobs)
+            wmma::store_matrix_sync(I + (tr0 + j / nct) * 16 * lds + (j % nct) * 16, acc[m], (unsigned)lds,
+                                    wmma::mem_row_major);
+    }
     for (int r = warp; r < rb; r += nw)
         for (int c = lane; c < dv; c += LS_WARP) Vs[r * dv + c] = a.v[r * dv + c];
     __syncthreads();
     for (int r = ra + warp; r < rb; r += nw) {
         float *orow = o + ((cs + r - pc.pos0) * Hv + h) * dv;
+        const float eg = expf(gam[r]);
         float x[LS_GDNT_OC];
 #pragma unroll
-        for (int m = 0; m < LS_GDNT_OC; m++) x[m] = lane + m * LS_WARP < dv ? orow[lane + m * LS_WARP] : 0.0f;
+        for (int m = 0; m < LS_GDNT_OC; m++)
+            x[m] = lane + m * LS_WARP < dv ? eg * I[r * lds + lane + m * LS_WARP] : 0.0f;
         const float *Pr = P + r * LS_GDNT_LDA;
         for (int s = 0; s <= r; s++) {
             const float p = Pr[s];
@@ -387,9 +492,12 @@ static long gdnt_chunks(long T)
     return n < LS_GDNT_PIECE ? n : LS_GDNT_PIECE;
 }
 
+/* The scratch: n − 1 areas, then n chunk-start states (ls_gdnt_start), n
+ * the chunks a piece of the call may touch. */
 extern "C" size_t ls_cuda_gdn_tc_scratch_bytes(long T, long Hv, long dk, long dv)
 {
-    return T <= 0 ? 0 : (size_t)(gdnt_chunks(T) - 1) * gdnt_area_bytes(Hv, dk, dv);
+    size_t n = (size_t)gdnt_chunks(T);
+    return T <= 0 ? 0 : (n - 1) * gdnt_area_bytes(Hv, dk, dv) + n * sizeof(float) * (size_t)(Hv * dk * dv);
 }
 
 static ls_status gdnt_check(const char *op, long Hk, long Hv, long dk, long dv, ls_error *err)
@@ -410,14 +518,16 @@ static size_t gdnt_rows_smem(long dk, long dv)
 
 static size_t gdnt_out_smem(long dk, long dv)
 {
-    size_t qk = 2 * (size_t)(dk + 8);
-    return sizeof(float) * LS_GDNT_C * (LS_GDNT_LDA + (qk > (size_t)dv ? qk : (size_t)dv));
+    size_t ks = LS_GDNT_C * (size_t)(dk + 8), ss = (size_t)(dk * (dv + 8)), iv = LS_GDNT_C * (size_t)(2 * dv + 8);
+    size_t over = ks > ss ? ks : ss;
+    over = over > iv ? over : iv;
+    return sizeof(float) * (LS_GDNT_C * LS_GDNT_LDA + LS_GDNT_C * (size_t)(dk + 8) + over);
 }
 
 static size_t gdnt_state_smem(long dk)
 {
-    return sizeof(float) * ((size_t)dk * LS_GDNT_LDS + 2 * LS_GDNT_C * (size_t)(dk + 8) +
-                            3 * LS_GDNT_C * LS_GDNT_LDS);
+    size_t buf = 2 * LS_GDNT_C * (size_t)(dk + 8) + LS_GDNT_C * LS_GDNT_LDS + LS_GDNT_C;
+    return sizeof(float) * ((size_t)dk * LS_GDNT_LDS + LS_GDNT_C * LS_GDNT_LDS + 2 * buf);
 }
 
 extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, const float *v, const float *alpha,
@@ -447,7 +557,8 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
                   err, "the GDN output kernel's shared memory");
     float *scr = (float *)scratch;
     const int idk = (int)dk, idv = (int)dv;
-    ls_gdnt_piece pc = {0, 0, 0, pos0, 0};
+    const long area_floats = (long)(gdnt_area_bytes(Hv, dk, dv) / sizeof(float));
+    ls_gdnt_piece pc = {0, 0, 0, pos0, (gdnt_chunks(T) - 1) * area_floats, 0};
     for (long t0 = 0; t0 < T; t0 += pc.n) {
         pc.p0 = pos0 + t0;
         pc.cs0 = pc.p0 - pc.p0 % LS_GDNT_C;
@@ -459,7 +570,7 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
                                                                  idv);
         LS_CUDA_CHECK_LAUNCH("ls_gdnt_rows_kernel", err);
         ls_gdnt_state_kernel<<<dim3((unsigned)(dv / LS_GDNT_COLS), (unsigned)Hv), LS_GDNT_SW * LS_WARP,
-                               state_smem, s>>>(q, state, scr, o, pc, Hk, Hv, idk, idv);
+                               state_smem, s>>>(state, scr, pc, Hv, idk, idv);
         LS_CUDA_CHECK_LAUNCH("ls_gdnt_state_kernel", err);
         ls_gdnt_out_kernel<<<chunks, LS_GDNT_T, out_smem, s>>>(q, state, scr, o, pc, Hk, Hv, idk, idv, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_gdnt_out_kernel", err);
