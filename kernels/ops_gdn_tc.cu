@@ -125,18 +125,20 @@ __device__ __forceinline__ void ls_gdnt_xyt(const float *X, const float *Y, int 
 
 /* ---- 1. Γ, the key rows, W and U ----------------------------------------------------- */
 
-/* Block (chunk i, head h). Shared (dynamic): A [C, LDA], then Ks [C, dk + 8]
- * the chunk's key rows (+0.0 beyond the call), which X [C, dk + dv] (the
- * rows of W | U) later overwrites. Thread c runs column c of W | U. */
+/* Block (chunk i, head h). Shared (dynamic): A [C, LDA], Ks [C, dk + 8] the
+ * chunk's key rows (+0.0 beyond the call). Thread c runs column c of W | U
+ * in registers, right-looking: once row s is final, every later row r of
+ * the call takes its term, so row r still sums s = 0, 1, …, r − 1 in that
+ * order, but the rows' chains run side by side. */
 __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const float *beta, float *state,
                     float *scratch, ls_gdnt_piece pc, long Hk, long Hv, int dk, int dv)
 {
     extern __shared__ __align__(128) float smr[];
-    __shared__ float gam[LS_GDNT_C], bet[LS_GDNT_C];
-    float *A = smr, *Ks = A + LS_GDNT_C * LS_GDNT_LDA, *X = Ks;
+    __shared__ float gam[LS_GDNT_C], bet[LS_GDNT_C], bge[LS_GDNT_C];
+    float *A = smr, *Ks = A + LS_GDNT_C * LS_GDNT_LDA;
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid % LS_WARP, warp = tid / LS_WARP;
-    const int nw = LS_GDNT_T / LS_WARP, ldk = dk + 8, ld = dk + dv;
+    const int nw = LS_GDNT_T / LS_WARP, ldk = dk + 8;
     const long h = blockIdx.y, kh = h * Hk / Hv, cs = pc.cs0 + (long)i * LS_GDNT_C;
     int ra, rb;
     ls_gdnt_rows(pc, i, &ra, &rb);
@@ -152,6 +154,7 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
             gam[r] = g;
             a.g[r] = g;
             bet[r] = beta[t * Hv + h];
+            bge[r] = bet[r] * expf(g);
         }
     }
     /* the key rows: cached, the call's (into the area too), +0.0 beyond */
@@ -177,30 +180,34 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
         for (int s = lane; s < LS_GDNT_C; s += LS_WARP)
             A[r * LS_GDNT_LDA + s] = s < r ? (bet[r] * A[r * LS_GDNT_LDA + s]) * expf(gam[r] - gam[s]) : 0.0f;
     __syncthreads();
-    /* the rows' seeds β_r e^{Γ_r} k_r | β_r v_r (the cached rows' W | U) into X over Ks, then
-     * forward substitution, column c of W | U, rows ascending */
-    for (int r = warp; r < rb; r += nw) {
-        const float bg = r < ra ? 0.0f : bet[r] * expf(gam[r]), b = r < ra ? 0.0f : bet[r];
-        const float *vr = v + ((cs + r - pc.pos0) * Hv + h) * dv;
-        for (int c = lane; c < ld; c += LS_WARP)
-            X[r * ld + c] = r < ra ? (c < dk ? a.w[r * dk + c] : a.u[r * dv + c - dk])
-                                   : (c < dk ? bg * a.k[r * dk + c] : b * vr[c - dk]);
+    if (tid >= dk + dv) return;
+    /* column c: the cached rows' W | U, the call's rows' seeds β_r e^{Γ_r} k_r | β_r v_r */
+    const int c = tid;
+    float x[LS_GDNT_C];
+#pragma unroll
+    for (int r = 0; r < LS_GDNT_C; r++) {
+        float val = 0.0f;
+        if (r < ra)
+            val = c < dk ? a.w[r * dk + c] : a.u[r * dv + c - dk];
+        else if (r < rb)
+            val = c < dk ? bge[r] * a.k[r * dk + c] : bet[r] * v[((cs + r - pc.pos0) * Hv + h) * dv + c - dk];
+        x[r] = val;
     }
-    __syncthreads();
-    if (tid < ld) {
-        const int c = tid;
-        for (int r = ra; r < rb; r++) {
-            float x = X[r * ld + c];
-            const float *Ar = A + r * LS_GDNT_LDA;
-#pragma unroll 8
-            for (int s = 0; s < r; s++) x = fmaf(-Ar[s], X[s * ld + c], x);
-            X[r * ld + c] = x;
+#pragma unroll
+    for (int s = 0; s < LS_GDNT_C - 1; s++) {
+        const float xs = x[s];
+#pragma unroll
+        for (int r = s + 1; r < LS_GDNT_C; r++)
+            if (r >= ra && r < rb) x[r] = fmaf(-A[r * LS_GDNT_LDA + s], xs, x[r]);
+    }
+#pragma unroll
+    for (int r = 0; r < LS_GDNT_C; r++)
+        if (r >= ra && r < rb) {
             if (c < dk)
-                a.w[r * dk + c] = x;
+                a.w[r * dk + c] = x[r];
             else
-                a.u[r * dv + c - dk] = x;
+                a.u[r * dv + c - dk] = x[r];
         }
-    }
 }
 
 /* ---- 2. V and the fold, the piece's chunks in order ----------------------------------- */
@@ -360,25 +367,25 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, in
 
 /* ---- 3. the outputs ---------------------------------------------------------------- */
 
-#define LS_GDNT_OC (LS_CUDA_GDN_MAX_DK / LS_WARP)     /* output columns per lane */
-#define LS_GDNT_OJ ((LS_GDNT_C / 16) * (LS_CUDA_GDN_MAX_DK / 16) / (LS_GDNT_T / LS_WARP)) /* I tiles per warp */
+#define LS_GDNT_OW 64 /* value columns per output block (32 where dv is not a multiple of 64) */
 
-/* Block (chunk i, head h). Shared (dynamic): P [C, LDA]; Qs [C, dk + 8] the
- * call's q rows (+0.0 elsewhere); then Ks [C, dk + 8] the chunk's key rows
- * (+0.0 beyond the call), which the chunk's start state Ss [dk, dv + 8]
- * overwrites, which I [C, dv + 8] and Vs [C, dv] (the chunk's V rows)
- * overwrite in turn. P_rs = (q_r · k_s) e^{Γ_r − Γ_s} for s <= r (+0.0
- * otherwise), I = q Ss on tensor cores, then o_r = act(e^{Γ_r} I_r +
- * Σ_{s<=r asc} P_rs V_s): a warp per row, a lane per column. */
+/* Block (chunk i, head h, pw value columns from c0). Shared (dynamic): P [C,
+ * LDA]; Qs [C, dk + 8] the call's q rows (+0.0 elsewhere); then Ks [C, dk +
+ * 8] the chunk's key rows (+0.0 beyond the call), overwritten by the chunk's
+ * start state Ss [dk, pw + 8], overwritten by O [C, pw + 8] and Vs [C, pw + 8]
+ * (the chunk's V rows). P_rs = (q_r · k_s) e^{Γ_r − Γ_s} for s <= r (+0.0
+ * otherwise); O = q Ss, then O_r = e^{Γ_r} O_r, then O += P V over the
+ * 16-row tiles before row r's own (tensor cores: every s there is < r), then
+ * o_r = act(O_r + Σ_{s from r's tile, s <= r, asc} P_rs V_s) on CUDA cores. */
 __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gdnt_piece pc, long Hk, long Hv,
-                   int dk, int dv, int act)
+                   int dk, int dv, int pw, int act)
 {
     extern __shared__ __align__(128) float smo[];
     __shared__ float gam[LS_GDNT_C];
-    const int ldk = dk + 8, lds = dv + 8;
-    float *P = smo, *Qs = P + LS_GDNT_C * LS_GDNT_LDA, *Ks = Qs + LS_GDNT_C * ldk, *Ss = Ks, *I = Ks,
-          *Vs = I + LS_GDNT_C * lds;
+    const int ldk = dk + 8, ldo = pw + 8, c0 = blockIdx.z * pw;
+    float *P = smo, *Qs = P + LS_GDNT_C * LS_GDNT_LDA, *Ks = Qs + LS_GDNT_C * ldk, *Ss = Ks, *O = Ks,
+          *Vs = O + LS_GDNT_C * ldo;
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid % LS_WARP, warp = tid / LS_WARP;
     const int nw = LS_GDNT_T / LS_WARP;
     const long h = blockIdx.y, kh = h * Hk / Hv, cs = pc.cs0 + (long)i * LS_GDNT_C;
@@ -394,7 +401,7 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
         }
     }
     __syncthreads();
-    const int tr0 = ra / 16, tr1 = (rb - 1) / 16;
+    const int tr0 = ra / 16, tr1 = (rb - 1) / 16, nct = pw / 16, njobs = (tr1 - tr0 + 1) * nct;
     ls_gdnt_xyt(Qs, Ks, ldk, dk, P, LS_GDNT_LDA, tr0, tr1, warp, nw);
     __syncthreads(); /* Ks read: the start state over it */
     for (int r = ra + warp; r < rb; r += nw)
@@ -402,13 +409,12 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
             P[r * LS_GDNT_LDA + s] = s <= r ? P[r * LS_GDNT_LDA + s] * expf(gam[r] - gam[s]) : 0.0f;
     const float *st = ls_gdnt_start(state, scratch, pc, i, h, Hv, dk, dv);
     for (int r = warp; r < dk; r += nw)
-        for (int c = lane; c < dv; c += LS_WARP) Ss[r * lds + c] = st[(long)r * dv + c];
+        for (int c = lane; c < pw; c += LS_WARP) Ss[r * ldo + c] = st[(long)r * dv + c0 + c];
     __syncthreads();
-    /* I = q Ss, a warp per (row tile, column tile), kept in registers across the barrier */
-    ls_gdnt_acc acc[LS_GDNT_OJ];
-    const int nct = dv / 16, njobs = (tr1 - tr0 + 1) * nct;
+    /* O = q Ss, a warp per (row tile, column tile), kept in registers across the barrier */
+    ls_gdnt_acc acc[2];
 #pragma unroll
-    for (int m = 0; m < LS_GDNT_OJ; m++) {
+    for (int m = 0; m < 2; m++) {
         const int j = warp + m * nw;
         if (j >= njobs) continue;
         const int tr = tr0 + j / nct, ct = j % nct;
@@ -417,40 +423,55 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
             ls_gdnt_a_row fa;
             ls_gdnt_b_row fb;
             wmma::load_matrix_sync(fa, Qs + tr * 16 * ldk + kk, (unsigned)ldk);
-            wmma::load_matrix_sync(fb, Ss + kk * lds + ct * 16, (unsigned)lds);
+            wmma::load_matrix_sync(fb, Ss + kk * ldo + ct * 16, (unsigned)ldo);
             ls_gdnt_tf32(fa);
             ls_gdnt_tf32(fb);
             wmma::mma_sync(acc[m], fa, fb, acc[m]);
         }
     }
-    __syncthreads(); /* Ss read: I and Vs over it */
+    __syncthreads(); /* Ss read: O and Vs over it */
 #pragma unroll
-    for (int m = 0; m < LS_GDNT_OJ; m++) {
+    for (int m = 0; m < 2; m++) {
         const int j = warp + m * nw;
         if (j < njobs)
-            wmma::store_matrix_sync(I + (tr0 + j / nct) * 16 * lds + (j % nct) * 16, acc[m], (unsigned)lds,
+            wmma::store_matrix_sync(O + (tr0 + j / nct) * 16 * ldo + (j % nct) * 16, acc[m], (unsigned)ldo,
                                     wmma::mem_row_major);
     }
     for (int r = warp; r < rb; r += nw)
-        for (int c = lane; c < dv; c += LS_WARP) Vs[r * dv + c] = a.v[r * dv + c];
+        for (int c = lane; c < pw; c += LS_WARP) Vs[r * ldo + c] = a.v[r * dv + c0 + c];
     __syncthreads();
     for (int r = ra + warp; r < rb; r += nw) {
-        float *orow = o + ((cs + r - pc.pos0) * Hv + h) * dv;
         const float eg = expf(gam[r]);
-        float x[LS_GDNT_OC];
-#pragma unroll
-        for (int m = 0; m < LS_GDNT_OC; m++)
-            x[m] = lane + m * LS_WARP < dv ? eg * I[r * lds + lane + m * LS_WARP] : 0.0f;
-        const float *Pr = P + r * LS_GDNT_LDA;
-        for (int s = 0; s <= r; s++) {
-            const float p = Pr[s];
-#pragma unroll
-            for (int m = 0; m < LS_GDNT_OC; m++)
-                if (lane + m * LS_WARP < dv) x[m] = fmaf(p, Vs[s * dv + lane + m * LS_WARP], x[m]);
+        for (int c = lane; c < pw; c += LS_WARP) O[r * ldo + c] = eg * O[r * ldo + c];
+    }
+    __syncthreads();
+    /* O += P V over the tiles before each row tile's own */
+    for (int j = warp; j < njobs; j += nw) {
+        const int tr = tr0 + j / nct, ct = j % nct;
+        if (tr == 0) continue;
+        float *Ot = O + tr * 16 * ldo + ct * 16;
+        ls_gdnt_acc ac;
+        wmma::load_matrix_sync(ac, Ot, (unsigned)ldo, wmma::mem_row_major);
+        for (int ks = 0; ks < tr * 16; ks += 8) {
+            ls_gdnt_a_row fa;
+            ls_gdnt_b_row fb;
+            wmma::load_matrix_sync(fa, P + tr * 16 * LS_GDNT_LDA + ks, LS_GDNT_LDA);
+            wmma::load_matrix_sync(fb, Vs + ks * ldo + ct * 16, (unsigned)ldo);
+            ls_gdnt_tf32(fa);
+            ls_gdnt_tf32(fb);
+            wmma::mma_sync(ac, fa, fb, ac);
         }
-#pragma unroll
-        for (int m = 0; m < LS_GDNT_OC; m++)
-            if (lane + m * LS_WARP < dv) orow[lane + m * LS_WARP] = ls_act_d(x[m], act);
+        wmma::store_matrix_sync(Ot, ac, (unsigned)ldo, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int r = ra + warp; r < rb; r += nw) {
+        float *orow = o + ((cs + r - pc.pos0) * Hv + h) * dv + c0;
+        const float *Pr = P + r * LS_GDNT_LDA;
+        for (int c = lane; c < pw; c += LS_WARP) {
+            float x = O[r * ldo + c];
+            for (int s = r / 16 * 16; s <= r; s++) x = fmaf(Pr[s], Vs[s * ldo + c], x);
+            orow[c] = ls_act_d(x, act);
+        }
     }
 }
 
@@ -511,16 +532,23 @@ static ls_status gdnt_check(const char *op, long Hk, long Hv, long dk, long dv, 
     return LS_OK;
 }
 
-static size_t gdnt_rows_smem(long dk, long dv)
+static size_t gdnt_rows_smem(long dk)
 {
-    return sizeof(float) * LS_GDNT_C * (size_t)(LS_GDNT_LDA + dk + dv);
+    return sizeof(float) * LS_GDNT_C * (size_t)(LS_GDNT_LDA + dk + 8);
+}
+
+/* The output blocks' value columns. */
+static long gdnt_out_cols(long dv)
+{
+    return dv % LS_GDNT_OW == 0 ? LS_GDNT_OW : LS_GDNT_COLS;
 }
 
 static size_t gdnt_out_smem(long dk, long dv)
 {
-    size_t ks = LS_GDNT_C * (size_t)(dk + 8), ss = (size_t)(dk * (dv + 8)), iv = LS_GDNT_C * (size_t)(2 * dv + 8);
+    long pw = gdnt_out_cols(dv);
+    size_t ks = LS_GDNT_C * (size_t)(dk + 8), ss = (size_t)(dk * (pw + 8)), ov = 2 * LS_GDNT_C * (size_t)(pw + 8);
     size_t over = ks > ss ? ks : ss;
-    over = over > iv ? over : iv;
+    over = over > ov ? over : ov;
     return sizeof(float) * (LS_GDNT_C * LS_GDNT_LDA + LS_GDNT_C * (size_t)(dk + 8) + over);
 }
 
@@ -544,7 +572,7 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
         return ls_fail(err, LS_E_INTERNAL, "cuda tensor-core gdn_chunked: scratch of %zu bytes, %zu needed",
                        scratch_bytes, need);
     cudaStream_t s = (cudaStream_t)stream;
-    const size_t rows_smem = gdnt_rows_smem(dk, dv), state_smem = gdnt_state_smem(dk),
+    const size_t rows_smem = gdnt_rows_smem(dk), state_smem = gdnt_state_smem(dk),
                  out_smem = gdnt_out_smem(dk, dv);
     LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)rows_smem),
@@ -572,7 +600,9 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
         ls_gdnt_state_kernel<<<dim3((unsigned)(dv / LS_GDNT_COLS), (unsigned)Hv), LS_GDNT_SW * LS_WARP,
                                state_smem, s>>>(state, scr, pc, Hv, idk, idv);
         LS_CUDA_CHECK_LAUNCH("ls_gdnt_state_kernel", err);
-        ls_gdnt_out_kernel<<<chunks, LS_GDNT_T, out_smem, s>>>(q, state, scr, o, pc, Hk, Hv, idk, idv, act_bf16);
+        const int pw = (int)gdnt_out_cols(dv);
+        ls_gdnt_out_kernel<<<dim3((unsigned)pc.nch, (unsigned)Hv, (unsigned)(dv / pw)), LS_GDNT_T, out_smem, s>>>(
+            q, state, scr, o, pc, Hk, Hv, idk, idv, pw, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_gdnt_out_kernel", err);
     }
     /* the last chunk's rows into the state's area when they are in the
