@@ -125,54 +125,73 @@ __device__ __forceinline__ void ls_gdnt_xyt(const float *X, const float *Y, int 
 
 /* ---- 1. Γ, the key rows, W and U ----------------------------------------------------- */
 
-/* Block (chunk i, head h). Shared (dynamic): A [C, LDA], Ks [C, dk + 8] the
- * chunk's key rows (+0.0 beyond the call). Thread c runs column c of W | U
- * in registers, right-looking: once row s is final, every later row r of
- * the call takes its term, so row r still sums s = 0, 1, …, r − 1 in that
- * order, but the rows' chains run side by side. */
+/* Copies n floats (a multiple of 4, both 16-byte aligned) into shared memory, cp.async. */
+__device__ __forceinline__ void ls_gdnt_row_async(float *dst, const float *src, int n, int lane)
+{
+    for (int c = 4 * lane; c < n; c += 4 * LS_WARP) __pipeline_memcpy_async(dst + c, src + c, 16);
+}
+
+__device__ __forceinline__ void ls_gdnt_row_zero(float *dst, int n, int lane)
+{
+    for (int c = 4 * lane; c < n; c += 4 * LS_WARP) *(float4 *)(dst + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+/* Block (chunk i, head h). Shared (dynamic): A [C, LDA], then Ks [C, dk + 8]
+ * the chunk's key rows (+0.0 beyond the call), which X [C, dk + dv] (the
+ * rows of W | U) later overwrites. Thread c runs column c of W | U. */
 __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const float *beta, float *state,
                     float *scratch, ls_gdnt_piece pc, long Hk, long Hv, int dk, int dv)
 {
     extern __shared__ __align__(128) float smr[];
     __shared__ float gam[LS_GDNT_C], bet[LS_GDNT_C], bge[LS_GDNT_C];
-    float *A = smr, *Ks = A + LS_GDNT_C * LS_GDNT_LDA;
+    float *A = smr, *Ks = A + LS_GDNT_C * LS_GDNT_LDA, *X = Ks;
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid % LS_WARP, warp = tid / LS_WARP;
-    const int nw = LS_GDNT_T / LS_WARP, ldk = dk + 8;
+    const int nw = LS_GDNT_T / LS_WARP, ldk = dk + 8, ld = dk + dv;
     const long h = blockIdx.y, kh = h * Hk / Hv, cs = pc.cs0 + (long)i * LS_GDNT_C;
     int ra, rb;
     ls_gdnt_rows(pc, i, &ra, &rb);
     ls_gdnt_area a = ls_gdnt_area_of(state, scratch, i, h, Hv, dk, dv);
-    if (tid == 0) {
-        float g = ra > 0 ? a.g[ra - 1] : 0.0f;
-        for (int r = 0; r < ra; r++) gam[r] = a.g[r];
-        for (int r = ra; r < rb; r++) {
+    /* the key rows: cached, the call's, +0.0 beyond (copies in flight while Γ is summed) */
+    for (int r = warp; r < LS_GDNT_C; r += nw) {
+        if (r < rb)
+            ls_gdnt_row_async(Ks + r * ldk, r < ra ? a.k + r * dk : k + ((cs + r - pc.pos0) * Hk + kh) * dk, dk, lane);
+        else
+            ls_gdnt_row_zero(Ks + r * ldk, dk, lane);
+    }
+    __pipeline_commit();
+    /* log α and β of every row at once, then the running sum from the chunk's start */
+    if (tid < LS_GDNT_C) {
+        const int r = tid;
+        if (r < ra) {
+            gam[r] = a.g[r];
+        } else if (r < rb) {
             long t = cs + r - pc.pos0;
             float al = alpha[t * Hv + h];
-            float lg = al > 0.0f ? fmaxf(logf(al), LS_GDNT_LOG_MIN) : LS_GDNT_LOG_MIN;
-            g = g + lg;
-            gam[r] = g;
-            a.g[r] = g;
+            gam[r] = al > 0.0f ? fmaxf(logf(al), LS_GDNT_LOG_MIN) : LS_GDNT_LOG_MIN;
             bet[r] = beta[t * Hv + h];
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        float g = ra > 0 ? gam[ra - 1] : 0.0f;
+        for (int r = ra; r < rb; r++) {
+            g = g + gam[r];
+            gam[r] = g;
             bge[r] = bet[r] * expf(g);
         }
     }
-    /* the key rows: cached, the call's (into the area too), +0.0 beyond */
-    for (int r = warp; r < LS_GDNT_C; r += nw) {
-        const float *src = r < ra ? a.k + r * dk : k + ((cs + r - pc.pos0) * Hk + kh) * dk;
-        for (int c = lane; c < dk; c += LS_WARP) {
-            float x = r < rb ? src[c] : 0.0f;
-            Ks[r * ldk + c] = x;
-            if (r >= ra && (r < rb || ra == 0)) a.k[r * dk + c] = x;
-        }
-    }
-    if (ra == 0) /* the chunk's first call: the rows beyond it start at +0.0 */
-        for (int r = rb + warp; r < LS_GDNT_C; r += nw) {
-            for (int c = lane; c < dk; c += LS_WARP) a.w[r * dk + c] = 0.0f;
-            for (int c = lane; c < dv; c += LS_WARP) a.u[r * dv + c] = a.v[r * dv + c] = 0.0f;
-            if (lane == 0) a.g[r] = 0.0f;
-        }
+    __pipeline_wait_prior(0);
     __syncthreads();
+    /* the area: the call's Γ and key rows; the rows beyond start at +0.0 in a chunk's first call */
+    if (tid >= ra && tid < rb) a.g[tid] = gam[tid];
+    for (int r = ra + warp; r < (ra == 0 ? LS_GDNT_C : rb); r += nw) {
+        for (int c = lane; c < dk; c += LS_WARP) a.k[r * dk + c] = Ks[r * ldk + c];
+        if (r < rb) continue;
+        for (int c = lane; c < dk; c += LS_WARP) a.w[r * dk + c] = 0.0f;
+        for (int c = lane; c < dv; c += LS_WARP) a.u[r * dv + c] = a.v[r * dv + c] = 0.0f;
+        if (lane == 0) a.g[r] = 0.0f;
+    }
     /* k_r · k_s on tensor cores, then A_rs = (β_r kk) e^{Γ_r − Γ_s} for s < r, +0.0 otherwise */
     ls_gdnt_xyt(Ks, Ks, ldk, dk, A, LS_GDNT_LDA, ra / 16, (rb - 1) / 16, warp, nw);
     __syncthreads();
@@ -180,34 +199,30 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
         for (int s = lane; s < LS_GDNT_C; s += LS_WARP)
             A[r * LS_GDNT_LDA + s] = s < r ? (bet[r] * A[r * LS_GDNT_LDA + s]) * expf(gam[r] - gam[s]) : 0.0f;
     __syncthreads();
-    if (tid >= dk + dv) return;
-    /* column c: the cached rows' W | U, the call's rows' seeds β_r e^{Γ_r} k_r | β_r v_r */
-    const int c = tid;
-    float x[LS_GDNT_C];
-#pragma unroll
-    for (int r = 0; r < LS_GDNT_C; r++) {
-        float val = 0.0f;
-        if (r < ra)
-            val = c < dk ? a.w[r * dk + c] : a.u[r * dv + c - dk];
-        else if (r < rb)
-            val = c < dk ? bge[r] * a.k[r * dk + c] : bet[r] * v[((cs + r - pc.pos0) * Hv + h) * dv + c - dk];
-        x[r] = val;
+    /* the seeds β_r e^{Γ_r} k_r | β_r v_r (the cached rows' W | U) into X over Ks */
+    for (int r = warp; r < rb; r += nw) {
+        const float *vr = v + ((cs + r - pc.pos0) * Hv + h) * dv;
+#pragma unroll 4
+        for (int c = lane; c < ld; c += LS_WARP)
+            X[r * ld + c] = r < ra ? (c < dk ? a.w[r * dk + c] : a.u[r * dv + c - dk])
+                                   : (c < dk ? bge[r] * a.k[r * dk + c] : bet[r] * vr[c - dk]);
     }
-#pragma unroll
-    for (int s = 0; s < LS_GDNT_C - 1; s++) {
-        const float xs = x[s];
-#pragma unroll
-        for (int r = s + 1; r < LS_GDNT_C; r++)
-            if (r >= ra && r < rb) x[r] = fmaf(-A[r * LS_GDNT_LDA + s], xs, x[r]);
-    }
-#pragma unroll
-    for (int r = 0; r < LS_GDNT_C; r++)
-        if (r >= ra && r < rb) {
+    __syncthreads();
+    /* forward substitution, column c of W | U, rows ascending */
+    if (tid < ld) {
+        const int c = tid;
+        for (int r = ra; r < rb; r++) {
+            float x = X[r * ld + c];
+            const float *Ar = A + r * LS_GDNT_LDA;
+#pragma unroll 8
+            for (int s = 0; s < r; s++) x = fmaf(-Ar[s], X[s * ld + c], x);
+            X[r * ld + c] = x;
             if (c < dk)
-                a.w[r * dk + c] = x[r];
+                a.w[r * dk + c] = x;
             else
-                a.u[r * dv + c - dk] = x[r];
+                a.u[r * dv + c - dk] = x;
         }
+    }
 }
 
 /* ---- 2. V and the fold, the piece's chunks in order ----------------------------------- */
@@ -232,39 +247,28 @@ typedef struct ls_gdnt_buf {
     float *w, *k, *u, *g;
 } ls_gdnt_buf;
 
-__device__ __forceinline__ void ls_gdnt_cp16(float *dst, const float *src)
-{
-    __pipeline_memcpy_async(dst, src, 16);
-}
-
 /* Starts the copies of chunk i's inputs into b (cp.async, committed by the caller). */
 __device__ void ls_gdnt_prefetch(const ls_gdnt_piece &pc, int i, const ls_gdnt_area &a, const ls_gdnt_buf &b,
-                                 int dk, int dv, int c0, int tid, int nt)
+                                 int dk, int dv, int c0, int warp, int nw, int lane)
 {
     int ra, rb;
     ls_gdnt_rows(pc, i, &ra, &rb);
-    const int ldm = dk + 8, q4 = dk / 4, tr0 = ra / 16 * 16, tr1 = (rb - 1) / 16 * 16 + 16;
-    for (int e = tid; e < (tr1 - tr0) * q4; e += nt) {
-        int r = tr0 + e / q4, c = e % q4 * 4;
+    const int ldm = dk + 8, full = rb == LS_GDNT_C;
+    for (int r = ra / 16 * 16 + warp; r < (rb - 1) / 16 * 16 + 16; r += nw) {
         if (r >= ra && r < rb)
-            ls_gdnt_cp16(b.w + r * ldm + c, a.w + r * dk + c);
+            ls_gdnt_row_async(b.w + r * ldm, a.w + r * dk, dk, lane);
         else
-            *(float4 *)(b.w + r * ldm + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            ls_gdnt_row_zero(b.w + r * ldm, dk, lane);
     }
-    if (rb == LS_GDNT_C)
-        for (int e = tid; e < LS_GDNT_C * q4; e += nt) {
-            int r = e / q4, c = e % q4 * 4;
-            ls_gdnt_cp16(b.k + r * ldm + c, a.k + r * dk + c);
-        }
+    for (int r = warp; full && r < LS_GDNT_C; r += nw) ls_gdnt_row_async(b.k + r * ldm, a.k + r * dk, dk, lane);
     /* U of the call's rows, V of the cached ones (a full chunk folds them too) */
-    for (int e = tid; e < rb * (LS_GDNT_COLS / 4); e += nt) {
-        int r = e / (LS_GDNT_COLS / 4), c = e % (LS_GDNT_COLS / 4) * 4;
+    for (int r = warp; r < rb; r += nw) {
         if (r >= ra)
-            ls_gdnt_cp16(b.u + r * LS_GDNT_LDS + c, a.u + r * dv + c0 + c);
-        else if (rb == LS_GDNT_C)
-            ls_gdnt_cp16(b.u + r * LS_GDNT_LDS + c, a.v + r * dv + c0 + c);
+            ls_gdnt_row_async(b.u + r * LS_GDNT_LDS, a.u + r * dv + c0, LS_GDNT_COLS, lane);
+        else if (full)
+            ls_gdnt_row_async(b.u + r * LS_GDNT_LDS, a.v + r * dv + c0, LS_GDNT_COLS, lane);
     }
-    for (int e = tid; e < LS_GDNT_C / 4; e += nt) ls_gdnt_cp16(b.g + 4 * e, a.g + 4 * e);
+    if (warp == 0) ls_gdnt_row_async(b.g, a.g, LS_GDNT_C, lane);
 }
 
 /* Block (32 value columns, head h), the piece's chunks in order, the next
@@ -277,7 +281,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, in
 {
     extern __shared__ __align__(128) float sms[];
     const int ldm = dk + 8, c0 = blockIdx.x * LS_GDNT_COLS, tid = threadIdx.x, lane = tid % LS_WARP;
-    const int warp = tid / LS_WARP, nt = LS_GDNT_SW * LS_WARP;
+    const int warp = tid / LS_WARP;
     const long h = blockIdx.y;
     float *S = sms, *R = S + dk * LS_GDNT_LDS, *p = R + LS_GDNT_C * LS_GDNT_LDS;
     ls_gdnt_buf buf[2];
@@ -290,7 +294,8 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, in
     }
     float *S0 = state + h * dk * dv;
     for (int r = warp; r < dk; r += LS_GDNT_SW) S[r * LS_GDNT_LDS + lane] = S0[(long)r * dv + c0 + lane];
-    ls_gdnt_prefetch(pc, 0, ls_gdnt_area_of(state, scratch, 0, h, Hv, dk, dv), buf[0], dk, dv, c0, tid, nt);
+    ls_gdnt_prefetch(pc, 0, ls_gdnt_area_of(state, scratch, 0, h, Hv, dk, dv), buf[0], dk, dv, c0, warp,
+                     LS_GDNT_SW, lane);
     __pipeline_commit();
     for (int i = 0; i < pc.nch; i++) {
         int ra, rb;
@@ -299,7 +304,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, in
         const ls_gdnt_buf &b = buf[i % 2];
         if (i + 1 < pc.nch) {
             ls_gdnt_prefetch(pc, i + 1, ls_gdnt_area_of(state, scratch, i + 1, h, Hv, dk, dv), buf[(i + 1) % 2],
-                             dk, dv, c0, tid, nt);
+                             dk, dv, c0, warp, LS_GDNT_SW, lane);
             __pipeline_commit();
             __pipeline_wait_prior(1);
         } else {
@@ -394,22 +399,28 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
     ls_gdnt_area a = ls_gdnt_area_of(state, scratch, i, h, Hv, dk, dv);
     if (tid < LS_GDNT_C) gam[tid] = a.g[tid];
     for (int r = warp; r < LS_GDNT_C; r += nw) {
-        const float *qr = q + ((cs + r - pc.pos0) * Hk + kh) * dk;
-        for (int c = lane; c < dk; c += LS_WARP) {
-            Qs[r * ldk + c] = r >= ra && r < rb ? qr[c] : 0.0f;
-            Ks[r * ldk + c] = r < rb ? a.k[r * dk + c] : 0.0f;
-        }
+        if (r >= ra && r < rb)
+            ls_gdnt_row_async(Qs + r * ldk, q + ((cs + r - pc.pos0) * Hk + kh) * dk, dk, lane);
+        else
+            ls_gdnt_row_zero(Qs + r * ldk, dk, lane);
+        if (r < rb)
+            ls_gdnt_row_async(Ks + r * ldk, a.k + r * dk, dk, lane);
+        else
+            ls_gdnt_row_zero(Ks + r * ldk, dk, lane);
     }
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
     __syncthreads();
     const int tr0 = ra / 16, tr1 = (rb - 1) / 16, nct = pw / 16, njobs = (tr1 - tr0 + 1) * nct;
     ls_gdnt_xyt(Qs, Ks, ldk, dk, P, LS_GDNT_LDA, tr0, tr1, warp, nw);
-    __syncthreads(); /* Ks read: the start state over it */
+    __syncthreads(); /* Ks read: the start state over it, copied while P is scaled */
+    const float *st = ls_gdnt_start(state, scratch, pc, i, h, Hv, dk, dv);
+    for (int r = warp; r < dk; r += nw) ls_gdnt_row_async(Ss + r * ldo, st + (long)r * dv + c0, pw, lane);
+    __pipeline_commit();
     for (int r = ra + warp; r < rb; r += nw)
         for (int s = lane; s < LS_GDNT_C; s += LS_WARP)
             P[r * LS_GDNT_LDA + s] = s <= r ? P[r * LS_GDNT_LDA + s] * expf(gam[r] - gam[s]) : 0.0f;
-    const float *st = ls_gdnt_start(state, scratch, pc, i, h, Hv, dk, dv);
-    for (int r = warp; r < dk; r += nw)
-        for (int c = lane; c < pw; c += LS_WARP) Ss[r * ldo + c] = st[(long)r * dv + c0 + c];
+    __pipeline_wait_prior(0);
     __syncthreads();
     /* O = q Ss, a warp per (row tile, column tile), kept in registers across the barrier */
     ls_gdnt_acc acc[2];
@@ -437,8 +448,9 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
             wmma::store_matrix_sync(O + (tr0 + j / nct) * 16 * ldo + (j % nct) * 16, acc[m], (unsigned)ldo,
                                     wmma::mem_row_major);
     }
-    for (int r = warp; r < rb; r += nw)
-        for (int c = lane; c < pw; c += LS_WARP) Vs[r * ldo + c] = a.v[r * dv + c0 + c];
+    for (int r = warp; r < rb; r += nw) ls_gdnt_row_async(Vs + r * ldo, a.v + r * dv + c0, pw, lane);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
     __syncthreads();
     for (int r = ra + warp; r < rb; r += nw) {
         const float eg = expf(gam[r]);
@@ -532,9 +544,9 @@ static ls_status gdnt_check(const char *op, long Hk, long Hv, long dk, long dv, 
     return LS_OK;
 }
 
-static size_t gdnt_rows_smem(long dk)
+static size_t gdnt_rows_smem(long dk, long dv)
 {
-    return sizeof(float) * LS_GDNT_C * (size_t)(LS_GDNT_LDA + dk + 8);
+    return sizeof(float) * LS_GDNT_C * (size_t)(LS_GDNT_LDA + dk + dv);
 }
 
 /* The output blocks' value columns. */
@@ -567,12 +579,14 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
     if (st != LS_OK) return st;
     LS_CUDA_REQUIRE(pos0 >= 0, err, "cuda tensor-core gdn_chunked: position %ld < 0", pos0);
     if (T <= 0) return LS_OK;
+    LS_CUDA_REQUIRE(((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)state | (uintptr_t)scratch) % 16 == 0,
+                    err, "cuda tensor-core gdn_chunked: q, k, v, the state and the scratch must be 16-byte aligned");
     size_t need = ls_cuda_gdn_tc_scratch_bytes(T, Hv, dk, dv);
     if (scratch_bytes < need)
         return ls_fail(err, LS_E_INTERNAL, "cuda tensor-core gdn_chunked: scratch of %zu bytes, %zu needed",
                        scratch_bytes, need);
     cudaStream_t s = (cudaStream_t)stream;
-    const size_t rows_smem = gdnt_rows_smem(dk), state_smem = gdnt_state_smem(dk),
+    const size_t rows_smem = gdnt_rows_smem(dk, dv), state_smem = gdnt_state_smem(dk),
                  out_smem = gdnt_out_smem(dk, dv);
     LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        (int)rows_smem),
