@@ -208,14 +208,22 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
                                    : (c < dk ? bge[r] * a.k[r * dk + c] : bet[r] * vr[c - dk]);
     }
     __syncthreads();
-    /* forward substitution, column c of W | U, rows ascending */
+    /* forward substitution, column c of W | U, rows ascending (A's row read four at a time:
+     * shared-memory bandwidth bounds this loop) */
     if (tid < ld) {
         const int c = tid;
         for (int r = ra; r < rb; r++) {
             float x = X[r * ld + c];
             const float *Ar = A + r * LS_GDNT_LDA;
-#pragma unroll 8
-            for (int s = 0; s < r; s++) x = fmaf(-Ar[s], X[s * ld + c], x);
+            int s = 0;
+            for (; s + 4 <= r; s += 4) {
+                const float4 a4 = *(const float4 *)(Ar + s);
+                x = fmaf(-a4.x, X[s * ld + c], x);
+                x = fmaf(-a4.y, X[(s + 1) * ld + c], x);
+                x = fmaf(-a4.z, X[(s + 2) * ld + c], x);
+                x = fmaf(-a4.w, X[(s + 3) * ld + c], x);
+            }
+            for (; s < r; s++) x = fmaf(-Ar[s], X[s * ld + c], x);
             X[r * ld + c] = x;
             if (c < dk)
                 a.w[r * dk + c] = x;
