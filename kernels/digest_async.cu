@@ -1,21 +1,53 @@
 /* lockstep — the asynchronous digester (kernels/sha256.h).
  *
- * The engine asks for digests of a layer's rows several times per layer, and
- * each synchronous call costs a device round trip; hashing a 4 KB row on one
- * GPU thread costs ~100 us more (SHA-256 is serial within a message). Here a
- * call only enqueues work on the stream: the job table's upload, the encoding
- * of the canonical bytes on the device, and their download into pinned host
- * memory; host threads hash them with OpenSSL once the stream has passed an
- * event recorded after the download, while the device computes the next
- * layers. The digests are SHA-256 of the same canonical bytes as before.
+ * The engine asks for digests of a layer's rows several times per layer (~83
+ * calls in a batch-1 decode step), and each synchronous call costs a device
+ * round trip; hashing a 4 KB row on one GPU thread costs ~100 us more
+ * (SHA-256 is serial within a message). Here a call only enqueues the
+ * encoding of the canonical bytes on the device; their download into pinned
+ * host memory is shared by several calls, and host threads hash them with
+ * OpenSSL once the stream has passed an event recorded after the download,
+ * while the device computes the next layers. The digests are SHA-256 of the
+ * same canonical bytes as before.
+ *
+ * What a submit costs (one chunk, the usual case): one kernel launch, no copy
+ * (the encode kernel reads the job table from mapped pinned memory), no event
+ * created (a pool, one per batch slot), no heap allocation (slots are
+ * preallocated), one lock of mu and no wake-up. Every LS_DG_GROUP_MAX submits
+ * at most, or sooner (below), one download and one event record serve the
+ * whole group, and a worker waits on that one event.
  *
  * Memory: one ring of `cap` bytes on the device and one of the same size in
- * pinned host memory, at the same offsets. Each submitted chunk of jobs takes
- * a contiguous region (the stage layout of ls_cuda_digest_stage), appended at
- * the ring's head; regions are released in submission order once all their
- * jobs are hashed, so the ring is a FIFO of batches and never fragments. A
- * submit waits only when the ring is full (backpressure: the device runs
- * ahead of the host by at most the ring). */
+ * pinned host memory, at the same offsets, holding encoded bytes only. Each
+ * submitted chunk of jobs (a batch) takes a contiguous region of
+ * ls_cuda_digest_stage_bytes (16-aligned) appended at the ring's head;
+ * regions are released in submission order once all their jobs are hashed,
+ * so the ring is a FIFO of batches and never fragments. head and tail count
+ * bytes since creation (they only grow), so used = head - tail and a region
+ * that would cross the ring's end starts at offset 0, the bytes skipped
+ * belonging to it. A batch also takes a slot (LS_DG_SLOTS, used in the same
+ * FIFO order): its job table, outs, offsets, lengths and one event.
+ *
+ * Coalescing: batches staged one after the other into adjacent regions form
+ * the open group; they are not yet visible to the workers (next == n). A
+ * flush enqueues one download of the group's bytes and records the event of
+ * its last slot, then hands the group to the workers. Every byte of a group
+ * is written by its encode kernels (jobs are padded to 16 with zeros and
+ * regions are adjacent), so the one copy reads no byte nothing wrote. A
+ * group is flushed by ls_cuda_digester_wait, before a submit waits for room
+ * (else it could wait on batches only the flush releases), when the next
+ * region is not adjacent (the ring wrapped) or is for another stream, and
+ * when it has LS_DG_GROUP_MAX batches, LS_DG_GROUP_BYTES bytes, or the ring
+ * is more than half full. submit and wait are called from one thread (the
+ * one that owns the streams); only that thread touches the open group.
+ *
+ * Reuse: a slot's table and region are rewritten only after the batch in it
+ * is retired, that is after the stream passed its group's event (recorded
+ * after the encode kernel that read the table and the download of the
+ * region) and the workers hashed its bytes, or after a failure path
+ * synchronised the stream. A group's event belongs to its last slot, which
+ * retires after every other batch of the group, so the event is not recorded
+ * again while anyone may still wait on it. */
 #include "sha256.h"
 
 #include <cuda_runtime.h>
@@ -27,28 +59,49 @@
 #include "cuda_check.cuh"
 
 #define LS_DG_MAX_THREADS 16
-#define LS_DG_ALIGN 256
-#define LS_DG_GRAB_BYTES (64u << 10) /* a worker takes jobs until this many bytes */
+#define LS_DG_ALIGN 16                 /* region alignment: the encoded jobs' */
+#define LS_DG_GRAB_BYTES (64u << 10)   /* a worker takes jobs until this many bytes */
+#define LS_DG_SLOTS 128                /* batches in flight at most */
+#define LS_DG_SLOT_JOBS 256            /* jobs per batch at most (a call is chunked) */
+#define LS_DG_GROUP_MAX 32             /* batches per download at most */
+#define LS_DG_GROUP_BYTES ((size_t)256 << 10) /* a group this large is downloaded at once, so
+                                                  the hashing left after a wait stays short */
 
 typedef struct ls_dg_batch {
-    size_t at, bytes;            /* ring region */
+    uint64_t vat, vend;          /* ring region in bytes since creation: [vat, vend) holds the
+                                    encoded bytes at offset vat % cap; vend - vat = the
+                                    stage's bytes (a region that crosses the end starts at 0:
+                                    vat is then the next multiple of cap) */
+    size_t at;                   /* vat % cap */
     int n;                       /* jobs */
-    int next;                    /* next job to hand out (n until staged) */
+    int next;                    /* next job to hand out (n until its group is flushed) */
     int left;                    /* jobs not yet hashed */
     int ready;                   /* the stream has passed ev */
     int syncing;                 /* a worker waits on ev */
-    cudaEvent_t ev;
-    uint8_t **outs;              /* [n] host destinations, 32 bytes each */
-    uint64_t *off, *len;         /* [n] encoded bytes at h_ring + at + off[i] */
-    struct ls_dg_batch *nxt;     /* FIFO, oldest first */
+    cudaEvent_t ev;              /* its group's event (the group's last slot's own) */
+    cudaEvent_t own;             /* this slot's event, created once */
+    void *h_table;               /* pinned, mapped: the job table the encode kernel reads */
+    const void *d_table;         /* its device address */
+    uint8_t **outs;              /* [LS_DG_SLOT_JOBS] host destinations, 32 bytes each */
+    uint64_t *off, *len;         /* [LS_DG_SLOT_JOBS] encoded bytes at h_ring + at + off[i] */
 } ls_dg_batch;
 
 struct ls_cuda_digester {
     uint8_t *d_ring, *h_ring;    /* device / pinned host, cap bytes each */
     size_t cap;
-    ls_dg_batch *first, *last;
+    uint64_t head, tail;         /* bytes since creation: appended / released */
+    ls_dg_batch slot[LS_DG_SLOTS];
+    int first, n_used;           /* in use: slot[(first + k) % LS_DG_SLOTS], k < n_used, oldest first */
+    /* the open group: slot[(open_slot + i) % LS_DG_SLOTS], i < n_open (the submitting
+     * thread's alone) */
+    int open_slot, n_open;
+    size_t open_at, open_bytes;  /* its region: [open_at, open_at + open_bytes) */
+    void *open_stream;
+    uint8_t *h_tables;           /* pinned, mapped: every slot's table */
+    uint64_t *h_meta;            /* every slot's off and len */
+    uint8_t **h_outs;            /* every slot's outs */
     pthread_mutex_t mu;
-    pthread_cond_t work;         /* a batch became ready or has jobs, or stop */
+    pthread_cond_t work;         /* a group was handed out or became ready, or stop */
     pthread_cond_t freed;        /* a batch was released */
     pthread_t th[LS_DG_MAX_THREADS];
     int n_threads, stop, device;
@@ -57,6 +110,8 @@ struct ls_cuda_digester {
     char fail_msg[256];
 };
 
+static ls_dg_batch *dg_at(ls_cuda_digester *d, int k) { return &d->slot[(d->first + k) % LS_DG_SLOTS]; }
+
 static void dg_set_fail(ls_cuda_digester *d, ls_status st, const char *msg)
 {
     if (d->fail != LS_OK) return;
@@ -64,27 +119,35 @@ static void dg_set_fail(ls_cuda_digester *d, ls_status st, const char *msg)
     snprintf(d->fail_msg, sizeof d->fail_msg, "%s", msg);
 }
 
-static void dg_batch_free(ls_dg_batch *b)
-{
-    if (b->ev) cudaEventDestroy(b->ev);
-    free(b->outs);
-    free(b->off);
-    free(b->len);
-    free(b);
-}
-
 /* Releases finished batches from the front of the FIFO. Holds mu. */
 static void dg_retire(ls_cuda_digester *d)
 {
     int any = 0;
-    while (d->first && d->first->left == 0 && d->first->syncing == 0) {
-        ls_dg_batch *b = d->first;
-        d->first = b->nxt;
-        if (!d->first) d->last = NULL;
-        dg_batch_free(b);
+    while (d->n_used > 0 && d->slot[d->first].left == 0 && d->slot[d->first].syncing == 0) {
+        d->tail = d->slot[d->first].vend;
+        d->first = (d->first + 1) % LS_DG_SLOTS;
+        d->n_used--;
         any = 1;
     }
     if (any) pthread_cond_broadcast(&d->freed);
+}
+
+/* Marks b's group (b and the batches after it that share its event) ready,
+ * or, when the stream failed before the event, done with nothing hashed.
+ * Holds mu. */
+static void dg_group_passed(ls_cuda_digester *d, const ls_dg_batch *b, int ok)
+{
+    int k = 0;
+    while (dg_at(d, k) != b) k++; /* b cannot have retired: its jobs are not handed out */
+    for (cudaEvent_t ev = b->ev; k < d->n_used && dg_at(d, k)->ev == ev; k++) {
+        ls_dg_batch *g = dg_at(d, k);
+        if (ok) {
+            g->ready = 1;
+        } else if (!g->ready) {
+            g->left -= g->n - g->next; /* nothing of this batch will be hashed */
+            g->next = g->n;
+        }
+    }
 }
 
 static void *dg_worker(void *arg)
@@ -93,33 +156,31 @@ static void *dg_worker(void *arg)
     cudaSetDevice(d->device); /* events are waited on from this thread */
     pthread_mutex_lock(&d->mu);
     for (;;) {
-        ls_dg_batch *b = d->first;
-        while (b && b->next >= b->n) b = b->nxt;
-        if (!b) {
+        int k = 0;
+        while (k < d->n_used && dg_at(d, k)->next >= dg_at(d, k)->n) k++;
+        if (k == d->n_used) {
             if (d->stop) break;
             pthread_cond_wait(&d->work, &d->mu);
             continue;
         }
+        ls_dg_batch *b = dg_at(d, k);
         if (!b->ready) {
-            if (b->syncing) { /* another worker waits for this batch's bytes */
+            if (b->syncing) { /* another worker waits for this group's bytes */
                 pthread_cond_wait(&d->work, &d->mu);
                 continue;
             }
-            b->syncing = 1;
+            b->syncing = 1; /* b cannot retire meanwhile, nor can its group's last slot */
             cudaEvent_t ev = b->ev;
             pthread_mutex_unlock(&d->mu);
             cudaError_t ce = cudaEventSynchronize(ev);
             pthread_mutex_lock(&d->mu);
             b->syncing = 0;
-            if (ce == cudaSuccess) {
-                b->ready = 1;
-            } else {
+            dg_group_passed(d, b, ce == cudaSuccess);
+            if (ce != cudaSuccess) {
                 char msg[200];
                 snprintf(msg, sizeof msg, "digest: the device failed before the digested bytes "
                          "were downloaded: %s (run compute-sanitizer)", cudaGetErrorString(ce));
                 dg_set_fail(d, LS_E_DEVICE, msg);
-                b->left -= b->n - b->next; /* nothing of this batch will be hashed */
-                b->next = b->n;
                 dg_retire(d);
             }
             pthread_cond_broadcast(&d->work);
@@ -143,12 +204,23 @@ static void *dg_worker(void *arg)
     return NULL;
 }
 
+static void dg_free(ls_cuda_digester *d)
+{
+    for (int s = 0; s < LS_DG_SLOTS; s++)
+        if (d->slot[s].own) cudaEventDestroy(d->slot[s].own);
+    if (d->h_tables) cudaFreeHost(d->h_tables);
+    if (d->h_ring) cudaFreeHost(d->h_ring);
+    free(d->h_meta);
+    free(d->h_outs);
+    free(d);
+}
+
 extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, int n_threads,
                                              ls_cuda_host_sha256_fn host_sha256, ls_cuda_digester **out,
                                              ls_error *err)
 {
     *out = NULL;
-    LS_CUDA_REQUIRE(d_ring && ring_bytes >= LS_DG_ALIGN && host_sha256, err,
+    LS_CUDA_REQUIRE(d_ring && ring_bytes >= 256 && host_sha256, err,
                     "digester: ring of %zu bytes at %p, host hash %s", ring_bytes, d_ring,
                     host_sha256 ? "given" : "missing");
     ls_cuda_digester *d = (ls_cuda_digester *)calloc(1, sizeof *d);
@@ -157,12 +229,34 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
     d->cap = ring_bytes / LS_DG_ALIGN * LS_DG_ALIGN;
     d->fn = host_sha256;
     d->n_threads = n_threads < 1 ? 1 : n_threads > LS_DG_MAX_THREADS ? LS_DG_MAX_THREADS : n_threads;
+    d->h_meta = (uint64_t *)malloc(sizeof *d->h_meta * 2 * LS_DG_SLOTS * LS_DG_SLOT_JOBS);
+    d->h_outs = (uint8_t **)malloc(sizeof *d->h_outs * LS_DG_SLOTS * LS_DG_SLOT_JOBS);
+    if (!d->h_meta || !d->h_outs) {
+        dg_free(d);
+        return ls_fail(err, LS_E_NOMEM, "digester: out of memory");
+    }
+    /* The tables are read by the encode kernels through the mapping (no upload). */
+    size_t table_bytes = ls_cuda_digest_stage_table_bytes(LS_DG_SLOT_JOBS);
+    uint8_t *d_tables = NULL;
     cudaError_t ce = cudaGetDevice(&d->device);
     if (ce == cudaSuccess) ce = cudaHostAlloc((void **)&d->h_ring, d->cap, cudaHostAllocDefault);
+    if (ce == cudaSuccess)
+        ce = cudaHostAlloc((void **)&d->h_tables, table_bytes * LS_DG_SLOTS, cudaHostAllocMapped);
+    if (ce == cudaSuccess) ce = cudaHostGetDevicePointer((void **)&d_tables, d->h_tables, 0);
+    for (int s = 0; ce == cudaSuccess && s < LS_DG_SLOTS; s++) {
+        ls_dg_batch *b = &d->slot[s];
+        ce = cudaEventCreateWithFlags(&b->own, cudaEventDisableTiming);
+        if (ce != cudaSuccess) b->own = NULL;
+        b->h_table = d->h_tables + table_bytes * (size_t)s;
+        b->d_table = d_tables + table_bytes * (size_t)s;
+        b->outs = d->h_outs + (size_t)LS_DG_SLOT_JOBS * (size_t)s;
+        b->off = d->h_meta + (size_t)2 * LS_DG_SLOT_JOBS * (size_t)s;
+        b->len = b->off + LS_DG_SLOT_JOBS;
+    }
     if (ce != cudaSuccess) {
-        free(d);
-        return ls_fail(err, LS_E_NOMEM, "digester: %zu bytes of pinned host memory: %s", ring_bytes,
-                       cudaGetErrorString(ce));
+        dg_free(d);
+        return ls_fail(err, LS_E_NOMEM, "digester: %zu bytes of pinned host memory and %d events: %s",
+                       ring_bytes, LS_DG_SLOTS, cudaGetErrorString(ce));
     }
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->work, NULL);
@@ -174,8 +268,7 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
         pthread_cond_destroy(&d->work);
         pthread_cond_destroy(&d->freed);
         pthread_mutex_destroy(&d->mu);
-        cudaFreeHost(d->h_ring);
-        free(d);
+        dg_free(d);
         return ls_fail(err, LS_E_DEVICE, "digester: no host thread could be started");
     }
     d->n_threads = started;
@@ -183,75 +276,110 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
     return LS_OK;
 }
 
-/* Offset of a free region of `need` bytes (a multiple of LS_DG_ALIGN), or
- * (size_t)-1 when the ring has none now. Holds mu. */
-static size_t dg_place(const ls_cuda_digester *d, size_t need)
+/* Hands the open group to the workers: one download of its bytes and the
+ * event of its last slot, recorded after it on its stream. On failure the
+ * group is dropped (recorded for the next wait). Called without mu by the
+ * submitting thread; the workers ignore the open batches (next == n) and
+ * cannot retire them (left == n). */
+static void dg_flush(ls_cuda_digester *d)
 {
-    if (!d->first) return need <= d->cap ? 0 : (size_t)-1;
-    size_t tail = d->first->at, head = d->last->at + d->last->bytes;
-    if (d->last->at >= d->first->at) { /* in use: [tail, head); free: [head, cap) and [0, tail) */
-        if (d->cap - head >= need) return head;
-        return tail >= need ? 0 : (size_t)-1;
+    if (d->n_open == 0) return;
+    cudaEvent_t ev = d->slot[(d->open_slot + d->n_open - 1) % LS_DG_SLOTS].own;
+    cudaStream_t s = (cudaStream_t)d->open_stream;
+    cudaError_t ce = cudaSuccess;
+    if (d->open_bytes)
+        ce = cudaMemcpyAsync(d->h_ring + d->open_at, d->d_ring + d->open_at, d->open_bytes,
+                             cudaMemcpyDeviceToHost, s);
+    if (ce == cudaSuccess) ce = cudaEventRecord(ev, s);
+    if (ce != cudaSuccess) cudaStreamSynchronize(s); /* nothing enqueued still uses the regions */
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < d->n_open; i++) {
+        ls_dg_batch *b = &d->slot[(d->open_slot + i) % LS_DG_SLOTS];
+        if (ce == cudaSuccess) {
+            b->ev = ev;
+            b->next = 0;
+        } else { /* nothing of the group will be hashed */
+            b->next = b->n;
+            b->left = 0;
+        }
     }
-    /* wrapped, in use: [tail, ...) and [0, head); free: [head, tail) */
-    return tail - head >= need ? head : (size_t)-1;
+    if (ce != cudaSuccess) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "digest: the download of %zu staged bytes failed: %s", d->open_bytes,
+                 cudaGetErrorString(ce));
+        dg_set_fail(d, LS_E_DEVICE, msg);
+        dg_retire(d);
+    }
+    pthread_cond_broadcast(&d->work);
+    pthread_mutex_unlock(&d->mu);
+    d->n_open = 0;
+    d->open_bytes = 0;
 }
 
-/* Stages jobs [0, n) as one batch (their stage fits half the ring). */
+/* Room for a region of `need` bytes: its start in bytes since creation, or
+ * UINT64_MAX when the ring has none now. Holds mu. */
+static uint64_t dg_place(const ls_cuda_digester *d, size_t need)
+{
+    size_t pos = (size_t)(d->head % d->cap);
+    uint64_t vat = pos + need > d->cap ? d->head + (d->cap - pos) : d->head; /* no region crosses the end */
+    return vat + need - d->tail <= d->cap ? vat : UINT64_MAX;
+}
+
+/* Stages jobs [0, n) as one batch (at most LS_DG_SLOT_JOBS jobs, whose bytes
+ * fit half the ring). */
 static ls_status dg_submit_chunk(ls_cuda_digester *d, const ls_cuda_digest_job *jobs, uint8_t *const *outs,
                                  int n, void *stream, ls_error *err)
 {
-    size_t need = ls_cuda_digest_stage_bytes(jobs, n);
-    need = (need + LS_DG_ALIGN - 1) / LS_DG_ALIGN * LS_DG_ALIGN;
-    ls_dg_batch *b = (ls_dg_batch *)calloc(1, sizeof *b);
-    if (b) {
-        b->outs = (uint8_t **)malloc(sizeof *b->outs * (size_t)n);
-        b->off = (uint64_t *)malloc(sizeof *b->off * (size_t)n);
-        b->len = (uint64_t *)malloc(sizeof *b->len * (size_t)n);
-    }
-    if (!b || !b->outs || !b->off || !b->len) {
-        if (b) dg_batch_free(b);
-        return ls_fail(err, LS_E_NOMEM, "digester: a batch of %d jobs", n);
-    }
-    cudaError_t ce = cudaEventCreateWithFlags(&b->ev, cudaEventDisableTiming);
-    if (ce != cudaSuccess) {
-        b->ev = NULL;
-        dg_batch_free(b);
-        return ls_fail(err, LS_E_DEVICE, "digester: cudaEventCreateWithFlags: %s", cudaGetErrorString(ce));
-    }
-    memcpy(b->outs, outs, sizeof *outs * (size_t)n);
-    b->n = b->next = b->left = n;
-    b->bytes = need;
+    size_t need = ls_cuda_digest_stage_bytes(jobs, n); /* a multiple of LS_DG_ALIGN */
     pthread_mutex_lock(&d->mu);
-    size_t at;
-    while ((at = dg_place(d, need)) == (size_t)-1) pthread_cond_wait(&d->freed, &d->mu);
-    b->at = at;
-    if (d->last) d->last->nxt = b;
-    else d->first = b;
-    d->last = b;
-    pthread_mutex_unlock(&d->mu);
-    /* The region is ours: the workers skip the batch until next < n. */
-    ls_status st = ls_cuda_digest_stage(jobs, n, d->h_ring + at, d->d_ring + at, b->off, b->len, stream, err);
-    if (st == LS_OK) {
-        ce = cudaEventRecord(b->ev, (cudaStream_t)stream);
-        if (ce != cudaSuccess)
-            st = ls_fail(err, LS_E_DEVICE, "digester: event record: %s", cudaGetErrorString(ce));
-    }
-    pthread_mutex_lock(&d->mu);
-    if (st == LS_OK) {
-        b->next = 0;
-    } else { /* nothing enqueued for it will be hashed; the region is released once the
-              * stream is past whatever of the stage was enqueued */
+    uint64_t vat = dg_place(d, need);
+    /* The open group joins the ring only after a flush: flush it before the
+     * new region unless the region extends it on the same stream. */
+    int extends = vat != UINT64_MAX && d->n_used < LS_DG_SLOTS &&
+                  (size_t)(vat % d->cap) == d->open_at + d->open_bytes && stream == d->open_stream;
+    if (d->n_open > 0 && !extends) {
         pthread_mutex_unlock(&d->mu);
+        dg_flush(d);
+        pthread_mutex_lock(&d->mu);
+    }
+    while (d->n_used == LS_DG_SLOTS || (vat = dg_place(d, need)) == UINT64_MAX)
+        pthread_cond_wait(&d->freed, &d->mu);
+    ls_dg_batch *b = dg_at(d, d->n_used);
+    b->vat = vat;
+    b->vend = vat + need;
+    b->at = (size_t)(vat % d->cap);
+    b->n = b->next = b->left = n;
+    b->ready = 0;
+    b->syncing = 0;
+    b->ev = NULL;
+    d->head = b->vend;
+    d->n_used++;
+    int half_full = d->head - d->tail > d->cap / 2;
+    pthread_mutex_unlock(&d->mu);
+    /* The slot and the region are ours: the workers skip the batch while next == n. */
+    memcpy(b->outs, outs, sizeof *outs * (size_t)n);
+    ls_status st = ls_cuda_digest_stage(jobs, n, b->h_table, b->d_table, d->d_ring + b->at, b->off, b->len,
+                                        stream, err);
+    if (st != LS_OK) { /* the earlier group keeps its bytes; this batch is dropped once the
+                        * stream is past whatever of it was enqueued */
+        dg_flush(d);
         cudaStreamSynchronize((cudaStream_t)stream);
         pthread_mutex_lock(&d->mu);
         b->next = b->n;
         b->left = 0;
         dg_retire(d);
+        pthread_mutex_unlock(&d->mu);
+        return st;
     }
-    pthread_cond_broadcast(&d->work);
-    pthread_mutex_unlock(&d->mu);
-    return st;
+    if (d->n_open == 0) {
+        d->open_slot = (int)(b - d->slot);
+        d->open_at = b->at;
+        d->open_stream = stream;
+    }
+    d->n_open++;
+    d->open_bytes += need;
+    if (d->n_open == LS_DG_GROUP_MAX || d->open_bytes >= LS_DG_GROUP_BYTES || half_full) dg_flush(d);
+    return LS_OK;
 }
 
 extern "C" ls_status ls_cuda_digester_submit(ls_cuda_digester *d, const ls_cuda_digest_job *jobs,
@@ -259,15 +387,15 @@ extern "C" ls_status ls_cuda_digester_submit(ls_cuda_digester *d, const ls_cuda_
 {
     size_t half = d->cap / 2; /* a chunk of at most half the ring lets the next one stage meanwhile */
     for (int i = 0; i < n_jobs; i++)
-        if (ls_cuda_digest_stage_bytes(&jobs[i], 1) + LS_DG_ALIGN > half)
+        if (ls_cuda_digest_stage_job_bytes(&jobs[i]) > half)
             return ls_fail(err, LS_E_UNSUPPORTED, "digester: job %d needs %zu bytes of staging, more "
-                           "than half the %zu-byte ring", i, ls_cuda_digest_stage_bytes(&jobs[i], 1), d->cap);
+                           "than half the %zu-byte ring", i, ls_cuda_digest_stage_job_bytes(&jobs[i]), d->cap);
     for (int i0 = 0; i0 < n_jobs;) {
         int i1 = i0 + 1;
         size_t bytes = ls_cuda_digest_stage_job_bytes(&jobs[i0]);
-        while (i1 < n_jobs) {
+        while (i1 < n_jobs && i1 - i0 < LS_DG_SLOT_JOBS) {
             size_t more = bytes + ls_cuda_digest_stage_job_bytes(&jobs[i1]);
-            if (ls_cuda_digest_stage_table_bytes(i1 + 1 - i0) + more + LS_DG_ALIGN > half) break;
+            if (more > half) break;
             bytes = more;
             i1++;
         }
@@ -279,8 +407,9 @@ extern "C" ls_status ls_cuda_digester_submit(ls_cuda_digester *d, const ls_cuda_
 
 extern "C" ls_status ls_cuda_digester_wait(ls_cuda_digester *d, ls_error *err)
 {
+    dg_flush(d);
     pthread_mutex_lock(&d->mu);
-    while (d->first) pthread_cond_wait(&d->freed, &d->mu);
+    while (d->n_used > 0) pthread_cond_wait(&d->freed, &d->mu);
     ls_status st = d->fail;
     char msg[256];
     snprintf(msg, sizeof msg, "%s", d->fail_msg);
@@ -302,6 +431,5 @@ extern "C" void ls_cuda_digester_destroy(ls_cuda_digester *d)
     pthread_cond_destroy(&d->work);
     pthread_cond_destroy(&d->freed);
     pthread_mutex_destroy(&d->mu);
-    cudaFreeHost(d->h_ring);
-    free(d);
+    dg_free(d);
 }

@@ -271,11 +271,20 @@ extern "C" size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, i
 /* One (job, element) per thread: blockIdx.y strides the jobs, x the elements.
  * The 0-15 bytes that pad each job to 16 are zeroed too: the long jobs' part
  * goes to the host in one copy, gaps included, and a copy of bytes nothing
- * wrote is an uninitialised read (compute-sanitizer initcheck). */
+ * wrote is an uninitialised read (compute-sanitizer initcheck). The entry is
+ * read once per block, by one warp, into shared memory: the staged digests'
+ * table is in mapped host memory, where each warp's read would cross the
+ * link. */
 __global__ void ls_digest_encode_kernel(const ls_digest_entry *ent, int n_jobs, uint8_t *bytes)
 {
+    __shared__ ls_digest_entry sh;
+    const unsigned words = (unsigned)(sizeof sh / sizeof(uint64_t));
+    static_assert(sizeof(ls_digest_entry) % sizeof(uint64_t) == 0, "entry of whole words");
     for (int j = blockIdx.y; j < n_jobs; j += gridDim.y) {
-        ls_digest_entry e = ent[j];
+        __syncthreads(); /* the previous job's entry is no longer read */
+        if (threadIdx.x < words) ((uint64_t *)&sh)[threadIdx.x] = ((const uint64_t *)&ent[j])[threadIdx.x];
+        __syncthreads();
+        const ls_digest_entry e = sh;
         if (blockIdx.x == 0 && threadIdx.x < LS_ALIGN_UP(e.len, 16) - e.len)
             bytes[e.off + e.len + threadIdx.x] = 0;
         uint64_t total = e.n[0] + e.n[1];
@@ -544,7 +553,8 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
 
 /* ---- staged (asynchronous) digests ------------------------------------------------- */
 
-/* Stage region: [job table, 256-aligned][encoded bytes, 16-aligned each]. */
+/* Stage: a table of the jobs in host memory the device reads, and their
+ * encoded bytes (16-aligned each) in device memory. */
 extern "C" size_t ls_cuda_digest_stage_table_bytes(int n_jobs)
 {
     return LS_ALIGN_UP(sizeof(ls_digest_entry) * (size_t)n_jobs, 256);
@@ -557,38 +567,34 @@ extern "C" size_t ls_cuda_digest_stage_job_bytes(const ls_cuda_digest_job *job)
 
 extern "C" size_t ls_cuda_digest_stage_bytes(const ls_cuda_digest_job *jobs, int n_jobs)
 {
-    size_t b = ls_cuda_digest_stage_table_bytes(n_jobs);
+    size_t b = 0;
     for (int i = 0; i < n_jobs; i++) b += ls_cuda_digest_stage_job_bytes(&jobs[i]);
     return b;
 }
 
-extern "C" ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs, int n_jobs, uint8_t *h_region,
-                                          void *d_region, uint64_t *off, uint64_t *len, void *stream,
-                                          ls_error *err)
+extern "C" ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs, int n_jobs, void *h_table,
+                                          const void *d_table, void *d_bytes, uint64_t *off, uint64_t *len,
+                                          void *stream, ls_error *err)
 {
     LS_CUDA_REQUIRE(n_jobs > 0, err, "digest stage: n_jobs %d", n_jobs);
-    size_t bytes_at = ls_cuda_digest_stage_table_bytes(n_jobs);
-    ls_digest_entry *h = (ls_digest_entry *)h_region;
+    ls_digest_entry *h = (ls_digest_entry *)h_table;
     uint64_t at = 0, max_el = 0;
     for (int i = 0; i < n_jobs; i++) {
         ls_entry_of(&jobs[i], &h[i]);
         h[i].off = at;
-        off[i] = bytes_at + at;
+        off[i] = at;
         len[i] = h[i].len;
         at += LS_ALIGN_UP(h[i].len, 16);
         if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
     }
-    cudaStream_t s = (cudaStream_t)stream;
-    uint8_t *d = (uint8_t *)d_region;
-    cudaError_t ce = cudaMemcpyAsync(d, h_region, sizeof *h * (size_t)n_jobs, cudaMemcpyHostToDevice, s);
-    LS_CUDA_CHECK(ce, err, "digest stage: job table upload");
+    /* The table's stores above precede the launch in program order, and the
+     * device reads pinned host memory coherently, so the kernel sees them. */
     if (max_el > 0) {
         uint64_t bx = (max_el + 255) / 256;
         dim3 grid((unsigned)(bx < 64 ? bx : 64), (unsigned)(n_jobs < 65535 ? n_jobs : 65535));
-        ls_digest_encode_kernel<<<grid, 256, 0, s>>>((const ls_digest_entry *)d, n_jobs, d + bytes_at);
+        ls_digest_encode_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>((const ls_digest_entry *)d_table, n_jobs,
+                                                                         (uint8_t *)d_bytes);
         LS_CUDA_CHECK_LAUNCH("ls_digest_encode_kernel", err);
-        ce = cudaMemcpyAsync(h_region + bytes_at, d + bytes_at, at, cudaMemcpyDeviceToHost, s);
-        LS_CUDA_CHECK(ce, err, "digest stage: encoded bytes download");
     }
     return LS_OK;
 }

@@ -102,30 +102,35 @@ ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs /* host [n_jobs] */, int
                          uint8_t *h_digests /* host [n_jobs][32] */, void *stream, ls_error *err);
 
 /* ---- staged digests: the device encodes, the host hashes, asynchronously ----
- * ls_cuda_digest_stage writes the jobs' table into h_region (pinned host
- * memory of ls_cuda_digest_stage_bytes), and enqueues on `stream`: the
- * table's upload into d_region (device memory of the same size), the encoding
- * of every job's canonical bytes there, and their download back into
- * h_region. Nothing waits: once the stream has passed that point (an event
- * recorded after the call), job i's encoded bytes are the len[i] bytes at
- * h_region + off[i], ready for SHA-256 on the host. Both regions must stay
- * untouched until then. */
+ * ls_cuda_digest_stage writes the jobs' table into h_table (host memory the
+ * device can read: pinned and mapped, of ls_cuda_digest_stage_table_bytes;
+ * d_table is its device address) and enqueues on `stream` the encoding of
+ * every job's canonical bytes into d_bytes (device memory of
+ * ls_cuda_digest_stage_bytes): one launch, no copy, nothing waits. Once the
+ * stream has passed it, job i's encoded bytes are the len[i] bytes at
+ * d_bytes + off[i], for the caller to download. Every byte of the stage is
+ * written (each job padded to 16 with zeros), so the stages of adjacent
+ * regions may be downloaded in one copy. h_table and d_bytes must stay
+ * untouched until the stream is past the launch. */
 size_t ls_cuda_digest_stage_bytes(const ls_cuda_digest_job *jobs, int n_jobs);
-/* Its two parts: the table of n jobs, and one job's encoded bytes. */
+/* The table of n jobs, and one job's encoded bytes (a multiple of 16). */
 size_t ls_cuda_digest_stage_table_bytes(int n_jobs);
 size_t ls_cuda_digest_stage_job_bytes(const ls_cuda_digest_job *job);
 ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs /* host [n_jobs] */, int n_jobs,
-                               uint8_t *h_region, void *d_region, uint64_t *off /* [n_jobs] */,
-                               uint64_t *len /* [n_jobs] */, void *stream, ls_error *err);
+                               void *h_table, const void *d_table, void *d_bytes,
+                               uint64_t *off /* [n_jobs] */, uint64_t *len /* [n_jobs] */, void *stream,
+                               ls_error *err);
 
 /* An asynchronous digester (kernels/digest_async.cu): a ring of device and
  * pinned host memory, and host threads that hash what the device encoded.
  * submit stages the jobs (waiting only when the ring is full) and returns;
- * each job's digest lands in outs[i] (32 bytes) by the next wait, which
- * returns the first failure since the last wait. The jobs' spans are read in
- * stream order, so later work on the stream may overwrite them at once. A
- * job whose stage does not fit the ring is refused (LS_E_UNSUPPORTED): the
- * caller hashes it with ls_cuda_digest. destroy waits first. */
+ * several submits may share one download, flushed by the next wait at the
+ * latest; each job's digest lands in outs[i] (32 bytes) by the next wait,
+ * which returns the first failure since the last wait. submit and wait are
+ * called from one thread. The jobs' spans are read in stream order, so later
+ * work on the stream may overwrite them at once. A job whose stage exceeds
+ * half the ring is refused (LS_E_UNSUPPORTED): the caller hashes it with
+ * ls_cuda_digest. destroy waits first. */
 typedef struct ls_cuda_digester ls_cuda_digester;
 ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, int n_threads,
                                   ls_cuda_host_sha256_fn host_sha256, ls_cuda_digester **out,

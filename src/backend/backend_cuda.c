@@ -167,6 +167,10 @@ typedef struct cuda_impl {
     ls_cuda_digester *dg;      /* asynchronous digests (created on the first digest call) */
     int dg_off;                /* 1: no ring could be had, or synchronous digests were asked
                                   for; digests stay synchronous */
+    ls_cuda_digest_job *dg_jobs; /* [dg_cap] a digest call's jobs, kept between calls so that
+                                    a call allocates nothing once the largest was seen */
+    uint8_t **dg_outs;         /* [dg_cap] their destinations */
+    long dg_cap;
     int device;                /* CUDA ordinal everything of this backend runs on */
     ls_tier tier;              /* the GEMMs' tier: linears and experts */
     ls_gemm_lt *lt;            /* tc, fast: cuBLASLt handle and workspace (outside the arena) */
@@ -306,6 +310,8 @@ static void cu_destroy(ls_backend *be)
     cuda_impl *im = IMPL(be);
     if (im) {
         ls_cuda_digester_destroy(im->dg); /* waits: its threads write into callers' memory */
+        free(im->dg_jobs);
+        free(im->dg_outs);
         for (size_t i = 0; i < im->n_tc; i++) {
             ls_gemm_plan_destroy(im->tc[i].plan);
             ls_gemm_fast_destroy(im->tc[i].fast);
@@ -1056,10 +1062,18 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
     if (n_jobs > 0x7fffffffL)
         return ls_fail(err, LS_E_UNSUPPORTED, "cuda digest: %ld jobs in one call (at most 2^31-1)", n_jobs);
     if (!im->dg && !im->dg_off) digester_open(im);
-    ls_cuda_digest_job *cj = calloc((size_t)n_jobs, sizeof *cj);
-    uint8_t **outs = im->dg ? malloc(sizeof *outs * (size_t)n_jobs) : NULL;
+    if (n_jobs > im->dg_cap) {
+        ls_cuda_digest_job *nj = realloc(im->dg_jobs, sizeof *nj * (size_t)n_jobs);
+        if (nj) im->dg_jobs = nj;
+        uint8_t **no = nj ? realloc(im->dg_outs, sizeof *no * (size_t)n_jobs) : NULL;
+        if (no) im->dg_outs = no;
+        if (!no) return ls_fail(err, LS_E_NOMEM, "cuda digest: %ld jobs", n_jobs);
+        im->dg_cap = n_jobs;
+    }
+    ls_cuda_digest_job *cj = im->dg_jobs;
+    uint8_t **outs = im->dg_outs;
+    memset(cj, 0, sizeof *cj * (size_t)n_jobs);
     ls_status st = LS_OK;
-    if (!cj || (im->dg && !outs)) st = ls_fail(err, LS_E_NOMEM, "cuda digest: %ld jobs", n_jobs);
     for (long j = 0; st == LS_OK && j < n_jobs; j++)
         for (int s = 0; s < 2; s++) {
             const ls_digest_span *sp = &jobs[j].span[s];
@@ -1083,8 +1097,6 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
         if (!submitted) st = ls_cuda_digester_wait(im->dg, err);
     }
     if (st == LS_OK && !submitted) st = digest_now(im, cj, jobs, n_jobs, err);
-    free(cj);
-    free(outs);
     return st;
 }
 

@@ -4,7 +4,8 @@
  * up), bf16 and raw encodings, one and two spans per job, odd lengths, empty
  * spans; every job hashed on the device, again with the long jobs hashed
  * on the host, and with every job on the host; the asynchronous digester on
- * a ring that wraps; and the planner's choice of
+ * a ring that wraps, and with many small calls sharing downloads (against
+ * the synchronous path); and the planner's choice of
  * where (ls_cuda_digest_plan) for a decode step's rows, a prefill's, and
  * long states. */
 #include "gpu_testutil.h"
@@ -12,6 +13,8 @@
 #include "fingerprint/sha256.h"
 
 #ifdef LOCKSTEP_HAVE_CUDA
+#include <cuda_runtime.h> /* cudaStreamPerThread: a second stream for the digester */
+
 #include "sha256.h"
 
 static uint64_t rng_state = 0x1234abcdu;
@@ -236,6 +239,82 @@ START_TEST(test_digester)
 }
 END_TEST
 
+/* Digests of the synchronous path (every job on the device). */
+static uint8_t *digest_sync(const job_set *js)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    size_t sb = ls_cuda_digest_scratch_bytes(js->jobs, js->n_jobs);
+    void *scr = NULL;
+    ck_assert_int_eq(ls_cuda_malloc(&scr, sb, &err), LS_OK);
+    uint8_t *got = malloc((size_t)js->n_jobs * 32);
+    ck_assert_msg(ls_cuda_digest(js->jobs, js->n_jobs, scr, sb, SIZE_MAX, NULL, got, NULL, &err) == LS_OK, "%s",
+                  err.msg);
+    ls_cuda_free(scr);
+    return got;
+}
+
+/* Many small calls, as a decode step makes them: the digester shares one
+ * download among adjacent calls and flushes it when the group is full, the
+ * ring wraps or is half full, the stream changes, a call must wait for room
+ * or slots (more calls than slots, several laps of a 256 KiB ring), and at
+ * the wait. Calls of empty jobs only (nothing to download) and one call of
+ * more jobs than a batch holds are among them. Every digest equals the
+ * synchronous path's and the canonical bytes'. */
+START_TEST(test_digester_many_small)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    const size_t ring = (size_t)256 << 10;
+    void *d_ring = NULL;
+    ck_assert_int_eq(ls_cuda_malloc(&d_ring, ring, &err), LS_OK);
+    ls_cuda_digester *dg = NULL;
+    ck_assert_msg(ls_cuda_digester_create(d_ring, ring, 3, host_sha, &dg, &err) == LS_OK, "%s", err.msg);
+    enum { CALLS = 400 };
+    job_set *js = malloc(sizeof *js * CALLS);
+    uint8_t **got = malloc(sizeof *got * CALLS);
+    for (int round = 0; round < 2; round++) { /* the second reuses slots and events */
+        for (int c = 0; c < CALLS; c++) { /* first the data, so that the calls come back to back */
+            int n = c == 7 ? 600 : 1 + c % 3;
+            js[c] = make_jobs(n, c % 50 == 3 ? 0 : c == 7 ? 30 : 1500);
+            got[c] = malloc((size_t)n * 32);
+        }
+        for (int c = 0; c < CALLS; c++) {
+            int n = js[c].n_jobs;
+            uint8_t **outs = malloc(sizeof *outs * (size_t)n);
+            for (int j = 0; j < n; j++) outs[j] = got[c] + 32 * (size_t)j;
+            void *stream = (c / 40) % 2 ? (void *)cudaStreamPerThread : NULL;
+            ck_assert_msg(ls_cuda_digester_submit(dg, js[c].jobs, outs, n, stream, &err) == LS_OK, "%s",
+                          err.msg);
+            free(outs);
+        }
+        ck_assert_msg(ls_cuda_digester_wait(dg, &err) == LS_OK, "%s", err.msg);
+        for (int c = 0; c < CALLS; c++) {
+            uint8_t *want = digest_sync(&js[c]);
+            for (int j = 0; j < js[c].n_jobs; j++)
+                ck_assert_msg(memcmp(want + 32 * (size_t)j, got[c] + 32 * (size_t)j, 32) == 0,
+                              "round %d call %d job %d: the digester and the synchronous path differ",
+                              round, c, j);
+            if (c % 50 == 0 || c == 7) check_jobs(&js[c], got[c], "many small calls, 256 KiB ring");
+            free(want);
+            free(got[c]);
+            free_jobs(&js[c]);
+        }
+    }
+    /* one call alone: its download is flushed by the wait */
+    job_set one = make_jobs(1, 100);
+    uint8_t out[32], *outs1[1] = {out};
+    ck_assert_msg(ls_cuda_digester_submit(dg, one.jobs, outs1, 1, NULL, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_cuda_digester_wait(dg, &err) == LS_OK, "%s", err.msg);
+    check_jobs(&one, out, "one call, flushed by the wait");
+    free_jobs(&one);
+    free(js);
+    free(got);
+    ls_cuda_digester_destroy(dg);
+    ls_cuda_free(d_ring);
+}
+END_TEST
+
 START_TEST(test_digest_all_host)
 {
     run_case(40, 3000, 0);
@@ -308,6 +387,7 @@ int main(void)
     tcase_add_test(tc, test_digest_long_host_and_device);
     tcase_add_test(tc, test_digest_all_host);
     tcase_add_test(tc, test_digester);
+    tcase_add_test(tc, test_digester_many_small);
     tcase_add_test(tc, test_digest_plan);
     tcase_add_test(tc, test_digest_empty);
     suite_add_tcase(s, tc);
