@@ -1,35 +1,42 @@
 /* lockstep — the chunk-aligned Gated DeltaNet on tensor cores (see ops.h,
- * docs/tensor-core-tier.md §3).
+ * docs/tensor-core-tier.md §3.6).
  *
  * Chunks of C = 64 positions sit at absolute multiples of C. Within a chunk
  * every quantity of row r is a function of rows <= r computed by the same
  * code whether the rows came in one call or one at a time, so a token's bits
- * do not depend on how its chunk was split between calls:
- *   Γ_r = Γ_{r−1} + log α_r                         (one thread, Γ_{−1} = 0)
- *   A_rs = (β_r · dot(k_r, k_s)) · e^{Γ_r − Γ_s}     (s < r, warp dots)
- *   W_r = (β_r e^{Γ_r}) k_r − Σ_{s<r asc} A_rs W_s   (forward substitution,
- *   U_r = β_r v_r − Σ_{s<r asc} A_rs U_s              a thread per column)
- *   V_r = U_r − (W S0)_r,  I_r = e^{Γ_r} (q S0)_r    (WMMA tf32 over dk)
- *   o_r = act(I_r + Σ_{s<=r asc} (dot(q_r, k_s) · e^{Γ_r − Γ_s}) V_s)
- * and a full chunk folds into S0 ← e^{Γ_63} S0 + K̃ᵀ V (WMMA tf32 over the
- * chunk's 64 rows, K̃_s = e^{Γ_63 − Γ_s} k_s). A tensor-core output element
- * is a fixed-order function of one row of A and one column of B, so row r
- * of W S0 and q S0 has the same bits in a tile of 16 rows whatever the other
- * rows hold; rows outside the call are read as +0.0 by selection. The dots
- * are LS_DOT32-shaped: lane l sums elements l, l + 32, … in order (fmaf),
- * then the butterfly. FMA is explicit (fmaf); the tier is GPU-deterministic,
- * not CPU-equal.
+ * do not depend on how its chunk was split between calls. Per value head
+ * (key head h·Hk/Hv), S_n the state at the chunk's start:
+ *   Γ_r  = Γ_{r−1} + max(log α_r, −200)           (one thread; Γ_{−1} = 0)
+ *   A_rs = (β_r (K Kᵀ)_rs) e^{Γ_r − Γ_s}, s < r     (K Kᵀ on tensor cores)
+ *   W_r  = (β_r e^{Γ_r}) k_r − Σ_{s<r asc} A_rs W_s (forward substitution on
+ *   U_r  = β_r v_r − Σ_{s<r asc} A_rs U_s            CUDA cores, fmaf)
+ *   V_r  = U_r − (W S_n)_r                           (tensor cores over dk)
+ *   P_rs = (Q Kᵀ)_rs e^{Γ_r − Γ_s}, s <= r          (Q Kᵀ on tensor cores)
+ *   O_r  = e^{Γ_r} (Q S_n)_r, then O_r += Σ P_rs V_s over the 16-row tiles
+ *          before row r's own (tensor cores), then
+ *   o_r  = act(O_r + Σ_{s in r's tile, s <= r, asc} P_rs V_s) (CUDA cores)
+ * and a full chunk folds: S_{n+1} = e^{Γ_63} S_n + K̃ᵀ V (tensor cores over
+ * the 64 rows, K̃_s = e^{Γ_63 − Γ_s} k_s). Every product is WMMA 16x16x8 with
+ * tf32 operands (rounded from fp32) and fp32 accumulation, k-steps
+ * ascending. A tensor-core output element is a fixed-order function of one
+ * row of its A operand and one column of its B operand, so row r of a product
+ * has the same bits in a tile of 16 rows whatever the other rows hold: rows
+ * outside the call are +0.0 by selection, entries s > r of A and P are +0.0
+ * by selection, and no sum over s meets an s > r (the P V sums on tensor
+ * cores stop before row r's tile). The tier is GPU-deterministic, not
+ * CPU-equal.
  *
- * A call runs in pieces of at most LS_GDNT_PIECE chunks, each three
- * launches: ls_gdnt_rows_kernel (Γ, the key rows, W and U; a block per chunk
- * and head), ls_gdnt_state_kernel (V, I, the fold; a block per head and 32
- * value columns, the piece's chunks in order, S0's columns in shared memory)
- * and ls_gdnt_out_kernel (o; a block per chunk and head). Chunk 0 of a piece
- * keeps its rows in the state's chunk area, the others in the scratch; the
- * call's last chunk, when in the scratch, is copied into the state's area.
- * Rows a chunk has not run are +0.0 there (its first call zeroes them), so
- * the whole state after a call depends on the positions run, not on the
- * calls. */
+ * A call runs in pieces of at most LS_GDNT_PIECE chunks, three launches
+ * each: ls_gdnt_rows_kernel (Γ, the key rows, W and U; a block per chunk
+ * and head), ls_gdnt_state_kernel (V and the folds; a block per head and 32
+ * value columns, the piece's chunks in order, S_n's columns in shared
+ * memory, the next chunk's inputs copied while one runs, each chunk's start
+ * state left in the scratch) and ls_gdnt_out_kernel (o; a block per chunk,
+ * head and 64 value columns). Chunk 0 of a piece keeps its rows in the
+ * state's chunk area, the others in the scratch; the call's last chunk, when
+ * in the scratch, is copied into the state's area. Rows a chunk has not run
+ * are +0.0 there (its first call zeroes them), so the whole state after a
+ * call depends on the positions run, not on the calls. */
 #include "ops.h"
 #include "ops_common.cuh"
 
@@ -208,8 +215,8 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
                                    : (c < dk ? bge[r] * a.k[r * dk + c] : bet[r] * vr[c - dk]);
     }
     __syncthreads();
-    /* forward substitution, column c of W | U, rows ascending (A's row read four at a time:
-     * shared-memory bandwidth bounds this loop) */
+    /* forward substitution, column c of W | U, rows ascending, s ascending (A's row read
+     * four entries per load) */
     if (tid < ld) {
         const int c = tid;
         for (int r = ra; r < rb; r++) {
