@@ -614,70 +614,30 @@ static float gdn_scan(const ls_model_config *c, timer *tm, int reps)
     return gm;
 }
 
-/* Kernel micro-benchmark: the strict chunk-aligned form of one GDN layer;
- * returns the 8192-token time (ms). */
-static float gdn_chunked_scan(const ls_model_config *c, timer *tm, int reps)
+/* One call of the chunk-aligned form: the portable kernel (tc 0) or the
+ * tensor-core one with its scratch (tc 1). */
+static ls_status gdn_chunked_call(int tc, const float *q, const float *k, const float *v, const float *al,
+                                  const float *be, float *S, float *o, long T, long pos, long Hk, long Hv, long dk,
+                                  long dv, void *scr, size_t scr_b)
 {
-    const long TS = 8192;
-    long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-    size_t sb = LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv) * 4;
-    float *q = dfill((size_t)TS * Hk * dk * 4, 0.1f), *k = dfill((size_t)TS * Hk * dk * 4, 0.1f);
-    float *v = dfill((size_t)TS * Hv * dv * 4, 1.0f);
-    float *al = dmalloc((size_t)TS * Hv * 4), *be = dmalloc((size_t)TS * Hv * 4);
-    float *o = dmalloc((size_t)TS * Hv * dv * 4), *S = dmalloc(sb), *M = dmalloc((size_t)Hv * dk * dv * 4);
-    float *h_al = hfill((size_t)TS * Hv, 0.95f, 0.04f, 11), *h_be = hfill((size_t)TS * Hv, 0.5f, 0.4f, 12);
-    CU(cudaMemcpy(al, h_al, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(be, h_be, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
-    float t[MAX_REPS];
-    for (int r = 0; r < 1 + reps; r++) {
-        CU(cudaMemset(S, 0, sb));
-        tstart(tm);
-        CK(ls_cuda_gdn_chunked(q, k, v, al, be, S, o, TS, 0, Hk, Hv, dk, dv, 1, 0, NULL, &g_err));
-        float ms = tstop(tm);
-        if (r >= 1) t[r - 1] = ms;
-    }
-    float gm = median(t, reps);
-    printf("gdn chunk-aligned 8192 tokens (h_qk %ld, h_v %ld, d %ld), strict: %.3f ms = %.1f x FLA's "
-           "published 0.472 ms (chunked, H200)\n", Hk, Hv, dk, gm, gm / 0.472);
-    /* decode: one token of one sequence after the prefill, at rows 0, 31, 63 */
-    static const long rows[] = {0, 31, 63};
-    for (int ri = 0; ri < 3; ri++) {
-        long pos = TS + rows[ri];
-        for (int r = 0; r < 1 + reps; r++) {
-            tstart(tm);
-            CK(ls_cuda_gdn_chunked(q, k, v, al, be, S, o, 1, pos, Hk, Hv, dk, dv, 1, 0, NULL, &g_err));
-            float ms = tstop(tm);
-            if (r >= 1) t[r - 1] = ms;
-        }
-        printf("gdn chunk-aligned decode, one sequence at row %ld of its chunk (one layer): %.4f ms\n",
-               rows[ri], median(t, reps));
-    }
-    for (int r = 0; r < 1 + reps; r++) {
-        tstart(tm);
-        CK(ls_cuda_gdn_chunked_state(S, TS + 31, M, Hv, dk, dv, NULL, &g_err));
-        float ms = tstop(tm);
-        if (r >= 1) t[r - 1] = ms;
-    }
-    printf("gdn chunk-aligned state materialisation at row 31 (one layer, for a digest): %.4f ms\n",
-           median(t, reps));
-    free(h_al);
-    free(h_be);
-    void *bufs[] = {q, k, v, al, be, o, S, M};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
-    return gm;
+    if (tc) return ls_cuda_gdn_chunked_tc(q, k, v, al, be, S, o, T, pos, Hk, Hv, dk, dv, 1, scr, scr_b, NULL, &g_err);
+    return ls_cuda_gdn_chunked(q, k, v, al, be, S, o, T, pos, Hk, Hv, dk, dv, 1, 0, NULL, &g_err);
 }
 
-/* Kernel micro-benchmark: the chunk-aligned form on tensor cores
- * (ls_cuda_gdn_chunked_tc, docs/tensor-core-tier.md §3) on the inputs of
- * gdn_chunked_scan, against the recurrent (rec_ms) and portable chunk-aligned
- * (port_ms) times of this run. A shape the kernel refuses (dk not a multiple
- * of 16, ...) prints a skipped line instead of its rows. */
-static void gdn_chunked_tc_scan(const ls_model_config *c, timer *tm, int reps, float rec_ms, float port_ms)
+/* Kernel micro-benchmark: the strict chunk-aligned form of one GDN layer,
+ * the portable kernel (tc 0; returns the 8192-token time, ms) or the one on
+ * tensor cores (tc 1: ls_cuda_gdn_chunked_tc, docs/tensor-core-tier.md §3.6,
+ * against the recurrent (rec_ms) and portable chunk-aligned (port_ms) times
+ * of this run; a shape it refuses prints a skipped line). Then one decode
+ * step of one sequence at rows 0, 31 and 63 of a chunk (63 folds the chunk)
+ * and the state materialisation a digest at row 31 costs. */
+static float gdn_chunked_scan(const ls_model_config *c, timer *tm, int reps, int tc, float rec_ms, float port_ms)
 {
     const long TS = 8192;
+    const char *what = tc ? "chunk-aligned tensor cores" : "chunk-aligned";
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
-    size_t sb = LS_CUDA_GDN_TC_STATE_FLOATS(Hv, dk, dv) * 4;
-    size_t scr_b = ls_cuda_gdn_tc_scratch_bytes(TS, Hv, dk, dv);
+    size_t sb = (tc ? LS_CUDA_GDN_TC_STATE_FLOATS(Hv, dk, dv) : LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv)) * 4;
+    size_t scr_b = tc ? ls_cuda_gdn_tc_scratch_bytes(TS, Hv, dk, dv) : 0;
     float *q = dfill((size_t)TS * Hk * dk * 4, 0.1f), *k = dfill((size_t)TS * Hk * dk * 4, 0.1f);
     float *v = dfill((size_t)TS * Hv * dv * 4, 1.0f);
     float *al = dmalloc((size_t)TS * Hv * 4), *be = dmalloc((size_t)TS * Hv * 4);
@@ -686,52 +646,53 @@ static void gdn_chunked_tc_scan(const ls_model_config *c, timer *tm, int reps, f
     float *h_al = hfill((size_t)TS * Hv, 0.95f, 0.04f, 11), *h_be = hfill((size_t)TS * Hv, 0.5f, 0.4f, 12);
     CU(cudaMemcpy(al, h_al, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(be, h_be, (size_t)TS * Hv * 4, cudaMemcpyHostToDevice));
-    float t[MAX_REPS];
+    float t[MAX_REPS], gm = 0.0f;
     for (int r = 0; r < 1 + reps; r++) {
         CU(cudaMemset(S, 0, sb));
         tstart(tm);
-        ls_status st = ls_cuda_gdn_chunked_tc(q, k, v, al, be, S, o, TS, 0, Hk, Hv, dk, dv, 1, scr, scr_b, NULL,
-                                              &g_err);
+        ls_status st = gdn_chunked_call(tc, q, k, v, al, be, S, o, TS, 0, Hk, Hv, dk, dv, scr, scr_b);
         float ms = tstop(tm);
         if (st == LS_E_UNSUPPORTED && r == 0) {
-            printf("gdn chunk-aligned tensor cores (h_qk %ld, h_v %ld, d %ld/%ld): skipped: %s\n", Hk, Hv, dk, dv,
-                   g_err.msg);
+            printf("gdn %s (h_qk %ld, h_v %ld, d %ld/%ld): skipped: %s\n", what, Hk, Hv, dk, dv, g_err.msg);
             goto out;
         }
         CK(st);
         if (r >= 1) t[r - 1] = ms;
     }
-    float gm = median(t, reps);
-    printf("gdn chunk-aligned tensor cores 8192 tokens (h_qk %ld, h_v %ld, d %ld), scratch %.1f MB: %.3f ms = "
-           "%.2f x strict recurrent, %.2f x strict chunk-aligned, %.1f x FLA's published 0.472 ms (chunked, "
-           "H200)\n", Hk, Hv, dk, scr_b / 1e6, gm, gm / rec_ms, gm / port_ms, gm / 0.472);
-    /* decode: one token of one sequence after the prefill, at rows 0, 31, 63
-     * (63 folds the chunk into S0 on tensor cores) */
+    gm = median(t, reps);
+    if (tc)
+        printf("gdn %s 8192 tokens (h_qk %ld, h_v %ld, d %ld), scratch %.1f MB: %.3f ms = %.2f x strict "
+               "recurrent, %.2f x strict chunk-aligned, %.1f x FLA's published 0.472 ms (chunked, H200)\n", what, Hk,
+               Hv, dk, scr_b / 1e6, gm, gm / rec_ms, gm / port_ms, gm / 0.472);
+    else
+        printf("gdn %s 8192 tokens (h_qk %ld, h_v %ld, d %ld), strict: %.3f ms = %.1f x FLA's published 0.472 ms "
+               "(chunked, H200)\n", what, Hk, Hv, dk, gm, gm / 0.472);
     static const long rows[] = {0, 31, 63};
     for (int ri = 0; ri < 3; ri++) {
         long pos = TS + rows[ri];
         for (int r = 0; r < 1 + reps; r++) {
             tstart(tm);
-            CK(ls_cuda_gdn_chunked_tc(q, k, v, al, be, S, o, 1, pos, Hk, Hv, dk, dv, 1, scr, scr_b, NULL, &g_err));
+            CK(gdn_chunked_call(tc, q, k, v, al, be, S, o, 1, pos, Hk, Hv, dk, dv, scr, scr_b));
             float ms = tstop(tm);
             if (r >= 1) t[r - 1] = ms;
         }
-        printf("gdn chunk-aligned tensor cores decode, one sequence at row %ld of its chunk (one layer): %.4f ms\n",
-               rows[ri], median(t, reps));
+        printf("gdn %s decode, one sequence at row %ld of its chunk (one layer): %.4f ms\n", what, rows[ri],
+               median(t, reps));
     }
     for (int r = 0; r < 1 + reps; r++) {
         tstart(tm);
-        CK(ls_cuda_gdn_chunked_tc_state(S, TS + 31, M, Hv, dk, dv, NULL, &g_err));
+        CK(tc ? ls_cuda_gdn_chunked_tc_state(S, TS + 31, M, Hv, dk, dv, NULL, &g_err)
+              : ls_cuda_gdn_chunked_state(S, TS + 31, M, Hv, dk, dv, NULL, &g_err));
         float ms = tstop(tm);
         if (r >= 1) t[r - 1] = ms;
     }
-    printf("gdn chunk-aligned tensor cores state materialisation at row 31 (one layer, for a digest): %.4f ms\n",
-           median(t, reps));
+    printf("gdn %s state materialisation at row 31 (one layer, for a digest): %.4f ms\n", what, median(t, reps));
 out:
     free(h_al);
     free(h_be);
     void *bufs[] = {q, k, v, al, be, o, S, M, scr};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CU(cudaFree(bufs[i]));
+    return gm;
 }
 
 /* The FP8 experts of one layer of the MoE micro-benchmark: e4m3 bytes from
@@ -1294,8 +1255,8 @@ int main(int argc, char **argv)
         bw = copy_bandwidth(&tm, reps);
         if (moe_plans) moe_plan_table(&full_cfg, &tm, bw, prefill, reps);
         float rec_ms = gdn_scan(&full_cfg, &tm, reps);
-        float port_ms = gdn_chunked_scan(&full_cfg, &tm, reps);
-        gdn_chunked_tc_scan(&full_cfg, &tm, reps, rec_ms, port_ms);
+        float port_ms = gdn_chunked_scan(&full_cfg, &tm, reps, 0, 0.0f, 0.0f);
+        gdn_chunked_scan(&full_cfg, &tm, reps, 1, rec_ms, port_ms);
     }
     if (!only_ttft && !only_kernels) {
         /* The engine: as many layers as fit (or --layers), 1 + BMAX slots of
