@@ -12,9 +12,21 @@
  * its rows, whole sectors) and written once after the last: a call with T
  * tokens and T calls with one token give the same bits. The batched entry
  * runs many sequences in one launch (blockIdx.z = sequence), each with its
- * own state and rows. */
+ * own state and rows.
+ *
+ * A decode step (every sequence of the call one token) runs
+ * ls_gdn_decode_kernel instead: one warp per 32 value columns of one head of
+ * one sequence, thread t = column j0+t. The state slice is staged in shared
+ * memory by whole 16-byte copies (cp.async, coalesced rows); thread t then
+ * forms, for each lane class l, the partial over rows l, l+32, l+64, l+96 in
+ * ascending order and reduces the 32 partials by the same pairing as the
+ * butterfly (P[l] += P[l+s], s = 16 .. 1, exact by commutativity), and
+ * writes the new state row by row (128-byte stores). Same operations, same
+ * order, same bits as the scan kernel; only the memory traffic differs. */
 #include "ops.h"
 #include "ops_common.cuh"
+
+#include <cuda_pipeline.h>
 
 #define LS_GDN_CPW 8                               /* value columns per warp */
 #define LS_GDN_WPB 4                               /* warps per block */
@@ -150,6 +162,96 @@ ls_gdn_recurrent_kernel(const float *q, const float *k, const float *v, const fl
     }
 }
 
+/* The butterfly of 32 lane partials in one thread: P[l] += P[l + s] for
+ * s = 16, 8, 4, 2, 1 (each level's bound a constant, so p stays in registers). */
+template <int S> __device__ __forceinline__ void ls_gdn_fold(float *p)
+{
+#pragma unroll
+    for (int l = 0; l < S; l++) p[l] = p[l] + p[l + S];
+}
+
+__device__ __forceinline__ void ls_gdn_fold32(float *p)
+{
+    ls_gdn_fold<16>(p);
+    ls_gdn_fold<8>(p);
+    ls_gdn_fold<4>(p);
+    ls_gdn_fold<2>(p);
+    ls_gdn_fold<1>(p);
+}
+
+#define LS_GDND_RPT ((LS_CUDA_GDN_MAX_DK + LS_WARP - 1) / LS_WARP) /* rows per lane class */
+
+__global__ void __launch_bounds__(LS_WARP)
+ls_gdn_decode_kernel(const float *q, const float *k, const float *v, const float *alpha,
+                     const float *beta, ls_cuda_seqs sq, float *o, long Hk, long Hv, long dk,
+                     long dv, int act)
+{
+    __shared__ __align__(16) float sS[LS_CUDA_GDN_MAX_DK][LS_WARP]; /* S[i][j0 + t] */
+    __shared__ float sqk[2][LS_CUDA_GDN_MAX_DK];                   /* q, k of the token */
+    int t = (int)threadIdx.x, sidx = (int)blockIdx.z;
+    if (sq.len[sidx] <= 0) return; /* whole block */
+    long row = sq.row0[sidx], h = blockIdx.y, j0 = (long)blockIdx.x * LS_WARP, j = j0 + t;
+    long kh = h * Hk / Hv;
+    float *Sh = sq.state[sidx] + h * dk * dv; /* [dk, dv] */
+    int full = j0 + LS_WARP <= dv, vec = full && dv % 4 == 0 && ((uintptr_t)Sh & 15u) == 0;
+    if (vec) {
+        for (long e = t; e < dk * (LS_WARP / 4); e += LS_WARP) {
+            long i = e / (LS_WARP / 4), c = 4 * (e % (LS_WARP / 4));
+            __pipeline_memcpy_async(&sS[i][c], Sh + i * dv + j0 + c, 16);
+        }
+        __pipeline_commit();
+    } else {
+        for (long i = 0; i < dk; i++) sS[i][t] = j < dv ? Sh[i * dv + j] : 0.0f;
+    }
+    for (long i = t; i < dk; i += LS_WARP) {
+        sqk[0][i] = q[(row * Hk + kh) * dk + i];
+        sqk[1][i] = k[(row * Hk + kh) * dk + i];
+    }
+    float a = alpha[row * Hv + h], b = beta[row * Hv + h];
+    float vj = j < dv ? v[(row * Hv + h) * dv + j] : 0.0f;
+    if (vec) __pipeline_wait_prior(0);
+    __syncthreads();
+    /* S' = α S, then m_j = DOT32_i(S'[i][j], k_i). */
+    float p[LS_WARP];
+#pragma unroll
+    for (int l = 0; l < LS_WARP; l++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < LS_GDND_RPT; r++) {
+            int i = l + r * LS_WARP;
+            if (i < dk) {
+                float sp = a * sS[i][t];
+                sS[i][t] = sp;
+                float prod = sp * sqk[1][i];
+                acc = acc + prod;
+            }
+        }
+        p[l] = acc;
+    }
+    ls_gdn_fold32(p);
+    float diff = vj - p[0];
+    float u = diff * b;
+    /* S = S' + k ⊗ u, then o_j = act(DOT32_i(S[i][j], q_i)). */
+#pragma unroll
+    for (int l = 0; l < LS_WARP; l++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < LS_GDND_RPT; r++) {
+            int i = l + r * LS_WARP;
+            if (i < dk) {
+                float prod = sqk[1][i] * u;
+                float sn = sS[i][t] + prod;
+                if (j < dv) Sh[i * dv + j] = sn;
+                float prod2 = sn * sqk[0][i];
+                acc = acc + prod2;
+            }
+        }
+        p[l] = acc;
+    }
+    ls_gdn_fold32(p);
+    if (j < dv) o[(row * Hv + h) * dv + j] = ls_act_d(p[0], act);
+}
+
 static ls_status gdn_check(long Hk, long Hv, long dk, long dv, int order, ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order, err, "gdn_recurrent");
@@ -174,7 +276,15 @@ extern "C" ls_status ls_cuda_gdn_recurrent_batch(const float *q, const float *k,
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
         long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK;
         ls_cuda_seqs sq;
-        if (ls_cuda_seqs_fill(&sq, states, row0, len, s0, n) <= 0) continue;
+        long maxlen = ls_cuda_seqs_fill(&sq, states, row0, len, s0, n);
+        if (maxlen <= 0) continue;
+        if (maxlen == 1) { /* a decode step */
+            dim3 grid(ls_blocks_for(dv, LS_WARP), (unsigned)Hv, (unsigned)n);
+            ls_gdn_decode_kernel<<<grid, LS_WARP, 0, (cudaStream_t)stream>>>(
+                q, k, v, alpha, beta, sq, o, Hk, Hv, dk, dv, act_bf16);
+            LS_CUDA_CHECK_LAUNCH("ls_gdn_decode_kernel", err);
+            continue;
+        }
         dim3 grid(ls_blocks_for(dv, LS_GDN_CPW * LS_GDN_WPB), (unsigned)Hv, (unsigned)n);
         ls_gdn_recurrent_kernel<<<grid, LS_GDN_WPB * LS_WARP, 0, (cudaStream_t)stream>>>(
             q, k, v, alpha, beta, sq, o, Hk, Hv, dk, dv, act_bf16);

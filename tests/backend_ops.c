@@ -722,6 +722,10 @@ static const sh_gdnb gdnb_shapes[] = {
     {BO_ALL, 16, 32, 128, 128, 4, {1, 5, 0, 2}, 4},
     {BO_ALL, 1, 2, 48, 96, 67, {1, 2, 0}, 3}, /* more than one launch of 64 sequences */
     {BO_ALL, 3, 3, 77, 33, 3, {4, 1, 2}, 3},
+    /* decode steps (every sequence one token or none: ls_gdn_decode_kernel) */
+    {BO_ALL, 16, 32, 128, 128, 9, {1}, 1},
+    {BO_ALL, 3, 3, 77, 33, 5, {1, 0}, 2},
+    {BO_ALL, 1, 2, 48, 96, 67, {1}, 1},
 };
 enum { GB_Q, GB_K, GB_V, GB_AL, GB_BE, GB_O, GB_S0 };
 

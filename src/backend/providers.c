@@ -110,7 +110,7 @@ static const ls_provider cuda_rows[] = {
     CUDA("conv_silu", "ls_conv_silu_kernel", "128threads/block, thread per channel", "sequential-taps"),
     CUDA("gdn_gates", "ls_gdn_gates_kernel", "256threads/block", "elementwise"),
     CUDA("l2norm", "ls_l2norm_scale_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
-    CUDA("gdn_recurrent", "ls_gdn_recurrent_kernel", "4warps x 8cols/block, lane = key rows l+32r in registers", "gdn-recurrent-dot32"),
+    CUDA("gdn_recurrent", "ls_gdn_recurrent_kernel+ls_gdn_decode_kernel", "4warps x 8cols/block, lane = key rows l+32r in registers; a decode step: warp per 32 value columns, thread per column, the state slice in shared memory", "gdn-recurrent-dot32"),
     CUDA("rope", "ls_rope_kernel", "256threads/block, thread per pair", "elementwise"),
     CUDA("attention", "ls_attention_kernel", "8warps/block per (query, head), key tiles of 8 blocks of 32, warp per block for scores, thread per head dim for values", "online-softmax-block32"),
     CUDA("router_softmax", "ls_router_regs_kernel (ls_router_softmax_topk_kernel when E > 1024)", "warp per token, logits in registers (E <= 1024)", "dot32-max-exp-sum32"),
