@@ -15,8 +15,8 @@
  *   O_r  = e^{Γ_r} (Q S_n)_r, then O_r += Σ P_rs V_s over the 16-row tiles
  *          before row r's own (tensor cores), then
  *   o_r  = act(O_r + Σ_{s in r's tile, s <= r, asc} P_rs V_s) (CUDA cores)
- * and a full chunk folds: S_{n+1} = e^{Γ_63} S_n + K̃ᵀ V (tensor cores over
- * the 64 rows, K̃_s = e^{Γ_63 − Γ_s} k_s). Every product is WMMA 16x16x8 with
+ * and a full chunk folds: S_{n+1} = e^{Γ_63} S_n + Kᵀ Ṽ (tensor cores over
+ * the 64 rows, Ṽ_s = e^{Γ_63 − Γ_s} V_s). Every product is WMMA 16x16x8 with
  * tf32 operands (rounded from fp32) and fp32 accumulation, k-steps
  * ascending. A tensor-core output element is a fixed-order function of one
  * row of its A operand and one column of its B operand, so row r of a product
@@ -46,7 +46,15 @@
 #define LS_GDNT_C LS_CUDA_GDN_CHUNK       /* rows per chunk */
 #define LS_GDNT_PIECE 16                  /* chunks per piece */
 #define LS_GDNT_COLS 32                   /* value columns per state block */
-#define LS_GDNT_LDS (LS_GDNT_COLS + 8)    /* shared leading dimension of 32-column tiles */
+/* Shared-memory leading dimensions (floats), chosen against bank conflicts
+ * of the WMMA tf32 fragment loads: one load instruction reads 8 rows x 4
+ * columns of a row-major A (or column-major B) tile, so those rows sit 4
+ * banks apart (ld = 4 mod 32: LS_GDNT_LDR); it reads 4 rows x 8 columns of a
+ * row-major B, a column-major A or an accumulator, so those sit 8 apart
+ * (ld = 8 mod 32: LS_GDNT_LDS and LS_GDNT_LDB). Layout only: no bit changes. */
+#define LS_GDNT_LDS (LS_GDNT_COLS + 8)    /* 32-column tiles (B row-major, accumulators) */
+#define LS_GDNT_LDR(d) ((d) + 4)          /* rows of d columns read as A row-major / B column-major */
+#define LS_GDNT_LDB(d) ((d) + 8)          /* rows of d columns read as A column-major */
 #define LS_GDNT_MAXD LS_CUDA_GDN_MAX_DK
 #define LS_GDNT_LOG_MIN (-200.0f)         /* log α of α = 0: e^{−200} is 0 in fp32 */
 
@@ -127,7 +135,7 @@ __device__ __forceinline__ void ls_gdnt_xyt(const float *X, const float *Y, int 
     }
 }
 
-#define LS_GDNT_LDA (LS_GDNT_C + 8) /* leading dimension of the C x C products */
+#define LS_GDNT_LDA LS_GDNT_LDR(LS_GDNT_C) /* the C x C products (read as A row-major) */
 #define LS_GDNT_T 256               /* threads of the rows and output blocks */
 
 /* ---- 1. Γ, the key rows, W and U ----------------------------------------------------- */
@@ -143,7 +151,7 @@ __device__ __forceinline__ void ls_gdnt_row_zero(float *dst, int n, int lane)
     for (int c = 4 * lane; c < n; c += 4 * LS_WARP) *(float4 *)(dst + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-/* Block (chunk i, head h). Shared (dynamic): A [C, LDA], then Ks [C, dk + 8]
+/* Block (chunk i, head h). Shared (dynamic): A [C, LDA], then Ks [C, LDR(dk)]
  * the chunk's key rows (+0.0 beyond the call), which X [C, dk + dv] (the
  * rows of W | U) later overwrites. Thread c runs column c of W | U. */
 __global__ void __launch_bounds__(LS_GDNT_T)
@@ -154,7 +162,7 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
     __shared__ float gam[LS_GDNT_C], bet[LS_GDNT_C], bge[LS_GDNT_C];
     float *A = smr, *Ks = A + LS_GDNT_C * LS_GDNT_LDA, *X = Ks;
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid % LS_WARP, warp = tid / LS_WARP;
-    const int nw = LS_GDNT_T / LS_WARP, ldk = dk + 8, ld = dk + dv;
+    const int nw = LS_GDNT_T / LS_WARP, ldk = LS_GDNT_LDR(dk), ld = dk + dv;
     const long h = blockIdx.y, kh = h * Hk / Hv, cs = pc.cs0 + (long)i * LS_GDNT_C;
     int ra, rb;
     ls_gdnt_rows(pc, i, &ra, &rb);
@@ -255,8 +263,8 @@ __device__ __forceinline__ float *ls_gdnt_start(float *state, float *scratch, co
     return scratch + pc.states + ((long)i * Hv + h) * dk * dv;
 }
 
-/* One chunk's inputs in shared memory: W rows [C, dk + 8] (+0.0 outside the
- * call's rows, in the row tiles that hold them), key rows [C, dk + 8] (a full
+/* One chunk's inputs in shared memory: W rows [C, LDR(dk)] (+0.0 outside the
+ * call's rows, in the row tiles that hold them), key rows [C, LDB(dk)] (a full
  * chunk: the fold's), U and cached V columns [C, LDS], Γ [C]. */
 typedef struct ls_gdnt_buf {
     float *w, *k, *u, *g;
@@ -268,14 +276,14 @@ __device__ void ls_gdnt_prefetch(const ls_gdnt_piece &pc, int i, const ls_gdnt_a
 {
     int ra, rb;
     ls_gdnt_rows(pc, i, &ra, &rb);
-    const int ldm = dk + 8, full = rb == LS_GDNT_C;
+    const int ldw = LS_GDNT_LDR(dk), ldk = LS_GDNT_LDB(dk), full = rb == LS_GDNT_C;
     for (int r = ra / 16 * 16 + warp; r < (rb - 1) / 16 * 16 + 16; r += nw) {
         if (r >= ra && r < rb)
-            ls_gdnt_row_async(b.w + r * ldm, a.w + r * dk, dk, lane);
+            ls_gdnt_row_async(b.w + r * ldw, a.w + r * dk, dk, lane);
         else
-            ls_gdnt_row_zero(b.w + r * ldm, dk, lane);
+            ls_gdnt_row_zero(b.w + r * ldw, dk, lane);
     }
-    for (int r = warp; full && r < LS_GDNT_C; r += nw) ls_gdnt_row_async(b.k + r * ldm, a.k + r * dk, dk, lane);
+    for (int r = warp; full && r < LS_GDNT_C; r += nw) ls_gdnt_row_async(b.k + r * ldk, a.k + r * dk, dk, lane);
     /* U of the call's rows, V of the cached ones (a full chunk folds them too) */
     for (int r = warp; r < rb; r += nw) {
         if (r >= ra)
@@ -295,15 +303,16 @@ __global__ void __launch_bounds__(LS_GDNT_SW * LS_WARP)
 ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, int dk, int dv)
 {
     extern __shared__ __align__(128) float sms[];
-    const int ldm = dk + 8, c0 = blockIdx.x * LS_GDNT_COLS, tid = threadIdx.x, lane = tid % LS_WARP;
+    const int ldw = LS_GDNT_LDR(dk), ldk = LS_GDNT_LDB(dk), c0 = blockIdx.x * LS_GDNT_COLS, tid = threadIdx.x;
+    const int lane = tid % LS_WARP;
     const int warp = tid / LS_WARP;
     const long h = blockIdx.y;
     float *S = sms, *R = S + dk * LS_GDNT_LDS, *p = R + LS_GDNT_C * LS_GDNT_LDS;
     ls_gdnt_buf buf[2];
     for (int b = 0; b < 2; b++) {
         buf[b].w = p;
-        buf[b].k = buf[b].w + LS_GDNT_C * ldm;
-        buf[b].u = buf[b].k + LS_GDNT_C * ldm;
+        buf[b].k = buf[b].w + LS_GDNT_C * ldw;
+        buf[b].u = buf[b].k + LS_GDNT_C * ldk;
         buf[b].g = buf[b].u + LS_GDNT_C * LS_GDNT_LDS;
         p = buf[b].g + LS_GDNT_C;
     }
@@ -338,7 +347,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, in
             for (int kk = 0; kk < dk; kk += 8) {
                 ls_gdnt_a_row fa;
                 ls_gdnt_b_row fb;
-                wmma::load_matrix_sync(fa, b.w + tr * 16 * ldm + kk, (unsigned)ldm);
+                wmma::load_matrix_sync(fa, b.w + tr * 16 * ldw + kk, (unsigned)ldw);
                 wmma::load_matrix_sync(fb, S + kk * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS);
                 ls_gdnt_tf32(fa);
                 ls_gdnt_tf32(fb);
@@ -347,19 +356,20 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, in
             wmma::store_matrix_sync(R + tr * 16 * LS_GDNT_LDS + ct * 16, acc, LS_GDNT_LDS, wmma::mem_row_major);
         }
         __syncthreads();
-        /* V_r = U_r − R_r into the buffer (over U) and the area, a lane per column */
-        for (int r = ra + warp; r < rb; r += LS_GDNT_SW) {
-            float vr = b.u[r * LS_GDNT_LDS + lane] - R[r * LS_GDNT_LDS + lane];
-            b.u[r * LS_GDNT_LDS + lane] = vr;
-            a.v[r * dv + c0 + lane] = vr;
+        /* V_r = U_r − R_r into the area, and into the buffer (over U): a full chunk
+         * folds, so there Ṽ_s = e^{Γ_63 − Γ_s} V_s, the cached rows' V included */
+        const float g63 = full ? b.g[LS_GDNT_C - 1] : 0.0f;
+        for (int r = warp; r < rb; r += LS_GDNT_SW) {
+            float vr = b.u[r * LS_GDNT_LDS + lane];
+            if (r >= ra) {
+                vr = vr - R[r * LS_GDNT_LDS + lane];
+                a.v[r * dv + c0 + lane] = vr;
+            }
+            if (full) b.u[r * LS_GDNT_LDS + lane] = expf(g63 - b.g[r]) * vr;
         }
         if (!full) continue; /* the call's last chunk */
-        /* the fold: K̃_s = e^{Γ_63 − Γ_s} k_s in place, then S ← e^{Γ_63} S + K̃ᵀ V per 16x16 tile */
-        const float g63 = b.g[LS_GDNT_C - 1], e63 = expf(g63);
-        for (int r = warp; r < LS_GDNT_C; r += LS_GDNT_SW) {
-            const float d = expf(g63 - b.g[r]);
-            for (int c = lane; c < dk; c += LS_WARP) b.k[r * ldm + c] = d * b.k[r * ldm + c];
-        }
+        /* the fold: S ← e^{Γ_63} S + Kᵀ Ṽ per 16x16 tile */
+        const float e63 = expf(g63);
         __syncthreads();
         for (int j = warp; j < (dk / 16) * 2; j += LS_GDNT_SW) {
             const int ti = j / 2, ct = j % 2;
@@ -371,7 +381,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, in
             for (int ks = 0; ks < LS_GDNT_C; ks += 8) {
                 ls_gdnt_a_col fa;
                 ls_gdnt_b_row fb;
-                wmma::load_matrix_sync(fa, b.k + ks * ldm + ti * 16, (unsigned)ldm);
+                wmma::load_matrix_sync(fa, b.k + ks * ldk + ti * 16, (unsigned)ldk);
                 wmma::load_matrix_sync(fb, b.u + ks * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS);
                 ls_gdnt_tf32(fa);
                 ls_gdnt_tf32(fb);
@@ -390,9 +400,9 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, in
 #define LS_GDNT_OW 64 /* value columns per output block (32 where dv is not a multiple of 64) */
 
 /* Block (chunk i, head h, pw value columns from c0). Shared (dynamic): P [C,
- * LDA]; Qs [C, dk + 8] the call's q rows (+0.0 elsewhere); then Ks [C, dk +
- * 8] the chunk's key rows (+0.0 beyond the call), overwritten by the chunk's
- * start state Ss [dk, pw + 8], overwritten by O [C, pw + 8] and Vs [C, pw + 8]
+ * LDA]; Qs [C, LDR(dk)] the call's q rows (+0.0 elsewhere); then Ks [C,
+ * LDR(dk)] the chunk's key rows (+0.0 beyond the call), overwritten by the chunk's
+ * start state Ss [dk, LDB(pw)], overwritten by O [C, LDB(pw)] and Vs [C, LDB(pw)]
  * (the chunk's V rows). P_rs = (q_r · k_s) e^{Γ_r − Γ_s} for s <= r (+0.0
  * otherwise); O = q Ss, then O_r = e^{Γ_r} O_r, then O += P V over the
  * 16-row tiles before row r's own (tensor cores: every s there is < r), then
@@ -403,7 +413,7 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
 {
     extern __shared__ __align__(128) float smo[];
     __shared__ float gam[LS_GDNT_C];
-    const int ldk = dk + 8, ldo = pw + 8, c0 = blockIdx.z * pw;
+    const int ldk = LS_GDNT_LDR(dk), ldo = LS_GDNT_LDB(pw), c0 = blockIdx.z * pw;
     float *P = smo, *Qs = P + LS_GDNT_C * LS_GDNT_LDA, *Ks = Qs + LS_GDNT_C * ldk, *Ss = Ks, *O = Ks,
           *Vs = O + LS_GDNT_C * ldo;
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid % LS_WARP, warp = tid / LS_WARP;
@@ -573,15 +583,15 @@ static long gdnt_out_cols(long dv)
 static size_t gdnt_out_smem(long dk, long dv)
 {
     long pw = gdnt_out_cols(dv);
-    size_t ks = LS_GDNT_C * (size_t)(dk + 8), ss = (size_t)(dk * (pw + 8)), ov = 2 * LS_GDNT_C * (size_t)(pw + 8);
-    size_t over = ks > ss ? ks : ss;
+    size_t ks = LS_GDNT_C * (size_t)LS_GDNT_LDR(dk), ss = (size_t)(dk * LS_GDNT_LDB(pw));
+    size_t ov = 2 * LS_GDNT_C * (size_t)LS_GDNT_LDB(pw), over = ks > ss ? ks : ss;
     over = over > ov ? over : ov;
-    return sizeof(float) * (LS_GDNT_C * LS_GDNT_LDA + LS_GDNT_C * (size_t)(dk + 8) + over);
+    return sizeof(float) * (LS_GDNT_C * LS_GDNT_LDA + ks + over);
 }
 
 static size_t gdnt_state_smem(long dk)
 {
-    size_t buf = 2 * LS_GDNT_C * (size_t)(dk + 8) + LS_GDNT_C * LS_GDNT_LDS + LS_GDNT_C;
+    size_t buf = LS_GDNT_C * (size_t)(LS_GDNT_LDR(dk) + LS_GDNT_LDB(dk) + LS_GDNT_LDS) + LS_GDNT_C;
     return sizeof(float) * ((size_t)dk * LS_GDNT_LDS + LS_GDNT_C * LS_GDNT_LDS + 2 * buf);
 }
 
