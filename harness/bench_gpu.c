@@ -85,7 +85,9 @@
  *             (ls_cuda_gdn_chunked_tc, docs/tensor-core-tier.md §3): 8192
  *             tokens as a ratio to the recurrent and the portable chunk-aligned
  *             times of this run (and FLA's 0.472 ms), the decode step at rows
- *             0, 31, 63 and the state materialisation at row 31; a shape the
+ *             0, 31, 63, a decode step of 32 sequences at rows 31 and 63 in
+ *             one launch per kernel (ls_cuda_gdn_chunked_tc_decode, the
+ *             engine's batched step) and the state materialisation at row 31; a shape the
  *             kernel refuses prints one skipped line
  *   --moe-plans  the MoE experts of one layer alone under every kernel plan of
  *             ls_cuda_moe_forward_plan, at 1 .. prefill tokens, vs the bytes of
@@ -678,6 +680,32 @@ static float gdn_chunked_scan(const ls_model_config *c, timer *tm, int reps, int
         }
         printf("gdn %s decode, one sequence at row %ld of its chunk (one layer): %.4f ms\n", what, rows[ri],
                median(t, reps));
+    }
+    if (tc) { /* a decode step of 32 sequences, one launch per kernel (the engine's batched step) */
+        enum { B = 32 };
+        float *Sb = dmalloc(B * sb), *states[B];
+        size_t dscr_b = ls_cuda_gdn_tc_decode_scratch_bytes(B, Hv, dk, dv);
+        void *dscr = dmalloc(dscr_b);
+        long row0[B], pos[B];
+        CU(cudaMemset(Sb, 0, B * sb));
+        for (int ri = 1; ri < 3; ri++) {
+            for (long s = 0; s < B; s++) {
+                states[s] = Sb + s * (long)(sb / 4);
+                row0[s] = s;
+                pos[s] = rows[ri];
+            }
+            for (int r = 0; r < 1 + reps; r++) {
+                tstart(tm);
+                CK(ls_cuda_gdn_chunked_tc_decode(q, k, v, al, be, states, row0, pos, B, o, Hk, Hv, dk, dv, 1, dscr,
+                                                 dscr_b, NULL, &g_err));
+                float ms = tstop(tm);
+                if (r >= 1) t[r - 1] = ms;
+            }
+            printf("gdn %s decode batch %d (one launch per kernel), every sequence at row %ld of its chunk (one "
+                   "layer): %.4f ms\n", what, B, rows[ri], median(t, reps));
+        }
+        CU(cudaFree(Sb));
+        CU(cudaFree(dscr));
     }
     for (int r = 0; r < 1 + reps; r++) {
         tstart(tm);

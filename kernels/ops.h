@@ -149,7 +149,7 @@ ls_status ls_cuda_gdn_chunked_state(const float *state /* chunk state */, long p
  * of log α from the chunk's start) on CUDA cores; V_r = U_r − W_r S0 and
  * e^{Γ_r} q_r S0 on tensor cores (WMMA tf32); o_r = e^{Γ_r} q_r S0 +
  * Σ_{s<=r} (q_r · k_s) e^{Γ_r − Γ_s} V_s on CUDA cores; a full chunk folds
- * into S0 ← e^{Γ_63} S0 + Σ_s (e^{Γ_63 − Γ_s} k_s) ⊗ V_s on tensor cores.
+ * into S0 ← e^{Γ_63} S0 + Σ_s k_s ⊗ (e^{Γ_63 − Γ_s} V_s) on tensor cores.
  * The state is S0 [Hv, dk, dv] then per head the chunk's rows k [C, dk],
  * W [C, dk], U [C, dv], V [C, dv], Γ [C] (LS_CUDA_GDN_TC_STATE_FLOATS).
  * dk a multiple of 16, dv of 32, both <= 128. scratch (device, 256-byte
@@ -164,6 +164,18 @@ ls_status ls_cuda_gdn_chunked_tc(const float *q /* [T, Hk, dk] */, const float *
                                  float *o /* [T, Hv, dv] */, long T, long pos0, long Hk, long Hv, long dk,
                                  long dv, int act_bf16, void *scratch, size_t scratch_bytes, void *stream,
                                  ls_error *err);
+/* A decode step of nseq sequences in one launch per kernel: sequence s runs
+ * the one position pos[s] (its inputs at row row0[s] of q, k, v, α, β, its
+ * output at row row0[s] of o) on its own tc chunk state states[s], with the
+ * bits of ls_cuda_gdn_chunked_tc called for it alone with T = 1. scratch
+ * (device, 16-byte aligned) holds ls_cuda_gdn_tc_decode_scratch_bytes(nseq,
+ * Hv, dk, dv) bytes (the start state of a chunk a sequence folds). */
+size_t ls_cuda_gdn_tc_decode_scratch_bytes(long nseq, long Hv, long dk, long dv);
+ls_status ls_cuda_gdn_chunked_tc_decode(const float *q, const float *k, const float *v, const float *alpha,
+                                        const float *beta, float *const *states, const long *row0,
+                                        const long *pos, long nseq, float *o, long Hk, long Hv, long dk,
+                                        long dv, int act_bf16, void *scratch, size_t scratch_bytes,
+                                        void *stream, ls_error *err);
 /* The recurrent state after position pos (the last one run) of the tc
  * chunk state into s_out [Hv, dk, dv]: S0 when pos ends a chunk, else
  * e^{Γ_r} S0 + Σ_{s<=r ascending} e^{Γ_r − Γ_s} k_s ⊗ V_s on CUDA cores. */

@@ -66,6 +66,31 @@ typedef struct ls_gdnt_piece {
     int nch;
 } ls_gdnt_piece;
 
+/* A batched decode step (ls_cuda_gdn_chunked_tc_decode): sequence z of the
+ * launch (blockIdx.z) runs one position pos[z], its inputs at row row[z] of
+ * the packed rows, with its own state and scratch; n 0 in a plain call. */
+typedef struct ls_gdnt_seqs {
+    float *state[LS_CUDA_SEQ_CHUNK], *scratch[LS_CUDA_SEQ_CHUNK];
+    long row[LS_CUDA_SEQ_CHUNK], pos[LS_CUDA_SEQ_CHUNK];
+    int n;
+} ls_gdnt_seqs;
+
+/* Sequence z's state, scratch and piece: exactly a one-position call's
+ * (its row reached through pos0), so its bits are that call's. */
+__device__ __forceinline__ void ls_gdnt_seq(const ls_gdnt_seqs &sq, int z, float *&state, float *&scratch,
+                                            ls_gdnt_piece &pc)
+{
+    const long p = sq.pos[z];
+    state = sq.state[z];
+    scratch = sq.scratch[z];
+    pc.n = 1;
+    pc.p0 = p;
+    pc.cs0 = p - p % LS_GDNT_C;
+    pc.pos0 = p - sq.row[z];
+    pc.states = 0;
+    pc.nch = 1;
+}
+
 /* Rows [ra, rb) of chunk i are the call's. */
 __device__ __forceinline__ void ls_gdnt_rows(const ls_gdnt_piece &pc, int i, int *ra, int *rb)
 {
@@ -156,8 +181,9 @@ __device__ __forceinline__ void ls_gdnt_row_zero(float *dst, int n, int lane)
  * rows of W | U) later overwrites. Thread c runs column c of W | U. */
 __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const float *beta, float *state,
-                    float *scratch, ls_gdnt_piece pc, long Hk, long Hv, int dk, int dv)
+                    float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hk, long Hv, int dk, int dv)
 {
+    if (sq.n) ls_gdnt_seq(sq, (int)blockIdx.z, state, scratch, pc);
     extern __shared__ __align__(128) float smr[];
     __shared__ float gam[LS_GDNT_C], bet[LS_GDNT_C], bge[LS_GDNT_C];
     float *A = smr, *Ks = A + LS_GDNT_C * LS_GDNT_LDA, *X = Ks;
@@ -300,8 +326,10 @@ __device__ void ls_gdnt_prefetch(const ls_gdnt_piece &pc, int i, const ls_gdnt_a
  * chunk: its start state out (ls_gdnt_start), V_r = U_r − (W S0)_r for the
  * call's rows, and a full chunk's fold. */
 __global__ void __launch_bounds__(LS_GDNT_SW * LS_WARP)
-ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, int dk, int dv)
+ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hv, int dk,
+                     int dv)
 {
+    if (sq.n) ls_gdnt_seq(sq, (int)blockIdx.z, state, scratch, pc);
     extern __shared__ __align__(128) float sms[];
     const int ldw = LS_GDNT_LDR(dk), ldk = LS_GDNT_LDB(dk), c0 = blockIdx.x * LS_GDNT_COLS, tid = threadIdx.x;
     const int lane = tid % LS_WARP;
@@ -408,12 +436,18 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, long Hv, in
  * 16-row tiles before row r's own (tensor cores: every s there is < r), then
  * o_r = act(O_r + Σ_{s from r's tile, s <= r, asc} P_rs V_s) on CUDA cores. */
 __global__ void __launch_bounds__(LS_GDNT_T)
-ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gdnt_piece pc, long Hk, long Hv,
+ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gdnt_piece pc, const ls_gdnt_seqs sq,
+                   long Hk, long Hv,
                    int dk, int dv, int pw, int act)
 {
     extern __shared__ __align__(128) float smo[];
     __shared__ float gam[LS_GDNT_C];
-    const int ldk = LS_GDNT_LDR(dk), ldo = LS_GDNT_LDB(pw), c0 = blockIdx.z * pw;
+    int cb = (int)blockIdx.z; /* column block; batched: sequence cb / (dv / pw) */
+    if (sq.n) {
+        ls_gdnt_seq(sq, cb / (dv / pw), state, scratch, pc);
+        cb %= dv / pw;
+    }
+    const int ldk = LS_GDNT_LDR(dk), ldo = LS_GDNT_LDB(pw), c0 = cb * pw;
     float *P = smo, *Qs = P + LS_GDNT_C * LS_GDNT_LDA, *Ks = Qs + LS_GDNT_C * ldk, *Ss = Ks, *O = Ks,
           *Vs = O + LS_GDNT_C * ldo;
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid % LS_WARP, warp = tid / LS_WARP;
@@ -595,6 +629,44 @@ static size_t gdnt_state_smem(long dk)
     return sizeof(float) * ((size_t)dk * LS_GDNT_LDS + LS_GDNT_C * LS_GDNT_LDS + 2 * buf);
 }
 
+/* The three kernels' shared memory, set once per call (above the default 48 KB). */
+static ls_status gdnt_smem(long dk, long dv, size_t smem[3], ls_error *err)
+{
+    smem[0] = gdnt_rows_smem(dk, dv);
+    smem[1] = gdnt_state_smem(dk);
+    smem[2] = gdnt_out_smem(dk, dv);
+    LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem[0]),
+                  err, "the GDN rows kernel's shared memory");
+    LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem[1]),
+                  err, "the GDN state kernel's shared memory");
+    LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       (int)smem[2]),
+                  err, "the GDN output kernel's shared memory");
+    return LS_OK;
+}
+
+/* One piece (sq.n 0), or one position of each of sq.n sequences. */
+static ls_status gdnt_launch(const float *q, const float *k, const float *v, const float *alpha, const float *beta,
+                             float *state, float *scr, float *o, const ls_gdnt_piece &pc, const ls_gdnt_seqs &sq,
+                             const size_t smem[3], long Hk, long Hv, long dk, long dv, int act_bf16, cudaStream_t s,
+                             ls_error *err)
+{
+    const int idk = (int)dk, idv = (int)dv, pw = (int)gdnt_out_cols(dv);
+    const unsigned nz = sq.n ? (unsigned)sq.n : 1u;
+    dim3 chunks((unsigned)pc.nch, (unsigned)Hv, nz);
+    ls_gdnt_rows_kernel<<<chunks, LS_GDNT_T, smem[0], s>>>(k, v, alpha, beta, state, scr, pc, sq, Hk, Hv, idk, idv);
+    LS_CUDA_CHECK_LAUNCH("ls_gdnt_rows_kernel", err);
+    ls_gdnt_state_kernel<<<dim3((unsigned)(dv / LS_GDNT_COLS), (unsigned)Hv, nz), LS_GDNT_SW * LS_WARP, smem[1],
+                           s>>>(state, scr, pc, sq, Hv, idk, idv);
+    LS_CUDA_CHECK_LAUNCH("ls_gdnt_state_kernel", err);
+    ls_gdnt_out_kernel<<<dim3((unsigned)pc.nch, (unsigned)Hv, nz * (unsigned)(dv / pw)), LS_GDNT_T, smem[2], s>>>(
+        q, state, scr, o, pc, sq, Hk, Hv, idk, idv, pw, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_gdnt_out_kernel", err);
+    return LS_OK;
+}
+
 extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, const float *v, const float *alpha,
                                             const float *beta, float *state, float *o, long T, long pos0, long Hk,
                                             long Hv, long dk, long dv, int act_bf16, void *scratch,
@@ -611,19 +683,11 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
         return ls_fail(err, LS_E_INTERNAL, "cuda tensor-core gdn_chunked: scratch of %zu bytes, %zu needed",
                        scratch_bytes, need);
     cudaStream_t s = (cudaStream_t)stream;
-    const size_t rows_smem = gdnt_rows_smem(dk, dv), state_smem = gdnt_state_smem(dk),
-                 out_smem = gdnt_out_smem(dk, dv);
-    LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)rows_smem),
-                  err, "the GDN rows kernel's shared memory");
-    LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)state_smem),
-                  err, "the GDN state kernel's shared memory");
-    LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)out_smem),
-                  err, "the GDN output kernel's shared memory");
+    size_t smem[3];
+    LS_TRY(gdnt_smem(dk, dv, smem, err));
+    ls_gdnt_seqs none;
+    memset(&none, 0, sizeof none);
     float *scr = (float *)scratch;
-    const int idk = (int)dk, idv = (int)dv;
     const long area_floats = (long)(gdnt_area_bytes(Hv, dk, dv) / sizeof(float));
     ls_gdnt_piece pc = {0, 0, 0, pos0, (gdnt_chunks(T) - 1) * area_floats, 0};
     for (long t0 = 0; t0 < T; t0 += pc.n) {
@@ -632,17 +696,7 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
         long room = LS_GDNT_PIECE * LS_GDNT_C - (pc.p0 - pc.cs0);
         pc.n = T - t0 < room ? T - t0 : room;
         pc.nch = (int)((pc.p0 - pc.cs0 + pc.n + LS_GDNT_C - 1) / LS_GDNT_C);
-        dim3 chunks((unsigned)pc.nch, (unsigned)Hv);
-        ls_gdnt_rows_kernel<<<chunks, LS_GDNT_T, rows_smem, s>>>(k, v, alpha, beta, state, scr, pc, Hk, Hv, idk,
-                                                                 idv);
-        LS_CUDA_CHECK_LAUNCH("ls_gdnt_rows_kernel", err);
-        ls_gdnt_state_kernel<<<dim3((unsigned)(dv / LS_GDNT_COLS), (unsigned)Hv), LS_GDNT_SW * LS_WARP,
-                               state_smem, s>>>(state, scr, pc, Hv, idk, idv);
-        LS_CUDA_CHECK_LAUNCH("ls_gdnt_state_kernel", err);
-        const int pw = (int)gdnt_out_cols(dv);
-        ls_gdnt_out_kernel<<<dim3((unsigned)pc.nch, (unsigned)Hv, (unsigned)(dv / pw)), LS_GDNT_T, out_smem, s>>>(
-            q, state, scr, o, pc, Hk, Hv, idk, idv, pw, act_bf16);
-        LS_CUDA_CHECK_LAUNCH("ls_gdnt_out_kernel", err);
+        LS_TRY(gdnt_launch(q, k, v, alpha, beta, state, scr, o, pc, none, smem, Hk, Hv, dk, dv, act_bf16, s, err));
     }
     /* the last chunk's rows into the state's area when they are in the
      * scratch: the area then holds the rows of the last position's chunk
@@ -652,6 +706,52 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
         LS_CUDA_CHECK(cudaMemcpyAsync(state + Hv * dk * dv, (char *)scratch + (size_t)(pc.nch - 2) * area, area,
                                       cudaMemcpyDeviceToDevice, s),
                       err, "the GDN chunk rows' copy");
+    }
+    return LS_OK;
+}
+
+extern "C" size_t ls_cuda_gdn_tc_decode_scratch_bytes(long nseq, long Hv, long dk, long dv)
+{
+    long n = nseq < LS_CUDA_SEQ_CHUNK ? nseq : LS_CUDA_SEQ_CHUNK;
+    return n <= 0 ? 0 : sizeof(float) * (size_t)(n * Hv * dk * dv);
+}
+
+extern "C" ls_status ls_cuda_gdn_chunked_tc_decode(const float *q, const float *k, const float *v,
+                                                   const float *alpha, const float *beta, float *const *states,
+                                                   const long *row0, const long *pos, long nseq, float *o, long Hk,
+                                                   long Hv, long dk, long dv, int act_bf16, void *scratch,
+                                                   size_t scratch_bytes, void *stream, ls_error *err)
+{
+    ls_status st = gdnt_check("gdn_chunked decode", Hk, Hv, dk, dv, err);
+    if (st != LS_OK) return st;
+    if (nseq <= 0) return LS_OK;
+    uintptr_t al = (uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)scratch;
+    for (long s = 0; s < nseq; s++) {
+        LS_CUDA_REQUIRE(pos[s] >= 0, err, "cuda tensor-core gdn_chunked decode: sequence %ld at position %ld < 0", s,
+                        pos[s]);
+        al |= (uintptr_t)states[s];
+    }
+    LS_CUDA_REQUIRE(al % 16 == 0, err,
+                    "cuda tensor-core gdn_chunked decode: q, k, v, the states and the scratch must be 16-byte aligned");
+    size_t need = ls_cuda_gdn_tc_decode_scratch_bytes(nseq, Hv, dk, dv);
+    if (scratch_bytes < need)
+        return ls_fail(err, LS_E_INTERNAL, "cuda tensor-core gdn_chunked decode: scratch of %zu bytes, %zu needed",
+                       scratch_bytes, need);
+    size_t smem[3];
+    LS_TRY(gdnt_smem(dk, dv, smem, err));
+    const ls_gdnt_piece any = {1, 0, 0, 0, 0, 1}; /* each sequence's is its own (ls_gdnt_seq) */
+    for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
+        ls_gdnt_seqs sq;
+        memset(&sq, 0, sizeof sq);
+        sq.n = (int)(nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK);
+        for (int z = 0; z < sq.n; z++) {
+            sq.state[z] = states[s0 + z];
+            sq.scratch[z] = (float *)scratch + (long)z * Hv * dk * dv;
+            sq.row[z] = row0[s0 + z];
+            sq.pos[z] = pos[s0 + z];
+        }
+        LS_TRY(gdnt_launch(q, k, v, alpha, beta, NULL, NULL, o, any, sq, smem, Hk, Hv, dk, dv, act_bf16,
+                           (cudaStream_t)stream, err));
     }
     return LS_OK;
 }

@@ -232,6 +232,13 @@ struct ls_backend {
                                      const long *row0, const long *len, long nseq, ls_view o,
                                      long Hk, long Hv, long dk, long dv, int act_bf16,
                                      ls_order order, ls_error *err);
+    /* The chunk-aligned form (gdn_chunked; NULL where it or its batch is
+     * absent): sequence s's rows sit at positions pos0[s] ... */
+    ls_status (*gdn_chunked_batch)(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
+                                   ls_view beta, ls_buf *const *states, const long *row0,
+                                   const long *len, const long *pos0, long nseq, ls_view o, long Hk,
+                                   long Hv, long dk, long dv, int act_bf16, ls_order order,
+                                   ls_error *err);
     /* Each sequence's K and V rows [len, Hkv, d] to positions pos0[s].. of
      * its caches (paged as in attention: pts[s] its table, NULL pts or a
      * NULL buf = identity; one page and cap for every sequence). */

@@ -714,6 +714,54 @@ static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls
     return r;
 }
 
+/* On the tc and fast tiers a decode step (every sequence one position or
+ * none) is one launch per kernel (ls_cuda_gdn_chunked_tc_decode); otherwise
+ * each sequence is its own gdn_chunked call. Either way, each sequence's
+ * bits are those of gdn_chunked called for it alone. */
+static ls_status cu_gdn_chunked_batch(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
+                                      ls_view beta, ls_buf *const *states, const long *row0,
+                                      const long *len, const long *pos0, long nseq, ls_view o, long Hk,
+                                      long Hv, long dk, long dv, int act_bf16, ls_order order, ls_error *err)
+{
+    ON_DEVICE(be, err);
+    cuda_impl *im = IMPL(be);
+    long n = 0, most = 0;
+    for (long s = 0; s < nseq; s++) {
+        n += len[s] > 0;
+        most = len[s] > most ? len[s] : most;
+    }
+    if (im->tier == LS_TIER_PORTABLE || order != LS_ORDER_CANONICAL || most > 1) {
+        for (long s = 0; s < nseq; s++)
+            if (len[s] > 0)
+                LS_TRY(cu_gdn_chunked(be, ls_view_at(q, (size_t)(row0[s] * Hk * dk)),
+                                      ls_view_at(k, (size_t)(row0[s] * Hk * dk)),
+                                      ls_view_at(v, (size_t)(row0[s] * Hv * dv)), ls_view_at(alpha, (size_t)(row0[s] * Hv)),
+                                      ls_view_at(beta, (size_t)(row0[s] * Hv)), (ls_view){states[s], 0},
+                                      ls_view_at(o, (size_t)(row0[s] * Hv * dv)), len[s], pos0[s], Hk, Hv, dk, dv,
+                                      act_bf16, order, err));
+        return LS_OK;
+    }
+    /* the sequences with a position, packed */
+    size_t m = (size_t)(n > 0 ? n : 1);
+    float **st = malloc(sizeof *st * m);
+    long *rows = malloc(sizeof *rows * m), *pos = malloc(sizeof *pos * m);
+    ls_status r = st && rows && pos ? LS_OK : ls_fail(err, LS_E_NOMEM, "cuda gdn_chunked batch: %ld sequences", nseq);
+    for (long s = 0, j = 0; r == LS_OK && s < nseq; s++)
+        if (len[s] > 0) {
+            st[j] = (float *)states[s]->ptr;
+            rows[j] = row0[s];
+            pos[j++] = pos0[s];
+        }
+    if (r == LS_OK) r = scratch_reserve(im, ls_cuda_gdn_tc_decode_scratch_bytes(n, Hv, dk, dv), err);
+    if (r == LS_OK)
+        r = ls_cuda_gdn_chunked_tc_decode(F(q), F(k), F(v), F(alpha), F(beta), st, rows, pos, n, F(o), Hk, Hv, dk, dv,
+                                          act_bf16, im->scratch, im->scratch_bytes, NULL, err);
+    free(st);
+    free(rows);
+    free(pos);
+    return r;
+}
+
 static ls_status cu_kv_append_batch(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
                                     ls_buf *const *vcs, const ls_view *pts, long page, long cap,
                                     const long *row0, const long *len, const long *pos0,
@@ -1164,6 +1212,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->attention = cu_attention;
     be->conv_silu_batch = cu_conv_silu_batch;
     be->gdn_recurrent_batch = cu_gdn_recurrent_batch;
+    be->gdn_chunked_batch = cu_gdn_chunked_batch;
     be->kv_append_batch = cu_kv_append_batch;
     be->attention_batch = cu_attention_batch;
     be->sigmoid_gate = cu_sigmoid_gate;

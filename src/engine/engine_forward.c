@@ -389,7 +389,7 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     ls_order oc = ord(e, l, LS_PERTURB_CONV), og = ord(e, l, LS_PERTURB_GDN);
     int batched = be->conv_silu_batch && be->gdn_recurrent_batch && nseg > 1 &&
                   single_runs(e, sg, nseg);
-    int gdn_batched = batched && !e->o.gdn_chunked; /* the chunk-aligned form runs per sequence */
+    int gdn_batched = batched && (!e->o.gdn_chunked || be->gdn_chunked_batch);
     batch_args ba = {0};
     if (batched) {
         LS_TRY(batch_init(sg, nseg, &ba, err));
@@ -415,9 +415,12 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     if (batched && !gdn_batched) batch_free(&ba);
     if (gdn_batched) {
         for (long s = 0; s < nseg; s++) ba.st[s] = e->ss[sg[s].slot].gdn[l];
-        ls_status st = be->gdn_recurrent_batch(be, BEV(e->Q), BEV(e->K), BEV(e->V), BEV(e->alpha),
-                                               BEV(e->beta), ba.st, ba.row0, ba.len, nseg, BEV(e->O),
-                                               Hk, Hv, dk, dv, act, og, err);
+        ls_status st =
+            e->o.gdn_chunked
+                ? be->gdn_chunked_batch(be, BEV(e->Q), BEV(e->K), BEV(e->V), BEV(e->alpha), BEV(e->beta), ba.st,
+                                        ba.row0, ba.len, ba.pos0, nseg, BEV(e->O), Hk, Hv, dk, dv, act, og, err)
+                : be->gdn_recurrent_batch(be, BEV(e->Q), BEV(e->K), BEV(e->V), BEV(e->alpha), BEV(e->beta), ba.st,
+                                          ba.row0, ba.len, nseg, BEV(e->O), Hk, Hv, dk, dv, act, og, err);
         if (st == LS_OK) st = last_state_digests(e, l, sg, nseg, ba.st, LS_DIGEST_GDN_STATE, err);
         batch_free(&ba);
         LS_TRY(st);

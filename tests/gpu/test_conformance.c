@@ -519,6 +519,74 @@ static void check_gdn_tc(long Hk, long Hv, long dk, long dv, int act)
     free(ends); free(q); free(k); free(v); free(al); free(be);
 }
 
+/* A batched decode step (ls_cuda_gdn_chunked_tc_decode) against each
+ * sequence's own one-position call: nseq sequences whose states were run
+ * to prefixes of 0 .. 200 positions (the step at a chunk's first row, inside
+ * one and at its last, which folds), their step's inputs at scattered rows;
+ * outputs and whole states bit for bit. */
+static void check_gdn_tc_decode_batch(long Hk, long Hv, long dk, long dv, int act, long nseq)
+{
+    reset_arena();
+    static const long prefix[] = {0, 1, 31, 63, 64, 100, 127, 200};
+    const long np = (long)(sizeof prefix / sizeof prefix[0]), PMAX = 200, N = PMAX + nseq;
+    long nk = Hk * dk, nv = Hv * dv;
+    size_t SF = LS_CUDA_GDN_TC_STATE_FLOATS(Hv, dk, dv);
+    float *q, *k, *v, *al, *be;
+    gdn_tc_inputs(N, Hk, Hv, dk, dv, act, &q, &k, &v, &al, &be);
+    float *dq = dup_dev(q, 4 * (size_t)(N * nk)), *dk_ = dup_dev(k, 4 * (size_t)(N * nk));
+    float *dv_ = dup_dev(v, 4 * (size_t)(N * nv)), *dal = dup_dev(al, 4 * (size_t)(N * Hv));
+    float *dbe = dup_dev(be, 4 * (size_t)(N * Hv));
+    size_t pre_b = ls_cuda_gdn_tc_scratch_bytes(PMAX, Hv, dk, dv), dec_b = ls_cuda_gdn_tc_decode_scratch_bytes(nseq, Hv, dk, dv);
+    void *scr = dalloc(pre_b > dec_b ? pre_b : dec_b);
+    float *zero = calloc(SF, 4), **st_b = malloc(sizeof(float *) * (size_t)nseq);
+    float *st_1 = dalloc(4 * SF), *o_b = dalloc(4 * (size_t)(N * nv)), *o_1 = dalloc(4 * (size_t)(N * nv));
+    long *row = malloc(sizeof(long) * (size_t)nseq), *pos = malloc(sizeof(long) * (size_t)nseq);
+    float *h_b = malloc(4 * SF), *h_1 = malloc(4 * SF), *ho_b = malloc(4 * (size_t)nv), *ho_1 = malloc(4 * (size_t)nv);
+    ls_error e_;
+    for (long s = 0; s < nseq; s++) {
+        pos[s] = prefix[s % np];
+        row[s] = N - 1 - (s * 11) % nseq; /* distinct rows above the prefixes, out of order */
+        st_b[s] = dup_dev(zero, 4 * SF);
+        if (pos[s] > 0)
+            ck_assert_msg(ls_cuda_gdn_chunked_tc(dq, dk_, dv_, dal, dbe, st_b[s], o_b, pos[s], 0, Hk, Hv, dk, dv, act,
+                                                 scr, pre_b, NULL, &e_) == LS_OK, "%s", e_.msg);
+    }
+    ck_assert_msg(ls_cuda_gdn_chunked_tc_decode(dq, dk_, dv_, dal, dbe, st_b, row, pos, nseq, o_b, Hk, Hv, dk, dv,
+                                                act, scr, dec_b, NULL, &e_) == LS_OK, "%s", e_.msg);
+    char what[200];
+    for (long s = 0; s < nseq; s++) {
+        ck_assert_msg(ls_cuda_upload(st_1, zero, 4 * SF, &e_) == LS_OK, "%s", e_.msg);
+        if (pos[s] > 0)
+            ck_assert_msg(ls_cuda_gdn_chunked_tc(dq, dk_, dv_, dal, dbe, st_1, o_1, pos[s], 0, Hk, Hv, dk, dv, act,
+                                                 scr, pre_b, NULL, &e_) == LS_OK, "%s", e_.msg);
+        long r = row[s];
+        ck_assert_msg(ls_cuda_gdn_chunked_tc(dq + r * nk, dk_ + r * nk, dv_ + r * nv, dal + r * Hv, dbe + r * Hv, st_1,
+                                             o_1 + r * nv, 1, pos[s], Hk, Hv, dk, dv, act, scr, pre_b, NULL,
+                                             &e_) == LS_OK, "%s", e_.msg);
+        fetch(h_b, st_b[s], 4 * SF);
+        fetch(h_1, st_1, 4 * SF);
+        fetch(ho_b, o_b + r * nv, 4 * (size_t)nv);
+        fetch(ho_1, o_1 + r * nv, 4 * (size_t)nv);
+        snprintf(what, sizeof what, "gdn tc decode batch Hk %ld Hv %ld dk %ld dv %ld: sequence %ld at %ld, o", Hk,
+                 Hv, dk, dv, s, pos[s]);
+        same_bits(what, ho_1, ho_b, (size_t)nv);
+        snprintf(what, sizeof what, "gdn tc decode batch Hk %ld Hv %ld dk %ld dv %ld: sequence %ld at %ld, state",
+                 Hk, Hv, dk, dv, s, pos[s]);
+        same_bits(what, h_1, h_b, SF);
+    }
+    /* a scratch one byte short is refused */
+    ls_error_clear(&e_);
+    ls_status st = ls_cuda_gdn_chunked_tc_decode(dq, dk_, dv_, dal, dbe, st_b, row, pos, nseq, o_b, Hk, Hv, dk, dv,
+                                                 act, scr, dec_b - 1, NULL, &e_);
+    ck_assert_msg(st != LS_OK && strstr(e_.msg, "scratch"), "decode batch with a short scratch: status %d, '%s'",
+                  (int)st, e_.msg);
+    printf("  ok gdn tc decode batch Hk %ld Hv %ld dk %ld dv %ld act %d: %ld sequences at positions 0 .. %ld in one "
+           "step = each alone (o, whole state)\n", Hk, Hv, dk, dv, act, nseq, PMAX);
+    fflush(stdout);
+    free(zero); free(st_b); free(row); free(pos); free(h_b); free(h_1); free(ho_b); free(ho_1);
+    free(q); free(k); free(v); free(al); free(be);
+}
+
 /* Shapes the tensor-core form does not take fail closed, naming the
  * dimension (null inputs: the check comes before any launch). */
 static void check_gdn_tc_refused(void)
@@ -547,6 +615,8 @@ START_TEST(test_gdn_tc)
     check_gdn_tc(2, 4, 32, 32, 0);
     check_gdn_tc(4, 8, 64, 64, 1);
     check_gdn_tc(16, 32, 128, 128, 1);
+    check_gdn_tc_decode_batch(2, 4, 32, 32, 0, 70); /* two launches of at most 64 */
+    check_gdn_tc_decode_batch(16, 32, 128, 128, 1, 9);
 }
 END_TEST
 
