@@ -36,7 +36,10 @@
  * state's chunk area, the others in the scratch; the call's last chunk, when
  * in the scratch, is copied into the state's area. Rows a chunk has not run
  * are +0.0 there (its first call zeroes them), so the whole state after a
- * call depends on the positions run, not on the calls. */
+ * call depends on the positions run, not on the calls. A decode step of
+ * many sequences (ls_cuda_gdn_chunked_tc_decode) is one launch of each
+ * kernel, block z taking sequence z's state and the piece its own
+ * one-position call would have (ls_gdnt_seq). */
 #include "ops.h"
 #include "ops_common.cuh"
 
@@ -437,8 +440,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
  * o_r = act(O_r + Σ_{s from r's tile, s <= r, asc} P_rs V_s) on CUDA cores. */
 __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gdnt_piece pc, const ls_gdnt_seqs sq,
-                   long Hk, long Hv,
-                   int dk, int dv, int pw, int act)
+                   long Hk, long Hv, int dk, int dv, int pw, int act)
 {
     extern __shared__ __align__(128) float smo[];
     __shared__ float gam[LS_GDNT_C];
