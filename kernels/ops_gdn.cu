@@ -181,6 +181,25 @@ __device__ __forceinline__ void ls_gdn_fold32(float *p)
 
 #define LS_GDND_RPT ((LS_CUDA_GDN_MAX_DK + LS_WARP - 1) / LS_WARP) /* rows per lane class */
 
+/* One column's DOT32 over dk key rows in one thread: lane class l's partial
+ * Σ term(i) over i = l, l + 32, ... ascending from +0.0, then the butterfly. */
+template <typename F> __device__ __forceinline__ float ls_gdn_col_dot32(long dk, F term)
+{
+    float p[LS_WARP];
+#pragma unroll
+    for (int l = 0; l < LS_WARP; l++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < LS_GDND_RPT; r++) {
+            int i = l + r * LS_WARP;
+            if (i < dk) acc = acc + term(i);
+        }
+        p[l] = acc;
+    }
+    ls_gdn_fold32(p);
+    return p[0];
+}
+
 __global__ void __launch_bounds__(LS_WARP)
 ls_gdn_decode_kernel(const float *q, const float *k, const float *v, const float *alpha,
                      const float *beta, ls_cuda_seqs sq, float *o, long Hk, long Hv, long dk,
@@ -212,44 +231,21 @@ ls_gdn_decode_kernel(const float *q, const float *k, const float *v, const float
     if (vec) __pipeline_wait_prior(0);
     __syncthreads();
     /* S' = α S, then m_j = DOT32_i(S'[i][j], k_i). */
-    float p[LS_WARP];
-#pragma unroll
-    for (int l = 0; l < LS_WARP; l++) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int r = 0; r < LS_GDND_RPT; r++) {
-            int i = l + r * LS_WARP;
-            if (i < dk) {
-                float sp = a * sS[i][t];
-                sS[i][t] = sp;
-                float prod = sp * sqk[1][i];
-                acc = acc + prod;
-            }
-        }
-        p[l] = acc;
-    }
-    ls_gdn_fold32(p);
-    float diff = vj - p[0];
+    float m = ls_gdn_col_dot32(dk, [&](int i) {
+        float sp = a * sS[i][t];
+        sS[i][t] = sp;
+        return sp * sqk[1][i];
+    });
+    float diff = vj - m;
     float u = diff * b;
     /* S = S' + k ⊗ u, then o_j = act(DOT32_i(S[i][j], q_i)). */
-#pragma unroll
-    for (int l = 0; l < LS_WARP; l++) {
-        float acc = 0.0f;
-#pragma unroll
-        for (int r = 0; r < LS_GDND_RPT; r++) {
-            int i = l + r * LS_WARP;
-            if (i < dk) {
-                float prod = sqk[1][i] * u;
-                float sn = sS[i][t] + prod;
-                if (j < dv) Sh[i * dv + j] = sn;
-                float prod2 = sn * sqk[0][i];
-                acc = acc + prod2;
-            }
-        }
-        p[l] = acc;
-    }
-    ls_gdn_fold32(p);
-    if (j < dv) o[(row * Hv + h) * dv + j] = ls_act_d(p[0], act);
+    float y = ls_gdn_col_dot32(dk, [&](int i) {
+        float prod = sqk[1][i] * u;
+        float sn = sS[i][t] + prod;
+        if (j < dv) Sh[i * dv + j] = sn;
+        return sn * sqk[0][i];
+    });
+    if (j < dv) o[(row * Hv + h) * dv + j] = ls_act_d(y, act);
 }
 
 static ls_status gdn_check(long Hk, long Hv, long dk, long dv, int order, ls_error *err)
