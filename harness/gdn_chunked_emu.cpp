@@ -1,7 +1,10 @@
-/* lockstep — the chunk-aligned GDN kernels of kernels/ops_gdn_chunked.cu run
- * on the host under a small SIMT emulation, against the CPU reference
- * (ls_cpu_gdn_chunked_heads, ls_cpu_gdn_chunked_state_heads), bit for bit:
- * outputs, the whole carried state, the materialised state. A check of the
+/* lockstep — the portable GDN kernels run on the host under a small SIMT
+ * emulation, against the CPU reference, bit for bit: the chunk-aligned ones
+ * of kernels/ops_gdn_chunked.cu (ls_cpu_gdn_chunked_heads,
+ * ls_cpu_gdn_chunked_state_heads: outputs, the whole carried state, the
+ * materialised state) and the recurrent ones of kernels/ops_gdn.cu (the
+ * scan kernel and the decode-step kernel against ls_cpu_gdn_recurrent:
+ * outputs and states of several sequences in one launch). A check of the
  * kernel source where no GPU is at hand; it proves nothing about the GPU's
  * scheduling (harness/gpu_check's racecheck does that), only that the
  * source's arithmetic and indexing are the CPU's. Built and run by
@@ -36,8 +39,22 @@ static emu_dim threadIdx, blockIdx, blockDim;
 #define __forceinline__ inline
 #define __shared__ static /* one block runs at a time */
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 #define LS_WARP 32
 #define LS_FULL_MASK 0xffffffffu
+
+struct float4 { float x, y, z, w; };
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+/* cp.async: the copy at once; a thread's later wait is then a no-op */
+static inline void __pipeline_memcpy_async(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
+static inline void __pipeline_commit() {}
+static inline void __pipeline_wait_prior(int) {}
+
+typedef struct ls_cuda_seqs { /* kernels/ops_common.cuh's */
+    long row0[LS_CUDA_SEQ_CHUNK];
+    long len[LS_CUDA_SEQ_CHUNK];
+    float *state[LS_CUDA_SEQ_CHUNK];
+} ls_cuda_seqs;
 
 static inline float ls_act_d(float x, int act_bf16)
 {
@@ -81,6 +98,7 @@ static float __shfl_xor_sync(unsigned, float v, int s) { return emu_shuffle(v, (
 static float __shfl_sync(unsigned, float v, int src) { return emu_shuffle(v, src); }
 
 #include "kernels_body.inc"
+#include "kernels_recurrent.inc"
 
 static std::function<void()> *emu_body;
 static char emu_stacks[EMU_MAX_THREADS][64 * 1024];
@@ -93,12 +111,13 @@ static void emu_fiber()
     swapcontext(&emu_ctx[emu_cur], &emu_sched);
 }
 
-/* Runs body as a grid (gx, gy) of blocks of nt threads, one block at a time. */
-static void emu_launch(unsigned gx, unsigned gy, unsigned nt, std::function<void()> body)
+/* Runs body as a grid (gx, gy, gz) of blocks of nt threads, one block at a time. */
+static void emu_launch(unsigned gx, unsigned gy, unsigned nt, std::function<void()> body, unsigned gz = 1)
 {
     blockDim = {nt, 1, 1};
     emu_body = &body;
-    static unsigned by, bx; /* live across swapcontext, which returns like setjmp */
+    static unsigned bz, by, bx; /* live across swapcontext, which returns like setjmp */
+    for (bz = 0; bz < gz; bz++)
     for (by = 0; by < gy; by++)
         for (bx = 0; bx < gx; bx++) {
             emu_threads = (int)nt;
@@ -116,7 +135,7 @@ static void emu_launch(unsigned gx, unsigned gy, unsigned nt, std::function<void
                 for (emu_cur = 0; emu_cur < (int)nt; emu_cur++) {
                     if (emu_finished[emu_cur]) continue;
                     threadIdx = {(unsigned)emu_cur, 0, 0};
-                    blockIdx = {bx, by, 0};
+                    blockIdx = {bx, by, bz};
                     swapcontext(&emu_sched, &emu_ctx[emu_cur]);
                 }
         }
@@ -189,11 +208,69 @@ static int run(long Hk, long Hv, long dk, long dv, long T, long pos0, long split
     return !ok;
 }
 
-/* Hk Hv dk dv T pos0 split act: one case; "quick": the first three of the
- * default set (the unit suite's, ~10 s); no arguments: the default set (GQA,
- * dk 40 .. 128, partial column tiles, pos0 inside a chunk, calls of 1, 7
- * and 64, more new rows than a chunk holds, the fold at a chunk's end; a few
- * minutes). */
+/* nseq sequences of lens[s] tokens (0: none) packed in one call, each on its
+ * own random state, as ls_cuda_gdn_recurrent_batch launches them (a decode
+ * step, every length <= 1, through ls_gdn_decode_kernel; else the scan
+ * kernel), against ls_cpu_gdn_recurrent per sequence. 1 = differ. */
+static int run_recurrent(long Hk, long Hv, long dk, long dv, long nseq, const long *lens, int act)
+{
+    long T = 0, most = 0;
+    std::vector<long> row0(nseq), len(lens, lens + nseq);
+    for (long s = 0; s < nseq; s++) {
+        row0[s] = T;
+        T += len[s];
+        most = len[s] > most ? len[s] : most;
+    }
+    size_t SN = (size_t)(Hv * dk * dv);
+    std::vector<float> q(T * Hk * dk), k(T * Hk * dk), v(T * Hv * dv), al(T * Hv), be(T * Hv);
+    for (size_t i = 0; i < q.size(); i++) {
+        q[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
+        k[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
+    }
+    ls_cpu_l2norm_scale(q.data(), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
+    ls_cpu_l2norm_scale(k.data(), T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
+    for (float &x : v) x = emu_rand(1.0f);
+    for (long i = 0; i < T * Hv; i++) {
+        al[i] = 0.5f + 0.5f * fabsf(emu_rand(1.0f));
+        be[i] = ls_round_bf16(fabsf(emu_rand(1.0f)));
+    }
+    std::vector<float> s_cpu(SN * nseq), o_cpu(T * Hv * dv), o_emu(T * Hv * dv), scratch(LS_CPU_GDN_SCRATCH_FLOATS(dv));
+    for (float &x : s_cpu) x = emu_rand(0.1f);
+    std::vector<float> s_emu = s_cpu;
+    ls_cuda_seqs sq;
+    memset(&sq, 0, sizeof sq);
+    for (long s = 0; s < nseq; s++) {
+        if (len[s] > 0)
+            ls_cpu_gdn_recurrent(&q[row0[s] * Hk * dk], &k[row0[s] * Hk * dk], &v[row0[s] * Hv * dv], &al[row0[s] * Hv],
+                                 &be[row0[s] * Hv], &s_cpu[s * SN], &o_cpu[row0[s] * Hv * dv], len[s], Hk, Hv, dk, dv,
+                                 scratch.data(), act, LS_ORDER_CANONICAL);
+        sq.row0[s] = row0[s];
+        sq.len[s] = len[s];
+        sq.state[s] = &s_emu[s * SN];
+    }
+    const float *qp = q.data(), *kp = k.data(), *vp = v.data(), *ap = al.data(), *bp = be.data();
+    float *op = o_emu.data();
+    /* the launches of ls_cuda_gdn_recurrent_batch (keep in step with it) */
+    if (most == 1)
+        emu_launch((unsigned)((dv + 31) / 32), (unsigned)Hv, 32,
+                   [=] { ls_gdn_decode_kernel(qp, kp, vp, ap, bp, sq, op, Hk, Hv, dk, dv, act); }, (unsigned)nseq);
+    else
+        emu_launch((unsigned)((dv + LS_GDN_CPW * LS_GDN_WPB - 1) / (LS_GDN_CPW * LS_GDN_WPB)), (unsigned)Hv,
+                   LS_GDN_WPB * 32, [=] { ls_gdn_recurrent_kernel(qp, kp, vp, ap, bp, sq, op, Hk, Hv, dk, dv, act); },
+                   (unsigned)nseq);
+    int ok = same("o", o_cpu.data(), o_emu.data(), o_cpu.size()) && same("states", s_cpu.data(), s_emu.data(), s_cpu.size());
+    printf("%s recurrent (%s kernel) Hk %ld Hv %ld dk %ld dv %ld, %ld sequences, %ld rows, act %s\n",
+           ok ? "  ok" : "FAIL", most == 1 ? "decode" : "scan", Hk, Hv, dk, dv, nseq, T, act ? "bf16" : "fp32");
+    fflush(stdout);
+    return !ok;
+}
+
+/* Hk Hv dk dv T pos0 split act: one chunk-aligned case; "quick": the first
+ * three chunk-aligned cases of the default set and the first two recurrent
+ * ones (the unit suite's, ~10 s); no arguments: the default set (GQA, dk 40
+ * .. 128, partial column tiles, pos0 inside a chunk, calls of 1, 7 and 64,
+ * more new rows than a chunk holds, the fold at a chunk's end; decode steps
+ * and scans of several sequences, one without rows; a few minutes). */
 int main(int argc, char **argv)
 {
     if (argc == 9)
@@ -209,11 +286,21 @@ int main(int argc, char **argv)
         {2, 6, 40, 72, 140, 3, 64, 0},  {1, 2, 96, 48, 67, 190, 0, 1}, {1, 2, 128, 40, 130, 63, 7, 1},
         {1, 1, 128, 128, 1, 127, 0, 1}, {1, 1, 128, 128, 1, 100, 0, 0}, {1, 2, 128, 128, 70, 5, 0, 1},
     };
+    /* Hk Hv dk dv act nseq lens... */
+    static const long rec[][10] = {
+        {2, 4, 128, 128, 1, 4, 1, 1, 0, 1}, {3, 3, 77, 33, 0, 3, 1, 1, 1, 0},
+        {1, 2, 48, 96, 0, 3, 5, 1, 3, 0},   {2, 4, 128, 128, 1, 2, 3, 2, 0, 0},
+    };
     int bad = 0;
     size_t n = quick ? 3 : sizeof cases / sizeof cases[0];
     for (size_t i = 0; i < n; i++) {
         const long *c = cases[i];
         bad |= run(c[0], c[1], c[2], c[3], c[4], c[5], c[6], (int)c[7]);
+    }
+    n = quick ? 2 : sizeof rec / sizeof rec[0];
+    for (size_t i = 0; i < n; i++) {
+        const long *c = rec[i];
+        bad |= run_recurrent(c[0], c[1], c[2], c[3], c[5], c + 6, (int)c[4]);
     }
     return bad;
 }
