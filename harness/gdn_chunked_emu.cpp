@@ -161,12 +161,15 @@ static int same(const char *what, const float *want, const float *got, size_t n)
     return 1;
 }
 
-/* T tokens at pos0 (the emulated kernels in calls of split, 0 = one) against
- * the CPU in one call; the chunk's earlier rows and S0 random. 1 = differ. */
-static int run(long Hk, long Hv, long dk, long dv, long T, long pos0, long split, int act)
+/* T rows of GDN inputs: q, k l2-normalised (q scaled), v, α in (0.5, 1], β bf16. */
+static void emu_inputs(long T, long Hk, long Hv, long dk, long dv, int act, std::vector<float> &q,
+                       std::vector<float> &k, std::vector<float> &v, std::vector<float> &al, std::vector<float> &be)
 {
-    size_t SF = LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv), SN = (size_t)(Hv * dk * dv);
-    std::vector<float> q(T * Hk * dk), k(T * Hk * dk), v(T * Hv * dv), al(T * Hv), be(T * Hv);
+    q.resize(T * Hk * dk);
+    k.resize(T * Hk * dk);
+    v.resize(T * Hv * dv);
+    al.resize(T * Hv);
+    be.resize(T * Hv);
     for (size_t i = 0; i < q.size(); i++) {
         q[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
         k[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
@@ -178,6 +181,15 @@ static int run(long Hk, long Hv, long dk, long dv, long T, long pos0, long split
         al[i] = 0.5f + 0.5f * fabsf(emu_rand(1.0f));
         be[i] = ls_round_bf16(fabsf(emu_rand(1.0f)));
     }
+}
+
+/* T tokens at pos0 (the emulated kernels in calls of split, 0 = one) against
+ * the CPU in one call; the chunk's earlier rows and S0 random. 1 = differ. */
+static int run(long Hk, long Hv, long dk, long dv, long T, long pos0, long split, int act)
+{
+    size_t SF = LS_GDN_CHUNK_STATE_FLOATS(Hv, dk, dv), SN = (size_t)(Hv * dk * dv);
+    std::vector<float> q, k, v, al, be;
+    emu_inputs(T, Hk, Hv, dk, dv, act, q, k, v, al, be);
     std::vector<float> s_cpu(SF), o_cpu(T * Hv * dv), m_cpu(SN), o_emu(T * Hv * dv), m_emu(SN);
     for (float &x : s_cpu) x = emu_rand(0.1f);
     for (size_t i = SF - (size_t)(Hv * LS_GDN_CHUNK); i < SF; i++) s_cpu[i] = 0.5f + 0.5f * fabsf(emu_rand(1.0f));
@@ -222,18 +234,8 @@ static int run_recurrent(long Hk, long Hv, long dk, long dv, long nseq, const lo
         most = len[s] > most ? len[s] : most;
     }
     size_t SN = (size_t)(Hv * dk * dv);
-    std::vector<float> q(T * Hk * dk), k(T * Hk * dk), v(T * Hv * dv), al(T * Hv), be(T * Hv);
-    for (size_t i = 0; i < q.size(); i++) {
-        q[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
-        k[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
-    }
-    ls_cpu_l2norm_scale(q.data(), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
-    ls_cpu_l2norm_scale(k.data(), T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
-    for (float &x : v) x = emu_rand(1.0f);
-    for (long i = 0; i < T * Hv; i++) {
-        al[i] = 0.5f + 0.5f * fabsf(emu_rand(1.0f));
-        be[i] = ls_round_bf16(fabsf(emu_rand(1.0f)));
-    }
+    std::vector<float> q, k, v, al, be;
+    emu_inputs(T, Hk, Hv, dk, dv, act, q, k, v, al, be);
     std::vector<float> s_cpu(SN * nseq), o_cpu(T * Hv * dv), o_emu(T * Hv * dv), scratch(LS_CPU_GDN_SCRATCH_FLOATS(dv));
     for (float &x : s_cpu) x = emu_rand(0.1f);
     std::vector<float> s_emu = s_cpu;
