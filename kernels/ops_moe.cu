@@ -348,6 +348,25 @@ __device__ __forceinline__ void ls_moe_pair(const ls_moe_tiles tl, int shared, l
     *slot = p % tl.k;
 }
 
+/* A slot's hidden unit from its gate and up dots: act(act(silu(act(g))) · act(u)). */
+__device__ __forceinline__ float ls_moe_mid(float g, float u, int act)
+{
+    g = ls_act_d(g, act);
+    u = ls_act_d(u, act);
+    float sg = ls_act_d(ls_siluf(g), act);
+    return ls_act_d(sg * u, act);
+}
+
+/* A slot's output element from its down dot y: act(act(y) · w) for a routed
+ * slot (w its router weight), act(γ · act(y)) for the shared one. */
+__device__ __forceinline__ float ls_moe_slot_out(float y, int shared, const float *gamma,
+                                                 const float *weights, long t, long k, long slot,
+                                                 int act)
+{
+    y = ls_act_d(y, act);
+    return shared ? ls_act_d(gamma[t] * y, act) : ls_act_d(y * weights[t * k + slot], act);
+}
+
 /* Pairs q0 .. q0+nt-1 of a tile (nt <= NT) through gate and up row i; LEAN
  * (NT = 1): the low-register scalar dot instead of the row pass. */
 template <int NT, int LEAN>
@@ -388,10 +407,7 @@ __device__ __forceinline__ void ls_moe_gate_up_pass(const ls_cuda_moe &mw, const
             }
         long t, slot;
         ls_moe_pair(tl, shared, p0, q0 + lane, &t, &slot);
-        gq = ls_act_d(gq, act);
-        uq = ls_act_d(uq, act);
-        float sg = ls_act_d(ls_siluf(gq), act);
-        mid[(t * (tl.k + 1) + slot) * W + i] = ls_act_d(sg * uq, act);
+        mid[(t * (tl.k + 1) + slot) * W + i] = ls_moe_mid(gq, uq, act);
     }
 }
 
@@ -510,10 +526,8 @@ __device__ __forceinline__ void ls_moe_down_pass(const ls_cuda_moe &mw, const ls
             if (lane == q) yq = y[q];
         long t, slot;
         ls_moe_pair(tl, shared, p0, q0 + lane, &t, &slot);
-        yq = ls_act_d(yq, act);
-        float c = shared ? ls_act_d(gamma[t] * yq, act)
-                         : ls_act_d(yq * weights[t * tl.k + slot], act);
-        cbuf[(t * (tl.k + 1) + slot) * mw.D + j] = c;
+        cbuf[(t * (tl.k + 1) + slot) * mw.D + j] =
+            ls_moe_slot_out(yq, shared, gamma, weights, t, tl.k, slot, act);
     }
 }
 
@@ -545,6 +559,121 @@ ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_q8 q8, const ls_moe_tiles 
             ls_moe_down_pass<NT, 0>(mw, q8, tl, shared, p0, q0, nt, wd, sd, width, j, weights, W,
                                     mid, gamma, cbuf, wsm[warp], act);
     }
+}
+
+/* ---- plans 2 and 3: the lane-group DOT32 (ls_group_rowdot) ---------------------- */
+
+/* The same tiles, formulas and bits as above; a weight row's DOT32 is formed
+ * by a group of 32 / PER lanes with 16-byte loads (PER = 16 / EB elements, EB
+ * the experts' element bytes: bf16 or fp32 experts only), so a warp streams
+ * PER rows at once with LS_GDOT_U loads per thread in flight and no shared
+ * memory. A block of LS_MOE_GWARPS warps owns LS_MOE_GROWS(EB) consecutive
+ * rows of one tile; the tile's pairs go through each row NT at a time. */
+#define LS_MOE_GWARPS 4
+#define LS_MOE_GROWS(EB) (LS_MOE_GWARPS * (16 / (EB)))
+
+/* This thread's row in the lane-group kernels: the group's (blockIdx.x, warp, lane / G). */
+template <int EB>
+__device__ __forceinline__ long ls_moe_group_row(void)
+{
+    constexpr int PER = 16 / EB;
+    return (long)blockIdx.x * LS_MOE_GROWS(EB) + (long)(threadIdx.x >> 5) * PER +
+           (long)(threadIdx.x & 31u) / (32 / PER);
+}
+
+/* grid (ceil(W / GROWS), tiles): gate and up row i of the tile's expert, both
+ * streamed at once, through NT pairs per pass. xvec: x and D allow float4 loads. */
+template <int EB, int NT>
+__global__ void __launch_bounds__(LS_MOE_GWARPS * LS_WARP)
+ls_moe_gate_up_g_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
+                        float *mid, int xvec, int act)
+{
+    constexpr int G = 32 / (16 / EB);
+    int shared, n;
+    long e, p0;
+    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
+    long i = ls_moe_group_row<EB>();
+    if (i >= (shared ? mw.Is : mw.I)) return; /* whole lane group */
+    int a = (int)(threadIdx.x & 31u) % G;
+    size_t rowb = (size_t)mw.D * EB;
+    const void *rows[2] = {(const uint8_t *)ls_moe_matrix(mw, e, shared, 0) + (size_t)i * rowb,
+                           (const uint8_t *)ls_moe_matrix(mw, e, shared, 1) + (size_t)i * rowb};
+    for (int q0 = 0; q0 < n; q0 += NT) {
+        int nt = n - q0 < NT ? n - q0 : NT;
+        const float *xs[NT];
+        long tk[NT], sl[NT];
+#pragma unroll
+        for (int q = 0; q < NT; q++) {
+            tk[q] = 0, sl[q] = 0;
+            if (q < nt) ls_moe_pair(tl, shared, p0, q0 + q, &tk[q], &sl[q]);
+            xs[q] = x + tk[q] * mw.D;
+        }
+        float gu[2][NT];
+        ls_group_rowdot<EB, 2, NT>(rows, mw.D, xs, nt, xvec, gu);
+#pragma unroll
+        for (int q = 0; q < NT; q++)
+            if (q < nt && q % G == a)
+                mid[(tk[q] * (tl.k + 1) + sl[q]) * W + i] = ls_moe_mid(gu[0][q], gu[1][q], act);
+    }
+}
+
+/* grid (ceil(D / GROWS), tiles): down row j of the tile's expert through NT
+ * pairs per pass. mvec: mid and W allow float4 loads. */
+template <int EB, int NT>
+__global__ void __launch_bounds__(LS_MOE_GWARPS * LS_WARP)
+ls_moe_down_g_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
+                     const float *mid, const float *gamma, float *cbuf, int mvec, int act)
+{
+    constexpr int G = 32 / (16 / EB);
+    int shared, n;
+    long e, p0;
+    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
+    long j = ls_moe_group_row<EB>();
+    if (j >= mw.D) return; /* whole lane group */
+    int a = (int)(threadIdx.x & 31u) % G;
+    long width = shared ? mw.Is : mw.I;
+    const void *row[1] = {(const uint8_t *)ls_moe_matrix(mw, e, shared, 2) + (size_t)j * width * EB};
+    for (int q0 = 0; q0 < n; q0 += NT) {
+        int nt = n - q0 < NT ? n - q0 : NT;
+        const float *ms[NT];
+        long tk[NT], sl[NT];
+#pragma unroll
+        for (int q = 0; q < NT; q++) {
+            tk[q] = 0, sl[q] = 0;
+            if (q < nt) ls_moe_pair(tl, shared, p0, q0 + q, &tk[q], &sl[q]);
+            ms[q] = mid + (tk[q] * (tl.k + 1) + sl[q]) * W;
+        }
+        float y[1][NT];
+        ls_group_rowdot<EB, 1, NT>(row, width, ms, nt, mvec, y);
+#pragma unroll
+        for (int q = 0; q < NT; q++)
+            if (q < nt && q % G == a)
+                cbuf[(tk[q] * (tl.k + 1) + sl[q]) * mw.D + j] =
+                    ls_moe_slot_out(y[0][q], shared, gamma, weights, tk[q], tl.k, sl[q], act);
+    }
+}
+
+template <int EB, int NT>
+static ls_status ls_moe_group_launch(const ls_cuda_moe *mw, const float *x, const ls_moe_tiles &tl,
+                                     const float *weights, long W, long tiles, float *mid,
+                                     float *gamma, float *cbuf, int act, cudaStream_t s,
+                                     ls_error *err)
+{
+    int xvec = ((uintptr_t)x & 15u) == 0 && mw->D % 4 == 0;
+    int mvec = ((uintptr_t)mid & 15u) == 0 && W % 4 == 0;
+    dim3 g1(ls_blocks_for(W, LS_MOE_GROWS(EB)), (unsigned)tiles);
+    ls_moe_gate_up_g_kernel<EB, NT><<<g1, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, xvec,
+                                                                         act);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_g_kernel", err);
+    if (mw->sh_gate) {
+        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
+    }
+    dim3 g2(ls_blocks_for(mw->D, LS_MOE_GROWS(EB)), (unsigned)tiles);
+    ls_moe_down_g_kernel<EB, NT><<<g2, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid,
+                                                                      gamma, cbuf, mvec, act);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_down_g_kernel", err);
+    return LS_OK;
 }
 
 /* One thread per (token, j): routed = act(Σ_i c_i) in top-k order from +0,
@@ -615,9 +744,24 @@ static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, co
  *      fused gate/up passes were no faster at 1-32 tokens.
  *   1  many pairs (prefill, replay chunks): grouped by expert, 8 pairs per
  *      row pass, registers cut to 128 for 2 blocks per SM: 1.4x faster than
- *      one block per SM at 256 and 1024 tokens, the spills notwithstanding. */
+ *      one block per SM at 256 and 1024 tokens, the spills notwithstanding.
+ *   2  every pair its own tile, the lane-group dot (bf16 and fp32 experts).
+ *   3  grouped by expert, the lane-group dot, LS_MOE_GNT pairs per pass
+ *      (bf16 and fp32 experts). */
+#define LS_MOE_GNT 4
 static const char *const ls_moe_plan_names[] = {"single pairs, lean dot",
-                                                "grouped by expert, 8 pairs per pass"};
+                                                "grouped by expert, 8 pairs per pass",
+                                                "single pairs, lane groups",
+                                                "grouped, lane groups, 4 pairs"};
+
+/* Element bytes of experts the lane-group plans take (all of them bf16, or all
+ * fp32), else 0. */
+static int ls_moe_group_eb(const ls_cuda_moe *mw)
+{
+    if (mw->wtype != LS_WTYPE_BF16_ID && mw->wtype != LS_WTYPE_F32_ID) return 0;
+    if (mw->sh_gate && mw->sh_wtype != mw->wtype) return 0;
+    return (int)ls_welem_bytes(mw->wtype);
+}
 
 extern "C" int ls_cuda_moe_plan_count(void)
 {
@@ -694,9 +838,12 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
                                   ls_error *err)
 {
     long P = T * k;
-    if (plan < 0) plan = P <= mw->E ? 0 : 1;
+    int eb = ls_moe_group_eb(mw);
+    if (plan < 0) plan = eb ? (T == 1 ? 2 : P <= mw->E ? 3 : 1) : P <= mw->E ? 0 : 1;
     LS_CUDA_REQUIRE(plan < ls_cuda_moe_plan_count(), err, "cuda portable moe: no plan %d", plan);
-    int single = plan == 0;
+    LS_CUDA_REQUIRE(plan < 2 || eb, err, "cuda portable moe: plan %d (%s) takes bf16 or fp32 "
+                    "experts only", plan, ls_cuda_moe_plan_name(plan));
+    int single = plan == 0 || plan == 2;
     long sh_tiles = !mw->sh_gate ? 0 : single ? T : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
     long max_tiles = single ? P : (long)ls_moe_max_tiles(mw->E, P);
     long slots = T * (k + 1);
@@ -715,7 +862,20 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
     }
     ls_moe_q8 q8 = {xq, xqs, mq, mqs};
     long tiles = sh_tiles + max_tiles;
-    if (single)
+    if (plan >= 2) {
+        if (eb == 2 && single)
+            LS_TRY((ls_moe_group_launch<2, 1>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf,
+                                              act_bf16, s, err)));
+        else if (eb == 2)
+            LS_TRY((ls_moe_group_launch<2, LS_MOE_GNT>(mw, x, tl, weights, W, tiles, mid, gamma,
+                                                       cbuf, act_bf16, s, err)));
+        else if (single)
+            LS_TRY((ls_moe_group_launch<4, 1>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf,
+                                              act_bf16, s, err)));
+        else
+            LS_TRY((ls_moe_group_launch<4, LS_MOE_GNT>(mw, x, tl, weights, W, tiles, mid, gamma,
+                                                       cbuf, act_bf16, s, err)));
+    } else if (single)
         LS_TRY((ls_moe_experts_launch<1, 1, 6>(mw, x, q8, xq, xqs, mq, mqs, tl, weights, W, tiles,
                                                mid, gamma, cbuf, act_bf16, s, err)));
     else

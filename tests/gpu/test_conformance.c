@@ -262,6 +262,9 @@ START_TEST(test_moe_plans)
     check_moe_plans(4, 256, 128, 64, 2, g_quick ? 40 : 150, 1, LS_WTYPE_BF16); /* > 64 pairs an expert */
     check_moe_plans(8, 96, 48, 80, 3, 7, 1, LS_WTYPE_BF16);
     check_moe_plans(8, 96, 48, 80, 3, 7, 0, LS_WTYPE_BF16);
+    /* rows of 200 and 72 bytes: every other row, and every down row, not
+       16-byte aligned (the lane-group plans' element-by-element path) */
+    check_moe_plans(8, 100, 36, 20, 3, 7, 1, LS_WTYPE_BF16);
 }
 END_TEST
 
