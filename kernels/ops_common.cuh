@@ -302,13 +302,11 @@ __device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long 
  * pairs lanes of two threads (a shuffle with thread a ^ s / PER of the group),
  * a stage s < PER lanes of one thread (p[m] + p[m + s], LS_TREE32's order),
  * so the bits are those of ls_warp_tree; every thread of the group gets
- * out[r][t]. U loads per row are in flight before their adds, R rows at
- * once. A row that is not 16-byte aligned, and a load that would cross n,
+ * out[r][t]. U loads per row, of R rows at once, are in flight before their
+ * adds. A row that is not 16-byte aligned, and a load that would cross n,
  * go element by element (absent elements skipped, not added as zeros);
  * xvec: every xs[t] is 16-byte aligned (its PER values then come in whole
  * float4 loads). nt is the same in every thread of the group. */
-#define LS_GDOT_U 4
-
 /* One load's products: for each of nt activation rows, p[r][t][m] += w[r][m]
  * · xs[t][k0 + m] for m < lim, in ascending m (lim = PER: a whole load). */
 template <int R, int NT, int PER>
@@ -341,7 +339,7 @@ __device__ __forceinline__ void ls_gdot_add(const float (&w)[R][PER], const floa
     }
 }
 
-template <int EB, int R, int NT>
+template <int EB, int R, int NT, int U>
 __device__ __forceinline__ void ls_group_rowdot(const void *const *rows, long n,
                                                 const float *const *xs, int nt, int xvec,
                                                 float (*out)[NT])
@@ -361,17 +359,17 @@ __device__ __forceinline__ void ls_group_rowdot(const void *const *rows, long n,
     for (int r = 0; r < R; r++) wvec &= ((uintptr_t)rows[r] & 15u) == 0;
     /* loads j < jf are whole for every thread: 16-byte loads, U in flight */
     long jf = wvec ? n / LS_WARP : 0, nj = (n + LS_WARP - 1) / LS_WARP;
-    for (long j0 = 0; j0 < jf; j0 += LS_GDOT_U) {
-        uint4 raw[LS_GDOT_U][R];
+    for (long j0 = 0; j0 < jf; j0 += U) {
+        uint4 raw[U][R];
 #pragma unroll
-        for (int u = 0; u < LS_GDOT_U; u++)
+        for (int u = 0; u < U; u++)
             if (j0 + u < jf)
 #pragma unroll
                 for (int r = 0; r < R; r++)
                     raw[u][r] = __ldg((const uint4 *)((const uint8_t *)rows[r] +
                                                       (size_t)((j0 + u) * LS_WARP + PER * a) * EB));
 #pragma unroll
-        for (int u = 0; u < LS_GDOT_U; u++) {
+        for (int u = 0; u < U; u++) {
             if (j0 + u >= jf) continue;
             float w[R][PER];
 #pragma unroll

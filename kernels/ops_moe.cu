@@ -566,10 +566,14 @@ ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_q8 q8, const ls_moe_tiles 
 /* The same tiles, formulas and bits as above; a weight row's DOT32 is formed
  * by a group of 32 / PER lanes with 16-byte loads (PER = 16 / EB elements, EB
  * the experts' element bytes: bf16 or fp32 experts only), so a warp streams
- * PER rows at once with LS_GDOT_U loads per thread in flight and no shared
- * memory. A block of LS_MOE_GWARPS warps owns LS_MOE_GROWS(EB) consecutive
- * rows of one tile; the tile's pairs go through each row NT at a time. */
-#define LS_MOE_GWARPS 4
+ * PER rows at once with LS_MOE_GU(NT) loads per thread and row in flight and
+ * no shared memory. A block of LS_MOE_GWARPS warps owns LS_MOE_GROWS(EB)
+ * consecutive rows of one tile; the tile's pairs go through each row NT at a
+ * time. Two warps a block and 8 loads in flight for one pair per pass: a
+ * decode step of one token has few rows (11 experts' 512 gate/up rows), so
+ * its time is the round trips of each thread's row, not the bandwidth. */
+#define LS_MOE_GWARPS 2
+#define LS_MOE_GU(NT) ((NT) == 1 ? 8 : 4)
 #define LS_MOE_GROWS(EB) (LS_MOE_GWARPS * (16 / (EB)))
 
 /* This thread's row in the lane-group kernels: the group's (blockIdx.x, warp, lane / G). */
@@ -609,7 +613,7 @@ ls_moe_gate_up_g_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles
             xs[q] = x + tk[q] * mw.D;
         }
         float gu[2][NT];
-        ls_group_rowdot<EB, 2, NT>(rows, mw.D, xs, nt, xvec, gu);
+        ls_group_rowdot<EB, 2, NT, LS_MOE_GU(NT)>(rows, mw.D, xs, nt, xvec, gu);
 #pragma unroll
         for (int q = 0; q < NT; q++)
             if (q < nt && q % G == a)
@@ -644,7 +648,7 @@ ls_moe_down_g_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *w
             ms[q] = mid + (tk[q] * (tl.k + 1) + sl[q]) * W;
         }
         float y[1][NT];
-        ls_group_rowdot<EB, 1, NT>(row, width, ms, nt, mvec, y);
+        ls_group_rowdot<EB, 1, NT, LS_MOE_GU(NT)>(row, width, ms, nt, mvec, y);
 #pragma unroll
         for (int q = 0; q < NT; q++)
             if (q < nt && q % G == a)
@@ -748,11 +752,11 @@ static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, co
  *   2  every pair its own tile, the lane-group dot (bf16 and fp32 experts).
  *   3  grouped by expert, the lane-group dot, LS_MOE_GNT pairs per pass
  *      (bf16 and fp32 experts). */
-#define LS_MOE_GNT 4
+#define LS_MOE_GNT 2
 static const char *const ls_moe_plan_names[] = {"single pairs, lean dot",
                                                 "grouped by expert, 8 pairs per pass",
                                                 "single pairs, lane groups",
-                                                "grouped, lane groups, 4 pairs"};
+                                                "grouped, lane groups, 2 pairs"};
 
 /* Element bytes of experts the lane-group plans take (all of them bf16, or all
  * fp32), else 0. */
@@ -839,7 +843,7 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
 {
     long P = T * k;
     int eb = ls_moe_group_eb(mw);
-    if (plan < 0) plan = eb ? (T == 1 ? 2 : P <= mw->E ? 3 : 1) : P <= mw->E ? 0 : 1;
+    if (plan < 0) plan = eb && T * (k + 1) <= 65535 ? 2 : P <= mw->E ? 0 : 1;
     LS_CUDA_REQUIRE(plan < ls_cuda_moe_plan_count(), err, "cuda portable moe: no plan %d", plan);
     LS_CUDA_REQUIRE(plan < 2 || eb, err, "cuda portable moe: plan %d (%s) takes bf16 or fp32 "
                     "experts only", plan, ls_cuda_moe_plan_name(plan));
