@@ -291,69 +291,61 @@ __device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long 
 
 /* ---- the DOT32 by a lane group: 16-byte loads, no shared memory --------------- */
 
-/* The canonical DOT32 (docs/numerics.md §2) of R weight rows, each against
- * nt <= NT activation rows xs[t], formed by G = 32 / PER consecutive lanes
- * instead of a warp; PER = 16 / EB elements fill one 16-byte load (EB the
- * element bytes: 2 bf16, 4 fp32). Thread a of the group keeps the partials
- * of lanes PER·a .. PER·a + PER − 1: its j-th load of a row is elements
- * 32j + PER·a .. 32j + PER·a + PER − 1, one for each of its lanes, so every
- * partial still adds its products in ascending k from +0. The tree then pairs
- * the same partials as the warp butterfly (ls_warp_tree): a stage s >= PER
- * pairs lanes of two threads (a shuffle with thread a ^ s / PER of the group),
- * a stage s < PER lanes of one thread (p[m] + p[m + s], LS_TREE32's order),
- * so the bits are those of ls_warp_tree; every thread of the group gets
- * out[r][t]. U loads per row, of R rows at once, are in flight before their
- * adds. A row that is not 16-byte aligned, and a load that would cross n,
- * go element by element (absent elements skipped, not added as zeros);
- * xvec: every xs[t] is 16-byte aligned (its PER values then come in whole
- * float4 loads). nt is the same in every thread of the group. */
-/* One load's products: for each of nt activation rows, p[r][t][m] += w[r][m]
- * · xs[t][k0 + m] for m < lim, in ascending m (lim = PER: a whole load). */
-template <int R, int NT, int PER>
-__device__ __forceinline__ void ls_gdot_add(const float (&w)[R][PER], const float *const *xs,
-                                            int nt, long k0, int lim, int xvec,
-                                            float (&p)[R][NT][PER])
+/* The canonical DOT32 (docs/numerics.md §2) of R weight rows against one
+ * activation row x, formed by G = 32 / PER consecutive lanes instead of a
+ * warp; PER = 16 / EB elements fill one 16-byte load (EB the element bytes:
+ * 2 bf16, 4 fp32). Thread a of the group keeps the partials of lanes PER·a ..
+ * PER·a + PER − 1: its j-th load of a row is elements 32j + PER·a .. 32j +
+ * PER·a + PER − 1, one for each of its lanes, so every partial still adds its
+ * products in ascending k from +0. The tree then pairs the same partials as
+ * the warp butterfly (ls_warp_tree): a stage s >= PER pairs lanes of two
+ * threads (a shuffle with thread a ^ s / PER of the group), a stage s < PER
+ * lanes of one thread (p[m] + p[m + s], LS_TREE32's order), so the bits are
+ * those of ls_warp_tree; every thread of the group gets out[r]. U loads per
+ * row, of R rows at once, are in flight before their adds. A row that is not
+ * 16-byte aligned, and a load that would cross n, go element by element
+ * (absent elements skipped, not added as zeros); xvec: x is 16-byte aligned
+ * (its PER values then come in whole float4 loads). */
+
+/* One load's products: p[r][m] += w[r][m] · x[k0 + m] for m < lim, in
+ * ascending m (lim = PER: a whole load). */
+template <int R, int PER>
+__device__ __forceinline__ void ls_gdot_add(const float (&w)[R][PER], const float *x, long k0,
+                                            int lim, int xvec, float (&p)[R][PER])
 {
+    float xv[PER];
+    if (xvec && lim == PER) {
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) continue;
-        float xv[PER];
-        if (xvec && lim == PER) {
-#pragma unroll
-            for (int i = 0; i < PER / 4; i++) {
-                float4 f = __ldg((const float4 *)(xs[t] + k0) + i);
-                xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
-            }
-        } else {
-#pragma unroll
-            for (int m = 0; m < PER; m++) xv[m] = m < lim ? xs[t][k0 + m] : 0.0f;
+        for (int i = 0; i < PER / 4; i++) {
+            float4 f = __ldg((const float4 *)(x + k0) + i);
+            xv[4 * i] = f.x, xv[4 * i + 1] = f.y, xv[4 * i + 2] = f.z, xv[4 * i + 3] = f.w;
         }
+    } else {
 #pragma unroll
-        for (int m = 0; m < PER; m++)
-            if (m < lim)
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float prod = w[r][m] * xv[m];
-                    p[r][t][m] = p[r][t][m] + prod;
-                }
+        for (int m = 0; m < PER; m++) xv[m] = m < lim ? x[k0 + m] : 0.0f;
     }
+#pragma unroll
+    for (int m = 0; m < PER; m++)
+        if (m < lim)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float prod = w[r][m] * xv[m];
+                p[r][m] = p[r][m] + prod;
+            }
 }
 
-template <int EB, int R, int NT, int U>
-__device__ __forceinline__ void ls_group_rowdot(const void *const *rows, long n,
-                                                const float *const *xs, int nt, int xvec,
-                                                float (*out)[NT])
+template <int EB, int R, int U>
+__device__ __forceinline__ void ls_group_rowdot(const void *const *rows, long n, const float *x,
+                                                int xvec, float *out)
 {
     constexpr int PER = 16 / EB, G = 32 / PER, WT = EB == 2 ? LS_WTYPE_BF16_ID : LS_WTYPE_F32_ID;
     int lane = (int)(threadIdx.x & 31u), a = lane % G;
     unsigned gmask = (G == 32 ? 0xffffffffu : ((1u << G) - 1u)) << (lane - a);
-    float p[R][NT][PER];
+    float p[R][PER];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int t = 0; t < NT; t++)
-#pragma unroll
-            for (int m = 0; m < PER; m++) p[r][t][m] = 0.0f;
+        for (int m = 0; m < PER; m++) p[r][m] = 0.0f;
     int wvec = 1;
 #pragma unroll
     for (int r = 0; r < R; r++) wvec &= ((uintptr_t)rows[r] & 15u) == 0;
@@ -385,7 +377,7 @@ __device__ __forceinline__ void ls_group_rowdot(const void *const *rows, long n,
                     }
                 }
             }
-            ls_gdot_add<R, NT, PER>(w, xs, nt, (j0 + u) * LS_WARP + PER * a, PER, xvec, p);
+            ls_gdot_add<R, PER>(w, x, (j0 + u) * LS_WARP + PER * a, PER, xvec, p);
         }
     }
     /* the rest (a partial last load, or a row not 16-byte aligned): element by element */
@@ -399,33 +391,25 @@ __device__ __forceinline__ void ls_group_rowdot(const void *const *rows, long n,
         for (int r = 0; r < R; r++)
 #pragma unroll
             for (int m = 0; m < PER; m++) w[r][m] = m < lim ? ls_wload(rows[r], WT, k0 + m) : 0.0f;
-        ls_gdot_add<R, NT, PER>(w, xs, nt, k0, lim, 0, p);
+        ls_gdot_add<R, PER>(w, x, k0, lim, 0, p);
     }
 #pragma unroll
     for (int s = 16; s >= PER; s >>= 1)
 #pragma unroll
-        for (int t = 0; t < NT; t++) {
-            if (t >= nt) continue;
+        for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int r = 0; r < R; r++)
-#pragma unroll
-                for (int m = 0; m < PER; m++) {
-                    float other = __shfl_xor_sync(gmask, p[r][t][m], s / PER);
-                    p[r][t][m] = p[r][t][m] + other;
-                }
-        }
+            for (int m = 0; m < PER; m++) {
+                float other = __shfl_xor_sync(gmask, p[r][m], s / PER);
+                p[r][m] = p[r][m] + other;
+            }
 #pragma unroll
     for (int s = PER / 2; s >= 1; s >>= 1)
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
-            for (int t = 0; t < NT; t++)
+            for (int m = 0; m < s; m++) p[r][m] = p[r][m] + p[r][m + s];
 #pragma unroll
-                for (int m = 0; m < s; m++) p[r][t][m] = p[r][t][m] + p[r][t][m + s];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-#pragma unroll
-        for (int t = 0; t < NT; t++) out[r][t] = p[r][t][0];
+    for (int r = 0; r < R; r++) out[r] = p[r][0];
 }
 
 /* ---- FP8 block-quantised rows (docs/numerics.md §9, numerics/fp8.h) ------------ */

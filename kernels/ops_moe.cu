@@ -561,22 +561,19 @@ ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_q8 q8, const ls_moe_tiles 
     }
 }
 
-/* ---- plans 2 and 3: the lane-group DOT32 (ls_group_rowdot) ---------------------- */
+/* ---- plan 2: the lane-group DOT32 (ls_group_rowdot) ------------------------------ */
 
-/* The same tiles, formulas and bits as above; a weight row's DOT32 is formed
- * by a group of 32 / PER lanes with 16-byte loads (PER = 16 / EB elements, EB
- * the experts' element bytes: bf16 or fp32 experts only), so a warp streams
- * PER rows at once with LS_MOE_GU(NT) loads per thread and row in flight and
- * no shared memory. A block of LS_MOE_GWARPS warps owns LS_MOE_GROWS(EB)
- * consecutive rows of one tile; the tile's pairs go through each row NT at a
- * time. Two warps a block and 8 loads in flight for one pair per pass: a
- * decode step of one token has few rows (11 experts' 512 gate/up rows), so
- * its time is the round trips of each thread's row, not the bandwidth. */
-#define LS_MOE_GWARPS 2
-#define LS_MOE_GU(NT) ((NT) == 1 ? 8 : 4)
+/* The tiles and formulas above, every pair its own tile; a weight row's
+ * DOT32 is formed by a group of 32 / PER lanes with 16-byte loads (PER = 16
+ * / EB, EB the experts' element bytes: bf16 or fp32 experts only), so a warp
+ * streams PER rows at once, LS_MOE_GU loads per thread and row in flight, no
+ * shared memory. A block of LS_MOE_GWARPS warps owns LS_MOE_GROWS(EB)
+ * consecutive rows of one tile. */
+#define LS_MOE_GWARPS 4
+#define LS_MOE_GU 4
 #define LS_MOE_GROWS(EB) (LS_MOE_GWARPS * (16 / (EB)))
 
-/* This thread's row in the lane-group kernels: the group's (blockIdx.x, warp, lane / G). */
+/* This thread's row: its lane group's (blockIdx.x, warp, lane / G). */
 template <int EB>
 __device__ __forceinline__ long ls_moe_group_row(void)
 {
@@ -586,78 +583,56 @@ __device__ __forceinline__ long ls_moe_group_row(void)
 }
 
 /* grid (ceil(W / GROWS), tiles): gate and up row i of the tile's expert, both
- * streamed at once, through NT pairs per pass. xvec: x and D allow float4 loads. */
-template <int EB, int NT>
+ * streamed at once, for each pair of the tile. xvec: x and D allow float4 loads. */
+template <int EB>
 __global__ void __launch_bounds__(LS_MOE_GWARPS * LS_WARP)
 ls_moe_gate_up_g_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                         float *mid, int xvec, int act)
 {
-    constexpr int G = 32 / (16 / EB);
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
     long i = ls_moe_group_row<EB>();
     if (i >= (shared ? mw.Is : mw.I)) return; /* whole lane group */
-    int a = (int)(threadIdx.x & 31u) % G;
     size_t rowb = (size_t)mw.D * EB;
     const void *rows[2] = {(const uint8_t *)ls_moe_matrix(mw, e, shared, 0) + (size_t)i * rowb,
                            (const uint8_t *)ls_moe_matrix(mw, e, shared, 1) + (size_t)i * rowb};
-    for (int q0 = 0; q0 < n; q0 += NT) {
-        int nt = n - q0 < NT ? n - q0 : NT;
-        const float *xs[NT];
-        long tk[NT], sl[NT];
-#pragma unroll
-        for (int q = 0; q < NT; q++) {
-            tk[q] = 0, sl[q] = 0;
-            if (q < nt) ls_moe_pair(tl, shared, p0, q0 + q, &tk[q], &sl[q]);
-            xs[q] = x + tk[q] * mw.D;
-        }
-        float gu[2][NT];
-        ls_group_rowdot<EB, 2, NT, LS_MOE_GU(NT)>(rows, mw.D, xs, nt, xvec, gu);
-#pragma unroll
-        for (int q = 0; q < NT; q++)
-            if (q < nt && q % G == a)
-                mid[(tk[q] * (tl.k + 1) + sl[q]) * W + i] = ls_moe_mid(gu[0][q], gu[1][q], act);
+    for (int q = 0; q < n; q++) {
+        long t, slot;
+        ls_moe_pair(tl, shared, p0, q, &t, &slot);
+        float gu[2];
+        ls_group_rowdot<EB, 2, LS_MOE_GU>(rows, mw.D, x + t * mw.D, xvec, gu);
+        if ((threadIdx.x & 31u) % (32 / (16 / EB)) == 0)
+            mid[(t * (tl.k + 1) + slot) * W + i] = ls_moe_mid(gu[0], gu[1], act);
     }
 }
 
-/* grid (ceil(D / GROWS), tiles): down row j of the tile's expert through NT
- * pairs per pass. mvec: mid and W allow float4 loads. */
-template <int EB, int NT>
+/* grid (ceil(D / GROWS), tiles): down row j of the tile's expert for each
+ * pair of the tile. mvec: mid and W allow float4 loads. */
+template <int EB>
 __global__ void __launch_bounds__(LS_MOE_GWARPS * LS_WARP)
 ls_moe_down_g_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                      const float *mid, const float *gamma, float *cbuf, int mvec, int act)
 {
-    constexpr int G = 32 / (16 / EB);
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
     long j = ls_moe_group_row<EB>();
     if (j >= mw.D) return; /* whole lane group */
-    int a = (int)(threadIdx.x & 31u) % G;
     long width = shared ? mw.Is : mw.I;
     const void *row[1] = {(const uint8_t *)ls_moe_matrix(mw, e, shared, 2) + (size_t)j * width * EB};
-    for (int q0 = 0; q0 < n; q0 += NT) {
-        int nt = n - q0 < NT ? n - q0 : NT;
-        const float *ms[NT];
-        long tk[NT], sl[NT];
-#pragma unroll
-        for (int q = 0; q < NT; q++) {
-            tk[q] = 0, sl[q] = 0;
-            if (q < nt) ls_moe_pair(tl, shared, p0, q0 + q, &tk[q], &sl[q]);
-            ms[q] = mid + (tk[q] * (tl.k + 1) + sl[q]) * W;
-        }
-        float y[1][NT];
-        ls_group_rowdot<EB, 1, NT, LS_MOE_GU(NT)>(row, width, ms, nt, mvec, y);
-#pragma unroll
-        for (int q = 0; q < NT; q++)
-            if (q < nt && q % G == a)
-                cbuf[(tk[q] * (tl.k + 1) + sl[q]) * mw.D + j] =
-                    ls_moe_slot_out(y[0][q], shared, gamma, weights, tk[q], tl.k, sl[q], act);
+    for (int q = 0; q < n; q++) {
+        long t, slot;
+        ls_moe_pair(tl, shared, p0, q, &t, &slot);
+        float y;
+        ls_group_rowdot<EB, 1, LS_MOE_GU>(row, width, mid + (t * (tl.k + 1) + slot) * W, mvec, &y);
+        if ((threadIdx.x & 31u) % (32 / (16 / EB)) == 0)
+            cbuf[(t * (tl.k + 1) + slot) * mw.D + j] =
+                ls_moe_slot_out(y, shared, gamma, weights, t, tl.k, slot, act);
     }
 }
 
-template <int EB, int NT>
+template <int EB>
 static ls_status ls_moe_group_launch(const ls_cuda_moe *mw, const float *x, const ls_moe_tiles &tl,
                                      const float *weights, long W, long tiles, float *mid,
                                      float *gamma, float *cbuf, int act, cudaStream_t s,
@@ -666,16 +641,15 @@ static ls_status ls_moe_group_launch(const ls_cuda_moe *mw, const float *x, cons
     int xvec = ((uintptr_t)x & 15u) == 0 && mw->D % 4 == 0;
     int mvec = ((uintptr_t)mid & 15u) == 0 && W % 4 == 0;
     dim3 g1(ls_blocks_for(W, LS_MOE_GROWS(EB)), (unsigned)tiles);
-    ls_moe_gate_up_g_kernel<EB, NT><<<g1, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, xvec,
-                                                                         act);
+    ls_moe_gate_up_g_kernel<EB><<<g1, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, xvec, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_g_kernel", err);
     if (mw->sh_gate) {
         ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
         LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     }
     dim3 g2(ls_blocks_for(mw->D, LS_MOE_GROWS(EB)), (unsigned)tiles);
-    ls_moe_down_g_kernel<EB, NT><<<g2, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid,
-                                                                      gamma, cbuf, mvec, act);
+    ls_moe_down_g_kernel<EB><<<g2, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
+                                                                  cbuf, mvec, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_down_g_kernel", err);
     return LS_OK;
 }
@@ -749,16 +723,17 @@ static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, co
  *   1  many pairs (prefill, replay chunks): grouped by expert, 8 pairs per
  *      row pass, registers cut to 128 for 2 blocks per SM: 1.4x faster than
  *      one block per SM at 256 and 1024 tokens, the spills notwithstanding.
- *   2  every pair its own tile, the lane-group dot (bf16 and fp32 experts).
- *   3  grouped by expert, the lane-group dot, LS_MOE_GNT pairs per pass
- *      (bf16 and fp32 experts). */
-#define LS_MOE_GNT 2
+ *   2  every pair its own tile, the lane-group dot (bf16 and fp32 experts
+ *      only): 1.6x faster than plan 0 at 32 tokens and than plan 1 at 256
+ *      (the L2 serves an expert's rows to its other pairs); plan 1 stays
+ *      ahead at 1024. Also no faster than plan 0 at one token: that is
+ *      bound by the launches, not the weights. The default for bf16 and
+ *      fp32 experts up to 8 pairs per expert. */
 static const char *const ls_moe_plan_names[] = {"single pairs, lean dot",
                                                 "grouped by expert, 8 pairs per pass",
-                                                "single pairs, lane groups",
-                                                "grouped, lane groups, 2 pairs"};
+                                                "single pairs, lane groups"};
 
-/* Element bytes of experts the lane-group plans take (all of them bf16, or all
+/* Element bytes of experts the lane-group plan takes (all of them bf16, or all
  * fp32), else 0. */
 static int ls_moe_group_eb(const ls_cuda_moe *mw)
 {
@@ -843,9 +818,9 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
 {
     long P = T * k;
     int eb = ls_moe_group_eb(mw);
-    if (plan < 0) plan = eb && T * (k + 1) <= 65535 ? 2 : P <= mw->E ? 0 : 1;
+    if (plan < 0) plan = eb && P <= 8 * mw->E && T * (k + 1) <= 65535 ? 2 : P <= mw->E ? 0 : 1;
     LS_CUDA_REQUIRE(plan < ls_cuda_moe_plan_count(), err, "cuda portable moe: no plan %d", plan);
-    LS_CUDA_REQUIRE(plan < 2 || eb, err, "cuda portable moe: plan %d (%s) takes bf16 or fp32 "
+    LS_CUDA_REQUIRE(plan != 2 || eb, err, "cuda portable moe: plan %d (%s) takes bf16 or fp32 "
                     "experts only", plan, ls_cuda_moe_plan_name(plan));
     int single = plan == 0 || plan == 2;
     long sh_tiles = !mw->sh_gate ? 0 : single ? T : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
@@ -866,19 +841,13 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
     }
     ls_moe_q8 q8 = {xq, xqs, mq, mqs};
     long tiles = sh_tiles + max_tiles;
-    if (plan >= 2) {
-        if (eb == 2 && single)
-            LS_TRY((ls_moe_group_launch<2, 1>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf,
-                                              act_bf16, s, err)));
-        else if (eb == 2)
-            LS_TRY((ls_moe_group_launch<2, LS_MOE_GNT>(mw, x, tl, weights, W, tiles, mid, gamma,
-                                                       cbuf, act_bf16, s, err)));
-        else if (single)
-            LS_TRY((ls_moe_group_launch<4, 1>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf,
-                                              act_bf16, s, err)));
+    if (plan == 2) {
+        if (eb == 2)
+            LS_TRY(ls_moe_group_launch<2>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf, act_bf16, s,
+                                          err));
         else
-            LS_TRY((ls_moe_group_launch<4, LS_MOE_GNT>(mw, x, tl, weights, W, tiles, mid, gamma,
-                                                       cbuf, act_bf16, s, err)));
+            LS_TRY(ls_moe_group_launch<4>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf, act_bf16, s,
+                                          err));
     } else if (single)
         LS_TRY((ls_moe_experts_launch<1, 1, 6>(mw, x, q8, xq, xqs, mq, mqs, tl, weights, W, tiles,
                                                mid, gamma, cbuf, act_bf16, s, err)));
