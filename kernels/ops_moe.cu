@@ -724,11 +724,11 @@ static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, co
  *      row pass, registers cut to 128 for 2 blocks per SM: 1.4x faster than
  *      one block per SM at 256 and 1024 tokens, the spills notwithstanding.
  *   2  every pair its own tile, the lane-group dot (bf16 and fp32 experts
- *      only): 1.6x faster than plan 0 at 32 tokens and than plan 1 at 256
- *      (the L2 serves an expert's rows to its other pairs); plan 1 stays
- *      ahead at 1024. Also no faster than plan 0 at one token: that is
- *      bound by the launches, not the weights. The default for bf16 and
- *      fp32 experts up to 8 pairs per expert. */
+ *      only): 1.6x faster than plan 0 at 32 tokens, 1.5x than plan 1 at 256
+ *      and 1.1x at 1024 (the L2 serves an expert's rows to its other pairs).
+ *      No faster than plan 0 at one token: that is bound by the launches,
+ *      not the weights. The default for bf16 and fp32 experts while the
+ *      T (k + 1) tiles fit one launch. */
 static const char *const ls_moe_plan_names[] = {"single pairs, lean dot",
                                                 "grouped by expert, 8 pairs per pass",
                                                 "single pairs, lane groups"};
@@ -818,7 +818,7 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
 {
     long P = T * k;
     int eb = ls_moe_group_eb(mw);
-    if (plan < 0) plan = eb && P <= 8 * mw->E && T * (k + 1) <= 65535 ? 2 : P <= mw->E ? 0 : 1;
+    if (plan < 0) plan = eb && T * (k + 1) <= 65535 ? 2 : P <= mw->E ? 0 : 1;
     LS_CUDA_REQUIRE(plan < ls_cuda_moe_plan_count(), err, "cuda portable moe: no plan %d", plan);
     LS_CUDA_REQUIRE(plan != 2 || eb, err, "cuda portable moe: plan %d (%s) takes bf16 or fp32 "
                     "experts only", plan, ls_cuda_moe_plan_name(plan));
