@@ -254,12 +254,15 @@ typedef struct ls_cuda_moe {
 /* Scratch the MoE needs for T tokens (bytes of device memory). */
 size_t ls_cuda_moe_scratch_bytes(const ls_cuda_moe *mw, long T, long k);
 
-/* Routed experts + combine + gated shared expert (ls_cpu_moe): when T k > E
- * the pairs are grouped by expert so that its weights are read once per
- * call; with fewer pairs (decode) each pair runs on its own. Either way each
- * pair's dots are the canonical DOT32 of its own activations, so a token's
- * output does not depend on which other tokens chose the expert; combine a
- * sequential fp32 sum in top-k order. T k must fit int32. */
+/* Routed experts + combine + gated shared expert (ls_cpu_moe): bf16 and fp32
+ * experts run each (token, slot) pair on its own, a weight row's DOT32 formed
+ * by a group of lanes with 16-byte loads (the L2 serves an expert's rows to
+ * its other pairs); FP8 experts, and calls of more than 65535 / (k + 1)
+ * tokens, group the pairs by expert when T k > E so that its weights are read
+ * once per call. Either way each pair's dots are the canonical DOT32 of its
+ * own activations, so a token's output does not depend on which other tokens
+ * chose the expert; combine a sequential fp32 sum in top-k order. T k must
+ * fit int32. */
 ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x /* [T, D] */,
                               const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,
                               long k, float *out /* [T, D] */, long T, void *scratch,

@@ -582,6 +582,13 @@ __device__ __forceinline__ long ls_moe_group_row(void)
            (long)(threadIdx.x & 31u) / (32 / PER);
 }
 
+/* 1 in the first thread of its lane group (the one that stores the result). */
+template <int EB>
+__device__ __forceinline__ int ls_moe_group_first(void)
+{
+    return (threadIdx.x & 31u) % (32 / (16 / EB)) == 0;
+}
+
 /* grid (ceil(W / GROWS), tiles): gate and up row i of the tile's expert, both
  * streamed at once, for each pair of the tile. xvec: x and D allow float4 loads. */
 template <int EB>
@@ -602,7 +609,7 @@ ls_moe_gate_up_g_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles
         ls_moe_pair(tl, shared, p0, q, &t, &slot);
         float gu[2];
         ls_group_rowdot<EB, 2, LS_MOE_GU>(rows, mw.D, x + t * mw.D, xvec, gu);
-        if ((threadIdx.x & 31u) % (32 / (16 / EB)) == 0)
+        if (ls_moe_group_first<EB>())
             mid[(t * (tl.k + 1) + slot) * W + i] = ls_moe_mid(gu[0], gu[1], act);
     }
 }
@@ -626,7 +633,7 @@ ls_moe_down_g_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *w
         ls_moe_pair(tl, shared, p0, q, &t, &slot);
         float y;
         ls_group_rowdot<EB, 1, LS_MOE_GU>(row, width, mid + (t * (tl.k + 1) + slot) * W, mvec, &y);
-        if ((threadIdx.x & 31u) % (32 / (16 / EB)) == 0)
+        if (ls_moe_group_first<EB>())
             cbuf[(t * (tl.k + 1) + slot) * mw.D + j] =
                 ls_moe_slot_out(y, shared, gamma, weights, t, tl.k, slot, act);
     }
@@ -718,8 +725,9 @@ static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, co
 /* The plans, chosen by measurement on the H200 (reports/perf-h200.md,
  * bench_gpu --moe-plans):
  *   0  few pairs (decode): every pair its own tile, the lean scalar dot, 40
- *      registers for 6 blocks per SM. Grouping, 16-byte row passes and
- *      fused gate/up passes were no faster at 1-32 tokens.
+ *      registers for 6 blocks per SM. Grouping, the warp's 16-byte row
+ *      passes through shared memory and fused gate/up passes were no faster
+ *      at 1-32 tokens (plan 2's lane groups are).
  *   1  many pairs (prefill, replay chunks): grouped by expert, 8 pairs per
  *      row pass, registers cut to 128 for 2 blocks per SM: 1.4x faster than
  *      one block per SM at 256 and 1024 tokens, the spills notwithstanding.
