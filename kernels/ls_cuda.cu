@@ -137,21 +137,6 @@ extern "C" ls_status ls_cuda_download(void *dst_host, const void *src_dev, size_
     return LS_OK;
 }
 
-extern "C" void *ls_cuda_host_alloc(size_t bytes)
-{
-    void *p = NULL;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
-        (void)cudaGetLastError(); /* not sticky: the caller falls back to malloc */
-        return NULL;
-    }
-    return p;
-}
-
-extern "C" void ls_cuda_host_free(void *p)
-{
-    if (p) cudaFreeHost(p);
-}
-
 extern "C" ls_status ls_cuda_copy(void *dst_dev, const void *src_dev, size_t bytes, ls_error *err)
 {
     if (bytes == 0) return LS_OK;

@@ -64,10 +64,6 @@ void ls_cuda_arena_free(ls_cuda_arena *a);
 /* ---- copies and synchronisation --------------------------------------------- */
 ls_status ls_cuda_upload(void *dst_dev, const void *src_host, size_t bytes, ls_error *err);
 ls_status ls_cuda_download(void *dst_host, const void *src_dev, size_t bytes, ls_error *err);
-/* Page-locked host memory usable from every device (NULL when none could be
- * had), and its release. */
-void *ls_cuda_host_alloc(size_t bytes);
-void ls_cuda_host_free(void *p);
 ls_status ls_cuda_memset(void *dst_dev, int value, size_t bytes, ls_error *err);
 /* Device to device, not overlapping. */
 ls_status ls_cuda_copy(void *dst_dev, const void *src_dev, size_t bytes, ls_error *err);

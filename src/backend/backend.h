@@ -128,11 +128,6 @@ struct ls_backend {
                                 ls_wtype wtype, ls_buf **out, ls_buf **scale_out, ls_error *err);
     ls_status (*upload)(ls_backend *be, ls_view dst, const void *src, size_t bytes, ls_error *err);
     ls_status (*download)(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err);
-    /* Host memory that downloads reach at the link's full speed (CUDA:
-     * page-locked), or NULL when there is none to be had; host_free takes
-     * back what host_alloc gave. NULL ops: plain malloc serves as well. */
-    void *(*host_alloc)(ls_backend *be, size_t bytes);
-    void (*host_free)(ls_backend *be, void *p);
     /* Sets n elements (4 bytes each) to zero. */
     ls_status (*zero)(ls_backend *be, ls_view dst, size_t n, ls_error *err);
     /* Copies rows x groups blocks of len elements (4 bytes each), in one call:

@@ -290,19 +290,6 @@ static ls_status cu_download(ls_backend *be, void *dst, ls_view src, size_t byte
     return ls_cuda_download(dst, F(src), bytes, err);
 }
 
-static void *cu_host_alloc(ls_backend *be, size_t bytes)
-{
-    ls_error err;
-    if (ls_cuda_use_device(IMPL(be)->device, &err) != LS_OK) return NULL;
-    return ls_cuda_host_alloc(bytes);
-}
-
-static void cu_host_free(ls_backend *be, void *p)
-{
-    (void)be;
-    ls_cuda_host_free(p);
-}
-
 static ls_status cu_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
 {
     ON_DEVICE(be, err);
@@ -1206,8 +1193,6 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     if (o->synthetic_weights_exact) be->wrap_generated = cu_wrap_generated;
     be->upload = cu_upload;
     be->download = cu_download;
-    be->host_alloc = cu_host_alloc;
-    be->host_free = cu_host_free;
     be->zero = cu_zero;
     be->copy_blocks = cu_copy_blocks;
     be->destroy = cu_destroy;

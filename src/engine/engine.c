@@ -7,10 +7,6 @@
 
 #include "engine/engine_internal.h"
 
-/* The most bytes of step logprobs kept in page-locked host memory (1 GiB:
- * 1024 rows of a 151,936-token vocabulary take 0.6 GiB). */
-#define LS_ENGINE_PINNED_MAX ((size_t)1 << 30)
-
 static const char *const op_names[LS_PERTURB_COUNT] = {
     "none", "gdn", "conv", "attention", "router", "experts", "combine", "norm", "lm_head"};
 
@@ -155,8 +151,6 @@ static ls_status buf(ls_engine *e, long elems, ls_buf **out, ls_error *err)
 void ls_engine_destroy(ls_engine *e)
 {
     if (!e) return;
-    if (e->h_lp_pinned) e->be->host_free(e->be, e->h_lp);
-    else free(e->h_lp);
     if (e->be) e->be->destroy(e->be);
     if (e->lw)
         for (long l = 0; l < e->c.n_layers; l++) free(e->lw[l].experts);
@@ -174,7 +168,7 @@ void ls_engine_destroy(ls_engine *e)
         e->snaps = s->next;
         free(s->conv), free(s->gdn), free(s->kc), free(s->vc), free(s);
     }
-    free(e->h_tok), free(e->h_pos), free(e->h_cos), free(e->h_sin);
+    free(e->h_tok), free(e->h_pos), free(e->h_cos), free(e->h_sin), free(e->h_lp);
     free(e->h_tmp), free(e->h_bytes), free(e->layers), free(e->slot_of), free(e->dig);
     free(e->have), free(e->sample_ids), free(e->recs), free(e->rec_dig);
     free(e->jobs), free(e->sg), free(e->row_seq), free(e->dump_data), free(e->dumps);
@@ -488,12 +482,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     e->h_pos = malloc(sizeof(int32_t) * (size_t)T);
     e->h_cos = malloc(sizeof(float) * (size_t)(T * (R / 2) + 1));
     e->h_sin = malloc(sizeof(float) * (size_t)(T * (R / 2) + 1));
-    /* the step's logprobs, downloaded every step: page-locked when the
-       backend has it and they take at most LS_ENGINE_PINNED_MAX bytes */
-    size_t lp_bytes = sizeof(float) * (size_t)(T * V);
-    if (be->host_alloc && lp_bytes <= LS_ENGINE_PINNED_MAX) e->h_lp = be->host_alloc(be, lp_bytes);
-    e->h_lp_pinned = e->h_lp != NULL;
-    if (!e->h_lp) e->h_lp = malloc(lp_bytes);
+    e->h_lp = malloc(sizeof(float) * (size_t)(T * V));
     e->h_tmp = malloc(sizeof(float) * tmp);
     e->h_bytes = malloc(4 * tmp);
     e->dig = calloc((size_t)(T * ns), sizeof *e->dig);

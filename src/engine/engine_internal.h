@@ -91,7 +91,6 @@ struct ls_engine {
     int32_t *h_tok, *h_pos;               /* [T] */
     float *h_cos, *h_sin;                 /* [T, R/2] */
     float *h_lp;                          /* [T, V] */
-    int h_lp_pinned;                      /* h_lp from be->host_alloc (else malloc) */
     float *h_tmp;                         /* [max tensor] download scratch */
     unsigned char *h_bytes;               /* [4 * max tensor] canonical bytes */
     size_t tmp_elems;
