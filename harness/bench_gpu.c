@@ -832,13 +832,17 @@ static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long 
         CU(cudaMemcpy(ids_dev, ids, sizeof(int32_t) * (size_t)T * K, cudaMemcpyHostToDevice));
         double roof = (double)(distinct + 1) * ebytes / bw * 1e3;
         for (int p = 0; p < np; p++) {
-            ls_error perr;
-            if (ls_cuda_moe_forward_plan(&mw[0], x, ids_dev, wts, K, out, T, scratch, 1, 0, 0, p, NULL,
-                                         &perr) == LS_E_UNSUPPORTED) {
+            /* bits: layer 0 on its own (a plan that does not take these experts is skipped) */
+            ls_status ps = ls_cuda_moe_forward_plan(&mw[0], x, ids_dev, wts, K, out, T, scratch, 1, 0, 0,
+                                                    p, NULL, &g_err);
+            if (ps == LS_E_UNSUPPORTED) {
                 printf("  T %5ld (%3d experts) %-30s not for these experts\n", T, distinct,
                        ls_cuda_moe_plan_name(p));
                 continue;
             }
+            CK(ps);
+            CU(cudaMemcpy(p == 0 ? ref : got, out, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToHost));
+            int same = p == 0 || !memcmp(ref, got, sizeof(float) * (size_t)T * D);
             for (int r = 0; r < 1 + reps; r++) {
                 tstart(tm);
                 CK(ls_cuda_moe_forward_plan(&mw[r % NL], x, ids_dev, wts, K, out, T, scratch, 1, 0, 0,
@@ -847,11 +851,6 @@ static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long 
                 if (r >= 1) t[r - 1] = ms;
             }
             float ms = median(t, reps);
-            /* bits: layer 0, once more on its own */
-            CK(ls_cuda_moe_forward_plan(&mw[0], x, ids_dev, wts, K, out, T, scratch, 1, 0, 0, p, NULL,
-                                        &g_err));
-            CU(cudaMemcpy(p == 0 ? ref : got, out, sizeof(float) * (size_t)T * D, cudaMemcpyDeviceToHost));
-            int same = p == 0 || !memcmp(ref, got, sizeof(float) * (size_t)T * D);
             printf("  T %5ld (%3d experts) %-30s %9.3f ms = %6.2f x %.3f ms (%4.1f %%)  %s\n", T, distinct,
                    ls_cuda_moe_plan_name(p), ms, ms / roof, roof, 100.0 * roof / ms,
                    same ? "same bits" : "BITS DIFFER");
