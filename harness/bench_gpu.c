@@ -94,9 +94,13 @@
  *             the distinct experts routed to / copy bandwidth (and whether every
  *             plan gives the same bits); with --fp8 the experts are e4m3 with
  *             block scales in that mode
+ *   --linear-plans  the model's bf16 linears (lm_head, GDN in_proj_qkvz and
+ *             out_proj, attention q) alone under every plan of
+ *             ls_cuda_linear_plan at 1 .. prefill tokens, vs their weight bytes /
+ *             copy bandwidth (and whether every plan gives the same bits)
  *
  *   bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc|fast] [--layers N]
- *             [--prefill T] [--reps N] [--breakdown] [--moe-plans]
+ *             [--prefill T] [--reps N] [--breakdown] [--moe-plans] [--linear-plans]
  *             [--ttft LENS [--ttft-conc LIST] [--only-ttft]] [--only-kernels]
  *             --only-kernels: the kernel micro-benchmarks alone (no engine)
  *             NAME: a synth preset (default qwen3-next-80b-a3b); T: the prefill
@@ -869,6 +873,60 @@ static void moe_plan_table(const ls_model_config *c, timer *tm, double bw, long 
     }
 }
 
+/* Kernel micro-benchmark: the model's bf16 linears alone at T tokens under
+ * every plan of ls_cuda_linear_plan: time, the weights' bytes over the copy
+ * bandwidth, and whether the plan's bits equal plan 0's. NL copies of each
+ * matrix, the one used rotating with the repeat, so that a matrix smaller
+ * than the L2 is not served from it. */
+static void linear_plan_table(const ls_model_config *c, timer *tm, double bw, long tmax, int reps)
+{
+    enum { NL = 4 };
+    const struct { const char *name; long out, in; } sh[] = {
+        {"lm_head", c->vocab, c->hidden},
+        {"GDN in_proj_qkvz", 2 * c->lin_k_heads * c->lin_k_dim + 2 * c->lin_v_heads * c->lin_v_dim, c->hidden},
+        {"GDN out_proj", c->hidden, c->lin_v_heads * c->lin_v_dim},
+        {"attention q (with gate)", 2 * c->n_heads * c->head_dim, c->hidden},
+    };
+    long Ts[] = {1, 2, 4, 8, 32, 256, 1024};
+    int np = ls_cuda_linear_plan_count();
+    float t[MAX_REPS];
+    printf("linears alone, bf16 weights, by kernel plan (time; weight bytes / copy bandwidth; bits vs plan 0):\n");
+    for (size_t si = 0; si < sizeof sh / sizeof sh[0]; si++) {
+        long out = sh[si].out, in = sh[si].in;
+        size_t wb = (size_t)out * in * 2;
+        int nl = wb > ((size_t)256 << 20) ? 1 : NL; /* the lm_head alone is past the L2 five times over */
+        void *w[NL];
+        for (int l = 0; l < nl; l++) w[l] = dfill(wb, 0.04f);
+        float *x = dfill((size_t)tmax * in * 4, 0.5f), *y = dmalloc((size_t)tmax * out * 4);
+        float *ref = malloc(sizeof(float) * (size_t)tmax * out), *got = malloc(sizeof(float) * (size_t)tmax * out);
+        if (!ref || !got) exit(2);
+        double roof = (double)wb / bw * 1e3;
+        for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0] && Ts[ti] <= tmax; ti++) {
+            long T = Ts[ti];
+            for (int p = 0; p < np; p++) {
+                CK(ls_cuda_linear_plan(w[0], 0, out, in, x, y, T, 1, 0, p, NULL, &g_err));
+                CU(cudaMemcpy(p == 0 ? ref : got, y, sizeof(float) * (size_t)T * out, cudaMemcpyDeviceToHost));
+                int same = p == 0 || !memcmp(ref, got, sizeof(float) * (size_t)T * out);
+                for (int r = 0; r < 1 + reps; r++) {
+                    tstart(tm);
+                    CK(ls_cuda_linear_plan(w[r % nl], 0, out, in, x, y, T, 1, 0, p, NULL, &g_err));
+                    float ms = tstop(tm);
+                    if (r >= 1) t[r - 1] = ms;
+                }
+                float ms = median(t, reps);
+                printf("  %-24s [%6ld x %4ld] T %4ld  %-28s %9.4f ms = %7.2f x %.4f ms  %s\n", sh[si].name,
+                       out, in, T, ls_cuda_linear_plan_name(p), ms, ms / roof, roof,
+                       same ? "same bits" : "BITS DIFFER");
+            }
+        }
+        fflush(stdout);
+        for (int l = 0; l < nl; l++) CU(cudaFree(w[l]));
+        CU(cudaFree(x));
+        CU(cudaFree(y));
+        free(ref), free(got);
+    }
+}
+
 /* Prefill and replay on slot 0 (left at context `prefill` for decode batch 1). */
 typedef struct prefill_arg {
     long n;
@@ -1221,12 +1279,13 @@ static void describe(const bench *b, long L, long n_layers_full, const struct cu
 int main(int argc, char **argv)
 {
     long L_arg = 0, prefill = 1024;
-    int reps = 5, breakdown = 0, moe_plans = 0, only_ttft = 0, only_kernels = 0, n_lens = 0, n_conc = 2;
+    int reps = 5, breakdown = 0, moe_plans = 0, linear_plans = 0, only_ttft = 0, only_kernels = 0, n_lens = 0, n_conc = 2;
     long lens[TTFT_MAX], conc[TTFT_MAX] = {1, 8};
     const char *conc_arg = NULL;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--breakdown")) { breakdown = 1; i--; continue; }
         if (!strcmp(argv[i], "--moe-plans")) { moe_plans = 1; i--; continue; }
+        if (!strcmp(argv[i], "--linear-plans")) { linear_plans = 1; i--; continue; }
         if (!strcmp(argv[i], "--only-ttft")) { only_ttft = 1; i--; continue; }
         if (!strcmp(argv[i], "--only-kernels")) { only_kernels = 1; i--; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "bench_gpu: %s needs a value\n", argv[i]); return 2; }
@@ -1243,7 +1302,7 @@ int main(int argc, char **argv)
             if (!(n_conc = parse_list("--ttft-conc", conc_arg, 1, BMAX, conc))) return 2;
         } else {
             fprintf(stderr, "usage: bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc|fast] "
-                            "[--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans] "
+                            "[--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans] [--linear-plans] "
                             "[--ttft LENS [--ttft-conc LIST] [--only-ttft]] [--only-kernels]\n");
             return 2;
         }
@@ -1288,6 +1347,7 @@ int main(int argc, char **argv)
         /* Kernel micro-benchmarks first, in memory the engine takes afterwards. */
         bw = copy_bandwidth(&tm, reps);
         if (moe_plans) moe_plan_table(&full_cfg, &tm, bw, prefill, reps);
+        if (linear_plans) linear_plan_table(&full_cfg, &tm, bw, prefill, reps);
         float rec_ms = gdn_scan(&full_cfg, &tm, reps);
         float port_ms = gdn_chunked_scan(&full_cfg, &tm, reps, 0, 0.0f, 0.0f);
         gdn_chunked_scan(&full_cfg, &tm, reps, 1, rec_ms, port_ms);

@@ -45,11 +45,22 @@ ls_status ls_cuda_embed(const void *emb /* [V, D] */, int wtype, long V, long D,
                         const int32_t *tokens /* [T] */, long T, float *h /* [T, D] */,
                         int act_bf16, void *stream, ls_error *err);
 
-/* y[t][o] = act(DOT32(W[o,:], x[t,:])): one warp per output row, 16-byte
- * weight loads reused across up to 8 tokens, each token's order LS_DOT32. */
+/* y[t][o] = act(DOT32(W[o,:], x[t,:])), each token's order LS_DOT32 whatever
+ * the plan: below 8 tokens one warp per output row, 16-byte weight loads
+ * reused across up to 8 tokens (plan 0); from 8 tokens blocks of 16 rows x 8
+ * tokens, weights and activations staged in shared memory, each value read
+ * there meeting 4 rows or 8 tokens (plan 1). */
 ls_status ls_cuda_linear(const void *w /* [out, in] */, int wtype, long out, long in,
                          const float *x /* [T, in] */, float *y /* [T, out] */, long T,
                          int act_bf16, int order, void *stream, ls_error *err);
+
+/* The same with an explicit plan (0 .. ls_cuda_linear_plan_count()-1; -1 =
+ * the default choice above); every plan gives the same bits. */
+ls_status ls_cuda_linear_plan(const void *w, int wtype, long out, long in, const float *x, float *y,
+                              long T, int act_bf16, int order, int plan, void *stream,
+                              ls_error *err);
+int ls_cuda_linear_plan_count(void);
+const char *ls_cuda_linear_plan_name(int plan);
 
 /* FP8 block-quantised weights (docs/numerics.md §9): w [out, in] e4m3 bytes
  * with scale [ceil(out/128), ceil(in/128)] fp32, wtype 2 (dequant: x the fp32
@@ -254,15 +265,15 @@ typedef struct ls_cuda_moe {
 /* Scratch the MoE needs for T tokens (bytes of device memory). */
 size_t ls_cuda_moe_scratch_bytes(const ls_cuda_moe *mw, long T, long k);
 
-/* Routed experts + combine + gated shared expert (ls_cpu_moe): bf16 and fp32
- * experts run each (token, slot) pair on its own, a weight row's DOT32 formed
- * by a group of lanes with 16-byte loads (the L2 serves an expert's rows to
- * its other pairs); FP8 experts, and calls of more than 65535 / (k + 1)
- * tokens, group the pairs by expert when T k > E so that its weights are read
- * once per call. Either way each pair's dots are the canonical DOT32 of its
- * own activations, so a token's output does not depend on which other tokens
- * chose the expert; combine a sequential fp32 sum in top-k order. T k must
- * fit int32. */
+/* Routed experts + combine + gated shared expert (ls_cpu_moe): while T k <= E
+ * (decode) every (token, slot) pair is its own tile, above that the pairs are
+ * grouped by expert so that its weights are read once per tile of up to 64
+ * pairs; bf16 and fp32 experts stream their rows through shared memory
+ * (ls_tile_dots: one weight read meets 8 pairs of a grouped tile), FP8
+ * experts go a warp per row. Either way each pair's dots are the canonical
+ * DOT32 of its own activations, so a token's output does not depend on which
+ * other tokens chose the expert; combine a sequential fp32 sum in top-k
+ * order. T k must fit int32. */
 ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x /* [T, D] */,
                               const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,
                               long k, float *out /* [T, D] */, long T, void *scratch,

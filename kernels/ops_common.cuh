@@ -10,6 +10,8 @@
 
 #include "cuda_check.cuh"
 
+#include <cuda_pipeline.h>
+
 #include "numerics/fp8.h"
 #include "numerics/lsmath.h"
 #include "numerics/reduce.h"
@@ -32,6 +34,55 @@ __device__ __forceinline__ float ls_warp_tree(float p)
         p = p + other;
     }
     return p;
+}
+
+/* 32 LS_DOT32 butterflies at once: lane l holds v[i], its lane partial of
+ * sum i (i < 32), and gets back sum l. Stage s pairs lanes l and l ^ s as
+ * ls_warp_tree does, but each lane keeps only the half of the sums its bit s
+ * selects (the partner adds the other half): every add has the operands of
+ * the one-sum butterfly at that stage, so each result has its bits, in 31
+ * shuffles instead of 160. v is overwritten. */
+template <int S>
+__device__ __forceinline__ void ls_warp_tree32_stage(float (&v)[32], int lane)
+{
+    bool hi = (lane & S) != 0;
+#pragma unroll
+    for (int i = 0; i < S; i++) {
+        float send = hi ? v[i] : v[i + S];
+        float keep = hi ? v[i + S] : v[i];
+        float recv = __shfl_xor_sync(LS_FULL_MASK, send, S);
+        v[i] = keep + recv;
+    }
+}
+
+__device__ __forceinline__ float ls_warp_tree32(float (&v)[32])
+{
+    int lane = (int)(threadIdx.x & 31u);
+    ls_warp_tree32_stage<16>(v, lane);
+    ls_warp_tree32_stage<8>(v, lane);
+    ls_warp_tree32_stage<4>(v, lane);
+    ls_warp_tree32_stage<2>(v, lane);
+    ls_warp_tree32_stage<1>(v, lane);
+    return v[0];
+}
+
+/* N <= 32 LS_DOT32 butterflies: lane l < N gets sum l (ls_warp_tree32's
+ * halving for N = 32, one butterfly per sum otherwise). */
+template <int N>
+__device__ __forceinline__ float ls_warp_tree_n(float (&v)[N])
+{
+    if constexpr (N == 32) {
+        return ls_warp_tree32(v);
+    } else {
+        int lane = (int)(threadIdx.x & 31u);
+        float mine = 0.0f;
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            float s = ls_warp_tree(v[i]);
+            if (lane == i) mine = s;
+        }
+        return mine;
+    }
 }
 
 /* The LS_DOT32 tree over 32 partials held by one thread (ls_tree32 order:
@@ -287,6 +338,127 @@ __device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long 
 {
     if (wtype == LS_WTYPE_BF16_ID) ls_warp_rowdot_t<NT, 1>(row, n, xs, nt, wsm, out);
     else ls_warp_rowdot_t<NT, 0>(row, n, xs, nt, wsm, out);
+}
+
+/* ---- tiles: weight rows x activation rows through shared memory ---------------- */
+
+/* A block of LS_TILE_WARPS warps forms the DOT32s of NROWS = 4 RW weight rows
+ * (warp w: rows RW w .. RW w + RW − 1) with NT activation rows, all of
+ * length n. Chunks of 32 · PER elements (PER = 16 / EB: 16 bytes of a weight
+ * row per lane) of every row, as stored, and of the activations are copied
+ * into shared memory with cp.async, LS_TILE_STAGES chunks in flight; lane l
+ * then adds, for each of its (row, activation) pairs, the chunk's elements
+ * k ≡ l (mod 32) in ascending k — the scalar loop's adds — into p[r NT + t].
+ * A value read from shared memory meets RW rows (an activation) or NT
+ * activations (a weight). Whole chunks need every row and activation
+ * 16-byte aligned (the block agrees by a barrier vote); otherwise, and after
+ * the last whole chunk, the elements are read one by one from global memory
+ * in the same order. row(r) and xrow(t) give the rows (the caller repeats a
+ * valid row for slots it does not store); smem holds LS_TILE_SMEM(EB, RW, NT)
+ * bytes, free again when the call returns (it ends with a barrier).
+ * ls_warp_tree_n over p then gives the canonical DOT32s. */
+#define LS_TILE_WARPS 4
+#define LS_TILE_STAGES 3
+#define LS_TILE_SMEM(EB, RW, NT) \
+    (LS_TILE_STAGES * (LS_TILE_WARPS * (RW) * 512 + (NT) * (16 / (EB)) * LS_WARP * 4))
+
+template <int EB, int RW, int NT, typename RowF, typename XF>
+__device__ __forceinline__ void ls_tile_dots(uint8_t *smem, long n, RowF row, XF xrow,
+                                             float (&p)[RW * NT])
+{
+    constexpr int PER = 16 / EB, CHK = PER * LS_WARP, WB = CHK * EB, NTH = LS_TILE_WARPS * LS_WARP;
+    constexpr int NROWS = LS_TILE_WARPS * RW, XB = CHK * 4;
+    constexpr int WC = NROWS * WB / 16, XC = NT * XB / 16; /* 16-byte copies per chunk */
+    constexpr int WPT = (WC + NTH - 1) / NTH, XPT = (XC + NTH - 1) / NTH;
+    constexpr int WT = EB == 2 ? LS_WTYPE_BF16_ID : LS_WTYPE_F32_ID;
+    constexpr size_t WSTAGE = (size_t)NROWS * WB, XSTAGE = (size_t)NT * XB;
+    uint8_t *wsm = smem, *xsm = smem + LS_TILE_STAGES * WSTAGE;
+    int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+#pragma unroll
+    for (int i = 0; i < RW * NT; i++) p[i] = 0.0f;
+    /* this thread's copy sources at chunk 0: copy q = tid + i NTH */
+    const uint8_t *wsrc[WPT];
+    const uint8_t *xsrc[XPT];
+    int ok = 1;
+#pragma unroll
+    for (int i = 0; i < WPT; i++) {
+        int q = tid + i * NTH;
+        wsrc[i] = q < WC ? (const uint8_t *)row(q / (WB / 16)) + (q % (WB / 16)) * 16 : NULL;
+        ok &= ((uintptr_t)wsrc[i] & 15u) == 0;
+    }
+#pragma unroll
+    for (int i = 0; i < XPT; i++) {
+        int q = tid + i * NTH;
+        xsrc[i] = q < XC ? (const uint8_t *)xrow(q / (XB / 16)) + (q % (XB / 16)) * 16 : NULL;
+        ok &= ((uintptr_t)xsrc[i] & 15u) == 0;
+    }
+    ok &= (((size_t)n * EB) & 15u) == 0 && ((size_t)n & 3u) == 0;
+    long whole = __syncthreads_and(ok) ? n / CHK : 0;
+    auto issue = [&](long c) {
+        if (c < whole) {
+            size_t b = (size_t)(c % LS_TILE_STAGES);
+#pragma unroll
+            for (int i = 0; i < WPT; i++) {
+                int q = tid + i * NTH;
+                if (q < WC) __pipeline_memcpy_async(wsm + b * WSTAGE + (size_t)q * 16, wsrc[i] + (size_t)c * WB, 16);
+            }
+#pragma unroll
+            for (int i = 0; i < XPT; i++) {
+                int q = tid + i * NTH;
+                if (q < XC) __pipeline_memcpy_async(xsm + b * XSTAGE + (size_t)q * 16, xsrc[i] + (size_t)c * XB, 16);
+            }
+        }
+        __pipeline_commit(); /* an empty group past the last chunk keeps the count */
+    };
+#pragma unroll
+    for (int c = 0; c < LS_TILE_STAGES - 1; c++) issue(c);
+    for (long c = 0; c < whole; c++) {
+        __pipeline_wait_prior(LS_TILE_STAGES - 2); /* this thread's copies of chunk c are in */
+        __syncthreads(); /* everyone's, and chunk c - 1's adds are done: its buffer is free */
+        issue(c + LS_TILE_STAGES - 1);
+        size_t b = (size_t)(c % LS_TILE_STAGES);
+        const uint8_t *wb = wsm + b * WSTAGE + (size_t)warp * RW * WB;
+        const float *xb = (const float *)(xsm + b * XSTAGE);
+#pragma unroll
+        for (int m = 0; m < PER; m++) {
+            float wv[RW], xv[NT];
+#pragma unroll
+            for (int r = 0; r < RW; r++)
+                wv[r] = EB == 2 ? ls_bf16_to_f32(((const uint16_t *)(wb + r * WB))[m * LS_WARP + lane])
+                                : ((const float *)(wb + r * WB))[m * LS_WARP + lane];
+#pragma unroll
+            for (int t = 0; t < NT; t++) xv[t] = xb[t * CHK + m * LS_WARP + lane];
+#pragma unroll
+            for (int r = 0; r < RW; r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    float prod = wv[r] * xv[t];
+                    p[r * NT + t] = p[r * NT + t] + prod;
+                }
+        }
+    }
+    /* the rest, element by element */
+    const void *mine[RW];
+    const float *xs[NT];
+#pragma unroll
+    for (int r = 0; r < RW; r++) mine[r] = row(warp * RW + r);
+#pragma unroll
+    for (int t = 0; t < NT; t++) xs[t] = (const float *)xrow(t);
+    for (long k = whole * CHK + lane; k < n; k += LS_WARP) {
+        float wv[RW], xv[NT];
+#pragma unroll
+        for (int r = 0; r < RW; r++) wv[r] = ls_wload(mine[r], WT, k);
+#pragma unroll
+        for (int t = 0; t < NT; t++) xv[t] = xs[t][k];
+#pragma unroll
+        for (int r = 0; r < RW; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float prod = wv[r] * xv[t];
+                p[r * NT + t] = p[r * NT + t] + prod;
+            }
+    }
+    __syncthreads(); /* smem free for the caller's next call */
 }
 
 /* ---- the DOT32 by a lane group: 16-byte loads, no shared memory --------------- */

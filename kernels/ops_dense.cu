@@ -97,14 +97,87 @@ static ls_status linear_any(const void *w, const float *scale, int wtype, long o
     return linear_launch<8>(w, scale, wtype, out, in, x, xsc, y, T, act_bf16, s, err);
 }
 
-extern "C" ls_status ls_cuda_linear(const void *w, int wtype, long out, long in, const float *x,
-                                    float *y, long T, int act_bf16, int order, void *stream,
-                                    ls_error *err)
+/* Plan 1, tiles (ls_tile_dots): a block forms 16 output rows (4 per warp)
+ * for 8 tokens, each value read from shared memory meeting 4 rows or 8
+ * tokens (plan 0 reads each activation from L1 once per row and token).
+ * Blocks are numbered token tile fastest, so the blocks that read one block
+ * of rows run together and the L2 serves the rows after their first read.
+ * Rows past `out` repeat row out − 1 and tokens past T token T − 1; neither
+ * is stored. */
+#define LS_LT_RW 4 /* rows per warp */
+#define LS_LT_NT 8 /* tokens per block: LS_LT_RW x LS_LT_NT = 32 sums per warp */
+#define LS_LT_ROWS (LS_TILE_WARPS * LS_LT_RW)
+#define LS_LT_MIN_T 2 /* the default plan is 1 from this many tokens */
+
+template <int EB>
+__global__ void __launch_bounds__(LS_TILE_WARPS * LS_WARP)
+ls_linear_tile_kernel(const void *w, long out, long in, const float *x, float *y, long T, long ty,
+                      int act)
+{
+    __shared__ __align__(16) uint8_t sm[LS_TILE_SMEM(EB, LS_LT_RW, LS_LT_NT)];
+    long t0 = (long)(blockIdx.x % ty) * LS_LT_NT, r0 = (long)(blockIdx.x / ty) * LS_LT_ROWS;
+    int nt = T - t0 < LS_LT_NT ? (int)(T - t0) : LS_LT_NT;
+    float p[LS_LT_RW * LS_LT_NT];
+    ls_tile_dots<EB, LS_LT_RW, LS_LT_NT>(
+        sm, in,
+        [&](int r) { return (const uint8_t *)w + (size_t)(r0 + r < out ? r0 + r : out - 1) * in * EB; },
+        [&](int t) { return x + (t0 + (t < nt ? t : nt - 1)) * in; }, p);
+    int lane = (int)(threadIdx.x & 31u);
+    float v = ls_warp_tree_n(p); /* lane l: row l / NT of the warp's, token l % NT */
+    long o = r0 + (long)(threadIdx.x >> 5) * LS_LT_RW + lane / LS_LT_NT;
+    int t = lane % LS_LT_NT;
+    if (t < nt && o < out) y[(t0 + t) * out + o] = ls_act_d(v, act);
+}
+
+static ls_status linear_tiles(const void *w, int wtype, long out, long in, const float *x, float *y,
+                              long T, int act_bf16, cudaStream_t stream, ls_error *err)
+{
+    long ty = (T + LS_LT_NT - 1) / LS_LT_NT, nb = ls_blocks_for(out, LS_LT_ROWS) * ty;
+    LS_CUDA_REQUIRE(nb <= 0x7fffffffL, err,
+                    "cuda portable linear (tiles): shape [%ld, %ld] with T %ld exceeds the grid", out,
+                    in, T);
+    if (wtype == LS_WTYPE_BF16_ID)
+        ls_linear_tile_kernel<2><<<(unsigned)nb, LS_TILE_WARPS * LS_WARP, 0, stream>>>(w, out, in, x, y,
+                                                                                   T, ty, act_bf16);
+    else
+        ls_linear_tile_kernel<4><<<(unsigned)nb, LS_TILE_WARPS * LS_WARP, 0, stream>>>(w, out, in, x, y,
+                                                                                   T, ty, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_linear_tile_kernel", err);
+    return LS_OK;
+}
+
+static const char *const ls_lin_plan_names[] = {"warp rows (1, 4 or 8 tokens)",
+                                                "tiles (16 rows x 8 tokens)"};
+
+extern "C" int ls_cuda_linear_plan_count(void)
+{
+    return (int)(sizeof ls_lin_plan_names / sizeof ls_lin_plan_names[0]);
+}
+
+extern "C" const char *ls_cuda_linear_plan_name(int plan)
+{
+    return plan >= 0 && plan < ls_cuda_linear_plan_count() ? ls_lin_plan_names[plan] : "?";
+}
+
+extern "C" ls_status ls_cuda_linear_plan(const void *w, int wtype, long out, long in, const float *x,
+                                         float *y, long T, int act_bf16, int order, int plan,
+                                         void *stream, ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order, err, "linear");
     LS_REQUIRE_WTYPE(wtype, err, "linear");
     LS_CUDA_REQUIRE(out >= 0 && in >= 0 && T >= 0, err, "cuda portable linear: bad shape [%ld, %ld] x T %ld", out, in, T);
-    return linear_any(w, NULL, wtype, out, in, x, NULL, y, T, act_bf16, stream, err);
+    LS_CUDA_REQUIRE(plan < ls_cuda_linear_plan_count(), err, "cuda portable linear: no plan %d", plan);
+    if (plan < 0) plan = T >= LS_LT_MIN_T;
+    if (plan == 0) return linear_any(w, NULL, wtype, out, in, x, NULL, y, T, act_bf16, stream, err);
+    if (T == 0 || out == 0) return LS_OK;
+    return linear_tiles(w, wtype, out, in, x, y, T, act_bf16, (cudaStream_t)stream, err);
+}
+
+extern "C" ls_status ls_cuda_linear(const void *w, int wtype, long out, long in, const float *x,
+                                    float *y, long T, int act_bf16, int order, void *stream,
+                                    ls_error *err)
+{
+    return ls_cuda_linear_plan(w, wtype, out, in, x, y, T, act_bf16, order, -1, stream, err);
 }
 
 extern "C" ls_status ls_cuda_linear_f8(const uint8_t *w, const float *scale, int wtype, long out,

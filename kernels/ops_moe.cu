@@ -661,6 +661,122 @@ static ls_status ls_moe_group_launch(const ls_cuda_moe *mw, const float *x, cons
     return LS_OK;
 }
 
+/* ---- plans 3 and 4: tiles (ls_tile_dots) ----------------------------------------- */
+
+/* The tiles and formulas above; a block streams a slice of its tile's expert
+ * through shared memory (ls_tile_dots) and goes through the tile's pairs NT
+ * at a time (plan 3: one-pair tiles, NT = 1; plan 4: grouped tiles, NT = 8),
+ * so each weight read from shared memory meets NT pairs. Gate/up: warp w owns
+ * hidden units RW/2 w .. of the block's LS_TILE_WARPS RW/2, its rows their
+ * gate rows then their up rows; down: warp w owns rows RW w .. of the
+ * block's LS_TILE_WARPS RW. Rows past the matrix repeat its last row and
+ * pairs past the tile its last pair; neither is stored. bf16 or fp32
+ * experts. */
+template <int EB, int RW, int NT>
+__global__ void __launch_bounds__(LS_TILE_WARPS * LS_WARP)
+ls_moe_gate_up_t_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
+                        float *mid, int act)
+{
+    constexpr int HU = RW / 2; /* hidden units per warp */
+    __shared__ __align__(16) uint8_t sm[LS_TILE_SMEM(EB, RW, NT)];
+    int shared, n;
+    long e, p0;
+    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
+    long units = shared ? mw.Is : mw.I, i0 = (long)blockIdx.x * LS_TILE_WARPS * HU;
+    if (i0 >= units) return; /* whole block */
+    size_t rowb = (size_t)mw.D * EB;
+    const uint8_t *g = (const uint8_t *)ls_moe_matrix(mw, e, shared, 0);
+    const uint8_t *u = (const uint8_t *)ls_moe_matrix(mw, e, shared, 1);
+    int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+    for (int q0 = 0; q0 < n; q0 += NT) {
+        int nt = n - q0 < NT ? n - q0 : NT;
+        float p[RW * NT];
+        ls_tile_dots<EB, RW, NT>(
+            sm, mw.D,
+            [&](int r) {
+                int j = r % RW;
+                long i = i0 + (long)(r / RW) * HU + j % HU;
+                return (j < HU ? g : u) + (size_t)(i < units ? i : units - 1) * rowb;
+            },
+            [&](int q) {
+                long t, slot;
+                ls_moe_pair(tl, shared, p0, q0 + (q < nt ? q : nt - 1), &t, &slot);
+                return x + t * mw.D;
+            },
+            p);
+        float v = ls_warp_tree_n(p); /* lane l < RW NT: the warp's row l / NT, pair l % NT */
+        float up = __shfl_down_sync(LS_FULL_MASK, v, HU * NT);
+        int q = lane % NT;
+        long i = i0 + (long)warp * HU + lane / NT;
+        if (lane < HU * NT && q < nt && i < units) {
+            long t, slot;
+            ls_moe_pair(tl, shared, p0, q0 + q, &t, &slot);
+            mid[(t * (tl.k + 1) + slot) * W + i] = ls_moe_mid(v, up, act);
+        }
+    }
+}
+
+template <int EB, int RW, int NT>
+__global__ void __launch_bounds__(LS_TILE_WARPS * LS_WARP)
+ls_moe_down_t_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
+                     const float *mid, const float *gamma, float *cbuf, int act)
+{
+    __shared__ __align__(16) uint8_t sm[LS_TILE_SMEM(EB, RW, NT)];
+    int shared, n;
+    long e, p0;
+    if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
+    long j0 = (long)blockIdx.x * LS_TILE_WARPS * RW;
+    if (j0 >= mw.D) return; /* whole block */
+    long width = shared ? mw.Is : mw.I;
+    const uint8_t *dn = (const uint8_t *)ls_moe_matrix(mw, e, shared, 2);
+    int lane = (int)(threadIdx.x & 31u), warp = (int)(threadIdx.x >> 5);
+    for (int q0 = 0; q0 < n; q0 += NT) {
+        int nt = n - q0 < NT ? n - q0 : NT;
+        float p[RW * NT];
+        ls_tile_dots<EB, RW, NT>(
+            sm, width,
+            [&](int r) { return dn + (size_t)(j0 + r < mw.D ? j0 + r : mw.D - 1) * width * EB; },
+            [&](int q) {
+                long t, slot;
+                ls_moe_pair(tl, shared, p0, q0 + (q < nt ? q : nt - 1), &t, &slot);
+                return mid + (t * (tl.k + 1) + slot) * W;
+            },
+            p);
+        float v = ls_warp_tree_n(p); /* lane l < RW NT: the warp's row l / NT, pair l % NT */
+        int q = lane % NT;
+        long j = j0 + (long)warp * RW + lane / NT;
+        if (lane < RW * NT && q < nt && j < mw.D) {
+            long t, slot;
+            ls_moe_pair(tl, shared, p0, q0 + q, &t, &slot);
+            cbuf[(t * (tl.k + 1) + slot) * mw.D + j] =
+                ls_moe_slot_out(v, shared, gamma, weights, t, tl.k, slot, act);
+        }
+    }
+}
+
+#define LS_MOE_TRW 4 /* rows per warp of the tile plans */
+
+template <int EB, int NT>
+static ls_status ls_moe_tile_launch(const ls_cuda_moe *mw, const float *x, const ls_moe_tiles &tl,
+                                    const float *weights, long W, long tiles, float *mid,
+                                    float *gamma, float *cbuf, int act, cudaStream_t s,
+                                    ls_error *err)
+{
+    dim3 g1(ls_blocks_for(W, LS_TILE_WARPS * LS_MOE_TRW / 2), (unsigned)tiles);
+    ls_moe_gate_up_t_kernel<EB, LS_MOE_TRW, NT><<<g1, LS_TILE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W,
+                                                                                     mid, act);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_t_kernel", err);
+    if (mw->sh_gate) {
+        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
+    }
+    dim3 g2(ls_blocks_for(mw->D, LS_TILE_WARPS * LS_MOE_TRW), (unsigned)tiles);
+    ls_moe_down_t_kernel<EB, LS_MOE_TRW, NT><<<g2, LS_TILE_WARPS * LS_WARP, 0, s>>>(
+        *mw, tl, weights, W, mid, gamma, cbuf, act);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_down_t_kernel", err);
+    return LS_OK;
+}
+
 /* One thread per (token, j): routed = act(Σ_i c_i) in top-k order from +0,
  * out = act(routed + shared). A slot whose id is outside [0, E) has y = 0,
  * so c_i = act(0 · w_i); it is in no tile, so it is formed here. */
@@ -723,23 +839,24 @@ static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, co
 }
 
 /* The plans, chosen by measurement on the H200 (reports/perf-h200.md,
- * bench_gpu --moe-plans):
- *   0  few pairs (decode): every pair its own tile, the lean scalar dot, 40
- *      registers for 6 blocks per SM. Grouping, the warp's 16-byte row
- *      passes through shared memory and fused gate/up passes were no faster
- *      at 1-32 tokens (plan 2's lane groups are).
- *   1  many pairs (prefill, replay chunks): grouped by expert, 8 pairs per
- *      row pass, registers cut to 128 for 2 blocks per SM: 1.4x faster than
- *      one block per SM at 256 and 1024 tokens, the spills notwithstanding.
- *   2  every pair its own tile, the lane-group dot (bf16 and fp32 experts
- *      only): 1.6x faster than plan 0 at 32 tokens, 1.5x than plan 1 at 256
- *      and 1.1x at 1024 (the L2 serves an expert's rows to its other pairs).
- *      No faster than plan 0 at one token: that is bound by the launches,
- *      not the weights. The default for bf16 and fp32 experts while the
- *      T (k + 1) tiles fit one launch. */
+ * bench_gpu --moe-plans; every plan gives the same bits):
+ *   0  every pair its own tile, the lean scalar dot, 40 registers for 6
+ *      blocks per SM: the default for FP8 experts at T k <= E (decode).
+ *   1  grouped by expert, 8 pairs per warp row pass, registers cut to 128
+ *      for 2 blocks per SM: the default for FP8 experts above.
+ *   2  every pair its own tile, the lane-group dot (bf16 and fp32 experts):
+ *      1.6x faster than plan 0 at 32 tokens; kept for comparison.
+ *   3  every pair its own tile, tiles through shared memory (ls_tile_dots,
+ *      bf16 and fp32 experts): the default for them at T k <= E, 1.15-1.3x
+ *      faster than plan 2 at 1-32 tokens (run 19).
+ *   4  grouped by expert, tiles, 8 pairs a pass: the default for bf16 and
+ *      fp32 experts above, 2.1x faster than plan 2 at 256 tokens and 2.9x
+ *      at 1024 (run 19). */
 static const char *const ls_moe_plan_names[] = {"single pairs, lean dot",
                                                 "grouped by expert, 8 pairs per pass",
-                                                "single pairs, lane groups"};
+                                                "single pairs, lane groups",
+                                                "single pairs, tiles",
+                                                "grouped by expert, tiles"};
 
 /* Element bytes of experts the lane-group plan takes (all of them bf16, or all
  * fp32), else 0. */
@@ -826,11 +943,11 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
 {
     long P = T * k;
     int eb = ls_moe_group_eb(mw);
-    if (plan < 0) plan = eb && T * (k + 1) <= 65535 ? 2 : P <= mw->E ? 0 : 1;
+    if (plan < 0) plan = (P <= mw->E ? 0 : 1) + (eb ? 3 : 0);
     LS_CUDA_REQUIRE(plan < ls_cuda_moe_plan_count(), err, "cuda portable moe: no plan %d", plan);
-    LS_CUDA_REQUIRE(plan != 2 || eb, err, "cuda portable moe: plan %d (%s) takes bf16 or fp32 "
+    LS_CUDA_REQUIRE(plan < 2 || eb, err, "cuda portable moe: plan %d (%s) takes bf16 or fp32 "
                     "experts only", plan, ls_cuda_moe_plan_name(plan));
-    int single = plan == 0 || plan == 2;
+    int single = plan == 0 || plan == 2 || plan == 3;
     long sh_tiles = !mw->sh_gate ? 0 : single ? T : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
     long max_tiles = single ? P : (long)ls_moe_max_tiles(mw->E, P);
     long slots = T * (k + 1);
@@ -849,7 +966,16 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
     }
     ls_moe_q8 q8 = {xq, xqs, mq, mqs};
     long tiles = sh_tiles + max_tiles;
-    if (plan == 2) {
+    if (plan == 3 || plan == 4) {
+        if (eb == 2 && plan == 3)
+            LS_TRY((ls_moe_tile_launch<2, 1>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf, act_bf16, s, err)));
+        else if (eb == 2)
+            LS_TRY((ls_moe_tile_launch<2, 8>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf, act_bf16, s, err)));
+        else if (plan == 3)
+            LS_TRY((ls_moe_tile_launch<4, 1>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf, act_bf16, s, err)));
+        else
+            LS_TRY((ls_moe_tile_launch<4, 8>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf, act_bf16, s, err)));
+    } else if (plan == 2) {
         if (eb == 2)
             LS_TRY(ls_moe_group_launch<2>(mw, x, tl, weights, W, tiles, mid, gamma, cbuf, act_bf16, s,
                                           err));

@@ -341,6 +341,11 @@ static const sh_linear linear_shapes[] = {
     {BO_FULL, 12288, 2048, 4, LS_WTYPE_BF16, 0, 0},  /* in_proj_qkvz */
     {BO_FULL, 151936, 2048, 1, LS_WTYPE_BF16, 0, 0}, /* lm_head */
     {BO_FULL, 2048, 2048, 300, LS_WTYPE_BF16, 0, 0},
+    /* from 8 tokens the CUDA tiles: a partial block of rows and of tokens,
+     * a chunk tail, rows off 16-byte alignment */
+    {BO_ALL, 37, 520, 33, LS_WTYPE_BF16, 0, 0},
+    {BO_ALL, 45, 200, 17, LS_WTYPE_BF16, 2, 0},
+    {BO_ALL, 70, 300, 12, LS_WTYPE_F32, 0, 0},
     /* FP8 block-quantised (docs/numerics.md §9): whole and partial 128-blocks
      * in both dimensions, rows not 8-byte aligned, 1, 4 and 8 tokens per pass */
     {BO_ALL, 2048, 2048, 1, LS_WTYPE_F8_DEQUANT, 0, 0},

@@ -104,7 +104,7 @@ const ls_provider *ls_backend_tier_providers(const char *backend, ls_tier tier, 
  * reduction in the CPU's orders, so the reduction-order ids equal the CPU's.
  * Tile shapes are launch configurations (warps x lanes, or threads). */
 static const ls_provider cuda_rows[] = {
-    CUDA("linear", "ls_linear_kernel", "8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads via shared memory", "dot32-lanes32-butterfly"),
+    CUDA("linear", "ls_linear_kernel below 8 tokens, ls_linear_tile_kernel from 8", "T < 8: 8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads via shared memory; T >= 8: 4warps/block of 16 rows x 8 tokens, warp per 4 rows x 8 tokens, 256-element chunks copied to shared memory (cp.async, 3 stages)", "dot32-lanes32-butterfly"),
     CUDA("rmsnorm", "ls_rmsnorm_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
     CUDA("gated_rmsnorm", "ls_gated_rmsnorm_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
     CUDA("conv_silu", "ls_conv_silu_kernel", "128threads/block, thread per channel", "sequential-taps"),
@@ -116,10 +116,10 @@ static const ls_provider cuda_rows[] = {
     CUDA("router_softmax", "ls_router_regs_kernel (ls_router_softmax_topk_kernel when E > 1024)", "warp per token, logits in registers (E <= 1024)", "dot32-max-exp-sum32"),
     CUDA("topk", "ls_router_regs_kernel (ls_router_softmax_topk_kernel when E > 1024)", "warp per token", "sequential-topk-order"),
     CUDA("renormalise", "ls_router_regs_kernel (ls_router_softmax_topk_kernel when E > 1024)", "lane 0 per token", "sequential-topk-order"),
-    CUDA("experts", "ls_moe_gate_up_g_kernel+ls_moe_down_g_kernel for bf16/fp32 experts when T*(k+1) <= 65535, else ls_moe_gate_up_kernel+ls_moe_down_kernel (+ls_moe_count_kernel+ls_moe_group_kernel when T*k > E)", "bf16/fp32, T*(k+1) <= 65535: 4warps/block, a lane group (4 lanes bf16, 8 fp32) per (pair, row), 16-byte loads, 4 in flight; else 8warps/block, warp per (pair, row) when T*k <= E (6 blocks/SM), else per (expert, row) x 64 pairs, 8 pairs per row pass (2 blocks/SM)", "dot32-lanes32-butterfly"),
+    CUDA("experts", "bf16/fp32 experts: ls_moe_gate_up_t_kernel+ls_moe_down_t_kernel (+ls_moe_count_kernel+ls_moe_group_kernel when T*k > E); FP8: ls_moe_gate_up_kernel+ls_moe_down_kernel (+ls_moe_count_kernel+ls_moe_group_kernel when T*k > E)", "T*k <= E: every (pair) its own tile, else tiles of <= 64 pairs of one expert; bf16/fp32: 4warps/block, 8 hidden units (gate+up) or 16 down rows per block, 4 rows per warp, 256-element chunks copied to shared memory (cp.async, 3 stages), 1 pair (single) or 8 pairs (grouped) per pass; FP8: 8warps/block, warp per (pair, row) when T*k <= E (6 blocks/SM), else per (expert, row) x 64 pairs, 8 pairs per row pass (2 blocks/SM)", "dot32-lanes32-butterfly"),
     CUDA("combine", "ls_moe_combine_kernel", "256threads/block, thread per (token, column)", "sequential-topk-order"),
-    CUDA("shared_expert", "ls_moe_gate_up_g_kernel+ls_moe_shared_gate_kernel+ls_moe_down_g_kernel for bf16/fp32 experts when T*(k+1) <= 65535, else ls_moe_gate_up_kernel+ls_moe_shared_gate_kernel+ls_moe_down_kernel", "bf16/fp32, T*(k+1) <= 65535: a lane group per (token, row) as the experts; else 8warps/block, warp per (token, row) when T*k <= E, else per row x 64 tokens, 8 tokens per row pass", "dot32-lanes32-butterfly"),
-    CUDA("lm_head", "ls_linear_kernel", "8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads via shared memory", "dot32-lanes32-butterfly"),
+    CUDA("shared_expert", "bf16/fp32: ls_moe_gate_up_t_kernel+ls_moe_shared_gate_kernel+ls_moe_down_t_kernel; FP8: ls_moe_gate_up_kernel+ls_moe_shared_gate_kernel+ls_moe_down_kernel", "tiles of one token (T*k <= E) or runs of 64 tokens, as the experts", "dot32-lanes32-butterfly"),
+    CUDA("lm_head", "ls_linear_kernel below 8 tokens, ls_linear_tile_kernel from 8", "T < 8: 8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads via shared memory; T >= 8: 4warps/block of 16 rows x 8 tokens, warp per 4 rows x 8 tokens, 256-element chunks copied to shared memory (cp.async, 3 stages)", "dot32-lanes32-butterfly"),
     CUDA("logprobs", "ls_logprobs_kernel", "1024threads/block per row, exp tiles of 8192 in shared memory, warp 0 sums", "max-exp-sum32-log"),
     CUDA("digest", "ls_sha256_rows_kernel", "128threads/block, thread per row", "sha256-row-major"),
 };

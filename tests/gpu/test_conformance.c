@@ -14,8 +14,9 @@
  * LS_GPU_QUICK=1 (used under compute-sanitizer) runs the reduced shape set.
  *
  * Direct kernel checks, for what the table cannot express:
- *   - every MoE kernel plan (ls_cuda_moe_forward_plan): the backend always
- *     takes the default plan, so only a direct call can force the others;
+ *   - every MoE kernel plan (ls_cuda_moe_forward_plan) and every linear
+ *     plan (ls_cuda_linear_plan): the backend always takes the default
+ *     plan, so only a direct call can force the others;
  *     and on the same experts the tensor-core tier's (ls_cuda_moe_forward_tc):
  *     batch invariant bit for bit, near the portable rows, refused where
  *     its shapes do not hold;
@@ -265,6 +266,48 @@ START_TEST(test_moe_plans)
     /* rows of 200 and 72 bytes: every other row, and every down row, not
        16-byte aligned (the lane-group plans' element-by-element path) */
     check_moe_plans(8, 100, 36, 20, 3, 7, 1, LS_WTYPE_BF16);
+}
+END_TEST
+
+/* ---- direct: every linear kernel plan -------------------------------------------------- */
+
+/* Every plan of ls_cuda_linear_plan (-1: the default choice) gives the CPU's
+ * bits; woff bytes before the weights put every row off 16-byte alignment
+ * (the plans' element-by-element path). */
+static void check_linear_plans(long out, long in, long T, int wt_, long woff)
+{
+    reset_arena();
+    ls_wmat w = {rand_w(out, in, wt_, 0.05f), wt_, out, in, NULL, NULL, 0};
+    float *x = rand_f32((size_t)T * in, 1.0f, 0), *y = malloc(4 * T * out), *g = malloc(4 * T * out);
+    ls_cpu_linear(&w, x, y, T, 0, out, 1, LS_ORDER_CANONICAL);
+    uint8_t *dwb = dalloc(wbytes(out, in, wt_) + (size_t)woff);
+    ls_error e_;
+    ck_assert_msg(ls_cuda_upload(dwb + woff, w.data, wbytes(out, in, wt_), &e_) == LS_OK, "%s", e_.msg);
+    float *dx = dup_dev(x, 4 * T * in), *dy = dalloc(4 * T * out);
+    for (int plan = -1; plan < ls_cuda_linear_plan_count(); plan++) {
+        ck_assert_msg(ls_cuda_linear_plan(dwb + woff, wt_, out, in, dx, dy, T, 1, LS_ORDER_CANONICAL,
+                                          plan, NULL, &e_) == LS_OK, "%s", e_.msg);
+        fetch(g, dy, 4 * T * out);
+        char what[160];
+        snprintf(what, sizeof what, "linear [%ld, %ld] T %ld %s at +%ld bytes, plan %s", out, in, T,
+                 wt_ == LS_WTYPE_BF16 ? "bf16" : "fp32", woff,
+                 plan < 0 ? "default" : ls_cuda_linear_plan_name(plan));
+        same_f32(what, y, g, (size_t)(T * out));
+        printf("  ok %s\n", what);
+    }
+    free((void *)w.data); free(x); free(y); free(g);
+}
+
+START_TEST(test_linear_plans)
+{
+    check_linear_plans(2048, 2048, 1, LS_WTYPE_BF16, 0);
+    check_linear_plans(2048, 2048, 32, LS_WTYPE_BF16, 0);
+    check_linear_plans(12288, 2048, g_quick ? 9 : 33, LS_WTYPE_BF16, 0);
+    check_linear_plans(37, 520, 17, LS_WTYPE_BF16, 0); /* a partial row block, chunk tail, token tile */
+    check_linear_plans(37, 520, 17, LS_WTYPE_BF16, 2);
+    check_linear_plans(1, 300, 8, LS_WTYPE_F32, 0);
+    check_linear_plans(70, 300, 12, LS_WTYPE_F32, 4);
+    check_linear_plans(3, 5, 4, LS_WTYPE_BF16, 0);
 }
 END_TEST
 
@@ -754,6 +797,7 @@ int main(void)
     TCase *td = tcase_create("direct kernels");
     tcase_set_timeout(td, 900);
     tcase_add_test(td, test_moe_plans);
+    tcase_add_test(td, test_linear_plans);
     tcase_add_test(td, test_gdn_tc);
     tcase_add_test(td, test_topk);
     tcase_add_test(td, test_fail_closed);
