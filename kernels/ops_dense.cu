@@ -282,12 +282,52 @@ __global__ void ls_l2norm_scale_kernel(float *x, long R, long d, float scale)
     });
 }
 
+/* The same for rows of LS_NORM_ROW_MIN .. LS_NORM_ROW_MAX, a block per row:
+ * the whole block copies the row into shared memory (every load in flight
+ * at once, where one warp would wait for LS_PF loads at a time), warp 0 forms
+ * the factor from that copy in ls_rms_factor's order, and the block writes
+ * the outputs. The row is read before any output is written (y may be x). */
+#define LS_NORM_ROW_THREADS 256
+#define LS_NORM_ROW_MIN 1024
+#define LS_NORM_ROW_MAX 8192 /* floats of the shared copy: 32 KiB */
+
+__global__ void __launch_bounds__(LS_NORM_ROW_THREADS)
+ls_rmsnorm_row_kernel(const float *x, const float *w, float *y, long n, int act)
+{
+    extern __shared__ float xs[]; /* [n] */
+    __shared__ float fsh;
+    const float *xr = x + (long)blockIdx.x * n; /* [n] */
+    float *yr = y + (long)blockIdx.x * n;       /* [n] */
+    int tid = (int)threadIdx.x;
+#pragma unroll 8
+    for (long i = tid; i < n; i += LS_NORM_ROW_THREADS) xs[i] = xr[i];
+    __syncthreads();
+    if (tid < LS_WARP) {
+        float f = ls_rms_factor(xs, n);
+        if (tid == 0) fsh = f;
+    }
+    __syncthreads();
+    float f = fsh;
+#pragma unroll 8
+    for (long i = tid; i < n; i += LS_NORM_ROW_THREADS) {
+        float onew = 1.0f + w[i];
+        float xn = xs[i] * f;
+        yr[i] = ls_act_d(xn * onew, act);
+    }
+}
+
 extern "C" ls_status ls_cuda_rmsnorm(const float *x, const float *w, float *y, long R, long n,
                                      int act_bf16, int order, void *stream, ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order, err, "rmsnorm");
     LS_CUDA_REQUIRE(n > 0 && R >= 0, err, "cuda portable rmsnorm: bad shape [%ld, %ld]", R, n);
     if (R == 0) return LS_OK;
+    if (n >= LS_NORM_ROW_MIN && n <= LS_NORM_ROW_MAX && R <= 0x7fffffffL) {
+        ls_rmsnorm_row_kernel<<<(unsigned)R, LS_NORM_ROW_THREADS, (size_t)n * sizeof(float),
+                                (cudaStream_t)stream>>>(x, w, y, n, act_bf16);
+        LS_CUDA_CHECK_LAUNCH("ls_rmsnorm_row_kernel", err);
+        return LS_OK;
+    }
     ls_rmsnorm_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
                         (cudaStream_t)stream>>>(x, w, y, R, n, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_rmsnorm_kernel", err);

@@ -407,6 +407,7 @@ static const sh_norm rmsnorm_shapes[] = {
     {BO_ALL, 1, 2048, 1, 0},  {BO_ALL, 63, 2048, 1, 0}, {BO_ALL, 65, 2048, 1, 0},
     {BO_ALL, 65 * 16, 256, 1, 0}, {BO_ALL, 7, 48, 1, 0}, {BO_ALL, 5, 96, 1, 0},
     {BO_ALL, 3, 77, 1, 0},    {BO_ALL, 2, 1, 1, 0},     {BO_ALL, 9, 2048, 0, 1},
+    {BO_ALL, 3, 1100, 0, 1},  {BO_ALL, 2, 8192, 1, 0},  {BO_ALL, 2, 8200, 1, 0},
 };
 static const sh_norm gated_shapes[] = {
     {BO_ALL, 1, 2048, 1, 0},  {BO_ALL, 63, 2048, 1, 0}, {BO_ALL, 65, 2048, 1, 0},
