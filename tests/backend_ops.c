@@ -341,7 +341,7 @@ static const sh_linear linear_shapes[] = {
     {BO_FULL, 12288, 2048, 4, LS_WTYPE_BF16, 0, 0},  /* in_proj_qkvz */
     {BO_FULL, 151936, 2048, 1, LS_WTYPE_BF16, 0, 0}, /* lm_head */
     {BO_FULL, 2048, 2048, 300, LS_WTYPE_BF16, 0, 0},
-    /* from 8 tokens the CUDA tiles: a partial block of rows and of tokens,
+    /* the CUDA tiles (from 2 tokens): a partial block of rows and of tokens,
      * a chunk tail, rows off 16-byte alignment */
     {BO_ALL, 37, 520, 33, LS_WTYPE_BF16, 0, 0},
     {BO_ALL, 45, 200, 17, LS_WTYPE_BF16, 2, 0},
