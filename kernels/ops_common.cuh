@@ -362,6 +362,20 @@ __device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long 
 #define LS_TILE_SMEM(EB, RW, NT) \
     (LS_TILE_STAGES * (LS_TILE_WARPS * (RW) * 512 + (NT) * (16 / (EB)) * LS_WARP * 4))
 
+/* One element of each lane's stride: p[r NT + t] += w[r] · x[t] (product, then add). */
+template <int RW, int NT>
+__device__ __forceinline__ void ls_tile_add(const float (&w)[RW], const float (&x)[NT],
+                                            float (&p)[RW * NT])
+{
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float prod = w[r] * x[t];
+            p[r * NT + t] = p[r * NT + t] + prod;
+        }
+}
+
 template <int EB, int RW, int NT, typename RowF, typename XF>
 __device__ __forceinline__ void ls_tile_dots(uint8_t *smem, long n, RowF row, XF xrow,
                                              float (&p)[RW * NT])
@@ -428,13 +442,7 @@ __device__ __forceinline__ void ls_tile_dots(uint8_t *smem, long n, RowF row, XF
                                 : ((const float *)(wb + r * WB))[m * LS_WARP + lane];
 #pragma unroll
             for (int t = 0; t < NT; t++) xv[t] = xb[t * CHK + m * LS_WARP + lane];
-#pragma unroll
-            for (int r = 0; r < RW; r++)
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    float prod = wv[r] * xv[t];
-                    p[r * NT + t] = p[r * NT + t] + prod;
-                }
+            ls_tile_add<RW, NT>(wv, xv, p);
         }
     }
     /* the rest, element by element */
@@ -450,13 +458,7 @@ __device__ __forceinline__ void ls_tile_dots(uint8_t *smem, long n, RowF row, XF
         for (int r = 0; r < RW; r++) wv[r] = ls_wload(mine[r], WT, k);
 #pragma unroll
         for (int t = 0; t < NT; t++) xv[t] = xs[t][k];
-#pragma unroll
-        for (int r = 0; r < RW; r++)
-#pragma unroll
-            for (int t = 0; t < NT; t++) {
-                float prod = wv[r] * xv[t];
-                p[r * NT + t] = p[r * NT + t] + prod;
-            }
+        ls_tile_add<RW, NT>(wv, xv, p);
     }
     __syncthreads(); /* smem free for the caller's next call */
 }
