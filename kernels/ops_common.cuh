@@ -438,8 +438,7 @@ __device__ __forceinline__ void ls_tile_dots(uint8_t *smem, long n, RowF row, XF
             float wv[RW], xv[NT];
 #pragma unroll
             for (int r = 0; r < RW; r++)
-                wv[r] = EB == 2 ? ls_bf16_to_f32(((const uint16_t *)(wb + r * WB))[m * LS_WARP + lane])
-                                : ((const float *)(wb + r * WB))[m * LS_WARP + lane];
+                wv[r] = ls_wload(wb + r * WB, WT, m * LS_WARP + lane);
 #pragma unroll
             for (int t = 0; t < NT; t++) xv[t] = xb[t * CHK + m * LS_WARP + lane];
             ls_tile_add<RW, NT>(wv, xv, p);

@@ -348,6 +348,17 @@ __device__ __forceinline__ void ls_moe_pair(const ls_moe_tiles tl, int shared, l
     *slot = p % tl.k;
 }
 
+/* The source row of pair q of the tile: its token's row of src (by_slot 0:
+ * x) or its slot's row (by_slot 1: mid), rows ld apart. */
+__device__ __forceinline__ const float *ls_moe_pair_row(const ls_moe_tiles &tl, int shared, long p0,
+                                                        long q, const float *src, long ld,
+                                                        int by_slot)
+{
+    long t, slot;
+    ls_moe_pair(tl, shared, p0, q, &t, &slot);
+    return src + (by_slot ? t * (tl.k + 1) + slot : t) * ld;
+}
+
 /* A slot's hidden unit from its gate and up dots: act(act(silu(act(g))) · act(u)). */
 __device__ __forceinline__ float ls_moe_mid(float g, float u, int act)
 {
@@ -698,11 +709,7 @@ ls_moe_gate_up_t_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles
                 long i = i0 + (long)(r / RW) * HU + j % HU;
                 return (j < HU ? g : u) + (size_t)(i < units ? i : units - 1) * rowb;
             },
-            [&](int q) {
-                long t, slot;
-                ls_moe_pair(tl, shared, p0, q0 + (q < nt ? q : nt - 1), &t, &slot);
-                return x + t * mw.D;
-            },
+            [&](int q) { return ls_moe_pair_row(tl, shared, p0, q0 + (q < nt ? q : nt - 1), x, mw.D, 0); },
             p);
         float v = ls_warp_tree_n(p); /* lane l < RW NT: the warp's row l / NT, pair l % NT */
         float up = __shfl_down_sync(LS_FULL_MASK, v, HU * NT);
@@ -736,11 +743,7 @@ ls_moe_down_t_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *w
         ls_tile_dots<EB, RW, NT>(
             sm, width,
             [&](int r) { return dn + (size_t)(j0 + r < mw.D ? j0 + r : mw.D - 1) * width * EB; },
-            [&](int q) {
-                long t, slot;
-                ls_moe_pair(tl, shared, p0, q0 + (q < nt ? q : nt - 1), &t, &slot);
-                return mid + (t * (tl.k + 1) + slot) * W;
-            },
+            [&](int q) { return ls_moe_pair_row(tl, shared, p0, q0 + (q < nt ? q : nt - 1), mid, W, 1); },
             p);
         float v = ls_warp_tree_n(p); /* lane l < RW NT: the warp's row l / NT, pair l % NT */
         int q = lane % NT;
@@ -1058,13 +1061,7 @@ __device__ __forceinline__ void ls_moe_tc_rows(const float **rows, const ls_moe_
 {
     int r = (int)threadIdx.x;
     if (r >= 16) return;
-    const float *row = NULL;
-    if (r < nr) {
-        long t, slot;
-        ls_moe_pair(tl, shared, p0, q0 + r, &t, &slot);
-        row = src + (by_slot ? t * (tl.k + 1) + slot : t) * ld;
-    }
-    rows[r] = row;
+    rows[r] = r < nr ? ls_moe_pair_row(tl, shared, p0, q0 + r, src, ld, by_slot) : NULL;
 }
 
 /* The warp's slice ks .. ke-1 of (the 16 rows) · Bᵀ for NW weight matrices
