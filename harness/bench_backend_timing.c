@@ -44,7 +44,8 @@ static const char *const op_names[LS_BENCH_OP_COUNT] = {
     "(device idle between ops)", "upload", "download", "zero", "copy_blocks", "embed", "linear",
     "rmsnorm", "gated_rmsnorm", "conv_silu", "gdn_gates", "l2norm_scale", "gdn_recurrent",
     "rope_apply", "attention", "sigmoid_gate", "router", "moe", "residual", "logprobs",
-    "conv_silu_batch", "gdn_recurrent_batch", "kv_append_batch", "attention_batch", "digest", "digest_wait"};
+    "conv_silu_batch", "gdn_recurrent_batch", "kv_append_batch", "attention_batch", "digest", "digest_wait",
+    "lp_summary"};
 
 const char *ls_bench_op_name(ls_bench_op op)
 {
@@ -377,6 +378,13 @@ static ls_status t_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R, 
     return op_end(be, IN(be)->logprobs(IN(be), logits, lp, R, V, order, err), err);
 }
 
+static ls_status t_lp_summary(ls_backend *be, ls_view lp, ls_view next, long R, long V, long k,
+                              ls_view out, ls_error *err)
+{
+    LS_TRY(op_begin(be, LS_BENCH_OP_LP_SUMMARY, 0, 0, err));
+    return op_end(be, IN(be)->lp_summary(IN(be), lp, next, R, V, k, out, err), err);
+}
+
 static ls_status t_conv_silu_batch(ls_backend *be, ls_view x, long x_stride, const ls_bweight *w,
                                    ls_buf *const *states, const long *row0, const long *len,
                                    long nseq, ls_view y, long y_stride, long C, long K,
@@ -471,6 +479,7 @@ ls_status ls_bench_timing_create(ls_backend *inner, ls_backend **out, ls_error *
     be->moe = t_moe;
     be->residual = t_residual;
     be->logprobs = t_logprobs;
+    be->lp_summary = t_lp_summary;
     /* Optional ops stay absent where the inner backend lacks them, so the
      * engine takes the same path through the decorator as without it. */
     be->conv_silu_batch = inner->conv_silu_batch ? t_conv_silu_batch : NULL;

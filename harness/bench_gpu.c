@@ -372,11 +372,29 @@ static long decode_steps(int reps)
     return 3 + 3L * reps;
 }
 
-/* One engine step; its time by the host clock is added to *ms. */
+/* One engine step and what the run layer does with it (src/run/drive.c):
+ * every row's record, its next token the item's following token where the
+ * item has one (replay, the prompt's inside), else the greedy sample. */
+static ls_status step_records(bench *b, const ls_engine_item *items, long n, ls_error *err)
+{
+    static const ls_sampling greedy = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
+    LS_TRY(ls_engine_step(b->e, items, n, err));
+    for (long i = 0, r = 0; i < n; i++)
+        for (long j = 0; j < items[i].n; j++, r++) {
+            int32_t next;
+            if (j + 1 < items[i].n || items[i].follows) next = items[i].tokens[j + 1];
+            else LS_TRY(ls_engine_sample(b->e, r, &greedy, 0, 0, &next, err));
+            const ls_trace_record *rec;
+            LS_TRY(ls_engine_record(b->e, r, next, &rec, err));
+        }
+    return LS_OK;
+}
+
+/* One step with its records; its time by the host clock is added to *ms. */
 static ls_status step_timed(bench *b, const ls_engine_item *items, long n, double *ms)
 {
     double t0 = now_ms();
-    ls_status st = ls_engine_step(b->e, items, n, &g_err);
+    ls_status st = step_records(b, items, n, &g_err);
     *ms += now_ms() - t0;
     return st;
 }
@@ -422,8 +440,8 @@ static ls_status bench_open(bench *b, long L, size_t arena, ls_error *err)
         b->tb = tb;
         rejoin(b, 0, 0);
         long n0 = b->T < b->cap ? b->T : b->cap;
-        ls_engine_item it = {0, b->prompt, n0, 0};
-        st = ls_engine_step(b->e, &it, 1, err);
+        ls_engine_item it = {0, b->prompt, n0, 0, 0};
+        st = step_records(b, &it, 1, err);
     }
     if (st == LS_OK) return LS_OK;
     ls_engine_destroy(b->e);
@@ -443,7 +461,7 @@ static void decode_items(bench *b, long s0, int B, int last, int32_t *tok, ls_en
     for (int i = 0; i < B; i++) {
         b->rng = mix(b->rng + 1);
         tok[i] = (int32_t)(b->rng % (uint64_t)b->m->cfg.vocab);
-        it[i] = (ls_engine_item){s0 + i, &tok[i], 1, last};
+        it[i] = (ls_engine_item){s0 + i, &tok[i], 1, last, 0};
     }
 }
 
@@ -936,8 +954,8 @@ static void prefill_once(bench *b, void *arg)
 {
     long n = ((prefill_arg *)arg)->n;
     rejoin(b, 0, n);
-    ls_engine_item it = {0, b->prompt, n, 0};
-    CK(ls_engine_step(b->e, &it, 1, &g_err));
+    ls_engine_item it = {0, b->prompt, n, 0, 0};
+    CK(step_records(b, &it, 1, &g_err));
 }
 
 static void prefill_and_replay(bench *b, long prefill, int reps, int breakdown)
@@ -962,7 +980,7 @@ static void prefill_and_replay(bench *b, long prefill, int reps, int breakdown)
         rejoin(b, 0, prefill);
         double ms = 0;
         for (long c0 = 0; c0 < prefill; c0 += chunk) {
-            ls_engine_item it = {0, b->prompt + c0, prefill - c0 < chunk ? prefill - c0 : chunk, 0};
+            ls_engine_item it = {0, b->prompt + c0, prefill - c0 < chunk ? prefill - c0 : chunk, 0, 1};
             ms += step_ms(b, &it, 1);
         }
         if (r >= 1) t[r - 1] = (float)ms;
@@ -993,7 +1011,8 @@ static ls_status prefill_batch(bench *b, long s0, int B, long len, long stride, 
     *ms = 0;
     for (long p0 = 0; p0 < len; p0 += per) {
         long n = len - p0 < per ? len - p0 : per;
-        for (int i = 0; i < B; i++) it[i] = (ls_engine_item){s0 + i, b->prompt + i * stride + p0, n, 0};
+        for (int i = 0; i < B; i++)
+            it[i] = (ls_engine_item){s0 + i, b->prompt + i * stride + p0, n, 0, p0 + n < len};
         ls_status st = step_timed(b, it, B, ms);
         if (st != LS_OK) return st;
     }
@@ -1053,7 +1072,7 @@ static void decode_once(bench *b, void *arg)
     int32_t tok[BMAX];
     ls_engine_item it[BMAX];
     decode_items(b, d->s0, d->B, d->last, tok, it);
-    CK(ls_engine_step(b->e, it, d->B, &g_err));
+    CK(step_records(b, it, d->B, &g_err));
 }
 
 static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)

@@ -347,6 +347,12 @@ ls_status ls_cuda_topk(const float *x /* [R, n] */, long R, long n, long k,
                        int32_t *ids /* [R, k] */, float *vals /* [R, k] */, void *stream,
                        ls_error *err);
 
+/* ls_cpu_lp_summary per row (src/backend/cpu_ops.h: top-k, lp at next[r], NaN
+ * flag; k <= LS_LP_SUMMARY_KMAX), bitwise. */
+ls_status ls_cuda_lp_summary(const float *lp /* [R, V] */, const int32_t *next /* [R] */, long R,
+                             long V, long k, uint32_t *out /* [R, 2k + 2] */, void *stream,
+                             ls_error *err);
+
 #ifdef __cplusplus
 }
 #endif

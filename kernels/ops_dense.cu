@@ -3,6 +3,7 @@
  * reduction is one warp in LS_DOT32 order; no kernel's order depends on T. */
 #include "ops.h"
 #include "ops_common.cuh"
+#include "numerics/types.h"
 
 /* ---- embedding ---------------------------------------------------------------- */
 
@@ -645,5 +646,95 @@ extern "C" ls_status ls_cuda_topk(const float *x, long R, long n, long k, int32_
     ls_topk_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
                      (cudaStream_t)stream>>>(x, R, n, k, ids, vals);
     LS_CUDA_CHECK_LAUNCH("ls_topk_kernel", err);
+    return LS_OK;
+}
+
+/* ---- logprob summary ------------------------------------------------------------ */
+
+/* One block per row (ls_cpu_lp_summary). Each thread keeps, in registers, the
+ * first LS_LP_SUMMARY_KMAX of its elements (tid, tid + LS_LPS_THREADS, ...)
+ * in the order "value descending, index ascending"; the block then takes the
+ * k first of the union one at a time. On a row without NaN that order is
+ * total (−0 and +0 tie, to the lower index, as in the CPU scan), so the picks
+ * are ls_cpu_topk's; a row with a NaN gets the sentinels and its flag. */
+#define LS_LPS_THREADS 512
+#define LS_LPS_WARPS (LS_LPS_THREADS / LS_WARP)
+
+/* (a, ia) comes before (b, ib); an empty entry (ib < 0) comes after all. */
+__device__ __forceinline__ int ls_lps_before(float a, long ia, float b, long ib)
+{
+    return ib < 0 || ls_rank_before(a, ia, b, ib);
+}
+
+__global__ void __launch_bounds__(LS_LPS_THREADS)
+ls_lp_summary_kernel(const float *lp, const int32_t *next, long V, int k, uint32_t *out)
+{
+    constexpr int K = LS_LP_SUMMARY_KMAX;
+    __shared__ float wv[LS_LPS_WARPS];
+    __shared__ long wi[LS_LPS_WARPS];
+    __shared__ long s_pick;
+    int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const float *x = lp + (long)blockIdx.x * V;                    /* [V] */
+    uint32_t *o = out + (long)blockIdx.x * LS_LP_SUMMARY_WORDS(k); /* the row's summary */
+    float bv[K];
+    long bi[K];
+#pragma unroll
+    for (int j = 0; j < K; j++) bv[j] = -INFINITY, bi[j] = -1;
+    int nan = 0;
+    for (long v = tid; v < V; v += LS_LPS_THREADS) {
+        float a = x[v];
+        if (isnan(a)) {
+            nan = 1;
+            continue;
+        }
+        if (!ls_lps_before(a, v, bv[K - 1], bi[K - 1])) continue;
+#pragma unroll
+        for (int j = K - 1; j >= 0; j--)
+            if (ls_lps_before(a, v, bv[j], bi[j])) {
+                if (j + 1 < K) bv[j + 1] = bv[j], bi[j + 1] = bi[j];
+                bv[j] = a, bi[j] = v;
+            }
+    }
+    nan = __syncthreads_or(nan);
+    for (int i = 0; i < k; i++) {
+        float cv = bv[0];
+        long ci = bi[0];
+        ls_warp_best_first(&cv, &ci);
+        if (lane == 0) wv[warp] = cv, wi[warp] = ci;
+        __syncthreads();
+        if (warp == 0) {
+            cv = lane < LS_LPS_WARPS ? wv[lane] : -INFINITY;
+            ci = lane < LS_LPS_WARPS ? wi[lane] : -1;
+            ls_warp_best_first(&cv, &ci);
+            if (lane == 0) {
+                s_pick = ci;
+                o[i] = nan ? 0xffffffffu : (uint32_t)ci;
+                o[k + i] = nan ? 0x7fc00000u : ls_f32_bits(cv);
+            }
+        }
+        __syncthreads();
+        if (bi[0] >= 0 && bi[0] == s_pick) { /* the owner's next entry moves up */
+#pragma unroll
+            for (int j = 0; j + 1 < K; j++) bv[j] = bv[j + 1], bi[j] = bi[j + 1];
+            bv[K - 1] = -INFINITY, bi[K - 1] = -1;
+        }
+    }
+    if (tid == 0) {
+        int32_t nx = next[blockIdx.x];
+        o[2 * k] = nx >= 0 && nx < V ? ls_f32_bits(x[nx]) : 0x7fc00000u;
+        o[2 * k + 1] = (uint32_t)nan;
+    }
+}
+
+extern "C" ls_status ls_cuda_lp_summary(const float *lp, const int32_t *next, long R, long V, long k,
+                                        uint32_t *out, void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(k >= 1 && k <= LS_LP_SUMMARY_KMAX && k <= V && R >= 0 && R <= 0x7fffffffL, err,
+                    "cuda portable lp_summary: k %ld not in 1..min(%d, V = %ld), or %ld rows", k,
+                    LS_LP_SUMMARY_KMAX, V, R);
+    if (R == 0) return LS_OK;
+    ls_lp_summary_kernel<<<(unsigned)R, LS_LPS_THREADS, 0, (cudaStream_t)stream>>>(lp, next, V, (int)k,
+                                                                                    out);
+    LS_CUDA_CHECK_LAUNCH("ls_lp_summary_kernel", err);
     return LS_OK;
 }

@@ -650,6 +650,58 @@ static ls_status logprobs_exec(bo_case *c, ls_backend *be, ls_error *err)
                         err);
 }
 
+/* ---- logprob summary ----------------------------------------------------- */
+
+/* special: rows of −inf, of ±0 ties, of one value, with +inf, and two rows
+ * with a NaN (flagged: sentinels, and lp at next still read). */
+typedef struct sh_lps { int tier; long R, V, k; float scale; int special; } sh_lps;
+static const sh_lps lps_shapes[] = {
+    {BO_ALL, 2, 151936, 5, 8.0f, 0}, /* the vocabulary */
+    {BO_FULL, 65, 1000, 5, 3.0f, 0},
+    {BO_QUICK, 3, 1000, 5, 3.0f, 0},
+    {BO_ALL, 4, 37, 5, 0.01f, 0},    /* bf16 rounding makes many exact ties */
+    {BO_ALL, 3, 4, 4, 1.0f, 0},      /* k = V */
+    {BO_ALL, 6, 700, 3, 2.0f, 1},
+};
+enum { LPS_LP, LPS_NEXT, LPS_OUT };
+
+static void lps_setup(bo_case *c, const void *shape)
+{
+    const sh_lps *s = shape;
+    float *lp = bo_in(c, LPS_LP, "lp", (size_t)(s->R * s->V), s->scale, 1);
+    if (s->special) {
+        float *x = lp;
+        for (long v = 0; v < s->V; v++) x[v] = v % 350 ? -INFINITY : x[v]; /* row 0 */
+        x = lp + s->V;
+        for (long v = 0; v < s->V; v++) x[v] = -1.0f;                    /* row 1: ±0 tie */
+        x[3] = -0.0f, x[5] = 0.0f, x[600] = 0.0f, x[1] = -0.0f;
+        lp[2 * s->V + 17] = NAN;                                         /* row 2 */
+        x = lp + 3 * s->V;
+        for (long v = 0; v < s->V; v++) x[v] = 0.25f;                    /* row 3: one value */
+        lp[4 * s->V + 40] = INFINITY, lp[4 * s->V + 9] = INFINITY;       /* row 4 */
+        lp[6 * s->V - 1] = NAN;                                          /* row 5, last */
+    }
+    int32_t *next = bo_i32(c, LPS_NEXT, "next", (size_t)s->R);
+    for (long r = 0; r < s->R; r++) /* unknown, the last id, past the end, one inside */
+        next[r] = r % 4 == 0 ? -1 : r % 4 == 1 ? (int32_t)(s->V - 1) : r % 4 == 2 ? (int32_t)s->V
+                                                                   : (int32_t)((r * 7919) % s->V);
+    bo_i32(c, LPS_OUT, "summary", (size_t)(s->R * LS_LP_SUMMARY_WORDS(s->k)));
+    bo_what(c, "R %ld V %ld k %ld scale %g%s", s->R, s->V, s->k, (double)s->scale,
+            s->special ? " -inf, +-0, +inf, NaN rows" : "");
+}
+
+static void lps_ref(bo_case *c)
+{
+    const sh_lps *s = c->shape;
+    ls_cpu_lp_summary(R(c, LPS_LP), RI(c, LPS_NEXT), s->R, s->V, s->k, (uint32_t *)RI(c, LPS_OUT));
+}
+
+static ls_status lps_exec(bo_case *c, ls_backend *be, ls_error *err)
+{
+    const sh_lps *s = c->shape;
+    return be->lp_summary(be, V(c, LPS_LP), V(c, LPS_NEXT), s->R, s->V, s->k, V(c, LPS_OUT), err);
+}
+
 /* ---- GDN (kernels/ops_gdn.cu) -------------------------------------------- */
 
 /* split: the backend runs the tokens one call each (decode), the reference
@@ -1740,6 +1792,7 @@ static const bo_op bo_ops[] = {
     {"moe_ep", SHAPES(moe_shapes), 1, 3, moe_setup, moe_ref, moe_ep_exec},
     {"residual", SHAPES(elem_shapes), 1, 1, elem_setup, resid_ref, resid_exec},
     {"logprobs", SHAPES(logprobs_shapes), 0, 2, logprobs_setup, logprobs_ref, logprobs_exec},
+    {"lp_summary", SHAPES(lps_shapes), 0, 1, lps_setup, lps_ref, lps_exec},
     {"copy_blocks", SHAPES(copy_shapes), 0, 1, copy_setup, copy_ref, copy_exec},
     {"alloc_upload_zero_download", SHAPES(mem_shapes), 0, 1, mem_setup, mem_ref, mem_exec},
     {"conv_silu_batch", SHAPES(convb_shapes), 1, 2, convb_setup, convb_ref, convb_exec},

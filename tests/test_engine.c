@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/backend_cuda.h"
+#include "backend/cpu_ops.h"
 #include "engine/engine.h"
 #include "run/run.h"
 #include "io/checkpoint.h"
@@ -449,6 +450,64 @@ START_TEST(test_step_continuous_batching)
 }
 END_TEST
 
+/* A step's records come from its summary (top-5, the known next token's
+ * logprob) while the rows stay with the backend; each equals what the whole
+ * row gives, for a next token the step knew, one of the top 5, one of
+ * neither (a transfer of its own) and none, and the greedy sample is the
+ * scan's. Rows 0..4: an item whose following token is known; rows 5..8: one
+ * whose last row's next token is to be sampled. */
+START_TEST(test_records_from_summary)
+{
+    setup();
+    ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 2, 16);
+    ls_error err;
+    long V = g_model->cfg.vocab;
+    int32_t *p = prompt(12, 5);
+    ck_assert_int_eq(ls_engine_join(e, 0, 1, 12, &err), LS_OK);
+    ck_assert_int_eq(ls_engine_join(e, 1, 2, 12, &err), LS_OK);
+    ls_engine_item it[2] = {{0, p, 5, 0, 1}, {1, p + 2, 4, 0, 0}};
+    ck_assert_msg(ls_engine_step(e, it, 2, &err) == LS_OK, "%s", err.msg);
+    ls_sampling g = greedy();
+    enum { ROWS = 9, NEXTS = 5 };
+    ls_trace_record got[ROWS][NEXTS];
+    int32_t next[ROWS][NEXTS], sampled[ROWS];
+    for (long r = 0; r < ROWS; r++) {
+        const ls_trace_record *rec;
+        ck_assert_int_eq(ls_engine_sample(e, r, &g, 1, 1, &sampled[r], &err), LS_OK);
+        ck_assert_int_eq(ls_engine_record(e, r, -1, &rec, &err), LS_OK);
+        int32_t known = r < 5 ? p[r + 1] : r < 8 ? p[r - 5 + 3] : sampled[r];
+        int32_t cands[NEXTS] = {known, rec->topk_ids[3], 0, (int32_t)(V - 1), -1};
+        for (int j = 0; j < NEXTS; j++) {
+            next[r][j] = cands[j];
+            ck_assert_int_eq(ls_engine_record(e, r, cands[j], &rec, &err), LS_OK);
+            got[r][j] = *rec;
+        }
+    }
+    ck_assert_int_eq(ls_engine_record(e, ROWS, 0, &(const ls_trace_record *){NULL}, &err), LS_E_USAGE);
+    for (long r = 0; r < ROWS; r++) {
+        const float *lp;
+        ck_assert_int_eq(ls_engine_logprobs(e, r, &lp, &err), LS_OK);
+        int32_t want_ids[5], tok;
+        float want_vals[5];
+        ls_cpu_topk(lp, V, 5, want_ids, want_vals);
+        ck_assert_int_eq(ls_sample_select(&g, lp, V, 1, 1, NULL, &tok, &err), LS_OK);
+        ck_assert_int_eq(sampled[r], tok);
+        for (int j = 0; j < NEXTS; j++) {
+            const ls_trace_record *x = &got[r][j];
+            uint32_t want = next[r][j] >= 0 ? ls_f32_bits(lp[next[r][j]]) : 0x7fc00000u;
+            ck_assert_msg(x->logprob_bits == want, "row %ld next %d: logprob 0x%08x, the row says 0x%08x",
+                          r, next[r][j], x->logprob_bits, want);
+            for (int i = 0; i < 5; i++) {
+                ck_assert_int_eq(x->topk_ids[i], want_ids[i]);
+                ck_assert_uint_eq(x->topk_logprob_bits[i], ls_f32_bits(want_vals[i]));
+            }
+        }
+    }
+    ls_engine_destroy(e);
+    free(p);
+}
+END_TEST
+
 static void expect_config_rejected(const char *key, const char *value_json, const char *needle)
 {
     setup();
@@ -574,6 +633,7 @@ int main(void)
     Suite *s = suite_create("engine");
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_records_from_summary);
     tcase_add_test(tc, test_config_fail_closed);
     tcase_add_test(tc, test_arena_usage_of_cpu_backend);
     tcase_add_test(tc, test_open_tier_refusals);

@@ -271,7 +271,7 @@ START_TEST(test_refusals)
     int32_t tok[8];
     ls_test_fill_tokens(g_m[0], tok, 8, 5);
     ls_error err;
-    ls_engine_item it = {0, tok, 8, 0};
+    ls_engine_item it = {0, tok, 8, 0, 0};
     ck_assert_msg(ls_engine_join(e, 0, 1, 8, &err) == LS_OK, "%s", err.msg);
     ck_assert_msg(ls_engine_step(e, &it, 1, &err) == LS_OK, "%s", err.msg);
     ls_engine_snapshot *sn = NULL;

@@ -251,11 +251,12 @@ START_TEST(test_registry_cpu_rows)
     static const char *const ops[] = {
         "linear", "rmsnorm", "gated_rmsnorm", "conv_silu", "gdn_gates", "l2norm",
         "gdn_recurrent", "rope", "attention", "router_softmax", "topk", "renormalise",
-        "experts", "combine", "shared_expert", "lm_head", "logprobs", "sampling", "digest", NULL};
+        "experts", "combine", "shared_expert", "lm_head", "logprobs", "lp_summary", "sampling",
+        "digest", NULL};
     size_t n;
     const ls_provider *rows = ls_backend_list_providers("cpu", &n);
     ck_assert_ptr_nonnull(rows);
-    ck_assert_uint_eq(n, 19);
+    ck_assert_uint_eq(n, 20);
     for (size_t i = 0; ops[i]; i++) {
         const ls_provider *p = ls_backend_find_provider("cpu", ops[i]);
         ck_assert_msg(p != NULL, "no cpu provider for %s", ops[i]);
@@ -309,7 +310,7 @@ START_TEST(test_pin_diff_self_identical)
     json_t *num = json_object_get(j, "numerics");
     ck_assert_str_eq(json_string_value(json_object_get(num, "mode")), "strict");
     ck_assert(json_is_null(json_object_get(num, "perturbation")));
-    ck_assert_uint_eq(json_object_size(json_object_get(num, "operators")), 19);
+    ck_assert_uint_eq(json_object_size(json_object_get(num, "operators")), 20);
     ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "topology"), "world_size")), 1);
     ck_assert_uint_eq(json_string_length(json_object_get(json_object_get(j, "build"), "binary_sha256")), 64);
     json_decref(j);

@@ -292,7 +292,7 @@ START_TEST(test_pool_reuse_and_full)
     int32_t tok[40];
     ls_test_fill_tokens(m, tok, 40, 9);
     ck_assert_msg(ls_engine_join(e, 0, 1, 40, &err) == LS_OK, "%s", err.msg);
-    ls_engine_item it = {0, tok, 40, 0};
+    ls_engine_item it = {0, tok, 40, 0, 0};
     ls_status st = ls_engine_step(e, &it, 1, &err);
     ck_assert_msg(st == LS_E_USAGE && strstr(err.msg, "kv_pool_pages") && strstr(err.msg, "full"),
                   "a full pool: %d %s", (int)st, err.msg);

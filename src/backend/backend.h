@@ -216,6 +216,11 @@ struct ls_backend {
                           int act_bf16, ls_error *err);
     ls_status (*logprobs)(ls_backend *be, ls_view logits /* [R, V] */, ls_view lp /* [R, V] */,
                           long R, long V, ls_order order, ls_error *err);
+    /* What a step's records read of its logprob rows (ls_cpu_lp_summary:
+     * top-k, lp at next[r], NaN flag), so that the rows stay on the device. */
+    ls_status (*lp_summary)(ls_backend *be, ls_view lp /* [R, V] */, ls_view next /* i32 [R] */,
+                            long R, long V, long k, ls_view out /* u32 [R, 2k + 2] */,
+                            ls_error *err);
 
     /* ---- batched mixers (optional) ------------------------------------------ */
     /* NULL on a backend without them: the engine then calls the per-sequence

@@ -601,6 +601,17 @@ static ls_status cpu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R
     return LS_OK;
 }
 
+static ls_status cpu_lp_summary(ls_backend *be, ls_view lp, ls_view next, long R, long V, long k,
+                                ls_view out, ls_error *err)
+{
+    (void)be;
+    if (k < 1 || k > LS_LP_SUMMARY_KMAX || k > V)
+        return ls_fail(err, LS_E_USAGE, "cpu lp_summary: k %ld not in 1..min(%d, V = %ld)", k,
+                       LS_LP_SUMMARY_KMAX, V);
+    ls_cpu_lp_summary(F(lp), I32(next), R, V, k, (uint32_t *)I32(out));
+    return LS_OK;
+}
+
 /* ---- digests ---------------------------------------------------------------------- */
 
 #define LS_DIGEST_BUF_BYTES 4096
@@ -736,6 +747,7 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
     be->moe_combine = cpu_moe_combine;
     be->residual = cpu_residual;
     be->logprobs = cpu_logprobs;
+    be->lp_summary = cpu_lp_summary;
     be->digest = cpu_digest;
     *out = be;
     return LS_OK;

@@ -1035,6 +1035,13 @@ static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R,
     return ls_cuda_logprobs(F(logits), F(lp), R, V, (int)order, NULL, err);
 }
 
+static ls_status cu_lp_summary(ls_backend *be, ls_view lp, ls_view next, long R, long V, long k,
+                               ls_view out, ls_error *err)
+{
+    ON_DEVICE(be, err);
+    return ls_cuda_lp_summary(F(lp), I32(next), R, V, k, (uint32_t *)I32(out), NULL, err);
+}
+
 /* ---- digests ------------------------------------------------------------------------ */
 
 /* The split the digest planner weighs against all-device and all-host
@@ -1222,6 +1229,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->moe_combine = cu_moe_combine;
     be->residual = cu_residual;
     be->logprobs = cu_logprobs;
+    be->lp_summary = cu_lp_summary;
     be->digest = cu_digest;
     be->digest_wait = cu_digest_wait;
     *out = be;

@@ -141,6 +141,18 @@ void ls_cpu_logprobs(const float *logits /* [R, V] */, float *lp /* [R, V] */, l
 void ls_cpu_topk(const float *x /* [n] */, long n, long k, int32_t *ids /* [k] */,
                  float *vals /* [k] */);
 
+/* What a step's records read of its logprob rows, so that the rows stay on
+ * the device (docs/numerics.md §3): per row r, LS_LP_SUMMARY_WORDS(k) words
+ *   [0, k)    top-k ids (ls_cpu_topk),    [k, 2k)  their values' bits,
+ *   2k        the bits of lp[r, next[r]] (NaN bits 0x7fc00000 when next[r] is
+ *             outside 0..V-1: not known),
+ *   2k + 1    1 when the row holds a NaN (then ids are -1 and values NaN bits:
+ *             the NaN-free order the device selects in is not the CPU scan's,
+ *             so the reader takes the whole row), else 0.
+ * 1 <= k <= LS_LP_SUMMARY_KMAX, k <= V (numerics/types.h). */
+void ls_cpu_lp_summary(const float *lp /* [R, V] */, const int32_t *next /* [R] */, long R, long V,
+                       long k, uint32_t *out /* [R, LS_LP_SUMMARY_WORDS(k)] */);
+
 /* ---- RoPE table (host only, for rope_apply) ------------------------------ */
 
 /* RoPE table on the host: for each of T positions, j < R/2:

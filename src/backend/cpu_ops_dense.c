@@ -259,6 +259,27 @@ void ls_cpu_topk(const float *x, long n, long k, int32_t *ids, float *vals)
     }
 }
 
+/* ---- logprob summary ----------------------------------------------------- */
+
+void ls_cpu_lp_summary(const float *lp, const int32_t *next, long R, long V, long k, uint32_t *out)
+{
+    for (long r = 0; r < R; r++) {
+        const float *x = lp + r * V; /* [V] */
+        uint32_t *o = out + r * LS_LP_SUMMARY_WORDS(k);
+        int nan = 0;
+        for (long v = 0; v < V && !nan; v++) nan = isnan(x[v]);
+        int32_t ids[LS_LP_SUMMARY_KMAX];
+        float vals[LS_LP_SUMMARY_KMAX];
+        if (!nan) ls_cpu_topk(x, V, k, ids, vals);
+        for (long i = 0; i < k; i++) {
+            o[i] = nan ? 0xffffffffu : (uint32_t)ids[i];
+            o[k + i] = nan ? 0x7fc00000u : ls_f32_bits(vals[i]);
+        }
+        o[2 * k] = next[r] >= 0 && next[r] < V ? ls_f32_bits(x[next[r]]) : 0x7fc00000u;
+        o[2 * k + 1] = (uint32_t)nan;
+    }
+}
+
 /* ---- RoPE table (host) --------------------------------------------------- */
 
 void ls_cpu_rope_table(const int32_t *pos, long T, long R, double theta, float *cos_t,

@@ -28,6 +28,7 @@ static const ls_provider cpu_rows[] = {
     CPU("shared_expert", "ls_cpu_moe_slot", "1x32", "fp32", "dot32-lanes32-butterfly"),
     CPU("lm_head", "ls_cpu_linear", "1x32", "fp32", "dot32-lanes32-butterfly"),
     CPU("logprobs", "ls_cpu_logprobs", "1x32", "fp32", "max-exp-sum32-log"),
+    CPU("lp_summary", "ls_cpu_lp_summary", "-", "fp32", "sequential-topk-order"),
     CPU("sampling", "ls_sample_select", "-", "fp32", "greedy-lower-id-or-counter-rng"),
     CPU("digest", "cpu_digest (OpenSSL EVP SHA-256, jobs split across threads)", "-", "none",
         "sha256-row-major"),
@@ -121,6 +122,7 @@ static const ls_provider cuda_rows[] = {
     CUDA("shared_expert", "bf16/fp32: ls_moe_gate_up_t_kernel+ls_moe_shared_gate_kernel+ls_moe_down_t_kernel; FP8: ls_moe_gate_up_kernel+ls_moe_shared_gate_kernel+ls_moe_down_kernel", "tiles of one token (T*k <= E) or runs of 64 tokens, as the experts", "dot32-lanes32-butterfly"),
     CUDA("lm_head", "ls_linear_kernel at 1 token, ls_linear_tile_kernel from 2 (bf16/fp32; FP8 always ls_linear_kernel)", "T = 1 or FP8: 8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads via shared memory; bf16/fp32 T >= 2: 4warps/block of 16 rows x 8 tokens, warp per 4 rows x 8 tokens, 256-element chunks copied to shared memory (cp.async, 3 stages)", "dot32-lanes32-butterfly"),
     CUDA("logprobs", "ls_logprobs_kernel", "1024threads/block per row, exp tiles of 8192 in shared memory, warp 0 sums", "max-exp-sum32-log"),
+    CUDA("lp_summary", "ls_lp_summary_kernel", "512threads/block per row, each thread's first 5 in registers, then the block's 5 picks", "sequential-topk-order"),
     CUDA("digest", "ls_sha256_rows_kernel", "128threads/block, thread per row", "sha256-row-major"),
 };
 

@@ -168,7 +168,7 @@ void ls_engine_destroy(ls_engine *e)
         e->snaps = s->next;
         free(s->conv), free(s->gdn), free(s->kc), free(s->vc), free(s);
     }
-    free(e->h_tok), free(e->h_pos), free(e->h_cos), free(e->h_sin), free(e->h_lp);
+    free(e->h_in), free(e->h_lp), free(e->h_lps);
     free(e->h_tmp), free(e->h_bytes), free(e->layers), free(e->slot_of), free(e->dig);
     free(e->have), free(e->sample_ids), free(e->recs), free(e->rec_dig);
     free(e->jobs), free(e->sg), free(e->row_seq), free(e->dump_data), free(e->dumps);
@@ -352,10 +352,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     }
     if (e->o.gdn_chunked) LS_TRY(buf(e, Hv * dk * dv, &e->gdn_mat, err));
     long Wq = Hq * 2 * d;
-    LS_TRY(buf(e, T, &e->tok, err));
-    LS_TRY(buf(e, T, &e->pos, err));
-    LS_TRY(buf(e, T * (R / 2), &e->cosb, err));
-    LS_TRY(buf(e, T * (R / 2), &e->sinb, err));
+    LS_TRY(buf(e, 3 * T + T * R, &e->inb, err));
     LS_TRY(buf(e, T * D, &e->H, err));
     LS_TRY(buf(e, T * D, &e->XN, err));
     LS_TRY(buf(e, T * D, &e->A, err));
@@ -385,6 +382,8 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     LS_TRY(buf(e, T * k, &e->wts, err));
     LS_TRY(buf(e, T * V, &e->logits, err));
     LS_TRY(buf(e, T * V, &e->lp, err));
+    e->lp_k = V < LS_LP_SUMMARY_KMAX ? V : LS_LP_SUMMARY_KMAX;
+    LS_TRY(buf(e, T * LS_LP_SUMMARY_WORDS(e->lp_k), &e->lps, err));
     if (e->afd) {
         e->h_afd = malloc(sizeof(float) * (size_t)(T * (D + 2 * k)));
         e->afd_ns = calloc((size_t)(2 * e->c.n_layers), sizeof(uint64_t));
@@ -474,15 +473,13 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     if ((size_t)(2 * k) > tmp) tmp = (size_t)(2 * k);
     e->tmp_elems = tmp;
     /* The sum of the allocations below, for the message should one fail. */
-    size_t host_bytes = 2 * sizeof(int32_t) * (size_t)T + 2 * sizeof(float) * (size_t)(T * (R / 2) + 1) +
+    size_t host_bytes = 4 * (size_t)(3 * T + T * R) + 4 * (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)) +
                         sizeof(float) * (size_t)(T * V) + 8 * tmp + (size_t)(T * ns) * (sizeof *e->dig + 1 + sizeof *e->rec_dig) +
                         sizeof(int32_t) * (size_t)V + (size_t)T * (sizeof *e->recs + sizeof *e->sg + sizeof *e->row_seq) +
                         (size_t)(4 * T + 16) * sizeof *e->jobs;
-    e->h_tok = malloc(sizeof(int32_t) * (size_t)T);
-    e->h_pos = malloc(sizeof(int32_t) * (size_t)T);
-    e->h_cos = malloc(sizeof(float) * (size_t)(T * (R / 2) + 1));
-    e->h_sin = malloc(sizeof(float) * (size_t)(T * (R / 2) + 1));
+    e->h_in = malloc(4 * (size_t)(3 * T + T * R));
     e->h_lp = malloc(sizeof(float) * (size_t)(T * V));
+    e->h_lps = malloc(4 * (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)));
     e->h_tmp = malloc(sizeof(float) * tmp);
     e->h_bytes = malloc(4 * tmp);
     e->dig = calloc((size_t)(T * ns), sizeof *e->dig);
@@ -494,7 +491,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     e->jobs = calloc((size_t)e->jobs_cap, sizeof *e->jobs);
     e->sg = calloc((size_t)T, sizeof *e->sg);
     e->row_seq = calloc((size_t)T, sizeof *e->row_seq);
-    if (!e->h_tok || !e->h_pos || !e->h_cos || !e->h_sin || !e->h_lp || !e->h_tmp ||
+    if (!e->h_in || !e->h_lp || !e->h_lps || !e->h_tmp ||
         !e->h_bytes || !e->dig || !e->have || !e->sample_ids || !e->recs || !e->rec_dig ||
         !e->jobs || !e->sg || !e->row_seq)
         return ls_fail_nomem(err, host_bytes, "engine: host buffers for %ld rows", T);
@@ -1119,7 +1116,8 @@ static ls_status step(ls_engine *e, const ls_engine_item *items, long n_items, l
                 return ls_fail(err, LS_E_USAGE, "engine step: slot %ld appears twice", it->slot);
         if (it->n > e->T - rows)
             return ls_fail(err, LS_E_USAGE, "engine step: more than %ld tokens (max_rows)", e->T);
-        e->sg[i] = (seg){it->slot, it->tokens, it->n, rows, e->ss[it->slot].len, it->last != 0};
+        e->sg[i] = (seg){it->slot, it->tokens, it->n, rows, e->ss[it->slot].len, it->last != 0,
+                         it->follows != 0};
         rows += it->n;
     }
     /* Pages for the positions this step writes (past the capacity the
@@ -1148,31 +1146,101 @@ long ls_engine_step_rows(const ls_engine *e)
     return e->step_rows;
 }
 
-const float *ls_engine_logprobs(const ls_engine *e, long row)
+ls_status ls_engine_lp_rows(ls_engine *e, ls_error *err)
 {
-    return row >= 0 && row < e->step_rows ? e->h_lp + row * e->c.vocab : NULL;
+    if (e->lp_full) return LS_OK;
+    LS_TRY(e->be->download(e->be, e->h_lp, BEV(e->lp), sizeof(float) * (size_t)(e->step_rows * e->c.vocab),
+                           err));
+    e->lp_full = 1;
+    return LS_OK;
 }
 
-const ls_trace_record *ls_engine_record(ls_engine *e, long r, int32_t next)
+static ls_status step_row(const ls_engine *e, long row, ls_error *err)
 {
-    if (r < 0 || r >= e->step_rows) return NULL;
+    if (row >= 0 && row < e->step_rows) return LS_OK;
+    return ls_fail(err, LS_E_USAGE, "engine: row %ld of a step of %ld rows", row, e->step_rows);
+}
+
+/* Row's summary (ls_cpu_lp_summary's layout). */
+static const uint32_t *lp_summary_row(const ls_engine *e, long row)
+{
+    return e->h_lps + row * LS_LP_SUMMARY_WORDS(e->lp_k);
+}
+
+ls_status ls_engine_logprobs(ls_engine *e, long row, const float **lp, ls_error *err)
+{
+    LS_TRY(step_row(e, row, err));
+    LS_TRY(ls_engine_lp_rows(e, err));
+    *lp = e->h_lp + row * e->c.vocab;
+    return LS_OK;
+}
+
+ls_status ls_engine_sample(ls_engine *e, long row, const ls_sampling *s, uint32_t seq, uint32_t pos,
+                           int32_t *token, ls_error *err)
+{
+    LS_TRY(step_row(e, row, err));
+    const uint32_t *sm = lp_summary_row(e, row);
+    if (s->kind == LS_SAMPLING_GREEDY && !sm[2 * e->lp_k + 1]) {
+        *token = (int32_t)sm[0];
+        return LS_OK;
+    }
+    const float *lp;
+    LS_TRY(ls_engine_logprobs(e, row, &lp, err));
+    return ls_sample_select(s, lp, e->c.vocab, seq, pos, e->sample_ids, token, err);
+}
+
+/* The bits of row's logprob of token next (0..V-1): from the rows when on the
+ * host, else from the summary (the known next token, the top entries), else
+ * one value's transfer. */
+static ls_status lp_bits(ls_engine *e, long r, int32_t next, uint32_t *bits, ls_error *err)
+{
+    const uint32_t *sm = lp_summary_row(e, r);
+    long k = e->lp_k;
+    if (e->lp_full) {
+        *bits = ls_f32_bits(e->h_lp[r * e->c.vocab + next]);
+        return LS_OK;
+    }
+    if (next == e->h_next[r]) {
+        *bits = sm[2 * k];
+        return LS_OK;
+    }
+    for (long i = 0; i < k; i++)
+        if (sm[i] == (uint32_t)next) {
+            *bits = sm[k + i];
+            return LS_OK;
+        }
+    return e->be->download(e->be, bits, AT(e->lp, r * e->c.vocab + next), 4, err);
+}
+
+ls_status ls_engine_record(ls_engine *e, long r, int32_t next, const ls_trace_record **rec_out,
+                           ls_error *err)
+{
+    LS_TRY(step_row(e, r, err));
     ls_trace_record *rec = &e->recs[r];
-    long V = e->c.vocab;
-    const float *lp = e->h_lp + r * V;
+    long V = e->c.vocab, k = e->lp_k;
+    const uint32_t *sm = lp_summary_row(e, r);
     memset(rec, 0, sizeof *rec);
     rec->seq = (uint32_t)e->row_seq[r];
     rec->pos = (uint32_t)e->h_pos[r];
     rec->token = e->h_tok[r];
     rec->next_token = next;
-    rec->logprob_bits = next >= 0 && next < V ? ls_f32_bits(lp[next]) : 0x7fc00000u;
-    long kk = V < 5 ? V : 5;
-    float vals[5];
     for (int i = 0; i < LS_TRACE_TOPK_MAX; i++) {
         rec->topk_ids[i] = -1;
         rec->topk_logprob_bits[i] = 0x7fc00000u;
     }
-    ls_cpu_topk(lp, V, kk, rec->topk_ids, vals);
-    for (long i = 0; i < kk; i++) rec->topk_logprob_bits[i] = ls_f32_bits(vals[i]);
+    if (sm[2 * k + 1]) { /* a NaN in the row: the CPU scan over the whole row */
+        LS_TRY(ls_engine_lp_rows(e, err));
+        float vals[LS_LP_SUMMARY_KMAX];
+        ls_cpu_topk(e->h_lp + r * V, V, k, rec->topk_ids, vals);
+        for (long i = 0; i < k; i++) rec->topk_logprob_bits[i] = ls_f32_bits(vals[i]);
+    } else {
+        for (long i = 0; i < k; i++) {
+            rec->topk_ids[i] = (int32_t)sm[i];
+            rec->topk_logprob_bits[i] = sm[k + i];
+        }
+    }
+    rec->logprob_bits = 0x7fc00000u;
+    if (next >= 0 && next < V) LS_TRY(lp_bits(e, r, next, &rec->logprob_bits, err));
     long base = r * e->n_slots;
     ls_trace_digest *out = e->rec_dig + base;
     uint32_t n = 0, nd = 0;
@@ -1194,5 +1262,6 @@ const ls_trace_record *ls_engine_record(ls_engine *e, long r, int32_t next)
         rec->n_dumps = nd;
         rec->dumps = du;
     }
-    return rec;
+    *rec_out = rec;
+    return LS_OK;
 }

@@ -131,10 +131,10 @@ typedef struct ls_engine_opts {
                                   the normed rows [T, D] to every FFN rank, FFN rank A returns
                                   the MoE output [T, D] with the router's ids and weights to
                                   rank 0, which passes them to the other attention ranks; at
-                                  the end of a step rank 0 sends the logprobs and the digests
-                                  to the FFN ranks, so every rank's records and samples equal
-                                  the colocated engine's, bit for bit. All ranks run the same
-                                  steps */
+                                  the end of a step rank 0 sends the logprob rows, their
+                                  summary and the digests to the FFN ranks, so every rank's
+                                  records and samples equal the colocated engine's, bit for
+                                  bit. All ranks run the same steps */
     int afd_attention;         /* with afd_comm: A, the attention ranks (0 = 1) */
 } ls_engine_opts;
 
@@ -271,18 +271,36 @@ typedef struct ls_engine_item {
     long n;                    /* >= 1: a prefill chunk, or 1 for a decode token */
     int last;                  /* 1: the item's last token is the sequence's last position
                                   (carried-state digests are recorded there) */
+    int follows;               /* 1: tokens[n] is readable and is the token after the item's
+                                  last (a prompt or teacher-forced token, not one to be
+                                  sampled). Row j's next token is tokens[j + 1] for j < n - 1,
+                                  and for j = n - 1 when follows: the step takes the logprobs
+                                  of those next tokens on the device. 0 is always correct; a
+                                  record whose next token the step did not know may cost a
+                                  transfer of its own */
 } ls_engine_item;
 
 /* Runs one packed forward over the items (total tokens <= max_rows). Rows are
- * the items' tokens in item order. After it returns, until the next step:
- * ls_engine_logprobs gives a row's logprobs [vocab] (for sampling) and
- * ls_engine_record builds the row's record with the chosen next token. */
+ * the items' tokens in item order. The logprob rows stay where the backend
+ * computed them: the step brings back only what the records read (each row's
+ * top-5 and the logprob of its known next token, backend op lp_summary).
+ * After it returns, until the next step, ls_engine_sample selects a row's
+ * next token, ls_engine_record builds the row's record with it, and
+ * ls_engine_logprobs gives a whole row. */
 ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err);
 long ls_engine_step_rows(const ls_engine *e);
-const float *ls_engine_logprobs(const ls_engine *e, long row);
-/* Builds and returns row's record (next = selected next token or -1). The
- * records of one step are contiguous: ls_engine_record(e, 0, ..) + r is row
- * r's, so a frame of rows [a, b) can go to a sink in one call once built. */
-const ls_trace_record *ls_engine_record(ls_engine *e, long row, int32_t next);
+/* Selects row's next token (sample.h; ids scratch is the engine's). Greedy
+ * reads the row's top-1 (the same token as the scan over the row); the other
+ * samplers, and a row holding a NaN, read the whole rows (one transfer of
+ * every row of the step, the first time a step needs it). */
+ls_status ls_engine_sample(ls_engine *e, long row, const ls_sampling *s, uint32_t seq, uint32_t pos,
+                           int32_t *token, ls_error *err);
+/* *lp = row's logprobs [vocab], valid until the next step (engine-owned). */
+ls_status ls_engine_logprobs(ls_engine *e, long row, const float **lp, ls_error *err);
+/* Builds row's record (next = selected next token or -1) into *rec. The
+ * records of one step are contiguous: row 0's record + r is row r's, so a
+ * frame of rows [a, b) can go to a sink in one call once built. */
+ls_status ls_engine_record(ls_engine *e, long row, int32_t next, const ls_trace_record **rec,
+                           ls_error *err);
 
 #endif

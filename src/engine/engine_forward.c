@@ -454,8 +454,8 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     ls_order on = LS_ORDER_CANONICAL;
     LS_TRY(be->rmsnorm(be, BEV(e->Q), BEV(w->q_norm), BEV(e->Q), T * Hq, d, act, on, err));
     LS_TRY(be->rmsnorm(be, BEV(e->K), BEV(w->k_norm), BEV(e->K), T * Hkv, d, act, on, err));
-    LS_TRY(be->rope_apply(be, BEV(e->Q), BEV(e->cosb), BEV(e->sinb), T, Hq, d, c->rotary_dims, act, err));
-    LS_TRY(be->rope_apply(be, BEV(e->K), BEV(e->cosb), BEV(e->sinb), T, Hkv, d, c->rotary_dims, act, err));
+    LS_TRY(be->rope_apply(be, BEV(e->Q), e->v_cos, e->v_sin, T, Hq, d, c->rotary_dims, act, err));
+    LS_TRY(be->rope_apply(be, BEV(e->K), e->v_cos, e->v_sin, T, Hkv, d, c->rotary_dims, act, err));
     ls_order oa = ord(e, l, LS_PERTURB_ATTENTION);
     int batched = be->kv_append_batch && be->attention_batch && nseg > 1;
     if (batched) {
@@ -476,7 +476,7 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
                                            ba.row0, ba.len, ba.pos0, nseg, Hkv, d, err);
         if (st == LS_OK)
             st = be->attention_batch(be, BEV(e->Q), ba.st, ba.st2, pts, e->page, e->kv_cap, ba.row0, ba.len,
-                                     nseg, BEV(e->pos), BEV(e->O), Hq, Hkv, d, act, oa, err);
+                                     nseg, e->v_pos, BEV(e->O), Hq, Hkv, d, act, oa, err);
         free(pts);
         batch_free(&ba);
         LS_TRY(st);
@@ -498,7 +498,7 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
             i += m;
         }
         LS_TRY(be->attention(be, AT(e->Q, r0 * Hq * d), BEV(q->kc[l]), BEV(q->vc[l]), pt, e->page,
-                             e->kv_cap, AT(e->pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa,
+                             e->kv_cap, ls_view_at(e->v_pos, r0), AT(e->O, r0 * Hq * d), n, Hq, Hkv, d, act, oa,
                              err));
     }
     /* KV digests: the K row then the V row written at each position, of
@@ -661,25 +661,47 @@ static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
 }
 
 /* After the step (its digests complete): rank 0 sends what the records
- * read — the logprobs and every digest slot — and every FFN rank takes
- * them, so all ranks record and sample alike (the other attention ranks
- * computed the same themselves, as a tensor-parallel group does). */
+ * read — the logprob rows, their summary and every digest slot — and every
+ * FFN rank takes them, so all ranks record and sample alike (the other
+ * attention ranks computed the same themselves, as a tensor-parallel group
+ * does). The FFN ranks have no logprob rows of their own to fetch later. */
 static ls_status afd_records(ls_engine *e, long T, ls_error *err)
 {
     ls_comm *c = e->o.afd_comm;
     size_t lp = sizeof(float) * (size_t)(T * e->c.vocab), cells = (size_t)(T * e->n_slots);
+    size_t sum = 4 * (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k));
     if (e->afd_rank > 0 && e->afd_rank < e->afd_att) return LS_OK;
     if (e->afd_rank == 0) {
+        LS_TRY(ls_engine_lp_rows(e, err));
         for (int r = e->afd_att; r < e->afd; r++) {
             LS_TRY(ls_comm_send(c, e->h_lp, lp, r, err));
+            LS_TRY(ls_comm_send(c, e->h_lps, sum, r, err));
             LS_TRY(ls_comm_send(c, e->dig, cells * sizeof *e->dig, r, err));
             LS_TRY(ls_comm_send(c, e->have, cells, r, err));
         }
         return LS_OK;
     }
     LS_TRY(ls_comm_recv(c, e->h_lp, lp, 0, err));
+    LS_TRY(ls_comm_recv(c, e->h_lps, sum, 0, err));
+    e->lp_full = 1;
     LS_TRY(ls_comm_recv(c, e->dig, cells * sizeof *e->dig, 0, err));
     return ls_comm_recv(c, e->have, cells, 0, err);
+}
+
+/* The step's input layout for T rows (engine_internal.h: inb, h_in). */
+static void in_layout(ls_engine *e, long T)
+{
+    long half = e->c.rotary_dims / 2;
+    e->h_tok = (int32_t *)e->h_in;
+    e->h_next = (int32_t *)e->h_in + T;
+    e->h_pos = (int32_t *)e->h_in + 2 * T;
+    e->h_cos = (float *)(e->h_in + 3 * T);
+    e->h_sin = (float *)(e->h_in + 3 * T + T * half);
+    e->v_tok = BEV(e->inb);
+    e->v_next = AT(e->inb, T);
+    e->v_pos = AT(e->inb, 2 * T);
+    e->v_cos = AT(e->inb, 3 * T);
+    e->v_sin = AT(e->inb, 3 * T + T * half);
 }
 
 static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
@@ -688,6 +710,9 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     const ls_model_config *c = &e->c;
     int act = e->o.act_bf16;
     long D = c->hidden, V = c->vocab, k = c->topk, L = c->n_layers, T = 0;
+    e->step_rows = 0;
+    e->lp_full = 0;
+    in_layout(e, nseg > 0 ? sg[nseg - 1].row0 + sg[nseg - 1].n : 0);
     for (long s = 0; s < nseg; s++) {
         seq_state *q = &e->ss[sg[s].slot];
         if (sg[s].pos0 != q->len || q->len + sg[s].n > e->cap)
@@ -695,6 +720,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
                            "(capacity %ld)", q->id, q->len + sg[s].n, e->cap);
         for (long i = 0; i < sg[s].n; i++) {
             e->h_tok[T] = sg[s].tokens[i];
+            e->h_next[T] = i + 1 < sg[s].n || sg[s].follows ? sg[s].tokens[i + 1] : -1;
             e->h_pos[T] = (int32_t)(sg[s].pos0 + i);
             e->row_seq[T] = (int32_t)q->id;
             if (sg[s].tokens[i] < 0 || sg[s].tokens[i] >= V)
@@ -712,7 +738,6 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
             T++;
         }
     }
-    e->step_rows = 0;
     e->n_jobs = 0;
     memset(e->have, 0, (size_t)(T * e->n_slots));
     if (e->dumping) memset(e->dump_elems, 0, sizeof(uint32_t) * (size_t)(T * e->n_slots));
@@ -726,11 +751,8 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     uint64_t t_head = ls_now_ns(), t_layers = 0; /* AFD: rank 0's time outside the layers */
     long half = c->rotary_dims / 2;
     ls_cpu_rope_table(e->h_pos, T, c->rotary_dims, c->rope_theta, e->h_cos, e->h_sin, act);
-    LS_TRY(be->upload(be, BEV(e->tok), e->h_tok, (size_t)T * 4, err));
-    LS_TRY(be->upload(be, BEV(e->pos), e->h_pos, (size_t)T * 4, err));
-    LS_TRY(be->upload(be, BEV(e->cosb), e->h_cos, (size_t)(T * half) * 4, err));
-    LS_TRY(be->upload(be, BEV(e->sinb), e->h_sin, (size_t)(T * half) * 4, err));
-    LS_TRY(be->embed(be, &e->embed, BEV(e->tok), T, BEV(e->H), act, err));
+    LS_TRY(be->upload(be, BEV(e->inb), e->h_in, (size_t)(3 * T + 2 * T * half) * 4, err));
+    LS_TRY(be->embed(be, &e->embed, e->v_tok, T, BEV(e->H), act, err));
     LS_TRY(dq_rows(e, e->H, D, T, 0, 0, err));
     for (long l = 0; l < L; l++) {
         layer_w *w = &e->lw[l];
@@ -775,7 +797,8 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     LS_TRY(dq_rows(e, e->logits, V, T, e->n_tl - 1, 1, err));
     LS_TRY(dq_flush(e, err));
     LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
-    LS_TRY(be->download(be, e->h_lp, BEV(e->lp), (size_t)(T * V) * 4, err));
+    LS_TRY(be->lp_summary(be, BEV(e->lp), e->v_next, T, V, e->lp_k, BEV(e->lps), err));
+    LS_TRY(be->download(be, e->h_lps, BEV(e->lps), (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)) * 4, err));
     if (e->afd) {
         e->afd_head_ns += ls_now_ns() - t_head - t_layers;
         e->afd_steps++, e->afd_rows += T;

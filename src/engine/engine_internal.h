@@ -39,6 +39,7 @@ typedef struct seg {
     long row0;                            /* first packed row */
     long pos0;                            /* position of the first token */
     int last;                             /* the last token is the sequence's last position */
+    int follows;                          /* tokens[n] is the token after the last (ls_engine_item) */
 } seg;
 
 /* A snapshot's carried state (engine.h); its buffers are the backend's. */
@@ -85,12 +86,22 @@ struct ls_engine {
     seq_state *ss;                        /* [max_seqs] */
     ls_engine_snapshot *snaps;            /* every snapshot taken (in use or pooled) */
     /* work buffers, [T, ...] */
-    ls_buf *tok, *pos, *cosb, *sinb, *H, *XN, *A, *P, *BA, *X, *Z, *Bv, *Av, *Y, *Q, *K, *V;
+    ls_buf *H, *XN, *A, *P, *BA, *X, *Z, *Bv, *Av, *Y, *Q, *K, *V;
     ls_buf *beta, *alpha, *O, *QG, *G, *probs, *ids, *wts, *logits, *lp;
+    ls_buf *lps;                          /* u32 [T, LS_LP_SUMMARY_WORDS(lp_k)] the step's summary */
+    /* a step's inputs, uploaded in one transfer: for the step's T rows,
+     * tokens [T], next tokens [T], positions [T], cos [T, R/2], sin [T, R/2]
+     * one after the other (in_layout); h_in is the host copy */
+    ls_buf *inb;                          /* [3 max_rows + max_rows R] */
+    ls_view v_tok, v_next, v_pos, v_cos, v_sin;
     /* host */
-    int32_t *h_tok, *h_pos;               /* [T] */
-    float *h_cos, *h_sin;                 /* [T, R/2] */
-    float *h_lp;                          /* [T, V] */
+    uint32_t *h_in;                       /* [3 max_rows + max_rows R] */
+    int32_t *h_tok, *h_next, *h_pos;      /* [T] in h_in; h_next -1: not known */
+    float *h_cos, *h_sin;                 /* [T, R/2] in h_in */
+    float *h_lp;                          /* [T, V] the step's logprob rows, once lp_full */
+    uint32_t *h_lps;                      /* [T, LS_LP_SUMMARY_WORDS(lp_k)] */
+    long lp_k;                            /* top entries of a record: min(5, V) */
+    int lp_full;                          /* h_lp holds this step's rows */
     float *h_tmp;                         /* [max tensor] download scratch */
     unsigned char *h_bytes;               /* [4 * max tensor] canonical bytes */
     size_t tmp_elems;
@@ -171,5 +182,7 @@ static inline ls_view ls_engine_slot_pt(const ls_engine *e, long slot)
 
 /* One packed forward over the step's segments (engine_forward.c). */
 ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *err);
+/* The step's logprob rows into h_lp (one transfer; nothing once lp_full). */
+ls_status ls_engine_lp_rows(ls_engine *e, ls_error *err);
 
 #endif

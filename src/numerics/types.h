@@ -11,6 +11,11 @@
 #include "numerics/fp8.h"
 #include "numerics/reduce.h"
 
+/* The logprob summary (ls_cpu_lp_summary, its kernel): at most this many
+ * top entries, and the words of one row's summary. */
+#define LS_LP_SUMMARY_KMAX 5
+#define LS_LP_SUMMARY_WORDS(k) (2 * (k) + 2)
+
 typedef enum ls_order {
     LS_ORDER_CANONICAL = 0,    /* LS_DOT32 / sequential, docs/numerics.md §2 */
     LS_ORDER_REVERSED = 1      /* perturbation: sequential from the last element */

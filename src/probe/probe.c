@@ -560,6 +560,28 @@ static ls_status p_logprobs(pctx *c, int act, ls_order ord)
     return thash(c, lp, (size_t)(R * V));
 }
 
+/* The records' selection: rows of many exact ties (values of a few bits), one
+ * with a NaN, next tokens inside, the last and unknown. */
+static ls_status p_lp_summary(pctx *c, int act, ls_order ord)
+{
+    (void)act;
+    (void)ord;
+    long R = 3, V = 4100, k = LS_LP_SUMMARY_KMAX, W = LS_LP_SUMMARY_WORDS(k);
+    float *h = hmalloc(c, (size_t)(R * V) * 4);
+    if (!h) return c->err->status;
+    for (long i = 0; i < R * V; i++) h[i] = -(float)(next_u64(c) >> 61) * 0.25f;
+    h[2 * V + 9] = ls_f32_from_bits(0x7fc00000u);
+    int32_t next[3] = {17, (int32_t)(V - 1), -1};
+    ls_view lp, nx, out;
+    ls_status st = tfrom(c, h, (size_t)(R * V), &lp);
+    free(h);
+    LS_TRY(st);
+    LS_TRY(tfrom(c, next, 3, &nx));
+    LS_TRY(tzero(c, (size_t)(R * W), &out));
+    LS_TRY(c->be->lp_summary(c->be, lp, nx, R, V, k, out, c->err));
+    return thash(c, out, (size_t)(R * W));
+}
+
 /* Digests over strided rows, bf16 spans (of bf16-exact values, as the
  * engine's are), an odd length and a long row; the 32-byte results are
  * hashed in job order. */
@@ -609,6 +631,7 @@ static const probe_def probes[] = {
     {"shared_expert", p_shared_expert, 1},
     {"lm_head", p_lm_head, 1},
     {"logprobs", p_logprobs, 0},
+    {"lp_summary", p_lp_summary, 0},
     {"digest", p_digest, 0},
     {"linear_fp8", p_linear_fp8, 1},
     {"experts_fp8", p_experts_fp8, 1},

@@ -11,7 +11,7 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
                          const ls_sampling *sampling, int32_t *completion, ls_run_sink sink,
                          void *ctx, ls_error *err)
 {
-    long T = ls_engine_max_rows(e), V = ls_engine_vocab(e);
+    long T = ls_engine_max_rows(e);
     if (n_seqs < 1 || n_seqs > ls_engine_max_seqs(e))
         return ls_fail(err, LS_E_USAGE, "rollout: %ld sequences (engine holds %ld)", n_seqs, ls_engine_max_seqs(e));
     if (max_new < 1) return ls_fail(err, LS_E_USAGE, "rollout: max_new must be >= 1");
@@ -27,9 +27,8 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
     int32_t *gen = calloc((size_t)(n_seqs * max_new), sizeof(int32_t)); /* [n_seqs, max_new] */
     long *done = calloc((size_t)n_seqs, sizeof(long));
     ls_engine_item *it = calloc((size_t)T, sizeof *it);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)V);
-    if (!gen || !done || !it || !ids) {
-        free(gen), free(done), free(it), free(ids);
+    if (!gen || !done || !it) {
+        free(gen), free(done), free(it);
         return ls_fail(err, LS_E_NOMEM, "rollout: out of memory");
     }
     ls_status st = LS_OK;
@@ -42,7 +41,7 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
             if (left <= 0) continue;
             long take = left < T - rows ? left : T - rows;
             it[n++] = (ls_engine_item){i, seqs[i].tokens + done[i], take,
-                                       max_new == 1 && take == left};
+                                       max_new == 1 && take == left, take < left};
             rows += take;
         }
         if (n == 0) break;
@@ -54,11 +53,11 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
                 int32_t next;
                 if (p + 1 < seqs[i].n_tokens) next = seqs[i].tokens[p + 1];
                 else {
-                    st = ls_sample_select(sampling, ls_engine_logprobs(e, r), V, seqs[i].id,
-                                          (uint32_t)(p + 1), ids, &next, err);
+                    st = ls_engine_sample(e, r, sampling, seqs[i].id, (uint32_t)(p + 1), &next, err);
                     gen[i * max_new] = next;
                 }
-                const ls_trace_record *rec = ls_engine_record(e, r, next);
+                const ls_trace_record *rec = NULL;
+                if (st == LS_OK) st = ls_engine_record(e, r, next, &rec, err);
                 if (r == 0) rec0 = rec;
             }
             done[i] += it[s].n;
@@ -71,16 +70,17 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
             long nb = n_seqs - b0 < T ? n_seqs - b0 : T;
             for (long s = 0; s < nb; s++) {
                 long i = b0 + s;
-                it[s] = (ls_engine_item){i, &gen[i * max_new + step - 1], 1, step == max_new - 1};
+                it[s] = (ls_engine_item){i, &gen[i * max_new + step - 1], 1, step == max_new - 1, 0};
             }
             st = ls_engine_step(e, it, nb, err);
             for (long s = 0; st == LS_OK && s < nb; s++) {
                 long i = b0 + s;
                 int32_t next;
-                st = ls_sample_select(sampling, ls_engine_logprobs(e, s), V, seqs[i].id,
-                                      (uint32_t)(seqs[i].n_tokens + step), ids, &next, err);
+                st = ls_engine_sample(e, s, sampling, seqs[i].id, (uint32_t)(seqs[i].n_tokens + step),
+                                      &next, err);
                 gen[i * max_new + step] = next;
-                const ls_trace_record *rec = ls_engine_record(e, s, next);
+                const ls_trace_record *rec = NULL;
+                if (st == LS_OK) st = ls_engine_record(e, s, next, &rec, err);
                 if (s == 0) rec0 = rec;
             }
             if (st == LS_OK) st = sink(ctx, LS_FRAME_DECODE, rec0, nb, err);
@@ -88,7 +88,7 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
     }
     if (st == LS_OK && completion) memcpy(completion, gen, sizeof(int32_t) * (size_t)(n_seqs * max_new));
     for (long i = 0; i < n_seqs; i++) ls_engine_leave(e, i);
-    free(done), free(gen), free(it), free(ids);
+    free(done), free(gen), free(it);
     return st;
 }
 
@@ -128,7 +128,7 @@ ls_status ls_run_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long
             if (left <= 0) continue;
             long take = left < chunk ? left : chunk;
             if (take > T - rows) take = T - rows;
-            it[n++] = (ls_engine_item){i, seqs[i].tokens + done[i], take, take == left};
+            it[n++] = (ls_engine_item){i, seqs[i].tokens + done[i], take, take == left, 1};
             rows += take;
         }
         if (n == 0) break;
@@ -136,8 +136,9 @@ ls_status ls_run_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long
         st = ls_engine_step(e, it, n, err);
         for (long s = 0, r = 0; st == LS_OK && s < n; s++) {
             long i = it[s].slot;
-            for (long j = 0; j < it[s].n; j++, r++) {
-                const ls_trace_record *rec = ls_engine_record(e, r, seqs[i].tokens[done[i] + j + 1]);
+            for (long j = 0; st == LS_OK && j < it[s].n; j++, r++) {
+                const ls_trace_record *rec = NULL;
+                st = ls_engine_record(e, r, seqs[i].tokens[done[i] + j + 1], &rec, err);
                 if (r == 0) rec0 = rec;
             }
             done[i] += it[s].n;
@@ -162,7 +163,7 @@ typedef struct serve_seq {
 ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const ls_sampling *sampling,
                        ls_run_sink sink, void *ctx, ls_error *err)
 {
-    long T = ls_engine_max_rows(e), S = ls_engine_max_seqs(e), V = ls_engine_vocab(e);
+    long T = ls_engine_max_rows(e), S = ls_engine_max_seqs(e);
     if (n < 1) return ls_fail(err, LS_E_USAGE, "serve: no requests");
     for (long i = 0; i < n; i++) {
         const ls_run_request *q = &reqs[i];
@@ -177,8 +178,7 @@ ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const l
     ls_engine_item *it = calloc((size_t)T, sizeof *it);
     long *who = calloc((size_t)T, sizeof *who);
     unsigned char *used = calloc((size_t)S, 1);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)V);
-    ls_status st = q && it && who && used && ids ? LS_OK : ls_fail(err, LS_E_NOMEM, "serve: out of memory");
+    ls_status st = q && it && who && used ? LS_OK : ls_fail(err, LS_E_NOMEM, "serve: out of memory");
     for (long i = 0; st == LS_OK && i < n; i++) {
         q[i].slot = -1;
         q[i].tok = malloc(sizeof(int32_t) * (size_t)(reqs[i].prompt_len + reqs[i].max_new));
@@ -206,7 +206,8 @@ ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const l
             if (take > T - rows) take = T - rows;
             decode += q[i].fed >= r->prompt_len;
             long last_pos = r->prompt_len + r->max_new - 2;
-            it[k] = (ls_engine_item){q[i].slot, q[i].tok + q[i].fed, take, q[i].fed + take - 1 == last_pos};
+            it[k] = (ls_engine_item){q[i].slot, q[i].tok + q[i].fed, take, q[i].fed + take - 1 == last_pos,
+                                     q[i].fed + take < r->prompt_len};
             who[k++] = i;
             rows += take;
         }
@@ -221,13 +222,13 @@ ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const l
                 int32_t next = -1;
                 if (p + 1 < r->prompt_len) next = x->tok[p + 1];
                 else if (x->gen < r->max_new) {
-                    st = ls_sample_select(sampling, ls_engine_logprobs(e, row), V, r->id,
-                                          (uint32_t)(p + 1), ids, &next, err);
+                    st = ls_engine_sample(e, row, sampling, r->id, (uint32_t)(p + 1), &next, err);
                     x->tok[r->prompt_len + x->gen] = next;
                     if (r->completion) r->completion[x->gen] = next;
                     x->gen++;
                 }
-                const ls_trace_record *rec = ls_engine_record(e, row, next);
+                const ls_trace_record *rec = NULL;
+                if (st == LS_OK) st = ls_engine_record(e, row, next, &rec, err);
                 if (row == 0) rec0 = rec;
             }
             x->fed += it[j].n;
@@ -245,6 +246,6 @@ ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const l
         if (q[i].slot >= 0) ls_engine_leave(e, q[i].slot);
         free(q[i].tok);
     }
-    free(q), free(it), free(who), free(used), free(ids);
+    free(q), free(it), free(who), free(used);
     return st;
 }

@@ -148,7 +148,7 @@ typedef struct gseq {
 typedef struct grun {
     ls_engine *e;
     const ls_sequence *pr;
-    long np, N, ns, max_new, T, V;
+    long np, N, ns, max_new, T;
     const ls_sampling *sampling;
     const ls_rollout_opts *o;
     gprompt *p;                /* [np] */
@@ -156,7 +156,6 @@ typedef struct grun {
     unsigned char *used;       /* [slots] */
     long slots;
     ls_engine_item *it;        /* [T] */
-    int32_t *ids;              /* [V] sampling scratch */
     ls_trace_record *frame;    /* [frame_cap] */
     long frame_cap;
     ls_run_sink sink;
@@ -326,7 +325,7 @@ static ls_status prefill(grun *g, ls_error *err)
             long take = next_stop(g, i) - p->done;
             if (take > T - rows) take = T - rows;
             g->it[n++] = (ls_engine_item){i * N, g->pr[i].tokens + p->done, take,
-                                          g->max_new == 1 && take == left};
+                                          g->max_new == 1 && take == left, take < left};
             rows += take;
         }
         if (n == 0) {
@@ -344,7 +343,8 @@ static ls_status prefill(grun *g, ls_error *err)
             for (long j = 0; j < g->it[s].n; j++, r++) {
                 long pos = p->done + j;
                 if (pos + 1 < pr->n_tokens) {
-                    const ls_trace_record *rec = ls_engine_record(g->e, r, pr->tokens[pos + 1]);
+                    const ls_trace_record *rec;
+                    LS_TRY(ls_engine_record(g->e, r, pr->tokens[pos + 1], &rec, err));
                     LS_TRY(kept_add(&p->keep, rec, err));
                     for (long k = 0; k < N; k++) {
                         g->frame[nf] = *rec;
@@ -356,11 +356,12 @@ static ls_status prefill(grun *g, ls_error *err)
                 for (long k = 0; k < N; k++) {
                     gseq *x = &g->q[i * N + k];
                     int32_t next;
-                    LS_TRY(ls_sample_select(g->sampling, ls_engine_logprobs(g->e, r), g->V, x->id,
-                                            (uint32_t)(pos + 1), g->ids, &next, err));
+                    LS_TRY(ls_engine_sample(g->e, r, g->sampling, x->id, (uint32_t)(pos + 1), &next, err));
                     x->tok[x->plen] = next;
                     x->gen = 1;
-                    g->frame[nf] = *ls_engine_record(g->e, r, next);
+                    const ls_trace_record *rec;
+                    LS_TRY(ls_engine_record(g->e, r, next, &rec, err));
+                    g->frame[nf] = *rec;
                     g->frame[nf++].seq = x->id;
                 }
             }
@@ -428,7 +429,7 @@ static ls_status resume(grun *g, long x, ls_error *err)
         LS_TRY(ls_engine_join(g->e, slot, q->id, q->plen, err));
         for (long done = 0; done < len;) {
             long take = len - done < g->T ? len - done : g->T;
-            ls_engine_item it = {slot, q->tok + done, take, 0};
+            ls_engine_item it = {slot, q->tok + done, take, 0, 0};
             LS_TRY(ls_engine_step(g->e, &it, 1, err));
             g->st.positions_computed += take;
             done += take;
@@ -467,18 +468,19 @@ static ls_status decode(grun *g, ls_error *err)
             long nb = na - b0 < T ? na - b0 : T;
             for (long s = 0; s < nb; s++) {
                 gseq *q = &g->q[act[b0 + s]];
-                g->it[s] = (ls_engine_item){q->slot, &q->tok[q->plen + q->gen - 1], 1, q->gen == g->max_new - 1};
+                g->it[s] = (ls_engine_item){q->slot, &q->tok[q->plen + q->gen - 1], 1, q->gen == g->max_new - 1, 0};
             }
             st = ls_engine_step(g->e, g->it, nb, err);
             g->st.positions_computed += nb;
             for (long s = 0; st == LS_OK && s < nb; s++) {
                 gseq *q = &g->q[act[b0 + s]];
                 int32_t next;
-                st = ls_sample_select(g->sampling, ls_engine_logprobs(g->e, s), g->V, q->id,
-                                      (uint32_t)(q->plen + q->gen), g->ids, &next, err);
+                st = ls_engine_sample(g->e, s, g->sampling, q->id, (uint32_t)(q->plen + q->gen), &next, err);
                 q->tok[q->plen + q->gen] = next;
                 q->gen++;
-                g->frame[s] = *ls_engine_record(g->e, s, next);
+                const ls_trace_record *rec;
+                if (st == LS_OK) st = ls_engine_record(g->e, s, next, &rec, err);
+                if (st == LS_OK) g->frame[s] = *rec;
             }
             if (st == LS_OK) st = g->sink(g->ctx, LS_FRAME_DECODE, g->frame, nb, err);
         }
@@ -532,16 +534,15 @@ ls_status ls_run_rollout_group(ls_engine *e, const ls_sequence *prompts, long n_
     grun g;
     memset(&g, 0, sizeof g);
     g.e = e, g.pr = prompts, g.np = n_prompts, g.N = N, g.ns = n_prompts * N, g.max_new = max_new;
-    g.T = ls_engine_max_rows(e), g.V = ls_engine_vocab(e), g.sampling = sampling, g.o = o;
+    g.T = ls_engine_max_rows(e), g.sampling = sampling, g.o = o;
     g.sink = sink, g.ctx = ctx, g.slots = ls_engine_max_seqs(e);
     ls_sequence *ids = malloc(sizeof *ids * (size_t)g.ns);
     g.p = calloc((size_t)n_prompts, sizeof *g.p);
     g.q = calloc((size_t)g.ns, sizeof *g.q);
     g.used = calloc((size_t)g.slots, 1);
     g.it = calloc((size_t)g.T, sizeof *g.it);
-    g.ids = malloc(sizeof(int32_t) * (size_t)g.V);
-    ls_status st = ids && g.p && g.q && g.used && g.it && g.ids ? LS_OK
-                                                                 : ls_fail(err, LS_E_NOMEM, "rollout: out of memory");
+    ls_status st = ids && g.p && g.q && g.used && g.it ? LS_OK
+                                                       : ls_fail(err, LS_E_NOMEM, "rollout: out of memory");
     if (st == LS_OK) st = ls_run_group_sequences(prompts, n_prompts, N, ids, err);
     if (st == LS_OK) st = check_evictions(&g, err);
     for (long i = 0; st == LS_OK && i < n_prompts; i++) g.p[i].src = -1;
@@ -573,6 +574,6 @@ ls_status ls_run_rollout_group(ls_engine *e, const ls_sequence *prompts, long n_
         for (long k = 0; p->keep.d && k < p->keep.n; k++) free(p->keep.d[k]);
         free(p->keep.d), free(p->keep.r), free(p->bounds), free(p->snap), free(p->users);
     }
-    free(ids), free(g.p), free(g.q), free(g.used), free(g.it), free(g.ids), free(g.frame);
+    free(ids), free(g.p), free(g.q), free(g.used), free(g.it), free(g.frame);
     return st;
 }

@@ -173,7 +173,7 @@ START_TEST(test_arena_usage)
     int32_t tok[16];
     for (int i = 0; i < 16; i++) tok[i] = i + 1;
     ck_assert_msg(ls_engine_join(e, 0, 1, 16, &err) == LS_OK, "%s", err.msg);
-    ls_engine_item it = {0, tok, 16, 1};
+    ls_engine_item it = {0, tok, 16, 1, 0};
     ck_assert_msg(ls_engine_step(e, &it, 1, &err) == LS_OK, "%s", err.msg);
     size_t used2;
     ls_backend_cuda_arena_usage(be, &used2, &cap);
