@@ -233,11 +233,10 @@ static ls_status t_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
     return op_end(be, IN(be)->zero(IN(be), dst, n, err), err);
 }
 
-static ls_status t_copy_blocks(ls_backend *be, ls_view dst, ls_view src, const ls_copy_shape *sh,
-                               ls_error *err)
+static ls_status t_copy_blocks(ls_backend *be, const ls_copy_job *jobs, int n, ls_error *err)
 {
     LS_TRY(op_begin(be, LS_BENCH_OP_COPY_BLOCKS, 0, 0, err));
-    return op_end(be, IN(be)->copy_blocks(IN(be), dst, src, sh, err), err);
+    return op_end(be, IN(be)->copy_blocks(IN(be), jobs, n, err), err);
 }
 
 static void t_destroy(ls_backend *be)

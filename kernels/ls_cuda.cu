@@ -158,31 +158,44 @@ extern "C" ls_status ls_cuda_sync(ls_error *err)
     return LS_OK;
 }
 
-/* Thread per element, element (r, g, i) at flat index (r groups + g) len + i. */
-__global__ void ls_copy_blocks_kernel(float *dst, const float *src, long groups, long len, long n,
-                                      long dst_stride, long dst_step, long src_stride,
-                                      long src_step)
+typedef struct ls_copy_jobs {
+    ls_cuda_copy_job j[LS_CUDA_COPY_JOBS_MAX];
+} ls_copy_jobs;
+
+/* Job blockIdx.y; thread per element, element (r, g, i) at flat index
+ * (r groups + g) len + i. */
+__global__ void ls_copy_blocks_kernel(ls_copy_jobs jobs)
 {
+    const ls_cuda_copy_job *c = &jobs.j[blockIdx.y];
+    long n = c->rows * c->groups * c->len;
     for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
          e += (long)gridDim.x * blockDim.x) {
-        long i = e % len, rg = e / len;
-        long g = rg % groups, r = rg / groups;
-        dst[r * dst_stride + g * dst_step + i] = src[r * src_stride + g * src_step + i];
+        long i = e % c->len, rg = e / c->len;
+        long g = rg % c->groups, r = rg / c->groups;
+        c->dst[r * c->dst_stride + g * c->dst_step + i] = c->src[r * c->src_stride + g * c->src_step + i];
     }
 }
 
-extern "C" ls_status ls_cuda_copy_blocks(float *dst, const float *src, long rows, long groups,
-                                         long len, long dst_stride, long dst_step, long src_stride,
-                                         long src_step, void *stream, ls_error *err)
+extern "C" ls_status ls_cuda_copy_blocks(const ls_cuda_copy_job *jobs, int n, void *stream, ls_error *err)
 {
-    LS_CUDA_REQUIRE(rows >= 0 && groups >= 0 && len >= 0, err,
-                    "device block copy: rows %ld, groups %ld, len %ld", rows, groups, len);
-    long n = rows * groups * len;
-    if (n == 0) return LS_OK;
-    long blocks = (n + 255) / 256;
-    ls_copy_blocks_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0,
-                            (cudaStream_t)stream>>>(dst, src, groups, len, n, dst_stride, dst_step,
-                                                    src_stride, src_step);
+    LS_CUDA_REQUIRE(n >= 1 && n <= LS_CUDA_COPY_JOBS_MAX, err, "device block copy: %d jobs (1..%d)", n,
+                    LS_CUDA_COPY_JOBS_MAX);
+    ls_copy_jobs js;
+    memset(&js, 0, sizeof js);
+    long most = 0;
+    for (int i = 0; i < n; i++) {
+        const ls_cuda_copy_job *c = &jobs[i];
+        LS_CUDA_REQUIRE(c->rows >= 0 && c->groups >= 0 && c->len >= 0, err,
+                        "device block copy: job %d: rows %ld, groups %ld, len %ld", i, c->rows, c->groups,
+                        c->len);
+        js.j[i] = *c;
+        long e = c->rows * c->groups * c->len;
+        if (e > most) most = e;
+    }
+    if (most == 0) return LS_OK;
+    long blocks = (most + 255) / 256;
+    dim3 grid((unsigned)(blocks < 65536 ? blocks : 65536), (unsigned)n);
+    ls_copy_blocks_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(js);
     LS_CUDA_CHECK_LAUNCH("ls_copy_blocks_kernel", err);
     return LS_OK;
 }

@@ -67,12 +67,17 @@ ls_status ls_cuda_download(void *dst_host, const void *src_dev, size_t bytes, ls
 ls_status ls_cuda_memset(void *dst_dev, int value, size_t bytes, ls_error *err);
 /* Device to device, not overlapping. */
 ls_status ls_cuda_copy(void *dst_dev, const void *src_dev, size_t bytes, ls_error *err);
-/* One launch copying rows x groups blocks of len 4-byte elements between
- * device buffers that do not overlap:
+/* One block copy: rows x groups blocks of len 4-byte elements,
  * dst[r*dst_stride + g*dst_step + i] = src[r*src_stride + g*src_step + i]. */
-ls_status ls_cuda_copy_blocks(float *dst, const float *src, long rows, long groups, long len,
-                              long dst_stride, long dst_step, long src_stride, long src_step,
-                              void *stream, ls_error *err);
+typedef struct ls_cuda_copy_job {
+    float *dst;
+    const float *src;
+    long rows, groups, len, dst_stride, dst_step, src_stride, src_step;
+} ls_cuda_copy_job;
+#define LS_CUDA_COPY_JOBS_MAX 8
+/* n (1..LS_CUDA_COPY_JOBS_MAX) block copies in one launch; no job's dst
+ * overlaps any job's src or another job's dst. */
+ls_status ls_cuda_copy_blocks(const ls_cuda_copy_job *jobs, int n, void *stream, ls_error *err);
 /* Synthetic weights (benchmarks at shapes whose weights are not on disk):
  * n bf16 values, element i = bf16(scale u), u uniform in [-1, 1) from
  * splitmix64(seed + (i + 1) golden gamma): a counter-based generator, so

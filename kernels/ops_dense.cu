@@ -571,11 +571,13 @@ ls_logprobs_kernel(const float *logits, float *lp, long V)
     float *o = lp + (long)blockIdx.x * V;           /* [V] */
     float m = -INFINITY;
     long mi = -1;
-    for (long v = tid; v < V; v += LS_LP_THREADS)
-        if (l[v] > m) {
-            m = l[v];
+    const float *in[1] = {l};
+    ls_batched_map<1>(in, tid, LS_LP_THREADS, V, [&](long v, const float *x) {
+        if (x[0] > m) {
+            m = x[0];
             mi = v;
         }
+    });
     ls_warp_max_first_i(&m, &mi);
     if (lane == 0) {
         wv[warp] = m;
@@ -593,7 +595,8 @@ ls_logprobs_kernel(const float *logits, float *lp, long V)
     float p = 0.0f;
     for (long t0 = 0; t0 < V; t0 += LS_LP_TILE) {
         long n = V - t0 < LS_LP_TILE ? V - t0 : LS_LP_TILE;
-        for (long i = tid; i < n; i += LS_LP_THREADS) tile[i] = ls_expf(l[t0 + i] - m);
+        const float *at[1] = {l + t0};
+        ls_batched_map<1>(at, tid, LS_LP_THREADS, n, [&](long i, const float *x) { tile[i] = ls_expf(x[0] - m); });
         __syncthreads();
         if (warp == 0)
             for (long i0 = lane; i0 < n; i0 += LS_WARP * LS_PF) {
@@ -612,7 +615,6 @@ ls_logprobs_kernel(const float *logits, float *lp, long V)
     }
     __syncthreads();
     float lse = s_lse;
-    const float *in[1] = {l};
     ls_batched_map<1>(in, tid, LS_LP_THREADS, V, [&](long v, const float *x) { o[v] = x[0] - lse; });
 }
 
@@ -681,20 +683,21 @@ ls_lp_summary_kernel(const float *lp, const int32_t *next, long V, int k, uint32
 #pragma unroll
     for (int j = 0; j < K; j++) bv[j] = -INFINITY, bi[j] = -1;
     int nan = 0;
-    for (long v = tid; v < V; v += LS_LPS_THREADS) {
-        float a = x[v];
+    const float *in[1] = {x};
+    ls_batched_map<1>(in, tid, LS_LPS_THREADS, V, [&](long v, const float *p) {
+        float a = p[0];
         if (isnan(a)) {
             nan = 1;
-            continue;
+            return;
         }
-        if (!ls_lps_before(a, v, bv[K - 1], bi[K - 1])) continue;
+        if (!ls_lps_before(a, v, bv[K - 1], bi[K - 1])) return;
 #pragma unroll
         for (int j = K - 1; j >= 0; j--)
             if (ls_lps_before(a, v, bv[j], bi[j])) {
                 if (j + 1 < K) bv[j + 1] = bv[j], bi[j + 1] = bi[j];
                 bv[j] = a, bi[j] = v;
             }
-    }
+    });
     nan = __syncthreads_or(nan);
     for (int i = 0; i < k; i++) {
         float cv = bv[0];

@@ -1263,10 +1263,10 @@ static ls_status kvb_exec(bo_case *c, ls_backend *be, ls_error *err)
             if (m > room) m = room;
             ls_copy_shape kv = {m, s->Hkv, s->d, s->d, page * s->d, s->Hkv * s->d, s->d};
             long at = (pt ? bo_kv_row(pt, page, s->Hkv, 0, p) : p) * s->d;
-            LS_TRY(be->copy_blocks(be, ls_view_at((ls_view){kc[q], 0}, (size_t)at),
-                                   AT(c, KB_K, (row0[q] + i) * s->Hkv * s->d), &kv, err));
-            LS_TRY(be->copy_blocks(be, ls_view_at((ls_view){vc[q], 0}, (size_t)at),
-                                   AT(c, KB_V, (row0[q] + i) * s->Hkv * s->d), &kv, err));
+            ls_copy_job jobs[2] = {
+                {ls_view_at((ls_view){kc[q], 0}, (size_t)at), AT(c, KB_K, (row0[q] + i) * s->Hkv * s->d), kv},
+                {ls_view_at((ls_view){vc[q], 0}, (size_t)at), AT(c, KB_V, (row0[q] + i) * s->Hkv * s->d), kv}};
+            LS_TRY(be->copy_blocks(be, jobs, 2, err));
             i += m;
         }
     }
@@ -1545,20 +1545,27 @@ static ls_status moe_ep_exec(bo_case *c, ls_backend *be, ls_error *err)
 
 /* ---- memory: copy_blocks, alloc / upload / zero / download --------------- */
 
+/* split: the backend gets one job per group, all in one call (groups <=
+ * LS_COPY_JOBS_MAX), the reference the one shape. */
 typedef struct sh_copy {
     int tier;
     ls_copy_shape sh;
     long dst_n, src_n, dst_off, src_off;
     const char *label;
+    int split;
 } sh_copy;
 static const sh_copy copy_shapes[] = {
     /* the engine's GDN projection split: v of 16 key-head groups [q k v z] */
     {BO_ALL, {65, 16, 256, 8192, 256, 16 * 768, 768}, 65 * 8192, 65 * 16 * 768, 2 * 16 * 128,
-     2 * 128, "GDN split of v"},
-    {BO_ALL, {65, 1, 2048, 2048, 0, 8192, 0}, 65 * 2048, 65 * 8192, 0, 4096, "rows"},
+     2 * 128, "GDN split of v", 0},
+    {BO_ALL, {65, 1, 2048, 2048, 0, 8192, 0}, 65 * 2048, 65 * 8192, 0, 4096, "rows", 0},
     {BO_ALL, {7, 2, 256, 256, 200 * 256, 512, 256}, 2 * 200 * 256, 10 * 512, 30 * 256, 3 * 512,
-     "KV rows to cache positions 30.."},
-    {BO_ALL, {3, 5, 7, 40, 8, 37, 7}, 200, 150, 1, 2, "odd strides"},
+     "KV rows to cache positions 30..", 0},
+    {BO_ALL, {7, 2, 256, 256, 200 * 256, 512, 256}, 2 * 200 * 256, 10 * 512, 30 * 256, 3 * 512,
+     "KV rows to cache positions 30.., a job per head", 1},
+    {BO_ALL, {3, 5, 7, 40, 8, 37, 7}, 200, 150, 1, 2, "odd strides", 0},
+    {BO_ALL, {3, 5, 7, 40, 8, 37, 7}, 200, 150, 1, 2, "odd strides, a job per group", 1},
+    {BO_ALL, {9, 8, 33, 300, 34, 280, 35}, 9 * 300, 9 * 280, 3, 0, "8 jobs in one call", 1},
 };
 enum { CP_SRC, CP_DST };
 
@@ -1585,7 +1592,17 @@ static void copy_ref(bo_case *c)
 static ls_status copy_exec(bo_case *c, ls_backend *be, ls_error *err)
 {
     const sh_copy *s = c->shape;
-    return be->copy_blocks(be, AT(c, CP_DST, s->dst_off), AT(c, CP_SRC, s->src_off), &s->sh, err);
+    ls_copy_job jobs[LS_COPY_JOBS_MAX];
+    if (!s->split) {
+        jobs[0] = (ls_copy_job){AT(c, CP_DST, s->dst_off), AT(c, CP_SRC, s->src_off), s->sh};
+        return be->copy_blocks(be, jobs, 1, err);
+    }
+    ls_copy_shape one = s->sh;
+    one.groups = 1;
+    for (long g = 0; g < s->sh.groups; g++)
+        jobs[g] = (ls_copy_job){AT(c, CP_DST, s->dst_off + g * s->sh.dst_step),
+                                AT(c, CP_SRC, s->src_off + g * s->sh.src_step), one};
+    return be->copy_blocks(be, jobs, (int)s->sh.groups, err);
 }
 
 /* A fresh buffer reads back as zeros; then upload, zero and download at

@@ -70,11 +70,19 @@ typedef struct ls_bmoe {
     const ls_bweight *sh_gate_w;         /* shared_expert_gate [1, D] */
 } ls_bmoe;
 
-/* The shape of a copy_blocks call (see there). */
+/* The shape of a block copy (copy_blocks). */
 typedef struct ls_copy_shape {
     long rows, groups, len;
     long dst_stride, dst_step, src_stride, src_step;
 } ls_copy_shape;
+
+/* One block copy of a copy_blocks call. */
+typedef struct ls_copy_job {
+    ls_view dst, src;
+    ls_copy_shape sh;
+} ls_copy_job;
+
+#define LS_COPY_JOBS_MAX 8         /* jobs per copy_blocks call */
 
 /* One span of a digest: `rows` rows of `len` elements (4 bytes each, fp32 or
  * int32) starting at src, row starts `stride` elements apart, hashed row by
@@ -130,12 +138,13 @@ struct ls_backend {
     ls_status (*download)(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err);
     /* Sets n elements (4 bytes each) to zero. */
     ls_status (*zero)(ls_backend *be, ls_view dst, size_t n, ls_error *err);
-    /* Copies rows x groups blocks of len elements (4 bytes each), in one call:
+    /* n (1..LS_COPY_JOBS_MAX) block copies in one call (one device pass):
+     * each copies rows x groups blocks of len elements (4 bytes each),
      * dst[r*dst_stride + g*dst_step + i] = src[r*src_stride + g*src_step + i]
-     * for r < rows, g < groups, i < len; dst and src must not overlap. One
-     * group is a plain strided row copy (ls_copy_rows). */
-    ls_status (*copy_blocks)(ls_backend *be, ls_view dst, ls_view src, const ls_copy_shape *sh,
-                             ls_error *err);
+     * for r < rows, g < groups, i < len. No job's dst overlaps its own or
+     * another job's src or dst. One group is a plain strided row copy
+     * (ls_copy_rows). */
+    ls_status (*copy_blocks)(ls_backend *be, const ls_copy_job *jobs, int n, ls_error *err);
     /* Frees every buffer and the backend itself. */
     void (*destroy)(ls_backend *be);
 
@@ -307,8 +316,8 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err);
 static inline ls_status ls_copy_rows(ls_backend *be, ls_view dst, long dst_stride, ls_view src,
                                      long src_stride, long rows, long len, ls_error *err)
 {
-    ls_copy_shape sh = {rows, 1, len, dst_stride, 0, src_stride, 0};
-    return be->copy_blocks(be, dst, src, &sh, err);
+    ls_copy_job j = {dst, src, {rows, 1, len, dst_stride, 0, src_stride, 0}};
+    return be->copy_blocks(be, &j, 1, err);
 }
 
 #endif

@@ -155,17 +155,20 @@ static ls_status cpu_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
     return LS_OK;
 }
 
-static ls_status cpu_copy_blocks(ls_backend *be, ls_view dst, ls_view src, const ls_copy_shape *sh,
-                                 ls_error *err)
+static ls_status cpu_copy_blocks(ls_backend *be, const ls_copy_job *jobs, int n, ls_error *err)
 {
     (void)be;
-    (void)err;
-    float *d = F(dst);
-    const float *s = F(src);
-    for (long r = 0; r < sh->rows; r++)
-        for (long g = 0; g < sh->groups; g++)
-            memcpy(d + r * sh->dst_stride + g * sh->dst_step, s + r * sh->src_stride + g * sh->src_step,
-                   (size_t)sh->len * sizeof(float));
+    if (n < 1 || n > LS_COPY_JOBS_MAX)
+        return ls_fail(err, LS_E_USAGE, "cpu copy_blocks: %d jobs (1..%d)", n, LS_COPY_JOBS_MAX);
+    for (int j = 0; j < n; j++) {
+        const ls_copy_shape *sh = &jobs[j].sh;
+        float *d = F(jobs[j].dst);
+        const float *s = F(jobs[j].src);
+        for (long r = 0; r < sh->rows; r++)
+            for (long g = 0; g < sh->groups; g++)
+                memcpy(d + r * sh->dst_stride + g * sh->dst_step, s + r * sh->src_stride + g * sh->src_step,
+                       (size_t)sh->len * sizeof(float));
+    }
     return LS_OK;
 }
 

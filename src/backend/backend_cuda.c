@@ -296,12 +296,20 @@ static ls_status cu_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
     return ls_cuda_memset(F(dst), 0, n * 4, err);
 }
 
-static ls_status cu_copy_blocks(ls_backend *be, ls_view dst, ls_view src, const ls_copy_shape *sh,
-                                ls_error *err)
+_Static_assert(LS_COPY_JOBS_MAX <= LS_CUDA_COPY_JOBS_MAX, "a copy_blocks call is one launch");
+
+static ls_status cu_copy_blocks(ls_backend *be, const ls_copy_job *jobs, int n, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_copy_blocks(F(dst), F(src), sh->rows, sh->groups, sh->len, sh->dst_stride,
-                               sh->dst_step, sh->src_stride, sh->src_step, NULL, err);
+    if (n < 1 || n > LS_COPY_JOBS_MAX)
+        return ls_fail(err, LS_E_USAGE, "cuda copy_blocks: %d jobs (1..%d)", n, LS_COPY_JOBS_MAX);
+    ls_cuda_copy_job cj[LS_COPY_JOBS_MAX];
+    for (int i = 0; i < n; i++) {
+        const ls_copy_shape *sh = &jobs[i].sh;
+        cj[i] = (ls_cuda_copy_job){F(jobs[i].dst), F(jobs[i].src), sh->rows, sh->groups, sh->len,
+                                   sh->dst_stride, sh->dst_step, sh->src_stride, sh->src_step};
+    }
+    return ls_cuda_copy_blocks(cj, n, NULL, err);
 }
 
 static void cu_destroy(ls_backend *be)

@@ -927,13 +927,15 @@ static ls_status state_copy(ls_engine *e, ls_buf *const *dconv, ls_buf *const *d
                 ls_copy_shape kv = {1, Hkv, n * d, 0, dst.page * d, 0, src.page * d};
                 size_t da = (size_t)(ls_cpu_kv_row(dst.pt, dst.page, Hkv, 0, p) * d);
                 size_t sa = (size_t)(ls_cpu_kv_row(src.pt, src.page, Hkv, 0, p) * d);
-                LS_TRY(e->be->copy_blocks(e->be, AT(dst.kc[l], da), AT(src.kc[l], sa), &kv, err));
-                LS_TRY(e->be->copy_blocks(e->be, AT(dst.vc[l], da), AT(src.vc[l], sa), &kv, err));
+                const ls_copy_job jobs[2] = {{AT(dst.kc[l], da), AT(src.kc[l], sa), kv},
+                                             {AT(dst.vc[l], da), AT(src.vc[l], sa), kv}};
+                LS_TRY(e->be->copy_blocks(e->be, jobs, 2, err));
                 p += n;
             }
         } else {
-            LS_TRY(ls_copy_rows(e->be, BEV(dconv[l]), nconv, BEV(sconv[l]), nconv, 1, nconv, err));
-            LS_TRY(ls_copy_rows(e->be, BEV(dgdn[l]), ngdn, BEV(sgdn[l]), ngdn, 1, ngdn, err));
+            const ls_copy_job jobs[2] = {{BEV(dconv[l]), BEV(sconv[l]), {1, 1, nconv, nconv, 0, nconv, 0}},
+                                         {BEV(dgdn[l]), BEV(sgdn[l]), {1, 1, ngdn, ngdn, 0, ngdn, 0}}};
+            LS_TRY(e->be->copy_blocks(e->be, jobs, 2, err));
         }
     }
     return LS_OK;

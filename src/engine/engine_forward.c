@@ -361,10 +361,7 @@ static ls_status gdn_project(ls_engine *e, layer_w *w, long T, ls_error *err)
      * g of a row holds q, k (dk each), v, z (r dv each), and of the ba row b,
      * a (r each). */
     long gw = 2 * dk + 2 * r * dv;
-    const struct {
-        ls_view dst, src;
-        ls_copy_shape sh;
-    } split[6] = {
+    const ls_copy_job split[6] = {
         {AT(e->X, 0), AT(e->P, 0), {T, Hk, dk, C, dk, Wp, gw}},
         {AT(e->X, Hk * dk), AT(e->P, dk), {T, Hk, dk, C, dk, Wp, gw}},
         {AT(e->X, 2 * Hk * dk), AT(e->P, 2 * dk), {T, Hk, r * dv, C, r * dv, Wp, gw}},
@@ -372,9 +369,7 @@ static ls_status gdn_project(ls_engine *e, layer_w *w, long T, ls_error *err)
         {AT(e->Bv, 0), AT(e->BA, 0), {T, Hk, r, Hv, r, 2 * Hv, 2 * r}},
         {AT(e->Av, 0), AT(e->BA, r), {T, Hk, r, Hv, r, 2 * Hv, 2 * r}},
     };
-    for (int i = 0; i < 6; i++)
-        LS_TRY(be->copy_blocks(be, split[i].dst, split[i].src, &split[i].sh, err));
-    return LS_OK;
+    return be->copy_blocks(be, split, 6, err);
 }
 
 static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long T, ls_error *err)
@@ -405,9 +400,12 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     for (long s = 0; s < nseg && !batched; s++)
         LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].conv[l], LS_DIGEST_CONV_STATE, conv_op,
                           err));
-    LS_TRY(ls_copy_rows(be, BEV(e->Q), Hk * dk, AT(e->Y, 0), C, T, Hk * dk, err));
-    LS_TRY(ls_copy_rows(be, BEV(e->K), Hk * dk, AT(e->Y, Hk * dk), C, T, Hk * dk, err));
-    LS_TRY(ls_copy_rows(be, BEV(e->V), Hv * dv, AT(e->Y, 2 * Hk * dk), C, T, Hv * dv, err));
+    const ls_copy_job qkv[3] = {
+        {BEV(e->Q), AT(e->Y, 0), {T, 1, Hk * dk, Hk * dk, 0, C, 0}},
+        {BEV(e->K), AT(e->Y, Hk * dk), {T, 1, Hk * dk, Hk * dk, 0, C, 0}},
+        {BEV(e->V), AT(e->Y, 2 * Hk * dk), {T, 1, Hv * dv, Hv * dv, 0, C, 0}},
+    };
+    LS_TRY(be->copy_blocks(be, qkv, 3, err));
     LS_TRY(be->l2norm_scale(be, BEV(e->Q), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), og, err));
     LS_TRY(be->l2norm_scale(be, BEV(e->K), T * Hk, dk, 1.0f, og, err));
     LS_TRY(be->gdn_gates(be, BEV(e->Bv), BEV(e->Av), BEV(w->A_log), BEV(w->dt_bias), BEV(e->beta),
@@ -448,9 +446,9 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     LS_TRY(lin(e, &w->k, Hkv * d, BEV(e->XN), BEV(e->K), T, LS_ORDER_CANONICAL, err));
     LS_TRY(lin(e, &w->v, Hkv * d, BEV(e->XN), BEV(e->V), T, LS_ORDER_CANONICAL, err));
     /* Per head: d query values, then d gate values (docs/model.md §3.3 step 1). */
-    ls_copy_shape heads = {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d};
-    LS_TRY(be->copy_blocks(be, BEV(e->Q), AT(e->QG, 0), &heads, err));
-    LS_TRY(be->copy_blocks(be, BEV(e->G), AT(e->QG, d), &heads, err));
+    const ls_copy_job qg[2] = {{BEV(e->Q), AT(e->QG, 0), {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d}},
+                               {BEV(e->G), AT(e->QG, d), {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d}}};
+    LS_TRY(be->copy_blocks(be, qg, 2, err));
     ls_order on = LS_ORDER_CANONICAL;
     LS_TRY(be->rmsnorm(be, BEV(e->Q), BEV(w->q_norm), BEV(e->Q), T * Hq, d, act, on, err));
     LS_TRY(be->rmsnorm(be, BEV(e->K), BEV(w->k_norm), BEV(e->K), T * Hkv, d, act, on, err));
@@ -493,8 +491,9 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
             if (m > room) m = room;
             ls_copy_shape kv = {m, Hkv, d, d, e->page * d, Hkv * d, d};
             size_t at = (size_t)(ls_cpu_kv_row(hpt, e->page, Hkv, 0, p) * d);
-            LS_TRY(be->copy_blocks(be, AT(q->kc[l], at), AT(e->K, (r0 + i) * Hkv * d), &kv, err));
-            LS_TRY(be->copy_blocks(be, AT(q->vc[l], at), AT(e->V, (r0 + i) * Hkv * d), &kv, err));
+            const ls_copy_job jobs[2] = {{AT(q->kc[l], at), AT(e->K, (r0 + i) * Hkv * d), kv},
+                                         {AT(q->vc[l], at), AT(e->V, (r0 + i) * Hkv * d), kv}};
+            LS_TRY(be->copy_blocks(be, jobs, 2, err));
             i += m;
         }
         LS_TRY(be->attention(be, AT(e->Q, r0 * Hq * d), BEV(q->kc[l]), BEV(q->vc[l]), pt, e->page,
