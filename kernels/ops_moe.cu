@@ -953,6 +953,9 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
     int single = plan == 0 || plan == 2 || plan == 3;
     long sh_tiles = !mw->sh_gate ? 0 : single ? T : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
     long max_tiles = single ? P : (long)ls_moe_max_tiles(mw->E, P);
+    LS_CUDA_REQUIRE(sh_tiles + max_tiles <= 65535, err,
+                    "cuda portable moe: plan %d (%s) launches %ld tiles for %ld tokens x top-%ld; one "
+                    "launch holds 65535", plan, ls_cuda_moe_plan_name(plan), sh_tiles + max_tiles, T, k);
     long slots = T * (k + 1);
     long W = (long)ls_moe_width(mw);
     float *mid, *cbuf, *gamma;

@@ -773,8 +773,15 @@ START_TEST(test_fail_closed)
     ck_assert_ptr_nonnull(strstr(err.msg, "moe"));
     be->destroy(be);
     free(mw);
+    /* A plan that gives every (token, expert) pair its own tile, asked for more
+     * tiles than one launch holds: refused before anything runs. */
+    ls_cuda_moe cm = {512, 2048, 512, 0, LS_WTYPE_BF16, NULL, NULL, NULL, NULL, NULL, NULL,
+                      NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
+    ck_assert_int_eq(ls_cuda_moe_forward_plan(&cm, NULL, NULL, NULL, 10, NULL, 6000, NULL, 1, 0, 0, 3, NULL,
+                                              &err), LS_E_UNSUPPORTED);
+    ck_assert_msg(strstr(err.msg, "65535") != NULL, "%s", err.msg);
     printf("  ok fail closed: GDN dk 256, attention d 512, conv K 9, reversed linear, "
-           "mixed-dtype MoE\n");
+           "mixed-dtype MoE, a one-pair MoE plan past 65535 tiles\n");
 }
 END_TEST
 
