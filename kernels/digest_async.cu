@@ -10,6 +10,11 @@
  * while the device computes the next layers. The digests are SHA-256 of the
  * same canonical bytes as before.
  *
+ * The downloads run on a copy stream of the digester's own, after an event
+ * the flush records on the submitting stream: a group's bytes come to the
+ * host while that stream computes on (the lm_head's logits rows, 600 KB
+ * each, would otherwise hold the step up for the whole copy).
+ *
  * What a submit costs (one chunk, the usual case): one kernel launch, no copy
  * (the encode kernel reads the job table from mapped pinned memory), no event
  * created (a pool, one per batch slot), no heap allocation (slots are
@@ -97,6 +102,8 @@ struct ls_cuda_digester {
     int open_slot, n_open;
     size_t open_at, open_bytes;  /* its region: [open_at, open_at + open_bytes) */
     void *open_stream;
+    cudaStream_t copy;           /* the downloads' stream */
+    cudaEvent_t staged;          /* recorded on the open stream at a flush: the group is encoded */
     uint8_t *h_tables;           /* pinned, mapped: every slot's table */
     uint64_t *h_meta;            /* every slot's off and len */
     uint8_t **h_outs;            /* every slot's outs */
@@ -208,6 +215,8 @@ static void dg_free(ls_cuda_digester *d)
 {
     for (int s = 0; s < LS_DG_SLOTS; s++)
         if (d->slot[s].own) cudaEventDestroy(d->slot[s].own);
+    if (d->staged) cudaEventDestroy(d->staged);
+    if (d->copy) cudaStreamDestroy(d->copy);
     if (d->h_tables) cudaFreeHost(d->h_tables);
     if (d->h_ring) cudaFreeHost(d->h_ring);
     free(d->h_meta);
@@ -243,6 +252,10 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
     if (ce == cudaSuccess)
         ce = cudaHostAlloc((void **)&d->h_tables, table_bytes * LS_DG_SLOTS, cudaHostAllocMapped);
     if (ce == cudaSuccess) ce = cudaHostGetDevicePointer((void **)&d_tables, d->h_tables, 0);
+    if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&d->copy, cudaStreamNonBlocking);
+    if (ce != cudaSuccess) d->copy = NULL;
+    if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&d->staged, cudaEventDisableTiming);
+    if (ce != cudaSuccess) d->staged = NULL;
     for (int s = 0; ce == cudaSuccess && s < LS_DG_SLOTS; s++) {
         ls_dg_batch *b = &d->slot[s];
         ce = cudaEventCreateWithFlags(&b->own, cudaEventDisableTiming);
@@ -255,8 +268,8 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
     }
     if (ce != cudaSuccess) {
         dg_free(d);
-        return ls_fail(err, LS_E_NOMEM, "digester: %zu bytes of pinned host memory and %d events: %s",
-                       ring_bytes, LS_DG_SLOTS, cudaGetErrorString(ce));
+        return ls_fail(err, LS_E_NOMEM, "digester: %zu bytes of pinned host memory, a stream and %d events: %s",
+                       ring_bytes, LS_DG_SLOTS + 1, cudaGetErrorString(ce));
     }
     pthread_mutex_init(&d->mu, NULL);
     pthread_cond_init(&d->work, NULL);
@@ -276,22 +289,26 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
     return LS_OK;
 }
 
-/* Hands the open group to the workers: one download of its bytes and the
- * event of its last slot, recorded after it on its stream. On failure the
- * group is dropped (recorded for the next wait). Called without mu by the
- * submitting thread; the workers ignore the open batches (next == n) and
- * cannot retire them (left == n). */
+/* Hands the open group to the workers: one download of its bytes on the
+ * copy stream, after its stream's encodes, and the event of its last slot,
+ * recorded after the download. On failure the group is dropped (recorded for
+ * the next wait). Called without mu by the submitting thread; the workers
+ * ignore the open batches (next == n) and cannot retire them (left == n). */
 static void dg_flush(ls_cuda_digester *d)
 {
     if (d->n_open == 0) return;
     cudaEvent_t ev = d->slot[(d->open_slot + d->n_open - 1) % LS_DG_SLOTS].own;
     cudaStream_t s = (cudaStream_t)d->open_stream;
-    cudaError_t ce = cudaSuccess;
-    if (d->open_bytes)
+    cudaError_t ce = cudaEventRecord(d->staged, s);
+    if (ce == cudaSuccess) ce = cudaStreamWaitEvent(d->copy, d->staged, 0);
+    if (ce == cudaSuccess && d->open_bytes)
         ce = cudaMemcpyAsync(d->h_ring + d->open_at, d->d_ring + d->open_at, d->open_bytes,
-                             cudaMemcpyDeviceToHost, s);
-    if (ce == cudaSuccess) ce = cudaEventRecord(ev, s);
-    if (ce != cudaSuccess) cudaStreamSynchronize(s); /* nothing enqueued still uses the regions */
+                             cudaMemcpyDeviceToHost, d->copy);
+    if (ce == cudaSuccess) ce = cudaEventRecord(ev, d->copy);
+    if (ce != cudaSuccess) { /* nothing enqueued still uses the regions */
+        cudaStreamSynchronize(s);
+        cudaStreamSynchronize(d->copy);
+    }
     pthread_mutex_lock(&d->mu);
     for (int i = 0; i < d->n_open; i++) {
         ls_dg_batch *b = &d->slot[(d->open_slot + i) % LS_DG_SLOTS];

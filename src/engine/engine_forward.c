@@ -87,14 +87,25 @@ static ls_status dq_push(ls_engine *e, long row, int tl, ls_digest_kind kind, ls
     return LS_OK;
 }
 
-/* HIDDEN digests of T rows of width `width` (act dtype, or fp32 when f32). */
-static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, int f32, ls_error *err)
+/* The lm_head's calls in a step (forward): at most this many runs, of at
+ * least LS_LM_HEAD_RUN_MIN rows. */
+#define LS_LM_HEAD_RUNS 8
+#define LS_LM_HEAD_RUN_MIN 8
+
+/* HIDDEN digests of rows r0 .. r1-1 of width `width` (act dtype, or fp32 when f32). */
+static ls_status dq_row_range(ls_engine *e, ls_buf *b, long width, long r0, long r1, int tl, int f32,
+                              ls_error *err)
 {
     int bf = f32 ? 0 : e->o.act_bf16;
-    for (long r = 0; r < T; r++)
+    for (long r = r0; r < r1; r++)
         LS_TRY(dq_push(e, r, tl, LS_DIGEST_HIDDEN, span(AT(b, r * width), 1, width, width, bf),
                        no_span, err));
     return LS_OK;
+}
+
+static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, int f32, ls_error *err)
+{
+    return dq_row_range(e, b, width, 0, T, tl, f32, err);
 }
 
 /* ---- tensor parallelism (docs/parallel.md §3.3, the order-preserving form) --------------
@@ -792,9 +803,19 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->final_norm), BEV(e->XN), T, D, act,
                        ord(e, L, LS_PERTURB_NORM), err));
     LS_TRY(dq_rows(e, e->XN, D, T, e->n_tl - 2, 0, err));
-    LS_TRY(lin(e, &e->lm_head, V, BEV(e->XN), BEV(e->logits), T, ord(e, -1, LS_PERTURB_LM_HEAD), err));
-    LS_TRY(dq_rows(e, e->logits, V, T, e->n_tl - 1, 1, err));
-    LS_TRY(dq_flush(e, err));
+    /* The logits in runs of rows, each digested as soon as it is written: a
+     * logits row is one long SHA-256 on a host thread, so the host hashes the
+     * first runs while the device computes the next instead of every row
+     * after the last (rows are independent: the same bits). */
+    long run = (T + LS_LM_HEAD_RUNS - 1) / LS_LM_HEAD_RUNS;
+    if (run < LS_LM_HEAD_RUN_MIN) run = LS_LM_HEAD_RUN_MIN;
+    for (long r0 = 0; r0 < T; r0 += run) {
+        long n = T - r0 < run ? T - r0 : run;
+        LS_TRY(lin(e, &e->lm_head, V, AT(e->XN, r0 * D), AT(e->logits, r0 * V), n,
+                   ord(e, -1, LS_PERTURB_LM_HEAD), err));
+        LS_TRY(dq_row_range(e, e->logits, V, r0, r0 + n, e->n_tl - 1, 1, err));
+        LS_TRY(dq_flush(e, err));
+    }
     LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
     LS_TRY(be->lp_summary(be, BEV(e->lp), e->v_next, T, V, e->lp_k, BEV(e->lps), err));
     LS_TRY(be->download(be, e->h_lps, BEV(e->lps), (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)) * 4, err));
