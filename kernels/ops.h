@@ -337,9 +337,13 @@ ls_status ls_cuda_tc_to_bf16(const float *x, uint16_t *xb, long n, void *stream,
 ls_status ls_cuda_tc_out(const float *src, long ld, float *y, long T, long n, int act_bf16, void *stream,
                          ls_error *err);
 
-/* lp_v = l_v − (m + log(SUM32(exp(l − m)))) per row (lp may equal logits). */
+/* lp_v = l_v − (m + log(SUM32(exp(l − m)))) per row (lp may equal logits).
+ * With scratch (ls_cuda_logprobs_scratch_bytes(R, V) device bytes, 8-byte
+ * aligned) and lp != logits each row spreads over the GPU; in place, or
+ * without scratch, one block per row. The same bits either way. */
+size_t ls_cuda_logprobs_scratch_bytes(long R, long V);
 ls_status ls_cuda_logprobs(const float *logits /* [R, V] */, float *lp /* [R, V] */, long R,
-                           long V, int order, void *stream, ls_error *err);
+                           long V, int order, void *scratch, void *stream, ls_error *err);
 
 /* The k largest entries of each row, descending, ties to the lower index
  * (ls_cpu_topk per row). k <= 64. */
@@ -348,10 +352,12 @@ ls_status ls_cuda_topk(const float *x /* [R, n] */, long R, long n, long k,
                        ls_error *err);
 
 /* ls_cpu_lp_summary per row (src/backend/cpu_ops.h: top-k, lp at next[r], NaN
- * flag; k <= LS_LP_SUMMARY_KMAX), bitwise. */
+ * flag; k <= LS_LP_SUMMARY_KMAX), bitwise; scratch of
+ * ls_cuda_lp_summary_scratch_bytes(R, V) device bytes, 16-byte aligned. */
+size_t ls_cuda_lp_summary_scratch_bytes(long R, long V);
 ls_status ls_cuda_lp_summary(const float *lp /* [R, V] */, const int32_t *next /* [R] */, long R,
-                             long V, long k, uint32_t *out /* [R, 2k + 2] */, void *stream,
-                             ls_error *err);
+                             long V, long k, uint32_t *out /* [R, 2k + 2] */, void *scratch,
+                             void *stream, ls_error *err);
 
 #ifdef __cplusplus
 }

@@ -547,56 +547,53 @@ extern "C" ls_status ls_cuda_conv_silu(const float *x, long x_stride, const void
 
 /* ---- logprobs ----------------------------------------------------------------- */
 
-/* One block per row (the vocabulary is long: one warp alone is bound by one
- * memory latency and one exp after another). The exact maximum is order-free:
- * each thread's first maximum over its elements, combined over the block by
- * (value, first index). The sum keeps the canonical SUM32 order: the block
- * writes exp(l − m) of a tile of LS_LP_TILE elements into shared memory, then
+/* The exact maximum is order-free: each thread's first maximum over its
+ * elements, combined by (value, first index). The sum keeps the canonical
+ * SUM32 order: a block of LS_LP_THREADS writes exp(l − m) (or values already
+ * exponentiated) of a tile of LS_LP_TILE elements into shared memory, then
  * warp 0 adds the tile's elements v ≡ lane (mod 32) in ascending v (tiles in
  * order, so each lane's partial runs over all its v ascending), and the
- * butterfly. lp = l − (m + log(sum)); every element is read before any is
- * written by the same thread, so lp may be logits. */
+ * butterfly. lp = l − (m + log(sum)).
+ *
+ * In place (lp = logits) one block per row does it all (ls_logprobs_kernel:
+ * every element is read before any is written by the same thread). Else the
+ * row spreads over the GPU in four launches: chunk maxima, exp into lp, the
+ * sum by one block per row, then lp = l − lse. */
 #define LS_LP_THREADS 1024
 #define LS_LP_TILE 8192
+#define LS_LPX_THREADS 256     /* the chunked launches' blocks */
 
-__global__ void __launch_bounds__(LS_LP_THREADS)
-ls_logprobs_kernel(const float *logits, float *lp, long V)
+/* The block's first maximum of its threads' (m, mi); every thread gets it. */
+__device__ __forceinline__ void ls_block_max_first(float *m, long *mi)
 {
-    __shared__ float tile[LS_LP_TILE];
     __shared__ float wv[LS_WARP];
     __shared__ long wi[LS_WARP];
-    __shared__ float s_m, s_lse;
-    int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const float *l = logits + (long)blockIdx.x * V; /* [V] */
-    float *o = lp + (long)blockIdx.x * V;           /* [V] */
-    float m = -INFINITY;
-    long mi = -1;
-    const float *in[1] = {l};
-    ls_batched_map<1>(in, tid, LS_LP_THREADS, V, [&](long v, const float *x) {
-        if (x[0] > m) {
-            m = x[0];
-            mi = v;
-        }
-    });
-    ls_warp_max_first_i(&m, &mi);
-    if (lane == 0) {
-        wv[warp] = m;
-        wi[warp] = mi;
-    }
+    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), nw = (int)(blockDim.x >> 5);
+    ls_warp_max_first_i(m, mi);
+    if (lane == 0) wv[warp] = *m, wi[warp] = *mi;
     __syncthreads();
     if (warp == 0) {
-        m = wv[lane];
-        mi = wi[lane];
-        ls_warp_max_first_i(&m, &mi);
-        if (lane == 0) s_m = m;
+        *m = lane < nw ? wv[lane] : -INFINITY;
+        *mi = lane < nw ? wi[lane] : -1;
+        ls_warp_max_first_i(m, mi);
+        if (lane == 0) wv[0] = *m, wi[0] = *mi;
     }
     __syncthreads();
-    m = s_m;
+    *m = wv[0], *mi = wi[0];
+    __syncthreads();
+}
+
+/* Warp 0's lane partials of SUM32 over f(x[v]), v < V, through tiles in tile
+ * (a block of LS_LP_THREADS); 0 in the other warps. */
+template <typename F>
+__device__ __forceinline__ float ls_lp_tiled_sum(const float *x, long V, float *tile, F f)
+{
+    int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
     float p = 0.0f;
     for (long t0 = 0; t0 < V; t0 += LS_LP_TILE) {
         long n = V - t0 < LS_LP_TILE ? V - t0 : LS_LP_TILE;
-        const float *at[1] = {l + t0};
-        ls_batched_map<1>(at, tid, LS_LP_THREADS, n, [&](long i, const float *x) { tile[i] = ls_expf(x[0] - m); });
+        const float *at[1] = {x + t0};
+        ls_batched_map<1>(at, tid, LS_LP_THREADS, n, [&](long i, const float *v) { tile[i] = f(v[0]); });
         __syncthreads();
         if (warp == 0)
             for (long i0 = lane; i0 < n; i0 += LS_WARP * LS_PF) {
@@ -609,24 +606,151 @@ ls_logprobs_kernel(const float *logits, float *lp, long V)
             }
         __syncthreads();
     }
-    if (warp == 0) {
+    return p;
+}
+
+/* A thread's first maximum over x[v], v = first, first + stride, ... < end. */
+__device__ __forceinline__ void ls_lp_thread_max(const float *x, long first, long stride, long end, float *m,
+                                                 long *mi)
+{
+    *m = -INFINITY, *mi = -1;
+    const float *in[1] = {x};
+    ls_batched_map<1>(in, first, stride, end, [&](long v, const float *p) {
+        if (p[0] > *m) *m = p[0], *mi = v;
+    });
+}
+
+__global__ void __launch_bounds__(LS_LP_THREADS)
+ls_logprobs_kernel(const float *logits, float *lp, long V)
+{
+    __shared__ float tile[LS_LP_TILE];
+    __shared__ float s_lse;
+    int tid = (int)threadIdx.x;
+    const float *l = logits + (long)blockIdx.x * V; /* [V] */
+    float *o = lp + (long)blockIdx.x * V;           /* [V] */
+    float m;
+    long mi;
+    ls_lp_thread_max(l, tid, LS_LP_THREADS, V, &m, &mi);
+    ls_block_max_first(&m, &mi);
+    float p = ls_lp_tiled_sum(l, V, tile, [&](float x) { return ls_expf(x - m); });
+    if (tid < LS_WARP) {
         float sum = ls_warp_tree(p);
-        if (lane == 0) s_lse = m + ls_logf(sum);
+        if (tid == 0) s_lse = m + ls_logf(sum);
     }
     __syncthreads();
     float lse = s_lse;
+    const float *in[1] = {l};
     ls_batched_map<1>(in, tid, LS_LP_THREADS, V, [&](long v, const float *x) { o[v] = x[0] - lse; });
 }
 
+/* Scratch of the chunked launches: per (row, chunk) the chunk's first
+ * maximum; per row its maximum and lse. */
+typedef struct ls_lp_parts {
+    float *mv;                 /* [R, NC] */
+    long *mi;                  /* [R, NC] */
+    float *m, *lse;            /* [R] */
+} ls_lp_parts;
+
+/* grid (R, NC): chunk c of row r. */
+__global__ void __launch_bounds__(LS_LPX_THREADS)
+ls_lp_max_kernel(const float *logits, long V, long chunk, ls_lp_parts pt)
+{
+    long r = blockIdx.x, c = blockIdx.y, v0 = c * chunk, v1 = v0 + chunk < V ? v0 + chunk : V;
+    float m;
+    long mi;
+    ls_lp_thread_max(logits + r * V, v0 + (long)threadIdx.x, LS_LPX_THREADS, v1, &m, &mi);
+    ls_block_max_first(&m, &mi);
+    if (threadIdx.x == 0) pt.mv[r * gridDim.y + c] = m, pt.mi[r * gridDim.y + c] = mi;
+}
+
+/* grid (R, NC): the row's maximum from its chunks' (every block alike), then
+ * exp(l − m) of chunk c into lp. */
+__global__ void __launch_bounds__(LS_LPX_THREADS)
+ls_lp_exp_kernel(const float *logits, float *lp, long V, long chunk, ls_lp_parts pt)
+{
+    long r = blockIdx.x, c = blockIdx.y, nc = gridDim.y, v0 = c * chunk, v1 = v0 + chunk < V ? v0 + chunk : V;
+    float m = -INFINITY;
+    long mi = -1;
+    for (long j = threadIdx.x; j < nc; j += LS_LPX_THREADS) {
+        float v = pt.mv[r * nc + j];
+        long i = pt.mi[r * nc + j];
+        if (i >= 0 && (mi < 0 || v > m || (!(v < m) && i < mi))) m = v, mi = i;
+    }
+    ls_block_max_first(&m, &mi);
+    if (c == 0 && threadIdx.x == 0) pt.m[r] = m;
+    const float *in[1] = {logits + r * V};
+    float *o = lp + r * V;
+    ls_batched_map<1>(in, v0 + (long)threadIdx.x, LS_LPX_THREADS, v1,
+                      [&](long v, const float *x) { o[v] = ls_expf(x[0] - m); });
+}
+
+/* One block per row: lse = m + log(SUM32(lp)), lp holding the exps. */
+__global__ void __launch_bounds__(LS_LP_THREADS) ls_lp_sum_kernel(const float *lp, long V, ls_lp_parts pt)
+{
+    __shared__ float tile[LS_LP_TILE];
+    long r = blockIdx.x;
+    float p = ls_lp_tiled_sum(lp + r * V, V, tile, [](float x) { return x; });
+    if (threadIdx.x < LS_WARP) {
+        float sum = ls_warp_tree(p);
+        if (threadIdx.x == 0) pt.lse[r] = pt.m[r] + ls_logf(sum);
+    }
+}
+
+/* grid (R, NC): lp = l − lse over chunk c. */
+__global__ void __launch_bounds__(LS_LPX_THREADS)
+ls_lp_sub_kernel(const float *logits, float *lp, long V, long chunk, ls_lp_parts pt)
+{
+    long r = blockIdx.x, c = blockIdx.y, v0 = c * chunk, v1 = v0 + chunk < V ? v0 + chunk : V;
+    float lse = pt.lse[r];
+    const float *in[1] = {logits + r * V};
+    float *o = lp + r * V;
+    ls_batched_map<1>(in, v0 + (long)threadIdx.x, LS_LPX_THREADS, v1,
+                      [&](long v, const float *x) { o[v] = x[0] - lse; });
+}
+
+/* Elements of a row per block of the chunked launches (at most 65535 chunks). */
+static long ls_lp_chunk(long V)
+{
+    long c = (V + 65534) / 65535;
+    return c > 4096 ? c : 4096;
+}
+
+extern "C" size_t ls_cuda_logprobs_scratch_bytes(long R, long V)
+{
+    if (R <= 0 || V <= 0) return 0;
+    long nc = (V + ls_lp_chunk(V) - 1) / ls_lp_chunk(V);
+    return (size_t)R * ((size_t)nc * (sizeof(float) + sizeof(long)) + 2 * sizeof(float)) + 64;
+}
+
 extern "C" ls_status ls_cuda_logprobs(const float *logits, float *lp, long R, long V, int order,
-                                      void *stream, ls_error *err)
+                                      void *scratch, void *stream, ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order, err, "logprobs");
     LS_CUDA_REQUIRE(V > 0 && R >= 0 && R <= 0x7fffffffL, err,
                     "cuda portable logprobs: bad shape [%ld, %ld]", R, V);
     if (R == 0) return LS_OK;
-    ls_logprobs_kernel<<<(unsigned)R, LS_LP_THREADS, 0, (cudaStream_t)stream>>>(logits, lp, V);
-    LS_CUDA_CHECK_LAUNCH("ls_logprobs_kernel", err);
+    cudaStream_t s = (cudaStream_t)stream;
+    if (lp == logits || !scratch) {
+        ls_logprobs_kernel<<<(unsigned)R, LS_LP_THREADS, 0, s>>>(logits, lp, V);
+        LS_CUDA_CHECK_LAUNCH("ls_logprobs_kernel", err);
+        return LS_OK;
+    }
+    long chunk = ls_lp_chunk(V), nc = (V + chunk - 1) / chunk;
+    size_t cells = (size_t)R * (size_t)nc;
+    ls_lp_parts pt;
+    pt.mi = (long *)scratch; /* the 8-byte part first: aligned as the scratch is */
+    pt.mv = (float *)(pt.mi + cells);
+    pt.m = pt.mv + cells;
+    pt.lse = pt.m + R;
+    dim3 grid((unsigned)R, (unsigned)nc);
+    ls_lp_max_kernel<<<grid, LS_LPX_THREADS, 0, s>>>(logits, V, chunk, pt);
+    LS_CUDA_CHECK_LAUNCH("ls_lp_max_kernel", err);
+    ls_lp_exp_kernel<<<grid, LS_LPX_THREADS, 0, s>>>(logits, lp, V, chunk, pt);
+    LS_CUDA_CHECK_LAUNCH("ls_lp_exp_kernel", err);
+    ls_lp_sum_kernel<<<(unsigned)R, LS_LP_THREADS, 0, s>>>(lp, V, pt);
+    LS_CUDA_CHECK_LAUNCH("ls_lp_sum_kernel", err);
+    ls_lp_sub_kernel<<<grid, LS_LPX_THREADS, 0, s>>>(logits, lp, V, chunk, pt);
+    LS_CUDA_CHECK_LAUNCH("ls_lp_sub_kernel", err);
     return LS_OK;
 }
 
@@ -653,14 +777,25 @@ extern "C" ls_status ls_cuda_topk(const float *x, long R, long n, long k, int32_
 
 /* ---- logprob summary ------------------------------------------------------------ */
 
-/* One block per row (ls_cpu_lp_summary). Each thread keeps, in registers, the
- * first LS_LP_SUMMARY_KMAX of its elements (tid, tid + LS_LPS_THREADS, ...)
- * in the order "value descending, index ascending"; the block then takes the
- * k first of the union one at a time. On a row without NaN that order is
- * total (−0 and +0 tie, to the lower index, as in the CPU scan), so the picks
- * are ls_cpu_topk's; a row with a NaN gets the sentinels and its flag. */
-#define LS_LPS_THREADS 512
+/* ls_cpu_lp_summary in two launches, so that one row spreads over the GPU.
+ * Each block of ls_lp_summary_part_kernel takes a chunk of a row: each thread
+ * keeps, in registers, the first LS_LP_SUMMARY_KMAX of its elements in the
+ * order "value descending, index ascending", and the block the first of
+ * their union, one at a time. ls_lp_summary_merge_kernel (a warp per row)
+ * then takes the first k of the chunks' lists the same way. On a row without
+ * NaN that order is total (−0 and +0 tie, to the lower index, as in the CPU
+ * scan), so the picks are ls_cpu_topk's; a row with a NaN gets the sentinels
+ * and its flag. */
+#define LS_LPS_THREADS 256
 #define LS_LPS_WARPS (LS_LPS_THREADS / LS_WARP)
+#define LS_LPS_CHUNK 4096      /* elements of a row per block, at least */
+#define LS_LPS_CHUNKS_MAX 128  /* chunks of a row, at most (4 per lane of the merge) */
+
+static long ls_lps_chunk(long V)
+{
+    long c = (V + LS_LPS_CHUNKS_MAX - 1) / LS_LPS_CHUNKS_MAX;
+    return c > LS_LPS_CHUNK ? c : LS_LPS_CHUNK;
+}
 
 /* (a, ia) comes before (b, ib); an empty entry (ib < 0) comes after all. */
 __device__ __forceinline__ int ls_lps_before(float a, long ia, float b, long ib)
@@ -668,23 +803,30 @@ __device__ __forceinline__ int ls_lps_before(float a, long ia, float b, long ib)
     return ib < 0 || ls_rank_before(a, ia, b, ib);
 }
 
+/* Scratch: per (row, chunk) K values, K indices (−1: none) and a NaN flag. */
+typedef struct ls_lps_parts {
+    float *val;                /* [R, NC, K] */
+    int32_t *idx;              /* [R, NC, K] */
+    int32_t *nan;              /* [R, NC] */
+} ls_lps_parts;
+
 __global__ void __launch_bounds__(LS_LPS_THREADS)
-ls_lp_summary_kernel(const float *lp, const int32_t *next, long V, int k, uint32_t *out)
+ls_lp_summary_part_kernel(const float *lp, long V, long chunk, ls_lps_parts pt)
 {
     constexpr int K = LS_LP_SUMMARY_KMAX;
     __shared__ float wv[LS_LPS_WARPS];
     __shared__ long wi[LS_LPS_WARPS];
     __shared__ long s_pick;
     int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const float *x = lp + (long)blockIdx.x * V;                    /* [V] */
-    uint32_t *o = out + (long)blockIdx.x * LS_LP_SUMMARY_WORDS(k); /* the row's summary */
+    long r = blockIdx.x, c = blockIdx.y, nc = gridDim.y;
+    long v0 = c * chunk, v1 = v0 + chunk < V ? v0 + chunk : V;
     float bv[K];
     long bi[K];
 #pragma unroll
     for (int j = 0; j < K; j++) bv[j] = -INFINITY, bi[j] = -1;
     int nan = 0;
-    const float *in[1] = {x};
-    ls_batched_map<1>(in, tid, LS_LPS_THREADS, V, [&](long v, const float *p) {
+    const float *in[1] = {lp + r * V};
+    ls_batched_map<1>(in, v0 + tid, LS_LPS_THREADS, v1, [&](long v, const float *p) {
         float a = p[0];
         if (isnan(a)) {
             nan = 1;
@@ -699,7 +841,8 @@ ls_lp_summary_kernel(const float *lp, const int32_t *next, long V, int k, uint32
             }
     });
     nan = __syncthreads_or(nan);
-    for (int i = 0; i < k; i++) {
+    long at = (r * nc + c) * K;
+    for (int i = 0; i < K; i++) {
         float cv = bv[0];
         long ci = bi[0];
         ls_warp_best_first(&cv, &ci);
@@ -711,8 +854,8 @@ ls_lp_summary_kernel(const float *lp, const int32_t *next, long V, int k, uint32
             ls_warp_best_first(&cv, &ci);
             if (lane == 0) {
                 s_pick = ci;
-                o[i] = nan ? 0xffffffffu : (uint32_t)ci;
-                o[k + i] = nan ? 0x7fc00000u : ls_f32_bits(cv);
+                pt.val[at + i] = cv;
+                pt.idx[at + i] = (int32_t)ci;
             }
         }
         __syncthreads();
@@ -722,22 +865,77 @@ ls_lp_summary_kernel(const float *lp, const int32_t *next, long V, int k, uint32
             bv[K - 1] = -INFINITY, bi[K - 1] = -1;
         }
     }
-    if (tid == 0) {
-        int32_t nx = next[blockIdx.x];
-        o[2 * k] = nx >= 0 && nx < V ? ls_f32_bits(x[nx]) : 0x7fc00000u;
+    if (tid == 0) pt.nan[r * nc + c] = nan;
+}
+
+/* Lane l merges the lists of chunks l, l + 32, ... (heads in registers). */
+__global__ void ls_lp_summary_merge_kernel(const float *lp, const int32_t *next, long V, long nc, int k,
+                                           ls_lps_parts pt, uint32_t *out)
+{
+    constexpr int K = LS_LP_SUMMARY_KMAX, M = LS_LPS_CHUNKS_MAX / LS_WARP;
+    int lane = (int)threadIdx.x;
+    long r = blockIdx.x;
+    uint32_t *o = out + r * LS_LP_SUMMARY_WORDS(k); /* the row's summary */
+    int head[M];
+    int nan = 0;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        head[m] = 0;
+        long c = lane + (long)m * LS_WARP;
+        if (c < nc) nan |= pt.nan[r * nc + c];
+    }
+    nan = __any_sync(LS_FULL_MASK, nan);
+    for (int i = 0; i < k; i++) {
+        float cv = -INFINITY;
+        long ci = -1;
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            long c = lane + (long)m * LS_WARP;
+            if (c >= nc || head[m] >= K) continue;
+            long at = (r * nc + c) * K + head[m];
+            long e = pt.idx[at];
+            if (e >= 0 && (ci < 0 || ls_rank_before(pt.val[at], e, cv, ci))) cv = pt.val[at], ci = e;
+        }
+        ls_warp_best_first(&cv, &ci);
+#pragma unroll
+        for (int m = 0; m < M; m++) { /* the owner's list moves on */
+            long c = lane + (long)m * LS_WARP;
+            if (c < nc && head[m] < K && ci >= 0 && pt.idx[(r * nc + c) * K + head[m]] == ci) head[m]++;
+        }
+        if (lane == 0) {
+            o[i] = nan ? 0xffffffffu : (uint32_t)ci;
+            o[k + i] = nan ? 0x7fc00000u : ls_f32_bits(cv);
+        }
+    }
+    if (lane == 0) {
+        int32_t nx = next[r];
+        o[2 * k] = nx >= 0 && nx < V ? ls_f32_bits(lp[r * V + nx]) : 0x7fc00000u;
         o[2 * k + 1] = (uint32_t)nan;
     }
 }
 
+extern "C" size_t ls_cuda_lp_summary_scratch_bytes(long R, long V)
+{
+    long nc = V > 0 ? (V + ls_lps_chunk(V) - 1) / ls_lps_chunk(V) : 0;
+    size_t cells = (size_t)(R > 0 ? R : 0) * (size_t)nc;
+    return cells * (LS_LP_SUMMARY_KMAX * 8 + 4) + 64;
+}
+
 extern "C" ls_status ls_cuda_lp_summary(const float *lp, const int32_t *next, long R, long V, long k,
-                                        uint32_t *out, void *stream, ls_error *err)
+                                        uint32_t *out, void *scratch, void *stream, ls_error *err)
 {
     LS_CUDA_REQUIRE(k >= 1 && k <= LS_LP_SUMMARY_KMAX && k <= V && R >= 0 && R <= 0x7fffffffL, err,
                     "cuda portable lp_summary: k %ld not in 1..min(%d, V = %ld), or %ld rows", k,
                     LS_LP_SUMMARY_KMAX, V, R);
     if (R == 0) return LS_OK;
-    ls_lp_summary_kernel<<<(unsigned)R, LS_LPS_THREADS, 0, (cudaStream_t)stream>>>(lp, next, V, (int)k,
-                                                                                    out);
-    LS_CUDA_CHECK_LAUNCH("ls_lp_summary_kernel", err);
+    long chunk = ls_lps_chunk(V), nc = (V + chunk - 1) / chunk;
+    size_t cells = (size_t)R * (size_t)nc;
+    ls_lps_parts pt = {(float *)scratch, (int32_t *)((float *)scratch + cells * LS_LP_SUMMARY_KMAX), NULL};
+    pt.nan = pt.idx + cells * LS_LP_SUMMARY_KMAX;
+    cudaStream_t s = (cudaStream_t)stream;
+    ls_lp_summary_part_kernel<<<dim3((unsigned)R, (unsigned)nc), LS_LPS_THREADS, 0, s>>>(lp, V, chunk, pt);
+    LS_CUDA_CHECK_LAUNCH("ls_lp_summary_part_kernel", err);
+    ls_lp_summary_merge_kernel<<<(unsigned)R, LS_WARP, 0, s>>>(lp, next, V, nc, (int)k, pt, out);
+    LS_CUDA_CHECK_LAUNCH("ls_lp_summary_merge_kernel", err);
     return LS_OK;
 }

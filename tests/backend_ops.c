@@ -623,6 +623,11 @@ static const sh_logprobs logprobs_shapes[] = {
     {BO_QUICK, 3, 1000, 3.0f, 1},
     {BO_ALL, 4, 37, 0.01f, 1},    /* bf16 rounding makes many exact ties */
     {BO_ALL, 3, 1000, 3.0f, 0},
+    /* not in place: the CUDA row in chunks of 4096 (the last one short) */
+    {BO_ALL, 2, 151936, 8.0f, 0},
+    {BO_FULL, 65, 9000, 3.0f, 0},
+    {BO_QUICK, 3, 9000, 3.0f, 0},
+    {BO_ALL, 4, 12000, 0.01f, 0}, /* maxima tied across chunks */
 };
 enum { LP_L, LP_OUT };
 
@@ -661,6 +666,7 @@ static const sh_lps lps_shapes[] = {
     {BO_QUICK, 3, 1000, 5, 3.0f, 0},
     {BO_ALL, 4, 37, 5, 0.01f, 0},    /* bf16 rounding makes many exact ties */
     {BO_ALL, 3, 4, 4, 1.0f, 0},      /* k = V */
+    {BO_ALL, 4, 9000, 5, 0.01f, 0},  /* the CUDA row in 3 chunks, ties across them */
     {BO_ALL, 6, 700, 3, 2.0f, 1},
 };
 enum { LPS_LP, LPS_NEXT, LPS_OUT };

@@ -1040,14 +1040,22 @@ static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R,
                              ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_logprobs(F(logits), F(lp), R, V, (int)order, NULL, err);
+    cuda_impl *im = IMPL(be);
+    void *scratch = NULL;
+    if (F(lp) != F(logits)) {
+        LS_TRY(scratch_reserve(im, ls_cuda_logprobs_scratch_bytes(R, V), err));
+        scratch = im->scratch;
+    }
+    return ls_cuda_logprobs(F(logits), F(lp), R, V, (int)order, scratch, NULL, err);
 }
 
 static ls_status cu_lp_summary(ls_backend *be, ls_view lp, ls_view next, long R, long V, long k,
                                ls_view out, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_lp_summary(F(lp), I32(next), R, V, k, (uint32_t *)I32(out), NULL, err);
+    cuda_impl *im = IMPL(be);
+    LS_TRY(scratch_reserve(im, ls_cuda_lp_summary_scratch_bytes(R, V), err));
+    return ls_cuda_lp_summary(F(lp), I32(next), R, V, k, (uint32_t *)I32(out), im->scratch, NULL, err);
 }
 
 /* ---- digests ------------------------------------------------------------------------ */

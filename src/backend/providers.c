@@ -121,8 +121,8 @@ static const ls_provider cuda_rows[] = {
     CUDA("combine", "ls_moe_combine_kernel", "256threads/block, thread per (token, column)", "sequential-topk-order"),
     CUDA("shared_expert", "bf16/fp32: ls_moe_gate_up_t_kernel+ls_moe_shared_gate_kernel+ls_moe_down_t_kernel; FP8: ls_moe_gate_up_kernel+ls_moe_shared_gate_kernel+ls_moe_down_kernel", "tiles of one token (T*k <= E) or runs of 64 tokens, as the experts", "dot32-lanes32-butterfly"),
     CUDA("lm_head", "ls_linear_kernel at 1 token, ls_linear_tile_kernel from 2 (bf16/fp32; FP8 always ls_linear_kernel)", "T = 1 or FP8: 8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads via shared memory; bf16/fp32 T >= 2: 4warps/block of 16 rows x 8 tokens, warp per 4 rows x 8 tokens, 256-element chunks copied to shared memory (cp.async, 3 stages)", "dot32-lanes32-butterfly"),
-    CUDA("logprobs", "ls_logprobs_kernel", "1024threads/block per row, exp tiles of 8192 in shared memory, warp 0 sums", "max-exp-sum32-log"),
-    CUDA("lp_summary", "ls_lp_summary_kernel", "512threads/block per row, each thread's first 5 in registers, then the block's 5 picks", "sequential-topk-order"),
+    CUDA("logprobs", "ls_lp_max_kernel+ls_lp_exp_kernel+ls_lp_sum_kernel+ls_lp_sub_kernel (in place: ls_logprobs_kernel)", "max, exp and subtract: 256threads/block per chunk of >= 4096 of a row; sum: 1024threads/block per row, tiles of 8192 in shared memory, warp 0 sums", "max-exp-sum32-log"),
+    CUDA("lp_summary", "ls_lp_summary_part_kernel+ls_lp_summary_merge_kernel", "256threads/block per chunk of >= 4096 of a row, each thread's first 5 in registers, the block's 5 picks; then a warp per row picks from the chunks' lists", "sequential-topk-order"),
     CUDA("digest", "ls_sha256_rows_kernel", "128threads/block, thread per row", "sha256-row-major"),
 };
 
