@@ -117,27 +117,6 @@ __device__ __forceinline__ void ls_warp_max_first_i(float *v, long *idx)
     }
 }
 
-/* The block's first maximum of its threads' (m, mi) (blockDim a multiple of
- * 32); every thread gets it. */
-__device__ __forceinline__ void ls_block_max_first(float *m, long *mi)
-{
-    __shared__ float wv[LS_WARP];
-    __shared__ long wi[LS_WARP];
-    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), nw = (int)(blockDim.x >> 5);
-    ls_warp_max_first_i(m, mi);
-    if (lane == 0) wv[warp] = *m, wi[warp] = *mi;
-    __syncthreads();
-    if (warp == 0) {
-        *m = lane < nw ? wv[lane] : -INFINITY;
-        *mi = lane < nw ? wi[lane] : -1;
-        ls_warp_max_first_i(m, mi);
-        if (lane == 0) wv[0] = *m, wi[0] = *mi;
-    }
-    __syncthreads();
-    *m = wv[0], *mi = wi[0];
-    __syncthreads();
-}
-
 __device__ __forceinline__ float ls_warp_max_first(float v, long idx)
 {
     ls_warp_max_first_i(&v, &idx);

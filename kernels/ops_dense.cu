@@ -563,6 +563,26 @@ extern "C" ls_status ls_cuda_conv_silu(const float *x, long x_stride, const void
 #define LS_LP_TILE 8192
 #define LS_LPX_THREADS 256     /* the chunked launches' blocks */
 
+/* The block's first maximum of its threads' (m, mi); every thread gets it. */
+__device__ __forceinline__ void ls_block_max_first(float *m, long *mi)
+{
+    __shared__ float wv[LS_WARP];
+    __shared__ long wi[LS_WARP];
+    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), nw = (int)(blockDim.x >> 5);
+    ls_warp_max_first_i(m, mi);
+    if (lane == 0) wv[warp] = *m, wi[warp] = *mi;
+    __syncthreads();
+    if (warp == 0) {
+        *m = lane < nw ? wv[lane] : -INFINITY;
+        *mi = lane < nw ? wi[lane] : -1;
+        ls_warp_max_first_i(m, mi);
+        if (lane == 0) wv[0] = *m, wi[0] = *mi;
+    }
+    __syncthreads();
+    *m = wv[0], *mi = wi[0];
+    __syncthreads();
+}
+
 /* Warp 0's lane partials of SUM32 over f(x[v]), v < V, through tiles in tile
  * (a block of LS_LP_THREADS); 0 in the other warps. */
 template <typename F>

@@ -55,56 +55,59 @@ __global__ void ls_router_softmax_topk_kernel(float *probs, long T, long E, long
     ls_router_finish(wt, k, norm_topk, act);
 }
 
-/* The same for E <= 1024 with one block per token, a thread per logit: the
- * same operations in the same order (the exact first maximum; exp; SUM32,
- * warp 0's lane l adding elements l, l+32, ... in ascending order, then the
- * butterfly; divide), then the top-k by rank: an element's rank is the
- * number of elements before it in the order "value descending, lower index
- * first", which is total without NaN, so the element of rank i is the i-th
- * pick of the sequential top-k and every pick is found at once. A token
- * whose probabilities hold a NaN takes warp 0's sequential picks instead
- * (ls_warp_topk_dev, as the warp kernel). */
-#define LS_ROUTER_BLOCK_MAX 1024
-
-__global__ void __launch_bounds__(LS_ROUTER_BLOCK_MAX)
-ls_router_block_kernel(float *probs, long E, long k, int norm_topk, int32_t *ids, float *weights, int act)
+/* The same for E <= 32 NPL, with a token's E logits held in registers (lane
+ * l: elements l, l+32, ... in ascending order, the order of every lane loop
+ * above), so the max, exp, sum, divide and the k top-k passes read memory
+ * once: same operations in the same order, same bits. */
+template <int NPL>
+__global__ void ls_router_regs_kernel(float *probs, long T, long E, long k, int norm_topk,
+                                      int32_t *ids, float *weights, int act)
 {
-    __shared__ float sv[LS_ROUTER_BLOCK_MAX];
-    __shared__ float s_sum;
-    int tid = (int)threadIdx.x, lane = tid & 31;
-    long t = blockIdx.x;
+    long t = (long)blockIdx.x * 4 + (threadIdx.x >> 5);
+    int lane = (int)(threadIdx.x & 31u);
+    if (t >= T) return;
     float *pr = probs + t * E; /* [E] */
+    float v[NPL];
+    float m = -INFINITY;
+    long mi = -1;
+#pragma unroll
+    for (int j = 0; j < NPL; j++) {
+        long e = lane + (long)j * LS_WARP;
+        v[j] = e < E ? pr[e] : -INFINITY;
+    }
+#pragma unroll
+    for (int j = 0; j < NPL; j++) /* the lane's first maximum, as ls_warp_max_of */
+        if (lane + (long)j * LS_WARP < E && v[j] > m) {
+            m = v[j];
+            mi = lane + (long)j * LS_WARP;
+        }
+    m = ls_warp_max_first(m, mi);
+    float p = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NPL; j++)
+        if (lane + (long)j * LS_WARP < E) {
+            v[j] = ls_expf(v[j] - m);
+            p = p + v[j];
+        }
+    float sum = ls_warp_tree(p);
+#pragma unroll
+    for (int j = 0; j < NPL; j++) {
+        long e = lane + (long)j * LS_WARP;
+        if (e < E) {
+            v[j] = v[j] / sum;
+            pr[e] = v[j];
+        }
+    }
     int32_t *id = ids + t * k;   /* [k] */
     float *wt = weights + t * k; /* [k] */
-    int in = tid < E;
-    float x = in ? pr[tid] : -INFINITY, m = -INFINITY;
-    long mi = -1;
-    if (in && x > m) m = x, mi = tid;
-    ls_block_max_first(&m, &mi);
-    float e = in ? ls_expf(x - m) : 0.0f;
-    sv[tid] = e;
-    __syncthreads();
-    if (tid < LS_WARP) {
-        float p = 0.0f;
-        for (long i = lane; i < E; i += LS_WARP) p = p + sv[i];
-        float sum = ls_warp_tree(p);
-        if (lane == 0) s_sum = sum;
-    }
-    __syncthreads();
-    float q = e / s_sum;
-    if (in) pr[tid] = q;
-    __syncthreads(); /* warp 0 has read the exps */
-    sv[tid] = q;
-    int nan = __syncthreads_or(in && isnan(q));
-    if (nan) {
-        if (tid < LS_WARP) ls_warp_topk_dev(sv, E, k, id, wt);
-    } else if (in) {
-        long rank = 0;
-        for (long j = 0; j < E && rank < k; j++) rank += ls_rank_before(sv[j], j, q, tid);
-        if (rank < k) id[rank] = tid, wt[rank] = q;
-    }
-    __syncthreads();
-    if (tid < LS_WARP) ls_router_finish(wt, k, norm_topk, act);
+    ls_warp_topk_by(k, id, wt, [&](float pv, long pi, float *bv, long *bi) {
+#pragma unroll
+        for (int j = 0; j < NPL; j++)
+            if (lane + (long)j * LS_WARP < E)
+                ls_topk_offer(v[j], lane + (long)j * LS_WARP, pv, pi, bv, bi);
+    });
+    __syncwarp();
+    ls_router_finish(wt, k, norm_topk, act);
 }
 
 extern "C" ls_status ls_cuda_router(const void *w, int wtype, long E, long D, const float *x,
@@ -116,15 +119,17 @@ extern "C" ls_status ls_cuda_router(const void *w, int wtype, long E, long D, co
                     "cuda portable router: top-k %ld not in 1..min(64, experts %ld)", k, E);
     LS_TRY(ls_cuda_linear(w, wtype, E, D, x, probs, T, act_bf16, order, stream, err));
     if (T <= 0) return LS_OK;
+    dim3 grid(ls_blocks_for(T, 4)), block(4 * LS_WARP);
     cudaStream_t s = (cudaStream_t)stream;
-    if (E <= LS_ROUTER_BLOCK_MAX) {
-        ls_router_block_kernel<<<(unsigned)T, (unsigned)((E + LS_WARP - 1) / LS_WARP * LS_WARP), 0, s>>>(
-            probs, E, k, norm_topk, ids, weights, act_bf16);
-        LS_CUDA_CHECK_LAUNCH("ls_router_block_kernel", err);
-        return LS_OK;
-    }
-    ls_router_softmax_topk_kernel<<<ls_blocks_for(T, 4), 4 * LS_WARP, 0, s>>>(probs, T, E, k, norm_topk, ids,
-                                                                           weights, act_bf16);
+    if (E <= 16 * LS_WARP)
+        ls_router_regs_kernel<16><<<grid, block, 0, s>>>(probs, T, E, k, norm_topk, ids, weights,
+                                                         act_bf16);
+    else if (E <= 32 * LS_WARP)
+        ls_router_regs_kernel<32><<<grid, block, 0, s>>>(probs, T, E, k, norm_topk, ids, weights,
+                                                         act_bf16);
+    else
+        ls_router_softmax_topk_kernel<<<grid, block, 0, s>>>(probs, T, E, k, norm_topk, ids,
+                                                             weights, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_router_softmax_topk_kernel", err);
     return LS_OK;
 }
