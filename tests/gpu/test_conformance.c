@@ -774,10 +774,11 @@ START_TEST(test_fail_closed)
     be->destroy(be);
     free(mw);
     /* A plan that gives every (token, expert) pair its own tile, asked for more
-     * tiles than one launch holds: refused before anything runs. */
+     * tiles than one launch holds (7000 tokens x top-10): refused before
+     * anything runs. */
     ls_cuda_moe cm = {512, 2048, 512, 0, LS_WTYPE_BF16, NULL, NULL, NULL, NULL, NULL, NULL,
                       NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
-    ck_assert_int_eq(ls_cuda_moe_forward_plan(&cm, NULL, NULL, NULL, 10, NULL, 6000, NULL, 1, 0, 0, 3, NULL,
+    ck_assert_int_eq(ls_cuda_moe_forward_plan(&cm, NULL, NULL, NULL, 10, NULL, 7000, NULL, 1, 0, 0, 3, NULL,
                                               &err), LS_E_UNSUPPORTED);
     ck_assert_msg(strstr(err.msg, "65535") != NULL, "%s", err.msg);
     printf("  ok fail closed: GDN dk 256, attention d 512, conv K 9, reversed linear, "
