@@ -17,7 +17,10 @@
  * block scales from the host, the rest bf16 (ls_model_synthetic); the engine
  * runs them dequantised (dequant) or against quantised activations (w8a8,
  * engine opts fp8_w8a8). Every step does all the engine does:
- * uploads, every op, the digests of every trace layer, the logprob download.
+ * the input upload, every op, the digests of every trace layer, the logprob
+ * summary's download; and what the run layer does after it (step_records):
+ * each row's record, its next token the item's following one or the greedy
+ * sample.
  *
  * The backend is wrapped in a timing decorator (bench_backend_timing.h): an
  * ls_backend whose ops forward to the CUDA backend and, for the breakdowns,
@@ -25,8 +28,9 @@
  * rmsnorm), plus the time the device waits for the host between ops.
  *
  * Every figure is a ratio of two times measured in this one run (median of
- * repeats after warm-up; engine steps by the host clock, as a step returns
- * only after its logprobs are on the host; the rest by CUDA events):
+ * repeats after warm-up; engine steps with their records by the host clock,
+ * as a step returns only after its logprob summary and digests are on the
+ * host; the rest by CUDA events):
  *   copy      device-to-device cudaMemcpy bandwidth (read + write bytes / time)
  *   decode    one step at batch 1 and 32 (context = the prefill length) vs the
  *             bytes it must read / copy bandwidth; the distinct experts per
@@ -56,7 +60,7 @@
  *             step still runs out of device memory is printed as skipped.
  *             TTFT: the prefill of c fresh sequences of L-token prompts (each
  *             its own) as the engine serves it, from its first step until the
- *             last returns, every sequence's first-token logprobs on the host
+ *             last returns, every sequence's first-token record built
  *             then: the batched prefill's packing, one step of all c prompts
  *             when c L <= max_rows, else steps of max_rows / c tokens of each
  *             (the line says which, and the split); the joins (state zeroing)
@@ -67,8 +71,8 @@
  *             the tier and the layers, all of them again as a table at the
  *             end; --only-ttft runs this table alone (no micro-benchmarks)
  * Not measured any more: the decode step as one CUDA graph. ls_engine_step
- * synchronises with the host inside the step (token and position uploads,
- * the per-layer digest calls, the logprob download), which stream capture
+ * synchronises with the host inside the step (the input upload, the
+ * per-layer digest calls, the logprob summary's download), which stream capture
  * does not allow; the breakdown's "device idle between ops" is the launch and
  * host cost the graph row used to bound.
  *
