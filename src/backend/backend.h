@@ -311,12 +311,20 @@ struct ls_backend {
  * output columns and tokens without changing any result bit. */
 ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err);
 
-/* copy_blocks of one group: `rows` rows of `len` elements,
+/* A copy_blocks job of one group: `rows` rows of `len` elements,
  * dst[r*dst_stride + i] = src[r*src_stride + i]. */
+static inline ls_copy_job ls_copy_rows_job(ls_view dst, long dst_stride, ls_view src, long src_stride,
+                                           long rows, long len)
+{
+    ls_copy_job j = {dst, src, {rows, 1, len, dst_stride, 0, src_stride, 0}};
+    return j;
+}
+
+/* That job alone. */
 static inline ls_status ls_copy_rows(ls_backend *be, ls_view dst, long dst_stride, ls_view src,
                                      long src_stride, long rows, long len, ls_error *err)
 {
-    ls_copy_job j = {dst, src, {rows, 1, len, dst_stride, 0, src_stride, 0}};
+    ls_copy_job j = ls_copy_rows_job(dst, dst_stride, src, src_stride, rows, len);
     return be->copy_blocks(be, &j, 1, err);
 }
 

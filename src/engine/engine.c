@@ -933,8 +933,8 @@ static ls_status state_copy(ls_engine *e, ls_buf *const *dconv, ls_buf *const *d
                 p += n;
             }
         } else {
-            const ls_copy_job jobs[2] = {{BEV(dconv[l]), BEV(sconv[l]), {1, 1, nconv, nconv, 0, nconv, 0}},
-                                         {BEV(dgdn[l]), BEV(sgdn[l]), {1, 1, ngdn, ngdn, 0, ngdn, 0}}};
+            const ls_copy_job jobs[2] = {ls_copy_rows_job(BEV(dconv[l]), nconv, BEV(sconv[l]), nconv, 1, nconv),
+                                         ls_copy_rows_job(BEV(dgdn[l]), ngdn, BEV(sgdn[l]), ngdn, 1, ngdn)};
             LS_TRY(e->be->copy_blocks(e->be, jobs, 2, err));
         }
     }

@@ -411,11 +411,9 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     for (long s = 0; s < nseg && !batched; s++)
         LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].conv[l], LS_DIGEST_CONV_STATE, conv_op,
                           err));
-    const ls_copy_job qkv[3] = {
-        {BEV(e->Q), AT(e->Y, 0), {T, 1, Hk * dk, Hk * dk, 0, C, 0}},
-        {BEV(e->K), AT(e->Y, Hk * dk), {T, 1, Hk * dk, Hk * dk, 0, C, 0}},
-        {BEV(e->V), AT(e->Y, 2 * Hk * dk), {T, 1, Hv * dv, Hv * dv, 0, C, 0}},
-    };
+    const ls_copy_job qkv[3] = {ls_copy_rows_job(BEV(e->Q), Hk * dk, AT(e->Y, 0), C, T, Hk * dk),
+                                ls_copy_rows_job(BEV(e->K), Hk * dk, AT(e->Y, Hk * dk), C, T, Hk * dk),
+                                ls_copy_rows_job(BEV(e->V), Hv * dv, AT(e->Y, 2 * Hk * dk), C, T, Hv * dv)};
     LS_TRY(be->copy_blocks(be, qkv, 3, err));
     LS_TRY(be->l2norm_scale(be, BEV(e->Q), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), og, err));
     LS_TRY(be->l2norm_scale(be, BEV(e->K), T * Hk, dk, 1.0f, og, err));
@@ -457,8 +455,8 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     LS_TRY(lin(e, &w->k, Hkv * d, BEV(e->XN), BEV(e->K), T, LS_ORDER_CANONICAL, err));
     LS_TRY(lin(e, &w->v, Hkv * d, BEV(e->XN), BEV(e->V), T, LS_ORDER_CANONICAL, err));
     /* Per head: d query values, then d gate values (docs/model.md §3.3 step 1). */
-    const ls_copy_job qg[2] = {{BEV(e->Q), AT(e->QG, 0), {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d}},
-                               {BEV(e->G), AT(e->QG, d), {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d}}};
+    const ls_copy_shape heads = {T, Hq, d, Hq * d, d, Hq * 2 * d, 2 * d};
+    const ls_copy_job qg[2] = {{BEV(e->Q), AT(e->QG, 0), heads}, {BEV(e->G), AT(e->QG, d), heads}};
     LS_TRY(be->copy_blocks(be, qg, 2, err));
     ls_order on = LS_ORDER_CANONICAL;
     LS_TRY(be->rmsnorm(be, BEV(e->Q), BEV(w->q_norm), BEV(e->Q), T * Hq, d, act, on, err));
