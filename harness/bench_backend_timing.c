@@ -455,6 +455,7 @@ ls_status ls_bench_timing_create(ls_backend *inner, ls_backend **out, ls_error *
     t->in = inner;
     be->impl = t;
     be->name = inner->name; /* the engine reports the backend it runs on */
+    be->linear_by_column = inner->linear_by_column;
     be->alloc = t_alloc;
     be->wrap_weights = t_wrap_weights;
     be->upload = t_upload;

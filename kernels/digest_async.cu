@@ -46,6 +46,11 @@
  * is more than half full. submit and wait are called from one thread (the
  * one that owns the streams); only that thread touches the open group.
  *
+ * Parts: a job that continues a running hash (sha256.h, part) is handed
+ * out alone, and only once no worker hashes an earlier part of the same
+ * hash (busy): batches are handed out in submission order, so the earlier
+ * part was handed out before and is either done or in busy.
+ *
  * Reuse: a slot's table and region are rewritten only after the batch in it
  * is retired, that is after the stream passed its group's event (recorded
  * after the encode kernel that read the table and the download of the
@@ -87,7 +92,10 @@ typedef struct ls_dg_batch {
     cudaEvent_t own;             /* this slot's event, created once */
     void *h_table;               /* pinned, mapped: the job table the encode kernel reads */
     const void *d_table;         /* its device address */
-    uint8_t **outs;              /* [LS_DG_SLOT_JOBS] host destinations, 32 bytes each */
+    uint8_t **outs;              /* [LS_DG_SLOT_JOBS] host destinations, 32 bytes each (NULL: a
+                                    part that does not end its hash) */
+    void **parts;                /* [LS_DG_SLOT_JOBS] the jobs' running hashes (NULL: whole) */
+    uint8_t *first;              /* [LS_DG_SLOT_JOBS] the part starts its hash */
     uint64_t *off, *len;         /* [LS_DG_SLOT_JOBS] encoded bytes at h_ring + at + off[i] */
 } ls_dg_batch;
 
@@ -107,6 +115,9 @@ struct ls_cuda_digester {
     uint8_t *h_tables;           /* pinned, mapped: every slot's table */
     uint64_t *h_meta;            /* every slot's off and len */
     uint8_t **h_outs;            /* every slot's outs */
+    void **h_parts;              /* every slot's parts */
+    uint8_t *h_first;            /* every slot's first */
+    void *busy[LS_DG_MAX_THREADS]; /* the running hashes whose parts workers hash now */
     pthread_mutex_t mu;
     pthread_cond_t work;         /* a group was handed out or became ready, or stop */
     pthread_cond_t freed;        /* a batch was released */
@@ -193,18 +204,44 @@ static void *dg_worker(void *arg)
             pthread_cond_broadcast(&d->work);
             continue;
         }
-        /* Take jobs up to LS_DG_GRAB_BYTES (at least one). */
+        /* Take whole jobs up to LS_DG_GRAB_BYTES (at least one), or one part
+         * once no other worker hashes an earlier part of its hash (handed
+         * out before it: batches go in order). */
         int i0 = b->next, i1 = i0;
-        uint64_t bytes = 0;
-        while (i1 < b->n && (i1 == i0 || bytes + b->len[i1] <= LS_DG_GRAB_BYTES)) bytes += b->len[i1++];
+        void *part = b->parts[i0];
+        int held = -1; /* its entry in busy */
+        if (part) {
+            int free_at = -1;
+            for (int w = 0; w < LS_DG_MAX_THREADS && held < 0; w++) {
+                if (d->busy[w] == part) held = w;
+                if (!d->busy[w] && free_at < 0) free_at = w;
+            }
+            if (held >= 0) {
+                pthread_cond_wait(&d->work, &d->mu);
+                continue;
+            }
+            held = free_at; /* one entry per worker: there is a free one */
+            d->busy[held] = part;
+            i1 = i0 + 1;
+        } else {
+            uint64_t bytes = 0;
+            while (i1 < b->n && !b->parts[i1] && (i1 == i0 || bytes + b->len[i1] <= LS_DG_GRAB_BYTES))
+                bytes += b->len[i1++];
+        }
         b->next = i1;
         pthread_mutex_unlock(&d->mu);
         int bad = -1;
         for (int i = i0; i < i1; i++)
-            if (d->fn(d->h_ring + b->at + b->off[i], (size_t)b->len[i], b->outs[i]) != 0 && bad < 0) bad = i;
+            if (d->fn(b->parts[i], b->first[i], d->h_ring + b->at + b->off[i], (size_t)b->len[i], b->outs[i]) != 0 &&
+                bad < 0)
+                bad = i;
         pthread_mutex_lock(&d->mu);
         if (bad >= 0) dg_set_fail(d, LS_E_CRYPTO, "digest: host SHA-256 of a staged job failed");
         b->left -= i1 - i0;
+        if (held >= 0) {
+            d->busy[held] = NULL;
+            pthread_cond_broadcast(&d->work); /* a worker may wait for the hash's next part */
+        }
         dg_retire(d);
     }
     pthread_mutex_unlock(&d->mu);
@@ -221,6 +258,8 @@ static void dg_free(ls_cuda_digester *d)
     if (d->h_ring) cudaFreeHost(d->h_ring);
     free(d->h_meta);
     free(d->h_outs);
+    free(d->h_parts);
+    free(d->h_first);
     free(d);
 }
 
@@ -240,7 +279,9 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
     d->n_threads = n_threads < 1 ? 1 : n_threads > LS_DG_MAX_THREADS ? LS_DG_MAX_THREADS : n_threads;
     d->h_meta = (uint64_t *)malloc(sizeof *d->h_meta * 2 * LS_DG_SLOTS * LS_DG_SLOT_JOBS);
     d->h_outs = (uint8_t **)malloc(sizeof *d->h_outs * LS_DG_SLOTS * LS_DG_SLOT_JOBS);
-    if (!d->h_meta || !d->h_outs) {
+    d->h_parts = (void **)malloc(sizeof *d->h_parts * LS_DG_SLOTS * LS_DG_SLOT_JOBS);
+    d->h_first = (uint8_t *)malloc(LS_DG_SLOTS * LS_DG_SLOT_JOBS);
+    if (!d->h_meta || !d->h_outs || !d->h_parts || !d->h_first) {
         dg_free(d);
         return ls_fail(err, LS_E_NOMEM, "digester: out of memory");
     }
@@ -263,6 +304,8 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
         b->h_table = d->h_tables + table_bytes * (size_t)s;
         b->d_table = d_tables + table_bytes * (size_t)s;
         b->outs = d->h_outs + (size_t)LS_DG_SLOT_JOBS * (size_t)s;
+        b->parts = d->h_parts + (size_t)LS_DG_SLOT_JOBS * (size_t)s;
+        b->first = d->h_first + (size_t)LS_DG_SLOT_JOBS * (size_t)s;
         b->off = d->h_meta + (size_t)2 * LS_DG_SLOT_JOBS * (size_t)s;
         b->len = b->off + LS_DG_SLOT_JOBS;
     }
@@ -375,6 +418,10 @@ static ls_status dg_submit_chunk(ls_cuda_digester *d, const ls_cuda_digest_job *
     pthread_mutex_unlock(&d->mu);
     /* The slot and the region are ours: the workers skip the batch while next == n. */
     memcpy(b->outs, outs, sizeof *outs * (size_t)n);
+    for (int i = 0; i < n; i++) {
+        b->parts[i] = jobs[i].part;
+        b->first[i] = jobs[i].first;
+    }
     ls_status st = ls_cuda_digest_stage(jobs, n, b->h_table, b->d_table, d->d_ring + b->at, b->off, b->len,
                                         stream, err);
     if (st != LS_OK) { /* the earlier group keeps its bytes; this batch is dropped once the

@@ -226,6 +226,7 @@ typedef struct ls_digest_entry {   /* device copy of one job */
     uint64_t off;                  /* encoded bytes start in the scratch (16-aligned) */
     uint64_t len;                  /* encoded bytes */
     uint32_t bf16[2];
+    uint32_t host;                 /* hashed on the host (long, or a part) */
 } ls_digest_entry;
 
 #define LS_ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
@@ -259,6 +260,7 @@ static void ls_entry_of(const ls_cuda_digest_job *j, ls_digest_entry *e)
         e->bf16[s] = j->bf16[s] ? 1u : 0u;
     }
     e->len = ls_job_bytes(j);
+    e->host = 0;
 }
 
 extern "C" size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, int n_jobs)
@@ -313,11 +315,11 @@ __global__ void ls_digest_encode_kernel(const ls_digest_entry *ent, int n_jobs, 
 }
 
 __global__ void ls_digest_hash_kernel(const ls_digest_entry *ent, int n_jobs, const uint8_t *bytes,
-                                      uint64_t device_max, uint8_t *digests)
+                                      uint8_t *digests)
 {
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= n_jobs) return;
-    if (ent[j].len > device_max) {
+    if (ent[j].host) {
         /* the host hashes this one; its slot is copied back with the others,
          * so it holds zeros rather than bytes nothing wrote (initcheck) */
         for (int i = 0; i < 32; i++) digests[(uint64_t)j * 32 + i] = 0;
@@ -326,16 +328,18 @@ __global__ void ls_digest_hash_kernel(const ls_digest_entry *ent, int n_jobs, co
     ls_sha256_device(bytes + ent[j].off, ent[j].len, digests + (uint64_t)j * 32);
 }
 
-/* Host hashing of the long jobs, their encoded bytes at staged[off]:
- * up to LS_HOST_HASH_THREADS threads, thread w taking the long jobs w, w + n,
- * ... in job order (each digest lands in its own slot, so the split changes
- * nothing). Returns the first job whose hash failed, or -1. */
+/* Host hashing of the host jobs, their encoded bytes at staged[off]:
+ * up to LS_HOST_HASH_THREADS threads, thread w taking the host jobs w, w + n,
+ * ... in job order (each digest lands in its own slot, and a running hash
+ * has one part per call, so the split changes nothing). A part that does not
+ * end its hash leaves its slot alone. Returns the first job whose hash
+ * failed, or -1. */
 #define LS_HOST_HASH_THREADS 16
 
 typedef struct ls_host_hash_work {
     const ls_digest_entry *ent;
+    const ls_cuda_digest_job *jobs;
     int n_jobs, w, n_threads;
-    uint64_t device_max;
     const uint8_t *staged;
     ls_cuda_host_sha256_fn fn;
     uint8_t *digests;
@@ -346,10 +350,11 @@ static void *ls_host_hash_thread(void *arg)
 {
     ls_host_hash_work *wk = (ls_host_hash_work *)arg;
     for (int i = 0, nth = 0; i < wk->n_jobs; i++) {
-        if (wk->ent[i].len <= wk->device_max) continue;
+        if (!wk->ent[i].host) continue;
         if (nth++ % wk->n_threads != wk->w) continue;
-        if (wk->fn(wk->staged + wk->ent[i].off, wk->ent[i].len,
-                   wk->digests + 32 * (size_t)i) != 0) {
+        const ls_cuda_digest_job *j = &wk->jobs[i];
+        uint8_t *out = !j->part || j->last ? wk->digests + 32 * (size_t)i : NULL;
+        if (wk->fn(j->part, j->first, wk->staged + wk->ent[i].off, wk->ent[i].len, out) != 0) {
             wk->failed = i;
             break;
         }
@@ -370,7 +375,7 @@ static int ls_host_threads(uint64_t bytes, int n_long)
     return n < 1 ? 1 : n;
 }
 
-static int ls_host_hash_jobs(const ls_digest_entry *ent, int n_jobs, uint64_t device_max,
+static int ls_host_hash_jobs(const ls_digest_entry *ent, const ls_cuda_digest_job *jobs, int n_jobs,
                              const uint8_t *staged, uint64_t staged_bytes, int n_long,
                              ls_cuda_host_sha256_fn fn, uint8_t *digests)
 {
@@ -379,7 +384,7 @@ static int ls_host_hash_jobs(const ls_digest_entry *ent, int n_jobs, uint64_t de
     pthread_t th[LS_HOST_HASH_THREADS];
     int started[LS_HOST_HASH_THREADS] = {0};
     for (int w = 0; w < n; w++) {
-        wk[w] = (ls_host_hash_work){ent, n_jobs, w, n, device_max, staged, fn, digests, -1};
+        wk[w] = (ls_host_hash_work){ent, jobs, n_jobs, w, n, staged, fn, digests, -1};
         /* worker 0 runs on this thread; a thread that cannot start runs here too */
         started[w] = w > 0 && pthread_create(&th[w], NULL, ls_host_hash_thread, &wk[w]) == 0;
     }
@@ -422,7 +427,7 @@ static double ls_plan_s(const ls_cuda_digest_job *jobs, int n_jobs, uint64_t spl
     int n_host = 0;
     for (int i = 0; i < n_jobs; i++) {
         uint64_t len = ls_job_bytes(&jobs[i]);
-        if (len > split) {
+        if (len > split || jobs[i].part) {
             host_bytes += LS_ALIGN_UP(len, 16);
             n_host++;
         } else if (len > longest_dev) {
@@ -459,29 +464,33 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
     ls_digest_entry *h = (ls_digest_entry *)malloc(sizeof *h * (size_t)n_jobs);
     if (!h) return ls_fail(err, LS_E_NOMEM, "digest: %d job entries", n_jobs);
     if (!host_sha256) device_max_bytes = SIZE_MAX;
-    uint64_t max_el = 0, max_host = 0;
+    uint64_t max_el = 0;
+    int n_long = 0; /* jobs the host hashes */
     for (int i = 0; i < n_jobs; i++) {
         ls_entry_of(&jobs[i], &h[i]);
         if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
-        if (h[i].len > device_max_bytes && h[i].len > max_host) max_host = h[i].len;
+        h[i].host = jobs[i].part || h[i].len > device_max_bytes;
+        n_long += (int)h[i].host;
     }
-    int n_long = 0;
-    for (int i = 0; i < n_jobs; i++) n_long += h[i].len > device_max_bytes;
+    if (n_long && !host_sha256) {
+        free(h);
+        return ls_fail(err, LS_E_INTERNAL, "digest: a part of a running hash without a host hash function");
+    }
     int n_dev = n_jobs - n_long; /* jobs the device hashes */
     /* Encoded bytes: the long jobs first, so that one download fetches them
      * all, then the short ones (16-aligned each; the layout's total). */
     uint64_t off = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int i = 0; i < n_jobs; i++)
-            if ((h[i].len > device_max_bytes) == (pass == 0)) {
+            if ((h[i].host != 0) == (pass == 0)) {
                 h[i].off = off;
                 off += LS_ALIGN_UP(h[i].len, 16);
             }
     uint64_t staged = 0; /* bytes of the long jobs' part */
     for (int i = 0; i < n_jobs; i++)
-        if (h[i].len > device_max_bytes) staged = h[i].off + h[i].len;
-    uint8_t *h_big = max_host ? (uint8_t *)malloc(staged) : NULL;
-    if (max_host && !h_big) {
+        if (h[i].host) staged = h[i].off + h[i].len;
+    uint8_t *h_big = n_long ? (uint8_t *)malloc(staged ? staged : 1) : NULL;
+    if (n_long && !h_big) {
         free(h);
         return ls_fail(err, LS_E_NOMEM, "digest: %llu bytes of host staging",
                        (unsigned long long)staged);
@@ -507,7 +516,7 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
      * short ones. */
     cudaStream_t s2 = NULL, hs = s; /* hs: the stream the long jobs' bytes come down on */
     cudaEvent_t encoded = NULL;
-    if (ce == cudaSuccess && max_host && n_dev) { /* with nothing to overlap, stay on s */
+    if (ce == cudaSuccess && n_long && n_dev) { /* with nothing to overlap, stay on s */
         ce = cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
         if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&encoded, cudaEventDisableTiming);
         if (ce == cudaSuccess) ce = cudaEventRecord(encoded, s);
@@ -516,28 +525,28 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
     }
     if (ce == cudaSuccess && n_dev) {
         ls_digest_hash_kernel<<<(n_jobs + 63) / 64, 64, 0, s>>>(d_ent, n_jobs, base + bytes_at,
-                                                                 device_max_bytes, base + dig_at);
+                                                                 base + dig_at);
         ce = cudaGetLastError();
     }
     int host_failed = -1;
-    if (ce == cudaSuccess && max_host) {
+    if (ce == cudaSuccess && n_long) {
         ce = cudaMemcpyAsync(h_big, base + bytes_at, staged, cudaMemcpyDeviceToHost, hs);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(hs);
         if (ce == cudaSuccess)
-            host_failed = ls_host_hash_jobs(h, n_jobs, device_max_bytes, h_big, staged, n_long,
+            host_failed = ls_host_hash_jobs(h, jobs, n_jobs, h_big, staged, n_long,
                                             host_sha256, h_digests);
     }
     /* The device's digests, one copy; the long jobs' slots keep the host's. */
-    if (ce == cudaSuccess && host_failed < 0 && !max_host)
+    if (ce == cudaSuccess && host_failed < 0 && !n_long)
         ce = cudaMemcpyAsync(h_digests, base + dig_at, (size_t)n_jobs * 32, cudaMemcpyDeviceToHost, s);
-    if (ce == cudaSuccess && host_failed < 0 && max_host && n_dev) {
+    if (ce == cudaSuccess && host_failed < 0 && n_long && n_dev) {
         uint8_t *dev = (uint8_t *)malloc((size_t)n_jobs * 32);
         if (!dev) ce = cudaErrorMemoryAllocation;
         if (ce == cudaSuccess)
             ce = cudaMemcpyAsync(dev, base + dig_at, (size_t)n_jobs * 32, cudaMemcpyDeviceToHost, s);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
         for (int i = 0; ce == cudaSuccess && i < n_jobs; i++)
-            if (h[i].len <= device_max_bytes) memcpy(h_digests + 32 * (size_t)i, dev + 32 * (size_t)i, 32);
+            if (!h[i].host) memcpy(h_digests + 32 * (size_t)i, dev + 32 * (size_t)i, 32);
         free(dev);
     }
     if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);

@@ -66,6 +66,12 @@ typedef struct ls_cuda_digest_job {
     uint64_t row_len[2];         /* elements per row; 0 = one contiguous row of n */
     uint64_t stride[2];          /* elements between row starts (row_len > 0) */
     uint8_t bf16[2];             /* 1 = bf16 encoding, 0 = raw 4 bytes */
+    void *part;                  /* NULL: a whole digest. Else one part of a running hash
+                                    (the host_sha256 function's, opaque here), always hashed
+                                    on the host: a hash's parts are submitted in order, one
+                                    per call at most, and hashed in that order */
+    uint8_t first, last;         /* with part: it starts / ends the hash (only the last has
+                                    a digest) */
 } ls_cuda_digest_job;
 
 /* Device scratch ls_cuda_digest needs for these jobs (bytes). */
@@ -73,8 +79,11 @@ size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, int n_jobs);
 
 /* Host SHA-256 for the jobs too long to hash well with one GPU thread
  * (SHA-256 is serial within a message: one thread does roughly 50 MB/s, a CPU
- * core with SHA extensions 1-2 GB/s). Returns 0 on success. */
-typedef int (*ls_cuda_host_sha256_fn)(const void *data, size_t len, uint8_t out[32]);
+ * core with SHA extensions 1-2 GB/s) and for the parts of running hashes.
+ * part NULL: the digest of data into out. Else data continues the running
+ * hash `part` (a job's), started when first, ended into out when out is not
+ * NULL. Returns 0 on success. */
+typedef int (*ls_cuda_host_sha256_fn)(void *part, int first, const void *data, size_t len, uint8_t *out);
 
 /* Where to hash these jobs: the device_max_bytes for ls_cuda_digest that
  * its cost model expects to finish first among three plans (jobs longer than

@@ -1793,6 +1793,69 @@ static ls_status digest_exec(bo_case *c, ls_backend *be, ls_error *err)
     return st;
 }
 
+/* The same digests fed in parts (backend.h, a digest in parts), as the
+ * engine hashes a logits row: a part is at most DG_PART elements of one row
+ * of one span, and each call carries one part of every hash not yet done. */
+#define DG_PART 4096
+
+/* Walks job j's parts: writes part `want` (a one-row span) to *out when
+ * there is one; returns the number of parts. */
+static long dg_part(const bo_job_spec *j, long want, bo_span_spec *out)
+{
+    long n = 0;
+    for (int k = 0; k < 2; k++) {
+        const bo_span_spec *sp = &j->span[k];
+        for (long r = 0; r < sp->rows; r++)
+            for (long e = 0; e < sp->len; e += DG_PART, n++)
+                if (n == want)
+                    *out = (bo_span_spec){sp->tensor, sp->off + r * sp->stride + e, 1,
+                                          sp->len - e < DG_PART ? sp->len - e : DG_PART, 0, sp->bf16};
+    }
+    return n;
+}
+
+static ls_status digest_parts_exec(bo_case *c, ls_backend *be, ls_error *err)
+{
+    const bo_job_spec *j = c->aux2;
+    long n = digest_jobs(c->shape), most = 1;
+    ls_digest_job *jobs = calloc((size_t)n, sizeof *jobs);
+    ls_sha256 *run = calloc((size_t)n, sizeof *run);
+    long *parts = calloc((size_t)n, sizeof *parts);
+    if (!jobs || !run || !parts) {
+        free(jobs), free(run), free(parts);
+        return ls_fail(err, LS_E_NOMEM, "digest parts");
+    }
+    for (long i = 0; i < n; i++) {
+        parts[i] = dg_part(&j[i], -1, NULL);
+        if (parts[i] < 1) parts[i] = 1; /* no bytes: one empty part */
+        if (parts[i] > most) most = parts[i];
+    }
+    ls_status st = LS_OK;
+    for (long p = 0; st == LS_OK && p < most; p++) {
+        long m = 0;
+        for (long i = 0; i < n; i++) {
+            if (p >= parts[i]) continue;
+            bo_span_spec sp = {DG_H, 0, 0, 0, 0, 0};
+            dg_part(&j[i], p, &sp);
+            memset(&jobs[m], 0, sizeof jobs[m]);
+            jobs[m].span[0] = (ls_digest_span){AT(c, sp.tensor, sp.off), sp.rows, sp.len, sp.len, sp.bf16};
+            jobs[m].run = &run[i];
+            jobs[m].first = p == 0;
+            jobs[m].out = p == parts[i] - 1 ? (ls_digest *)c->t[DG_OUT].got + i : NULL;
+            m++;
+        }
+        st = be->digest(be, jobs, m, err);
+    }
+    if (be->digest_wait) { /* also after a failure: nothing may still write into run */
+        ls_error werr;
+        ls_status ws = be->digest_wait(be, st == LS_OK ? err : &werr);
+        if (st == LS_OK) st = ws;
+    }
+    for (long i = 0; i < n; i++) ls_sha256_discard(&run[i]);
+    free(jobs), free(run), free(parts);
+    return st;
+}
+
 /* ---- the table ----------------------------------------------------------- */
 
 #define SHAPES(a) a, sizeof a[0], (int)(sizeof a / sizeof a[0])
@@ -1823,6 +1886,7 @@ static const bo_op bo_ops[] = {
     {"kv_append_batch", SHAPES(kvb_shapes), 0, 1, kvb_setup, kvb_ref, kvb_exec},
     {"attention_batch", SHAPES(kvb_shapes), 1, 2, attb_setup, attb_ref, attb_exec},
     {"digest", SHAPES(digest_shapes), 0, 1, digest_setup, digest_ref, digest_exec},
+    {"digest_parts", SHAPES(digest_shapes), 0, 1, digest_setup, digest_ref, digest_parts_exec},
 };
 
 int ls_bo_op_count(void)

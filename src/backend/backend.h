@@ -99,15 +99,33 @@ typedef struct ls_digest_span {
 
 /* One SHA-256: span[0]'s bytes then span[1]'s (docs/trace-format.md §6 gives
  * the canonical bytes of each digest kind; e.g. conv_state is one span of
- * conv_dim rows of W-1 elements at stride W, kv is the K row then the V row). */
+ * conv_dim rows of W-1 elements at stride W, kv is the K row then the V row).
+ *
+ * A digest in parts: the jobs of several calls feed one running hash (a
+ * logits row, hashed column chunk by column chunk as the lm_head writes
+ * it). Each part's job names it in `run`; the part with `first` starts it,
+ * the one with an `out` ends it there, those between have out NULL. A
+ * hash's parts come in order, one per call at most, and the backend hashes
+ * them in that order. The caller owns *run (zeroed before its first use)
+ * and frees a context a failed hash left with ls_sha256_discard. */
 typedef struct ls_digest_job {
     ls_digest_span span[2];
-    ls_digest *out;                      /* host destination, 32 bytes */
+    ls_digest *out;                      /* host destination, 32 bytes; NULL only for a part
+                                            that is not the last */
+    ls_sha256 *run;                      /* NULL: the job is the whole digest */
+    int first;                           /* with run: this part starts the hash */
 } ls_digest_job;
 
 struct ls_backend {
     const char *name;                    /* "cpu", "cuda-portable", ... */
     void *impl;                          /* backend state; owned */
+    /* 1: linear computes every output column on its own (one weight row, one
+     * canonical dot product: the portable providers), so a call over a block
+     * of a weight's rows gives exactly those columns' bits; the engine then
+     * computes the lm_head in column chunks and hashes each logits row in
+     * parts as they are written. 0: a call's bits may depend on its shape
+     * (a GEMM algorithm pinned per shape). */
+    int linear_by_column;
 
     /* ---- memory ---------------------------------------------------------- */
     /* Zero-filled buffer of `bytes`. */

@@ -660,11 +660,11 @@ static void digest_part(void *ctx, int thread, long b, long e)
     unsigned char *buf = (unsigned char *)c->scratch[thread];
     for (long j = b; j < e; j++) {
         const ls_digest_job *job = &c->jobs[j];
-        ls_sha256 h;
-        ls_status st = ls_sha256_init(&h, NULL);
-        for (int s = 0; st == LS_OK && s < 2; s++) st = digest_span(&h, &job->span[s], buf);
-        if (st == LS_OK) st = ls_sha256_final(&h, job->out, NULL);
-        else ls_sha256_discard(&h);
+        ls_sha256 whole = {NULL}, *h = job->run ? job->run : &whole;
+        ls_status st = ls_sha256_resume(h, !job->run || job->first, NULL);
+        for (int s = 0; st == LS_OK && s < 2; s++) st = digest_span(h, &job->span[s], buf);
+        if (st != LS_OK) ls_sha256_discard(h);
+        else if (job->out) st = ls_sha256_final(h, job->out, NULL);
         c->st[j] = st;
     }
 }
@@ -676,7 +676,7 @@ static ls_status cpu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jo
         for (int s = 0; s < 2; s++) {
             const ls_digest_span *sp = &jobs[j].span[s];
             if (sp->rows == 0) continue;
-            if (sp->rows < 0 || sp->len < 0 || sp->stride < sp->len || !jobs[j].out)
+            if (sp->rows < 0 || sp->len < 0 || sp->stride < sp->len || (!jobs[j].out && !jobs[j].run))
                 return ls_fail(err, LS_E_INTERNAL, "cpu backend: digest job %ld span %d has rows %ld, "
                                "len %ld, stride %ld", j, s, sp->rows, sp->len, sp->stride);
             size_t last = (size_t)((sp->rows - 1) * sp->stride + sp->len) * 4;
@@ -724,6 +724,7 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
                              "cpu backend: scratch table of %d threads", n_threads);
     }
     be->name = "cpu";
+    be->linear_by_column = 1;
     be->alloc = cpu_alloc;
     be->wrap_weights = cpu_wrap;
     be->wrap_generated = cpu_wrap_generated;

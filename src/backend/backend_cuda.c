@@ -1070,13 +1070,16 @@ static ls_status cu_lp_summary(ls_backend *be, ls_view lp, ls_view next, long R,
  * host. Either way the digest is SHA-256 of the same canonical bytes. */
 #define LS_CUDA_DIGEST_DEVICE_MAX_BYTES 32768
 
-/* Called from up to 16 threads at once (ls_cuda_digest); keeps no shared state. */
-static int host_sha256(const void *data, size_t len, uint8_t out[32])
+/* Called from up to 16 threads at once (ls_cuda_digest, the digester); keeps
+ * no shared state (a running hash has one part in flight at a time). */
+static int host_sha256(void *part, int first, const void *data, size_t len, uint8_t *out)
 {
     ls_error err;
     ls_digest d;
-    if (ls_sha256_buf(data, len, &d, &err) != LS_OK) return 1;
-    memcpy(out, d.bytes, 32);
+    ls_status st = part ? ls_sha256_part((ls_sha256 *)part, first, data, len, out ? &d : NULL, &err)
+                        : ls_sha256_buf(data, len, &d, &err);
+    if (st != LS_OK) return 1;
+    if (out) memcpy(out, d.bytes, 32);
     return 0;
 }
 
@@ -1117,7 +1120,8 @@ static ls_status digest_now(cuda_impl *im, const ls_cuda_digest_job *cj, const l
         st = ls_cuda_digest(cj, (int)n_jobs, im->scratch, im->scratch_bytes,
                             ls_cuda_digest_plan(cj, (int)n_jobs, LS_CUDA_DIGEST_DEVICE_MAX_BYTES),
                             host_sha256, dig, NULL, err);
-    for (long j = 0; st == LS_OK && j < n_jobs; j++) memcpy(jobs[j].out->bytes, dig + 32 * j, 32);
+    for (long j = 0; st == LS_OK && j < n_jobs; j++)
+        if (jobs[j].out) memcpy(jobs[j].out->bytes, dig + 32 * j, 32);
     free(dig);
     return st;
 }
@@ -1145,7 +1149,14 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
     uint8_t **outs = im->dg_outs;
     memset(cj, 0, sizeof *cj * (size_t)n_jobs);
     ls_status st = LS_OK;
-    for (long j = 0; st == LS_OK && j < n_jobs; j++)
+    for (long j = 0; st == LS_OK && j < n_jobs; j++) {
+        if (!jobs[j].out && !jobs[j].run) {
+            st = ls_fail(err, LS_E_INTERNAL, "cuda digest: job %ld has no destination", j);
+            break;
+        }
+        cj[j].part = jobs[j].run;
+        cj[j].first = jobs[j].first != 0;
+        cj[j].last = jobs[j].out != NULL;
         for (int s = 0; s < 2; s++) {
             const ls_digest_span *sp = &jobs[j].span[s];
             if (sp->rows < 0 || sp->len < 0 || (sp->rows > 1 && sp->stride < sp->len)) {
@@ -1160,9 +1171,10 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
             cj[j].stride[s] = (uint64_t)sp->stride;
             cj[j].bf16[s] = sp->bf16 ? 1 : 0;
         }
+    }
     int submitted = 0;
     if (st == LS_OK && im->dg) {
-        for (long j = 0; j < n_jobs; j++) outs[j] = jobs[j].out->bytes;
+        for (long j = 0; j < n_jobs; j++) outs[j] = jobs[j].out ? jobs[j].out->bytes : NULL;
         st = ls_cuda_digester_submit(im->dg, cj, outs, (int)n_jobs, NULL, err);
         submitted = st != LS_E_UNSUPPORTED;
         if (!submitted) st = ls_cuda_digester_wait(im->dg, err);
@@ -1211,6 +1223,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
         return st;
     }
     be->name = o->tier == LS_TIER_TC ? "cuda-tensor-core" : o->tier == LS_TIER_FAST ? "cuda-fast" : "cuda-portable";
+    be->linear_by_column = o->tier == LS_TIER_PORTABLE;
     be->alloc = cu_alloc;
     be->wrap_weights = cu_wrap_weights;
     if (o->synthetic_weights_exact) be->wrap_generated = cu_wrap_generated;

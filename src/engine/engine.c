@@ -169,6 +169,8 @@ void ls_engine_destroy(ls_engine *e)
         free(s->conv), free(s->gdn), free(s->kc), free(s->vc), free(s);
     }
     free(e->h_in), free(e->h_lp), free(e->h_lps);
+    for (long r = 0; e->lg_run && r < e->T; r++) ls_sha256_discard(&e->lg_run[r]); /* a failed step's */
+    free(e->lg_run);
     free(e->h_tmp), free(e->h_bytes), free(e->layers), free(e->slot_of), free(e->dig);
     free(e->have), free(e->sample_ids), free(e->recs), free(e->rec_dig);
     free(e->jobs), free(e->sg), free(e->row_seq), free(e->dump_data), free(e->dumps);
@@ -476,7 +478,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     size_t host_bytes = 4 * (size_t)(3 * T + T * R) + 4 * (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)) +
                         sizeof(float) * (size_t)(T * V) + 8 * tmp + (size_t)(T * ns) * (sizeof *e->dig + 1 + sizeof *e->rec_dig) +
                         sizeof(int32_t) * (size_t)V + (size_t)T * (sizeof *e->recs + sizeof *e->sg + sizeof *e->row_seq) +
-                        (size_t)(4 * T + 16) * sizeof *e->jobs;
+                        (size_t)(4 * T + 16) * sizeof *e->jobs + (size_t)T * sizeof *e->lg_run;
     e->h_in = malloc(4 * (size_t)(3 * T + T * R));
     e->h_lp = malloc(sizeof(float) * (size_t)(T * V));
     e->h_lps = malloc(4 * (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)));
@@ -489,11 +491,12 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     e->rec_dig = calloc((size_t)(T * ns), sizeof *e->rec_dig);
     e->jobs_cap = 4 * T + 16;
     e->jobs = calloc((size_t)e->jobs_cap, sizeof *e->jobs);
+    e->lg_run = calloc((size_t)T, sizeof *e->lg_run);
     e->sg = calloc((size_t)T, sizeof *e->sg);
     e->row_seq = calloc((size_t)T, sizeof *e->row_seq);
     if (!e->h_in || !e->h_lp || !e->h_lps || !e->h_tmp ||
         !e->h_bytes || !e->dig || !e->have || !e->sample_ids || !e->recs || !e->rec_dig ||
-        !e->jobs || !e->sg || !e->row_seq)
+        !e->jobs || !e->lg_run || !e->sg || !e->row_seq)
         return ls_fail_nomem(err, host_bytes, "engine: host buffers for %ld rows", T);
     if (e->o.dump_decoder_layers) {
         for (long l = 0; l < L; l++) e->dumping |= e->o.dump_decoder_layers[l] != 0;

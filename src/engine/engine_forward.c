@@ -57,22 +57,36 @@ static ls_status span_bytes(ls_engine *e, const ls_digest_span *sp, unsigned cha
     return LS_OK;
 }
 
+/* The digest slot of (row, trace layer, kind), marked as recorded: its cell. */
+static long dq_cell(ls_engine *e, long row, int tl, ls_digest_kind kind)
+{
+    long cell = row * e->n_slots + e->slot_of[tl * N_KINDS + kind];
+    e->have[cell] = 1;
+    e->dig[cell].layer = (uint16_t)tl;
+    e->dig[cell].kind = (uint8_t)kind;
+    return cell;
+}
+
+/* A queued job, cleared. */
+static ls_status dq_job(ls_engine *e, ls_digest_job **j, ls_error *err)
+{
+    if (e->n_jobs == e->jobs_cap) LS_TRY(dq_flush(e, err));
+    *j = &e->jobs[e->n_jobs++];
+    memset(*j, 0, sizeof **j);
+    return LS_OK;
+}
+
 /* Queues the digest of (row, trace layer, kind) over spans a then b; copies the
  * canonical bytes into the row's dumps when the layer is dumped. */
 static ls_status dq_push(ls_engine *e, long row, int tl, ls_digest_kind kind, ls_digest_span a,
                          ls_digest_span b, ls_error *err)
 {
-    if (e->n_jobs == e->jobs_cap) LS_TRY(dq_flush(e, err));
-    int s = e->slot_of[tl * N_KINDS + kind];
-    long cell = row * e->n_slots + s;
-    e->have[cell] = 1;
-    ls_trace_digest *d = &e->dig[cell];
-    d->layer = (uint16_t)tl;
-    d->kind = (uint8_t)kind;
-    ls_digest_job *j = &e->jobs[e->n_jobs++];
+    ls_digest_job *j;
+    LS_TRY(dq_job(e, &j, err));
+    long cell = dq_cell(e, row, tl, kind);
     j->span[0] = a;
     j->span[1] = b;
-    j->out = &d->digest;
+    j->out = &e->dig[cell].digest;
     int dl = e->layers[tl].decoder_layer;
     if (e->dumping && dl >= 0 && e->o.dump_decoder_layers[dl]) {
         unsigned char *out = e->dump_data + (size_t)cell * e->dump_bytes;
@@ -87,10 +101,6 @@ static ls_status dq_push(ls_engine *e, long row, int tl, ls_digest_kind kind, ls
     return LS_OK;
 }
 
-/* The lm_head's calls in a step (forward): at most this many runs, of at
- * least LS_LM_HEAD_RUN_MIN rows. */
-#define LS_LM_HEAD_RUNS 8
-#define LS_LM_HEAD_RUN_MIN 8
 
 /* HIDDEN digests of rows r0 .. r1-1 of width `width` (act dtype, or fp32 when f32). */
 static ls_status dq_row_range(ls_engine *e, ls_buf *b, long width, long r0, long r1, int tl, int f32,
@@ -106,6 +116,25 @@ static ls_status dq_row_range(ls_engine *e, ls_buf *b, long width, long r0, long
 static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, int f32, ls_error *err)
 {
     return dq_row_range(e, b, width, 0, T, tl, f32, err);
+}
+
+/* Columns c0 .. c0+w-1 of logits rows r0 .. r1-1 (fp32), one part of each
+ * row's digest (backend.h, a digest in parts): the first columns start the
+ * row's running hash, the last end it in the row's slot. No decoder layer's:
+ * never dumped. */
+static ls_status dq_logits_part(ls_engine *e, long r0, long r1, long c0, long w, ls_error *err)
+{
+    long V = e->c.vocab;
+    int tl = e->n_tl - 1;
+    for (long r = r0; r < r1; r++) {
+        ls_digest_job *j;
+        LS_TRY(dq_job(e, &j, err));
+        j->span[0] = span(AT(e->logits, r * V + c0), 1, w, w, 0);
+        j->run = &e->lg_run[r];
+        j->first = c0 == 0;
+        if (c0 + w == V) j->out = &e->dig[dq_cell(e, r, tl, LS_DIGEST_HIDDEN)].digest;
+    }
+    return LS_OK;
 }
 
 /* ---- tensor parallelism (docs/parallel.md §3.3, the order-preserving form) --------------
@@ -151,6 +180,59 @@ static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_vi
 }
 
 /* ---- forward ------------------------------------------------------------------------- */
+
+/* The lm_head's calls in a step: rows in at most LS_LM_HEAD_RUNS runs, of at
+ * least LS_LM_HEAD_RUN_MIN rows, or of LS_LM_HEAD_COL_RUN_MIN rows when a
+ * run is computed in column chunks, at most LS_LM_HEAD_COLS of them, of a
+ * multiple of LS_LM_HEAD_COL_ALIGN columns (weight rows). */
+#define LS_LM_HEAD_RUNS 8
+#define LS_LM_HEAD_RUN_MIN 8
+#define LS_LM_HEAD_COL_RUN_MIN 64
+#define LS_LM_HEAD_COLS 8
+#define LS_LM_HEAD_COL_ALIGN 64
+
+/* The logits in blocks, each digested as soon as it is written: a logits
+ * row is one long SHA-256 on a host thread, so the host hashes the first
+ * blocks while the device computes the next, instead of every row after the
+ * last. Rows go in runs. Where the backend computes a linear column by
+ * column (be->linear_by_column) and the lm_head is held whole in bf16 or
+ * fp32, a run goes in column chunks: each computed into lp (free until the
+ * logprobs), copied into place, and hashed as the next part of its rows'
+ * digests, so a row's hash is done soon after its last columns are written.
+ * Rows and columns are computed alone either way: the same bits. */
+static ls_status lm_head(ls_engine *e, long T, ls_error *err)
+{
+    ls_backend *be = e->be;
+    long V = e->c.vocab, D = e->c.hidden;
+    const ls_bweight *w = &e->lm_head;
+    int by_cols = be->linear_by_column && w->rows == V &&
+                  (w->wtype == LS_WTYPE_BF16 || w->wtype == LS_WTYPE_F32);
+    long cw = (V + LS_LM_HEAD_COLS - 1) / LS_LM_HEAD_COLS;
+    cw = (cw + LS_LM_HEAD_COL_ALIGN - 1) / LS_LM_HEAD_COL_ALIGN * LS_LM_HEAD_COL_ALIGN;
+    long run = (T + LS_LM_HEAD_RUNS - 1) / LS_LM_HEAD_RUNS;
+    long run_min = by_cols ? LS_LM_HEAD_COL_RUN_MIN : LS_LM_HEAD_RUN_MIN;
+    if (run < run_min) run = run_min;
+    ls_order o = ord(e, -1, LS_PERTURB_LM_HEAD);
+    for (long r0 = 0; r0 < T; r0 += run) {
+        long n = T - r0 < run ? T - r0 : run;
+        if (!by_cols) {
+            LS_TRY(lin(e, w, V, AT(e->XN, r0 * D), AT(e->logits, r0 * V), n, o, err));
+            LS_TRY(dq_row_range(e, e->logits, V, r0, r0 + n, e->n_tl - 1, 1, err));
+            LS_TRY(dq_flush(e, err));
+            continue;
+        }
+        for (long c0 = 0; c0 < V; c0 += cw) {
+            ls_bweight chunk = *w;
+            chunk.rows = V - c0 < cw ? V - c0 : cw;
+            chunk.off_bytes += (size_t)(c0 * w->cols * ls_wtype_bytes(w->wtype));
+            LS_TRY(be->linear(be, &chunk, AT(e->XN, r0 * D), BEV(e->lp), n, e->o.act_bf16, o, err));
+            LS_TRY(ls_copy_rows(be, AT(e->logits, r0 * V + c0), V, BEV(e->lp), chunk.rows, n, chunk.rows, err));
+            LS_TRY(dq_logits_part(e, r0, r0 + n, c0, chunk.rows, err));
+            LS_TRY(dq_flush(e, err)); /* one part of a row's hash per call */
+        }
+    }
+    return LS_OK;
+}
 
 /* Carried-state digests: p % N == N - 1, the last prompt position, and the
  * sequence's last position (docs/trace-format.md §3). */
@@ -801,19 +883,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->final_norm), BEV(e->XN), T, D, act,
                        ord(e, L, LS_PERTURB_NORM), err));
     LS_TRY(dq_rows(e, e->XN, D, T, e->n_tl - 2, 0, err));
-    /* The logits in runs of rows, each digested as soon as it is written: a
-     * logits row is one long SHA-256 on a host thread, so the host hashes the
-     * first runs while the device computes the next instead of every row
-     * after the last (rows are independent: the same bits). */
-    long run = (T + LS_LM_HEAD_RUNS - 1) / LS_LM_HEAD_RUNS;
-    if (run < LS_LM_HEAD_RUN_MIN) run = LS_LM_HEAD_RUN_MIN;
-    for (long r0 = 0; r0 < T; r0 += run) {
-        long n = T - r0 < run ? T - r0 : run;
-        LS_TRY(lin(e, &e->lm_head, V, AT(e->XN, r0 * D), AT(e->logits, r0 * V), n,
-                   ord(e, -1, LS_PERTURB_LM_HEAD), err));
-        LS_TRY(dq_row_range(e, e->logits, V, r0, r0 + n, e->n_tl - 1, 1, err));
-        LS_TRY(dq_flush(e, err));
-    }
+    LS_TRY(lm_head(e, T, err));
     LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
     LS_TRY(be->lp_summary(be, BEV(e->lp), e->v_next, T, V, e->lp_k, BEV(e->lps), err));
     LS_TRY(be->download(be, e->h_lps, BEV(e->lps), (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)) * 4, err));

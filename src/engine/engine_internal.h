@@ -117,6 +117,7 @@ struct ls_engine {
     /* digest queue: jobs wait until a buffer they read is about to change */
     ls_digest_job *jobs;                  /* [jobs_cap] */
     long n_jobs, jobs_cap;
+    ls_sha256 *lg_run;                    /* [T] the logits rows' running hashes (lm_head) */
     /* the last step */
     seg *sg;                              /* [T] segments */
     long step_rows;

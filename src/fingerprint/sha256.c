@@ -114,6 +114,29 @@ void ls_sha256_discard(ls_sha256 *h)
     h->evp = NULL;
 }
 
+ls_status ls_sha256_resume(ls_sha256 *h, int first, ls_error *err)
+{
+    if (first) {
+        ls_sha256_discard(h);
+        return ls_sha256_init(h, err);
+    }
+    if (!h->evp)
+        return ls_fail(err, LS_E_INTERNAL, "SHA-256: a later part of a digest whose first part was not hashed");
+    return LS_OK;
+}
+
+ls_status ls_sha256_part(ls_sha256 *h, int first, const void *data, size_t len, ls_digest *out,
+                         ls_error *err)
+{
+    ls_status st = ls_sha256_resume(h, first, err);
+    if (st == LS_OK) st = ls_sha256_update(h, data, len, err);
+    if (st != LS_OK) {
+        ls_sha256_discard(h);
+        return st;
+    }
+    return out ? ls_sha256_final(h, out, err) : LS_OK;
+}
+
 ls_status ls_sha256_buf(const void *data, size_t len, ls_digest *out, ls_error *err)
 {
     ls_sha256 h;

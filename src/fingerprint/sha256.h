@@ -30,6 +30,16 @@ ls_status ls_sha256_final(ls_sha256 *h, ls_digest *out, ls_error *err);
 /* Frees a context without producing a digest (error paths). */
 void ls_sha256_discard(ls_sha256 *h);
 
+/* A digest fed in parts over several calls (backend.h: a logits row hashed
+ * column chunk by column chunk). ls_sha256_resume starts *h when `first`
+ * (freeing a context an abandoned hash left in it) and otherwise requires
+ * that it was started; ls_sha256_part is resume, the bytes, and, when out
+ * is given, the final digest. *h holds no context after a failure or a
+ * final part. A zeroed ls_sha256 holds none. */
+ls_status ls_sha256_resume(ls_sha256 *h, int first, ls_error *err);
+ls_status ls_sha256_part(ls_sha256 *h, int first, const void *data, size_t len, ls_digest *out,
+                         ls_error *err);
+
 /* One-shot digest of a buffer. */
 ls_status ls_sha256_buf(const void *data, size_t len, ls_digest *out, ls_error *err);
 

@@ -594,9 +594,9 @@ static ls_status p_digest(pctx *c, int act, ls_order ord)
     LS_TRY(till(c, 400, 1.0f, 1, &xb));
     ls_digest d[3];
     ls_digest_job jobs[3] = {
-        {{{x, 3, 37, 40, 0}, {ls_view_at(xb, 200), 1, 5, 5, 1}}, &d[0]},
-        {{{ls_view_at(x, 300), 1, 4000, 4000, 0}, {{NULL, 0}, 0, 0, 0, 0}}, &d[1]},
-        {{{ls_view_at(xb, 7), 2, 64, 100, 1}, {ls_view_at(x, 4400), 1, 3, 3, 0}}, &d[2]},
+        {{{x, 3, 37, 40, 0}, {ls_view_at(xb, 200), 1, 5, 5, 1}}, &d[0], NULL, 0},
+        {{{ls_view_at(x, 300), 1, 4000, 4000, 0}, {{NULL, 0}, 0, 0, 0, 0}}, &d[1], NULL, 0},
+        {{{ls_view_at(xb, 7), 2, 64, 100, 1}, {ls_view_at(x, 4400), 1, 3, 3, 0}}, &d[2], NULL, 0},
     };
     LS_TRY(c->be->digest(c->be, jobs, 3, c->err));
     /* an asynchronous backend fills d by its digest_wait */

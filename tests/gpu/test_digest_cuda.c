@@ -5,9 +5,9 @@
  * spans; every job hashed on the device, again with the long jobs hashed
  * on the host, and with every job on the host; the asynchronous digester on
  * a ring that wraps, and with many small calls sharing downloads (against
- * the synchronous path); and the planner's choice of
- * where (ls_cuda_digest_plan) for a decode step's rows, a prefill's, and
- * long states. */
+ * the synchronous path); digests in parts over several calls; and the
+ * planner's choice of where (ls_cuda_digest_plan) for a decode step's rows,
+ * a prefill's, and long states. */
 #include "gpu_testutil.h"
 
 #include "fingerprint/sha256.h"
@@ -56,12 +56,14 @@ static size_t encode(const uint32_t *v0, size_t n, size_t row_len, size_t stride
     return n * (bf16 ? 2 : 4);
 }
 
-static int host_sha(const void *p, size_t len, uint8_t out[32])
+static int host_sha(void *part, int first, const void *p, size_t len, uint8_t *out)
 {
     ls_error err;
     ls_digest d;
-    if (ls_sha256_buf(p, len, &d, &err) != LS_OK) return 1;
-    memcpy(out, d.bytes, 32);
+    ls_status st = part ? ls_sha256_part((ls_sha256 *)part, first, p, len, out ? &d : NULL, &err)
+                        : ls_sha256_buf(p, len, &d, &err);
+    if (st != LS_OK) return 1;
+    if (out) memcpy(out, d.bytes, 32);
     return 0;
 }
 
@@ -315,6 +317,75 @@ START_TEST(test_digester_many_small)
 }
 END_TEST
 
+/* Digests in parts (sha256.h, part): every job of many calls hashed as two
+ * parts, its first span then its second, the parts of a call in two calls,
+ * through the digester (a 256 KiB ring) and through the synchronous path
+ * (where parts are hashed on the host even when every other job goes to the
+ * device); each equal to the canonical bytes' digest. */
+START_TEST(test_digest_parts)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    const size_t ring = (size_t)256 << 10;
+    void *d_ring = NULL;
+    ck_assert_int_eq(ls_cuda_malloc(&d_ring, ring, &err), LS_OK);
+    ls_cuda_digester *dg = NULL;
+    ck_assert_msg(ls_cuda_digester_create(d_ring, ring, 3, host_sha, &dg, &err) == LS_OK, "%s", err.msg);
+    enum { CALLS = 30 };
+    for (int sync = 0; sync < 2; sync++) {
+        job_set js[CALLS];
+        ls_cuda_digest_job *parts[CALLS][2];
+        ls_sha256 *run[CALLS];
+        uint8_t *got[CALLS];
+        for (int c = 0; c < CALLS; c++) {
+            int n = 1 + c % 9;
+            js[c] = make_jobs(n, c % 7 == 0 ? 20000 : 900);
+            got[c] = malloc((size_t)n * 32);
+            run[c] = calloc((size_t)n, sizeof *run[c]);
+            for (int p = 0; p < 2; p++) {
+                parts[c][p] = calloc((size_t)n, sizeof *parts[c][p]);
+                for (int j = 0; j < n; j++) {
+                    ls_cuda_digest_job *q = &parts[c][p][j], *w = &js[c].jobs[j];
+                    q->src[0] = w->src[p], q->n[0] = w->n[p], q->row_len[0] = w->row_len[p];
+                    q->stride[0] = w->stride[p], q->bf16[0] = w->bf16[p];
+                    q->part = &run[c][j], q->first = p == 0, q->last = p == 1;
+                }
+            }
+        }
+        for (int p = 0; p < 2; p++)
+            for (int c = 0; c < CALLS; c++) {
+                int n = js[c].n_jobs;
+                uint8_t **outs = calloc((size_t)n, sizeof *outs);
+                for (int j = 0; p == 1 && j < n; j++) outs[j] = got[c] + 32 * (size_t)j;
+                if (sync) {
+                    size_t sb = ls_cuda_digest_scratch_bytes(parts[c][p], n);
+                    void *scr = NULL;
+                    uint8_t *dig = malloc((size_t)n * 32);
+                    ck_assert_int_eq(ls_cuda_malloc(&scr, sb, &err), LS_OK);
+                    ck_assert_msg(ls_cuda_digest(parts[c][p], n, scr, sb, SIZE_MAX, host_sha, dig, NULL, &err) ==
+                                      LS_OK, "%s", err.msg);
+                    if (p == 1) memcpy(got[c], dig, (size_t)n * 32);
+                    free(dig);
+                    ls_cuda_free(scr);
+                } else {
+                    ck_assert_msg(ls_cuda_digester_submit(dg, parts[c][p], outs, n, NULL, &err) == LS_OK, "%s",
+                                  err.msg);
+                }
+                free(outs);
+            }
+        if (!sync) ck_assert_msg(ls_cuda_digester_wait(dg, &err) == LS_OK, "%s", err.msg);
+        for (int c = 0; c < CALLS; c++) {
+            check_jobs(&js[c], got[c], sync ? "two parts, synchronous" : "two parts, asynchronous digester");
+            for (int j = 0; j < js[c].n_jobs; j++) ck_assert_ptr_null(run[c][j].evp); /* every hash ended */
+            free(got[c]), free(run[c]), free(parts[c][0]), free(parts[c][1]);
+            free_jobs(&js[c]);
+        }
+    }
+    ls_cuda_digester_destroy(dg);
+    ls_cuda_free(d_ring);
+}
+END_TEST
+
 START_TEST(test_digest_all_host)
 {
     run_case(40, 3000, 0);
@@ -388,6 +459,7 @@ int main(void)
     tcase_add_test(tc, test_digest_all_host);
     tcase_add_test(tc, test_digester);
     tcase_add_test(tc, test_digester_many_small);
+    tcase_add_test(tc, test_digest_parts);
     tcase_add_test(tc, test_digest_plan);
     tcase_add_test(tc, test_digest_empty);
     suite_add_tcase(s, tc);
