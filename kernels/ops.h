@@ -345,12 +345,6 @@ size_t ls_cuda_logprobs_scratch_bytes(long R, long V);
 ls_status ls_cuda_logprobs(const float *logits /* [R, V] */, float *lp /* [R, V] */, long R,
                            long V, int order, void *scratch, void *stream, ls_error *err);
 
-/* The k largest entries of each row, descending, ties to the lower index
- * (ls_cpu_topk per row). k <= 64. */
-ls_status ls_cuda_topk(const float *x /* [R, n] */, long R, long n, long k,
-                       int32_t *ids /* [R, k] */, float *vals /* [R, k] */, void *stream,
-                       ls_error *err);
-
 /* ls_cpu_lp_summary per row (src/backend/cpu_ops.h: top-k, lp at next[r], NaN
  * flag; k <= LS_LP_SUMMARY_KMAX), bitwise; scratch of
  * ls_cuda_lp_summary_scratch_bytes(R, V) device bytes, 16-byte aligned. */

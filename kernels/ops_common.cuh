@@ -100,26 +100,39 @@ __device__ __forceinline__ float ls_warp_tree_n(float (&v)[N])
         LS_TREE32_STAGE(p, 1);                                  \
     } while (0)
 
-/* Exact maximum over the warp: the value of the first maximum in element
- * order, as the CPU's `if (x > m) m = x` scan from -inf finds it (this only
- * matters for the sign of a zero). Each lane passes its own first maximum and
- * that element's index (-1 when it has none). */
-__device__ __forceinline__ void ls_warp_max_first_i(float *v, long *idx)
+/* (a, ia) precedes (b, ib) in the order "value descending, index ascending". */
+__device__ __forceinline__ int ls_rank_before(float a, long ia, float b, long ib)
+{
+    return a > b || (!(a < b) && ia < ib);
+}
+
+/* The same, an empty entry (ib < 0) coming after every other. */
+__device__ __forceinline__ int ls_rank_first(float a, long ia, float b, long ib)
+{
+    return ib < 0 || ls_rank_before(a, ia, b, ib);
+}
+
+/* The warp's first (value, index) in that order; lanes with none pass index -1. */
+__device__ __forceinline__ void ls_warp_best_first(float *bv, long *bi)
 {
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) {
-        float ov = __shfl_xor_sync(LS_FULL_MASK, *v, s);
-        long oi = __shfl_xor_sync(LS_FULL_MASK, *idx, s);
-        if (oi >= 0 && (*idx < 0 || ov > *v || (!(ov < *v) && oi < *idx))) {
-            *v = ov;
-            *idx = oi;
+        float ov = __shfl_xor_sync(LS_FULL_MASK, *bv, s);
+        long oi = __shfl_xor_sync(LS_FULL_MASK, *bi, s);
+        if (oi >= 0 && ls_rank_first(ov, oi, *bv, *bi)) {
+            *bv = ov;
+            *bi = oi;
         }
     }
 }
 
+/* Exact maximum over the warp: the value of the first maximum in element
+ * order, as the CPU's `if (x > m) m = x` scan from -inf finds it (this only
+ * matters for the sign of a zero). Each lane passes its own first maximum and
+ * that element's index (-1 when it has none). */
 __device__ __forceinline__ float ls_warp_max_first(float v, long idx)
 {
-    ls_warp_max_first_i(&v, &idx);
+    ls_warp_best_first(&v, &idx);
     return v;
 }
 
@@ -751,26 +764,6 @@ __device__ __forceinline__ float ls_warp_dot_any_lean(const void *row, const flo
         p = p + prod;
     }
     return ls_warp_tree(p);
-}
-
-/* (a, ia) precedes (b, ib) in the order "value descending, index ascending". */
-__device__ __forceinline__ int ls_rank_before(float a, long ia, float b, long ib)
-{
-    return a > b || (!(a < b) && ia < ib);
-}
-
-/* The warp's first (value, index) in that order; lanes with none pass index -1. */
-__device__ __forceinline__ void ls_warp_best_first(float *bv, long *bi)
-{
-#pragma unroll
-    for (int s = 16; s >= 1; s >>= 1) {
-        float ov = __shfl_xor_sync(LS_FULL_MASK, *bv, s);
-        long oi = __shfl_xor_sync(LS_FULL_MASK, *bi, s);
-        if (oi >= 0 && (*bi < 0 || ls_rank_before(ov, oi, *bv, *bi))) {
-            *bv = ov;
-            *bi = oi;
-        }
-    }
 }
 
 /* (v, e) becomes the lane's candidate (*bv, *bi) when it comes after the

@@ -569,13 +569,13 @@ __device__ __forceinline__ void ls_block_max_first(float *m, long *mi)
     __shared__ float wv[LS_WARP];
     __shared__ long wi[LS_WARP];
     int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u), nw = (int)(blockDim.x >> 5);
-    ls_warp_max_first_i(m, mi);
+    ls_warp_best_first(m, mi);
     if (lane == 0) wv[warp] = *m, wi[warp] = *mi;
     __syncthreads();
     if (warp == 0) {
         *m = lane < nw ? wv[lane] : -INFINITY;
         *mi = lane < nw ? wi[lane] : -1;
-        ls_warp_max_first_i(m, mi);
+        ls_warp_best_first(m, mi);
         if (lane == 0) wv[0] = *m, wi[0] = *mi;
     }
     __syncthreads();
@@ -674,7 +674,7 @@ ls_lp_exp_kernel(const float *logits, float *lp, long V, long chunk, ls_lp_parts
     for (long j = threadIdx.x; j < nc; j += LS_LPX_THREADS) {
         float v = pt.mv[r * nc + j];
         long i = pt.mi[r * nc + j];
-        if (i >= 0 && (mi < 0 || v > m || (!(v < m) && i < mi))) m = v, mi = i;
+        if (i >= 0 && ls_rank_first(v, i, m, mi)) m = v, mi = i;
     }
     ls_block_max_first(&m, &mi);
     if (c == 0 && threadIdx.x == 0) pt.m[r] = m;
@@ -708,17 +708,22 @@ ls_lp_sub_kernel(const float *logits, float *lp, long V, long chunk, ls_lp_parts
                       [&](long v, const float *x) { o[v] = x[0] - lse; });
 }
 
-/* Elements of a row per block of the chunked launches (at most 65535 chunks). */
-static long ls_lp_chunk(long V)
+/* Elements of a row per block of a chunked launch over rows of V: at least
+ * LS_ROW_CHUNK_MIN, and at most max_chunks chunks. */
+#define LS_ROW_CHUNK_MIN 4096
+
+static long ls_row_chunk(long V, long max_chunks)
 {
-    long c = (V + 65534) / 65535;
-    return c > 4096 ? c : 4096;
+    long c = (V + max_chunks - 1) / max_chunks;
+    return c > LS_ROW_CHUNK_MIN ? c : LS_ROW_CHUNK_MIN;
 }
+
+#define LS_LP_CHUNKS_MAX 65535 /* a grid's y extent */
 
 extern "C" size_t ls_cuda_logprobs_scratch_bytes(long R, long V)
 {
     if (R <= 0 || V <= 0) return 0;
-    long nc = (V + ls_lp_chunk(V) - 1) / ls_lp_chunk(V);
+    long chunk = ls_row_chunk(V, LS_LP_CHUNKS_MAX), nc = (V + chunk - 1) / chunk;
     return (size_t)R * ((size_t)nc * (sizeof(float) + sizeof(long)) + 2 * sizeof(float)) + 64;
 }
 
@@ -735,7 +740,7 @@ extern "C" ls_status ls_cuda_logprobs(const float *logits, float *lp, long R, lo
         LS_CUDA_CHECK_LAUNCH("ls_logprobs_kernel", err);
         return LS_OK;
     }
-    long chunk = ls_lp_chunk(V), nc = (V + chunk - 1) / chunk;
+    long chunk = ls_row_chunk(V, LS_LP_CHUNKS_MAX), nc = (V + chunk - 1) / chunk;
     size_t cells = (size_t)R * (size_t)nc;
     ls_lp_parts pt;
     pt.mi = (long *)scratch; /* the 8-byte part first: aligned as the scratch is */
@@ -754,27 +759,6 @@ extern "C" ls_status ls_cuda_logprobs(const float *logits, float *lp, long R, lo
     return LS_OK;
 }
 
-/* ---- top-k -------------------------------------------------------------------- */
-
-__global__ void ls_topk_kernel(const float *x, long R, long n, long k, int32_t *ids, float *vals)
-{
-    long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
-    if (r >= R) return;
-    ls_warp_topk_dev(x + r * n, n, k, ids + r * k, vals + r * k);
-}
-
-extern "C" ls_status ls_cuda_topk(const float *x, long R, long n, long k, int32_t *ids, float *vals,
-                                  void *stream, ls_error *err)
-{
-    LS_CUDA_REQUIRE(k >= 1 && k <= 64 && k <= n, err,
-                    "cuda portable topk: k %ld not in 1..min(64, n = %ld)", k, n);
-    if (R <= 0) return LS_OK;
-    ls_topk_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
-                     (cudaStream_t)stream>>>(x, R, n, k, ids, vals);
-    LS_CUDA_CHECK_LAUNCH("ls_topk_kernel", err);
-    return LS_OK;
-}
-
 /* ---- logprob summary ------------------------------------------------------------ */
 
 /* ls_cpu_lp_summary in two launches, so that one row spreads over the GPU.
@@ -788,20 +772,7 @@ extern "C" ls_status ls_cuda_topk(const float *x, long R, long n, long k, int32_
  * and its flag. */
 #define LS_LPS_THREADS 256
 #define LS_LPS_WARPS (LS_LPS_THREADS / LS_WARP)
-#define LS_LPS_CHUNK 4096      /* elements of a row per block, at least */
 #define LS_LPS_CHUNKS_MAX 128  /* chunks of a row, at most (4 per lane of the merge) */
-
-static long ls_lps_chunk(long V)
-{
-    long c = (V + LS_LPS_CHUNKS_MAX - 1) / LS_LPS_CHUNKS_MAX;
-    return c > LS_LPS_CHUNK ? c : LS_LPS_CHUNK;
-}
-
-/* (a, ia) comes before (b, ib); an empty entry (ib < 0) comes after all. */
-__device__ __forceinline__ int ls_lps_before(float a, long ia, float b, long ib)
-{
-    return ib < 0 || ls_rank_before(a, ia, b, ib);
-}
 
 /* Scratch: per (row, chunk) K values, K indices (−1: none) and a NaN flag. */
 typedef struct ls_lps_parts {
@@ -832,10 +803,10 @@ ls_lp_summary_part_kernel(const float *lp, long V, long chunk, ls_lps_parts pt)
             nan = 1;
             return;
         }
-        if (!ls_lps_before(a, v, bv[K - 1], bi[K - 1])) return;
+        if (!ls_rank_first(a, v, bv[K - 1], bi[K - 1])) return;
 #pragma unroll
         for (int j = K - 1; j >= 0; j--)
-            if (ls_lps_before(a, v, bv[j], bi[j])) {
+            if (ls_rank_first(a, v, bv[j], bi[j])) {
                 if (j + 1 < K) bv[j + 1] = bv[j], bi[j + 1] = bi[j];
                 bv[j] = a, bi[j] = v;
             }
@@ -894,7 +865,7 @@ __global__ void ls_lp_summary_merge_kernel(const float *lp, const int32_t *next,
             if (c >= nc || head[m] >= K) continue;
             long at = (r * nc + c) * K + head[m];
             long e = pt.idx[at];
-            if (e >= 0 && (ci < 0 || ls_rank_before(pt.val[at], e, cv, ci))) cv = pt.val[at], ci = e;
+            if (e >= 0 && ls_rank_first(pt.val[at], e, cv, ci)) cv = pt.val[at], ci = e;
         }
         ls_warp_best_first(&cv, &ci);
 #pragma unroll
@@ -916,7 +887,7 @@ __global__ void ls_lp_summary_merge_kernel(const float *lp, const int32_t *next,
 
 extern "C" size_t ls_cuda_lp_summary_scratch_bytes(long R, long V)
 {
-    long nc = V > 0 ? (V + ls_lps_chunk(V) - 1) / ls_lps_chunk(V) : 0;
+    long chunk = ls_row_chunk(V, LS_LPS_CHUNKS_MAX), nc = V > 0 ? (V + chunk - 1) / chunk : 0;
     size_t cells = (size_t)(R > 0 ? R : 0) * (size_t)nc;
     return cells * (LS_LP_SUMMARY_KMAX * 8 + 4) + 64;
 }
@@ -928,7 +899,7 @@ extern "C" ls_status ls_cuda_lp_summary(const float *lp, const int32_t *next, lo
                     "cuda portable lp_summary: k %ld not in 1..min(%d, V = %ld), or %ld rows", k,
                     LS_LP_SUMMARY_KMAX, V, R);
     if (R == 0) return LS_OK;
-    long chunk = ls_lps_chunk(V), nc = (V + chunk - 1) / chunk;
+    long chunk = ls_row_chunk(V, LS_LPS_CHUNKS_MAX), nc = (V + chunk - 1) / chunk;
     size_t cells = (size_t)R * (size_t)nc;
     ls_lps_parts pt = {(float *)scratch, (int32_t *)((float *)scratch + cells * LS_LP_SUMMARY_KMAX), NULL};
     pt.nan = pt.idx + cells * LS_LP_SUMMARY_KMAX;

@@ -24,7 +24,6 @@
  *     an operator of ls_backend yet): whole, cut and in pieces bit for bit
  *     (outputs, its state, the materialised states), near the portable
  *     chunk-aligned kernel, refused where its shapes or scratch do not hold;
- *   - top-k (ls_cuda_topk): not an operator of ls_backend;
  *   - shape limits that fail closed on CUDA (GDN dk > 128, attention d > 256,
  *     conv K > 8, linear with the reversed order, MoE experts of mixed
  *     dtypes): the CPU backend accepts these shapes, so they are not cases of
@@ -666,38 +665,6 @@ START_TEST(test_gdn_tc)
 }
 END_TEST
 
-/* ---- direct: top-k of logprob rows ---------------------------------------------------- */
-
-static void check_topk(long R, long V, long k, float scale)
-{
-    reset_arena();
-    float *l = rand_f32((size_t)R * V, scale, 1), *scr = malloc(4 * V);
-    ls_cpu_logprobs(l, l, R, V, scr, LS_ORDER_CANONICAL);
-    int32_t *ids = malloc(4 * R * k), *gids = malloc(4 * R * k);
-    float *vals = malloc(4 * R * k), *gvals = malloc(4 * R * k);
-    for (long r = 0; r < R; r++) ls_cpu_topk(l + r * V, V, k, ids + r * k, vals + r * k);
-    float *dl = dup_dev(l, 4 * R * V), *dvals = dalloc(4 * R * k);
-    int32_t *dids = dalloc(4 * R * k);
-    ls_error e_;
-    ck_assert_msg(ls_cuda_topk(dl, R, V, k, dids, dvals, NULL, &e_) == LS_OK, "%s", e_.msg);
-    fetch(gids, dids, 4 * R * k);
-    fetch(gvals, dvals, 4 * R * k);
-    char what[96];
-    snprintf(what, sizeof what, "top-%ld of logprobs R %ld V %ld", k, R, V);
-    ck_assert_msg(ls_gpu_same_i32(what, ids, gids, (size_t)(R * k)), "%s: ids differ", what);
-    same_f32(what, vals, gvals, (size_t)(R * k));
-    printf("  ok %s\n", what);
-    free(l); free(scr); free(ids); free(gids); free(vals); free(gvals);
-}
-
-START_TEST(test_topk)
-{
-    check_topk(2, 151936, 5, 8.0f);
-    check_topk(g_quick ? 3 : 65, 1000, 5, 3.0f);
-    check_topk(4, 37, 5, 0.01f); /* bf16 rounding makes many exact ties */
-    check_topk(3, 1000, 64, 3.0f);
-}
-END_TEST
 
 /* ---- direct: shape limits fail closed ----------------------------------------------------- */
 
@@ -807,7 +774,6 @@ int main(void)
     tcase_add_test(td, test_moe_plans);
     tcase_add_test(td, test_linear_plans);
     tcase_add_test(td, test_gdn_tc);
-    tcase_add_test(td, test_topk);
     tcase_add_test(td, test_fail_closed);
     suite_add_tcase(s, td);
     int rc = ls_gpu_run_suite(s);
