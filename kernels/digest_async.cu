@@ -47,9 +47,11 @@
  * one that owns the streams); only that thread touches the open group.
  *
  * Parts: a job that continues a running hash (sha256.h, part) is handed
- * out alone, and only once no worker hashes an earlier part of the same
- * hash (busy): batches are handed out in submission order, so the earlier
- * part was handed out before and is either done or in busy.
+ * out alone. The worker that takes it owns the hash until it has no part of
+ * it left to hash; a later part handed out meanwhile joins the owner's queue
+ * (runs), so one thread hashes a run of parts without a hand-over, and no
+ * worker waits behind a part. Jobs are handed out in submission order, so a
+ * hash's parts are hashed in order.
  *
  * Reuse: a slot's table and region are rewritten only after the batch in it
  * is retired, that is after the stream passed its group's event (recorded
@@ -77,7 +79,19 @@
 #define LS_DG_GROUP_BYTES ((size_t)256 << 10) /* a group this large is downloaded at once, so
                                                   the hashing left after a wait stays short */
 
-typedef struct ls_dg_batch {
+#define LS_DG_QUEUE 32                 /* parts queued to a hash's owner at most */
+
+typedef struct ls_dg_batch ls_dg_batch;
+
+/* A running hash a worker hashes a part of now (part NULL: entry free), and
+ * its later parts handed out meanwhile, queued to that worker in order. */
+typedef struct ls_dg_run {
+    void *part;
+    int n;
+    struct { ls_dg_batch *b; int i; } q[LS_DG_QUEUE];
+} ls_dg_run;
+
+struct ls_dg_batch {
     uint64_t vat, vend;          /* ring region in bytes since creation: [vat, vend) holds the
                                     encoded bytes at offset vat % cap; vend - vat = the
                                     stage's bytes (a region that crosses the end starts at 0:
@@ -97,7 +111,7 @@ typedef struct ls_dg_batch {
     void **parts;                /* [LS_DG_SLOT_JOBS] the jobs' running hashes (NULL: whole) */
     uint8_t *first;              /* [LS_DG_SLOT_JOBS] the part starts its hash */
     uint64_t *off, *len;         /* [LS_DG_SLOT_JOBS] encoded bytes at h_ring + at + off[i] */
-} ls_dg_batch;
+};
 
 struct ls_cuda_digester {
     uint8_t *d_ring, *h_ring;    /* device / pinned host, cap bytes each */
@@ -117,7 +131,8 @@ struct ls_cuda_digester {
     uint8_t **h_outs;            /* every slot's outs */
     void **h_parts;              /* every slot's parts */
     uint8_t *h_first;            /* every slot's first */
-    void *busy[LS_DG_MAX_THREADS]; /* the running hashes whose parts workers hash now */
+    ls_dg_run runs[LS_DG_MAX_THREADS]; /* the running hashes workers hash parts of now */
+    int queue_waiters;           /* workers waiting for room in a run's queue */
     pthread_mutex_t mu;
     pthread_cond_t work;         /* a group was handed out or became ready, or stop */
     pthread_cond_t freed;        /* a batch was released */
@@ -204,43 +219,53 @@ static void *dg_worker(void *arg)
             pthread_cond_broadcast(&d->work);
             continue;
         }
-        /* Take whole jobs up to LS_DG_GRAB_BYTES (at least one), or one part
-         * once no other worker hashes an earlier part of its hash (handed
-         * out before it: batches go in order). */
-        int i0 = b->next, i1 = i0;
+        /* A part of a hash another worker hashes now is queued to that
+         * worker (handed out in order, so the queue keeps the parts' order);
+         * else take whole jobs up to LS_DG_GRAB_BYTES (at least one), or the
+         * part alone, which makes this worker its hash's owner. */
+        int i0 = b->next, i1 = i0 + 1;
         void *part = b->parts[i0];
-        int held = -1; /* its entry in busy */
+        ls_dg_run *run = NULL;
         if (part) {
-            int free_at = -1;
-            for (int w = 0; w < LS_DG_MAX_THREADS && held < 0; w++) {
-                if (d->busy[w] == part) held = w;
-                if (!d->busy[w] && free_at < 0) free_at = w;
-            }
-            if (held >= 0) {
+            for (int w = 0; w < LS_DG_MAX_THREADS && !run; w++)
+                if (d->runs[w].part == part) run = &d->runs[w];
+            if (run && run->n == LS_DG_QUEUE) { /* its owner is far behind: wait */
+                d->queue_waiters++;
                 pthread_cond_wait(&d->work, &d->mu);
+                d->queue_waiters--;
                 continue;
             }
-            held = free_at; /* one entry per worker: there is a free one */
-            d->busy[held] = part;
-            i1 = i0 + 1;
+            if (run) {
+                run->q[run->n].b = b, run->q[run->n].i = i0, run->n++;
+                b->next = i1;
+                continue;
+            }
+            for (int w = 0; !run; w++) /* one entry per worker: there is a free one */
+                if (!d->runs[w].part) run = &d->runs[w];
+            run->part = part;
+            run->n = 0;
         } else {
-            uint64_t bytes = 0;
-            while (i1 < b->n && !b->parts[i1] && (i1 == i0 || bytes + b->len[i1] <= LS_DG_GRAB_BYTES))
-                bytes += b->len[i1++];
+            uint64_t bytes = b->len[i0];
+            while (i1 < b->n && !b->parts[i1] && bytes + b->len[i1] <= LS_DG_GRAB_BYTES) bytes += b->len[i1++];
         }
         b->next = i1;
-        pthread_mutex_unlock(&d->mu);
-        int bad = -1;
-        for (int i = i0; i < i1; i++)
-            if (d->fn(b->parts[i], b->first[i], d->h_ring + b->at + b->off[i], (size_t)b->len[i], b->outs[i]) != 0 &&
-                bad < 0)
-                bad = i;
-        pthread_mutex_lock(&d->mu);
-        if (bad >= 0) dg_set_fail(d, LS_E_CRYPTO, "digest: host SHA-256 of a staged job failed");
-        b->left -= i1 - i0;
-        if (held >= 0) {
-            d->busy[held] = NULL;
-            pthread_cond_broadcast(&d->work); /* a worker may wait for the hash's next part */
+        /* Hash them, then the parts queued behind, in order. */
+        for (;;) {
+            pthread_mutex_unlock(&d->mu);
+            int bad = 0;
+            for (int i = i0; i < i1; i++)
+                bad |= d->fn(b->parts[i], b->first[i], d->h_ring + b->at + b->off[i], (size_t)b->len[i], b->outs[i]);
+            pthread_mutex_lock(&d->mu);
+            if (bad) dg_set_fail(d, LS_E_CRYPTO, "digest: host SHA-256 of a staged job failed");
+            b->left -= i1 - i0;
+            if (!run || run->n == 0) break;
+            b = run->q[0].b, i0 = run->q[0].i, i1 = i0 + 1;
+            run->n--;
+            memmove(run->q, run->q + 1, sizeof run->q[0] * (size_t)run->n);
+        }
+        if (run) {
+            run->part = NULL;
+            if (d->queue_waiters) pthread_cond_broadcast(&d->work);
         }
         dg_retire(d);
     }
