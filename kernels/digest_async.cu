@@ -39,7 +39,9 @@
  * its last slot, then hands the group to the workers. Every byte of a group
  * is written by its encode kernels (jobs are padded to 16 with zeros and
  * regions are adjacent), so the one copy reads no byte nothing wrote. A
- * group is flushed by ls_cuda_digester_wait, before a submit waits for room
+ * group is flushed by ls_cuda_digester_wait, after a batch with a part of a
+ * running hash (its later parts are still being computed: its hashing
+ * should start now), before a submit waits for room
  * (else it could wait on batches only the flush releases), when the next
  * region is not adjacent (the ring wrapped) or is for another stream, and
  * when it has LS_DG_GROUP_MAX batches, LS_DG_GROUP_BYTES bytes, or the ring
@@ -467,7 +469,9 @@ static ls_status dg_submit_chunk(ls_cuda_digester *d, const ls_cuda_digest_job *
     }
     d->n_open++;
     d->open_bytes += need;
-    if (d->n_open == LS_DG_GROUP_MAX || d->open_bytes >= LS_DG_GROUP_BYTES || half_full) dg_flush(d);
+    int parts = 0; /* a part's hash has later parts still being computed: start it now */
+    for (int i = 0; i < n && !parts; i++) parts = jobs[i].part != NULL;
+    if (d->n_open == LS_DG_GROUP_MAX || d->open_bytes >= LS_DG_GROUP_BYTES || half_full || parts) dg_flush(d);
     return LS_OK;
 }
 
