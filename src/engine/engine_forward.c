@@ -118,15 +118,15 @@ static ls_status dq_rows(ls_engine *e, ls_buf *b, long width, long T, int tl, in
     return dq_row_range(e, b, width, 0, T, tl, f32, err);
 }
 
-/* Columns c0 .. c0+w-1 of logits rows r0 .. r1-1 (fp32), one part of each
+/* Columns c0 .. c0+w-1 of logits rows 0 .. T-1 (fp32), one part of each
  * row's digest (backend.h, a digest in parts): the first columns start the
  * row's running hash, the last end it in the row's slot. No decoder layer's:
  * never dumped. */
-static ls_status dq_logits_part(ls_engine *e, long r0, long r1, long c0, long w, ls_error *err)
+static ls_status dq_logits_part(ls_engine *e, long T, long c0, long w, ls_error *err)
 {
     long V = e->c.vocab;
     int tl = e->n_tl - 1;
-    for (long r = r0; r < r1; r++) {
+    for (long r = 0; r < T; r++) {
         ls_digest_job *j;
         LS_TRY(dq_job(e, &j, err));
         j->span[0] = span(AT(e->logits, r * V + c0), 1, w, w, 0);
@@ -182,54 +182,55 @@ static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_vi
 /* ---- forward ------------------------------------------------------------------------- */
 
 /* The lm_head's calls in a step: rows in at most LS_LM_HEAD_RUNS runs, of at
- * least LS_LM_HEAD_RUN_MIN rows, or of LS_LM_HEAD_COL_RUN_MIN rows when a
- * run is computed in column chunks, at most LS_LM_HEAD_COLS of them, of a
- * multiple of LS_LM_HEAD_COL_ALIGN columns (weight rows). */
+ * least LS_LM_HEAD_RUN_MIN rows; a step of at most LS_LM_HEAD_COL_ROWS rows
+ * in at most LS_LM_HEAD_COLS column chunks instead, of a multiple of
+ * LS_LM_HEAD_COL_ALIGN columns (weight rows). */
 #define LS_LM_HEAD_RUNS 8
 #define LS_LM_HEAD_RUN_MIN 8
-#define LS_LM_HEAD_COL_RUN_MIN 64
+#define LS_LM_HEAD_COL_ROWS 64
 #define LS_LM_HEAD_COLS 8
 #define LS_LM_HEAD_COL_ALIGN 64
 
 /* The logits in blocks, each digested as soon as it is written: a logits
  * row is one long SHA-256 on a host thread, so the host hashes the first
  * blocks while the device computes the next, instead of every row after the
- * last. Rows go in runs. Where the backend computes a linear column by
- * column (be->linear_by_column) and the lm_head is held whole in bf16 or
- * fp32, a run goes in column chunks: each computed into lp (free until the
- * logprobs), copied into place, and hashed as the next part of its rows'
- * digests, so a row's hash is done soon after its last columns are written.
- * Rows and columns are computed alone either way: the same bits. */
+ * last. Rows go in runs. A step of few rows (decode) goes in column chunks
+ * instead where the backend computes a linear column by column
+ * (be->linear_by_column) and the lm_head is held whole in bf16 or fp32:
+ * each chunk computed into lp (free until the logprobs), copied into place,
+ * and hashed as the next part of its rows' digests, so a row's hash ends
+ * soon after its last columns are written instead of starting there. With
+ * many rows the host's hashing throughput bounds the lm_head, and whole
+ * rows spread over the hashing threads without the copies. Rows and columns
+ * are computed alone either way: the same bits. */
 static ls_status lm_head(ls_engine *e, long T, ls_error *err)
 {
     ls_backend *be = e->be;
     long V = e->c.vocab, D = e->c.hidden;
     const ls_bweight *w = &e->lm_head;
-    int by_cols = be->linear_by_column && w->rows == V &&
-                  (w->wtype == LS_WTYPE_BF16 || w->wtype == LS_WTYPE_F32);
-    long cw = (V + LS_LM_HEAD_COLS - 1) / LS_LM_HEAD_COLS;
-    cw = (cw + LS_LM_HEAD_COL_ALIGN - 1) / LS_LM_HEAD_COL_ALIGN * LS_LM_HEAD_COL_ALIGN;
-    long run = (T + LS_LM_HEAD_RUNS - 1) / LS_LM_HEAD_RUNS;
-    long run_min = by_cols ? LS_LM_HEAD_COL_RUN_MIN : LS_LM_HEAD_RUN_MIN;
-    if (run < run_min) run = run_min;
     ls_order o = ord(e, -1, LS_PERTURB_LM_HEAD);
-    for (long r0 = 0; r0 < T; r0 += run) {
-        long n = T - r0 < run ? T - r0 : run;
-        if (!by_cols) {
+    if (T > LS_LM_HEAD_COL_ROWS || !be->linear_by_column || w->rows != V ||
+        (w->wtype != LS_WTYPE_BF16 && w->wtype != LS_WTYPE_F32)) {
+        long run = (T + LS_LM_HEAD_RUNS - 1) / LS_LM_HEAD_RUNS;
+        if (run < LS_LM_HEAD_RUN_MIN) run = LS_LM_HEAD_RUN_MIN;
+        for (long r0 = 0; r0 < T; r0 += run) {
+            long n = T - r0 < run ? T - r0 : run;
             LS_TRY(lin(e, w, V, AT(e->XN, r0 * D), AT(e->logits, r0 * V), n, o, err));
             LS_TRY(dq_row_range(e, e->logits, V, r0, r0 + n, e->n_tl - 1, 1, err));
             LS_TRY(dq_flush(e, err));
-            continue;
         }
-        for (long c0 = 0; c0 < V; c0 += cw) {
-            ls_bweight chunk = *w;
-            chunk.rows = V - c0 < cw ? V - c0 : cw;
-            chunk.off_bytes += (size_t)(c0 * w->cols * ls_wtype_bytes(w->wtype));
-            LS_TRY(be->linear(be, &chunk, AT(e->XN, r0 * D), BEV(e->lp), n, e->o.act_bf16, o, err));
-            LS_TRY(ls_copy_rows(be, AT(e->logits, r0 * V + c0), V, BEV(e->lp), chunk.rows, n, chunk.rows, err));
-            LS_TRY(dq_logits_part(e, r0, r0 + n, c0, chunk.rows, err));
-            LS_TRY(dq_flush(e, err)); /* one part of a row's hash per call */
-        }
+        return LS_OK;
+    }
+    long cw = (V + LS_LM_HEAD_COLS - 1) / LS_LM_HEAD_COLS;
+    cw = (cw + LS_LM_HEAD_COL_ALIGN - 1) / LS_LM_HEAD_COL_ALIGN * LS_LM_HEAD_COL_ALIGN;
+    for (long c0 = 0; c0 < V; c0 += cw) {
+        ls_bweight chunk = *w;
+        chunk.rows = V - c0 < cw ? V - c0 : cw;
+        chunk.off_bytes += (size_t)(c0 * w->cols * ls_wtype_bytes(w->wtype));
+        LS_TRY(be->linear(be, &chunk, BEV(e->XN), BEV(e->lp), T, e->o.act_bf16, o, err));
+        LS_TRY(ls_copy_rows(be, AT(e->logits, c0), V, BEV(e->lp), chunk.rows, T, chunk.rows, err));
+        LS_TRY(dq_logits_part(e, T, c0, chunk.rows, err));
+        LS_TRY(dq_flush(e, err)); /* one part of a row's hash per call */
     }
     return LS_OK;
 }
