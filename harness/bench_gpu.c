@@ -489,9 +489,17 @@ typedef enum part {
     PART_MIXER, PART_MOE, PART_DIGEST, PART_REST, PART_IDLE, PART_COUNT
 } part;
 
-/* The part of the step a bucket belongs to. Every linear but lm_head ([vocab,
- * hidden]) is a mixer projection (the shared expert is inside moe); every
- * rmsnorm but those of the hidden rows is a q/k norm of attention. */
+/* A linear of the lm_head: the whole [vocab, hidden], or one of a decode
+ * step's column chunks (ls_engine_lm_head_chunk). */
+static int is_lm_head(const ls_bench_bucket *k, const ls_model_config *c)
+{
+    long V = c->vocab, cw = ls_engine_lm_head_chunk(V);
+    return k->cols == c->hidden && (k->rows == V || k->rows == cw || k->rows == V - (V - 1) / cw * cw);
+}
+
+/* The part of the step a bucket belongs to. Every linear but the lm_head's
+ * is a mixer projection (the shared expert is inside moe); every rmsnorm but
+ * those of the hidden rows is a q/k norm of attention. */
 static part part_of(const ls_bench_bucket *k, const ls_model_config *c)
 {
     switch (k->op) {
@@ -499,7 +507,7 @@ static part part_of(const ls_bench_bucket *k, const ls_model_config *c)
     case LS_BENCH_OP_DIGEST: /* enqueueing the digests */
     case LS_BENCH_OP_DIGEST_WAIT: return PART_DIGEST; /* what of the hashing the step did not hide */
     case LS_BENCH_OP_IDLE: return PART_IDLE;
-    case LS_BENCH_OP_LINEAR: return k->rows == c->vocab ? PART_REST : PART_MIXER;
+    case LS_BENCH_OP_LINEAR: return is_lm_head(k, c) ? PART_REST : PART_MIXER;
     case LS_BENCH_OP_RMSNORM: return k->cols == c->hidden ? PART_REST : PART_MIXER;
     case LS_BENCH_OP_COPY_BLOCKS: case LS_BENCH_OP_GATED_RMSNORM: case LS_BENCH_OP_CONV_SILU:
     case LS_BENCH_OP_GDN_GATES: case LS_BENCH_OP_L2NORM_SCALE: case LS_BENCH_OP_GDN_RECURRENT:

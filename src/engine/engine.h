@@ -177,6 +177,10 @@ const char *ls_engine_backend_name(const ls_engine *e);
 const ls_backend *ls_engine_backend(const ls_engine *e);
 /* Vocabulary size: the length of a row of ls_engine_logprobs. */
 long ls_engine_vocab(const ls_engine *e);
+/* The columns of each lm_head call of a step the engine computes in column
+ * chunks (a decode step on a backend with linear_by_column;
+ * docs/architecture.md), but the last, which has the rest of `vocab`. */
+long ls_engine_lm_head_chunk(long vocab);
 
 /* The trace layer table for this model ([2 + 2L + 1] entries, static storage
  * owned by the engine). */

@@ -203,6 +203,12 @@ static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_vi
  * many rows the host's hashing throughput bounds the lm_head, and whole
  * rows spread over the hashing threads without the copies. Rows and columns
  * are computed alone either way: the same bits. */
+long ls_engine_lm_head_chunk(long vocab)
+{
+    long cw = (vocab + LS_LM_HEAD_COLS - 1) / LS_LM_HEAD_COLS;
+    return (cw + LS_LM_HEAD_COL_ALIGN - 1) / LS_LM_HEAD_COL_ALIGN * LS_LM_HEAD_COL_ALIGN;
+}
+
 static ls_status lm_head(ls_engine *e, long T, ls_error *err)
 {
     ls_backend *be = e->be;
@@ -221,8 +227,7 @@ static ls_status lm_head(ls_engine *e, long T, ls_error *err)
         }
         return LS_OK;
     }
-    long cw = (V + LS_LM_HEAD_COLS - 1) / LS_LM_HEAD_COLS;
-    cw = (cw + LS_LM_HEAD_COL_ALIGN - 1) / LS_LM_HEAD_COL_ALIGN * LS_LM_HEAD_COL_ALIGN;
+    long cw = ls_engine_lm_head_chunk(V);
     for (long c0 = 0; c0 < V; c0 += cw) {
         ls_bweight chunk = *w;
         chunk.rows = V - c0 < cw ? V - c0 : cw;
