@@ -101,7 +101,6 @@ static ls_status dq_push(ls_engine *e, long row, int tl, ls_digest_kind kind, ls
     return LS_OK;
 }
 
-
 /* HIDDEN digests of rows r0 .. r1-1 of width `width` (act dtype, or fp32 when f32). */
 static ls_status dq_row_range(ls_engine *e, ls_buf *b, long width, long r0, long r1, int tl, int f32,
                               ls_error *err)
@@ -191,6 +190,12 @@ static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_vi
 #define LS_LM_HEAD_COLS 8
 #define LS_LM_HEAD_COL_ALIGN 64
 
+long ls_engine_lm_head_chunk(long vocab)
+{
+    long cw = (vocab + LS_LM_HEAD_COLS - 1) / LS_LM_HEAD_COLS;
+    return (cw + LS_LM_HEAD_COL_ALIGN - 1) / LS_LM_HEAD_COL_ALIGN * LS_LM_HEAD_COL_ALIGN;
+}
+
 /* The logits in blocks, each digested as soon as it is written: a logits
  * row is one long SHA-256 on a host thread, so the host hashes the first
  * blocks while the device computes the next, instead of every row after the
@@ -203,12 +208,6 @@ static ls_status lin(ls_engine *e, const ls_bweight *w, long N, ls_view x, ls_vi
  * many rows the host's hashing throughput bounds the lm_head, and whole
  * rows spread over the hashing threads without the copies. Rows and columns
  * are computed alone either way: the same bits. */
-long ls_engine_lm_head_chunk(long vocab)
-{
-    long cw = (vocab + LS_LM_HEAD_COLS - 1) / LS_LM_HEAD_COLS;
-    return (cw + LS_LM_HEAD_COL_ALIGN - 1) / LS_LM_HEAD_COL_ALIGN * LS_LM_HEAD_COL_ALIGN;
-}
-
 static ls_status lm_head(ls_engine *e, long T, ls_error *err)
 {
     ls_backend *be = e->be;

@@ -200,17 +200,26 @@ START_TEST(test_digest_long_host_and_device)
 }
 END_TEST
 
+/* A digester of n_threads on a ring of `ring` bytes of device memory
+ * (*d_ring: the caller frees it after destroying the digester). */
+static ls_cuda_digester *digester_on(size_t ring, int n_threads, void **d_ring)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    ck_assert_int_eq(ls_cuda_malloc(d_ring, ring, &err), LS_OK);
+    ls_cuda_digester *dg = NULL;
+    ck_assert_msg(ls_cuda_digester_create(*d_ring, ring, n_threads, host_sha, &dg, &err) == LS_OK, "%s", err.msg);
+    return dg;
+}
+
 /* The asynchronous digester on a ring small enough to wrap and to make
  * submits wait: many calls of random jobs, one wait, every digest right. */
 START_TEST(test_digester)
 {
     ls_error err;
     ls_error_clear(&err);
-    const size_t ring = (size_t)1 << 20;
     void *d_ring = NULL;
-    ck_assert_int_eq(ls_cuda_malloc(&d_ring, ring, &err), LS_OK);
-    ls_cuda_digester *dg = NULL;
-    ck_assert_msg(ls_cuda_digester_create(d_ring, ring, 4, host_sha, &dg, &err) == LS_OK, "%s", err.msg);
+    ls_cuda_digester *dg = digester_on((size_t)1 << 20, 4, &d_ring);
     enum { CALLS = 40 };
     job_set js[CALLS];
     uint8_t *got[CALLS];
@@ -267,11 +276,8 @@ START_TEST(test_digester_many_small)
 {
     ls_error err;
     ls_error_clear(&err);
-    const size_t ring = (size_t)256 << 10;
     void *d_ring = NULL;
-    ck_assert_int_eq(ls_cuda_malloc(&d_ring, ring, &err), LS_OK);
-    ls_cuda_digester *dg = NULL;
-    ck_assert_msg(ls_cuda_digester_create(d_ring, ring, 3, host_sha, &dg, &err) == LS_OK, "%s", err.msg);
+    ls_cuda_digester *dg = digester_on((size_t)256 << 10, 3, &d_ring);
     enum { CALLS = 400 };
     job_set *js = malloc(sizeof *js * CALLS);
     uint8_t **got = malloc(sizeof *got * CALLS);
@@ -326,11 +332,8 @@ START_TEST(test_digest_parts)
 {
     ls_error err;
     ls_error_clear(&err);
-    const size_t ring = (size_t)256 << 10;
     void *d_ring = NULL;
-    ck_assert_int_eq(ls_cuda_malloc(&d_ring, ring, &err), LS_OK);
-    ls_cuda_digester *dg = NULL;
-    ck_assert_msg(ls_cuda_digester_create(d_ring, ring, 3, host_sha, &dg, &err) == LS_OK, "%s", err.msg);
+    ls_cuda_digester *dg = digester_on((size_t)256 << 10, 3, &d_ring);
     enum { CALLS = 30 };
     for (int sync = 0; sync < 2; sync++) {
         job_set js[CALLS];
