@@ -271,7 +271,7 @@ extern "C" size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, i
 }
 
 /* One (job, element) per thread: blockIdx.y strides the jobs, x the elements.
- * The 0-15 bytes that pad each job to 16 are zeroed too: the long jobs' part
+ * The 0-15 bytes that pad each job to 16 are zeroed too: the host jobs' part
  * goes to the host in one copy, gaps included, and a copy of bytes nothing
  * wrote is an uninitialised read (compute-sanitizer initcheck). The entry is
  * read once per block, by one warp, into shared memory: the staged digests'
@@ -362,24 +362,24 @@ static void *ls_host_hash_thread(void *arg)
     return NULL;
 }
 
-/* Host threads for n_long jobs of `bytes` in all: one per 64 KiB at least
+/* Host threads for n_host jobs of `bytes` in all: one per 64 KiB at least
  * (starting a thread costs about as much as hashing 20 KB), at most one per
  * job, per core, and LS_HOST_HASH_THREADS. */
-static int ls_host_threads(uint64_t bytes, int n_long)
+static int ls_host_threads(uint64_t bytes, int n_host)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     uint64_t by_bytes = bytes / (64u << 10) + 1;
-    int n = n_long < LS_HOST_HASH_THREADS ? n_long : LS_HOST_HASH_THREADS;
+    int n = n_host < LS_HOST_HASH_THREADS ? n_host : LS_HOST_HASH_THREADS;
     if ((uint64_t)n > by_bytes) n = (int)by_bytes;
     if (cores >= 1 && n > cores) n = (int)cores;
     return n < 1 ? 1 : n;
 }
 
 static int ls_host_hash_jobs(const ls_digest_entry *ent, const ls_cuda_digest_job *jobs, int n_jobs,
-                             const uint8_t *staged, uint64_t staged_bytes, int n_long,
+                             const uint8_t *staged, uint64_t staged_bytes, int n_host,
                              ls_cuda_host_sha256_fn fn, uint8_t *digests)
 {
-    int n = ls_host_threads(staged_bytes, n_long);
+    int n = ls_host_threads(staged_bytes, n_host);
     ls_host_hash_work wk[LS_HOST_HASH_THREADS];
     pthread_t th[LS_HOST_HASH_THREADS];
     int started[LS_HOST_HASH_THREADS] = {0};
@@ -465,19 +465,19 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
     if (!h) return ls_fail(err, LS_E_NOMEM, "digest: %d job entries", n_jobs);
     if (!host_sha256) device_max_bytes = SIZE_MAX;
     uint64_t max_el = 0;
-    int n_long = 0; /* jobs the host hashes */
+    int n_host = 0; /* jobs the host hashes: the long ones and the parts */
     for (int i = 0; i < n_jobs; i++) {
         ls_entry_of(&jobs[i], &h[i]);
         if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
         h[i].host = jobs[i].part || h[i].len > device_max_bytes;
-        n_long += (int)h[i].host;
+        n_host += (int)h[i].host;
     }
-    if (n_long && !host_sha256) {
+    if (n_host && !host_sha256) {
         free(h);
         return ls_fail(err, LS_E_INTERNAL, "digest: a part of a running hash without a host hash function");
     }
-    int n_dev = n_jobs - n_long; /* jobs the device hashes */
-    /* Encoded bytes: the long jobs first, so that one download fetches them
+    int n_dev = n_jobs - n_host; /* jobs the device hashes */
+    /* Encoded bytes: the host jobs first, so that one download fetches them
      * all, then the short ones (16-aligned each; the layout's total). */
     uint64_t off = 0;
     for (int pass = 0; pass < 2; pass++)
@@ -486,11 +486,11 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
                 h[i].off = off;
                 off += LS_ALIGN_UP(h[i].len, 16);
             }
-    uint64_t staged = 0; /* bytes of the long jobs' part */
+    uint64_t staged = 0; /* bytes of the host jobs' part */
     for (int i = 0; i < n_jobs; i++)
         if (h[i].host) staged = h[i].off + h[i].len;
-    uint8_t *h_big = n_long ? (uint8_t *)malloc(staged ? staged : 1) : NULL;
-    if (n_long && !h_big) {
+    uint8_t *h_big = n_host ? (uint8_t *)malloc(staged ? staged : 1) : NULL;
+    if (n_host && !h_big) {
         free(h);
         return ls_fail(err, LS_E_NOMEM, "digest: %llu bytes of host staging",
                        (unsigned long long)staged);
@@ -511,12 +511,12 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         ls_digest_encode_kernel<<<grid, 256, 0, s>>>(d_ent, n_jobs, base + bytes_at);
         ce = cudaGetLastError();
     }
-    /* The long jobs' bytes go to the host on a second stream that waits only
+    /* The host jobs' bytes go to the host on a second stream that waits only
      * for the encoding, so the host hashes them while the device hashes the
      * short ones. */
-    cudaStream_t s2 = NULL, hs = s; /* hs: the stream the long jobs' bytes come down on */
+    cudaStream_t s2 = NULL, hs = s; /* hs: the stream the host jobs' bytes come down on */
     cudaEvent_t encoded = NULL;
-    if (ce == cudaSuccess && n_long && n_dev) { /* with nothing to overlap, stay on s */
+    if (ce == cudaSuccess && n_host && n_dev) { /* with nothing to overlap, stay on s */
         ce = cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
         if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&encoded, cudaEventDisableTiming);
         if (ce == cudaSuccess) ce = cudaEventRecord(encoded, s);
@@ -529,17 +529,17 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         ce = cudaGetLastError();
     }
     int host_failed = -1;
-    if (ce == cudaSuccess && n_long) {
+    if (ce == cudaSuccess && n_host) {
         ce = cudaMemcpyAsync(h_big, base + bytes_at, staged, cudaMemcpyDeviceToHost, hs);
         if (ce == cudaSuccess) ce = cudaStreamSynchronize(hs);
         if (ce == cudaSuccess)
-            host_failed = ls_host_hash_jobs(h, jobs, n_jobs, h_big, staged, n_long,
+            host_failed = ls_host_hash_jobs(h, jobs, n_jobs, h_big, staged, n_host,
                                             host_sha256, h_digests);
     }
-    /* The device's digests, one copy; the long jobs' slots keep the host's. */
-    if (ce == cudaSuccess && host_failed < 0 && !n_long)
+    /* The device's digests, one copy; the host jobs' slots keep the host's. */
+    if (ce == cudaSuccess && host_failed < 0 && !n_host)
         ce = cudaMemcpyAsync(h_digests, base + dig_at, (size_t)n_jobs * 32, cudaMemcpyDeviceToHost, s);
-    if (ce == cudaSuccess && host_failed < 0 && n_long && n_dev) {
+    if (ce == cudaSuccess && host_failed < 0 && n_host && n_dev) {
         uint8_t *dev = (uint8_t *)malloc((size_t)n_jobs * 32);
         if (!dev) ce = cudaErrorMemoryAllocation;
         if (ce == cudaSuccess)

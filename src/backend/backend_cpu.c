@@ -672,16 +672,19 @@ static void digest_part(void *ctx, int thread, long b, long e)
 static ls_status cpu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
 {
     if (n_jobs <= 0) return LS_OK;
-    for (long j = 0; j < n_jobs; j++)
+    for (long j = 0; j < n_jobs; j++) {
+        if (!jobs[j].out && !jobs[j].run)
+            return ls_fail(err, LS_E_INTERNAL, "cpu backend: digest job %ld has no destination", j);
         for (int s = 0; s < 2; s++) {
             const ls_digest_span *sp = &jobs[j].span[s];
             if (sp->rows == 0) continue;
-            if (sp->rows < 0 || sp->len < 0 || sp->stride < sp->len || (!jobs[j].out && !jobs[j].run))
+            if (sp->rows < 0 || sp->len < 0 || sp->stride < sp->len)
                 return ls_fail(err, LS_E_INTERNAL, "cpu backend: digest job %ld span %d has rows %ld, "
                                "len %ld, stride %ld", j, s, sp->rows, sp->len, sp->stride);
             size_t last = (size_t)((sp->rows - 1) * sp->stride + sp->len) * 4;
             LS_TRY(check_range(sp->src, last, "digest", err));
         }
+    }
     cpu_impl *im = IMPL(be);
     LS_TRY(grow_all(im, LS_DIGEST_BUF_BYTES / sizeof(float), err));
     ls_status *st = calloc((size_t)n_jobs, sizeof *st);
