@@ -15,8 +15,9 @@
  * host while that stream computes on (the lm_head's logits rows, 600 KB
  * each, would otherwise hold the step up for the whole copy).
  *
- * What a submit costs (one chunk, the usual case): one kernel launch, no copy
- * (the encode kernel reads the job table from mapped pinned memory), no event
+ * What a submit costs (one chunk, the usual case): a kernel launch per 32
+ * jobs, the job table passed by value (a read of host memory by the kernel
+ * would queue behind the downloads under way), no copy, no event
  * created (a pool, one per batch slot), no heap allocation (slots are
  * preallocated), one lock of mu and no wake-up. Every LS_DG_GROUP_MAX submits
  * at most, or sooner (below), one download and one event record serve the
@@ -31,7 +32,7 @@
  * bytes since creation (they only grow), so used = head - tail and a region
  * that would cross the ring's end starts at offset 0, the bytes skipped
  * belonging to it. A batch also takes a slot (LS_DG_SLOTS, used in the same
- * FIFO order): its job table, outs, offsets, lengths and one event.
+ * FIFO order): its outs, offsets, lengths and one event.
  *
  * Coalescing: batches staged one after the other into adjacent regions form
  * the open group; they are not yet visible to the workers (next == n). A
@@ -55,10 +56,9 @@
  * worker waits behind a part. Jobs are handed out in submission order, so a
  * hash's parts are hashed in order.
  *
- * Reuse: a slot's table and region are rewritten only after the batch in it
+ * Reuse: a slot and its region are rewritten only after the batch in it
  * is retired, that is after the stream passed its group's event (recorded
- * after the encode kernel that read the table and the download of the
- * region) and the workers hashed its bytes, or after a failure path
+ * after the encode kernels and the download of the region) and the workers hashed its bytes, or after a failure path
  * synchronised the stream. A group's event belongs to its last slot, which
  * retires after every other batch of the group, so the event is not recorded
  * again while anyone may still wait on it. */
@@ -106,8 +106,6 @@ struct ls_dg_batch {
     int syncing;                 /* a worker waits on ev */
     cudaEvent_t ev;              /* its group's event (the group's last slot's own) */
     cudaEvent_t own;             /* this slot's event, created once */
-    void *h_table;               /* pinned, mapped: the job table the encode kernel reads */
-    const void *d_table;         /* its device address */
     uint8_t **outs;              /* [LS_DG_SLOT_JOBS] host destinations, 32 bytes each (NULL: a
                                     part that does not end its hash) */
     void **parts;                /* [LS_DG_SLOT_JOBS] the jobs' running hashes (NULL: whole) */
@@ -128,7 +126,6 @@ struct ls_cuda_digester {
     void *open_stream;
     cudaStream_t copy;           /* the downloads' stream */
     cudaEvent_t staged;          /* recorded on the open stream at a flush: the group is encoded */
-    uint8_t *h_tables;           /* pinned, mapped: every slot's table */
     uint64_t *h_meta;            /* every slot's off and len */
     uint8_t **h_outs;            /* every slot's outs */
     void **h_parts;              /* every slot's parts */
@@ -281,7 +278,6 @@ static void dg_free(ls_cuda_digester *d)
         if (d->slot[s].own) cudaEventDestroy(d->slot[s].own);
     if (d->staged) cudaEventDestroy(d->staged);
     if (d->copy) cudaStreamDestroy(d->copy);
-    if (d->h_tables) cudaFreeHost(d->h_tables);
     if (d->h_ring) cudaFreeHost(d->h_ring);
     free(d->h_meta);
     free(d->h_outs);
@@ -312,14 +308,8 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
         dg_free(d);
         return ls_fail(err, LS_E_NOMEM, "digester: out of memory");
     }
-    /* The tables are read by the encode kernels through the mapping (no upload). */
-    size_t table_bytes = ls_cuda_digest_stage_table_bytes(LS_DG_SLOT_JOBS);
-    uint8_t *d_tables = NULL;
     cudaError_t ce = cudaGetDevice(&d->device);
     if (ce == cudaSuccess) ce = cudaHostAlloc((void **)&d->h_ring, d->cap, cudaHostAllocDefault);
-    if (ce == cudaSuccess)
-        ce = cudaHostAlloc((void **)&d->h_tables, table_bytes * LS_DG_SLOTS, cudaHostAllocMapped);
-    if (ce == cudaSuccess) ce = cudaHostGetDevicePointer((void **)&d_tables, d->h_tables, 0);
     if (ce == cudaSuccess) ce = cudaStreamCreateWithFlags(&d->copy, cudaStreamNonBlocking);
     if (ce != cudaSuccess) d->copy = NULL;
     if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&d->staged, cudaEventDisableTiming);
@@ -328,8 +318,6 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
         ls_dg_batch *b = &d->slot[s];
         ce = cudaEventCreateWithFlags(&b->own, cudaEventDisableTiming);
         if (ce != cudaSuccess) b->own = NULL;
-        b->h_table = d->h_tables + table_bytes * (size_t)s;
-        b->d_table = d_tables + table_bytes * (size_t)s;
         b->outs = d->h_outs + (size_t)LS_DG_SLOT_JOBS * (size_t)s;
         b->parts = d->h_parts + (size_t)LS_DG_SLOT_JOBS * (size_t)s;
         b->first = d->h_first + (size_t)LS_DG_SLOT_JOBS * (size_t)s;
@@ -449,7 +437,7 @@ static ls_status dg_submit_chunk(ls_cuda_digester *d, const ls_cuda_digest_job *
         b->parts[i] = jobs[i].part;
         b->first[i] = jobs[i].first;
     }
-    ls_status st = ls_cuda_digest_stage(jobs, n, b->h_table, b->d_table, d->d_ring + b->at, b->off, b->len,
+    ls_status st = ls_cuda_digest_stage(jobs, n, d->d_ring + b->at, b->off, b->len,
                                         stream, err);
     if (st != LS_OK) { /* the earlier group keeps its bytes; this batch is dropped once the
                         * stream is past whatever of it was enqueued */

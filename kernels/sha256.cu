@@ -270,48 +270,70 @@ extern "C" size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, i
     return t;
 }
 
-/* One (job, element) per thread: blockIdx.y strides the jobs, x the elements.
- * The 0-15 bytes that pad each job to 16 are zeroed too: the host jobs' part
- * goes to the host in one copy, gaps included, and a copy of bytes nothing
- * wrote is an uninitialised read (compute-sanitizer initcheck). The entry is
- * read once per block, by one warp, into shared memory: the staged digests'
- * table is in mapped host memory, where each warp's read would cross the
- * link. */
-__global__ void ls_digest_encode_kernel(const ls_digest_entry *ent, int n_jobs, uint8_t *bytes)
+/* A launch's jobs, passed by value (at most LS_DIGEST_LAUNCH_JOBS: 3 KB of
+ * kernel parameters). The table travels with the launch rather than being
+ * read from host memory by the kernel: a read of mapped host memory queues on
+ * the link behind the downloads already under way (PCIe lets no read
+ * request pass an earlier write), and the digester's downloads of earlier
+ * groups (megabytes at batch 32) are exactly that. */
+#define LS_DIGEST_LAUNCH_JOBS 32
+typedef struct ls_digest_launch {
+    ls_digest_entry e[LS_DIGEST_LAUNCH_JOBS];
+} ls_digest_launch;
+
+/* One (job, element) per thread: blockIdx.y is the job, x strides the
+ * elements. The 0-15 bytes that pad each job to 16 are zeroed too: the host
+ * jobs' part goes to the host in one copy, gaps included, and a copy of bytes
+ * nothing wrote is an uninitialised read (compute-sanitizer initcheck). */
+__global__ void ls_digest_encode_kernel(const __grid_constant__ ls_digest_launch t, uint8_t *bytes)
 {
-    __shared__ ls_digest_entry sh;
-    const unsigned words = (unsigned)(sizeof sh / sizeof(uint64_t));
-    static_assert(sizeof(ls_digest_entry) % sizeof(uint64_t) == 0, "entry of whole words");
-    for (int j = blockIdx.y; j < n_jobs; j += gridDim.y) {
-        __syncthreads(); /* the previous job's entry is no longer read */
-        if (threadIdx.x < words) ((uint64_t *)&sh)[threadIdx.x] = ((const uint64_t *)&ent[j])[threadIdx.x];
-        __syncthreads();
-        const ls_digest_entry e = sh;
-        if (blockIdx.x == 0 && threadIdx.x < LS_ALIGN_UP(e.len, 16) - e.len)
-            bytes[e.off + e.len + threadIdx.x] = 0;
-        uint64_t total = e.n[0] + e.n[1];
-        uint64_t w0 = e.bf16[0] ? 2u : 4u;
-        for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-             i += (uint64_t)gridDim.x * blockDim.x) {
-            int s = i < e.n[0] ? 0 : 1;
-            uint64_t el = s ? i - e.n[0] : i;
-            uint64_t src = e.row_len[s] ? (el / e.row_len[s]) * e.stride[s] + el % e.row_len[s] : el;
-            uint32_t bits = ((const uint32_t *)e.src[s])[src];
-            uint8_t *dst = bytes + e.off + (s ? e.n[0] * w0 + el * (e.bf16[1] ? 2u : 4u) : el * w0);
-            if (e.bf16[s]) {
-                uint16_t h = ls_f32_to_bf16(ls_f32_from_bits(bits));
-                dst[0] = (uint8_t)h;
-                dst[1] = (uint8_t)(h >> 8);
-            } else if ((((uintptr_t)dst) & 3u) == 0) {
-                *(uint32_t *)dst = bits; /* little-endian device */
-            } else {
-                dst[0] = (uint8_t)bits;
-                dst[1] = (uint8_t)(bits >> 8);
-                dst[2] = (uint8_t)(bits >> 16);
-                dst[3] = (uint8_t)(bits >> 24);
-            }
+    const ls_digest_entry &e = t.e[blockIdx.y];
+    if (blockIdx.x == 0 && threadIdx.x < LS_ALIGN_UP(e.len, 16) - e.len)
+        bytes[e.off + e.len + threadIdx.x] = 0;
+    uint64_t total = e.n[0] + e.n[1];
+    uint64_t w0 = e.bf16[0] ? 2u : 4u;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (uint64_t)gridDim.x * blockDim.x) {
+        int s = i < e.n[0] ? 0 : 1;
+        uint64_t el = s ? i - e.n[0] : i;
+        uint64_t src = e.row_len[s] ? (el / e.row_len[s]) * e.stride[s] + el % e.row_len[s] : el;
+        uint32_t bits = ((const uint32_t *)e.src[s])[src];
+        uint8_t *dst = bytes + e.off + (s ? e.n[0] * w0 + el * (e.bf16[1] ? 2u : 4u) : el * w0);
+        if (e.bf16[s]) {
+            uint16_t h = ls_f32_to_bf16(ls_f32_from_bits(bits));
+            dst[0] = (uint8_t)h;
+            dst[1] = (uint8_t)(h >> 8);
+        } else if ((((uintptr_t)dst) & 3u) == 0) {
+            *(uint32_t *)dst = bits; /* little-endian device */
+        } else {
+            dst[0] = (uint8_t)bits;
+            dst[1] = (uint8_t)(bits >> 8);
+            dst[2] = (uint8_t)(bits >> 16);
+            dst[3] = (uint8_t)(bits >> 24);
         }
     }
+}
+
+/* Enqueues the encoding of the n jobs of h (offsets set) into bytes, in
+ * launches of LS_DIGEST_LAUNCH_JOBS jobs at most. */
+static cudaError_t ls_digest_encode(const ls_digest_entry *h, int n, uint8_t *bytes, cudaStream_t s)
+{
+    ls_digest_launch t;
+    for (int j0 = 0; j0 < n; j0 += LS_DIGEST_LAUNCH_JOBS) {
+        int m = n - j0 < LS_DIGEST_LAUNCH_JOBS ? n - j0 : LS_DIGEST_LAUNCH_JOBS;
+        uint64_t max_el = 0;
+        for (int i = 0; i < m; i++) {
+            t.e[i] = h[j0 + i];
+            if (h[j0 + i].n[0] + h[j0 + i].n[1] > max_el) max_el = h[j0 + i].n[0] + h[j0 + i].n[1];
+        }
+        if (max_el == 0) continue; /* nothing to encode, no padding */
+        uint64_t bx = (max_el + 255) / 256;
+        dim3 grid((unsigned)(bx < 64 ? bx : 64), (unsigned)m);
+        ls_digest_encode_kernel<<<grid, 256, 0, s>>>(t, bytes);
+        cudaError_t ce = cudaGetLastError();
+        if (ce != cudaSuccess) return ce;
+    }
+    return cudaSuccess;
 }
 
 __global__ void ls_digest_hash_kernel(const ls_digest_entry *ent, int n_jobs, const uint8_t *bytes,
@@ -464,11 +486,9 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
     ls_digest_entry *h = (ls_digest_entry *)malloc(sizeof *h * (size_t)n_jobs);
     if (!h) return ls_fail(err, LS_E_NOMEM, "digest: %d job entries", n_jobs);
     if (!host_sha256) device_max_bytes = SIZE_MAX;
-    uint64_t max_el = 0;
     int n_host = 0; /* jobs the host hashes: the long ones and the parts */
     for (int i = 0; i < n_jobs; i++) {
         ls_entry_of(&jobs[i], &h[i]);
-        if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
         h[i].host = jobs[i].part || h[i].len > device_max_bytes;
         n_host += (int)h[i].host;
     }
@@ -505,12 +525,7 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         free(h_big);
     }
     LS_CUDA_CHECK(ce, err, "digest: job table upload");
-    if (max_el > 0) {
-        uint64_t bx = (max_el + 255) / 256;
-        dim3 grid((unsigned)(bx < 64 ? bx : 64), (unsigned)(n_jobs < 65535 ? n_jobs : 65535));
-        ls_digest_encode_kernel<<<grid, 256, 0, s>>>(d_ent, n_jobs, base + bytes_at);
-        ce = cudaGetLastError();
-    }
+    ce = ls_digest_encode(h, n_jobs, base + bytes_at, s);
     /* The host jobs' bytes go to the host on a second stream that waits only
      * for the encoding, so the host hashes them while the device hashes the
      * short ones. */
@@ -562,13 +577,7 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
 
 /* ---- staged (asynchronous) digests ------------------------------------------------- */
 
-/* Stage: a table of the jobs in host memory the device reads, and their
- * encoded bytes (16-aligned each) in device memory. */
-extern "C" size_t ls_cuda_digest_stage_table_bytes(int n_jobs)
-{
-    return LS_ALIGN_UP(sizeof(ls_digest_entry) * (size_t)n_jobs, 256);
-}
-
+/* Stage: the jobs' encoded bytes (16-aligned each) in device memory. */
 extern "C" size_t ls_cuda_digest_stage_job_bytes(const ls_cuda_digest_job *job)
 {
     return LS_ALIGN_UP(ls_job_bytes(job), 16);
@@ -581,29 +590,23 @@ extern "C" size_t ls_cuda_digest_stage_bytes(const ls_cuda_digest_job *jobs, int
     return b;
 }
 
-extern "C" ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs, int n_jobs, void *h_table,
-                                          const void *d_table, void *d_bytes, uint64_t *off, uint64_t *len,
-                                          void *stream, ls_error *err)
+extern "C" ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs, int n_jobs, void *d_bytes,
+                                          uint64_t *off, uint64_t *len, void *stream, ls_error *err)
 {
     LS_CUDA_REQUIRE(n_jobs > 0, err, "digest stage: n_jobs %d", n_jobs);
-    ls_digest_entry *h = (ls_digest_entry *)h_table;
-    uint64_t at = 0, max_el = 0;
-    for (int i = 0; i < n_jobs; i++) {
-        ls_entry_of(&jobs[i], &h[i]);
-        h[i].off = at;
-        off[i] = at;
-        len[i] = h[i].len;
-        at += LS_ALIGN_UP(h[i].len, 16);
-        if (jobs[i].n[0] + jobs[i].n[1] > max_el) max_el = jobs[i].n[0] + jobs[i].n[1];
-    }
-    /* The table's stores above precede the launch in program order, and the
-     * device reads pinned host memory coherently, so the kernel sees them. */
-    if (max_el > 0) {
-        uint64_t bx = (max_el + 255) / 256;
-        dim3 grid((unsigned)(bx < 64 ? bx : 64), (unsigned)(n_jobs < 65535 ? n_jobs : 65535));
-        ls_digest_encode_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>((const ls_digest_entry *)d_table, n_jobs,
-                                                                         (uint8_t *)d_bytes);
-        LS_CUDA_CHECK_LAUNCH("ls_digest_encode_kernel", err);
+    ls_digest_entry h[LS_DIGEST_LAUNCH_JOBS];
+    uint64_t at = 0;
+    for (int j0 = 0; j0 < n_jobs; j0 += LS_DIGEST_LAUNCH_JOBS) {
+        int m = n_jobs - j0 < LS_DIGEST_LAUNCH_JOBS ? n_jobs - j0 : LS_DIGEST_LAUNCH_JOBS;
+        for (int i = 0; i < m; i++) {
+            ls_entry_of(&jobs[j0 + i], &h[i]);
+            h[i].off = at;
+            off[j0 + i] = at;
+            len[j0 + i] = h[i].len;
+            at += LS_ALIGN_UP(h[i].len, 16);
+        }
+        LS_CUDA_CHECK(ls_digest_encode(h, m, (uint8_t *)d_bytes, (cudaStream_t)stream), err,
+                      "digest stage: ls_digest_encode_kernel launch");
     }
     return LS_OK;
 }

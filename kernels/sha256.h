@@ -111,22 +111,18 @@ ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs /* host [n_jobs] */, int
                          uint8_t *h_digests /* host [n_jobs][32] */, void *stream, ls_error *err);
 
 /* ---- staged digests: the device encodes, the host hashes, asynchronously ----
- * ls_cuda_digest_stage writes the jobs' table into h_table (host memory the
- * device can read: pinned and mapped, of ls_cuda_digest_stage_table_bytes;
- * d_table is its device address) and enqueues on `stream` the encoding of
- * every job's canonical bytes into d_bytes (device memory of
- * ls_cuda_digest_stage_bytes): one launch, no copy, nothing waits. Once the
- * stream has passed it, job i's encoded bytes are the len[i] bytes at
- * d_bytes + off[i], for the caller to download. Every byte of the stage is
- * written (each job padded to 16 with zeros), so the stages of adjacent
- * regions may be downloaded in one copy. h_table and d_bytes must stay
- * untouched until the stream is past the launch. */
+ * ls_cuda_digest_stage enqueues on `stream` the encoding of every job's
+ * canonical bytes into d_bytes (device memory of ls_cuda_digest_stage_bytes):
+ * a launch per 32 jobs, the jobs' table passed by value (nothing read from
+ * host memory), no copy, nothing waits. Once the stream has passed it, job
+ * i's encoded bytes are the len[i] bytes at d_bytes + off[i], for the caller
+ * to download. Every byte of the stage is written (each job padded to 16
+ * with zeros), so the stages of adjacent regions may be downloaded in one
+ * copy. d_bytes must stay untouched until the stream is past the launches. */
 size_t ls_cuda_digest_stage_bytes(const ls_cuda_digest_job *jobs, int n_jobs);
-/* The table of n jobs, and one job's encoded bytes (a multiple of 16). */
-size_t ls_cuda_digest_stage_table_bytes(int n_jobs);
+/* One job's encoded bytes (a multiple of 16). */
 size_t ls_cuda_digest_stage_job_bytes(const ls_cuda_digest_job *job);
-ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs /* host [n_jobs] */, int n_jobs,
-                               void *h_table, const void *d_table, void *d_bytes,
+ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs /* host [n_jobs] */, int n_jobs, void *d_bytes,
                                uint64_t *off /* [n_jobs] */, uint64_t *len /* [n_jobs] */, void *stream,
                                ls_error *err);
 
