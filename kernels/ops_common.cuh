@@ -112,18 +112,53 @@ __device__ __forceinline__ int ls_rank_first(float a, long ia, float b, long ib)
     return ib < 0 || ls_rank_before(a, ia, b, ib);
 }
 
-/* The warp's first (value, index) in that order; lanes with none pass index -1. */
-__device__ __forceinline__ void ls_warp_best_first(float *bv, long *bi)
+/* (a, ia) is an entry (ia >= 0) and comes first: a strict total order of
+ * the entries, the empty ones last, for values that are not NaN or all NaN
+ * (then it is index order). */
+__device__ __forceinline__ int ls_rank_lead(float a, long ia, float b, long ib)
+{
+    return ia >= 0 && ls_rank_first(a, ia, b, ib);
+}
+
+/* The warp's first (value, index) in that order; lanes with none pass index
+ * -1. I: int or long. */
+template <typename I>
+__device__ __forceinline__ void ls_warp_best_first(float *bv, I *bi)
 {
 #pragma unroll
     for (int s = 16; s >= 1; s >>= 1) {
         float ov = __shfl_xor_sync(LS_FULL_MASK, *bv, s);
-        long oi = __shfl_xor_sync(LS_FULL_MASK, *bi, s);
-        if (oi >= 0 && ls_rank_first(ov, oi, *bv, *bi)) {
+        I oi = __shfl_xor_sync(LS_FULL_MASK, *bi, s);
+        if (ls_rank_lead(ov, oi, *bv, *bi)) {
             *bv = ov;
             *bi = oi;
         }
     }
+}
+
+/* Sorts N (a power of two) register entries (v, ix) into that order, the
+ * first at 0: a bitonic network, every index known at compile time. */
+template <int N>
+__device__ __forceinline__ void ls_sort_lead(float *v, int *ix)
+{
+#pragma unroll
+    for (int size = 2; size <= N; size <<= 1)
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1)
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                int j = i ^ stride;
+                if (j < i) continue;
+                /* blocks with (i & size) == 0 put the first entry low, the others high */
+                int swap = (i & size) == 0 ? ls_rank_lead(v[j], ix[j], v[i], ix[i])
+                                           : ls_rank_lead(v[i], ix[i], v[j], ix[j]);
+                if (swap) {
+                    float tv = v[i];
+                    int ti = ix[i];
+                    v[i] = v[j], ix[i] = ix[j];
+                    v[j] = tv, ix[j] = ti;
+                }
+            }
 }
 
 /* Exact maximum over the warp: the value of the first maximum in element

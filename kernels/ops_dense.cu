@@ -674,7 +674,7 @@ ls_lp_exp_kernel(const float *logits, float *lp, long V, long chunk, ls_lp_parts
     for (long j = threadIdx.x; j < nc; j += LS_LPX_THREADS) {
         float v = pt.mv[r * nc + j];
         long i = pt.mi[r * nc + j];
-        if (i >= 0 && ls_rank_first(v, i, m, mi)) m = v, mi = i;
+        if (ls_rank_lead(v, i, m, mi)) m = v, mi = i;
     }
     ls_block_max_first(&m, &mi);
     if (c == 0 && threadIdx.x == 0) pt.m[r] = m;
@@ -865,7 +865,7 @@ __global__ void ls_lp_summary_merge_kernel(const float *lp, const int32_t *next,
             if (c >= nc || head[m] >= K) continue;
             long at = (r * nc + c) * K + head[m];
             long e = pt.idx[at];
-            if (e >= 0 && ls_rank_first(pt.val[at], e, cv, ci)) cv = pt.val[at], ci = e;
+            if (ls_rank_lead(pt.val[at], e, cv, ci)) cv = pt.val[at], ci = e;
         }
         ls_warp_best_first(&cv, &ci);
 #pragma unroll

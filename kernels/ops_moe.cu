@@ -57,8 +57,13 @@ __global__ void ls_router_softmax_topk_kernel(float *probs, long T, long E, long
 
 /* The same for E <= 32 NPL, with a token's E logits held in registers (lane
  * l: elements l, l+32, ... in ascending order, the order of every lane loop
- * above), so the max, exp, sum, divide and the k top-k passes read memory
- * once: same operations in the same order, same bits. */
+ * above), so the max, exp, sum and divide read memory once: same operations
+ * in the same order, same bits. The top-k is the same picks by a shorter
+ * chain: each lane sorts its NPL probabilities once (ls_sort_lead), then pick
+ * i is the warp's first of the lanes' heads, whose owner moves on to its
+ * next. Every lane adds the picks up in pick order (the renormalisation's
+ * sum, as lane 0 above) and lane l keeps picks l and l + 32, so the k
+ * weights are divided and written at once. */
 template <int NPL>
 __global__ void ls_router_regs_kernel(float *probs, long T, long E, long k, int norm_topk,
                                       int32_t *ids, float *weights, int act)
@@ -68,46 +73,59 @@ __global__ void ls_router_regs_kernel(float *probs, long T, long E, long k, int 
     if (t >= T) return;
     float *pr = probs + t * E; /* [E] */
     float v[NPL];
+    int ix[NPL];
     float m = -INFINITY;
     long mi = -1;
 #pragma unroll
     for (int j = 0; j < NPL; j++) {
         long e = lane + (long)j * LS_WARP;
         v[j] = e < E ? pr[e] : -INFINITY;
+        ix[j] = e < E ? (int)e : -1;
     }
 #pragma unroll
     for (int j = 0; j < NPL; j++) /* the lane's first maximum, as ls_warp_max_of */
-        if (lane + (long)j * LS_WARP < E && v[j] > m) {
+        if (ix[j] >= 0 && v[j] > m) {
             m = v[j];
-            mi = lane + (long)j * LS_WARP;
+            mi = ix[j];
         }
     m = ls_warp_max_first(m, mi);
     float p = 0.0f;
 #pragma unroll
     for (int j = 0; j < NPL; j++)
-        if (lane + (long)j * LS_WARP < E) {
+        if (ix[j] >= 0) {
             v[j] = ls_expf(v[j] - m);
             p = p + v[j];
         }
     float sum = ls_warp_tree(p);
 #pragma unroll
-    for (int j = 0; j < NPL; j++) {
-        long e = lane + (long)j * LS_WARP;
-        if (e < E) {
+    for (int j = 0; j < NPL; j++)
+        if (ix[j] >= 0) {
             v[j] = v[j] / sum;
-            pr[e] = v[j];
+            pr[ix[j]] = v[j];
         }
-    }
-    int32_t *id = ids + t * k;   /* [k] */
-    float *wt = weights + t * k; /* [k] */
-    ls_warp_topk_by(k, id, wt, [&](float pv, long pi, float *bv, long *bi) {
+    ls_sort_lead<NPL>(v, ix);
+    float s = 0.0f, w[2] = {0.0f, 0.0f};
+    int id[2] = {-1, -1};
+    for (long i = 0; i < k; i++) {
+        float bv = v[0];
+        int bi = ix[0];
+        ls_warp_best_first(&bv, &bi);
+        if (ix[0] == bi) { /* this lane's head was picked: the next one moves up */
 #pragma unroll
-        for (int j = 0; j < NPL; j++)
-            if (lane + (long)j * LS_WARP < E)
-                ls_topk_offer(v[j], lane + (long)j * LS_WARP, pv, pi, bv, bi);
-    });
-    __syncwarp();
-    ls_router_finish(wt, k, norm_topk, act);
+            for (int j = 0; j + 1 < NPL; j++) v[j] = v[j + 1], ix[j] = ix[j + 1];
+            v[NPL - 1] = -INFINITY, ix[NPL - 1] = -1;
+        }
+        s = s + bv;
+        if (i == lane) w[0] = bv, id[0] = bi;
+        if (i == lane + LS_WARP) w[1] = bv, id[1] = bi;
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        long i = lane + (long)h * LS_WARP;
+        if (i >= k) continue;
+        ids[t * k + i] = id[h];
+        weights[t * k + i] = ls_act_d(norm_topk ? w[h] / s : w[h], act);
+    }
 }
 
 extern "C" ls_status ls_cuda_router(const void *w, int wtype, long E, long D, const float *x,

@@ -1362,6 +1362,7 @@ static const sh_router router_shapes[] = {
     {BO_QUICK, 512, 2048, 3, 10, 1, 0, LS_WTYPE_BF16},
     {BO_ALL, 64, 96, 63, 8, 0, 1, LS_WTYPE_BF16},
     {BO_ALL, 64, 96, 5, 8, 1, 1, LS_WTYPE_BF16},
+    {BO_ALL, 64, 96, 5, 40, 1, 1, LS_WTYPE_BF16}, /* picks past lane 31; lanes run out */
     {BO_ALL, 700, 96, 5, 8, 1, 1, LS_WTYPE_BF16},  /* 32 logits per lane in registers */
     {BO_ALL, 1100, 96, 5, 8, 0, 1, LS_WTYPE_BF16}, /* beyond the register kernels */
     {BO_ALL, 48, 64, 4, 4, 1, 0, LS_WTYPE_F32},
