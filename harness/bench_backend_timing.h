@@ -68,6 +68,11 @@ void ls_bench_timing_clear(ls_backend *tb);
 /* Routing census on or off; turning it on forgets the previous counts. */
 void ls_bench_timing_census(ls_backend *tb, int on);
 
+/* Digests skipped (on) or computed: skipped, a digest op only zeroes its
+ * jobs' outs and the wait returns at once, so a step's time with and
+ * without its digests compare (the records then hold zero digests). */
+void ls_bench_timing_no_digests(ls_backend *tb, int on);
+
 /* Distinct experts of each router call since the census was turned on, in
  * call order (the engine calls the router once per layer per step). */
 const int *ls_bench_timing_distinct(const ls_backend *tb, long *n);

@@ -41,7 +41,10 @@
  *             then, so the two rooflines compare in one run
  *   breakdown per decode step: mixers, MoE experts, digests, the rest, and the
  *             device idle between ops (always; --breakdown adds every op)
- *   digest    the digest op's share of a decode step (default digest set), and
+ *   digest    the digest op's share of a decode step (default digest set); the
+ *             step's median without digests (steps with and without them
+ *             alternate; skipped, a digest op only zeroes its outs), whose
+ *             difference is what the digests cost; and
  *             the step with carried-state digests at its position vs without:
  *             a decode item with last = 1 makes the engine digest every GDN and
  *             conv state at that step, exactly what state_digest_every = 1 does
@@ -369,11 +372,12 @@ typedef struct bench {
     uint64_t rng;              /* decode tokens */
 } bench;
 
-/* Decode steps each decode slot takes: 2 warm-up, reps timed, 1 census, reps
- * instrumented, reps with carried-state digests. */
+/* Decode steps each decode slot takes: 2 warm-up, 2 reps timed (with and
+ * without digests), 1 census, reps instrumented, reps with carried-state
+ * digests. */
 static long decode_steps(int reps)
 {
-    return 3 + 3L * reps;
+    return 3 + 4L * reps;
 }
 
 /* One engine step and what the run layer does with it (src/run/drive.c):
@@ -481,6 +485,25 @@ static float decode_median(bench *b, long s0, int B, int last, int warm, int rep
         if (r >= warm) t[r - warm] = ms;
     }
     return median(t, reps);
+}
+
+/* Medians of reps decode steps with digests and reps without (after 2
+ * untimed ones), alternating, so that both see the same contexts. */
+static void decode_medians(bench *b, long s0, int B, int reps, float *with, float *without)
+{
+    int32_t tok[BMAX];
+    ls_engine_item it[BMAX];
+    float t[2][MAX_REPS];
+    for (int r = 0; r < 2 + 2 * reps; r++) {
+        int off = r >= 2 && r % 2 == 1;
+        decode_items(b, s0, B, 0, tok, it);
+        ls_bench_timing_no_digests(b->tb, off);
+        float ms = (float)step_ms(b, it, B);
+        ls_bench_timing_no_digests(b->tb, 0);
+        if (r >= 2) t[off][(r - 2) / 2] = ms;
+    }
+    *with = median(t[0], reps);
+    *without = median(t[1], reps);
 }
 
 /* ---- breakdowns ------------------------------------------------------------------------ */
@@ -1090,7 +1113,8 @@ static void decode_once(bench *b, void *arg)
 static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
 {
     printf("decode batch %d: context %ld, one ls_engine_step per token\n", B, ls_engine_slot_len(b->e, s0));
-    float ms = decode_median(b, s0, B, 0, 2, reps);
+    float ms, ms_bare;
+    decode_medians(b, s0, B, reps, &ms, &ms_bare);
     wsum w;
     double other;
     decode_bytes(b, s0, B, &w, &other);
@@ -1124,9 +1148,10 @@ static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
     }
     float sm = decode_median(b, s0, B, 1, 0, reps);
     printf("digest per decode step, batch %2d: default set %.3f ms = %.3f x the step (the digest op in "
-           "the instrumented step); with carried-state digests at the step (as state_digest_every 1): "
+           "the instrumented step); the step without digests %.3f ms: the digests cost %.3f ms = %.3f x "
+           "the step; with carried-state digests at the step (as state_digest_every 1): "
            "%.3f ms/step = %.2f x the default step\n", B, parts[PART_DIGEST], parts[PART_DIGEST] / sum,
-           sm, sm / ms);
+           ms_bare, ms - ms_bare, (ms - ms_bare) / ms, sm, sm / ms);
 }
 
 /* ---- TTFT and TPOT ------------------------------------------------------------------------- */
