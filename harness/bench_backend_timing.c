@@ -1,6 +1,8 @@
 /* lockstep — a timing decorator over the CUDA backend; see bench_backend_timing.h. */
 #include "bench_backend_timing.h"
 
+#include "core/util.h"
+
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +12,7 @@
 typedef struct op_rec {
     ls_bench_op op;
     long rows, cols;           /* bucket shape (see ls_bench_bucket) */
+    uint64_t t0, host_ns;      /* the host clock after the first event; the host's time in the op */
 } op_rec;
 
 typedef struct timing {
@@ -91,8 +94,10 @@ static ls_status op_begin(ls_backend *be, ls_bench_op op, long rows, long cols, 
     timing *t = TM(be);
     if (!t->recording) return LS_OK;
     GROW(t->ops, t->cap_ops, t->n_ops + 1, err);
-    t->ops[t->n_ops] = (op_rec){op, rows, cols};
-    return event_at(t, 2 * t->n_ops, err);
+    t->ops[t->n_ops] = (op_rec){op, rows, cols, 0, 0};
+    LS_TRY(event_at(t, 2 * t->n_ops, err));
+    t->ops[t->n_ops].t0 = ls_now_ns();
+    return LS_OK;
 }
 
 /* After an op that returned st: its second event; returns st. */
@@ -100,6 +105,7 @@ static ls_status op_end(ls_backend *be, ls_status st, ls_error *err)
 {
     timing *t = TM(be);
     if (!t->recording || st != LS_OK) return st;
+    t->ops[t->n_ops].host_ns = ls_now_ns() - t->ops[t->n_ops].t0;
     LS_TRY(event_at(t, 2 * t->n_ops + 1, err));
     t->n_ops++;
     return LS_OK;
@@ -126,6 +132,7 @@ static ls_status add_span(timing *t, const op_rec *r, float ms, ls_error *err)
             snprintf(n->name, sizeof n->name, "%s", ls_bench_op_name(r->op));
     }
     t->bk[b].ms += ms;
+    t->bk[b].host_ms += r->host_ns * 1e-6;
     t->bk[b].calls++;
     return LS_OK;
 }
@@ -137,7 +144,7 @@ ls_status ls_bench_timing_collect(ls_backend *tb, ls_error *err)
     t->n_ops = 0;
     if (n == 0) return LS_OK;
     CU_TRY(cudaEventSynchronize(t->ev[2 * n - 1]), err);
-    static const op_rec idle = {LS_BENCH_OP_IDLE, 0, 0};
+    static const op_rec idle = {LS_BENCH_OP_IDLE, 0, 0, 0, 0};
     for (size_t i = 0; i < n; i++) {
         float ms;
         CU_TRY(cudaEventElapsedTime(&ms, t->ev[2 * i], t->ev[2 * i + 1]), err);

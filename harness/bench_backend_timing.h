@@ -44,6 +44,7 @@ typedef struct ls_bench_bucket {
     long rows, cols;           /* linear: the weight's [rows, cols]; rmsnorm: cols = n; else 0 */
     char name[64];             /* "linear [12288 x 2048]", "rmsnorm [n 256]", "moe", ... */
     double ms;                 /* summed over the collected steps */
+    double host_ms;            /* the host's time inside the op's calls, summed likewise */
     long calls;
 } ls_bench_bucket;
 

@@ -566,13 +566,13 @@ static void print_table(const bench *b, const char *what, int steps)
     if (!s) exit(2);
     memcpy(s, k, sizeof *s * (size_t)n);
     qsort(s, (size_t)n, sizeof *s, cmp_bucket);
-    double tot = 0;
-    for (int i = 0; i < n; i++) tot += s[i].ms;
-    printf("breakdown of %s (per step, CUDA events around every op of ls_engine_step; total %.3f ms):\n",
-           what, tot / steps);
+    double tot = 0, host = 0;
+    for (int i = 0; i < n; i++) tot += s[i].ms, host += s[i].host_ms;
+    printf("breakdown of %s (per step, CUDA events around every op of ls_engine_step; total %.3f ms; "
+           "the host's time inside the ops' calls %.3f ms):\n", what, tot / steps, host / steps);
     for (int i = 0; i < n; i++)
-        printf("  %-32s %8.3f ms  %5.1f %%  %6ld calls\n", s[i].name, s[i].ms / steps,
-               100.0 * s[i].ms / tot, s[i].calls / steps);
+        printf("  %-32s %8.3f ms  %5.1f %%  %6ld calls  host %7.3f ms\n", s[i].name, s[i].ms / steps,
+               100.0 * s[i].ms / tot, s[i].calls / steps, s[i].host_ms / steps);
     free(s);
 }
 

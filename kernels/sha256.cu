@@ -271,21 +271,25 @@ extern "C" size_t ls_cuda_digest_scratch_bytes(const ls_cuda_digest_job *jobs, i
 }
 
 /* A launch's jobs, passed by value (at most LS_DIGEST_LAUNCH_JOBS: 3 KB of
- * kernel parameters). The table travels with the launch rather than being
- * read from host memory by the kernel: a read of mapped host memory queues on
- * the link behind the downloads already under way (PCIe lets no read
- * request pass an earlier write), and the digester's downloads of earlier
- * groups (megabytes at batch 32) are exactly that. */
+ * kernel parameters; a launch of at most LS_DIGEST_LAUNCH_FEW jobs, the
+ * usual one at batch 1, passes 384 bytes). The table travels with the launch
+ * rather than being read from host memory by the kernel: a read of mapped
+ * host memory queues on the link behind the downloads already under way
+ * (PCIe lets no read request pass an earlier write), and the digester's
+ * downloads of earlier groups (megabytes at batch 32) are exactly that. */
 #define LS_DIGEST_LAUNCH_JOBS 32
-typedef struct ls_digest_launch {
-    ls_digest_entry e[LS_DIGEST_LAUNCH_JOBS];
-} ls_digest_launch;
+#define LS_DIGEST_LAUNCH_FEW 4
+template <int N>
+struct ls_digest_launch {
+    ls_digest_entry e[N];
+};
 
 /* One (job, element) per thread: blockIdx.y is the job, x strides the
  * elements. The 0-15 bytes that pad each job to 16 are zeroed too: the host
  * jobs' part goes to the host in one copy, gaps included, and a copy of bytes
  * nothing wrote is an uninitialised read (compute-sanitizer initcheck). */
-__global__ void ls_digest_encode_kernel(const __grid_constant__ ls_digest_launch t, uint8_t *bytes)
+template <int N>
+__global__ void ls_digest_encode_kernel(const __grid_constant__ ls_digest_launch<N> t, uint8_t *bytes)
 {
     const ls_digest_entry &e = t.e[blockIdx.y];
     if (blockIdx.x == 0 && threadIdx.x < LS_ALIGN_UP(e.len, 16) - e.len)
@@ -316,20 +320,26 @@ __global__ void ls_digest_encode_kernel(const __grid_constant__ ls_digest_launch
 
 /* Enqueues the encoding of the n jobs of h (offsets set) into bytes, in
  * launches of LS_DIGEST_LAUNCH_JOBS jobs at most. */
+template <int N>
+static void ls_digest_encode_launch(const ls_digest_entry *h, int m, dim3 grid, uint8_t *bytes, cudaStream_t s)
+{
+    ls_digest_launch<N> t;
+    memcpy(t.e, h, sizeof *h * (size_t)m);
+    ls_digest_encode_kernel<N><<<grid, 256, 0, s>>>(t, bytes);
+}
+
 static cudaError_t ls_digest_encode(const ls_digest_entry *h, int n, uint8_t *bytes, cudaStream_t s)
 {
-    ls_digest_launch t;
     for (int j0 = 0; j0 < n; j0 += LS_DIGEST_LAUNCH_JOBS) {
         int m = n - j0 < LS_DIGEST_LAUNCH_JOBS ? n - j0 : LS_DIGEST_LAUNCH_JOBS;
         uint64_t max_el = 0;
-        for (int i = 0; i < m; i++) {
-            t.e[i] = h[j0 + i];
+        for (int i = 0; i < m; i++)
             if (h[j0 + i].n[0] + h[j0 + i].n[1] > max_el) max_el = h[j0 + i].n[0] + h[j0 + i].n[1];
-        }
         if (max_el == 0) continue; /* nothing to encode, no padding */
         uint64_t bx = (max_el + 255) / 256;
         dim3 grid((unsigned)(bx < 64 ? bx : 64), (unsigned)m);
-        ls_digest_encode_kernel<<<grid, 256, 0, s>>>(t, bytes);
+        if (m <= LS_DIGEST_LAUNCH_FEW) ls_digest_encode_launch<LS_DIGEST_LAUNCH_FEW>(h + j0, m, grid, bytes, s);
+        else ls_digest_encode_launch<LS_DIGEST_LAUNCH_JOBS>(h + j0, m, grid, bytes, s);
         cudaError_t ce = cudaGetLastError();
         if (ce != cudaSuccess) return ce;
     }
