@@ -1104,26 +1104,8 @@ __device__ __forceinline__ void ls_moe_tc_slice_mma(ls_tc_acc (&acc)[NW][NC],
     for (int m = 0; m < NW; m++)
 #pragma unroll
         for (int c = 0; c < NC; c++) wmma::fill_fragment(acc[m][c], 0.0f);
-    /* A whole chunk's weight fragments, when they fit the registers (decode's
-     * one column tile), are loaded before the rows are staged and the
-     * products run: the weights stream with 8 KB of loads in flight per
-     * warp instead of one fragment's. The products are the same, in the
-     * same order. */
-    constexpr int HOIST = NW * NC <= 2 ? LS_MOE_TC_KC / 16 : 1;
-    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fh[HOIST][NW][NC];
     for (long k0 = ks; k0 < ke; k0 += LS_MOE_TC_KC) {
         long kc = ke - k0 < LS_MOE_TC_KC ? ke - k0 : LS_MOE_TC_KC;
-        bool hoist = HOIST > 1 && kc == LS_MOE_TC_KC;
-        if (hoist) {
-#pragma unroll
-            for (int h = 0; h < HOIST; h++)
-#pragma unroll
-                for (int m = 0; m < NW; m++)
-#pragma unroll
-                    for (int c = 0; c < NC; c++)
-                        if (c < live) wmma::load_matrix_sync(fh[h][m][c], w[m] + (long)c * 16 * K + k0 + 16 * h,
-                                                             (unsigned)K);
-        }
         __syncwarp();
         for (int r = 0; r < 16; r++) {
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1134,19 +1116,6 @@ __device__ __forceinline__ void ls_moe_tc_slice_mma(ls_tc_acc (&acc)[NW][NC],
             *(uint2 *)&a[r][4 * lane] = b;
         }
         __syncwarp();
-        if (hoist) {
-#pragma unroll
-            for (int h = 0; h < HOIST; h++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-                wmma::load_matrix_sync(fa, &a[0][16 * h], LS_MOE_TC_LDA);
-#pragma unroll
-                for (int m = 0; m < NW; m++)
-#pragma unroll
-                    for (int c = 0; c < NC; c++)
-                        if (c < live) wmma::mma_sync(acc[m][c], fa, fh[h][m][c], acc[m][c]);
-            }
-            continue;
-        }
         for (long kk = 0; kk < kc; kk += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
             wmma::load_matrix_sync(fa, &a[0][kk], LS_MOE_TC_LDA);
