@@ -478,14 +478,40 @@ ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_q8 q8,
     }
 }
 
-/* grid T: warp 0 of each block computes γ for its token (the gate vector is
- * bf16 or fp32: the FP8 releases leave it unconverted). */
-__global__ void ls_moe_shared_gate_kernel(const ls_cuda_moe mw, const float *x, long T, float *gamma,
-                                          int act)
+/* grid T, LS_MOE_SG_THREADS threads: block t computes γ for token t (the gate
+ * vector is bf16 or fp32: the FP8 releases leave it unconverted). The
+ * canonical DOT32 (ls_warp_dot_w) of one row is one warp's, and loading its
+ * 2048 elements batch by batch costs that warp one memory latency per batch,
+ * on the MoE's critical path; here every thread loads a part of each chunk
+ * of the two rows into shared memory at once, then warp 0 runs the same
+ * products and adds, in the same order, from there. */
+#define LS_MOE_SG_THREADS 256
+#define LS_MOE_SG_CHUNK 2048 /* elements staged at a time: a multiple of 32 */
+__global__ void __launch_bounds__(LS_MOE_SG_THREADS)
+ls_moe_shared_gate_kernel(const ls_cuda_moe mw, const float *x, long T, float *gamma, int act)
 {
+    __shared__ float ws[LS_MOE_SG_CHUNK], xs[LS_MOE_SG_CHUNK];
     long t = blockIdx.x;
-    if (t >= T || threadIdx.x >= LS_WARP) return;
-    float gl = ls_act_d(ls_warp_dot_w(mw.sh_gate_w, mw.shg_wtype, x + t * mw.D, mw.D), act);
+    if (t >= T) return; /* whole block */
+    const float *xt = x + t * mw.D;
+    int lane = (int)(threadIdx.x & 31u);
+    float p = 0.0f;
+    for (long k0 = 0; k0 < mw.D; k0 += LS_MOE_SG_CHUNK) {
+        long n = mw.D - k0 < LS_MOE_SG_CHUNK ? mw.D - k0 : LS_MOE_SG_CHUNK;
+        __syncthreads(); /* the previous chunk is summed */
+        for (long j = threadIdx.x; j < n; j += LS_MOE_SG_THREADS) {
+            ws[j] = ls_wload(mw.sh_gate_w, mw.shg_wtype, k0 + j);
+            xs[j] = xt[k0 + j];
+        }
+        __syncthreads();
+        if (threadIdx.x < LS_WARP)
+            for (long j = lane; j < n; j += LS_WARP) { /* lane l: elements l, l + 32, ... */
+                float prod = ws[j] * xs[j];
+                p = p + prod;
+            }
+    }
+    if (threadIdx.x >= LS_WARP) return;
+    float gl = ls_act_d(ls_warp_tree(p), act);
     if (threadIdx.x == 0) gamma[t] = ls_act_d(ls_sigmoidf(gl), act);
 }
 
@@ -680,7 +706,7 @@ static ls_status ls_moe_group_launch(const ls_cuda_moe *mw, const float *x, cons
     ls_moe_gate_up_g_kernel<EB><<<g1, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, xvec, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_g_kernel", err);
     if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
+        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, tl.T, gamma, act);
         LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     }
     dim3 g2(ls_blocks_for(mw->D, LS_MOE_GROWS(EB)), (unsigned)tiles);
@@ -788,7 +814,7 @@ static ls_status ls_moe_tile_launch(const ls_cuda_moe *mw, const float *x, const
                                                                                      mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_t_kernel", err);
     if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
+        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, tl.T, gamma, act);
         LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     }
     dim3 g2(ls_blocks_for(mw->D, LS_TILE_WARPS * LS_MOE_TRW), (unsigned)tiles);
@@ -810,16 +836,25 @@ __global__ void ls_moe_combine_kernel(const float *cbuf, const int32_t *ids, con
     long t = e / D, j = e % D;
     const float *c = cbuf + t * (k + 1) * D; /* [k+1, D] */
     float s = 0.0f;
-    for (long i = 0; i < k; i++) {
-        long id = ids[t * k + i];
-        float ci;
-        if (id >= 0 && id < E) {
-            ci = c[i * D + j];
-        } else {
-            float y = 0.0f;
-            ci = ls_act_d(y * weights[t * k + i], act);
+    /* in batches of LS_PF slots: every id of a batch, then every slot value,
+     * loaded before the sum (two memory latencies a batch, not one a slot) */
+    for (long i0 = 0; i0 < k; i0 += LS_PF) {
+        long id[LS_PF];
+        float cv[LS_PF];
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) id[u] = i0 + u < k ? ids[t * k + i0 + u] : -1;
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++) {
+            if (id[u] >= 0 && id[u] < E) {
+                cv[u] = c[(i0 + u) * D + j];
+            } else if (i0 + u < k) {
+                float y = 0.0f;
+                cv[u] = ls_act_d(y * weights[t * k + i0 + u], act);
+            }
         }
-        s = s + ci;
+#pragma unroll
+        for (int u = 0; u < LS_PF; u++)
+            if (i0 + u < k) s = s + cv[u];
     }
     float routed = ls_act_d(s, act);
     out[e] = has_shared ? ls_act_d(routed + c[k * D + j], act) : routed;
@@ -843,7 +878,7 @@ static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, co
                                                                                mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_kernel", err);
     if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
+        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, tl.T, gamma, act);
         LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     }
     if (mq_w) { /* w8a8: each slot's hidden row quantised before the down projection */
@@ -1248,7 +1283,7 @@ static ls_status ls_moe_tc_launch(const ls_cuda_moe *mw, const float *x, const l
     ls_moe_tc_gate_up_kernel<NC><<<g1, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_gate_up_kernel", err);
     if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_WARP, 0, s>>>(*mw, x, tl.T, gamma, act);
+        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, tl.T, gamma, act);
         LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     }
     dim3 g2(ls_blocks_for(mw->D, 16 * NC), (unsigned)tiles);
