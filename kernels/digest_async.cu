@@ -385,14 +385,7 @@ static void dg_flush(ls_cuda_digester *d)
         dg_set_fail(d, LS_E_DEVICE, msg);
         dg_retire(d);
     }
-    /* The group needs one worker, to wait for its event (which then wakes
-     * the others); waking every idle one would have them all contend for mu
-     * with this thread. A worker woken while earlier jobs are still to be
-     * handed out might take those first, so then everyone is woken. */
-    int backlog = ce != cudaSuccess;
-    for (int k = 0; k < d->n_used - d->n_open && !backlog; k++) backlog = dg_at(d, k)->next < dg_at(d, k)->n;
-    if (backlog) pthread_cond_broadcast(&d->work);
-    else pthread_cond_signal(&d->work);
+    pthread_cond_broadcast(&d->work);
     pthread_mutex_unlock(&d->mu);
     d->n_open = 0;
     d->open_bytes = 0;
