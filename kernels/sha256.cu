@@ -318,8 +318,7 @@ __global__ void ls_digest_encode_kernel(const __grid_constant__ ls_digest_launch
     }
 }
 
-/* Enqueues the encoding of the n jobs of h (offsets set) into bytes, in
- * launches of LS_DIGEST_LAUNCH_JOBS jobs at most. */
+/* One launch for the m <= N jobs of h. */
 template <int N>
 static void ls_digest_encode_launch(const ls_digest_entry *h, int m, dim3 grid, uint8_t *bytes, cudaStream_t s)
 {
@@ -328,6 +327,8 @@ static void ls_digest_encode_launch(const ls_digest_entry *h, int m, dim3 grid, 
     ls_digest_encode_kernel<N><<<grid, 256, 0, s>>>(t, bytes);
 }
 
+/* Enqueues the encoding of the n jobs of h (offsets set) into bytes, in
+ * launches of LS_DIGEST_LAUNCH_JOBS jobs at most. */
 static cudaError_t ls_digest_encode(const ls_digest_entry *h, int n, uint8_t *bytes, cudaStream_t s)
 {
     for (int j0 = 0; j0 < n; j0 += LS_DIGEST_LAUNCH_JOBS) {
