@@ -529,8 +529,11 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
     cudaStream_t s = (cudaStream_t)stream;
     uint8_t *base = (uint8_t *)d_scratch;
     ls_digest_entry *d_ent = (ls_digest_entry *)base;
-    cudaError_t ce = cudaMemcpyAsync(d_ent, h, sizeof *h * (size_t)n_jobs, cudaMemcpyHostToDevice, s);
-    if (ce == cudaSuccess) ce = cudaStreamSynchronize(s);
+    /* the encode launches take the table by value; only the device's hash
+     * kernel reads it from device memory */
+    cudaError_t ce = cudaSuccess;
+    if (n_dev) ce = cudaMemcpyAsync(d_ent, h, sizeof *h * (size_t)n_jobs, cudaMemcpyHostToDevice, s);
+    if (n_dev && ce == cudaSuccess) ce = cudaStreamSynchronize(s);
     if (ce != cudaSuccess) {
         free(h);
         free(h_big);
