@@ -47,9 +47,9 @@ typedef struct timing {
 static const char *const op_names[LS_BENCH_OP_COUNT] = {
     "(device idle between ops)", "upload", "download", "zero", "copy_blocks", "embed", "linear",
     "rmsnorm", "gated_rmsnorm", "conv_silu", "gdn_gates", "l2norm_scale", "gdn_recurrent",
-    "rope_apply", "attention", "sigmoid_gate", "router", "moe", "residual", "logprobs",
+    "rope_apply", "attention", "sigmoid_gate", "router", "moe", "logprobs",
     "conv_silu_batch", "gdn_recurrent_batch", "kv_append_batch", "attention_batch", "digest", "digest_wait",
-    "lp_summary"};
+    "lp_summary", "residual_rmsnorm"};
 
 const char *ls_bench_op_name(ls_bench_op op)
 {
@@ -376,11 +376,11 @@ static ls_status t_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view ids
                                   order_combine, err), err);
 }
 
-static ls_status t_residual(ls_backend *be, ls_view h, ls_view a, long n, int act_bf16,
-                            ls_error *err)
+static ls_status t_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_view w, ls_view y, long R,
+                                    long n, int act_bf16, ls_order order, ls_error *err)
 {
-    LS_TRY(op_begin(be, LS_BENCH_OP_RESIDUAL, 0, 0, err));
-    return op_end(be, IN(be)->residual(IN(be), h, a, n, act_bf16, err), err);
+    LS_TRY(op_begin(be, LS_BENCH_OP_RESIDUAL_RMSNORM, 0, n, err));
+    return op_end(be, IN(be)->residual_rmsnorm(IN(be), h, a, w, y, R, n, act_bf16, order, err), err);
 }
 
 static ls_status t_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R, long V,
@@ -496,7 +496,7 @@ ls_status ls_bench_timing_create(ls_backend *inner, ls_backend **out, ls_error *
     be->sigmoid_gate = t_sigmoid_gate;
     be->router = t_router;
     be->moe = t_moe;
-    be->residual = t_residual;
+    be->residual_rmsnorm = t_residual_rmsnorm;
     be->logprobs = t_logprobs;
     be->lp_summary = t_lp_summary;
     /* Optional ops stay absent where the inner backend lacks them, so the

@@ -538,7 +538,7 @@ static part part_of(const ls_bench_bucket *k, const ls_model_config *c)
     case LS_BENCH_OP_CONV_SILU_BATCH: case LS_BENCH_OP_GDN_RECURRENT_BATCH:
     case LS_BENCH_OP_KV_APPEND_BATCH: case LS_BENCH_OP_ATTENTION_BATCH:
         return PART_MIXER;
-    default: return PART_REST; /* embed, router, residual, logprobs, transfers */
+    default: return PART_REST; /* embed, router, residual_rmsnorm, logprobs, transfers */
     }
 }
 

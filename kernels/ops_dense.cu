@@ -292,16 +292,13 @@ __global__ void ls_l2norm_scale_kernel(float *x, long R, long d, float scale)
 #define LS_NORM_ROW_MIN 1024
 #define LS_NORM_ROW_MAX 8192 /* floats of the shared copy: 32 KiB */
 
-__global__ void __launch_bounds__(LS_NORM_ROW_THREADS)
-ls_rmsnorm_row_kernel(const float *x, const float *w, float *y, long n, int act)
+/* The block's second half: the factor of the row xs (shared, [n]), then
+ * yr = act(xs · f · (1 + w)). */
+__device__ __forceinline__ void ls_rmsnorm_row_out(const float *xs, const float *w, float *yr, long n,
+                                                   int act)
 {
-    extern __shared__ float xs[]; /* [n] */
     __shared__ float fsh;
-    const float *xr = x + (long)blockIdx.x * n; /* [n] */
-    float *yr = y + (long)blockIdx.x * n;       /* [n] */
     int tid = (int)threadIdx.x;
-#pragma unroll 8
-    for (long i = tid; i < n; i += LS_NORM_ROW_THREADS) xs[i] = xr[i];
     __syncthreads();
     if (tid < LS_WARP) {
         float f = ls_rms_factor(xs, n);
@@ -315,6 +312,33 @@ ls_rmsnorm_row_kernel(const float *x, const float *w, float *y, long n, int act)
         float xn = xs[i] * f;
         yr[i] = ls_act_d(xn * onew, act);
     }
+}
+
+__global__ void __launch_bounds__(LS_NORM_ROW_THREADS)
+ls_rmsnorm_row_kernel(const float *x, const float *w, float *y, long n, int act)
+{
+    extern __shared__ float xs[]; /* [n] */
+    const float *xr = x + (long)blockIdx.x * n; /* [n] */
+#pragma unroll 8
+    for (long i = threadIdx.x; i < n; i += LS_NORM_ROW_THREADS) xs[i] = xr[i];
+    ls_rmsnorm_row_out(xs, w, y + (long)blockIdx.x * n, n, act);
+}
+
+/* The residual add fused in: the block adds its row (h = act(h + a), as
+ * ls_residual_kernel) while it copies it, then normalises the copy. */
+__global__ void __launch_bounds__(LS_NORM_ROW_THREADS)
+ls_residual_rmsnorm_row_kernel(float *h, const float *a, const float *w, float *y, long n, int act)
+{
+    extern __shared__ float xs[]; /* [n] */
+    float *hr = h + (long)blockIdx.x * n;       /* [n] */
+    const float *ar = a + (long)blockIdx.x * n; /* [n] */
+#pragma unroll 8
+    for (long i = threadIdx.x; i < n; i += LS_NORM_ROW_THREADS) {
+        float v = ls_act_d(hr[i] + ar[i], act);
+        hr[i] = v;
+        xs[i] = v;
+    }
+    ls_rmsnorm_row_out(xs, w, y + (long)blockIdx.x * n, n, act);
 }
 
 extern "C" ls_status ls_cuda_rmsnorm(const float *x, const float *w, float *y, long R, long n,
@@ -417,6 +441,23 @@ extern "C" ls_status ls_cuda_residual(float *h, const float *a, long n, int act_
     if (n <= 0) return LS_OK;
     ls_residual_kernel<<<ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(h, a, n, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_residual_kernel", err);
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_residual_rmsnorm(float *h, const float *a, const float *w, float *y, long R,
+                                              long n, int act_bf16, int order, void *stream, ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order, err, "residual_rmsnorm");
+    LS_CUDA_REQUIRE(n > 0 && R >= 0 && y != h, err,
+                    "cuda portable residual_rmsnorm: bad shape [%ld, %ld] or y = h", R, n);
+    if (R == 0) return LS_OK;
+    if (n < LS_NORM_ROW_MIN || n > LS_NORM_ROW_MAX || R > 0x7fffffffL) {
+        LS_TRY(ls_cuda_residual(h, a, R * n, act_bf16, stream, err));
+        return ls_cuda_rmsnorm(h, w, y, R, n, act_bf16, order, stream, err);
+    }
+    ls_residual_rmsnorm_row_kernel<<<(unsigned)R, LS_NORM_ROW_THREADS, (size_t)n * sizeof(float),
+                                     (cudaStream_t)stream>>>(h, a, w, y, n, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_residual_rmsnorm_row_kernel", err);
     return LS_OK;
 }
 

@@ -535,7 +535,7 @@ static ls_status gates_exec(bo_case *c, ls_backend *be, ls_error *err)
                          V(c, GT_ALPHA), s->T, s->H, c->act, err);
 }
 
-/* sigmoid_gate and residual: o (in place) and a second operand. */
+/* sigmoid_gate: o (in place) and a second operand. */
 typedef struct sh_elem { int tier; long n, pad; } sh_elem;
 static const sh_elem elem_shapes[] = {{BO_ALL, 65 * 4096, 0}, {BO_ALL, 1, 0}, {BO_ALL, 77, 1}};
 enum { EL_O, EL_G };
@@ -561,16 +561,38 @@ static ls_status sgate_exec(bo_case *c, ls_backend *be, ls_error *err)
     return be->sigmoid_gate(be, V(c, EL_O), V(c, EL_G), s->n, c->act, err);
 }
 
-static void resid_ref(bo_case *c)
+/* residual_rmsnorm: h (in place), a, w, y. Rows of 1024..8192 are one
+ * launch on CUDA, the others the residual and rmsnorm kernels. */
+typedef struct sh_rnorm { int tier; long R, n, pad; } sh_rnorm;
+static const sh_rnorm rnorm_shapes[] = {
+    {BO_ALL, 1, 2048, 0}, {BO_ALL, 32, 2048, 0}, {BO_ALL, 65, 2048, 1}, {BO_ALL, 3, 1100, 0},
+    {BO_ALL, 2, 8192, 0}, {BO_ALL, 2, 8200, 0},  {BO_ALL, 7, 48, 1},    {BO_ALL, 2, 1, 0},
+};
+enum { RN_H, RN_A, RN_W, RN_Y };
+
+static void rnorm_setup(bo_case *c, const void *shape)
 {
-    const sh_elem *s = c->shape;
-    ls_cpu_residual(R(c, EL_O), R(c, EL_G), s->n, c->act);
+    const sh_rnorm *s = shape;
+    c->pad = s->pad;
+    bo_in(c, RN_H, "h", (size_t)(s->R * s->n), 3.0f, c->act);
+    bo_in(c, RN_A, "a", (size_t)(s->R * s->n), 3.0f, c->act);
+    bo_in(c, RN_W, "w", (size_t)s->n, 0.5f, 1);
+    bo_out(c, RN_Y, "y", (size_t)(s->R * s->n), 0);
+    bo_what(c, "[%ld, %ld]", s->R, s->n);
 }
 
-static ls_status resid_exec(bo_case *c, ls_backend *be, ls_error *err)
+static void rnorm_ref(bo_case *c)
 {
-    const sh_elem *s = c->shape;
-    return be->residual(be, V(c, EL_O), V(c, EL_G), s->n, c->act, err);
+    const sh_rnorm *s = c->shape;
+    ls_cpu_residual(R(c, RN_H), R(c, RN_A), s->R * s->n, c->act);
+    ls_cpu_rmsnorm(R(c, RN_H), R(c, RN_W), R(c, RN_Y), s->R, s->n, c->act, c->order);
+}
+
+static ls_status rnorm_exec(bo_case *c, ls_backend *be, ls_error *err)
+{
+    const sh_rnorm *s = c->shape;
+    return be->residual_rmsnorm(be, V(c, RN_H), V(c, RN_A), V(c, RN_W), V(c, RN_Y), s->R, s->n, c->act,
+                                c->order, err);
 }
 
 /* Causal conv: the backend runs the tokens in two calls (T/2, then the rest;
@@ -1877,7 +1899,7 @@ static const bo_op bo_ops[] = {
     {"router", SHAPES(router_shapes), 1, 2, router_setup, router_ref, router_exec},
     {"moe", SHAPES(moe_shapes), 1, 3, moe_setup, moe_ref, moe_exec},
     {"moe_ep", SHAPES(moe_shapes), 1, 3, moe_setup, moe_ref, moe_ep_exec},
-    {"residual", SHAPES(elem_shapes), 1, 1, elem_setup, resid_ref, resid_exec},
+    {"residual_rmsnorm", SHAPES(rnorm_shapes), 1, 2, rnorm_setup, rnorm_ref, rnorm_exec},
     {"logprobs", SHAPES(logprobs_shapes), 0, 2, logprobs_setup, logprobs_ref, logprobs_exec},
     {"lp_summary", SHAPES(lps_shapes), 0, 1, lps_setup, lps_ref, lps_exec},
     {"copy_blocks", SHAPES(copy_shapes), 0, 1, copy_setup, copy_ref, copy_exec},

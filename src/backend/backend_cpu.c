@@ -586,12 +586,13 @@ static ls_status cpu_moe_combine(ls_backend *be, ls_view c, long k, long D, int 
     return LS_OK;
 }
 
-static ls_status cpu_residual(ls_backend *be, ls_view h, ls_view a, long n, int act_bf16,
-                              ls_error *err)
+static ls_status cpu_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_view w, ls_view y,
+                                      long R, long n, int act_bf16, ls_order order, ls_error *err)
 {
     (void)be;
     (void)err;
-    ls_cpu_residual(F(h), F(a), n, act_bf16);
+    ls_cpu_residual(F(h), F(a), R * n, act_bf16);
+    ls_cpu_rmsnorm(F(h), F(w), F(y), R, n, act_bf16, order);
     return LS_OK;
 }
 
@@ -752,7 +753,7 @@ ls_status ls_backend_cpu_create(int n_threads, ls_backend **out, ls_error *err)
     be->moe = cpu_moe;
     be->moe_slots = cpu_moe_slots;
     be->moe_combine = cpu_moe_combine;
-    be->residual = cpu_residual;
+    be->residual_rmsnorm = cpu_residual_rmsnorm;
     be->logprobs = cpu_logprobs;
     be->lp_summary = cpu_lp_summary;
     be->digest = cpu_digest;

@@ -1030,10 +1030,11 @@ static ls_status cu_moe_combine(ls_backend *be, ls_view c, long k, long D, int h
                                err);
 }
 
-static ls_status cu_residual(ls_backend *be, ls_view h, ls_view a, long n, int act_bf16, ls_error *err)
+static ls_status cu_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_view w, ls_view y, long R,
+                                     long n, int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_residual(F(h), F(a), n, act_bf16, NULL, err);
+    return ls_cuda_residual_rmsnorm(F(h), F(a), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
 }
 
 static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R, long V,
@@ -1256,7 +1257,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->moe = cu_moe;
     be->moe_slots = cu_moe_slots;
     be->moe_combine = cu_moe_combine;
-    be->residual = cu_residual;
+    be->residual_rmsnorm = cu_residual_rmsnorm;
     be->logprobs = cu_logprobs;
     be->lp_summary = cu_lp_summary;
     be->digest = cu_digest;

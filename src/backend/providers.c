@@ -106,7 +106,7 @@ const ls_provider *ls_backend_tier_providers(const char *backend, ls_tier tier, 
  * Tile shapes are launch configurations (warps x lanes, or threads). */
 static const ls_provider cuda_rows[] = {
     CUDA("linear", "ls_linear_kernel at 1 token, ls_linear_tile_kernel from 2 (bf16/fp32; FP8 always ls_linear_kernel)", "T = 1 or FP8: 8warps-x-(1|4|8)tokens/block, warp per output row, 16-byte weight loads via shared memory; bf16/fp32 T >= 2: 4warps/block of 16 rows x 8 tokens, warp per 4 rows x 8 tokens, 256-element chunks copied to shared memory (cp.async, 3 stages)", "dot32-lanes32-butterfly"),
-    CUDA("rmsnorm", "ls_rmsnorm_row_kernel for rows of 1024..8192, else ls_rmsnorm_kernel", "rows of 1024..8192: 256threads/block per row, the row copied to shared memory, warp 0 forms the factor; else 4warps/block, warp per row", "dot32-lanes32-butterfly"),
+    CUDA("rmsnorm", "ls_rmsnorm_row_kernel (after a residual add ls_residual_rmsnorm_row_kernel) for rows of 1024..8192, else (ls_residual_kernel then) ls_rmsnorm_kernel", "rows of 1024..8192: 256threads/block per row, the row (after a residual add: the sum) copied to shared memory, warp 0 forms the factor; else 4warps/block, warp per row", "dot32-lanes32-butterfly"),
     CUDA("gated_rmsnorm", "ls_gated_rmsnorm_kernel", "4warps/block, warp per row", "dot32-lanes32-butterfly"),
     CUDA("conv_silu", "ls_conv_silu_kernel", "128threads/block, thread per channel", "sequential-taps"),
     CUDA("gdn_gates", "ls_gdn_gates_kernel", "256threads/block", "elementwise"),

@@ -849,17 +849,20 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     LS_TRY(be->upload(be, BEV(e->inb), e->h_in, (size_t)(3 * T + 2 * T * half) * 4, err));
     LS_TRY(be->embed(be, &e->embed, e->v_tok, T, BEV(e->H), act, err));
     LS_TRY(dq_rows(e, e->H, D, T, 0, 0, err));
+    /* Every norm of the hidden rows but the first follows a residual add:
+     * the two are one call (residual_rmsnorm). */
+    LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->lw[0].in_norm), BEV(e->XN), T, D, act,
+                       ord(e, 0, LS_PERTURB_NORM), err));
     for (long l = 0; l < L; l++) {
         layer_w *w = &e->lw[l];
         ls_order on = ord(e, l, LS_PERTURB_NORM);
         uint64_t t_layer = ls_now_ns(), wait = 0;
-        LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->in_norm), BEV(e->XN), T, D, act, on, err));
         if (c->is_attention[l]) LS_TRY(attn_layer(e, l, sg, nseg, T, err));
         else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
         LS_TRY(dq_flush(e, err)); /* H changes next: previous hidden rows, states, KV */
-        LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
+        LS_TRY(be->residual_rmsnorm(be, BEV(e->H), BEV(e->A), BEV(w->post_norm), BEV(e->XN), T, D, act,
+                                    on, err));
         LS_TRY(dq_rows(e, e->H, D, T, mixer_tl(l), 0, err));
-        LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(w->post_norm), BEV(e->XN), T, D, act, on, err));
         if (!e->afd)
             LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
                               BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
@@ -876,7 +879,10 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
             LS_TRY(dq_push(e, r, tl, LS_DIGEST_ROUTER, span(AT(e->ids, r * k), 1, k, k, 0),
                            span(AT(e->wts, r * k), 1, k, k, 0), err));
         LS_TRY(dq_flush(e, err)); /* H changes next: mixer hidden rows, router */
-        LS_TRY(be->residual(be, BEV(e->H), BEV(e->A), T * D, act, err));
+        /* the next layer's input norm, or after the last the final norm */
+        ls_buf *next_norm = l + 1 < L ? e->lw[l + 1].in_norm : e->final_norm;
+        LS_TRY(be->residual_rmsnorm(be, BEV(e->H), BEV(e->A), BEV(next_norm), BEV(e->XN), T, D, act,
+                                    ord(e, l + 1, LS_PERTURB_NORM), err));
         LS_TRY(dq_rows(e, e->H, D, T, tl, 0, err));
         if (e->afd) {
             uint64_t span_ns = ls_now_ns() - t_layer;
@@ -885,8 +891,6 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
             t_layers += span_ns;
         }
     }
-    LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->final_norm), BEV(e->XN), T, D, act,
-                       ord(e, L, LS_PERTURB_NORM), err));
     LS_TRY(dq_rows(e, e->XN, D, T, e->n_tl - 2, 0, err));
     LS_TRY(lm_head(e, T, err));
     LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
