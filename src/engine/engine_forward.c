@@ -202,9 +202,10 @@ long ls_engine_lm_head_chunk(long vocab)
  * last. Rows go in runs. A step of few rows (decode) goes in column chunks
  * instead where the backend computes a linear column by column
  * (be->linear_by_column) and the lm_head is held whole in bf16 or fp32:
- * each chunk computed into lp (free until the logprobs), copied into place,
- * and hashed as the next part of its rows' digests, so a row's hash ends
- * soon after its last columns are written instead of starting there. With
+ * each chunk computed into lp (free until the logprobs) and copied into
+ * place (one row: computed in place), and hashed as the next part of its
+ * rows' digests, so a row's hash ends soon after its last columns are
+ * written instead of starting there. With
  * many rows the host's hashing throughput bounds the lm_head, and whole
  * rows spread over the hashing threads without the copies. Rows and columns
  * are computed alone either way: the same bits. */
@@ -231,8 +232,12 @@ static ls_status lm_head(ls_engine *e, long T, ls_error *err)
         ls_bweight chunk = *w;
         chunk.rows = V - c0 < cw ? V - c0 : cw;
         chunk.off_bytes += (size_t)(c0 * w->cols * ls_wtype_bytes(w->wtype));
-        LS_TRY(be->linear(be, &chunk, BEV(e->XN), BEV(e->lp), T, e->o.act_bf16, o, err));
-        LS_TRY(ls_copy_rows(be, AT(e->logits, c0), V, BEV(e->lp), chunk.rows, T, chunk.rows, err));
+        if (T == 1) { /* one row: the chunk is contiguous in place */
+            LS_TRY(be->linear(be, &chunk, BEV(e->XN), AT(e->logits, c0), T, e->o.act_bf16, o, err));
+        } else {
+            LS_TRY(be->linear(be, &chunk, BEV(e->XN), BEV(e->lp), T, e->o.act_bf16, o, err));
+            LS_TRY(ls_copy_rows(be, AT(e->logits, c0), V, BEV(e->lp), chunk.rows, T, chunk.rows, err));
+        }
         LS_TRY(dq_logits_part(e, T, c0, chunk.rows, err));
         LS_TRY(dq_flush(e, err)); /* one part of a row's hash per call */
     }
