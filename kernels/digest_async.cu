@@ -59,9 +59,10 @@
  * Reuse: a slot and its region are rewritten only after the batch in it
  * is retired, that is after the stream passed its group's event (recorded
  * after the encode kernels and the download of the region) and the workers
- * hashed its bytes, or after a failure path synchronised the stream. A group's event belongs to its last slot, which
- * retires after every other batch of the group, so the event is not recorded
- * again while anyone may still wait on it. */
+ * hashed its bytes, or after a failure path synchronised the stream. A
+ * group's event belongs to its last slot, which retires after every other
+ * batch of the group, so the event is not recorded again while anyone may
+ * still wait on it. */
 #include "sha256.h"
 
 #include <cuda_runtime.h>

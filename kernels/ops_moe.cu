@@ -515,6 +515,16 @@ ls_moe_shared_gate_kernel(const ls_cuda_moe mw, const float *x, long T, float *g
     if (threadIdx.x == 0) gamma[t] = ls_act_d(ls_sigmoidf(gl), act);
 }
 
+/* γ of the T tokens, when the MoE has a shared expert (every plan's launch). */
+static ls_status ls_moe_shared_gate(const ls_cuda_moe *mw, const float *x, long T, float *gamma, int act,
+                                    cudaStream_t s, ls_error *err)
+{
+    if (!mw->sh_gate) return LS_OK;
+    ls_moe_shared_gate_kernel<<<(unsigned)T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, T, gamma, act);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
+    return LS_OK;
+}
+
 /* w8a8: quantises each slot's hidden row m [width] (routed: I, shared: Is;
  * only slots whose down matrix is w8a8) per group of 128, thread per (slot
  * row, group), with ls_fp8_quant_group as on the CPU. Rows of slots that no
@@ -705,10 +715,7 @@ static ls_status ls_moe_group_launch(const ls_cuda_moe *mw, const float *x, cons
     dim3 g1(ls_blocks_for(W, LS_MOE_GROWS(EB)), (unsigned)tiles);
     ls_moe_gate_up_g_kernel<EB><<<g1, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, xvec, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_g_kernel", err);
-    if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, tl.T, gamma, act);
-        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
-    }
+    LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
     dim3 g2(ls_blocks_for(mw->D, LS_MOE_GROWS(EB)), (unsigned)tiles);
     ls_moe_down_g_kernel<EB><<<g2, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
                                                                   cbuf, mvec, act);
@@ -813,10 +820,7 @@ static ls_status ls_moe_tile_launch(const ls_cuda_moe *mw, const float *x, const
     ls_moe_gate_up_t_kernel<EB, LS_MOE_TRW, NT><<<g1, LS_TILE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W,
                                                                                      mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_t_kernel", err);
-    if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, tl.T, gamma, act);
-        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
-    }
+    LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
     dim3 g2(ls_blocks_for(mw->D, LS_TILE_WARPS * LS_MOE_TRW), (unsigned)tiles);
     ls_moe_down_t_kernel<EB, LS_MOE_TRW, NT><<<g2, LS_TILE_WARPS * LS_WARP, 0, s>>>(
         *mw, tl, weights, W, mid, gamma, cbuf, act);
@@ -877,10 +881,7 @@ static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, co
     ls_moe_gate_up_kernel<NT, LEAN, MINB><<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, q8, tl, W,
                                                                                mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_kernel", err);
-    if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, tl.T, gamma, act);
-        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
-    }
+    LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
     if (mq_w) { /* w8a8: each slot's hidden row quantised before the down projection */
         long groups = tl.T * (tl.k + 1) * LS_FP8_BLOCKS(W);
         ls_moe_quant_mid_kernel<<<ls_blocks_for(groups, 128), 128, 0, s>>>(*mw, tl.T, tl.k, W, mid,
@@ -1282,10 +1283,7 @@ static ls_status ls_moe_tc_launch(const ls_cuda_moe *mw, const float *x, const l
     dim3 g1(ls_blocks_for(W, 16 * NC), (unsigned)tiles);
     ls_moe_tc_gate_up_kernel<NC><<<g1, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_gate_up_kernel", err);
-    if (mw->sh_gate) {
-        ls_moe_shared_gate_kernel<<<(unsigned)tl.T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, tl.T, gamma, act);
-        LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
-    }
+    LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
     dim3 g2(ls_blocks_for(mw->D, 16 * NC), (unsigned)tiles);
     ls_moe_tc_down_kernel<NC><<<g2, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
                                                                        cbuf, act);
