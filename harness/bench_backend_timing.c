@@ -451,11 +451,17 @@ static ls_status t_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs
     return op_end(be, IN(be)->digest(IN(be), jobs, n_jobs, err), err);
 }
 
-static ls_status t_digest_wait(ls_backend *be, ls_error *err)
+/* Waits also without digests: a step begun before them may still be hashing. */
+static ls_status t_digest_wait(ls_backend *be, uint64_t mark, ls_error *err)
 {
-    if (TM(be)->no_digests) return LS_OK;
+    if (TM(be)->no_digests) return IN(be)->digest_wait(IN(be), mark, err);
     LS_TRY(op_begin(be, LS_BENCH_OP_DIGEST_WAIT, 0, 0, err));
-    return op_end(be, IN(be)->digest_wait(IN(be), err), err);
+    return op_end(be, IN(be)->digest_wait(IN(be), mark, err), err);
+}
+
+static uint64_t t_digest_mark(ls_backend *be)
+{
+    return IN(be)->digest_mark(IN(be));
 }
 
 /* ---- creation --------------------------------------------------------------------------- */
@@ -507,6 +513,7 @@ ls_status ls_bench_timing_create(ls_backend *inner, ls_backend **out, ls_error *
     be->attention_batch = inner->attention_batch ? t_attention_batch : NULL;
     be->digest = inner->digest ? t_digest : NULL;
     be->digest_wait = inner->digest_wait ? t_digest_wait : NULL;
+    be->digest_mark = inner->digest_mark ? t_digest_mark : NULL;
     *out = be;
     return LS_OK;
 }

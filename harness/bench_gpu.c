@@ -33,7 +33,13 @@
  * host; the rest by CUDA events):
  *   copy      device-to-device cudaMemcpy bandwidth (read + write bytes / time)
  *   decode    one step at batch 1 and 32 (context = the prefill length) vs the
- *             bytes it must read / copy bandwidth; the distinct experts per
+ *             bytes it must read / copy bandwidth. Decode steps are timed as
+ *             the run layer runs them (ls_engine_step_begin): step N begun,
+ *             its records built, then step N - 1 ended, its digests having
+ *             hashed on host threads while the device ran step N; the
+ *             breakdown instruments steps run alone (ls_engine_step), whose
+ *             digest_wait is the hashing a lone step waits for. The distinct
+ *             experts per
  *             layer come from a routing census of the engine's router calls.
  *             Weight bytes as stored: 2 per bf16 element; FP8 1 per e4m3
  *             element + 4 per 128 x 128 block scale. With --fp8 the line also
@@ -42,8 +48,8 @@
  *   breakdown per decode step: mixers, MoE experts, digests, the rest, and the
  *             device idle between ops (always; --breakdown adds every op)
  *   digest    the digest op's share of a decode step (default digest set); the
- *             step's median without digests (steps with and without them
- *             alternate; skipped, a digest op only zeroes its outs), whose
+ *             step's median without digests (blocks of steps with and without
+ *             them alternate; skipped, a digest op only zeroes its outs), whose
  *             difference is what the digests cost; and
  *             the step with carried-state digests at its position vs without:
  *             a decode item with last = 1 makes the engine digest every GDN and
@@ -372,12 +378,12 @@ typedef struct bench {
     uint64_t rng;              /* decode tokens */
 } bench;
 
-/* Decode steps each decode slot takes: 2 warm-up, 2 reps timed (with and
- * without digests), 1 census, reps instrumented, reps with carried-state
- * digests. */
+/* Decode steps each decode slot takes: 4 blocks of 1 untimed and reps timed
+ * pipelined steps (with and without digests, twice), 1 census, reps
+ * instrumented, reps with carried-state digests. */
 static long decode_steps(int reps)
 {
-    return 3 + 4L * reps;
+    return 5 + 6L * reps;
 }
 
 /* One engine step and what the run layer does with it (src/run/drive.c):
@@ -487,23 +493,45 @@ static float decode_median(bench *b, long s0, int B, int last, int warm, int rep
     return median(t, reps);
 }
 
-/* Medians of reps decode steps with digests and reps without (after 2
- * untimed ones), alternating, so that both see the same contexts. */
-static void decode_medians(bench *b, long s0, int B, int reps, float *with, float *without)
+/* 1 + reps decode steps as the run layer runs them (src/run/drive.c): step
+ * N begun, its records built, then step N - 1 ended, so that step N - 1's
+ * digests hash while the device runs step N. The host time of each of the
+ * last reps goes to t; the last step is ended untimed. */
+static void decode_pipelined(bench *b, long s0, int B, int reps, float *t)
 {
+    static const ls_sampling greedy = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     int32_t tok[BMAX];
     ls_engine_item it[BMAX];
-    float t[2][MAX_REPS];
-    for (int r = 0; r < 2 + 2 * reps; r++) {
-        int off = r >= 2 && r % 2 == 1;
+    for (int r = 0; r <= reps; r++) {
         decode_items(b, s0, B, 0, tok, it);
-        ls_bench_timing_no_digests(b->tb, off);
-        float ms = (float)step_ms(b, it, B);
-        ls_bench_timing_no_digests(b->tb, 0);
-        if (r >= 2) t[off][(r - 2) / 2] = ms;
+        double t0 = now_ms();
+        CK(ls_engine_step_begin(b->e, it, B, &g_err));
+        for (int i = 0; i < B; i++) {
+            int32_t next;
+            const ls_trace_record *rec;
+            CK(ls_engine_sample(b->e, i, &greedy, 0, 0, &next, &g_err));
+            CK(ls_engine_record(b->e, i, next, &rec, &g_err));
+        }
+        if (r > 0) CK(ls_engine_step_end(b->e, &g_err));
+        if (r > 0) t[r - 1] = (float)(now_ms() - t0);
     }
-    *with = median(t[0], reps);
-    *without = median(t[1], reps);
+    CK(ls_engine_step_end(b->e, &g_err));
+}
+
+/* Medians of pipelined decode steps with digests and without, in blocks of
+ * reps (each after an untimed step), twice each, alternating, so that both
+ * see nearly the same contexts. */
+static void decode_medians(bench *b, long s0, int B, int reps, float *with, float *without)
+{
+    float t[2][2 * MAX_REPS];
+    for (int k = 0; k < 4; k++) {
+        int off = k % 2;
+        ls_bench_timing_no_digests(b->tb, off);
+        decode_pipelined(b, s0, B, reps, t[off] + (k / 2) * reps);
+        ls_bench_timing_no_digests(b->tb, 0);
+    }
+    *with = median(t[0], 2 * reps);
+    *without = median(t[1], 2 * reps);
 }
 
 /* ---- breakdowns ------------------------------------------------------------------------ */
@@ -1112,7 +1140,8 @@ static void decode_once(bench *b, void *arg)
 
 static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
 {
-    printf("decode batch %d: context %ld, one ls_engine_step per token\n", B, ls_engine_slot_len(b->e, s0));
+    printf("decode batch %d: context %ld, one step per token, pipelined as the run layer runs them "
+           "(step N begun, its records built, step N - 1 ended)\n", B, ls_engine_slot_len(b->e, s0));
     float ms, ms_bare;
     decode_medians(b, s0, B, reps, &ms, &ms_bare);
     wsum w;

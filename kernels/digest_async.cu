@@ -118,6 +118,8 @@ struct ls_cuda_digester {
     uint8_t *d_ring, *h_ring;    /* device / pinned host, cap bytes each */
     size_t cap;
     uint64_t head, tail;         /* bytes since creation: appended / released */
+    uint64_t placed, retired;    /* batches since creation: placed in the ring / released
+                                    (FIFO: batch i is retired once retired > i) */
     ls_dg_batch slot[LS_DG_SLOTS];
     int first, n_used;           /* in use: slot[(first + k) % LS_DG_SLOTS], k < n_used, oldest first */
     /* the open group: slot[(open_slot + i) % LS_DG_SLOTS], i < n_open (the submitting
@@ -160,6 +162,7 @@ static void dg_retire(ls_cuda_digester *d)
         d->tail = d->slot[d->first].vend;
         d->first = (d->first + 1) % LS_DG_SLOTS;
         d->n_used--;
+        d->retired++;
         any = 1;
     }
     if (any) pthread_cond_broadcast(&d->freed);
@@ -430,6 +433,7 @@ static ls_status dg_submit_chunk(ls_cuda_digester *d, const ls_cuda_digest_job *
     b->ev = NULL;
     d->head = b->vend;
     d->n_used++;
+    d->placed++;
     int half_full = d->head - d->tail > d->cap / 2;
     pthread_mutex_unlock(&d->mu);
     /* The slot and the region are ours: the workers skip the batch while next == n. */
@@ -487,17 +491,27 @@ extern "C" ls_status ls_cuda_digester_submit(ls_cuda_digester *d, const ls_cuda_
     return LS_OK;
 }
 
-extern "C" ls_status ls_cuda_digester_wait(ls_cuda_digester *d, ls_error *err)
+extern "C" uint64_t ls_cuda_digester_mark(const ls_cuda_digester *d)
+{
+    return d->placed; /* changed by the submitting thread alone */
+}
+
+extern "C" ls_status ls_cuda_digester_wait_for(ls_cuda_digester *d, uint64_t mark, ls_error *err)
 {
     dg_flush(d);
     pthread_mutex_lock(&d->mu);
-    while (d->n_used > 0) pthread_cond_wait(&d->freed, &d->mu);
+    while (d->n_used > 0 && d->retired < mark) pthread_cond_wait(&d->freed, &d->mu);
     ls_status st = d->fail;
     char msg[256];
     snprintf(msg, sizeof msg, "%s", d->fail_msg);
     d->fail = LS_OK;
     pthread_mutex_unlock(&d->mu);
     return st == LS_OK ? LS_OK : ls_fail(err, st, "%s", msg);
+}
+
+extern "C" ls_status ls_cuda_digester_wait(ls_cuda_digester *d, ls_error *err)
+{
+    return ls_cuda_digester_wait_for(d, UINT64_MAX, err);
 }
 
 extern "C" void ls_cuda_digester_destroy(ls_cuda_digester *d)

@@ -135,7 +135,9 @@ ls_status ls_cuda_digest_stage(const ls_cuda_digest_job *jobs /* host [n_jobs] *
  * called from one thread. The jobs' spans are read in stream order, so later
  * work on the stream may overwrite them at once. A job whose stage exceeds
  * half the ring is refused (LS_E_UNSUPPORTED): the caller hashes it with
- * ls_cuda_digest. destroy waits first. */
+ * ls_cuda_digest. destroy waits first. mark names the submits so far, and
+ * wait_for completes those alone (later submits may still be hashing), with
+ * the first failure since the last wait of either kind. */
 typedef struct ls_cuda_digester ls_cuda_digester;
 ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, int n_threads,
                                   ls_cuda_host_sha256_fn host_sha256, ls_cuda_digester **out,
@@ -143,6 +145,8 @@ ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, int n_threads
 ls_status ls_cuda_digester_submit(ls_cuda_digester *d, const ls_cuda_digest_job *jobs,
                                   uint8_t *const *outs, int n_jobs, void *stream, ls_error *err);
 ls_status ls_cuda_digester_wait(ls_cuda_digester *d, ls_error *err);
+uint64_t ls_cuda_digester_mark(const ls_cuda_digester *d);
+ls_status ls_cuda_digester_wait_for(ls_cuda_digester *d, uint64_t mark, ls_error *err);
 void ls_cuda_digester_destroy(ls_cuda_digester *d);
 
 #ifdef __cplusplus

@@ -1811,7 +1811,7 @@ static ls_status digest_exec(bo_case *c, ls_backend *be, ls_error *err)
     }
     ls_status st = be->digest(be, jobs, n, err);
     /* an asynchronous backend fills the digests by its digest_wait */
-    if (st == LS_OK && be->digest_wait) st = be->digest_wait(be, err);
+    if (st == LS_OK && be->digest_wait) st = be->digest_wait(be, LS_DIGEST_ALL, err);
     free(jobs);
     return st;
 }
@@ -1871,7 +1871,7 @@ static ls_status digest_parts_exec(bo_case *c, ls_backend *be, ls_error *err)
     }
     if (be->digest_wait) { /* also after a failure: nothing may still write into run */
         ls_error werr;
-        ls_status ws = be->digest_wait(be, st == LS_OK ? err : &werr);
+        ls_status ws = be->digest_wait(be, LS_DIGEST_ALL, st == LS_OK ? err : &werr);
         if (st == LS_OK) st = ws;
     }
     for (long i = 0; i < n; i++) ls_sha256_discard(&run[i]);

@@ -508,6 +508,66 @@ START_TEST(test_records_from_summary)
 }
 END_TEST
 
+/* The step in two halves (ls_engine_step_begin / _end): a step's records,
+ * built before the next step begins and handed on after it, carry the same
+ * digests and logprobs as ls_engine_step's; ls_engine_step while a begun step
+ * is not ended, a third begin and an end with nothing begun are refused and
+ * change nothing. */
+static void pipeline_records(ls_engine *e, const ls_engine_item *it, const ls_trace_record **rec0)
+{
+    ls_error err;
+    for (long j = 0; j < it->n; j++) {
+        const ls_trace_record *rec;
+        ck_assert_msg(ls_engine_record(e, j, it->tokens[j + 1], &rec, &err) == LS_OK, "%s", err.msg);
+        if (j == 0) *rec0 = rec;
+    }
+}
+
+START_TEST(test_step_pipeline)
+{
+    setup();
+    int32_t *p = prompt(8, 11);
+    const ls_engine_item steps[3] = {{0, p, 5, 0, 1}, {0, p + 5, 1, 0, 1}, {0, p + 6, 1, 1, 1}};
+    mtrace ref = {0}, got = {0};
+    ls_error err;
+    const ls_trace_record *r0, *r1, *r2;
+    ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 16);
+    ck_assert_int_eq(ls_engine_join(e, 0, 9, 8, &err), LS_OK);
+    for (int s = 0; s < 3; s++) {
+        ck_assert_msg(ls_engine_step(e, &steps[s], 1, &err) == LS_OK, "%s", err.msg);
+        pipeline_records(e, &steps[s], &r0);
+        collect(&ref, LS_FRAME_CHUNK, r0, steps[s].n, NULL);
+    }
+    ls_engine_destroy(e);
+    e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 16);
+    ck_assert(ls_engine_pipelines(e));
+    ck_assert_int_eq(ls_engine_join(e, 0, 9, 8, &err), LS_OK);
+    ck_assert_int_eq(ls_engine_step_end(e, &err), LS_E_USAGE);
+    ck_assert_msg(ls_engine_step_begin(e, &steps[0], 1, &err) == LS_OK, "%s", err.msg);
+    pipeline_records(e, &steps[0], &r0);
+    ck_assert_int_eq(ls_engine_step(e, &steps[1], 1, &err), LS_E_USAGE);
+    ck_assert_msg(strstr(err.msg, "not ended"), "%s", err.msg);
+    ck_assert_msg(ls_engine_step_begin(e, &steps[1], 1, &err) == LS_OK, "%s", err.msg);
+    pipeline_records(e, &steps[1], &r1);
+    ck_assert_int_eq(ls_engine_step_begin(e, &steps[2], 1, &err), LS_E_USAGE);
+    ck_assert_int_eq(ls_engine_slot_len(e, 0), 6);
+    ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
+    collect(&got, LS_FRAME_CHUNK, r0, steps[0].n, NULL); /* step 0's, read after step 1 ran */
+    ck_assert_msg(ls_engine_step_begin(e, &steps[2], 1, &err) == LS_OK, "%s", err.msg);
+    pipeline_records(e, &steps[2], &r2);
+    ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
+    collect(&got, LS_FRAME_CHUNK, r1, steps[1].n, NULL);
+    ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
+    collect(&got, LS_FRAME_CHUNK, r2, steps[2].n, NULL);
+    ck_assert_int_eq(ls_engine_step_end(e, &err), LS_E_USAGE);
+    ck_assert_int_eq(got.n, 7);
+    expect_equal("pipelined steps = ls_engine_step", &ref, &got);
+    ls_engine_destroy(e);
+    mfree(&ref), mfree(&got);
+    free(p);
+}
+END_TEST
+
 static void expect_config_rejected(const char *key, const char *value_json, const char *needle)
 {
     setup();
@@ -634,6 +694,7 @@ int main(void)
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_records_from_summary);
+    tcase_add_test(tc, test_step_pipeline);
     tcase_add_test(tc, test_config_fail_closed);
     tcase_add_test(tc, test_arena_usage_of_cpu_backend);
     tcase_add_test(tc, test_open_tier_refusals);

@@ -83,6 +83,7 @@ typedef struct ls_copy_job {
 } ls_copy_job;
 
 #define LS_COPY_JOBS_MAX 8         /* jobs per copy_blocks call */
+#define LS_DIGEST_ALL UINT64_MAX   /* digest_wait: every digest call so far */
 
 /* One span of a digest: `rows` rows of `len` elements (4 bytes each, fp32 or
  * int32) starting at src, row starts `stride` elements apart, hashed row by
@@ -323,9 +324,15 @@ struct ls_backend {
      * any failure reported, by the next digest_wait. NULL digest on a backend
      * without the op: the engine then refuses to run (fail closed). */
     ls_status (*digest)(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err);
-    /* Completes every digest call so far (NULL: digest completes in the call).
-     * The job arrays and `out` destinations must stay valid until it returns. */
-    ls_status (*digest_wait)(ls_backend *be, ls_error *err);
+    /* Completes the digest calls made before `mark` was taken (digest_mark;
+     * LS_DIGEST_ALL: every call so far); calls made since may still run: their
+     * `out` destinations and running hashes are written to until a wait
+     * covers them. NULL:
+     * digest completes in the call. Returns the first failure since the last
+     * wait. The job arrays may be reused once a call returns. */
+    ls_status (*digest_wait)(ls_backend *be, uint64_t mark, ls_error *err);
+    /* A mark of the digest calls so far (NULL with digest_wait). */
+    uint64_t (*digest_mark)(ls_backend *be);
 };
 
 /* The CPU reference backend. n_threads >= 1 worker threads split rows,

@@ -1103,10 +1103,16 @@ static void digester_open(cuda_impl *im)
         im->dg_off = 1;
 }
 
-static ls_status cu_digest_wait(ls_backend *be, ls_error *err)
+static ls_status cu_digest_wait(ls_backend *be, uint64_t mark, ls_error *err)
 {
     cuda_impl *im = IMPL(be);
-    return im->dg ? ls_cuda_digester_wait(im->dg, err) : LS_OK;
+    return im->dg ? ls_cuda_digester_wait_for(im->dg, mark, err) : LS_OK;
+}
+
+static uint64_t cu_digest_mark(ls_backend *be)
+{
+    cuda_impl *im = IMPL(be);
+    return im->dg ? ls_cuda_digester_mark(im->dg) : 0;
 }
 
 /* The synchronous digest: where to hash chosen per call (ls_cuda_digest_plan),
@@ -1262,6 +1268,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->lp_summary = cu_lp_summary;
     be->digest = cu_digest;
     be->digest_wait = cu_digest_wait;
+    be->digest_mark = cu_digest_mark;
     *out = be;
     return LS_OK;
 }

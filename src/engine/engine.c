@@ -169,10 +169,11 @@ void ls_engine_destroy(ls_engine *e)
         free(s->conv), free(s->gdn), free(s->kc), free(s->vc), free(s);
     }
     free(e->h_in), free(e->h_lp), free(e->h_lps);
-    for (long r = 0; e->lg_run && r < e->T; r++) ls_sha256_discard(&e->lg_run[r]); /* a failed step's */
-    free(e->lg_run);
-    free(e->h_tmp), free(e->h_bytes), free(e->layers), free(e->slot_of), free(e->dig);
-    free(e->have), free(e->sample_ids), free(e->recs), free(e->rec_dig);
+    ls_sha256 *runs = e->banks[0].lg_run;
+    for (long r = 0; runs && r < 2 * e->T; r++) ls_sha256_discard(&runs[r]); /* a failed step's */
+    free(runs);
+    free(e->h_tmp), free(e->h_bytes), free(e->layers), free(e->slot_of), free(e->banks[0].dig);
+    free(e->banks[0].have), free(e->sample_ids), free(e->banks[0].recs), free(e->banks[0].rec_dig);
     free(e->jobs), free(e->sg), free(e->row_seq), free(e->dump_data), free(e->dumps);
     free(e->dump_elems), free(e->dump_dtype), free(e->rec_dumps);
     free(e->free_pages), free(e->h_pt), free(e->pt_dirty), free(e->kpool), free(e->vpool);
@@ -205,6 +206,14 @@ static ls_status prepare_linears(ls_engine *e, ls_error *err)
             if (ws[i]->buf) LS_TRY(be->prepare_linear(be, ws[i], e->T, err));
     }
     return LS_OK;
+}
+
+/* Makes bank b the one a step's digests and records use. */
+static void use_bank(ls_engine *e, int b)
+{
+    const struct ls_engine_bank *k = &e->banks[b];
+    e->bank = b;
+    e->dig = k->dig, e->have = k->have, e->recs = k->recs, e->rec_dig = k->rec_dig, e->lg_run = k->lg_run;
 }
 
 static ls_status create_inner(ls_engine *e, ls_error *err)
@@ -476,28 +485,32 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     e->tmp_elems = tmp;
     /* The sum of the allocations below, for the message should one fail. */
     size_t host_bytes = 4 * (size_t)(3 * T + T * R) + 4 * (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)) +
-                        sizeof(float) * (size_t)(T * V) + 8 * tmp + (size_t)(T * ns) * (sizeof *e->dig + 1 + sizeof *e->rec_dig) +
-                        sizeof(int32_t) * (size_t)V + (size_t)T * (sizeof *e->recs + sizeof *e->sg + sizeof *e->row_seq) +
-                        (size_t)(4 * T + 16) * sizeof *e->jobs + (size_t)T * sizeof *e->lg_run;
+                        sizeof(float) * (size_t)(T * V) + 8 * tmp + 2 * (size_t)(T * ns) * (sizeof *e->dig + 1 + sizeof *e->rec_dig) +
+                        sizeof(int32_t) * (size_t)V + (size_t)T * (2 * sizeof *e->recs + sizeof *e->sg + sizeof *e->row_seq) +
+                        (size_t)(4 * T + 16) * sizeof *e->jobs + 2 * (size_t)T * sizeof *e->lg_run;
     e->h_in = malloc(4 * (size_t)(3 * T + T * R));
     e->h_lp = malloc(sizeof(float) * (size_t)(T * V));
     e->h_lps = malloc(4 * (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)));
     e->h_tmp = malloc(sizeof(float) * tmp);
     e->h_bytes = malloc(4 * tmp);
-    e->dig = calloc((size_t)(T * ns), sizeof *e->dig);
-    e->have = calloc((size_t)(T * ns), 1);
+    struct ls_engine_bank *b0 = &e->banks[0], *b1 = &e->banks[1];
+    b0->dig = calloc(2 * (size_t)(T * ns), sizeof *b0->dig);
+    b0->have = calloc(2 * (size_t)(T * ns), 1);
     e->sample_ids = malloc(sizeof(int32_t) * (size_t)V);
-    e->recs = calloc((size_t)T, sizeof *e->recs);
-    e->rec_dig = calloc((size_t)(T * ns), sizeof *e->rec_dig);
+    b0->recs = calloc(2 * (size_t)T, sizeof *b0->recs);
+    b0->rec_dig = calloc(2 * (size_t)(T * ns), sizeof *b0->rec_dig);
     e->jobs_cap = 4 * T + 16;
     e->jobs = calloc((size_t)e->jobs_cap, sizeof *e->jobs);
-    e->lg_run = calloc((size_t)T, sizeof *e->lg_run);
+    b0->lg_run = calloc(2 * (size_t)T, sizeof *b0->lg_run);
     e->sg = calloc((size_t)T, sizeof *e->sg);
     e->row_seq = calloc((size_t)T, sizeof *e->row_seq);
     if (!e->h_in || !e->h_lp || !e->h_lps || !e->h_tmp ||
-        !e->h_bytes || !e->dig || !e->have || !e->sample_ids || !e->recs || !e->rec_dig ||
-        !e->jobs || !e->lg_run || !e->sg || !e->row_seq)
+        !e->h_bytes || !b0->dig || !b0->have || !e->sample_ids || !b0->recs || !b0->rec_dig ||
+        !e->jobs || !b0->lg_run || !e->sg || !e->row_seq)
         return ls_fail_nomem(err, host_bytes, "engine: host buffers for %ld rows", T);
+    *b1 = (struct ls_engine_bank){b0->dig + T * ns, b0->have + T * ns, b0->recs + T, b0->rec_dig + T * ns,
+                                  b0->lg_run + T, 0, 0, 0};
+    use_bank(e, 0);
     if (e->o.dump_decoder_layers) {
         for (long l = 0; l < L; l++) e->dumping |= e->o.dump_decoder_layers[l] != 0;
     }
@@ -1135,15 +1148,71 @@ static ls_status step(ls_engine *e, const ls_engine_item *items, long n_items, l
     return ls_engine_forward(e, e->sg, n_items, err);
 }
 
-ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err)
+/* One rank of an expert- or tensor-parallel group that fails tells the
+ * others, which would otherwise wait for its rows until their deadline. */
+static ls_status step_failed(ls_engine *e, ls_status st, const ls_error *err)
 {
-    ls_status st = step(e, items, n_items, err);
-    /* One rank of an expert- or tensor-parallel group that fails tells the
-     * others, which would otherwise wait for its rows until their deadline. */
     ls_comm *comms[3] = {e->o.ep_comm, e->o.tp_comm, e->o.afd_comm};
-    for (int i = 0; i < 3 && st != LS_OK; i++)
+    for (int i = 0; i < 3; i++)
         if (comms[i]) ls_comm_abort(comms[i], "%s", err && err->msg[0] ? err->msg : ls_status_name(st));
     return st;
+}
+
+ls_status ls_engine_step_begin(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err)
+{
+    int b = e->bank ^ 1;
+    if (e->banks[b].pending)
+        return ls_fail(err, LS_E_USAGE, "engine step: two steps are begun and not ended (ls_engine_step_end "
+                       "ends the older)");
+    use_bank(e, b);
+    ls_status st = step(e, items, n_items, err);
+    if (st != LS_OK) return step_failed(e, st, err);
+    struct ls_engine_bank *k = &e->banks[b];
+    k->pending = 1;
+    k->rows = e->step_rows;
+    k->mark = e->be->digest_mark ? e->be->digest_mark(e->be) : 0;
+    return LS_OK;
+}
+
+/* Row r's digests in bank b into its record (what the row recorded, in slot
+ * order). */
+static void record_digests(ls_engine *e, int b, long r)
+{
+    const struct ls_engine_bank *k = &e->banks[b];
+    long base = r * e->n_slots;
+    ls_trace_digest *out = k->rec_dig + base;
+    uint32_t n = 0;
+    for (int s = 0; s < e->n_slots; s++)
+        if (k->have[base + s]) out[n++] = k->dig[base + s];
+    k->recs[r].n_digests = n;
+    k->recs[r].digests = out;
+}
+
+ls_status ls_engine_step_end(ls_engine *e, ls_error *err)
+{
+    int b = e->banks[e->bank ^ 1].pending ? e->bank ^ 1 : e->bank;
+    struct ls_engine_bank *k = &e->banks[b];
+    if (!k->pending) return ls_fail(err, LS_E_USAGE, "engine: no step to end (none begun since the last end)");
+    k->pending = 0;
+    if (e->be->digest_wait) {
+        ls_status st = e->be->digest_wait(e->be, k->mark, err);
+        if (st != LS_OK) return step_failed(e, st, err);
+    }
+    for (long r = 0; r < k->rows; r++) record_digests(e, b, r);
+    return LS_OK;
+}
+
+int ls_engine_pipelines(const ls_engine *e)
+{
+    return !e->dumping;
+}
+
+ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err)
+{
+    if (e->banks[0].pending || e->banks[1].pending)
+        return ls_fail(err, LS_E_USAGE, "engine step: a step begun by ls_engine_step_begin is not ended");
+    LS_TRY(ls_engine_step_begin(e, items, n_items, err));
+    return ls_engine_step_end(e, err);
 }
 
 long ls_engine_step_rows(const ls_engine *e)
@@ -1246,13 +1315,10 @@ ls_status ls_engine_record(ls_engine *e, long r, int32_t next, const ls_trace_re
     }
     rec->logprob_bits = 0x7fc00000u;
     if (next >= 0 && next < V) LS_TRY(lp_bits(e, r, next, &rec->logprob_bits, err));
+    /* a step not ended yet gets its digests from ls_engine_step_end */
+    if (!e->banks[e->bank].pending) record_digests(e, e->bank, r);
     long base = r * e->n_slots;
-    ls_trace_digest *out = e->rec_dig + base;
-    uint32_t n = 0, nd = 0;
-    for (int s = 0; s < e->n_slots; s++)
-        if (e->have[base + s]) out[n++] = e->dig[base + s];
-    rec->n_digests = n;
-    rec->digests = out;
+    uint32_t nd = 0;
     if (e->dumping) {
         ls_trace_dump *du = e->rec_dumps + base;
         for (int s = 0; s < e->n_slots; s++)

@@ -292,6 +292,22 @@ typedef struct ls_engine_item {
  * next token, ls_engine_record builds the row's record with it, and
  * ls_engine_logprobs gives a whole row. */
 ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err);
+/* The same step in two halves, so that a step's digests hash on host threads
+ * while the device runs the next step (an asynchronous backend, backend.h
+ * digest). ls_engine_step_begin runs the step and returns without waiting for
+ * its digests: ls_engine_sample, ls_engine_logprobs and ls_engine_record work
+ * at once, as after ls_engine_step, but the records' digests are filled in by
+ * ls_engine_step_end, which waits for the digests of the older step begun and
+ * not ended. At most two steps are begun and not ended; a step's records stay
+ * valid until the step after next begins. The run layer's loop: begin step
+ * N, build its records, end step N - 1 and hand its records on. ls_engine_step
+ * is begin then end, and refuses to run while a begun step is not ended. An
+ * engine that writes layer dumps does not pipeline (ls_engine_pipelines 0):
+ * a record's dumps are valid until the next step begins, so end each step
+ * before beginning the next. */
+ls_status ls_engine_step_begin(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err);
+ls_status ls_engine_step_end(ls_engine *e, ls_error *err);
+int ls_engine_pipelines(const ls_engine *e);
 long ls_engine_step_rows(const ls_engine *e);
 /* Selects row's next token (sample.h; ids scratch is the engine's). Greedy
  * reads the row's top-1 (the same token as the scan over the row); the other

@@ -914,11 +914,12 @@ ls_status ls_engine_forward(ls_engine *e, const seg *sg, long nseg, ls_error *er
 {
     ls_status st = forward(e, sg, nseg, err);
     /* The digests may still be on their way (an asynchronous backend): the
-     * records read them, and on failure nothing may write into the engine
-     * after this returns. */
-    if (e->be->digest_wait) {
+     * records wait for them (ls_engine_step_end), but on failure nothing may
+     * write into the engine after this returns, and rank 0 of an AFD group
+     * sends them at once. */
+    if (e->be->digest_wait && (st != LS_OK || e->afd)) {
         ls_error werr;
-        ls_status ws = e->be->digest_wait(e->be, st == LS_OK ? err : &werr);
+        ls_status ws = e->be->digest_wait(e->be, LS_DIGEST_ALL, st == LS_OK ? err : &werr);
         if (st == LS_OK) st = ws;
     }
     if (st == LS_OK && e->afd) st = afd_records(e, e->step_rows, err);

@@ -109,15 +109,29 @@ struct ls_engine {
     ls_trace_layer *layers;               /* [n_tl] */
     int *slot_of;                         /* [n_tl * N_KINDS] digest slot or -1 */
     int n_slots;
+    /* what a step's digests are written into and its records read: the last
+     * begun step's bank of two (ls_engine_step_begin), so that one step's
+     * digests may still be hashing while the next step runs */
     ls_trace_digest *dig;                 /* [T, n_slots] */
     unsigned char *have;                  /* [T, n_slots] */
-    int32_t *sample_ids;                  /* [V] */
     ls_trace_record *recs;                /* [T] */
     ls_trace_digest *rec_dig;             /* [T, n_slots] compacted */
+    ls_sha256 *lg_run;                    /* [T] the logits rows' running hashes (lm_head) */
+    int bank;                             /* the last begun step's */
+    struct ls_engine_bank {
+        ls_trace_digest *dig;
+        unsigned char *have;
+        ls_trace_record *recs;
+        ls_trace_digest *rec_dig;
+        ls_sha256 *lg_run;
+        int pending;                      /* begun, not ended */
+        long rows;
+        uint64_t mark;                    /* be->digest_mark after the step's digest calls */
+    } banks[2];                           /* bank 0's arrays hold both banks' */
+    int32_t *sample_ids;                  /* [V] */
     /* digest queue: jobs wait until a buffer they read is about to change */
     ls_digest_job *jobs;                  /* [jobs_cap] */
     long n_jobs, jobs_cap;
-    ls_sha256 *lg_run;                    /* [T] the logits rows' running hashes (lm_head) */
     /* the last step */
     seg *sg;                              /* [T] segments */
     long step_rows;

@@ -600,7 +600,7 @@ static ls_status p_digest(pctx *c, int act, ls_order ord)
     };
     LS_TRY(c->be->digest(c->be, jobs, 3, c->err));
     /* an asynchronous backend fills d by its digest_wait */
-    if (c->be->digest_wait) LS_TRY(c->be->digest_wait(c->be, c->err));
+    if (c->be->digest_wait) LS_TRY(c->be->digest_wait(c->be, LS_DIGEST_ALL, c->err));
     return ls_sha256_update(&c->h, d, sizeof d, c->err);
 }
 

@@ -5,6 +5,59 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- the step pipeline ------------------------------------------------------------------
+ * Each driver begins a step, builds its records, then ends the step before
+ * it and hands that step's frame to the sink (engine.h,
+ * ls_engine_step_begin), so that a step's digests hash on host threads while
+ * the device runs the next step. An engine that does not pipeline ends each
+ * step before the next. The frames reach the sink in step order either way. */
+typedef struct step_pipe {
+    ls_engine *e;
+    ls_run_sink sink;
+    void *ctx;
+    int on, pending;           /* pipelining; a step begun and not yet ended */
+    ls_frame_kind kind;        /* the pending step's frame */
+    const ls_trace_record *rec0;
+    long rows;
+} step_pipe;
+
+static step_pipe pipe_open(ls_engine *e, ls_run_sink sink, void *ctx)
+{
+    return (step_pipe){e, sink, ctx, ls_engine_pipelines(e), 0, LS_FRAME_PREFILL, NULL, 0};
+}
+
+/* Ends the pending step and hands its frame to the sink. */
+static ls_status pipe_end(step_pipe *p, ls_error *err)
+{
+    if (!p->pending) return LS_OK;
+    p->pending = 0;
+    LS_TRY(ls_engine_step_end(p->e, err));
+    return p->sink(p->ctx, p->kind, p->rec0, p->rows, err);
+}
+
+/* The step just begun has its records: its frame is the pending one, after
+ * the frame of the step before it (pipelining), or at once. */
+static ls_status pipe_push(step_pipe *p, ls_frame_kind kind, const ls_trace_record *rec0, long rows,
+                           ls_error *err)
+{
+    if (p->on) LS_TRY(pipe_end(p, err));
+    p->pending = 1, p->kind = kind, p->rec0 = rec0, p->rows = rows;
+    return p->on ? LS_OK : pipe_end(p, err);
+}
+
+/* The last frame after st == LS_OK; after a failure, the pending step is
+ * ended (its digests may still be written into the engine) and its frame
+ * dropped. A begun step that failed is not pending. */
+static ls_status pipe_close(step_pipe *p, ls_status st, ls_error *err)
+{
+    if (st == LS_OK) return pipe_end(p, err);
+    if (p->pending) {
+        ls_error ignored;
+        ls_engine_step_end(p->e, &ignored);
+    }
+    return st;
+}
+
 /* ---- rollout ---------------------------------------------------------------------------- */
 
 ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, long max_new,
@@ -33,6 +86,7 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
     }
     ls_status st = LS_OK;
     const ls_trace_record *rec0 = NULL; /* row 0's record: a step's records are contiguous */
+    step_pipe pl = pipe_open(e, sink, ctx);
     /* Prefill, packed, at most T rows per step. */
     while (st == LS_OK) {
         long n = 0, rows = 0;
@@ -45,15 +99,15 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
             rows += take;
         }
         if (n == 0) break;
-        st = ls_engine_step(e, it, n, err);
+        st = ls_engine_step_begin(e, it, n, err);
         for (long s = 0, r = 0; st == LS_OK && s < n; s++) {
             long i = it[s].slot;
             for (long j = 0; st == LS_OK && j < it[s].n; j++, r++) {
-                long p = done[i] + j;
+                long pos = done[i] + j;
                 int32_t next;
-                if (p + 1 < seqs[i].n_tokens) next = seqs[i].tokens[p + 1];
+                if (pos + 1 < seqs[i].n_tokens) next = seqs[i].tokens[pos + 1];
                 else {
-                    st = ls_engine_sample(e, r, sampling, seqs[i].id, (uint32_t)(p + 1), &next, err);
+                    st = ls_engine_sample(e, r, sampling, seqs[i].id, (uint32_t)(pos + 1), &next, err);
                     gen[i * max_new] = next;
                 }
                 const ls_trace_record *rec = NULL;
@@ -62,7 +116,7 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
             }
             done[i] += it[s].n;
         }
-        if (st == LS_OK) st = sink(ctx, LS_FRAME_PREFILL, rec0, rows, err);
+        if (st == LS_OK) st = pipe_push(&pl, LS_FRAME_PREFILL, rec0, rows, err);
     }
     /* Decode: one token per sequence per step. */
     for (long step = 1; st == LS_OK && step < max_new; step++) {
@@ -72,7 +126,7 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
                 long i = b0 + s;
                 it[s] = (ls_engine_item){i, &gen[i * max_new + step - 1], 1, step == max_new - 1, 0};
             }
-            st = ls_engine_step(e, it, nb, err);
+            st = ls_engine_step_begin(e, it, nb, err);
             for (long s = 0; st == LS_OK && s < nb; s++) {
                 long i = b0 + s;
                 int32_t next;
@@ -83,9 +137,10 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
                 if (st == LS_OK) st = ls_engine_record(e, s, next, &rec, err);
                 if (s == 0) rec0 = rec;
             }
-            if (st == LS_OK) st = sink(ctx, LS_FRAME_DECODE, rec0, nb, err);
+            if (st == LS_OK) st = pipe_push(&pl, LS_FRAME_DECODE, rec0, nb, err);
         }
     }
+    st = pipe_close(&pl, st, err);
     if (st == LS_OK && completion) memcpy(completion, gen, sizeof(int32_t) * (size_t)(n_seqs * max_new));
     for (long i = 0; i < n_seqs; i++) ls_engine_leave(e, i);
     free(done), free(gen), free(it);
@@ -119,6 +174,7 @@ ls_status ls_run_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long
     }
     ls_status st = LS_OK;
     const ls_trace_record *rec0 = NULL;
+    step_pipe pl = pipe_open(e, sink, ctx);
     long start = 0; /* rotate which sequence gets rows first when the budget is short */
     while (st == LS_OK) {
         long n = 0, rows = 0;
@@ -133,7 +189,7 @@ ls_status ls_run_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long
         }
         if (n == 0) break;
         start++;
-        st = ls_engine_step(e, it, n, err);
+        st = ls_engine_step_begin(e, it, n, err);
         for (long s = 0, r = 0; st == LS_OK && s < n; s++) {
             long i = it[s].slot;
             for (long j = 0; st == LS_OK && j < it[s].n; j++, r++) {
@@ -143,8 +199,9 @@ ls_status ls_run_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long
             }
             done[i] += it[s].n;
         }
-        if (st == LS_OK) st = sink(ctx, LS_FRAME_CHUNK, rec0, rows, err);
+        if (st == LS_OK) st = pipe_push(&pl, LS_FRAME_CHUNK, rec0, rows, err);
     }
+    st = pipe_close(&pl, st, err);
     for (long i = 0; i < n_seqs; i++) ls_engine_leave(e, i);
     free(it), free(done);
     return st;
@@ -186,6 +243,7 @@ ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const l
         else memcpy(q[i].tok, reqs[i].prompt, sizeof(int32_t) * (size_t)reqs[i].prompt_len);
     }
     for (long s = 0; st == LS_OK && s < S; s++) ls_engine_leave(e, s);
+    step_pipe pl = pipe_open(e, sink, ctx);
     long finished = 0;
     for (long step = 0; st == LS_OK && finished < n; step++) {
         /* Join: free slots go to waiting requests whose arrival has come. */
@@ -212,7 +270,7 @@ ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const l
             rows += take;
         }
         if (st != LS_OK || k == 0) continue;
-        st = ls_engine_step(e, it, k, err);
+        st = ls_engine_step_begin(e, it, k, err);
         const ls_trace_record *rec0 = NULL;
         for (long j = 0, row = 0; st == LS_OK && j < k; j++) {
             serve_seq *x = &q[who[j]];
@@ -240,8 +298,9 @@ ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const l
                 finished++;
             }
         }
-        if (st == LS_OK) st = sink(ctx, decode ? LS_FRAME_DECODE : LS_FRAME_PREFILL, rec0, rows, err);
+        if (st == LS_OK) st = pipe_push(&pl, decode ? LS_FRAME_DECODE : LS_FRAME_PREFILL, rec0, rows, err);
     }
+    st = pipe_close(&pl, st, err);
     for (long i = 0; q && i < n; i++) {
         if (q[i].slot >= 0) ls_engine_leave(e, q[i].slot);
         free(q[i].tok);

@@ -3,7 +3,10 @@
  * gate, the demo, the tests and the harness all drive runs through these.
  *
  * Each driver hands every engine step's records to a sink as one frame; the
- * records are valid during the call only. */
+ * records are valid during the call only. Frames come in step order, each
+ * once the next step has begun (engine.h, ls_engine_step_begin: a step's
+ * digests hash while the device runs the next), so a sink must not ask the
+ * engine about "the last step". */
 #ifndef LS_RUN_DRIVE_H
 #define LS_RUN_DRIVE_H
 

@@ -323,6 +323,37 @@ START_TEST(test_digester_many_small)
 }
 END_TEST
 
+/* Marks: wait_for(mark) completes the submits made before the mark (a mark
+ * taken before any submit waits for nothing), and the later submits are
+ * completed by a later wait. */
+START_TEST(test_digester_marks)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    void *d_ring = NULL;
+    ls_cuda_digester *dg = digester_on((size_t)8 << 20, 4, &d_ring);
+    uint64_t m0 = ls_cuda_digester_mark(dg);
+    ck_assert_msg(ls_cuda_digester_wait_for(dg, m0, &err) == LS_OK, "%s", err.msg);
+    job_set a = make_jobs(3, 200000), b = make_jobs(5, 3000);
+    uint8_t ga[3 * 32], gb[5 * 32], *oa[3], *ob[5];
+    for (int j = 0; j < 3; j++) oa[j] = ga + 32 * j;
+    for (int j = 0; j < 5; j++) ob[j] = gb + 32 * j;
+    ck_assert_msg(ls_cuda_digester_submit(dg, a.jobs, oa, 3, NULL, &err) == LS_OK, "%s", err.msg);
+    uint64_t m1 = ls_cuda_digester_mark(dg);
+    ck_assert_msg(m1 > m0, "mark %llu after a submit, %llu before", (unsigned long long)m1,
+                  (unsigned long long)m0);
+    ck_assert_msg(ls_cuda_digester_submit(dg, b.jobs, ob, 5, NULL, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_cuda_digester_wait_for(dg, m1, &err) == LS_OK, "%s", err.msg);
+    check_jobs(&a, ga, "the submit before the mark, after wait_for(mark)");
+    ck_assert_msg(ls_cuda_digester_wait(dg, &err) == LS_OK, "%s", err.msg);
+    check_jobs(&b, gb, "the submit after the mark, after wait");
+    free_jobs(&a);
+    free_jobs(&b);
+    ls_cuda_digester_destroy(dg);
+    ls_cuda_free(d_ring);
+}
+END_TEST
+
 /* Digests in parts (sha256.h, part): every job of many calls hashed as two
  * parts, its first span then its second, the parts of a call in two calls,
  * through the digester (a 256 KiB ring) and through the synchronous path
@@ -462,6 +493,7 @@ int main(void)
     tcase_add_test(tc, test_digest_all_host);
     tcase_add_test(tc, test_digester);
     tcase_add_test(tc, test_digester_many_small);
+    tcase_add_test(tc, test_digester_marks);
     tcase_add_test(tc, test_digest_parts);
     tcase_add_test(tc, test_digest_plan);
     tcase_add_test(tc, test_digest_empty);
