@@ -376,11 +376,11 @@ static ls_status t_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view ids
                                   order_combine, err), err);
 }
 
-static ls_status t_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_view w, ls_view y, long R,
-                                    long n, int act_bf16, ls_order order, ls_error *err)
+static ls_status t_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_view out, ls_view w, ls_view y,
+                                    long R, long n, int act_bf16, ls_order order, ls_error *err)
 {
     LS_TRY(op_begin(be, LS_BENCH_OP_RESIDUAL_RMSNORM, 0, 0, err));
-    return op_end(be, IN(be)->residual_rmsnorm(IN(be), h, a, w, y, R, n, act_bf16, order, err), err);
+    return op_end(be, IN(be)->residual_rmsnorm(IN(be), h, a, out, w, y, R, n, act_bf16, order, err), err);
 }
 
 static ls_status t_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R, long V,

@@ -324,16 +324,17 @@ ls_status ls_cuda_moe_combine(const float *c /* [T, k + has_shared, D] */, long 
                               int has_shared, float *out /* [T, D] */, long T, int act_bf16,
                               int order_combine, void *stream, ls_error *err);
 
-/* h_i = act(h_i + a_i). */
-ls_status ls_cuda_residual(float *h /* [n] */, const float *a /* [n] */, long n, int act_bf16,
-                           void *stream, ls_error *err);
+/* out_i = act(h_i + a_i) (out may be h). */
+ls_status ls_cuda_residual(float *out /* [n] */, const float *h /* [n] */, const float *a /* [n] */, long n,
+                           int act_bf16, void *stream, ls_error *err);
 
-/* The residual add, then RMSNorm of its rows: h = act(h + a), then
- * y = ls_cuda_rmsnorm(h) (y not h): the same two operations, one launch for
- * rows of 1024..8192, else the two kernels. */
-ls_status ls_cuda_residual_rmsnorm(float *h /* [R, n] */, const float *a /* [R, n] */,
-                                   const float *w /* [n] */, float *y /* [R, n] */, long R, long n,
-                                   int act_bf16, int order, void *stream, ls_error *err);
+/* The residual add, then RMSNorm of its rows: out = act(h + a) (out is h or
+ * apart from it), then y = ls_cuda_rmsnorm(out) (y neither h nor out): the
+ * same two operations, one launch for rows of 1024..8192, else the two
+ * kernels. */
+ls_status ls_cuda_residual_rmsnorm(const float *h /* [R, n] */, const float *a /* [R, n] */,
+                                   float *out /* [R, n] */, const float *w /* [n] */, float *y /* [R, n] */,
+                                   long R, long n, int act_bf16, int order, void *stream, ls_error *err);
 
 /* The tensor-core tier's linear (docs/tensor-core-tier.md §2.2) around its
  * pinned cuBLASLt GEMM: x fp32 [n] to bf16 (round to nearest even: exact for

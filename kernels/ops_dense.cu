@@ -324,18 +324,18 @@ ls_rmsnorm_row_kernel(const float *x, const float *w, float *y, long n, int act)
     ls_rmsnorm_row_out(xs, w, y + (long)blockIdx.x * n, n, act);
 }
 
-/* The residual add fused in: the block adds its row (h = act(h + a), as
+/* The residual add fused in: the block adds its row (out = act(h + a), as
  * ls_residual_kernel) while it copies it, then normalises the copy. */
 __global__ void __launch_bounds__(LS_NORM_ROW_THREADS)
-ls_residual_rmsnorm_row_kernel(float *h, const float *a, const float *w, float *y, long n, int act)
+ls_residual_rmsnorm_row_kernel(const float *h, const float *a, float *out, const float *w, float *y, long n,
+                               int act)
 {
     extern __shared__ float xs[]; /* [n] */
-    float *hr = h + (long)blockIdx.x * n;       /* [n] */
-    const float *ar = a + (long)blockIdx.x * n; /* [n] */
+    long r = (long)blockIdx.x * n;
 #pragma unroll 8
     for (long i = threadIdx.x; i < n; i += LS_NORM_ROW_THREADS) {
-        float v = ls_act_d(hr[i] + ar[i], act);
-        hr[i] = v;
+        float v = ls_act_d(h[r + i] + a[r + i], act);
+        out[r + i] = v;
         xs[i] = v;
     }
     ls_rmsnorm_row_out(xs, w, y + (long)blockIdx.x * n, n, act);
@@ -428,35 +428,36 @@ extern "C" ls_status ls_cuda_sigmoid_gate(float *o, const float *gate, long n, i
     return LS_OK;
 }
 
-__global__ void ls_residual_kernel(float *h, const float *a, long n, int act)
+__global__ void ls_residual_kernel(float *out, const float *h, const float *a, long n, int act)
 {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    h[i] = ls_act_d(h[i] + a[i], act);
+    out[i] = ls_act_d(h[i] + a[i], act);
 }
 
-extern "C" ls_status ls_cuda_residual(float *h, const float *a, long n, int act_bf16, void *stream,
-                                      ls_error *err)
+extern "C" ls_status ls_cuda_residual(float *out, const float *h, const float *a, long n, int act_bf16,
+                                      void *stream, ls_error *err)
 {
     if (n <= 0) return LS_OK;
-    ls_residual_kernel<<<ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(h, a, n, act_bf16);
+    ls_residual_kernel<<<ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(out, h, a, n, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_residual_kernel", err);
     return LS_OK;
 }
 
-extern "C" ls_status ls_cuda_residual_rmsnorm(float *h, const float *a, const float *w, float *y, long R,
-                                              long n, int act_bf16, int order, void *stream, ls_error *err)
+extern "C" ls_status ls_cuda_residual_rmsnorm(const float *h, const float *a, float *out, const float *w,
+                                              float *y, long R, long n, int act_bf16, int order, void *stream,
+                                              ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order, err, "residual_rmsnorm");
-    LS_CUDA_REQUIRE(n > 0 && R >= 0 && y != h, err,
-                    "cuda portable residual_rmsnorm: bad shape [%ld, %ld] or y = h", R, n);
+    LS_CUDA_REQUIRE(n > 0 && R >= 0 && y != h && y != out, err,
+                    "cuda portable residual_rmsnorm: bad shape [%ld, %ld], or y is h or out", R, n);
     if (R == 0) return LS_OK;
     if (n < LS_NORM_ROW_MIN || n > LS_NORM_ROW_MAX || R > 0x7fffffffL) {
-        LS_TRY(ls_cuda_residual(h, a, R * n, act_bf16, stream, err));
-        return ls_cuda_rmsnorm(h, w, y, R, n, act_bf16, order, stream, err);
+        LS_TRY(ls_cuda_residual(out, h, a, R * n, act_bf16, stream, err));
+        return ls_cuda_rmsnorm(out, w, y, R, n, act_bf16, order, stream, err);
     }
     ls_residual_rmsnorm_row_kernel<<<(unsigned)R, LS_NORM_ROW_THREADS, (size_t)n * sizeof(float),
-                                     (cudaStream_t)stream>>>(h, a, w, y, n, act_bf16);
+                                     (cudaStream_t)stream>>>(h, a, out, w, y, n, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_residual_rmsnorm_row_kernel", err);
     return LS_OK;
 }

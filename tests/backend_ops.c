@@ -561,14 +561,16 @@ static ls_status sgate_exec(bo_case *c, ls_backend *be, ls_error *err)
     return be->sigmoid_gate(be, V(c, EL_O), V(c, EL_G), s->n, c->act, err);
 }
 
-/* residual_rmsnorm: h (in place), a, w, y. Rows of 1024..8192 are one
- * launch on CUDA, the others the residual and rmsnorm kernels. */
-typedef struct sh_rnorm { int tier; long R, n, pad; } sh_rnorm;
+/* residual_rmsnorm: h, a, out (h itself, or a buffer of its own: oop), w,
+ * y. Rows of 1024..8192 are one launch on CUDA, the others the residual and
+ * rmsnorm kernels. */
+typedef struct sh_rnorm { int tier; long R, n, pad; int oop; } sh_rnorm;
 static const sh_rnorm rnorm_shapes[] = {
-    {BO_ALL, 1, 2048, 0}, {BO_ALL, 32, 2048, 0}, {BO_ALL, 65, 2048, 1}, {BO_ALL, 3, 1100, 0},
-    {BO_ALL, 2, 8192, 0}, {BO_ALL, 2, 8200, 0},  {BO_ALL, 7, 48, 1},    {BO_ALL, 2, 1, 0},
+    {BO_ALL, 1, 2048, 0, 0}, {BO_ALL, 32, 2048, 0, 0}, {BO_ALL, 65, 2048, 1, 0}, {BO_ALL, 3, 1100, 0, 0},
+    {BO_ALL, 2, 8192, 0, 0}, {BO_ALL, 2, 8200, 0, 0},  {BO_ALL, 7, 48, 1, 0},    {BO_ALL, 2, 1, 0, 0},
+    {BO_ALL, 1, 2048, 0, 1}, {BO_ALL, 32, 2048, 1, 1}, {BO_ALL, 3, 8200, 0, 1},  {BO_ALL, 7, 48, 0, 1},
 };
-enum { RN_H, RN_A, RN_W, RN_Y };
+enum { RN_H, RN_A, RN_W, RN_Y, RN_O };
 
 static void rnorm_setup(bo_case *c, const void *shape)
 {
@@ -578,21 +580,23 @@ static void rnorm_setup(bo_case *c, const void *shape)
     bo_in(c, RN_A, "a", (size_t)(s->R * s->n), 3.0f, c->act);
     bo_in(c, RN_W, "w", (size_t)s->n, 0.5f, 1);
     bo_out(c, RN_Y, "y", (size_t)(s->R * s->n), 0);
-    bo_what(c, "[%ld, %ld]", s->R, s->n);
+    bo_out(c, RN_O, "out", s->oop ? (size_t)(s->R * s->n) : 1, 0); /* in place: unused */
+    bo_what(c, "[%ld, %ld]%s", s->R, s->n, s->oop ? " out of place" : "");
 }
 
 static void rnorm_ref(bo_case *c)
 {
     const sh_rnorm *s = c->shape;
-    ls_cpu_residual(R(c, RN_H), R(c, RN_A), s->R * s->n, c->act);
-    ls_cpu_rmsnorm(R(c, RN_H), R(c, RN_W), R(c, RN_Y), s->R, s->n, c->act, c->order);
+    float *out = R(c, s->oop ? RN_O : RN_H);
+    ls_cpu_residual(out, R(c, RN_H), R(c, RN_A), s->R * s->n, c->act);
+    ls_cpu_rmsnorm(out, R(c, RN_W), R(c, RN_Y), s->R, s->n, c->act, c->order);
 }
 
 static ls_status rnorm_exec(bo_case *c, ls_backend *be, ls_error *err)
 {
     const sh_rnorm *s = c->shape;
-    return be->residual_rmsnorm(be, V(c, RN_H), V(c, RN_A), V(c, RN_W), V(c, RN_Y), s->R, s->n, c->act,
-                                c->order, err);
+    return be->residual_rmsnorm(be, V(c, RN_H), V(c, RN_A), V(c, s->oop ? RN_O : RN_H), V(c, RN_W), V(c, RN_Y),
+                                s->R, s->n, c->act, c->order, err);
 }
 
 /* Causal conv: the backend runs the tokens in two calls (T/2, then the rest;

@@ -240,11 +240,12 @@ struct ls_backend {
                      ls_view ids /* i32 [T, k] */, ls_view weights /* [T, k] */, long k,
                      ls_view out /* [T, D] */, long T, int act_bf16, ls_order order_experts,
                      ls_order order_combine, ls_error *err);
-    /* The residual add h = act(h + a) over R rows of n, then rmsnorm of
-     * them into y (y not h): one launch where a backend can. */
+    /* The residual add out = act(h + a) over R rows of n (out is h, or
+     * overlaps neither h nor a), then rmsnorm of out into y (y neither h nor
+     * out): one launch where a backend can. */
     ls_status (*residual_rmsnorm)(ls_backend *be, ls_view h /* [R, n] */, ls_view a /* [R, n] */,
-                                  ls_view w /* [n] */, ls_view y /* [R, n] */, long R, long n,
-                                  int act_bf16, ls_order order, ls_error *err);
+                                  ls_view out /* [R, n] */, ls_view w /* [n] */, ls_view y /* [R, n] */,
+                                  long R, long n, int act_bf16, ls_order order, ls_error *err);
     ls_status (*logprobs)(ls_backend *be, ls_view logits /* [R, V] */, ls_view lp /* [R, V] */,
                           long R, long V, ls_order order, ls_error *err);
     /* What a step's records read of its logprob rows (ls_cpu_lp_summary:

@@ -586,13 +586,13 @@ static ls_status cpu_moe_combine(ls_backend *be, ls_view c, long k, long D, int 
     return LS_OK;
 }
 
-static ls_status cpu_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_view w, ls_view y,
-                                      long R, long n, int act_bf16, ls_order order, ls_error *err)
+static ls_status cpu_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_view out, ls_view w,
+                                      ls_view y, long R, long n, int act_bf16, ls_order order, ls_error *err)
 {
     (void)be;
     (void)err;
-    ls_cpu_residual(F(h), F(a), R * n, act_bf16);
-    ls_cpu_rmsnorm(F(h), F(w), F(y), R, n, act_bf16, order);
+    ls_cpu_residual(F(out), F(h), F(a), R * n, act_bf16);
+    ls_cpu_rmsnorm(F(out), F(w), F(y), R, n, act_bf16, order);
     return LS_OK;
 }
 

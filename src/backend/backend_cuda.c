@@ -1030,11 +1030,11 @@ static ls_status cu_moe_combine(ls_backend *be, ls_view c, long k, long D, int h
                                err);
 }
 
-static ls_status cu_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_view w, ls_view y, long R,
-                                     long n, int act_bf16, ls_order order, ls_error *err)
+static ls_status cu_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_view out, ls_view w, ls_view y,
+                                     long R, long n, int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_residual_rmsnorm(F(h), F(a), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
+    return ls_cuda_residual_rmsnorm(F(h), F(a), F(out), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
 }
 
 static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R, long V,

@@ -114,7 +114,8 @@ void ls_cpu_gdn_gates(const float *b /* [T, H] */, const float *a /* [T, H] */,
 void ls_cpu_sigmoid_gate(float *o /* [n] */, const float *gate /* [n] */, long n, int act_bf16);
 
 /* Residual: h_i = act(h_i + a_i). */
-void ls_cpu_residual(float *h /* [n] */, const float *a /* [n] */, long n, int act_bf16);
+void ls_cpu_residual(float *out /* [n], may be h */, const float *h /* [n] */, const float *a /* [n] */, long n,
+                     int act_bf16);
 
 /* ---- causal conv + SiLU -------------------------------------------------- */
 

@@ -190,9 +190,9 @@ void ls_cpu_sigmoid_gate(float *o, const float *gate, long n, int act_bf16)
     }
 }
 
-void ls_cpu_residual(float *h, const float *a, long n, int act_bf16)
+void ls_cpu_residual(float *out, const float *h, const float *a, long n, int act_bf16)
 {
-    for (long i = 0; i < n; i++) h[i] = ls_act(h[i] + a[i], act_bf16);
+    for (long i = 0; i < n; i++) out[i] = ls_act(h[i] + a[i], act_bf16);
 }
 
 /* ---- causal conv + SiLU -------------------------------------------------- */

@@ -365,6 +365,7 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     long Wq = Hq * 2 * d;
     LS_TRY(buf(e, 3 * T + T * R, &e->inb, err));
     LS_TRY(buf(e, T * D, &e->H, err));
+    LS_TRY(buf(e, T * D, &e->H_next, err));
     LS_TRY(buf(e, T * D, &e->XN, err));
     LS_TRY(buf(e, T * D, &e->A, err));
     /* the fused projections' outputs, before the split (Qwen3-Next only:

@@ -804,6 +804,20 @@ static void in_layout(ls_engine *e, long T)
     e->v_sin = AT(e->inb, 3 * T + T * half);
 }
 
+/* H_next = act(H + A), XN = rmsnorm(H_next) with w; then H_next is H. H's
+ * rows before the add stay in the other buffer until the next add, so their
+ * digest may still be queued (one flush a layer, before its second add). */
+static ls_status residual_rmsnorm(ls_engine *e, ls_buf *w, ls_order o, long T, ls_error *err)
+{
+    long D = e->c.hidden;
+    LS_TRY(e->be->residual_rmsnorm(e->be, BEV(e->H), BEV(e->A), BEV(e->H_next), BEV(w), BEV(e->XN), T, D,
+                                   e->o.act_bf16, o, err));
+    ls_buf *h = e->H;
+    e->H = e->H_next;
+    e->H_next = h;
+    return LS_OK;
+}
+
 static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
 {
     ls_backend *be = e->be;
@@ -864,9 +878,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
         uint64_t t_layer = ls_now_ns(), wait = 0;
         if (c->is_attention[l]) LS_TRY(attn_layer(e, l, sg, nseg, T, err));
         else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
-        LS_TRY(dq_flush(e, err)); /* H changes next: previous hidden rows, states, KV */
-        LS_TRY(be->residual_rmsnorm(be, BEV(e->H), BEV(e->A), BEV(w->post_norm), BEV(e->XN), T, D, act,
-                                    on, err));
+        LS_TRY(residual_rmsnorm(e, w->post_norm, on, T, err));
         LS_TRY(dq_rows(e, e->H, D, T, mixer_tl(l), 0, err));
         if (!e->afd)
             LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
@@ -883,11 +895,12 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
         for (long r = 0; r < T; r++)
             LS_TRY(dq_push(e, r, tl, LS_DIGEST_ROUTER, span(AT(e->ids, r * k), 1, k, k, 0),
                            span(AT(e->wts, r * k), 1, k, k, 0), err));
-        LS_TRY(dq_flush(e, err)); /* H changes next: mixer hidden rows, router */
+        /* the next residual add writes where the layer's input rows are: their
+         * digest, the mixer's (KV, states), its rows and the router's go now */
+        LS_TRY(dq_flush(e, err));
         /* the next layer's input norm, or after the last the final norm */
         ls_buf *next_norm = l + 1 < L ? e->lw[l + 1].in_norm : e->final_norm;
-        LS_TRY(be->residual_rmsnorm(be, BEV(e->H), BEV(e->A), BEV(next_norm), BEV(e->XN), T, D, act,
-                                    ord(e, l + 1, LS_PERTURB_NORM), err));
+        LS_TRY(residual_rmsnorm(e, next_norm, ord(e, l + 1, LS_PERTURB_NORM), T, err));
         LS_TRY(dq_rows(e, e->H, D, T, tl, 0, err));
         if (e->afd) {
             uint64_t span_ns = ls_now_ns() - t_layer;
