@@ -323,11 +323,12 @@ static ls_status gdn_op(ls_engine *e, long l, long row, long n, ls_buf *gs, ls_e
     const ls_model_config *c = &e->c;
     long Hk = c->lin_k_heads, Hv = c->lin_v_heads, dk = c->lin_k_dim, dv = c->lin_v_dim;
     if (e->o.gdn_chunked) /* rows row.. of one sequence sit at positions h_pos[row].. */
-        return e->be->gdn_chunked(e->be, AT(e->Q, row * Hk * dk), AT(e->K, row * Hk * dk), AT(e->V, row * Hv * dv),
+        return e->be->gdn_chunked(e->be, ls_view_at(e->gq, row * Hk * dk), ls_view_at(e->gk, row * Hk * dk),
+                                  ls_view_at(e->gv, row * Hv * dv),
                                   AT(e->alpha, row * Hv), AT(e->beta, row * Hv), BEV(gs), AT(e->O, row * Hv * dv), n,
                                   e->h_pos[row], Hk, Hv, dk, dv, e->o.act_bf16, ord(e, l, LS_PERTURB_GDN), err);
-    return e->be->gdn_recurrent(e->be, AT(e->Q, row * Hk * dk), AT(e->K, row * Hk * dk),
-                                AT(e->V, row * Hv * dv), AT(e->alpha, row * Hv),
+    return e->be->gdn_recurrent(e->be, ls_view_at(e->gq, row * Hk * dk), ls_view_at(e->gk, row * Hk * dk),
+                                ls_view_at(e->gv, row * Hv * dv), AT(e->alpha, row * Hv),
                                 AT(e->beta, row * Hv), BEV(gs), AT(e->O, row * Hv * dv), n, Hk,
                                 Hv, dk, dv, e->o.act_bf16, ord(e, l, LS_PERTURB_GDN), err);
 }
@@ -503,12 +504,19 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
     for (long s = 0; s < nseg && !batched; s++)
         LS_TRY(state_runs(e, l, &sg[s], e->ss[sg[s].slot].conv[l], LS_DIGEST_CONV_STATE, conv_op,
                           err));
-    const ls_copy_job qkv[3] = {ls_copy_rows_job(BEV(e->Q), Hk * dk, AT(e->Y, 0), C, T, Hk * dk),
-                                ls_copy_rows_job(BEV(e->K), Hk * dk, AT(e->Y, Hk * dk), C, T, Hk * dk),
-                                ls_copy_rows_job(BEV(e->V), Hv * dv, AT(e->Y, 2 * Hk * dk), C, T, Hv * dv)};
-    LS_TRY(be->copy_blocks(be, qkv, 3, err));
-    LS_TRY(be->l2norm_scale(be, BEV(e->Q), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), og, err));
-    LS_TRY(be->l2norm_scale(be, BEV(e->K), T * Hk, dk, 1.0f, og, err));
+    /* q, k and v rows apart from the conv output's; one row's are its
+     * consecutive ranges, used in place where they stay 16-byte aligned */
+    if (T == 1 && Hk * dk % 4 == 0) {
+        e->gq = AT(e->Y, 0), e->gk = AT(e->Y, Hk * dk), e->gv = AT(e->Y, 2 * Hk * dk);
+    } else {
+        e->gq = BEV(e->Q), e->gk = BEV(e->K), e->gv = BEV(e->V);
+        const ls_copy_job qkv[3] = {ls_copy_rows_job(e->gq, Hk * dk, AT(e->Y, 0), C, T, Hk * dk),
+                                    ls_copy_rows_job(e->gk, Hk * dk, AT(e->Y, Hk * dk), C, T, Hk * dk),
+                                    ls_copy_rows_job(e->gv, Hv * dv, AT(e->Y, 2 * Hk * dk), C, T, Hv * dv)};
+        LS_TRY(be->copy_blocks(be, qkv, 3, err));
+    }
+    LS_TRY(be->l2norm_scale(be, e->gq, T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), og, err));
+    LS_TRY(be->l2norm_scale(be, e->gk, T * Hk, dk, 1.0f, og, err));
     LS_TRY(be->gdn_gates(be, BEV(e->Bv), BEV(e->Av), BEV(w->A_log), BEV(w->dt_bias), BEV(e->beta),
                          BEV(e->alpha), T, Hv, act, err));
     if (batched && !gdn_batched) batch_free(&ba);
@@ -516,9 +524,9 @@ static ls_status gdn_layer(ls_engine *e, long l, const seg *sg, long nseg, long 
         for (long s = 0; s < nseg; s++) ba.st[s] = e->ss[sg[s].slot].gdn[l];
         ls_status st =
             e->o.gdn_chunked
-                ? be->gdn_chunked_batch(be, BEV(e->Q), BEV(e->K), BEV(e->V), BEV(e->alpha), BEV(e->beta), ba.st,
+                ? be->gdn_chunked_batch(be, e->gq, e->gk, e->gv, BEV(e->alpha), BEV(e->beta), ba.st,
                                         ba.row0, ba.len, ba.pos0, nseg, BEV(e->O), Hk, Hv, dk, dv, act, og, err)
-                : be->gdn_recurrent_batch(be, BEV(e->Q), BEV(e->K), BEV(e->V), BEV(e->alpha), BEV(e->beta), ba.st,
+                : be->gdn_recurrent_batch(be, e->gq, e->gk, e->gv, BEV(e->alpha), BEV(e->beta), ba.st,
                                           ba.row0, ba.len, nseg, BEV(e->O), Hk, Hv, dk, dv, act, og, err);
         if (st == LS_OK) st = last_state_digests(e, l, sg, nseg, ba.st, LS_DIGEST_GDN_STATE, err);
         batch_free(&ba);

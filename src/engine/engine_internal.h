@@ -88,6 +88,7 @@ struct ls_engine {
     /* work buffers, [T, ...]; the hidden rows H and H_next swap at each
      * residual add, so that a queued digest of H stays valid across one */
     ls_buf *H, *H_next, *XN, *A, *P, *BA, *X, *Z, *Bv, *Av, *Y, *Q, *K, *V;
+    ls_view gq, gk, gv;                   /* a GDN layer's q, k and v rows: Q, K, V, or ranges of Y */
     ls_buf *beta, *alpha, *O, *QG, *G, *probs, *ids, *wts, *logits, *lp;
     ls_buf *lps;                          /* u32 [T, LS_LP_SUMMARY_WORDS(lp_k)] the step's summary */
     /* a step's inputs, uploaded in one transfer: for the step's T rows,
