@@ -1212,8 +1212,10 @@ ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items
 {
     if (e->banks[0].pending || e->banks[1].pending)
         return ls_fail(err, LS_E_USAGE, "engine step: a step begun by ls_engine_step_begin is not ended");
-    LS_TRY(ls_engine_step_begin(e, items, n_items, err));
-    return ls_engine_step_end(e, err);
+    e->step_alone = 1;
+    ls_status st = ls_engine_step_begin(e, items, n_items, err);
+    e->step_alone = 0;
+    return st == LS_OK ? ls_engine_step_end(e, err) : st;
 }
 
 long ls_engine_step_rows(const ls_engine *e)

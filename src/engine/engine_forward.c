@@ -196,29 +196,35 @@ long ls_engine_lm_head_chunk(long vocab)
     return (cw + LS_LM_HEAD_COL_ALIGN - 1) / LS_LM_HEAD_COL_ALIGN * LS_LM_HEAD_COL_ALIGN;
 }
 
-/* The logits in blocks, each digested as soon as it is written: a logits
- * row is one long SHA-256 on a host thread, so the host hashes the first
- * blocks while the device computes the next, instead of every row after the
- * last. Rows go in runs. A step of few rows (decode) goes in column chunks
- * instead where the backend computes a linear column by column
- * (be->linear_by_column) and the lm_head is held whole in bf16 or fp32:
- * each chunk computed into lp (free until the logprobs) and copied into
- * place (one row: computed in place), and hashed as the next part of its
- * rows' digests, so a row's hash ends soon after its last columns are
- * written instead of starting there. With
- * many rows the host's hashing throughput bounds the lm_head, and whole
- * rows spread over the hashing threads without the copies. Rows and columns
- * are computed alone either way: the same bits. */
+/* The logits, digested as they are written: a logits row is one long
+ * SHA-256 on a host thread. A step whose digests are waited for before the
+ * next step begins (ls_engine_step, layer dumps: step_alone) computes them
+ * in blocks, each digested as soon as it is written, so that the host
+ * hashes the first blocks while the device computes the next, instead of
+ * every row after the last. Rows go in runs. A step of few rows (decode)
+ * goes in column chunks instead where the backend computes a linear column
+ * by column (be->linear_by_column) and the lm_head is held whole in bf16 or
+ * fp32: each chunk computed into lp (free until the logprobs) and copied
+ * into place (one row: computed in place), and hashed as the next part of
+ * its rows' digests, so a row's hash ends soon after its last columns are
+ * written instead of starting there. With many rows the host's hashing
+ * throughput bounds the lm_head, and whole rows spread over the hashing
+ * threads without the copies. A pipelined step (ls_engine_step_begin)
+ * hashes during the next step, so a step of few rows takes the lm_head in
+ * one call, its weights read once. Rows and columns are computed alone
+ * either way: the same bits. */
 static ls_status lm_head(ls_engine *e, long T, ls_error *err)
 {
     ls_backend *be = e->be;
     long V = e->c.vocab, D = e->c.hidden;
     const ls_bweight *w = &e->lm_head;
     ls_order o = ord(e, -1, LS_PERTURB_LM_HEAD);
-    if (T > LS_LM_HEAD_COL_ROWS || !be->linear_by_column || w->rows != V ||
+    int alone = e->step_alone || e->dumping;
+    if (T > LS_LM_HEAD_COL_ROWS || !alone || !be->linear_by_column || w->rows != V ||
         (w->wtype != LS_WTYPE_BF16 && w->wtype != LS_WTYPE_F32)) {
         long run = (T + LS_LM_HEAD_RUNS - 1) / LS_LM_HEAD_RUNS;
         if (run < LS_LM_HEAD_RUN_MIN) run = LS_LM_HEAD_RUN_MIN;
+        if (T <= LS_LM_HEAD_COL_ROWS && !alone) run = T;
         for (long r0 = 0; r0 < T; r0 += run) {
             long n = T - r0 < run ? T - r0 : run;
             LS_TRY(lin(e, w, V, AT(e->XN, r0 * D), AT(e->logits, r0 * V), n, o, err));

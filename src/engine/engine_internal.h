@@ -140,6 +140,7 @@ struct ls_engine {
     int32_t *row_seq;                     /* [T] sequence id of each row */
     /* layer dumps (dump_decoder_layers) */
     int dumping;
+    int step_alone;                       /* the step is waited for before the next begins */
     unsigned char *dump_data;             /* [T, n_slots, dump_bytes] canonical bytes */
     size_t dump_bytes;
     ls_trace_dump *dumps;                 /* [T, n_slots] */
