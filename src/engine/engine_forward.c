@@ -209,10 +209,12 @@ long ls_engine_lm_head_chunk(long vocab)
  * its rows' digests, so a row's hash ends soon after its last columns are
  * written instead of starting there. With many rows the host's hashing
  * throughput bounds the lm_head, and whole rows spread over the hashing
- * threads without the copies. A pipelined step (ls_engine_step_begin)
- * hashes during the next step, so a step of few rows takes the lm_head in
- * one call, its weights read once. Rows and columns are computed alone
- * either way: the same bits. */
+ * threads without the copies. A pipelined step (ls_engine_step_begin) of
+ * one row hashes its row during the next step, so it takes the lm_head in
+ * one call. (Pipelined steps of more rows keep the blocks: hashing many
+ * whole rows at once on every host thread slowed the next batch-32 step on
+ * an H200 more than the blocks' launches cost.) Rows and columns are
+ * computed alone either way: the same bits. */
 static ls_status lm_head(ls_engine *e, long T, ls_error *err)
 {
     ls_backend *be = e->be;
@@ -220,11 +222,10 @@ static ls_status lm_head(ls_engine *e, long T, ls_error *err)
     const ls_bweight *w = &e->lm_head;
     ls_order o = ord(e, -1, LS_PERTURB_LM_HEAD);
     int alone = e->step_alone || e->dumping;
-    if (T > LS_LM_HEAD_COL_ROWS || !alone || !be->linear_by_column || w->rows != V ||
+    if (T > LS_LM_HEAD_COL_ROWS || (T == 1 && !alone) || !be->linear_by_column || w->rows != V ||
         (w->wtype != LS_WTYPE_BF16 && w->wtype != LS_WTYPE_F32)) {
         long run = (T + LS_LM_HEAD_RUNS - 1) / LS_LM_HEAD_RUNS;
         if (run < LS_LM_HEAD_RUN_MIN) run = LS_LM_HEAD_RUN_MIN;
-        if (T <= LS_LM_HEAD_COL_ROWS && !alone) run = T;
         for (long r0 = 0; r0 < T; r0 += run) {
             long n = T - r0 < run ? T - r0 : run;
             LS_TRY(lin(e, w, V, AT(e->XN, r0 * D), AT(e->logits, r0 * V), n, o, err));
