@@ -75,7 +75,8 @@
  *             (the line says which, and the split); the joins (state zeroing)
  *             are not in it. Median of min(reps, 3) after a warm-up when one
  *             step, else one run. TPOT: median of reps decode steps of the c
- *             sequences after 2 untimed ones (context L + 2 ..), per token of
+ *             sequences after 2 untimed ones (context L + 2 ..; each step run alone,
+ *             not pipelined), per token of
  *             one sequence; decode tok/s = c / TPOT. One line per (L, c) with
  *             the tier and the layers, all of them again as a table at the
  *             end; --only-ttft runs this table alone (no micro-benchmarks)
