@@ -5,29 +5,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- the step pipeline ------------------------------------------------------------------
- * Each driver begins a step, builds its records, then ends the step before
- * it and hands that step's frame to the sink (engine.h,
- * ls_engine_step_begin), so that a step's digests hash on host threads while
- * the device runs the next step. An engine that does not pipeline ends each
- * step before the next. The frames reach the sink in step order either way. */
-typedef struct step_pipe {
-    ls_engine *e;
-    ls_run_sink sink;
-    void *ctx;
-    int on, pending;           /* pipelining; a step begun and not yet ended */
-    ls_frame_kind kind;        /* the pending step's frame */
-    const ls_trace_record *rec0;
-    long rows;
-} step_pipe;
+/* ---- the step pipeline (drive.h) -------------------------------------------------------- */
 
-static step_pipe pipe_open(ls_engine *e, ls_run_sink sink, void *ctx)
+ls_run_pipe ls_run_pipe_open(ls_engine *e, ls_run_sink sink, void *ctx)
 {
-    return (step_pipe){e, sink, ctx, ls_engine_pipelines(e), 0, LS_FRAME_PREFILL, NULL, 0};
+    return (ls_run_pipe){e, sink, ctx, ls_engine_pipelines(e), 0, LS_FRAME_PREFILL, NULL, 0};
 }
 
-/* Ends the pending step and hands its frame to the sink. */
-static ls_status pipe_end(step_pipe *p, ls_error *err)
+ls_status ls_run_pipe_end(ls_run_pipe *p, ls_error *err)
 {
     if (!p->pending) return LS_OK;
     p->pending = 0;
@@ -35,24 +20,20 @@ static ls_status pipe_end(step_pipe *p, ls_error *err)
     return p->sink(p->ctx, p->kind, p->rec0, p->rows, err);
 }
 
-/* The step just begun has its records: its frame is the pending one, after
- * the frame of the step before it (pipelining), or at once. */
-static ls_status pipe_push(step_pipe *p, ls_frame_kind kind, const ls_trace_record *rec0, long rows,
+ls_status ls_run_pipe_push(ls_run_pipe *p, ls_frame_kind kind, const ls_trace_record *rec0, long rows,
                            ls_error *err)
 {
-    if (p->on) LS_TRY(pipe_end(p, err));
+    if (p->on) LS_TRY(ls_run_pipe_end(p, err));
     p->pending = 1, p->kind = kind, p->rec0 = rec0, p->rows = rows;
-    return p->on ? LS_OK : pipe_end(p, err);
+    return p->on ? LS_OK : ls_run_pipe_end(p, err);
 }
 
-/* The last frame after st == LS_OK; after a failure, the pending step is
- * ended (its digests may still be written into the engine) and its frame
- * dropped. A begun step that failed is not pending. */
-static ls_status pipe_close(step_pipe *p, ls_status st, ls_error *err)
+ls_status ls_run_pipe_close(ls_run_pipe *p, ls_status st, ls_error *err)
 {
-    if (st == LS_OK) return pipe_end(p, err);
+    if (st == LS_OK) return ls_run_pipe_end(p, err);
     if (p->pending) {
         ls_error ignored;
+        p->pending = 0;
         ls_engine_step_end(p->e, &ignored);
     }
     return st;
@@ -86,7 +67,7 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
     }
     ls_status st = LS_OK;
     const ls_trace_record *rec0 = NULL; /* row 0's record: a step's records are contiguous */
-    step_pipe pl = pipe_open(e, sink, ctx);
+    ls_run_pipe pl = ls_run_pipe_open(e, sink, ctx);
     /* Prefill, packed, at most T rows per step. */
     while (st == LS_OK) {
         long n = 0, rows = 0;
@@ -116,7 +97,7 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
             }
             done[i] += it[s].n;
         }
-        if (st == LS_OK) st = pipe_push(&pl, LS_FRAME_PREFILL, rec0, rows, err);
+        if (st == LS_OK) st = ls_run_pipe_push(&pl, LS_FRAME_PREFILL, rec0, rows, err);
     }
     /* Decode: one token per sequence per step. */
     for (long step = 1; st == LS_OK && step < max_new; step++) {
@@ -137,10 +118,10 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
                 if (st == LS_OK) st = ls_engine_record(e, s, next, &rec, err);
                 if (s == 0) rec0 = rec;
             }
-            if (st == LS_OK) st = pipe_push(&pl, LS_FRAME_DECODE, rec0, nb, err);
+            if (st == LS_OK) st = ls_run_pipe_push(&pl, LS_FRAME_DECODE, rec0, nb, err);
         }
     }
-    st = pipe_close(&pl, st, err);
+    st = ls_run_pipe_close(&pl, st, err);
     if (st == LS_OK && completion) memcpy(completion, gen, sizeof(int32_t) * (size_t)(n_seqs * max_new));
     for (long i = 0; i < n_seqs; i++) ls_engine_leave(e, i);
     free(done), free(gen), free(it);
@@ -174,7 +155,7 @@ ls_status ls_run_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long
     }
     ls_status st = LS_OK;
     const ls_trace_record *rec0 = NULL;
-    step_pipe pl = pipe_open(e, sink, ctx);
+    ls_run_pipe pl = ls_run_pipe_open(e, sink, ctx);
     long start = 0; /* rotate which sequence gets rows first when the budget is short */
     while (st == LS_OK) {
         long n = 0, rows = 0;
@@ -199,9 +180,9 @@ ls_status ls_run_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long
             }
             done[i] += it[s].n;
         }
-        if (st == LS_OK) st = pipe_push(&pl, LS_FRAME_CHUNK, rec0, rows, err);
+        if (st == LS_OK) st = ls_run_pipe_push(&pl, LS_FRAME_CHUNK, rec0, rows, err);
     }
-    st = pipe_close(&pl, st, err);
+    st = ls_run_pipe_close(&pl, st, err);
     for (long i = 0; i < n_seqs; i++) ls_engine_leave(e, i);
     free(it), free(done);
     return st;
@@ -243,7 +224,7 @@ ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const l
         else memcpy(q[i].tok, reqs[i].prompt, sizeof(int32_t) * (size_t)reqs[i].prompt_len);
     }
     for (long s = 0; st == LS_OK && s < S; s++) ls_engine_leave(e, s);
-    step_pipe pl = pipe_open(e, sink, ctx);
+    ls_run_pipe pl = ls_run_pipe_open(e, sink, ctx);
     long finished = 0;
     for (long step = 0; st == LS_OK && finished < n; step++) {
         /* Join: free slots go to waiting requests whose arrival has come. */
@@ -298,9 +279,9 @@ ls_status ls_run_serve(ls_engine *e, const ls_run_request *reqs, long n, const l
                 finished++;
             }
         }
-        if (st == LS_OK) st = pipe_push(&pl, decode ? LS_FRAME_DECODE : LS_FRAME_PREFILL, rec0, rows, err);
+        if (st == LS_OK) st = ls_run_pipe_push(&pl, decode ? LS_FRAME_DECODE : LS_FRAME_PREFILL, rec0, rows, err);
     }
-    st = pipe_close(&pl, st, err);
+    st = ls_run_pipe_close(&pl, st, err);
     for (long i = 0; q && i < n; i++) {
         if (q[i].slot >= 0) ls_engine_leave(e, q[i].slot);
         free(q[i].tok);

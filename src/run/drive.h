@@ -44,6 +44,37 @@ ls_status ls_run_rollout(ls_engine *e, const ls_sequence *seqs, long n_seqs, lon
 ls_status ls_run_replay(ls_engine *e, const ls_sequence *seqs, long n_seqs, long chunk,
                         ls_run_sink sink, void *ctx, ls_error *err);
 
+/* ---- the step pipeline ----------------------------------------------------------
+ * How the drivers step (engine.h, ls_engine_step_begin): begin a step,
+ * build its records, then push its frame, which ends the step before it and
+ * hands that step's frame to the sink, so that a step's digests hash on host
+ * threads while the device runs the next. An engine that does not pipeline
+ * (ls_engine_pipelines 0) ends each step at its push. Frames reach the sink
+ * in step order. A step's records must be contiguous (row 0's record + r is
+ * row r's, as ls_engine_record gives them). */
+typedef struct ls_run_pipe {
+    ls_engine *e;
+    ls_run_sink sink;
+    void *ctx;
+    int on, pending;           /* pipelining; a step begun and pushed, not yet ended */
+    ls_frame_kind kind;        /* the pending step's frame */
+    const ls_trace_record *rec0;
+    long rows;
+} ls_run_pipe;
+
+ls_run_pipe ls_run_pipe_open(ls_engine *e, ls_run_sink sink, void *ctx);
+/* The frame of the step just begun: rows records from rec0. */
+ls_status ls_run_pipe_push(ls_run_pipe *p, ls_frame_kind kind, const ls_trace_record *rec0, long rows,
+                           ls_error *err);
+/* Ends the pending step and hands its frame to the sink (nothing pending:
+ * nothing to do). Before ls_engine_step or anything else that needs every
+ * begun step ended. */
+ls_status ls_run_pipe_end(ls_run_pipe *p, ls_error *err);
+/* The last frame when st is LS_OK; after a failure the pending step is ended
+ * (its digests may still be written into the engine) and its frame dropped.
+ * Returns st, or the end's failure. */
+ls_status ls_run_pipe_close(ls_run_pipe *p, ls_status st, ls_error *err);
+
 /* ---- continuous batching -------------------------------------------------------- */
 typedef struct ls_run_request {
     uint32_t id;               /* sequence id */

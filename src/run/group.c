@@ -444,7 +444,9 @@ static ls_status resume(grun *g, long x, ls_error *err)
 }
 
 /* Decode steps until every sequence has its tokens: each running sequence
- * decodes one token a step; an evicted one waits (and so finishes later). */
+ * decodes one token a step; an evicted one waits (and so finishes later).
+ * The steps are pipelined as the drivers' are (drive.h, ls_run_pipe), and
+ * every begun step is ended before a resume, whose recompute steps alone. */
 static ls_status decode(grun *g, ls_error *err)
 {
     const ls_rollout_opts *o = g->o;
@@ -452,10 +454,14 @@ static ls_status decode(grun *g, ls_error *err)
     long *act = malloc(sizeof(long) * (size_t)g->ns);
     if (!act) return ls_fail(err, LS_E_NOMEM, "rollout: out of memory");
     ls_status st = LS_OK;
+    ls_run_pipe pl = ls_run_pipe_open(g->e, g->sink, g->ctx);
     long step = 1;
     for (;; step++) {
         for (long x = 0; st == LS_OK && x < g->ns; x++)
-            if (g->q[x].resume_step == step) st = resume(g, x, err);
+            if (g->q[x].resume_step == step) {
+                st = ls_run_pipe_end(&pl, err);
+                if (st == LS_OK) st = resume(g, x, err);
+            }
         for (long v = 0; st == LS_OK && v < o->n_evictions; v++)
             if (o->evictions[v].step == step) st = evict(g, o->evictions[v].seq, step, &o->evictions[v], err);
         long na = 0, waiting = 0;
@@ -470,8 +476,9 @@ static ls_status decode(grun *g, ls_error *err)
                 gseq *q = &g->q[act[b0 + s]];
                 g->it[s] = (ls_engine_item){q->slot, &q->tok[q->plen + q->gen - 1], 1, q->gen == g->max_new - 1, 0};
             }
-            st = ls_engine_step(g->e, g->it, nb, err);
+            st = ls_engine_step_begin(g->e, g->it, nb, err);
             g->st.positions_computed += nb;
+            const ls_trace_record *rec0 = NULL;
             for (long s = 0; st == LS_OK && s < nb; s++) {
                 gseq *q = &g->q[act[b0 + s]];
                 int32_t next;
@@ -480,11 +487,12 @@ static ls_status decode(grun *g, ls_error *err)
                 q->gen++;
                 const ls_trace_record *rec;
                 if (st == LS_OK) st = ls_engine_record(g->e, s, next, &rec, err);
-                if (st == LS_OK) g->frame[s] = *rec;
+                if (st == LS_OK && s == 0) rec0 = rec;
             }
-            if (st == LS_OK) st = g->sink(g->ctx, LS_FRAME_DECODE, g->frame, nb, err);
+            if (st == LS_OK) st = ls_run_pipe_push(&pl, LS_FRAME_DECODE, rec0, nb, err);
         }
     }
+    st = ls_run_pipe_close(&pl, st, err);
     /* an eviction after its sequence finished never happened: the schedule was wrong */
     for (long v = 0; st == LS_OK && v < o->n_evictions; v++)
         if (o->evictions[v].step >= step)
