@@ -523,6 +523,13 @@ static void pipeline_records(ls_engine *e, const ls_engine_item *it, const ls_tr
     }
 }
 
+static ls_status failing_sink(void *ctx, ls_frame_kind kind, const ls_trace_record *recs, long n,
+                              ls_error *err)
+{
+    (void)kind, (void)recs, (void)n;
+    return ++*(int *)ctx == 2 ? ls_fail(err, LS_E_IO, "test sink: full") : LS_OK;
+}
+
 START_TEST(test_step_pipeline)
 {
     setup();
@@ -562,6 +569,17 @@ START_TEST(test_step_pipeline)
     ck_assert_int_eq(ls_engine_step_end(e, &err), LS_E_USAGE);
     ck_assert_int_eq(got.n, 7);
     expect_equal("pipelined steps = ls_engine_step", &ref, &got);
+    /* A sink that fails mid-rollout: the driver returns its failure and
+     * leaves no step begun, so the engine steps again. */
+    ls_engine_leave(e, 0);
+    ls_sequence s = {9, p, 4, 0};
+    ls_sampling g = greedy();
+    int calls = 0;
+    ck_assert_int_eq(ls_run_rollout(e, &s, 1, 6, &g, NULL, failing_sink, &calls, &err), LS_E_IO);
+    ck_assert_int_eq(calls, 2);
+    ck_assert_int_eq(ls_engine_step_end(e, &err), LS_E_USAGE);
+    ck_assert_int_eq(ls_engine_join(e, 0, 9, 8, &err), LS_OK);
+    ck_assert_msg(ls_engine_step(e, &steps[0], 1, &err) == LS_OK, "%s", err.msg);
     ls_engine_destroy(e);
     mfree(&ref), mfree(&got);
     free(p);

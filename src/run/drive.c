@@ -31,11 +31,10 @@ ls_status ls_run_pipe_push(ls_run_pipe *p, ls_frame_kind kind, const ls_trace_re
 ls_status ls_run_pipe_close(ls_run_pipe *p, ls_status st, ls_error *err)
 {
     if (st == LS_OK) return ls_run_pipe_end(p, err);
-    if (p->pending) {
-        ls_error ignored;
-        p->pending = 0;
-        ls_engine_step_end(p->e, &ignored);
-    }
+    /* the pending step, and a step begun after it whose records failed */
+    ls_error ignored;
+    for (int i = 0; i < 2; i++) ls_engine_step_end(p->e, &ignored);
+    p->pending = 0;
     return st;
 }
 

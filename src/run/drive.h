@@ -70,8 +70,9 @@ ls_status ls_run_pipe_push(ls_run_pipe *p, ls_frame_kind kind, const ls_trace_re
  * nothing to do). Before ls_engine_step or anything else that needs every
  * begun step ended. */
 ls_status ls_run_pipe_end(ls_run_pipe *p, ls_error *err);
-/* The last frame when st is LS_OK; after a failure the pending step is ended
- * (its digests may still be written into the engine) and its frame dropped.
+/* The last frame when st is LS_OK; after a failure every begun step is
+ * ended (its digests may still be written into the engine: the pending one,
+ * and one begun after it whose records failed) and no frame is written.
  * Returns st, or the end's failure. */
 ls_status ls_run_pipe_close(ls_run_pipe *p, ls_status st, ls_error *err);
 
