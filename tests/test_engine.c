@@ -537,7 +537,7 @@ START_TEST(test_step_pipeline)
     const ls_engine_item steps[3] = {{0, p, 5, 0, 1}, {0, p + 5, 1, 0, 1}, {0, p + 6, 1, 1, 1}};
     mtrace ref = {0}, got = {0};
     ls_error err;
-    const ls_trace_record *r0, *r1, *r2;
+    const ls_trace_record *r0 = NULL, *r1 = NULL, *r2 = NULL;
     ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 16);
     ck_assert_int_eq(ls_engine_join(e, 0, 9, 8, &err), LS_OK);
     for (int s = 0; s < 3; s++) {
