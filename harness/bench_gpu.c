@@ -387,13 +387,12 @@ static long decode_steps(int reps)
     return 5 + 6L * reps;
 }
 
-/* One engine step and what the run layer does with it (src/run/drive.c):
- * every row's record, its next token the item's following token where the
- * item has one (replay, the prompt's inside), else the greedy sample. */
-static ls_status step_records(bench *b, const ls_engine_item *items, long n, ls_error *err)
+/* What the run layer does with a step it began (src/run/drive.c): every
+ * row's record, its next token the item's following token where the item
+ * has one (replay, the prompt's inside), else the greedy sample. */
+static ls_status records(bench *b, const ls_engine_item *items, long n, ls_error *err)
 {
     static const ls_sampling greedy = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
-    LS_TRY(ls_engine_step(b->e, items, n, err));
     for (long i = 0, r = 0; i < n; i++)
         for (long j = 0; j < items[i].n; j++, r++) {
             int32_t next;
@@ -403,6 +402,13 @@ static ls_status step_records(bench *b, const ls_engine_item *items, long n, ls_
             LS_TRY(ls_engine_record(b->e, r, next, &rec, err));
         }
     return LS_OK;
+}
+
+/* One engine step run alone (ls_engine_step) and its records. */
+static ls_status step_records(bench *b, const ls_engine_item *items, long n, ls_error *err)
+{
+    LS_TRY(ls_engine_step(b->e, items, n, err));
+    return records(b, items, n, err);
 }
 
 /* One step with its records; its time by the host clock is added to *ms. */
@@ -500,19 +506,13 @@ static float decode_median(bench *b, long s0, int B, int last, int warm, int rep
  * last reps goes to t; the last step is ended untimed. */
 static void decode_pipelined(bench *b, long s0, int B, int reps, float *t)
 {
-    static const ls_sampling greedy = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     int32_t tok[BMAX];
     ls_engine_item it[BMAX];
     for (int r = 0; r <= reps; r++) {
         decode_items(b, s0, B, 0, tok, it);
         double t0 = now_ms();
         CK(ls_engine_step_begin(b->e, it, B, &g_err));
-        for (int i = 0; i < B; i++) {
-            int32_t next;
-            const ls_trace_record *rec;
-            CK(ls_engine_sample(b->e, i, &greedy, 0, 0, &next, &g_err));
-            CK(ls_engine_record(b->e, i, next, &rec, &g_err));
-        }
+        CK(records(b, it, B, &g_err));
         if (r > 0) CK(ls_engine_step_end(b->e, &g_err));
         if (r > 0) t[r - 1] = (float)(now_ms() - t0);
     }
