@@ -421,12 +421,12 @@ static ls_status t_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls_
 
 static ls_status t_kv_append_batch(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
                                    ls_buf *const *vcs, const ls_view *pts, long page, long cap,
-                                   const long *row0, const long *len, const long *pos0, long nseq,
-                                   long Hkv, long d, ls_error *err)
+                                   const long *row0, const long *len, const long *pos0, ls_view pos,
+                                   long nseq, long Hkv, long d, ls_error *err)
 {
     LS_TRY(op_begin(be, LS_BENCH_OP_KV_APPEND_BATCH, 0, 0, err));
     return op_end(be, IN(be)->kv_append_batch(IN(be), k, v, kcs, vcs, pts, page, cap, row0, len,
-                                              pos0, nseq, Hkv, d, err), err);
+                                              pos0, pos, nseq, Hkv, d, err), err);
 }
 
 static ls_status t_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kcs,
@@ -462,6 +462,30 @@ static ls_status t_digest_wait(ls_backend *be, uint64_t mark, ls_error *err)
 static uint64_t t_digest_mark(ls_backend *be)
 {
     return IN(be)->digest_mark(IN(be));
+}
+
+/* Step graphs pass through; an instrumented step is not recorded (its
+ * events would join the recording). */
+static ls_status t_graph_begin(ls_backend *be, ls_graph **g, ls_error *err)
+{
+    if (TM(be)->recording)
+        return ls_fail(err, LS_E_UNSUPPORTED, "timing decorator: a step graph is not recorded while ops are timed");
+    return IN(be)->graph_begin(IN(be), g, err);
+}
+
+static ls_status t_graph_end(ls_backend *be, ls_graph *g, int keep, ls_error *err)
+{
+    return IN(be)->graph_end(IN(be), g, keep, err);
+}
+
+static ls_status t_graph_launch(ls_backend *be, ls_graph *g, ls_error *err)
+{
+    return IN(be)->graph_launch(IN(be), g, err);
+}
+
+static void t_graph_free(ls_backend *be, ls_graph *g)
+{
+    IN(be)->graph_free(IN(be), g);
 }
 
 /* ---- creation --------------------------------------------------------------------------- */
@@ -514,6 +538,12 @@ ls_status ls_bench_timing_create(ls_backend *inner, ls_backend **out, ls_error *
     be->digest = inner->digest ? t_digest : NULL;
     be->digest_wait = inner->digest_wait ? t_digest_wait : NULL;
     be->digest_mark = inner->digest_mark ? t_digest_mark : NULL;
+    if (inner->graph_begin) {
+        be->graph_begin = t_graph_begin;
+        be->graph_end = t_graph_end;
+        be->graph_launch = t_graph_launch;
+        be->graph_free = t_graph_free;
+    }
     *out = be;
     return LS_OK;
 }

@@ -41,6 +41,12 @@
  *             digest_wait is the hashing a lone step waits for. The distinct
  *             experts per
  *             layer come from a routing census of the engine's router calls.
+ *             At batch 1 the step is recorded and replayed as a CUDA graph by
+ *             the engine (ls_engine_opts.step_graphs); blocks with the graphs
+ *             off alternate with those, and the line "step graphs" gives both
+ *             medians and their ratio (each block starts with nothing
+ *             recorded: DECODE_WARM untimed steps run it as it is, then
+ *             record each bank's graph).
  *             Weight bytes as stored: 2 per bf16 element; FP8 1 per e4m3
  *             element + 4 per 128 x 128 block scale. With --fp8 the line also
  *             gives the bytes the same step reads in bf16 and the roofline
@@ -80,11 +86,6 @@
  *             one sequence; decode tok/s = c / TPOT. One line per (L, c) with
  *             the tier and the layers, all of them again as a table at the
  *             end; --only-ttft runs this table alone (no micro-benchmarks)
- * Not measured any more: the decode step as one CUDA graph. ls_engine_step
- * synchronises with the host inside the step (the input upload, the
- * per-layer digest calls, the logprob summary's download), which stream capture
- * does not allow; the breakdown's "device idle between ops" is the launch and
- * host cost the graph row used to bound.
  *
  * Kernel micro-benchmarks (direct calls to kernels/ops.h, not a forward):
  *   gdn_scan  ls_cuda_gdn_recurrent over 8192 tokens, one layer, vs FLA's
@@ -379,12 +380,15 @@ typedef struct bench {
     uint64_t rng;              /* decode tokens */
 } bench;
 
-/* Decode steps each decode slot takes: 4 blocks of 1 untimed and reps timed
- * pipelined steps (with and without digests, twice), 1 census, reps
- * instrumented, reps with carried-state digests. */
+#define DECODE_WARM 3 /* untimed pipelined steps before a block's timed ones */
+
+/* Decode steps each decode slot takes: up to 8 blocks of DECODE_WARM
+ * untimed and reps timed pipelined steps (with and without digests, with
+ * and without step graphs, twice), 1 census, reps instrumented, reps with
+ * carried-state digests. */
 static long decode_steps(int reps)
 {
-    return 5 + 6L * reps;
+    return 8L * (DECODE_WARM + reps) + 1 + 2L * reps;
 }
 
 /* What the run layer does with a step it began (src/run/drive.c): every
@@ -500,39 +504,45 @@ static float decode_median(bench *b, long s0, int B, int last, int warm, int rep
     return median(t, reps);
 }
 
-/* 1 + reps decode steps as the run layer runs them (src/run/drive.c): step
+/* 3 + reps decode steps as the run layer runs them (src/run/drive.c): step
  * N begun, its records built, then step N - 1 ended, so that step N - 1's
- * digests hash while the device runs step N. The host time of each of the
- * last reps goes to t; the last step is ended untimed. */
+ * digests hash while the device runs step N. The first three are untimed
+ * (with step graphs: the one that runs as it is, then each bank's
+ * recording); the host time of each of the last reps goes to t; the last
+ * step is ended untimed. */
 static void decode_pipelined(bench *b, long s0, int B, int reps, float *t)
 {
     int32_t tok[BMAX];
     ls_engine_item it[BMAX];
-    for (int r = 0; r <= reps; r++) {
+    for (int r = 0; r < DECODE_WARM + reps; r++) {
         decode_items(b, s0, B, 0, tok, it);
         double t0 = now_ms();
         CK(ls_engine_step_begin(b->e, it, B, &g_err));
         CK(records(b, it, B, &g_err));
         if (r > 0) CK(ls_engine_step_end(b->e, &g_err));
-        if (r > 0) t[r - 1] = (float)(now_ms() - t0);
+        if (r >= DECODE_WARM) t[r - DECODE_WARM] = (float)(now_ms() - t0);
     }
     CK(ls_engine_step_end(b->e, &g_err));
 }
 
-/* Medians of pipelined decode steps with digests and without, in blocks of
- * reps (each after an untimed step), twice each, alternating, so that both
- * see nearly the same contexts. */
-static void decode_medians(bench *b, long s0, int B, int reps, float *with, float *without)
+/* Medians of pipelined decode steps in blocks of reps, twice each block
+ * kind, alternating, so that every kind sees nearly the same contexts: with
+ * digests and without (mode 0, 1), and when graphs is set, the same two with
+ * the step graphs off (mode 2, 3). Each block starts with no graph recorded.
+ * ms[mode] gets the medians (modes 2, 3 untouched without graphs). */
+static void decode_medians(bench *b, long s0, int B, int reps, int graphs, float ms[4])
 {
-    float t[2][2 * MAX_REPS];
-    for (int k = 0; k < 4; k++) {
-        int off = k % 2;
-        ls_bench_timing_no_digests(b->tb, off);
-        decode_pipelined(b, s0, B, reps, t[off] + (k / 2) * reps);
+    float t[4][2 * MAX_REPS];
+    int modes = graphs ? 4 : 2;
+    for (int k = 0; k < 2 * modes; k++) {
+        int m = k % modes;
+        ls_engine_set_step_graphs(b->e, m < 2);
+        ls_bench_timing_no_digests(b->tb, m % 2);
+        decode_pipelined(b, s0, B, reps, t[m] + (k / modes) * reps);
         ls_bench_timing_no_digests(b->tb, 0);
     }
-    *with = median(t[0], 2 * reps);
-    *without = median(t[1], 2 * reps);
+    ls_engine_set_step_graphs(b->e, 1);
+    for (int m = 0; m < modes; m++) ms[m] = median(t[m], 2 * reps);
 }
 
 /* ---- breakdowns ------------------------------------------------------------------------ */
@@ -1143,8 +1153,10 @@ static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
 {
     printf("decode batch %d: context %ld, one step per token, pipelined as the run layer runs them "
            "(step N begun, its records built, step N - 1 ended)\n", B, ls_engine_slot_len(b->e, s0));
-    float ms, ms_bare;
-    decode_medians(b, s0, B, reps, &ms, &ms_bare);
+    float mm[4];
+    int graphs = B == 1; /* the steps the engine records: pipelined, one sequence */
+    decode_medians(b, s0, B, reps, graphs, mm);
+    float ms = mm[0], ms_bare = mm[1];
     wsum w;
     double other;
     decode_bytes(b, s0, B, &w, &other);
@@ -1175,6 +1187,15 @@ static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
                "(same routing) in bf16 reads %.2f GB -> roofline %.3f ms; FP8 roofline = %.3f x "
                "bf16's; step / bf16 roofline = %.2f\n", B, g_fp8, w.e4m3 / 1e9, w.scales / 1e6, w.wide / 1e9, other / 1e9,
                bytes / 1e9, b16 / 1e9, roof16, roof / roof16, ms / roof16);
+    }
+    if (graphs) {
+        long rec, launches;
+        const char *off;
+        ls_engine_step_graph_stats(b->e, &rec, &launches, &off);
+        printf("decode batch %d step graphs: %.3f ms/step with them, %.3f ms without (the same blocks, "
+               "alternating) = %.2f x; without digests %.3f / %.3f ms; %ld steps recorded, %ld "
+               "launched%s%s\n", B, ms, mm[2], ms / mm[2], ms_bare, mm[3], rec, launches,
+               off ? "; recording failed: " : "", off ? off : "");
     }
     float sm = decode_median(b, s0, B, 1, 0, reps);
     printf("digest per decode step, batch %2d: default set %.3f ms = %.3f x the step (the digest op in "
@@ -1446,8 +1467,6 @@ int main(int argc, char **argv)
         bench_prompt(&b, b.cap, full_cfg.vocab);
         long L = bench_fit(&b, &full_cfg, L_arg);
         describe(&b, L, full_cfg.n_layers, &prop, total_b);
-        printf("decode as one CUDA graph: not measured (ls_engine_step synchronises with the host within the "
-               "step; see device idle between ops)\n");
 
         prefill_and_replay(&b, prefill, reps, breakdown);
         fill_batch(&b, prefill);

@@ -56,6 +56,11 @@
  * worker waits behind a part. Jobs are handed out in submission order, so a
  * hash's parts are hashed in order.
  *
+ * Staged batches (ls_cuda_digester_submit_staged): jobs a step graph
+ * already encoded and downloaded into its own pinned memory take a slot and
+ * no ring region; the slot's event is recorded after the graph, and the
+ * batch is handed out at once, hashed and retired in order with the rest.
+ *
  * Reuse: a slot and its region are rewritten only after the batch in it
  * is retired, that is after the stream passed its group's event (recorded
  * after the encode kernels and the download of the region) and the workers
@@ -100,6 +105,8 @@ struct ls_dg_batch {
                                     stage's bytes (a region that crosses the end starts at 0:
                                     vat is then the next multiple of cap) */
     size_t at;                   /* vat % cap */
+    const uint8_t *base;         /* host bytes of job i: base + off[i] (h_ring + at; a staged
+                                    batch's: the caller's pinned memory, no ring region) */
     int n;                       /* jobs */
     int next;                    /* next job to hand out (n until its group is flushed) */
     int left;                    /* jobs not yet hashed */
@@ -257,7 +264,7 @@ static void *dg_worker(void *arg)
             pthread_mutex_unlock(&d->mu);
             int bad = 0;
             for (int i = i0; i < i1; i++)
-                bad |= d->fn(b->parts[i], b->first[i], d->h_ring + b->at + b->off[i], (size_t)b->len[i], b->outs[i]);
+                bad |= d->fn(b->parts[i], b->first[i], b->base + b->off[i], (size_t)b->len[i], b->outs[i]);
             pthread_mutex_lock(&d->mu);
             if (bad) dg_set_fail(d, LS_E_CRYPTO, "digest: host SHA-256 of a staged job failed");
             b->left -= i1 - i0;
@@ -427,6 +434,7 @@ static ls_status dg_submit_chunk(ls_cuda_digester *d, const ls_cuda_digest_job *
     b->vat = vat;
     b->vend = vat + need;
     b->at = (size_t)(vat % d->cap);
+    b->base = d->h_ring + b->at;
     b->n = b->next = b->left = n;
     b->ready = 0;
     b->syncing = 0;
@@ -487,6 +495,61 @@ extern "C" ls_status ls_cuda_digester_submit(ls_cuda_digester *d, const ls_cuda_
         }
         LS_TRY(dg_submit_chunk(d, jobs + i0, outs + i0, i1 - i0, stream, err));
         i0 = i1;
+    }
+    return LS_OK;
+}
+
+/* A batch of jobs already encoded into pinned host memory by work enqueued
+ * on stream before this call (a step graph's staging): no ring region, the
+ * slot's own event recorded on stream now, handed out at once. */
+static ls_status dg_staged_chunk(ls_cuda_digester *d, const uint8_t *h_bytes, const uint64_t *off,
+                                 const uint64_t *len, uint8_t *const *outs, int n, void *stream,
+                                 ls_error *err)
+{
+    dg_flush(d); /* batches are handed out and retired in submission order */
+    pthread_mutex_lock(&d->mu);
+    while (d->n_used == LS_DG_SLOTS) pthread_cond_wait(&d->freed, &d->mu);
+    ls_dg_batch *b = dg_at(d, d->n_used);
+    b->vat = b->vend = d->head;
+    b->at = 0;
+    b->base = h_bytes;
+    b->n = b->next = b->left = n;
+    b->ready = 0;
+    b->syncing = 0;
+    b->ev = NULL;
+    d->n_used++;
+    d->placed++;
+    pthread_mutex_unlock(&d->mu);
+    memcpy(b->outs, outs, sizeof *outs * (size_t)n);
+    memcpy(b->off, off, sizeof *off * (size_t)n);
+    memcpy(b->len, len, sizeof *len * (size_t)n);
+    memset(b->parts, 0, sizeof *b->parts * (size_t)n);
+    memset(b->first, 0, (size_t)n);
+    cudaError_t ce = cudaEventRecord(b->own, (cudaStream_t)stream);
+    pthread_mutex_lock(&d->mu);
+    if (ce == cudaSuccess) {
+        b->ev = b->own;
+        b->next = 0;
+    } else {
+        b->left = 0;
+        dg_retire(d);
+    }
+    pthread_cond_broadcast(&d->work);
+    pthread_mutex_unlock(&d->mu);
+    if (ce != cudaSuccess)
+        return ls_fail(err, LS_E_DEVICE, "digest: recording the event of %d staged jobs: %s", n,
+                       cudaGetErrorString(ce));
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_digester_submit_staged(ls_cuda_digester *d, const uint8_t *h_bytes,
+                                                    const uint64_t *off, const uint64_t *len,
+                                                    uint8_t *const *outs, int n_jobs, void *stream,
+                                                    ls_error *err)
+{
+    for (int i0 = 0; i0 < n_jobs; i0 += LS_DG_SLOT_JOBS) {
+        int n = n_jobs - i0 < LS_DG_SLOT_JOBS ? n_jobs - i0 : LS_DG_SLOT_JOBS;
+        LS_TRY(dg_staged_chunk(d, h_bytes, off + i0, len + i0, outs + i0, n, stream, err));
     }
     return LS_OK;
 }

@@ -158,6 +158,91 @@ extern "C" ls_status ls_cuda_sync(ls_error *err)
     return LS_OK;
 }
 
+/* ---- streams and graphs ------------------------------------------------------------ */
+
+extern "C" ls_status ls_cuda_stream_create(void **out, ls_error *err)
+{
+    cudaStream_t s = NULL;
+    *out = NULL;
+    LS_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault), err, "creating a stream");
+    *out = s;
+    return LS_OK;
+}
+
+extern "C" void ls_cuda_stream_destroy(void *stream)
+{
+    if (stream) (void)cudaStreamDestroy((cudaStream_t)stream);
+}
+
+extern "C" ls_status ls_cuda_stream_sync(void *stream, ls_error *err)
+{
+    LS_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream), err,
+                  "a kernel faulted or timed out; rerun under compute-sanitizer --tool memcheck");
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_capture_begin(void *stream, ls_error *err)
+{
+    LS_CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal), err,
+                  "beginning a graph capture");
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_capture_end(void *stream, int keep, void **exec, ls_error *err)
+{
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture((cudaStream_t)stream, &g);
+    cudaGraphExec_t x = NULL;
+    if (e == cudaSuccess && keep) e = cudaGraphInstantiate(&x, g, 0);
+    if (g) (void)cudaGraphDestroy(g);
+    if (e != cudaSuccess || !keep) {
+        (void)cudaGetLastError(); /* a failed recording's error is not the device's */
+        if (!keep) return LS_OK;
+        return ls_fail(err, LS_E_DEVICE, "recording a step graph: %s", cudaGetErrorString(e));
+    }
+    if (*exec) (void)cudaGraphExecDestroy((cudaGraphExec_t)*exec);
+    *exec = x;
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_graph_launch(void *exec, void *stream, ls_error *err)
+{
+    LS_CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream), err,
+                  "launching a step graph");
+    return LS_OK;
+}
+
+extern "C" void ls_cuda_graph_destroy(void *exec)
+{
+    if (exec) (void)cudaGraphExecDestroy((cudaGraphExec_t)exec);
+}
+
+extern "C" ls_status ls_cuda_download_async(void *dst_host, const void *src_dev, size_t bytes, void *stream,
+                                            ls_error *err)
+{
+    if (bytes == 0) return LS_OK;
+    LS_CUDA_CHECK(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream), err,
+                  "device-to-host copy");
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_host_alloc(void **p, size_t bytes, ls_error *err)
+{
+    *p = NULL;
+    cudaError_t e = cudaHostAlloc(p, bytes ? bytes : 256, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *p = NULL;
+        return ls_fail(err, LS_E_NOMEM, "%zu bytes of pinned host memory: %s", bytes, cudaGetErrorString(e));
+    }
+    return LS_OK;
+}
+
+extern "C" void ls_cuda_host_free(void *p)
+{
+    if (p) (void)cudaFreeHost(p);
+}
+
 typedef struct ls_copy_jobs {
     ls_cuda_copy_job j[LS_CUDA_COPY_JOBS_MAX];
 } ls_copy_jobs;

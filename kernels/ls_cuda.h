@@ -124,6 +124,29 @@ void ls_cuda_free(void *p);
 /* Waits for all work on the device and reports any asynchronous kernel error. */
 ls_status ls_cuda_sync(ls_error *err);
 
+/* ---- streams and graphs (a backend's step graphs) ----------------------------
+ * A stream of ls_cuda_stream_create is a blocking one: work on it is ordered
+ * with the synchronous copies above (which use the legacy default stream),
+ * as work on the default stream is. Between ls_cuda_capture_begin and
+ * ls_cuda_capture_end the calling thread's launches on the stream are
+ * recorded into a graph instead of run (cudaStreamCaptureModeThreadLocal: a
+ * synchronous copy or allocation in that thread fails the recording).
+ * capture_end with keep instantiates the graph into *exec (replacing and
+ * destroying what *exec held); without keep, or when the recording failed, it
+ * drops it (*exec unchanged) and clears the error the recording left. */
+ls_status ls_cuda_stream_create(void **out, ls_error *err);
+void ls_cuda_stream_destroy(void *stream);
+ls_status ls_cuda_stream_sync(void *stream, ls_error *err);
+ls_status ls_cuda_capture_begin(void *stream, ls_error *err);
+ls_status ls_cuda_capture_end(void *stream, int keep, void **exec, ls_error *err);
+ls_status ls_cuda_graph_launch(void *exec, void *stream, ls_error *err);
+void ls_cuda_graph_destroy(void *exec);
+/* An asynchronous device-to-host copy on stream (dst pinned: ls_cuda_host_alloc). */
+ls_status ls_cuda_download_async(void *dst_host, const void *src_dev, size_t bytes, void *stream,
+                                 ls_error *err);
+ls_status ls_cuda_host_alloc(void **p, size_t bytes, ls_error *err);
+void ls_cuda_host_free(void *p);
+
 #ifdef __cplusplus
 }
 #endif

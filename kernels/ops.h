@@ -222,11 +222,15 @@ ls_status ls_cuda_attention_batch(const float *q, const float *const *kcs,
                                   int act_bf16, int order, void *stream, ls_error *err);
 
 /* KV-cache append for nseq sequences: rows row0[s] + i of k, v [T, Hkv, d]
- * go to position pos0[s] + i of head h of kcs[s], vcs[s] (paged as above). */
+ * go to position pos[row0[s] + i] of head h of kcs[s], vcs[s] (paged as
+ * above); pos (device, one per row) holds pos0[s] + i there, and the host's
+ * pos0 bounds the launch, so a recorded launch writes its replay's
+ * positions. */
 ls_status ls_cuda_kv_append_batch(const float *k, const float *v, float *const *kcs,
                                   float *const *vcs, const int32_t *const *pts, long page,
                                   long cap, const long *row0, const long *len, const long *pos0,
-                                  long nseq, long Hkv, long d, void *stream, ls_error *err);
+                                  const int32_t *pos, long nseq, long Hkv, long d, void *stream,
+                                  ls_error *err);
 
 /* o_i = act(o_i · act(sigmoid(gate_i))). */
 ls_status ls_cuda_sigmoid_gate(float *o /* [n] */, const float *gate /* [n] */, long n,

@@ -337,9 +337,9 @@ extern "C" ls_status ls_cuda_attention(const float *q, const float *kc, const fl
 /* ---- KV append ------------------------------------------------------------------- */
 
 /* Element e of (row i, kv head h, dim) of sequence blockIdx.y: a plain copy
- * to its position's row (ls_att_row). */
-__global__ void ls_kv_append_kernel(const float *k, const float *v, ls_att_seqs sq, long page,
-                                    long Hkv, long d)
+ * to its position's row (ls_att_row), the position read from pos. */
+__global__ void ls_kv_append_kernel(const float *k, const float *v, ls_att_seqs sq, const int32_t *pos,
+                                    long page, long Hkv, long d)
 {
     int sidx = (int)blockIdx.y;
     long W = Hkv * d;
@@ -347,7 +347,7 @@ __global__ void ls_kv_append_kernel(const float *k, const float *v, ls_att_seqs 
     if (e >= sq.len[sidx] * W) return;
     long i = e / W, hd = e % W, h = hd / d, dd = hd % d;
     long src = (sq.row0[sidx] + i) * W + hd;
-    long dst = ls_att_row(sq.pt[sidx], page, Hkv, h, sq.pos0[sidx] + i) * d + dd;
+    long dst = ls_att_row(sq.pt[sidx], page, Hkv, h, pos[sq.row0[sidx] + i]) * d + dd;
     sq.kc[sidx][dst] = k[src];
     sq.vc[sidx][dst] = v[src];
 }
@@ -355,8 +355,9 @@ __global__ void ls_kv_append_kernel(const float *k, const float *v, ls_att_seqs 
 extern "C" ls_status ls_cuda_kv_append_batch(const float *k, const float *v, float *const *kcs,
                                              float *const *vcs, const int32_t *const *pts,
                                              long page, long cap, const long *row0,
-                                             const long *len, const long *pos0, long nseq,
-                                             long Hkv, long d, void *stream, ls_error *err)
+                                             const long *len, const long *pos0,
+                                             const int32_t *pos, long nseq, long Hkv, long d,
+                                             void *stream, ls_error *err)
 {
     LS_CUDA_REQUIRE(page >= 1 && cap % page == 0, err,
                     "cuda portable kv_append_batch: page %ld, cap %ld (a multiple of the page)",
@@ -372,7 +373,7 @@ extern "C" ls_status ls_cuda_kv_append_batch(const float *k, const float *v, flo
                             "cuda portable kv_append_batch: positions %ld..%ld past the cache (%ld)",
                             sq.pos0[s], sq.pos0[s] + sq.len[s] - 1, cap);
         dim3 grid(ls_blocks_for(maxlen * Hkv * d, 256), (unsigned)n);
-        ls_kv_append_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(k, v, sq, page, Hkv, d);
+        ls_kv_append_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(k, v, sq, pos, page, Hkv, d);
         LS_CUDA_CHECK_LAUNCH("ls_kv_append_kernel", err);
     }
     return LS_OK;

@@ -1192,8 +1192,8 @@ static const sh_kvb kvb_shapes[] = {
     {BO_ALL, 4, 1, 48, 32, 70, {1, 2, 0, 3}, 4, {15, 16, 17}, 3, 16}, /* two launches of 64 */
     {BO_ALL, 2, 1, 77, 51, 2, {9, 1}, 2, {8, 33}, 2, 17},
 };
-enum { KB_K, KB_V, KB_C0 };        /* then the k caches, then the v caches (paged: the k
-                                      pool, the v pool, the page tables) */
+enum { KB_K, KB_V, KB_POS, KB_C0 }; /* then the k caches, then the v caches (paged: the k
+                                       pool, the v pool, the page tables) */
 
 static long kvb_entries(const sh_kvb *s)
 {
@@ -1213,6 +1213,15 @@ static void kvb_pool_setup(bo_case *c, const sh_kvb *s, int first)
     bo_what(c, " page %ld (%ld pool pages)", s->page, P);
 }
 
+/* The position of every packed row (as the engine uploads them), i32 [T]. */
+static void kvb_positions(bo_case *c, const sh_kvb *s, int idx, long T)
+{
+    int32_t *pos = bo_i32(c, idx, "pos", (size_t)T);
+    for (long q = 0; q < s->nseq; q++)
+        for (long i = 0; i < LEN(c, s->nseq)[q]; i++)
+            pos[ROW0(c, s->nseq)[q] + i] = (int32_t)(POS0(c, s->nseq)[q] + i);
+}
+
 static void kvb_setup(bo_case *c, const void *shape)
 {
     const sh_kvb *s = shape;
@@ -1220,6 +1229,7 @@ static void kvb_setup(bo_case *c, const void *shape)
     size_t nr = (size_t)(T * s->Hkv * s->d), nc = (size_t)(s->Hkv * s->cap * s->d);
     bo_in(c, KB_K, "k", nr, 1.0f, c->act);
     bo_in(c, KB_V, "v", nr, 1.0f, c->act);
+    kvb_positions(c, s, KB_POS, T);
     bo_what(c, "Hkv %ld d %ld cap %ld, %ld sequences (%ld rows)", s->Hkv, s->d, s->cap, s->nseq, T);
     if (s->page) {
         kvb_pool_setup(c, s, KB_C0);
@@ -1284,7 +1294,7 @@ static ls_status kvb_exec(bo_case *c, ls_backend *be, ls_error *err)
     kvb_args(c, s, KB_C0, kc, vc, pts, &page, &cap);
     if (be->kv_append_batch)
         return be->kv_append_batch(be, V(c, KB_K), V(c, KB_V), kc, vc, pts, page, cap, row0, len,
-                                   pos0, s->nseq, s->Hkv, s->d, err);
+                                   pos0, V(c, KB_POS), s->nseq, s->Hkv, s->d, err);
     /* As the engine does without it: block copies per sequence, cache and
      * run of positions within one page (contiguous: one run). */
     c->fallback = " via per-sequence ops";
@@ -1314,10 +1324,7 @@ static void attb_setup(bo_case *c, const void *shape)
     long T = bo_batch(c, s->nseq, s->lens, s->nlens, s->pos0, s->npos);
     size_t nq = (size_t)(T * s->Hq * s->d), nc = (size_t)(s->Hkv * s->cap * s->d);
     bo_in(c, AB_Q, "q", nq, 4.0f, c->act);
-    int32_t *pos = bo_i32(c, AB_POS, "pos", (size_t)T);
-    for (long q = 0; q < s->nseq; q++)
-        for (long i = 0; i < LEN(c, s->nseq)[q]; i++)
-            pos[ROW0(c, s->nseq)[q] + i] = (int32_t)(POS0(c, s->nseq)[q] + i);
+    kvb_positions(c, s, AB_POS, T);
     bo_out(c, AB_O, "o", nq, 0);
     bo_what(c, "Hq %ld Hkv %ld d %ld cap %ld, %ld sequences (%ld rows)", s->Hq, s->Hkv, s->d,
             s->cap, s->nseq, T);

@@ -39,6 +39,7 @@ typedef enum ls_tier { LS_TIER_PORTABLE = 0, LS_TIER_TC = 1, LS_TIER_FAST = 2 } 
 
 typedef struct ls_buf ls_buf;            /* opaque, backend-owned */
 typedef struct ls_backend ls_backend;
+typedef struct ls_graph ls_graph;        /* opaque, backend-owned: a recorded step */
 
 typedef struct ls_view {
     ls_buf *buf;
@@ -278,11 +279,15 @@ struct ls_backend {
                                    ls_error *err);
     /* Each sequence's K and V rows [len, Hkv, d] to positions pos0[s].. of
      * its caches (paged as in attention: pts[s] its table, NULL pts or a
-     * NULL buf = identity; one page and cap for every sequence). */
+     * NULL buf = identity; one page and cap for every sequence). pos (i32,
+     * one per packed row) holds the same positions on the backend: row
+     * row0[s] + i at pos0[s] + i. The copies take their positions from pos,
+     * so that a recorded step (graph_begin) writes where its replay's rows go;
+     * pos0 bounds the call. */
     ls_status (*kv_append_batch)(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
                                  ls_buf *const *vcs, const ls_view *pts, long page, long cap,
-                                 const long *row0, const long *len, const long *pos0, long nseq,
-                                 long Hkv, long d, ls_error *err);
+                                 const long *row0, const long *len, const long *pos0, ls_view pos,
+                                 long nseq, long Hkv, long d, ls_error *err);
     ls_status (*attention_batch)(ls_backend *be, ls_view q, ls_buf *const *kcs,
                                  ls_buf *const *vcs, const ls_view *pts, long page, long cap,
                                  const long *row0, const long *len, long nseq, ls_view pos,
@@ -334,6 +339,27 @@ struct ls_backend {
     ls_status (*digest_wait)(ls_backend *be, uint64_t mark, ls_error *err);
     /* A mark of the digest calls so far (NULL with digest_wait). */
     uint64_t (*digest_mark)(ls_backend *be);
+
+    /* ---- step graphs (optional; NULL on a backend without them) ----------------
+     * graph_begin starts recording the device work of the calls that follow
+     * instead of running it; graph_end stops and, with keep, makes the record
+     * g's (replacing what g held); graph_launch replays it: the same kernels
+     * on the same buffers with the same arguments, so the same bits, for a
+     * fraction of the host's time. *g NULL: graph_begin makes a new graph,
+     * the backend's until graph_free or its destruction. Digest calls while
+     * recording stage their jobs in g's own memory (whole jobs only: a digest
+     * in parts fails); each launch hands them to the hashing as one digest
+     * call would (done by the next digest_wait covering it). A call that
+     * cannot be recorded (a synchronous transfer or allocation) fails; the
+     * caller then ends with keep 0, which drops the record and leaves g as it
+     * was. Recording does not run anything: a caller replays what it recorded
+     * (graph_launch) to have it done. Reading host values into launch
+     * arguments is recorded as the values: a graph is replayed only where
+     * every such argument is the same. */
+    ls_status (*graph_begin)(ls_backend *be, ls_graph **g, ls_error *err);
+    ls_status (*graph_end)(ls_backend *be, ls_graph *g, int keep, ls_error *err);
+    ls_status (*graph_launch)(ls_backend *be, ls_graph *g, ls_error *err);
+    void (*graph_free)(ls_backend *be, ls_graph *g);
 };
 
 /* The CPU reference backend. n_threads >= 1 worker threads split rows,

@@ -1,6 +1,7 @@
 /* lockstep — the portable strict CUDA backend; see backend_cuda.h. Every op
- * is one or a few launches of kernels/ops.h on the default stream; transfers
- * (download) synchronise, so kernel faults surface there with LS_E_DEVICE. */
+ * is one or a few launches of kernels/ops.h on the backend's stream; transfers
+ * (download) synchronise, so kernel faults surface there with LS_E_DEVICE.
+ * A step graph (graph_begin) records those launches and replays them. */
 #include "backend/backend_cuda.h"
 
 #include <string.h>
@@ -180,7 +181,27 @@ typedef struct cuda_impl {
     size_t n_tc;
     struct tc_pad *tc_pads;    /* tc, fast: zero-padded copies of weights whose N % 8 != 0 */
     size_t n_tc_pads;
+    void *stream;              /* every launch's (STREAM) */
+    ls_graph *graphs;          /* every step graph made (graph_begin), until graph_free */
+    ls_graph *rec;             /* the graph being recorded, or NULL */
 } cuda_impl;
+
+/* A recorded step (graph_begin): the executable graph, and the digests its
+ * launches stage, each a whole job's canonical bytes at d_stage + off[i],
+ * downloaded by the graph into h_stage at the same offsets. */
+struct ls_graph {
+    void *exec;                /* cudaGraphExec_t, NULL when nothing is recorded */
+    uint8_t *d_stage, *h_stage; /* device / pinned host, cap bytes each */
+    size_t cap, used;
+    long n, jobs_cap;          /* staged jobs */
+    uint64_t *off, *len;       /* [jobs_cap] */
+    uint8_t **outs;            /* [jobs_cap] the jobs' host destinations */
+    struct ls_graph *next;
+};
+
+/* A step graph's digest staging: a decode step of one row needs its logits
+ * row (vocabulary x 4 bytes) and a few KB a layer. */
+#define LS_CUDA_GRAPH_STAGE_BYTES ((size_t)4 << 20)
 
 /* One weight shape of the tc or fast tier: its pinned algorithm (tc) or
  * its unpinned GEMM (fast), for the GEMM of n_pad (N rounded up to a
@@ -200,6 +221,10 @@ typedef struct tc_pad {
 } tc_pad;
 
 #define IMPL(be) ((cuda_impl *)(be)->impl)
+/* Every launch of the backend goes to its stream (a blocking one: ordered
+ * with the synchronous copies, as the default stream's work is), which a
+ * step graph records (graph_begin). */
+#define STREAM(be) (IMPL(be)->stream)
 
 /* The CUDA runtime's current device belongs to the calling thread, so every
  * entry point makes the backend's device current first (a no-op when it
@@ -247,8 +272,8 @@ static ls_status cu_wrap_weights(ls_backend *be, const void *host, size_t bytes,
      * generated matrices advance the number, so a bf16 model's values do
      * not depend on whether FP8 scales were uploaded in between. */
     uint64_t seed = im->synth_seed ^ (++im->synth_calls * 0xD1B54A32D192ED03ull);
-    if (ls_wtype_is_f8(wtype)) return ls_cuda_fill_e4m3((*out)->ptr, bytes, seed, NULL, err);
-    return ls_cuda_fill_uniform_bf16((*out)->ptr, bytes / 2, seed, im->synth_scale, NULL, err);
+    if (ls_wtype_is_f8(wtype)) return ls_cuda_fill_e4m3((*out)->ptr, bytes, seed, STREAM(be), err);
+    return ls_cuda_fill_uniform_bf16((*out)->ptr, bytes / 2, seed, im->synth_scale, STREAM(be), err);
 }
 
 /* A synthetic model's rows, with lockstep synth's values generated on the
@@ -268,12 +293,12 @@ static ls_status cu_wrap_generated(ls_backend *be, const ls_wgen *gen, long r0, 
     LS_TRY(cu_alloc(be, n * (size_t)ls_wtype_bytes(wtype), out, err));
     if (!ls_wtype_is_f8(wtype))
         return ls_cuda_fill_synth_bf16((*out)->ptr, n, gen->key, (uint64_t)r0 * (uint64_t)cols,
-                                       gen->c, gen->base, NULL, err);
+                                       gen->c, gen->base, STREAM(be), err);
     ls_buf *s = NULL;
     LS_TRY(cu_alloc(be, sizeof(float) * (size_t)LS_FP8_BLOCKS(rows) * (size_t)LS_FP8_BLOCKS(cols),
                     &s, err));
     LS_TRY(ls_cuda_fill_synth_e4m3((*out)->ptr, s->ptr, r0, rows, gen->rows, cols, gen->key, gen->c,
-                                   gen->base, NULL, err));
+                                   gen->base, STREAM(be), err));
     if (scale_out) *scale_out = s;
     return LS_OK;
 }
@@ -309,7 +334,18 @@ static ls_status cu_copy_blocks(ls_backend *be, const ls_copy_job *jobs, int n, 
         cj[i] = (ls_cuda_copy_job){F(jobs[i].dst), F(jobs[i].src), sh->rows, sh->groups, sh->len,
                                    sh->dst_stride, sh->dst_step, sh->src_stride, sh->src_step};
     }
-    return ls_cuda_copy_blocks(cj, n, NULL, err);
+    return ls_cuda_copy_blocks(cj, n, STREAM(be), err);
+}
+
+static void graph_release(ls_graph *g)
+{
+    ls_cuda_graph_destroy(g->exec);
+    ls_cuda_free(g->d_stage);
+    ls_cuda_host_free(g->h_stage);
+    free(g->off);
+    free(g->len);
+    free(g->outs);
+    free(g);
 }
 
 static void cu_destroy(ls_backend *be)
@@ -318,6 +354,12 @@ static void cu_destroy(ls_backend *be)
     cuda_impl *im = IMPL(be);
     if (im) {
         ls_cuda_digester_destroy(im->dg); /* waits: its threads write into callers' memory */
+        while (im->graphs) {
+            ls_graph *g = im->graphs;
+            im->graphs = g->next;
+            graph_release(g);
+        }
+        ls_cuda_stream_destroy(im->stream);
         free(im->dg_jobs);
         free(im->dg_outs);
         for (size_t i = 0; i < im->n_tc; i++) {
@@ -376,7 +418,7 @@ static ls_status cu_embed(ls_backend *be, const ls_bweight *emb, ls_view tokens,
 {
     ON_DEVICE(be, err);
     return ls_cuda_embed(W(emb), (int)emb->wtype, emb->rows, emb->cols, I32(tokens), T, F(h),
-                         act_bf16, NULL, err);
+                         act_bf16, STREAM(be), err);
 }
 
 static const float *S(const ls_bweight *w)
@@ -538,10 +580,10 @@ static ls_status tc_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_vi
     if ((uintptr_t)yp % 16 != 0 || (uintptr_t)wp % 16 != 0 || (uintptr_t)xb % 16 != 0)
         return ls_fail(err, LS_E_INTERNAL, "%s: linear [%ld x %ld]: an operand is not 16-byte aligned",
                        tier_label(im), w->rows, w->cols);
-    LS_TRY(ls_cuda_tc_to_bf16(F(x), xb, (long)nx, NULL, err));
-    if (sh->plan) LS_TRY(ls_gemm_plan_run(sh->plan, wp, xb, yp, T, NULL, err));
-    else LS_TRY(ls_gemm_fast_run(sh->fast, wp, xb, yp, T, NULL, err));
-    return ls_cuda_tc_out(yp, sh->n_pad, F(y), T, w->rows, act_bf16, NULL, err);
+    LS_TRY(ls_cuda_tc_to_bf16(F(x), xb, (long)nx, STREAM(be), err));
+    if (sh->plan) LS_TRY(ls_gemm_plan_run(sh->plan, wp, xb, yp, T, STREAM(be), err));
+    else LS_TRY(ls_gemm_fast_run(sh->fast, wp, xb, yp, T, STREAM(be), err));
+    return ls_cuda_tc_out(yp, sh->n_pad, F(y), T, w->rows, act_bf16, STREAM(be), err);
 }
 
 static ls_status cu_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_view y, long T,
@@ -551,32 +593,32 @@ static ls_status cu_linear(ls_backend *be, const ls_bweight *w, ls_view x, ls_vi
     if (IMPL(be)->lt) return tc_linear(be, w, x, y, T, act_bf16, order, err);
     if (!ls_wtype_is_f8(w->wtype))
         return ls_cuda_linear(W(w), (int)w->wtype, w->rows, w->cols, F(x), F(y), T, act_bf16,
-                              (int)order, NULL, err);
+                              (int)order, STREAM(be), err);
     if (w->wtype == LS_WTYPE_F8_DEQUANT)
         return ls_cuda_linear_f8(W(w), S(w), (int)w->wtype, w->rows, w->cols, F(x), NULL, F(y), T,
-                                 act_bf16, (int)order, NULL, err);
+                                 act_bf16, (int)order, STREAM(be), err);
     /* w8a8: the input rows quantised once (scratch), then every output row */
     cuda_impl *im = IMPL(be);
     size_t nq = (size_t)T * (size_t)w->cols, ns = (size_t)T * (size_t)LS_FP8_BLOCKS(w->cols);
     LS_TRY(scratch_reserve(im, sizeof(float) * (nq + ns), err));
     float *q = im->scratch, *qs = q + nq;
-    LS_TRY(ls_cuda_fp8_quant_act(F(x), T, w->cols, q, qs, NULL, err));
+    LS_TRY(ls_cuda_fp8_quant_act(F(x), T, w->cols, q, qs, STREAM(be), err));
     return ls_cuda_linear_f8(W(w), S(w), (int)w->wtype, w->rows, w->cols, q, qs, F(y), T, act_bf16,
-                             (int)order, NULL, err);
+                             (int)order, STREAM(be), err);
 }
 
 static ls_status cu_rmsnorm(ls_backend *be, ls_view x, ls_view w, ls_view y, long R, long n,
                             int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_rmsnorm(F(x), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
+    return ls_cuda_rmsnorm(F(x), F(w), F(y), R, n, act_bf16, (int)order, STREAM(be), err);
 }
 
 static ls_status cu_gated_rmsnorm(ls_backend *be, ls_view x, ls_view z, ls_view w, ls_view y, long R,
                                   long n, int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_gated_rmsnorm(F(x), F(z), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
+    return ls_cuda_gated_rmsnorm(F(x), F(z), F(w), F(y), R, n, act_bf16, (int)order, STREAM(be), err);
 }
 
 static ls_status cu_conv_silu(ls_backend *be, ls_view x, long x_stride, const ls_bweight *w,
@@ -585,7 +627,7 @@ static ls_status cu_conv_silu(ls_backend *be, ls_view x, long x_stride, const ls
 {
     ON_DEVICE(be, err);
     return ls_cuda_conv_silu(F(x), x_stride, W(w), (int)w->wtype, F(state), F(y), y_stride, T, C, K,
-                             act_bf16, (int)order, NULL, err);
+                             act_bf16, (int)order, STREAM(be), err);
 }
 
 static ls_status cu_gdn_gates(ls_backend *be, ls_view b, ls_view a, ls_view A_log, ls_view dt_bias,
@@ -594,14 +636,14 @@ static ls_status cu_gdn_gates(ls_backend *be, ls_view b, ls_view a, ls_view A_lo
 {
     ON_DEVICE(be, err);
     return ls_cuda_gdn_gates(F(b), F(a), F(A_log), F(dt_bias), F(beta), F(alpha), T, H, act_bf16,
-                             NULL, err);
+                             STREAM(be), err);
 }
 
 static ls_status cu_l2norm_scale(ls_backend *be, ls_view x, long R, long d, float scale,
                                  ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_l2norm_scale(F(x), R, d, scale, (int)order, NULL, err);
+    return ls_cuda_l2norm_scale(F(x), R, d, scale, (int)order, STREAM(be), err);
 }
 
 static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
@@ -610,7 +652,7 @@ static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view 
 {
     ON_DEVICE(be, err);
     return ls_cuda_gdn_recurrent(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk,
-                                 dv, act_bf16, (int)order, NULL, err);
+                                 dv, act_bf16, (int)order, STREAM(be), err);
 }
 
 /* The chunk-aligned form (kernels/ops_gdn_chunked.cu): the CPU's state layout. */
@@ -627,13 +669,13 @@ static ls_status cu_gdn_chunked(ls_backend *be, ls_view q, ls_view k, ls_view v,
     cuda_impl *im = IMPL(be);
     if (im->tier == LS_TIER_PORTABLE)
         return ls_cuda_gdn_chunked(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, pos0, Hk, Hv,
-                                   dk, dv, act_bf16, (int)order, NULL, err);
+                                   dk, dv, act_bf16, (int)order, STREAM(be), err);
     if (order != LS_ORDER_CANONICAL)
         return ls_fail(err, LS_E_UNSUPPORTED, "%s gdn_chunked: only the canonical order", tier_label(im));
     size_t need = ls_cuda_gdn_tc_scratch_bytes(T, Hv, dk, dv);
     LS_TRY(scratch_reserve(im, need, err));
     return ls_cuda_gdn_chunked_tc(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, pos0, Hk, Hv, dk, dv,
-                                  act_bf16, im->scratch, im->scratch_bytes, NULL, err);
+                                  act_bf16, im->scratch, im->scratch_bytes, STREAM(be), err);
 }
 
 static ls_status cu_gdn_chunked_state(ls_backend *be, ls_view state, long pos, ls_view s_out,
@@ -641,8 +683,8 @@ static ls_status cu_gdn_chunked_state(ls_backend *be, ls_view state, long pos, l
 {
     ON_DEVICE(be, err);
     if (IMPL(be)->tier == LS_TIER_PORTABLE)
-        return ls_cuda_gdn_chunked_state(F(state), pos, F(s_out), Hv, dk, dv, NULL, err);
-    return ls_cuda_gdn_chunked_tc_state(F(state), pos, F(s_out), Hv, dk, dv, NULL, err);
+        return ls_cuda_gdn_chunked_state(F(state), pos, F(s_out), Hv, dk, dv, STREAM(be), err);
+    return ls_cuda_gdn_chunked_tc_state(F(state), pos, F(s_out), Hv, dk, dv, STREAM(be), err);
 }
 
 static size_t cu_gdn_chunked_floats(ls_backend *be, long Hv, long dk, long dv)
@@ -655,7 +697,7 @@ static ls_status cu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view
                                long H, long d, long R, int act_bf16, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, act_bf16, NULL, err);
+    return ls_cuda_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, act_bf16, STREAM(be), err);
 }
 
 static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, ls_view pt,
@@ -664,7 +706,7 @@ static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc,
 {
     ON_DEVICE(be, err);
     return ls_cuda_attention(F(q), F(kc), F(vc), pt.buf ? I32(pt) : NULL, page, cap, I32(pos),
-                             F(o), T, Hq, Hkv, d, act_bf16, (int)order, NULL, err);
+                             F(o), T, Hq, Hkv, d, act_bf16, (int)order, STREAM(be), err);
 }
 
 /* Device pointers of nseq state buffers (offset 0), in a malloc'd array. */
@@ -701,7 +743,7 @@ static ls_status cu_conv_silu_batch(ls_backend *be, ls_view x, long x_stride, co
     float **st = dev_ptrs(states, nseq, err);
     if (!st) return LS_E_NOMEM;
     ls_status r = ls_cuda_conv_silu_batch(F(x), x_stride, W(w), (int)w->wtype, st, row0, len, nseq,
-                                          F(y), y_stride, C, K, act_bf16, (int)order, NULL, err);
+                                          F(y), y_stride, C, K, act_bf16, (int)order, STREAM(be), err);
     free(st);
     return r;
 }
@@ -717,7 +759,7 @@ static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls
     if (!st) return LS_E_NOMEM;
     ls_status r = ls_cuda_gdn_recurrent_batch(F(q), F(k), F(v), F(alpha), F(beta), st, row0, len,
                                               nseq, F(o), Hk, Hv, dk, dv, act_bf16, (int)order,
-                                              NULL, err);
+                                              STREAM(be), err);
     free(st);
     return r;
 }
@@ -763,7 +805,7 @@ static ls_status cu_gdn_chunked_batch(ls_backend *be, ls_view q, ls_view k, ls_v
     if (r == LS_OK) r = scratch_reserve(im, ls_cuda_gdn_tc_decode_scratch_bytes(n, Hv, dk, dv), err);
     if (r == LS_OK)
         r = ls_cuda_gdn_chunked_tc_decode(F(q), F(k), F(v), F(alpha), F(beta), st, rows, pos, n, F(o), Hk, Hv, dk, dv,
-                                          act_bf16, im->scratch, im->scratch_bytes, NULL, err);
+                                          act_bf16, im->scratch, im->scratch_bytes, STREAM(be), err);
     free(st);
     free(rows);
     free(pos);
@@ -772,7 +814,7 @@ static ls_status cu_gdn_chunked_batch(ls_backend *be, ls_view q, ls_view k, ls_v
 
 static ls_status cu_kv_append_batch(ls_backend *be, ls_view k, ls_view v, ls_buf *const *kcs,
                                     ls_buf *const *vcs, const ls_view *pts, long page, long cap,
-                                    const long *row0, const long *len, const long *pos0,
+                                    const long *row0, const long *len, const long *pos0, ls_view pos,
                                     long nseq, long Hkv, long d, ls_error *err)
 {
     ON_DEVICE(be, err);
@@ -781,8 +823,8 @@ static ls_status cu_kv_append_batch(ls_backend *be, ls_view k, ls_view v, ls_buf
     const int32_t **tp = vp ? dev_tables(pts, nseq, err) : NULL;
     ls_status r = LS_E_NOMEM;
     if (tp)
-        r = ls_cuda_kv_append_batch(F(k), F(v), kp, vp, tp, page, cap, row0, len, pos0, nseq, Hkv,
-                                    d, NULL, err);
+        r = ls_cuda_kv_append_batch(F(k), F(v), kp, vp, tp, page, cap, row0, len, pos0, I32(pos), nseq, Hkv,
+                                    d, STREAM(be), err);
     free(kp);
     free(vp);
     free(tp);
@@ -803,7 +845,7 @@ static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kc
     if (tp)
         r = ls_cuda_attention_batch(F(q), (const float *const *)kp, (const float *const *)vp, tp,
                                     page, cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,
-                                    act_bf16, (int)order, NULL, err);
+                                    act_bf16, (int)order, STREAM(be), err);
     free(kp);
     free(vp);
     free(tp);
@@ -814,7 +856,7 @@ static ls_status cu_sigmoid_gate(ls_backend *be, ls_view o, ls_view gate, long n
                                  ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_sigmoid_gate(F(o), F(gate), n, act_bf16, NULL, err);
+    return ls_cuda_sigmoid_gate(F(o), F(gate), n, act_bf16, STREAM(be), err);
 }
 
 static ls_status cu_router(ls_backend *be, const ls_bweight *w, ls_view x, long T, long k,
@@ -823,7 +865,7 @@ static ls_status cu_router(ls_backend *be, const ls_bweight *w, ls_view x, long 
 {
     ON_DEVICE(be, err);
     return ls_cuda_router(W(w), (int)w->wtype, w->rows, w->cols, F(x), T, k, norm_topk, F(probs),
-                          I32(ids), F(weights), act_bf16, (int)order, NULL, err);
+                          I32(ids), F(weights), act_bf16, (int)order, STREAM(be), err);
 }
 
 /* An expert whose weights this backend holds (an expert-parallel rank wraps
@@ -956,7 +998,7 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
     for (long t0 = 0; t0 < T; t0 += chunk) {
         long n = T - t0 < chunk ? T - t0 : chunk;
         LS_TRY(forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k, F(out) + t0 * mw->D,
-                       n, im->scratch, act_bf16, (int)order_experts, (int)order_combine, NULL, err));
+                       n, im->scratch, act_bf16, (int)order_experts, (int)order_combine, STREAM(be), err));
     }
     return LS_OK;
 }
@@ -1015,7 +1057,7 @@ static ls_status cu_moe_slots(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_v
     for (long t0 = 0; t0 < T; t0 += chunk) {
         long m = T - t0 < chunk ? T - t0 : chunk;
         LS_TRY(ls_cuda_moe_slots(&cs, F(x) + t0 * mw->D, sel_dev + t0 * k, F(weights) + t0 * k, k, t0, m,
-                                 I32(pairs), n, F(c), im->scratch, act_bf16, (int)order_experts, NULL,
+                                 I32(pairs), n, F(c), im->scratch, act_bf16, (int)order_experts, STREAM(be),
                                  err));
     }
     return LS_OK;
@@ -1026,7 +1068,7 @@ static ls_status cu_moe_combine(ls_backend *be, ls_view c, long k, long D, int h
                                 ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_moe_combine(F(c), k, D, has_shared, F(out), T, act_bf16, (int)order_combine, NULL,
+    return ls_cuda_moe_combine(F(c), k, D, has_shared, F(out), T, act_bf16, (int)order_combine, STREAM(be),
                                err);
 }
 
@@ -1034,7 +1076,7 @@ static ls_status cu_residual_rmsnorm(ls_backend *be, ls_view h, ls_view a, ls_vi
                                      long R, long n, int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_residual_rmsnorm(F(h), F(a), F(out), F(w), F(y), R, n, act_bf16, (int)order, NULL, err);
+    return ls_cuda_residual_rmsnorm(F(h), F(a), F(out), F(w), F(y), R, n, act_bf16, (int)order, STREAM(be), err);
 }
 
 static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R, long V,
@@ -1047,7 +1089,7 @@ static ls_status cu_logprobs(ls_backend *be, ls_view logits, ls_view lp, long R,
         LS_TRY(scratch_reserve(im, ls_cuda_logprobs_scratch_bytes(R, V), err));
         scratch = im->scratch;
     }
-    return ls_cuda_logprobs(F(logits), F(lp), R, V, (int)order, scratch, NULL, err);
+    return ls_cuda_logprobs(F(logits), F(lp), R, V, (int)order, scratch, STREAM(be), err);
 }
 
 static ls_status cu_lp_summary(ls_backend *be, ls_view lp, ls_view next, long R, long V, long k,
@@ -1056,7 +1098,7 @@ static ls_status cu_lp_summary(ls_backend *be, ls_view lp, ls_view next, long R,
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
     LS_TRY(scratch_reserve(im, ls_cuda_lp_summary_scratch_bytes(R, V), err));
-    return ls_cuda_lp_summary(F(lp), I32(next), R, V, k, (uint32_t *)I32(out), im->scratch, NULL, err);
+    return ls_cuda_lp_summary(F(lp), I32(next), R, V, k, (uint32_t *)I32(out), im->scratch, STREAM(be), err);
 }
 
 /* ---- digests ------------------------------------------------------------------------ */
@@ -1126,24 +1168,19 @@ static ls_status digest_now(cuda_impl *im, const ls_cuda_digest_job *cj, const l
     if (st == LS_OK)
         st = ls_cuda_digest(cj, (int)n_jobs, im->scratch, im->scratch_bytes,
                             ls_cuda_digest_plan(cj, (int)n_jobs, LS_CUDA_DIGEST_DEVICE_MAX_BYTES),
-                            host_sha256, dig, NULL, err);
+                            host_sha256, dig, im->stream, err);
     for (long j = 0; st == LS_OK && j < n_jobs; j++)
         if (jobs[j].out) memcpy(jobs[j].out->bytes, dig + 32 * j, 32);
     free(dig);
     return st;
 }
 
-/* Submitted to the digester when there is one (done by digest_wait), else
- * synchronous; a job too long for the digester's ring makes the call
- * synchronous, after whatever was submitted before it. */
-static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
+/* The jobs of a digest call as the kernels take them, into im->dg_jobs,
+ * and their destinations into im->dg_outs. */
+static ls_status digest_jobs(cuda_impl *im, const ls_digest_job *jobs, long n_jobs, ls_error *err)
 {
-    ON_DEVICE(be, err);
-    cuda_impl *im = IMPL(be);
-    if (n_jobs <= 0) return LS_OK;
     if (n_jobs > 0x7fffffffL)
         return ls_fail(err, LS_E_UNSUPPORTED, "cuda digest: %ld jobs in one call (at most 2^31-1)", n_jobs);
-    if (!im->dg && !im->dg_off) digester_open(im);
     if (n_jobs > im->dg_cap) {
         ls_cuda_digest_job *nj = realloc(im->dg_jobs, sizeof *nj * (size_t)n_jobs);
         if (nj) im->dg_jobs = nj;
@@ -1179,15 +1216,149 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
             cj[j].bf16[s] = sp->bf16 ? 1 : 0;
         }
     }
+    for (long j = 0; j < n_jobs; j++) outs[j] = jobs[j].out ? jobs[j].out->bytes : NULL;
+    return st;
+}
+
+/* Recording a step graph: the jobs (im->dg_jobs) staged in g's memory by
+ * the graph, their offsets and destinations kept for its launches. */
+static ls_status graph_stage(ls_backend *be, ls_graph *g, long n, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    const ls_cuda_digest_job *cj = im->dg_jobs;
+    for (long j = 0; j < n; j++)
+        if (cj[j].part)
+            return ls_fail(err, LS_E_UNSUPPORTED, "step graph: a digest in parts cannot be recorded");
+    size_t need = ls_cuda_digest_stage_bytes(cj, (int)n);
+    if (need > g->cap - g->used)
+        return ls_fail(err, LS_E_UNSUPPORTED, "step graph: the step's digests need more than the "
+                       "graph's %zu bytes of staging", g->cap);
+    if (g->n + n > g->jobs_cap) {
+        long cap = 2 * (g->n + n);
+        uint64_t *off = realloc(g->off, sizeof *off * (size_t)cap);
+        if (off) g->off = off;
+        uint64_t *len = off ? realloc(g->len, sizeof *len * (size_t)cap) : NULL;
+        if (len) g->len = len;
+        uint8_t **outs = len ? realloc(g->outs, sizeof *outs * (size_t)cap) : NULL;
+        if (!outs) return ls_fail(err, LS_E_NOMEM, "step graph: %ld digest jobs", cap);
+        g->outs = outs;
+        g->jobs_cap = cap;
+    }
+    LS_TRY(ls_cuda_digest_stage(cj, (int)n, g->d_stage + g->used, g->off + g->n, g->len + g->n, STREAM(be),
+                                err));
+    for (long j = 0; j < n; j++) {
+        g->off[g->n + j] += g->used;
+        g->outs[g->n + j] = im->dg_outs[j];
+    }
+    g->n += n;
+    g->used += need;
+    return LS_OK;
+}
+
+/* Submitted to the digester when there is one (done by digest_wait), else
+ * synchronous; a job too long for the digester's ring makes the call
+ * synchronous, after whatever was submitted before it. While a step graph
+ * is recorded, staged in its memory. */
+static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
+{
+    ON_DEVICE(be, err);
+    cuda_impl *im = IMPL(be);
+    if (n_jobs <= 0) return LS_OK;
+    ls_status st = digest_jobs(im, jobs, n_jobs, err);
+    if (st != LS_OK) return st;
+    if (im->rec) return graph_stage(be, im->rec, n_jobs, err);
+    if (!im->dg && !im->dg_off) digester_open(im);
+    ls_cuda_digest_job *cj = im->dg_jobs;
     int submitted = 0;
-    if (st == LS_OK && im->dg) {
-        for (long j = 0; j < n_jobs; j++) outs[j] = jobs[j].out ? jobs[j].out->bytes : NULL;
-        st = ls_cuda_digester_submit(im->dg, cj, outs, (int)n_jobs, NULL, err);
+    if (im->dg) {
+        st = ls_cuda_digester_submit(im->dg, cj, im->dg_outs, (int)n_jobs, STREAM(be), err);
         submitted = st != LS_E_UNSUPPORTED;
         if (!submitted) st = ls_cuda_digester_wait(im->dg, err);
     }
     if (st == LS_OK && !submitted) st = digest_now(im, cj, jobs, n_jobs, err);
     return st;
+}
+
+/* ---- step graphs ------------------------------------------------------------------ */
+
+static ls_status cu_graph_begin(ls_backend *be, ls_graph **gp, ls_error *err)
+{
+    ON_DEVICE(be, err);
+    cuda_impl *im = IMPL(be);
+    if (im->rec) return ls_fail(err, LS_E_INTERNAL, "step graph: a graph is being recorded already");
+    ls_graph *g = *gp;
+    if (!g) {
+        g = calloc(1, sizeof *g);
+        if (!g) return ls_fail(err, LS_E_NOMEM, "step graph");
+        g->cap = LS_CUDA_GRAPH_STAGE_BYTES;
+        ls_status st = ls_cuda_malloc((void **)&g->d_stage, g->cap, err);
+        if (st == LS_OK) st = ls_cuda_host_alloc((void **)&g->h_stage, g->cap, err);
+        if (st != LS_OK) {
+            graph_release(g);
+            return st;
+        }
+        g->next = im->graphs;
+        im->graphs = g;
+        *gp = g;
+    }
+    g->n = 0;
+    g->used = 0;
+    LS_TRY(ls_cuda_capture_begin(im->stream, err));
+    im->rec = g;
+    return LS_OK;
+}
+
+/* With keep, the staged digests' download ends the graph. Whatever fails
+ * leaves g empty. */
+static ls_status cu_graph_end(ls_backend *be, ls_graph *g, int keep, ls_error *err)
+{
+    ON_DEVICE(be, err);
+    cuda_impl *im = IMPL(be);
+    ls_status st = keep ? ls_cuda_download_async(g->h_stage, g->d_stage, g->used, im->stream, err) : LS_OK;
+    im->rec = NULL;
+    ls_status cst = ls_cuda_capture_end(im->stream, keep && st == LS_OK, &g->exec, err);
+    if (st == LS_OK) st = cst;
+    if (!keep || st != LS_OK) {
+        ls_cuda_graph_destroy(g->exec);
+        g->exec = NULL;
+        g->n = 0;
+        g->used = 0;
+    }
+    return st;
+}
+
+/* The graph, then its staged digests handed to the digester (hashed here
+ * after the stream when digests are synchronous). */
+static ls_status cu_graph_launch(ls_backend *be, ls_graph *g, ls_error *err)
+{
+    ON_DEVICE(be, err);
+    cuda_impl *im = IMPL(be);
+    if (!g->exec) return ls_fail(err, LS_E_INTERNAL, "step graph: launched with nothing recorded");
+    if (g->n > 0 && !im->dg && !im->dg_off) digester_open(im);
+    LS_TRY(ls_cuda_graph_launch(g->exec, im->stream, err));
+    if (g->n == 0) return LS_OK;
+    if (g->n > 0x7fffffffL)
+        return ls_fail(err, LS_E_UNSUPPORTED, "step graph: %ld digest jobs (at most 2^31-1)", g->n);
+    if (im->dg)
+        return ls_cuda_digester_submit_staged(im->dg, g->h_stage, g->off, g->len, g->outs, (int)g->n,
+                                              im->stream, err);
+    LS_TRY(ls_cuda_stream_sync(im->stream, err));
+    for (long j = 0; j < g->n; j++)
+        if (host_sha256(NULL, 0, g->h_stage + g->off[j], (size_t)g->len[j], g->outs[j]))
+            return ls_fail(err, LS_E_CRYPTO, "step graph: host SHA-256 of a staged digest failed");
+    return LS_OK;
+}
+
+static void cu_graph_free(ls_backend *be, ls_graph *g)
+{
+    cuda_impl *im = IMPL(be);
+    if (!g) return;
+    for (ls_graph **p = &im->graphs; *p; p = &(*p)->next)
+        if (*p == g) {
+            *p = g->next;
+            break;
+        }
+    graph_release(g);
 }
 
 ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend **out,
@@ -1225,6 +1396,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     if (st == LS_OK && arena_bytes == 0)
         arena_bytes = ls_cuda_mem_free_bytes() / 10 * 9 / (size_t)(o->arena_share > 1 ? o->arena_share : 1);
     if (st == LS_OK) st = ls_cuda_arena_init(&im->dev, arena_bytes, err);
+    if (st == LS_OK) st = ls_cuda_stream_create(&im->stream, err);
     if (st != LS_OK) {
         cu_destroy(be);
         return st;
@@ -1269,6 +1441,10 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->digest = cu_digest;
     be->digest_wait = cu_digest_wait;
     be->digest_mark = cu_digest_mark;
+    be->graph_begin = cu_graph_begin;
+    be->graph_end = cu_graph_end;
+    be->graph_launch = cu_graph_launch;
+    be->graph_free = cu_graph_free;
     *out = be;
     return LS_OK;
 }

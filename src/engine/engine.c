@@ -39,6 +39,7 @@ void ls_engine_opts_default(ls_engine_opts *o)
     o->state_digest_every = 64;
     o->perturb_layer = -1;
     o->perturb_op = LS_PERTURB_NONE;
+    o->step_graphs = 1;
 }
 
 static ls_status wrap(ls_engine *e, const ls_wmat *m, ls_bweight *out, ls_error *err)
@@ -168,7 +169,7 @@ void ls_engine_destroy(ls_engine *e)
         e->snaps = s->next;
         free(s->conv), free(s->gdn), free(s->kc), free(s->vc), free(s);
     }
-    free(e->h_in), free(e->h_lp), free(e->h_lps);
+    free(e->h_in), free(e->h_lp), free(e->h_lps), free(e->graphs[0].have), free(e->graphs[0].dig);
     ls_sha256 *runs = e->banks[0].lg_run;
     for (long r = 0; runs && r < 2 * e->T; r++) ls_sha256_discard(&runs[r]); /* a failed step's */
     free(runs);
@@ -512,6 +513,14 @@ static ls_status create_inner(ls_engine *e, ls_error *err)
     *b1 = (struct ls_engine_bank){b0->dig + T * ns, b0->have + T * ns, b0->recs + T, b0->rec_dig + T * ns,
                                   b0->lg_run + T, 0, 0, 0};
     use_bank(e, 0);
+    e->graphs[0].have = calloc(2 * (size_t)ns, 1);
+    e->graphs[0].dig = calloc(2 * (size_t)ns, sizeof *e->graphs[0].dig);
+    if (!e->graphs[0].have || !e->graphs[0].dig)
+        return ls_fail_nomem(err, 2 * (size_t)ns * (1 + sizeof *e->graphs[0].dig), "engine: step graph rows");
+    e->graphs[1].have = e->graphs[0].have + ns;
+    e->graphs[1].dig = e->graphs[0].dig + ns;
+    e->graphs[0].slot = e->graphs[1].slot = -1;
+    e->graphs_on = e->o.step_graphs;
     if (e->o.dump_decoder_layers) {
         for (long l = 0; l < L; l++) e->dumping |= e->o.dump_decoder_layers[l] != 0;
     }
@@ -1206,6 +1215,25 @@ ls_status ls_engine_step_end(ls_engine *e, ls_error *err)
 int ls_engine_pipelines(const ls_engine *e)
 {
     return !e->dumping;
+}
+
+void ls_engine_set_step_graphs(ls_engine *e, int on)
+{
+    for (int b = 0; b < 2; b++) {
+        if (e->graphs[b].g && e->be->graph_free) e->be->graph_free(e->be, e->graphs[b].g);
+        e->graphs[b].g = NULL;
+        e->graphs[b].slot = -1;
+    }
+    e->graphs_on = on != 0;
+    e->graph_warm = 0;
+    e->graph_off[0] = '\0';
+}
+
+void ls_engine_step_graph_stats(const ls_engine *e, long *records, long *launches, const char **off)
+{
+    *records = e->graph_records;
+    *launches = e->graph_launches;
+    *off = e->graph_off[0] ? e->graph_off : NULL;
 }
 
 ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err)

@@ -136,6 +136,12 @@ typedef struct ls_engine_opts {
                                   records and samples equal the colocated engine's, bit for
                                   bit. All ranks run the same steps */
     int afd_attention;         /* with afd_comm: A, the attention ranks (0 = 1) */
+    int step_graphs;           /* 1 (default): a pipelined decode step of one sequence
+                                  (ls_engine_step_begin, one token, no carried-state digest
+                                  due) is recorded once as a device graph on a backend with
+                                  graph ops, and replayed: the same kernels and arguments, so
+                                  the same bits, for a fraction of the host's launch time
+                                  (docs/architecture.md, "Step graphs"). 0 = never */
 } ls_engine_opts;
 
 void ls_engine_opts_default(ls_engine_opts *o);
@@ -308,6 +314,11 @@ ls_status ls_engine_step(ls_engine *e, const ls_engine_item *items, long n_items
 ls_status ls_engine_step_begin(ls_engine *e, const ls_engine_item *items, long n_items, ls_error *err);
 ls_status ls_engine_step_end(ls_engine *e, ls_error *err);
 int ls_engine_pipelines(const ls_engine *e);
+/* Step graphs (ls_engine_opts.step_graphs) on or off from the next step,
+ * dropping what was recorded; records: steps recorded, launches: steps run
+ * as a graph, off: why a recording failed (graphs are then off), or NULL. */
+void ls_engine_set_step_graphs(ls_engine *e, int on);
+void ls_engine_step_graph_stats(const ls_engine *e, long *records, long *launches, const char **off);
 long ls_engine_step_rows(const ls_engine *e);
 /* Selects row's next token (sample.h; ids scratch is the engine's). Greedy
  * reads the row's top-1 (the same token as the scan over the row); the other

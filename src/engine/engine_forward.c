@@ -1,6 +1,7 @@
 /* lockstep — the engine's forward: the layer sequence over the operator
  * table, and the digest queue that hashes what the layers produce; see
  * engine.h for what is recorded where. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -571,7 +572,7 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
     LS_TRY(be->rope_apply(be, BEV(e->Q), e->v_cos, e->v_sin, T, Hq, d, c->rotary_dims, act, err));
     LS_TRY(be->rope_apply(be, BEV(e->K), e->v_cos, e->v_sin, T, Hkv, d, c->rotary_dims, act, err));
     ls_order oa = ord(e, l, LS_PERTURB_ATTENTION);
-    int batched = be->kv_append_batch && be->attention_batch && nseg > 1;
+    int batched = be->kv_append_batch && be->attention_batch;
     if (batched) {
         batch_args ba = {0};
         LS_TRY(batch_init(sg, nseg, &ba, err));
@@ -587,7 +588,7 @@ static ls_status attn_layer(ls_engine *e, long l, const seg *sg, long nseg, long
             pts[s] = ls_engine_slot_pt(e, sg[s].slot);
         }
         ls_status st = be->kv_append_batch(be, BEV(e->K), BEV(e->V), ba.st, ba.st2, pts, e->page, e->kv_cap,
-                                           ba.row0, ba.len, ba.pos0, nseg, Hkv, d, err);
+                                           ba.row0, ba.len, ba.pos0, e->v_pos, nseg, Hkv, d, err);
         if (st == LS_OK)
             st = be->attention_batch(be, BEV(e->Q), ba.st, ba.st2, pts, e->page, e->kv_cap, ba.row0, ba.len,
                                      nseg, e->v_pos, BEV(e->O), Hq, Hkv, d, act, oa, err);
@@ -833,12 +834,141 @@ static ls_status residual_rmsnorm(ls_engine *e, ls_buf *w, ls_order o, long T, l
     return LS_OK;
 }
 
+/* The device work of a step, after its inputs' upload: the layers, the
+ * lm_head, the logprobs and their summary (not downloaded). */
+static ls_status device_step(ls_engine *e, const seg *sg, long nseg, long T, uint64_t *t_layers, ls_error *err)
+{
+    ls_backend *be = e->be;
+    const ls_model_config *c = &e->c;
+    int act = e->o.act_bf16;
+    long D = c->hidden, V = c->vocab, k = c->topk, L = c->n_layers;
+    LS_TRY(be->embed(be, &e->embed, e->v_tok, T, BEV(e->H), act, err));
+    LS_TRY(dq_rows(e, e->H, D, T, 0, 0, err));
+    /* Every norm of the hidden rows but the first follows a residual add:
+     * the two are one call (residual_rmsnorm). */
+    LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->lw[0].in_norm), BEV(e->XN), T, D, act,
+                       ord(e, 0, LS_PERTURB_NORM), err));
+    for (long l = 0; l < L; l++) {
+        layer_w *w = &e->lw[l];
+        ls_order on = ord(e, l, LS_PERTURB_NORM);
+        uint64_t t_layer = ls_now_ns(), wait = 0;
+        if (c->is_attention[l]) LS_TRY(attn_layer(e, l, sg, nseg, T, err));
+        else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
+        LS_TRY(residual_rmsnorm(e, w->post_norm, on, T, err));
+        LS_TRY(dq_rows(e, e->H, D, T, mixer_tl(l), 0, err));
+        if (!e->afd)
+            LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
+                              BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
+        if (e->afd)
+            LS_TRY(moe_remote(e, T, &wait, err));
+        else if (e->ep)
+            LS_TRY(moe_ep(e, l, T, err));
+        else
+            LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
+                           ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
+        int tl = mixer_tl(l) + 1;
+        /* ids are int32 and weights fp32, both hashed as raw 4 bytes little-endian. */
+        for (long r = 0; r < T; r++)
+            LS_TRY(dq_push(e, r, tl, LS_DIGEST_ROUTER, span(AT(e->ids, r * k), 1, k, k, 0),
+                           span(AT(e->wts, r * k), 1, k, k, 0), err));
+        /* the next residual add writes where the layer's input rows are: their
+         * digest, the mixer's (KV, states), its rows and the router's go now */
+        LS_TRY(dq_flush(e, err));
+        /* the next layer's input norm, or after the last the final norm */
+        ls_buf *next_norm = l + 1 < L ? e->lw[l + 1].in_norm : e->final_norm;
+        LS_TRY(residual_rmsnorm(e, next_norm, ord(e, l + 1, LS_PERTURB_NORM), T, err));
+        LS_TRY(dq_rows(e, e->H, D, T, tl, 0, err));
+        if (e->afd) {
+            uint64_t span_ns = ls_now_ns() - t_layer;
+            e->afd_ns[2 * l] += span_ns - wait;
+            e->afd_ns[2 * l + 1] += wait;
+            *t_layers += span_ns;
+        }
+    }
+    LS_TRY(dq_rows(e, e->XN, D, T, e->n_tl - 2, 0, err));
+    LS_TRY(lm_head(e, T, err));
+    LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
+    LS_TRY(be->lp_summary(be, BEV(e->lp), e->v_next, T, V, e->lp_k, BEV(e->lps), err));
+    return LS_OK;
+}
+
+/* ---- step graphs -------------------------------------------------------------------
+ * A pipelined decode step of one sequence takes no host value into its
+ * launches that changes from one step to the next: its positions, tokens
+ * and rope rows are read from the uploaded inputs, the KV append's position
+ * too (kv_append_batch), its buffers and the slot's states are fixed, and
+ * the recurrent GDN form does not depend on the position. Such a step is
+ * recorded once per bank (the digests it writes are the bank's) and slot,
+ * after one run as it is (which sets up what a recording cannot: the MoE's
+ * tables, the digester), and replayed from then on; its digests' slots are
+ * marked as recording them marked them. A step with a carried-state digest
+ * due, of more rows or sequences, or under TP, EP, AFD, layer dumps or the
+ * chunk-aligned GDN form runs as it is. A recording that fails turns graphs
+ * off for the engine (ls_engine_step_graph_stats says why) and the step runs
+ * as it is. */
+static int graph_fits(const ls_engine *e, const seg *sg, long nseg)
+{
+    const ls_backend *be = e->be;
+    return e->graphs_on && be->graph_begin && be->kv_append_batch && be->attention_batch && !e->step_alone &&
+           !e->dumping && !e->tp && !e->ep && !e->afd && !e->o.gdn_chunked && nseg == 1 && sg[0].n == 1 &&
+           !state_due(e, &sg[0], 0);
+}
+
+static ls_status graph_launch(ls_engine *e, struct ls_engine_graph *g, ls_error *err)
+{
+    memcpy(e->have, g->have, (size_t)e->n_slots);
+    memcpy(e->dig, g->dig, sizeof *e->dig * (size_t)e->n_slots);
+    LS_TRY(e->be->graph_launch(e->be, g->g, err));
+    e->graph_launches++;
+    return LS_OK;
+}
+
+static ls_status graph_step(ls_engine *e, const seg *sg, long nseg, long T, uint64_t *t_layers, ls_error *err)
+{
+    if (!graph_fits(e, sg, nseg)) return device_step(e, sg, nseg, T, t_layers, err);
+    ls_backend *be = e->be;
+    struct ls_engine_graph *g = &e->graphs[e->bank];
+    if (g->slot == sg[0].slot && g->H == e->H) return graph_launch(e, g, err);
+    if (!e->graph_warm) {
+        e->graph_warm = 1;
+        return device_step(e, sg, nseg, T, t_layers, err);
+    }
+    ls_buf *H = e->H;
+    ls_error rerr;
+    ls_error_clear(&rerr);
+    g->slot = -1;
+    ls_status st = be->graph_begin(be, &g->g, &rerr);
+    if (st == LS_OK) {
+        st = device_step(e, sg, nseg, T, t_layers, &rerr);
+        ls_error ignored;
+        ls_status est = be->graph_end(be, g->g, st == LS_OK, st == LS_OK ? &rerr : &ignored);
+        if (st == LS_OK) st = est;
+    }
+    if (st != LS_OK) { /* nothing ran: the step runs as it is */
+        e->graphs_on = 0;
+        snprintf(e->graph_off, sizeof e->graph_off, "%s", rerr.msg);
+        if (e->H != H) {
+            e->H_next = e->H;
+            e->H = H;
+        }
+        e->n_jobs = 0;
+        memset(e->have, 0, (size_t)(T * e->n_slots));
+        return device_step(e, sg, nseg, T, t_layers, err);
+    }
+    g->slot = sg[0].slot;
+    g->H = H;
+    memcpy(g->have, e->have, (size_t)e->n_slots);
+    memcpy(g->dig, e->dig, sizeof *e->dig * (size_t)e->n_slots);
+    e->graph_records++;
+    return graph_launch(e, g, err);
+}
+
 static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
 {
     ls_backend *be = e->be;
     const ls_model_config *c = &e->c;
     int act = e->o.act_bf16;
-    long D = c->hidden, V = c->vocab, k = c->topk, L = c->n_layers, T = 0;
+    long V = c->vocab, T = 0;
     e->step_rows = 0;
     e->lp_full = 0;
     in_layout(e, nseg > 0 ? sg[nseg - 1].row0 + sg[nseg - 1].n : 0);
@@ -881,53 +1011,7 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
     long half = c->rotary_dims / 2;
     ls_cpu_rope_table(e->h_pos, T, c->rotary_dims, c->rope_theta, e->h_cos, e->h_sin, act);
     LS_TRY(be->upload(be, BEV(e->inb), e->h_in, (size_t)(3 * T + 2 * T * half) * 4, err));
-    LS_TRY(be->embed(be, &e->embed, e->v_tok, T, BEV(e->H), act, err));
-    LS_TRY(dq_rows(e, e->H, D, T, 0, 0, err));
-    /* Every norm of the hidden rows but the first follows a residual add:
-     * the two are one call (residual_rmsnorm). */
-    LS_TRY(be->rmsnorm(be, BEV(e->H), BEV(e->lw[0].in_norm), BEV(e->XN), T, D, act,
-                       ord(e, 0, LS_PERTURB_NORM), err));
-    for (long l = 0; l < L; l++) {
-        layer_w *w = &e->lw[l];
-        ls_order on = ord(e, l, LS_PERTURB_NORM);
-        uint64_t t_layer = ls_now_ns(), wait = 0;
-        if (c->is_attention[l]) LS_TRY(attn_layer(e, l, sg, nseg, T, err));
-        else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
-        LS_TRY(residual_rmsnorm(e, w->post_norm, on, T, err));
-        LS_TRY(dq_rows(e, e->H, D, T, mixer_tl(l), 0, err));
-        if (!e->afd)
-            LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
-                              BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
-        if (e->afd)
-            LS_TRY(moe_remote(e, T, &wait, err));
-        else if (e->ep)
-            LS_TRY(moe_ep(e, l, T, err));
-        else
-            LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
-                           ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
-        int tl = mixer_tl(l) + 1;
-        /* ids are int32 and weights fp32, both hashed as raw 4 bytes little-endian. */
-        for (long r = 0; r < T; r++)
-            LS_TRY(dq_push(e, r, tl, LS_DIGEST_ROUTER, span(AT(e->ids, r * k), 1, k, k, 0),
-                           span(AT(e->wts, r * k), 1, k, k, 0), err));
-        /* the next residual add writes where the layer's input rows are: their
-         * digest, the mixer's (KV, states), its rows and the router's go now */
-        LS_TRY(dq_flush(e, err));
-        /* the next layer's input norm, or after the last the final norm */
-        ls_buf *next_norm = l + 1 < L ? e->lw[l + 1].in_norm : e->final_norm;
-        LS_TRY(residual_rmsnorm(e, next_norm, ord(e, l + 1, LS_PERTURB_NORM), T, err));
-        LS_TRY(dq_rows(e, e->H, D, T, tl, 0, err));
-        if (e->afd) {
-            uint64_t span_ns = ls_now_ns() - t_layer;
-            e->afd_ns[2 * l] += span_ns - wait;
-            e->afd_ns[2 * l + 1] += wait;
-            t_layers += span_ns;
-        }
-    }
-    LS_TRY(dq_rows(e, e->XN, D, T, e->n_tl - 2, 0, err));
-    LS_TRY(lm_head(e, T, err));
-    LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
-    LS_TRY(be->lp_summary(be, BEV(e->lp), e->v_next, T, V, e->lp_k, BEV(e->lps), err));
+    LS_TRY(graph_step(e, sg, nseg, T, &t_layers, err));
     LS_TRY(be->download(be, e->h_lps, BEV(e->lps), (size_t)(T * LS_LP_SUMMARY_WORDS(e->lp_k)) * 4, err));
     if (e->afd) {
         e->afd_head_ns += ls_now_ns() - t_head - t_layers;

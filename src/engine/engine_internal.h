@@ -141,6 +141,19 @@ struct ls_engine {
     /* layer dumps (dump_decoder_layers) */
     int dumping;
     int step_alone;                       /* the step is waited for before the next begins */
+    /* step graphs (engine_forward.c, graph_step): per bank, the recorded
+     * device work of a one-row decode step of slot `slot` (-1: none) */
+    struct ls_engine_graph {
+        ls_graph *g;
+        long slot;
+        ls_buf *H;                        /* e->H when it was recorded */
+        unsigned char *have;              /* [n_slots] the row's digests it records */
+        ls_trace_digest *dig;             /* [n_slots] their layers and kinds */
+    } graphs[2];                          /* graphs[0]'s arrays hold both */
+    int graphs_on;                        /* o.step_graphs, until a recording fails */
+    int graph_warm;                       /* a step that could be recorded ran as it is */
+    long graph_records, graph_launches;
+    char graph_off[LS_ERROR_MSG_BYTES];   /* why a recording failed, or "" */
     unsigned char *dump_data;             /* [T, n_slots, dump_bytes] canonical bytes */
     size_t dump_bytes;
     ls_trace_dump *dumps;                 /* [T, n_slots] */

@@ -6,7 +6,9 @@
  * whole-sequence replay. The same for the chunk-aligned GDN form
  * (docs/numerics.md §5.1) on prompts and rollouts that cross a chunk
  * boundary (positions 64) in prefill, decode and every replay chunking.
- * (CUDA engines as ranks of several: test_ranks_cuda.c.) */
+ * And one-token steps through step graphs, against the CPU and the CUDA
+ * engine without them. (CUDA engines as ranks of several:
+ * test_ranks_cuda.c.) */
 #include "gpu_testutil.h"
 
 #include "engine_records.h"
@@ -164,6 +166,77 @@ static void check_model(const char *dir, int gdn_chunked)
     ls_checkpoint_close(ck);
 }
 
+/* Step graphs (docs/architecture.md, "Step graphs"): one sequence replayed
+ * a token a step (pipelined steps of one row, as a rollout's decode),
+ * recorded and replayed as graphs, gives every record and digest of the CPU
+ * engine and of the CUDA engine without graphs; carried-state digests every
+ * 5 positions make some steps run as they are in between. The tokens are
+ * pseudo-random, none a vision placeholder. */
+#define GRAPH_TOKENS 40
+static void graph_replay(const ls_model *m, const char *backend, int graphs, recs *out, long *launches)
+{
+    ls_error err;
+    ls_error_clear(&err);
+    int32_t toks[GRAPH_TOKENS];
+    const ls_model_config *c = &m->cfg;
+    uint64_t x = 0x2545f4914f6cdd1dull;
+    for (long i = 0; i < GRAPH_TOKENS;) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int32_t t = (int32_t)((x >> 33) % (uint64_t)c->vocab);
+        int vision = 0;
+        for (int v = 0; v < 2; v++) vision |= (c->vision_tokens_given >> v & 1) && t == c->vision_tokens[v];
+        if (!vision) toks[i++] = t;
+    }
+    ls_sequence seq = {.id = 7, .tokens = toks, .n_tokens = GRAPH_TOKENS, .prompt_len = GRAPH_TOKENS};
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.state_digest_every = 5;
+    o.max_rows = 64;
+    o.step_graphs = graphs;
+    ls_engine *e = NULL;
+    ck_assert_msg(ls_gpu_engine_open(m, backend, &o, 1, 64, &e, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_replay(e, &seq, 1, 1, recs_sink, out, &err) == LS_OK, "%s replay: %s", backend, err.msg);
+    long records;
+    const char *off;
+    ls_engine_step_graph_stats(e, &records, launches, &off);
+    ck_assert_msg(off == NULL, "a step graph's recording failed: %s", off);
+    ls_engine_destroy(e);
+    recs_sort(out);
+}
+
+START_TEST(test_engine_cuda_step_graphs)
+{
+    setup_models();
+    ls_checkpoint *ck = NULL;
+    ls_model *m = NULL;
+    const char *dir = g_dirs[_i < g_n_dirs ? _i : 0];
+    ls_test_open_model(dir, &ck, &m);
+    recs cpu = {0}, on = {0}, off = {0};
+    long n_cpu = 0, n_on = 0, n_off = 0;
+    graph_replay(m, "cpu", 1, &cpu, &n_cpu);
+    graph_replay(m, "cuda", 1, &on, &n_on);
+    graph_replay(m, "cuda", 0, &off, &n_off);
+    char msg[512];
+    const char *base = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    int d = recs_diff(&cpu, &on, 0, msg, sizeof msg);
+    printf("%s %s one-token steps, cuda with step graphs (%ld steps launched) vs cpu: %s\n",
+           d ? "MISMATCH" : "  ok", base, n_on, msg);
+    ck_assert_msg(!d, "%s with step graphs: %s", base, msg);
+    d = recs_diff(&off, &on, 0, msg, sizeof msg);
+    printf("%s %s one-token steps, cuda with step graphs vs without: %s\n", d ? "MISMATCH" : "  ok", base, msg);
+    ck_assert_msg(!d, "%s with step graphs vs without: %s", base, msg);
+    /* every fifth position has a state digest: most steps are replays */
+    ck_assert_msg(n_on >= GRAPH_TOKENS / 2, "only %ld of %d steps launched as graphs", n_on, GRAPH_TOKENS);
+    ck_assert_int_eq(n_cpu, 0);
+    ck_assert_int_eq(n_off, 0);
+    recs_free(&cpu);
+    recs_free(&on);
+    recs_free(&off);
+    ls_model_close(m);
+    ls_checkpoint_close(ck);
+}
+END_TEST
+
 START_TEST(test_engine_cuda_equals_cpu)
 {
     setup_models();
@@ -233,6 +306,7 @@ int main(void)
     tcase_add_loop_test(tc, test_engine_cuda_equals_cpu, 0, n);
     tcase_add_loop_test(tc, test_engine_cuda_chunk_aligned_equals_cpu, 0, getenv("LS_GPU_QUICK") ? 1 : 3);
     tcase_add_test(tc, test_engine_cuda_fails_closed_on_perturb);
+    tcase_add_loop_test(tc, test_engine_cuda_step_graphs, 0, n);
     suite_add_tcase(s, tc);
     return ls_gpu_run_suite(s);
 }
