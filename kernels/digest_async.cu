@@ -57,9 +57,11 @@
  * hash's parts are hashed in order.
  *
  * Staged batches (ls_cuda_digester_submit_staged): jobs a step graph
- * already encoded and downloaded into its own pinned memory take a slot and
- * no ring region; the slot's event is recorded after the graph, and the
- * batch is handed out at once, hashed and retired in order with the rest.
+ * already encoded into its own device memory take a slot and no ring
+ * region; their bytes are downloaded into the graph's pinned memory on the
+ * copy stream after the graph (off the submitting stream, which goes on at
+ * once), the slot's event recorded after that, and the batch is handed out
+ * at once, hashed and retired in order with the rest.
  *
  * Reuse: a slot and its region are rewritten only after the batch in it
  * is retired, that is after the stream passed its group's event (recorded
@@ -499,12 +501,13 @@ extern "C" ls_status ls_cuda_digester_submit(ls_cuda_digester *d, const ls_cuda_
     return LS_OK;
 }
 
-/* A batch of jobs already encoded into pinned host memory by work enqueued
- * on stream before this call (a step graph's staging): no ring region, the
- * slot's own event recorded on stream now, handed out at once. */
-static ls_status dg_staged_chunk(ls_cuda_digester *d, const uint8_t *h_bytes, const uint64_t *off,
-                                 const uint64_t *len, uint8_t *const *outs, int n, void *stream,
-                                 ls_error *err)
+/* A batch of jobs already encoded into device memory by work enqueued on
+ * stream before this call (a step graph's staging), downloaded to h_bytes
+ * by the first chunk (bytes > 0): no ring region, the slot's own event
+ * recorded after the download on the copy stream, handed out at once. */
+static ls_status dg_staged_chunk(ls_cuda_digester *d, const uint8_t *d_bytes, uint8_t *h_bytes, size_t bytes,
+                                 const uint64_t *off, const uint64_t *len, uint8_t *const *outs, int n,
+                                 void *stream, ls_error *err)
 {
     dg_flush(d); /* batches are handed out and retired in submission order */
     pthread_mutex_lock(&d->mu);
@@ -525,31 +528,41 @@ static ls_status dg_staged_chunk(ls_cuda_digester *d, const uint8_t *h_bytes, co
     memcpy(b->len, len, sizeof *len * (size_t)n);
     memset(b->parts, 0, sizeof *b->parts * (size_t)n);
     memset(b->first, 0, (size_t)n);
-    cudaError_t ce = cudaEventRecord(b->own, (cudaStream_t)stream);
+    cudaError_t ce = cudaEventRecord(d->staged, (cudaStream_t)stream);
+    if (ce == cudaSuccess) ce = cudaStreamWaitEvent(d->copy, d->staged, 0);
+    if (ce == cudaSuccess && bytes)
+        ce = cudaMemcpyAsync(h_bytes, d_bytes, bytes, cudaMemcpyDeviceToHost, d->copy);
+    if (ce == cudaSuccess) ce = cudaEventRecord(b->own, d->copy);
+    if (ce != cudaSuccess) { /* nothing enqueued still uses the staging */
+        cudaStreamSynchronize((cudaStream_t)stream);
+        cudaStreamSynchronize(d->copy);
+    }
     pthread_mutex_lock(&d->mu);
     if (ce == cudaSuccess) {
         b->ev = b->own;
         b->next = 0;
     } else {
+        b->next = b->n;
         b->left = 0;
         dg_retire(d);
     }
     pthread_cond_broadcast(&d->work);
     pthread_mutex_unlock(&d->mu);
     if (ce != cudaSuccess)
-        return ls_fail(err, LS_E_DEVICE, "digest: recording the event of %d staged jobs: %s", n,
+        return ls_fail(err, LS_E_DEVICE, "digest: the download of %d staged jobs (%zu bytes): %s", n, bytes,
                        cudaGetErrorString(ce));
     return LS_OK;
 }
 
-extern "C" ls_status ls_cuda_digester_submit_staged(ls_cuda_digester *d, const uint8_t *h_bytes,
-                                                    const uint64_t *off, const uint64_t *len,
-                                                    uint8_t *const *outs, int n_jobs, void *stream,
-                                                    ls_error *err)
+extern "C" ls_status ls_cuda_digester_submit_staged(ls_cuda_digester *d, const uint8_t *d_bytes,
+                                                    uint8_t *h_bytes, size_t bytes, const uint64_t *off,
+                                                    const uint64_t *len, uint8_t *const *outs, int n_jobs,
+                                                    void *stream, ls_error *err)
 {
     for (int i0 = 0; i0 < n_jobs; i0 += LS_DG_SLOT_JOBS) {
         int n = n_jobs - i0 < LS_DG_SLOT_JOBS ? n_jobs - i0 : LS_DG_SLOT_JOBS;
-        LS_TRY(dg_staged_chunk(d, h_bytes, off + i0, len + i0, outs + i0, n, stream, err));
+        LS_TRY(dg_staged_chunk(d, d_bytes, h_bytes, i0 == 0 ? bytes : 0, off + i0, len + i0, outs + i0, n,
+                               stream, err));
     }
     return LS_OK;
 }

@@ -174,13 +174,6 @@ extern "C" void ls_cuda_stream_destroy(void *stream)
     if (stream) (void)cudaStreamDestroy((cudaStream_t)stream);
 }
 
-extern "C" ls_status ls_cuda_stream_sync(void *stream, ls_error *err)
-{
-    LS_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream), err,
-                  "a kernel faulted or timed out; rerun under compute-sanitizer --tool memcheck");
-    return LS_OK;
-}
-
 extern "C" ls_status ls_cuda_capture_begin(void *stream, ls_error *err)
 {
     LS_CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal), err,
@@ -215,15 +208,6 @@ extern "C" ls_status ls_cuda_graph_launch(void *exec, void *stream, ls_error *er
 extern "C" void ls_cuda_graph_destroy(void *exec)
 {
     if (exec) (void)cudaGraphExecDestroy((cudaGraphExec_t)exec);
-}
-
-extern "C" ls_status ls_cuda_download_async(void *dst_host, const void *src_dev, size_t bytes, void *stream,
-                                            ls_error *err)
-{
-    if (bytes == 0) return LS_OK;
-    LS_CUDA_CHECK(cudaMemcpyAsync(dst_host, src_dev, bytes, cudaMemcpyDeviceToHost, (cudaStream_t)stream), err,
-                  "device-to-host copy");
-    return LS_OK;
 }
 
 extern "C" ls_status ls_cuda_host_alloc(void **p, size_t bytes, ls_error *err)

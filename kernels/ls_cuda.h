@@ -136,14 +136,10 @@ ls_status ls_cuda_sync(ls_error *err);
  * drops it (*exec unchanged) and clears the error the recording left. */
 ls_status ls_cuda_stream_create(void **out, ls_error *err);
 void ls_cuda_stream_destroy(void *stream);
-ls_status ls_cuda_stream_sync(void *stream, ls_error *err);
 ls_status ls_cuda_capture_begin(void *stream, ls_error *err);
 ls_status ls_cuda_capture_end(void *stream, int keep, void **exec, ls_error *err);
 ls_status ls_cuda_graph_launch(void *exec, void *stream, ls_error *err);
 void ls_cuda_graph_destroy(void *exec);
-/* An asynchronous device-to-host copy on stream (dst pinned: ls_cuda_host_alloc). */
-ls_status ls_cuda_download_async(void *dst_host, const void *src_dev, size_t bytes, void *stream,
-                                 ls_error *err);
 ls_status ls_cuda_host_alloc(void **p, size_t bytes, ls_error *err);
 void ls_cuda_host_free(void *p);
 

@@ -388,6 +388,46 @@ __device__ __forceinline__ void ls_warp_rowdot(const void *row, int wtype, long 
     else ls_warp_rowdot_t<NT, 0>(row, n, xs, nt, wsm, out);
 }
 
+/* ---- one token, whole bf16 rows in registers ---------------------------------------- */
+
+/* A bf16 row of 256 CH elements (16-byte aligned) into a warp's registers:
+ * lane L holds elements 8L .. 8L+7 of each 256-element chunk c in raw[c]. */
+template <int CH>
+__device__ __forceinline__ void ls_row1_load(uint4 (&raw)[CH], const void *row, int lane)
+{
+    const uint4 *src = (const uint4 *)row;
+#pragma unroll
+    for (int c = 0; c < CH; c++) raw[c] = src[c * LS_WARP + lane];
+}
+
+/* DOT32 of that row with the fp32 activations xs [256 CH] (shared memory),
+ * in ls_warp_rowdot_t's order: each chunk staged through the warp's shared
+ * slot (256 floats) as fp32, lane l adding the chunk's elements k ≡ l
+ * (mod 32) in ascending k (product, then add), then ls_warp_tree. Every lane
+ * gets the sum. */
+template <int CH>
+__device__ __forceinline__ float ls_row1_dot(const uint4 (&raw)[CH], float *slot, const float *xs, int lane)
+{
+    float p = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        uint32_t u[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            slot[lane * 8 + 2 * i] = ls_bf16_to_f32((uint16_t)(u[i] & 0xffffu));
+            slot[lane * 8 + 2 * i + 1] = ls_bf16_to_f32((uint16_t)(u[i] >> 16));
+        }
+        __syncwarp();
+#pragma unroll
+        for (int m = 0; m < 8; m++) {
+            float prod = slot[m * LS_WARP + lane] * xs[c * 256 + m * LS_WARP + lane];
+            p = p + prod;
+        }
+        __syncwarp();
+    }
+    return ls_warp_tree(p);
+}
+
 /* ---- tiles: weight rows x activation rows through shared memory ---------------- */
 
 /* A block of LS_TILE_WARPS warps forms the DOT32s of NROWS = 4 RW weight rows

@@ -147,8 +147,67 @@ static ls_status linear_tiles(const void *w, int wtype, long out, long in, const
     return LS_OK;
 }
 
+/* Plan 2, one token (T = 1) of bf16 weights with in = 2048: the block
+ * stages x in shared memory once; each warp takes rows o, o + W, ... (W the
+ * grid's warps), holds a whole row in registers (ls_row1_load) and loads
+ * the next row before it adds the current one, so that a warp keeps one to
+ * two rows of weights in flight instead of two KiB. The adds are
+ * ls_row1_dot's, the canonical order: the same bits as plan 0. Another
+ * shape or dtype runs plan 0. */
+#define LS_R1_CH 8            /* in = 256 LS_R1_CH */
+#define LS_R1_WARPS_PER_SM 32 /* warps the grid is sized to, per SM */
+
+__global__ void __launch_bounds__(LS_LIN_WARPS * LS_WARP)
+ls_linear_row1_kernel(const uint16_t *w, long out, const float *x, float *y, int act)
+{
+    constexpr long K = 256L * LS_R1_CH;
+    __shared__ float xsm[K];
+    __shared__ float wsm[LS_LIN_WARPS][256];
+    int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    for (int i = (int)threadIdx.x; i < K; i += (int)blockDim.x) xsm[i] = x[i];
+    __syncthreads();
+    long stride = (long)gridDim.x * LS_LIN_WARPS, o = (long)blockIdx.x * LS_LIN_WARPS + warp;
+    if (o >= out) return; /* whole warp */
+    uint4 raw[LS_R1_CH], next[LS_R1_CH];
+    ls_row1_load<LS_R1_CH>(raw, w + o * K, lane);
+    for (; o < out; o += stride) {
+        if (o + stride < out) ls_row1_load<LS_R1_CH>(next, w + (o + stride) * K, lane);
+        float p = ls_row1_dot<LS_R1_CH>(raw, wsm[warp], xsm, lane);
+        if (lane == 0) y[o] = ls_act_d(p, act);
+#pragma unroll
+        for (int c = 0; c < LS_R1_CH; c++) raw[c] = next[c];
+    }
+}
+
+/* The device's SM count (132 when it cannot be read). */
+static int ls_sm_count(void)
+{
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 132;
+    }
+    return sms;
+}
+
+/* Plan 2 where it applies (*done 1), else nothing (*done 0). */
+static ls_status linear_row1(const void *w, int wtype, long out, long in, const float *x, float *y, long T,
+                             int act_bf16, cudaStream_t stream, int *done, ls_error *err)
+{
+    *done = T == 1 && wtype == LS_WTYPE_BF16_ID && in == 256L * LS_R1_CH && !((uintptr_t)w & 15u);
+    if (!*done) return LS_OK;
+    long warps = (long)ls_sm_count() * LS_R1_WARPS_PER_SM;
+    if (warps > out) warps = out;
+    ls_linear_row1_kernel<<<ls_blocks_for(warps, LS_LIN_WARPS), LS_LIN_WARPS * LS_WARP, 0, stream>>>(
+        (const uint16_t *)w, out, x, y, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_linear_row1_kernel", err);
+    return LS_OK;
+}
+
 static const char *const ls_lin_plan_names[] = {"warp rows (1, 4 or 8 tokens)",
-                                                "tiles (16 rows x 8 tokens)"};
+                                                "tiles (16 rows x 8 tokens)",
+                                                "one token, whole rows in flight"};
 
 extern "C" int ls_cuda_linear_plan_count(void)
 {
@@ -168,9 +227,12 @@ extern "C" ls_status ls_cuda_linear_plan(const void *w, int wtype, long out, lon
     LS_REQUIRE_WTYPE(wtype, err, "linear");
     LS_CUDA_REQUIRE(out >= 0 && in >= 0 && T >= 0, err, "cuda portable linear: bad shape [%ld, %ld] x T %ld", out, in, T);
     LS_CUDA_REQUIRE(plan < ls_cuda_linear_plan_count(), err, "cuda portable linear: no plan %d", plan);
-    if (plan < 0) plan = T >= LS_LT_MIN_T;
-    if (plan == 0) return linear_any(w, NULL, wtype, out, in, x, NULL, y, T, act_bf16, stream, err);
+    if (plan < 0) plan = T >= LS_LT_MIN_T ? 1 : 2;
     if (T == 0 || out == 0) return LS_OK;
+    int done = 0;
+    if (plan == 2) LS_TRY(linear_row1(w, wtype, out, in, x, y, T, act_bf16, (cudaStream_t)stream, &done, err));
+    if (done) return LS_OK;
+    if (plan != 1) return linear_any(w, NULL, wtype, out, in, x, NULL, y, T, act_bf16, stream, err);
     return linear_tiles(w, wtype, out, in, x, y, T, act_bf16, (cudaStream_t)stream, err);
 }
 

@@ -145,13 +145,16 @@ ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, int n_threads
 ls_status ls_cuda_digester_submit(ls_cuda_digester *d, const ls_cuda_digest_job *jobs,
                                   uint8_t *const *outs, int n_jobs, void *stream, ls_error *err);
 /* Jobs whose canonical bytes (ls_cuda_digest_stage) work enqueued on stream
- * before the call downloads into pinned host memory: job i's are len[i]
- * bytes at h_bytes + off[i] once the stream is past that work. Whole jobs
- * only (no parts); hashed and waited for as submitted ones; h_bytes must
- * stay untouched until a wait covers them. */
-ls_status ls_cuda_digester_submit_staged(ls_cuda_digester *d, const uint8_t *h_bytes, const uint64_t *off,
-                                         const uint64_t *len, uint8_t *const *outs, int n_jobs,
-                                         void *stream, ls_error *err);
+ * before the call writes into device memory: job i's are len[i] bytes at
+ * d_bytes + off[i] once the stream is past that work. The digester
+ * downloads the `bytes` bytes at d_bytes into pinned host memory h_bytes on
+ * its copy stream, after that point of stream (which does not wait for it),
+ * and hashes them there. Whole jobs only (no parts); hashed and waited for
+ * as submitted ones; d_bytes and h_bytes must stay untouched until a wait
+ * covers them. */
+ls_status ls_cuda_digester_submit_staged(ls_cuda_digester *d, const uint8_t *d_bytes, uint8_t *h_bytes,
+                                         size_t bytes, const uint64_t *off, const uint64_t *len,
+                                         uint8_t *const *outs, int n_jobs, void *stream, ls_error *err);
 ls_status ls_cuda_digester_wait(ls_cuda_digester *d, ls_error *err);
 uint64_t ls_cuda_digester_mark(const ls_cuda_digester *d);
 ls_status ls_cuda_digester_wait_for(ls_cuda_digester *d, uint64_t mark, ls_error *err);

@@ -326,6 +326,10 @@ static ls_status embed_exec(bo_case *c, ls_backend *be, ls_error *err)
 typedef struct sh_linear { int tier; long out, in, T; ls_wtype wt; long woff, pad; } sh_linear;
 static const sh_linear linear_shapes[] = {
     {BO_ALL, 2048, 2048, 1, LS_WTYPE_BF16, 0, 0},
+    /* one token, in 2048 (the CUDA whole-row plan): warps of two to three
+     * rows in turn, and rows off 16-byte alignment */
+    {BO_ALL, 12289, 2048, 1, LS_WTYPE_BF16, 0, 0},
+    {BO_ALL, 64, 2048, 1, LS_WTYPE_BF16, 2, 0},
     {BO_FULL, 2048, 2048, 63, LS_WTYPE_BF16, 0, 0},
     {BO_FULL, 512, 2048, 65, LS_WTYPE_BF16, 0, 0},
     {BO_QUICK, 512, 2048, 9, LS_WTYPE_BF16, 0, 0},

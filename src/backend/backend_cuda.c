@@ -1308,16 +1308,13 @@ static ls_status cu_graph_begin(ls_backend *be, ls_graph **gp, ls_error *err)
     return LS_OK;
 }
 
-/* With keep, the staged digests' download ends the graph. Whatever fails
- * leaves g empty. */
+/* Whatever fails leaves g empty. */
 static ls_status cu_graph_end(ls_backend *be, ls_graph *g, int keep, ls_error *err)
 {
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
-    ls_status st = keep ? ls_cuda_download_async(g->h_stage, g->d_stage, g->used, im->stream, err) : LS_OK;
     im->rec = NULL;
-    ls_status cst = ls_cuda_capture_end(im->stream, keep && st == LS_OK, &g->exec, err);
-    if (st == LS_OK) st = cst;
+    ls_status st = ls_cuda_capture_end(im->stream, keep, &g->exec, err);
     if (!keep || st != LS_OK) {
         ls_cuda_graph_destroy(g->exec);
         g->exec = NULL;
@@ -1327,7 +1324,8 @@ static ls_status cu_graph_end(ls_backend *be, ls_graph *g, int keep, ls_error *e
     return st;
 }
 
-/* The graph, then its staged digests handed to the digester (hashed here
+/* The graph, then its staged digests handed to the digester, which
+ * downloads them beside the stream's next work (downloaded and hashed here
  * after the stream when digests are synchronous). */
 static ls_status cu_graph_launch(ls_backend *be, ls_graph *g, ls_error *err)
 {
@@ -1340,9 +1338,9 @@ static ls_status cu_graph_launch(ls_backend *be, ls_graph *g, ls_error *err)
     if (g->n > 0x7fffffffL)
         return ls_fail(err, LS_E_UNSUPPORTED, "step graph: %ld digest jobs (at most 2^31-1)", g->n);
     if (im->dg)
-        return ls_cuda_digester_submit_staged(im->dg, g->h_stage, g->off, g->len, g->outs, (int)g->n,
-                                              im->stream, err);
-    LS_TRY(ls_cuda_stream_sync(im->stream, err));
+        return ls_cuda_digester_submit_staged(im->dg, g->d_stage, g->h_stage, g->used, g->off, g->len, g->outs,
+                                              (int)g->n, im->stream, err);
+    LS_TRY(ls_cuda_download(g->h_stage, g->d_stage, g->used, err)); /* after the stream's work */
     for (long j = 0; j < g->n; j++)
         if (host_sha256(NULL, 0, g->h_stage + g->off[j], (size_t)g->len[j], g->outs[j]))
             return ls_fail(err, LS_E_CRYPTO, "step graph: host SHA-256 of a staged digest failed");
