@@ -536,12 +536,12 @@ static void decode_medians(bench *b, long s0, int B, int reps, int graphs, float
     int modes = graphs ? 4 : 2;
     for (int k = 0; k < 2 * modes; k++) {
         int m = k % modes;
-        ls_engine_set_step_graphs(b->e, m < 2);
+        CK(ls_engine_set_step_graphs(b->e, m < 2, &g_err));
         ls_bench_timing_no_digests(b->tb, m % 2);
         decode_pipelined(b, s0, B, reps, t[m] + (k / modes) * reps);
         ls_bench_timing_no_digests(b->tb, 0);
     }
-    ls_engine_set_step_graphs(b->e, 1);
+    CK(ls_engine_set_step_graphs(b->e, 1, &g_err));
     for (int m = 0; m < modes; m++) ms[m] = median(t[m], 2 * reps);
 }
 

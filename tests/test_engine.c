@@ -557,6 +557,13 @@ START_TEST(test_step_pipeline)
     ck_assert_msg(ls_engine_step_begin(e, &steps[1], 1, &err) == LS_OK, "%s", err.msg);
     pipeline_records(e, &steps[1], &r1);
     ck_assert_int_eq(ls_engine_step_begin(e, &steps[2], 1, &err), LS_E_USAGE);
+    /* step graphs are not switched under a begun step; a backend without
+     * graph ops (the CPU's) records none */
+    ck_assert_int_eq(ls_engine_set_step_graphs(e, 0, &err), LS_E_USAGE);
+    long graph_records = -1, graph_launches = -1;
+    const char *graph_off = "";
+    ls_engine_step_graph_stats(e, &graph_records, &graph_launches, &graph_off);
+    ck_assert(graph_records == 0 && graph_launches == 0 && graph_off == NULL);
     ck_assert_int_eq(ls_engine_slot_len(e, 0), 6);
     ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
     collect(&got, LS_FRAME_CHUNK, r0, steps[0].n, NULL); /* step 0's, read after step 1 ran */
@@ -567,6 +574,7 @@ START_TEST(test_step_pipeline)
     ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
     collect(&got, LS_FRAME_CHUNK, r2, steps[2].n, NULL);
     ck_assert_int_eq(ls_engine_step_end(e, &err), LS_E_USAGE);
+    ck_assert_int_eq(ls_engine_set_step_graphs(e, 1, &err), LS_OK);
     ck_assert_int_eq(got.n, 7);
     expect_equal("pipelined steps = ls_engine_step", &ref, &got);
     /* A sink that fails mid-rollout: the driver returns its failure and

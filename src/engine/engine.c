@@ -1217,8 +1217,10 @@ int ls_engine_pipelines(const ls_engine *e)
     return !e->dumping;
 }
 
-void ls_engine_set_step_graphs(ls_engine *e, int on)
+ls_status ls_engine_set_step_graphs(ls_engine *e, int on, ls_error *err)
 {
+    if (e->banks[0].pending || e->banks[1].pending)
+        return ls_fail(err, LS_E_USAGE, "engine: step graphs switched while a begun step is not ended");
     for (int b = 0; b < 2; b++) {
         if (e->graphs[b].g && e->be->graph_free) e->be->graph_free(e->be, e->graphs[b].g);
         e->graphs[b].g = NULL;
@@ -1227,6 +1229,7 @@ void ls_engine_set_step_graphs(ls_engine *e, int on)
     e->graphs_on = on != 0;
     e->graph_warm = 0;
     e->graph_off[0] = '\0';
+    return LS_OK;
 }
 
 void ls_engine_step_graph_stats(const ls_engine *e, long *records, long *launches, const char **off)

@@ -315,9 +315,11 @@ ls_status ls_engine_step_begin(ls_engine *e, const ls_engine_item *items, long n
 ls_status ls_engine_step_end(ls_engine *e, ls_error *err);
 int ls_engine_pipelines(const ls_engine *e);
 /* Step graphs (ls_engine_opts.step_graphs) on or off from the next step,
- * dropping what was recorded; records: steps recorded, launches: steps run
- * as a graph, off: why a recording failed (graphs are then off), or NULL. */
-void ls_engine_set_step_graphs(ls_engine *e, int on);
+ * dropping what was recorded (LS_E_USAGE while a begun step is not ended:
+ * its digests may still be staged in a graph's memory); records: steps
+ * recorded, launches: steps run as a graph, off: why a recording failed
+ * (graphs are then off), or NULL. */
+ls_status ls_engine_set_step_graphs(ls_engine *e, int on, ls_error *err);
 void ls_engine_step_graph_stats(const ls_engine *e, long *records, long *launches, const char **off);
 long ls_engine_step_rows(const ls_engine *e);
 /* Selects row's next token (sample.h; ids scratch is the engine's). Greedy
