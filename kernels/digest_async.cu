@@ -365,21 +365,29 @@ extern "C" ls_status ls_cuda_digester_create(void *d_ring, size_t ring_bytes, in
  * recorded after the download. On failure the group is dropped (recorded for
  * the next wait). Called without mu by the submitting thread; the workers
  * ignore the open batches (next == n) and cannot retire them (left == n). */
+/* On the copy stream, after the work enqueued on `stream` so far: the
+ * download of bytes from src into dst, then ev recorded. On failure both
+ * streams are synchronised, so nothing enqueued still uses the memory. */
+static cudaError_t dg_download(ls_cuda_digester *d, void *stream, uint8_t *dst, const uint8_t *src, size_t bytes,
+                               cudaEvent_t ev)
+{
+    cudaError_t ce = cudaEventRecord(d->staged, (cudaStream_t)stream);
+    if (ce == cudaSuccess) ce = cudaStreamWaitEvent(d->copy, d->staged, 0);
+    if (ce == cudaSuccess && bytes) ce = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d->copy);
+    if (ce == cudaSuccess) ce = cudaEventRecord(ev, d->copy);
+    if (ce != cudaSuccess) {
+        cudaStreamSynchronize((cudaStream_t)stream);
+        cudaStreamSynchronize(d->copy);
+    }
+    return ce;
+}
+
 static void dg_flush(ls_cuda_digester *d)
 {
     if (d->n_open == 0) return;
     cudaEvent_t ev = d->slot[(d->open_slot + d->n_open - 1) % LS_DG_SLOTS].own;
-    cudaStream_t s = (cudaStream_t)d->open_stream;
-    cudaError_t ce = cudaEventRecord(d->staged, s);
-    if (ce == cudaSuccess) ce = cudaStreamWaitEvent(d->copy, d->staged, 0);
-    if (ce == cudaSuccess && d->open_bytes)
-        ce = cudaMemcpyAsync(d->h_ring + d->open_at, d->d_ring + d->open_at, d->open_bytes,
-                             cudaMemcpyDeviceToHost, d->copy);
-    if (ce == cudaSuccess) ce = cudaEventRecord(ev, d->copy);
-    if (ce != cudaSuccess) { /* nothing enqueued still uses the regions */
-        cudaStreamSynchronize(s);
-        cudaStreamSynchronize(d->copy);
-    }
+    cudaError_t ce = dg_download(d, d->open_stream, d->h_ring + d->open_at, d->d_ring + d->open_at,
+                                 d->open_bytes, ev);
     pthread_mutex_lock(&d->mu);
     for (int i = 0; i < d->n_open; i++) {
         ls_dg_batch *b = &d->slot[(d->open_slot + i) % LS_DG_SLOTS];
@@ -528,15 +536,7 @@ static ls_status dg_staged_chunk(ls_cuda_digester *d, const uint8_t *d_bytes, ui
     memcpy(b->len, len, sizeof *len * (size_t)n);
     memset(b->parts, 0, sizeof *b->parts * (size_t)n);
     memset(b->first, 0, (size_t)n);
-    cudaError_t ce = cudaEventRecord(d->staged, (cudaStream_t)stream);
-    if (ce == cudaSuccess) ce = cudaStreamWaitEvent(d->copy, d->staged, 0);
-    if (ce == cudaSuccess && bytes)
-        ce = cudaMemcpyAsync(h_bytes, d_bytes, bytes, cudaMemcpyDeviceToHost, d->copy);
-    if (ce == cudaSuccess) ce = cudaEventRecord(b->own, d->copy);
-    if (ce != cudaSuccess) { /* nothing enqueued still uses the staging */
-        cudaStreamSynchronize((cudaStream_t)stream);
-        cudaStreamSynchronize(d->copy);
-    }
+    cudaError_t ce = dg_download(d, stream, h_bytes, d_bytes, bytes, b->own);
     pthread_mutex_lock(&d->mu);
     if (ce == cudaSuccess) {
         b->ev = b->own;

@@ -179,15 +179,20 @@ ls_linear_row1_kernel(const uint16_t *w, long out, const float *x, float *y, int
     }
 }
 
-/* The device's SM count (132 when it cannot be read). */
+/* The SM count of the first device asked (132 when it cannot be read),
+ * kept: it sizes plan 2's grid, which changes no bit, so a process on
+ * devices of another count only loses speed. */
 static int ls_sm_count(void)
 {
-    int dev = 0, sms = 0;
+    static int sms;
+    if (sms) return sms;
+    int dev = 0, n = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n < 1) {
         (void)cudaGetLastError();
-        return 132;
+        n = 132;
     }
+    sms = n;
     return sms;
 }
 

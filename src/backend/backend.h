@@ -351,8 +351,9 @@ struct ls_backend {
      * in parts fails); each launch hands them to the hashing as one digest
      * call would (done by the next digest_wait covering it). A call that
      * cannot be recorded (a synchronous transfer or allocation) fails; the
-     * caller then ends with keep 0, which drops the record and leaves g as it
-     * was. Recording does not run anything: a caller replays what it recorded
+     * caller then ends with keep 0, which drops the record and leaves g
+     * empty (nothing to launch until recorded again). Recording does not run
+     * anything: a caller replays what it recorded
      * (graph_launch) to have it done. Reading host values into launch
      * arguments is recorded as the values: a graph is replayed only where
      * every such argument is the same. */

@@ -188,7 +188,7 @@ typedef struct cuda_impl {
 
 /* A recorded step (graph_begin): the executable graph, and the digests its
  * launches stage, each a whole job's canonical bytes at d_stage + off[i],
- * downloaded by the graph into h_stage at the same offsets. */
+ * downloaded by the digester into h_stage at the same offsets. */
 struct ls_graph {
     void *exec;                /* cudaGraphExec_t, NULL when nothing is recorded */
     uint8_t *d_stage, *h_stage; /* device / pinned host, cap bytes each */
