@@ -46,7 +46,10 @@
  *             off alternate with those, and the line "step graphs" gives both
  *             medians and their ratio (each block starts with nothing
  *             recorded: DECODE_WARM untimed steps run it as it is, then
- *             record each bank's graph).
+ *             record each bank's graph). The line "programmatic launch"
+ *             does the same with programmatic dependent launch on and off
+ *             (kernels/launch.cuh: a kernel starts while the one before it
+ *             ends, and loads weights before it waits for its inputs).
  *             Weight bytes as stored: 2 per bf16 element; FP8 1 per e4m3
  *             element + 4 per 128 x 128 block scale. With --fp8 the line also
  *             gives the bytes the same step reads in bf16 and the roofline
@@ -109,6 +112,12 @@
  *             the distinct experts routed to / copy bandwidth (and whether every
  *             plan gives the same bits); with --fp8 the experts are e4m3 with
  *             block scales in that mode
+ *   --profile-decode  after the batch-1 decode rows, 2 x (DECODE_WARM + 1)
+ *             more batch-1 steps, the second half (step graphs replayed)
+ *             between cudaProfilerStart and cudaProfilerStop: a profiler
+ *             started with its collection off (Nsight Compute:
+ *             ncu --profile-from-start off) sees one sequence's decode steps
+ *             alone, each kernel of the step graph apart
  *   --linear-plans  the model's bf16 linears (lm_head, GDN in_proj_qkvz and
  *             out_proj, attention q) alone under every plan of
  *             ls_cuda_linear_plan at 1 .. prefill tokens, vs their weight bytes /
@@ -116,12 +125,13 @@
  *
  *   bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc|fast] [--layers N]
  *             [--prefill T] [--reps N] [--breakdown] [--moe-plans] [--linear-plans]
- *             [--ttft LENS [--ttft-conc LIST] [--only-ttft]] [--only-kernels]
+ *             [--profile-decode] [--ttft LENS [--ttft-conc LIST] [--only-ttft]] [--only-kernels]
  *             --only-kernels: the kernel micro-benchmarks alone (no engine)
  *             NAME: a synth preset (default qwen3-next-80b-a3b); T: the prefill
  *             length and the engines' max_rows (at least 32); LENS, LIST: comma
  *             lists of prompt lengths (e.g. 128,1024,8192,32768) and of
  *             concurrencies (1..32) */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <jansson.h>
@@ -382,13 +392,13 @@ typedef struct bench {
 
 #define DECODE_WARM 3 /* untimed pipelined steps before a block's timed ones */
 
-/* Decode steps each decode slot takes: up to 8 blocks of DECODE_WARM
+/* Decode steps each decode slot takes: up to 12 blocks of DECODE_WARM
  * untimed and reps timed pipelined steps (with and without digests, with
- * and without step graphs, twice), 1 census, reps instrumented, reps with
- * carried-state digests. */
+ * and without step graphs, with and without programmatic launch, twice), 1
+ * census, reps instrumented, reps with carried-state digests. */
 static long decode_steps(int reps)
 {
-    return 8L * (DECODE_WARM + reps) + 1 + 2L * reps;
+    return 12L * (DECODE_WARM + reps) + 1 + 2L * reps;
 }
 
 /* What the run layer does with a step it began (src/run/drive.c): every
@@ -543,6 +553,25 @@ static void decode_medians(bench *b, long s0, int B, int reps, int graphs, float
     }
     CK(ls_engine_set_step_graphs(b->e, 1, &g_err));
     for (int m = 0; m < modes; m++) ms[m] = median(t[m], 2 * reps);
+}
+
+/* Medians of pipelined decode steps (digests on, step graphs as the engine
+ * takes them) with programmatic launch on and off (ms[0], ms[1];
+ * kernels/launch.cuh), in alternating blocks as decode_medians; the graphs
+ * are recorded afresh in each block, since they keep the launch setting
+ * they were recorded with. */
+static void launch_medians(bench *b, long s0, int B, int reps, float ms[2])
+{
+    float t[2][2 * MAX_REPS];
+    for (int k = 0; k < 4; k++) {
+        int m = k % 2;
+        ls_cuda_set_programmatic_launch(m == 0);
+        CK(ls_engine_set_step_graphs(b->e, 1, &g_err));
+        decode_pipelined(b, s0, B, reps, t[m] + (k / 2) * reps);
+    }
+    ls_cuda_set_programmatic_launch(1);
+    CK(ls_engine_set_step_graphs(b->e, 1, &g_err));
+    for (int m = 0; m < 2; m++) ms[m] = median(t[m], 2 * reps);
 }
 
 /* ---- breakdowns ------------------------------------------------------------------------ */
@@ -1197,12 +1226,31 @@ static void decode(bench *b, int B, long s0, double bw, int reps, int breakdown)
                "launched%s%s\n", B, ms, mm[2], ms / mm[2], ms_bare, mm[3], rec, launches,
                off ? "; recording failed: " : "", off ? off : "");
     }
+    float pl[2];
+    launch_medians(b, s0, B, reps, pl);
+    printf("decode batch %d programmatic launch: %.3f ms/step with it, %.3f ms without (the same blocks, "
+           "alternating) = %.2f x\n", B, pl[0], pl[1], pl[0] / pl[1]);
     float sm = decode_median(b, s0, B, 1, 0, reps);
     printf("digest per decode step, batch %2d: default set %.3f ms = %.3f x the step (the digest op in "
            "the instrumented step); the step without digests %.3f ms: the digests cost %.3f ms = %.3f x "
            "the step; with carried-state digests at the step (as state_digest_every 1): "
            "%.3f ms/step = %.2f x the default step\n", B, parts[PART_DIGEST], parts[PART_DIGEST] / sum,
            ms_bare, ms - ms_bare, (ms - ms_bare) / ms, sm, sm / ms);
+}
+
+/* --profile-decode: batch-1 steps from slot 0, the first DECODE_WARM + 1
+ * recording the step graphs, the next as many inside the profiler's range. */
+static void profile_decode(bench *b)
+{
+    float t[1];
+    decode_pipelined(b, 0, 1, 1, t);
+    if (cudaProfilerStart() != cudaSuccess) {
+        fprintf(stderr, "bench_gpu: cudaProfilerStart: %s\n", cudaGetErrorString(cudaGetLastError()));
+        exit(1);
+    }
+    decode_pipelined(b, 0, 1, 1, t);
+    cudaProfilerStop();
+    printf("profile: %d batch-1 decode steps inside the profiler's range\n", DECODE_WARM + 1);
 }
 
 /* ---- TTFT and TPOT ------------------------------------------------------------------------- */
@@ -1386,13 +1434,15 @@ static void describe(const bench *b, long L, long n_layers_full, const struct cu
 int main(int argc, char **argv)
 {
     long L_arg = 0, prefill = 1024;
-    int reps = 5, breakdown = 0, moe_plans = 0, linear_plans = 0, only_ttft = 0, only_kernels = 0, n_lens = 0, n_conc = 2;
+    int reps = 5, breakdown = 0, moe_plans = 0, linear_plans = 0, only_ttft = 0, only_kernels = 0, n_lens = 0,
+        n_conc = 2, profile = 0;
     long lens[TTFT_MAX], conc[TTFT_MAX] = {1, 8};
     const char *conc_arg = NULL;
     for (int i = 1; i < argc; i += 2) {
         if (!strcmp(argv[i], "--breakdown")) { breakdown = 1; i--; continue; }
         if (!strcmp(argv[i], "--moe-plans")) { moe_plans = 1; i--; continue; }
         if (!strcmp(argv[i], "--linear-plans")) { linear_plans = 1; i--; continue; }
+        if (!strcmp(argv[i], "--profile-decode")) { profile = 1; i--; continue; }
         if (!strcmp(argv[i], "--only-ttft")) { only_ttft = 1; i--; continue; }
         if (!strcmp(argv[i], "--only-kernels")) { only_kernels = 1; i--; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "bench_gpu: %s needs a value\n", argv[i]); return 2; }
@@ -1410,6 +1460,7 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr, "usage: bench_gpu [--preset NAME] [--fp8 dequant|w8a8] [--tier portable|tc|fast] "
                             "[--layers N] [--prefill T] [--reps N] [--breakdown] [--moe-plans] [--linear-plans] "
+                            "[--profile-decode] "
                             "[--ttft LENS [--ttft-conc LIST] [--only-ttft]] [--only-kernels]\n");
             return 2;
         }
@@ -1462,7 +1513,7 @@ int main(int argc, char **argv)
     if (!only_ttft && !only_kernels) {
         /* The engine: as many layers as fit (or --layers), 1 + BMAX slots of
          * prefill + the decode steps' positions, max_rows for the prefill. */
-        b.cap = prefill + decode_steps(reps);
+        b.cap = prefill + decode_steps(reps) + (profile ? 2 * (DECODE_WARM + 1) : 0);
         b.slots = 1 + BMAX;
         bench_prompt(&b, b.cap, full_cfg.vocab);
         long L = bench_fit(&b, &full_cfg, L_arg);
@@ -1471,6 +1522,7 @@ int main(int argc, char **argv)
         prefill_and_replay(&b, prefill, reps, breakdown);
         fill_batch(&b, prefill);
         decode(&b, 1, 0, bw, reps, breakdown);
+        if (profile) profile_decode(&b);
         decode(&b, BMAX, 1, bw, reps, breakdown);
         bench_close(&b);
     }

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cuda_check.cuh"
+#include "launch.cuh"
 #include "ls_cuda.h"
 #include "numerics/fp8.h"
 #include "numerics/reduce.h"
@@ -160,6 +161,18 @@ extern "C" ls_status ls_cuda_sync(ls_error *err)
 
 /* ---- streams and graphs ------------------------------------------------------------ */
 
+static int ls_pdl_on = 1;
+
+extern "C" void ls_cuda_set_programmatic_launch(int on)
+{
+    __atomic_store_n(&ls_pdl_on, on != 0, __ATOMIC_RELAXED);
+}
+
+extern "C" int ls_cuda_programmatic_launch(void)
+{
+    return __atomic_load_n(&ls_pdl_on, __ATOMIC_RELAXED);
+}
+
 extern "C" ls_status ls_cuda_stream_create(void **out, ls_error *err)
 {
     cudaStream_t s = NULL;
@@ -235,6 +248,7 @@ typedef struct ls_copy_jobs {
  * (r groups + g) len + i. */
 __global__ void ls_copy_blocks_kernel(ls_copy_jobs jobs)
 {
+    ls_pdl_entry();
     const ls_cuda_copy_job *c = &jobs.j[blockIdx.y];
     long n = c->rows * c->groups * c->len;
     for (long e = (long)blockIdx.x * blockDim.x + threadIdx.x; e < n;
@@ -264,7 +278,7 @@ extern "C" ls_status ls_cuda_copy_blocks(const ls_cuda_copy_job *jobs, int n, vo
     if (most == 0) return LS_OK;
     long blocks = (most + 255) / 256;
     dim3 grid((unsigned)(blocks < 65536 ? blocks : 65536), (unsigned)n);
-    ls_copy_blocks_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(js);
+    ls_launch(ls_copy_blocks_kernel, grid, 256, 0, (cudaStream_t)stream, js);
     LS_CUDA_CHECK_LAUNCH("ls_copy_blocks_kernel", err);
     return LS_OK;
 }

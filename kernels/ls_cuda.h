@@ -143,6 +143,15 @@ void ls_cuda_graph_destroy(void *exec);
 ls_status ls_cuda_host_alloc(void **p, size_t bytes, ls_error *err);
 void ls_cuda_host_free(void *p);
 
+/* Programmatic dependent launch of the step kernels (kernels/launch.cuh):
+ * on (the default), a kernel may start while the one before it on its
+ * stream finishes, and waits for it before it touches its data; off, every
+ * kernel starts after the one before it has ended. No bit depends on it: it
+ * exists to measure the overlap. Set it between steps, not while another
+ * thread launches; a step graph keeps the setting it was recorded with. */
+void ls_cuda_set_programmatic_launch(int on);
+int ls_cuda_programmatic_launch(void);
+
 #ifdef __cplusplus
 }
 #endif

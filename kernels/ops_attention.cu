@@ -10,6 +10,7 @@
 __global__ void ls_rope_kernel(float *x, const float *cos_t, const float *sin_t, long T, long H,
                                long d, long R, int act)
 {
+    ls_pdl_entry();
     long half = R / 2;
     long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= T * H * half) return;
@@ -33,8 +34,8 @@ extern "C" ls_status ls_cuda_rope_apply(float *x, const float *cos_t, const floa
     LS_CUDA_REQUIRE(R >= 2 && R % 2 == 0 && R <= d, err,
                     "cuda portable rope_apply: rotary dims %ld must be even and <= head dim %ld", R, d);
     if (T <= 0 || H <= 0) return LS_OK;
-    ls_rope_kernel<<<ls_blocks_for(T * H * (R / 2), 256), 256, 0, (cudaStream_t)stream>>>(
-        x, cos_t, sin_t, T, H, d, R, act_bf16);
+    ls_launch(ls_rope_kernel, ls_blocks_for(T * H * (R / 2), 256), 256, 0, (cudaStream_t)stream, x, cos_t,
+              sin_t, T, H, d, R, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_rope_kernel", err);
     return LS_OK;
 }
@@ -144,6 +145,7 @@ __global__ void __launch_bounds__(LS_ATT_THREADS)
 ls_attention_kernel(const float *q, ls_att_seqs sq, long page, long cap, const int32_t *pos,
                     float *o, long Hq, long Hkv, long d, float scale, int act)
 {
+    ls_pdl_entry();
     __shared__ long row_sm[2][LS_ATT_TILE];     /* row of each key of the tile; two tiles */
     __shared__ float bm_sm[LS_ATT_TILE_BLOCKS]; /* block maxima of the tile */
     __shared__ float c_sm[LS_ATT_TILE_BLOCKS];  /* c of each block */
@@ -314,8 +316,8 @@ extern "C" ls_status ls_cuda_attention_batch(const float *q, const float *const 
         LS_CUDA_REQUIRE(maxlen * Hq <= 0x7fffffffL, err,
                         "cuda portable attention: %ld tokens x %ld heads in one call", maxlen, Hq);
         dim3 grid((unsigned)(maxlen * Hq), (unsigned)n);
-        ls_attention_kernel<<<grid, LS_ATT_THREADS, 0, (cudaStream_t)stream>>>(
-            q, sq, page, cap, pos, o, Hq, Hkv, d, scale, act_bf16);
+        ls_launch(ls_attention_kernel, grid, LS_ATT_THREADS, 0, (cudaStream_t)stream, q, sq, page, cap, pos,
+                  o, Hq, Hkv, d, scale, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_attention_kernel", err);
     }
     return LS_OK;
@@ -341,6 +343,7 @@ extern "C" ls_status ls_cuda_attention(const float *q, const float *kc, const fl
 __global__ void ls_kv_append_kernel(const float *k, const float *v, ls_att_seqs sq, const int32_t *pos,
                                     long page, long Hkv, long d)
 {
+    ls_pdl_entry();
     int sidx = (int)blockIdx.y;
     long W = Hkv * d;
     long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -373,7 +376,7 @@ extern "C" ls_status ls_cuda_kv_append_batch(const float *k, const float *v, flo
                             "cuda portable kv_append_batch: positions %ld..%ld past the cache (%ld)",
                             sq.pos0[s], sq.pos0[s] + sq.len[s] - 1, cap);
         dim3 grid(ls_blocks_for(maxlen * Hkv * d, 256), (unsigned)n);
-        ls_kv_append_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(k, v, sq, pos, page, Hkv, d);
+        ls_launch(ls_kv_append_kernel, grid, 256, 0, (cudaStream_t)stream, k, v, sq, pos, page, Hkv, d);
         LS_CUDA_CHECK_LAUNCH("ls_kv_append_kernel", err);
     }
     return LS_OK;

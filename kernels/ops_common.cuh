@@ -9,6 +9,7 @@
 #define LS_KERNELS_OPS_COMMON_CUH
 
 #include "cuda_check.cuh"
+#include "launch.cuh"
 
 #include <cuda_pipeline.h>
 
@@ -289,9 +290,9 @@ __device__ __forceinline__ void ls_batched_map(const float *const (&in)[NIN], lo
  * out[t] = DOT32(w, xs[t]) in the canonical order, reading the weights with
  * 16-byte loads: a chunk of 32 x 16 bytes (256 bf16 or 128 fp32 elements) is
  * loaded by lane L as elements per·L .. per·L+per−1, staged through the warp's
- * shared buffer `wsm` (LS_ROWDOT_SMEM(NT) floats) as fp32, and lane l then
- * takes the chunk's elements k ≡ l (mod 32) in ascending order, exactly the
- * scalar loop's adds. A group of LS_ROWDOT_CH(NT) chunks — their weights and
+ * shared buffer `wsm` (LS_ROWDOT_SMEM(NT) floats, ls_stage_at) as fp32, and
+ * lane l then takes the chunk's elements k ≡ l (mod 32) in ascending order,
+ * exactly the scalar loop's adds. A group of LS_ROWDOT_CH(NT) chunks — their weights and
  * the activations they meet — is loaded before the first add. The vector path
  * needs a 16-byte aligned row; otherwise, and for the tail after the last
  * whole chunk, elements are read one by one in the same order. Every lane
@@ -299,7 +300,15 @@ __device__ __forceinline__ void ls_batched_map(const float *const (&in)[NIN], lo
  * registers leave room for fewer chunks (one token: 4 chunks, 2 KiB of weights
  * per warp in flight). */
 #define LS_ROWDOT_CH(NT) ((NT) == 1 ? 4 : (NT) <= 4 ? 2 : 1)
-#define LS_ROWDOT_SMEM(NT) (LS_ROWDOT_CH(NT) * 256)
+#define LS_ROWDOT_SMEM(NT) (LS_ROWDOT_CH(NT) * LS_STAGE_CHUNK)
+
+/* A staged chunk of up to 256 fp32 values in a warp's shared slot: value k
+ * at ls_stage_at(k) = k + k / 32, one padding float per 32. Lanes storing
+ * PER consecutive values each (k = PER lane + j, PER 4 or 8) then hit 32
+ * different banks, as do lanes reading k = 32 m + lane: without the padding
+ * the stores conflict 8 ways (PER 8) or 4 ways (PER 4). */
+#define LS_STAGE_CHUNK 264 /* floats of one staged chunk: 256 + 256 / 32 */
+__device__ __forceinline__ int ls_stage_at(int k) { return k + (k >> 5); }
 
 template <int NT, int BF16>
 __device__ __forceinline__ void ls_warp_rowdot_t(const void *row, long n, const float *const *xs,
@@ -335,7 +344,7 @@ __device__ __forceinline__ void ls_warp_rowdot_t(const void *row, long n, const 
 #pragma unroll
         for (int c = 0; c < CH; c++) {
             if (c < nc) {
-                float *dst = wsm + c * 256 + lane * PER;
+                float *dst = wsm + c * LS_STAGE_CHUNK + ls_stage_at(lane * PER);
                 uint32_t u[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
@@ -354,7 +363,7 @@ __device__ __forceinline__ void ls_warp_rowdot_t(const void *row, long n, const 
             if (c < nc) {
 #pragma unroll
                 for (int m = 0; m < PER; m++) {
-                    float w = wsm[c * 256 + m * LS_WARP + lane];
+                    float w = wsm[c * LS_STAGE_CHUNK + ls_stage_at(m * LS_WARP + lane)];
 #pragma unroll
                     for (int t = 0; t < NT; t++)
                         if (t < nt) {
@@ -402,9 +411,9 @@ __device__ __forceinline__ void ls_row1_load(uint4 (&raw)[CH], const void *row, 
 
 /* DOT32 of that row with the fp32 activations xs [256 CH] (shared memory),
  * in ls_warp_rowdot_t's order: each chunk staged through the warp's shared
- * slot (256 floats) as fp32, lane l adding the chunk's elements k ≡ l
- * (mod 32) in ascending k (product, then add), then ls_warp_tree. Every lane
- * gets the sum. */
+ * slot (LS_STAGE_CHUNK floats, ls_stage_at) as fp32, lane l adding the
+ * chunk's elements k ≡ l (mod 32) in ascending k (product, then add), then
+ * ls_warp_tree. Every lane gets the sum. */
 template <int CH>
 __device__ __forceinline__ float ls_row1_dot(const uint4 (&raw)[CH], float *slot, const float *xs, int lane)
 {
@@ -414,13 +423,13 @@ __device__ __forceinline__ float ls_row1_dot(const uint4 (&raw)[CH], float *slot
         uint32_t u[4] = {raw[c].x, raw[c].y, raw[c].z, raw[c].w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            slot[lane * 8 + 2 * i] = ls_bf16_to_f32((uint16_t)(u[i] & 0xffffu));
-            slot[lane * 8 + 2 * i + 1] = ls_bf16_to_f32((uint16_t)(u[i] >> 16));
+            slot[ls_stage_at(lane * 8) + 2 * i] = ls_bf16_to_f32((uint16_t)(u[i] & 0xffffu));
+            slot[ls_stage_at(lane * 8) + 2 * i + 1] = ls_bf16_to_f32((uint16_t)(u[i] >> 16));
         }
         __syncwarp();
 #pragma unroll
         for (int m = 0; m < 8; m++) {
-            float prod = slot[m * LS_WARP + lane] * xs[c * 256 + m * LS_WARP + lane];
+            float prod = slot[ls_stage_at(m * LS_WARP + lane)] * xs[c * 256 + m * LS_WARP + lane];
             p = p + prod;
         }
         __syncwarp();
@@ -716,7 +725,7 @@ __device__ __forceinline__ void ls_warp_rowdot_f8(const uint8_t *row, const floa
 #pragma unroll
         for (int c = 0; c < CH; c++) {
             if (c < nc) {
-                float *dst = wsm + c * 256 + lane * PER;
+                float *dst = wsm + c * LS_STAGE_CHUNK + ls_stage_at(lane * PER);
                 float sc = srow[((c0 + c) * chunk + (long)lane * PER) / LS_FP8_BLOCK];
                 uint32_t u[2] = {raw[c].x, raw[c].y};
 #pragma unroll
@@ -730,7 +739,7 @@ __device__ __forceinline__ void ls_warp_rowdot_f8(const uint8_t *row, const floa
             if (c < nc) {
 #pragma unroll
                 for (int m = 0; m < PER; m++) {
-                    float w = wsm[c * 256 + m * LS_WARP + lane];
+                    float w = wsm[c * LS_STAGE_CHUNK + ls_stage_at(m * LS_WARP + lane)];
 #pragma unroll
                     for (int t = 0; t < NT; t++)
                         if (t < nt) {

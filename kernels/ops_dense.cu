@@ -10,6 +10,7 @@
 __global__ void ls_embed_kernel(const void *emb, int wtype, long V, long D, const int32_t *tokens,
                                 long T, float *h, int act)
 {
+    ls_pdl_entry();
     long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= T * D) return;
     long t = e / D, i = e % D;
@@ -26,8 +27,8 @@ extern "C" ls_status ls_cuda_embed(const void *emb, int wtype, long V, long D,
 {
     LS_REQUIRE_WTYPE(wtype, err, "embed");
     if (T <= 0 || D <= 0) return LS_OK;
-    ls_embed_kernel<<<ls_blocks_for(T * D, 256), 256, 0, (cudaStream_t)stream>>>(
-        emb, wtype, V, D, tokens, T, h, act_bf16);
+    ls_launch(ls_embed_kernel, ls_blocks_for(T * D, 256), 256, 0, (cudaStream_t)stream, emb, wtype, V, D,
+              tokens, T, h, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_embed_kernel", err);
     return LS_OK;
 }
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(LS_LIN_WARPS * LS_WARP)
 ls_linear_kernel(const void *w, const float *scale, int wtype, long out, long in, const float *x,
                  const float *xsc, float *y, long T, int act)
 {
+    ls_pdl_entry();
     __shared__ float wsm[LS_LIN_WARPS][LS_ROWDOT_SMEM(NT)];
     int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     long o = (long)blockIdx.x * LS_LIN_WARPS + warp;
@@ -81,8 +83,8 @@ static ls_status linear_launch(const void *w, const float *scale, int wtype, lon
     LS_CUDA_REQUIRE(ty <= 65535 && ls_blocks_for(out, LS_LIN_WARPS) <= 0x7fffffffu, err,
                     "cuda portable linear: shape [%ld, %ld] with T %ld exceeds the grid", out, in, T);
     dim3 grid(ls_blocks_for(out, LS_LIN_WARPS), (unsigned)ty);
-    ls_linear_kernel<NT><<<grid, LS_LIN_WARPS * LS_WARP, 0, stream>>>(w, scale, wtype, out, in, x,
-                                                                       xsc, y, T, act_bf16);
+    ls_launch(ls_linear_kernel<NT>, grid, LS_LIN_WARPS * LS_WARP, 0, stream, w, scale, wtype, out, in, x, xsc,
+              y, T, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_linear_kernel", err);
     return LS_OK;
 }
@@ -115,6 +117,7 @@ __global__ void __launch_bounds__(LS_TILE_WARPS * LS_WARP)
 ls_linear_tile_kernel(const void *w, long out, long in, const float *x, float *y, long T, long ty,
                       int act)
 {
+    ls_pdl_entry();
     __shared__ __align__(16) uint8_t sm[LS_TILE_SMEM(EB, LS_LT_RW, LS_LT_NT)];
     long t0 = (long)(blockIdx.x % ty) * LS_LT_NT, r0 = (long)(blockIdx.x / ty) * LS_LT_ROWS;
     int nt = T - t0 < LS_LT_NT ? (int)(T - t0) : LS_LT_NT;
@@ -138,44 +141,54 @@ static ls_status linear_tiles(const void *w, int wtype, long out, long in, const
                     "cuda portable linear (tiles): shape [%ld, %ld] with T %ld exceeds the grid", out,
                     in, T);
     if (wtype == LS_WTYPE_BF16_ID)
-        ls_linear_tile_kernel<2><<<(unsigned)nb, LS_TILE_WARPS * LS_WARP, 0, stream>>>(w, out, in, x, y,
-                                                                                   T, ty, act_bf16);
+        ls_launch(ls_linear_tile_kernel<2>, (unsigned)nb, LS_TILE_WARPS * LS_WARP, 0, stream, w, out, in, x,
+                  y, T, ty, act_bf16);
     else
-        ls_linear_tile_kernel<4><<<(unsigned)nb, LS_TILE_WARPS * LS_WARP, 0, stream>>>(w, out, in, x, y,
-                                                                                   T, ty, act_bf16);
+        ls_launch(ls_linear_tile_kernel<4>, (unsigned)nb, LS_TILE_WARPS * LS_WARP, 0, stream, w, out, in, x,
+                  y, T, ty, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_linear_tile_kernel", err);
     return LS_OK;
 }
 
-/* Plan 2, one token (T = 1) of bf16 weights with in = 2048: the block
- * stages x in shared memory once; each warp takes rows o, o + W, ... (W the
- * grid's warps), holds a whole row in registers (ls_row1_load) and loads
- * the next row before it adds the current one, so that a warp keeps one to
- * two rows of weights in flight instead of two KiB. The adds are
- * ls_row1_dot's, the canonical order: the same bits as plan 0. Another
- * shape or dtype runs plan 0. */
-#define LS_R1_CH 8            /* in = 256 LS_R1_CH */
+/* Plan 2, one token (T = 1) of bf16 weights with in = 256 CH (CH 8 or 16):
+ * the block stages x in shared memory once; each warp takes rows o, o + W,
+ * ... (W the grid's warps) and holds a whole row in registers
+ * (ls_row1_load), so that all of a row's loads are in flight at once
+ * instead of two KiB of it, the first row before the kernel waits for x
+ * (kernels/launch.cuh). At in = 2048 a warp also loads its next row
+ * before it adds the current one; at in = 4096 two rows would not fit the
+ * registers, and the grid has a warp for every row of the model's shapes at
+ * that width. The adds are ls_row1_dot's, the canonical order: the same bits
+ * as plan 0. Another shape or dtype runs plan 0. */
 #define LS_R1_WARPS_PER_SM 32 /* warps the grid is sized to, per SM */
 
+template <int CH>
 __global__ void __launch_bounds__(LS_LIN_WARPS * LS_WARP)
 ls_linear_row1_kernel(const uint16_t *w, long out, const float *x, float *y, int act)
 {
-    constexpr long K = 256L * LS_R1_CH;
+    constexpr long K = 256L * CH;
+    constexpr bool ahead = CH <= 8; /* the next row's loads in flight too */
     __shared__ float xsm[K];
-    __shared__ float wsm[LS_LIN_WARPS][256];
+    __shared__ float wsm[LS_LIN_WARPS][LS_STAGE_CHUNK];
     int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
+    long stride = (long)gridDim.x * LS_LIN_WARPS, o = (long)blockIdx.x * LS_LIN_WARPS + warp;
+    uint4 raw[CH], next[CH];
+    if (o < out) ls_row1_load<CH>(raw, w + o * K, lane); /* weights: before the wait */
+    ls_pdl_entry();
     for (int i = (int)threadIdx.x; i < K; i += (int)blockDim.x) xsm[i] = x[i];
     __syncthreads();
-    long stride = (long)gridDim.x * LS_LIN_WARPS, o = (long)blockIdx.x * LS_LIN_WARPS + warp;
     if (o >= out) return; /* whole warp */
-    uint4 raw[LS_R1_CH], next[LS_R1_CH];
-    ls_row1_load<LS_R1_CH>(raw, w + o * K, lane);
-    for (; o < out; o += stride) {
-        if (o + stride < out) ls_row1_load<LS_R1_CH>(next, w + (o + stride) * K, lane);
-        float p = ls_row1_dot<LS_R1_CH>(raw, wsm[warp], xsm, lane);
+    for (;;) {
+        long nx = o + stride;
+        if (ahead && nx < out) ls_row1_load<CH>(next, w + nx * K, lane);
+        float p = ls_row1_dot<CH>(raw, wsm[warp], xsm, lane);
         if (lane == 0) y[o] = ls_act_d(p, act);
+        if (nx >= out) break;
+        o = nx;
+        if (!ahead) ls_row1_load<CH>(raw, w + o * K, lane);
+        else
 #pragma unroll
-        for (int c = 0; c < LS_R1_CH; c++) raw[c] = next[c];
+            for (int c = 0; c < CH; c++) raw[c] = next[c];
     }
 }
 
@@ -200,12 +213,17 @@ static int ls_sm_count(void)
 static ls_status linear_row1(const void *w, int wtype, long out, long in, const float *x, float *y, long T,
                              int act_bf16, cudaStream_t stream, int *done, ls_error *err)
 {
-    *done = T == 1 && wtype == LS_WTYPE_BF16_ID && in == 256L * LS_R1_CH && !((uintptr_t)w & 15u);
+    *done = T == 1 && wtype == LS_WTYPE_BF16_ID && (in == 2048 || in == 4096) && !((uintptr_t)w & 15u);
     if (!*done) return LS_OK;
     long warps = (long)ls_sm_count() * LS_R1_WARPS_PER_SM;
     if (warps > out) warps = out;
-    ls_linear_row1_kernel<<<ls_blocks_for(warps, LS_LIN_WARPS), LS_LIN_WARPS * LS_WARP, 0, stream>>>(
-        (const uint16_t *)w, out, x, y, act_bf16);
+    unsigned nb = ls_blocks_for(warps, LS_LIN_WARPS);
+    if (in == 2048)
+        ls_launch(ls_linear_row1_kernel<8>, nb, LS_LIN_WARPS * LS_WARP, 0, stream, (const uint16_t *)w, out,
+                  x, y, act_bf16);
+    else
+        ls_launch(ls_linear_row1_kernel<16>, nb, LS_LIN_WARPS * LS_WARP, 0, stream, (const uint16_t *)w, out,
+                  x, y, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_linear_row1_kernel", err);
     return LS_OK;
 }
@@ -270,6 +288,7 @@ extern "C" ls_status ls_cuda_linear_f8(const uint8_t *w, const float *scale, int
 __global__ void ls_fp8_quant_kernel(const float *x, long R, long n, long x_stride, float *q,
                                     float *s)
 {
+    ls_pdl_entry();
     long nb = LS_FP8_BLOCKS(n);
     long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= R * nb) return;
@@ -285,8 +304,7 @@ extern "C" ls_status ls_cuda_fp8_quant_act(const float *x, long T, long n, float
     LS_CUDA_REQUIRE(n > 0 && T >= 0, err, "cuda fp8 quantiser: bad shape [%ld, %ld]", T, n);
     if (T == 0) return LS_OK;
     long groups = T * LS_FP8_BLOCKS(n);
-    ls_fp8_quant_kernel<<<ls_blocks_for(groups, 128), 128, 0, (cudaStream_t)stream>>>(x, T, n, n, q,
-                                                                                      s);
+    ls_launch(ls_fp8_quant_kernel, ls_blocks_for(groups, 128), 128, 0, (cudaStream_t)stream, x, T, n, n, q, s);
     LS_CUDA_CHECK_LAUNCH("ls_fp8_quant_kernel", err);
     return LS_OK;
 }
@@ -305,6 +323,7 @@ __device__ __forceinline__ float ls_rms_factor(const float *x, long n)
 
 __global__ void ls_rmsnorm_kernel(const float *x, const float *w, float *y, long R, long n, int act)
 {
+    ls_pdl_entry();
     long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
     int lane = (int)(threadIdx.x & 31u);
     if (r >= R) return;
@@ -322,6 +341,7 @@ __global__ void ls_rmsnorm_kernel(const float *x, const float *w, float *y, long
 __global__ void ls_gated_rmsnorm_kernel(const float *x, const float *z, const float *w, float *y,
                                         long R, long n, int act)
 {
+    ls_pdl_entry();
     long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
     int lane = (int)(threadIdx.x & 31u);
     if (r >= R) return;
@@ -338,6 +358,7 @@ __global__ void ls_gated_rmsnorm_kernel(const float *x, const float *z, const fl
 
 __global__ void ls_l2norm_scale_kernel(float *x, long R, long d, float scale)
 {
+    ls_pdl_entry();
     long r = (long)blockIdx.x * LS_ROW_WARPS + (threadIdx.x >> 5);
     int lane = (int)(threadIdx.x & 31u);
     if (r >= R) return;
@@ -384,6 +405,7 @@ __device__ __forceinline__ void ls_rmsnorm_row_out(const float *xs, const float 
 __global__ void __launch_bounds__(LS_NORM_ROW_THREADS)
 ls_rmsnorm_row_kernel(const float *x, const float *w, float *y, long n, int act)
 {
+    ls_pdl_entry();
     extern __shared__ float xs[]; /* [n] */
     const float *xr = x + (long)blockIdx.x * n; /* [n] */
 #pragma unroll 8
@@ -397,6 +419,7 @@ __global__ void __launch_bounds__(LS_NORM_ROW_THREADS)
 ls_residual_rmsnorm_row_kernel(const float *h, const float *a, float *out, const float *w, float *y, long n,
                                int act)
 {
+    ls_pdl_entry();
     extern __shared__ float xs[]; /* [n] */
     long r = (long)blockIdx.x * n;
 #pragma unroll 8
@@ -415,13 +438,13 @@ extern "C" ls_status ls_cuda_rmsnorm(const float *x, const float *w, float *y, l
     LS_CUDA_REQUIRE(n > 0 && R >= 0, err, "cuda portable rmsnorm: bad shape [%ld, %ld]", R, n);
     if (R == 0) return LS_OK;
     if (n >= LS_NORM_ROW_MIN && n <= LS_NORM_ROW_MAX && R <= 0x7fffffffL) {
-        ls_rmsnorm_row_kernel<<<(unsigned)R, LS_NORM_ROW_THREADS, (size_t)n * sizeof(float),
-                                (cudaStream_t)stream>>>(x, w, y, n, act_bf16);
+        ls_launch(ls_rmsnorm_row_kernel, (unsigned)R, LS_NORM_ROW_THREADS, (size_t)n * sizeof(float),
+                  (cudaStream_t)stream, x, w, y, n, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_rmsnorm_row_kernel", err);
         return LS_OK;
     }
-    ls_rmsnorm_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
-                        (cudaStream_t)stream>>>(x, w, y, R, n, act_bf16);
+    ls_launch(ls_rmsnorm_kernel, ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
+              (cudaStream_t)stream, x, w, y, R, n, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_rmsnorm_kernel", err);
     return LS_OK;
 }
@@ -433,8 +456,8 @@ extern "C" ls_status ls_cuda_gated_rmsnorm(const float *x, const float *z, const
     LS_REQUIRE_CANONICAL(order, err, "gated_rmsnorm");
     LS_CUDA_REQUIRE(n > 0 && R >= 0, err, "cuda portable gated_rmsnorm: bad shape [%ld, %ld]", R, n);
     if (R == 0) return LS_OK;
-    ls_gated_rmsnorm_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
-                              (cudaStream_t)stream>>>(x, z, w, y, R, n, act_bf16);
+    ls_launch(ls_gated_rmsnorm_kernel, ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
+              (cudaStream_t)stream, x, z, w, y, R, n, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_gated_rmsnorm_kernel", err);
     return LS_OK;
 }
@@ -445,8 +468,8 @@ extern "C" ls_status ls_cuda_l2norm_scale(float *x, long R, long d, float scale,
     LS_REQUIRE_CANONICAL(order, err, "l2norm_scale");
     LS_CUDA_REQUIRE(d > 0 && R >= 0, err, "cuda portable l2norm_scale: bad shape [%ld, %ld]", R, d);
     if (R == 0) return LS_OK;
-    ls_l2norm_scale_kernel<<<ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
-                             (cudaStream_t)stream>>>(x, R, d, scale);
+    ls_launch(ls_l2norm_scale_kernel, ls_blocks_for(R, LS_ROW_WARPS), LS_ROW_WARPS * LS_WARP, 0,
+              (cudaStream_t)stream, x, R, d, scale);
     LS_CUDA_CHECK_LAUNCH("ls_l2norm_scale_kernel", err);
     return LS_OK;
 }
@@ -457,6 +480,7 @@ __global__ void ls_gdn_gates_kernel(const float *b, const float *a, const float 
                                     const float *dt_bias, float *beta, float *alpha, long T, long H,
                                     int act)
 {
+    ls_pdl_entry();
     long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= T * H) return;
     long h = e % H;
@@ -471,14 +495,15 @@ extern "C" ls_status ls_cuda_gdn_gates(const float *b, const float *a, const flo
                                        long H, int act_bf16, void *stream, ls_error *err)
 {
     if (T <= 0 || H <= 0) return LS_OK;
-    ls_gdn_gates_kernel<<<ls_blocks_for(T * H, 256), 256, 0, (cudaStream_t)stream>>>(
-        b, a, A_log, dt_bias, beta, alpha, T, H, act_bf16);
+    ls_launch(ls_gdn_gates_kernel, ls_blocks_for(T * H, 256), 256, 0, (cudaStream_t)stream, b, a, A_log,
+              dt_bias, beta, alpha, T, H, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_gdn_gates_kernel", err);
     return LS_OK;
 }
 
 __global__ void ls_sigmoid_gate_kernel(float *o, const float *gate, long n, int act)
 {
+    ls_pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = ls_act_d(ls_sigmoidf(gate[i]), act);
@@ -489,14 +514,15 @@ extern "C" ls_status ls_cuda_sigmoid_gate(float *o, const float *gate, long n, i
                                           void *stream, ls_error *err)
 {
     if (n <= 0) return LS_OK;
-    ls_sigmoid_gate_kernel<<<ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(o, gate, n,
-                                                                                    act_bf16);
+    ls_launch(ls_sigmoid_gate_kernel, ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream, o, gate, n,
+              act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_sigmoid_gate_kernel", err);
     return LS_OK;
 }
 
 __global__ void ls_residual_kernel(float *out, const float *h, const float *a, long n, int act)
 {
+    ls_pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     out[i] = ls_act_d(h[i] + a[i], act);
@@ -506,7 +532,7 @@ extern "C" ls_status ls_cuda_residual(float *out, const float *h, const float *a
                                       void *stream, ls_error *err)
 {
     if (n <= 0) return LS_OK;
-    ls_residual_kernel<<<ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(out, h, a, n, act_bf16);
+    ls_launch(ls_residual_kernel, ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream, out, h, a, n, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_residual_kernel", err);
     return LS_OK;
 }
@@ -523,8 +549,8 @@ extern "C" ls_status ls_cuda_residual_rmsnorm(const float *h, const float *a, fl
         LS_TRY(ls_cuda_residual(out, h, a, R * n, act_bf16, stream, err));
         return ls_cuda_rmsnorm(out, w, y, R, n, act_bf16, order, stream, err);
     }
-    ls_residual_rmsnorm_row_kernel<<<(unsigned)R, LS_NORM_ROW_THREADS, (size_t)n * sizeof(float),
-                                     (cudaStream_t)stream>>>(h, a, out, w, y, n, act_bf16);
+    ls_launch(ls_residual_rmsnorm_row_kernel, (unsigned)R, LS_NORM_ROW_THREADS, (size_t)n * sizeof(float),
+              (cudaStream_t)stream, h, a, out, w, y, n, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_residual_rmsnorm_row_kernel", err);
     return LS_OK;
 }
@@ -535,6 +561,7 @@ extern "C" ls_status ls_cuda_residual_rmsnorm(const float *h, const float *a, fl
 
 __global__ void ls_tc_to_bf16_kernel(const float *x, uint16_t *xb, long n)
 {
+    ls_pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) xb[i] = ls_f32_to_bf16(x[i]);
 }
@@ -543,6 +570,7 @@ __global__ void ls_tc_to_bf16_kernel(const float *x, uint16_t *xb, long n)
  * output); in place when src == y and ld == n. */
 __global__ void ls_tc_out_kernel(const float *src, long ld, float *y, long T, long n, int act)
 {
+    ls_pdl_entry();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= T * n) return;
     long t = i / n, c = i - t * n;
@@ -552,7 +580,7 @@ __global__ void ls_tc_out_kernel(const float *src, long ld, float *y, long T, lo
 extern "C" ls_status ls_cuda_tc_to_bf16(const float *x, uint16_t *xb, long n, void *stream, ls_error *err)
 {
     if (n <= 0) return LS_OK;
-    ls_tc_to_bf16_kernel<<<ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream>>>(x, xb, n);
+    ls_launch(ls_tc_to_bf16_kernel, ls_blocks_for(n, 256), 256, 0, (cudaStream_t)stream, x, xb, n);
     LS_CUDA_CHECK_LAUNCH("ls_tc_to_bf16_kernel", err);
     return LS_OK;
 }
@@ -561,7 +589,8 @@ extern "C" ls_status ls_cuda_tc_out(const float *src, long ld, float *y, long T,
                                     void *stream, ls_error *err)
 {
     if (T <= 0 || n <= 0 || (src == y && ld == n && !act_bf16)) return LS_OK;
-    ls_tc_out_kernel<<<ls_blocks_for(T * n, 256), 256, 0, (cudaStream_t)stream>>>(src, ld, y, T, n, act_bf16);
+    ls_launch(ls_tc_out_kernel, ls_blocks_for(T * n, 256), 256, 0, (cudaStream_t)stream, src, ld, y, T, n,
+              act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_tc_out_kernel", err);
     return LS_OK;
 }
@@ -576,6 +605,7 @@ __global__ void ls_conv_silu_kernel(const float *x0, long x_stride, const void *
                                     ls_cuda_seqs sq, float *y0, long y_stride, long C, long K,
                                     int act)
 {
+    ls_pdl_entry();
     long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
     int sidx = (int)blockIdx.y;
     long T = sq.len[sidx];
@@ -631,8 +661,8 @@ extern "C" ls_status ls_cuda_conv_silu_batch(const float *x, long x_stride, cons
         ls_cuda_seqs sq;
         if (ls_cuda_seqs_fill(&sq, states, row0, len, s0, n) <= 0) continue;
         dim3 grid(ls_blocks_for(C, 128), (unsigned)n);
-        ls_conv_silu_kernel<<<grid, 128, 0, (cudaStream_t)stream>>>(
-            x, x_stride, w, wtype, sq, y, y_stride, C, K, act_bf16);
+        ls_launch(ls_conv_silu_kernel, grid, 128, 0, (cudaStream_t)stream, x, x_stride, w, wtype, sq, y,
+                  y_stride, C, K, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_conv_silu_kernel", err);
     }
     return LS_OK;
@@ -732,6 +762,7 @@ __device__ __forceinline__ void ls_lp_thread_max(const float *x, long first, lon
 __global__ void __launch_bounds__(LS_LP_THREADS)
 ls_logprobs_kernel(const float *logits, float *lp, long V)
 {
+    ls_pdl_entry();
     __shared__ float tile[LS_LP_TILE];
     __shared__ float s_lse;
     int tid = (int)threadIdx.x;
@@ -764,6 +795,7 @@ typedef struct ls_lp_parts {
 __global__ void __launch_bounds__(LS_LPX_THREADS)
 ls_lp_max_kernel(const float *logits, long V, long chunk, ls_lp_parts pt)
 {
+    ls_pdl_entry();
     long r = blockIdx.x, c = blockIdx.y, v0 = c * chunk, v1 = v0 + chunk < V ? v0 + chunk : V;
     float m;
     long mi;
@@ -777,6 +809,7 @@ ls_lp_max_kernel(const float *logits, long V, long chunk, ls_lp_parts pt)
 __global__ void __launch_bounds__(LS_LPX_THREADS)
 ls_lp_exp_kernel(const float *logits, float *lp, long V, long chunk, ls_lp_parts pt)
 {
+    ls_pdl_entry();
     long r = blockIdx.x, c = blockIdx.y, nc = gridDim.y, v0 = c * chunk, v1 = v0 + chunk < V ? v0 + chunk : V;
     float m = -INFINITY;
     long mi = -1;
@@ -796,6 +829,7 @@ ls_lp_exp_kernel(const float *logits, float *lp, long V, long chunk, ls_lp_parts
 /* One block per row: lse = m + log(SUM32(lp)), lp holding the exps. */
 __global__ void __launch_bounds__(LS_LP_THREADS) ls_lp_sum_kernel(const float *lp, long V, ls_lp_parts pt)
 {
+    ls_pdl_entry();
     __shared__ float tile[LS_LP_TILE];
     long r = blockIdx.x;
     float p = ls_lp_tiled_sum(lp + r * V, V, tile, [](float x) { return x; });
@@ -809,6 +843,7 @@ __global__ void __launch_bounds__(LS_LP_THREADS) ls_lp_sum_kernel(const float *l
 __global__ void __launch_bounds__(LS_LPX_THREADS)
 ls_lp_sub_kernel(const float *logits, float *lp, long V, long chunk, ls_lp_parts pt)
 {
+    ls_pdl_entry();
     long r = blockIdx.x, c = blockIdx.y, v0 = c * chunk, v1 = v0 + chunk < V ? v0 + chunk : V;
     float lse = pt.lse[r];
     const float *in[1] = {logits + r * V};
@@ -845,7 +880,7 @@ extern "C" ls_status ls_cuda_logprobs(const float *logits, float *lp, long R, lo
     if (R == 0) return LS_OK;
     cudaStream_t s = (cudaStream_t)stream;
     if (lp == logits || !scratch) {
-        ls_logprobs_kernel<<<(unsigned)R, LS_LP_THREADS, 0, s>>>(logits, lp, V);
+        ls_launch(ls_logprobs_kernel, (unsigned)R, LS_LP_THREADS, 0, s, logits, lp, V);
         LS_CUDA_CHECK_LAUNCH("ls_logprobs_kernel", err);
         return LS_OK;
     }
@@ -857,13 +892,13 @@ extern "C" ls_status ls_cuda_logprobs(const float *logits, float *lp, long R, lo
     pt.m = pt.mv + cells;
     pt.lse = pt.m + R;
     dim3 grid((unsigned)R, (unsigned)nc);
-    ls_lp_max_kernel<<<grid, LS_LPX_THREADS, 0, s>>>(logits, V, chunk, pt);
+    ls_launch(ls_lp_max_kernel, grid, LS_LPX_THREADS, 0, s, logits, V, chunk, pt);
     LS_CUDA_CHECK_LAUNCH("ls_lp_max_kernel", err);
-    ls_lp_exp_kernel<<<grid, LS_LPX_THREADS, 0, s>>>(logits, lp, V, chunk, pt);
+    ls_launch(ls_lp_exp_kernel, grid, LS_LPX_THREADS, 0, s, logits, lp, V, chunk, pt);
     LS_CUDA_CHECK_LAUNCH("ls_lp_exp_kernel", err);
-    ls_lp_sum_kernel<<<(unsigned)R, LS_LP_THREADS, 0, s>>>(lp, V, pt);
+    ls_launch(ls_lp_sum_kernel, (unsigned)R, LS_LP_THREADS, 0, s, lp, V, pt);
     LS_CUDA_CHECK_LAUNCH("ls_lp_sum_kernel", err);
-    ls_lp_sub_kernel<<<grid, LS_LPX_THREADS, 0, s>>>(logits, lp, V, chunk, pt);
+    ls_launch(ls_lp_sub_kernel, grid, LS_LPX_THREADS, 0, s, logits, lp, V, chunk, pt);
     LS_CUDA_CHECK_LAUNCH("ls_lp_sub_kernel", err);
     return LS_OK;
 }
@@ -893,6 +928,7 @@ typedef struct ls_lps_parts {
 __global__ void __launch_bounds__(LS_LPS_THREADS)
 ls_lp_summary_part_kernel(const float *lp, long V, long chunk, ls_lps_parts pt)
 {
+    ls_pdl_entry();
     constexpr int K = LS_LP_SUMMARY_KMAX;
     __shared__ float wv[LS_LPS_WARPS];
     __shared__ long wi[LS_LPS_WARPS];
@@ -952,6 +988,7 @@ ls_lp_summary_part_kernel(const float *lp, long V, long chunk, ls_lps_parts pt)
 __global__ void ls_lp_summary_merge_kernel(const float *lp, const int32_t *next, long V, long nc, int k,
                                            ls_lps_parts pt, uint32_t *out)
 {
+    ls_pdl_entry();
     constexpr int K = LS_LP_SUMMARY_KMAX, M = LS_LPS_CHUNKS_MAX / LS_WARP;
     int lane = (int)threadIdx.x;
     long r = blockIdx.x;
@@ -1013,9 +1050,10 @@ extern "C" ls_status ls_cuda_lp_summary(const float *lp, const int32_t *next, lo
     ls_lps_parts pt = {(float *)scratch, (int32_t *)((float *)scratch + cells * LS_LP_SUMMARY_KMAX), NULL};
     pt.nan = pt.idx + cells * LS_LP_SUMMARY_KMAX;
     cudaStream_t s = (cudaStream_t)stream;
-    ls_lp_summary_part_kernel<<<dim3((unsigned)R, (unsigned)nc), LS_LPS_THREADS, 0, s>>>(lp, V, chunk, pt);
+    ls_launch(ls_lp_summary_part_kernel, dim3((unsigned)R, (unsigned)nc), LS_LPS_THREADS, 0, s, lp, V, chunk,
+              pt);
     LS_CUDA_CHECK_LAUNCH("ls_lp_summary_part_kernel", err);
-    ls_lp_summary_merge_kernel<<<(unsigned)R, LS_WARP, 0, s>>>(lp, next, V, nc, (int)k, pt, out);
+    ls_launch(ls_lp_summary_merge_kernel, (unsigned)R, LS_WARP, 0, s, lp, next, V, nc, (int)k, pt, out);
     LS_CUDA_CHECK_LAUNCH("ls_lp_summary_merge_kernel", err);
     return LS_OK;
 }

@@ -73,6 +73,7 @@ ls_gdn_recurrent_kernel(const float *q, const float *k, const float *v, const fl
                         const float *beta, ls_cuda_seqs sq, float *o, long Hk, long Hv, long dk,
                         long dv, int act)
 {
+    ls_pdl_entry();
     int warp = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31u);
     int sidx = (int)blockIdx.z;
     long T = sq.len[sidx], row0 = sq.row0[sidx];
@@ -205,6 +206,7 @@ ls_gdn_decode_kernel(const float *q, const float *k, const float *v, const float
                      const float *beta, ls_cuda_seqs sq, float *o, long Hk, long Hv, long dk,
                      long dv, int act)
 {
+    ls_pdl_entry();
     __shared__ __align__(16) float sS[LS_CUDA_GDN_MAX_DK][LS_WARP]; /* S[i][j0 + t] */
     __shared__ float sqk[2][LS_CUDA_GDN_MAX_DK];                   /* q, k of the token */
     int t = (int)threadIdx.x, sidx = (int)blockIdx.z;
@@ -276,14 +278,14 @@ extern "C" ls_status ls_cuda_gdn_recurrent_batch(const float *q, const float *k,
         if (maxlen <= 0) continue;
         if (maxlen == 1) { /* a decode step */
             dim3 grid(ls_blocks_for(dv, LS_WARP), (unsigned)Hv, (unsigned)n);
-            ls_gdn_decode_kernel<<<grid, LS_WARP, 0, (cudaStream_t)stream>>>(
-                q, k, v, alpha, beta, sq, o, Hk, Hv, dk, dv, act_bf16);
+            ls_launch(ls_gdn_decode_kernel, grid, LS_WARP, 0, (cudaStream_t)stream, q, k, v, alpha, beta, sq,
+                      o, Hk, Hv, dk, dv, act_bf16);
             LS_CUDA_CHECK_LAUNCH("ls_gdn_decode_kernel", err);
             continue;
         }
         dim3 grid(ls_blocks_for(dv, LS_GDN_CPW * LS_GDN_WPB), (unsigned)Hv, (unsigned)n);
-        ls_gdn_recurrent_kernel<<<grid, LS_GDN_WPB * LS_WARP, 0, (cudaStream_t)stream>>>(
-            q, k, v, alpha, beta, sq, o, Hk, Hv, dk, dv, act_bf16);
+        ls_launch(ls_gdn_recurrent_kernel, grid, LS_GDN_WPB * LS_WARP, 0, (cudaStream_t)stream, q, k, v,
+                  alpha, beta, sq, o, Hk, Hv, dk, dv, act_bf16);
         LS_CUDA_CHECK_LAUNCH("ls_gdn_recurrent_kernel", err);
     }
     return LS_OK;

@@ -119,6 +119,7 @@ ls_gdn_chunked_kernel(const float *q /* [T, Hk, dk] */, const float *k /* [T, Hk
                       float *o /* [T, Hv, dv] */, long T, long pos0, long Hk, long Hv, long dk,
                       long dv, int act)
 {
+    ls_pdl_entry();
     __shared__ float kb[LS_GDNC_C][LS_CUDA_GDN_MAX_DK];           /* the chunk's key rows */
     __shared__ float kr[LS_CUDA_GDN_MAX_DK], qr[LS_CUDA_GDN_MAX_DK]; /* this row's k, q */
     __shared__ float al[LS_GDNC_C], d[LS_GDNC_C];                 /* α per row; decays to r */
@@ -313,6 +314,7 @@ __global__ void __launch_bounds__(128)
 ls_gdn_chunk_rows_kernel(const float *k /* [T, Hk, dk] */, const float *alpha /* [T, Hv] */,
                          float *state, long T, long pos0, long Hk, long Hv, long dk, long dv)
 {
+    ls_pdl_entry();
     const long h = blockIdx.x, kh = h * Hk / Hv;
     float *kbg = state + ls_gdnc_k(Hv, dk, dv, h);
     float *alg = state + ls_gdnc_alpha(Hv, dk, dv, h);
@@ -332,6 +334,7 @@ __global__ void __launch_bounds__(256)
 ls_gdn_chunked_state_kernel(const float *state, long pos, float *s_out /* [Hv, dk, dv] */, long Hv,
                             long dk, long dv)
 {
+    ls_pdl_entry();
     __shared__ float d[LS_GDNC_C];
     __shared__ float Pr;
     const long h = blockIdx.y, r = pos % LS_GDNC_C;
@@ -380,11 +383,11 @@ extern "C" ls_status ls_cuda_gdn_chunked(const float *q, const float *k, const f
     LS_CUDA_REQUIRE(pos0 >= 0, err, "cuda portable gdn_chunked: position %ld < 0", pos0);
     if (T <= 0) return LS_OK;
     dim3 grid(ls_blocks_for(dv, LS_GDNC_CPW * LS_GDNC_WPB), (unsigned)Hv);
-    ls_gdn_chunked_kernel<<<grid, LS_GDNC_TPB, 0, (cudaStream_t)stream>>>(
-        q, k, v, alpha, beta, state, o, T, pos0, Hk, Hv, dk, dv, act_bf16);
+    ls_launch(ls_gdn_chunked_kernel, grid, LS_GDNC_TPB, 0, (cudaStream_t)stream, q, k, v, alpha, beta, state,
+              o, T, pos0, Hk, Hv, dk, dv, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_gdn_chunked_kernel", err);
-    ls_gdn_chunk_rows_kernel<<<(unsigned)Hv, 128, 0, (cudaStream_t)stream>>>(k, alpha, state, T, pos0, Hk,
-                                                                             Hv, dk, dv);
+    ls_launch(ls_gdn_chunk_rows_kernel, (unsigned)Hv, 128, 0, (cudaStream_t)stream, k, alpha, state, T, pos0,
+              Hk, Hv, dk, dv);
     LS_CUDA_CHECK_LAUNCH("ls_gdn_chunk_rows_kernel", err);
     return LS_OK;
 }
@@ -396,7 +399,7 @@ extern "C" ls_status ls_cuda_gdn_chunked_state(const float *state, long pos, flo
     if (st != LS_OK) return st;
     LS_CUDA_REQUIRE(pos >= 0, err, "cuda portable gdn_chunked_state: position %ld < 0", pos);
     dim3 grid(ls_blocks_for(dk * dv, 256), (unsigned)Hv);
-    ls_gdn_chunked_state_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(state, pos, s_out, Hv, dk, dv);
+    ls_launch(ls_gdn_chunked_state_kernel, grid, 256, 0, (cudaStream_t)stream, state, pos, s_out, Hv, dk, dv);
     LS_CUDA_CHECK_LAUNCH("ls_gdn_chunked_state_kernel", err);
     return LS_OK;
 }

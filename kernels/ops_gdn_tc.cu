@@ -186,6 +186,7 @@ __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const float *beta, float *state,
                     float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hk, long Hv, int dk, int dv)
 {
+    ls_pdl_entry();
     if (sq.n) ls_gdnt_seq(sq, (int)blockIdx.z, state, scratch, pc);
     extern __shared__ __align__(128) float smr[];
     __shared__ float gam[LS_GDNT_C], bet[LS_GDNT_C], bge[LS_GDNT_C];
@@ -332,6 +333,7 @@ __global__ void __launch_bounds__(LS_GDNT_SW * LS_WARP)
 ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hv, int dk,
                      int dv)
 {
+    ls_pdl_entry();
     if (sq.n) ls_gdnt_seq(sq, (int)blockIdx.z, state, scratch, pc);
     extern __shared__ __align__(128) float sms[];
     const int ldw = LS_GDNT_LDR(dk), ldk = LS_GDNT_LDB(dk), c0 = blockIdx.x * LS_GDNT_COLS, tid = threadIdx.x;
@@ -442,6 +444,7 @@ __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gdnt_piece pc, const ls_gdnt_seqs sq,
                    long Hk, long Hv, int dk, int dv, int pw, int act)
 {
+    ls_pdl_entry();
     extern __shared__ __align__(128) float smo[];
     __shared__ float gam[LS_GDNT_C];
     int cb = (int)blockIdx.z; /* column block; batched: sequence cb / (dv / pw) */
@@ -553,6 +556,7 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
 __global__ void __launch_bounds__(256)
 ls_gdnt_mat_kernel(const float *state, long pos, float *s_out, long Hv, int dk, int dv)
 {
+    ls_pdl_entry();
     __shared__ float d[LS_GDNT_C];
     const long h = blockIdx.y;
     const int r = (int)(pos % LS_GDNT_C);
@@ -658,13 +662,14 @@ static ls_status gdnt_launch(const float *q, const float *k, const float *v, con
     const int idk = (int)dk, idv = (int)dv, pw = (int)gdnt_out_cols(dv);
     const unsigned nz = sq.n ? (unsigned)sq.n : 1u;
     dim3 chunks((unsigned)pc.nch, (unsigned)Hv, nz);
-    ls_gdnt_rows_kernel<<<chunks, LS_GDNT_T, smem[0], s>>>(k, v, alpha, beta, state, scr, pc, sq, Hk, Hv, idk, idv);
+    ls_launch(ls_gdnt_rows_kernel, chunks, LS_GDNT_T, smem[0], s, k, v, alpha, beta, state, scr, pc, sq, Hk,
+              Hv, idk, idv);
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_rows_kernel", err);
-    ls_gdnt_state_kernel<<<dim3((unsigned)(dv / LS_GDNT_COLS), (unsigned)Hv, nz), LS_GDNT_SW * LS_WARP, smem[1],
-                           s>>>(state, scr, pc, sq, Hv, idk, idv);
+    ls_launch(ls_gdnt_state_kernel, dim3((unsigned)(dv / LS_GDNT_COLS), (unsigned)Hv, nz),
+              LS_GDNT_SW * LS_WARP, smem[1], s, state, scr, pc, sq, Hv, idk, idv);
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_state_kernel", err);
-    ls_gdnt_out_kernel<<<dim3((unsigned)pc.nch, (unsigned)Hv, nz * (unsigned)(dv / pw)), LS_GDNT_T, smem[2], s>>>(
-        q, state, scr, o, pc, sq, Hk, Hv, idk, idv, pw, act_bf16);
+    ls_launch(ls_gdnt_out_kernel, dim3((unsigned)pc.nch, (unsigned)Hv, nz * (unsigned)(dv / pw)), LS_GDNT_T,
+              smem[2], s, q, state, scr, o, pc, sq, Hk, Hv, idk, idv, pw, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_out_kernel", err);
     return LS_OK;
 }
@@ -765,7 +770,7 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc_state(const float *state, long pos, 
     if (st != LS_OK) return st;
     LS_CUDA_REQUIRE(pos >= 0, err, "cuda tensor-core gdn_chunked_state: position %ld < 0", pos);
     dim3 grid(ls_blocks_for(dk * dv, 256), (unsigned)Hv);
-    ls_gdnt_mat_kernel<<<grid, 256, 0, (cudaStream_t)stream>>>(state, pos, s_out, Hv, (int)dk, (int)dv);
+    ls_launch(ls_gdnt_mat_kernel, grid, 256, 0, (cudaStream_t)stream, state, pos, s_out, Hv, (int)dk, (int)dv);
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_mat_kernel", err);
     return LS_OK;
 }

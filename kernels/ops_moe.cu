@@ -33,6 +33,7 @@ __device__ __forceinline__ void ls_router_finish(float *wt, long k, int norm_top
 __global__ void ls_router_softmax_topk_kernel(float *probs, long T, long E, long k, int norm_topk,
                                               int32_t *ids, float *weights, int act)
 {
+    ls_pdl_entry();
     long t = (long)blockIdx.x * 4 + (threadIdx.x >> 5);
     int lane = (int)(threadIdx.x & 31u);
     if (t >= T) return;
@@ -68,6 +69,7 @@ template <int NPL>
 __global__ void ls_router_regs_kernel(float *probs, long T, long E, long k, int norm_topk,
                                       int32_t *ids, float *weights, int act)
 {
+    ls_pdl_entry();
     long t = (long)blockIdx.x * 4 + (threadIdx.x >> 5);
     int lane = (int)(threadIdx.x & 31u);
     if (t >= T) return;
@@ -140,14 +142,14 @@ extern "C" ls_status ls_cuda_router(const void *w, int wtype, long E, long D, co
     dim3 grid(ls_blocks_for(T, 4)), block(4 * LS_WARP);
     cudaStream_t s = (cudaStream_t)stream;
     if (E <= 16 * LS_WARP)
-        ls_router_regs_kernel<16><<<grid, block, 0, s>>>(probs, T, E, k, norm_topk, ids, weights,
-                                                         act_bf16);
+        ls_launch(ls_router_regs_kernel<16>, grid, block, 0, s, probs, T, E, k, norm_topk, ids, weights,
+                  act_bf16);
     else if (E <= 32 * LS_WARP)
-        ls_router_regs_kernel<32><<<grid, block, 0, s>>>(probs, T, E, k, norm_topk, ids, weights,
-                                                         act_bf16);
+        ls_launch(ls_router_regs_kernel<32>, grid, block, 0, s, probs, T, E, k, norm_topk, ids, weights,
+                  act_bf16);
     else
-        ls_router_softmax_topk_kernel<<<grid, block, 0, s>>>(probs, T, E, k, norm_topk, ids,
-                                                             weights, act_bf16);
+        ls_launch(ls_router_softmax_topk_kernel, grid, block, 0, s, probs, T, E, k, norm_topk, ids, weights,
+                  act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_router_softmax_topk_kernel", err);
     return LS_OK;
 }
@@ -236,6 +238,7 @@ typedef struct ls_moe_q8 {
 /* grid ceil(E / 8): warp per expert e, count[e] = #{p : ids[p] == e}. */
 __global__ void ls_moe_count_kernel(const int32_t *ids, long P, long E, int32_t *count)
 {
+    ls_pdl_entry();
     long e = (long)blockIdx.x * LS_MOE_WARPS + (threadIdx.x >> 5);
     int lane = (int)(threadIdx.x & 31u);
     if (e >= E) return; /* whole warp */
@@ -255,6 +258,7 @@ __global__ void ls_moe_group_kernel(const int32_t *ids, long P, long E, const in
                                     int32_t *pairs, int32_t *tile_e, int32_t *tile_p0,
                                     int32_t *tile_n, int32_t *ntiles)
 {
+    ls_pdl_entry();
     long e = (long)blockIdx.x * LS_MOE_WARPS + (threadIdx.x >> 5);
     int lane = (int)(threadIdx.x & 31u);
     if (e >= E) return; /* whole warp */
@@ -453,6 +457,7 @@ __global__ void __launch_bounds__(LS_MOE_WARPS * LS_WARP, MINB)
 ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_q8 q8,
                       const ls_moe_tiles tl, long W, float *mid, int act)
 {
+    ls_pdl_entry();
     __shared__ float wsm[LS_MOE_WARPS][LS_MOE_SMEM(LEAN)];
     int shared, n, warp;
     long e, p0, i;
@@ -490,6 +495,7 @@ ls_moe_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_q8 q8,
 __global__ void __launch_bounds__(LS_MOE_SG_THREADS)
 ls_moe_shared_gate_kernel(const ls_cuda_moe mw, const float *x, long T, float *gamma, int act)
 {
+    ls_pdl_entry();
     __shared__ float ws[LS_MOE_SG_CHUNK], xs[LS_MOE_SG_CHUNK];
     long t = blockIdx.x;
     if (t >= T) return; /* whole block */
@@ -520,7 +526,7 @@ static ls_status ls_moe_shared_gate(const ls_cuda_moe *mw, const float *x, long 
                                     cudaStream_t s, ls_error *err)
 {
     if (!mw->sh_gate) return LS_OK;
-    ls_moe_shared_gate_kernel<<<(unsigned)T, LS_MOE_SG_THREADS, 0, s>>>(*mw, x, T, gamma, act);
+    ls_launch(ls_moe_shared_gate_kernel, (unsigned)T, LS_MOE_SG_THREADS, 0, s, *mw, x, T, gamma, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_shared_gate_kernel", err);
     return LS_OK;
 }
@@ -533,6 +539,7 @@ static ls_status ls_moe_shared_gate(const ls_cuda_moe *mw, const float *x, long 
 __global__ void ls_moe_quant_mid_kernel(const ls_cuda_moe mw, long T, long k, long W,
                                         const float *mid, float *mq, float *mqs)
 {
+    ls_pdl_entry();
     long nbW = LS_FP8_BLOCKS(W);
     long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= T * (k + 1) * nbW) return;
@@ -550,6 +557,7 @@ __global__ void ls_moe_quant_mid_kernel(const ls_cuda_moe mw, long T, long k, lo
 /* w8a8: the input rows x [T, D] quantised per group (thread per group). */
 __global__ void ls_moe_quant_x_kernel(const float *x, long T, long D, float *xq, float *xqs)
 {
+    ls_pdl_entry();
     long nb = LS_FP8_BLOCKS(D);
     long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= T * nb) return;
@@ -604,6 +612,7 @@ ls_moe_down_kernel(const ls_cuda_moe mw, const ls_moe_q8 q8, const ls_moe_tiles 
                    const float *weights, long W, const float *mid, const float *gamma, float *cbuf,
                    int act)
 {
+    ls_pdl_entry();
     __shared__ float wsm[LS_MOE_WARPS][LS_MOE_SMEM(LEAN)];
     int shared, n, warp;
     long e, p0, j;
@@ -661,6 +670,7 @@ __global__ void __launch_bounds__(LS_MOE_GWARPS * LS_WARP)
 ls_moe_gate_up_g_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                         float *mid, int xvec, int act)
 {
+    ls_pdl_entry();
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
@@ -686,6 +696,7 @@ __global__ void __launch_bounds__(LS_MOE_GWARPS * LS_WARP)
 ls_moe_down_g_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                      const float *mid, const float *gamma, float *cbuf, int mvec, int act)
 {
+    ls_pdl_entry();
     int shared, n;
     long e, p0;
     if (!ls_moe_tile_of(tl, &shared, &e, &p0, &n)) return;
@@ -713,12 +724,12 @@ static ls_status ls_moe_group_launch(const ls_cuda_moe *mw, const float *x, cons
     int xvec = ((uintptr_t)x & 15u) == 0 && mw->D % 4 == 0;
     int mvec = ((uintptr_t)mid & 15u) == 0 && W % 4 == 0;
     dim3 g1(ls_blocks_for(W, LS_MOE_GROWS(EB)), (unsigned)tiles);
-    ls_moe_gate_up_g_kernel<EB><<<g1, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, xvec, act);
+    ls_launch(ls_moe_gate_up_g_kernel<EB>, g1, LS_MOE_GWARPS * LS_WARP, 0, s, *mw, x, tl, W, mid, xvec, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_g_kernel", err);
     LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
     dim3 g2(ls_blocks_for(mw->D, LS_MOE_GROWS(EB)), (unsigned)tiles);
-    ls_moe_down_g_kernel<EB><<<g2, LS_MOE_GWARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
-                                                                  cbuf, mvec, act);
+    ls_launch(ls_moe_down_g_kernel<EB>, g2, LS_MOE_GWARPS * LS_WARP, 0, s, *mw, tl, weights, W, mid, gamma,
+              cbuf, mvec, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_down_g_kernel", err);
     return LS_OK;
 }
@@ -739,6 +750,7 @@ __global__ void __launch_bounds__(LS_TILE_WARPS * LS_WARP)
 ls_moe_gate_up_t_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                         float *mid, int act)
 {
+    ls_pdl_entry();
     constexpr int HU = RW / 2; /* hidden units per warp */
     __shared__ __align__(16) uint8_t sm[LS_TILE_SMEM(EB, RW, NT)];
     int shared, n;
@@ -779,6 +791,7 @@ __global__ void __launch_bounds__(LS_TILE_WARPS * LS_WARP)
 ls_moe_down_t_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                      const float *mid, const float *gamma, float *cbuf, int act)
 {
+    ls_pdl_entry();
     __shared__ __align__(16) uint8_t sm[LS_TILE_SMEM(EB, RW, NT)];
     int shared, n;
     long e, p0;
@@ -817,13 +830,13 @@ static ls_status ls_moe_tile_launch(const ls_cuda_moe *mw, const float *x, const
                                     ls_error *err)
 {
     dim3 g1(ls_blocks_for(W, LS_TILE_WARPS * LS_MOE_TRW / 2), (unsigned)tiles);
-    ls_moe_gate_up_t_kernel<EB, LS_MOE_TRW, NT><<<g1, LS_TILE_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W,
-                                                                                     mid, act);
+    ls_launch(ls_moe_gate_up_t_kernel<EB, LS_MOE_TRW, NT>, g1, LS_TILE_WARPS * LS_WARP, 0, s, *mw, x, tl, W,
+              mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_t_kernel", err);
     LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
     dim3 g2(ls_blocks_for(mw->D, LS_TILE_WARPS * LS_MOE_TRW), (unsigned)tiles);
-    ls_moe_down_t_kernel<EB, LS_MOE_TRW, NT><<<g2, LS_TILE_WARPS * LS_WARP, 0, s>>>(
-        *mw, tl, weights, W, mid, gamma, cbuf, act);
+    ls_launch(ls_moe_down_t_kernel<EB, LS_MOE_TRW, NT>, g2, LS_TILE_WARPS * LS_WARP, 0, s, *mw, tl, weights,
+              W, mid, gamma, cbuf, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_down_t_kernel", err);
     return LS_OK;
 }
@@ -835,6 +848,7 @@ __global__ void ls_moe_combine_kernel(const float *cbuf, const int32_t *ids, con
                                       long E, long T, long k, long D, int has_shared, float *out,
                                       int act)
 {
+    ls_pdl_entry();
     long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= T * D) return;
     long t = e / D, j = e % D;
@@ -873,24 +887,23 @@ static ls_status ls_moe_experts_launch(const ls_cuda_moe *mw, const float *x, co
 {
     if (xq_w) { /* w8a8: the input rows quantised once per token */
         long groups = tl.T * LS_FP8_BLOCKS(mw->D);
-        ls_moe_quant_x_kernel<<<ls_blocks_for(groups, 128), 128, 0, s>>>(x, tl.T, mw->D, xq_w,
-                                                                           xqs_w);
+        ls_launch(ls_moe_quant_x_kernel, ls_blocks_for(groups, 128), 128, 0, s, x, tl.T, mw->D, xq_w, xqs_w);
         LS_CUDA_CHECK_LAUNCH("ls_moe_quant_x_kernel", err);
     }
     dim3 g1(ls_blocks_for(W, LS_MOE_WARPS), (unsigned)tiles);
-    ls_moe_gate_up_kernel<NT, LEAN, MINB><<<g1, LS_MOE_WARPS * LS_WARP, 0, s>>>(*mw, x, q8, tl, W,
-                                                                               mid, act);
+    ls_launch(ls_moe_gate_up_kernel<NT, LEAN, MINB>, g1, LS_MOE_WARPS * LS_WARP, 0, s, *mw, x, q8, tl, W, mid,
+              act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gate_up_kernel", err);
     LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
     if (mq_w) { /* w8a8: each slot's hidden row quantised before the down projection */
         long groups = tl.T * (tl.k + 1) * LS_FP8_BLOCKS(W);
-        ls_moe_quant_mid_kernel<<<ls_blocks_for(groups, 128), 128, 0, s>>>(*mw, tl.T, tl.k, W, mid,
-                                                                             mq_w, mqs_w);
+        ls_launch(ls_moe_quant_mid_kernel, ls_blocks_for(groups, 128), 128, 0, s, *mw, tl.T, tl.k, W, mid,
+                  mq_w, mqs_w);
         LS_CUDA_CHECK_LAUNCH("ls_moe_quant_mid_kernel", err);
     }
     dim3 g2(ls_blocks_for(mw->D, LS_MOE_WARPS), (unsigned)tiles);
-    ls_moe_down_kernel<NT, LEAN, MINB><<<g2, LS_MOE_WARPS * LS_WARP, 0, s>>>(
-        *mw, q8, tl, weights, W, mid, gamma, cbuf, act);
+    ls_launch(ls_moe_down_kernel<NT, LEAN, MINB>, g2, LS_MOE_WARPS * LS_WARP, 0, s, *mw, q8, tl, weights, W,
+              mid, gamma, cbuf, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_down_kernel", err);
     return LS_OK;
 }
@@ -979,10 +992,10 @@ static ls_status ls_moe_layout(const ls_cuda_moe *mw, const int32_t *ids, long T
     int32_t *ntiles = tile_n + max_tiles;                   /* [1] */
     if (!single) {
         unsigned eb = ls_blocks_for(mw->E, LS_MOE_WARPS);
-        ls_moe_count_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(ids, P, mw->E, count);
+        ls_launch(ls_moe_count_kernel, eb, LS_MOE_WARPS * LS_WARP, 0, s, ids, P, mw->E, count);
         LS_CUDA_CHECK_LAUNCH("ls_moe_count_kernel", err);
-        ls_moe_group_kernel<<<eb, LS_MOE_WARPS * LS_WARP, 0, s>>>(
-            ids, P, mw->E, count, pairs, tile_e, tile_p0, tile_n, ntiles);
+        ls_launch(ls_moe_group_kernel, eb, LS_MOE_WARPS * LS_WARP, 0, s, ids, P, mw->E, count, pairs, tile_e,
+                  tile_p0, tile_n, ntiles);
         LS_CUDA_CHECK_LAUNCH("ls_moe_group_kernel", err);
     }
     *tl = {ids, pairs, tile_e, tile_p0, tile_n, ntiles, T, k, mw->E, sh_tiles, single};
@@ -1064,8 +1077,8 @@ extern "C" ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float
     cudaStream_t s = (cudaStream_t)stream;
     float *cbuf = NULL;
     LS_TRY(ls_moe_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, plan, s, &cbuf, err));
-    ls_moe_combine_kernel<<<ls_blocks_for(T * mw->D, 256), 256, 0, s>>>(
-        cbuf, ids, weights, mw->E, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
+    ls_launch(ls_moe_combine_kernel, ls_blocks_for(T * mw->D, 256), 256, 0, s, cbuf, ids, weights, mw->E, T,
+              k, mw->D, mw->sh_gate != NULL, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
     return LS_OK;
 }
@@ -1194,6 +1207,7 @@ __global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
 ls_moe_tc_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tiles tl, long W,
                          float *mid, int act)
 {
+    ls_pdl_entry();
     using namespace nvcuda;
     __shared__ __align__(128) __nv_bfloat16 a[LS_MOE_TC_WARPS][16][LS_MOE_TC_LDA];
     __shared__ __align__(128) float o[2][LS_MOE_TC_WARPS][16 * 16];
@@ -1239,6 +1253,7 @@ __global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
 ls_moe_tc_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
                       const float *mid, const float *gamma, float *cbuf, int act)
 {
+    ls_pdl_entry();
     using namespace nvcuda;
     __shared__ __align__(128) __nv_bfloat16 a[LS_MOE_TC_WARPS][16][LS_MOE_TC_LDA];
     __shared__ __align__(128) float o[LS_MOE_TC_WARPS][16 * 16];
@@ -1281,12 +1296,12 @@ static ls_status ls_moe_tc_launch(const ls_cuda_moe *mw, const float *x, const l
                                   float *gamma, float *cbuf, int act, cudaStream_t s, ls_error *err)
 {
     dim3 g1(ls_blocks_for(W, 16 * NC), (unsigned)tiles);
-    ls_moe_tc_gate_up_kernel<NC><<<g1, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, x, tl, W, mid, act);
+    ls_launch(ls_moe_tc_gate_up_kernel<NC>, g1, LS_MOE_TC_WARPS * LS_WARP, 0, s, *mw, x, tl, W, mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_gate_up_kernel", err);
     LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
     dim3 g2(ls_blocks_for(mw->D, 16 * NC), (unsigned)tiles);
-    ls_moe_tc_down_kernel<NC><<<g2, LS_MOE_TC_WARPS * LS_WARP, 0, s>>>(*mw, tl, weights, W, mid, gamma,
-                                                                       cbuf, act);
+    ls_launch(ls_moe_tc_down_kernel<NC>, g2, LS_MOE_TC_WARPS * LS_WARP, 0, s, *mw, tl, weights, W, mid, gamma,
+              cbuf, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_down_kernel", err);
     return LS_OK;
 }
@@ -1334,8 +1349,8 @@ extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *
     else
         LS_TRY(ls_moe_tc_launch<4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
                                    act_bf16, s, err));
-    ls_moe_combine_kernel<<<ls_blocks_for(T * mw->D, 256), 256, 0, s>>>(
-        cbuf, ids, weights, mw->E, T, k, mw->D, mw->sh_gate != NULL, out, act_bf16);
+    ls_launch(ls_moe_combine_kernel, ls_blocks_for(T * mw->D, 256), 256, 0, s, cbuf, ids, weights, mw->E, T,
+              k, mw->D, mw->sh_gate != NULL, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
     return LS_OK;
 }
@@ -1347,6 +1362,7 @@ extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *
 __global__ void ls_moe_gather_slots_kernel(const float *cbuf, const int32_t *pairs, long n, long t0,
                                            long T, long k, long D, float *c)
 {
+    ls_pdl_entry();
     long g = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n * D) return;
     long j = g / D, d = g % D, t = pairs[2 * j] - t0, i = pairs[2 * j + 1];
@@ -1365,8 +1381,8 @@ extern "C" ls_status ls_cuda_moe_slots(const ls_cuda_moe *mw, const float *x, co
     cudaStream_t s = (cudaStream_t)stream;
     float *cbuf = NULL;
     LS_TRY(ls_moe_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, -1, s, &cbuf, err));
-    ls_moe_gather_slots_kernel<<<ls_blocks_for(n * mw->D, 256), 256, 0, s>>>(cbuf, pairs, n, t0, T, k,
-                                                                             mw->D, c);
+    ls_launch(ls_moe_gather_slots_kernel, ls_blocks_for(n * mw->D, 256), 256, 0, s, cbuf, pairs, n, t0, T, k,
+              mw->D, c);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gather_slots_kernel", err);
     return LS_OK;
 }
@@ -1378,6 +1394,7 @@ extern "C" ls_status ls_cuda_moe_slots(const ls_cuda_moe *mw, const float *x, co
 __global__ void ls_moe_combine_slots_kernel(const float *c, long T, long k, long D, int has_shared,
                                             float *out, int act)
 {
+    ls_pdl_entry();
     long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= T * D) return;
     long t = e / D, j = e % D;
@@ -1394,8 +1411,8 @@ extern "C" ls_status ls_cuda_moe_combine(const float *c, long k, long D, int has
 {
     LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
     if (T <= 0) return LS_OK;
-    ls_moe_combine_slots_kernel<<<ls_blocks_for(T * D, 256), 256, 0, (cudaStream_t)stream>>>(
-        c, T, k, D, has_shared != 0, out, act_bf16);
+    ls_launch(ls_moe_combine_slots_kernel, ls_blocks_for(T * D, 256), 256, 0, (cudaStream_t)stream, c, T, k,
+              D, has_shared != 0, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_slots_kernel", err);
     return LS_OK;
 }

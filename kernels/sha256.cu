@@ -2,6 +2,7 @@
  * Bit-exact with OpenSSL by construction (the standard fixes every bit) and
  * by test (tests/gpu/test_sha256). */
 #include "cuda_check.cuh"
+#include "launch.cuh"
 #include "sha256.h"
 
 /* Round constants; a __constant__ copy for the device and a plain one for the
@@ -291,6 +292,7 @@ struct ls_digest_launch {
 template <int N>
 __global__ void ls_digest_encode_kernel(const __grid_constant__ ls_digest_launch<N> t, uint8_t *bytes)
 {
+    ls_pdl_entry();
     const ls_digest_entry &e = t.e[blockIdx.y];
     if (blockIdx.x == 0 && threadIdx.x < LS_ALIGN_UP(e.len, 16) - e.len)
         bytes[e.off + e.len + threadIdx.x] = 0;
@@ -324,7 +326,7 @@ static void ls_digest_encode_launch(const ls_digest_entry *h, int m, dim3 grid, 
 {
     ls_digest_launch<N> t;
     memcpy(t.e, h, sizeof *h * (size_t)m);
-    ls_digest_encode_kernel<N><<<grid, 256, 0, s>>>(t, bytes);
+    ls_launch(ls_digest_encode_kernel<N>, grid, 256, 0, s, t, bytes);
 }
 
 /* Enqueues the encoding of the n jobs of h (offsets set) into bytes, in
@@ -350,6 +352,7 @@ static cudaError_t ls_digest_encode(const ls_digest_entry *h, int n, uint8_t *by
 __global__ void ls_digest_hash_kernel(const ls_digest_entry *ent, int n_jobs, const uint8_t *bytes,
                                       uint8_t *digests)
 {
+    ls_pdl_entry();
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= n_jobs) return;
     if (ent[j].host) {
@@ -553,8 +556,8 @@ extern "C" ls_status ls_cuda_digest(const ls_cuda_digest_job *jobs, int n_jobs, 
         hs = s2;
     }
     if (ce == cudaSuccess && n_dev) {
-        ls_digest_hash_kernel<<<(n_jobs + 63) / 64, 64, 0, s>>>(d_ent, n_jobs, base + bytes_at,
-                                                                 base + dig_at);
+        ls_launch(ls_digest_hash_kernel, (n_jobs + 63) / 64, 64, 0, s, d_ent, n_jobs, base + bytes_at,
+                  base + dig_at);
         ce = cudaGetLastError();
     }
     int host_failed = -1;
