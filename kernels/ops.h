@@ -217,12 +217,15 @@ ls_status ls_cuda_attention(const float *q /* [T, Hq, d] */,
 /* ls_cuda_attention for nseq sequences in one launch per 64: sequence s owns
  * rows row0[s] .. row0[s]+len[s]-1 of q, pos and o, and its caches kcs[s],
  * vcs[s] with table pts[s] (device pointers in host arrays; pts NULL: every
- * table the identity). */
+ * table the identity). Given scratch of ls_cuda_attention_scratch_bytes
+ * (device; NULL or 0 bytes: none), a launch whose sequences have one query
+ * each spreads its key blocks over the GPU (same bits). */
 ls_status ls_cuda_attention_batch(const float *q, const float *const *kcs,
                                   const float *const *vcs, const int32_t *const *pts, long page,
                                   long cap, const long *row0, const long *len, long nseq,
                                   const int32_t *pos, float *o, long Hq, long Hkv, long d,
-                                  int act_bf16, int order, void *stream, ls_error *err);
+                                  int act_bf16, int order, void *scratch, void *stream, ls_error *err);
+size_t ls_cuda_attention_scratch_bytes(long nseq, long Hq, long d, long cap);
 
 /* KV-cache append for nseq sequences: rows row0[s] + i of k, v [T, Hkv, d]
  * go to position pos[row0[s] + i] of head h of kcs[s], vcs[s] (paged as

@@ -99,6 +99,89 @@ __device__ __forceinline__ void ls_att_vload(float *vb, const float *V, const lo
         vb[jj] = jj < nb ? __ldg(V + rows[j0 + jj] * d + col) : 0.0f;
 }
 
+/* Lane's dims lane + 32 r of the query row qv [d] (0 past d). */
+__device__ __forceinline__ void ls_att_q(const float *qv, long d, int lane, float (&qr)[LS_ATT_DR])
+{
+#pragma unroll
+    for (int r = 0; r < LS_ATT_DR; r++) {
+        long dd = lane + (long)r * LS_WARP;
+        qr[r] = dd < d ? qv[dd] : 0.0f;
+    }
+}
+
+/* Scores of nb (1..32) keys whose cache rows are rows[0..nb): one warp
+ * DOT32 per key (lane l strides dims l, l+32, ..., product then add, then
+ * the butterfly, then · scale), the rows of KG keys loaded before the first
+ * of their dots. Lane j gets s of key j (−inf from nb). */
+template <int KG>
+__device__ __forceinline__ float ls_att_block_scores(const float *K, const long *rows, long nb, long d,
+                                                     const float (&qr)[LS_ATT_DR], float scale, int lane)
+{
+    float my_s = -INFINITY;
+    for (int j0 = 0; j0 < nb; j0 += KG) {
+        float kv[KG][LS_ATT_DR];
+#pragma unroll
+        for (int g = 0; g < KG; g++) {
+            /* Keys past the block read the block's last row again (in the
+             * cache, never used): no per-key predicate. */
+            long j = j0 + g < nb ? j0 + g : nb - 1;
+            const float *kl = K + rows[j] * d + lane; /* [d - lane], stride 32 */
+#pragma unroll
+            for (int r = 0; r < LS_ATT_DR; r++)
+                kv[g][r] = lane + r * LS_WARP < d ? __ldg(kl + r * LS_WARP) : 0.0f;
+        }
+#pragma unroll
+        for (int g = 0; g < KG; g++) {
+            float pk = 0.0f;
+#pragma unroll
+            for (int r = 0; r < LS_ATT_DR; r++) {
+                long dd = lane + (long)r * LS_WARP;
+                if (dd < d) {
+                    float prod = qr[r] * kv[g][r];
+                    pk = pk + prod;
+                }
+            }
+            float sj = ls_warp_tree(pk) * scale;
+            if (lane == j0 + g && lane < nb) my_s = sj;
+        }
+    }
+    return my_s;
+}
+
+/* A block's c, p_j (lane j) and DOT32_lanes(p, 1) from its keys' scores
+ * (lane j: my_s), nb (1..32) keys, and the maxima before (Mb) and after
+ * (Mnb) it. */
+__device__ __forceinline__ void ls_att_block_p(float my_s, long nb, float Mb, float Mnb, int lane, float *c,
+                                               float *pj, float *lsum)
+{
+    *c = (Mb == -INFINITY) ? 0.0f : ls_expf(Mb - Mnb);
+    *pj = lane < nb ? ls_expf(my_s - Mnb) : 0.0f;
+    float pone = 0.0f;
+    if (lane < nb) {
+        float prod = *pj * 1.0f;
+        pone = pone + prod;
+    }
+    *lsum = ls_warp_tree(pone);
+}
+
+/* DOT32_lanes(p, v[·][col]) of a block of nbb keys: partial j is
+ * 0 + p[j] · vc[j] (vc: the keys' values of the column), combined in the
+ * LS_DOT32 tree order. */
+__device__ __forceinline__ float ls_att_block_pv(const float *p, const float (&vc)[LS_WARP], long nbb)
+{
+    float pv[LS_WARP];
+#pragma unroll
+    for (int jj = 0; jj < LS_WARP; jj++) {
+        pv[jj] = 0.0f;
+        if (jj < nbb) {
+            float prod = p[jj] * vc[jj];
+            pv[jj] = pv[jj] + prod;
+        }
+    }
+    LS_TREE32(pv);
+    return pv[0];
+}
+
 /* Per block of 32 keys (key j = lane j of the canonical formulation):
  *   s_j  = DOT32(q, k_j) · scale
  *   M'   = max(M, max_j s_j);  c = M == −inf ? 0 : exp(M − M');  p_j = exp(s_j − M')
@@ -166,11 +249,7 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long page, long cap, const i
     const float *V = sq.vc[sidx];      /* [pages, Hkv, page, d] */
     const int32_t *pt = sq.pt[sidx];   /* [cap / page] or NULL */
     float qr[LS_ATT_DR];
-#pragma unroll
-    for (int r = 0; r < LS_ATT_DR; r++) {
-        long dd = lane + (long)r * LS_WARP;
-        qr[r] = dd < d ? qv[dd] : 0.0f;
-    }
+    ls_att_q(qv, d, lane, qr);
     int dok = tid < d;
     float acc = 0.0f;
     float M = -INFINITY, l = 0.0f;
@@ -187,34 +266,7 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long page, long cap, const i
         if (nb > LS_WARP) nb = LS_WARP;
         float my_s = -INFINITY; /* s of key b0 + lane */
         if (nb > 0) {           /* uniform over the warp */
-            for (int j0 = 0; j0 < nb; j0 += LS_ATT_KG) {
-                float kv[LS_ATT_KG][LS_ATT_DR];
-#pragma unroll
-                for (int g = 0; g < LS_ATT_KG; g++) {
-                    /* Keys past the block read the block's last row again
-                     * (in the cache, never used): no per-key predicate. */
-                    long j = j0 + g < nb ? j0 + g : nb - 1;
-                    const float *kl = K + rows[(long)warp * LS_WARP + j] * d + lane; /* [d - lane],
-                                                                                       stride 32 */
-#pragma unroll
-                    for (int r = 0; r < LS_ATT_DR; r++)
-                        kv[g][r] = lane + r * LS_WARP < d ? __ldg(kl + r * LS_WARP) : 0.0f;
-                }
-#pragma unroll
-                for (int g = 0; g < LS_ATT_KG; g++) {
-                    float pk = 0.0f;
-#pragma unroll
-                    for (int r = 0; r < LS_ATT_DR; r++) {
-                        long dd = lane + (long)r * LS_WARP;
-                        if (dd < d) {
-                            float prod = qr[r] * kv[g][r];
-                            pk = pk + prod;
-                        }
-                    }
-                    float sj = ls_warp_tree(pk) * scale;
-                    if (lane == j0 + g && lane < nb) my_s = sj;
-                }
-            }
+            my_s = ls_att_block_scores<LS_ATT_KG>(K, rows + (long)warp * LS_WARP, nb, d, qr, scale, lane);
             float bm = ls_warp_max_first(my_s, lane < nb ? (long)lane : -1L);
             if (lane == 0) bm_sm[warp] = bm;
         }
@@ -236,14 +288,8 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long page, long cap, const i
             M = Mn;
         }
         if (nb > 0) {
-            float c = (Mb == -INFINITY) ? 0.0f : ls_expf(Mb - Mnb);
-            float pj = lane < nb ? ls_expf(my_s - Mnb) : 0.0f;
-            float pone = 0.0f;
-            if (lane < nb) {
-                float prod = pj * 1.0f;
-                pone = pone + prod;
-            }
-            float lsum = ls_warp_tree(pone);
+            float c, pj, lsum;
+            ls_att_block_p(my_s, nb, Mb, Mnb, lane, &c, &pj, &lsum);
             p_sm[warp * LS_WARP + lane] = pj;
             if (lane == 0) {
                 c_sm[warp] = c;
@@ -263,18 +309,9 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long page, long cap, const i
                 float vn[LS_WARP];
                 /* block b + 2 of the tile (none past the tile: nbb - 64 <= 0 there) */
                 ls_att_vload(vn, V, rows, (long)(b + 2) * LS_WARP, nbb - 2 * LS_WARP, d, tid);
-                float pv[LS_WARP];
-#pragma unroll
-                for (int jj = 0; jj < LS_WARP; jj++) {
-                    pv[jj] = 0.0f;
-                    if (jj < nbb) {
-                        float prod = p_sm[b * LS_WARP + jj] * va[jj];
-                        pv[jj] = pv[jj] + prod;
-                    }
-                }
-                LS_TREE32(pv);
+                float x = ls_att_block_pv(p_sm + b * LS_WARP, va, nbb);
                 float ac = acc * c;
-                acc = ac + pv[0];
+                acc = ac + x;
 #pragma unroll
                 for (int jj = 0; jj < LS_WARP; jj++) {
                     va[jj] = vb[jj];
@@ -284,6 +321,209 @@ ls_attention_kernel(const float *q, ls_att_seqs sq, long page, long cap, const i
         }
     }
     if (dok) o[pair * d + tid] = ls_act_d(acc / l, act);
+}
+
+/* ---- attention of one query per sequence, split over key blocks ----------------
+ * A decode step has one query per sequence, so the kernel above runs one
+ * block per (sequence, head) and walks its keys' blocks in a chain: at batch
+ * 1 that is 16 blocks on a GPU of 132 SMs. The same operations spread over
+ * the blocks of 32 keys, in three launches (ls_cuda_attention_batch, when
+ * every sequence of a launch has one query and the caller gave scratch):
+ *   (A) per (query, head, key block), a block of 8 warps: the block's
+ *       scores, 4 keys a warp, and its maximum (ls_att_block_scores,
+ *       ls_warp_max_first), to scratch;
+ *   (B) per (query, head, key block), a block: the chain of maxima up to
+ *       and through it (M' = M > bm ? M : bm from −inf, the kernel above's
+ *       selects over the same values), then c, p_j and DOT32_lanes(p, 1)
+ *       (ls_att_block_p) and, thread d, DOT32_lanes(p, v[·][d])
+ *       (ls_att_block_pv), to scratch;
+ *   (C) per (query, head), a block: l = l·c + DOT32_lanes(p, 1) and
+ *       acc_d = acc_d·c + DOT32_lanes(p, v[·][d]) block by block in order,
+ *       then o = acc / l.
+ * Every value is formed by the same operations on the same operands as in
+ * ls_attention_kernel, so the outputs are its bits; only where the blocks
+ * are formed changes. The grids cover the cache's capacity (a step graph
+ * replays them at every position), the blocks past a query's position
+ * doing nothing. */
+#define LS_ATT_SPLIT_GY 64 /* most key blocks across a grid's y; the rest in turn */
+
+/* Scratch of one launch of U = sequences x Hq units, NB = ceil(cap / 32) key
+ * blocks each: scores [U, NB, 32], maxima, c and DOT32_lanes(p, 1) [U, NB],
+ * DOT32_lanes(p, v) [U, NB, d]. */
+typedef struct ls_att_split {
+    float *s, *bm, *c, *ls, *x;
+    long nb; /* NB */
+} ls_att_split;
+
+static size_t ls_att_split_floats(long U, long NB, long d)
+{
+    return (size_t)U * (size_t)NB * (size_t)(LS_WARP + 3 + d);
+}
+
+static ls_att_split ls_att_split_at(float *scratch, long U, long NB, long d)
+{
+    ls_att_split a;
+    size_t cells = (size_t)U * (size_t)NB;
+    a.s = scratch;
+    a.bm = a.s + cells * LS_WARP;
+    a.c = a.bm + cells;
+    a.ls = a.c + cells;
+    a.x = a.ls + cells;
+    a.nb = NB;
+    return a;
+}
+
+/* The unit (sequence blockIdx.z, head blockIdx.x): its query's last key
+ * (its position, within the cache) and its kv head; -1 when the sequence
+ * has no query in this launch. */
+__device__ __forceinline__ long ls_att_unit(const ls_att_seqs &sq, const int32_t *pos, long cap, long Hq,
+                                            long Hkv, long *pair, long *kvh)
+{
+    int sidx = (int)blockIdx.z;
+    if (sq.len[sidx] < 1) return -1;
+    long n = blockIdx.x;
+    *pair = sq.row0[sidx] * Hq + n;
+    *kvh = n * Hkv / Hq;
+    long last = pos[sq.row0[sidx]];
+    return last > cap - 1 ? cap - 1 : last;
+}
+
+/* (A): block (head, y, sequence) takes key blocks y, y + gridDim.y, ...;
+ * warp w forms the scores of the block's keys 4w .. 4w + 3, and warp 0 the
+ * block's maximum. */
+#define LS_ATT_SPLIT_KPW (LS_WARP / LS_ATT_WARPS) /* keys per warp: 4 */
+__global__ void __launch_bounds__(LS_ATT_THREADS)
+ls_att_scores_kernel(const float *q, ls_att_seqs sq, long page, long cap, const int32_t *pos, long Hq,
+                     long Hkv, long d, float scale, ls_att_split a)
+{
+    ls_pdl_entry();
+    __shared__ long rows[LS_WARP];
+    __shared__ float s_sm[LS_WARP];
+    int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    long pair, kvh;
+    long last = ls_att_unit(sq, pos, cap, Hq, Hkv, &pair, &kvh);
+    if (last < 0) return;
+    long u = (long)blockIdx.z * Hq + blockIdx.x;
+    int sidx = (int)blockIdx.z;
+    float qr[LS_ATT_DR];
+    ls_att_q(q + pair * d, d, lane, qr);
+    for (long b = blockIdx.y; b * LS_WARP <= last; b += gridDim.y) {
+        long b0 = b * LS_WARP, nb = last - b0 + 1;
+        if (nb > LS_WARP) nb = LS_WARP;
+        if (tid < nb) rows[tid] = ls_att_row(sq.pt[sidx], page, Hkv, kvh, b0 + tid);
+        __syncthreads();
+        long j0 = (long)warp * LS_ATT_SPLIT_KPW, nw = nb - j0; /* this warp's keys */
+        if (nw > LS_ATT_SPLIT_KPW) nw = LS_ATT_SPLIT_KPW;
+        if (nw > 0) {
+            float sj = ls_att_block_scores<LS_ATT_SPLIT_KPW>(sq.kc[sidx], rows + j0, nw, d, qr, scale, lane);
+            if (lane < nw) s_sm[j0 + lane] = sj;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            float my_s = lane < nb ? s_sm[lane] : -INFINITY;
+            float bm = ls_warp_max_first(my_s, lane < nb ? (long)lane : -1L);
+            a.s[(u * a.nb + b) * LS_WARP + lane] = my_s;
+            if (lane == 0) a.bm[u * a.nb + b] = bm;
+        }
+        __syncthreads();
+    }
+}
+
+/* (B): block (head, y, sequence) takes key blocks y, y + gridDim.y, ... */
+__global__ void __launch_bounds__(LS_ATT_THREADS)
+ls_att_values_kernel(ls_att_seqs sq, long page, long cap, const int32_t *pos, long Hq, long Hkv, long d,
+                     ls_att_split a)
+{
+    ls_pdl_entry();
+    __shared__ long rows[LS_WARP];
+    __shared__ float p_sm[LS_WARP];
+    int tid = (int)threadIdx.x, lane = tid & 31;
+    long pair, kvh;
+    long last = ls_att_unit(sq, pos, cap, Hq, Hkv, &pair, &kvh);
+    if (last < 0) return;
+    long u = (long)blockIdx.z * Hq + blockIdx.x;
+    int sidx = (int)blockIdx.z;
+    const float *bm = a.bm + u * a.nb;
+    for (long b = blockIdx.y; b * LS_WARP <= last; b += gridDim.y) {
+        long b0 = b * LS_WARP, nb = last - b0 + 1;
+        if (nb > LS_WARP) nb = LS_WARP;
+        float M = -INFINITY, Mb = M;
+        for (long i = 0; i <= b; i++) {
+            float bmi = bm[i];
+            Mb = M;
+            M = M > bmi ? M : bmi;
+        }
+        if (tid < LS_WARP) {
+            float c, pj, lsum;
+            ls_att_block_p(a.s[(u * a.nb + b) * LS_WARP + lane], nb, Mb, M, lane, &c, &pj, &lsum);
+            p_sm[lane] = pj;
+            if (lane < nb) rows[lane] = ls_att_row(sq.pt[sidx], page, Hkv, kvh, b0 + lane);
+            if (lane == 0) {
+                a.c[u * a.nb + b] = c;
+                a.ls[u * a.nb + b] = lsum;
+            }
+        }
+        __syncthreads();
+        if (tid < d) {
+            float vc[LS_WARP];
+            ls_att_vload(vc, sq.vc[sidx], rows, 0, nb, d, tid);
+            a.x[(u * a.nb + b) * d + tid] = ls_att_block_pv(p_sm, vc, nb);
+        }
+        __syncthreads();
+    }
+}
+
+/* (C): block (head, sequence). */
+__global__ void __launch_bounds__(LS_ATT_THREADS)
+ls_att_combine_kernel(ls_att_seqs sq, long cap, const int32_t *pos, float *o, long Hq, long Hkv, long d,
+                      ls_att_split a, int act)
+{
+    ls_pdl_entry();
+    int tid = (int)threadIdx.x;
+    long pair, kvh;
+    long last = ls_att_unit(sq, pos, cap, Hq, Hkv, &pair, &kvh);
+    if (last < 0) return;
+    long u = (long)blockIdx.z * Hq + blockIdx.x, nblk = last / LS_WARP + 1;
+    int dok = tid < d;
+    float acc = 0.0f, l = 0.0f;
+    for (long b = 0; b < nblk; b++) {
+        float c = a.c[u * a.nb + b];
+        float lc = l * c;
+        l = lc + a.ls[u * a.nb + b];
+        if (dok) {
+            float ac = acc * c;
+            acc = ac + a.x[(u * a.nb + b) * d + tid];
+        }
+    }
+    if (dok) o[pair * d + tid] = ls_act_d(acc / l, act);
+}
+
+#define LS_ATT_SPLIT_MAX_BYTES ((size_t)64 << 20)
+
+extern "C" size_t ls_cuda_attention_scratch_bytes(long nseq, long Hq, long d, long cap)
+{
+    if (nseq <= 0 || Hq <= 0 || d <= 0 || cap <= 0) return 0;
+    long n = nseq < LS_CUDA_SEQ_CHUNK ? nseq : LS_CUDA_SEQ_CHUNK;
+    size_t b = sizeof(float) * ls_att_split_floats(n * Hq, (cap + LS_WARP - 1) / LS_WARP, d);
+    return b <= LS_ATT_SPLIT_MAX_BYTES ? b : 0;
+}
+
+/* (A), (B), (C) for n sequences of one query each. */
+static ls_status ls_att_split_launch(const float *q, const ls_att_seqs *sq, long n, long page, long cap,
+                                     const int32_t *pos, float *o, long Hq, long Hkv, long d, float scale,
+                                     int act, float *scratch, cudaStream_t s, ls_error *err)
+{
+    long NB = (cap + LS_WARP - 1) / LS_WARP, gy = NB < LS_ATT_SPLIT_GY ? NB : LS_ATT_SPLIT_GY;
+    ls_att_split a = ls_att_split_at(scratch, n * Hq, NB, d);
+    dim3 grid((unsigned)Hq, (unsigned)gy, (unsigned)n);
+    ls_launch(ls_att_scores_kernel, grid, LS_ATT_THREADS, 0, s, q, *sq, page, cap, pos, Hq, Hkv, d, scale, a);
+    LS_CUDA_CHECK_LAUNCH("ls_att_scores_kernel", err);
+    ls_launch(ls_att_values_kernel, grid, LS_ATT_THREADS, 0, s, *sq, page, cap, pos, Hq, Hkv, d, a);
+    LS_CUDA_CHECK_LAUNCH("ls_att_values_kernel", err);
+    ls_launch(ls_att_combine_kernel, dim3((unsigned)Hq, 1, (unsigned)n), LS_ATT_THREADS, 0, s, *sq, cap, pos,
+              o, Hq, Hkv, d, a, act);
+    LS_CUDA_CHECK_LAUNCH("ls_att_combine_kernel", err);
+    return LS_OK;
 }
 
 static ls_status att_check(long page, long cap, long Hq, long Hkv, long d, int order, ls_error *err)
@@ -302,10 +542,11 @@ extern "C" ls_status ls_cuda_attention_batch(const float *q, const float *const 
                                              long page, long cap, const long *row0,
                                              const long *len, long nseq, const int32_t *pos,
                                              float *o, long Hq, long Hkv, long d, int act_bf16,
-                                             int order, void *stream, ls_error *err)
+                                             int order, void *scratch, void *stream, ls_error *err)
 {
     ls_status st = att_check(page, cap, Hq, Hkv, d, order, err);
     if (st != LS_OK) return st;
+    if (!ls_cuda_attention_scratch_bytes(nseq, Hq, d, cap)) scratch = NULL;
     /* fp32(1/sqrt(d)) computed in double and rounded once (ls_cpu_inv_sqrt_scale). */
     float scale = (float)(1.0 / sqrt((double)d));
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
@@ -315,6 +556,11 @@ extern "C" ls_status ls_cuda_attention_batch(const float *q, const float *const 
         if (maxlen <= 0) continue;
         LS_CUDA_REQUIRE(maxlen * Hq <= 0x7fffffffL, err,
                         "cuda portable attention: %ld tokens x %ld heads in one call", maxlen, Hq);
+        if (maxlen == 1 && scratch && Hq <= 65535) {
+            LS_TRY(ls_att_split_launch(q, &sq, n, page, cap, pos, o, Hq, Hkv, d, scale, act_bf16,
+                                       (float *)scratch, (cudaStream_t)stream, err));
+            continue;
+        }
         dim3 grid((unsigned)(maxlen * Hq), (unsigned)n);
         ls_launch(ls_attention_kernel, grid, LS_ATT_THREADS, 0, (cudaStream_t)stream, q, sq, page, cap, pos,
                   o, Hq, Hkv, d, scale, act_bf16);
@@ -333,7 +579,7 @@ extern "C" ls_status ls_cuda_attention(const float *q, const float *kc, const fl
     if (T <= 0) return LS_OK;
     long row0 = 0;
     return ls_cuda_attention_batch(q, &kc, &vc, &pt, page, cap, &row0, &T, 1, pos, o, Hq, Hkv, d,
-                                   act_bf16, order, stream, err);
+                                   act_bf16, order, NULL, stream, err);
 }
 
 /* ---- KV append ------------------------------------------------------------------- */

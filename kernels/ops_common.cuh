@@ -137,31 +137,6 @@ __device__ __forceinline__ void ls_warp_best_first(float *bv, I *bi)
     }
 }
 
-/* Sorts N (a power of two) register entries (v, ix) into that order, the
- * first at 0: a bitonic network, every index known at compile time. */
-template <int N>
-__device__ __forceinline__ void ls_sort_lead(float *v, int *ix)
-{
-#pragma unroll
-    for (int size = 2; size <= N; size <<= 1)
-#pragma unroll
-        for (int stride = size >> 1; stride > 0; stride >>= 1)
-#pragma unroll
-            for (int i = 0; i < N; i++) {
-                int j = i ^ stride;
-                if (j < i) continue;
-                /* blocks with (i & size) == 0 put the first entry low, the others high */
-                int swap = (i & size) == 0 ? ls_rank_lead(v[j], ix[j], v[i], ix[i])
-                                           : ls_rank_lead(v[i], ix[i], v[j], ix[j]);
-                if (swap) {
-                    float tv = v[i];
-                    int ti = ix[i];
-                    v[i] = v[j], ix[i] = ix[j];
-                    v[j] = tv, ix[j] = ti;
-                }
-            }
-}
-
 /* Exact maximum over the warp: the value of the first maximum in element
  * order, as the CPU's `if (x > m) m = x` scan from -inf finds it (this only
  * matters for the sign of a zero). Each lane passes its own first maximum and

@@ -175,7 +175,9 @@ ls_linear_row1_kernel(const uint16_t *w, long out, const float *x, float *y, int
     uint4 raw[CH], next[CH];
     if (o < out) ls_row1_load<CH>(raw, w + o * K, lane); /* weights: before the wait */
     ls_pdl_entry();
-    for (int i = (int)threadIdx.x; i < K; i += (int)blockDim.x) xsm[i] = x[i];
+    constexpr int NT = LS_LIN_WARPS * LS_WARP;
+#pragma unroll
+    for (int i = 0; i < K / NT; i++) xsm[i * NT + threadIdx.x] = x[i * NT + threadIdx.x]; /* all in flight */
     __syncthreads();
     if (o >= out) return; /* whole warp */
     for (;;) {
@@ -394,12 +396,12 @@ __device__ __forceinline__ void ls_rmsnorm_row_out(const float *xs, const float 
     }
     __syncthreads();
     float f = fsh;
-#pragma unroll 8
-    for (long i = tid; i < n; i += LS_NORM_ROW_THREADS) {
-        float onew = 1.0f + w[i];
+    const float *in[1] = {w};
+    ls_batched_map<1>(in, tid, LS_NORM_ROW_THREADS, n, [&](long i, const float *v) {
+        float onew = 1.0f + v[0];
         float xn = xs[i] * f;
         yr[i] = ls_act_d(xn * onew, act);
-    }
+    });
 }
 
 __global__ void __launch_bounds__(LS_NORM_ROW_THREADS)
@@ -422,12 +424,12 @@ ls_residual_rmsnorm_row_kernel(const float *h, const float *a, float *out, const
     ls_pdl_entry();
     extern __shared__ float xs[]; /* [n] */
     long r = (long)blockIdx.x * n;
-#pragma unroll 8
-    for (long i = threadIdx.x; i < n; i += LS_NORM_ROW_THREADS) {
-        float v = ls_act_d(h[r + i] + a[r + i], act);
-        out[r + i] = v;
-        xs[i] = v;
-    }
+    const float *in[2] = {h + r, a + r};
+    ls_batched_map<2>(in, threadIdx.x, LS_NORM_ROW_THREADS, n, [&](long i, const float *v) {
+        float s = ls_act_d(v[0] + v[1], act);
+        out[r + i] = s;
+        xs[i] = s;
+    });
     ls_rmsnorm_row_out(xs, w, y + (long)blockIdx.x * n, n, act);
 }
 
@@ -688,18 +690,20 @@ extern "C" ls_status ls_cuda_conv_silu(const float *x, long x_stride, const void
 
 /* The exact maximum is order-free: each thread's first maximum over its
  * elements, combined by (value, first index). The sum keeps the canonical
- * SUM32 order: a block of LS_LP_THREADS writes exp(l − m) (or values already
- * exponentiated) of a tile of LS_LP_TILE elements into shared memory, then
- * warp 0 adds the tile's elements v ≡ lane (mod 32) in ascending v (tiles in
- * order, so each lane's partial runs over all its v ascending), and the
- * butterfly. lp = l − (m + log(sum)).
+ * SUM32 order: in a block of LS_LP_THREADS, warps 1.. write exp(l − m) (or
+ * values already exponentiated) of a tile of LS_LP_TILE elements into one
+ * half of a shared buffer while warp 0 adds the previous tile's elements
+ * v ≡ lane (mod 32) from the other half in ascending v (tiles in order, so
+ * each lane's partial runs over all its v ascending), and the butterfly.
+ * lp = l − (m + log(sum)).
  *
  * In place (lp = logits) one block per row does it all (ls_logprobs_kernel:
  * every element is read before any is written by the same thread). Else the
  * row spreads over the GPU in four launches: chunk maxima, exp into lp, the
  * sum by one block per row, then lp = l − lse. */
 #define LS_LP_THREADS 1024
-#define LS_LP_TILE 8192
+#define LS_LP_TILE 4096 /* elements of a tile: two in shared memory */
+#define LS_LP_PER ((LS_LP_TILE + LS_LP_THREADS - LS_WARP - 1) / (LS_LP_THREADS - LS_WARP))
 #define LS_LPX_THREADS 256     /* the chunked launches' blocks */
 
 /* The block's first maximum of its threads' (m, mi); every thread gets it. */
@@ -723,26 +727,74 @@ __device__ __forceinline__ void ls_block_max_first(float *m, long *mi)
 }
 
 /* Warp 0's lane partials of SUM32 over f(x[v]), v < V, through tiles in tile
- * (a block of LS_LP_THREADS); 0 in the other warps. */
+ * [2][LS_LP_TILE] (a block of LS_LP_THREADS); 0 in the other warps. Each
+ * thread of warps 1.. holds LS_LP_PER elements of the next tile but one in
+ * registers: while warp 0 adds tile i, it writes tile i + 1 (loaded an
+ * iteration ago) and loads tile i + 2. */
 template <typename F>
 __device__ __forceinline__ float ls_lp_tiled_sum(const float *x, long V, float *tile, F f)
 {
     int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int st = tid - LS_WARP; /* staging thread, warps 1.. */
+    const int nst = LS_LP_THREADS - LS_WARP;
+    long nt = (V + LS_LP_TILE - 1) / LS_LP_TILE;
+    float r[LS_LP_PER];
+    auto load = [&](long i) {
+#pragma unroll
+        for (int u = 0; u < LS_LP_PER; u++) {
+            long j = st + (long)u * nst, v = i * LS_LP_TILE + j;
+            r[u] = j < LS_LP_TILE && v < V ? x[v] : 0.0f;
+        }
+    };
+    auto put = [&](long i) {
+        float *b = tile + (i & 1) * LS_LP_TILE;
+#pragma unroll
+        for (int u = 0; u < LS_LP_PER; u++) {
+            long j = st + (long)u * nst;
+            if (j < LS_LP_TILE && i * LS_LP_TILE + j < V) b[j] = f(r[u]);
+        }
+    };
+    if (warp > 0) {
+        load(0);
+        put(0);
+        if (nt > 1) load(1);
+    }
+    __syncthreads();
     float p = 0.0f;
-    for (long t0 = 0; t0 < V; t0 += LS_LP_TILE) {
-        long n = V - t0 < LS_LP_TILE ? V - t0 : LS_LP_TILE;
-        const float *at[1] = {x + t0};
-        ls_batched_map<1>(at, tid, LS_LP_THREADS, n, [&](long i, const float *v) { tile[i] = f(v[0]); });
-        __syncthreads();
-        if (warp == 0)
-            for (long i0 = lane; i0 < n; i0 += LS_WARP * LS_PF) {
-                float e[LS_PF];
+    for (long i = 0; i < nt; i++) {
+        if (warp > 0) {
+            if (i + 1 < nt) put(i + 1);
+            if (i + 2 < nt) load(i + 2);
+        } else {
+            long n = V - i * LS_LP_TILE < LS_LP_TILE ? V - i * LS_LP_TILE : LS_LP_TILE;
+            const float *b = tile + (i & 1) * LS_LP_TILE;
+            if (n == LS_LP_TILE) {
+                /* a whole tile: no bounds, each group's loads issued a group ahead of its adds */
+                constexpr int G = 16, NG = LS_LP_TILE / LS_WARP / G;
+                float e[G], nx[G];
 #pragma unroll
-                for (int u = 0; u < LS_PF; u++) e[u] = i0 + u * LS_WARP < n ? tile[i0 + u * LS_WARP] : 0.0f;
+                for (int u = 0; u < G; u++) e[u] = b[u * LS_WARP + lane];
 #pragma unroll
-                for (int u = 0; u < LS_PF; u++)
-                    if (i0 + u * LS_WARP < n) p = p + e[u];
+                for (int g = 0; g < NG; g++) {
+                    if (g + 1 < NG)
+#pragma unroll
+                        for (int u = 0; u < G; u++) nx[u] = b[((g + 1) * G + u) * LS_WARP + lane];
+#pragma unroll
+                    for (int u = 0; u < G; u++) p = p + e[u];
+#pragma unroll
+                    for (int u = 0; u < G; u++) e[u] = nx[u];
+                }
+            } else {
+                for (long i0 = lane; i0 < n; i0 += LS_WARP * LS_PF) {
+                    float e[LS_PF];
+#pragma unroll
+                    for (int u = 0; u < LS_PF; u++) e[u] = i0 + u * LS_WARP < n ? b[i0 + u * LS_WARP] : 0.0f;
+#pragma unroll
+                    for (int u = 0; u < LS_PF; u++)
+                        if (i0 + u * LS_WARP < n) p = p + e[u];
+                }
             }
+        }
         __syncthreads();
     }
     return p;
@@ -763,7 +815,7 @@ __global__ void __launch_bounds__(LS_LP_THREADS)
 ls_logprobs_kernel(const float *logits, float *lp, long V)
 {
     ls_pdl_entry();
-    __shared__ float tile[LS_LP_TILE];
+    __shared__ float tile[2 * LS_LP_TILE];
     __shared__ float s_lse;
     int tid = (int)threadIdx.x;
     const float *l = logits + (long)blockIdx.x * V; /* [V] */
@@ -830,7 +882,7 @@ ls_lp_exp_kernel(const float *logits, float *lp, long V, long chunk, ls_lp_parts
 __global__ void __launch_bounds__(LS_LP_THREADS) ls_lp_sum_kernel(const float *lp, long V, ls_lp_parts pt)
 {
     ls_pdl_entry();
-    __shared__ float tile[LS_LP_TILE];
+    __shared__ float tile[2 * LS_LP_TILE];
     long r = blockIdx.x;
     float p = ls_lp_tiled_sum(lp + r * V, V, tile, [](float x) { return x; });
     if (threadIdx.x < LS_WARP) {

@@ -56,77 +56,106 @@ __global__ void ls_router_softmax_topk_kernel(float *probs, long T, long E, long
     ls_router_finish(wt, k, norm_topk, act);
 }
 
-/* The same for E <= 32 NPL, with a token's E logits held in registers (lane
- * l: elements l, l+32, ... in ascending order, the order of every lane loop
- * above), so the max, exp, sum and divide read memory once: same operations
- * in the same order, same bits. The top-k is the same picks by a shorter
- * chain: each lane sorts its NPL probabilities once (ls_sort_lead), then pick
- * i is the warp's first of the lanes' heads, whose owner moves on to its
- * next. Every lane adds the picks up in pick order (the renormalisation's
- * sum, as lane 0 above) and lane l keeps picks l and l + 32, so the k
- * weights are divided and written at once. */
-template <int NPL>
-__global__ void ls_router_regs_kernel(float *probs, long T, long E, long k, int norm_topk,
-                                      int32_t *ids, float *weights, int act)
+/* The same for E <= 1024 with a block of N threads per token (N = E
+ * rounded up to a power of two, at least 32), thread e holding logit e, so
+ * that the exps, divisions and the top-k run across the block instead of a
+ * warp's chain:
+ *   - the maximum: each warp's first maximum (ls_warp_best_first over
+ *     (value, index)), then warp 0's over the warps': the first maximum in
+ *     element order, as above;
+ *   - p_e = exp(l_e − m) by thread e, staged in shared memory; warp 0 sums
+ *     them as the lanes above do (lane l: elements l, l + 32, ... ascending,
+ *     then ls_warp_tree), and thread e divides;
+ *   - the top k: a bitonic sort of the keys (~ord(p_e), e) — ord the
+ *     order-preserving bits of a non-negative float, so ascending keys are
+ *     descending probabilities, ties by index: ls_rank_before's order, the
+ *     picks' — by shuffles below a stride of 32, through shared memory from
+ *     32 on; thread i < k then holds pick i;
+ *   - the renormalisation: every pick thread adds the picks up in pick
+ *     order from 0, then divides its own.
+ * The same operations on the same operands in the same orders as
+ * ls_router_softmax_topk_kernel, so the same bits (for values that are not
+ * NaN). A probability is
+ * never −0 (an exp, then a division by a positive sum), so the keys' order
+ * of zeros is the index order the others give them. */
+#define LS_ROUTER_BLOCK_MAX 1024
+
+template <int N>
+__global__ void __launch_bounds__(N)
+ls_router_block_kernel(float *probs, long E, long k, int norm_topk, int32_t *ids, float *weights, int act)
 {
     ls_pdl_entry();
-    long t = (long)blockIdx.x * 4 + (threadIdx.x >> 5);
-    int lane = (int)(threadIdx.x & 31u);
-    if (t >= T) return;
+    constexpr int NW = N / LS_WARP;
+    __shared__ float ps[N];
+    __shared__ unsigned long long ks[N];
+    __shared__ float wm[NW];
+    __shared__ int wi[NW];
+    __shared__ float pk[64]; /* the picks' probabilities, k <= 64 */
+    __shared__ float s_m, s_sum;
+    int e = (int)threadIdx.x, warp = e >> 5, lane = e & 31;
+    long t = blockIdx.x;
     float *pr = probs + t * E; /* [E] */
-    float v[NPL];
-    int ix[NPL];
-    float m = -INFINITY;
-    long mi = -1;
-#pragma unroll
-    for (int j = 0; j < NPL; j++) {
-        long e = lane + (long)j * LS_WARP;
-        v[j] = e < E ? pr[e] : -INFINITY;
-        ix[j] = e < E ? (int)e : -1;
+    float v = e < E ? pr[e] : -INFINITY;
+    float bv = v;
+    int bi = e < E ? e : -1;
+    ls_warp_best_first(&bv, &bi);
+    if (lane == 0) wm[warp] = bv, wi[warp] = bi;
+    __syncthreads();
+    if (warp == 0) {
+        float mv = lane < NW ? wm[lane] : -INFINITY;
+        int mi = lane < NW ? wi[lane] : -1;
+        ls_warp_best_first(&mv, &mi);
+        if (lane == 0) s_m = mv;
     }
-#pragma unroll
-    for (int j = 0; j < NPL; j++) /* the lane's first maximum, as ls_warp_max_of */
-        if (ix[j] >= 0 && v[j] > m) {
-            m = v[j];
-            mi = ix[j];
-        }
-    m = ls_warp_max_first(m, mi);
-    float p = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NPL; j++)
-        if (ix[j] >= 0) {
-            v[j] = ls_expf(v[j] - m);
-            p = p + v[j];
-        }
-    float sum = ls_warp_tree(p);
-#pragma unroll
-    for (int j = 0; j < NPL; j++)
-        if (ix[j] >= 0) {
-            v[j] = v[j] / sum;
-            pr[ix[j]] = v[j];
-        }
-    ls_sort_lead<NPL>(v, ix);
-    float s = 0.0f, w[2] = {0.0f, 0.0f};
-    int id[2] = {-1, -1};
-    for (long i = 0; i < k; i++) {
-        float bv = v[0];
-        int bi = ix[0];
-        ls_warp_best_first(&bv, &bi);
-        if (ix[0] == bi) { /* this lane's head was picked: the next one moves up */
-#pragma unroll
-            for (int j = 0; j + 1 < NPL; j++) v[j] = v[j + 1], ix[j] = ix[j + 1];
-            v[NPL - 1] = -INFINITY, ix[NPL - 1] = -1;
-        }
-        s = s + bv;
-        if (i == lane) w[0] = bv, id[0] = bi;
-        if (i == lane + LS_WARP) w[1] = bv, id[1] = bi;
+    __syncthreads();
+    float ex = e < E ? ls_expf(v - s_m) : 0.0f;
+    ps[e] = ex;
+    __syncthreads();
+    if (warp == 0) {
+        float p = 0.0f;
+        for (long j = lane; j < E; j += LS_WARP) p = p + ps[j];
+        float sum = ls_warp_tree(p);
+        if (lane == 0) s_sum = sum;
     }
+    __syncthreads();
+    float pe = 0.0f;
+    unsigned long long key = ~0ull; /* past E: after every entry */
+    if (e < E) {
+        pe = ex / s_sum;
+        pr[e] = pe;
+        key = ((unsigned long long)~__float_as_uint(pe) << 32) | (unsigned)e;
+    }
+    __syncthreads(); /* every thread has read ps (its sum) before it is reused */
+    ps[e] = pe;
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        long i = lane + (long)h * LS_WARP;
-        if (i >= k) continue;
-        ids[t * k + i] = id[h];
-        weights[t * k + i] = ls_act_d(norm_topk ? w[h] / s : w[h], act);
+    for (int size = 2; size <= N; size <<= 1)
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            unsigned long long other;
+            if (stride >= LS_WARP) {
+                ks[e] = key;
+                __syncthreads();
+                other = ks[e ^ stride];
+                __syncthreads();
+            } else {
+                other = __shfl_xor_sync(LS_FULL_MASK, key, stride);
+            }
+            bool low = (e & stride) == 0, up = (e & size) == 0;
+            unsigned long long lo = key < other ? key : other, hi = key < other ? other : key;
+            key = low == up ? lo : hi;
+        }
+    __syncthreads(); /* ps complete */
+    float w = 0.0f;
+    if (e < k) {
+        w = ps[key & 0xffffffffu];
+        pk[e] = w;
+    }
+    __syncthreads();
+    if (e < k) {
+        float sum = 0.0f;
+        for (long i = 0; i < k; i++) sum = sum + pk[i];
+        ids[t * k + e] = (int32_t)(key & 0xffffffffu);
+        weights[t * k + e] = ls_act_d(norm_topk ? w / sum : w, act);
     }
 }
 
@@ -139,18 +168,30 @@ extern "C" ls_status ls_cuda_router(const void *w, int wtype, long E, long D, co
                     "cuda portable router: top-k %ld not in 1..min(64, experts %ld)", k, E);
     LS_TRY(ls_cuda_linear(w, wtype, E, D, x, probs, T, act_bf16, order, stream, err));
     if (T <= 0) return LS_OK;
-    dim3 grid(ls_blocks_for(T, 4)), block(4 * LS_WARP);
     cudaStream_t s = (cudaStream_t)stream;
-    if (E <= 16 * LS_WARP)
-        ls_launch(ls_router_regs_kernel<16>, grid, block, 0, s, probs, T, E, k, norm_topk, ids, weights,
-                  act_bf16);
-    else if (E <= 32 * LS_WARP)
-        ls_launch(ls_router_regs_kernel<32>, grid, block, 0, s, probs, T, E, k, norm_topk, ids, weights,
-                  act_bf16);
-    else
-        ls_launch(ls_router_softmax_topk_kernel, grid, block, 0, s, probs, T, E, k, norm_topk, ids, weights,
-                  act_bf16);
-    LS_CUDA_CHECK_LAUNCH("ls_router_softmax_topk_kernel", err);
+    int n = LS_WARP;
+    while (n < E && n < LS_ROUTER_BLOCK_MAX) n <<= 1;
+    if (E > LS_ROUTER_BLOCK_MAX) {
+        ls_launch(ls_router_softmax_topk_kernel, ls_blocks_for(T, 4), 4 * LS_WARP, 0, s, probs, T, E, k,
+                  norm_topk, ids, weights, act_bf16);
+        LS_CUDA_CHECK_LAUNCH("ls_router_softmax_topk_kernel", err);
+        return LS_OK;
+    }
+#define LS_ROUTER_BLOCK(N)                                                                               \
+    case N:                                                                                              \
+        ls_launch(ls_router_block_kernel<N>, (unsigned)T, N, 0, s, probs, E, k, norm_topk, ids, weights, \
+                  act_bf16);                                                                             \
+        break;
+    switch (n) {
+        LS_ROUTER_BLOCK(32)
+        LS_ROUTER_BLOCK(64)
+        LS_ROUTER_BLOCK(128)
+        LS_ROUTER_BLOCK(256)
+        LS_ROUTER_BLOCK(512)
+        LS_ROUTER_BLOCK(1024)
+    }
+#undef LS_ROUTER_BLOCK
+    LS_CUDA_CHECK_LAUNCH("ls_router_block_kernel", err);
     return LS_OK;
 }
 

@@ -1195,6 +1195,13 @@ static const sh_kvb kvb_shapes[] = {
     {BO_ALL, 16, 2, 256, 200, 3, {1, 2, 101}, 3, {99, 100, 0}, 3, 100},
     {BO_ALL, 4, 1, 48, 32, 70, {1, 2, 0, 3}, 4, {15, 16, 17}, 3, 16}, /* two launches of 64 */
     {BO_ALL, 2, 1, 77, 51, 2, {9, 1}, 2, {8, 33}, 2, 17},
+    /* one query per sequence (a decode step: CUDA splits the keys' blocks
+     * over the GPU), contiguous and paged, past several tiles */
+    {BO_ALL, 16, 2, 256, 400, 4, {1}, 1, {0, 31, 287, 399}, 4, 0},
+    {BO_ALL, 16, 2, 256, 400, 1, {1}, 1, {32}, 1, 0},
+    {BO_ALL, 4, 1, 48, 40, 70, {1, 0}, 2, {0, 5, 39}, 3, 0}, /* two launches of 64 */
+    {BO_ALL, 16, 2, 256, 208, 3, {1}, 1, {47, 207, 100}, 3, 16},
+    {BO_ALL, 2, 1, 77, 51, 2, {1}, 1, {50, 16}, 2, 17},
 };
 enum { KB_K, KB_V, KB_POS, KB_C0 }; /* then the k caches, then the v caches (paged: the k
                                        pool, the v pool, the page tables) */

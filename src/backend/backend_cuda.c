@@ -838,6 +838,9 @@ static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kc
                                     ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
+    cuda_impl *im = IMPL(be);
+    size_t sb = ls_cuda_attention_scratch_bytes(nseq, Hq, d, cap);
+    if (sb) LS_TRY(scratch_reserve(im, sb, err));
     float **kp = dev_ptrs(kcs, nseq, err);
     float **vp = kp ? dev_ptrs(vcs, nseq, err) : NULL;
     const int32_t **tp = vp ? dev_tables(pts, nseq, err) : NULL;
@@ -845,7 +848,7 @@ static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kc
     if (tp)
         r = ls_cuda_attention_batch(F(q), (const float *const *)kp, (const float *const *)vp, tp,
                                     page, cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,
-                                    act_bf16, (int)order, STREAM(be), err);
+                                    act_bf16, (int)order, sb ? im->scratch : NULL, STREAM(be), err);
     free(kp);
     free(vp);
     free(tp);
