@@ -50,9 +50,9 @@ ls_status ls_cuda_embed(const void *emb /* [V, D] */, int wtype, long V, long D,
  * to 8 tokens a row pass); from 2 tokens blocks of 16 rows x 8 tokens,
  * weights and activations staged in shared memory, each value read there
  * meeting 4 rows or 8 tokens (plan 1); one token of bf16 weights with in
- * 2048, x staged in shared memory and each warp holding whole rows in
- * registers, the next row loading while it adds one (plan 2, the default
- * there; plan 0 elsewhere). */
+ * 2048 or 4096, x staged in shared memory and each warp holding whole rows
+ * in registers (at 2048 the next row loading while it adds one; plan 2, the
+ * default there; plan 0 elsewhere). */
 ls_status ls_cuda_linear(const void *w /* [out, in] */, int wtype, long out, long in,
                          const float *x /* [T, in] */, float *y /* [T, out] */, long T,
                          int act_bf16, int order, void *stream, ls_error *err);
