@@ -75,9 +75,9 @@ __global__ void ls_router_softmax_topk_kernel(float *probs, long T, long E, long
  *     order from 0, then divides its own.
  * The same operations on the same operands in the same orders as
  * ls_router_softmax_topk_kernel, so the same bits (for values that are not
- * NaN). A probability is
- * never −0 (an exp, then a division by a positive sum), so the keys' order
- * of zeros is the index order the others give them. */
+ * NaN). A probability is never −0 (an exp, then a division by a positive
+ * sum), so the keys' order of zeros is the index order the others give
+ * them. */
 #define LS_ROUTER_BLOCK_MAX 1024
 
 template <int N>
@@ -125,8 +125,8 @@ ls_router_block_kernel(float *probs, long E, long k, int norm_topk, int32_t *ids
         pr[e] = pe;
         key = ((unsigned long long)~__float_as_uint(pe) << 32) | (unsigned)e;
     }
-    __syncthreads(); /* every thread has read ps (its sum) before it is reused */
-    ps[e] = pe;
+    __syncthreads();
+    ps[e] = pe; /* the probabilities, for the picks */
 #pragma unroll
     for (int size = 2; size <= N; size <<= 1)
 #pragma unroll
