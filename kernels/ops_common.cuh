@@ -267,13 +267,13 @@ __device__ __forceinline__ void ls_batched_map(const float *const (&in)[NIN], lo
  * loaded by lane L as elements per·L .. per·L+per−1, staged through the warp's
  * shared buffer `wsm` (LS_ROWDOT_SMEM(NT) floats, ls_stage_at) as fp32, and
  * lane l then takes the chunk's elements k ≡ l (mod 32) in ascending order,
- * exactly the scalar loop's adds. A group of LS_ROWDOT_CH(NT) chunks — their weights and
- * the activations they meet — is loaded before the first add. The vector path
- * needs a 16-byte aligned row; otherwise, and for the tail after the last
- * whole chunk, elements are read one by one in the same order. Every lane
- * gets every out[t]. NT <= 8: with more tokens the activations held in
- * registers leave room for fewer chunks (one token: 4 chunks, 2 KiB of weights
- * per warp in flight). */
+ * exactly the scalar loop's adds. A group of LS_ROWDOT_CH(NT) chunks — their
+ * weights and the activations they meet — is loaded before the first add.
+ * The vector path needs a 16-byte aligned row; otherwise, and for the tail
+ * after the last whole chunk, elements are read one by one in the same
+ * order. Every lane gets every out[t]. NT <= 8: with more tokens the
+ * activations held in registers leave room for fewer chunks (one token: 4
+ * chunks, 2 KiB of weights per warp in flight). */
 #define LS_ROWDOT_CH(NT) ((NT) == 1 ? 4 : (NT) <= 4 ? 2 : 1)
 #define LS_ROWDOT_SMEM(NT) (LS_ROWDOT_CH(NT) * LS_STAGE_CHUNK)
 
