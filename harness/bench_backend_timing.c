@@ -440,7 +440,11 @@ static ls_status t_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kcs
                                               pos, o, Hq, Hkv, d, act_bf16, order, err), err);
 }
 
-static ls_status t_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
+typedef ls_status (*digest_fn)(ls_backend *, const ls_digest_job *, long, ls_error *);
+
+/* A digest call through the inner backend's fn (digest or digest_early). */
+static ls_status timed_digest(ls_backend *be, digest_fn fn, const ls_digest_job *jobs, long n_jobs,
+                              ls_error *err)
 {
     if (TM(be)->no_digests) {
         for (long j = 0; j < n_jobs; j++)
@@ -448,7 +452,22 @@ static ls_status t_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs
         return LS_OK;
     }
     LS_TRY(op_begin(be, LS_BENCH_OP_DIGEST, 0, 0, err));
-    return op_end(be, IN(be)->digest(IN(be), jobs, n_jobs, err), err);
+    return op_end(be, fn(IN(be), jobs, n_jobs, err), err);
+}
+
+static ls_status t_digest(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
+{
+    return timed_digest(be, IN(be)->digest, jobs, n_jobs, err);
+}
+
+static ls_status t_digest_early(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
+{
+    return timed_digest(be, IN(be)->digest_early, jobs, n_jobs, err);
+}
+
+static ls_status t_digest_fence(ls_backend *be, ls_error *err)
+{
+    return IN(be)->digest_fence(IN(be), err);
 }
 
 /* Waits also without digests: a step begun before them may still be hashing. */
@@ -538,6 +557,8 @@ ls_status ls_bench_timing_create(ls_backend *inner, ls_backend **out, ls_error *
     be->digest = inner->digest ? t_digest : NULL;
     be->digest_wait = inner->digest_wait ? t_digest_wait : NULL;
     be->digest_mark = inner->digest_mark ? t_digest_mark : NULL;
+    be->digest_early = inner->digest_early ? t_digest_early : NULL;
+    be->digest_fence = inner->digest_fence ? t_digest_fence : NULL;
     if (inner->graph_begin) {
         be->graph_begin = t_graph_begin;
         be->graph_end = t_graph_end;

@@ -187,6 +187,28 @@ extern "C" void ls_cuda_stream_destroy(void *stream)
     if (stream) (void)cudaStreamDestroy((cudaStream_t)stream);
 }
 
+extern "C" ls_status ls_cuda_event_create(void **out, ls_error *err)
+{
+    cudaEvent_t ev = NULL;
+    *out = NULL;
+    LS_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), err, "creating an event");
+    *out = ev;
+    return LS_OK;
+}
+
+extern "C" void ls_cuda_event_destroy(void *ev)
+{
+    if (ev) (void)cudaEventDestroy((cudaEvent_t)ev);
+}
+
+extern "C" ls_status ls_cuda_stream_after(void *waiter, void *waited, void *ev, ls_error *err)
+{
+    LS_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)waited), err, "recording an event");
+    LS_CUDA_CHECK(cudaStreamWaitEvent((cudaStream_t)waiter, (cudaEvent_t)ev, 0), err,
+                  "ordering a stream after another");
+    return LS_OK;
+}
+
 extern "C" ls_status ls_cuda_capture_begin(void *stream, ls_error *err)
 {
     LS_CUDA_CHECK(cudaStreamBeginCapture((cudaStream_t)stream, cudaStreamCaptureModeThreadLocal), err,

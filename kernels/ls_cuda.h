@@ -140,6 +140,14 @@ ls_status ls_cuda_capture_begin(void *stream, ls_error *err);
 ls_status ls_cuda_capture_end(void *stream, int keep, void **exec, ls_error *err);
 ls_status ls_cuda_graph_launch(void *exec, void *stream, ls_error *err);
 void ls_cuda_graph_destroy(void *exec);
+/* Work enqueued on `waiter` from now on starts after the work enqueued on
+ * `waited` so far (ev: an event of ls_cuda_event_create, recorded on waited).
+ * While waited is captured, this forks a branch of the graph onto waiter;
+ * the other way round it joins the branch back, as the capture must before
+ * it ends. */
+ls_status ls_cuda_event_create(void **out, ls_error *err);
+void ls_cuda_event_destroy(void *ev);
+ls_status ls_cuda_stream_after(void *waiter, void *waited, void *ev, ls_error *err);
 ls_status ls_cuda_host_alloc(void **p, size_t bytes, ls_error *err);
 void ls_cuda_host_free(void *p);
 

@@ -339,6 +339,14 @@ struct ls_backend {
     ls_status (*digest_wait)(ls_backend *be, uint64_t mark, ls_error *err);
     /* A mark of the digest calls so far (NULL with digest_wait). */
     uint64_t (*digest_mark)(ls_backend *be);
+    /* Optional (NULL: the caller uses digest). digest_early is digest, except
+     * that its spans may be read while the ops issued after the call run, up
+     * to the next digest_fence: the caller writes none of them before that
+     * fence. The CUDA backend, while a step graph is recorded, encodes them
+     * on a branch of the graph beside those ops (joined by the fence, or by
+     * graph_end), off the step's critical path. */
+    ls_status (*digest_early)(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err);
+    ls_status (*digest_fence)(ls_backend *be, ls_error *err);
 
     /* ---- step graphs (optional; NULL on a backend without them) ----------------
      * graph_begin starts recording the device work of the calls that follow

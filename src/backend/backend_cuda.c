@@ -184,6 +184,13 @@ typedef struct cuda_impl {
     void *stream;              /* every launch's (STREAM) */
     ls_graph *graphs;          /* every step graph made (graph_begin), until graph_free */
     ls_graph *rec;             /* the graph being recorded, or NULL */
+    void *side, *side_ev;      /* a recording's branch for digest_early: its stream and the
+                                  event that forks and joins it (made by the first graph_begin) */
+    int forked;                /* the branch holds encodes not yet joined (digest_fence) */
+    ls_graph *staged;          /* launched, its staged digests not yet handed to the digester
+                                  (staged_submit) */
+    ls_status staged_st;       /* a failed staged_submit where no caller could be told: */
+    ls_error staged_err;       /* reported by the next digest_wait */
 } cuda_impl;
 
 /* A recorded step (graph_begin): the executable graph, and the digests its
@@ -309,10 +316,13 @@ static ls_status cu_upload(ls_backend *be, ls_view dst, const void *src, size_t 
     return ls_cuda_upload(F(dst), src, bytes, err);
 }
 
+static ls_status staged_submit(cuda_impl *im, ls_error *err);
+
 static ls_status cu_download(ls_backend *be, void *dst, ls_view src, size_t bytes, ls_error *err)
 {
     ON_DEVICE(be, err);
-    return ls_cuda_download(dst, F(src), bytes, err);
+    LS_TRY(ls_cuda_download(dst, F(src), bytes, err));
+    return staged_submit(IMPL(be), err);
 }
 
 static ls_status cu_zero(ls_backend *be, ls_view dst, size_t n, ls_error *err)
@@ -360,6 +370,8 @@ static void cu_destroy(ls_backend *be)
             graph_release(g);
         }
         ls_cuda_stream_destroy(im->stream);
+        ls_cuda_stream_destroy(im->side);
+        ls_cuda_event_destroy(im->side_ev);
         free(im->dg_jobs);
         free(im->dg_outs);
         for (size_t i = 0; i < im->n_tc; i++) {
@@ -1148,15 +1160,52 @@ static void digester_open(cuda_impl *im)
         im->dg_off = 1;
 }
 
+/* A launched step graph's staged digests go to the digester (their download
+ * after the graph's work) only at the backend's next call that could see or
+ * order them: the next download, digest, mark, wait or graph call. The
+ * download the caller makes right after a step, its logprob summary, then
+ * goes first: both copies would start when the graph ends, and the step's
+ * summary is what the next step waits for. */
+static ls_status staged_submit(cuda_impl *im, ls_error *err)
+{
+    ls_graph *g = im->staged;
+    if (!g) return LS_OK;
+    im->staged = NULL;
+    LS_TRY(ls_cuda_use_device(im->device, err));
+    return ls_cuda_digester_submit_staged(im->dg, g->d_stage, g->h_stage, g->used, g->off, g->len, g->outs,
+                                          (int)g->n, im->stream, err);
+}
+
 static ls_status cu_digest_wait(ls_backend *be, uint64_t mark, ls_error *err)
 {
     cuda_impl *im = IMPL(be);
+    if (im->staged_st != LS_OK) {
+        ls_status st = im->staged_st;
+        im->staged_st = LS_OK;
+        if (err) *err = im->staged_err;
+        return st;
+    }
+    LS_TRY(staged_submit(im, err));
     return im->dg ? ls_cuda_digester_wait_for(im->dg, mark, err) : LS_OK;
 }
 
+/* staged_submit where the caller cannot be told: a failure is the next
+ * digest_wait's. */
+static void staged_submit_quiet(cuda_impl *im)
+{
+    ls_error e = {0};
+    ls_status st = staged_submit(im, &e);
+    if (st != LS_OK && im->staged_st == LS_OK) {
+        im->staged_st = st;
+        im->staged_err = e;
+    }
+}
+
+/* The mark covers a launched graph's digests: they are submitted first. */
 static uint64_t cu_digest_mark(ls_backend *be)
 {
     cuda_impl *im = IMPL(be);
+    staged_submit_quiet(im);
     return im->dg ? ls_cuda_digester_mark(im->dg) : 0;
 }
 
@@ -1224,10 +1273,10 @@ static ls_status digest_jobs(cuda_impl *im, const ls_digest_job *jobs, long n_jo
 }
 
 /* Recording a step graph: the jobs (im->dg_jobs) staged in g's memory by
- * the graph, their offsets and destinations kept for its launches. */
-static ls_status graph_stage(ls_backend *be, ls_graph *g, long n, ls_error *err)
+ * the graph (launches on `stream`), their offsets and destinations kept for
+ * its launches. */
+static ls_status graph_stage(cuda_impl *im, ls_graph *g, long n, void *stream, ls_error *err)
 {
-    cuda_impl *im = IMPL(be);
     const ls_cuda_digest_job *cj = im->dg_jobs;
     for (long j = 0; j < n; j++)
         if (cj[j].part)
@@ -1247,7 +1296,7 @@ static ls_status graph_stage(ls_backend *be, ls_graph *g, long n, ls_error *err)
         g->outs = outs;
         g->jobs_cap = cap;
     }
-    LS_TRY(ls_cuda_digest_stage(cj, (int)n, g->d_stage + g->used, g->off + g->n, g->len + g->n, STREAM(be),
+    LS_TRY(ls_cuda_digest_stage(cj, (int)n, g->d_stage + g->used, g->off + g->n, g->len + g->n, stream,
                                 err));
     for (long j = 0; j < n; j++) {
         g->off[g->n + j] += g->used;
@@ -1266,10 +1315,11 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
 {
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
+    LS_TRY(staged_submit(im, err));
     if (n_jobs <= 0) return LS_OK;
     ls_status st = digest_jobs(im, jobs, n_jobs, err);
     if (st != LS_OK) return st;
-    if (im->rec) return graph_stage(be, im->rec, n_jobs, err);
+    if (im->rec) return graph_stage(im, im->rec, n_jobs, im->stream, err);
     if (!im->dg && !im->dg_off) digester_open(im);
     ls_cuda_digest_job *cj = im->dg_jobs;
     int submitted = 0;
@@ -1282,6 +1332,31 @@ static ls_status cu_digest(ls_backend *be, const ls_digest_job *jobs, long n_job
     return st;
 }
 
+/* While a step graph is recorded, the encoding goes on a branch of the
+ * graph forked after the ops so far, so the ops that follow need not wait
+ * for it; the branch joins the step at digest_fence or graph_end. Otherwise
+ * a digest call (whose encoding the stream orders anyway). */
+static ls_status cu_digest_early(ls_backend *be, const ls_digest_job *jobs, long n_jobs, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    if (!im->rec) return cu_digest(be, jobs, n_jobs, err);
+    ON_DEVICE(be, err);
+    if (n_jobs <= 0) return LS_OK;
+    LS_TRY(digest_jobs(im, jobs, n_jobs, err));
+    LS_TRY(ls_cuda_stream_after(im->side, im->stream, im->side_ev, err));
+    im->forked = 1;
+    return graph_stage(im, im->rec, n_jobs, im->side, err);
+}
+
+static ls_status cu_digest_fence(ls_backend *be, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    if (!im->forked) return LS_OK;
+    ON_DEVICE(be, err);
+    im->forked = 0;
+    return ls_cuda_stream_after(im->stream, im->side, im->side_ev, err);
+}
+
 /* ---- step graphs ------------------------------------------------------------------ */
 
 static ls_status cu_graph_begin(ls_backend *be, ls_graph **gp, ls_error *err)
@@ -1289,6 +1364,7 @@ static ls_status cu_graph_begin(ls_backend *be, ls_graph **gp, ls_error *err)
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
     if (im->rec) return ls_fail(err, LS_E_INTERNAL, "step graph: a graph is being recorded already");
+    LS_TRY(staged_submit(im, err)); /* before g's staging is reused */
     ls_graph *g = *gp;
     if (!g) {
         g = calloc(1, sizeof *g);
@@ -1304,6 +1380,8 @@ static ls_status cu_graph_begin(ls_backend *be, ls_graph **gp, ls_error *err)
         im->graphs = g;
         *gp = g;
     }
+    if (!im->side) LS_TRY(ls_cuda_stream_create(&im->side, err));
+    if (!im->side_ev) LS_TRY(ls_cuda_event_create(&im->side_ev, err));
     g->n = 0;
     g->used = 0;
     LS_TRY(ls_cuda_capture_begin(im->stream, err));
@@ -1317,7 +1395,10 @@ static ls_status cu_graph_end(ls_backend *be, ls_graph *g, int keep, ls_error *e
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
     im->rec = NULL;
-    ls_status st = ls_cuda_capture_end(im->stream, keep, &g->exec, err);
+    ls_status st = cu_digest_fence(be, err); /* a capture ends joined */
+    if (st != LS_OK) keep = 0;
+    ls_status st_end = ls_cuda_capture_end(im->stream, keep, &g->exec, err);
+    if (st == LS_OK) st = st_end;
     if (!keep || st != LS_OK) {
         ls_cuda_graph_destroy(g->exec);
         g->exec = NULL;
@@ -1335,14 +1416,16 @@ static ls_status cu_graph_launch(ls_backend *be, ls_graph *g, ls_error *err)
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
     if (!g->exec) return ls_fail(err, LS_E_INTERNAL, "step graph: launched with nothing recorded");
+    LS_TRY(staged_submit(im, err));
     if (g->n > 0 && !im->dg && !im->dg_off) digester_open(im);
-    LS_TRY(ls_cuda_graph_launch(g->exec, im->stream, err));
-    if (g->n == 0) return LS_OK;
     if (g->n > 0x7fffffffL)
         return ls_fail(err, LS_E_UNSUPPORTED, "step graph: %ld digest jobs (at most 2^31-1)", g->n);
-    if (im->dg)
-        return ls_cuda_digester_submit_staged(im->dg, g->d_stage, g->h_stage, g->used, g->off, g->len, g->outs,
-                                              (int)g->n, im->stream, err);
+    LS_TRY(ls_cuda_graph_launch(g->exec, im->stream, err));
+    if (g->n == 0) return LS_OK;
+    if (im->dg) {
+        im->staged = g; /* submitted by the next call that could see them (staged_submit) */
+        return LS_OK;
+    }
     LS_TRY(ls_cuda_download(g->h_stage, g->d_stage, g->used, err)); /* after the stream's work */
     for (long j = 0; j < g->n; j++)
         if (host_sha256(NULL, 0, g->h_stage + g->off[j], (size_t)g->len[j], g->outs[j]))
@@ -1354,6 +1437,7 @@ static void cu_graph_free(ls_backend *be, ls_graph *g)
 {
     cuda_impl *im = IMPL(be);
     if (!g) return;
+    if (im->staged == g) staged_submit_quiet(im);
     for (ls_graph **p = &im->graphs; *p; p = &(*p)->next)
         if (*p == g) {
             *p = g->next;
@@ -1442,6 +1526,8 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     be->digest = cu_digest;
     be->digest_wait = cu_digest_wait;
     be->digest_mark = cu_digest_mark;
+    be->digest_early = cu_digest_early;
+    be->digest_fence = cu_digest_fence;
     be->graph_begin = cu_graph_begin;
     be->graph_end = cu_graph_end;
     be->graph_launch = cu_graph_launch;

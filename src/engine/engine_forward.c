@@ -18,9 +18,10 @@ static ls_order ord(const ls_engine *e, long layer, ls_perturb_op op)
 
 /* ---- digests ------------------------------------------------------------------------
  * Every digest goes through the backend's digest op. Jobs are queued and run
- * in one call just before a buffer they read changes (before each residual
- * add, before a carried state advances past a digested position, at the end
- * of the forward), so one call covers a layer's rows. */
+ * in one call before a buffer they read changes (before each layer's experts,
+ * fenced before the residual add that follows them; before a carried state
+ * advances past a digested position; after the lm_head, fenced at the end of
+ * the forward), so one call covers a layer's rows. */
 
 static ls_digest_span span(ls_view v, long rows, long len, long stride, int bf16)
 {
@@ -35,6 +36,21 @@ static ls_status dq_flush(ls_engine *e, ls_error *err)
     long n = e->n_jobs;
     e->n_jobs = 0;
     return n > 0 ? e->be->digest(e->be, e->jobs, n, err) : LS_OK;
+}
+
+/* A flush whose spans stay as they are until the next dq_fence (the
+ * backend's digest_early: their encoding may run beside the ops between). */
+static ls_status dq_flush_early(ls_engine *e, ls_error *err)
+{
+    long n = e->n_jobs;
+    if (!e->be->digest_early) return dq_flush(e, err);
+    e->n_jobs = 0;
+    return n > 0 ? e->be->digest_early(e->be, e->jobs, n, err) : LS_OK;
+}
+
+static ls_status dq_fence(ls_engine *e, ls_error *err)
+{
+    return e->be->digest_fence ? e->be->digest_fence(e->be, err) : LS_OK;
 }
 
 /* Canonical bytes of one span, downloaded, appended at out (dumps only). */
@@ -231,7 +247,7 @@ static ls_status lm_head(ls_engine *e, long T, ls_error *err)
             long n = T - r0 < run ? T - r0 : run;
             LS_TRY(lin(e, w, V, AT(e->XN, r0 * D), AT(e->logits, r0 * V), n, o, err));
             LS_TRY(dq_row_range(e, e->logits, V, r0, r0 + n, e->n_tl - 1, 1, err));
-            LS_TRY(dq_flush(e, err));
+            LS_TRY(dq_flush_early(e, err)); /* fenced at the end of the step */
         }
         return LS_OK;
     }
@@ -856,24 +872,27 @@ static ls_status device_step(ls_engine *e, const seg *sg, long nseg, long T, uin
         else LS_TRY(gdn_layer(e, l, sg, nseg, T, err));
         LS_TRY(residual_rmsnorm(e, w->post_norm, on, T, err));
         LS_TRY(dq_rows(e, e->H, D, T, mixer_tl(l), 0, err));
-        if (!e->afd)
+        if (e->afd) /* the router's ids and weights come back with the MoE's rows */
+            LS_TRY(moe_remote(e, T, &wait, err));
+        else
             LS_TRY(be->router(be, &w->router, BEV(e->XN), T, k, c->norm_topk_prob, BEV(e->probs),
                               BEV(e->ids), BEV(e->wts), act, ord(e, l, LS_PERTURB_ROUTER), err));
-        if (e->afd)
-            LS_TRY(moe_remote(e, T, &wait, err));
-        else if (e->ep)
-            LS_TRY(moe_ep(e, l, T, err));
-        else
-            LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
-                           ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
         int tl = mixer_tl(l) + 1;
         /* ids are int32 and weights fp32, both hashed as raw 4 bytes little-endian. */
         for (long r = 0; r < T; r++)
             LS_TRY(dq_push(e, r, tl, LS_DIGEST_ROUTER, span(AT(e->ids, r * k), 1, k, k, 0),
                            span(AT(e->wts, r * k), 1, k, k, 0), err));
         /* the next residual add writes where the layer's input rows are: their
-         * digest, the mixer's (KV, states), its rows and the router's go now */
-        LS_TRY(dq_flush(e, err));
+         * digest, the mixer's (KV, states), its rows and the router's go now,
+         * read while the experts run (which write none of them), fenced
+         * before that add */
+        LS_TRY(dq_flush_early(e, err));
+        if (!e->afd && e->ep)
+            LS_TRY(moe_ep(e, l, T, err));
+        else if (!e->afd)
+            LS_TRY(be->moe(be, &w->moe, BEV(e->XN), BEV(e->ids), BEV(e->wts), k, BEV(e->A), T, act,
+                           ord(e, l, LS_PERTURB_EXPERTS), ord(e, l, LS_PERTURB_COMBINE), err));
+        LS_TRY(dq_fence(e, err));
         /* the next layer's input norm, or after the last the final norm */
         ls_buf *next_norm = l + 1 < L ? e->lw[l + 1].in_norm : e->final_norm;
         LS_TRY(residual_rmsnorm(e, next_norm, ord(e, l + 1, LS_PERTURB_NORM), T, err));
@@ -889,7 +908,7 @@ static ls_status device_step(ls_engine *e, const seg *sg, long nseg, long T, uin
     LS_TRY(lm_head(e, T, err));
     LS_TRY(be->logprobs(be, BEV(e->logits), BEV(e->lp), T, V, LS_ORDER_CANONICAL, err));
     LS_TRY(be->lp_summary(be, BEV(e->lp), e->v_next, T, V, e->lp_k, BEV(e->lps), err));
-    return LS_OK;
+    return dq_fence(e, err); /* the logits' digests (lm_head) */
 }
 
 /* ---- step graphs -------------------------------------------------------------------
