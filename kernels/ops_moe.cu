@@ -1177,25 +1177,84 @@ __device__ __forceinline__ void ls_moe_tc_rows(const float **rows, const ls_moe_
 
 /* The warp's slice ks .. ke-1 of (the 16 rows) · Bᵀ for NW weight matrices
  * and NC column tiles: acc[m][c] over weight rows 16 c .. 16 c + 15 of w[m]
- * (rows of length K; tiles c >= live are left alone). a is the warp's
- * staging buffer: lane l converts columns 4l .. 4l+3 of every row. The
- * column tiles only share the staging: each accumulates alone, so NC
- * changes no bit. */
+ * (rows of length K; tiles c >= live are left alone), from a zero
+ * accumulator in ascending steps of 16 along K. a is the warp's staging
+ * buffer: per chunk of LS_MOE_TC_KC, lane l converts columns 4l .. 4l+3 of
+ * every row. The column tiles only share the staging: each accumulates
+ * alone, so NC changes no bit. The weight fragments, the stream that bounds
+ * these kernels, are loaded in groups of G steps (NW NC G = 8 fragments),
+ * each group's loads issued before the group before it is multiplied, two
+ * groups in registers (ls_moe_tc_group), and asked of L2 two groups before
+ * that (ls_moe_tc_prefetch); the order of the multiplies is the plain
+ * loop's. Groups of 16 fragments took more registers, fewer blocks per SM,
+ * and were slower on an H200 (reports/perf-h200.md, run 27). */
+#define LS_MOE_TC_GROUP_FRAGS 8
+#define LS_MOE_TC_PREFETCH 2
+typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::col_major>
+    ls_tc_b;
+
 template <int NW, int NC>
-__device__ __forceinline__ void ls_moe_tc_slice_mma(ls_tc_acc (&acc)[NW][NC],
-                                                    __nv_bfloat16 (*a)[LS_MOE_TC_LDA],
-                                                    const float *const *rows,
-                                                    const __nv_bfloat16 *const *w, int live,
-                                                    long K, long ks, long ke)
+struct ls_moe_tc_group {
+    static constexpr int G0 = LS_MOE_TC_GROUP_FRAGS / (NW * NC) > 0 ? LS_MOE_TC_GROUP_FRAGS / (NW * NC) : 1;
+    static constexpr int G = G0 < LS_MOE_TC_KC / 16 ? G0 : LS_MOE_TC_KC / 16;
+    ls_tc_b b[G][NW][NC];
+};
+
+/* Asks L2 for group g's weight bytes (lanes 0-15: a row each per matrix
+ * and column tile), so that they come from DRAM as whole lines ahead of
+ * the group's fragment loads. No value depends on it. */
+template <int NW, int NC>
+__device__ __forceinline__ void ls_moe_tc_prefetch(const __nv_bfloat16 *const *w, int live, long K, long ks,
+                                                   int g, int n)
 {
-    using namespace nvcuda;
-    int lane = (int)(threadIdx.x & 31u);
+    constexpr int G = ls_moe_tc_group<NW, NC>::G;
+    int lane = (int)(threadIdx.x & 31u), t0 = g * G, t1 = t0 + G < n ? t0 + G : n;
+    if (lane >= 16 || t0 >= n) return;
 #pragma unroll
     for (int m = 0; m < NW; m++)
 #pragma unroll
-        for (int c = 0; c < NC; c++) wmma::fill_fragment(acc[m][c], 0.0f);
-    for (long k0 = ks; k0 < ke; k0 += LS_MOE_TC_KC) {
-        long kc = ke - k0 < LS_MOE_TC_KC ? ke - k0 : LS_MOE_TC_KC;
+        for (int c = 0; c < NC; c++) {
+            if (c >= live) break;
+            const __nv_bfloat16 *row = w[m] + (long)(16 * c + lane) * K + ks;
+            uintptr_t a = (uintptr_t)(row + 16 * t0) & ~(uintptr_t)127, e = (uintptr_t)(row + 16 * t1);
+            for (; a < e; a += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        }
+}
+
+/* Loads group g (steps g G .. g G + G - 1 of the slice, those below n). */
+template <int NW, int NC>
+__device__ __forceinline__ void ls_moe_tc_load(ls_moe_tc_group<NW, NC> &f, const __nv_bfloat16 *const *w,
+                                               int live, long K, long ks, int g, int n)
+{
+    constexpr int G = ls_moe_tc_group<NW, NC>::G;
+#pragma unroll
+    for (int i = 0; i < G; i++) {
+        int t = g * G + i;
+        if (t >= n) break;
+#pragma unroll
+        for (int m = 0; m < NW; m++)
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+                if (c < live)
+                    nvcuda::wmma::load_matrix_sync(f.b[i][m][c], w[m] + (long)c * 16 * K + ks + 16 * t,
+                                                   (unsigned)K);
+    }
+}
+
+/* Multiplies group g, staging the activation chunk that its first step
+ * begins (G divides the chunk's steps, so a group lies in one chunk). */
+template <int NW, int NC>
+__device__ __forceinline__ void ls_moe_tc_mul(ls_tc_acc (&acc)[NW][NC], const ls_moe_tc_group<NW, NC> &f,
+                                              __nv_bfloat16 (*a)[LS_MOE_TC_LDA], const float *const *rows,
+                                              int live, long ks, long ke, int g, int n)
+{
+    using namespace nvcuda;
+    constexpr int G = ls_moe_tc_group<NW, NC>::G, CS = LS_MOE_TC_KC / 16;
+    static_assert(CS % G == 0, "a group must lie in one chunk");
+    int lane = (int)(threadIdx.x & 31u);
+    int t0 = g * G;
+    if (t0 % CS == 0) {
+        long k0 = ks + 16L * t0, kc = ke - k0 < LS_MOE_TC_KC ? ke - k0 : LS_MOE_TC_KC;
         __syncwarp();
         for (int r = 0; r < 16; r++) {
             float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -1206,19 +1265,46 @@ __device__ __forceinline__ void ls_moe_tc_slice_mma(ls_tc_acc (&acc)[NW][NC],
             *(uint2 *)&a[r][4 * lane] = b;
         }
         __syncwarp();
-        for (long kk = 0; kk < kc; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
-            wmma::load_matrix_sync(fa, &a[0][kk], LS_MOE_TC_LDA);
+    }
 #pragma unroll
-            for (int m = 0; m < NW; m++)
+    for (int i = 0; i < G; i++) {
+        int t = t0 + i;
+        if (t >= n) break;
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+        wmma::load_matrix_sync(fa, &a[0][16 * (t % CS)], LS_MOE_TC_LDA);
 #pragma unroll
-                for (int c = 0; c < NC; c++) {
-                    if (c >= live) continue;
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-                    wmma::load_matrix_sync(fb, w[m] + (long)c * 16 * K + k0 + kk, (unsigned)K);
-                    wmma::mma_sync(acc[m][c], fa, fb, acc[m][c]);
-                }
-        }
+        for (int m = 0; m < NW; m++)
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+                if (c < live) wmma::mma_sync(acc[m][c], fa, f.b[i][m][c], acc[m][c]);
+    }
+}
+
+template <int NW, int NC>
+__device__ __forceinline__ void ls_moe_tc_slice_mma(ls_tc_acc (&acc)[NW][NC],
+                                                    __nv_bfloat16 (*a)[LS_MOE_TC_LDA],
+                                                    const float *const *rows,
+                                                    const __nv_bfloat16 *const *w, int live,
+                                                    long K, long ks, long ke)
+{
+    constexpr int G = ls_moe_tc_group<NW, NC>::G;
+#pragma unroll
+    for (int m = 0; m < NW; m++)
+#pragma unroll
+        for (int c = 0; c < NC; c++) nvcuda::wmma::fill_fragment(acc[m][c], 0.0f);
+    int n = ke > ks ? (int)((ke - ks) / 16) : 0, groups = (n + G - 1) / G;
+    ls_moe_tc_group<NW, NC> f0, f1;
+    constexpr int PD = LS_MOE_TC_PREFETCH;
+    for (int g = 1; g <= PD; g++) ls_moe_tc_prefetch<NW, NC>(w, live, K, ks, g, n);
+    if (groups > 0) ls_moe_tc_load(f0, w, live, K, ks, 0, n);
+    for (int g = 0; g < groups; g += 2) {
+        ls_moe_tc_prefetch<NW, NC>(w, live, K, ks, g + PD + 1, n);
+        if (g + 1 < groups) ls_moe_tc_load(f1, w, live, K, ks, g + 1, n);
+        ls_moe_tc_mul(acc, f0, a, rows, live, ks, ke, g, n);
+        if (g + 1 >= groups) break;
+        ls_moe_tc_prefetch<NW, NC>(w, live, K, ks, g + PD + 2, n);
+        if (g + 2 < groups) ls_moe_tc_load(f0, w, live, K, ks, g + 2, n);
+        ls_moe_tc_mul(acc, f1, a, rows, live, ks, ke, g + 1, n);
     }
 }
 
@@ -1271,7 +1357,9 @@ ls_moe_tc_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tile
         __syncthreads();
         ls_tc_acc acc[2][NC];
         ls_moe_tc_slice_mma<2, NC>(acc, a[warp], rows, w, live, mw.D, ks, ke);
-        for (int c = 0; c < live; c++) {
+#pragma unroll
+        for (int c = 0; c < NC; c++) { /* c a constant: acc stays in registers */
+            if (c >= live) break;
             wmma::store_matrix_sync(o[0][warp], acc[0][c], 16, wmma::mem_row_major);
             wmma::store_matrix_sync(o[1][warp], acc[1][c], 16, wmma::mem_row_major);
             __syncthreads();
@@ -1314,7 +1402,9 @@ ls_moe_tc_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *
         __syncthreads();
         ls_tc_acc acc[1][NC];
         ls_moe_tc_slice_mma<1, NC>(acc, a[warp], rows, w, live, width, ks, ke);
-        for (int c = 0; c < live; c++) {
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+            if (c >= live) break;
             wmma::store_matrix_sync(o[warp], acc[0][c], 16, wmma::mem_row_major);
             __syncthreads();
             for (int i = (int)threadIdx.x; i < nr * 16; i += LS_MOE_TC_WARPS * LS_WARP) {
