@@ -670,6 +670,106 @@ START_TEST(test_config_fail_closed)
 }
 END_TEST
 
+/* ---- digest_early's contract ---------------------------------------------
+ * A backend whose digest_early reads its spans at the next digest_fence, the
+ * latest the contract allows (the CUDA backend's branch of a step graph may
+ * read them any time in between): the CPU backend with the jobs held until
+ * the fence. The engine must write none of the spans in between, so its
+ * records equal the plain backend's. */
+typedef struct late_be {
+    ls_backend be;      /* the inner backend's ops and impl; digest_early, digest_fence, destroy ours */
+    ls_backend *inner;
+    ls_digest_job *jobs; /* held until the fence */
+    long n, cap, early_calls, held_over_ops;
+} late_be;
+
+static ls_status late_early(ls_backend *be, const ls_digest_job *jobs, long n, ls_error *err)
+{
+    late_be *l = (late_be *)be;
+    if (l->n + n > l->cap) {
+        long cap = 2 * (l->n + n);
+        ls_digest_job *j = realloc(l->jobs, sizeof *j * (size_t)cap);
+        if (!j) return ls_fail(err, LS_E_NOMEM, "late digests: %ld jobs", cap);
+        l->jobs = j;
+        l->cap = cap;
+    }
+    memcpy(l->jobs + l->n, jobs, sizeof *jobs * (size_t)n);
+    l->n += n;
+    l->early_calls++;
+    return LS_OK;
+}
+
+static ls_status late_fence(ls_backend *be, ls_error *err)
+{
+    late_be *l = (late_be *)be;
+    long n = l->n;
+    l->n = 0;
+    if (n == 0) return LS_OK;
+    l->held_over_ops++;
+    return l->inner->digest(l->inner, l->jobs, n, err);
+}
+
+static void late_destroy(ls_backend *be)
+{
+    late_be *l = (late_be *)be;
+    l->inner->destroy(l->inner);
+    free(l->jobs);
+    free(l);
+}
+
+static ls_engine *mk_late(late_be **out)
+{
+    ls_error err;
+    ls_backend *inner = NULL;
+    ck_assert_msg(ls_backend_cpu_create(2, &inner, &err) == LS_OK, "%s", err.msg);
+    late_be *l = calloc(1, sizeof *l);
+    ck_assert_ptr_nonnull(l);
+    ck_assert_ptr_null(inner->digest_early); /* the CPU backend digests at the call */
+    l->be = *inner;
+    l->inner = inner;
+    l->be.digest_early = late_early;
+    l->be.digest_fence = late_fence;
+    l->be.destroy = late_destroy;
+    ls_engine_opts o;
+    ls_engine_opts_default(&o);
+    o.act_bf16 = 1;
+    o.perturb_layer = -1;
+    o.perturb_op = LS_PERTURB_NONE;
+    o.max_rows = 256;
+    o.state_digest_every = 1; /* every kind at every position, as mk */
+    ls_engine *e = NULL;
+    ck_assert_msg(ls_engine_create(g_model, &l->be, &o, 2, 256, &e, &err) == LS_OK, "%s", err.msg);
+    *out = l;
+    return e;
+}
+
+START_TEST(test_digest_early_read_at_fence)
+{
+    setup();
+    int32_t *p0 = prompt(9, 31), *p1 = prompt(70, 32);
+    ls_sequence s[2] = {{1, p0, 9, 0}, {2, p1, 70, 0}}, full[2];
+    ls_sampling g = greedy();
+    mtrace ref = {0}, got = {0}, rref = {0}, rgot = {0};
+    ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 2, 256);
+    rollout(e, s, 2, 6, &g, &ref, full);
+    replay(e, full, 2, 7, &rref);
+    ls_engine_destroy(e);
+    late_be *l = NULL;
+    e = mk_late(&l);
+    rollout(e, s, 2, 6, &g, &got, NULL);
+    replay(e, full, 2, 7, &rgot);
+    ck_assert_msg(l->early_calls > 0 && l->held_over_ops > 0 && l->n == 0,
+                  "digest_early calls %ld, held over ops %ld, left unfenced %ld", l->early_calls,
+                  l->held_over_ops, l->n);
+    ls_engine_destroy(e);
+    expect_equal("rollout, spans read at the fence", &ref, &got);
+    expect_equal("replay in chunks of 7, spans read at the fence", &rref, &rgot);
+    mfree(&ref), mfree(&got), mfree(&rref), mfree(&rgot);
+    for (int i = 0; i < 2; i++) free((void *)full[i].tokens);
+    free(p0), free(p1);
+}
+END_TEST
+
 /* The CUDA arena's usage is 0 of 0 for a backend that is not CUDA's (what
  * harness/long_context prints as "—" on the CPU). */
 START_TEST(test_arena_usage_of_cpu_backend)
@@ -721,6 +821,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_records_from_summary);
     tcase_add_test(tc, test_step_pipeline);
+    tcase_add_test(tc, test_digest_early_read_at_fence);
     tcase_add_test(tc, test_config_fail_closed);
     tcase_add_test(tc, test_arena_usage_of_cpu_backend);
     tcase_add_test(tc, test_open_tier_refusals);
