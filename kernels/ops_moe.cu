@@ -1215,8 +1215,10 @@ __device__ __forceinline__ void ls_moe_tc_prefetch(const __nv_bfloat16 *const *w
 #pragma unroll
         for (int c = 0; c < NC; c++) {
             if (c >= live) break;
+            /* every address inside the group's bytes of the row (a line a
+             * prefetch, from the group's first byte) */
             const __nv_bfloat16 *row = w[m] + (long)(16 * c + lane) * K + ks;
-            uintptr_t a = (uintptr_t)(row + 16 * t0) & ~(uintptr_t)127, e = (uintptr_t)(row + 16 * t1);
+            uintptr_t a = (uintptr_t)(row + 16 * t0), e = (uintptr_t)(row + 16 * t1);
             for (; a < e; a += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
         }
 }
