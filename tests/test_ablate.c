@@ -262,7 +262,7 @@ START_TEST(test_cli_bad_flags)
     }
     char *out = NULL;
     ck_assert_int_eq(ls_test_cli(&out, "ablate --help"), 0);
-    ck_assert_msg(out && strstr(out, "usage: lockstep ablate") && strstr(out, "no fast tier"), "%s", out);
+    ck_assert_msg(out && strstr(out, "usage: lockstep ablate") && strstr(out, "no family has a fast twin"), "%s", out);
     free(out);
 }
 END_TEST

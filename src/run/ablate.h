@@ -13,8 +13,9 @@
  *
  * The changed order is the perturbation switch (engine.h ls_perturb_op,
  * docs/numerics.md §7): a planted reversed order with bf16 rounding after
- * every addition. There is no fast tier yet; when there is, a family's fast
- * provider takes the planted order's place (docs/ablate.md). A backend that
+ * every addition. No family has a fast twin yet (the fast tier covers the
+ * CUDA linears and lm_head as a whole tier); when one does, its provider
+ * takes the planted order's place (docs/ablate.md). A backend that
  * refuses the perturbation (LS_E_UNSUPPORTED: the CUDA kernels today) makes
  * that family "not ablatable on this backend" in the result, not a failure.
  *
@@ -37,7 +38,7 @@
 
 /* What changes in each ablated run, for reports: the planted order change
  * stands in for a fast provider that does not exist yet. */
-#define LS_ABLATE_SUBSTITUTE "planted reversed reduction order (no fast tier exists yet)"
+#define LS_ABLATE_SUBSTITUTE "planted reversed reduction order (no family has a fast twin yet)"
 
 typedef struct ls_ablate_opts {
     const char *checkpoint;        /* directory (--checkpoint) */

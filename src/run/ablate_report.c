@@ -207,8 +207,9 @@ static void write_markdown(FILE *f, const ls_ablate_opts *o, const ls_ablate_res
             "layers: %s\n- strict run: %llu positions, manifest `%s`\n",
             r->merkle_root, backend, r->mode, r->n_seqs, o->max_new, o->layers ? o->layers : "sample",
             (unsigned long long)r->strict_positions, r->manifest_digest);
-    fprintf(f, "- what replaces each family's strict order: %s. A `fast` tier does not exist yet; when it "
-            "does, its provider for the family takes this place (docs/ablate.md).\n",
+    fprintf(f, "- what replaces each family's strict order: %s. The `fast` tier covers the CUDA linears "
+            "and lm_head as a whole tier; when a family has a fast twin, its provider takes this place "
+            "(docs/ablate.md).\n",
             LS_ABLATE_SUBSTITUTE);
     fprintf(f, "- control (the strict run again): %s\n\n",
             r->control.outcome == LS_ABLATE_NO_DRIFT ? "bitwise equal"
