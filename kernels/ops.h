@@ -270,6 +270,9 @@ typedef struct ls_cuda_moe {
     const float *sh_gate_s, *sh_up_s, *sh_down_s; /* FP8 scales of those; else NULL */
     const void *sh_gate_w;         /* [1, D] */
     int shg_wtype;                 /* sh_gate_w: 0 bf16, 1 fp32 */
+    int tc_layout;                 /* 1: gate, up and down of every expert (routed and shared)
+                                      are in the tensor-core layout (ls_cuda_moe_tc_pack), which
+                                      the tensor-core experts need and the portable ones refuse */
 } ls_cuda_moe;
 
 /* Scratch the MoE needs for T tokens (bytes of device memory). */
@@ -305,8 +308,16 @@ const char *ls_cuda_moe_plan_name(int plan);
  * hidden rows rounded to bf16; fp32 accumulation in ascending K steps of 16;
  * one pass per 16 pairs of an expert, so a pair's bits do not depend on the
  * others). bf16 experts, D, I and Is multiples of 16, every matrix 32-byte
- * aligned; else LS_E_UNSUPPORTED.
+ * aligned and in the tensor-core layout (mw->tc_layout); else
+ * LS_E_UNSUPPORTED.
  * Scratch: ls_cuda_moe_scratch_bytes(mw, T, k). */
+/* Rewrites the bf16 matrix w [N, K] (N and K multiples of 16, 32-byte
+ * aligned) in place into the tensor-core experts' layout: each 16 x 16
+ * fragment of its rows whole, as one warp's 512-byte load
+ * (kernels/ops_moe.cu, docs/tensor-core-tier.md §2.3). scratch: N K 2 bytes
+ * of device memory, 32-byte aligned. Packing a matrix twice scrambles it. */
+ls_status ls_cuda_moe_tc_pack(void *w, long N, long K, void *scratch, void *stream, ls_error *err);
+
 ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x /* [T, D] */,
                                  const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,
                                  long k, float *out /* [T, D] */, long T, void *scratch,
@@ -321,7 +332,9 @@ ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x /* [T, D]
  * the tokens are left as they are. Every pair (t, i < k) of the tokens whose
  * id is in [0, E) is computed (-1 in ids: none), and with mw->sh_gate every
  * token's shared slot, so ids names the pairs to compute and mw holds their
- * experts' weights. Scratch: ls_cuda_moe_scratch_bytes(mw, T, k). */
+ * experts' weights. With mw->tc_layout the rows are the tensor-core
+ * experts' (the ones ls_cuda_moe_forward_tc combines). Scratch:
+ * ls_cuda_moe_scratch_bytes(mw, T, k). */
 ls_status ls_cuda_moe_slots(const ls_cuda_moe *mw, const float *x /* [T, D] */,
                             const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,
                             long k, long t0, long T, const int32_t *pairs /* [n, 2] */, long n,

@@ -1052,6 +1052,8 @@ static ls_status ls_moe_slot_rows(const ls_cuda_moe *mw, const float *x, const i
                                   int act_bf16, int plan, cudaStream_t s, float **cbuf_out,
                                   ls_error *err)
 {
+    LS_CUDA_REQUIRE(!mw->tc_layout, err, "cuda portable moe: the expert matrices are in the tensor-core "
+                    "layout, which only the tensor-core experts read");
     long P = T * k;
     int eb = ls_moe_group_eb(mw);
     if (plan < 0) plan = (P <= mw->E ? 0 : 1) + (eb ? 3 : 0);
@@ -1151,7 +1153,7 @@ extern "C" ls_status ls_cuda_moe_forward(const ls_cuda_moe *mw, const float *x, 
  * pairs chose the expert. Gate/up: mid = act(act(silu(act(g))) · act(u)) as
  * the portable kernels form it; down: c = act(act(y) · w) (shared: act(γ ·
  * act(y))); the combine is the portable one. bf16 weights only, D, I and Is
- * multiples of 16 (ls_moe_tc_check). */
+ * multiples of 16, in the tensor-core layout (ls_moe_tc_check). */
 #define LS_MOE_TC_WARPS 4                      /* = the K slices */
 #define LS_MOE_TC_KC 128                       /* K staged at a time per warp */
 #define LS_MOE_TC_LDA (LS_MOE_TC_KC + 16)      /* staged row stride: 32-byte aligned rows */
@@ -1177,7 +1179,8 @@ __device__ __forceinline__ void ls_moe_tc_rows(const float **rows, const ls_moe_
 
 /* The warp's slice ks .. ke-1 of (the 16 rows) · Bᵀ for NW weight matrices
  * and NC column tiles: acc[m][c] over weight rows 16 c .. 16 c + 15 of w[m]
- * (rows of length K; tiles c >= live are left alone), from a zero
+ * (rows of length K in the tensor-core layout, ls_cuda_moe_tc_pack; tiles
+ * c >= live are left alone), from a zero
  * accumulator in ascending steps of 16 along K. a is the warp's staging
  * buffer: per chunk of LS_MOE_TC_KC, lane l converts columns 4l .. 4l+3 of
  * every row. The column tiles only share the staging: each accumulates
@@ -1200,26 +1203,79 @@ struct ls_moe_tc_group {
     ls_tc_b b[G][NW][NC];
 };
 
-/* Asks L2 for group g's weight bytes (lanes 0-15: a row each per matrix
- * and column tile), so that they come from DRAM as whole lines ahead of
- * the group's fragment loads. No value depends on it. */
+/* The tensor-core layout of a bf16 weight matrix [N, K] (N and K multiples
+ * of 16; ls_cuda_moe_tc_pack): the 16 x 16 fragment of rows 16 c .. 16 c + 15
+ * and columns 16 t .. 16 t + 15 lies whole at elements (c K / 16 + t) 256 ..
+ * + 255, lane l's part of it as WMMA holds it in registers (ls_tc_b.x) at
+ * 8 l .. 8 l + 7. The fragments of a row tile thus fill the bytes its rows
+ * filled, in ascending t, and a warp loads one as 512 contiguous bytes, 16 a
+ * lane, where the row-major matrix cost 16 rows' 32-byte pieces 2 K bytes
+ * apart. The pack writes the registers that load_matrix_sync fills from the
+ * row-major matrix and the experts read them back into the same fragment
+ * type, so a fragment's elements are the ones it held before, whatever
+ * WMMA's register order is, and no product changes. */
+static_assert(sizeof(((ls_tc_b *)0)->x) == 16, "a bf16 16x16 B fragment holds 16 bytes a lane");
+
+__device__ __forceinline__ const __nv_bfloat16 *ls_moe_tc_frag(const __nv_bfloat16 *w, long K, int c, long t)
+{
+    return w + ((long)c * (K / 16) + t) * 256;
+}
+
+__device__ __forceinline__ void ls_moe_tc_frag_load(ls_tc_b &b, const __nv_bfloat16 *frag)
+{
+    uint4 v = *((const uint4 *)frag + (threadIdx.x & 31u));
+    memcpy(b.x, &v, sizeof v);
+}
+
+/* Warp per fragment: fragment f of the packed matrix w from its row-major
+ * copy src. */
+__global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
+ls_moe_tc_pack_kernel(const __nv_bfloat16 *src, __nv_bfloat16 *w, long N, long K)
+{
+    long f = (long)blockIdx.x * LS_MOE_TC_WARPS + (threadIdx.x >> 5), steps = K / 16;
+    if (f >= N / 16 * steps) return;
+    ls_tc_b b;
+    nvcuda::wmma::load_matrix_sync(b, src + f / steps * 16 * K + f % steps * 16, (unsigned)K);
+    uint4 v;
+    memcpy(&v, b.x, sizeof v);
+    *((uint4 *)(w + f * 256) + (threadIdx.x & 31u)) = v;
+}
+
+extern "C" ls_status ls_cuda_moe_tc_pack(void *w, long N, long K, void *scratch, void *stream, ls_error *err)
+{
+    LS_CUDA_REQUIRE(N > 0 && K > 0 && N % 16 == 0 && K % 16 == 0, err,
+                    "tensor-core moe layout: matrix [%ld x %ld] is not made of 16 x 16 fragments", N, K);
+    LS_CUDA_REQUIRE((uintptr_t)w % 32 == 0 && (uintptr_t)scratch % 32 == 0, err,
+                    "tensor-core moe layout: the matrix and the scratch must be 32-byte aligned");
+    cudaStream_t s = (cudaStream_t)stream;
+    size_t bytes = (size_t)N * (size_t)K * 2;
+    LS_CUDA_CHECK(cudaMemcpyAsync(scratch, w, bytes, cudaMemcpyDeviceToDevice, s), err,
+                  "tensor-core moe layout: the row-major copy of an expert matrix");
+    long frags = N / 16 * (K / 16);
+    ls_launch(ls_moe_tc_pack_kernel, ls_blocks_for(frags, LS_MOE_TC_WARPS), LS_MOE_TC_WARPS * LS_WARP, 0, s,
+              (const __nv_bfloat16 *)scratch, (__nv_bfloat16 *)w, N, K);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_tc_pack_kernel", err);
+    return LS_OK;
+}
+
+/* Asks L2 for group g's weight bytes (matrix m, column tile c: G
+ * consecutive fragments, G 512 bytes from the first's), lanes 0 .. 4 G - 1
+ * a 128-byte line each, so that they come from DRAM ahead of the group's
+ * fragment loads. No value depends on it. */
 template <int NW, int NC>
 __device__ __forceinline__ void ls_moe_tc_prefetch(const __nv_bfloat16 *const *w, int live, long K, long ks,
                                                    int g, int n)
 {
     constexpr int G = ls_moe_tc_group<NW, NC>::G;
     int lane = (int)(threadIdx.x & 31u), t0 = g * G, t1 = t0 + G < n ? t0 + G : n;
-    if (lane >= 16 || t0 >= n) return;
+    if (lane >= 4 * (t1 - t0)) return;
 #pragma unroll
     for (int m = 0; m < NW; m++)
 #pragma unroll
         for (int c = 0; c < NC; c++) {
             if (c >= live) break;
-            /* every address inside the group's bytes of the row (a line a
-             * prefetch, from the group's first byte) */
-            const __nv_bfloat16 *row = w[m] + (long)(16 * c + lane) * K + ks;
-            uintptr_t a = (uintptr_t)(row + 16 * t0), e = (uintptr_t)(row + 16 * t1);
-            for (; a < e; a += 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+            const __nv_bfloat16 *line = ls_moe_tc_frag(w[m], K, c, ks / 16 + t0) + 64 * lane;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
         }
 }
 
@@ -1237,9 +1293,7 @@ __device__ __forceinline__ void ls_moe_tc_load(ls_moe_tc_group<NW, NC> &f, const
         for (int m = 0; m < NW; m++)
 #pragma unroll
             for (int c = 0; c < NC; c++)
-                if (c < live)
-                    nvcuda::wmma::load_matrix_sync(f.b[i][m][c], w[m] + (long)c * 16 * K + ks + 16 * t,
-                                                   (unsigned)K);
+                if (c < live) ls_moe_tc_frag_load(f.b[i][m][c], ls_moe_tc_frag(w[m], K, c, ks / 16 + t));
     }
 }
 
@@ -1448,21 +1502,20 @@ static ls_status ls_moe_tc_check(const ls_cuda_moe *mw, ls_error *err)
     LS_CUDA_REQUIRE(mw->D % 16 == 0 && mw->I % 16 == 0 && (!mw->sh_gate || mw->Is % 16 == 0), err,
                     "tensor-core tier: MoE hidden %ld, expert width %ld and shared width %ld must be "
                     "multiples of 16", mw->D, mw->I, mw->Is);
+    LS_CUDA_REQUIRE(mw->tc_layout, err, "tensor-core tier: the expert matrices are not in the tensor-core "
+                    "layout (ls_cuda_moe_tc_pack)");
     return LS_OK;
 }
 
-extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
-                                            const float *weights, long k, float *out, long T,
-                                            void *scratch, int act_bf16, int order_experts,
-                                            int order_combine, void *stream, ls_error *err)
+/* The slot rows of every pair of the call (ls_moe_slot_rows' on tensor
+ * cores): *cbuf_out as ls_moe_combine_kernel reads it. */
+static ls_status ls_moe_tc_slot_rows(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                     const float *weights, long k, long T, void *scratch, int act_bf16,
+                                     cudaStream_t s, float **cbuf_out, ls_error *err)
 {
-    LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
-    LS_TRY(ls_moe_check(mw, k, order_experts, err));
     LS_TRY(ls_moe_tc_check(mw, err));
     LS_CUDA_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)scratch % 16 == 0, err,
                     "tensor-core moe: x and the scratch must be 16-byte aligned");
-    if (T <= 0) return LS_OK;
-    cudaStream_t s = (cudaStream_t)stream;
     long P = T * k;
     long sh_tiles = !mw->sh_gate ? 0 : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
     long max_tiles = (long)ls_moe_max_tiles(mw->E, P);
@@ -1482,6 +1535,21 @@ extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *
     else
         LS_TRY(ls_moe_tc_launch<4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
                                    act_bf16, s, err));
+    *cbuf_out = cbuf;
+    return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                            const float *weights, long k, float *out, long T,
+                                            void *scratch, int act_bf16, int order_experts,
+                                            int order_combine, void *stream, ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
+    LS_TRY(ls_moe_check(mw, k, order_experts, err));
+    if (T <= 0) return LS_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    float *cbuf = NULL;
+    LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, &cbuf, err));
     ls_launch(ls_moe_combine_kernel, ls_blocks_for(T * mw->D, 256), 256, 0, s, cbuf, ids, weights, mw->E, T,
               k, mw->D, mw->sh_gate != NULL, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
@@ -1513,7 +1581,10 @@ extern "C" ls_status ls_cuda_moe_slots(const ls_cuda_moe *mw, const float *x, co
     if (T <= 0 || n <= 0) return LS_OK;
     cudaStream_t s = (cudaStream_t)stream;
     float *cbuf = NULL;
-    LS_TRY(ls_moe_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, -1, s, &cbuf, err));
+    if (mw->tc_layout)
+        LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, &cbuf, err));
+    else
+        LS_TRY(ls_moe_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, -1, s, &cbuf, err));
     ls_launch(ls_moe_gather_slots_kernel, ls_blocks_for(n * mw->D, 256), 256, 0, s, cbuf, pairs, n, t0, T, k,
               mw->D, c);
     LS_CUDA_CHECK_LAUNCH("ls_moe_gather_slots_kernel", err);

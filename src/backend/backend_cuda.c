@@ -181,6 +181,9 @@ typedef struct cuda_impl {
     size_t n_tc;
     struct tc_pad *tc_pads;    /* tc, fast: zero-padded copies of weights whose N % 8 != 0 */
     size_t n_tc_pads;
+    const void **packed;       /* tc, fast: [packed_cap] open-addressed set of the expert
+                                  matrices rewritten into the tensor-core layout (NULL = free) */
+    size_t packed_cap, n_packed;
     void *stream;              /* every launch's (STREAM) */
     ls_graph *graphs;          /* every step graph made (graph_begin), until graph_free */
     ls_graph *rec;             /* the graph being recorded, or NULL */
@@ -381,6 +384,7 @@ static void cu_destroy(ls_backend *be)
         free(im->tc);
         free(im->tc_records);
         free(im->tc_pads);
+        free(im->packed);
         if (im->lt) ls_gemm_lt_destroy(im->lt);
         ls_cuda_arena_free(&im->dev);
         ls_arena_free(&im->host);
@@ -896,7 +900,68 @@ static int same_moe(const ls_cuda_moe *a, const ls_cuda_moe *b)
     return a->E == b->E && a->D == b->D && a->I == b->I && a->Is == b->Is && a->wtype == b->wtype &&
            a->sh_gate == b->sh_gate && a->sh_up == b->sh_up && a->sh_down == b->sh_down &&
            a->sh_wtype == b->sh_wtype && a->sh_gate_s == b->sh_gate_s && a->sh_up_s == b->sh_up_s &&
-           a->sh_down_s == b->sh_down_s && a->sh_gate_w == b->sh_gate_w && a->shg_wtype == b->shg_wtype;
+           a->sh_down_s == b->sh_down_s && a->sh_gate_w == b->sh_gate_w && a->shg_wtype == b->shg_wtype &&
+           a->tc_layout == b->tc_layout;
+}
+
+/* The set of packed matrices: slot of p (its own, or the free one where it
+ * would go). packed_cap is a power of two, at most half full. */
+static size_t packed_slot(const cuda_impl *im, const void *p)
+{
+    size_t mask = im->packed_cap - 1, i = (size_t)(((uintptr_t)p >> 5) * 0x9E3779B97F4A7C15ull) & mask;
+    while (im->packed[i] && im->packed[i] != p) i = (i + 1) & mask;
+    return i;
+}
+
+static int packed_has(const cuda_impl *im, const void *p)
+{
+    return im->packed_cap && im->packed[packed_slot(im, p)] == p;
+}
+
+static ls_status packed_add(cuda_impl *im, const void *p, ls_error *err)
+{
+    if (2 * (im->n_packed + 1) > im->packed_cap) {
+        size_t cap = im->packed_cap ? 2 * im->packed_cap : 4096;
+        const void **old = im->packed, **t = calloc(cap, sizeof *t);
+        if (!t) return ls_fail_nomem(err, cap * sizeof *t, "cuda moe: the set of packed matrices");
+        size_t old_cap = im->packed_cap;
+        im->packed = t;
+        im->packed_cap = cap;
+        for (size_t i = 0; i < old_cap; i++)
+            if (old[i]) im->packed[packed_slot(im, old[i])] = old[i];
+        free(old);
+    }
+    im->packed[packed_slot(im, p)] = p;
+    im->n_packed++;
+    return LS_OK;
+}
+
+/* tc and fast: the matrix w at p (NULL: not held) rewritten into the
+ * tensor-core experts' layout (ls_cuda_moe_tc_pack) unless an earlier table
+ * had it packed. */
+static ls_status pack_matrix(ls_backend *be, const ls_bweight *w, const void *p, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    if (!p || packed_has(im, p)) return LS_OK;
+    LS_TRY(scratch_reserve(im, (size_t)w->rows * (size_t)w->cols * 2, err));
+    LS_TRY(ls_cuda_moe_tc_pack((void *)p, w->rows, w->cols, im->scratch, STREAM(be), err));
+    return packed_add(im, p, err);
+}
+
+/* Every matrix of the table h ([3 E]: gate, up, down pointers) and of the
+ * shared expert, packed (pack_matrix). */
+static ls_status moe_pack(ls_backend *be, const ls_bmoe *mw, const void *const *h, ls_error *err)
+{
+    long E = mw->E;
+    for (long e = 0; e < E; e++) {
+        LS_TRY(pack_matrix(be, &mw->gate[e], h[e], err));
+        LS_TRY(pack_matrix(be, &mw->up[e], h[E + e], err));
+        LS_TRY(pack_matrix(be, &mw->down[e], h[2 * E + e], err));
+    }
+    if (!mw->sh_gate) return LS_OK;
+    LS_TRY(pack_matrix(be, mw->sh_gate, W(mw->sh_gate), err));
+    LS_TRY(pack_matrix(be, mw->sh_up, W(mw->sh_up), err));
+    return pack_matrix(be, mw->sh_down, W(mw->sh_down), err);
 }
 
 /* Device pointer tables for one MoE block, built on first use and kept for
@@ -950,6 +1015,11 @@ static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe
                       .sh_gate_s = sh ? S(mw->sh_gate) : NULL, .sh_up_s = sh ? S(mw->sh_up) : NULL,
                       .sh_down_s = sh ? S(mw->sh_down) : NULL, .sh_gate_w = sh ? W(mw->sh_gate_w) : NULL,
                       .shg_wtype = sh ? (int)mw->sh_gate_w->wtype : 0};
+    /* tc and fast: the experts the tensor-core kernels take are read in their
+     * layout (kernels/ops_moe.cu ls_cuda_moe_tc_pack); others stay as they
+     * are, for ls_cuda_moe_forward_tc to refuse by name */
+    cm.tc_layout = im->tier != LS_TIER_PORTABLE && wt == LS_WTYPE_BF16 && (!sh || swt == LS_WTYPE_BF16) &&
+                   mw->D % 16 == 0 && mw->I % 16 == 0 && (!sh || mw->Is % 16 == 0);
     for (moe_entry *e = im->moe; e; e = e->next)
         if (e->key == mw->gate && e->table_bytes == ntab * tb && !memcmp(e->host, h, ntab * tb) &&
             same_moe(&e->cm, &cm)) {
@@ -963,13 +1033,20 @@ static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe
         misaligned |= (int)((uintptr_t)h[i] % 32);
     if (sh && im->tier != LS_TIER_PORTABLE)
         misaligned |= (int)(((uintptr_t)cm.sh_gate | (uintptr_t)cm.sh_up | (uintptr_t)cm.sh_down) % 32);
-    if (misaligned) {
+    ls_status st = LS_OK;
+    if (misaligned)
+        st = ls_fail(err, LS_E_INTERNAL, "%s: an expert matrix is not 32-byte aligned", tier_label(im));
+    else if (im->rec) /* the engine's first step of a shape runs without a graph */
+        st = ls_fail(err, LS_E_UNSUPPORTED, "cuda moe: a new expert table while a step graph is recorded");
+    else if (cm.tc_layout)
+        st = moe_pack(be, mw, h, err);
+    if (st != LS_OK) {
         free(h);
-        return ls_fail(err, LS_E_INTERNAL, "%s: an expert matrix is not 32-byte aligned", tier_label(im));
+        return st;
     }
     void *d = ls_cuda_arena_alloc(&im->dev, ntab * tb, err);
     const void **keep = d ? ls_arena_alloc(&im->host, ntab * tb, err) : NULL;
-    ls_status st = keep ? ls_cuda_upload(d, h, ntab * tb, err) : LS_E_NOMEM;
+    st = keep ? ls_cuda_upload(d, h, ntab * tb, err) : LS_E_NOMEM;
     if (keep) memcpy(keep, h, ntab * tb);
     free(h);
     LS_TRY(st);

@@ -131,28 +131,54 @@ static void reset_arena(void)
 
 /* ---- direct: every MoE kernel plan ------------------------------------------------------ */
 
+/* A device copy of the bf16 matrix d [N, K] in the tensor-core experts'
+ * layout (ls_cuda_moe_tc_pack; scr: N K 2 bytes of device scratch). */
+static void *packed_dup(const void *d, long N, long K, void *scr)
+{
+    size_t bytes = (size_t)(N * K * 2);
+    void *h = malloc(bytes);
+    fetch(h, d, bytes);
+    void *p = dup_dev(h, bytes);
+    free(h);
+    ls_error e_;
+    ck_assert_msg(ls_cuda_moe_tc_pack(p, N, K, scr, NULL, &e_) == LS_OK, "%s", e_.msg);
+    return p;
+}
+
 /* The tensor-core tier's experts (ls_cuda_moe_forward_tc) on the same
- * experts and tokens: a pair's bits do not depend on the other tokens (each
+ * experts and tokens, tcm the experts of cm packed (tc_layout) where the
+ * kernels take them: a pair's bits do not depend on the other tokens (each
  * token alone, and the tokens in reverse order, give its row of the whole
- * call bit for bit), and the rows are the portable ones up to bf16 operand
- * rounding (|Δ| <= 2 % of the largest |out|: a wrong layout or a missed
- * K step is far off). Shapes the kernels do not take fail closed. */
-static void check_moe_tc(const ls_cuda_moe *cm, const float *x, const int32_t *ids, const float *w,
-                         long k, long T, const float *ref, const char *what)
+ * call bit for bit), the expert-parallel slot rows (ls_cuda_moe_slots on
+ * the packed experts) combine to the same bits, and the rows are the
+ * portable ones up to bf16 operand rounding (|Δ| <= 2 % of the largest
+ * |out|: a wrong layout or a missed K step is far off). Shapes the kernels
+ * do not take fail closed, and so do experts in the wrong layout for the
+ * kernels called. */
+static void check_moe_tc(const ls_cuda_moe *cm, const ls_cuda_moe *tcm, const float *x, const int32_t *ids,
+                         const float *w, long k, long T, const float *ref, const char *what)
 {
     long D = cm->D;
     float *dout = dalloc(4 * T * D), *tout = malloc(4 * T * D);
     void *dscr = dalloc(ls_cuda_moe_scratch_bytes(cm, T, k));
+    float *dx = dup_dev(x, 4 * T * D), *dw = dup_dev(w, 4 * T * k);
+    int32_t *dids = dup_dev(ids, 4 * T * k);
     ls_error e_;
-    ls_status st = ls_cuda_moe_forward_tc(cm, dup_dev(x, 4 * T * D), dup_dev(ids, 4 * T * k),
-                                          dup_dev(w, 4 * T * k), k, dout, T, dscr, 1, 0, 0, NULL, &e_);
-    if (cm->wtype != LS_WTYPE_BF16 || D % 16 || cm->I % 16 || (cm->sh_gate && cm->Is % 16)) {
+    ls_status st = ls_cuda_moe_forward_tc(cm, dx, dids, dw, k, dout, T, dscr, 1, 0, 0, NULL, &e_);
+    if (!tcm->tc_layout) {
         ck_assert_int_eq(st, LS_E_UNSUPPORTED);
         ck_assert_ptr_nonnull(strstr(e_.msg, "tensor-core tier"));
         printf("  ok %s, tensor cores refused: %s\n", what, e_.msg);
         free(tout);
         return;
     }
+    ck_assert_msg(st == LS_E_UNSUPPORTED && strstr(e_.msg, "tensor-core layout"),
+                  "%s: the tensor-core experts ran on row-major weights (%s)", what, e_.msg);
+    st = ls_cuda_moe_forward_plan(tcm, dx, dids, dw, k, dout, T, dscr, 1, 0, 0, -1, NULL, &e_);
+    ck_assert_msg(st == LS_E_UNSUPPORTED && strstr(e_.msg, "tensor-core layout"),
+                  "%s: the portable experts ran on packed weights (%s)", what, e_.msg);
+    cm = tcm;
+    st = ls_cuda_moe_forward_tc(cm, dx, dids, dw, k, dout, T, dscr, 1, 0, 0, NULL, &e_);
     ck_assert_msg(st == LS_OK, "%s", e_.msg);
     fetch(tout, dout, 4 * T * D);
     float big = 0.0f, worst = 0.0f;
@@ -188,9 +214,25 @@ static void check_moe_tc(const ls_cuda_moe *cm, const float *x, const int32_t *i
         }
         free(xs); free(ws); free(is); free(got);
     }
-    printf("  ok %s, tensor cores: each token alone and reversed equal the batch; max |tc - portable| %.3g "
-           "(max |out| %.3g)\n", what, (double)worst, (double)big);
-    free(tout);
+    /* every slot row through the expert-parallel path, then combined */
+    long slots = k + (cm->sh_gate ? 1 : 0), n = T * slots;
+    int32_t *pairs = malloc(sizeof(int32_t) * 2 * (size_t)n);
+    for (long j = 0; j < n; j++) {
+        pairs[2 * j] = (int32_t)(j / slots);
+        pairs[2 * j + 1] = (int32_t)(j % slots);
+    }
+    float *dc = dalloc(4 * (size_t)(n * D)), *got = malloc(4 * T * D);
+    ck_assert_msg(ls_cuda_moe_slots(cm, dx, dids, dw, k, 0, T, dup_dev(pairs, sizeof(int32_t) * 2 * (size_t)n),
+                                    n, dc, dscr, 1, 0, NULL, &e_) == LS_OK, "%s", e_.msg);
+    ck_assert_msg(ls_cuda_moe_combine(dc, k, D, cm->sh_gate != NULL, dout, T, 1, 0, NULL, &e_) == LS_OK, "%s",
+                  e_.msg);
+    fetch(got, dout, 4 * T * D);
+    char w3[200];
+    snprintf(w3, sizeof w3, "%s, tensor cores, slot rows combined", what);
+    ck_assert_msg(ls_gpu_same_f32(w3, tout, got, (size_t)(T * D)), "%s: differs from the call", w3);
+    printf("  ok %s, tensor cores: each token alone, reversed and the slot rows combined equal the batch; "
+           "max |tc - portable| %.3g (max |out| %.3g)\n", what, (double)worst, (double)big);
+    free(pairs); free(got); free(tout);
 }
 
 static void check_moe_plans(long E, long D, long I, long Is, long k, long T, int shared, int wt_)
@@ -245,7 +287,26 @@ static void check_moe_plans(long E, long D, long I, long Is, long k, long T, int
         same_f32(what, out, gout, (size_t)(T * D));
         printf("  ok %s\n", what);
     }
-    check_moe_tc(&cm, x, ids, w, k, T, out, what);
+    /* the same experts in the tensor-core layout, where the kernels take them */
+    ls_cuda_moe tcm = cm;
+    if (wt_ == LS_WTYPE_BF16 && D % 16 == 0 && I % 16 == 0 && Is % 16 == 0) {
+        const void **pg = calloc(E, sizeof *pg), **pu = calloc(E, sizeof *pu), **pd = calloc(E, sizeof *pd);
+        void *scr = dalloc(2 * (size_t)D * (size_t)(I > Is ? I : Is));
+        for (long e = 0; e < E; e++) {
+            pg[e] = packed_dup(dg[e], I, D, scr);
+            pu[e] = packed_dup(du[e], I, D, scr);
+            pd[e] = packed_dup(dd[e], D, I, scr);
+        }
+        tcm.gate = dup_dev(pg, sizeof(void *) * E);
+        tcm.up = dup_dev(pu, sizeof(void *) * E);
+        tcm.down = dup_dev(pd, sizeof(void *) * E);
+        tcm.sh_gate = shared ? packed_dup(cm.sh_gate, Is, D, scr) : NULL;
+        tcm.sh_up = packed_dup(cm.sh_up, Is, D, scr);
+        tcm.sh_down = packed_dup(cm.sh_down, D, Is, scr);
+        tcm.tc_layout = 1;
+        free(pg); free(pu); free(pd);
+    }
+    check_moe_tc(&cm, &tcm, x, ids, w, k, T, out, what);
     for (long e = 0; e < E; e++) {
         free((void *)g[e].data); free((void *)u[e].data); free((void *)dn[e].data);
     }
@@ -743,8 +804,7 @@ START_TEST(test_fail_closed)
     /* A plan that gives every (token, expert) pair its own tile, asked for more
      * tiles than one launch holds (7000 tokens x top-10): refused before
      * anything runs. */
-    ls_cuda_moe cm = {512, 2048, 512, 0, LS_WTYPE_BF16, NULL, NULL, NULL, NULL, NULL, NULL,
-                      NULL, NULL, NULL, 0, NULL, NULL, NULL, NULL, 0};
+    ls_cuda_moe cm = {.E = 512, .D = 2048, .I = 512, .Is = 0, .wtype = LS_WTYPE_BF16};
     ck_assert_int_eq(ls_cuda_moe_forward_plan(&cm, NULL, NULL, NULL, 10, NULL, 7000, NULL, 1, 0, 0, 3, NULL,
                                               &err), LS_E_UNSUPPORTED);
     ck_assert_msg(strstr(err.msg, "65535") != NULL, "%s", err.msg);
