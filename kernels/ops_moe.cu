@@ -1187,12 +1187,12 @@ __device__ __forceinline__ void ls_moe_tc_rows(const float **rows, const ls_moe_
  * alone, so NC changes no bit. The weight fragments, the stream that bounds
  * these kernels, are loaded in groups of G steps (NW NC G = 8 fragments),
  * each group's loads issued before the group before it is multiplied, two
- * groups in registers (ls_moe_tc_group), and asked of L2 two groups before
- * that (ls_moe_tc_prefetch); the order of the multiplies is the plain
- * loop's. Groups of 16 fragments took more registers, fewer blocks per SM,
- * and were slower on an H200 (reports/perf-h200.md, run 27). */
+ * groups in registers (ls_moe_tc_group); the order of the multiplies is the
+ * plain loop's. Measured on an H200 (reports/perf-h200.md, runs 27 and 28):
+ * groups of 16 fragments and of 4 were slower at batch 1, and so were
+ * streaming loads (__ldcs); since the fragments are packed, asking L2 for
+ * the next groups ahead (prefetch.global.L2) no longer helps. */
 #define LS_MOE_TC_GROUP_FRAGS 8
-#define LS_MOE_TC_PREFETCH 2
 typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __nv_bfloat16, nvcuda::wmma::col_major>
     ls_tc_b;
 
@@ -1256,27 +1256,6 @@ extern "C" ls_status ls_cuda_moe_tc_pack(void *w, long N, long K, void *scratch,
               (const __nv_bfloat16 *)scratch, (__nv_bfloat16 *)w, N, K);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_pack_kernel", err);
     return LS_OK;
-}
-
-/* Asks L2 for group g's weight bytes (matrix m, column tile c: G
- * consecutive fragments, G 512 bytes from the first's), lanes 0 .. 4 G - 1
- * a 128-byte line each, so that they come from DRAM ahead of the group's
- * fragment loads. No value depends on it. */
-template <int NW, int NC>
-__device__ __forceinline__ void ls_moe_tc_prefetch(const __nv_bfloat16 *const *w, int live, long K, long ks,
-                                                   int g, int n)
-{
-    constexpr int G = ls_moe_tc_group<NW, NC>::G;
-    int lane = (int)(threadIdx.x & 31u), t0 = g * G, t1 = t0 + G < n ? t0 + G : n;
-    if (lane >= 4 * (t1 - t0)) return;
-#pragma unroll
-    for (int m = 0; m < NW; m++)
-#pragma unroll
-        for (int c = 0; c < NC; c++) {
-            if (c >= live) break;
-            const __nv_bfloat16 *line = ls_moe_tc_frag(w[m], K, c, ks / 16 + t0) + 64 * lane;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(line));
-        }
 }
 
 /* Loads group g (steps g G .. g G + G - 1 of the slice, those below n). */
@@ -1350,15 +1329,11 @@ __device__ __forceinline__ void ls_moe_tc_slice_mma(ls_tc_acc (&acc)[NW][NC],
         for (int c = 0; c < NC; c++) nvcuda::wmma::fill_fragment(acc[m][c], 0.0f);
     int n = ke > ks ? (int)((ke - ks) / 16) : 0, groups = (n + G - 1) / G;
     ls_moe_tc_group<NW, NC> f0, f1;
-    constexpr int PD = LS_MOE_TC_PREFETCH;
-    for (int g = 1; g <= PD; g++) ls_moe_tc_prefetch<NW, NC>(w, live, K, ks, g, n);
     if (groups > 0) ls_moe_tc_load(f0, w, live, K, ks, 0, n);
     for (int g = 0; g < groups; g += 2) {
-        ls_moe_tc_prefetch<NW, NC>(w, live, K, ks, g + PD + 1, n);
         if (g + 1 < groups) ls_moe_tc_load(f1, w, live, K, ks, g + 1, n);
         ls_moe_tc_mul(acc, f0, a, rows, live, ks, ke, g, n);
         if (g + 1 >= groups) break;
-        ls_moe_tc_prefetch<NW, NC>(w, live, K, ks, g + PD + 2, n);
         if (g + 2 < groups) ls_moe_tc_load(f0, w, live, K, ks, g + 2, n);
         ls_moe_tc_mul(acc, f1, a, rows, live, ks, ke, g + 1, n);
     }
@@ -1476,8 +1451,11 @@ ls_moe_tc_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *
     }
 }
 
-/* Launch of the gate/up and down kernels with NC column tiles per block. */
-template <int NC>
+/* Launch of the gate/up and down kernels with NC and ND column tiles per
+ * block. LS_MOE_TC_BLOCKS: the fewest gate/up blocks worth a launch, two
+ * waves of 4 blocks on each of an H200's 132 SMs. */
+#define LS_MOE_TC_BLOCKS 1024
+template <int NC, int ND>
 static ls_status ls_moe_tc_launch(const ls_cuda_moe *mw, const float *x, const ls_moe_tiles &tl,
                                   const float *weights, long W, long tiles, float *mid,
                                   float *gamma, float *cbuf, int act, cudaStream_t s, ls_error *err)
@@ -1486,8 +1464,8 @@ static ls_status ls_moe_tc_launch(const ls_cuda_moe *mw, const float *x, const l
     ls_launch(ls_moe_tc_gate_up_kernel<NC>, g1, LS_MOE_TC_WARPS * LS_WARP, 0, s, *mw, x, tl, W, mid, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_gate_up_kernel", err);
     LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
-    dim3 g2(ls_blocks_for(mw->D, 16 * NC), (unsigned)tiles);
-    ls_launch(ls_moe_tc_down_kernel<NC>, g2, LS_MOE_TC_WARPS * LS_WARP, 0, s, *mw, tl, weights, W, mid, gamma,
+    dim3 g2(ls_blocks_for(mw->D, 16 * ND), (unsigned)tiles);
+    ls_launch(ls_moe_tc_down_kernel<ND>, g2, LS_MOE_TC_WARPS * LS_WARP, 0, s, *mw, tl, weights, W, mid, gamma,
               cbuf, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_down_kernel", err);
     return LS_OK;
@@ -1524,17 +1502,25 @@ static ls_status ls_moe_tc_slot_rows(const ls_cuda_moe *mw, const float *x, cons
     ls_moe_tiles tl;
     LS_TRY(ls_moe_layout(mw, ids, T, k, sh_tiles, max_tiles, 0, scratch, s, &tl, &mid, &cbuf, &gamma,
                          err));
-    /* No more pairs than experts (decode): a block per 16 columns, for the
-     * most warps in flight; more (prefill): per 64, each tile's rows staged
-     * once per 64 columns. The bits are the same (ls_moe_tc_slice_mma).
-     * Measured on the H200 (reports/perf-h200.md run 15): at batch 32 (320
-     * pairs over 512 experts) 16 columns take 0.92x the time of 64. */
-    if (P <= mw->E)
-        LS_TRY(ls_moe_tc_launch<1>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
-                                   act_bf16, s, err));
+    /* Column tiles per block, which change no bit (ls_moe_tc_slice_mma):
+     * down 4 (64 outputs), so that a block's weight stream amortises its
+     * set-up and epilogue, and gate/up, whose blocks read 4 times as much
+     * each, the most of 4, 2, 1 whose grid has at least LS_MOE_TC_BLOCKS
+     * blocks by the call's pairs (an upper bound of its tiles), else 1.
+     * Measured on the H200 (reports/perf-h200.md run 28), 12 layers of the
+     * 80B shape: down 16 -> 64 outputs took the batch-32 step from 10.9 to
+     * 9.0 ms and batch 1 from 1.70 to 1.62 ms; gate/up 4 tiles took batch 32
+     * to 8.5 ms, and batch 1 (10 pairs) to 1.78 ms. */
+    long gu = W / 16 * P;
+    if (gu >= 4 * LS_MOE_TC_BLOCKS || P > mw->E)
+        LS_TRY((ls_moe_tc_launch<4, 4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
+                                       act_bf16, s, err)));
+    else if (gu >= 2 * LS_MOE_TC_BLOCKS)
+        LS_TRY((ls_moe_tc_launch<2, 4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
+                                       act_bf16, s, err)));
     else
-        LS_TRY(ls_moe_tc_launch<4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
-                                   act_bf16, s, err));
+        LS_TRY((ls_moe_tc_launch<1, 4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
+                                       act_bf16, s, err)));
     *cbuf_out = cbuf;
     return LS_OK;
 }
