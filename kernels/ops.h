@@ -302,6 +302,13 @@ ls_status ls_cuda_moe_forward_plan(const ls_cuda_moe *mw, const float *x, const 
 int ls_cuda_moe_plan_count(void);
 const char *ls_cuda_moe_plan_name(int plan);
 
+/* Rewrites the bf16 matrix w [N, K] (N and K multiples of 16, 32-byte
+ * aligned) in place into the tensor-core experts' layout: each 16 x 16
+ * fragment of its rows whole, as one warp's 512-byte load
+ * (kernels/ops_moe.cu, docs/tensor-core-tier.md §2.3). scratch: N K 2 bytes
+ * of device memory, 32-byte aligned. Packing a matrix twice scrambles it. */
+ls_status ls_cuda_moe_tc_pack(void *w, long N, long K, void *scratch, void *stream, ls_error *err);
+
 /* The tensor-core tier's experts (docs/tensor-core-tier.md §2.3): the same
  * grouping, slot rows and combine as ls_cuda_moe_forward, each expert's
  * gate/up and down products on tensor cores (bf16 operands: x and the
@@ -311,13 +318,6 @@ const char *ls_cuda_moe_plan_name(int plan);
  * aligned and in the tensor-core layout (mw->tc_layout); else
  * LS_E_UNSUPPORTED.
  * Scratch: ls_cuda_moe_scratch_bytes(mw, T, k). */
-/* Rewrites the bf16 matrix w [N, K] (N and K multiples of 16, 32-byte
- * aligned) in place into the tensor-core experts' layout: each 16 x 16
- * fragment of its rows whole, as one warp's 512-byte load
- * (kernels/ops_moe.cu, docs/tensor-core-tier.md §2.3). scratch: N K 2 bytes
- * of device memory, 32-byte aligned. Packing a matrix twice scrambles it. */
-ls_status ls_cuda_moe_tc_pack(void *w, long N, long K, void *scratch, void *stream, ls_error *err);
-
 ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x /* [T, D] */,
                                  const int32_t *ids /* [T, k] */, const float *weights /* [T, k] */,
                                  long k, float *out /* [T, D] */, long T, void *scratch,

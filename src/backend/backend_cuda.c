@@ -918,34 +918,35 @@ static int packed_has(const cuda_impl *im, const void *p)
     return im->packed_cap && im->packed[packed_slot(im, p)] == p;
 }
 
-static ls_status packed_add(cuda_impl *im, const void *p, ls_error *err)
+/* Room in the set for one more matrix. */
+static ls_status packed_grow(cuda_impl *im, ls_error *err)
 {
-    if (2 * (im->n_packed + 1) > im->packed_cap) {
-        size_t cap = im->packed_cap ? 2 * im->packed_cap : 4096;
-        const void **old = im->packed, **t = calloc(cap, sizeof *t);
-        if (!t) return ls_fail_nomem(err, cap * sizeof *t, "cuda moe: the set of packed matrices");
-        size_t old_cap = im->packed_cap;
-        im->packed = t;
-        im->packed_cap = cap;
-        for (size_t i = 0; i < old_cap; i++)
-            if (old[i]) im->packed[packed_slot(im, old[i])] = old[i];
-        free(old);
-    }
-    im->packed[packed_slot(im, p)] = p;
-    im->n_packed++;
+    if (2 * (im->n_packed + 1) <= im->packed_cap) return LS_OK;
+    size_t cap = im->packed_cap ? 2 * im->packed_cap : 4096, old_cap = im->packed_cap;
+    const void **old = im->packed, **t = calloc(cap, sizeof *t);
+    if (!t) return ls_fail_nomem(err, cap * sizeof *t, "cuda moe: the set of packed matrices");
+    im->packed = t;
+    im->packed_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i]) im->packed[packed_slot(im, old[i])] = old[i];
+    free(old);
     return LS_OK;
 }
 
 /* tc and fast: the matrix w at p (NULL: not held) rewritten into the
  * tensor-core experts' layout (ls_cuda_moe_tc_pack) unless an earlier table
- * had it packed. */
+ * had it packed. The set has room before the pack runs, so a packed matrix
+ * is always in it. */
 static ls_status pack_matrix(ls_backend *be, const ls_bweight *w, const void *p, ls_error *err)
 {
     cuda_impl *im = IMPL(be);
     if (!p || packed_has(im, p)) return LS_OK;
+    LS_TRY(packed_grow(im, err));
     LS_TRY(scratch_reserve(im, (size_t)w->rows * (size_t)w->cols * 2, err));
     LS_TRY(ls_cuda_moe_tc_pack((void *)p, w->rows, w->cols, im->scratch, STREAM(be), err));
-    return packed_add(im, p, err);
+    im->packed[packed_slot(im, p)] = p;
+    im->n_packed++;
+    return LS_OK;
 }
 
 /* Every matrix of the table h ([3 E]: gate, up, down pointers) and of the
@@ -969,7 +970,9 @@ static ls_status moe_pack(ls_backend *be, const ls_bmoe *mw, const void *const *
  * an expert not held has NULL pointers, which no launch reads (moe_slots
  * computes only the pairs of held experts). An entry is reused when its
  * key and every pointer it holds are this call's (a caller may hand the
- * same table with other experts held), else a new one is built. */
+ * same table with other experts held), else a new one is built: on the
+ * tc and fast tiers after its matrices are packed (moe_pack), which is why
+ * none is built while a step graph is recorded. */
 static ls_status moe_tables(ls_backend *be, const ls_bmoe *mw, const ls_cuda_moe **out,
                             ls_error *err)
 {
