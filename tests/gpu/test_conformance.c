@@ -743,6 +743,93 @@ static ls_view vw(ls_buf *b)
     return v;
 }
 
+/* ---- the tc backend's expert tables: every matrix packed once --------------------------- */
+
+/* One moe call on backend be: x [T, D], ids and weights [T, k]; out [T, D]
+ * downloaded into got. */
+static void be_moe(ls_backend *be, const ls_bmoe *mw, const float *x, const int32_t *ids, const float *w,
+                   long k, long T, float *got)
+{
+    ls_error err;
+    ls_buf *bx = bo_buf(be, (size_t)(T * mw->D)), *bi = bo_buf(be, (size_t)(T * k)),
+           *bw = bo_buf(be, (size_t)(T * k)), *bo = bo_buf(be, (size_t)(T * mw->D));
+    ck_assert_msg(be->upload(be, vw(bx), x, 4 * (size_t)(T * mw->D), &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(be->upload(be, vw(bi), ids, 4 * (size_t)(T * k), &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(be->upload(be, vw(bw), w, 4 * (size_t)(T * k), &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(be->moe(be, mw, vw(bx), vw(bi), vw(bw), k, vw(bo), T, 1, LS_ORDER_CANONICAL, LS_ORDER_CANONICAL,
+                          &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(be->download(be, got, vw(bo), 4 * (size_t)(T * mw->D), &err) == LS_OK, "%s", err.msg);
+}
+
+/* A tc backend rewrites each expert matrix into the tensor-core layout when
+ * a table first names it (backend_cuda.c moe_tables): a table holding half
+ * the experts, then two tables (other keys) holding all of them, over the
+ * same matrices, give the bits a fresh backend gives for the whole call; a
+ * matrix packed twice would be scrambled. */
+START_TEST(test_tc_tables_pack_once)
+{
+    enum { E = 4, D = 64, I = 32, Is = 48, k = 2, T = 6, NM = 3 * E + 4 /* + the shared four */ };
+    ls_error err;
+    ls_backend_cuda_opts o;
+    ls_backend_cuda_opts_default(&o);
+    o.arena_bytes = (size_t)64 << 20;
+    o.tier = LS_TIER_TC;
+    void *host[NM];
+    long shape[NM][2];
+    for (long e = 0; e < E; e++) {
+        shape[e][0] = shape[E + e][0] = I, shape[e][1] = shape[E + e][1] = D;
+        shape[2 * E + e][0] = D, shape[2 * E + e][1] = I;
+    }
+    long sh[4][2] = {{Is, D}, {Is, D}, {D, Is}, {1, D}};
+    for (int i = 0; i < 4; i++) shape[3 * E + i][0] = sh[i][0], shape[3 * E + i][1] = sh[i][1];
+    for (long i = 0; i < NM; i++) host[i] = rand_w(shape[i][0], shape[i][1], LS_WTYPE_BF16, 0.05f);
+    float *x = rand_f32((size_t)(T * D), 1.0f, 1), *w = malloc(4 * T * k);
+    int32_t half[T * k], all[T * k];
+    for (long t = 0; t < T; t++)
+        for (long i = 0; i < k; i++) {
+            half[t * k + i] = (int32_t)((t + i) % 2);      /* experts 0 and 1 only */
+            all[t * k + i] = (int32_t)((t + 3 * i) % E);
+            w[t * k + i] = ls_round_bf16(0.25f + 0.125f * (float)i);
+        }
+    float *ref = malloc(4 * T * D), *got = malloc(4 * T * D);
+    ls_backend *bes[2];
+    ls_bweight bw[2][NM];
+    for (int b = 0; b < 2; b++) {
+        ck_assert_msg(ls_backend_cuda_create_opts(&o, &bes[b], &err) == LS_OK, "%s", err.msg);
+        for (long i = 0; i < NM; i++) {
+            bw[b][i] = (ls_bweight){NULL, 0, LS_WTYPE_BF16, shape[i][0], shape[i][1], NULL};
+            ck_assert_msg(bes[b]->wrap_weights(bes[b], host[i], 2 * (size_t)(shape[i][0] * shape[i][1]),
+                                               LS_WTYPE_BF16, &bw[b][i].buf, &err) == LS_OK, "%s", err.msg);
+        }
+    }
+    ls_bweight *W = bw[1];
+    ls_bmoe whole0 = {E, D, I, Is, bw[0], bw[0] + E, bw[0] + 2 * E, bw[0] + 3 * E, bw[0] + 3 * E + 1,
+                      bw[0] + 3 * E + 2, bw[0] + 3 * E + 3};
+    be_moe(bes[0], &whole0, x, all, w, k, T, ref);
+    /* the other backend: experts 2 and 3 not held, then all of them twice */
+    ls_bweight part[3 * E], again[3 * E];
+    memcpy(part, W, sizeof part);
+    memcpy(again, W, sizeof again);
+    for (long e = 2; e < E; e++) part[e].buf = part[E + e].buf = part[2 * E + e].buf = NULL;
+    ls_bmoe pm = {E, D, I, Is, part, part + E, part + 2 * E, W + 3 * E, W + 3 * E + 1, W + 3 * E + 2, W + 3 * E + 3};
+    be_moe(bes[1], &pm, x, half, w, k, T, got);
+    ls_bmoe whole1 = {E, D, I, Is, W, W + E, W + 2 * E, W + 3 * E, W + 3 * E + 1, W + 3 * E + 2, W + 3 * E + 3};
+    ls_bmoe whole2 = whole1;
+    whole2.gate = again, whole2.up = again + E, whole2.down = again + 2 * E;
+    be_moe(bes[1], &whole1, x, all, w, k, T, got);
+    ck_assert_msg(ls_gpu_same_f32("tc moe after a half table", ref, got, (size_t)(T * D)),
+                  "a table over matrices an earlier table packed differs from a fresh backend's");
+    be_moe(bes[1], &whole2, x, all, w, k, T, got);
+    ck_assert_msg(ls_gpu_same_f32("tc moe, a third table", ref, got, (size_t)(T * D)),
+                  "a third table over the same matrices differs from a fresh backend's");
+    for (int b = 0; b < 2; b++) bes[b]->destroy(bes[b]);
+    for (long i = 0; i < NM; i++) free(host[i]);
+    free(x); free(w); free(ref); free(got);
+    printf("  ok tc backend: tables over half, then all of the experts (two keys) equal a fresh backend's "
+           "call bit for bit (every matrix packed once)\n");
+}
+END_TEST
+
 START_TEST(test_fail_closed)
 {
     ls_error err;
@@ -835,6 +922,7 @@ int main(void)
     tcase_add_test(td, test_linear_plans);
     tcase_add_test(td, test_gdn_tc);
     tcase_add_test(td, test_fail_closed);
+    tcase_add_test(td, test_tc_tables_pack_once);
     suite_add_tcase(s, td);
     int rc = ls_gpu_run_suite(s);
     ls_cuda_arena_free(&g_arena);
