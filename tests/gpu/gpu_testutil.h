@@ -51,7 +51,7 @@ static inline int ls_gpu_same_f32(const char *what, const float *want, const flo
     for (size_t i = 0; i < n; i++) {
         uint32_t a = ls_f32_bits(want[i]), b = ls_f32_bits(got[i]);
         if (a != b) {
-            printf("MISMATCH %s: element %zu of %zu: cpu 0x%08" PRIx32 " (%.9g) gpu 0x%08" PRIx32
+            printf("MISMATCH %s: element %zu of %zu: want 0x%08" PRIx32 " (%.9g) got 0x%08" PRIx32
                    " (%.9g)\n", what, i, n, a, (double)want[i], b, (double)got[i]);
             fflush(stdout);
             return 0;
