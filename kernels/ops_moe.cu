@@ -1227,6 +1227,14 @@ __device__ __forceinline__ void ls_moe_tc_frag_load(ls_tc_b &b, const __nv_bfloa
     memcpy(b.x, &v, sizeof v);
 }
 
+/* The twin of ls_moe_tc_frag_load: lane l's part of b to its place in frag. */
+__device__ __forceinline__ void ls_moe_tc_frag_store(const ls_tc_b &b, __nv_bfloat16 *frag)
+{
+    uint4 v;
+    memcpy(&v, b.x, sizeof v);
+    *((uint4 *)frag + (threadIdx.x & 31u)) = v;
+}
+
 /* Warp per fragment: fragment f of the packed matrix w from its row-major
  * copy src. */
 __global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
@@ -1234,11 +1242,10 @@ ls_moe_tc_pack_kernel(const __nv_bfloat16 *src, __nv_bfloat16 *w, long N, long K
 {
     long f = (long)blockIdx.x * LS_MOE_TC_WARPS + (threadIdx.x >> 5), steps = K / 16;
     if (f >= N / 16 * steps) return;
+    long c = f / steps, t = f % steps;
     ls_tc_b b;
-    nvcuda::wmma::load_matrix_sync(b, src + f / steps * 16 * K + f % steps * 16, (unsigned)K);
-    uint4 v;
-    memcpy(&v, b.x, sizeof v);
-    *((uint4 *)(w + f * 256) + (threadIdx.x & 31u)) = v;
+    nvcuda::wmma::load_matrix_sync(b, src + c * 16 * K + t * 16, (unsigned)K);
+    ls_moe_tc_frag_store(b, (__nv_bfloat16 *)ls_moe_tc_frag(w, K, (int)c, t));
 }
 
 extern "C" ls_status ls_cuda_moe_tc_pack(void *w, long N, long K, void *scratch, void *stream, ls_error *err)
