@@ -1502,12 +1502,18 @@ static ls_status ls_moe_tc_slot_rows(const ls_cuda_moe *mw, const float *x, cons
     LS_CUDA_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)scratch % 16 == 0, err,
                     "tensor-core moe: x and the scratch must be 16-byte aligned");
     long P = T * k;
+    /* A one-token call (a decode step of one sequence) takes a tile per
+     * pair, which is what grouping gives whenever its k experts are
+     * distinct (the router's are), without the count and group launches.
+     * A pair's bits do not depend on its tile's other pairs, so they are
+     * the grouped call's either way. */
+    int single = T == 1;
     long sh_tiles = !mw->sh_gate ? 0 : (T + LS_MOE_TILE - 1) / LS_MOE_TILE;
-    long max_tiles = (long)ls_moe_max_tiles(mw->E, P);
+    long max_tiles = single ? P : (long)ls_moe_max_tiles(mw->E, P);
     long W = (long)ls_moe_width(mw);
     float *mid, *cbuf, *gamma;
     ls_moe_tiles tl;
-    LS_TRY(ls_moe_layout(mw, ids, T, k, sh_tiles, max_tiles, 0, scratch, s, &tl, &mid, &cbuf, &gamma,
+    LS_TRY(ls_moe_layout(mw, ids, T, k, sh_tiles, max_tiles, single, scratch, s, &tl, &mid, &cbuf, &gamma,
                          err));
     /* Column tiles per block, which change no bit (ls_moe_tc_slice_mma):
      * down 4 (64 outputs), so that a block's weight stream amortises its
