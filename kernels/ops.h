@@ -227,6 +227,20 @@ ls_status ls_cuda_attention_batch(const float *q, const float *const *kcs,
                                   int act_bf16, int order, void *scratch, void *stream, ls_error *err);
 size_t ls_cuda_attention_scratch_bytes(long nseq, long Hq, long d, long cap);
 
+/* The fast tier's attention (docs/tensor-core-tier.md §6): the arguments of
+ * ls_cuda_attention_batch, each (query, head)'s keys split into spans whose
+ * count depends on the call's queries and heads (split-KV), fused
+ * multiply-adds and __expf. Not batch-invariant, not the strict order. The
+ * scratch is ls_cuda_attention_fast_scratch_bytes of the same sequences
+ * (0 when no call splits; device). */
+ls_status ls_cuda_attention_fast_batch(const float *q, const float *const *kcs, const float *const *vcs,
+                                       const int32_t *const *pts, long page, long cap, const long *row0,
+                                       const long *len, long nseq, const int32_t *pos, float *o, long Hq,
+                                       long Hkv, long d, int act_bf16, void *scratch, size_t scratch_bytes,
+                                       void *stream, ls_error *err);
+size_t ls_cuda_attention_fast_scratch_bytes(const long *row0, const long *len, long nseq, long Hq, long d,
+                                            long cap);
+
 /* KV-cache append for nseq sequences: rows row0[s] + i of k, v [T, Hkv, d]
  * go to position pos[row0[s] + i] of head h of kcs[s], vcs[s] (paged as
  * above); pos (device, one per row) holds pos0[s] + i there, and the host's
@@ -323,6 +337,16 @@ ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x /* [T, D]
                                  long k, float *out /* [T, D] */, long T, void *scratch,
                                  int act_bf16, int order_experts, int order_combine, void *stream,
                                  ls_error *err);
+
+/* The fast tier's experts and combine (docs/tensor-core-tier.md §6): the
+ * tensor-core experts of ls_cuda_moe_forward_tc, whose routed slot rows are
+ * added into out with fp32 atomics as the down products finish (the order
+ * is the hardware's, run to run), then the shared slot. Not deterministic;
+ * the arguments, requirements and scratch of ls_cuda_moe_forward_tc. */
+ls_status ls_cuda_moe_forward_fast(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                   const float *weights, long k, float *out, long T, void *scratch,
+                                   int act_bf16, int order_experts, int order_combine, void *stream,
+                                   ls_error *err);
 
 /* Expert parallelism (backend.h moe_slots, moe_combine). ls_cuda_moe_slots:
  * the slot rows of the pairs (t, i) (i < k routed slot i, i = k the shared

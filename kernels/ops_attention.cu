@@ -526,14 +526,16 @@ static ls_status ls_att_split_launch(const float *q, const ls_att_seqs *sq, long
     return LS_OK;
 }
 
-static ls_status att_check(long page, long cap, long Hq, long Hkv, long d, int order, ls_error *err)
+/* who: "portable" or "fast", for the messages. */
+static ls_status att_check(const char *who, long page, long cap, long Hq, long Hkv, long d, int order,
+                           ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order, err, "attention");
     LS_CUDA_REQUIRE(d >= 1 && d <= LS_CUDA_ATT_MAX_D && Hq >= 1 && Hkv >= 1 && cap >= 1, err,
-                    "cuda portable attention: head dim %ld (max %d), heads %ld/%ld, cache %ld "
-                    "not supported", d, LS_CUDA_ATT_MAX_D, Hq, Hkv, cap);
+                    "cuda %s attention: head dim %ld (max %d), heads %ld/%ld, cache %ld "
+                    "not supported", who, d, LS_CUDA_ATT_MAX_D, Hq, Hkv, cap);
     LS_CUDA_REQUIRE(page >= 1 && cap % page == 0, err,
-                    "cuda portable attention: page %ld, cap %ld (a multiple of the page)", page, cap);
+                    "cuda %s attention: page %ld, cap %ld (a multiple of the page)", who, page, cap);
     return LS_OK;
 }
 
@@ -544,7 +546,7 @@ extern "C" ls_status ls_cuda_attention_batch(const float *q, const float *const 
                                              float *o, long Hq, long Hkv, long d, int act_bf16,
                                              int order, void *scratch, void *stream, ls_error *err)
 {
-    ls_status st = att_check(page, cap, Hq, Hkv, d, order, err);
+    ls_status st = att_check("portable", page, cap, Hq, Hkv, d, order, err);
     if (st != LS_OK) return st;
     if (!ls_cuda_attention_scratch_bytes(nseq, Hq, d, cap)) scratch = NULL;
     /* fp32(1/sqrt(d)) computed in double and rounded once (ls_cpu_inv_sqrt_scale). */
@@ -574,12 +576,225 @@ extern "C" ls_status ls_cuda_attention(const float *q, const float *kc, const fl
                                        float *o, long T, long Hq, long Hkv, long d, int act_bf16,
                                        int order, void *stream, ls_error *err)
 {
-    ls_status st = att_check(page, cap, Hq, Hkv, d, order, err);
+    ls_status st = att_check("portable", page, cap, Hq, Hkv, d, order, err);
     if (st != LS_OK) return st;
     if (T <= 0) return LS_OK;
     long row0 = 0;
     return ls_cuda_attention_batch(q, &kc, &vc, &pt, page, cap, &row0, &T, 1, pos, o, Hq, Hkv, d,
                                    act_bf16, order, NULL, stream, err);
+}
+
+/* ---- the fast tier's attention (docs/tensor-core-tier.md §6) --------------------
+ * What serving engines do (split-KV, "flash decoding"), as the yardstick of
+ * what the strict order costs: each (query, head)'s keys split into S spans,
+ * S chosen per call from its queries x heads against the SMs (at least two
+ * blocks an SM while a span keeps LS_ATT_FAST_MIN_KEYS keys), so the bits
+ * change with the batch. A span is an online softmax over its keys, warp w
+ * taking keys w, w + 4, ... in groups of LS_ATT_FAST_KG, with fused
+ * multiply-adds and __expf; the warps, then the spans, are merged by their
+ * maxima. Not batch-invariant, not CPU-equal: the fast tier only. */
+#define LS_ATT_FAST_WARPS 4
+#define LS_ATT_FAST_KG 4          /* keys a warp loads before their scores */
+#define LS_ATT_FAST_MIN_KEYS 128  /* fewest keys a span is worth */
+#define LS_ATT_FAST_MAX_SPANS 64
+
+/* Spans per (query, head) of a launch of `units` (query, head) pairs over a
+ * cache of cap positions. */
+static long ls_att_fast_spans(long units, long cap)
+{
+    long want = (2L * ls_sm_count() + units - 1) / units;
+    long most = (cap + LS_ATT_FAST_MIN_KEYS - 1) / LS_ATT_FAST_MIN_KEYS;
+    if (most > LS_ATT_FAST_MAX_SPANS) most = LS_ATT_FAST_MAX_SPANS;
+    long S = want < most ? want : most;
+    return S > 1 ? S : 1;
+}
+
+/* grid (maxlen x Hq, S, sequences): block per (query, head, span). Span y of
+ * S covers positions [y span, (y + 1) span) up to the query's. S = 1 writes
+ * o; otherwise part[(unit - unit0) S + y] = (max, sum, acc[d]) unnormalised
+ * (max −inf, sum 0 for a span past the query). */
+__global__ void __launch_bounds__(LS_ATT_FAST_WARPS * LS_WARP)
+ls_att_fast_span_kernel(const float *q, ls_att_seqs sq, long page, long cap, const int32_t *pos, float *o,
+                        long Hq, long Hkv, long d, float scale, long span, long unit0, float *part, int act)
+{
+    ls_pdl_entry();
+    __shared__ float m_sm[LS_ATT_FAST_WARPS], l_sm[LS_ATT_FAST_WARPS];
+    __shared__ float acc_sm[LS_ATT_FAST_WARPS][LS_CUDA_ATT_MAX_D];
+    int tid = (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    int sidx = (int)blockIdx.z;
+    long lp = blockIdx.x;
+    if (lp >= sq.len[sidx] * Hq) return; /* whole block */
+    long pair = sq.row0[sidx] * Hq + lp;
+    long t = pair / Hq, kvh = (pair % Hq) * Hkv / Hq;
+    long last = pos[t] < cap - 1 ? pos[t] : cap - 1;
+    long k0 = (long)blockIdx.y * span, k1 = k0 + span <= last + 1 ? k0 + span : last + 1;
+    const float *K = sq.kc[sidx], *V = sq.vc[sidx];
+    const int32_t *pt = sq.pt[sidx];
+    float qr[LS_ATT_DR], acc[LS_ATT_DR];
+    ls_att_q(q + pair * d, d, lane, qr);
+#pragma unroll
+    for (int r = 0; r < LS_ATT_DR; r++) acc[r] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (long j0 = k0 + warp * LS_ATT_FAST_KG; j0 < k1; j0 += LS_ATT_FAST_WARPS * LS_ATT_FAST_KG) {
+        float kv[LS_ATT_FAST_KG][LS_ATT_DR], vv[LS_ATT_FAST_KG][LS_ATT_DR], s[LS_ATT_FAST_KG];
+#pragma unroll
+        for (int g = 0; g < LS_ATT_FAST_KG; g++) {
+            long j = j0 + g < k1 ? j0 + g : k1 - 1; /* past the span: the last key again, not counted */
+            long row = ls_att_row(pt, page, Hkv, kvh, j);
+#pragma unroll
+            for (int r = 0; r < LS_ATT_DR; r++) {
+                long dd = lane + (long)r * LS_WARP;
+                kv[g][r] = dd < d ? __ldg(K + row * d + dd) : 0.0f;
+                vv[g][r] = dd < d ? __ldg(V + row * d + dd) : 0.0f;
+            }
+        }
+        float mn = m;
+#pragma unroll
+        for (int g = 0; g < LS_ATT_FAST_KG; g++) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int r = 0; r < LS_ATT_DR; r++) dot = __fmaf_rn(qr[r], kv[g][r], dot);
+#pragma unroll
+            for (int off = LS_WARP / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            s[g] = j0 + g < k1 ? dot * scale : -INFINITY;
+            mn = fmaxf(mn, s[g]);
+        }
+        float c = __expf(m - mn); /* m = −inf: 0 */
+        l *= c;
+#pragma unroll
+        for (int r = 0; r < LS_ATT_DR; r++) acc[r] *= c;
+#pragma unroll
+        for (int g = 0; g < LS_ATT_FAST_KG; g++) {
+            float p = __expf(s[g] - mn);
+            l += p;
+#pragma unroll
+            for (int r = 0; r < LS_ATT_DR; r++) acc[r] = __fmaf_rn(p, vv[g][r], acc[r]);
+        }
+        m = mn;
+    }
+    if (lane == 0) {
+        m_sm[warp] = m;
+        l_sm[warp] = l;
+    }
+#pragma unroll
+    for (int r = 0; r < LS_ATT_DR; r++) {
+        long dd = lane + (long)r * LS_WARP;
+        if (dd < d) acc_sm[warp][dd] = acc[r];
+    }
+    __syncthreads();
+    float M = m_sm[0];
+    for (int w = 1; w < LS_ATT_FAST_WARPS; w++) M = fmaxf(M, m_sm[w]);
+    float cw[LS_ATT_FAST_WARPS], L = 0.0f;
+    for (int w = 0; w < LS_ATT_FAST_WARPS; w++) {
+        cw[w] = m_sm[w] == -INFINITY ? 0.0f : __expf(m_sm[w] - M);
+        L = __fmaf_rn(l_sm[w], cw[w], L);
+    }
+    long S = gridDim.y;
+    float *pp = S > 1 ? part + ((pair - unit0) * S + blockIdx.y) * (d + 2) : NULL;
+    if (pp && tid == 0) {
+        pp[0] = M;
+        pp[1] = L;
+    }
+    for (long dd = tid; dd < d; dd += LS_ATT_FAST_WARPS * LS_WARP) {
+        float a = 0.0f;
+        for (int w = 0; w < LS_ATT_FAST_WARPS; w++) a = __fmaf_rn(acc_sm[w][dd], cw[w], a);
+        if (pp) pp[2 + dd] = a;
+        else o[pair * d + dd] = ls_act_d(a / L, act);
+    }
+}
+
+/* grid (maxlen x Hq, sequences): the S spans of a (query, head) merged. */
+__global__ void __launch_bounds__(LS_ATT_THREADS)
+ls_att_fast_merge_kernel(ls_att_seqs sq, float *o, long Hq, long d, long S, long unit0, const float *part,
+                         int act)
+{
+    ls_pdl_entry();
+    int sidx = (int)blockIdx.y;
+    long lp = blockIdx.x;
+    if (lp >= sq.len[sidx] * Hq) return;
+    long pair = sq.row0[sidx] * Hq + lp;
+    const float *pp = part + (pair - unit0) * S * (d + 2);
+    float M = -INFINITY;
+    for (long y = 0; y < S; y++) M = fmaxf(M, pp[y * (d + 2)]);
+    float L = 0.0f;
+    for (long y = 0; y < S; y++) {
+        float my = pp[y * (d + 2)];
+        if (my != -INFINITY) L = __fmaf_rn(pp[y * (d + 2) + 1], __expf(my - M), L);
+    }
+    for (long dd = threadIdx.x; dd < d; dd += blockDim.x) {
+        float a = 0.0f;
+        for (long y = 0; y < S; y++) {
+            float my = pp[y * (d + 2)];
+            if (my != -INFINITY) a = __fmaf_rn(pp[y * (d + 2) + 2 + dd], __expf(my - M), a);
+        }
+        o[pair * d + dd] = ls_act_d(a / L, act);
+    }
+}
+
+/* The rows a call's sequences span in q: [first, end). */
+static void ls_att_rows(const long *row0, const long *len, long nseq, long *first, long *end)
+{
+    *first = 0;
+    *end = 0;
+    int any = 0;
+    for (long s = 0; s < nseq; s++) {
+        if (len[s] <= 0) continue;
+        if (!any || row0[s] < *first) *first = row0[s];
+        if (!any || row0[s] + len[s] > *end) *end = row0[s] + len[s];
+        any = 1;
+    }
+}
+
+extern "C" size_t ls_cuda_attention_fast_scratch_bytes(const long *row0, const long *len, long nseq, long Hq,
+                                                      long d, long cap)
+{
+    size_t most = 0;
+    for (long s0 = 0; s0 < nseq && Hq > 0 && d > 0 && cap > 0; s0 += LS_CUDA_SEQ_CHUNK) {
+        long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK, first, end;
+        ls_att_rows(row0 + s0, len + s0, n, &first, &end);
+        long units = (end - first) * Hq, S = units > 0 ? ls_att_fast_spans(units, cap) : 1;
+        size_t b = S > 1 ? sizeof(float) * (size_t)units * (size_t)S * (size_t)(d + 2) : 0;
+        most = b > most ? b : most;
+    }
+    return most;
+}
+
+extern "C" ls_status ls_cuda_attention_fast_batch(const float *q, const float *const *kcs,
+                                                  const float *const *vcs, const int32_t *const *pts,
+                                                  long page, long cap, const long *row0, const long *len,
+                                                  long nseq, const int32_t *pos, float *o, long Hq, long Hkv,
+                                                  long d, int act_bf16, void *scratch, size_t scratch_bytes,
+                                                  void *stream, ls_error *err)
+{
+    LS_TRY(att_check("fast", page, cap, Hq, Hkv, d, 0, err));
+    LS_CUDA_REQUIRE(Hq <= 65535, err, "cuda fast attention: %ld heads", Hq);
+    float scale = (float)(1.0 / sqrt((double)d));
+    cudaStream_t s = (cudaStream_t)stream;
+    for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
+        long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK, first, end;
+        ls_att_seqs sq;
+        long maxlen = ls_att_seqs_fill(&sq, kcs, vcs, pts, row0, len, NULL, s0, n);
+        if (maxlen <= 0) continue;
+        LS_CUDA_REQUIRE(maxlen * Hq <= 0x7fffffffL, err, "cuda fast attention: %ld tokens x %ld heads in one call",
+                        maxlen, Hq);
+        ls_att_rows(row0 + s0, len + s0, n, &first, &end);
+        long units = (end - first) * Hq, S = ls_att_fast_spans(units, cap);
+        size_t need = S > 1 ? sizeof(float) * (size_t)units * (size_t)S * (size_t)(d + 2) : 0;
+        LS_CUDA_REQUIRE(need <= scratch_bytes && (!need || scratch), err,
+                        "cuda fast attention: %zu bytes of scratch needed, %zu given "
+                        "(ls_cuda_attention_fast_scratch_bytes)", need, scratch_bytes);
+        long span = (cap + S - 1) / S;
+        ls_launch(ls_att_fast_span_kernel, dim3((unsigned)(maxlen * Hq), (unsigned)S, (unsigned)n),
+                  LS_ATT_FAST_WARPS * LS_WARP, 0, s, q, sq, page, cap, pos, o, Hq, Hkv, d, scale, span,
+                  first * Hq, (float *)scratch, act_bf16);
+        LS_CUDA_CHECK_LAUNCH("ls_att_fast_span_kernel", err);
+        if (S > 1) {
+            ls_launch(ls_att_fast_merge_kernel, dim3((unsigned)(maxlen * Hq), (unsigned)n), LS_ATT_THREADS, 0, s,
+                      sq, o, Hq, d, S, first * Hq, (const float *)scratch, act_bf16);
+            LS_CUDA_CHECK_LAUNCH("ls_att_fast_merge_kernel", err);
+        }
+    }
+    return LS_OK;
 }
 
 /* ---- KV append ------------------------------------------------------------------- */

@@ -908,6 +908,11 @@ static inline long ls_cuda_seqs_fill(ls_cuda_seqs *sq, float *const *states, con
                     "cuda portable %s: weight dtype %d is not bf16, fp32 or e4m3", opname, \
                     (int)(wtype))
 
+/* The SM count of the first device asked (132 when it cannot be read), kept
+ * for the process (kernels/ops_dense.cu). It sizes grids only where the
+ * bits do not depend on them (or, in the fast tier, where they may). */
+int ls_sm_count(void);
+
 static inline unsigned ls_blocks_for(long n, int per_block)
 {
     return (unsigned)((n + per_block - 1) / per_block);

@@ -195,9 +195,8 @@ ls_linear_row1_kernel(const uint16_t *w, long out, const float *x, float *y, int
 }
 
 /* The SM count of the first device asked (132 when it cannot be read),
- * kept: it sizes plan 2's grid, which changes no bit, so a process on
- * devices of another count only loses speed. */
-static int ls_sm_count(void)
+ * kept (ops_common.cuh). */
+int ls_sm_count(void)
 {
     static int sms;
     if (sms) return sms;

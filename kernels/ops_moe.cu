@@ -1414,11 +1414,13 @@ ls_moe_tc_gate_up_kernel(const ls_cuda_moe mw, const float *x, const ls_moe_tile
     }
 }
 
-/* grid (ceil(D / (16 NC)), tiles): block per (tile, outputs j0 .. j0 + 16 NC - 1). */
+/* grid (ceil(D / (16 NC)), tiles): block per (tile, outputs j0 .. j0 + 16 NC - 1).
+ * sum (the fast tier): the routed slot rows are added to sum [T, D] with
+ * atomics instead of stored. */
 template <int NC>
 __global__ void __launch_bounds__(LS_MOE_TC_WARPS * LS_WARP)
 ls_moe_tc_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *weights, long W,
-                      const float *mid, const float *gamma, float *cbuf, int act)
+                      const float *mid, const float *gamma, float *cbuf, float *sum, int act)
 {
     ls_pdl_entry();
     using namespace nvcuda;
@@ -1451,7 +1453,9 @@ ls_moe_tc_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *
                 float yq = ls_act_d(ls_moe_tc_sum(o, i), act);
                 float cq = shared ? ls_act_d(gamma[t] * yq, act)
                                   : ls_act_d(yq * weights[t * tl.k + slot], act);
-                cbuf[(t * (tl.k + 1) + slot) * mw.D + j0 + 16 * c + i % 16] = cq;
+                long j = j0 + 16 * c + i % 16;
+                if (sum && !shared) atomicAdd(sum + t * mw.D + j, cq); /* the fast tier's combine */
+                else cbuf[(t * (tl.k + 1) + slot) * mw.D + j] = cq;
             }
             __syncthreads();
         }
@@ -1465,7 +1469,8 @@ ls_moe_tc_down_kernel(const ls_cuda_moe mw, const ls_moe_tiles tl, const float *
 template <int NC, int ND>
 static ls_status ls_moe_tc_launch(const ls_cuda_moe *mw, const float *x, const ls_moe_tiles &tl,
                                   const float *weights, long W, long tiles, float *mid,
-                                  float *gamma, float *cbuf, int act, cudaStream_t s, ls_error *err)
+                                  float *gamma, float *cbuf, float *sum, int act, cudaStream_t s,
+                                  ls_error *err)
 {
     dim3 g1(ls_blocks_for(W, 16 * NC), (unsigned)tiles);
     ls_launch(ls_moe_tc_gate_up_kernel<NC>, g1, LS_MOE_TC_WARPS * LS_WARP, 0, s, *mw, x, tl, W, mid, act);
@@ -1473,7 +1478,7 @@ static ls_status ls_moe_tc_launch(const ls_cuda_moe *mw, const float *x, const l
     LS_TRY(ls_moe_shared_gate(mw, x, tl.T, gamma, act, s, err));
     dim3 g2(ls_blocks_for(mw->D, 16 * ND), (unsigned)tiles);
     ls_launch(ls_moe_tc_down_kernel<ND>, g2, LS_MOE_TC_WARPS * LS_WARP, 0, s, *mw, tl, weights, W, mid, gamma,
-              cbuf, act);
+              cbuf, sum, act);
     LS_CUDA_CHECK_LAUNCH("ls_moe_tc_down_kernel", err);
     return LS_OK;
 }
@@ -1493,10 +1498,11 @@ static ls_status ls_moe_tc_check(const ls_cuda_moe *mw, ls_error *err)
 }
 
 /* The slot rows of every pair of the call (ls_moe_slot_rows' on tensor
- * cores): *cbuf_out as ls_moe_combine_kernel reads it. */
+ * cores): *cbuf_out as ls_moe_combine_kernel reads it; with sum (the fast
+ * tier) the routed rows are added to sum [T, D] instead (zeroed first). */
 static ls_status ls_moe_tc_slot_rows(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
                                      const float *weights, long k, long T, void *scratch, int act_bf16,
-                                     cudaStream_t s, float **cbuf_out, ls_error *err)
+                                     cudaStream_t s, float *sum, float **cbuf_out, ls_error *err)
 {
     LS_TRY(ls_moe_tc_check(mw, err));
     LS_CUDA_REQUIRE((uintptr_t)x % 16 == 0 && (uintptr_t)scratch % 16 == 0, err,
@@ -1525,15 +1531,17 @@ static ls_status ls_moe_tc_slot_rows(const ls_cuda_moe *mw, const float *x, cons
      * 9.0 ms and batch 1 from 1.70 to 1.62 ms; gate/up 4 tiles took batch 32
      * to 8.5 ms, and batch 1 (10 pairs) to 1.78 ms. */
     long gu = W / 16 * P;
+    if (sum)
+        LS_CUDA_CHECK(cudaMemsetAsync(sum, 0, sizeof(float) * (size_t)(T * mw->D), s), err, "the fast combine's sum");
     if (gu >= 4 * LS_MOE_TC_BLOCKS || P > mw->E)
         LS_TRY((ls_moe_tc_launch<4, 4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
-                                       act_bf16, s, err)));
+                                       sum, act_bf16, s, err)));
     else if (gu >= 2 * LS_MOE_TC_BLOCKS)
         LS_TRY((ls_moe_tc_launch<2, 4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
-                                       act_bf16, s, err)));
+                                       sum, act_bf16, s, err)));
     else
         LS_TRY((ls_moe_tc_launch<1, 4>(mw, x, tl, weights, W, sh_tiles + max_tiles, mid, gamma, cbuf,
-                                       act_bf16, s, err)));
+                                       sum, act_bf16, s, err)));
     *cbuf_out = cbuf;
     return LS_OK;
 }
@@ -1548,10 +1556,39 @@ extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *
     if (T <= 0) return LS_OK;
     cudaStream_t s = (cudaStream_t)stream;
     float *cbuf = NULL;
-    LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, &cbuf, err));
+    LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, NULL, &cbuf, err));
     ls_launch(ls_moe_combine_kernel, ls_blocks_for(T * mw->D, 256), 256, 0, s, cbuf, ids, weights, mw->E, T,
               k, mw->D, mw->sh_gate != NULL, out, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
+    return LS_OK;
+}
+
+/* The fast tier's combine after the atomic adds: out = act(act(out) + the
+ * shared slot) (without a shared expert act(out)), thread per element. */
+__global__ void ls_moe_fast_finish_kernel(const float *cbuf, long T, long k, long D, int has_shared, float *out,
+                                          int act)
+{
+    ls_pdl_entry();
+    long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= T * D) return;
+    float routed = ls_act_d(out[e], act);
+    out[e] = has_shared ? ls_act_d(routed + cbuf[((e / D) * (k + 1) + k) * D + e % D], act) : routed;
+}
+
+extern "C" ls_status ls_cuda_moe_forward_fast(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                              const float *weights, long k, float *out, long T, void *scratch,
+                                              int act_bf16, int order_experts, int order_combine, void *stream,
+                                              ls_error *err)
+{
+    LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
+    LS_TRY(ls_moe_check(mw, k, order_experts, err));
+    if (T <= 0) return LS_OK;
+    cudaStream_t s = (cudaStream_t)stream;
+    float *cbuf = NULL;
+    LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, out, &cbuf, err));
+    ls_launch(ls_moe_fast_finish_kernel, ls_blocks_for(T * mw->D, 256), 256, 0, s, cbuf, T, k, mw->D,
+              mw->sh_gate != NULL, out, act_bf16);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_fast_finish_kernel", err);
     return LS_OK;
 }
 
@@ -1581,7 +1618,7 @@ extern "C" ls_status ls_cuda_moe_slots(const ls_cuda_moe *mw, const float *x, co
     cudaStream_t s = (cudaStream_t)stream;
     float *cbuf = NULL;
     if (mw->tc_layout)
-        LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, &cbuf, err));
+        LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, NULL, &cbuf, err));
     else
         LS_TRY(ls_moe_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, -1, s, &cbuf, err));
     ls_launch(ls_moe_gather_slots_kernel, ls_blocks_for(n * mw->D, 256), 256, 0, s, cbuf, pairs, n, t0, T, k,

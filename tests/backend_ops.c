@@ -1951,6 +1951,26 @@ static const char *order_name(ls_order o)
     return o == LS_ORDER_CANONICAL ? "canonical" : "reversed";
 }
 
+/* A non-strict target's fp32 tensor: every element within tol max |ref|
+ * (ls_bo_target.tol); prints the first one outside and returns 0, or 1. */
+static int bo_close(const bo_case *c, const char *label, const bo_tensor *t, double tol)
+{
+    const float *want = t->ref, *got = t->got;
+    double big = 0.0;
+    for (size_t i = 0; i < t->n; i++) big = fmax(big, fabs((double)want[i]));
+    double bound = tol * (c->act ? 512.0 : 1.0) * big;
+    for (size_t i = 0; i < t->n; i++) {
+        double d = fabs((double)got[i] - (double)want[i]);
+        if (d <= bound) continue; /* NaN fails */
+        printf("MISMATCH %s: %s: %s element %zu of %zu: ref %.9g got %.9g, |d| %.3g > %.3g (%g of max |ref| "
+               "%.3g)\n", label, c->what, t->name, i, t->n, (double)want[i], (double)got[i], d, bound,
+               bound / (big > 0 ? big : 1), big);
+        fflush(stdout);
+        return 0;
+    }
+    return 1;
+}
+
 /* Compares tensor t read back from a backend with the reference; prints the
  * first difference and returns 0, or returns 1. */
 static int bo_same(const bo_case *c, const char *label, const bo_tensor *t)
@@ -2051,7 +2071,8 @@ static int run_target(bo_case *c, const ls_bo_target *tg, int expect_unsupported
                         break;
                     }
                 }
-                ok = bo_same(c, tg->label, t);
+                ok = tg->tol > 0 && t->kind == BO_F32 ? bo_close(c, tg->label, t, tg->tol)
+                                                      : bo_same(c, tg->label, t);
             }
         }
     }

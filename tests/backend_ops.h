@@ -41,6 +41,9 @@ typedef struct ls_bo_target {
     void *arg;                 /* passed to create */
     int reversed;              /* 1: implements LS_ORDER_REVERSED (compared);
                                   0: must return LS_E_UNSUPPORTED for it */
+    double tol;                /* 0: fp32 outputs equal the reference bit for bit; > 0 (a
+                                  non-strict tier): every |got - ref| <= tol max |ref| of
+                                  its tensor (512 tol with bf16 activations) */
 } ls_bo_target;
 
 /* Which shapes run. */

@@ -28,8 +28,8 @@ static ls_status cpu_create(void *arg, ls_backend **out, ls_error *err)
 }
 
 static const ls_bo_target g_targets[] = {
-    {"cpu x1", cpu_create, (void *)(intptr_t)1, 1},
-    {"cpu x4", cpu_create, (void *)(intptr_t)4, 1},
+    {"cpu x1", cpu_create, (void *)(intptr_t)1, 1, 0.0},
+    {"cpu x4", cpu_create, (void *)(intptr_t)4, 1, 0.0},
 };
 static ls_bo_config g_cfg = {1, 0};
 

@@ -681,8 +681,9 @@ END_TEST
 
 /* The tc and fast tiers' rows (providers.h ls_backend_tier_providers)
  * replace the linear, lm_head and experts rows of the CUDA registry whatever
- * their mode; every other op keeps its portable row; tc records its pinned
- * GEMMs and tier "tensor-core", fast mode "fast" and no records. */
+ * their mode, and the fast tier's also the attention and combine rows; every
+ * other op keeps its portable row; tc records its pinned GEMMs and tier
+ * "tensor-core", fast mode "fast" and no records. */
 START_TEST(test_tier_rows)
 {
     char *d = make_single();
@@ -705,7 +706,7 @@ START_TEST(test_tier_rows)
         o.providers = ls_backend_list_providers("cuda", &o.n_providers);
         o.tier_providers = ls_backend_tier_providers("cuda", tier, &o.n_tier_providers);
         if (gdn) o.gdn_chunked = ls_backend_gdn_chunked_provider("cuda", tier);
-        ck_assert_uint_eq(o.n_tier_providers, 3);
+        ck_assert_uint_eq(o.n_tier_providers, fast ? 5 : 3);
         if (!fast) {
             o.tc_gemms = rec;
             o.n_tc_gemms = 1;
@@ -726,6 +727,12 @@ START_TEST(test_tier_rows)
                          "wmma-k16-ascending-4slices");
         ck_assert_str_eq(json_string_value(json_object_get(json_object_get(ops, "rmsnorm"), "provider")),
                          "cuda-portable");
+        static const char *const fast_ops[] = {"attention", "combine"};
+        for (size_t i = 0; i < 2; i++) {
+            json_t *row = json_object_get(ops, fast_ops[i]);
+            ck_assert_str_eq(json_string_value(json_object_get(row, "provider")), fast ? "cuda-fast" : "cuda-portable");
+            ck_assert_str_eq(json_string_value(json_object_get(row, "mode")), fast ? "fast" : "strict");
+        }
         json_t *g = json_object_get(ops, "gdn_recurrent");
         ck_assert_str_eq(json_string_value(json_object_get(g, "provider")), gdn ? want : "cuda-portable");
         ck_assert_str_eq(json_string_value(json_object_get(g, "reduction_order")),

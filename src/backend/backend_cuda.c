@@ -716,11 +716,22 @@ static ls_status cu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view
     return ls_cuda_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, act_bf16, STREAM(be), err);
 }
 
+static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kcs,
+                                    ls_buf *const *vcs, const ls_view *pts, long page, long cap,
+                                    const long *row0, const long *len, long nseq, ls_view pos,
+                                    ls_view o, long Hq, long Hkv, long d, int act_bf16,
+                                    ls_order order, ls_error *err);
+
 static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, ls_view pt,
                               long page, long cap, ls_view pos, ls_view o, long T, long Hq,
                               long Hkv, long d, int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
+    if (IMPL(be)->tier == LS_TIER_FAST) { /* one sequence of the batch form (§6) */
+        long row0 = 0;
+        return cu_attention_batch(be, q, &kc.buf, &vc.buf, &pt, page, cap, &row0, &T, 1, pos, o, Hq, Hkv, d,
+                                  act_bf16, order, err);
+    }
     return ls_cuda_attention(F(q), F(kc), F(vc), pt.buf ? I32(pt) : NULL, page, cap, I32(pos),
                              F(o), T, Hq, Hkv, d, act_bf16, (int)order, STREAM(be), err);
 }
@@ -855,13 +866,21 @@ static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kc
 {
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
-    size_t sb = ls_cuda_attention_scratch_bytes(nseq, Hq, d, cap);
+    int fast = im->tier == LS_TIER_FAST; /* split-KV (docs/tensor-core-tier.md §6) */
+    if (fast && order != LS_ORDER_CANONICAL)
+        return ls_fail(err, LS_E_UNSUPPORTED, "fast tier attention: only the canonical order");
+    size_t sb = fast ? ls_cuda_attention_fast_scratch_bytes(row0, len, nseq, Hq, d, cap)
+                     : ls_cuda_attention_scratch_bytes(nseq, Hq, d, cap);
     if (sb) LS_TRY(scratch_reserve(im, sb, err));
     float **kp = dev_ptrs(kcs, nseq, err);
     float **vp = kp ? dev_ptrs(vcs, nseq, err) : NULL;
     const int32_t **tp = vp ? dev_tables(pts, nseq, err) : NULL;
     ls_status r = LS_E_NOMEM;
-    if (tp)
+    if (tp && fast)
+        r = ls_cuda_attention_fast_batch(F(q), (const float *const *)kp, (const float *const *)vp, tp, page, cap,
+                                         row0, len, nseq, I32(pos), F(o), Hq, Hkv, d, act_bf16, im->scratch,
+                                         sb ? im->scratch_bytes : 0, STREAM(be), err);
+    else if (tp)
         r = ls_cuda_attention_batch(F(q), (const float *const *)kp, (const float *const *)vp, tp,
                                     page, cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,
                                     act_bf16, (int)order, sb ? im->scratch : NULL, STREAM(be), err);
@@ -1086,10 +1105,13 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
     long Tc = T < chunk ? T : chunk;
     size_t need = ls_cuda_moe_scratch_bytes(cm, Tc, k);
     LS_TRY(scratch_reserve(im, need, err));
-    /* tc and fast: the tensor-core experts (docs/tensor-core-tier.md §2.3) */
+    /* tc: the tensor-core experts (docs/tensor-core-tier.md §2.3); fast: the
+     * same with the combine's atomic adds (§6) */
     ls_status (*forward)(const ls_cuda_moe *, const float *, const int32_t *, const float *, long, float *,
                          long, void *, int, int, int, void *, ls_error *) =
-        im->tier == LS_TIER_PORTABLE ? ls_cuda_moe_forward : ls_cuda_moe_forward_tc;
+        im->tier == LS_TIER_PORTABLE ? ls_cuda_moe_forward
+        : im->tier == LS_TIER_TC     ? ls_cuda_moe_forward_tc
+                                     : ls_cuda_moe_forward_fast;
     for (long t0 = 0; t0 < T; t0 += chunk) {
         long n = T - t0 < chunk ? T - t0 : chunk;
         LS_TRY(forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k, F(out) + t0 * mw->D,

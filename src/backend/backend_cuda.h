@@ -43,8 +43,11 @@ typedef struct ls_backend_cuda_opts {
                                         prepare_linear and pinned (ls_backend_cuda_tc_pins);
                                         LS_TIER_FAST: through cuBLASLt's default heuristic
                                         per call (not row-invariant). Both run the MoE
-                                        experts on tensor cores (ls_cuda_moe_forward_tc);
-                                        the other ops stay portable in every tier */
+                                        experts on tensor cores (ls_cuda_moe_forward_tc;
+                                        fast: ls_cuda_moe_forward_fast, its combine by
+                                        atomics), fast its attention split by the call's
+                                        size (ls_cuda_attention_fast_batch); the other ops
+                                        stay portable in every tier */
     long tc_rows;                    /* tc and fast: the rows per call each shape is prepared
                                         (tc: qualified) for: the larger of this and
                                         prepare_linear's max_rows (a fixed value makes the

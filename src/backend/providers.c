@@ -69,13 +69,14 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend, ls_tier 
 
 /* The CUDA backend's tc and fast tiers (docs/tensor-core-tier.md §2.2, §2.3,
  * §6; backend_cuda.h tier): the rows that replace linear's, lm_head's and
- * the experts'. The linears' GEMM is cuBLASLt's: tc one algorithm per weight
- * shape, pinned in numerics.tc_gemms (algorithm id, tile, stages, swizzle,
- * cuBLASLt version); fast the default heuristic's pick per call, a
- * non-strict row. The experts are lockstep's own WMMA kernels in both tiers
- * (the fast tier has no faster twin for them yet). The order within an
- * instruction is the hardware's, so the order ids are new and no probe
- * applies. */
+ * the experts' (and in the fast tier attention's and combine's). The
+ * linears' GEMM is cuBLASLt's: tc one algorithm per weight shape, pinned in
+ * numerics.tc_gemms (algorithm id, tile, stages, swizzle, cuBLASLt
+ * version); fast the default heuristic's pick per call, a non-strict row.
+ * The experts are lockstep's own WMMA kernels in both tiers; the fast tier
+ * adds their routed rows with atomics (its combine) and splits attention's
+ * keys by the call's size. The order within an instruction is the
+ * hardware's, so the order ids are new and no probe applies. */
 #define TC(op) \
     {op, "cuda-tensor-core", "ls_tc_to_bf16_kernel + cuBLASLt pinned algorithm + ls_tc_out_kernel", \
      "per weight shape: the pinned record's tile, stages and CTA swizzle", "none (split-K 1, no reduction scheme)", \
@@ -89,16 +90,30 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend, ls_tier 
      "4warps/block per 16 output columns x 16 pairs of one expert, warp per K slice (WMMA 16x16x16 bf16, fp32 accumulate)", \
      "4 fixed K slices summed in slice order", "fp32", "wmma-k16-ascending-4slices", "tensor-core", "strict"}
 static const ls_provider cuda_tc_rows[] = {TC("linear"), TC("lm_head"), TC_EXPERTS("cuda-tensor-core")};
-static const ls_provider cuda_fast_rows[] = {FAST("linear"), FAST("lm_head"), TC_EXPERTS("cuda-fast")};
-_Static_assert(sizeof cuda_tc_rows == sizeof cuda_fast_rows, "the tc and fast tiers replace the same rows");
+static const ls_provider cuda_fast_rows[] = {
+    FAST("linear"), FAST("lm_head"), TC_EXPERTS("cuda-fast"),
+    {"attention", "cuda-fast", "ls_att_fast_span_kernel (+ls_att_fast_merge_kernel when split)",
+     "4warps/block per (query, head, key span), warp per 4 keys at a time, lane per 8 head dims",
+     "key spans per (query, head): enough for two blocks an SM by the call's queries x heads, each >= 128 keys",
+     "fp32", "split-kv-online-softmax-fma-by-call", "portable", "fast"},
+    {"combine", "cuda-fast", "atomicAdd in ls_moe_tc_down_kernel + ls_moe_fast_finish_kernel (expert-parallel "
+     "runs: ls_moe_combine_slots_kernel)", "thread per (pair, column) of a down block's output tile",
+     "none", "fp32", "atomic-add-hardware-order", "portable", "fast"},
+};
 
 const ls_provider *ls_backend_tier_providers(const char *backend, ls_tier tier, size_t *count)
 {
-    int cuda = backend && !strcmp(backend, "cuda");
-    const ls_provider *rows = !cuda ? NULL : tier == LS_TIER_TC ? cuda_tc_rows
-                                         : tier == LS_TIER_FAST ? cuda_fast_rows : NULL;
-    *count = rows ? sizeof cuda_tc_rows / sizeof cuda_tc_rows[0] : 0;
-    return rows;
+    *count = 0;
+    if (!backend || strcmp(backend, "cuda")) return NULL;
+    if (tier == LS_TIER_TC) {
+        *count = sizeof cuda_tc_rows / sizeof cuda_tc_rows[0];
+        return cuda_tc_rows;
+    }
+    if (tier == LS_TIER_FAST) {
+        *count = sizeof cuda_fast_rows / sizeof cuda_fast_rows[0];
+        return cuda_fast_rows;
+    }
+    return NULL;
 }
 
 /* Portable strict CUDA kernels (kernels/ops.h): CUDA cores, one warp per

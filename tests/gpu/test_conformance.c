@@ -56,14 +56,31 @@ static ls_status cuda_create(void *arg, ls_backend **out, ls_error *err)
 }
 
 /* reversed = 0: the portable kernels implement only the canonical order. */
-static const ls_bo_target g_cuda = {"cuda-portable", cuda_create, NULL, 0};
+static const ls_bo_target g_cuda = {"cuda-portable", cuda_create, NULL, 0, 0.0};
+
+static ls_status cuda_fast_create(void *arg, ls_backend **out, ls_error *err)
+{
+    (void)arg;
+    ls_backend_cuda_opts o;
+    ls_backend_cuda_opts_default(&o);
+    o.arena_bytes = LS_CONF_CASE_ARENA_BYTES;
+    o.tier = LS_TIER_FAST;
+    return ls_backend_cuda_create_opts(&o, out, err);
+}
+
+/* The fast tier's split-KV attention (docs/tensor-core-tier.md §6) on the
+ * attention cases: not the strict order, so within a bound of the CPU's
+ * outputs (fp32 accumulation in another order, __expf), not bitwise. */
+static const ls_bo_target g_cuda_fast = {"cuda-fast", cuda_fast_create, NULL, 0, 2e-5};
 
 START_TEST(test_op)
 {
     ls_bo_config cfg = {g_quick, 0};
-    long fails = ls_bo_run_op(_i, &g_cuda, 1, &cfg);
-    ck_assert_msg(fails == 0, "%s: %ld cases differ from the CPU reference or did not run",
-                  ls_bo_op_name(_i), fails);
+    const char *name = ls_bo_op_name(_i);
+    int fast = !strcmp(name, "attention") || !strcmp(name, "attention_batch");
+    ls_bo_target tg[2] = {g_cuda, g_cuda_fast};
+    long fails = ls_bo_run_op(_i, tg, fast ? 2 : 1, &cfg);
+    ck_assert_msg(fails == 0, "%s: %ld cases differ from the CPU reference or did not run", name, fails);
 }
 END_TEST
 
@@ -230,8 +247,19 @@ static void check_moe_tc(const ls_cuda_moe *cm, const ls_cuda_moe *tcm, const fl
     char w3[200];
     snprintf(w3, sizeof w3, "%s, tensor cores, slot rows combined", what);
     ck_assert_msg(ls_gpu_same_f32(w3, tout, got, (size_t)(T * D)), "%s: differs from the call", w3);
+    /* the fast tier's combine (atomic adds of the same slot rows): the tc
+     * outputs up to the order of the k additions, one bf16 rounding away */
+    ck_assert_msg(ls_cuda_moe_forward_fast(cm, dx, dids, dw, k, dout, T, dscr, 1, 0, 0, NULL, &e_) == LS_OK, "%s",
+                  e_.msg);
+    fetch(got, dout, 4 * T * D);
+    float fworst = 0.0f;
+    for (long i = 0; i < T * D; i++) fworst = fmaxf(fworst, fabsf(got[i] - tout[i])); /* NaN: stays 0, below */
+    for (long i = 0; i < T * D; i++) ck_assert_msg(isfinite(got[i]), "%s, fast: element %ld is %g", what, i, got[i]);
+    ck_assert_msg(fworst <= 0.01f * big, "%s, fast combine: max |fast - tc| %g of max |out| %g", what,
+                  (double)fworst, (double)big);
     printf("  ok %s, tensor cores: each token alone, reversed and the slot rows combined equal the batch; "
-           "max |tc - portable| %.3g (max |out| %.3g)\n", what, (double)worst, (double)big);
+           "max |tc - portable| %.3g, |fast - tc| %.3g (max |out| %.3g)\n", what, (double)worst, (double)fworst,
+           (double)big);
     free(pairs); free(got); free(tout);
 }
 
