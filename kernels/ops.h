@@ -196,6 +196,19 @@ ls_status ls_cuda_gdn_chunked_tc_decode(const float *q, const float *k, const fl
 ls_status ls_cuda_gdn_chunked_tc_state(const float *state, long pos, float *s_out /* [Hv, dk, dv] */, long Hv,
                                        long dk, long dv, void *stream, ls_error *err);
 
+/* The fast tier's GDN over T tokens of one sequence (docs/tensor-core-tier.md
+ * §6), as FLA's chunked prefill does it: chunks of LS_CUDA_GDN_CHUNK counted
+ * from the call's first token (pos0 taken as 0), from and back into the
+ * recurrent state [Hv, dk, dv] of ls_cuda_gdn_recurrent (its decode steps
+ * stay recurrent). The bits depend on where the call starts: neither
+ * chunk-invariant nor equal to the recurrence. The shapes of
+ * ls_cuda_gdn_chunked_tc; scratch (device, 256-byte aligned) holds
+ * ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv) bytes. */
+size_t ls_cuda_gdn_fast_scratch_bytes(long T, long Hv, long dk, long dv);
+ls_status ls_cuda_gdn_fast(const float *q, const float *k, const float *v, const float *alpha, const float *beta,
+                           float *state /* [Hv, dk, dv] */, float *o, long T, long Hk, long Hv, long dk, long dv,
+                           int act_bf16, void *scratch, size_t scratch_bytes, void *stream, ls_error *err);
+
 /* Partial rotate-half RoPE in place; tables from ls_cpu_rope_table (host),
  * uploaded: cos_t/sin_t [T, R/2], one row per token of the call. */
 ls_status ls_cuda_rope_apply(float *x /* [T, H, d] */, const float *cos_t /* [T, R/2] */,

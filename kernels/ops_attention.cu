@@ -595,7 +595,7 @@ extern "C" ls_status ls_cuda_attention(const float *q, const float *kc, const fl
  * maxima. Not batch-invariant, not CPU-equal: the fast tier only. */
 #define LS_ATT_FAST_WARPS 4
 #define LS_ATT_FAST_KG 4          /* keys a warp loads before their scores */
-#define LS_ATT_FAST_MIN_KEYS 128  /* fewest keys a span is worth */
+#define LS_ATT_FAST_MIN_KEYS 32   /* fewest keys a span is worth */
 #define LS_ATT_FAST_MAX_SPANS 64
 
 /* Spans per (query, head) of a launch of `units` (query, head) pairs over a

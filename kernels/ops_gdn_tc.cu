@@ -774,3 +774,36 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc_state(const float *state, long pos, 
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_mat_kernel", err);
     return LS_OK;
 }
+
+/* ---- the fast tier's GDN (docs/tensor-core-tier.md §6) -------------------------- */
+
+/* The chunk state's bytes at the head of the scratch, on a 256-byte boundary. */
+static size_t gdn_fast_state_bytes(long Hv, long dk, long dv)
+{
+    return (sizeof(float) * LS_CUDA_GDN_TC_STATE_FLOATS(Hv, dk, dv) + 255) / 256 * 256;
+}
+
+extern "C" size_t ls_cuda_gdn_fast_scratch_bytes(long T, long Hv, long dk, long dv)
+{
+    return gdn_fast_state_bytes(Hv, dk, dv) + ls_cuda_gdn_tc_scratch_bytes(T, Hv, dk, dv);
+}
+
+extern "C" ls_status ls_cuda_gdn_fast(const float *q, const float *k, const float *v, const float *alpha,
+                                      const float *beta, float *state, float *o, long T, long Hk, long Hv, long dk,
+                                      long dv, int act_bf16, void *scratch, size_t scratch_bytes, void *stream,
+                                      ls_error *err)
+{
+    ls_status st = gdnt_check("gdn (fast tier)", Hk, Hv, dk, dv, err);
+    if (st != LS_OK || T <= 0) return st;
+    size_t sb = gdn_fast_state_bytes(Hv, dk, dv);
+    if (scratch_bytes < ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv))
+        return ls_fail(err, LS_E_INTERNAL, "cuda fast gdn: scratch of %zu bytes, %zu needed", scratch_bytes,
+                       ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv));
+    float *cs = (float *)scratch; /* the chunk state: S0 the call's start state, no rows pending */
+    LS_CUDA_CHECK(cudaMemcpyAsync(cs, state, sizeof(float) * (size_t)(Hv * dk * dv), cudaMemcpyDeviceToDevice,
+                                  (cudaStream_t)stream),
+                  err, "the fast GDN's start state");
+    LS_TRY(ls_cuda_gdn_chunked_tc(q, k, v, alpha, beta, cs, o, T, 0, Hk, Hv, dk, dv, act_bf16, (char *)scratch + sb,
+                                  scratch_bytes - sb, stream, err));
+    return ls_cuda_gdn_chunked_tc_state(cs, T - 1, state, Hv, dk, dv, stream, err);
+}

@@ -681,8 +681,9 @@ END_TEST
 
 /* The tc and fast tiers' rows (providers.h ls_backend_tier_providers)
  * replace the linear, lm_head and experts rows of the CUDA registry whatever
- * their mode, and the fast tier's also the attention and combine rows; every
- * other op keeps its portable row; tc records its pinned GEMMs and tier
+ * their mode, and the fast tier's also the attention, combine and GDN rows
+ * (the chunk-aligned form's GDN row, when asked for, wins); every other op
+ * keeps its portable row; tc records its pinned GEMMs and tier
  * "tensor-core", fast mode "fast" and no records. */
 START_TEST(test_tier_rows)
 {
@@ -706,7 +707,7 @@ START_TEST(test_tier_rows)
         o.providers = ls_backend_list_providers("cuda", &o.n_providers);
         o.tier_providers = ls_backend_tier_providers("cuda", tier, &o.n_tier_providers);
         if (gdn) o.gdn_chunked = ls_backend_gdn_chunked_provider("cuda", tier);
-        ck_assert_uint_eq(o.n_tier_providers, fast ? 5 : 3);
+        ck_assert_uint_eq(o.n_tier_providers, fast ? 6 : 3);
         if (!fast) {
             o.tc_gemms = rec;
             o.n_tc_gemms = 1;
@@ -733,10 +734,13 @@ START_TEST(test_tier_rows)
             ck_assert_str_eq(json_string_value(json_object_get(row, "provider")), fast ? "cuda-fast" : "cuda-portable");
             ck_assert_str_eq(json_string_value(json_object_get(row, "mode")), fast ? "fast" : "strict");
         }
+        /* the chunk-aligned form's row wins over the fast tier's own GDN row */
         json_t *g = json_object_get(ops, "gdn_recurrent");
-        ck_assert_str_eq(json_string_value(json_object_get(g, "provider")), gdn ? want : "cuda-portable");
+        ck_assert_str_eq(json_string_value(json_object_get(g, "provider")), gdn || fast ? want : "cuda-portable");
         ck_assert_str_eq(json_string_value(json_object_get(g, "reduction_order")),
-                         gdn ? "chunk-aligned-64-wmma-tf32" : "gdn-recurrent-dot32");
+                         gdn    ? "chunk-aligned-64-wmma-tf32"
+                         : fast ? "chunked-64-from-call-start-wmma-tf32-recurrent-decode"
+                                : "gdn-recurrent-dot32");
         ck_assert_int_eq(json_object_get(num, "gdn_form") != NULL, gdn);
         ck_assert_str_eq(json_string_value(json_object_get(num, "tier")), "tensor-core");
         ck_assert_str_eq(json_string_value(json_object_get(num, "mode")), fast ? "fast" : "strict");

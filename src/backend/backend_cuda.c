@@ -662,11 +662,23 @@ static ls_status cu_l2norm_scale(ls_backend *be, ls_view x, long R, long d, floa
     return ls_cuda_l2norm_scale(F(x), R, d, scale, (int)order, STREAM(be), err);
 }
 
+/* The fast tier runs a call of more than one token as FLA's chunked
+ * prefill does, chunks counted from the call's first token
+ * (ls_cuda_gdn_fast, docs/tensor-core-tier.md §6); one token (a decode
+ * step) stays recurrent. */
 static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
                                   ls_view beta, ls_view state, ls_view o, long T, long Hk, long Hv,
                                   long dk, long dv, int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
+    cuda_impl *im = IMPL(be);
+    if (im->tier == LS_TIER_FAST && T > 1) {
+        if (order != LS_ORDER_CANONICAL)
+            return ls_fail(err, LS_E_UNSUPPORTED, "fast tier gdn_recurrent: only the canonical order");
+        LS_TRY(scratch_reserve(im, ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv), err));
+        return ls_cuda_gdn_fast(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk, dv, act_bf16,
+                                im->scratch, im->scratch_bytes, STREAM(be), err);
+    }
     return ls_cuda_gdn_recurrent(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk,
                                  dv, act_bf16, (int)order, STREAM(be), err);
 }
@@ -716,24 +728,35 @@ static ls_status cu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view
     return ls_cuda_rope_apply(F(x), F(cos_t), F(sin_t), T, H, d, R, act_bf16, STREAM(be), err);
 }
 
-static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kcs,
-                                    ls_buf *const *vcs, const ls_view *pts, long page, long cap,
-                                    const long *row0, const long *len, long nseq, ls_view pos,
-                                    ls_view o, long Hq, long Hkv, long d, int act_bf16,
-                                    ls_order order, ls_error *err);
+/* The fast tier's split-KV attention (docs/tensor-core-tier.md §6) over
+ * device pointers of nseq caches and tables. */
+static ls_status attention_fast(ls_backend *be, ls_view q, const float *const *kp, const float *const *vp,
+                                const int32_t *const *tp, long page, long cap, const long *row0, const long *len,
+                                long nseq, ls_view pos, ls_view o, long Hq, long Hkv, long d, int act_bf16,
+                                ls_order order, ls_error *err)
+{
+    cuda_impl *im = IMPL(be);
+    if (order != LS_ORDER_CANONICAL)
+        return ls_fail(err, LS_E_UNSUPPORTED, "fast tier attention: only the canonical order");
+    size_t sb = ls_cuda_attention_fast_scratch_bytes(row0, len, nseq, Hq, d, cap);
+    if (sb) LS_TRY(scratch_reserve(im, sb, err));
+    return ls_cuda_attention_fast_batch(F(q), kp, vp, tp, page, cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,
+                                        act_bf16, im->scratch, sb ? im->scratch_bytes : 0, STREAM(be), err);
+}
 
 static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc, ls_view pt,
                               long page, long cap, ls_view pos, ls_view o, long T, long Hq,
                               long Hkv, long d, int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    if (IMPL(be)->tier == LS_TIER_FAST) { /* one sequence of the batch form (§6) */
-        long row0 = 0;
-        return cu_attention_batch(be, q, &kc.buf, &vc.buf, &pt, page, cap, &row0, &T, 1, pos, o, Hq, Hkv, d,
-                                  act_bf16, order, err);
-    }
-    return ls_cuda_attention(F(q), F(kc), F(vc), pt.buf ? I32(pt) : NULL, page, cap, I32(pos),
-                             F(o), T, Hq, Hkv, d, act_bf16, (int)order, STREAM(be), err);
+    const float *kp = F(kc), *vp = F(vc);
+    const int32_t *tp = pt.buf ? I32(pt) : NULL;
+    long row0 = 0;
+    if (IMPL(be)->tier == LS_TIER_FAST)
+        return attention_fast(be, q, &kp, &vp, &tp, page, cap, &row0, &T, 1, pos, o, Hq, Hkv, d, act_bf16, order,
+                              err);
+    return ls_cuda_attention(F(q), kp, vp, tp, page, cap, I32(pos), F(o), T, Hq, Hkv, d, act_bf16, (int)order,
+                             STREAM(be), err);
 }
 
 /* Device pointers of nseq state buffers (offset 0), in a malloc'd array. */
@@ -775,6 +798,20 @@ static ls_status cu_conv_silu_batch(ls_backend *be, ls_view x, long x_stride, co
     return r;
 }
 
+/* The views of one sequence's rows, from row r, of a packed GDN batch. */
+typedef struct gdn_rows {
+    ls_view q, k, v, alpha, beta, o;
+} gdn_rows;
+
+static gdn_rows gdn_rows_at(ls_view q, ls_view k, ls_view v, ls_view alpha, ls_view beta, ls_view o, long r,
+                            long Hk, long Hv, long dk, long dv)
+{
+    gdn_rows g = {ls_view_at(q, (size_t)(r * Hk * dk)), ls_view_at(k, (size_t)(r * Hk * dk)),
+                  ls_view_at(v, (size_t)(r * Hv * dv)), ls_view_at(alpha, (size_t)(r * Hv)),
+                  ls_view_at(beta, (size_t)(r * Hv)), ls_view_at(o, (size_t)(r * Hv * dv))};
+    return g;
+}
+
 static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls_view v,
                                         ls_view alpha, ls_view beta, ls_buf *const *states,
                                         const long *row0, const long *len, long nseq, ls_view o,
@@ -782,6 +819,17 @@ static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls
                                         ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
+    long most = 0;
+    for (long s = 0; s < nseq; s++) most = len[s] > most ? len[s] : most;
+    if (IMPL(be)->tier == LS_TIER_FAST && most > 1) { /* each sequence's call its own (cu_gdn_recurrent) */
+        for (long s = 0; s < nseq; s++)
+            if (len[s] > 0) {
+                gdn_rows r = gdn_rows_at(q, k, v, alpha, beta, o, row0[s], Hk, Hv, dk, dv);
+                LS_TRY(cu_gdn_recurrent(be, r.q, r.k, r.v, r.alpha, r.beta, (ls_view){states[s], 0}, r.o, len[s], Hk,
+                                        Hv, dk, dv, act_bf16, order, err));
+            }
+        return LS_OK;
+    }
     float **st = dev_ptrs(states, nseq, err);
     if (!st) return LS_E_NOMEM;
     ls_status r = ls_cuda_gdn_recurrent_batch(F(q), F(k), F(v), F(alpha), F(beta), st, row0, len,
@@ -809,13 +857,11 @@ static ls_status cu_gdn_chunked_batch(ls_backend *be, ls_view q, ls_view k, ls_v
     }
     if (im->tier == LS_TIER_PORTABLE || order != LS_ORDER_CANONICAL || most > 1) {
         for (long s = 0; s < nseq; s++)
-            if (len[s] > 0)
-                LS_TRY(cu_gdn_chunked(be, ls_view_at(q, (size_t)(row0[s] * Hk * dk)),
-                                      ls_view_at(k, (size_t)(row0[s] * Hk * dk)),
-                                      ls_view_at(v, (size_t)(row0[s] * Hv * dv)), ls_view_at(alpha, (size_t)(row0[s] * Hv)),
-                                      ls_view_at(beta, (size_t)(row0[s] * Hv)), (ls_view){states[s], 0},
-                                      ls_view_at(o, (size_t)(row0[s] * Hv * dv)), len[s], pos0[s], Hk, Hv, dk, dv,
-                                      act_bf16, order, err));
+            if (len[s] > 0) {
+                gdn_rows r = gdn_rows_at(q, k, v, alpha, beta, o, row0[s], Hk, Hv, dk, dv);
+                LS_TRY(cu_gdn_chunked(be, r.q, r.k, r.v, r.alpha, r.beta, (ls_view){states[s], 0}, r.o, len[s],
+                                      pos0[s], Hk, Hv, dk, dv, act_bf16, order, err));
+            }
         return LS_OK;
     }
     /* the sequences with a position, packed */
@@ -866,20 +912,16 @@ static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kc
 {
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
-    int fast = im->tier == LS_TIER_FAST; /* split-KV (docs/tensor-core-tier.md §6) */
-    if (fast && order != LS_ORDER_CANONICAL)
-        return ls_fail(err, LS_E_UNSUPPORTED, "fast tier attention: only the canonical order");
-    size_t sb = fast ? ls_cuda_attention_fast_scratch_bytes(row0, len, nseq, Hq, d, cap)
-                     : ls_cuda_attention_scratch_bytes(nseq, Hq, d, cap);
+    int fast = im->tier == LS_TIER_FAST;
+    size_t sb = fast ? 0 : ls_cuda_attention_scratch_bytes(nseq, Hq, d, cap);
     if (sb) LS_TRY(scratch_reserve(im, sb, err));
     float **kp = dev_ptrs(kcs, nseq, err);
     float **vp = kp ? dev_ptrs(vcs, nseq, err) : NULL;
     const int32_t **tp = vp ? dev_tables(pts, nseq, err) : NULL;
     ls_status r = LS_E_NOMEM;
     if (tp && fast)
-        r = ls_cuda_attention_fast_batch(F(q), (const float *const *)kp, (const float *const *)vp, tp, page, cap,
-                                         row0, len, nseq, I32(pos), F(o), Hq, Hkv, d, act_bf16, im->scratch,
-                                         sb ? im->scratch_bytes : 0, STREAM(be), err);
+        r = attention_fast(be, q, (const float *const *)kp, (const float *const *)vp, tp, page, cap, row0, len, nseq,
+                           pos, o, Hq, Hkv, d, act_bf16, order, err);
     else if (tp)
         r = ls_cuda_attention_batch(F(q), (const float *const *)kp, (const float *const *)vp, tp,
                                     page, cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,

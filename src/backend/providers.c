@@ -74,8 +74,9 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend, ls_tier 
  * numerics.tc_gemms (algorithm id, tile, stages, swizzle, cuBLASLt
  * version); fast the default heuristic's pick per call, a non-strict row.
  * The experts are lockstep's own WMMA kernels in both tiers; the fast tier
- * adds their routed rows with atomics (its combine) and splits attention's
- * keys by the call's size. The order within an instruction is the
+ * adds their routed rows with atomics (its combine), splits attention's
+ * keys by the call's size and runs GDN calls of more than one token in
+ * chunks counted from the call's start (FLA's prefill). The order within an instruction is the
  * hardware's, so the order ids are new and no probe applies. */
 #define TC(op) \
     {op, "cuda-tensor-core", "ls_tc_to_bf16_kernel + cuBLASLt pinned algorithm + ls_tc_out_kernel", \
@@ -94,11 +95,15 @@ static const ls_provider cuda_fast_rows[] = {
     FAST("linear"), FAST("lm_head"), TC_EXPERTS("cuda-fast"),
     {"attention", "cuda-fast", "ls_att_fast_span_kernel (+ls_att_fast_merge_kernel when split)",
      "4warps/block per (query, head, key span), warp per 4 keys at a time, lane per 8 head dims",
-     "key spans per (query, head): enough for two blocks an SM by the call's queries x heads, each >= 128 keys",
+     "key spans per (query, head): enough for two blocks an SM by the call's queries x heads, each >= 32 keys",
      "fp32", "split-kv-online-softmax-fma-by-call", "portable", "fast"},
     {"combine", "cuda-fast", "atomicAdd in ls_moe_tc_down_kernel + ls_moe_fast_finish_kernel (expert-parallel "
      "runs: ls_moe_combine_slots_kernel)", "thread per (pair, column) of a down block's output tile",
      "none", "fp32", "atomic-add-hardware-order", "portable", "fast"},
+    {"gdn_recurrent", "cuda-fast", "calls of more than one token: ls_gdnt_rows_kernel+ls_gdnt_state_kernel+"
+     "ls_gdnt_out_kernel+ls_gdnt_mat_kernel; one token: ls_gdn_recurrent_kernel+ls_gdn_decode_kernel",
+     "as the chunk-aligned form on tensor cores, and the recurrent decode", "chunks of 64 counted from each "
+     "call's first token", "fp32", "chunked-64-from-call-start-wmma-tf32-recurrent-decode", "tensor-core", "fast"},
 };
 
 const ls_provider *ls_backend_tier_providers(const char *backend, ls_tier tier, size_t *count)

@@ -207,12 +207,12 @@ static ls_status numerics_section(const ls_manifest_opts *o, const json_t *qc, j
     size_t n_tc = o->tier_providers ? o->n_tier_providers : 0, n_all = n + n_f8 + n_g + n_tc;
     for (size_t i = 0; i < n_all; i++) {
         const ls_provider *p = i < n ? &rows[i] : i < n + n_f8 ? &o->fp8_providers[i - n]
-                             : i < n + n_f8 + n_g ? o->gdn_chunked : &o->tier_providers[i - n - n_f8 - n_g];
+                             : i < n + n_f8 + n_tc ? &o->tier_providers[i - n - n_f8] : o->gdn_chunked;
         /* One row per op: a row of the requested mode wins over a strict one
          * (fast mode keeps strict providers for ops with no fast variant); a
-         * tier's row, and the chunk-aligned GDN form's, replaces the portable
-         * one whatever its mode. */
-        int tier_row = i >= n + n_f8 + n_g, replaces = i >= n + n_f8;
+         * tier's row, then the chunk-aligned GDN form's, replaces the one
+         * before it whatever its mode. */
+        int tier_row = i >= n + n_f8 && i < n + n_f8 + n_tc, replaces = i >= n + n_f8;
         json_t *have = json_object_get(ops, p->op);
         if (have && strcmp(p->mode, o->mode) != 0 && !replaces) continue;
         if (!have && strcmp(p->mode, o->mode) != 0 && strcmp(p->mode, "strict") != 0) continue;

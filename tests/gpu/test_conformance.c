@@ -24,6 +24,9 @@
  *     an operator of ls_backend yet): whole, cut and in pieces bit for bit
  *     (outputs, its state, the materialised states), near the portable
  *     chunk-aligned kernel, refused where its shapes or scratch do not hold;
+ *     and the fast tier's GDN (ls_cuda_gdn_fast) near the recurrent kernel;
+ *   - the fast tier's experts (ls_cuda_moe_forward_fast) near the tc ones,
+ *     and its attention on the table's attention cases within a bound;
  *   - shape limits that fail closed on CUDA (GDN dk > 128, attention d > 256,
  *     conv K > 8, linear with the reversed order, MoE experts of mixed
  *     dtypes): the CPU backend accepts these shapes, so they are not cases of
@@ -743,6 +746,67 @@ static void check_gdn_tc_refused(void)
     ls_cuda_free(scr);
 }
 
+/* The fast tier's GDN (ls_cuda_gdn_fast): T tokens after a recurrent
+ * prefix of P, in chunks counted from the call's start, near the recurrent
+ * kernel's outputs and final state; the same tokens in two calls are near
+ * the one call too, and whether they are bitwise equal (they need not be:
+ * the chunks start elsewhere) is printed. */
+static void check_gdn_fast(long Hk, long Hv, long dk, long dv, int act)
+{
+    reset_arena();
+    const long P = 100, T = 150, T1 = 70, N = P + T;
+    long nk = Hk * dk, nv = Hv * dv;
+    size_t SN = (size_t)(Hv * dk * dv);
+    float *q, *k, *v, *al, *be;
+    gdn_tc_inputs(N, Hk, Hv, dk, dv, act, &q, &k, &v, &al, &be);
+    float *dq = dup_dev(q, 4 * (size_t)(N * nk)), *dk_ = dup_dev(k, 4 * (size_t)(N * nk));
+    float *dv_ = dup_dev(v, 4 * (size_t)(N * nv)), *dal = dup_dev(al, 4 * (size_t)(N * Hv));
+    float *dbe = dup_dev(be, 4 * (size_t)(N * Hv)), *zero = calloc(SN, 4);
+    float *st[3], *o[3], *ho[3], *hs[3];
+    for (int r = 0; r < 3; r++) {
+        st[r] = dup_dev(zero, 4 * SN);
+        o[r] = dalloc(4 * (size_t)(N * nv));
+        ho[r] = malloc(4 * (size_t)(T * nv));
+        hs[r] = malloc(4 * SN);
+    }
+    size_t sb = ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv);
+    void *scr = dalloc(sb);
+    ls_error e_;
+    /* the prefix, recurrent, into every state; then r 0 recurrent, 1 fast whole, 2 fast in two calls */
+    for (int r = 0; r < 3; r++)
+        ck_assert_msg(ls_cuda_gdn_recurrent(dq, dk_, dv_, dal, dbe, st[r], o[r], P, Hk, Hv, dk, dv, act, 0, NULL, &e_)
+                          == LS_OK, "%s", e_.msg);
+    ck_assert_msg(ls_cuda_gdn_recurrent(dq + P * nk, dk_ + P * nk, dv_ + P * nv, dal + P * Hv, dbe + P * Hv, st[0],
+                                        o[0] + P * nv, T, Hk, Hv, dk, dv, act, 0, NULL, &e_) == LS_OK, "%s", e_.msg);
+    for (int r = 1; r < 3; r++)
+        for (long t0 = P; t0 < N;) {
+            long n = r == 1 ? T : t0 == P ? T1 : N - t0;
+            ck_assert_msg(ls_cuda_gdn_fast(dq + t0 * nk, dk_ + t0 * nk, dv_ + t0 * nv, dal + t0 * Hv, dbe + t0 * Hv,
+                                           st[r], o[r] + t0 * nv, n, Hk, Hv, dk, dv, act, scr, sb, NULL, &e_) == LS_OK,
+                          "%s", e_.msg);
+            t0 += n;
+        }
+    for (int r = 0; r < 3; r++) {
+        fetch(ho[r], o[r] + P * nv, 4 * (size_t)(T * nv));
+        fetch(hs[r], st[r], 4 * SN);
+    }
+    char what[200];
+    snprintf(what, sizeof what, "gdn fast Hk %ld Hv %ld dk %ld dv %ld act %d, %ld tokens after %ld", Hk, Hv, dk, dv,
+             act, T, P);
+    double ro = near_portable(what, ho[0], ho[1], (size_t)(T * nv)), rs = near_portable(what, hs[0], hs[1], SN);
+    double r2 = near_portable(what, ho[1], ho[2], (size_t)(T * nv));
+    int same = !memcmp(ho[1], ho[2], 4 * (size_t)(T * nv));
+    ck_assert_msg(ls_cuda_gdn_fast(dq, dk_, dv_, dal, dbe, st[1], o[1], T, Hk, Hv, dk, dv, act, scr, sb - 1, NULL,
+                                   &e_) != LS_OK && strstr(e_.msg, "scratch"), "a short scratch was not refused");
+    printf("  ok %s: vs recurrent max rel |d| o %.3g state %.3g; in calls of %ld + %ld vs one call %.3g (%s)\n", what,
+           ro, rs, T1, T - T1, r2, same ? "bitwise equal" : "not bitwise equal");
+    fflush(stdout);
+    for (int r = 0; r < 3; r++) {
+        free(ho[r]); free(hs[r]);
+    }
+    free(zero); free(q); free(k); free(v); free(al); free(be);
+}
+
 START_TEST(test_gdn_tc)
 {
     check_gdn_tc_refused();
@@ -751,6 +815,8 @@ START_TEST(test_gdn_tc)
     check_gdn_tc(16, 32, 128, 128, 1);
     check_gdn_tc_decode_batch(2, 4, 32, 32, 0, 70); /* two launches of at most 64 */
     check_gdn_tc_decode_batch(16, 32, 128, 128, 1, 9);
+    check_gdn_fast(2, 4, 32, 32, 0);
+    check_gdn_fast(16, 32, 128, 128, 1);
 }
 END_TEST
 

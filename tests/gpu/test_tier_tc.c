@@ -23,7 +23,8 @@
  *     order chunk-aligned-64-wmma-tf32; --tier fast: cuda-fast, the same
  *     order), and the chunk-aligned rollout's trace carries its digest;
  *   - the fast tier (--tier fast: cuBLASLt's per-call choice, the combine by
- *     atomics, split-KV attention) runs as a non-strict run near the
+ *     atomics, split-KV attention, GDN prefill in chunks from the call's
+ *     start) runs as a non-strict run near the
  *     portable tier, pins mode fast with those rows, and differs from tc
  *     under manifest diff;
  *   - an FP8 checkpoint is refused (exit 2, naming it).
@@ -316,8 +317,8 @@ START_TEST(test_tc_gdn_chunked_manifest)
 END_TEST
 
 /* The fast tier: the same linears through cuBLASLt's per-call choice, the
- * combine by atomics and attention split by the call's size, a
- * non-strict run. It runs, says so, pins mode fast with its rows (no GEMM
+ * combine by atomics, attention split by the call's size and GDN calls
+ * chunked from their start, a non-strict run. It runs, says so, pins mode fast with its rows (no GEMM
  * records), and whether its replay in chunks of 1 still equals its rollout
  * is printed, not asserted: nothing promises it. */
 START_TEST(test_fast_tier)
@@ -344,8 +345,8 @@ START_TEST(test_fast_tier)
     json_t *m = load_json("fast.json");
     json_t *num = json_object_get(m, "numerics");
     ck_assert_str_eq(json_string_value(json_object_get(num, "mode")), "fast");
-    static const char *const fast_ops[] = {"linear", "lm_head", "experts", "attention", "combine"};
-    for (int i = 0; i < 5; i++)
+    static const char *const fast_ops[] = {"linear", "lm_head", "experts", "attention", "combine", "gdn_recurrent"};
+    for (int i = 0; i < 6; i++)
         ck_assert_str_eq(json_string_value(json_object_get(json_object_get(json_object_get(num, "operators"),
                                                                            fast_ops[i]), "provider")), "cuda-fast");
     ck_assert_msg(!json_object_get(num, "tc_gemms"), "a fast manifest pins no GEMM records");
