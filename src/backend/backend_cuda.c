@@ -662,17 +662,17 @@ static ls_status cu_l2norm_scale(ls_backend *be, ls_view x, long R, long d, floa
     return ls_cuda_l2norm_scale(F(x), R, d, scale, (int)order, STREAM(be), err);
 }
 
-/* The fast tier runs a call of more than one token as FLA's chunked
- * prefill does, chunks counted from the call's first token
- * (ls_cuda_gdn_fast, docs/tensor-core-tier.md §6); one token (a decode
- * step) stays recurrent. */
+/* The fast tier runs a call of a chunk (64 tokens) or more as FLA's
+ * chunked prefill does, chunks counted from the call's first token
+ * (ls_cuda_gdn_fast, docs/tensor-core-tier.md §6); shorter calls, decode
+ * steps among them, stay recurrent. */
 static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view v, ls_view alpha,
                                   ls_view beta, ls_view state, ls_view o, long T, long Hk, long Hv,
                                   long dk, long dv, int act_bf16, ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
-    if (im->tier == LS_TIER_FAST && T > 1) {
+    if (im->tier == LS_TIER_FAST && T >= LS_CUDA_GDN_CHUNK) {
         if (order != LS_ORDER_CANONICAL)
             return ls_fail(err, LS_E_UNSUPPORTED, "fast tier gdn_recurrent: only the canonical order");
         LS_TRY(scratch_reserve(im, ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv), err));
@@ -819,23 +819,27 @@ static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls
                                         ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    long most = 0;
-    for (long s = 0; s < nseq; s++) most = len[s] > most ? len[s] : most;
-    if (IMPL(be)->tier == LS_TIER_FAST && most > 1) { /* each sequence's call its own (cu_gdn_recurrent) */
-        for (long s = 0; s < nseq; s++)
-            if (len[s] > 0) {
-                gdn_rows r = gdn_rows_at(q, k, v, alpha, beta, o, row0[s], Hk, Hv, dk, dv);
-                LS_TRY(cu_gdn_recurrent(be, r.q, r.k, r.v, r.alpha, r.beta, (ls_view){states[s], 0}, r.o, len[s], Hk,
-                                        Hv, dk, dv, act_bf16, order, err));
-            }
-        return LS_OK;
+    /* the fast tier: a sequence of a chunk or more its own chunked call
+     * (cu_gdn_recurrent), the others in the one recurrent launch */
+    long *rec = malloc(sizeof *rec * (size_t)(nseq > 0 ? nseq : 1));
+    if (!rec) return ls_fail(err, LS_E_NOMEM, "cuda gdn_recurrent batch: %ld sequences", nseq);
+    ls_status r = LS_OK;
+    for (long s = 0; s < nseq && r == LS_OK; s++) {
+        rec[s] = len[s];
+        if (IMPL(be)->tier != LS_TIER_FAST || len[s] < LS_CUDA_GDN_CHUNK) continue;
+        gdn_rows g = gdn_rows_at(q, k, v, alpha, beta, o, row0[s], Hk, Hv, dk, dv);
+        r = cu_gdn_recurrent(be, g.q, g.k, g.v, g.alpha, g.beta, (ls_view){states[s], 0}, g.o, len[s], Hk, Hv, dk, dv,
+                             act_bf16, order, err);
+        rec[s] = 0;
     }
-    float **st = dev_ptrs(states, nseq, err);
-    if (!st) return LS_E_NOMEM;
-    ls_status r = ls_cuda_gdn_recurrent_batch(F(q), F(k), F(v), F(alpha), F(beta), st, row0, len,
-                                              nseq, F(o), Hk, Hv, dk, dv, act_bf16, (int)order,
-                                              STREAM(be), err);
+    float **st = r == LS_OK ? dev_ptrs(states, nseq, err) : NULL;
+    if (st)
+        r = ls_cuda_gdn_recurrent_batch(F(q), F(k), F(v), F(alpha), F(beta), st, row0, rec, nseq, F(o), Hk, Hv, dk,
+                                        dv, act_bf16, (int)order, STREAM(be), err);
+    else if (r == LS_OK)
+        r = LS_E_NOMEM;
     free(st);
+    free(rec);
     return r;
 }
 

@@ -100,10 +100,11 @@ static const ls_provider cuda_fast_rows[] = {
     {"combine", "cuda-fast", "atomicAdd in ls_moe_tc_down_kernel + ls_moe_fast_finish_kernel (expert-parallel "
      "runs: ls_moe_combine_slots_kernel)", "thread per (pair, column) of a down block's output tile",
      "none", "fp32", "atomic-add-hardware-order", "portable", "fast"},
-    {"gdn_recurrent", "cuda-fast", "calls of more than one token: ls_gdnt_rows_kernel+ls_gdnt_state_kernel+"
-     "ls_gdnt_out_kernel+ls_gdnt_mat_kernel; one token: ls_gdn_recurrent_kernel+ls_gdn_decode_kernel",
-     "as the chunk-aligned form on tensor cores, and the recurrent decode", "chunks of 64 counted from each "
-     "call's first token", "fp32", "chunked-64-from-call-start-wmma-tf32-recurrent-decode", "tensor-core", "fast"},
+    {"gdn_recurrent", "cuda-fast", "a sequence's call of 64 tokens or more: ls_gdnt_rows_kernel+"
+     "ls_gdnt_state_kernel+ls_gdnt_out_kernel+ls_gdnt_mat_kernel; shorter: ls_gdn_recurrent_kernel+"
+     "ls_gdn_decode_kernel", "as the chunk-aligned form on tensor cores, and the recurrent kernels",
+     "chunks of 64 counted from each call's first token", "fp32",
+     "chunked-64-from-call-start-wmma-tf32-recurrent-decode", "tensor-core", "fast"},
 };
 
 const ls_provider *ls_backend_tier_providers(const char *backend, ls_tier tier, size_t *count)
