@@ -895,7 +895,8 @@ static inline long ls_cuda_seqs_fill(ls_cuda_seqs *sq, float *const *states, con
 #define LS_REQUIRE_CANONICAL(order, err, opname)                                          \
     LS_CUDA_REQUIRE((order) == 0, err,                                                    \
                     "cuda portable %s: only the canonical reduction order is implemented " \
-                    "(the reversed-order perturbation runs on the cpu backend)", opname)
+                    "(the reversed-order perturbation runs on the cpu backend; fast twins: attention, " \
+                    "gdn, combine)", opname)
 
 #define LS_REQUIRE_WTYPE(wtype, err, opname)                                              \
     LS_CUDA_REQUIRE((wtype) == LS_WTYPE_BF16_ID || (wtype) == LS_WTYPE_F32_ID, err,       \

@@ -214,6 +214,11 @@ START_TEST(test_errors)
                  "prompts.jsonl");
     expect_error(cmd("run --checkpoint @/ck --mode rollout --prompts @/prompts.jsonl -o @/x.trace",
                      " --perturb layer=1,op=gdn"), "layer 1");
+    /* a fast twin is the cuda backend's; a twin other than fast is no spec */
+    expect_error(cmd("run --checkpoint @/ck --mode rollout --prompts @/prompts.jsonl -o @/x.trace",
+                     " --perturb layer=0,op=attention,twin=fast"), "has no fast twins");
+    expect_error(cmd("run --checkpoint @/ck --mode rollout --prompts @/prompts.jsonl -o @/x.trace",
+                     " --perturb layer=0,op=gdn,twin=slow"), "layer=L,op=OP[,twin=fast]");
     expect_error("run --mode sideways", "--mode");
 { /* Without a GPU (or a CUDA build), --backend cuda fails closed, naming why. */
         char *out = NULL;

@@ -128,6 +128,12 @@ struct ls_backend {
      * parts as they are written. 0: a call's bits may depend on its shape
      * (a GEMM algorithm pinned per shape). */
     int linear_by_column;
+    /* 1: LS_ORDER_FAST_TWIN runs the family's fast twin in the ops of the
+     * families that have one (CUDA: attention; gdn's gdn_recurrent, with
+     * its l2norm_scale canonical; combine on the tc tier) and is refused
+     * like any other order elsewhere. 0: no op takes it (the engine refuses
+     * a fast-twin perturbation). */
+    int fast_twins;
 
     /* ---- memory ---------------------------------------------------------- */
     /* Zero-filled buffer of `bytes`. */

@@ -659,10 +659,25 @@ static ls_status cu_l2norm_scale(ls_backend *be, ls_view x, long R, long d, floa
                                  ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
+    if (order == LS_ORDER_FAST_TWIN) order = LS_ORDER_CANONICAL; /* gdn's twin leaves its L2 norms as they are */
     return ls_cuda_l2norm_scale(F(x), R, d, scale, (int)order, STREAM(be), err);
 }
 
-/* The fast tier runs a call of a chunk (64 tokens) or more as FLA's
+/* Whether a call of the family runs its fast twin: the fast tier's
+ * provider, or a fast-twin perturbation (LS_ORDER_FAST_TWIN) on the strict
+ * tiers. *order becomes the order the strict kernels of the call are given:
+ * canonical for a twin (what it leaves as it is stays canonical), else as
+ * asked (a refused order is refused by the kernel). */
+static int fast_twin(const cuda_impl *im, ls_order *order)
+{
+    if (*order == LS_ORDER_FAST_TWIN) {
+        *order = LS_ORDER_CANONICAL;
+        return 1;
+    }
+    return im->tier == LS_TIER_FAST && *order == LS_ORDER_CANONICAL;
+}
+
+/* The fast twin runs a call of a chunk (64 tokens) or more as FLA's
  * chunked prefill does, chunks counted from the call's first token
  * (ls_cuda_gdn_fast, docs/tensor-core-tier.md §6); shorter calls, decode
  * steps among them, stay recurrent. */
@@ -672,9 +687,7 @@ static ls_status cu_gdn_recurrent(ls_backend *be, ls_view q, ls_view k, ls_view 
 {
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
-    if (im->tier == LS_TIER_FAST && T >= LS_CUDA_GDN_CHUNK) {
-        if (order != LS_ORDER_CANONICAL)
-            return ls_fail(err, LS_E_UNSUPPORTED, "fast tier gdn_recurrent: only the canonical order");
+    if (fast_twin(im, &order) && T >= LS_CUDA_GDN_CHUNK) {
         LS_TRY(scratch_reserve(im, ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv), err));
         return ls_cuda_gdn_fast(F(q), F(k), F(v), F(alpha), F(beta), F(state), F(o), T, Hk, Hv, dk, dv, act_bf16,
                                 im->scratch, im->scratch_bytes, STREAM(be), err);
@@ -733,11 +746,9 @@ static ls_status cu_rope_apply(ls_backend *be, ls_view x, ls_view cos_t, ls_view
 static ls_status attention_fast(ls_backend *be, ls_view q, const float *const *kp, const float *const *vp,
                                 const int32_t *const *tp, long page, long cap, const long *row0, const long *len,
                                 long nseq, ls_view pos, ls_view o, long Hq, long Hkv, long d, int act_bf16,
-                                ls_order order, ls_error *err)
+                                ls_error *err)
 {
     cuda_impl *im = IMPL(be);
-    if (order != LS_ORDER_CANONICAL)
-        return ls_fail(err, LS_E_UNSUPPORTED, "fast tier attention: only the canonical order");
     size_t sb = ls_cuda_attention_fast_scratch_bytes(row0, len, nseq, Hq, d, cap);
     if (sb) LS_TRY(scratch_reserve(im, sb, err));
     return ls_cuda_attention_fast_batch(F(q), kp, vp, tp, page, cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,
@@ -752,9 +763,8 @@ static ls_status cu_attention(ls_backend *be, ls_view q, ls_view kc, ls_view vc,
     const float *kp = F(kc), *vp = F(vc);
     const int32_t *tp = pt.buf ? I32(pt) : NULL;
     long row0 = 0;
-    if (IMPL(be)->tier == LS_TIER_FAST)
-        return attention_fast(be, q, &kp, &vp, &tp, page, cap, &row0, &T, 1, pos, o, Hq, Hkv, d, act_bf16, order,
-                              err);
+    if (fast_twin(IMPL(be), &order))
+        return attention_fast(be, q, &kp, &vp, &tp, page, cap, &row0, &T, 1, pos, o, Hq, Hkv, d, act_bf16, err);
     return ls_cuda_attention(F(q), kp, vp, tp, page, cap, I32(pos), F(o), T, Hq, Hkv, d, act_bf16, (int)order,
                              STREAM(be), err);
 }
@@ -819,17 +829,19 @@ static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls
                                         ls_order order, ls_error *err)
 {
     ON_DEVICE(be, err);
-    /* the fast tier: a sequence of a chunk or more its own chunked call
+    /* the fast twin: a sequence of a chunk or more its own chunked call
      * (cu_gdn_recurrent), the others in the one recurrent launch */
+    ls_order asked = order;
+    int twin = fast_twin(IMPL(be), &order);
     long *rec = malloc(sizeof *rec * (size_t)(nseq > 0 ? nseq : 1));
     if (!rec) return ls_fail(err, LS_E_NOMEM, "cuda gdn_recurrent batch: %ld sequences", nseq);
     ls_status r = LS_OK;
     for (long s = 0; s < nseq && r == LS_OK; s++) {
         rec[s] = len[s];
-        if (IMPL(be)->tier != LS_TIER_FAST || len[s] < LS_CUDA_GDN_CHUNK) continue;
+        if (!twin || len[s] < LS_CUDA_GDN_CHUNK) continue;
         gdn_rows g = gdn_rows_at(q, k, v, alpha, beta, o, row0[s], Hk, Hv, dk, dv);
         r = cu_gdn_recurrent(be, g.q, g.k, g.v, g.alpha, g.beta, (ls_view){states[s], 0}, g.o, len[s], Hk, Hv, dk, dv,
-                             act_bf16, order, err);
+                             act_bf16, asked, err);
         rec[s] = 0;
     }
     float **st = r == LS_OK ? dev_ptrs(states, nseq, err) : NULL;
@@ -916,7 +928,7 @@ static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kc
 {
     ON_DEVICE(be, err);
     cuda_impl *im = IMPL(be);
-    int fast = im->tier == LS_TIER_FAST;
+    int fast = fast_twin(im, &order);
     size_t sb = fast ? 0 : ls_cuda_attention_scratch_bytes(nseq, Hq, d, cap);
     if (sb) LS_TRY(scratch_reserve(im, sb, err));
     float **kp = dev_ptrs(kcs, nseq, err);
@@ -925,7 +937,7 @@ static ls_status cu_attention_batch(ls_backend *be, ls_view q, ls_buf *const *kc
     ls_status r = LS_E_NOMEM;
     if (tp && fast)
         r = attention_fast(be, q, (const float *const *)kp, (const float *const *)vp, tp, page, cap, row0, len, nseq,
-                           pos, o, Hq, Hkv, d, act_bf16, order, err);
+                           pos, o, Hq, Hkv, d, act_bf16, err);
     else if (tp)
         r = ls_cuda_attention_batch(F(q), (const float *const *)kp, (const float *const *)vp, tp,
                                     page, cap, row0, len, nseq, I32(pos), F(o), Hq, Hkv, d,
@@ -1155,9 +1167,8 @@ static ls_status cu_moe(ls_backend *be, const ls_bmoe *mw, ls_view x, ls_view id
      * same with the combine's atomic adds (§6) */
     ls_status (*forward)(const ls_cuda_moe *, const float *, const int32_t *, const float *, long, float *,
                          long, void *, int, int, int, void *, ls_error *) =
-        im->tier == LS_TIER_PORTABLE ? ls_cuda_moe_forward
-        : im->tier == LS_TIER_TC     ? ls_cuda_moe_forward_tc
-                                     : ls_cuda_moe_forward_fast;
+        im->tier == LS_TIER_PORTABLE ? ls_cuda_moe_forward : ls_cuda_moe_forward_tc;
+    if (im->tier != LS_TIER_PORTABLE && fast_twin(im, &order_combine)) forward = ls_cuda_moe_forward_fast;
     for (long t0 = 0; t0 < T; t0 += chunk) {
         long n = T - t0 < chunk ? T - t0 : chunk;
         LS_TRY(forward(cm, F(x) + t0 * mw->D, I32(ids) + t0 * k, F(weights) + t0 * k, k, F(out) + t0 * mw->D,
@@ -1636,6 +1647,7 @@ ls_status ls_backend_cuda_create_opts(const ls_backend_cuda_opts *o, ls_backend 
     }
     be->name = o->tier == LS_TIER_TC ? "cuda-tensor-core" : o->tier == LS_TIER_FAST ? "cuda-fast" : "cuda-portable";
     be->linear_by_column = o->tier == LS_TIER_PORTABLE;
+    be->fast_twins = 1;
     be->alloc = cu_alloc;
     be->wrap_weights = cu_wrap_weights;
     if (o->synthetic_weights_exact) be->wrap_generated = cu_wrap_generated;

@@ -21,10 +21,12 @@ static const char usage_text[] =
     "context is still the same, and whether (and after how many tokens) greedy\n"
     "decoding picks another token.\n"
     "\n"
-    "The changed order is the planted reversed order of --perturb (docs/numerics.md\n"
-    "section 7): no family has a fast twin to take its place yet (docs/ablate.md). A\n"
-    "backend that refuses the change (the CUDA kernels today) reports the family as\n"
-    "not ablatable on that backend.\n"
+    "What replaces a family's strict order is --perturb's (docs/numerics.md section\n"
+    "7): on the cpu backend the planted reversed order; on cuda the family's fast\n"
+    "twin, what a serving engine runs in its place (attention split over the keys by\n"
+    "the call's size, gdn chunked from each call's start, combine by atomic adds on\n"
+    "the tc tier; docs/ablate.md). A family the backend has no such change for is\n"
+    "reported as not ablatable on that backend.\n"
     "\n"
     "options:\n"
     "  --checkpoint DIR          the checkpoint (required)\n"
@@ -38,6 +40,8 @@ static const char usage_text[] =
     "                            lm_head is ablated once whatever the choice\n"
     "  --backend cpu|cuda        operator backend (default cpu)\n"
     "  --gpu N                   --backend cuda only: the CUDA device (default 0)\n"
+    "  --tier portable|tc        --backend cuda only: the strict run's tier (default\n"
+    "                            portable; tc also ablates the combine)\n"
     "  --threads N               CPU worker threads (default 1)\n"
     "  --fp8 dequant|w8a8        FP8 checkpoints only: as for run\n"
     "  --json FILE|-             JSON report (schema docs/ablate-json.schema.json; identical\n"
@@ -90,16 +94,17 @@ int ls_cmd_ablate(int argc, char **argv)
     o.backend = "cpu";
     o.threads = 1;
     const char *json = NULL, *markdown = NULL;
-    int given_gpu = 0, given_max_new = 0;
+    int given_gpu = 0, given_max_new = 0, given_tier = 0;
     long v;
     ls_error err;
     ls_error_clear(&err);
     ls_status st = LS_OK;
-    enum { O_CK = LS_CLI_LONG, O_PROMPTS, O_MAXNEW, O_MODE, O_LAYERS, O_BACKEND, O_GPU, O_THREADS, O_FP8,
-           O_JSON, O_MD, O_CACHE, O_WORKDIR };
+    enum { O_CK = LS_CLI_LONG, O_PROMPTS, O_MAXNEW, O_MODE, O_LAYERS, O_BACKEND, O_GPU, O_TIER, O_THREADS,
+           O_FP8, O_JSON, O_MD, O_CACHE, O_WORKDIR };
     static const ls_cli_opt opts[] = {
         {"checkpoint", O_CK, 1}, {"prompts", O_PROMPTS, 1}, {"max-new-tokens", O_MAXNEW, 1},
         {"mode", O_MODE, 1}, {"layers", O_LAYERS, 1}, {"backend", O_BACKEND, 1}, {"gpu", O_GPU, 1},
+        {"tier", O_TIER, 1},
         {"threads", O_THREADS, 1}, {"fp8", O_FP8, 1}, {"json", O_JSON, 1}, {"markdown", O_MD, 1},
         {"checkpoint-cache", O_CACHE, 1}, {"workdir", O_WORKDIR, 1}, {NULL, 0, 0}};
     ls_cli_args ca = {.cmd = "ablate", .usage = usage_text, .opts = opts, .argc = argc, .argv = argv};
@@ -128,6 +133,12 @@ int ls_cmd_ablate(int argc, char **argv)
             given_gpu = 1;
             st = ls_cli_parse_gpu(ca.opt, x, &o.gpu, &err);
             break;
+        case O_TIER:
+            given_tier = 1;
+            st = ls_run_parse_tier("--tier", x, &o.tier, &err);
+            if (st == LS_OK && o.tier == LS_TIER_FAST)
+                st = ls_fail(&err, LS_E_USAGE, "--tier fast: the strict run's tier is portable or tc");
+            break;
         case O_THREADS:
             st = ls_cli_parse_long(ca.opt, x, 1, 1024, &v, &err);
             o.threads = (int)v;
@@ -148,6 +159,8 @@ int ls_cmd_ablate(int argc, char **argv)
     if (st == LS_OK && strcmp(o.backend, "cpu") && strcmp(o.backend, "cuda"))
         st = ls_fail(&err, LS_E_USAGE, "--backend '%s': expected cpu or cuda", o.backend);
     if (st == LS_OK) st = ls_cli_check_gpu(o.backend, given_gpu, &err);
+    if (st == LS_OK && given_tier && strcmp(o.backend, "cuda"))
+        st = ls_fail(&err, LS_E_USAGE, "--tier applies to --backend cuda");
     if (st == LS_OK && json && markdown && strcmp(json, "-") == 0 && strcmp(markdown, "-") == 0)
         st = ls_fail(&err, LS_E_USAGE, "--json - and --markdown - cannot both go to stdout");
     /* a report path that cannot be written is refused before the runs */
@@ -164,7 +177,7 @@ int ls_cmd_ablate(int argc, char **argv)
     ls_ablate_result r;
     st = ls_ablate_run(&o, &b, &r, &err);
     int to_stdout = (json && !strcmp(json, "-")) || (markdown && !strcmp(markdown, "-"));
-    if (st == LS_OK && !ls_log_quiet() && !to_stdout) ls_ablate_print(stdout, &r);
+    if (st == LS_OK && !ls_log_quiet() && !to_stdout) ls_ablate_print(stdout, &o, &r);
     if (st == LS_OK && json) st = ls_ablate_write_json(json, &o, &r, &err);
     if (st == LS_OK && markdown) st = ls_ablate_write_markdown(markdown, &o, &r, &err);
     int control_equal = r.control.outcome == LS_ABLATE_NO_DRIFT;

@@ -700,6 +700,9 @@ ls_status ls_engine_create(const ls_model *m, ls_backend *be, const ls_engine_op
     *out = NULL;
     if (!be) return ls_fail(err, LS_E_USAGE, "engine: no backend");
     ls_status st = check_opts(m, o, max_seqs, max_len, err);
+    if (st == LS_OK && o->perturb_fast && o->perturb_op != LS_PERTURB_NONE && !be->fast_twins)
+        st = ls_fail(err, LS_E_UNSUPPORTED, "engine: backend %s has no fast twins (a fast-twin perturbation)",
+                     be->name);
     ls_engine *e = st == LS_OK ? calloc(1, sizeof *e) : NULL;
     if (st == LS_OK && !e) st = ls_fail_nomem(err, sizeof *e, "engine");
     if (st != LS_OK) {

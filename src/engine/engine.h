@@ -72,6 +72,8 @@ typedef struct ls_engine_opts {
     long state_digest_every;   /* >= 1; default 64 */
     int perturb_layer;         /* decoder layer, -1 = none */
     ls_perturb_op perturb_op;
+    int perturb_fast;          /* 1: the perturbed op runs its fast twin (LS_ORDER_FAST_TWIN, a
+                                  backend with fast_twins) instead of the reversed order */
     const unsigned char *dump_decoder_layers; /* [n_layers] 1 = dump this decoder layer's
                                           tensors (both trace layers) in the records; NULL = none */
     int gdn_chunked;           /* the GDN form (docs/numerics.md §5.1): 0 = recurrent (default);

@@ -12,7 +12,8 @@
 static ls_order ord(const ls_engine *e, long layer, ls_perturb_op op)
 {
     if (e->o.perturb_op != op) return LS_ORDER_CANONICAL;
-    if (op == LS_PERTURB_LM_HEAD || e->o.perturb_layer == layer) return LS_ORDER_REVERSED;
+    if (op == LS_PERTURB_LM_HEAD || e->o.perturb_layer == layer)
+        return e->o.perturb_fast ? LS_ORDER_FAST_TWIN : LS_ORDER_REVERSED;
     return LS_ORDER_CANONICAL;
 }
 

@@ -762,8 +762,10 @@ ls_status ls_manifest_validate(const json_t *m, const char *label, ls_error *err
     if (!strcmp(tier, "tensor-core") && !strcmp(mode, "strict") && (!json_is_array(tg) || json_array_size(tg) == 0))
         VFAIL("%s: field numerics.tc_gemms: a strict tensor-core tier needs its pinned GEMM records (a non-empty "
               "array)", label);
-    if (tg && strcmp(mode, "strict"))
-        VFAIL("%s: field numerics.tc_gemms: only a strict tier pins GEMM algorithms (mode is %s)", label, mode);
+    /* a perturbed run of the tc tier (a fast twin in one layer) still runs its pinned GEMMs */
+    if (tg && strcmp(mode, "strict") && !json_is_string(json_object_get(num, "perturbation")))
+        VFAIL("%s: field numerics.tc_gemms: only a strict tier, or a perturbed one, pins GEMM algorithms (mode is "
+              "%s)", label, mode);
     for (size_t i = 0; tg && i < json_array_size(tg); i++) {
         const json_t *r = json_array_get(tg, i);
         if (!json_is_object(r) || !json_is_string(json_object_get(r, "kind")) ||

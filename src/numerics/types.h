@@ -18,7 +18,9 @@
 
 typedef enum ls_order {
     LS_ORDER_CANONICAL = 0,    /* LS_DOT32 / sequential, docs/numerics.md §2 */
-    LS_ORDER_REVERSED = 1      /* perturbation: sequential from the last element */
+    LS_ORDER_REVERSED = 1,     /* perturbation: sequential from the last element */
+    LS_ORDER_FAST_TWIN = 2     /* perturbation: the operator family's fast twin, on a backend
+                                  that has one (ls_backend.fast_twins; docs/numerics.md §7) */
 } ls_order;
 
 /* How a weight matrix's elements enter a dot product. The two FP8 types

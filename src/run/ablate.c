@@ -310,6 +310,12 @@ void ls_ablate_result_free(ls_ablate_result *r)
     r->n_cells = 0;
 }
 
+const char *ls_ablate_substitute(const ls_ablate_opts *o, int *fast_twin)
+{
+    *fast_twin = o->backend && !strcmp(o->backend, "cuda");
+    return *fast_twin ? LS_ABLATE_SUBSTITUTE_TWIN : LS_ABLATE_SUBSTITUTE_PLANTED;
+}
+
 static const char *family_label(ls_perturb_op op)
 {
     return op == LS_PERTURB_NONE ? "control" : ls_perturb_op_name(op);
@@ -348,6 +354,11 @@ ls_status ls_ablate_run(const ls_ablate_opts *o, const ls_run_batch *batch, ls_a
         return ls_fail(err, LS_E_USAGE, "mode (--mode) '%s': expected rollout or replay", mode);
     if (o->max_new < 1)
         return ls_fail(err, LS_E_USAGE, "max_new (--max-new-tokens) %ld: expected >= 1", o->max_new);
+    int twin;
+    ls_ablate_substitute(o, &twin);
+    if (o->tier == LS_TIER_FAST || (o->tier != LS_TIER_PORTABLE && !twin))
+        return ls_fail(err, LS_E_USAGE, "tier (--tier) %s: the strict run's tier is portable, or tc on the cuda "
+                       "backend", ls_run_tier_name(o->tier));
     LS_TRY(ls_ablate_layers_check(o->layers, err));
     snprintf(r->mode, sizeof r->mode, "%s", mode);
 
@@ -391,6 +402,7 @@ ls_status ls_ablate_run(const ls_ablate_opts *o, const ls_run_batch *batch, ls_a
     s.max_new = o->max_new;
     s.backend = o->backend ? o->backend : "cpu";
     s.gpu = o->gpu;
+    s.tier = o->tier;
     s.threads = o->threads > 0 ? o->threads : 1;
     s.fp8 = o->fp8;
     s.fingerprint = &fp;
@@ -462,7 +474,8 @@ ls_status ls_ablate_run(const ls_ablate_opts *o, const ls_run_batch *batch, ls_a
     for (size_t i = 0; st == LS_OK && i < r->n_cells; i++) {
         ls_ablate_cell *w = &r->cells[i];
         w->planted_tl = planted_trace_layer(&layout, w->op, w->layer);
-        snprintf(spec, sizeof spec, "layer=%d,op=%s", w->layer < 0 ? 0 : w->layer, ls_perturb_op_name(w->op));
+        snprintf(spec, sizeof spec, "layer=%d,op=%s%s", w->layer < 0 ? 0 : w->layer, ls_perturb_op_name(w->op),
+                 twin ? ",twin=fast" : "");
         if (w->layer < 0) snprintf(path, sizeof path, "%s/%s.trace", dir, ls_perturb_op_name(w->op));
         else snprintf(path, sizeof path, "%s/%s-%d.trace", dir, ls_perturb_op_name(w->op), w->layer);
         s.perturb = spec;

@@ -12,12 +12,13 @@
  * would first pick another token.
  *
  * The changed order is the perturbation switch (engine.h ls_perturb_op,
- * docs/numerics.md §7): a planted reversed order with bf16 rounding after
- * every addition. No family has a fast twin yet (the fast tier covers the
- * CUDA linears and lm_head as a whole tier); when one does, its provider
- * takes the planted order's place (docs/ablate.md). A backend that
- * refuses the perturbation (LS_E_UNSUPPORTED: the CUDA kernels today) makes
- * that family "not ablatable on this backend" in the result, not a failure.
+ * docs/numerics.md §7). On the cpu backend: a planted reversed order with
+ * bf16 rounding after every addition. On the cuda backend: the family's
+ * fast twin where it has one (run.h ls_run_fast_twin: attention split-KV,
+ * gdn chunked from the call's start, combine by atomics on the tc tier),
+ * what a serving engine runs in its place (docs/ablate.md). A family the
+ * backend refuses (LS_E_UNSUPPORTED: on cuda, one without a fast twin) is
+ * "not ablatable on this backend" in the result, not a failure.
  *
  * Cost: 2 + (cells) runs of the model (replay: 3 + cells, the first being
  * the rollout the replays recompute). The default layer choice, "sample",
@@ -36,9 +37,12 @@
 #include "run/load.h"
 #include "run/run.h"
 
-/* What changes in each ablated run, for reports: the planted order change
- * stands in for a fast provider that does not exist yet. */
-#define LS_ABLATE_SUBSTITUTE "planted reversed reduction order (no family has a fast twin yet)"
+/* What changes in each ablated run, for reports: on the cpu backend the
+ * planted order change (it has no fast providers), on cuda the fast twins. */
+#define LS_ABLATE_SUBSTITUTE_PLANTED "planted reversed reduction order (the cpu backend has no fast twins)"
+#define LS_ABLATE_SUBSTITUTE_TWIN                                                                         \
+    "the family's fast twin (attention: split-KV; gdn: chunks counted from each call's start; combine: " \
+    "atomic adds, tc tier); families without one are not ablatable"
 
 typedef struct ls_ablate_opts {
     const char *checkpoint;        /* directory (--checkpoint) */
@@ -47,6 +51,7 @@ typedef struct ls_ablate_opts {
     long max_new;                  /* tokens generated per prompt, >= 1 (--max-new-tokens) */
     const char *backend;           /* "cpu" | "cuda" (--backend) */
     int gpu;                       /* cuda: the device (--gpu); cpu: 0 */
+    ls_tier tier;                  /* cuda: the strict run's tier, portable or tc (--tier) */
     int threads;                   /* CPU worker threads, >= 1 (--threads) */
     const char *layers;            /* "sample" (NULL: the default), "all" or "L,L,..." (--layers) */
     const char *fp8;               /* FP8 checkpoints: "dequant" (NULL) or "w8a8" (--fp8) */
@@ -62,6 +67,10 @@ typedef enum ls_ablate_outcome {
     LS_ABLATE_DRIFT,               /* differs from the strict run */
     LS_ABLATE_UNSUPPORTED          /* the backend refused the changed order: not ablatable there */
 } ls_ablate_outcome;
+
+/* What replaces a family's strict order on o's backend (the substitutes above),
+ * and whether that is a fast twin. */
+const char *ls_ablate_substitute(const ls_ablate_opts *o, int *fast_twin);
 
 /* "no_drift", "drift", "unsupported". */
 const char *ls_ablate_outcome_name(ls_ablate_outcome o);
@@ -143,6 +152,6 @@ ls_status ls_ablate_write_json(const char *path, const ls_ablate_opts *o, const 
                                ls_error *err);
 ls_status ls_ablate_write_markdown(const char *path, const ls_ablate_opts *o, const ls_ablate_result *r,
                                    ls_error *err);
-void ls_ablate_print(FILE *out, const ls_ablate_result *r);
+void ls_ablate_print(FILE *out, const ls_ablate_opts *o, const ls_ablate_result *r);
 
 #endif

@@ -145,13 +145,15 @@ ls_status ls_ablate_write_json(const char *path, const ls_ablate_opts *o, const 
     }
     json_t *control = ok ? cell_json(&r->control) : NULL;
     json_t *doc = NULL;
+    int twin;
+    const char *substitute = ls_ablate_substitute(o, &twin);
     if (control)
-        doc = json_pack("{s:s, s:s, s:b, s:o, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:I, s:I, s:f, s:b, s:o, "
-                        "s:o}",
-                        "schema", "lockstep-ablate/1", "substitute", LS_ABLATE_SUBSTITUTE, "fast_tier", 0,
+        doc = json_pack("{s:s, s:s, s:b, s:o, s:s, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:I, s:I, s:f, s:b, "
+                        "s:o, s:o}",
+                        "schema", "lockstep-ablate/1", "substitute", substitute, "fast_tier", twin,
                         "command", o->command ? json_string(o->command) : json_null(), "model_fingerprint",
                         r->merkle_root, "manifest_digest", r->manifest_digest, "backend",
-                        o->backend ? o->backend : "cpu", "mode", r->mode, "max_new_tokens", (json_int_t)o->max_new,
+                        o->backend ? o->backend : "cpu", "tier", ls_run_tier_name(o->tier), "mode", r->mode, "max_new_tokens", (json_int_t)o->max_new,
                         "prompts", o->prompts ? o->prompts : "", "layers", o->layers ? o->layers : "sample",
                         "decoder_layers", (json_int_t)r->n_layers, "sequences", (json_int_t)r->n_seqs,
                         "strict_positions", (json_int_t)r->strict_positions, "strict_seconds", r->strict_seconds,
@@ -207,10 +209,10 @@ static void write_markdown(FILE *f, const ls_ablate_opts *o, const ls_ablate_res
             "layers: %s\n- strict run: %llu positions, manifest `%s`\n",
             r->merkle_root, backend, r->mode, r->n_seqs, o->max_new, o->layers ? o->layers : "sample",
             (unsigned long long)r->strict_positions, r->manifest_digest);
-    fprintf(f, "- what replaces each family's strict order: %s. The `fast` tier covers the CUDA linears "
-            "and lm_head as a whole tier; when a family has a fast twin, its provider takes this place "
-            "(docs/ablate.md).\n",
-            LS_ABLATE_SUBSTITUTE);
+    int twin;
+    const char *substitute = ls_ablate_substitute(o, &twin);
+    fprintf(f, "- what replaces each family's strict order: %s (docs/ablate.md)%s.\n", substitute,
+            twin ? "" : "; the cuda backend runs the families' fast twins instead");
     fprintf(f, "- control (the strict run again): %s\n\n",
             r->control.outcome == LS_ABLATE_NO_DRIFT ? "bitwise equal"
             : r->control.outcome == LS_ABLATE_DRIFT ? "DRIFTS: the strict run is not deterministic, and no row "
@@ -274,10 +276,11 @@ ls_status ls_ablate_write_markdown(const char *path, const ls_ablate_opts *o, co
     return ls_outfile_commit(&of, err);
 }
 
-void ls_ablate_print(FILE *out, const ls_ablate_result *r)
+void ls_ablate_print(FILE *out, const ls_ablate_opts *o, const ls_ablate_result *r)
 {
+    int twin;
     fprintf(out, "ablation (%s): %s; %s, %ld sequences, %llu positions\ncontrol (strict run again): %s\n\n",
-            LS_ABLATE_SUBSTITUTE, r->merkle_root, r->mode, r->n_seqs, (unsigned long long)r->strict_positions,
+            ls_ablate_substitute(o, &twin), r->merkle_root, r->mode, r->n_seqs, (unsigned long long)r->strict_positions,
             r->control.outcome == LS_ABLATE_NO_DRIFT ? "bitwise equal" : "DRIFTS (the strict run is not deterministic)");
     fprintf(out, "%-10s %-5s %-8s %-9s %-13s %-32s %-16s %-13s %s\n", "family", "layer", "planted", "outcome",
             "first drift", "trace layer", "what", "max|dlogprob|", "greedy");

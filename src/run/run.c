@@ -277,9 +277,13 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
         if (ls_run_spec_world(s) > 1)
             return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) %s runs on one rank (--tp, --ep and --afd "
                            "are not built for it yet)", t);
-        if (s->perturb)
-            return ls_fail(err, LS_E_USAGE, "perturb (--perturb) applies to the portable tier (the %s "
-                           "tier's GEMMs have cuBLASLt's orders only)", t);
+        int layer, twin = 0;
+        ls_perturb_op op;
+        if (s->perturb && ls_run_parse_perturb(s->perturb, &layer, &op, &twin, err) != LS_OK) return LS_E_USAGE;
+        if (s->perturb && !(twin && s->tier == LS_TIER_TC))
+            return ls_fail(err, LS_E_USAGE, "perturb (--perturb) applies to the portable tier, and on the tc tier "
+                           "as a fast twin, layer=L,op=OP,twin=fast (the %s tier's GEMMs have cuBLASLt's orders "
+                           "only)", t);
     }
     if (s->gdn_chunked && !ls_backend_gdn_chunked_provider(s->backend, s->tier))
         return ls_fail(err, LS_E_UNSUPPORTED, "gdn_form (--gdn-form) chunk-aligned: backend %s has no kernel "
@@ -344,12 +348,23 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
     if (s->fp8 && strcmp(s->fp8, "dequant") && strcmp(s->fp8, "w8a8"))
         return ls_fail(err, LS_E_USAGE, "fp8 (--fp8) '%s': expected dequant or w8a8", s->fp8);
     if (s->perturb) {
-        int layer;
+        int layer, twin;
         ls_perturb_op op;
-        LS_TRY(ls_run_parse_perturb(s->perturb, &layer, &op, err));
-        if (strcmp(s->backend, "cpu"))
-            return ls_fail(err, LS_E_UNSUPPORTED, "perturb (--perturb) is implemented on the cpu "
-                           "backend only (the cuda backend has no reversed-order kernels)");
+        LS_TRY(ls_run_parse_perturb(s->perturb, &layer, &op, &twin, err));
+        if (!twin && strcmp(s->backend, "cpu"))
+            return ls_fail(err, LS_E_UNSUPPORTED, "perturb (--perturb) '%s': a planted order is implemented on the "
+                           "cpu backend only (the cuda backend has no reversed-order kernels; its fast twins: "
+                           "layer=L,op=OP,twin=fast)", s->perturb);
+        if (twin && strcmp(s->backend, "cuda"))
+            return ls_fail(err, LS_E_UNSUPPORTED, "perturb (--perturb) '%s': the %s backend has no fast twins "
+                           "(a planted order: layer=L,op=OP)", s->perturb, s->backend);
+        if (twin && !ls_run_fast_twin(op, s->tier))
+            return ls_fail(err, LS_E_UNSUPPORTED, "perturb (--perturb) '%s': %s has no fast twin on the cuda "
+                           "backend's %s tier (attention and gdn have one on the portable and tc tiers, combine "
+                           "on the tc tier)", s->perturb, ls_perturb_op_name(op), ls_run_tier_name(s->tier));
+        if (twin && ls_run_spec_world(s) > 1)
+            return ls_fail(err, LS_E_UNSUPPORTED, "perturb (--perturb) '%s': fast twins run on one rank",
+                           s->perturb);
     }
     for (long i = 0; i < s->batch->n; i++) {
         const ls_sequence *q = &s->batch->seqs[i];
@@ -372,6 +387,11 @@ ls_status ls_run_parse_gdn_form(const char *what, const char *v, int *chunked, l
     return LS_OK;
 }
 
+int ls_run_fast_twin(ls_perturb_op op, ls_tier tier)
+{
+    return op == LS_PERTURB_ATTENTION || op == LS_PERTURB_GDN || (op == LS_PERTURB_COMBINE && tier == LS_TIER_TC);
+}
+
 const char *ls_run_tier_name(ls_tier tier)
 {
     return tier == LS_TIER_TC ? "tc" : tier == LS_TIER_FAST ? "fast" : "portable";
@@ -388,17 +408,18 @@ ls_status ls_run_parse_tier(const char *what, const char *v, ls_tier *tier, ls_e
     return ls_fail(err, LS_E_USAGE, "%s '%s': expected portable, tc or fast", what, v);
 }
 
-ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err)
+ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, int *twin, ls_error *err)
 {
     char opname[32];
     int l, used = 0;
-    if (sscanf(spec, "layer=%d,op=%31[a-z_]%n", &l, opname, &used) != 2 || spec[used] != '\0' ||
-        l < 0)
-        return ls_fail(err, LS_E_USAGE, "perturb (--perturb) '%s': expected layer=L,op=OP", spec);
+    if (sscanf(spec, "layer=%d,op=%31[a-z_]%n", &l, opname, &used) != 2 || l < 0 ||
+        (spec[used] != '\0' && strcmp(spec + used, ",twin=fast")))
+        return ls_fail(err, LS_E_USAGE, "perturb (--perturb) '%s': expected layer=L,op=OP[,twin=fast]", spec);
     for (int i = 1; i < LS_PERTURB_COUNT; i++)
         if (strcmp(opname, ls_perturb_op_name((ls_perturb_op)i)) == 0) {
             *layer = l;
             *op = (ls_perturb_op)i;
+            *twin = spec[used] != '\0';
             return LS_OK;
         }
     return ls_fail(err, LS_E_USAGE, "perturb (--perturb): unknown op '%s' (gdn, conv, attention, "
@@ -511,10 +532,11 @@ ls_status ls_run_manifest_facts(const char *backend, int gpu, ls_manifest_opts *
      * engine's layer=L,op=OP reverses no operator the probe can run. */
     ls_probe_opts po = {backend, fp8, NULL, mo->gdn_chunked != NULL};
     if (mo->perturbation) {
-        int layer;
+        int layer, twin;
         ls_perturb_op op;
         ls_error ignored;
-        if (ls_run_parse_perturb(mo->perturbation, &layer, &op, &ignored) == LS_OK)
+        /* a fast twin is no order the probe runs: the rows keep their fingerprints */
+        if (ls_run_parse_perturb(mo->perturbation, &layer, &op, &twin, &ignored) == LS_OK && !twin)
             po.perturb_op = ls_perturb_op_name(op);
     }
     ls_backend *be = NULL;
@@ -1149,7 +1171,8 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
         go.n_evictions = n_plan;
     }
     go.stats = &gstats;
-    if (st == LS_OK && s->perturb) st = ls_run_parse_perturb(s->perturb, &eo.perturb_layer, &eo.perturb_op, err);
+    if (st == LS_OK && s->perturb)
+        st = ls_run_parse_perturb(s->perturb, &eo.perturb_layer, &eo.perturb_op, &eo.perturb_fast, err);
     if (st == LS_OK) st = ls_checkpoint_open(s->checkpoint, &ck, err);
     if (st == LS_OK) st = ls_model_open(ck, &m, err);
     /* the FP8 mode: a choice for FP8 checkpoints only (dequant by default) */

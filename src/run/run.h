@@ -72,7 +72,7 @@ typedef struct ls_run_spec {
     int threads;                   /* CPU worker threads, >= 1 (--threads) */
     long state_digest_every;       /* carried-state digest cadence, >= 1 (--state-digest-every) */
     long max_rows;                 /* packed tokens per forward, >= 1 (--max-rows) */
-    const char *perturb;           /* "layer=L,op=OP" or NULL (--perturb) */
+    const char *perturb;           /* "layer=L,op=OP[,twin=fast]" or NULL (--perturb) */
     const char *dump_layers;       /* "L,L,..." or NULL (--dump-layers) */
     const char *fp8;               /* FP8 checkpoints: "dequant" (NULL: the default) or "w8a8"
                                       (--fp8, docs/numerics.md §9); a checkpoint without
@@ -102,7 +102,8 @@ typedef struct ls_run_spec {
                                       and pinned in numerics.tc_gemms; fast: through cuBLASLt's
                                       default heuristic per call, a non-strict run (manifest mode
                                       fast), the yardstick for what strictness costs. tc and
-                                      fast: one rank, bf16 weights, no perturbation; recorded in
+                                      fast: one rank, bf16 weights, no perturbation but a fast
+                                      twin on tc (ls_run_fast_twin); recorded in
                                       run_params.tier and taken from the rollout by replay --from */
     int ep;                        /* expert-parallel ranks (--ep; docs/parallel.md §3.1): 0 or 1 =
                                       one rank; N > 1 = N ranks, one process each (run/ranks.h),
@@ -192,8 +193,15 @@ ls_status ls_run_topology_check(const ls_run_spec *s, const ls_model *m, ls_erro
 ls_status ls_run_topology_check_checkpoint(const ls_run_spec *s, ls_error *err);
 
 /* Parses a perturbation "layer=L,op=OP" (op one of gdn, conv, attention,
- * router, experts, combine, norm, lm_head). */
-ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, ls_error *err);
+ * router, experts, combine, norm, lm_head): the planted reversed order (the
+ * cpu backend), *twin 0; "layer=L,op=OP,twin=fast": the family's fast twin
+ * (the cuda backend, ls_run_fast_twin), *twin 1 (docs/numerics.md §7). */
+ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, int *twin, ls_error *err);
+
+/* 1 when the cuda backend's tier `tier` has a fast twin for op: attention
+ * (split-KV) and gdn (chunked from the call's start) on the portable and tc
+ * tiers, combine (atomic adds) on the tc tier, whose experts it rides on. */
+int ls_run_fast_twin(ls_perturb_op op, ls_tier tier);
 
 /* A GDN form's name (--gdn-form, lockstep_run_options.gdn_form; docs/numerics.md
  * §5.1): "recurrent" -> *chunked 0, "chunk-aligned" -> 1; anything else
