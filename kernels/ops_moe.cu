@@ -1546,23 +1546,6 @@ static ls_status ls_moe_tc_slot_rows(const ls_cuda_moe *mw, const float *x, cons
     return LS_OK;
 }
 
-extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
-                                            const float *weights, long k, float *out, long T,
-                                            void *scratch, int act_bf16, int order_experts,
-                                            int order_combine, void *stream, ls_error *err)
-{
-    LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
-    LS_TRY(ls_moe_check(mw, k, order_experts, err));
-    if (T <= 0) return LS_OK;
-    cudaStream_t s = (cudaStream_t)stream;
-    float *cbuf = NULL;
-    LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, NULL, &cbuf, err));
-    ls_launch(ls_moe_combine_kernel, ls_blocks_for(T * mw->D, 256), 256, 0, s, cbuf, ids, weights, mw->E, T,
-              k, mw->D, mw->sh_gate != NULL, out, act_bf16);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
-    return LS_OK;
-}
-
 /* The fast tier's combine after the atomic adds: out = act(act(out) + the
  * shared slot) (without a shared expert act(out)), thread per element. */
 __global__ void ls_moe_fast_finish_kernel(const float *cbuf, long T, long k, long D, int has_shared, float *out,
@@ -1575,21 +1558,47 @@ __global__ void ls_moe_fast_finish_kernel(const float *cbuf, long T, long k, lon
     out[e] = has_shared ? ls_act_d(routed + cbuf[((e / D) * (k + 1) + k) * D + e % D], act) : routed;
 }
 
-extern "C" ls_status ls_cuda_moe_forward_fast(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
-                                              const float *weights, long k, float *out, long T, void *scratch,
-                                              int act_bf16, int order_experts, int order_combine, void *stream,
-                                              ls_error *err)
+/* The tensor-core experts and their combine: in top-k order (the tc tier),
+ * or by atomic adds as the down products finish (fast, the fast tier). */
+static ls_status ls_moe_forward_tc(const ls_cuda_moe *mw, const float *x, const int32_t *ids, const float *weights,
+                                   long k, float *out, long T, void *scratch, int act_bf16, int order_experts,
+                                   int order_combine, int fast, void *stream, ls_error *err)
 {
     LS_REQUIRE_CANONICAL(order_combine, err, "moe (combine)");
     LS_TRY(ls_moe_check(mw, k, order_experts, err));
     if (T <= 0) return LS_OK;
     cudaStream_t s = (cudaStream_t)stream;
     float *cbuf = NULL;
-    LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, out, &cbuf, err));
-    ls_launch(ls_moe_fast_finish_kernel, ls_blocks_for(T * mw->D, 256), 256, 0, s, cbuf, T, k, mw->D,
+    LS_TRY(ls_moe_tc_slot_rows(mw, x, ids, weights, k, T, scratch, act_bf16, s, fast ? out : NULL, &cbuf, err));
+    unsigned blocks = ls_blocks_for(T * mw->D, 256);
+    if (fast) {
+        ls_launch(ls_moe_fast_finish_kernel, blocks, 256, 0, s, cbuf, T, k, mw->D, mw->sh_gate != NULL, out,
+                  act_bf16);
+        LS_CUDA_CHECK_LAUNCH("ls_moe_fast_finish_kernel", err);
+        return LS_OK;
+    }
+    ls_launch(ls_moe_combine_kernel, blocks, 256, 0, s, cbuf, ids, weights, mw->E, T, k, mw->D,
               mw->sh_gate != NULL, out, act_bf16);
-    LS_CUDA_CHECK_LAUNCH("ls_moe_fast_finish_kernel", err);
+    LS_CUDA_CHECK_LAUNCH("ls_moe_combine_kernel", err);
     return LS_OK;
+}
+
+extern "C" ls_status ls_cuda_moe_forward_tc(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                            const float *weights, long k, float *out, long T,
+                                            void *scratch, int act_bf16, int order_experts,
+                                            int order_combine, void *stream, ls_error *err)
+{
+    return ls_moe_forward_tc(mw, x, ids, weights, k, out, T, scratch, act_bf16, order_experts, order_combine, 0,
+                             stream, err);
+}
+
+extern "C" ls_status ls_cuda_moe_forward_fast(const ls_cuda_moe *mw, const float *x, const int32_t *ids,
+                                              const float *weights, long k, float *out, long T, void *scratch,
+                                              int act_bf16, int order_experts, int order_combine, void *stream,
+                                              ls_error *err)
+{
+    return ls_moe_forward_tc(mw, x, ids, weights, k, out, T, scratch, act_bf16, order_experts, order_combine, 1,
+                             stream, err);
 }
 
 /* ---- expert parallelism: slot rows and their combine ----------------------------- */
