@@ -97,8 +97,8 @@ static const ls_provider cuda_fast_rows[] = {
      "4warps/block per (query, head, key span), warp per 4 keys at a time, lane per 8 head dims",
      "key spans per (query, head): enough for two blocks an SM by the call's queries x heads, each >= 32 keys",
      "fp32", "split-kv-online-softmax-fma-by-call", "portable", "fast"},
-    {"combine", "cuda-fast", "atomicAdd in ls_moe_tc_down_kernel + ls_moe_fast_finish_kernel (expert-parallel "
-     "runs: ls_moe_combine_slots_kernel)", "thread per (pair, column) of a down block's output tile",
+    {"combine", "cuda-fast", "atomicAdd in ls_moe_tc_down_kernel + ls_moe_fast_finish_kernel",
+     "thread per (pair, column) of a down block's output tile",
      "none", "fp32", "atomic-add-hardware-order", "portable", "fast"},
     {"gdn_recurrent", "cuda-fast", "a sequence's call of 64 tokens or more: ls_gdnt_rows_kernel+"
      "ls_gdnt_state_kernel+ls_gdnt_out_kernel+ls_gdnt_mat_kernel; shorter: ls_gdn_recurrent_kernel+"
