@@ -780,9 +780,9 @@ extern "C" ls_status ls_cuda_attention_fast_batch(const float *q, const float *c
         ls_att_rows(row0 + s0, len + s0, n, &first, &end);
         long units = (end - first) * Hq, S = ls_att_fast_spans(units, cap);
         size_t need = S > 1 ? sizeof(float) * (size_t)units * (size_t)S * (size_t)(d + 2) : 0;
-        LS_CUDA_REQUIRE(need <= scratch_bytes && (!need || scratch), err,
-                        "cuda fast attention: %zu bytes of scratch needed, %zu given "
-                        "(ls_cuda_attention_fast_scratch_bytes)", need, scratch_bytes);
+        if (need > scratch_bytes || (need && !scratch))
+            return ls_fail(err, LS_E_INTERNAL, "cuda fast attention: %zu bytes of scratch needed, %zu given "
+                           "(ls_cuda_attention_fast_scratch_bytes)", need, scratch_bytes);
         long span = (cap + S - 1) / S;
         ls_launch(ls_att_fast_span_kernel, dim3((unsigned)(maxlen * Hq), (unsigned)S, (unsigned)n),
                   LS_ATT_FAST_WARPS * LS_WARP, 0, s, q, sq, page, cap, pos, o, Hq, Hkv, d, scale, span,
