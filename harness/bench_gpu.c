@@ -261,7 +261,8 @@ static uint64_t mix(uint64_t z)
 static const char *g_preset = "qwen3-next-80b-a3b";
 static const char *g_fp8;      /* NULL bf16; "dequant" or "w8a8": the FP8 release layout */
 static ls_tier g_tier;         /* --tier: tc pinned cuBLASLt GEMMs for the linears and lm_head, fast
-                                  the default heuristic's per call (backend_cuda.h tier) */
+                                  the default heuristic's per call and the other families' fast
+                                  twins (backend_cuda.h tier) */
 
 /* The preset's config with its first L layers (all with L = 0), through the
  * parser every checkpoint's config.json goes through; with --fp8 the FP8
