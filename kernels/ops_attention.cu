@@ -731,18 +731,24 @@ ls_att_fast_merge_kernel(ls_att_seqs sq, float *o, long Hq, long d, long S, long
     }
 }
 
-/* The rows a call's sequences span in q: [first, end). */
-static void ls_att_rows(const long *row0, const long *len, long nseq, long *first, long *end)
+/* The split of one launch's n sequences: *first the first row they span in
+ * q, *S the spans per (query, head); returns the scratch bytes of their
+ * partial results (0 when S = 1). */
+static size_t ls_att_fast_plan(const long *row0, const long *len, long n, long Hq, long d, long cap, long *first,
+                               long *S)
 {
-    *first = 0;
-    *end = 0;
+    long end = 0;
     int any = 0;
-    for (long s = 0; s < nseq; s++) {
+    *first = 0;
+    for (long s = 0; s < n; s++) {
         if (len[s] <= 0) continue;
         if (!any || row0[s] < *first) *first = row0[s];
-        if (!any || row0[s] + len[s] > *end) *end = row0[s] + len[s];
+        if (!any || row0[s] + len[s] > end) end = row0[s] + len[s];
         any = 1;
     }
+    long units = (end - *first) * Hq;
+    *S = units > 0 ? ls_att_fast_spans(units, cap) : 1;
+    return *S > 1 ? sizeof(float) * (size_t)units * (size_t)*S * (size_t)(d + 2) : 0;
 }
 
 extern "C" size_t ls_cuda_attention_fast_scratch_bytes(const long *row0, const long *len, long nseq, long Hq,
@@ -750,10 +756,8 @@ extern "C" size_t ls_cuda_attention_fast_scratch_bytes(const long *row0, const l
 {
     size_t most = 0;
     for (long s0 = 0; s0 < nseq && Hq > 0 && d > 0 && cap > 0; s0 += LS_CUDA_SEQ_CHUNK) {
-        long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK, first, end;
-        ls_att_rows(row0 + s0, len + s0, n, &first, &end);
-        long units = (end - first) * Hq, S = units > 0 ? ls_att_fast_spans(units, cap) : 1;
-        size_t b = S > 1 ? sizeof(float) * (size_t)units * (size_t)S * (size_t)(d + 2) : 0;
+        long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK, first, S;
+        size_t b = ls_att_fast_plan(row0 + s0, len + s0, n, Hq, d, cap, &first, &S);
         most = b > most ? b : most;
     }
     return most;
@@ -771,15 +775,13 @@ extern "C" ls_status ls_cuda_attention_fast_batch(const float *q, const float *c
     float scale = (float)(1.0 / sqrt((double)d));
     cudaStream_t s = (cudaStream_t)stream;
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
-        long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK, first, end;
+        long n = nseq - s0 < LS_CUDA_SEQ_CHUNK ? nseq - s0 : LS_CUDA_SEQ_CHUNK, first, S;
         ls_att_seqs sq;
         long maxlen = ls_att_seqs_fill(&sq, kcs, vcs, pts, row0, len, NULL, s0, n);
         if (maxlen <= 0) continue;
         LS_CUDA_REQUIRE(maxlen * Hq <= 0x7fffffffL, err, "cuda fast attention: %ld tokens x %ld heads in one call",
                         maxlen, Hq);
-        ls_att_rows(row0 + s0, len + s0, n, &first, &end);
-        long units = (end - first) * Hq, S = ls_att_fast_spans(units, cap);
-        size_t need = S > 1 ? sizeof(float) * (size_t)units * (size_t)S * (size_t)(d + 2) : 0;
+        size_t need = ls_att_fast_plan(row0 + s0, len + s0, n, Hq, d, cap, &first, &S);
         if (need > scratch_bytes || (need && !scratch))
             return ls_fail(err, LS_E_INTERNAL, "cuda fast attention: %zu bytes of scratch needed, %zu given "
                            "(ls_cuda_attention_fast_scratch_bytes)", need, scratch_bytes);

@@ -795,10 +795,9 @@ extern "C" ls_status ls_cuda_gdn_fast(const float *q, const float *k, const floa
 {
     ls_status st = gdnt_check("gdn (fast tier)", Hk, Hv, dk, dv, err);
     if (st != LS_OK || T <= 0) return st;
-    size_t sb = gdn_fast_state_bytes(Hv, dk, dv);
-    if (scratch_bytes < ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv))
-        return ls_fail(err, LS_E_INTERNAL, "cuda fast gdn: scratch of %zu bytes, %zu needed", scratch_bytes,
-                       ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv));
+    size_t sb = gdn_fast_state_bytes(Hv, dk, dv), need = ls_cuda_gdn_fast_scratch_bytes(T, Hv, dk, dv);
+    if (scratch_bytes < need)
+        return ls_fail(err, LS_E_INTERNAL, "cuda fast gdn: scratch of %zu bytes, %zu needed", scratch_bytes, need);
     float *cs = (float *)scratch; /* the chunk state: S0 the call's start state, no rows pending */
     LS_CUDA_CHECK(cudaMemcpyAsync(cs, state, sizeof(float) * (size_t)(Hv * dk * dv), cudaMemcpyDeviceToDevice,
                                   (cudaStream_t)stream),
