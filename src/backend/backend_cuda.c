@@ -832,13 +832,15 @@ static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls
     /* the fast twin: a sequence of a chunk or more its own chunked call
      * (cu_gdn_recurrent), the others in the one recurrent launch */
     ls_order asked = order;
-    int twin = fast_twin(IMPL(be), &order);
-    long *rec = malloc(sizeof *rec * (size_t)(nseq > 0 ? nseq : 1));
-    if (!rec) return ls_fail(err, LS_E_NOMEM, "cuda gdn_recurrent batch: %ld sequences", nseq);
+    long *rec = NULL; /* the twin: the lengths left to the recurrent launch */
+    if (fast_twin(IMPL(be), &order)) {
+        rec = malloc(sizeof *rec * (size_t)(nseq > 0 ? nseq : 1));
+        if (!rec) return ls_fail(err, LS_E_NOMEM, "cuda gdn_recurrent batch: %ld sequences", nseq);
+    }
     ls_status r = LS_OK;
-    for (long s = 0; s < nseq && r == LS_OK; s++) {
+    for (long s = 0; rec && s < nseq && r == LS_OK; s++) {
         rec[s] = len[s];
-        if (!twin || len[s] < LS_CUDA_GDN_CHUNK) continue;
+        if (len[s] < LS_CUDA_GDN_CHUNK) continue;
         gdn_rows g = gdn_rows_at(q, k, v, alpha, beta, o, row0[s], Hk, Hv, dk, dv);
         r = cu_gdn_recurrent(be, g.q, g.k, g.v, g.alpha, g.beta, (ls_view){states[s], 0}, g.o, len[s], Hk, Hv, dk, dv,
                              act_bf16, asked, err);
@@ -846,8 +848,8 @@ static ls_status cu_gdn_recurrent_batch(ls_backend *be, ls_view q, ls_view k, ls
     }
     float **st = r == LS_OK ? dev_ptrs(states, nseq, err) : NULL;
     if (st)
-        r = ls_cuda_gdn_recurrent_batch(F(q), F(k), F(v), F(alpha), F(beta), st, row0, rec, nseq, F(o), Hk, Hv, dk,
-                                        dv, act_bf16, (int)order, STREAM(be), err);
+        r = ls_cuda_gdn_recurrent_batch(F(q), F(k), F(v), F(alpha), F(beta), st, row0, rec ? rec : len, nseq, F(o),
+                                        Hk, Hv, dk, dv, act_bf16, (int)order, STREAM(be), err);
     else if (r == LS_OK)
         r = LS_E_NOMEM;
     free(st);
