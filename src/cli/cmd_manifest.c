@@ -171,14 +171,7 @@ static int parse_live(int argc, char **argv, const ls_cli_opt *opts, ls_manifest
     const char *tn = ls_run_tier_name(*tier);
     if (*tier != LS_TIER_PORTABLE && strcmp(o->backend, "cuda"))
         return ls_cli_usage_error(CMD, "--tier %s runs on the cuda backend only (--backend is %s)", tn, o->backend);
-    int player, twin = 0; /* a spec that is not the engine's is recorded as given */
-    ls_perturb_op pop;
-    ls_error ignored;
-    if (o->perturbation && ls_run_parse_perturb(o->perturbation, &player, &pop, &twin, &ignored) != LS_OK) twin = 0;
-    if (*tier != LS_TIER_PORTABLE && o->perturbation && !(twin && *tier == LS_TIER_TC))
-        return ls_cli_usage_error(CMD, "--perturb applies to the portable tier, and on the tc tier as a fast "
-                                  "twin (layer=L,op=OP,twin=fast; the %s tier's GEMMs have cuBLASLt's orders only)",
-                                  tn);
+    if (ls_run_perturb_tier_check(o->perturbation, *tier, &err) != LS_OK) return ls_cli_report(CMD, &err);
     if (*tier == LS_TIER_FAST && mode_given && strcmp(o->mode, "fast"))
         return ls_cli_usage_error(CMD, "--tier fast is a fast-mode run (--mode %s)", o->mode);
     /* the chunk-aligned GDN row is the backend's in the tier */

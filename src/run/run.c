@@ -277,13 +277,7 @@ ls_status ls_run_spec_validate(const ls_run_spec *s, ls_error *err)
         if (ls_run_spec_world(s) > 1)
             return ls_fail(err, LS_E_UNSUPPORTED, "tier (--tier) %s runs on one rank (--tp, --ep and --afd "
                            "are not built for it yet)", t);
-        int layer, twin = 0;
-        ls_perturb_op op;
-        if (s->perturb && ls_run_parse_perturb(s->perturb, &layer, &op, &twin, err) != LS_OK) return LS_E_USAGE;
-        if (s->perturb && !(twin && s->tier == LS_TIER_TC))
-            return ls_fail(err, LS_E_USAGE, "perturb (--perturb) applies to the portable tier, and on the tc tier "
-                           "as a fast twin, layer=L,op=OP,twin=fast (the %s tier's GEMMs have cuBLASLt's orders "
-                           "only)", t);
+        LS_TRY(ls_run_perturb_tier_check(s->perturb, s->tier, err));
     }
     if (s->gdn_chunked && !ls_backend_gdn_chunked_provider(s->backend, s->tier))
         return ls_fail(err, LS_E_UNSUPPORTED, "gdn_form (--gdn-form) chunk-aligned: backend %s has no kernel "
@@ -385,6 +379,19 @@ ls_status ls_run_parse_gdn_form(const char *what, const char *v, int *chunked, l
         return ls_fail(err, LS_E_USAGE, "%s '%s': expected recurrent or chunk-aligned", what, v);
     *chunked = !strcmp(v, "chunk-aligned");
     return LS_OK;
+}
+
+ls_status ls_run_perturb_tier_check(const char *spec, ls_tier tier, ls_error *err)
+{
+    int layer, twin = 0;
+    ls_perturb_op op;
+    ls_error ignored;
+    if (!spec || tier == LS_TIER_PORTABLE) return LS_OK;
+    if (ls_run_parse_perturb(spec, &layer, &op, &twin, &ignored) != LS_OK) twin = 0; /* recorded as given */
+    if (twin && tier == LS_TIER_TC) return LS_OK;
+    return ls_fail(err, LS_E_USAGE, "perturb (--perturb) applies to the portable tier, and on the tc tier as a fast "
+                   "twin, layer=L,op=OP,twin=fast (the %s tier's GEMMs have cuBLASLt's orders only)",
+                   ls_run_tier_name(tier));
 }
 
 int ls_run_fast_twin(ls_perturb_op op, ls_tier tier)

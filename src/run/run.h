@@ -198,6 +198,12 @@ ls_status ls_run_topology_check_checkpoint(const ls_run_spec *s, ls_error *err);
  * (the cuda backend, ls_run_fast_twin), *twin 1 (docs/numerics.md §7). */
 ls_status ls_run_parse_perturb(const char *spec, int *layer, ls_perturb_op *op, int *twin, ls_error *err);
 
+/* A perturbation on tier `tier`: any on the portable tier, only a fast twin
+ * (layer=L,op=OP,twin=fast) on the tc tier, none on the fast tier; else
+ * LS_E_USAGE naming --perturb. A spec that is not the engine's counts as no
+ * twin. NULL: LS_OK. */
+ls_status ls_run_perturb_tier_check(const char *spec, ls_tier tier, ls_error *err);
+
 /* 1 when the cuda backend's tier `tier` has a fast twin for op: attention
  * (split-KV) and gdn (chunked from the call's start) on the portable and tc
  * tiers, combine (atomic adds) on the tc tier, whose experts it rides on. */
