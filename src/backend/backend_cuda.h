@@ -46,8 +46,10 @@ typedef struct ls_backend_cuda_opts {
                                         experts on tensor cores (ls_cuda_moe_forward_tc;
                                         fast: ls_cuda_moe_forward_fast, its combine by
                                         atomics), fast its attention split by the call's
-                                        size (ls_cuda_attention_fast_batch); the other ops
-                                        stay portable in every tier */
+                                        size (ls_cuda_attention_fast_batch) and its GDN
+                                        calls of 64 tokens or more chunked from their start
+                                        (ls_cuda_gdn_fast); the other ops stay portable in
+                                        every tier */
     long tc_rows;                    /* tc and fast: the rows per call each shape is prepared
                                         (tc: qualified) for: the larger of this and
                                         prepare_linear's max_rows (a fixed value makes the

@@ -75,9 +75,10 @@ const ls_provider *ls_backend_gdn_chunked_provider(const char *backend, ls_tier 
  * version); fast the default heuristic's pick per call, a non-strict row.
  * The experts are lockstep's own WMMA kernels in both tiers; the fast tier
  * adds their routed rows with atomics (its combine), splits attention's
- * keys by the call's size and runs GDN calls of more than one token in
- * chunks counted from the call's start (FLA's prefill). The order within an instruction is the
- * hardware's, so the order ids are new and no probe applies. */
+ * keys by the call's size and runs a sequence's GDN call of 64 tokens or
+ * more in chunks counted from the call's start (FLA's prefill). The order
+ * within an instruction is the hardware's, so the order ids are new and no
+ * probe applies. */
 #define TC(op) \
     {op, "cuda-tensor-core", "ls_tc_to_bf16_kernel + cuBLASLt pinned algorithm + ls_tc_out_kernel", \
      "per weight shape: the pinned record's tile, stages and CTA swizzle", "none (split-K 1, no reduction scheme)", \

@@ -153,7 +153,8 @@ ls_status ls_ablate_write_json(const char *path, const ls_ablate_opts *o, const 
                         "schema", "lockstep-ablate/1", "substitute", substitute, "fast_tier", twin,
                         "command", o->command ? json_string(o->command) : json_null(), "model_fingerprint",
                         r->merkle_root, "manifest_digest", r->manifest_digest, "backend",
-                        o->backend ? o->backend : "cpu", "tier", ls_run_tier_name(o->tier), "mode", r->mode, "max_new_tokens", (json_int_t)o->max_new,
+                        o->backend ? o->backend : "cpu", "tier", ls_run_tier_name(o->tier), "mode", r->mode,
+                        "max_new_tokens", (json_int_t)o->max_new,
                         "prompts", o->prompts ? o->prompts : "", "layers", o->layers ? o->layers : "sample",
                         "decoder_layers", (json_int_t)r->n_layers, "sequences", (json_int_t)r->n_seqs,
                         "strict_positions", (json_int_t)r->strict_positions, "strict_seconds", r->strict_seconds,
@@ -280,7 +281,8 @@ void ls_ablate_print(FILE *out, const ls_ablate_opts *o, const ls_ablate_result 
 {
     int twin;
     fprintf(out, "ablation (%s): %s; %s, %ld sequences, %llu positions\ncontrol (strict run again): %s\n\n",
-            ls_ablate_substitute(o, &twin), r->merkle_root, r->mode, r->n_seqs, (unsigned long long)r->strict_positions,
+            ls_ablate_substitute(o, &twin), r->merkle_root, r->mode, r->n_seqs,
+            (unsigned long long)r->strict_positions,
             r->control.outcome == LS_ABLATE_NO_DRIFT ? "bitwise equal" : "DRIFTS (the strict run is not deterministic)");
     fprintf(out, "%-10s %-5s %-8s %-9s %-13s %-32s %-16s %-13s %s\n", "family", "layer", "planted", "outcome",
             "first drift", "trace layer", "what", "max|dlogprob|", "greedy");
