@@ -29,7 +29,7 @@ static const char usage_text[] =
     "reported as not ablatable on that backend.\n"
     "\n"
     "options:\n"
-    "  --checkpoint DIR          the checkpoint (required)\n"
+    "  --checkpoint DIR          the checkpoint (required; or synth:PRESET,seed=N,..., as for run)\n"
     "  --prompts FILE            JSONL, one {\"id\": N, \"tokens\": [...]} per line (required)\n"
     "  --max-new-tokens N        tokens generated per prompt, greedy (required)\n"
     "  --mode rollout|replay     compare rollouts (default), or replays of the strict\n"

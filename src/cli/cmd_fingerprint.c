@@ -8,6 +8,7 @@
 #include "core/util.h"
 #include "fingerprint/fingerprint.h"
 #include "io/checkpoint.h"
+#include "run/run.h"
 
 static const char help[] =
     "usage: lockstep fingerprint --checkpoint DIR [--threads N] [--json]\n"
@@ -18,7 +19,9 @@ static const char help[] =
     "manifest/README.md). The root does not depend on how tensors are sharded.\n"
     "\n"
     "  --checkpoint DIR  directory with config.json and model.safetensors or\n"
-    "                    model.safetensors.index.json plus shards\n"
+    "                    model.safetensors.index.json plus shards; or\n"
+    "                    synth:PRESET,seed=N,... (as for run): the checkpoint lockstep\n"
+    "                    synth writes, generated in memory and hashed as generated\n"
     "  --threads N       hashing threads (default: online cores); tensors are\n"
     "                    spread across threads, each tensor hashed by one\n"
     "  --json            print a JSON object (root, config digest, every tensor,\n"
@@ -65,7 +68,7 @@ int ls_cmd_fingerprint(int argc, char **argv)
         return ls_cli_report("fingerprint", &err);
     }
     ls_checkpoint *ck;
-    if (ls_checkpoint_open(dir, &ck, &err) != LS_OK) return ls_cli_report("fingerprint", &err);
+    if (ls_run_checkpoint_open(dir, &ck, NULL, &err) != LS_OK) return ls_cli_report("fingerprint", &err);
     ls_fingerprint fp;
     ls_fingerprint_opts fo = {threads, 1};
     if (ls_fingerprint_checkpoint(ck, &fo, &fp, &err) != LS_OK) {

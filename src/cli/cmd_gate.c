@@ -24,6 +24,7 @@ static const char usage_text[] =
     "set equality, max |d logprob|, PASS/FAIL; then the first drift of a failure.\n"
     "\n"
     "options:\n"
+    "  --checkpoint DIR       the checkpoint (or synth:PRESET,seed=N,..., as for run)\n"
     "  --max-new-tokens N     tokens generated per prompt (default 16)\n"
     "  --backend cpu|cuda     operator backend (default cpu)\n"
     "  --gpu N                --backend cuda only: the CUDA device of every run (default 0)\n"

@@ -61,6 +61,10 @@ static const char help[] =
     "        every operator whose reduction fingerprint (re-probed here) differs.\n"
     "digest  prints the SHA-256 of the manifest's canonical JSON (what traces embed).\n"
     "\n"
+    "--checkpoint takes a directory or synth:PRESET,seed=N,... (as for run): the\n"
+    "checkpoint lockstep synth writes, generated in memory; its manifest is the written\n"
+    "one's but for checkpoint.path (the spec, every field spelled out).\n"
+    "\n"
     "Under 'lockstep --quiet' only -o - and --json print; the exit code is the verdict.\n"
     "exit codes: 0 identical or informational differences only (verify: claim holds),\n"
     "            1 a voiding difference, 2 bad input or could not do the job\n";
@@ -294,7 +298,11 @@ static int cmd_pin(int argc, char **argv)
     ls_status st = ls_output_path_check(out, &err); /* before hashing the checkpoint */
     if (st == LS_OK) st = tier_rows(&o, tier, gpu, &recs, &n_recs, &err);
     if (st == LS_OK) st = ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err);
+    ls_checkpoint *ck = NULL; /* a directory or a synth: spec (ls_run_checkpoint_open) */
+    if (st == LS_OK) st = ls_run_checkpoint_open(o.checkpoint_dir, &ck, NULL, &err);
+    o.checkpoint = ck;
     if (st == LS_OK) st = ls_manifest_build(&o, &m, &err);
+    ls_checkpoint_close(ck);
     ls_run_tc_pins_free(recs, n_recs);
     if (st != LS_OK) return ls_cli_report(CMD, &err);
     st = ls_manifest_save(m, out, &err);
@@ -357,7 +365,11 @@ static int cmd_verify(int argc, char **argv)
     size_t n_recs = 0;
     ls_status st = tier_rows(&o, tier, gpu, &recs, &n_recs, &err);
     if (st == LS_OK) st = ls_run_manifest_facts(o.backend, gpu, &o, &facts, &err);
+    ls_checkpoint *ck = NULL;
+    if (st == LS_OK) st = ls_run_checkpoint_open(o.checkpoint_dir, &ck, NULL, &err);
+    o.checkpoint = ck;
     if (st == LS_OK) st = ls_manifest_verify(pinned, &o, &d, &err);
+    ls_checkpoint_close(ck);
     ls_run_tc_pins_free(recs, n_recs);
     json_decref(pinned);
     if (st != LS_OK) return ls_cli_report(CMD, &err);

@@ -121,6 +121,7 @@ typedef struct fp_task {
 } fp_task;
 
 typedef struct fp_job {
+    const ls_checkpoint *ck;     /* the tensors' checkpoint (a generated tensor streams from it) */
     const ls_tensor *const *src; /* [count of the fingerprint] tensors in name order: exposed and
                                     skipped; borrowed from the checkpoint */
     ls_tensor_fp *out;           /* [count of the fingerprint]; workers fill .digest */
@@ -187,52 +188,79 @@ static uint64_t first_nonfinite(const uint8_t *p, uint64_t n_bytes, unsigned w, 
  * the hash reads them again from the L2 cache, not from memory. */
 #define LS_FP_STEP_BYTES ((size_t)64 << 10)
 
+/* One tensor being hashed: its digest so far and its finiteness scan. */
+typedef struct fp_feed {
+    fp_job *job;
+    ls_sha256 h;
+    uint64_t mask;               /* ls_dtype_nonfinite_mask of its dtype */
+    unsigned w;                  /* element bytes */
+    int scan;                    /* 1 while no non-finite element has been seen */
+    uint64_t done;               /* bytes fed so far */
+    uint64_t *first_bad;
+} fp_feed;
+
+/* The next piece of a tensor's bytes (whole elements), scanned for
+ * finiteness and hashed step by step. Fails once another worker failed, to
+ * stop the tensor early (that error is never reported). */
+static ls_status fp_feed_piece(void *ctx, const void *bytes, size_t n, ls_error *err)
+{
+    fp_feed *f = ctx;
+    const uint8_t *p = bytes;
+    ls_status st = LS_OK;
+    /* LS_FP_STEP_BYTES is a multiple of every element width, so each step
+     * holds whole elements. */
+    for (size_t k = 0; st == LS_OK && k < n; k += LS_FP_STEP_BYTES) {
+        size_t m = n - k < LS_FP_STEP_BYTES ? n - k : LS_FP_STEP_BYTES;
+        if (f->scan) {
+            uint64_t bad = first_nonfinite(p + k, m, f->w, f->mask);
+            if (bad != LS_FP_ALL_FINITE) {
+                *f->first_bad = (f->done + k) / f->w + bad;
+                f->scan = 0; /* the first one is all that is reported */
+            }
+        }
+        st = ls_sha256_update(&f->h, p + k, m, err);
+    }
+    f->done += n;
+    ls_progress_add(&f->job->progress, n);
+    if (st == LS_OK && atomic_load_explicit(&f->job->failed, memory_order_relaxed))
+        st = ls_fail(err, LS_E_INTERNAL, "stopped: another tensor failed");
+    return st;
+}
+
 /* SHA-256 of t's bytes into *out and, for a floating dtype, the index of
  * its first non-finite element into *first_bad (LS_FP_ALL_FINITE if none):
- * one pass over the mapping serves both. */
+ * one pass over the mapping serves both. A generated tensor's bytes come
+ * from its checkpoint's source, piece by piece. */
 static ls_status hash_tensor(fp_job *job, const ls_tensor *t, ls_digest *out, uint64_t *first_bad,
                              ls_error *err)
 {
-    const uint8_t *p = t->data;
-    uint64_t left = t->size_bytes, done = 0;
-    const uint64_t mask = ls_dtype_nonfinite_mask(t->dtype);
-    const unsigned w = (unsigned)ls_dtype_size(t->dtype);
+    fp_feed f = {.job = job, .mask = ls_dtype_nonfinite_mask(t->dtype), .w = (unsigned)ls_dtype_size(t->dtype),
+                 .first_bad = first_bad};
     *first_bad = LS_FP_ALL_FINITE;
-    int scan = mask != 0 && w > 0 && w <= 8 && (8 % w) == 0;
+    f.scan = f.mask != 0 && f.w > 0 && f.w <= 8 && (8 % f.w) == 0;
+    const uint8_t *p = t->data;
+    uint64_t left = t->size_bytes;
     if (left > 0 && p) {
         /* Advice only: tell the kernel to read ahead and drop behind. */
         long page = sysconf(_SC_PAGESIZE);
         uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
         (void)madvise((void *)a, (size_t)((uintptr_t)p + left - a), MADV_SEQUENTIAL);
     }
-    ls_sha256 h;
-    ls_status st = ls_sha256_init(&h, err);
-    while (st == LS_OK && left > 0) {
+    ls_status st = ls_sha256_init(&f.h, err);
+    if (st == LS_OK && !p && left > 0) st = ls_checkpoint_stream(job->ck, t, fp_feed_piece, &f, err);
+    for (; st == LS_OK && p && left > 0; p += LS_FP_CHUNK_BYTES) {
         size_t n = left < LS_FP_CHUNK_BYTES ? (size_t)left : LS_FP_CHUNK_BYTES;
-        /* LS_FP_STEP_BYTES and LS_FP_CHUNK_BYTES are multiples of every
-         * element width, so each step holds whole elements. */
-        for (size_t k = 0; st == LS_OK && k < n; k += LS_FP_STEP_BYTES) {
-            size_t m = n - k < LS_FP_STEP_BYTES ? n - k : LS_FP_STEP_BYTES;
-            if (scan) {
-                uint64_t bad = first_nonfinite(p + k, m, w, mask);
-                if (bad != LS_FP_ALL_FINITE) {
-                    *first_bad = (done + k) / w + bad;
-                    scan = 0; /* the first one is all that is reported */
-                }
-            }
-            st = ls_sha256_update(&h, p + k, m, err);
-        }
-        p += n;
-        done += n;
+        st = fp_feed_piece(&f, p, n, err);
         left -= n;
-        ls_progress_add(&job->progress, n);
-        if (atomic_load_explicit(&job->failed, memory_order_relaxed)) break;
     }
+    if (st == LS_OK && f.done != t->size_bytes)
+        st = ls_fail(err, LS_E_INTERNAL, "%llu bytes of %llu", (unsigned long long)f.done,
+                     (unsigned long long)t->size_bytes);
     if (st != LS_OK) {
-        ls_sha256_discard(&h);
+        ls_sha256_discard(&f.h);
         return ls_error_prefix(err, "tensor %s", t->name);
     }
-    return ls_sha256_final(&h, out, err);
+    return ls_sha256_final(&f.h, out, err);
 }
 
 static void *fp_worker(void *arg)
@@ -268,7 +296,7 @@ static int by_size_desc(const void *a, const void *b)
 
 /* Hashes the n tensors of tasks[] into out[].digest over up to `threads`
  * threads, largest first so the last tensor to finish is a small one. */
-static ls_status hash_tasks(const ls_tensor *const *src, ls_tensor_fp *out, fp_task *tasks, size_t n,
+static ls_status hash_tasks(const ls_checkpoint *ck, const ls_tensor *const *src, ls_tensor_fp *out, fp_task *tasks, size_t n,
                             int threads, int progress, uint64_t bytes, int *threads_used,
                             ls_error *err)
 {
@@ -284,6 +312,7 @@ static ls_status hash_tasks(const ls_tensor *const *src, ls_tensor_fp *out, fp_t
         free(tids);
         return ls_fail_nomem(err, (size_t)threads * (sizeof *job + sizeof *tids), "fingerprint: tables of %d threads", threads);
     }
+    job->ck = ck;
     job->src = src;
     job->out = out;
     job->tasks = tasks;
@@ -558,6 +587,10 @@ static ls_status refuse_nonfinite(const ls_checkpoint *ck, const ls_tensor *cons
     const ls_tensor *t = src[first];
     const unsigned w = (unsigned)ls_dtype_size(t->dtype);
     const uint64_t idx = fp->tensors[first].first_nonfinite, mask = ls_dtype_nonfinite_mask(t->dtype);
+    if (!t->data) /* generated: its bytes are gone, its index is what there is */
+        return ls_fail(err, LS_E_INPUT, "%s: tensor '%.300s' element %llu of %llu is not finite: "
+                       "non-finite weights are refused (%zu tensor%s with one)", ls_checkpoint_dir(ck), t->name,
+                       (unsigned long long)idx, (unsigned long long)(t->size_bytes / w), bad, bad == 1 ? "" : "s");
     const uint64_t bits = load_le((const uint8_t *)t->data + idx * w, w);
     const uint64_t sign = (uint64_t)1 << (8 * w - 1);
     const char *what = (bits & ~mask & ~sign) || t->dtype == LS_DTYPE_F8_E4M3 ? "NaN"
@@ -660,6 +693,7 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
         f->size_bytes = t->size_bytes;
         f->first_nonfinite = LS_FP_ALL_FINITE;
         out->total_bytes += t->size_bytes;
+        if (t->shard < 0 && ls_checkpoint_generated(ck)) continue; /* no shard: hashed below */
         if (t->shard < 0 || (size_t)t->shard >= nshards) {
             st = ls_fail(err, LS_E_INTERNAL, "tensor %s: shard %d out of range", t->name, t->shard);
             goto done;
@@ -677,7 +711,7 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
         }
         for (size_t i = 0; i < count; i++) {
             int s = src[i]->shard;
-            by_shard[shards[s].first + fill[s]++] = i;
+            if (s >= 0) by_shard[shards[s].first + fill[s]++] = i;
         }
         free(fill);
     }
@@ -710,8 +744,15 @@ ls_status ls_fingerprint_checkpoint_cached(const ls_checkpoint *ck,
             ntasks++;
         }
     }
+    for (size_t i = 0; i < count; i++) /* a generated checkpoint's tensors: always hashed */
+        if (src[i]->shard < 0) {
+            out->bytes_hashed += out->tensors[i].size_bytes;
+            tasks[ntasks].index = i;
+            tasks[ntasks].size_bytes = out->tensors[i].size_bytes;
+            ntasks++;
+        }
     uint64_t t0 = ls_now_ns();
-    st = hash_tasks(src, out->tensors, tasks, ntasks, threads, opts && opts->progress,
+    st = hash_tasks(ck, src, out->tensors, tasks, ntasks, threads, opts && opts->progress,
                     out->bytes_hashed, &out->threads_used, err);
     out->elapsed_ns = ls_now_ns() - t0;
     if (st != LS_OK) goto done;

@@ -33,6 +33,10 @@ struct ls_checkpoint {
                                    name; owned array (names borrowed from the shards) */
     size_t n_ignored;
     uint64_t total_bytes;       /* sum of exposed tensors' size_bytes */
+    int generated;              /* 1: ls_checkpoint_open_generated, no shards */
+    ls_tensor_source source;    /* generated: where the bytes come from */
+    char **gen_names;           /* generated: the stored names, owned */
+    size_t n_gen_names;
 };
 
 static char *path_join(const char *dir, const char *name)
@@ -210,42 +214,54 @@ static int cmp_tensor_name(const void *a, const void *b)
     return strcmp(((const ls_tensor *)a)->name, ((const ls_tensor *)b)->name);
 }
 
-static ls_status build_table(ls_checkpoint *ck, ls_error *err)
+/* Where tensor t is, for messages: its shard's path, or the checkpoint's
+ * label for a generated tensor. */
+static const char *where(const ls_checkpoint *ck, const ls_tensor *t)
 {
-    size_t total = 0;
-    for (size_t s = 0; s < ck->nshards; s++) total += ls_safetensors_count(ck->shards[s]);
+    return t->shard >= 0 ? ck->shard_paths[t->shard] : ck->dir;
+}
+
+static ls_status table_reserve(ls_checkpoint *ck, size_t total, ls_error *err)
+{
     ck->tensors = calloc(total ? total : 1, sizeof *ck->tensors);
     ck->ignored = calloc(total ? total : 1, sizeof *ck->ignored);
     if (!ck->tensors || !ck->ignored) return ls_fail(err, LS_E_NOMEM, "%s: out of memory", ck->dir);
-    for (size_t s = 0; s < ck->nshards; s++) {
-        const ls_safetensors *st = ck->shards[s];
-        for (size_t i = 0; i < ls_safetensors_count(st); i++) {
-            const ls_tensor *src = ls_safetensors_at(st, i);
-            const char *sn = src->stored_name;
-            if (ls_checkpoint_name_skipped(sn)) {
-                ls_tensor *g = &ck->ignored[ck->n_ignored++];
-                *g = *src;
-                g->name = sn;
-                g->shard = (int)s;
-                continue;
-            }
-            ls_tensor *t = &ck->tensors[ck->count];
-            *t = *src;
-            t->shard = (int)s;
-            if (starts_with(sn, k_prefix_lm)) {
-                size_t rest = strlen(sn) - (sizeof k_prefix_lm - 1);
-                char *nn = malloc(sizeof k_prefix_model - 1 + rest + 1);
-                if (!nn) return ls_fail(err, LS_E_NOMEM, "%s: out of memory", ck->dir);
-                memcpy(nn, k_prefix_model, sizeof k_prefix_model - 1);
-                memcpy(nn + sizeof k_prefix_model - 1, sn + sizeof k_prefix_lm - 1, rest + 1);
-                t->name = nn; /* owned by the checkpoint: freed when name != stored_name */
-            } else {
-                t->name = sn; /* borrowed from the shard */
-            }
-            ck->count++;
-            ck->total_bytes += t->size_bytes;
-        }
+    return LS_OK;
+}
+
+/* Enters src (of shard `shard`, -1 for a generated tensor) under its
+ * normalised name, or among the skipped tensors. */
+static ls_status table_add(ls_checkpoint *ck, const ls_tensor *src, int shard, ls_error *err)
+{
+    const char *sn = src->stored_name;
+    if (ls_checkpoint_name_skipped(sn)) {
+        ls_tensor *g = &ck->ignored[ck->n_ignored++];
+        *g = *src;
+        g->name = sn;
+        g->shard = shard;
+        return LS_OK;
     }
+    ls_tensor *t = &ck->tensors[ck->count];
+    *t = *src;
+    t->shard = shard;
+    if (starts_with(sn, k_prefix_lm)) {
+        size_t rest = strlen(sn) - (sizeof k_prefix_lm - 1);
+        char *nn = malloc(sizeof k_prefix_model - 1 + rest + 1);
+        if (!nn) return ls_fail(err, LS_E_NOMEM, "%s: out of memory", ck->dir);
+        memcpy(nn, k_prefix_model, sizeof k_prefix_model - 1);
+        memcpy(nn + sizeof k_prefix_model - 1, sn + sizeof k_prefix_lm - 1, rest + 1);
+        t->name = nn; /* owned by the checkpoint: freed when name != stored_name */
+    } else {
+        t->name = sn; /* borrowed from the shard (or the generated names) */
+    }
+    ck->count++;
+    ck->total_bytes += t->size_bytes;
+    return LS_OK;
+}
+
+/* Sorts both lists and refuses names that collide. */
+static ls_status table_finish(ls_checkpoint *ck, ls_error *err)
+{
     qsort(ck->tensors, ck->count, sizeof *ck->tensors, cmp_tensor_name);
     qsort(ck->ignored, ck->n_ignored, sizeof *ck->ignored, cmp_tensor_name);
     for (size_t i = 1; i < ck->count; i++) {
@@ -253,10 +269,8 @@ static ls_status build_table(ls_checkpoint *ck, ls_error *err)
         if (strcmp(a->name, b->name) == 0)
             return ls_fail(err, LS_E_INPUT, "%s: tensors '" NAME_FMT "' (%s, byte offset %llu) and '"
                            NAME_FMT "' (%s, byte offset %llu) both normalise to '" NAME_FMT "'",
-                           ck->dir, a->stored_name, ck->shard_paths[a->shard],
-                           (unsigned long long)a->file_offset_bytes, b->stored_name,
-                           ck->shard_paths[b->shard], (unsigned long long)b->file_offset_bytes,
-                           a->name);
+                           ck->dir, a->stored_name, where(ck, a), (unsigned long long)a->file_offset_bytes,
+                           b->stored_name, where(ck, b), (unsigned long long)b->file_offset_bytes, a->name);
     }
     /* The fingerprint merges both lists by name: a normalised name equal to
      * a skipped stored name ("model.language_model.visual.X" and
@@ -267,11 +281,21 @@ static ls_status build_table(ls_checkpoint *ck, ls_error *err)
         if (t)
             return ls_fail(err, LS_E_INPUT, "%s: tensor '" NAME_FMT "' (%s, byte offset %llu) normalises to '"
                            NAME_FMT "', the name of the skipped tensor stored in %s at byte offset %llu",
-                           ck->dir, t->stored_name, ck->shard_paths[t->shard],
-                           (unsigned long long)t->file_offset_bytes, g->name, ck->shard_paths[g->shard],
-                           (unsigned long long)g->file_offset_bytes);
+                           ck->dir, t->stored_name, where(ck, t), (unsigned long long)t->file_offset_bytes,
+                           g->name, where(ck, g), (unsigned long long)g->file_offset_bytes);
     }
     return LS_OK;
+}
+
+static ls_status build_table(ls_checkpoint *ck, ls_error *err)
+{
+    size_t total = 0;
+    for (size_t s = 0; s < ck->nshards; s++) total += ls_safetensors_count(ck->shards[s]);
+    LS_TRY(table_reserve(ck, total, err));
+    for (size_t s = 0; s < ck->nshards; s++)
+        for (size_t i = 0; i < ls_safetensors_count(ck->shards[s]); i++)
+            LS_TRY(table_add(ck, ls_safetensors_at(ck->shards[s], i), (int)s, err));
+    return table_finish(ck, err);
 }
 
 /* ---- open / close ------------------------------------------------------------------ */
@@ -350,10 +374,76 @@ void ls_checkpoint_close(ls_checkpoint *ck)
     }
     free(ck->shards);
     free(ck->shard_paths);
+    for (size_t i = 0; i < ck->n_gen_names; i++) free(ck->gen_names[i]);
+    free(ck->gen_names);
+    if (ck->source.release) ck->source.release(ck->source.ctx);
     json_decref(ck->config);
     free(ck->config_text);
     free(ck->dir);
     free(ck);
+}
+
+ls_status ls_checkpoint_open_generated(const char *label, const char *config_text, size_t config_len,
+                                       const ls_tensor *tensors, size_t n, const ls_tensor_source *src,
+                                       ls_checkpoint **out, ls_error *err)
+{
+    *out = NULL;
+    ls_checkpoint *ck = calloc(1, sizeof *ck);
+    if (!ck) {
+        if (src->release) src->release(src->ctx);
+        return ls_fail(err, LS_E_NOMEM, "%s: out of memory", label);
+    }
+    ck->generated = 1;
+    ck->source = *src;
+    ls_status rc = LS_OK;
+    ck->dir = strdup(label);
+    ck->config_text = malloc(config_len + 1);
+    ck->gen_names = calloc(n ? n : 1, sizeof *ck->gen_names);
+    if (!ck->dir || !ck->config_text || !ck->gen_names) {
+        rc = ls_fail(err, LS_E_NOMEM, "%s: out of memory", label);
+        goto done;
+    }
+    memcpy(ck->config_text, config_text, config_len);
+    ck->config_text[config_len] = '\0';
+    ck->config_len = config_len;
+    char what[320];
+    snprintf(what, sizeof what, "%.300s/config.json", label);
+    rc = ls_json_load_buf(what, ck->config_text, ck->config_len, &ck->config, err);
+    if (rc == LS_OK && !json_is_object(ck->config))
+        rc = ls_fail(err, LS_E_INPUT, "%s: not a JSON object (byte offset 0)", what);
+    if (rc == LS_OK) rc = table_reserve(ck, n, err);
+    for (size_t i = 0; rc == LS_OK && i < n; i++) {
+        ls_tensor t = tensors[i];
+        if (!(ck->gen_names[i] = strdup(t.stored_name))) {
+            rc = ls_fail(err, LS_E_NOMEM, "%s: out of memory", label);
+            break;
+        }
+        ck->n_gen_names++;
+        t.stored_name = ck->gen_names[i];
+        t.data = NULL;
+        t.file_offset_bytes = 0;
+        t.source_index = i;
+        rc = table_add(ck, &t, -1, err);
+    }
+    if (rc == LS_OK) rc = table_finish(ck, err);
+done:
+    if (rc != LS_OK) {
+        ls_checkpoint_close(ck);
+        return rc;
+    }
+    *out = ck;
+    return LS_OK;
+}
+
+int ls_checkpoint_generated(const ls_checkpoint *ck) { return ck && ck->generated; }
+
+ls_status ls_checkpoint_stream(const ls_checkpoint *ck, const ls_tensor *t, ls_tensor_sink_fn sink,
+                               void *sink_ctx, ls_error *err)
+{
+    if (t->data || t->size_bytes == 0) return sink(sink_ctx, t->data, (size_t)t->size_bytes, err);
+    if (!ck->generated || !ck->source.stream)
+        return ls_fail(err, LS_E_INTERNAL, "%s: tensor '" NAME_FMT "' has no data", ck->dir, t->name);
+    return ck->source.stream(ck->source.ctx, t->source_index, sink, sink_ctx, err);
 }
 
 /* ---- accessors -------------------------------------------------------------------- */

@@ -71,8 +71,10 @@ typedef struct ls_tensor {
                                           necessarily aligned (safetensors does not require the
                                           header length to be a multiple of 8): memcpy elements */
     uint64_t size_bytes;
-    uint64_t file_offset_bytes;        /* absolute offset of data in its file */
-    int shard;                         /* index into ls_checkpoint_shard_path() */
+    uint64_t file_offset_bytes;        /* absolute offset of data in its file (0 generated) */
+    int shard;                         /* index into ls_checkpoint_shard_path(); -1 for a
+                                          generated tensor (data NULL: ls_checkpoint_stream) */
+    size_t source_index;               /* generated: the tensor's index in its source's list */
 } ls_tensor;
 
 /* ---- file identity -----------------------------------------------------------
@@ -180,6 +182,44 @@ const char *ls_checkpoint_shard_path(const ls_checkpoint *ck, size_t i);
 const ls_safetensors *ls_checkpoint_shard(const ls_checkpoint *ck, size_t i);
 uint64_t ls_checkpoint_total_bytes(const ls_checkpoint *ck); /* sum of exposed tensors' sizes
                                                                 (skipped ones not included) */
+
+/* ---- generated checkpoints ---------------------------------------------------
+ * A checkpoint whose tensors are not in files but produced on demand, byte
+ * for byte what a written checkpoint would hold (lockstep synth's
+ * generator, synth/synth.h ls_synth_checkpoint): it has a config.json text,
+ * a tensor table and no shards, and every tensor's data is NULL. Its bytes
+ * come only through ls_checkpoint_stream; the fingerprint hashes them from
+ * there, so a generated checkpoint and the same tensors written to disk have
+ * one Merkle root. Nothing maps or caches it. */
+
+/* Receives a tensor's bytes in order, piece by piece. */
+typedef ls_status (*ls_tensor_sink_fn)(void *ctx, const void *bytes, size_t n, ls_error *err);
+
+typedef struct ls_tensor_source {
+    /* Streams the stored bytes of tensor `index` (of the list given to
+     * ls_checkpoint_open_generated) to sink, in pieces. May be called from
+     * several threads at once. */
+    ls_status (*stream)(void *ctx, size_t index, ls_tensor_sink_fn sink, void *sink_ctx, ls_error *err);
+    void (*release)(void *ctx);        /* frees ctx when the checkpoint closes; may be NULL */
+    void *ctx;
+} ls_tensor_source;
+
+/* A generated checkpoint named `label` (what ls_checkpoint_dir returns and
+ * messages name) with config.json `config_text` and the n tensors of
+ * `tensors` (stored_name, dtype, ndim, shape, numel, size_bytes read; names
+ * copied; normalised as a file's are). The checkpoint owns src->ctx from the
+ * call on, failure included. */
+ls_status ls_checkpoint_open_generated(const char *label, const char *config_text, size_t config_len,
+                                       const ls_tensor *tensors, size_t n, const ls_tensor_source *src,
+                                       ls_checkpoint **out, ls_error *err);
+
+/* 1 when ck was made by ls_checkpoint_open_generated. */
+int ls_checkpoint_generated(const ls_checkpoint *ck);
+
+/* The stored bytes of t (one of ck's tensors) to sink, in pieces: from the
+ * mapping in one piece, or from the source of a generated tensor. */
+ls_status ls_checkpoint_stream(const ls_checkpoint *ck, const ls_tensor *t, ls_tensor_sink_fn sink,
+                               void *sink_ctx, ls_error *err);
 
 /* A 2-D weight matrix view [rows, cols], row-major, dtype as stored. */
 typedef struct ls_matrix_view {

@@ -1120,6 +1120,9 @@ static ls_status bind_model(ls_model *m, binder *b, ls_model **out, ls_error *er
 
 ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err)
 {
+    if (ls_checkpoint_generated(ck))
+        return ls_fail(err, LS_E_USAGE, "%s: a generated checkpoint has no weights to bind: its model is "
+                       "ls_model_synthetic of its config and seed", ls_checkpoint_dir(ck));
     ls_model *m = calloc(1, sizeof *m);
     if (!m) return ls_fail(err, LS_E_NOMEM, "model: out of memory");
     m->ck = ck;

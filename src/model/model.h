@@ -122,7 +122,10 @@ typedef struct ls_model {
 
 /* Parses and validates a config.json object (a jansson json_t*). */
 ls_status ls_model_parse_config(const void *config_json, ls_model_config *cfg, ls_error *err);
-/* Validates the config of ck and binds its weights. *out owned by the caller. */
+/* Validates the config of ck and binds its weights. *out owned by the caller.
+ * A generated checkpoint (io/checkpoint.h; synth/synth.h ls_synth_checkpoint)
+ * is refused (LS_E_USAGE): its model is ls_model_synthetic, which
+ * run/run.h ls_run_checkpoint_open opens. */
 ls_status ls_model_open(const ls_checkpoint *ck, ls_model **out, ls_error *err);
 /* A model with config *cfg (checked like a parsed config.json: LS_E_UNSUPPORTED
  * or LS_E_USAGE naming the field) and no checkpoint: the tensors and shapes

@@ -365,7 +365,7 @@ ls_status ls_ablate_run(const ls_ablate_opts *o, const ls_run_batch *batch, ls_a
     ls_checkpoint *ck = NULL;
     ls_fingerprint fp = {0};
     ls_model_config cfg;
-    ls_status st = ls_checkpoint_open(o->checkpoint, &ck, err);
+    ls_status st = ls_run_checkpoint_open(o->checkpoint, &ck, NULL, err);
     if (st == LS_OK) st = ls_model_parse_config(ls_checkpoint_config_json(ck), &cfg, err);
     /* the cells, decided before any run so that a bad layer list costs nothing */
     int nf;

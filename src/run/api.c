@@ -86,10 +86,9 @@ lockstep_status lockstep_checkpoint_open(const char *dir, lockstep_checkpoint **
         return finish(ls_fail(&e, LS_E_NOMEM, "out of memory"), &e, err);
     }
     ls_model *m = NULL;
-    ls_status st = ls_checkpoint_open(dir, &h->ck, &e);
     /* Opening the model validates the configuration now, so a checkpoint
      * the engine would refuse fails here rather than at the first run. */
-    if (st == LS_OK) st = ls_model_open(h->ck, &m, &e);
+    ls_status st = ls_run_checkpoint_open(dir, &h->ck, &m, &e);
     if (st == LS_OK) {
         h->vocab = m->cfg.vocab;
         h->n_layers = m->cfg.n_layers;

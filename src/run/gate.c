@@ -91,7 +91,7 @@ ls_status ls_gate_run(const ls_gate_opts *o, const ls_run_batch *batch, FILE *ou
      * (hashing a 160 GB checkpoint per run would dominate a gate). */
     ls_checkpoint *ck = NULL;
     ls_fingerprint fp = {0};
-    ls_status st = ls_checkpoint_open(o->checkpoint, &ck, err);
+    ls_status st = ls_run_checkpoint_open(o->checkpoint, &ck, NULL, err);
     if (st == LS_OK) st = ls_run_fingerprint(ck, o->hash_cache, out != NULL, &fp, err);
     s.fingerprint = &fp;
     ls_run_result res;

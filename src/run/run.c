@@ -455,6 +455,7 @@ static ls_status backend_create_shared(const char *name, int threads, int gpu, i
     co.arena_share = share;
     co.tier = tier;
     co.tc_rows = LS_RUN_TC_ROWS;
+    co.synthetic_weights_exact = 1; /* a synthetic model's matrices: lockstep synth's values */
     ls_error inner;
     ls_error_clear(&inner);
     ls_status st = ls_backend_cuda_create_opts(&co, out, &inner);
@@ -1086,8 +1087,7 @@ ls_status ls_run_topology_check_checkpoint(const ls_run_spec *s, ls_error *err)
     if (ls_run_spec_world(s) <= 1) return LS_OK;
     ls_checkpoint *ck = NULL;
     ls_model *m = NULL;
-    ls_status st = ls_checkpoint_open(s->checkpoint, &ck, err);
-    if (st == LS_OK) st = ls_model_open(ck, &m, err);
+    ls_status st = ls_run_checkpoint_open(s->checkpoint, &ck, &m, err);
     if (st == LS_OK) st = ls_run_topology_check(s, m, err);
     ls_model_close(m);
     ls_checkpoint_close(ck);
@@ -1107,8 +1107,7 @@ ls_status ls_run_tc_pins(const char *checkpoint, int gpu, char ***records, size_
     ls_checkpoint *ck = NULL;
     ls_model *m = NULL;
     ls_engine *e = NULL;
-    ls_status st = ls_checkpoint_open(checkpoint, &ck, err);
-    if (st == LS_OK) st = ls_model_open(ck, &m, err);
+    ls_status st = ls_run_checkpoint_open(checkpoint, &ck, &m, err);
     ls_engine_opts eo;
     ls_engine_opts_default(&eo);
     if (st == LS_OK) st = tier_refusals(LS_TIER_TC, "cuda", eo.max_rows, m, checkpoint, err);
@@ -1180,8 +1179,7 @@ ls_status ls_run_execute(const ls_run_spec *s, ls_run_result *res, ls_error *err
     go.stats = &gstats;
     if (st == LS_OK && s->perturb)
         st = ls_run_parse_perturb(s->perturb, &eo.perturb_layer, &eo.perturb_op, &eo.perturb_fast, err);
-    if (st == LS_OK) st = ls_checkpoint_open(s->checkpoint, &ck, err);
-    if (st == LS_OK) st = ls_model_open(ck, &m, err);
+    if (st == LS_OK) st = ls_run_checkpoint_open(s->checkpoint, &ck, &m, err);
     /* the FP8 mode: a choice for FP8 checkpoints only (dequant by default) */
     const char *fp8 = NULL;
     if (st == LS_OK && s->fp8 && !m->cfg.fp8)

@@ -28,6 +28,7 @@
 #include "probe/probe.h"
 #include "run/drive.h"
 #include "run/load.h"
+#include "synth/synth.h"
 #include "trace/trace.h"
 
 /* How a run hashes its checkpoint (the manifest pins every tensor's SHA-256).
@@ -42,6 +43,30 @@ typedef enum ls_run_hash_cache {
 
 /* Parses "use" | "off" | "refresh". */
 ls_status ls_run_parse_hash_cache(const char *s, ls_run_hash_cache *out, ls_error *err);
+
+/* A --checkpoint argument that starts with this names a synthetic
+ * checkpoint generated in memory instead of a directory (a directory of
+ * that name is reached as ./synth:...). */
+#define LS_RUN_SYNTH_PREFIX "synth:"
+
+/* Opens what a --checkpoint argument names, and its model when m is not
+ * NULL: a checkpoint directory (ls_checkpoint_open, ls_model_open), or
+ * "synth:PRESET,seed=N[,layers=N][,fp8][,experts=fused|per-expert]", the
+ * checkpoint `lockstep synth --preset PRESET --seed N [--layers N] [--fp8]
+ * [--expert-layout ...]` would write, generated in memory
+ * (ls_synth_checkpoint: the same config.json, tensors and Merkle root, the
+ * bytes generated when hashed) with its model ls_model_synthetic, whose
+ * matrices each backend (each rank: its share) generates itself
+ * (docs/synth.md). Nothing is written, so a shape of ~160 GB runs without
+ * disk. LS_E_USAGE naming the argument for a malformed synth spec. */
+ls_status ls_run_checkpoint_open(const char *arg, ls_checkpoint **ck, ls_model **m, ls_error *err);
+
+/* Parses a synth spec (above) into the preset's config, truncated and laid
+ * out as it says, and its seed; *label gets the spec with every field
+ * spelled out ("synth:tiny,seed=3,layers=2,experts=per-expert"), the name
+ * ls_checkpoint_dir gives the generated checkpoint. */
+ls_status ls_run_parse_synth(const char *arg, ls_synth_config *cfg, uint64_t *seed, char *label, size_t label_size,
+                             ls_error *err);
 
 /* Hashes the checkpoint as the spec's cache setting says (all cores). */
 ls_status ls_run_fingerprint(const ls_checkpoint *ck, ls_run_hash_cache cache, int progress,

@@ -10,6 +10,7 @@
 #include "numerics/fp8.h"
 #include "numerics/reduce.h"
 #include "synth/synth.h"
+#include "synth/synth_internal.h"
 
 /* ---- counter-based generator ------------------------------------------------ */
 
@@ -181,29 +182,32 @@ static void fill_normal(uint64_t key, uint64_t n, double std, int one_plus, uint
     fill_normal_at(key, 0, n, std, one_plus, dst);
 }
 
-/* A fused expert stack: expert e's slices are generated under the names of
- * the per-expert tensors (PREFIX.e.gate_proj.weight, ...), PREFIX being the
- * stack's name up to and including "experts.". */
-static void fill_fused(const ls_synth_tensor *t, uint64_t seed, uint16_t *dst)
+void ls_synth_fill_normal_at(const ls_synth_tensor *t, uint64_t key, uint64_t first, uint64_t n, uint16_t *dst)
+{
+    fill_normal_at(key, first, n, t->std, t->init == LS_SYNTH_INIT_ONE_PLUS_NORMAL, dst);
+}
+
+uint64_t ls_synth_fused_key(const ls_synth_tensor *t, uint64_t seed, int64_t e, int part)
 {
     const char *cut = strstr(t->name, "experts.");
     int plen = cut ? (int)(cut - t->name) + 8 : 0;
+    const char *proj = t->fused == LS_SYNTH_FUSED_DOWN ? "down" : part ? "up" : "gate";
+    char name[160];
+    snprintf(name, sizeof name, "%.*s%lld.%s_proj.weight", plen, t->name, (long long)e, proj);
+    return ls_synth_key(seed, name);
+}
+
+/* A fused expert stack: expert e's slices are generated under the names of
+ * the per-expert tensors (ls_synth_fused_key). */
+static void fill_fused(const ls_synth_tensor *t, uint64_t seed, uint16_t *dst)
+{
     const int64_t E = t->shape[0], rows = t->shape[1], cols = t->shape[2];
-    static const char *const gu[2] = {"gate", "up"};
-    for (int64_t e = 0; e < E; e++) {
-        char name[160];
-        uint16_t *x = dst + (uint64_t)e * (uint64_t)rows * (uint64_t)cols;
-        if (t->fused == LS_SYNTH_FUSED_DOWN) {
-            snprintf(name, sizeof name, "%.*s%lld.down_proj.weight", plen, t->name, (long long)e);
-            fill_normal(ls_synth_key(seed, name), (uint64_t)(rows * cols), t->std, 0, x);
-            continue;
-        }
-        for (int p = 0; p < 2; p++) { /* rows 0..I-1 gate, I..2I-1 up */
-            snprintf(name, sizeof name, "%.*s%lld.%s_proj.weight", plen, t->name, (long long)e, gu[p]);
-            fill_normal(ls_synth_key(seed, name), (uint64_t)(rows / 2 * cols), t->std, 0,
-                        x + (uint64_t)p * (uint64_t)(rows / 2) * (uint64_t)cols);
-        }
-    }
+    const int parts = t->fused == LS_SYNTH_FUSED_DOWN ? 1 : 2; /* gate rows 0..I-1, up rows I..2I-1 */
+    const uint64_t per = (uint64_t)(rows / parts) * (uint64_t)cols;
+    for (int64_t e = 0; e < E; e++)
+        for (int p = 0; p < parts; p++)
+            fill_normal(ls_synth_fused_key(t, seed, e, p), per, t->std, 0,
+                        dst + ((uint64_t)e * (uint64_t)parts + (uint64_t)p) * per);
 }
 
 void ls_synth_fill(const ls_synth_tensor *t, uint64_t seed, uint16_t *dst)

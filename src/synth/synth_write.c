@@ -48,9 +48,7 @@ static ls_status write_shard(const ls_synth_tensor *t, size_t count, uint64_t se
     uint64_t off = 0;
     for (size_t i = 0; st == LS_OK && i < count; i++) {
         void *dst = buf + off;
-        ls_dtype dt = t[i].fp8 == LS_SYNTH_F8_WEIGHT  ? LS_DTYPE_F8_E4M3
-                      : t[i].fp8 == LS_SYNTH_F8_SCALE ? LS_DTYPE_F32
-                                                      : LS_DTYPE_BF16;
+        ls_dtype dt = ls_synth_tensor_dtype(&t[i]);
         st = ls_synth_fill_bytes(&t[i], seed, dst, err);
         if (st == LS_OK)
             st = ls_safetensors_writer_add(w, t[i].name, dt, t[i].ndim, t[i].shape, dst, err);
