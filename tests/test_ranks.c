@@ -364,7 +364,6 @@ START_TEST(test_refusals)
         {"--rank-timeout 100", "--rank-timeout", "several ranks"},
         {"--ep 0", "--ep", "1.."},
         {"--afd-balance refused.json", "--afd-balance", "attention-FFN disaggregated run (--afd A:F)"},
-        {"--afd 1:1 --backend cuda --afd-balance refused.json", "--afd-balance", "cpu ranks only"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char *out = NULL;

@@ -136,7 +136,7 @@ static const char usage_text[] =
     "                            ranks A..A+F-1 the routers and experts (F > 1: the experts\n"
     "                            split over them, F dividing num_experts); bit-equal to\n"
     "                            colocated. Without --tp/--ep; cpu or cuda, as --ep\n"
-    "  --afd-balance FILE        with --afd on cpu ranks: where each rank's time went, per\n"
+    "  --afd-balance FILE        with --afd (cpu or cuda ranks): where each rank's time went, per\n"
     "                            decoder layer (attention rank busy / waiting for the experts,\n"
     "                            each FFN rank busy / waiting for rows) and totals by GDN,\n"
     "                            attention and expert work, as JSON (wall-clock;\n"

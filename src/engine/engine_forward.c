@@ -787,6 +787,11 @@ static ls_status forward_ffn(ls_engine *e, long T, ls_error *err)
             LS_TRY(be->download(be, e->h_afd + T * D, BEV(e->ids), ik, err));
             LS_TRY(be->download(be, e->h_afd + T * D + T * k, BEV(e->wts), ik, err));
             LS_TRY(ls_comm_send(e->o.afd_comm, e->h_afd, rows + 2 * ik, 0, err));
+        } else {
+            /* a download returns when the device is done (CUDA runs the
+             * combine after the host moved on), so the busy time below is the
+             * device's, not the launches' */
+            LS_TRY(be->download(be, e->h_afd, BEV(e->A), sizeof(float), err));
         }
         e->afd_ns[2 * l] += ls_now_ns() - t1;
     }

@@ -211,11 +211,6 @@ ls_status ls_run_spec_topology(const ls_run_spec *s, ls_manifest_opts *mo, ls_er
     if (world > LS_COMM_MAX_RANKS)
         return ls_fail(err, LS_E_USAGE, "%s: %ld ranks, more than the %d a world holds", flags, world,
                        LS_COMM_MAX_RANKS);
-    /* the report's busy and waiting times are host clocks around each op:
-     * on CUDA, whose kernels run asynchronously, they would misplace time */
-    if (s->afd_balance && afd && s->backend && !strcmp(s->backend, "cuda"))
-        return ls_fail(err, LS_E_UNSUPPORTED, "afd_balance (--afd-balance) %s: the balance report is built for "
-                       "cpu ranks only (on cuda ranks it needs device-side timing, not built yet)", s->afd_balance);
     /* refused before any worker starts (the ranks would each refuse) */
     if (world > 1 && s->backend && !strcmp(s->backend, "cuda") && !ls_backend_cuda_built())
         return ls_fail(err, LS_E_UNSUPPORTED, "%s with backend (--backend) cuda: this "

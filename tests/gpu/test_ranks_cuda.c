@@ -8,7 +8,8 @@
  * replay (chunks of 3) of the one-rank CPU rollout on it equal the one-rank
  * CPU rollout under `lockstep compare`: every token, logprob and digest
  * (records, layer digests, KV rows, carried states) bit for bit. The
- * CLI-level `--backend cuda --tp 2` trace equals `--backend cpu --tp 2`'s. A
+ * CLI-level `--backend cuda --tp 2` trace equals `--backend cpu --tp 2`'s, and
+ * so does a synth: spec's on one CUDA rank and on TP2 ranks. A
  * CUDA worker killed mid-run makes the run exit 2 naming it, with no trace.
  * Through the library (ls_run_execute in a process that has not touched
  * CUDA) --ep 2 gives the same trace; a process that has touched CUDA is
@@ -19,6 +20,7 @@
  * a fork, so this process never calls CUDA itself, and asks a child whether
  * a GPU is present. */
 #include <check.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -113,6 +115,73 @@ START_TEST(test_cli_tp2_cuda_equals_cpu)
         free(out);
     }
     expect_equal("tp2-cpu.trace", "tp2-cuda.trace");
+}
+END_TEST
+
+/* A synthetic checkpoint generated in memory (--checkpoint synth:...): on
+ * one CUDA rank and on TP2 CUDA ranks, every rank generating its share of
+ * the matrices on its device with lockstep synth's values, the trace equals
+ * the one-rank CPU trace of the written checkpoint. */
+START_TEST(test_synth_spec_cuda)
+{
+    static const char *const spec[2][2] = {{"tiny", "synth:tiny,seed=5"}, {"q35fp8", "synth:qwen3.5-tiny,seed=7,fp8"}};
+    static const char *const topo[2] = {"", "--tp 2"};
+    for (int i = 0; i < 2; i++) {
+        char common[512], ref[64], name[64];
+        snprintf(common, sizeof common, "--mode rollout --prompts %s/prompts.jsonl --max-new-tokens 5 --sampling "
+                 "seeded --seed 9 --max-rows 24", g_dir);
+        snprintf(ref, sizeof ref, "syn%d-cpu.trace", i);
+        char *out = NULL;
+        int rc = ls_test_cli(&out, "run --checkpoint %s/%s %s --backend cpu -o %s/%s", g_dir, spec[i][0], common,
+                             g_dir, ref);
+        ck_assert_msg(rc == 0, "%s: exit %d\n%s", ref, rc, out ? out : "");
+        free(out);
+        for (int t = 0; t < 2; t++) {
+            snprintf(name, sizeof name, "syn%d-cuda%d.trace", i, t);
+            rc = ls_test_cli(&out, "run --checkpoint %s %s --backend cuda %s -o %s/%s", spec[i][1], common, topo[t],
+                             g_dir, name);
+            ck_assert_msg(rc == 0, "%s %s: exit %d\n%s", spec[i][1], topo[t], rc, out ? out : "");
+            free(out);
+            expect_equal(ref, name);
+            printf("  ok %s %s on cuda = the written checkpoint on one cpu rank\n", spec[i][1], topo[t]);
+            fflush(stdout);
+        }
+    }
+}
+END_TEST
+
+/* --afd 2:2 --afd-balance on CUDA ranks: the one-rank trace, and a report
+ * with a row per decoder layer in which every rank was busy (its times the
+ * device's: each timed span ends at a download, which waits for it). */
+START_TEST(test_afd_balance_cuda)
+{
+    char *out = NULL;
+    const char *common = "--mode rollout --max-new-tokens 4 --max-rows 24";
+    int rc = ls_test_cli(&out, "run --checkpoint %s/tiny --prompts %s/prompts.jsonl %s -o %s/bal-cpu.trace", g_dir,
+                         g_dir, common, g_dir);
+    ck_assert_msg(rc == 0, "%s", out ? out : "");
+    free(out);
+    rc = ls_test_cli(&out, "run --checkpoint %s/tiny --prompts %s/prompts.jsonl %s --backend cuda --afd 2:2 "
+                     "--afd-balance %s/bal.json -o %s/bal-cuda.trace", g_dir, g_dir, common, g_dir, g_dir);
+    ck_assert_msg(rc == 0 && strstr(out, "afd balance: mixers"), "exit %d\n%s", rc, out ? out : "");
+    free(out);
+    expect_equal("bal-cpu.trace", "bal-cuda.trace");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/bal.json", g_dir);
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    ck_assert_msg(root, "%s: %s", path, je.text);
+    ck_assert_str_eq(json_string_value(json_object_get(root, "backend")), "cuda");
+    json_t *layers = json_object_get(root, "layers");
+    ck_assert_uint_eq(json_array_size(layers), 4);
+    for (size_t l = 0; l < 4; l++) {
+        json_t *r = json_array_get(layers, l), *fb = json_object_get(r, "ffn_ranks_busy_s");
+        ck_assert(json_real_value(json_object_get(r, "attention_rank_busy_s")) > 0);
+        ck_assert_uint_eq(json_array_size(fb), 2);
+        for (size_t f = 0; f < 2; f++) ck_assert(json_real_value(json_array_get(fb, f)) > 0);
+    }
+    json_decref(root);
+    printf("  ok --afd 2:2 --afd-balance on cuda ranks\n");
 }
 END_TEST
 
@@ -215,6 +284,8 @@ int main(void)
     tcase_add_unchecked_fixture(tc, setup, NULL);
     tcase_add_loop_test(tc, test_cuda_ranks_equal_cpu, 0, N_CASES);
     tcase_add_test(tc, test_cli_tp2_cuda_equals_cpu);
+    tcase_add_test(tc, test_synth_spec_cuda);
+    tcase_add_test(tc, test_afd_balance_cuda);
     tcase_add_test(tc, test_cuda_worker_killed);
     tcase_add_test(tc, test_library_ranks);
     suite_add_tcase(s, tc);
