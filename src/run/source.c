@@ -102,6 +102,7 @@ ls_status ls_run_checkpoint_open(const char *arg, ls_checkpoint **ck, ls_model *
 {
     *ck = NULL;
     if (m) *m = NULL;
+    if (!arg) return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint DIR) is required");
     if (strncmp(arg, LS_RUN_SYNTH_PREFIX, strlen(LS_RUN_SYNTH_PREFIX))) {
         LS_TRY(ls_checkpoint_open(arg, ck, err));
         ls_status st = m ? ls_model_open(*ck, m, err) : LS_OK;
