@@ -16,10 +16,6 @@
 #include "fingerprint/cache.h"
 #include "io/json.h"
 
-/* Bytes hashed between progress updates and cancellation checks: large enough
- * that the per-call cost of EVP_DigestUpdate is negligible. */
-#define LS_FP_CHUNK_BYTES ((size_t)8 << 20)
-
 /* ---- leaves and the tree ---------------------------------------------------- */
 
 static void put_u32le(uint8_t *p, uint32_t v)
@@ -199,9 +195,10 @@ typedef struct fp_feed {
     uint64_t *first_bad;
 } fp_feed;
 
-/* The next piece of a tensor's bytes (whole elements), scanned for
- * finiteness and hashed step by step. Fails once another worker failed, to
- * stop the tensor early (that error is never reported). */
+/* The next piece of a tensor's bytes (whole elements; ls_checkpoint_stream's
+ * pieces are also the progress updates and cancellation checks), scanned
+ * for finiteness and hashed step by step. Fails once another worker failed,
+ * to stop the tensor early (that error is never reported). */
 static ls_status fp_feed_piece(void *ctx, const void *bytes, size_t n, ls_error *err)
 {
     fp_feed *f = ctx;
@@ -229,8 +226,8 @@ static ls_status fp_feed_piece(void *ctx, const void *bytes, size_t n, ls_error 
 
 /* SHA-256 of t's bytes into *out and, for a floating dtype, the index of
  * its first non-finite element into *first_bad (LS_FP_ALL_FINITE if none):
- * one pass over the mapping serves both. A generated tensor's bytes come
- * from its checkpoint's source, piece by piece. */
+ * one pass over the bytes (ls_checkpoint_stream: the mapping, or a
+ * generated tensor's source) serves both. */
 static ls_status hash_tensor(fp_job *job, const ls_tensor *t, ls_digest *out, uint64_t *first_bad,
                              ls_error *err)
 {
@@ -238,21 +235,13 @@ static ls_status hash_tensor(fp_job *job, const ls_tensor *t, ls_digest *out, ui
                  .first_bad = first_bad};
     *first_bad = LS_FP_ALL_FINITE;
     f.scan = f.mask != 0 && f.w > 0 && f.w <= 8 && (8 % f.w) == 0;
-    const uint8_t *p = t->data;
-    uint64_t left = t->size_bytes;
-    if (left > 0 && p) {
+    if (t->data && t->size_bytes > 0) {
         /* Advice only: tell the kernel to read ahead and drop behind. */
-        long page = sysconf(_SC_PAGESIZE);
-        uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1);
-        (void)madvise((void *)a, (size_t)((uintptr_t)p + left - a), MADV_SEQUENTIAL);
+        uintptr_t p = (uintptr_t)t->data, a = p & ~(uintptr_t)(sysconf(_SC_PAGESIZE) - 1);
+        (void)madvise((void *)a, (size_t)(p + t->size_bytes - a), MADV_SEQUENTIAL);
     }
     ls_status st = ls_sha256_init(&f.h, err);
-    if (st == LS_OK && !p && left > 0) st = ls_checkpoint_stream(job->ck, t, fp_feed_piece, &f, err);
-    for (; st == LS_OK && p && left > 0; p += LS_FP_CHUNK_BYTES) {
-        size_t n = left < LS_FP_CHUNK_BYTES ? (size_t)left : LS_FP_CHUNK_BYTES;
-        st = fp_feed_piece(&f, p, n, err);
-        left -= n;
-    }
+    if (st == LS_OK) st = ls_checkpoint_stream(job->ck, t, fp_feed_piece, &f, err);
     if (st == LS_OK && f.done != t->size_bytes)
         st = ls_fail(err, LS_E_INTERNAL, "%llu bytes of %llu", (unsigned long long)f.done,
                      (unsigned long long)t->size_bytes);

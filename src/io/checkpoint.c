@@ -440,7 +440,17 @@ int ls_checkpoint_generated(const ls_checkpoint *ck) { return ck && ck->generate
 ls_status ls_checkpoint_stream(const ls_checkpoint *ck, const ls_tensor *t, ls_tensor_sink_fn sink,
                                void *sink_ctx, ls_error *err)
 {
-    if (t->data || t->size_bytes == 0) return sink(sink_ctx, t->data, (size_t)t->size_bytes, err);
+    if (t->data || t->size_bytes == 0) {
+        const uint8_t *p = t->data;
+        uint64_t left = t->size_bytes;
+        do {
+            size_t n = left < LS_CHECKPOINT_PIECE_BYTES ? (size_t)left : LS_CHECKPOINT_PIECE_BYTES;
+            LS_TRY(sink(sink_ctx, p, n, err));
+            p += n;
+            left -= n;
+        } while (left > 0);
+        return LS_OK;
+    }
     if (!ck->generated || !ck->source.stream)
         return ls_fail(err, LS_E_INTERNAL, "%s: tensor '" NAME_FMT "' has no data", ck->dir, t->name);
     return ck->source.stream(ck->source.ctx, t->source_index, sink, sink_ctx, err);

@@ -197,8 +197,8 @@ typedef ls_status (*ls_tensor_sink_fn)(void *ctx, const void *bytes, size_t n, l
 
 typedef struct ls_tensor_source {
     /* Streams the stored bytes of tensor `index` (of the list given to
-     * ls_checkpoint_open_generated) to sink, in pieces. May be called from
-     * several threads at once. */
+     * ls_checkpoint_open_generated) to sink, in pieces of whole elements.
+     * May be called from several threads at once. */
     ls_status (*stream)(void *ctx, size_t index, ls_tensor_sink_fn sink, void *sink_ctx, ls_error *err);
     void (*release)(void *ctx);        /* frees ctx when the checkpoint closes; may be NULL */
     void *ctx;
@@ -216,8 +216,11 @@ ls_status ls_checkpoint_open_generated(const char *label, const char *config_tex
 /* 1 when ck was made by ls_checkpoint_open_generated. */
 int ls_checkpoint_generated(const ls_checkpoint *ck);
 
-/* The stored bytes of t (one of ck's tensors) to sink, in pieces: from the
- * mapping in one piece, or from the source of a generated tensor. */
+/* The stored bytes of t (one of ck's tensors) to sink, in order, in pieces
+ * of whole elements: from the mapping in pieces of LS_CHECKPOINT_PIECE_BYTES
+ * (one call, of 0 bytes, for an empty tensor), or from the source of a
+ * generated tensor. A sink's failure ends the stream with its status. */
+#define LS_CHECKPOINT_PIECE_BYTES ((size_t)8 << 20)
 ls_status ls_checkpoint_stream(const ls_checkpoint *ck, const ls_tensor *t, ls_tensor_sink_fn sink,
                                void *sink_ctx, ls_error *err);
 
