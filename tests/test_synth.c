@@ -246,6 +246,45 @@ START_TEST(test_generator_fixed_values)
 }
 END_TEST
 
+/* A matrix's values, whole or from any row, in whatever blocks and vector
+ * code the fill runs (AVX-512 where the CPU has it), are the element formula
+ * of synth.h: bf16_rne(base + fp32(ih) * c), ih = irwin_hall(draw(key, i)). */
+START_TEST(test_fill_equals_element_formula)
+{
+    ls_synth_config cfg;
+    ls_error err;
+    ck_assert_int_eq(ls_synth_preset("tiny", &cfg, &err), LS_OK);
+    ls_synth_tensor *t = NULL;
+    size_t n = 0;
+    ck_assert_int_eq(ls_synth_list_tensors(&cfg, &t, &n, &err), LS_OK);
+    int checked = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t key;
+        float c, base;
+        if (t[i].ndim != 2 || !ls_synth_normal_params(&t[i], 11, &key, &c, &base)) continue;
+        const int64_t R = t[i].shape[0], C = t[i].shape[1];
+        uint16_t *v = malloc(sizeof *v * (size_t)(R * C));
+        ck_assert_ptr_nonnull(v);
+        ls_synth_fill(&t[i], 11, v);
+        for (int64_t j = 0; j < R * C; j++) {
+            float want = base + (float)ls_synth_irwin_hall(ls_synth_draw(key, (uint64_t)j)) * c;
+            ck_assert_uint_eq(v[j], ls_f32_to_bf16(want));
+        }
+        /* rows from an offset that is no multiple of a block, a count that is none either */
+        const int64_t r0 = R / 3, rows = R - R / 3 - 1;
+        uint16_t *w = malloc(sizeof *w * (size_t)(rows * C));
+        ck_assert_ptr_nonnull(w);
+        ck_assert_int_eq(ls_synth_fill_rows(&t[i], 11, r0, rows, w, NULL, &err), LS_OK);
+        ck_assert_int_eq(memcmp(w, v + r0 * C, sizeof *w * (size_t)(rows * C)), 0);
+        free(w);
+        free(v);
+        checked++;
+    }
+    ck_assert_int_gt(checked, 4);
+    free(t);
+}
+END_TEST
+
 START_TEST(test_elementary_functions)
 {
     /* The deterministic versions agree with libm to a few ulp (libm is only
@@ -689,6 +728,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_writer_layout);
     tcase_add_test(tc, test_generator_fixed_values);
+    tcase_add_test(tc, test_fill_equals_element_formula);
     tcase_add_test(tc, test_elementary_functions);
     tcase_add_test(tc, test_initialiser_ranges);
     tcase_add_test(tc, test_tiny_digests_pinned);
