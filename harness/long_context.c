@@ -10,12 +10,12 @@
  * writer, one frame per engine step, as `lockstep run` does; the script then
  * compares each replay's trace with the rollout's (`lockstep compare`).
  *
- * The model: a checkpoint (--checkpoint DIR, any backend), or a synth preset's
- * config alone (--preset NAME [--layers L], CUDA only): its matrices are
- * generated on the device as harness/bench_gpu does (ls_model_synthetic;
- * Qwen3-Next-80B-A3B's ~150 GB are never on disk), so a release shape runs
- * with as many layers as the device holds. Every run of one invocation
- * generates the same weights (same seed, same order).
+ * The model: --checkpoint as `lockstep run` takes it, a directory or a
+ * synth: spec (synth:qwen3-next-80b-a3b,seed=7,layers=32): that checkpoint
+ * generated in memory, each backend generating its matrices itself (on CUDA
+ * on the device: Qwen3-Next-80B-A3B's ~160 GB are never on disk) with
+ * lockstep synth's values, fingerprinted as the written checkpoint would be.
+ * So a release shape runs with as many layers as the device holds.
  *
  * What it measures, per run: wall time of the driver, process peak RSS
  * (VmHWM, reset before each run through /proc/self/clear_refs), the CUDA
@@ -24,7 +24,7 @@
  * apart: they come on the state_digest_every cadence), the largest frame
  * (uncompressed; the format's limit is 256 MiB) and the trace's size.
  *
- *   long_context OUT_DIR --prompt P (--checkpoint DIR | --preset NAME [--layers L])
+ *   long_context OUT_DIR --prompt P --checkpoint DIR|synth:PRESET,seed=N[,layers=L]
  *                [--backend cpu|cuda] [--new N] [--rollout-rows R] [--chunks C,C,...]
  *                [--state-digest-every N] [--threads T]
  *
@@ -45,17 +45,12 @@
 
 #include "backend/backend_cuda.h"
 #include "engine/engine.h"
-#include "fingerprint/sha256.h"
 #include "io/checkpoint.h"
-#include "io/json.h"
 #include "model/model.h"
 #include "run/run.h"
-#include "synth/synth.h"
 #include "trace/trace.h"
 
 #define MAX_CHUNKS 8
-#define SYNTH_SEED 1
-#define SYNTH_WEIGHTS_SEED 0x1234567ull
 
 static void die(const char *what, const ls_error *err)
 {
@@ -115,59 +110,33 @@ static double peak_gib(void)
 /* ---- the model ------------------------------------------------------------------------------- */
 
 typedef struct model_src {
-    const char *checkpoint;    /* or NULL: preset */
-    const char *preset;
-    long layers;               /* preset: first L layers, 0 = all */
+    const char *checkpoint;    /* a directory, or synth:PRESET,seed=N[,...] */
     ls_checkpoint *ck;
     ls_model *m;
     char fingerprint[65];      /* the trace header's model_fingerprint */
     char desc[256];
 } model_src;
 
+/* The checkpoint as `lockstep run` opens it (ls_run_checkpoint_open): a
+ * directory, or a synth: spec generated in memory, whose matrices each
+ * backend generates itself (on CUDA on the device: Qwen3-Next-80B-A3B's
+ * ~160 GB are never on disk) with lockstep synth's values, so its Merkle
+ * root is the written checkpoint's. */
 static void model_open(model_src *s)
 {
-    if (s->checkpoint) {
-        TRY(s->checkpoint, ls_checkpoint_open(s->checkpoint, &s->ck, E_));
-        TRY(s->checkpoint, ls_model_open(s->ck, &s->m, E_));
-        ls_fingerprint fp;
-        TRY("fingerprint", ls_run_fingerprint(s->ck, LS_RUN_CACHE_OFF, 0, &fp, E_));
-        ls_digest_to_hex(&fp.merkle_root, s->fingerprint);
-        ls_fingerprint_free(&fp);
-        const char *base = strrchr(s->checkpoint, '/'); /* the directory's name: no machine paths in reports */
-        base = base && base[1] ? base + 1 : s->checkpoint;
-        snprintf(s->desc, sizeof s->desc, "checkpoint %s (%ld layers, Merkle root %.16s...)", base,
-                 s->m->cfg.n_layers, s->fingerprint);
-        return;
-    }
-    /* the preset's config, first L layers, through the parser every
-     * config.json goes through (as bench_gpu) */
-    ls_synth_config sc;
-    TRY(s->preset, ls_synth_preset(s->preset, &sc, E_));
-    if (s->layers) TRY("--layers", ls_synth_config_truncate(&sc, s->layers, E_));
-    char *text;
-    size_t len;
-    TRY(s->preset, ls_synth_config_render(&sc, &text, &len, E_));
-    json_t *j;
-    ls_model_config cfg;
-    TRY(s->preset, ls_json_load_buf(s->preset, text, len, &j, E_));
-    TRY(s->preset, ls_model_parse_config(j, &cfg, E_));
-    json_decref(j);
-    TRY(s->preset, ls_model_synthetic(&cfg, SYNTH_SEED, &s->m, E_));
-    /* no files to hash: the fingerprint names what generates the weights */
-    char *id = malloc(len + 128);
-    if (!id) { fprintf(stderr, "long_context: out of memory\n"); exit(2); }
-    int n = snprintf(id, len + 128, "lockstep synthetic model: seed %d, weights seed %llu, config ", SYNTH_SEED,
-                     (unsigned long long)SYNTH_WEIGHTS_SEED);
-    memcpy(id + n, text, len);
-    ls_digest d;
-    TRY("fingerprint", ls_sha256_buf(id, (size_t)n + len, &d, E_));
-    ls_digest_to_hex(&d, s->fingerprint);
-    free(id);
-    free(text);
+    TRY(s->checkpoint, ls_run_checkpoint_open(s->checkpoint, &s->ck, &s->m, E_));
+    ls_fingerprint fp;
+    TRY("fingerprint", ls_run_fingerprint(s->ck, LS_RUN_CACHE_OFF, 0, &fp, E_));
+    ls_digest_to_hex(&fp.merkle_root, s->fingerprint);
+    ls_fingerprint_free(&fp);
+    /* a generated one's spec spelled out, or the directory's name: no machine paths in reports */
+    const char *name = ls_checkpoint_dir(s->ck), *base = strrchr(name, '/');
+    if (!ls_checkpoint_generated(s->ck) && base && base[1]) name = base + 1;
     long attn = 0;
-    for (long l = 0; l < cfg.n_layers; l++) attn += cfg.is_attention[l];
-    snprintf(s->desc, sizeof s->desc, "synth preset %s, %ld of its layers (%ld attention), weights generated on "
-             "the device", s->preset, cfg.n_layers, attn);
+    for (long l = 0; l < s->m->cfg.n_layers; l++) attn += s->m->cfg.is_attention[l];
+    snprintf(s->desc, sizeof s->desc, "checkpoint %s (%ld layers, %ld of them attention; Merkle root %.16s...)",
+             name, s->m->cfg.n_layers, attn,
+             s->fingerprint);
 }
 
 /* An engine of max_rows rows, one slot of cap positions; *be_out: its backend
@@ -176,14 +145,7 @@ static ls_engine *engine_open(const model_src *s, const char *backend, int threa
                               long every, ls_backend **be_out)
 {
     ls_backend *be = NULL;
-    if (!s->checkpoint) {
-        ls_backend_cuda_opts co;
-        ls_backend_cuda_opts_default(&co);
-        co.synthetic_weights_seed = SYNTH_WEIGHTS_SEED;
-        TRY("cuda backend", ls_backend_cuda_create_opts(&co, &be, E_));
-    } else {
-        TRY("backend", ls_run_backend_create(backend, threads, 0, &be, E_));
-    }
+    TRY("backend", ls_run_backend_create(backend, threads, 0, &be, E_));
     ls_engine_opts o;
     ls_engine_opts_default(&o);
     o.max_rows = rows;
@@ -328,7 +290,7 @@ static long arg_long(const char *flag, const char *v, long lo, long hi)
 
 int main(int argc, char **argv)
 {
-    const char *usage = "usage: long_context OUT_DIR --prompt P (--checkpoint DIR | --preset NAME [--layers L])\n"
+    const char *usage = "usage: long_context OUT_DIR --prompt P --checkpoint DIR|synth:PRESET,seed=N[,layers=L]\n"
                         "                    [--backend cpu|cuda] [--new N] [--rollout-rows R] [--chunks C,C,...]\n"
                         "                    [--state-digest-every N] [--threads T]\n";
     if (argc < 2 || argv[1][0] == '-') {
@@ -349,8 +311,6 @@ int main(int argc, char **argv)
         a++;
         if (!strcmp(f, "--prompt")) rc.P = arg_long(f, v, 1, 1L << 30);
         else if (!strcmp(f, "--checkpoint")) s.checkpoint = v;
-        else if (!strcmp(f, "--preset")) s.preset = v;
-        else if (!strcmp(f, "--layers")) s.layers = arg_long(f, v, 1, LS_MODEL_MAX_LAYERS);
         else if (!strcmp(f, "--backend")) rc.backend = v;
         else if (!strcmp(f, "--new")) rc.N = arg_long(f, v, 1, 1L << 20);
         else if (!strcmp(f, "--rollout-rows")) rollout_rows = arg_long(f, v, 1, 1L << 30);
@@ -375,17 +335,12 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (rc.P < 1 || !!s.checkpoint == !!s.preset || (s.layers && !s.preset) || n_chunks < 1) {
+    if (rc.P < 1 || !s.checkpoint || n_chunks < 1) {
         fputs(usage, stderr);
         return 2;
     }
     if (strcmp(rc.backend, "cpu") && strcmp(rc.backend, "cuda")) {
         fprintf(stderr, "long_context: --backend '%s': expected cpu or cuda\n", rc.backend);
-        return 2;
-    }
-    if (s.preset && strcmp(rc.backend, "cuda")) {
-        fprintf(stderr, "long_context: --preset generates the weights on the device: it needs --backend cuda "
-                "(on the CPU, write the checkpoint with lockstep synth and pass --checkpoint)\n");
         return 2;
     }
     model_open(&s);
