@@ -166,6 +166,25 @@ START_TEST(test_e4m3_encode)
 }
 END_TEST
 
+/* Denser than the sweep: for every sign, exponent and leading mantissa bits
+ * (the top 12 bits), the dropped 20 bits at the rounding boundaries and
+ * between them; and every 97th pattern of the subnormal grid's range and just
+ * above it (2^-11 .. 2^-5), where the remainder decides. */
+START_TEST(test_e4m3_encode_dense)
+{
+    static const uint32_t low[] = {0, 1, 0x40000, 0x7ffff, 0x80000, 0x80001, 0xc0000, 0xfffff};
+    for (uint32_t top = 0; top < 4096; top++)
+        for (size_t i = 0; i < sizeof low / sizeof low[0]; i++) {
+            float x = ls_f32_from_bits(top << 20 | low[i]);
+            expect_encode(x, e4m3_nearest(x), "dense");
+        }
+    for (uint32_t u = 0x3a000000u; u < 0x3d000000u; u += 97u) {
+        float x = ls_f32_from_bits(u);
+        expect_encode(x, e4m3_nearest(x), "subnormal range");
+    }
+}
+END_TEST
+
 /* ---- the activation quantiser ----------------------------------------------------------- */
 
 START_TEST(test_quant_group)
@@ -433,6 +452,20 @@ START_TEST(test_synth_is_quantised_bf16)
         ck_assert_int_eq(s->dtype, LS_DTYPE_F32);
         long R = (long)q->shape[0], C = (long)q->shape[1], BC = LS_FP8_BLOCKS(C);
         ck_assert(s->shape[0] == LS_FP8_BLOCKS(R) && s->shape[1] == BC);
+        /* each block's scale: the largest magnitude of its bf16 values / 448 */
+        for (long bi = 0; bi < LS_FP8_BLOCKS(R); bi++)
+            for (long bj = 0; bj < BC; bj++) {
+                float amax = 0.0f, sc;
+                for (long r = bi * 128; r < R && r < (bi + 1) * 128; r++)
+                    for (long c = bj * 128; c < C && c < (bj + 1) * 128; c++) {
+                        uint16_t h;
+                        memcpy(&h, (const char *)b->data + 2 * (r * C + c), 2);
+                        amax = fmaxf(amax, fabsf(ls_bf16_to_f32(h)));
+                    }
+                memcpy(&sc, (const char *)s->data + 4 * (bi * BC + bj), 4);
+                ck_assert_msg(sc == amax / 448.0f, "%s block [%ld, %ld]: scale %a, amax %a", sn, bi, bj,
+                              (double)sc, (double)amax);
+            }
         for (long r = 0; r < R; r++)
             for (long c = 0; c < C; c++) {
                 uint16_t h;
@@ -780,6 +813,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_e4m3_decode);
     tcase_add_test(tc, test_e4m3_encode);
+    tcase_add_test(tc, test_e4m3_encode_dense);
     tcase_add_test(tc, test_quant_group);
     tcase_add_test(tc, test_dot_dequant);
     tcase_add_test(tc, test_dot_w8a8);

@@ -41,27 +41,34 @@ LS_HD float ls_e4m3_to_f32(uint8_t b)
 
 /* fp32 -> e4m3fn, round to nearest, ties to even, saturating: |x| >= 448
  * (infinities included) gives ±448; NaN gives S.1111.111 (NaN); −0 stays −0.
- * Integer arithmetic only, so the result does not depend on a rounding mode. */
+ * Integer arithmetic and exact fp32 operations only, so the result does not
+ * depend on a rounding mode. Every case is computed and the answer selected
+ * by masks, without a branch, so that a loop of conversions (the FP8
+ * quantiser of synth) vectorises; checked against the format's definition
+ * (tests/test_fp8.c) and, once, against the earlier branching form on all
+ * 2^32 inputs. */
 LS_HD uint8_t ls_f32_to_e4m3(float x)
 {
     uint32_t u = ls_f32_bits(x);
-    uint8_t sign = (uint8_t)((u >> 24) & 0x80u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);           /* NaN */
-    if (a >= 0x43e00000u) return (uint8_t)(sign | 0x7eu);          /* >= 448: saturate */
-    if (a < 0x3c800000u) {                                         /* < 2^-6: subnormal grid 2^-9 */
-        /* v = |x| · 2^9 < 8 is exact; its integer part and remainder too */
-        float v = ls_f32_from_bits(a) * 512.0f;
-        uint32_t n = (uint32_t)v;
-        float rem = v - (float)n;
-        if (rem > 0.5f || (rem == 0.5f && (n & 1u))) n++;
-        return (uint8_t)(sign | n);                                /* n = 8 is 2^-6 = S.0001.000 */
-    }
-    /* normal: keep exponent and 3 mantissa bits, round the 20 dropped bits */
-    uint32_t keep = a >> 20, rest = a & 0xfffffu;
-    if (rest > 0x80000u || (rest == 0x80000u && (keep & 1u))) keep++;
-    uint32_t code = keep - (120u << 3);                            /* rebias 127 -> 7 */
-    if (code > 0x7eu) code = 0x7eu;                                /* cannot happen below 448 */
+    uint32_t sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
+    /* normal (|x| >= 2^-6): keep the exponent and 3 mantissa bits; the 20
+     * dropped bits round to nearest even by an add that carries into them */
+    uint32_t keep = a >> 20;
+    uint32_t normal = keep + (((a & 0xfffffu) + 0x7ffffu + (keep & 1u)) >> 20) - (120u << 3); /* rebias 127 -> 7 */
+    /* subnormal grid 2^-9 (|x| < 2^-6): v = |x| · 2^9 < 8 is exact, its
+     * integer part and remainder too; other inputs are zeroed first so that
+     * the conversion stays in range */
+    uint32_t is_sub = a < 0x3c800000u, m = 0u - is_sub; /* a mask: all ones when is_sub */
+    float v = ls_f32_from_bits(a & m) * 512.0f;
+    int32_t whole = (int32_t)v;
+    float rem = v - (float)whole;
+    uint32_t n = (uint32_t)whole, gt = rem > 0.5f, tie = rem == 0.5f;
+    n += gt | (tie & n & 1u);                                      /* n = 8 is 2^-6 = S.0001.000 */
+    uint32_t code = (n & m) | (normal & ~m);
+    m = 0u - (uint32_t)(a >= 0x43e00000u);                         /* >= 448: saturate */
+    code = (0x7eu & m) | (code & ~m);
+    m = 0u - (uint32_t)(a > 0x7f800000u);                          /* NaN */
+    code = (0x7fu & m) | (code & ~m);
     return (uint8_t)(sign | code);
 }
 

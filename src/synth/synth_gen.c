@@ -175,15 +175,40 @@ int ls_synth_normal_params(const ls_synth_tensor *t, uint64_t seed, uint64_t *ke
     return 1;
 }
 
+/* ---- the hot loops, for the host's vector units ------------------------------------
+ * The normal fill and the FP8 quantiser run once per element of every
+ * generated weight: most of a generated checkpoint's fingerprint time and of
+ * a CPU rank's load. Each is written once as an always-inline body of
+ * fixed-count loops over independent lanes (what the compiler vectorises at
+ * -O2) and compiled twice: for the build's baseline, and for AVX-512
+ * (avx512f/dq/vl/bw), chosen at run time where the CPU has it; its 64-bit
+ * vector multiply runs the draws 8 lanes at a time. The bits are the same
+ * either way: the integer operations are exact, and a vector fp32 multiply,
+ * add or divide is the same IEEE operation as a scalar one (the build
+ * forbids contraction into FMA for every target). */
+#define INLINE_BODY static inline __attribute__((always_inline))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw")))
+static int have_avx512(void)
+{
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+}
+#else
+#define AVX512
+static int have_avx512(void)
+{
+    return 0;
+}
+#endif
+
 /* n <= NORMAL_BLOCK values from the draw argument z (element j's argument
  * is key + (j + 1) GAMMA, so consecutive elements step it by GAMMA mod 2^64):
  * the integer draws first, then the fp32 arithmetic, each a loop of
  * independent lanes over a whole block (a fixed trip count is what lets the
- * compiler vectorise them at -O2), then the n wanted values copied out.
- * Inlined into the two instances below. */
+ * compiler vectorise them at -O2), then the n wanted values copied out. */
 enum { NORMAL_BLOCK = 512 };
-static inline __attribute__((always_inline)) void normal_block(uint64_t z, int n, float c, float base,
-                                                               uint16_t *dst)
+INLINE_BODY void normal_block(uint64_t z, int n, float c, float base, uint16_t *dst)
 {
     int32_t ih[NORMAL_BLOCK];
     uint16_t v[NORMAL_BLOCK];
@@ -192,28 +217,21 @@ static inline __attribute__((always_inline)) void normal_block(uint64_t z, int n
     memcpy(dst, v, sizeof v[0] * (size_t)n);
 }
 
-static void normal_blocks(uint64_t z, uint64_t n, float c, float base, uint16_t *dst)
+INLINE_BODY void normal_run(uint64_t z, uint64_t n, float c, float base, uint16_t *dst)
 {
     for (uint64_t b = 0; b < n; b += NORMAL_BLOCK, z += NORMAL_BLOCK * GOLDEN_GAMMA)
         normal_block(z, n - b < NORMAL_BLOCK ? (int)(n - b) : NORMAL_BLOCK, c, base, dst + b);
 }
 
-/* The same code compiled for AVX-512, chosen at run time where the CPU has
- * it: its 64-bit vector multiply runs the draws 8 lanes at a time, ~3x the
- * scalar rate (generating the weights is most of a generated checkpoint's
- * fingerprint time, and of a CPU rank's load). The bits are the same: the
- * integer operations are exact, and the fp32 multiply and add are the same
- * IEEE operations in a vector register (the build forbids contraction into
- * FMA for every target). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define LS_SYNTH_AVX512 1
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw"))) static void
-normal_blocks_avx512(uint64_t z, uint64_t n, float c, float base, uint16_t *dst)
+static void normal_baseline(uint64_t z, uint64_t n, float c, float base, uint16_t *dst)
 {
-    for (uint64_t b = 0; b < n; b += NORMAL_BLOCK, z += NORMAL_BLOCK * GOLDEN_GAMMA)
-        normal_block(z, n - b < NORMAL_BLOCK ? (int)(n - b) : NORMAL_BLOCK, c, base, dst + b);
+    normal_run(z, n, c, base, dst);
 }
-#endif
+
+AVX512 static void normal_avx512(uint64_t z, uint64_t n, float c, float base, uint16_t *dst)
+{
+    normal_run(z, n, c, base, dst);
+}
 
 /* NORMAL (or ONE_PLUS_NORMAL) values first .. first + n - 1 of the tensor
  * keyed `key` (element i depends on (key, i) alone, so a slice is the slice
@@ -223,14 +241,7 @@ static void fill_normal_at(uint64_t key, uint64_t first, uint64_t n, double std,
 {
     const float c = normal_c(std), base = one_plus ? 1.0f : 0.0f;
     const uint64_t z = key + (first + 1) * GOLDEN_GAMMA; /* draw(key, first)'s argument */
-#ifdef LS_SYNTH_AVX512
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")) {
-        normal_blocks_avx512(z, n, c, base, dst);
-        return;
-    }
-#endif
-    normal_blocks(z, n, c, base, dst);
+    (have_avx512() ? normal_avx512 : normal_baseline)(z, n, c, base, dst);
 }
 
 static void fill_normal(uint64_t key, uint64_t n, double std, int one_plus, uint16_t *dst)
@@ -308,35 +319,66 @@ uint64_t ls_synth_tensor_bytes(const ls_synth_tensor *t)
     return t->fp8 == LS_SYNTH_F8_WEIGHT ? n : t->fp8 == LS_SYNTH_F8_SCALE ? 4 * n : 2 * n;
 }
 
-/* Block (bi, bj)'s scale of the bf16 matrix w [R, C]: amax / 448 (fp32
- * division), 1 for an all-zero block. */
-static float block_scale(const uint16_t *w, int64_t R, int64_t C, int64_t bi, int64_t bj)
+/* lane[i] = max(lane[i], bits of |w[i]|), NaNs counting as 0: over the
+ * rest, the order of these bits is the order of the magnitudes, so the
+ * maximum over a block is the bits of its largest magnitude (what a fp32
+ * loop of `if (|v| > amax) amax = |v|` from 0 finds, NaNs never being
+ * larger). Lanes, not one running maximum, so that the loop vectorises. */
+INLINE_BODY void row_absmax(const uint16_t *restrict w, int n, uint16_t *restrict lane)
 {
-    float amax = 0.0f;
-    for (int64_t r = bi * LS_FP8_BLOCK; r < R && r < (bi + 1) * LS_FP8_BLOCK; r++)
-        for (int64_t c = bj * LS_FP8_BLOCK; c < C && c < (bj + 1) * LS_FP8_BLOCK; c++) {
-            float a = ls_bf16_to_f32(w[r * C + c]);
-            if (a < 0.0f) a = -a;
-            if (a > amax) amax = a;
-        }
-    return amax > 0.0f ? amax / LS_FP8_E4M3_MAX : 1.0f;
+    for (int i = 0; i < n; i++) {
+        uint16_t a = w[i] & 0x7fffu;
+        a = a > 0x7f80u ? 0 : a;
+        lane[i] = a > lane[i] ? a : lane[i];
+    }
 }
 
-/* The bf16 matrix w [R, C] quantised per 128 x 128 block: the e4m3 bytes
- * into q [R, C] and the block scales into scale [ceil(R/128), ceil(C/128)],
- * either may be NULL. */
-static void quantise_blocks(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
+INLINE_BODY void row_e4m3(const uint16_t *restrict w, int n, float sc, uint8_t *restrict q)
+{
+    for (int i = 0; i < n; i++) q[i] = ls_f32_to_e4m3(ls_bf16_to_f32(w[i]) / sc);
+}
+
+/* The bf16 matrix w [R, C] quantised per 128 x 128 block: the block's scale
+ * amax / 448 (fp32 division; 1 for an all-zero block) into scale
+ * [ceil(R/128), ceil(C/128)] and e4m3(w / scale) into q [R, C]; either may
+ * be NULL. A full block's rows are loops of 128 (the fixed count). */
+INLINE_BODY void quantise_run(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
 {
     const int64_t BR = LS_FP8_BLOCKS(R), BC = LS_FP8_BLOCKS(C);
     for (int64_t bi = 0; bi < BR; bi++)
         for (int64_t bj = 0; bj < BC; bj++) {
-            float sc = block_scale(w, R, C, bi, bj);
+            const int64_t r0 = bi * LS_FP8_BLOCK, r1 = R < r0 + LS_FP8_BLOCK ? R : r0 + LS_FP8_BLOCK;
+            const int64_t c0 = bj * LS_FP8_BLOCK;
+            const int n = C - c0 < LS_FP8_BLOCK ? (int)(C - c0) : LS_FP8_BLOCK;
+            uint16_t lane[LS_FP8_BLOCK] = {0}, m = 0;
+            for (int64_t r = r0; r < r1; r++) {
+                if (n == LS_FP8_BLOCK) row_absmax(w + r * C + c0, LS_FP8_BLOCK, lane);
+                else row_absmax(w + r * C + c0, n, lane);
+            }
+            for (int i = 0; i < n; i++) m = lane[i] > m ? lane[i] : m;
+            const float amax = ls_bf16_to_f32(m), sc = amax > 0.0f ? amax / LS_FP8_E4M3_MAX : 1.0f;
             if (scale) scale[bi * BC + bj] = sc;
             if (!q) continue;
-            for (int64_t r = bi * LS_FP8_BLOCK; r < R && r < (bi + 1) * LS_FP8_BLOCK; r++)
-                for (int64_t c = bj * LS_FP8_BLOCK; c < C && c < (bj + 1) * LS_FP8_BLOCK; c++)
-                    q[r * C + c] = ls_f32_to_e4m3(ls_bf16_to_f32(w[r * C + c]) / sc);
+            for (int64_t r = r0; r < r1; r++) {
+                if (n == LS_FP8_BLOCK) row_e4m3(w + r * C + c0, LS_FP8_BLOCK, sc, q + r * C + c0);
+                else row_e4m3(w + r * C + c0, n, sc, q + r * C + c0);
+            }
         }
+}
+
+static void quantise_baseline(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
+{
+    quantise_run(w, R, C, q, scale);
+}
+
+AVX512 static void quantise_avx512(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
+{
+    quantise_run(w, R, C, q, scale);
+}
+
+static void quantise_blocks(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
+{
+    (have_avx512() ? quantise_avx512 : quantise_baseline)(w, R, C, q, scale);
 }
 
 ls_status ls_synth_fill_bytes(const ls_synth_tensor *t, uint64_t seed, void *dst, ls_error *err)
