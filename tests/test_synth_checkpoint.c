@@ -255,6 +255,8 @@ START_TEST(test_bad_specs_exit_2)
         {"synth:tiny,seed=1,experts=stacked", "experts 'stacked'"},
         {"synth:tiny,seed=1,fp8,experts=fused", "experts=fused does not apply"},
         {"synth:tiny,seed=", "empty value"},
+        {"synth:tiny,seed=1,seed=2", "field 'seed' is given twice"},
+        {"synth:tiny,seed=1,layers=2,layers=3", "field 'layers' is given twice"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *out = NULL;

@@ -12,12 +12,21 @@
 #include "run/run.h"
 #include "synth/synth.h"
 
-/* One field of a synth spec, "key=value" or a bare "key". */
+/* One field of a synth spec, "key=value" or a bare "key"; *seen has a bit
+ * per key already given (a key given twice is refused: which would win?). */
 static ls_status synth_field(const char *arg, const char *f, size_t n, ls_synth_config *cfg, uint64_t *seed,
-                             int *have_seed, int64_t *layers, int *fp8, int *layout, ls_error *err)
+                             unsigned *seen, int64_t *layers, int *fp8, int *layout, ls_error *err)
 {
+    static const char *const keys[] = {"seed", "layers", "fp8", "experts"};
     const char *eq = memchr(f, '=', n);
     size_t kn = eq ? (size_t)(eq - f) : n;
+    for (unsigned k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        if (strlen(keys[k]) != kn || memcmp(f, keys[k], kn)) continue;
+        if (*seen & 1u << k)
+            return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': field '%s' is given twice", arg,
+                           keys[k]);
+        *seen |= 1u << k;
+    }
     char val[64] = "";
     if (eq) {
         size_t vn = n - kn - 1;
@@ -34,7 +43,6 @@ static ls_status synth_field(const char *arg, const char *f, size_t n, ls_synth_
             return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': seed '%s' is not an unsigned "
                            "integer", arg, val);
         *seed = v;
-        *have_seed = 1;
     } else if (kn == 6 && !memcmp(f, "layers", 6) && eq) {
         long long v = strtoll(val, &end, 10);
         if (*end || v < 1 || v > cfg->num_hidden_layers)
@@ -69,15 +77,16 @@ ls_status ls_run_parse_synth(const char *arg, ls_synth_config *cfg, uint64_t *se
     preset[pn] = '\0';
     if (ls_synth_preset(preset, cfg, err) != LS_OK)
         return ls_error_prefix(err, "checkpoint (--checkpoint) '%s'", arg);
-    int have_seed = 0, fp8 = 0, layout = -1;
+    int fp8 = 0, layout = -1;
+    unsigned seen = 0; /* bit 0: seed */
     int64_t layers = 0;
     while (comma) {
         const char *f = comma + 1;
         comma = strchr(f, ',');
         size_t n = comma ? (size_t)(comma - f) : strlen(f);
-        LS_TRY(synth_field(arg, f, n, cfg, seed, &have_seed, &layers, &fp8, &layout, err));
+        LS_TRY(synth_field(arg, f, n, cfg, seed, &seen, &layers, &fp8, &layout, err));
     }
-    if (!have_seed)
+    if (!(seen & 1u))
         return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': seed=N is required (as lockstep synth's "
                        "--seed)", arg);
     if (fp8 && layout == 1)
