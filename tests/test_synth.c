@@ -246,17 +246,25 @@ START_TEST(test_generator_fixed_values)
 }
 END_TEST
 
+/* The tiny preset's tensor list (the caller frees it). */
+static ls_synth_tensor *tiny_tensors(size_t *n)
+{
+    ls_synth_config cfg;
+    ls_error err;
+    ls_synth_tensor *t = NULL;
+    ck_assert_int_eq(ls_synth_preset("tiny", &cfg, &err), LS_OK);
+    ck_assert_int_eq(ls_synth_list_tensors(&cfg, &t, n, &err), LS_OK);
+    return t;
+}
+
 /* A matrix's values, whole or from any row, in whatever blocks and vector
  * code the fill runs (AVX-512 where the CPU has it), are the element formula
  * of synth.h: bf16_rne(base + fp32(ih) * c), ih = irwin_hall(draw(key, i)). */
 START_TEST(test_fill_equals_element_formula)
 {
-    ls_synth_config cfg;
     ls_error err;
-    ck_assert_int_eq(ls_synth_preset("tiny", &cfg, &err), LS_OK);
-    ls_synth_tensor *t = NULL;
     size_t n = 0;
-    ck_assert_int_eq(ls_synth_list_tensors(&cfg, &t, &n, &err), LS_OK);
+    ls_synth_tensor *t = tiny_tensors(&n);
     int checked = 0;
     for (size_t i = 0; i < n; i++) {
         uint64_t key;
@@ -306,12 +314,8 @@ END_TEST
 
 START_TEST(test_initialiser_ranges)
 {
-    ls_synth_config cfg;
-    ls_error err;
-    ck_assert_int_eq(ls_synth_preset("tiny", &cfg, &err), LS_OK);
-    ls_synth_tensor *t = NULL;
     size_t n = 0;
-    ck_assert_int_eq(ls_synth_list_tensors(&cfg, &t, &n, &err), LS_OK);
+    ls_synth_tensor *t = tiny_tensors(&n);
     for (size_t i = 1; i < n; i++) ck_assert_int_lt(strcmp(t[i - 1].name, t[i].name), 0);
     int seen_alog = 0, seen_dt = 0;
     for (size_t i = 0; i < n; i++) {
@@ -577,11 +581,8 @@ START_TEST(test_reader_roundtrip)
     ck_assert_uint_eq(ls_checkpoint_shard_count(one), 1);
     ck_assert_uint_ge(ls_checkpoint_shard_count(sh), 4);
 
-    ls_synth_config cfg;
-    ck_assert_int_eq(ls_synth_preset("tiny", &cfg, &err), LS_OK);
-    ls_synth_tensor *t = NULL;
     size_t n = 0;
-    ck_assert_int_eq(ls_synth_list_tensors(&cfg, &t, &n, &err), LS_OK);
+    ls_synth_tensor *t = tiny_tensors(&n);
     ck_assert_uint_eq(ls_checkpoint_count(one), n);
     ck_assert_uint_eq(ls_checkpoint_count(sh), n);
     uint64_t total = 0;
