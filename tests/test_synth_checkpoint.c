@@ -273,6 +273,37 @@ START_TEST(test_bad_specs_exit_2)
 }
 END_TEST
 
+/* The hot host loops' baseline instances (LOCKSTEP_CPU_ISA=baseline, core/isa.h)
+ * give the bits of the wider ones this CPU runs by default: the generated
+ * weights (the model fingerprint in the trace header), bf16 and both FP8
+ * modes' dot products, rollout and chunked replay. */
+START_TEST(test_isa_instances_equal)
+{
+    static const char *const runs[][2] = {{"synth:small,seed=3,layers=2", ""},
+                                          {"synth:qwen3.5-tiny,seed=8,fp8", "--fp8 dequant"},
+                                          {"synth:qwen3.5-tiny,seed=8,fp8", "--fp8 w8a8"}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++)
+        for (int base = 0; base < 2; base++) {
+            char *out = NULL;
+            int rc = ls_test_sh(&out, "%s'%s' run --checkpoint %s %s --mode rollout --prompts %s/prompts.jsonl "
+                                "--max-new-tokens 6 --threads 2 -o %s/isa%zu_%d.trace 2>&1 && %s'%s' run --checkpoint "
+                                "%s %s --mode replay --from %s/isa%zu_%d.trace --chunk 5 -o %s/isar%zu_%d.trace 2>&1",
+                                base ? "LOCKSTEP_CPU_ISA=baseline " : "", LS_CLI_PATH, runs[i][0], runs[i][1], g_dir,
+                                g_dir, i, base, base ? "LOCKSTEP_CPU_ISA=baseline " : "", LS_CLI_PATH, runs[i][0],
+                                runs[i][1], g_dir, i, base, g_dir, i, base);
+            ck_assert_msg(rc == 0, "%s %s: %s", runs[i][0], runs[i][1], out ? out : "");
+            free(out);
+            if (!base) continue;
+            char a[32], b[32];
+            for (int replay = 0; replay < 2; replay++) {
+                snprintf(a, sizeof a, "isa%s%zu_0.trace", replay ? "r" : "", i);
+                snprintf(b, sizeof b, "isa%s%zu_1.trace", replay ? "r" : "", i);
+                ls_test_expect_traces_equal(g_dir, a, b, 3);
+            }
+        }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("synth_checkpoint");
@@ -284,6 +315,7 @@ int main(void)
     tcase_add_test(tc, test_run_equals_the_written);
     tcase_add_test(tc, test_manifest_pin_differs_in_path_only);
     tcase_add_test(tc, test_bad_specs_exit_2);
+    tcase_add_test(tc, test_isa_instances_equal);
     suite_add_tcase(s, tc);
     int failed = ls_test_run_suite(s, 1);
     if (g_dir) ls_test_rm_tmpdir(g_dir);

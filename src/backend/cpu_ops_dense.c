@@ -6,6 +6,7 @@
 
 #include <math.h>
 
+#include "core/isa.h"
 #include "numerics/lsmath.h"
 
 /* ---- reductions ---------------------------------------------------------- */
@@ -21,7 +22,10 @@ float ls_cpu_dot(const float *a, const float *b, long n, ls_order order)
     return s;
 }
 
-float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x, ls_order order)
+/* The canonical dot products are most of a CPU run's time: the row
+ * functions below have a baseline and an AVX2 instance (core/isa.h), the
+ * LS_DOT32 lanes of reduce.h and fp8.h 8 at a time. */
+LS_ISA_BODY float dot_wrow(const ls_wmat *w, long r, const float *x, ls_order order)
 {
     long n = w->cols;
     if (w->wtype == LS_WTYPE_BF16) {
@@ -49,6 +53,21 @@ float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x, ls_order order)
         return s;
     }
     return ls_cpu_dot((const float *)w->data + r * n, x, n, order);
+}
+
+static float dot_wrow_baseline(const ls_wmat *w, long r, const float *x, ls_order order)
+{
+    return dot_wrow(w, r, x, order);
+}
+
+LS_TARGET_AVX2 static float dot_wrow_avx2(const ls_wmat *w, long r, const float *x, ls_order order)
+{
+    return dot_wrow(w, r, x, order);
+}
+
+float ls_cpu_dot_wrow(const ls_wmat *w, long r, const float *x, ls_order order)
+{
+    return (ls_cpu_has_avx2() ? dot_wrow_avx2 : dot_wrow_baseline)(w, r, x, order);
 }
 
 float ls_cpu_dot_wrow_q(const ls_wmat *w, long r, const float *q, const float *xs, ls_order order)

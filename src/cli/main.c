@@ -49,6 +49,8 @@ static void usage(FILE *out)
             "work draws a progress bar on stderr; otherwise work that lasts longer than 5 s\n"
             "writes a plain progress line every 5 s and one at the end\n"
             "(LOCKSTEP_PROGRESS_SECONDS=N changes the interval; 0: every update).\n"
+            "The CPU's hot loops run an AVX2 or AVX-512 build of themselves where the CPU\n"
+            "has it (the same bits); LOCKSTEP_CPU_ISA=baseline keeps them to the baseline one.\n"
             "'lockstep <command> --help' describes a command.\n"
             "exit codes: 0 ok / equal, 1 difference found, 2 could not do the job\n");
 }

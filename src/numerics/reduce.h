@@ -72,15 +72,20 @@ LS_HD float ls_tree32(float p[LS_LANES])
     return p[0];
 }
 
+/* The LS_DOT32 functions below take whole rounds of 32 elements first, a
+ * fixed-count loop over the 32 independent lanes (what a compiler
+ * vectorises), then the tail: lane k % 32 gets its terms in ascending k
+ * either way, so the order (and the bits) are the canonical ones. */
+
 /* LS_DOT32 of two fp32 vectors of length n. */
 LS_HD float ls_dot32_f32(const float *a, const float *b, long n)
 {
     float p[LS_LANES];
     for (int l = 0; l < LS_LANES; l++) p[l] = 0.0f;
-    for (long k = 0; k < n; k++) {
-        float prod = a[k] * b[k];
-        p[k % LS_LANES] = p[k % LS_LANES] + prod;
-    }
+    long k = 0;
+    for (; k + LS_LANES <= n; k += LS_LANES)
+        for (int l = 0; l < LS_LANES; l++) p[l] = p[l] + a[k + l] * b[k + l];
+    for (int l = 0; k < n; k++, l++) p[l] = p[l] + a[k] * b[k];
     return ls_tree32(p);
 }
 
@@ -89,10 +94,10 @@ LS_HD float ls_dot32_bf16(const uint16_t *a, const float *b, long n)
 {
     float p[LS_LANES];
     for (int l = 0; l < LS_LANES; l++) p[l] = 0.0f;
-    for (long k = 0; k < n; k++) {
-        float prod = ls_bf16_to_f32(a[k]) * b[k];
-        p[k % LS_LANES] = p[k % LS_LANES] + prod;
-    }
+    long k = 0;
+    for (; k + LS_LANES <= n; k += LS_LANES)
+        for (int l = 0; l < LS_LANES; l++) p[l] = p[l] + ls_bf16_to_f32(a[k + l]) * b[k + l];
+    for (int l = 0; k < n; k++, l++) p[l] = p[l] + ls_bf16_to_f32(a[k]) * b[k];
     return ls_tree32(p);
 }
 
@@ -101,7 +106,10 @@ LS_HD float ls_sum32(const float *a, long n)
 {
     float p[LS_LANES];
     for (int l = 0; l < LS_LANES; l++) p[l] = 0.0f;
-    for (long k = 0; k < n; k++) p[k % LS_LANES] = p[k % LS_LANES] + a[k];
+    long k = 0;
+    for (; k + LS_LANES <= n; k += LS_LANES)
+        for (int l = 0; l < LS_LANES; l++) p[l] = p[l] + a[k + l];
+    for (int l = 0; k < n; k++, l++) p[l] = p[l] + a[k];
     return ls_tree32(p);
 }
 

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/isa.h"
 #include "numerics/fp8.h"
 #include "numerics/reduce.h"
 #include "synth/synth.h"
@@ -178,29 +179,9 @@ int ls_synth_normal_params(const ls_synth_tensor *t, uint64_t seed, uint64_t *ke
 /* ---- the hot loops, for the host's vector units ------------------------------------
  * The normal fill and the FP8 quantiser run once per element of every
  * generated weight: most of a generated checkpoint's fingerprint time and of
- * a CPU rank's load. Each is written once as an always-inline body of
- * fixed-count loops over independent lanes (what the compiler vectorises at
- * -O2) and compiled twice: for the build's baseline, and for AVX-512
- * (avx512f/dq/vl/bw), chosen at run time where the CPU has it; its 64-bit
- * vector multiply runs the draws 8 lanes at a time. The bits are the same
- * either way: the integer operations are exact, and a vector fp32 multiply,
- * add or divide is the same IEEE operation as a scalar one (the build
- * forbids contraction into FMA for every target). */
-#define INLINE_BODY static inline __attribute__((always_inline))
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw")))
-static int have_avx512(void)
-{
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
-}
-#else
-#define AVX512
-static int have_avx512(void)
-{
-    return 0;
-}
-#endif
+ * a CPU rank's load. Each has a baseline and an AVX-512 instance
+ * (core/isa.h); AVX-512's 64-bit vector multiply runs the draws 8 lanes at
+ * a time. */
 
 /* n <= NORMAL_BLOCK values from the draw argument z (element j's argument
  * is key + (j + 1) GAMMA, so consecutive elements step it by GAMMA mod 2^64):
@@ -208,7 +189,7 @@ static int have_avx512(void)
  * independent lanes over a whole block (a fixed trip count is what lets the
  * compiler vectorise them at -O2), then the n wanted values copied out. */
 enum { NORMAL_BLOCK = 512 };
-INLINE_BODY void normal_block(uint64_t z, int n, float c, float base, uint16_t *dst)
+LS_ISA_BODY void normal_block(uint64_t z, int n, float c, float base, uint16_t *dst)
 {
     int32_t ih[NORMAL_BLOCK];
     uint16_t v[NORMAL_BLOCK];
@@ -217,7 +198,7 @@ INLINE_BODY void normal_block(uint64_t z, int n, float c, float base, uint16_t *
     memcpy(dst, v, sizeof v[0] * (size_t)n);
 }
 
-INLINE_BODY void normal_run(uint64_t z, uint64_t n, float c, float base, uint16_t *dst)
+LS_ISA_BODY void normal_run(uint64_t z, uint64_t n, float c, float base, uint16_t *dst)
 {
     for (uint64_t b = 0; b < n; b += NORMAL_BLOCK, z += NORMAL_BLOCK * GOLDEN_GAMMA)
         normal_block(z, n - b < NORMAL_BLOCK ? (int)(n - b) : NORMAL_BLOCK, c, base, dst + b);
@@ -228,7 +209,7 @@ static void normal_baseline(uint64_t z, uint64_t n, float c, float base, uint16_
     normal_run(z, n, c, base, dst);
 }
 
-AVX512 static void normal_avx512(uint64_t z, uint64_t n, float c, float base, uint16_t *dst)
+LS_TARGET_AVX512 static void normal_avx512(uint64_t z, uint64_t n, float c, float base, uint16_t *dst)
 {
     normal_run(z, n, c, base, dst);
 }
@@ -241,7 +222,7 @@ static void fill_normal_at(uint64_t key, uint64_t first, uint64_t n, double std,
 {
     const float c = normal_c(std), base = one_plus ? 1.0f : 0.0f;
     const uint64_t z = key + (first + 1) * GOLDEN_GAMMA; /* draw(key, first)'s argument */
-    (have_avx512() ? normal_avx512 : normal_baseline)(z, n, c, base, dst);
+    (ls_cpu_has_avx512() ? normal_avx512 : normal_baseline)(z, n, c, base, dst);
 }
 
 static void fill_normal(uint64_t key, uint64_t n, double std, int one_plus, uint16_t *dst)
@@ -324,7 +305,7 @@ uint64_t ls_synth_tensor_bytes(const ls_synth_tensor *t)
  * maximum over a block is the bits of its largest magnitude (what a fp32
  * loop of `if (|v| > amax) amax = |v|` from 0 finds, NaNs never being
  * larger). Lanes, not one running maximum, so that the loop vectorises. */
-INLINE_BODY void row_absmax(const uint16_t *restrict w, int n, uint16_t *restrict lane)
+LS_ISA_BODY void row_absmax(const uint16_t *restrict w, int n, uint16_t *restrict lane)
 {
     for (int i = 0; i < n; i++) {
         uint16_t a = w[i] & 0x7fffu;
@@ -333,7 +314,7 @@ INLINE_BODY void row_absmax(const uint16_t *restrict w, int n, uint16_t *restric
     }
 }
 
-INLINE_BODY void row_e4m3(const uint16_t *restrict w, int n, float sc, uint8_t *restrict q)
+LS_ISA_BODY void row_e4m3(const uint16_t *restrict w, int n, float sc, uint8_t *restrict q)
 {
     for (int i = 0; i < n; i++) q[i] = ls_f32_to_e4m3(ls_bf16_to_f32(w[i]) / sc);
 }
@@ -342,7 +323,7 @@ INLINE_BODY void row_e4m3(const uint16_t *restrict w, int n, float sc, uint8_t *
  * amax / 448 (fp32 division; 1 for an all-zero block) into scale
  * [ceil(R/128), ceil(C/128)] and e4m3(w / scale) into q [R, C]; either may
  * be NULL. A full block's rows are loops of 128 (the fixed count). */
-INLINE_BODY void quantise_run(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
+LS_ISA_BODY void quantise_run(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
 {
     const int64_t BR = LS_FP8_BLOCKS(R), BC = LS_FP8_BLOCKS(C);
     for (int64_t bi = 0; bi < BR; bi++)
@@ -371,14 +352,14 @@ static void quantise_baseline(const uint16_t *w, int64_t R, int64_t C, uint8_t *
     quantise_run(w, R, C, q, scale);
 }
 
-AVX512 static void quantise_avx512(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
+LS_TARGET_AVX512 static void quantise_avx512(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
 {
     quantise_run(w, R, C, q, scale);
 }
 
 static void quantise_blocks(const uint16_t *w, int64_t R, int64_t C, uint8_t *q, float *scale)
 {
-    (have_avx512() ? quantise_avx512 : quantise_baseline)(w, R, C, q, scale);
+    (ls_cpu_has_avx512() ? quantise_avx512 : quantise_baseline)(w, R, C, q, scale);
 }
 
 ls_status ls_synth_fill_bytes(const ls_synth_tensor *t, uint64_t seed, void *dst, ls_error *err)
