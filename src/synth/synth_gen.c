@@ -40,9 +40,8 @@ uint64_t ls_synth_key(uint64_t seed, const char *name)
     return mix64(mix64(seed) ^ fnv1a64(name));
 }
 
-/* The two below are inline here for the fill loops, which run them once per
- * element of every generated weight (the most of a generated checkpoint's
- * fingerprint time), and exported through the functions after them. */
+/* Inline for the fill loops below, which run them once per element of every
+ * generated weight; exported through the functions after them. */
 static inline uint64_t draw(uint64_t key, uint64_t index)
 {
     return mix64(key + (index + 1) * GOLDEN_GAMMA);
