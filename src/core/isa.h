@@ -27,7 +27,8 @@
 
 /* 1 when the wider instance may run: the CPU has AVX2 (AVX-512 with the
  * 64-bit multiply and 8/16-bit lanes: f, dq, vl, bw) and the environment
- * does not set LOCKSTEP_CPU_ISA=baseline. Read once, then cached. */
+ * does not set LOCKSTEP_CPU_ISA=baseline (any other value: the widest the
+ * CPU has). Read once, then cached. */
 int ls_cpu_has_avx2(void);
 int ls_cpu_has_avx512(void);
 
