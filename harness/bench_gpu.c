@@ -1358,11 +1358,25 @@ static long max_of(const long *v, int n)
 }
 
 /* b->prompt: n pseudo-random tokens. */
-static void bench_prompt(bench *b, long n, long vocab)
+static int is_vision_token(const ls_model_config *cfg, long t)
+{
+    for (int v = 0; v < 2; v++)
+        if ((cfg->vision_tokens_given >> v & 1) && t == cfg->vision_tokens[v]) return 1;
+    return 0;
+}
+
+/* n counter-based token ids of cfg's vocabulary, none of them a vision
+ * placeholder (image_token_id, video_token_id: the text-only engine refuses
+ * them; such an id moves on to the next one). */
+static void bench_prompt(bench *b, long n, const ls_model_config *cfg)
 {
     b->prompt = malloc(sizeof(int32_t) * (size_t)n);
     if (!b->prompt) exit(2);
-    for (long i = 0; i < n; i++) b->prompt[i] = (int32_t)(mix(0xabcdull + (uint64_t)i) % (uint64_t)vocab);
+    for (long i = 0; i < n; i++) {
+        long t = (long)(mix(0xabcdull + (uint64_t)i) % (uint64_t)cfg->vocab);
+        while (is_vision_token(cfg, t)) t = (t + 1) % cfg->vocab;
+        b->prompt[i] = (int32_t)t;
+    }
 }
 
 /* Opens b's engine (T, slots, cap and prompt set) on L_arg layers or, with
@@ -1516,7 +1530,7 @@ int main(int argc, char **argv)
          * prefill + the decode steps' positions, max_rows for the prefill. */
         b.cap = prefill + decode_steps(reps) + (profile ? 2 * (DECODE_WARM + 1) : 0);
         b.slots = 1 + BMAX;
-        bench_prompt(&b, b.cap, full_cfg.vocab);
+        bench_prompt(&b, b.cap, &full_cfg);
         long L = bench_fit(&b, &full_cfg, L_arg);
         describe(&b, L, full_cfg.n_layers, &prop, total_b);
 
@@ -1533,7 +1547,7 @@ int main(int argc, char **argv)
          * sequences, the longest prompt) and the points take turns. */
         b.slots = max_of(conc, n_conc);
         b.cap = ttft_cap;
-        bench_prompt(&b, b.slots * b.cap, full_cfg.vocab);
+        bench_prompt(&b, b.slots * b.cap, &full_cfg);
         printf("ttft: an engine for %ld sequences of up to %ld positions (prompts up to %ld tokens and %d "
                "decode steps)\n", b.slots, b.cap, ttft_cap - 2 - reps, 2 + reps);
         fflush(stdout);
