@@ -135,8 +135,7 @@ static void model_open(model_src *s)
     long attn = 0;
     for (long l = 0; l < s->m->cfg.n_layers; l++) attn += s->m->cfg.is_attention[l];
     snprintf(s->desc, sizeof s->desc, "checkpoint %s (%ld layers, %ld of them attention; Merkle root %.16s...)",
-             name, s->m->cfg.n_layers, attn,
-             s->fingerprint);
+             name, s->m->cfg.n_layers, attn, s->fingerprint);
 }
 
 /* An engine of max_rows rows, one slot of cap positions; *be_out: its backend

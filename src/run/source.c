@@ -12,21 +12,29 @@
 #include "run/run.h"
 #include "synth/synth.h"
 
-/* One field of a synth spec, "key=value" or a bare "key"; *seen has a bit
- * per key already given (a key given twice is refused: which would win?). */
+/* The fields of a synth spec after the preset: key=value, or fp8 bare. */
+enum { FIELD_SEED, FIELD_LAYERS, FIELD_FP8, FIELD_EXPERTS, FIELD_COUNT };
+static const struct {
+    const char *key;
+    int has_value;
+} k_fields[FIELD_COUNT] = {{"seed", 1}, {"layers", 1}, {"fp8", 0}, {"experts", 1}};
+
+/* One field of a synth spec; *seen has a bit per field already given (a
+ * field given twice is refused: which would win?). */
 static ls_status synth_field(const char *arg, const char *f, size_t n, ls_synth_config *cfg, uint64_t *seed,
                              unsigned *seen, int64_t *layers, int *fp8, int *layout, ls_error *err)
 {
-    static const char *const keys[] = {"seed", "layers", "fp8", "experts"};
     const char *eq = memchr(f, '=', n);
     size_t kn = eq ? (size_t)(eq - f) : n;
-    for (unsigned k = 0; k < sizeof keys / sizeof keys[0]; k++) {
-        if (strlen(keys[k]) != kn || memcmp(f, keys[k], kn)) continue;
-        if (*seen & 1u << k)
-            return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': field '%s' is given twice", arg,
-                           keys[k]);
-        *seen |= 1u << k;
-    }
+    int k = 0;
+    while (k < FIELD_COUNT && (strlen(k_fields[k].key) != kn || memcmp(f, k_fields[k].key, kn))) k++;
+    if (k < FIELD_COUNT && (*seen & 1u << k))
+        return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': field '%s' is given twice", arg,
+                       k_fields[k].key);
+    if (k == FIELD_COUNT || k_fields[k].has_value != (eq != NULL))
+        return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': unknown field '%.*s' (expected "
+                       "seed=N, layers=N, fp8, experts=fused|per-expert)", arg, (int)n, f);
+    *seen |= 1u << k;
     char val[64] = "";
     if (eq) {
         size_t vn = n - kn - 1;
@@ -36,29 +44,33 @@ static ls_status synth_field(const char *arg, const char *f, size_t n, ls_synth_
         memcpy(val, eq + 1, vn);
     }
     char *end = NULL;
-    if (kn == 4 && !memcmp(f, "seed", 4) && eq) {
+    switch (k) {
+    case FIELD_SEED: {
         errno = 0;
         unsigned long long v = strtoull(val, &end, 10);
         if (*end || val[0] == '-' || errno == ERANGE)
             return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': seed '%s' is not an unsigned "
                            "integer", arg, val);
         *seed = v;
-    } else if (kn == 6 && !memcmp(f, "layers", 6) && eq) {
+        break;
+    }
+    case FIELD_LAYERS: {
         long long v = strtoll(val, &end, 10);
         if (*end || v < 1 || v > cfg->num_hidden_layers)
             return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': layers '%s': expected 1 .. %lld "
                            "(the preset's layers)", arg, val, (long long)cfg->num_hidden_layers);
         *layers = v;
-    } else if (kn == 3 && !memcmp(f, "fp8", 3) && !eq) {
+        break;
+    }
+    case FIELD_FP8:
         *fp8 = 1;
-    } else if (kn == 7 && !memcmp(f, "experts", 7) && eq) {
+        break;
+    default: /* FIELD_EXPERTS */
         if (strcmp(val, "fused") && strcmp(val, "per-expert"))
             return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': experts '%s': expected fused or "
                            "per-expert", arg, val);
         *layout = !strcmp(val, "fused") ? 1 : 0;
-    } else {
-        return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': unknown field '%.*s' (expected "
-                       "seed=N, layers=N, fp8, experts=fused|per-expert)", arg, (int)n, f);
+        break;
     }
     return LS_OK;
 }
@@ -78,7 +90,7 @@ ls_status ls_run_parse_synth(const char *arg, ls_synth_config *cfg, uint64_t *se
     if (ls_synth_preset(preset, cfg, err) != LS_OK)
         return ls_error_prefix(err, "checkpoint (--checkpoint) '%s'", arg);
     int fp8 = 0, layout = -1;
-    unsigned seen = 0; /* bit 0: seed */
+    unsigned seen = 0; /* bit k: field k given */
     int64_t layers = 0;
     while (comma) {
         const char *f = comma + 1;
@@ -86,7 +98,7 @@ ls_status ls_run_parse_synth(const char *arg, ls_synth_config *cfg, uint64_t *se
         size_t n = comma ? (size_t)(comma - f) : strlen(f);
         LS_TRY(synth_field(arg, f, n, cfg, seed, &seen, &layers, &fp8, &layout, err));
     }
-    if (!(seen & 1u))
+    if (!(seen & 1u << FIELD_SEED))
         return ls_fail(err, LS_E_USAGE, "checkpoint (--checkpoint) '%s': seed=N is required (as lockstep synth's "
                        "--seed)", arg);
     if (fp8 && layout == 1)
