@@ -1357,16 +1357,8 @@ static long max_of(const long *v, int n)
     return m;
 }
 
-/* b->prompt: n pseudo-random tokens. */
-static int is_vision_token(const ls_model_config *cfg, long t)
-{
-    for (int v = 0; v < 2; v++)
-        if ((cfg->vision_tokens_given >> v & 1) && t == cfg->vision_tokens[v]) return 1;
-    return 0;
-}
-
-/* n counter-based token ids of cfg's vocabulary, none of them a vision
- * placeholder (image_token_id, video_token_id: the text-only engine refuses
+/* b->prompt: n counter-based token ids of cfg's vocabulary, none of them a
+ * vision placeholder (image_token_id, video_token_id: the text-only engine refuses
  * them; such an id moves on to the next one). */
 static void bench_prompt(bench *b, long n, const ls_model_config *cfg)
 {
@@ -1374,7 +1366,7 @@ static void bench_prompt(bench *b, long n, const ls_model_config *cfg)
     if (!b->prompt) exit(2);
     for (long i = 0; i < n; i++) {
         long t = (long)(mix(0xabcdull + (uint64_t)i) % (uint64_t)cfg->vocab);
-        while (is_vision_token(cfg, t)) t = (t + 1) % cfg->vocab;
+        while (ls_model_vision_token(cfg, t) >= 0) t = (t + 1) % cfg->vocab;
         b->prompt[i] = (int32_t)t;
     }
 }

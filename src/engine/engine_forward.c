@@ -1012,13 +1012,12 @@ static ls_status forward(ls_engine *e, const seg *sg, long nseg, ls_error *err)
                                "the vocabulary (0..%ld)", q->id, sg[s].tokens[i], sg[s].pos0 + i, V - 1);
             /* A vision placeholder stands for image or video features that a
              * text-only decoder does not have: refused, not embedded as text. */
-            for (int v = 0; v < 2; v++)
-                if ((c->vision_tokens_given >> v & 1) && sg[s].tokens[i] == c->vision_tokens[v])
-                    return ls_fail(err, LS_E_INPUT, "sequence %u: token id %d at position %ld is "
-                                   "the model's %s placeholder (config.json field '%s'): vision "
-                                   "input is not supported (text only)", q->id, sg[s].tokens[i],
-                                   sg[s].pos0 + i, v ? "video" : "image",
-                                   v ? "video_token_id" : "image_token_id");
+            int v = ls_model_vision_token(c, sg[s].tokens[i]);
+            if (v >= 0)
+                return ls_fail(err, LS_E_INPUT, "sequence %u: token id %d at position %ld is "
+                               "the model's %s placeholder (config.json field '%s'): vision "
+                               "input is not supported (text only)", q->id, sg[s].tokens[i],
+                               sg[s].pos0 + i, v ? "video" : "image", v ? "video_token_id" : "image_token_id");
             T++;
         }
     }

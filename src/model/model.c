@@ -170,6 +170,13 @@ const char *ls_model_arch_name(ls_model_arch arch)
     return arch == LS_MODEL_QWEN3_5_MOE ? "qwen3_5_moe" : "qwen3_next";
 }
 
+int ls_model_vision_token(const ls_model_config *cfg, long t)
+{
+    for (int v = 0; v < 2; v++)
+        if ((cfg->vision_tokens_given >> v & 1) && t == cfg->vision_tokens[v]) return v;
+    return -1;
+}
+
 /* RoPE settings as read: theta, the partial rotary factor and, for Qwen3.5,
  * the multimodal sections (have_* = given somewhere). */
 typedef struct rope_cfg {

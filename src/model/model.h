@@ -120,6 +120,9 @@ typedef struct ls_model {
                                      for a checkpoint's model */
 } ls_model;
 
+/* Which vision placeholder token t is: 0 image_token_id, 1 video_token_id,
+ * -1 neither (or none given). */
+int ls_model_vision_token(const ls_model_config *cfg, long t);
 /* Parses and validates a config.json object (a jansson json_t*). */
 ls_status ls_model_parse_config(const void *config_json, ls_model_config *cfg, ls_error *err);
 /* Validates the config of ck and binds its weights. *out owned by the caller.

@@ -183,9 +183,7 @@ static void graph_replay(const ls_model *m, const char *backend, int graphs, rec
     for (long i = 0; i < GRAPH_TOKENS;) {
         x = x * 6364136223846793005ull + 1442695040888963407ull;
         int32_t t = (int32_t)((x >> 33) % (uint64_t)c->vocab);
-        int vision = 0;
-        for (int v = 0; v < 2; v++) vision |= (c->vision_tokens_given >> v & 1) && t == c->vision_tokens[v];
-        if (!vision) toks[i++] = t;
+        if (ls_model_vision_token(c, t) < 0) toks[i++] = t;
     }
     ls_sequence seq = {.id = 7, .tokens = toks, .n_tokens = GRAPH_TOKENS, .prompt_len = GRAPH_TOKENS};
     ls_engine_opts o;
