@@ -1,14 +1,57 @@
 #include "testutil.h"
 
 #include <check.h>
+#include <ftw.h>
+#include <glob.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "fingerprint/fingerprint.h"
 #include "io/checkpoint.h"
+
+/* ---- temporary directories ------------------------------------------------
+ * Every directory ls_test_tmpdir makes is removed, with the files beside it
+ * named after it ("DIR.*"), when the process that made it exits: a forked
+ * case's when the case ends, passed or failed; one a fixture made before the
+ * fork when the runner does (a child inherits the exit handler, and skips
+ * what its parent made). */
+
+static struct ls_test_tmpdir_made {
+    char *path;
+    pid_t pid;
+} *g_tmpdirs;
+static size_t g_n_tmpdirs;
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/* Removes dir (recursively) and DIR.* beside it. */
+static void remove_with_siblings(const char *dir)
+{
+    nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    char pattern[4200];
+    snprintf(pattern, sizeof pattern, "%s.*", dir);
+    glob_t g;
+    if (glob(pattern, GLOB_NOSORT, NULL, &g) == 0)
+        for (size_t i = 0; i < g.gl_pathc; i++) nftw(g.gl_pathv[i], remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    globfree(&g);
+}
+
+static void remove_tmpdirs_at_exit(void)
+{
+    const char *keep = getenv("LOCKSTEP_TEST_KEEP");
+    if (keep && *keep && strcmp(keep, "0") != 0) return;
+    for (size_t i = 0; i < g_n_tmpdirs; i++)
+        if (g_tmpdirs[i].pid == getpid()) remove_with_siblings(g_tmpdirs[i].path);
+}
 
 char *ls_test_tmpdir(const char *tag)
 {
@@ -18,6 +61,12 @@ char *ls_test_tmpdir(const char *tag)
     ck_assert_ptr_nonnull(path);
     snprintf(path, 4096, "%s/lockstep-%s-XXXXXX", base, tag);
     ck_assert_msg(mkdtemp(path) != NULL, "mkdtemp %s failed", path);
+    if (g_n_tmpdirs == 0) atexit(remove_tmpdirs_at_exit);
+    g_tmpdirs = realloc(g_tmpdirs, (g_n_tmpdirs + 1) * sizeof *g_tmpdirs);
+    ck_assert_ptr_nonnull(g_tmpdirs);
+    g_tmpdirs[g_n_tmpdirs].path = strdup(path);
+    ck_assert_ptr_nonnull(g_tmpdirs[g_n_tmpdirs].path);
+    g_tmpdirs[g_n_tmpdirs++].pid = getpid();
     return path;
 }
 
@@ -125,7 +174,7 @@ void ls_test_write_prompts(const char *dir, const int *lens, int n, uint64_t see
 
 void ls_test_rm_tmpdir(char *dir)
 {
-    ls_test_sh(NULL, "rm -rf '%s'", dir);
+    remove_with_siblings(dir);
     free(dir);
 }
 

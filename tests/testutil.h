@@ -25,7 +25,9 @@
 int ls_test_run_suite(Suite *s, int nofork);
 
 /* Creates a fresh temporary directory (under $TMPDIR or /tmp) and returns its
- * path (static storage per call site is not assumed: caller frees). */
+ * path (static storage per call site is not assumed: caller frees). It is
+ * removed, with the files beside it named "DIR.*", when the process that made
+ * it exits, unless LOCKSTEP_TEST_KEEP is set (not 0), to look at a failure. */
 char *ls_test_tmpdir(const char *tag);
 
 /* Runs `lockstep <args>` through /bin/sh, capturing stdout+stderr into a
@@ -55,7 +57,8 @@ void ls_test_write_text(const char *dir, const char *name, const char *text);
  * `vocab` (aborts the test on failure). */
 void ls_test_write_prompts(const char *dir, const int *lens, int n, uint64_t seed, int vocab);
 
-/* Removes a test's temporary directory (recursively) and frees its path. */
+/* Removes a test's temporary directory (recursively) and the files beside it
+ * named "DIR.*" now, and frees its path. */
 void ls_test_rm_tmpdir(char *dir);
 
 /* Reads a whole file; caller frees. *len may be NULL. */

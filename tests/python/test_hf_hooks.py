@@ -21,6 +21,7 @@ usage: test_hf_hooks.py LOCKSTEP_BINARY SOURCE_DIR [--evidence DIR]
                    comparison there, for reports/
 Exit codes: 0 passed, 1 a check failed, 77 torch/transformers not installed.
 """
+import atexit
 import json
 import os
 import shutil
@@ -47,6 +48,7 @@ from lockstep_trace.hf import HFRecorder, write_replay  # noqa: E402
 GOLDENS = ["qwen3next_tiny_a", "qwen3next_tiny_b", "qwen3next_tiny_c"]
 EVERY = 16          # carried-state digests every 16 positions: several per sequence
 WORK = tempfile.mkdtemp(prefix="lt_hf_")
+atexit.register(shutil.rmtree, WORK, True)  # passed or failed
 checks = 0
 
 
@@ -194,5 +196,4 @@ if hasattr(transformers, "Qwen3_5MoeForCausalLM") and hasattr(transformers, "Qwe
         print(line)
         summary.append(line)
 save("summary.txt", "\n".join(summary) + "\n")
-shutil.rmtree(WORK)
 print("%d checks passed, 0 failed" % checks)

@@ -20,10 +20,12 @@ torch (Debian's python3 with python3-zstandard):
 
 usage: test_python_package.py LOCKSTEP_BINARY SOURCE_DIR
 """
+import atexit
 import hashlib
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -37,6 +39,7 @@ import lockstep_trace as lt  # noqa: E402
 from lockstep_trace.__main__ import header_json_obj, record_json_obj  # noqa: E402
 
 WORK = tempfile.mkdtemp(prefix="lt_pkg_")
+atexit.register(shutil.rmtree, WORK, True)  # passed or failed
 GOLDENS = ["qwen3next_tiny_a", "qwen3next_tiny_b", "qwen3next_tiny_c"]
 checks = 0
 
@@ -97,7 +100,6 @@ def first_difference(a, b):
 # installed package and its command read a trace outside the source tree.
 import contextlib  # noqa: E402
 import io  # noqa: E402
-import shutil  # noqa: E402
 
 venv, copy = os.path.join(WORK, "venv"), os.path.join(WORK, "pkg")
 shutil.copytree(os.path.join(SRC, "python"), copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
@@ -509,5 +511,4 @@ refused("run_params not an object", lambda: lt.TraceWriter(os.path.join(WORK, "x
                                                             model_fingerprint="ab" * 32, layers=LAY, run_params="[1]"))
 ok(not any(n.startswith("refused.trace") for n in os.listdir(WORK)), "abort leaves no file behind")
 print("writer refusals: 10 cases refused, no file left behind")
-shutil.rmtree(WORK)
 print("%d checks passed, 0 failed" % checks)

@@ -5,9 +5,11 @@ compare equal; a planted router digest difference is the first drift.
 
 usage: test_python_writer.py LOCKSTEP_BINARY SOURCE_DIR
 """
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,6 +78,7 @@ def run(*args):
 
 def main():
     d = tempfile.mkdtemp()
+    atexit.register(shutil.rmtree, d, True)  # passed or failed
     a, b, c = (os.path.join(d, n) for n in ("a.trace", "b.trace", "c.trace"))
     write(a)
     write(b, chunk=4)

@@ -6,9 +6,11 @@ is self-contained (no scripts, no network references).
 
 usage: test_reports.py LOCKSTEP_BINARY SOURCE_DIR
 """
+import atexit
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,6 +24,7 @@ import test_python_writer as tw  # noqa: E402
 LS, SRC = sys.argv[1], sys.argv[2]
 schema = json.load(open(os.path.join(SRC, "docs", "compare-json.schema.json")))
 d = tempfile.mkdtemp()
+atexit.register(shutil.rmtree, d, True)  # passed or failed
 a, b, c = (os.path.join(d, n) for n in ("a.trace", "b.trace", "c.trace"))
 tw.write(a)
 tw.write(b, chunk=4)
