@@ -16,9 +16,12 @@ fp32. Each figure is the mean of --reps timed calls after 5 warm-ups (CUDA
 events around the whole loop).
 
 Usage: python3 harness/fla_gdn.py [--tokens 8192] [--batches 1,32]
-           [--dtype bf16|fp32|both] [--reps 20] [--json OUT.json]
+           [--dtype bf16|fp32|both] [--kernels chunk,recurrent,decode]
+           [--reps 20] [--json OUT.json]
 Needs torch with a GPU and the fla-core and flash-linear-attention 0.6
-packages (pure Python over Triton); exits 2 naming what is missing.
+packages (pure Python over Triton); exits 2 naming what is missing. Each
+kernel's first calls compile its Triton code (minutes): --kernels chunk times
+the chunked prefill alone, and every row is printed as soon as it is timed.
 """
 import argparse
 import json
@@ -30,6 +33,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--dtype", choices=["bf16", "fp32", "both"], default="both")
+    ap.add_argument("--kernels", default="chunk,recurrent,decode")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--hk", type=int, default=16)
     ap.add_argument("--hv", type=int, default=32)
@@ -41,6 +45,11 @@ def main():
         batches = [int(b) for b in a.batches.split(",")]
     except ValueError:
         print(f"fla_gdn: --batches '{a.batches}': expected integers separated by commas", file=sys.stderr)
+        return 2
+    kernels = a.kernels.split(",")
+    if not kernels or not set(kernels) <= {"chunk", "recurrent", "decode"}:
+        print(f"fla_gdn: --kernels '{a.kernels}': expected some of chunk, recurrent, decode separated by commas",
+              file=sys.stderr)
         return 2
     if a.tokens < 1 or a.reps < 1 or min(batches) < 1 or a.hv % a.hk:
         print("fla_gdn: --tokens, --reps and every batch must be >= 1, and --hk must divide --hv",
@@ -82,33 +91,36 @@ def main():
         torch.cuda.synchronize()
         return t0.elapsed_time(t1) / a.reps
 
-    rows = []
-    dtypes = {"bf16": [torch.bfloat16], "fp32": [torch.float32],
-              "both": [torch.bfloat16, torch.float32]}[a.dtype]
-    for dt in dtypes:
-        name = "bf16" if dt == torch.bfloat16 else "fp32"
-        q, k, v, g, beta = inputs(1, a.tokens, dt)
-        ms = timed(lambda: chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True))
-        rows.append({"kernel": "chunk_gated_delta_rule", "dtype": name, "batch": 1, "tokens": a.tokens, "ms": ms})
-        ms = timed(lambda: fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, output_final_state=True))
-        rows.append({"kernel": "fused_recurrent_gated_delta_rule", "dtype": name, "batch": 1,
-                     "tokens": a.tokens, "ms": ms})
-        for B in batches:
-            q, k, v, g, beta = inputs(B, 1, dt)
-            h0 = torch.zeros(B, a.hv, a.dk, a.dv, device=dev, dtype=torch.float32)
-            ms = timed(lambda: fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0,
-                                                                output_final_state=True))
-            rows.append({"kernel": "fused_recurrent_gated_delta_rule (decode)", "dtype": name, "batch": B,
-                         "tokens": 1, "ms": ms})
     facts = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
              "fla": getattr(fla, "__version__", "unknown"), "h_qk": a.hk, "h_v": a.hv, "d_k": a.dk,
              "d_v": a.dv, "reps": a.reps}
     print(f"FLA {facts['fla']} on {facts['gpu']} (torch {facts['torch']}): one GDN layer, h_qk {a.hk}, "
           f"h_v {a.hv}, d_k {a.dk}, d_v {a.dv}")
     print("| kernel | inputs | batch | tokens | ms per call |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['kernel']} | {r['dtype']} | {r['batch']} | {r['tokens']} | {r['ms']:.4f} |")
+    print("|---|---|---|---|---|", flush=True)
+    rows = []
+
+    def row(kernel, dtype, batch, tokens, ms):
+        rows.append({"kernel": kernel, "dtype": dtype, "batch": batch, "tokens": tokens, "ms": ms})
+        print(f"| {kernel} | {dtype} | {batch} | {tokens} | {ms:.4f} |", flush=True)
+
+    dtypes = {"bf16": [torch.bfloat16], "fp32": [torch.float32],
+              "both": [torch.bfloat16, torch.float32]}[a.dtype]
+    for dt in dtypes:
+        name = "bf16" if dt == torch.bfloat16 else "fp32"
+        q, k, v, g, beta = inputs(1, a.tokens, dt)
+        if "chunk" in kernels:
+            ms = timed(lambda: chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True))
+            row("chunk_gated_delta_rule", name, 1, a.tokens, ms)
+        if "recurrent" in kernels:
+            ms = timed(lambda: fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, output_final_state=True))
+            row("fused_recurrent_gated_delta_rule", name, 1, a.tokens, ms)
+        for B in batches if "decode" in kernels else []:
+            q, k, v, g, beta = inputs(B, 1, dt)
+            h0 = torch.zeros(B, a.hv, a.dk, a.dv, device=dev, dtype=torch.float32)
+            ms = timed(lambda: fused_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=h0,
+                                                                output_final_state=True))
+            row("fused_recurrent_gated_delta_rule (decode)", name, B, 1, ms)
     if a.json:
         tmp = a.json + ".tmp"
         with open(tmp, "w") as f:
