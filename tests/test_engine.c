@@ -19,36 +19,7 @@
 
 /* ---- in-memory trace ------------------------------------------------------------ */
 
-typedef struct mrec {
-    ls_trace_record r;
-    ls_trace_digest d[128];
-} mrec;
-
-typedef struct mtrace {
-    mrec *v;
-    long n, cap;
-} mtrace;
-
-static ls_status collect(void *ctx, ls_frame_kind kind, const ls_trace_record *recs, long n,
-                         ls_error *err)
-{
-    (void)kind;
-    (void)err;
-    mtrace *t = ctx;
-    for (long i = 0; i < n; i++) {
-        if (t->n == t->cap) {
-            t->cap = t->cap ? 2 * t->cap : 256;
-            t->v = realloc(t->v, sizeof(mrec) * (size_t)t->cap);
-        }
-        mrec *m = &t->v[t->n++];
-        m->r = recs[i];
-        ck_assert_uint_le(recs[i].n_digests, 128);
-        memcpy(m->d, recs[i].digests, sizeof(ls_trace_digest) * recs[i].n_digests);
-    }
-    return LS_OK;
-}
-
-static const mrec *find_rec(const mtrace *t, uint32_t seq, uint32_t pos)
+static const ls_test_rec *find_rec(const ls_test_recs *t, uint32_t seq, uint32_t pos)
 {
     for (long i = 0; i < t->n; i++)
         if (t->v[i].r.seq == seq && t->v[i].r.pos == pos) return &t->v[i];
@@ -57,7 +28,7 @@ static const mrec *find_rec(const mtrace *t, uint32_t seq, uint32_t pos)
 
 /* First difference in (seq, pos, layer, kind) order; returns 0 when equal,
  * else fills the layer of the first drift at the earliest position. */
-static int diff(const mtrace *a, const mtrace *b, char *msg, size_t msz, int *drift_layer,
+static int diff(const ls_test_recs *a, const ls_test_recs *b, char *msg, size_t msz, int *drift_layer,
                 uint32_t *drift_pos)
 {
     *drift_layer = -1;
@@ -68,7 +39,7 @@ static int diff(const mtrace *a, const mtrace *b, char *msg, size_t msz, int *dr
     uint32_t best_pos = UINT32_MAX;
     int found = 0;
     for (long i = 0; i < a->n; i++) {
-        const mrec *x = &a->v[i], *y = find_rec(b, x->r.seq, x->r.pos);
+        const ls_test_rec *x = &a->v[i], *y = find_rec(b, x->r.seq, x->r.pos);
         if (!y) {
             snprintf(msg, msz, "seq %u pos %u missing", x->r.seq, x->r.pos);
             return 1;
@@ -96,11 +67,6 @@ static int diff(const mtrace *a, const mtrace *b, char *msg, size_t msz, int *dr
     return found;
 }
 
-static void mfree(mtrace *t)
-{
-    free(t->v);
-    memset(t, 0, sizeof *t);
-}
 
 /* ---- fixture ---------------------------------------------------------------------- */
 
@@ -152,11 +118,11 @@ static ls_sampling greedy(void)
 
 /* Rollout of n prompts; returns the trace and the full sequences (prompt + completion). */
 static void rollout(ls_engine *e, const ls_sequence *ps, long n, long max_new, const ls_sampling *s,
-                    mtrace *tr, ls_sequence *full)
+                    ls_test_recs *tr, ls_sequence *full)
 {
     ls_error err;
     int32_t *comp = malloc(sizeof(int32_t) * (size_t)(n * max_new));
-    ck_assert_msg(ls_run_rollout(e, ps, n, max_new, s, comp, collect, tr, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_rollout(e, ps, n, max_new, s, comp, ls_test_recs_collect, tr, &err) == LS_OK, "%s", err.msg);
     for (long i = 0; full && i < n; i++) {
         int32_t *t = malloc(sizeof(int32_t) * (size_t)(ps[i].n_tokens + max_new));
         memcpy(t, ps[i].tokens, sizeof(int32_t) * (size_t)ps[i].n_tokens);
@@ -166,13 +132,13 @@ static void rollout(ls_engine *e, const ls_sequence *ps, long n, long max_new, c
     free(comp);
 }
 
-static void replay(ls_engine *e, const ls_sequence *fs, long n, long chunk, mtrace *tr)
+static void replay(ls_engine *e, const ls_sequence *fs, long n, long chunk, ls_test_recs *tr)
 {
     ls_error err;
-    ck_assert_msg(ls_run_replay(e, fs, n, chunk, collect, tr, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_replay(e, fs, n, chunk, ls_test_recs_collect, tr, &err) == LS_OK, "%s", err.msg);
 }
 
-static void expect_equal(const char *what, const mtrace *a, const mtrace *b)
+static void expect_equal(const char *what, const ls_test_recs *a, const ls_test_recs *b)
 {
     char msg[512];
     int layer;
@@ -192,7 +158,7 @@ START_TEST(test_rollout_equals_replay)
             ls_engine *e = mk(2, act, -1, LS_PERTURB_NONE, 1, 256);
             int32_t *p = prompt(lens[i], (uint32_t)i);
             ls_sequence s = {(uint32_t)(10 + i), p, lens[i], 0}, full;
-            mtrace ro = {0}, rp = {0};
+            ls_test_recs ro = {0}, rp = {0};
             ls_sampling g = greedy();
             rollout(e, &s, 1, news[i], &g, &ro, &full);
             ck_assert_int_eq(ro.n, lens[i] + news[i] - 1);
@@ -204,7 +170,7 @@ START_TEST(test_rollout_equals_replay)
             uint32_t want = 3 + 3 * (uint32_t)g_model->cfg.n_layers;
             for (long l = 0; l < g_model->cfg.n_layers; l++) want += g_model->cfg.is_attention[l] ? 1 : 2;
             ck_assert_uint_eq(ro.v[0].r.n_digests, want);
-            mfree(&ro), mfree(&rp);
+            ls_test_recs_free(&ro), ls_test_recs_free(&rp);
             free(p), free((void *)full.tokens);
             ls_engine_destroy(e);
         }
@@ -221,14 +187,14 @@ START_TEST(test_chunkings_and_packing)
         int32_t *t = prompt(lens[i] + 3, (uint32_t)(100 + i));
         full[i] = (ls_sequence){(uint32_t)i, t, lens[i] + 3, lens[i]};
     }
-    mtrace ref = {0};
+    ls_test_recs ref = {0};
     replay(e, &full[4], 1, 1000, &ref); /* whole sequence in one chunk */
     long chunks[] = {1, 3, 64, 100};
     for (int c = 0; c < 4; c++) {
-        mtrace t = {0};
+        ls_test_recs t = {0};
         replay(e, &full[4], 1, chunks[c], &t);
         expect_equal("chunking", &ref, &t);
-        mfree(&t);
+        ls_test_recs_free(&t);
     }
     /* Packed with 1..7 others, in different orders; small row budgets too. */
     for (int k = 1; k <= 7; k++) {
@@ -244,19 +210,19 @@ START_TEST(test_chunkings_and_packing)
         for (int q = 0; q < n; q++) have4 |= batch[q].id == 4;
         if (!have4) batch[n - 1] = full[4];
         ls_engine *e2 = mk(1 + (k % 2), 1, -1, LS_PERTURB_NONE, 8, k % 3 == 0 ? 37 : 256);
-        mtrace t = {0}, only = {0};
+        ls_test_recs t = {0}, only = {0};
         replay(e2, batch, n, 1 + k * 13, &t);
         for (long i = 0; i < t.n; i++)
             if (t.v[i].r.seq == 4) {
                 ls_trace_record rr = t.v[i].r;
                 rr.digests = t.v[i].d;
-                collect(&only, LS_FRAME_CHUNK, &rr, 1, NULL);
+                ls_test_recs_collect(&only, LS_FRAME_CHUNK, &rr, 1, NULL);
             }
         expect_equal("packed", &ref, &only);
-        mfree(&t), mfree(&only);
+        ls_test_recs_free(&t), ls_test_recs_free(&only);
         ls_engine_destroy(e2);
     }
-    mfree(&ref);
+    ls_test_recs_free(&ref);
     for (int i = 0; i < 8; i++) free((void *)full[i].tokens);
     ls_engine_destroy(e);
 }
@@ -274,15 +240,15 @@ START_TEST(test_decode_batch_and_sampling)
     for (int m = 0; m < 2; m++) {
         /* batch 8 (2 threads) vs each alone (1 thread), and again (reproducible). */
         ls_engine *e8 = mk(2, 1, -1, LS_PERTURB_NONE, 8, 256);
-        mtrace all = {0};
+        ls_test_recs all = {0};
         ls_sequence full8[8];
         rollout(e8, ps, 8, 12, &modes[m], &all, full8);
-        mtrace again = {0};
+        ls_test_recs again = {0};
         rollout(e8, ps, 8, 12, &modes[m], &again, NULL);
         expect_equal("rollout reproduces", &all, &again);
         ls_engine *e1 = mk(1, 1, -1, LS_PERTURB_NONE, 1, 256);
         for (int i = 0; i < 8; i++) {
-            mtrace one = {0}, sub = {0};
+            ls_test_recs one = {0}, sub = {0};
             ls_sequence full1;
             rollout(e1, &ps[i], 1, 12, &modes[m], &one, &full1);
             ck_assert_mem_eq(full1.tokens, full8[i].tokens, sizeof(int32_t) * (size_t)full1.n_tokens);
@@ -290,13 +256,13 @@ START_TEST(test_decode_batch_and_sampling)
                 if (all.v[r].r.seq == ps[i].id) {
                     ls_trace_record rr = all.v[r].r;
                     rr.digests = all.v[r].d;
-                    collect(&sub, LS_FRAME_DECODE, &rr, 1, NULL);
+                    ls_test_recs_collect(&sub, LS_FRAME_DECODE, &rr, 1, NULL);
                 }
             expect_equal("batch 8 = batch 1", &one, &sub);
-            mfree(&one), mfree(&sub);
+            ls_test_recs_free(&one), ls_test_recs_free(&sub);
             free((void *)full1.tokens), free((void *)full8[i].tokens);
         }
-        mfree(&all), mfree(&again);
+        ls_test_recs_free(&all), ls_test_recs_free(&again);
         ls_engine_destroy(e8);
         ls_engine_destroy(e1);
     }
@@ -311,7 +277,7 @@ START_TEST(test_perturbation_detected)
     int32_t *p = prompt(20, 9);
     ls_sequence s = {1, p, 20, 0}, full;
     ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 256);
-    mtrace ref = {0};
+    ls_test_recs ref = {0};
     ls_sampling g = greedy();
     rollout(e, &s, 1, 8, &g, &ref, &full);
     ls_engine_destroy(e);
@@ -322,7 +288,7 @@ START_TEST(test_perturbation_detected)
                 continue;
             if (op == LS_PERTURB_LM_HEAD && l > 0) continue;
             ls_engine *ep = mk(2, 1, l, (ls_perturb_op)op, 1, 256);
-            mtrace t = {0};
+            ls_test_recs t = {0};
             replay(ep, &full, 1, 64, &t);
             char msg[512];
             int layer;
@@ -336,10 +302,10 @@ START_TEST(test_perturbation_detected)
             else want = 1 + 2 * l; /* gdn, conv, attention; norm shows at the layer's mixer */
             ck_assert_msg(layer == want, "perturbation %s at layer %d: first drift at trace layer %d, "
                           "expected %d (%s)", ls_perturb_op_name(op), l, layer, want, msg);
-            mfree(&t);
+            ls_test_recs_free(&t);
             ls_engine_destroy(ep);
         }
-    mfree(&ref);
+    ls_test_recs_free(&ref);
     free(p), free((void *)full.tokens);
 }
 END_TEST
@@ -354,7 +320,7 @@ typedef struct cb_seq {
 } cb_seq;
 
 typedef struct cb_sink {
-    mtrace *all;
+    ls_test_recs *all;
     const cb_seq *q;
     long n, mixed_steps, steps;
 } cb_sink;
@@ -374,7 +340,7 @@ static ls_status cb_collect(void *ctx, ls_frame_kind kind, const ls_trace_record
     ck_assert_int_eq(kind, dec ? LS_FRAME_DECODE : LS_FRAME_PREFILL);
     c->mixed_steps += pre > 0 && dec > 0;
     c->steps++;
-    return collect(c->all, kind, recs, n, err);
+    return ls_test_recs_collect(c->all, kind, recs, n, err);
 }
 
 START_TEST(test_step_continuous_batching)
@@ -402,7 +368,7 @@ START_TEST(test_step_continuous_batching)
     ls_error err;
     ck_assert_msg(ls_run_engine_open(g_model, "cpu", 2, &o, 3, 128, &e, &err) == LS_OK, "%s", err.msg);
     ls_sampling g = greedy();
-    mtrace all = {0};
+    ls_test_recs all = {0};
     cb_sink cs = {&all, q, NS, 0, 0};
     ck_assert_msg(ls_run_serve(e, req, NS, &g, cb_collect, &cs, &err) == LS_OK, "%s", err.msg);
     for (long sl = 0; sl < 3; sl++) ck_assert_int_eq(ls_engine_join(e, sl, 1, 1, &err), LS_OK); /* all left */
@@ -419,14 +385,14 @@ START_TEST(test_step_continuous_batching)
         if (!g_model->cfg.is_attention[l]) gdn_tl = (int)(1 + 2 * l);
     for (int i = 0; i < NS; i++) {
         ls_sequence s = {q[i].id, q[i].tok, q[i].prompt, 0}, full;
-        mtrace one = {0}, sub = {0};
+        ls_test_recs one = {0}, sub = {0};
         rollout(e, &s, 1, q[i].max_new, &g, &one, &full);
         ck_assert_mem_eq(full.tokens, q[i].tok, sizeof(int32_t) * (size_t)full.n_tokens);
         for (long r = 0; r < all.n; r++)
             if (all.v[r].r.seq == q[i].id) {
                 ls_trace_record rr = all.v[r].r;
                 rr.digests = all.v[r].d;
-                collect(&sub, LS_FRAME_DECODE, &rr, 1, NULL);
+                ls_test_recs_collect(&sub, LS_FRAME_DECODE, &rr, 1, NULL);
             }
         char what[96];
         snprintf(what, sizeof what, "sequence %u amid joins/leaves = alone", q[i].id);
@@ -441,11 +407,11 @@ START_TEST(test_step_continuous_batching)
             ck_assert_msg(have == want, "seq %u pos %ld: gdn_state digest %s (prompt %ld, last %ld)",
                           q[i].id, p, have ? "present" : "missing", q[i].prompt, last);
         }
-        mfree(&one), mfree(&sub);
+        ls_test_recs_free(&one), ls_test_recs_free(&sub);
         free((void *)full.tokens);
     }
     ls_engine_destroy(e);
-    mfree(&all);
+    ls_test_recs_free(&all);
     for (int i = 0; i < NS; i++) free(q[i].tok);
 }
 END_TEST
@@ -535,7 +501,7 @@ START_TEST(test_step_pipeline)
     setup();
     int32_t *p = prompt(8, 11);
     const ls_engine_item steps[3] = {{0, p, 5, 0, 1}, {0, p + 5, 1, 0, 1}, {0, p + 6, 1, 1, 1}};
-    mtrace ref = {0}, got = {0};
+    ls_test_recs ref = {0}, got = {0};
     ls_error err;
     const ls_trace_record *r0 = NULL, *r1 = NULL, *r2 = NULL;
     ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 16);
@@ -543,7 +509,7 @@ START_TEST(test_step_pipeline)
     for (int s = 0; s < 3; s++) {
         ck_assert_msg(ls_engine_step(e, &steps[s], 1, &err) == LS_OK, "%s", err.msg);
         pipeline_records(e, &steps[s], &r0);
-        collect(&ref, LS_FRAME_CHUNK, r0, steps[s].n, NULL);
+        ls_test_recs_collect(&ref, LS_FRAME_CHUNK, r0, steps[s].n, NULL);
     }
     ls_engine_destroy(e);
     e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 16);
@@ -566,13 +532,13 @@ START_TEST(test_step_pipeline)
     ck_assert(graph_records == 0 && graph_launches == 0 && graph_off == NULL);
     ck_assert_int_eq(ls_engine_slot_len(e, 0), 6);
     ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
-    collect(&got, LS_FRAME_CHUNK, r0, steps[0].n, NULL); /* step 0's, read after step 1 ran */
+    ls_test_recs_collect(&got, LS_FRAME_CHUNK, r0, steps[0].n, NULL); /* step 0's, read after step 1 ran */
     ck_assert_msg(ls_engine_step_begin(e, &steps[2], 1, &err) == LS_OK, "%s", err.msg);
     pipeline_records(e, &steps[2], &r2);
     ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
-    collect(&got, LS_FRAME_CHUNK, r1, steps[1].n, NULL);
+    ls_test_recs_collect(&got, LS_FRAME_CHUNK, r1, steps[1].n, NULL);
     ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
-    collect(&got, LS_FRAME_CHUNK, r2, steps[2].n, NULL);
+    ls_test_recs_collect(&got, LS_FRAME_CHUNK, r2, steps[2].n, NULL);
     ck_assert_int_eq(ls_engine_step_end(e, &err), LS_E_USAGE);
     ck_assert_int_eq(ls_engine_set_step_graphs(e, 1, &err), LS_OK);
     ck_assert_int_eq(got.n, 7);
@@ -589,7 +555,7 @@ START_TEST(test_step_pipeline)
     ck_assert_int_eq(ls_engine_join(e, 0, 9, 8, &err), LS_OK);
     ck_assert_msg(ls_engine_step(e, &steps[0], 1, &err) == LS_OK, "%s", err.msg);
     ls_engine_destroy(e);
-    mfree(&ref), mfree(&got);
+    ls_test_recs_free(&ref), ls_test_recs_free(&got);
     free(p);
 }
 END_TEST
@@ -749,7 +715,7 @@ START_TEST(test_digest_early_read_at_fence)
     int32_t *p0 = prompt(9, 31), *p1 = prompt(70, 32);
     ls_sequence s[2] = {{1, p0, 9, 0}, {2, p1, 70, 0}}, full[2];
     ls_sampling g = greedy();
-    mtrace ref = {0}, got = {0}, rref = {0}, rgot = {0};
+    ls_test_recs ref = {0}, got = {0}, rref = {0}, rgot = {0};
     ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 2, 256);
     rollout(e, s, 2, 6, &g, &ref, full);
     replay(e, full, 2, 7, &rref);
@@ -764,7 +730,7 @@ START_TEST(test_digest_early_read_at_fence)
     ls_engine_destroy(e);
     expect_equal("rollout, spans read at the fence", &ref, &got);
     expect_equal("replay in chunks of 7, spans read at the fence", &rref, &rgot);
-    mfree(&ref), mfree(&got), mfree(&rref), mfree(&rgot);
+    ls_test_recs_free(&ref), ls_test_recs_free(&got), ls_test_recs_free(&rref), ls_test_recs_free(&rgot);
     for (int i = 0; i < 2; i++) free((void *)full[i].tokens);
     free(p0), free(p1);
 }

@@ -50,7 +50,6 @@
 #define BF16_SAME 0.75
 #define BF16_TOP1_SLACK 2
 
-#define MAXD 256
 #define GEN_STEPS 16
 #define SYNTH_SEED 20240611u
 
@@ -67,46 +66,6 @@ static const char *const GOLDENS[] = {"qwen3next_tiny_a", "qwen3next_tiny_b", "q
 #define FIRST_QWEN35 3
 
 /* ---- records ----------------------------------------------------------------------- */
-
-typedef struct rec {
-    ls_trace_record r;
-    ls_trace_digest d[MAXD];
-} rec;
-
-typedef struct recs {
-    rec *v;
-    long n, cap;
-} recs;
-
-static ls_status collect(void *ctx, ls_frame_kind kind, const ls_trace_record *in, long n,
-                         ls_error *err)
-{
-    (void)kind;
-    (void)err;
-    recs *t = ctx;
-    for (long i = 0; i < n; i++) {
-        if (t->n == t->cap) {
-            t->cap = t->cap ? 2 * t->cap : 256;
-            t->v = realloc(t->v, sizeof(rec) * (size_t)t->cap);
-            ck_assert_ptr_nonnull(t->v);
-        }
-        rec *m = &t->v[t->n++];
-        m->r = in[i];
-        ck_assert_uint_le(in[i].n_digests, MAXD);
-        memcpy(m->d, in[i].digests, sizeof(ls_trace_digest) * in[i].n_digests);
-        m->r.digests = m->d;
-        m->r.dumps = NULL;
-        m->r.n_dumps = 0;
-        m->r.raw = NULL;
-    }
-    return LS_OK;
-}
-
-static void recs_free(recs *t)
-{
-    free(t->v);
-    memset(t, 0, sizeof *t);
-}
 
 static float f32_of(uint32_t b)
 {
@@ -215,26 +174,26 @@ static ls_engine *mk_engine(const loaded *L, int act_bf16)
 /* Teacher-forced replay of tokens[0..n-1]: one record per position 0..n-1
  * (a dummy target token 0 is appended so that the last position, and a
  * length-1 sequence, get their top-5 too). */
-static void run_replay(ls_engine *e, uint32_t id, const int32_t *tokens, long n, recs *out)
+static void run_replay(ls_engine *e, uint32_t id, const int32_t *tokens, long n, ls_test_recs *out)
 {
     int32_t *t = malloc(sizeof(int32_t) * (size_t)(n + 1));
     memcpy(t, tokens, sizeof(int32_t) * (size_t)n);
     t[n] = 0;
     ls_sequence s = {id, t, n + 1, n + 1}; /* all of it is prompt */
     ls_error err;
-    ck_assert_msg(ls_run_replay(e, &s, 1, 64, collect, out, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_replay(e, &s, 1, 64, ls_test_recs_collect, out, &err) == LS_OK, "%s", err.msg);
     ck_assert_int_eq(out->n, n);
     for (long p = 0; p < n; p++) ck_assert_uint_eq(out->v[p].r.pos, (uint32_t)p);
     free(t);
 }
 
 static void run_greedy(ls_engine *e, uint32_t id, const int32_t *prompt, long n, int32_t *gen,
-                       recs *out)
+                       ls_test_recs *out)
 {
     ls_sequence s = {id, prompt, n, n};
     ls_sampling g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     ls_error err;
-    ck_assert_msg(ls_run_rollout(e, &s, 1, GEN_STEPS, &g, gen, collect, out, &err) == LS_OK,
+    ck_assert_msg(ls_run_rollout(e, &s, 1, GEN_STEPS, &g, gen, ls_test_recs_collect, out, &err) == LS_OK,
                   "%s", err.msg);
     ck_assert_int_eq(out->n, n + GEN_STEPS - 1);
 }
@@ -305,7 +264,7 @@ static void fp32_vs_transformers(int golden)
         const json_t *run = find_run(&L, "teacher_forced", "float32", s);
         long n;
         int32_t *tok = json_tokens(json_object_get(run, "tokens"), &n);
-        recs out = {0};
+        ls_test_recs out = {0};
         run_replay(e, (uint32_t)s, tok, n, &out);
         snprintf(where, sizeof where, "%s fp32 replay seq %d", L.name, s);
         const json_t *nl = json_object_get(run, "next_logprob");
@@ -316,7 +275,7 @@ static void fp32_vs_transformers(int golden)
             check_top5(where, p, r, json_array_get(json_object_get(run, "top5_ids"), (size_t)p),
                        json_array_get(json_object_get(run, "top5_logprobs"), (size_t)p), &st);
         }
-        recs_free(&out);
+        ls_test_recs_free(&out);
         free(tok);
     }
     long n_gen_equal = 0;
@@ -325,7 +284,7 @@ static void fp32_vs_transformers(int golden)
         long n;
         int32_t *pr = json_tokens(json_object_get(run, "prompt"), &n);
         int32_t gen[GEN_STEPS];
-        recs out = {0};
+        ls_test_recs out = {0};
         run_greedy(e, (uint32_t)s, pr, n, gen, &out);
         const json_t *hg = json_object_get(run, "generated");
         snprintf(where, sizeof where, "%s fp32 greedy seq %d", L.name, s);
@@ -339,7 +298,7 @@ static void fp32_vs_transformers(int golden)
                        json_array_get(json_object_get(run, "top5_logprobs"), (size_t)k), &st);
         }
         n_gen_equal++;
-        recs_free(&out);
+        ls_test_recs_free(&out);
         free(pr);
     }
     printf("%s fp32%s vs transformers fp32: %ld logprobs, max |d next| %.3g, max |d top-5| %.3g, "
@@ -414,7 +373,7 @@ START_TEST(test_bf16_vs_transformers)
         const json_t *r16 = find_run(&L, "teacher_forced", "bfloat16", s);
         long n;
         int32_t *tok = json_tokens(json_object_get(r32, "tokens"), &n);
-        recs out = {0};
+        ls_test_recs out = {0};
         run_replay(e, (uint32_t)s, tok, n, &out);
         for (long p = 0; p < n; p++) {
             const ls_trace_record *r = &out.v[p].r;
@@ -442,7 +401,7 @@ START_TEST(test_bf16_vs_transformers)
             d_hf[n_next] = fabs(h16 - h32);
             n_next++;
         }
-        recs_free(&out);
+        ls_test_recs_free(&out);
         free(tok);
     }
     /* Greedy in bf16: reported only (transformers' own bf16 greedy differs from
@@ -454,13 +413,13 @@ START_TEST(test_bf16_vs_transformers)
         long n;
         int32_t *pr = json_tokens(json_object_get(find_run(&L, "greedy", "bfloat16", s), "prompt"), &n);
         int32_t gen[GEN_STEPS];
-        recs out = {0};
+        ls_test_recs out = {0};
         run_greedy(e, (uint32_t)(10 + s), pr, n, gen, &out);
         int k32 = 0, k16 = 0;
         while (k32 < GEN_STEPS && gen[k32] == json_integer_value(json_array_get(g32, (size_t)k32))) k32++;
         while (k16 < GEN_STEPS && gen[k16] == json_integer_value(json_array_get(g16, (size_t)k16))) k16++;
         lead32[s - 1] = k32, lead16[s - 1] = k16;
-        recs_free(&out);
+        ls_test_recs_free(&out);
         free(pr);
     }
     printf("%s bf16 greedy (2 prompts x %d steps), leading steps equal: to HF-fp32 %d, %d; to "
@@ -583,7 +542,7 @@ static char *position_line(const ls_trace_record *r, int n_tl)
     return line;
 }
 
-static json_t *strict_run(ls_engine *e, const char *act, const char *mode, int seq, const recs *t,
+static json_t *strict_run(ls_engine *e, const char *act, const char *mode, int seq, const ls_test_recs *t,
                           const int32_t *gen)
 {
     int n_tl;
@@ -661,17 +620,17 @@ static json_t *strict_doc(const loaded *L, int32_t *const *seqs, const long *len
         snprintf(an, sizeof an, "%s%s", act ? "bf16" : "fp32",
                  !fp8 ? "" : w8a8 ? " fp8-w8a8" : " fp8-dequant");
         for (int s = 0; s < n_seqs; s++) {
-            recs t = {0};
+            ls_test_recs t = {0};
             run_replay(e, (uint32_t)s, seqs[s], lens[s], &t);
             json_array_append_new(runs, strict_run(e, an, "replay", s, &t, NULL));
-            recs_free(&t);
+            ls_test_recs_free(&t);
         }
         for (int s = 1; s <= 2; s++) {
-            recs t = {0};
+            ls_test_recs t = {0};
             int32_t gen[GEN_STEPS];
             run_greedy(e, (uint32_t)s, seqs[s], lens[s], gen, &t);
             json_array_append_new(runs, strict_run(e, an, "greedy", s, &t, gen));
-            recs_free(&t);
+            ls_test_recs_free(&t);
         }
         ls_engine_destroy(e);
     }

@@ -220,46 +220,10 @@ END_TEST
 
 /* ---- records ---------------------------------------------------------------------------- */
 
-#define MAXD 256
-
-typedef struct rec {
-    ls_trace_record r;
-    ls_trace_digest d[MAXD];
-} rec;
-
-typedef struct recs {
-    rec *v;
-    long n, cap;
-} recs;
-
-static ls_status collect(void *ctx, ls_frame_kind kind, const ls_trace_record *in, long n,
-                         ls_error *err)
-{
-    (void)kind;
-    (void)err;
-    recs *t = ctx;
-    for (long i = 0; i < n; i++) {
-        if (t->n == t->cap) {
-            t->cap = t->cap ? 2 * t->cap : 256;
-            t->v = realloc(t->v, sizeof(rec) * (size_t)t->cap);
-            ck_assert_ptr_nonnull(t->v);
-        }
-        rec *m = &t->v[t->n++];
-        m->r = in[i];
-        ck_assert_uint_le(in[i].n_digests, MAXD);
-        memcpy(m->d, in[i].digests, sizeof(ls_trace_digest) * in[i].n_digests);
-        m->r.digests = m->d;
-        m->r.dumps = NULL;
-        m->r.n_dumps = 0;
-        m->r.raw = NULL;
-    }
-    return LS_OK;
-}
-
 /* Replay (chunks of 16) of a 70-token sequence, then a 12-token greedy
  * rollout from its first 9 tokens, both activation modes, of the model in
  * dir. */
-static void run_model(const char *dir, recs *out)
+static void run_model(const char *dir, ls_test_recs *out)
 {
     ls_checkpoint *ck;
     ls_model *m;
@@ -280,11 +244,11 @@ static void run_model(const char *dir, recs *out)
         ls_engine *e;
         ck_assert_msg(ls_run_engine_open(m, "cpu", 2, &o, 1, 256, &e, &err) == LS_OK, "%s", err.msg);
         ls_sequence s = {1, tok, 71, 71};
-        ck_assert_msg(ls_run_replay(e, &s, 1, 16, collect, out, &err) == LS_OK, "%s", err.msg);
+        ck_assert_msg(ls_run_replay(e, &s, 1, 16, ls_test_recs_collect, out, &err) == LS_OK, "%s", err.msg);
         ls_sequence p = {2, tok, 9, 9};
         ls_sampling g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
         int32_t gen[12];
-        ck_assert_msg(ls_run_rollout(e, &p, 1, 12, &g, gen, collect, out, &err) == LS_OK, "%s",
+        ck_assert_msg(ls_run_rollout(e, &p, 1, 12, &g, gen, ls_test_recs_collect, out, &err) == LS_OK, "%s",
                       err.msg);
         ls_engine_destroy(e);
     }
@@ -293,7 +257,7 @@ static void run_model(const char *dir, recs *out)
 }
 
 /* Every record equal, bit for bit; the first difference is named. */
-static void expect_same_records(const char *what, const recs *a, const recs *b)
+static void expect_same_records(const char *what, const ls_test_recs *a, const ls_test_recs *b)
 {
     ck_assert_msg(a->n == b->n && a->n > 0, "%s: %ld vs %ld records", what, a->n, b->n);
     for (long i = 0; i < a->n; i++) {
@@ -459,7 +423,7 @@ START_TEST(test_qwen3next_as_qwen35_identical)
     snprintf(from, sizeof from, "%s/goldens/%s", LS_SOURCE_DIR, src[_i]);
     snprintf(to, sizeof to, "%s/%s-as-qwen35", g_dir, src[_i]);
     rewrite_as_qwen35(from, to);
-    recs a = {0}, b = {0};
+    ls_test_recs a = {0}, b = {0};
     run_model(from, &a);
     run_model(to, &b);
     char what[160];
@@ -692,7 +656,7 @@ START_TEST(test_skipped_fingerprinted_records_unchanged)
     ls_test_merkle_root(src, a);
     ls_test_merkle_root(dir, b);
     ck_assert_msg(strcmp(a, b) != 0, "one byte of %s changed, the root did not (%s)", victims[_i], a);
-    recs ra = {0}, rb = {0};
+    ls_test_recs ra = {0}, rb = {0};
     run_model(src, &ra);
     run_model(dir, &rb);
     char what[200];
@@ -818,7 +782,7 @@ START_TEST(test_synth_layouts)
     ck_assert_ptr_null(ls_checkpoint_find(ck, "model.layers.0.mlp.experts.0.up_proj.weight"));
     ls_checkpoint_close(ck);
 
-    recs a = {0}, b = {0};
+    ls_test_recs a = {0}, b = {0};
     run_model(f, &a);
     run_model(p, &b);
     expect_same_records("qwen3.5-tiny fused vs per-expert", &a, &b);
