@@ -285,6 +285,68 @@ __device__ __forceinline__ void ls_batched_map(const float *const (&in)[NIN], lo
 #define LS_STAGE_CHUNK 264 /* floats of one staged chunk: 256 + 256 / 32 */
 __device__ __forceinline__ int ls_stage_at(int k) { return k + (k >> 5); }
 
+/* A group of nc <= CH staged chunks' loads: lane l's 16 or 8 weight bytes
+ * raw[c] = src[32 c + l], and the activations they meet, xv[c][m][t] =
+ * xs[t][kb + c·chunk + m·32] (kb = the group's first element + l), +0.0 for
+ * t >= nt. */
+template <int CH, int PER, int NT, typename R>
+__device__ __forceinline__ void ls_stage_load(R (&raw)[CH], const R *src, float (&xv)[CH][PER][NT],
+                                              const float *const *xs, long kb, long chunk, int nc, int nt, int lane)
+{
+#pragma unroll
+    for (int c = 0; c < CH; c++)
+        if (c < nc) {
+            raw[c] = src[(long)c * LS_WARP + lane];
+#pragma unroll
+            for (int m = 0; m < PER; m++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) xv[c][m][t] = t < nt ? xs[t][kb + c * chunk + m * LS_WARP] : 0.0f;
+        }
+}
+
+/* Lane l's adds over a group of nc staged chunks: p[t] += w · x for the
+ * chunk's elements k ≡ l (mod 32), ascending (product, then add). */
+template <int CH, int PER, int NT>
+__device__ __forceinline__ void ls_stage_add(float (&p)[NT], const float *wsm, const float (&xv)[CH][PER][NT],
+                                             int nc, int nt, int lane)
+{
+#pragma unroll
+    for (int c = 0; c < CH; c++) {
+        if (c < nc) {
+#pragma unroll
+            for (int m = 0; m < PER; m++) {
+                float w = wsm[c * LS_STAGE_CHUNK + ls_stage_at(m * LS_WARP + lane)];
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+                    if (t < nt) {
+                        float prod = w * xv[c][m][t];
+                        p[t] = p[t] + prod;
+                    }
+            }
+        }
+    }
+}
+
+/* The elements from k_done on, one by one in the same order (lane l takes
+ * k ≡ l mod 32, ascending), weight element k from wk(k); then every lane gets
+ * out[t], the warp's tree of p[t]. */
+template <int NT, typename WK>
+__device__ __forceinline__ void ls_rowdot_finish(float (&p)[NT], long k_done, long n, const float *const *xs,
+                                                 int nt, int lane, WK wk, float *out)
+{
+    for (long k = k_done + lane; k < n; k += LS_WARP) {
+        float w = wk(k);
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < nt) {
+                float prod = w * xs[t][k];
+                p[t] = p[t] + prod;
+            }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) out[t] = ls_warp_tree(p[t]);
+}
+
 template <int NT, int BF16>
 __device__ __forceinline__ void ls_warp_rowdot_t(const void *row, long n, const float *const *xs,
                                                  int nt, float *wsm, float *out)
@@ -303,18 +365,8 @@ __device__ __forceinline__ void ls_warp_rowdot_t(const void *row, long n, const 
         int nc = whole - c0 < CH ? (int)(whole - c0) : CH;
         uint4 raw[CH];
         float xv[CH][PER][NT];
-        const uint4 *src = (const uint4 *)((const uint8_t *)row + (size_t)c0 * chunk * ESZ);
-        long kb = c0 * chunk + lane;
-#pragma unroll
-        for (int c = 0; c < CH; c++)
-            if (c < nc) {
-                raw[c] = src[(long)c * LS_WARP + lane];
-#pragma unroll
-                for (int m = 0; m < PER; m++)
-#pragma unroll
-                    for (int t = 0; t < NT; t++)
-                        xv[c][m][t] = t < nt ? xs[t][kb + c * chunk + m * LS_WARP] : 0.0f;
-            }
+        ls_stage_load(raw, (const uint4 *)((const uint8_t *)row + (size_t)c0 * chunk * ESZ), xv, xs,
+                      c0 * chunk + lane, chunk, nc, nt, lane);
         __syncwarp();
 #pragma unroll
         for (int c = 0; c < CH; c++) {
@@ -333,34 +385,12 @@ __device__ __forceinline__ void ls_warp_rowdot_t(const void *row, long n, const 
             }
         }
         __syncwarp();
-#pragma unroll
-        for (int c = 0; c < CH; c++) {
-            if (c < nc) {
-#pragma unroll
-                for (int m = 0; m < PER; m++) {
-                    float w = wsm[c * LS_STAGE_CHUNK + ls_stage_at(m * LS_WARP + lane)];
-#pragma unroll
-                    for (int t = 0; t < NT; t++)
-                        if (t < nt) {
-                            float prod = w * xv[c][m][t];
-                            p[t] = p[t] + prod;
-                        }
-                }
-            }
-        }
+        ls_stage_add(p, wsm, xv, nc, nt, lane);
         k_done = (c0 + nc) * chunk;
     }
-    for (long k = k_done + lane; k < n; k += LS_WARP) {
-        float w = BF16 ? ls_bf16_to_f32(((const uint16_t *)row)[k]) : ((const float *)row)[k];
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-            if (t < nt) {
-                float prod = w * xs[t][k];
-                p[t] = p[t] + prod;
-            }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++) out[t] = ls_warp_tree(p[t]);
+    ls_rowdot_finish(
+        p, k_done, n, xs, nt, lane,
+        [row](long k) { return BF16 ? ls_bf16_to_f32(((const uint16_t *)row)[k]) : ((const float *)row)[k]; }, out);
 }
 
 template <int NT>
@@ -684,18 +714,8 @@ __device__ __forceinline__ void ls_warp_rowdot_f8(const uint8_t *row, const floa
         int nc = whole - c0 < CH ? (int)(whole - c0) : CH;
         uint2 raw[CH];
         float xv[CH][PER][NT];
-        const uint2 *src = (const uint2 *)(row + (size_t)c0 * chunk);
-        long kb = c0 * chunk + lane;
-#pragma unroll
-        for (int c = 0; c < CH; c++)
-            if (c < nc) {
-                raw[c] = src[(long)c * LS_WARP + lane];
-#pragma unroll
-                for (int m = 0; m < PER; m++)
-#pragma unroll
-                    for (int t = 0; t < NT; t++)
-                        xv[c][m][t] = t < nt ? xs[t][kb + c * chunk + m * LS_WARP] : 0.0f;
-            }
+        ls_stage_load(raw, (const uint2 *)(row + (size_t)c0 * chunk), xv, xs, c0 * chunk + lane, chunk, nc, nt,
+                      lane);
         __syncwarp();
 #pragma unroll
         for (int c = 0; c < CH; c++) {
@@ -709,34 +729,12 @@ __device__ __forceinline__ void ls_warp_rowdot_f8(const uint8_t *row, const floa
             }
         }
         __syncwarp();
-#pragma unroll
-        for (int c = 0; c < CH; c++) {
-            if (c < nc) {
-#pragma unroll
-                for (int m = 0; m < PER; m++) {
-                    float w = wsm[c * LS_STAGE_CHUNK + ls_stage_at(m * LS_WARP + lane)];
-#pragma unroll
-                    for (int t = 0; t < NT; t++)
-                        if (t < nt) {
-                            float prod = w * xv[c][m][t];
-                            p[t] = p[t] + prod;
-                        }
-                }
-            }
-        }
+        ls_stage_add(p, wsm, xv, nc, nt, lane);
         k_done = (c0 + nc) * chunk;
     }
-    for (long k = k_done + lane; k < n; k += LS_WARP) {
-        float w = ls_fp8_dequant(row[k], srow[k / LS_FP8_BLOCK]);
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-            if (t < nt) {
-                float prod = w * xs[t][k];
-                p[t] = p[t] + prod;
-            }
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++) out[t] = ls_warp_tree(p[t]);
+    ls_rowdot_finish(
+        p, k_done, n, xs, nt, lane, [row, srow](long k) { return ls_fp8_dequant(row[k], srow[k / LS_FP8_BLOCK]); },
+        out);
 }
 
 /* W8A8 mode (ls_dot_w8a8): for nt <= NT token rows quantised by
