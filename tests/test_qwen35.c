@@ -430,8 +430,8 @@ START_TEST(test_qwen3next_as_qwen35_identical)
     snprintf(what, sizeof what, "%s vs its Qwen3.5 rewrite", src[_i]);
     expect_same_records(what, &a, &b);
     printf("%s: %ld records identical in the Qwen3.5 layout\n", src[_i], a.n);
-    free(a.v);
-    free(b.v);
+    ls_test_recs_free(&a);
+    ls_test_recs_free(&b);
 }
 END_TEST
 
@@ -662,8 +662,8 @@ START_TEST(test_skipped_fingerprinted_records_unchanged)
     char what[200];
     snprintf(what, sizeof what, "qwen35moe_tiny_a vs one byte of %s changed", victims[_i]);
     expect_same_records(what, &ra, &rb);
-    free(ra.v);
-    free(rb.v);
+    ls_test_recs_free(&ra);
+    ls_test_recs_free(&rb);
 }
 END_TEST
 
@@ -786,8 +786,8 @@ START_TEST(test_synth_layouts)
     run_model(f, &a);
     run_model(p, &b);
     expect_same_records("qwen3.5-tiny fused vs per-expert", &a, &b);
-    free(a.v);
-    free(b.v);
+    ls_test_recs_free(&a);
+    ls_test_recs_free(&b);
 
     char h[65];
     snprintf(path, sizeof path, "%s/config.json", f);
