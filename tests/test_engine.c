@@ -15,11 +15,12 @@
 #include "io/json.h"
 #include "model/model.h"
 #include "synth_models.h"
+#include "gpu/engine_records.h"
 #include "testutil.h"
 
 /* ---- in-memory trace ------------------------------------------------------------ */
 
-static const ls_test_rec *find_rec(const ls_test_recs *t, uint32_t seq, uint32_t pos)
+static const recs_item *find_rec(const recs *t, uint32_t seq, uint32_t pos)
 {
     for (long i = 0; i < t->n; i++)
         if (t->v[i].r.seq == seq && t->v[i].r.pos == pos) return &t->v[i];
@@ -28,7 +29,7 @@ static const ls_test_rec *find_rec(const ls_test_recs *t, uint32_t seq, uint32_t
 
 /* First difference in (seq, pos, layer, kind) order; returns 0 when equal,
  * else fills the layer of the first drift at the earliest position. */
-static int diff(const ls_test_recs *a, const ls_test_recs *b, char *msg, size_t msz, int *drift_layer,
+static int diff(const recs *a, const recs *b, char *msg, size_t msz, int *drift_layer,
                 uint32_t *drift_pos)
 {
     *drift_layer = -1;
@@ -39,7 +40,7 @@ static int diff(const ls_test_recs *a, const ls_test_recs *b, char *msg, size_t 
     uint32_t best_pos = UINT32_MAX;
     int found = 0;
     for (long i = 0; i < a->n; i++) {
-        const ls_test_rec *x = &a->v[i], *y = find_rec(b, x->r.seq, x->r.pos);
+        const recs_item *x = &a->v[i], *y = find_rec(b, x->r.seq, x->r.pos);
         if (!y) {
             snprintf(msg, msz, "seq %u pos %u missing", x->r.seq, x->r.pos);
             return 1;
@@ -118,11 +119,11 @@ static ls_sampling greedy(void)
 
 /* Rollout of n prompts; returns the trace and the full sequences (prompt + completion). */
 static void rollout(ls_engine *e, const ls_sequence *ps, long n, long max_new, const ls_sampling *s,
-                    ls_test_recs *tr, ls_sequence *full)
+                    recs *tr, ls_sequence *full)
 {
     ls_error err;
     int32_t *comp = malloc(sizeof(int32_t) * (size_t)(n * max_new));
-    ck_assert_msg(ls_run_rollout(e, ps, n, max_new, s, comp, ls_test_recs_collect, tr, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_rollout(e, ps, n, max_new, s, comp, recs_sink, tr, &err) == LS_OK, "%s", err.msg);
     for (long i = 0; full && i < n; i++) {
         int32_t *t = malloc(sizeof(int32_t) * (size_t)(ps[i].n_tokens + max_new));
         memcpy(t, ps[i].tokens, sizeof(int32_t) * (size_t)ps[i].n_tokens);
@@ -132,13 +133,13 @@ static void rollout(ls_engine *e, const ls_sequence *ps, long n, long max_new, c
     free(comp);
 }
 
-static void replay(ls_engine *e, const ls_sequence *fs, long n, long chunk, ls_test_recs *tr)
+static void replay(ls_engine *e, const ls_sequence *fs, long n, long chunk, recs *tr)
 {
     ls_error err;
-    ck_assert_msg(ls_run_replay(e, fs, n, chunk, ls_test_recs_collect, tr, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_replay(e, fs, n, chunk, recs_sink, tr, &err) == LS_OK, "%s", err.msg);
 }
 
-static void expect_equal(const char *what, const ls_test_recs *a, const ls_test_recs *b)
+static void expect_equal(const char *what, const recs *a, const recs *b)
 {
     char msg[512];
     int layer;
@@ -158,7 +159,7 @@ START_TEST(test_rollout_equals_replay)
             ls_engine *e = mk(2, act, -1, LS_PERTURB_NONE, 1, 256);
             int32_t *p = prompt(lens[i], (uint32_t)i);
             ls_sequence s = {(uint32_t)(10 + i), p, lens[i], 0}, full;
-            ls_test_recs ro = {0}, rp = {0};
+            recs ro = {0}, rp = {0};
             ls_sampling g = greedy();
             rollout(e, &s, 1, news[i], &g, &ro, &full);
             ck_assert_int_eq(ro.n, lens[i] + news[i] - 1);
@@ -170,7 +171,7 @@ START_TEST(test_rollout_equals_replay)
             uint32_t want = 3 + 3 * (uint32_t)g_model->cfg.n_layers;
             for (long l = 0; l < g_model->cfg.n_layers; l++) want += g_model->cfg.is_attention[l] ? 1 : 2;
             ck_assert_uint_eq(ro.v[0].r.n_digests, want);
-            ls_test_recs_free(&ro), ls_test_recs_free(&rp);
+            recs_free(&ro), recs_free(&rp);
             free(p), free((void *)full.tokens);
             ls_engine_destroy(e);
         }
@@ -187,14 +188,14 @@ START_TEST(test_chunkings_and_packing)
         int32_t *t = prompt(lens[i] + 3, (uint32_t)(100 + i));
         full[i] = (ls_sequence){(uint32_t)i, t, lens[i] + 3, lens[i]};
     }
-    ls_test_recs ref = {0};
+    recs ref = {0};
     replay(e, &full[4], 1, 1000, &ref); /* whole sequence in one chunk */
     long chunks[] = {1, 3, 64, 100};
     for (int c = 0; c < 4; c++) {
-        ls_test_recs t = {0};
+        recs t = {0};
         replay(e, &full[4], 1, chunks[c], &t);
         expect_equal("chunking", &ref, &t);
-        ls_test_recs_free(&t);
+        recs_free(&t);
     }
     /* Packed with 1..7 others, in different orders; small row budgets too. */
     for (int k = 1; k <= 7; k++) {
@@ -210,19 +211,19 @@ START_TEST(test_chunkings_and_packing)
         for (int q = 0; q < n; q++) have4 |= batch[q].id == 4;
         if (!have4) batch[n - 1] = full[4];
         ls_engine *e2 = mk(1 + (k % 2), 1, -1, LS_PERTURB_NONE, 8, k % 3 == 0 ? 37 : 256);
-        ls_test_recs t = {0}, only = {0};
+        recs t = {0}, only = {0};
         replay(e2, batch, n, 1 + k * 13, &t);
         for (long i = 0; i < t.n; i++)
             if (t.v[i].r.seq == 4) {
                 ls_trace_record rr = t.v[i].r;
                 rr.digests = t.v[i].d;
-                ls_test_recs_collect(&only, LS_FRAME_CHUNK, &rr, 1, NULL);
+                ck_assert_int_eq(recs_sink(&only, LS_FRAME_CHUNK, &rr, 1, NULL), LS_OK);
             }
         expect_equal("packed", &ref, &only);
-        ls_test_recs_free(&t), ls_test_recs_free(&only);
+        recs_free(&t), recs_free(&only);
         ls_engine_destroy(e2);
     }
-    ls_test_recs_free(&ref);
+    recs_free(&ref);
     for (int i = 0; i < 8; i++) free((void *)full[i].tokens);
     ls_engine_destroy(e);
 }
@@ -240,15 +241,15 @@ START_TEST(test_decode_batch_and_sampling)
     for (int m = 0; m < 2; m++) {
         /* batch 8 (2 threads) vs each alone (1 thread), and again (reproducible). */
         ls_engine *e8 = mk(2, 1, -1, LS_PERTURB_NONE, 8, 256);
-        ls_test_recs all = {0};
+        recs all = {0};
         ls_sequence full8[8];
         rollout(e8, ps, 8, 12, &modes[m], &all, full8);
-        ls_test_recs again = {0};
+        recs again = {0};
         rollout(e8, ps, 8, 12, &modes[m], &again, NULL);
         expect_equal("rollout reproduces", &all, &again);
         ls_engine *e1 = mk(1, 1, -1, LS_PERTURB_NONE, 1, 256);
         for (int i = 0; i < 8; i++) {
-            ls_test_recs one = {0}, sub = {0};
+            recs one = {0}, sub = {0};
             ls_sequence full1;
             rollout(e1, &ps[i], 1, 12, &modes[m], &one, &full1);
             ck_assert_mem_eq(full1.tokens, full8[i].tokens, sizeof(int32_t) * (size_t)full1.n_tokens);
@@ -256,13 +257,13 @@ START_TEST(test_decode_batch_and_sampling)
                 if (all.v[r].r.seq == ps[i].id) {
                     ls_trace_record rr = all.v[r].r;
                     rr.digests = all.v[r].d;
-                    ls_test_recs_collect(&sub, LS_FRAME_DECODE, &rr, 1, NULL);
+                    ck_assert_int_eq(recs_sink(&sub, LS_FRAME_DECODE, &rr, 1, NULL), LS_OK);
                 }
             expect_equal("batch 8 = batch 1", &one, &sub);
-            ls_test_recs_free(&one), ls_test_recs_free(&sub);
+            recs_free(&one), recs_free(&sub);
             free((void *)full1.tokens), free((void *)full8[i].tokens);
         }
-        ls_test_recs_free(&all), ls_test_recs_free(&again);
+        recs_free(&all), recs_free(&again);
         ls_engine_destroy(e8);
         ls_engine_destroy(e1);
     }
@@ -277,7 +278,7 @@ START_TEST(test_perturbation_detected)
     int32_t *p = prompt(20, 9);
     ls_sequence s = {1, p, 20, 0}, full;
     ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 256);
-    ls_test_recs ref = {0};
+    recs ref = {0};
     ls_sampling g = greedy();
     rollout(e, &s, 1, 8, &g, &ref, &full);
     ls_engine_destroy(e);
@@ -288,7 +289,7 @@ START_TEST(test_perturbation_detected)
                 continue;
             if (op == LS_PERTURB_LM_HEAD && l > 0) continue;
             ls_engine *ep = mk(2, 1, l, (ls_perturb_op)op, 1, 256);
-            ls_test_recs t = {0};
+            recs t = {0};
             replay(ep, &full, 1, 64, &t);
             char msg[512];
             int layer;
@@ -302,10 +303,10 @@ START_TEST(test_perturbation_detected)
             else want = 1 + 2 * l; /* gdn, conv, attention; norm shows at the layer's mixer */
             ck_assert_msg(layer == want, "perturbation %s at layer %d: first drift at trace layer %d, "
                           "expected %d (%s)", ls_perturb_op_name(op), l, layer, want, msg);
-            ls_test_recs_free(&t);
+            recs_free(&t);
             ls_engine_destroy(ep);
         }
-    ls_test_recs_free(&ref);
+    recs_free(&ref);
     free(p), free((void *)full.tokens);
 }
 END_TEST
@@ -320,7 +321,7 @@ typedef struct cb_seq {
 } cb_seq;
 
 typedef struct cb_sink {
-    ls_test_recs *all;
+    recs *all;
     const cb_seq *q;
     long n, mixed_steps, steps;
 } cb_sink;
@@ -340,7 +341,7 @@ static ls_status cb_collect(void *ctx, ls_frame_kind kind, const ls_trace_record
     ck_assert_int_eq(kind, dec ? LS_FRAME_DECODE : LS_FRAME_PREFILL);
     c->mixed_steps += pre > 0 && dec > 0;
     c->steps++;
-    return ls_test_recs_collect(c->all, kind, recs, n, err);
+    return recs_sink(c->all, kind, recs, n, err);
 }
 
 START_TEST(test_step_continuous_batching)
@@ -368,7 +369,7 @@ START_TEST(test_step_continuous_batching)
     ls_error err;
     ck_assert_msg(ls_run_engine_open(g_model, "cpu", 2, &o, 3, 128, &e, &err) == LS_OK, "%s", err.msg);
     ls_sampling g = greedy();
-    ls_test_recs all = {0};
+    recs all = {0};
     cb_sink cs = {&all, q, NS, 0, 0};
     ck_assert_msg(ls_run_serve(e, req, NS, &g, cb_collect, &cs, &err) == LS_OK, "%s", err.msg);
     for (long sl = 0; sl < 3; sl++) ck_assert_int_eq(ls_engine_join(e, sl, 1, 1, &err), LS_OK); /* all left */
@@ -385,14 +386,14 @@ START_TEST(test_step_continuous_batching)
         if (!g_model->cfg.is_attention[l]) gdn_tl = (int)(1 + 2 * l);
     for (int i = 0; i < NS; i++) {
         ls_sequence s = {q[i].id, q[i].tok, q[i].prompt, 0}, full;
-        ls_test_recs one = {0}, sub = {0};
+        recs one = {0}, sub = {0};
         rollout(e, &s, 1, q[i].max_new, &g, &one, &full);
         ck_assert_mem_eq(full.tokens, q[i].tok, sizeof(int32_t) * (size_t)full.n_tokens);
         for (long r = 0; r < all.n; r++)
             if (all.v[r].r.seq == q[i].id) {
                 ls_trace_record rr = all.v[r].r;
                 rr.digests = all.v[r].d;
-                ls_test_recs_collect(&sub, LS_FRAME_DECODE, &rr, 1, NULL);
+                ck_assert_int_eq(recs_sink(&sub, LS_FRAME_DECODE, &rr, 1, NULL), LS_OK);
             }
         char what[96];
         snprintf(what, sizeof what, "sequence %u amid joins/leaves = alone", q[i].id);
@@ -407,11 +408,11 @@ START_TEST(test_step_continuous_batching)
             ck_assert_msg(have == want, "seq %u pos %ld: gdn_state digest %s (prompt %ld, last %ld)",
                           q[i].id, p, have ? "present" : "missing", q[i].prompt, last);
         }
-        ls_test_recs_free(&one), ls_test_recs_free(&sub);
+        recs_free(&one), recs_free(&sub);
         free((void *)full.tokens);
     }
     ls_engine_destroy(e);
-    ls_test_recs_free(&all);
+    recs_free(&all);
     for (int i = 0; i < NS; i++) free(q[i].tok);
 }
 END_TEST
@@ -501,7 +502,7 @@ START_TEST(test_step_pipeline)
     setup();
     int32_t *p = prompt(8, 11);
     const ls_engine_item steps[3] = {{0, p, 5, 0, 1}, {0, p + 5, 1, 0, 1}, {0, p + 6, 1, 1, 1}};
-    ls_test_recs ref = {0}, got = {0};
+    recs ref = {0}, got = {0};
     ls_error err;
     const ls_trace_record *r0 = NULL, *r1 = NULL, *r2 = NULL;
     ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 16);
@@ -509,7 +510,7 @@ START_TEST(test_step_pipeline)
     for (int s = 0; s < 3; s++) {
         ck_assert_msg(ls_engine_step(e, &steps[s], 1, &err) == LS_OK, "%s", err.msg);
         pipeline_records(e, &steps[s], &r0);
-        ls_test_recs_collect(&ref, LS_FRAME_CHUNK, r0, steps[s].n, NULL);
+        ck_assert_int_eq(recs_sink(&ref, LS_FRAME_CHUNK, r0, steps[s].n, NULL), LS_OK);
     }
     ls_engine_destroy(e);
     e = mk(2, 1, -1, LS_PERTURB_NONE, 1, 16);
@@ -532,13 +533,14 @@ START_TEST(test_step_pipeline)
     ck_assert(graph_records == 0 && graph_launches == 0 && graph_off == NULL);
     ck_assert_int_eq(ls_engine_slot_len(e, 0), 6);
     ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
-    ls_test_recs_collect(&got, LS_FRAME_CHUNK, r0, steps[0].n, NULL); /* step 0's, read after step 1 ran */
+    /* step 0's, read after step 1 ran */
+    ck_assert_int_eq(recs_sink(&got, LS_FRAME_CHUNK, r0, steps[0].n, NULL), LS_OK);
     ck_assert_msg(ls_engine_step_begin(e, &steps[2], 1, &err) == LS_OK, "%s", err.msg);
     pipeline_records(e, &steps[2], &r2);
     ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
-    ls_test_recs_collect(&got, LS_FRAME_CHUNK, r1, steps[1].n, NULL);
+    ck_assert_int_eq(recs_sink(&got, LS_FRAME_CHUNK, r1, steps[1].n, NULL), LS_OK);
     ck_assert_msg(ls_engine_step_end(e, &err) == LS_OK, "%s", err.msg);
-    ls_test_recs_collect(&got, LS_FRAME_CHUNK, r2, steps[2].n, NULL);
+    ck_assert_int_eq(recs_sink(&got, LS_FRAME_CHUNK, r2, steps[2].n, NULL), LS_OK);
     ck_assert_int_eq(ls_engine_step_end(e, &err), LS_E_USAGE);
     ck_assert_int_eq(ls_engine_set_step_graphs(e, 1, &err), LS_OK);
     ck_assert_int_eq(got.n, 7);
@@ -555,7 +557,7 @@ START_TEST(test_step_pipeline)
     ck_assert_int_eq(ls_engine_join(e, 0, 9, 8, &err), LS_OK);
     ck_assert_msg(ls_engine_step(e, &steps[0], 1, &err) == LS_OK, "%s", err.msg);
     ls_engine_destroy(e);
-    ls_test_recs_free(&ref), ls_test_recs_free(&got);
+    recs_free(&ref), recs_free(&got);
     free(p);
 }
 END_TEST
@@ -715,7 +717,7 @@ START_TEST(test_digest_early_read_at_fence)
     int32_t *p0 = prompt(9, 31), *p1 = prompt(70, 32);
     ls_sequence s[2] = {{1, p0, 9, 0}, {2, p1, 70, 0}}, full[2];
     ls_sampling g = greedy();
-    ls_test_recs ref = {0}, got = {0}, rref = {0}, rgot = {0};
+    recs ref = {0}, got = {0}, rref = {0}, rgot = {0};
     ls_engine *e = mk(2, 1, -1, LS_PERTURB_NONE, 2, 256);
     rollout(e, s, 2, 6, &g, &ref, full);
     replay(e, full, 2, 7, &rref);
@@ -730,7 +732,7 @@ START_TEST(test_digest_early_read_at_fence)
     ls_engine_destroy(e);
     expect_equal("rollout, spans read at the fence", &ref, &got);
     expect_equal("replay in chunks of 7, spans read at the fence", &rref, &rgot);
-    ls_test_recs_free(&ref), ls_test_recs_free(&got), ls_test_recs_free(&rref), ls_test_recs_free(&rgot);
+    recs_free(&ref), recs_free(&got), recs_free(&rref), recs_free(&rgot);
     for (int i = 0; i < 2; i++) free((void *)full[i].tokens);
     free(p0), free(p1);
 }

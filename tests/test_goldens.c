@@ -33,6 +33,7 @@
 #include "io/json.h"
 #include "model/model.h"
 #include "synth/synth.h"
+#include "gpu/engine_records.h"
 #include "testutil.h"
 
 #define FP32_TOL 1e-4
@@ -174,26 +175,26 @@ static ls_engine *mk_engine(const loaded *L, int act_bf16)
 /* Teacher-forced replay of tokens[0..n-1]: one record per position 0..n-1
  * (a dummy target token 0 is appended so that the last position, and a
  * length-1 sequence, get their top-5 too). */
-static void run_replay(ls_engine *e, uint32_t id, const int32_t *tokens, long n, ls_test_recs *out)
+static void run_replay(ls_engine *e, uint32_t id, const int32_t *tokens, long n, recs *out)
 {
     int32_t *t = malloc(sizeof(int32_t) * (size_t)(n + 1));
     memcpy(t, tokens, sizeof(int32_t) * (size_t)n);
     t[n] = 0;
     ls_sequence s = {id, t, n + 1, n + 1}; /* all of it is prompt */
     ls_error err;
-    ck_assert_msg(ls_run_replay(e, &s, 1, 64, ls_test_recs_collect, out, &err) == LS_OK, "%s", err.msg);
+    ck_assert_msg(ls_run_replay(e, &s, 1, 64, recs_sink, out, &err) == LS_OK, "%s", err.msg);
     ck_assert_int_eq(out->n, n);
     for (long p = 0; p < n; p++) ck_assert_uint_eq(out->v[p].r.pos, (uint32_t)p);
     free(t);
 }
 
 static void run_greedy(ls_engine *e, uint32_t id, const int32_t *prompt, long n, int32_t *gen,
-                       ls_test_recs *out)
+                       recs *out)
 {
     ls_sequence s = {id, prompt, n, n};
     ls_sampling g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
     ls_error err;
-    ck_assert_msg(ls_run_rollout(e, &s, 1, GEN_STEPS, &g, gen, ls_test_recs_collect, out, &err) == LS_OK,
+    ck_assert_msg(ls_run_rollout(e, &s, 1, GEN_STEPS, &g, gen, recs_sink, out, &err) == LS_OK,
                   "%s", err.msg);
     ck_assert_int_eq(out->n, n + GEN_STEPS - 1);
 }
@@ -264,7 +265,7 @@ static void fp32_vs_transformers(int golden)
         const json_t *run = find_run(&L, "teacher_forced", "float32", s);
         long n;
         int32_t *tok = json_tokens(json_object_get(run, "tokens"), &n);
-        ls_test_recs out = {0};
+        recs out = {0};
         run_replay(e, (uint32_t)s, tok, n, &out);
         snprintf(where, sizeof where, "%s fp32 replay seq %d", L.name, s);
         const json_t *nl = json_object_get(run, "next_logprob");
@@ -275,7 +276,7 @@ static void fp32_vs_transformers(int golden)
             check_top5(where, p, r, json_array_get(json_object_get(run, "top5_ids"), (size_t)p),
                        json_array_get(json_object_get(run, "top5_logprobs"), (size_t)p), &st);
         }
-        ls_test_recs_free(&out);
+        recs_free(&out);
         free(tok);
     }
     long n_gen_equal = 0;
@@ -284,7 +285,7 @@ static void fp32_vs_transformers(int golden)
         long n;
         int32_t *pr = json_tokens(json_object_get(run, "prompt"), &n);
         int32_t gen[GEN_STEPS];
-        ls_test_recs out = {0};
+        recs out = {0};
         run_greedy(e, (uint32_t)s, pr, n, gen, &out);
         const json_t *hg = json_object_get(run, "generated");
         snprintf(where, sizeof where, "%s fp32 greedy seq %d", L.name, s);
@@ -298,7 +299,7 @@ static void fp32_vs_transformers(int golden)
                        json_array_get(json_object_get(run, "top5_logprobs"), (size_t)k), &st);
         }
         n_gen_equal++;
-        ls_test_recs_free(&out);
+        recs_free(&out);
         free(pr);
     }
     printf("%s fp32%s vs transformers fp32: %ld logprobs, max |d next| %.3g, max |d top-5| %.3g, "
@@ -373,7 +374,7 @@ START_TEST(test_bf16_vs_transformers)
         const json_t *r16 = find_run(&L, "teacher_forced", "bfloat16", s);
         long n;
         int32_t *tok = json_tokens(json_object_get(r32, "tokens"), &n);
-        ls_test_recs out = {0};
+        recs out = {0};
         run_replay(e, (uint32_t)s, tok, n, &out);
         for (long p = 0; p < n; p++) {
             const ls_trace_record *r = &out.v[p].r;
@@ -401,7 +402,7 @@ START_TEST(test_bf16_vs_transformers)
             d_hf[n_next] = fabs(h16 - h32);
             n_next++;
         }
-        ls_test_recs_free(&out);
+        recs_free(&out);
         free(tok);
     }
     /* Greedy in bf16: reported only (transformers' own bf16 greedy differs from
@@ -413,13 +414,13 @@ START_TEST(test_bf16_vs_transformers)
         long n;
         int32_t *pr = json_tokens(json_object_get(find_run(&L, "greedy", "bfloat16", s), "prompt"), &n);
         int32_t gen[GEN_STEPS];
-        ls_test_recs out = {0};
+        recs out = {0};
         run_greedy(e, (uint32_t)(10 + s), pr, n, gen, &out);
         int k32 = 0, k16 = 0;
         while (k32 < GEN_STEPS && gen[k32] == json_integer_value(json_array_get(g32, (size_t)k32))) k32++;
         while (k16 < GEN_STEPS && gen[k16] == json_integer_value(json_array_get(g16, (size_t)k16))) k16++;
         lead32[s - 1] = k32, lead16[s - 1] = k16;
-        ls_test_recs_free(&out);
+        recs_free(&out);
         free(pr);
     }
     printf("%s bf16 greedy (2 prompts x %d steps), leading steps equal: to HF-fp32 %d, %d; to "
@@ -542,7 +543,7 @@ static char *position_line(const ls_trace_record *r, int n_tl)
     return line;
 }
 
-static json_t *strict_run(ls_engine *e, const char *act, const char *mode, int seq, const ls_test_recs *t,
+static json_t *strict_run(ls_engine *e, const char *act, const char *mode, int seq, const recs *t,
                           const int32_t *gen)
 {
     int n_tl;
@@ -620,17 +621,17 @@ static json_t *strict_doc(const loaded *L, int32_t *const *seqs, const long *len
         snprintf(an, sizeof an, "%s%s", act ? "bf16" : "fp32",
                  !fp8 ? "" : w8a8 ? " fp8-w8a8" : " fp8-dequant");
         for (int s = 0; s < n_seqs; s++) {
-            ls_test_recs t = {0};
+            recs t = {0};
             run_replay(e, (uint32_t)s, seqs[s], lens[s], &t);
             json_array_append_new(runs, strict_run(e, an, "replay", s, &t, NULL));
-            ls_test_recs_free(&t);
+            recs_free(&t);
         }
         for (int s = 1; s <= 2; s++) {
-            ls_test_recs t = {0};
+            recs t = {0};
             int32_t gen[GEN_STEPS];
             run_greedy(e, (uint32_t)s, seqs[s], lens[s], gen, &t);
             json_array_append_new(runs, strict_run(e, an, "greedy", s, &t, gen));
-            ls_test_recs_free(&t);
+            recs_free(&t);
         }
         ls_engine_destroy(e);
     }

@@ -30,6 +30,7 @@
 #include "run/run.h"
 #include "st_image.h"
 #include "synth/synth.h"
+#include "gpu/engine_records.h"
 #include "testutil.h"
 
 static char *g_dir;
@@ -223,7 +224,7 @@ END_TEST
 /* Replay (chunks of 16) of a 70-token sequence, then a 12-token greedy
  * rollout from its first 9 tokens, both activation modes, of the model in
  * dir. */
-static void run_model(const char *dir, ls_test_recs *out)
+static void run_model(const char *dir, recs *out)
 {
     ls_checkpoint *ck;
     ls_model *m;
@@ -244,11 +245,11 @@ static void run_model(const char *dir, ls_test_recs *out)
         ls_engine *e;
         ck_assert_msg(ls_run_engine_open(m, "cpu", 2, &o, 1, 256, &e, &err) == LS_OK, "%s", err.msg);
         ls_sequence s = {1, tok, 71, 71};
-        ck_assert_msg(ls_run_replay(e, &s, 1, 16, ls_test_recs_collect, out, &err) == LS_OK, "%s", err.msg);
+        ck_assert_msg(ls_run_replay(e, &s, 1, 16, recs_sink, out, &err) == LS_OK, "%s", err.msg);
         ls_sequence p = {2, tok, 9, 9};
         ls_sampling g = {LS_SAMPLING_GREEDY, 0, 1.0f, 0, 1.0f};
         int32_t gen[12];
-        ck_assert_msg(ls_run_rollout(e, &p, 1, 12, &g, gen, ls_test_recs_collect, out, &err) == LS_OK, "%s",
+        ck_assert_msg(ls_run_rollout(e, &p, 1, 12, &g, gen, recs_sink, out, &err) == LS_OK, "%s",
                       err.msg);
         ls_engine_destroy(e);
     }
@@ -257,7 +258,7 @@ static void run_model(const char *dir, ls_test_recs *out)
 }
 
 /* Every record equal, bit for bit; the first difference is named. */
-static void expect_same_records(const char *what, const ls_test_recs *a, const ls_test_recs *b)
+static void expect_same_records(const char *what, const recs *a, const recs *b)
 {
     ck_assert_msg(a->n == b->n && a->n > 0, "%s: %ld vs %ld records", what, a->n, b->n);
     for (long i = 0; i < a->n; i++) {
@@ -423,15 +424,15 @@ START_TEST(test_qwen3next_as_qwen35_identical)
     snprintf(from, sizeof from, "%s/goldens/%s", LS_SOURCE_DIR, src[_i]);
     snprintf(to, sizeof to, "%s/%s-as-qwen35", g_dir, src[_i]);
     rewrite_as_qwen35(from, to);
-    ls_test_recs a = {0}, b = {0};
+    recs a = {0}, b = {0};
     run_model(from, &a);
     run_model(to, &b);
     char what[160];
     snprintf(what, sizeof what, "%s vs its Qwen3.5 rewrite", src[_i]);
     expect_same_records(what, &a, &b);
     printf("%s: %ld records identical in the Qwen3.5 layout\n", src[_i], a.n);
-    ls_test_recs_free(&a);
-    ls_test_recs_free(&b);
+    recs_free(&a);
+    recs_free(&b);
 }
 END_TEST
 
@@ -656,14 +657,14 @@ START_TEST(test_skipped_fingerprinted_records_unchanged)
     ls_test_merkle_root(src, a);
     ls_test_merkle_root(dir, b);
     ck_assert_msg(strcmp(a, b) != 0, "one byte of %s changed, the root did not (%s)", victims[_i], a);
-    ls_test_recs ra = {0}, rb = {0};
+    recs ra = {0}, rb = {0};
     run_model(src, &ra);
     run_model(dir, &rb);
     char what[200];
     snprintf(what, sizeof what, "qwen35moe_tiny_a vs one byte of %s changed", victims[_i]);
     expect_same_records(what, &ra, &rb);
-    ls_test_recs_free(&ra);
-    ls_test_recs_free(&rb);
+    recs_free(&ra);
+    recs_free(&rb);
 }
 END_TEST
 
@@ -782,12 +783,12 @@ START_TEST(test_synth_layouts)
     ck_assert_ptr_null(ls_checkpoint_find(ck, "model.layers.0.mlp.experts.0.up_proj.weight"));
     ls_checkpoint_close(ck);
 
-    ls_test_recs a = {0}, b = {0};
+    recs a = {0}, b = {0};
     run_model(f, &a);
     run_model(p, &b);
     expect_same_records("qwen3.5-tiny fused vs per-expert", &a, &b);
-    ls_test_recs_free(&a);
-    ls_test_recs_free(&b);
+    recs_free(&a);
+    recs_free(&b);
 
     char h[65];
     snprintf(path, sizeof path, "%s/config.json", f);

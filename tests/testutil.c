@@ -172,34 +172,6 @@ void ls_test_write_prompts(const char *dir, const int *lens, int n, uint64_t see
     ck_assert_msg(fclose(f) == 0, "%s: write failed", path);
 }
 
-ls_status ls_test_recs_collect(void *ctx, ls_frame_kind kind, const ls_trace_record *in, long n, ls_error *err)
-{
-    (void)kind, (void)err;
-    ls_test_recs *t = ctx;
-    for (long i = 0; i < n; i++) {
-        if (t->n == t->cap) {
-            t->cap = t->cap ? 2 * t->cap : 256;
-            t->v = realloc(t->v, sizeof *t->v * (size_t)t->cap);
-            ck_assert_ptr_nonnull(t->v);
-        }
-        ls_test_rec *m = &t->v[t->n++];
-        m->r = in[i];
-        ck_assert_uint_le(in[i].n_digests, LS_TEST_MAX_DIGESTS);
-        memcpy(m->d, in[i].digests, sizeof(ls_trace_digest) * in[i].n_digests);
-        m->r.digests = m->d;
-        m->r.dumps = NULL;
-        m->r.n_dumps = 0;
-        m->r.raw = NULL;
-    }
-    return LS_OK;
-}
-
-void ls_test_recs_free(ls_test_recs *t)
-{
-    free(t->v);
-    memset(t, 0, sizeof *t);
-}
-
 void ls_test_rm_tmpdir(char *dir)
 {
     remove_with_siblings(dir);

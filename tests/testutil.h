@@ -6,8 +6,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "trace/trace.h"
-
 /* 1 in the AddressSanitizer build (harness/run's build-asan), which runs
  * several times slower and cannot take an address-space limit. */
 #if defined(__SANITIZE_ADDRESS__)
@@ -58,24 +56,6 @@ void ls_test_write_text(const char *dir, const char *name, const char *text);
  * tokens each, ids drawn from a 64-bit LCG seeded with `seed`, modulo
  * `vocab` (aborts the test on failure). */
 void ls_test_write_prompts(const char *dir, const int *lens, int n, uint64_t seed, int vocab);
-
-/* An in-memory trace: the records a run hands its sink, in order, each with
- * its own copy of its digests (at most LS_TEST_MAX_DIGESTS); dumps and raw
- * bytes are not kept. */
-#define LS_TEST_MAX_DIGESTS 256
-typedef struct ls_test_rec {
-    ls_trace_record r; /* r.digests points at d */
-    ls_trace_digest d[LS_TEST_MAX_DIGESTS];
-} ls_test_rec;
-typedef struct ls_test_recs {
-    ls_test_rec *v;
-    long n, cap;
-} ls_test_recs;
-
-/* A run's record sink (ls_run_replay, ls_run_rollout, ...): appends copies
- * of in[0 .. n) to the ls_test_recs at ctx. */
-ls_status ls_test_recs_collect(void *ctx, ls_frame_kind kind, const ls_trace_record *in, long n, ls_error *err);
-void ls_test_recs_free(ls_test_recs *t);
 
 /* Removes a test's temporary directory (recursively) and the files beside it
  * named "DIR.*" now, and frees its path. */

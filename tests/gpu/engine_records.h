@@ -2,7 +2,7 @@
  * by tests/gpu/test_engine_cuda and harness/gpu_matrix).
  *
  * A record set holds every record an engine run emitted, with its digests
- * copied; recs_diff compares two sets record by record, matched by (seq,
+ * copied (dumps and raw bytes are not kept); recs_diff compares two sets record by record, matched by (seq,
  * pos): token, next token, logprob bits, top-5 ids and logprob bits, and every
  * digest (layer, kind, 32 bytes). */
 #ifndef LS_TESTS_GPU_ENGINE_RECORDS_H
@@ -16,7 +16,7 @@
 #include "run/drive.h"
 
 typedef struct recs_item {
-    ls_trace_record r;
+    ls_trace_record r;                 /* r.digests points at d */
     ls_trace_digest *d;                /* [r.n_digests], owned */
 } recs_item;
 
@@ -43,13 +43,13 @@ static inline ls_status recs_add(recs *t, const ls_trace_record *r, ls_error *er
     }
     recs_item *m = &t->v[t->n];
     m->r = *r;
-    m->r.digests = NULL;
     m->r.dumps = NULL;
     m->r.n_dumps = 0;
     m->r.raw = NULL;
     m->d = malloc(sizeof(ls_trace_digest) * (r->n_digests ? r->n_digests : 1));
     if (!m->d) return ls_fail(err, LS_E_NOMEM, "records");
     memcpy(m->d, r->digests, sizeof(ls_trace_digest) * r->n_digests);
+    m->r.digests = m->d;
     t->n++;
     return LS_OK;
 }
