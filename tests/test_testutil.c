@@ -65,11 +65,13 @@ END_TEST
 START_TEST(test_tmpdir_kept_on_request)
 {
     char *dir = child_tmpdir(0, 1);
-    char path[4300];
+    char path[4300], beside[4300];
     snprintf(path, sizeof path, "%s/inside.json", dir);
-    ck_assert_msg(exists(path), "LOCKSTEP_TEST_KEEP=1: %s removed", path);
-    ls_test_rm_tmpdir(dir); /* and removes the file beside it too */
+    snprintf(beside, sizeof beside, "%s.beside.json", dir);
+    ck_assert_msg(exists(path) && exists(beside), "LOCKSTEP_TEST_KEEP=1: %s or %s removed", path, beside);
+    ls_test_rm_tmpdir(dir); /* the directory and the file beside it */
     ck_assert_msg(!exists(path), "ls_test_rm_tmpdir left %s", path);
+    ck_assert_msg(!exists(beside), "ls_test_rm_tmpdir left %s", beside);
 }
 END_TEST
 
