@@ -10,45 +10,20 @@
  * source's arithmetic and indexing are the CPU's. Built and run by
  * harness/gdn_chunked_emu, which cuts the kernels out of the .cu file.
  *
- * Each CUDA thread of a block is a ucontext fiber; __syncthreads and the
- * warp shuffles are barriers over the block's or the warp's fibers (a
- * shuffle: every lane stores, barrier, reads its partner, barrier), so the
- * kernels run as written, one block at a time. */
-#include <ucontext.h>
-
+ * The kernels run under harness/simt_emu.h (a fiber per CUDA thread). */
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <vector>
+
+#include "simt_emu.h"
 
 extern "C" {
 #include "backend/cpu_ops.h"
-#include "numerics/reduce.h"
 }
 #include "ops.h" /* LS_CUDA_GDN_MAX_DK, LS_CUDA_GDN_CHUNK */
-
-/* ---- the CUDA names the kernels use -------------------------------------------------- */
-struct emu_dim { unsigned x, y, z; };
-static emu_dim threadIdx, blockIdx, blockDim;
-
-#define __global__
-#define __device__
-#define __forceinline__ inline
-#define __shared__ static /* one block runs at a time */
-#define __launch_bounds__(...)
-#define __align__(n) __attribute__((aligned(n)))
-#define LS_WARP 32
-#define LS_FULL_MASK 0xffffffffu
-
-struct float4 { float x, y, z, w; };
-static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
-/* cp.async: the copy at once; a thread's later wait is then a no-op */
-static inline void __pipeline_memcpy_async(void *dst, const void *src, size_t n) { memcpy(dst, src, n); }
-static inline void __pipeline_commit() {}
-static inline void __pipeline_wait_prior(int) {}
 
 typedef struct ls_cuda_seqs { /* kernels/ops_common.cuh's */
     long row0[LS_CUDA_SEQ_CHUNK];
@@ -56,90 +31,8 @@ typedef struct ls_cuda_seqs { /* kernels/ops_common.cuh's */
     float *state[LS_CUDA_SEQ_CHUNK];
 } ls_cuda_seqs;
 
-static inline float ls_act_d(float x, int act_bf16)
-{
-    return act_bf16 ? ls_round_bf16(x) : x;
-}
-
-/* ---- fibers and barriers ------------------------------------------------------------- */
-#define EMU_MAX_THREADS 256
-static ucontext_t emu_sched, emu_ctx[EMU_MAX_THREADS];
-static int emu_cur, emu_threads, emu_done, emu_finished[EMU_MAX_THREADS];
-static int emu_arrived[1 + EMU_MAX_THREADS / 32];  /* group 0: the block; 1 + w: warp w */
-static long emu_gen[1 + EMU_MAX_THREADS / 32];
-static float emu_lanes[EMU_MAX_THREADS / 32][32];   /* a warp's shuffle exchange */
-
-static void emu_barrier(int g, int size)
-{
-    long my = emu_gen[g];
-    if (++emu_arrived[g] == size) {
-        emu_arrived[g] = 0;
-        emu_gen[g]++;
-        return;
-    }
-    while (emu_gen[g] == my) swapcontext(&emu_ctx[emu_cur], &emu_sched);
-}
-
-static void __syncthreads() { emu_barrier(0, emu_threads); }
-static void __syncwarp() { emu_barrier(1 + (int)threadIdx.x / 32, 32); }
-
-static float emu_shuffle(float v, int from)
-{
-    int w = (int)threadIdx.x / 32;
-    __syncwarp();
-    emu_lanes[w][threadIdx.x % 32] = v;
-    __syncwarp();
-    float r = emu_lanes[w][from];
-    __syncwarp();
-    return r;
-}
-
-static float __shfl_xor_sync(unsigned, float v, int s) { return emu_shuffle(v, (int)(threadIdx.x % 32) ^ s); }
-static float __shfl_sync(unsigned, float v, int src) { return emu_shuffle(v, src); }
-
 #include "kernels_body.inc"
 #include "kernels_recurrent.inc"
-
-static std::function<void()> *emu_body;
-static char emu_stacks[EMU_MAX_THREADS][64 * 1024];
-
-static void emu_fiber()
-{
-    (*emu_body)();
-    emu_finished[emu_cur] = 1;
-    emu_done++;
-    swapcontext(&emu_ctx[emu_cur], &emu_sched);
-}
-
-/* Runs body as a grid (gx, gy, gz) of blocks of nt threads, one block at a time. */
-static void emu_launch(unsigned gx, unsigned gy, unsigned nt, std::function<void()> body, unsigned gz = 1)
-{
-    blockDim = {nt, 1, 1};
-    emu_body = &body;
-    static unsigned bz, by, bx; /* live across swapcontext, which returns like setjmp */
-    for (bz = 0; bz < gz; bz++)
-    for (by = 0; by < gy; by++)
-        for (bx = 0; bx < gx; bx++) {
-            emu_threads = (int)nt;
-            emu_done = 0;
-            memset(emu_arrived, 0, sizeof emu_arrived);
-            for (unsigned t = 0; t < nt; t++) {
-                emu_finished[t] = 0;
-                getcontext(&emu_ctx[t]);
-                emu_ctx[t].uc_stack.ss_sp = emu_stacks[t];
-                emu_ctx[t].uc_stack.ss_size = sizeof emu_stacks[t];
-                emu_ctx[t].uc_link = NULL;
-                makecontext(&emu_ctx[t], emu_fiber, 0);
-            }
-            while (emu_done < (int)nt)
-                for (emu_cur = 0; emu_cur < (int)nt; emu_cur++) {
-                    if (emu_finished[emu_cur]) continue;
-                    threadIdx = {(unsigned)emu_cur, 0, 0};
-                    blockIdx = {bx, by, bz};
-                    swapcontext(&emu_sched, &emu_ctx[emu_cur]);
-                }
-        }
-}
 
 /* ---- one case ------------------------------------------------------------------------ */
 static uint64_t emu_rng = 12345;
