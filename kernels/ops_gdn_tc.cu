@@ -165,6 +165,9 @@ __device__ __forceinline__ void ls_gdnt_xyt(const float *X, const float *Y, int 
 
 #define LS_GDNT_LDA LS_GDNT_LDR(LS_GDNT_C) /* the C x C products (read as A row-major) */
 #define LS_GDNT_T 256               /* threads of the rows and output blocks */
+#define LS_GDNT_G 8                 /* rows of a group of the forward substitution */
+#define LS_GDNT_RPW (LS_GDNT_C / (LS_GDNT_T / LS_WARP)) /* rows per warp of a rows block */
+#define LS_GDNT_CPL (2 * LS_GDNT_MAXD / LS_WARP)        /* columns of W | U per lane, at most */
 
 /* ---- 1. Γ, the key rows, W and U ----------------------------------------------------- */
 
@@ -182,10 +185,12 @@ __device__ __forceinline__ void ls_gdnt_row_zero(float *dst, int n, int lane)
 /* Block (chunk i, head h). Shared (dynamic): A [C, LDA], then Ks [C, LDR(dk)]
  * the chunk's key rows (+0.0 beyond the call), which X [C, dk + dv] (the
  * rows of W | U) later overwrites. Thread c runs column c of W | U. */
+template <int DK, int DV>
 __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const float *beta, float *state,
-                    float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hk, long Hv, int dk, int dv)
+                    float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hk, long Hv, int dk_, int dv_)
 {
+    const int dk = DK ? DK : dk_, dv = DV ? DV : dv_;
     ls_pdl_entry();
     if (sq.n) ls_gdnt_seq(sq, (int)blockIdx.z, state, scratch, pc);
     extern __shared__ __align__(128) float smr[];
@@ -244,36 +249,78 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
         for (int s = lane; s < LS_GDNT_C; s += LS_WARP)
             A[r * LS_GDNT_LDA + s] = s < r ? (bet[r] * A[r * LS_GDNT_LDA + s]) * expf(gam[r] - gam[s]) : 0.0f;
     __syncthreads();
-    /* the seeds β_r e^{Γ_r} k_r | β_r v_r (the cached rows' W | U) into X over Ks */
-    for (int r = warp; r < rb; r += nw) {
-        const float *vr = v + ((cs + r - pc.pos0) * Hv + h) * dv;
-#pragma unroll 4
-        for (int c = lane; c < ld; c += LS_WARP)
-            X[r * ld + c] = r < ra ? (c < dk ? a.w[r * dk + c] : a.u[r * dv + c - dk])
-                                   : (c < dk ? bge[r] * a.k[r * dk + c] : bet[r] * vr[c - dk]);
+    /* the seeds β_r e^{Γ_r} k_r | β_r v_r (the cached rows' W | U) into X over Ks,
+     * half a warp's rows at a time: every load issued, then every store */
+#pragma unroll
+    for (int j0 = 0; j0 < LS_GDNT_RPW; j0 += LS_GDNT_RPW / 2) {
+        float x[LS_GDNT_RPW / 2][LS_GDNT_CPL];
+#pragma unroll
+        for (int j = 0; j < LS_GDNT_RPW / 2; j++) {
+            const int r = warp + (j0 + j) * nw;
+            const float *vr = v + ((cs + r - pc.pos0) * Hv + h) * dv;
+#pragma unroll
+            for (int m = 0; m < LS_GDNT_CPL; m++) {
+                const int c = lane + m * LS_WARP;
+                x[j][m] = r >= rb || c >= ld ? 0.0f
+                          : r < ra           ? (c < dk ? a.w[r * dk + c] : a.u[r * dv + c - dk])
+                                             : (c < dk ? bge[r] * a.k[r * dk + c] : bet[r] * vr[c - dk]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < LS_GDNT_RPW / 2; j++) {
+            const int r = warp + (j0 + j) * nw;
+#pragma unroll
+            for (int m = 0; m < LS_GDNT_CPL; m++)
+                if (r < rb && lane + m * LS_WARP < ld) X[r * ld + lane + m * LS_WARP] = x[j][m];
+        }
     }
     __syncthreads();
-    /* forward substitution, column c of W | U, rows ascending, s ascending (A's row read
-     * four entries per load) */
+    /* forward substitution, column c of W | U: rows in groups of LS_GDNT_G that
+     * share the loads of the rows before the group (each row's terms still in
+     * ascending s, one fmaf each: the order of the row-by-row loop), then the
+     * group's own rows in order. Rows of a group past rb repeat row rb − 1
+     * and are dropped. */
     if (tid < ld) {
         const int c = tid;
-        for (int r = ra; r < rb; r++) {
-            float x = X[r * ld + c];
-            const float *Ar = A + r * LS_GDNT_LDA;
-            int s = 0;
-            for (; s + 4 <= r; s += 4) {
-                const float4 a4 = *(const float4 *)(Ar + s);
-                x = fmaf(-a4.x, X[s * ld + c], x);
-                x = fmaf(-a4.y, X[(s + 1) * ld + c], x);
-                x = fmaf(-a4.z, X[(s + 2) * ld + c], x);
-                x = fmaf(-a4.w, X[(s + 3) * ld + c], x);
+        for (int r0 = ra; r0 < rb; r0 += LS_GDNT_G) {
+            float x[LS_GDNT_G];
+            const float *Ar[LS_GDNT_G];
+#pragma unroll
+            for (int g = 0; g < LS_GDNT_G; g++) {
+                const int r = r0 + g < rb ? r0 + g : rb - 1;
+                x[g] = X[r * ld + c];
+                Ar[g] = A + r * LS_GDNT_LDA;
             }
-            for (; s < r; s++) x = fmaf(-Ar[s], X[s * ld + c], x);
-            X[r * ld + c] = x;
-            if (c < dk)
-                a.w[r * dk + c] = x;
-            else
-                a.u[r * dv + c - dk] = x;
+            int s = 0;
+            for (; s + 4 <= r0; s += 4) {
+                const float x0 = X[s * ld + c], x1 = X[(s + 1) * ld + c], x2 = X[(s + 2) * ld + c],
+                            x3 = X[(s + 3) * ld + c];
+#pragma unroll
+                for (int g = 0; g < LS_GDNT_G; g++) {
+                    const float4 a4 = *(const float4 *)(Ar[g] + s);
+                    x[g] = fmaf(-a4.x, x0, x[g]);
+                    x[g] = fmaf(-a4.y, x1, x[g]);
+                    x[g] = fmaf(-a4.z, x2, x[g]);
+                    x[g] = fmaf(-a4.w, x3, x[g]);
+                }
+            }
+            for (; s < r0; s++) {
+                const float xs = X[s * ld + c];
+#pragma unroll
+                for (int g = 0; g < LS_GDNT_G; g++) x[g] = fmaf(-Ar[g][s], xs, x[g]);
+            }
+#pragma unroll
+            for (int g = 0; g < LS_GDNT_G; g++) {
+                const int r = r0 + g;
+                if (r >= rb) break;
+#pragma unroll
+                for (int e = 0; e < g; e++) x[g] = fmaf(-Ar[g][r0 + e], x[e], x[g]);
+                X[r * ld + c] = x[g];
+                if (c < dk)
+                    a.w[r * dk + c] = x[g];
+                else
+                    a.u[r * dv + c - dk] = x[g];
+            }
         }
     }
 }
@@ -329,10 +376,12 @@ __device__ void ls_gdnt_prefetch(const ls_gdnt_piece &pc, int i, const ls_gdnt_a
  * the state's columns, R [C, LDS] the product W S0, two ls_gdnt_bufs. Per
  * chunk: its start state out (ls_gdnt_start), V_r = U_r − (W S0)_r for the
  * call's rows, and a full chunk's fold. */
+template <int DK, int DV>
 __global__ void __launch_bounds__(LS_GDNT_SW * LS_WARP)
-ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hv, int dk,
-                     int dv)
+ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hv, int dk_,
+                     int dv_)
 {
+    const int dk = DK ? DK : dk_, dv = DV ? DV : dv_;
     ls_pdl_entry();
     if (sq.n) ls_gdnt_seq(sq, (int)blockIdx.z, state, scratch, pc);
     extern __shared__ __align__(128) float sms[];
@@ -440,10 +489,12 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
  * otherwise); O = q Ss, then O_r = e^{Γ_r} O_r, then O += P V over the
  * 16-row tiles before row r's own (tensor cores: every s there is < r), then
  * o_r = act(O_r + Σ_{s from r's tile, s <= r, asc} P_rs V_s) on CUDA cores. */
+template <int DK, int DV>
 __global__ void __launch_bounds__(LS_GDNT_T)
 ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gdnt_piece pc, const ls_gdnt_seqs sq,
-                   long Hk, long Hv, int dk, int dv, int pw, int act)
+                   long Hk, long Hv, int dk_, int dv_, int pw_, int act)
 {
+    const int dk = DK ? DK : dk_, dv = DV ? DV : dv_, pw = DV ? (DV % LS_GDNT_OW == 0 ? LS_GDNT_OW : LS_GDNT_COLS) : pw_;
     ls_pdl_entry();
     extern __shared__ __align__(128) float smo[];
     __shared__ float gam[LS_GDNT_C];
@@ -543,10 +594,15 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
     for (int r = ra + warp; r < rb; r += nw) {
         float *orow = o + ((cs + r - pc.pos0) * Hv + h) * dv + c0;
         const float *Pr = P + r * LS_GDNT_LDA;
-        for (int c = lane; c < pw; c += LS_WARP) {
-            float x = O[r * ldo + c];
-            for (int s = r / 16 * 16; s <= r; s++) x = fmaf(Pr[s], Vs[s * ldo + c], x);
+        for (int c = lane; c < pw; c += 2 * LS_WARP) { /* columns c and c + 32: two chains */
+            const int c2 = c + LS_WARP < pw ? c + LS_WARP : c;
+            float x = O[r * ldo + c], x2 = O[r * ldo + c2];
+            for (int s = r / 16 * 16; s <= r; s++) {
+                x = fmaf(Pr[s], Vs[s * ldo + c], x);
+                x2 = fmaf(Pr[s], Vs[s * ldo + c2], x2);
+            }
             orow[c] = ls_act_d(x, act);
+            orow[c2] = ls_act_d(x2, act);
         }
     }
 }
@@ -635,41 +691,52 @@ static size_t gdnt_state_smem(long dk)
     return sizeof(float) * ((size_t)dk * LS_GDNT_LDS + LS_GDNT_C * LS_GDNT_LDS + 2 * buf);
 }
 
-/* The three kernels' shared memory, set once per call (above the default 48 KB). */
-static ls_status gdnt_smem(long dk, long dv, size_t smem[3], ls_error *err)
+/* The three kernels of a shape: compiled for d_k = d_v = 128 (the heads of
+ * Qwen3-Next and Qwen3.5), where strides and trip counts are constants; any
+ * other shape gdnt_check allows runs the same code with them read at run
+ * time (the same operations in the same order: the same bits). */
+typedef struct ls_gdnt_kernels {
+    decltype(&ls_gdnt_rows_kernel<0, 0>) rows;
+    decltype(&ls_gdnt_state_kernel<0, 0>) state;
+    decltype(&ls_gdnt_out_kernel<0, 0>) out;
+    size_t smem[3];
+} ls_gdnt_kernels;
+
+/* The kernels for (dk, dv), their shared memory set (above the default 48 KB). */
+static ls_status gdnt_kernels(long dk, long dv, ls_gdnt_kernels *kn, ls_error *err)
 {
-    smem[0] = gdnt_rows_smem(dk, dv);
-    smem[1] = gdnt_state_smem(dk);
-    smem[2] = gdnt_out_smem(dk, dv);
-    LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem[0]),
-                  err, "the GDN rows kernel's shared memory");
-    LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem[1]),
+    if (dk == 128 && dv == 128)
+        *kn = {ls_gdnt_rows_kernel<128, 128>, ls_gdnt_state_kernel<128, 128>, ls_gdnt_out_kernel<128, 128>, {}};
+    else
+        *kn = {ls_gdnt_rows_kernel<0, 0>, ls_gdnt_state_kernel<0, 0>, ls_gdnt_out_kernel<0, 0>, {}};
+    kn->smem[0] = gdnt_rows_smem(dk, dv);
+    kn->smem[1] = gdnt_state_smem(dk);
+    kn->smem[2] = gdnt_out_smem(dk, dv);
+    LS_CUDA_CHECK(cudaFuncSetAttribute(kn->rows, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kn->smem[0]), err,
+                  "the GDN rows kernel's shared memory");
+    LS_CUDA_CHECK(cudaFuncSetAttribute(kn->state, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kn->smem[1]),
                   err, "the GDN state kernel's shared memory");
-    LS_CUDA_CHECK(cudaFuncSetAttribute(ls_gdnt_out_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)smem[2]),
-                  err, "the GDN output kernel's shared memory");
+    LS_CUDA_CHECK(cudaFuncSetAttribute(kn->out, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kn->smem[2]), err,
+                  "the GDN output kernel's shared memory");
     return LS_OK;
 }
 
 /* One piece (sq.n 0), or one position of each of sq.n sequences. */
-static ls_status gdnt_launch(const float *q, const float *k, const float *v, const float *alpha, const float *beta,
-                             float *state, float *scr, float *o, const ls_gdnt_piece &pc, const ls_gdnt_seqs &sq,
-                             const size_t smem[3], long Hk, long Hv, long dk, long dv, int act_bf16, cudaStream_t s,
-                             ls_error *err)
+static ls_status gdnt_launch(const ls_gdnt_kernels &kn, const float *q, const float *k, const float *v,
+                             const float *alpha, const float *beta, float *state, float *scr, float *o,
+                             const ls_gdnt_piece &pc, const ls_gdnt_seqs &sq, long Hk, long Hv, long dk, long dv,
+                             int act_bf16, cudaStream_t s, ls_error *err)
 {
     const int idk = (int)dk, idv = (int)dv, pw = (int)gdnt_out_cols(dv);
     const unsigned nz = sq.n ? (unsigned)sq.n : 1u;
     dim3 chunks((unsigned)pc.nch, (unsigned)Hv, nz);
-    ls_launch(ls_gdnt_rows_kernel, chunks, LS_GDNT_T, smem[0], s, k, v, alpha, beta, state, scr, pc, sq, Hk,
-              Hv, idk, idv);
+    ls_launch(kn.rows, chunks, LS_GDNT_T, kn.smem[0], s, k, v, alpha, beta, state, scr, pc, sq, Hk, Hv, idk, idv);
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_rows_kernel", err);
-    ls_launch(ls_gdnt_state_kernel, dim3((unsigned)(dv / LS_GDNT_COLS), (unsigned)Hv, nz),
-              LS_GDNT_SW * LS_WARP, smem[1], s, state, scr, pc, sq, Hv, idk, idv);
+    ls_launch(kn.state, dim3((unsigned)(dv / LS_GDNT_COLS), (unsigned)Hv, nz), LS_GDNT_SW * LS_WARP, kn.smem[1], s,
+              state, scr, pc, sq, Hv, idk, idv);
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_state_kernel", err);
-    ls_launch(ls_gdnt_out_kernel, dim3((unsigned)pc.nch, (unsigned)Hv, nz * (unsigned)(dv / pw)), LS_GDNT_T,
-              smem[2], s, q, state, scr, o, pc, sq, Hk, Hv, idk, idv, pw, act_bf16);
+    ls_launch(kn.out, dim3((unsigned)pc.nch, (unsigned)Hv, nz * (unsigned)(dv / pw)), LS_GDNT_T, kn.smem[2], s, q,
+              state, scr, o, pc, sq, Hk, Hv, idk, idv, pw, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_out_kernel", err);
     return LS_OK;
 }
@@ -690,8 +757,8 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
         return ls_fail(err, LS_E_INTERNAL, "cuda tensor-core gdn_chunked: scratch of %zu bytes, %zu needed",
                        scratch_bytes, need);
     cudaStream_t s = (cudaStream_t)stream;
-    size_t smem[3];
-    LS_TRY(gdnt_smem(dk, dv, smem, err));
+    ls_gdnt_kernels kn;
+    LS_TRY(gdnt_kernels(dk, dv, &kn, err));
     ls_gdnt_seqs none;
     memset(&none, 0, sizeof none);
     float *scr = (float *)scratch;
@@ -703,7 +770,7 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc(const float *q, const float *k, cons
         long room = LS_GDNT_PIECE * LS_GDNT_C - (pc.p0 - pc.cs0);
         pc.n = T - t0 < room ? T - t0 : room;
         pc.nch = (int)((pc.p0 - pc.cs0 + pc.n + LS_GDNT_C - 1) / LS_GDNT_C);
-        LS_TRY(gdnt_launch(q, k, v, alpha, beta, state, scr, o, pc, none, smem, Hk, Hv, dk, dv, act_bf16, s, err));
+        LS_TRY(gdnt_launch(kn, q, k, v, alpha, beta, state, scr, o, pc, none, Hk, Hv, dk, dv, act_bf16, s, err));
     }
     /* the last chunk's rows into the state's area when they are in the
      * scratch: the area then holds the rows of the last position's chunk
@@ -744,8 +811,8 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc_decode(const float *q, const float *
     if (scratch_bytes < need)
         return ls_fail(err, LS_E_INTERNAL, "cuda tensor-core gdn_chunked decode: scratch of %zu bytes, %zu needed",
                        scratch_bytes, need);
-    size_t smem[3];
-    LS_TRY(gdnt_smem(dk, dv, smem, err));
+    ls_gdnt_kernels kn;
+    LS_TRY(gdnt_kernels(dk, dv, &kn, err));
     const ls_gdnt_piece any = {1, 0, 0, 0, 0, 1}; /* each sequence's is its own (ls_gdnt_seq) */
     for (long s0 = 0; s0 < nseq; s0 += LS_CUDA_SEQ_CHUNK) {
         ls_gdnt_seqs sq;
@@ -757,7 +824,7 @@ extern "C" ls_status ls_cuda_gdn_chunked_tc_decode(const float *q, const float *
             sq.row[z] = row0[s0 + z];
             sq.pos[z] = pos[s0 + z];
         }
-        LS_TRY(gdnt_launch(q, k, v, alpha, beta, NULL, NULL, o, any, sq, smem, Hk, Hv, dk, dv, act_bf16,
+        LS_TRY(gdnt_launch(kn, q, k, v, alpha, beta, NULL, NULL, o, any, sq, Hk, Hv, dk, dv, act_bf16,
                            (cudaStream_t)stream, err));
     }
     return LS_OK;
