@@ -31,9 +31,9 @@
  * and head), ls_gdnt_state_kernel (V and the folds; a block per head and 32
  * value columns, the piece's chunks in order, S_n's columns in shared
  * memory, the next chunk's inputs copied while one runs, each chunk's start
- * state left in the scratch) and ls_gdnt_out_kernel (o; a block per chunk,
- * head and 64 value columns). Chunk 0 of a piece keeps its rows in the
- * state's chunk area, the others in the scratch; the call's last chunk, when
+ * state left in the scratch) and ls_gdnt_out_kernel (o; a block per chunk
+ * and head, its value columns up to 128). Chunk 0 of a piece keeps its rows
+ * in the state's chunk area, the others in the scratch; the call's last chunk, when
  * in the scratch, is copied into the state's area. Rows a chunk has not run
  * are +0.0 there (its first call zeroes them), so the whole state after a
  * call depends on the positions run, not on the calls. A decode step of
@@ -164,7 +164,8 @@ __device__ __forceinline__ void ls_gdnt_xyt(const float *X, const float *Y, int 
 }
 
 #define LS_GDNT_LDA LS_GDNT_LDR(LS_GDNT_C) /* the C x C products (read as A row-major) */
-#define LS_GDNT_T 256               /* threads of the rows and output blocks */
+#define LS_GDNT_T 256               /* threads of a rows block */
+#define LS_GDNT_OT 512              /* threads of an output block */
 #define LS_GDNT_G 8                 /* rows of a group of the forward substitution */
 #define LS_GDNT_RPW (LS_GDNT_C / (LS_GDNT_T / LS_WARP)) /* rows per warp of a rows block */
 #define LS_GDNT_CPL (2 * LS_GDNT_MAXD / LS_WARP)        /* columns of W | U per lane, at most */
@@ -479,7 +480,13 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
 
 /* ---- 3. the outputs ---------------------------------------------------------------- */
 
-#define LS_GDNT_OW 64 /* value columns per output block (32 where dv is not a multiple of 64) */
+/* Value columns per output block: all of a head's (up to 128), so P is formed once per chunk and head. */
+__host__ __device__ constexpr int ls_gdnt_out_cols(int dv)
+{
+    return dv % 128 == 0 ? 128 : dv % 64 == 0 ? 64 : LS_GDNT_COLS;
+}
+/* O = q Ss keeps two accumulator tiles per warp: the 4 x 8 tiles of 128 columns fit */
+static_assert(2 * (LS_GDNT_OT / LS_WARP) >= (LS_GDNT_C / 16) * (LS_GDNT_MAXD / 16), "output block too small");
 
 /* Block (chunk i, head h, pw value columns from c0). Shared (dynamic): P [C,
  * LDA]; Qs [C, LDR(dk)] the call's q rows (+0.0 elsewhere); then Ks [C,
@@ -490,11 +497,11 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
  * 16-row tiles before row r's own (tensor cores: every s there is < r), then
  * o_r = act(O_r + Σ_{s from r's tile, s <= r, asc} P_rs V_s) on CUDA cores. */
 template <int DK, int DV>
-__global__ void __launch_bounds__(LS_GDNT_T)
+__global__ void __launch_bounds__(LS_GDNT_OT)
 ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gdnt_piece pc, const ls_gdnt_seqs sq,
                    long Hk, long Hv, int dk_, int dv_, int pw_, int act)
 {
-    const int dk = DK ? DK : dk_, dv = DV ? DV : dv_, pw = DV ? (DV % LS_GDNT_OW == 0 ? LS_GDNT_OW : LS_GDNT_COLS) : pw_;
+    const int dk = DK ? DK : dk_, dv = DV ? DV : dv_, pw = DV ? ls_gdnt_out_cols(DV) : pw_;
     ls_pdl_entry();
     extern __shared__ __align__(128) float smo[];
     __shared__ float gam[LS_GDNT_C];
@@ -507,7 +514,7 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
     float *P = smo, *Qs = P + LS_GDNT_C * LS_GDNT_LDA, *Ks = Qs + LS_GDNT_C * ldk, *Ss = Ks, *O = Ks,
           *Vs = O + LS_GDNT_C * ldo;
     const int i = blockIdx.x, tid = threadIdx.x, lane = tid % LS_WARP, warp = tid / LS_WARP;
-    const int nw = LS_GDNT_T / LS_WARP;
+    const int nw = LS_GDNT_OT / LS_WARP;
     const long h = blockIdx.y, kh = h * Hk / Hv, cs = pc.cs0 + (long)i * LS_GDNT_C;
     int ra, rb;
     ls_gdnt_rows(pc, i, &ra, &rb);
@@ -673,7 +680,7 @@ static size_t gdnt_rows_smem(long dk, long dv)
 /* The output blocks' value columns. */
 static long gdnt_out_cols(long dv)
 {
-    return dv % LS_GDNT_OW == 0 ? LS_GDNT_OW : LS_GDNT_COLS;
+    return ls_gdnt_out_cols((int)dv);
 }
 
 static size_t gdnt_out_smem(long dk, long dv)
@@ -735,7 +742,7 @@ static ls_status gdnt_launch(const ls_gdnt_kernels &kn, const float *q, const fl
     ls_launch(kn.state, dim3((unsigned)(dv / LS_GDNT_COLS), (unsigned)Hv, nz), LS_GDNT_SW * LS_WARP, kn.smem[1], s,
               state, scr, pc, sq, Hv, idk, idv);
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_state_kernel", err);
-    ls_launch(kn.out, dim3((unsigned)pc.nch, (unsigned)Hv, nz * (unsigned)(dv / pw)), LS_GDNT_T, kn.smem[2], s, q,
+    ls_launch(kn.out, dim3((unsigned)pc.nch, (unsigned)Hv, nz * (unsigned)(dv / pw)), LS_GDNT_OT, kn.smem[2], s, q,
               state, scr, o, pc, sq, Hk, Hv, idk, idv, pw, act_bf16);
     LS_CUDA_CHECK_LAUNCH("ls_gdnt_out_kernel", err);
     return LS_OK;
