@@ -16,9 +16,10 @@
  *          before row r's own (tensor cores), then
  *   o_r  = act(O_r + Σ_{s in r's tile, s <= r, asc} P_rs V_s) (CUDA cores)
  * and a full chunk folds: S_{n+1} = e^{Γ_63} S_n + Kᵀ Ṽ (tensor cores over
- * the 64 rows, Ṽ_s = e^{Γ_63 − Γ_s} V_s). Every product is WMMA 16x16x8 with
- * tf32 operands (rounded from fp32) and fp32 accumulation, k-steps
- * ascending. A tensor-core output element is a fixed-order function of one
+ * the 64 rows, Ṽ_s = e^{Γ_63 − Γ_s} V_s). Every product is 16x16 tiles of
+ * PTX mma.m16n8k4 with tf32 operands (rounded from fp32) and fp32
+ * accumulation, k-steps of 4 ascending: on sm_90 the instructions of WMMA
+ * 16x16x8 tf32, which these kernels used before. A tensor-core output element is a fixed-order function of one
  * row of its A operand and one column of its B operand, so row r of a product
  * has the same bits in a tile of 16 rows whatever the other rows hold: rows
  * outside the call are +0.0 by selection, entries s > r of A and P are +0.0
@@ -44,7 +45,6 @@
 #include "ops_common.cuh"
 
 #include <cuda_pipeline.h>
-#include <mma.h>
 
 #define LS_GDNT_C LS_CUDA_GDN_CHUNK       /* rows per chunk */
 #define LS_GDNT_PIECE 16                  /* chunks per piece */
@@ -123,17 +123,100 @@ __device__ __forceinline__ ls_gdnt_area ls_gdnt_area_of(float *state, float *scr
     return a;
 }
 
-namespace wmma = nvcuda::wmma;
-typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> ls_gdnt_acc;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> ls_gdnt_a_row;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> ls_gdnt_a_col;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> ls_gdnt_b_row;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> ls_gdnt_b_col;
+/* ---- tensor-core tiles ------------------------------------------------------------- */
 
-template <typename F> __device__ __forceinline__ void ls_gdnt_tf32(F &f)
+/* A 16x16 fp32 tile of a product accumulates over k in steps of 4, each
+ * step two PTX mma.m16n8k4 with tf32 operands (rounded from fp32, to nearest,
+ * ties away) and fp32 accumulation: output columns 0-7, then 8-15. These are
+ * the instructions WMMA 16x16x8 tf32 compiles to on sm_90 (its k-step of 8 is
+ * two of these steps), written out so that the operands' shared-memory loads
+ * are plain loads at constant offsets. Fragments in PTX's layouts, g = lane / 4
+ * and t = lane % 4: A (rows m, k) holds (g, t) (g + 8, t) (g, t + 4)
+ * (g + 8, t + 4) of a k-step of 8; B (k, columns n) holds (t, g) (t + 4, g)
+ * (t, g + 8) (t + 4, g + 8); the accumulator holds (g, 2t) (g, 2t + 1)
+ * (g + 8, 2t) (g + 8, 2t + 1), then the same at columns + 8. */
+typedef struct ls_gdnt_fa {
+    unsigned x[4];
+} ls_gdnt_fa;
+typedef struct ls_gdnt_fb {
+    unsigned x[4];
+} ls_gdnt_fb;
+typedef struct ls_gdnt_acc {
+    float x[8];
+} ls_gdnt_acc;
+
+__device__ __forceinline__ unsigned ls_gdnt_tf32(float v)
+{
+    unsigned u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(v));
+    return u;
+}
+
+/* A's k-step of 8 from p: element (m, k) at p[m·rs + k·cs] (row-major: rs = ld, cs = 1). */
+__device__ __forceinline__ void ls_gdnt_lda(ls_gdnt_fa &f, const float *p, int rs, int cs)
+{
+    const int l = threadIdx.x % LS_WARP;
+    p += l / 4 * rs + l % 4 * cs;
+    f.x[0] = ls_gdnt_tf32(p[0]);
+    f.x[1] = ls_gdnt_tf32(p[8 * rs]);
+    f.x[2] = ls_gdnt_tf32(p[4 * cs]);
+    f.x[3] = ls_gdnt_tf32(p[8 * rs + 4 * cs]);
+}
+
+/* B's k-step of 8 from p: element (k, n) at p[k·ks + n·ns] (row-major: ks = ld, ns = 1). */
+__device__ __forceinline__ void ls_gdnt_ldb(ls_gdnt_fb &f, const float *p, int ks, int ns)
+{
+    const int l = threadIdx.x % LS_WARP;
+    p += l % 4 * ks + l / 4 * ns;
+    f.x[0] = ls_gdnt_tf32(p[0]);
+    f.x[1] = ls_gdnt_tf32(p[4 * ks]);
+    f.x[2] = ls_gdnt_tf32(p[8 * ns]);
+    f.x[3] = ls_gdnt_tf32(p[4 * ks + 8 * ns]);
+}
+
+/* The accumulator tile, row-major at p (ld even, p 8-byte aligned). */
+__device__ __forceinline__ void ls_gdnt_ldc(ls_gdnt_acc &f, const float *p, int ld)
+{
+    const int l = threadIdx.x % LS_WARP;
+    p += l / 4 * ld + l % 4 * 2;
+    *(float2 *)&f.x[0] = *(const float2 *)p;
+    *(float2 *)&f.x[2] = *(const float2 *)(p + 8 * ld);
+    *(float2 *)&f.x[4] = *(const float2 *)(p + 8);
+    *(float2 *)&f.x[6] = *(const float2 *)(p + 8 * ld + 8);
+}
+
+__device__ __forceinline__ void ls_gdnt_stc(float *p, const ls_gdnt_acc &f, int ld)
+{
+    const int l = threadIdx.x % LS_WARP;
+    p += l / 4 * ld + l % 4 * 2;
+    *(float2 *)p = *(const float2 *)&f.x[0];
+    *(float2 *)(p + 8 * ld) = *(const float2 *)&f.x[2];
+    *(float2 *)(p + 8) = *(const float2 *)&f.x[4];
+    *(float2 *)(p + 8 * ld + 8) = *(const float2 *)&f.x[6];
+}
+
+__device__ __forceinline__ void ls_gdnt_zero(ls_gdnt_acc &f)
 {
 #pragma unroll
-    for (int x = 0; x < f.num_elements; x++) f.x[x] = wmma::__float_to_tf32(f.x[x]);
+    for (int x = 0; x < 8; x++) f.x[x] = 0.0f;
+}
+
+/* c += one k-step of 4 over 8 output columns (volatile: a warp-wide instruction stays where the warp is converged) */
+__device__ __forceinline__ void ls_gdnt_mma4(float *c, unsigned a0, unsigned a1, unsigned b)
+{
+    asm volatile("mma.sync.aligned.m16n8k4.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b));
+}
+
+/* c += a b over a k-step of 8: its first 4 then its last 4, each column half in turn */
+__device__ __forceinline__ void ls_gdnt_mma(ls_gdnt_acc &c, const ls_gdnt_fa &a, const ls_gdnt_fb &b)
+{
+    ls_gdnt_mma4(c.x, a.x[0], a.x[1], b.x[0]);
+    ls_gdnt_mma4(c.x, a.x[2], a.x[3], b.x[1]);
+    ls_gdnt_mma4(c.x + 4, a.x[0], a.x[1], b.x[2]);
+    ls_gdnt_mma4(c.x + 4, a.x[2], a.x[3], b.x[3]);
 }
 
 /* Out[16 i .., 16 j ..] = X[16 i ..] · Y[16 j ..]ᵀ over d columns (X, Y
@@ -149,17 +232,15 @@ __device__ __forceinline__ void ls_gdnt_xyt(const float *X, const float *Y, int 
         int i = i0, j = jb;
         while (j > i) j -= ++i;
         ls_gdnt_acc acc;
-        wmma::fill_fragment(acc, 0.0f);
+        ls_gdnt_zero(acc);
         for (int kk = 0; kk < d; kk += 8) {
-            ls_gdnt_a_row fa;
-            ls_gdnt_b_col fb;
-            wmma::load_matrix_sync(fa, X + i * 16 * ld + kk, (unsigned)ld);
-            wmma::load_matrix_sync(fb, Y + j * 16 * ld + kk, (unsigned)ld);
-            ls_gdnt_tf32(fa);
-            ls_gdnt_tf32(fb);
-            wmma::mma_sync(acc, fa, fb, acc);
+            ls_gdnt_fa fa;
+            ls_gdnt_fb fb;
+            ls_gdnt_lda(fa, X + i * 16 * ld + kk, ld, 1);
+            ls_gdnt_ldb(fb, Y + j * 16 * ld + kk, 1, ld);
+            ls_gdnt_mma(acc, fa, fb);
         }
-        wmma::store_matrix_sync(Out + i * 16 * ldo + j * 16, acc, (unsigned)ldo, wmma::mem_row_major);
+        ls_gdnt_stc(Out + i * 16 * ldo + j * 16, acc, ldo);
     }
 }
 
@@ -348,6 +429,18 @@ typedef struct ls_gdnt_buf {
     float *w, *k, *u, *g;
 } ls_gdnt_buf;
 
+/* Buffer n (0 or 1) of those from p: computed, not read from an array in
+ * local memory, where its pointers would be generic. */
+__device__ __forceinline__ ls_gdnt_buf ls_gdnt_buf_at(float *p, int n, int dk)
+{
+    ls_gdnt_buf b;
+    b.w = p + n * LS_GDNT_C * (LS_GDNT_LDR(dk) + LS_GDNT_LDB(dk) + LS_GDNT_LDS + 1);
+    b.k = b.w + LS_GDNT_C * LS_GDNT_LDR(dk);
+    b.u = b.k + LS_GDNT_C * LS_GDNT_LDB(dk);
+    b.g = b.u + LS_GDNT_C * LS_GDNT_LDS;
+    return b;
+}
+
 /* Starts the copies of chunk i's inputs into b (cp.async, committed by the caller). */
 __device__ void ls_gdnt_prefetch(const ls_gdnt_piece &pc, int i, const ls_gdnt_area &a, const ls_gdnt_buf &b,
                                  int dk, int dv, int c0, int warp, int nw, int lane)
@@ -378,7 +471,7 @@ __device__ void ls_gdnt_prefetch(const ls_gdnt_piece &pc, int i, const ls_gdnt_a
  * chunk: its start state out (ls_gdnt_start), V_r = U_r − (W S0)_r for the
  * call's rows, and a full chunk's fold. */
 template <int DK, int DV>
-__global__ void __launch_bounds__(LS_GDNT_SW * LS_WARP)
+__global__ void __launch_bounds__(LS_GDNT_SW * LS_WARP, 1)
 ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hv, int dk_,
                      int dv_)
 {
@@ -391,27 +484,19 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
     const int warp = tid / LS_WARP;
     const long h = blockIdx.y;
     float *S = sms, *R = S + dk * LS_GDNT_LDS, *p = R + LS_GDNT_C * LS_GDNT_LDS;
-    ls_gdnt_buf buf[2];
-    for (int b = 0; b < 2; b++) {
-        buf[b].w = p;
-        buf[b].k = buf[b].w + LS_GDNT_C * ldw;
-        buf[b].u = buf[b].k + LS_GDNT_C * ldk;
-        buf[b].g = buf[b].u + LS_GDNT_C * LS_GDNT_LDS;
-        p = buf[b].g + LS_GDNT_C;
-    }
     float *S0 = state + h * dk * dv;
     for (int r = warp; r < dk; r += LS_GDNT_SW) S[r * LS_GDNT_LDS + lane] = S0[(long)r * dv + c0 + lane];
-    ls_gdnt_prefetch(pc, 0, ls_gdnt_area_of(state, scratch, 0, h, Hv, dk, dv), buf[0], dk, dv, c0, warp,
-                     LS_GDNT_SW, lane);
+    ls_gdnt_prefetch(pc, 0, ls_gdnt_area_of(state, scratch, 0, h, Hv, dk, dv), ls_gdnt_buf_at(p, 0, dk), dk, dv,
+                     c0, warp, LS_GDNT_SW, lane);
     __pipeline_commit();
     for (int i = 0; i < pc.nch; i++) {
         int ra, rb;
         ls_gdnt_rows(pc, i, &ra, &rb);
         ls_gdnt_area a = ls_gdnt_area_of(state, scratch, i, h, Hv, dk, dv);
-        const ls_gdnt_buf &b = buf[i % 2];
+        const ls_gdnt_buf b = ls_gdnt_buf_at(p, i % 2, dk);
         if (i + 1 < pc.nch) {
-            ls_gdnt_prefetch(pc, i + 1, ls_gdnt_area_of(state, scratch, i + 1, h, Hv, dk, dv), buf[(i + 1) % 2],
-                             dk, dv, c0, warp, LS_GDNT_SW, lane);
+            ls_gdnt_prefetch(pc, i + 1, ls_gdnt_area_of(state, scratch, i + 1, h, Hv, dk, dv),
+                             ls_gdnt_buf_at(p, (i + 1) % 2, dk), dk, dv, c0, warp, LS_GDNT_SW, lane);
             __pipeline_commit();
             __pipeline_wait_prior(1);
         } else {
@@ -426,17 +511,15 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
         for (int j = warp; j < (tr1 - tr0 + 1) * 2; j += LS_GDNT_SW) {
             const int tr = tr0 + j / 2, ct = j % 2;
             ls_gdnt_acc acc;
-            wmma::fill_fragment(acc, 0.0f);
+            ls_gdnt_zero(acc);
             for (int kk = 0; kk < dk; kk += 8) {
-                ls_gdnt_a_row fa;
-                ls_gdnt_b_row fb;
-                wmma::load_matrix_sync(fa, b.w + tr * 16 * ldw + kk, (unsigned)ldw);
-                wmma::load_matrix_sync(fb, S + kk * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS);
-                ls_gdnt_tf32(fa);
-                ls_gdnt_tf32(fb);
-                wmma::mma_sync(acc, fa, fb, acc);
+                ls_gdnt_fa fa;
+                ls_gdnt_fb fb;
+                ls_gdnt_lda(fa, b.w + tr * 16 * ldw + kk, ldw, 1);
+                ls_gdnt_ldb(fb, S + kk * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS, 1);
+                ls_gdnt_mma(acc, fa, fb);
             }
-            wmma::store_matrix_sync(R + tr * 16 * LS_GDNT_LDS + ct * 16, acc, LS_GDNT_LDS, wmma::mem_row_major);
+            ls_gdnt_stc(R + tr * 16 * LS_GDNT_LDS + ct * 16, acc, LS_GDNT_LDS);
         }
         __syncthreads();
         /* V_r = U_r − R_r into the area, and into the buffer (over U): a full chunk
@@ -458,19 +541,17 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
             const int ti = j / 2, ct = j % 2;
             float *St = S + ti * 16 * LS_GDNT_LDS + ct * 16;
             ls_gdnt_acc acc;
-            wmma::load_matrix_sync(acc, St, LS_GDNT_LDS, wmma::mem_row_major);
+            ls_gdnt_ldc(acc, St, LS_GDNT_LDS);
 #pragma unroll
-            for (int x = 0; x < acc.num_elements; x++) acc.x[x] = e63 * acc.x[x];
+            for (int x = 0; x < 8; x++) acc.x[x] = e63 * acc.x[x];
             for (int ks = 0; ks < LS_GDNT_C; ks += 8) {
-                ls_gdnt_a_col fa;
-                ls_gdnt_b_row fb;
-                wmma::load_matrix_sync(fa, b.k + ks * ldk + ti * 16, (unsigned)ldk);
-                wmma::load_matrix_sync(fb, b.u + ks * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS);
-                ls_gdnt_tf32(fa);
-                ls_gdnt_tf32(fb);
-                wmma::mma_sync(acc, fa, fb, acc);
+                ls_gdnt_fa fa;
+                ls_gdnt_fb fb;
+                ls_gdnt_lda(fa, b.k + ks * ldk + ti * 16, 1, ldk);
+                ls_gdnt_ldb(fb, b.u + ks * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS, 1);
+                ls_gdnt_mma(acc, fa, fb);
             }
-            wmma::store_matrix_sync(St, acc, LS_GDNT_LDS, wmma::mem_row_major);
+            ls_gdnt_stc(St, acc, LS_GDNT_LDS);
         }
         __syncthreads(); /* S complete; the buffer free for chunk i + 2's copies */
     }
@@ -551,15 +632,13 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
         const int j = warp + m * nw;
         if (j >= njobs) continue;
         const int tr = tr0 + j / nct, ct = j % nct;
-        wmma::fill_fragment(acc[m], 0.0f);
+        ls_gdnt_zero(acc[m]);
         for (int kk = 0; kk < dk; kk += 8) {
-            ls_gdnt_a_row fa;
-            ls_gdnt_b_row fb;
-            wmma::load_matrix_sync(fa, Qs + tr * 16 * ldk + kk, (unsigned)ldk);
-            wmma::load_matrix_sync(fb, Ss + kk * ldo + ct * 16, (unsigned)ldo);
-            ls_gdnt_tf32(fa);
-            ls_gdnt_tf32(fb);
-            wmma::mma_sync(acc[m], fa, fb, acc[m]);
+            ls_gdnt_fa fa;
+            ls_gdnt_fb fb;
+            ls_gdnt_lda(fa, Qs + tr * 16 * ldk + kk, ldk, 1);
+            ls_gdnt_ldb(fb, Ss + kk * ldo + ct * 16, ldo, 1);
+            ls_gdnt_mma(acc[m], fa, fb);
         }
     }
     __syncthreads(); /* Ss read: O and Vs over it */
@@ -567,8 +646,7 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
     for (int m = 0; m < 2; m++) {
         const int j = warp + m * nw;
         if (j < njobs)
-            wmma::store_matrix_sync(O + (tr0 + j / nct) * 16 * ldo + (j % nct) * 16, acc[m], (unsigned)ldo,
-                                    wmma::mem_row_major);
+            ls_gdnt_stc(O + (tr0 + j / nct) * 16 * ldo + (j % nct) * 16, acc[m], ldo);
     }
     for (int r = warp; r < rb; r += nw) ls_gdnt_row_async(Vs + r * ldo, a.v + r * dv + c0, pw, lane);
     __pipeline_commit();
@@ -585,17 +663,15 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
         if (tr == 0) continue;
         float *Ot = O + tr * 16 * ldo + ct * 16;
         ls_gdnt_acc ac;
-        wmma::load_matrix_sync(ac, Ot, (unsigned)ldo, wmma::mem_row_major);
+        ls_gdnt_ldc(ac, Ot, ldo);
         for (int ks = 0; ks < tr * 16; ks += 8) {
-            ls_gdnt_a_row fa;
-            ls_gdnt_b_row fb;
-            wmma::load_matrix_sync(fa, P + tr * 16 * LS_GDNT_LDA + ks, LS_GDNT_LDA);
-            wmma::load_matrix_sync(fb, Vs + ks * ldo + ct * 16, (unsigned)ldo);
-            ls_gdnt_tf32(fa);
-            ls_gdnt_tf32(fb);
-            wmma::mma_sync(ac, fa, fb, ac);
+            ls_gdnt_fa fa;
+            ls_gdnt_fb fb;
+            ls_gdnt_lda(fa, P + tr * 16 * LS_GDNT_LDA + ks, LS_GDNT_LDA, 1);
+            ls_gdnt_ldb(fb, Vs + ks * ldo + ct * 16, ldo, 1);
+            ls_gdnt_mma(ac, fa, fb);
         }
-        wmma::store_matrix_sync(Ot, ac, (unsigned)ldo, wmma::mem_row_major);
+        ls_gdnt_stc(Ot, ac, ldo);
     }
     __syncthreads();
     for (int r = ra + warp; r < rb; r += nw) {
