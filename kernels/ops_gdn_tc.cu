@@ -163,15 +163,22 @@ __device__ __forceinline__ void ls_gdnt_lda(ls_gdnt_fa &f, const float *p, int r
     f.x[3] = ls_gdnt_tf32(p[8 * rs + 4 * cs]);
 }
 
+/* An operand's register: v rounded to tf32, or v as it is where it was rounded
+ * when stored (the tensor cores read the same 19 high bits either way). */
+__device__ __forceinline__ unsigned ls_gdnt_op(float v, bool rounded)
+{
+    return rounded ? __float_as_uint(v) : ls_gdnt_tf32(v);
+}
+
 /* B's k-step of 8 from p: element (k, n) at p[k·ks + n·ns] (row-major: ks = ld, ns = 1). */
-__device__ __forceinline__ void ls_gdnt_ldb(ls_gdnt_fb &f, const float *p, int ks, int ns)
+__device__ __forceinline__ void ls_gdnt_ldb(ls_gdnt_fb &f, const float *p, int ks, int ns, bool rounded = false)
 {
     const int l = threadIdx.x % LS_WARP;
     p += l % 4 * ks + l / 4 * ns;
-    f.x[0] = ls_gdnt_tf32(p[0]);
-    f.x[1] = ls_gdnt_tf32(p[4 * ks]);
-    f.x[2] = ls_gdnt_tf32(p[8 * ns]);
-    f.x[3] = ls_gdnt_tf32(p[4 * ks + 8 * ns]);
+    f.x[0] = ls_gdnt_op(p[0], rounded);
+    f.x[1] = ls_gdnt_op(p[4 * ks], rounded);
+    f.x[2] = ls_gdnt_op(p[8 * ns], rounded);
+    f.x[3] = ls_gdnt_op(p[4 * ks + 8 * ns], rounded);
 }
 
 /* The accumulator tile, row-major at p (ld even, p 8-byte aligned). */
@@ -467,9 +474,12 @@ __device__ void ls_gdnt_prefetch(const ls_gdnt_piece &pc, int i, const ls_gdnt_a
 
 /* Block (32 value columns, head h), the piece's chunks in order, the next
  * chunk's inputs copied while this one runs. Shared (dynamic): S [dk, LDS]
- * the state's columns, R [C, LDS] the product W S0, two ls_gdnt_bufs. Per
- * chunk: its start state out (ls_gdnt_start), V_r = U_r − (W S0)_r for the
- * call's rows, and a full chunk's fold. */
+ * the state's columns, Sr [dk, LDS] the same rounded to tf32 (the B operand
+ * of W S0), R [C, LDS] the product W S0, two ls_gdnt_bufs. Per chunk: its
+ * start state out (ls_gdnt_start), V_r = U_r − (W S0)_r for the call's rows,
+ * and a full chunk's fold, its Ṽ rounded to tf32 as it is stored. The
+ * operands rounded once where stored give the tensor cores the bits they
+ * would read rounded at every load. */
 template <int DK, int DV>
 __global__ void __launch_bounds__(LS_GDNT_SW * LS_WARP, 1)
 ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hv, int dk_,
@@ -483,9 +493,13 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
     const int lane = tid % LS_WARP;
     const int warp = tid / LS_WARP;
     const long h = blockIdx.y;
-    float *S = sms, *R = S + dk * LS_GDNT_LDS, *p = R + LS_GDNT_C * LS_GDNT_LDS;
+    float *S = sms, *Sr = S + dk * LS_GDNT_LDS, *R = Sr + dk * LS_GDNT_LDS, *p = R + LS_GDNT_C * LS_GDNT_LDS;
     float *S0 = state + h * dk * dv;
-    for (int r = warp; r < dk; r += LS_GDNT_SW) S[r * LS_GDNT_LDS + lane] = S0[(long)r * dv + c0 + lane];
+    for (int r = warp; r < dk; r += LS_GDNT_SW) {
+        const float x = S0[(long)r * dv + c0 + lane];
+        S[r * LS_GDNT_LDS + lane] = x;
+        Sr[r * LS_GDNT_LDS + lane] = __uint_as_float(ls_gdnt_tf32(x));
+    }
     ls_gdnt_prefetch(pc, 0, ls_gdnt_area_of(state, scratch, 0, h, Hv, dk, dv), ls_gdnt_buf_at(p, 0, dk), dk, dv,
                      c0, warp, LS_GDNT_SW, lane);
     __pipeline_commit();
@@ -516,7 +530,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
                 ls_gdnt_fa fa;
                 ls_gdnt_fb fb;
                 ls_gdnt_lda(fa, b.w + tr * 16 * ldw + kk, ldw, 1);
-                ls_gdnt_ldb(fb, S + kk * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS, 1);
+                ls_gdnt_ldb(fb, Sr + kk * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS, 1, true);
                 ls_gdnt_mma(acc, fa, fb);
             }
             ls_gdnt_stc(R + tr * 16 * LS_GDNT_LDS + ct * 16, acc, LS_GDNT_LDS);
@@ -531,7 +545,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
                 vr = vr - R[r * LS_GDNT_LDS + lane];
                 a.v[r * dv + c0 + lane] = vr;
             }
-            if (full) b.u[r * LS_GDNT_LDS + lane] = expf(g63 - b.g[r]) * vr;
+            if (full) b.u[r * LS_GDNT_LDS + lane] = __uint_as_float(ls_gdnt_tf32(expf(g63 - b.g[r]) * vr));
         }
         if (!full) continue; /* the call's last chunk */
         /* the fold: S ← e^{Γ_63} S + Kᵀ Ṽ per 16x16 tile */
@@ -548,10 +562,13 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
                 ls_gdnt_fa fa;
                 ls_gdnt_fb fb;
                 ls_gdnt_lda(fa, b.k + ks * ldk + ti * 16, 1, ldk);
-                ls_gdnt_ldb(fb, b.u + ks * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS, 1);
+                ls_gdnt_ldb(fb, b.u + ks * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS, 1, true);
                 ls_gdnt_mma(acc, fa, fb);
             }
             ls_gdnt_stc(St, acc, LS_GDNT_LDS);
+#pragma unroll
+            for (int x = 0; x < 8; x++) acc.x[x] = __uint_as_float(ls_gdnt_tf32(acc.x[x]));
+            ls_gdnt_stc(Sr + (St - S), acc, LS_GDNT_LDS);
         }
         __syncthreads(); /* S complete; the buffer free for chunk i + 2's copies */
     }
@@ -771,7 +788,7 @@ static size_t gdnt_out_smem(long dk, long dv)
 static size_t gdnt_state_smem(long dk)
 {
     size_t buf = LS_GDNT_C * (size_t)(LS_GDNT_LDR(dk) + LS_GDNT_LDB(dk) + LS_GDNT_LDS) + LS_GDNT_C;
-    return sizeof(float) * ((size_t)dk * LS_GDNT_LDS + LS_GDNT_C * LS_GDNT_LDS + 2 * buf);
+    return sizeof(float) * (2 * (size_t)dk * LS_GDNT_LDS + LS_GDNT_C * LS_GDNT_LDS + 2 * buf);
 }
 
 /* The three kernels of a shape: compiled for d_k = d_v = 128 (the heads of
