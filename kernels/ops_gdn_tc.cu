@@ -152,22 +152,27 @@ __device__ __forceinline__ unsigned ls_gdnt_tf32(float v)
     return u;
 }
 
-/* A's k-step of 8 from p: element (m, k) at p[m·rs + k·cs] (row-major: rs = ld, cs = 1). */
-__device__ __forceinline__ void ls_gdnt_lda(ls_gdnt_fa &f, const float *p, int rs, int cs)
+__device__ __forceinline__ float ls_gdnt_round(float v)
 {
-    const int l = threadIdx.x % LS_WARP;
-    p += l / 4 * rs + l % 4 * cs;
-    f.x[0] = ls_gdnt_tf32(p[0]);
-    f.x[1] = ls_gdnt_tf32(p[8 * rs]);
-    f.x[2] = ls_gdnt_tf32(p[4 * cs]);
-    f.x[3] = ls_gdnt_tf32(p[8 * rs + 4 * cs]);
+    return __uint_as_float(ls_gdnt_tf32(v));
 }
 
-/* An operand's register: v rounded to tf32, or v as it is where it was rounded
- * when stored (the tensor cores read the same 19 high bits either way). */
+/* An operand's register: v rounded to tf32, or v as it is where it was
+ * rounded when stored (ls_gdnt_round): the tensor cores read the same bits. */
 __device__ __forceinline__ unsigned ls_gdnt_op(float v, bool rounded)
 {
     return rounded ? __float_as_uint(v) : ls_gdnt_tf32(v);
+}
+
+/* A's k-step of 8 from p: element (m, k) at p[m·rs + k·cs] (row-major: rs = ld, cs = 1). */
+__device__ __forceinline__ void ls_gdnt_lda(ls_gdnt_fa &f, const float *p, int rs, int cs, bool rounded = false)
+{
+    const int l = threadIdx.x % LS_WARP;
+    p += l / 4 * rs + l % 4 * cs;
+    f.x[0] = ls_gdnt_op(p[0], rounded);
+    f.x[1] = ls_gdnt_op(p[8 * rs], rounded);
+    f.x[2] = ls_gdnt_op(p[4 * cs], rounded);
+    f.x[3] = ls_gdnt_op(p[8 * rs + 4 * cs], rounded);
 }
 
 /* B's k-step of 8 from p: element (k, n) at p[k·ks + n·ns] (row-major: ks = ld, ns = 1). */
@@ -227,11 +232,11 @@ __device__ __forceinline__ void ls_gdnt_mma(ls_gdnt_acc &c, const ls_gdnt_fa &a,
 }
 
 /* Out[16 i .., 16 j ..] = X[16 i ..] · Y[16 j ..]ᵀ over d columns (X, Y
- * [C, ld] row-major in shared memory), for the tiles j <= i of the row
- * tiles i0 .. i1, a warp per tile in turn: row r of the product reads rows
- * r of X and the rows of Y only. */
+ * [C, ld] row-major in shared memory, rounded to tf32 already if rounded),
+ * for the tiles j <= i of the row tiles i0 .. i1, a warp per tile in turn:
+ * row r of the product reads rows r of X and the rows of Y only. */
 __device__ __forceinline__ void ls_gdnt_xyt(const float *X, const float *Y, int ld, int d, float *Out, int ldo,
-                                            int i0, int i1, int warp, int nw)
+                                            int i0, int i1, int warp, int nw, bool rounded)
 {
     int njobs = 0;
     for (int i = i0; i <= i1; i++) njobs += i + 1;
@@ -243,8 +248,8 @@ __device__ __forceinline__ void ls_gdnt_xyt(const float *X, const float *Y, int 
         for (int kk = 0; kk < d; kk += 8) {
             ls_gdnt_fa fa;
             ls_gdnt_fb fb;
-            ls_gdnt_lda(fa, X + i * 16 * ld + kk, ld, 1);
-            ls_gdnt_ldb(fb, Y + j * 16 * ld + kk, 1, ld);
+            ls_gdnt_lda(fa, X + i * 16 * ld + kk, ld, 1, rounded);
+            ls_gdnt_ldb(fb, Y + j * 16 * ld + kk, 1, ld, rounded);
             ls_gdnt_mma(acc, fa, fb);
         }
         ls_gdnt_stc(Out + i * 16 * ldo + j * 16, acc, ldo);
@@ -269,6 +274,16 @@ __device__ __forceinline__ void ls_gdnt_row_async(float *dst, const float *src, 
 __device__ __forceinline__ void ls_gdnt_row_zero(float *dst, int n, int lane)
 {
     for (int c = 4 * lane; c < n; c += 4 * LS_WARP) *(float4 *)(dst + c) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
+/* Rounds to tf32 in place the floats of a row this lane copied (ls_gdnt_row_async, after its wait) or zeroed. */
+__device__ __forceinline__ void ls_gdnt_row_round(float *dst, int n, int lane)
+{
+    for (int c = 4 * lane; c < n; c += 4 * LS_WARP) {
+        float4 x = *(float4 *)(dst + c);
+        *(float4 *)(dst + c) =
+            make_float4(ls_gdnt_round(x.x), ls_gdnt_round(x.y), ls_gdnt_round(x.z), ls_gdnt_round(x.w));
+    }
 }
 
 /* Block (chunk i, head h). Shared (dynamic): A [C, LDA], then Ks [C, LDR(dk)]
@@ -332,7 +347,7 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
         if (lane == 0) a.g[r] = 0.0f;
     }
     /* k_r · k_s on tensor cores, then A_rs = (β_r kk) e^{Γ_r − Γ_s} for s < r, +0.0 otherwise */
-    ls_gdnt_xyt(Ks, Ks, ldk, dk, A, LS_GDNT_LDA, ra / 16, (rb - 1) / 16, warp, nw);
+    ls_gdnt_xyt(Ks, Ks, ldk, dk, A, LS_GDNT_LDA, ra / 16, (rb - 1) / 16, warp, nw, false);
     __syncthreads();
     for (int r = ra + warp; r < rb; r += nw)
         for (int s = lane; s < LS_GDNT_C; s += LS_WARP)
@@ -498,7 +513,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
     for (int r = warp; r < dk; r += LS_GDNT_SW) {
         const float x = S0[(long)r * dv + c0 + lane];
         S[r * LS_GDNT_LDS + lane] = x;
-        Sr[r * LS_GDNT_LDS + lane] = __uint_as_float(ls_gdnt_tf32(x));
+        Sr[r * LS_GDNT_LDS + lane] = ls_gdnt_round(x);
     }
     ls_gdnt_prefetch(pc, 0, ls_gdnt_area_of(state, scratch, 0, h, Hv, dk, dv), ls_gdnt_buf_at(p, 0, dk), dk, dv,
                      c0, warp, LS_GDNT_SW, lane);
@@ -545,7 +560,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
                 vr = vr - R[r * LS_GDNT_LDS + lane];
                 a.v[r * dv + c0 + lane] = vr;
             }
-            if (full) b.u[r * LS_GDNT_LDS + lane] = __uint_as_float(ls_gdnt_tf32(expf(g63 - b.g[r]) * vr));
+            if (full) b.u[r * LS_GDNT_LDS + lane] = ls_gdnt_round(expf(g63 - b.g[r]) * vr);
         }
         if (!full) continue; /* the call's last chunk */
         /* the fold: S ← e^{Γ_63} S + Kᵀ Ṽ per 16x16 tile */
@@ -567,7 +582,7 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
             }
             ls_gdnt_stc(St, acc, LS_GDNT_LDS);
 #pragma unroll
-            for (int x = 0; x < 8; x++) acc.x[x] = __uint_as_float(ls_gdnt_tf32(acc.x[x]));
+            for (int x = 0; x < 8; x++) acc.x[x] = ls_gdnt_round(acc.x[x]);
             ls_gdnt_stc(Sr + (St - S), acc, LS_GDNT_LDS);
         }
         __syncthreads(); /* S complete; the buffer free for chunk i + 2's copies */
@@ -630,17 +645,24 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
     }
     __pipeline_commit();
     __pipeline_wait_prior(0);
+    for (int r = warp; r < LS_GDNT_C; r += nw) { /* q and k only meet the tensor cores: rounded once */
+        ls_gdnt_row_round(Qs + r * ldk, dk, lane);
+        ls_gdnt_row_round(Ks + r * ldk, dk, lane);
+    }
     __syncthreads();
     const int tr0 = ra / 16, tr1 = (rb - 1) / 16, nct = pw / 16, njobs = (tr1 - tr0 + 1) * nct;
-    ls_gdnt_xyt(Qs, Ks, ldk, dk, P, LS_GDNT_LDA, tr0, tr1, warp, nw);
+    ls_gdnt_xyt(Qs, Ks, ldk, dk, P, LS_GDNT_LDA, tr0, tr1, warp, nw, true);
     __syncthreads(); /* Ks read: the start state over it, copied while P is scaled */
     const float *st = ls_gdnt_start(state, scratch, pc, i, h, Hv, dk, dv);
     for (int r = warp; r < dk; r += nw) ls_gdnt_row_async(Ss + r * ldo, st + (long)r * dv + c0, pw, lane);
     __pipeline_commit();
-    for (int r = ra + warp; r < rb; r += nw)
-        for (int s = lane; s < LS_GDNT_C; s += LS_WARP)
-            P[r * LS_GDNT_LDA + s] = s <= r ? P[r * LS_GDNT_LDA + s] * expf(gam[r] - gam[s]) : 0.0f;
+    for (int r = ra + warp; r < rb; r += nw) /* left of row r's tile P meets only the tensor cores: rounded */
+        for (int s = lane; s < LS_GDNT_C; s += LS_WARP) {
+            const float x = s <= r ? P[r * LS_GDNT_LDA + s] * expf(gam[r] - gam[s]) : 0.0f;
+            P[r * LS_GDNT_LDA + s] = s < r / 16 * 16 ? ls_gdnt_round(x) : x;
+        }
     __pipeline_wait_prior(0);
+    for (int r = warp; r < dk; r += nw) ls_gdnt_row_round(Ss + r * ldo, pw, lane);
     __syncthreads();
     /* O = q Ss, a warp per (row tile, column tile), kept in registers across the barrier */
     ls_gdnt_acc acc[2];
@@ -653,8 +675,8 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
         for (int kk = 0; kk < dk; kk += 8) {
             ls_gdnt_fa fa;
             ls_gdnt_fb fb;
-            ls_gdnt_lda(fa, Qs + tr * 16 * ldk + kk, ldk, 1);
-            ls_gdnt_ldb(fb, Ss + kk * ldo + ct * 16, ldo, 1);
+            ls_gdnt_lda(fa, Qs + tr * 16 * ldk + kk, ldk, 1, true);
+            ls_gdnt_ldb(fb, Ss + kk * ldo + ct * 16, ldo, 1, true);
             ls_gdnt_mma(acc[m], fa, fb);
         }
     }
@@ -684,7 +706,7 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
         for (int ks = 0; ks < tr * 16; ks += 8) {
             ls_gdnt_fa fa;
             ls_gdnt_fb fb;
-            ls_gdnt_lda(fa, P + tr * 16 * LS_GDNT_LDA + ks, LS_GDNT_LDA, 1);
+            ls_gdnt_lda(fa, P + tr * 16 * LS_GDNT_LDA + ks, LS_GDNT_LDA, 1, true);
             ls_gdnt_ldb(fb, Vs + ks * ldo + ct * 16, ldo, 1);
             ls_gdnt_mma(ac, fa, fb);
         }
