@@ -379,46 +379,41 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
         }
     }
     __syncthreads();
-    /* forward substitution, column c of W | U: rows in groups of LS_GDNT_G that
-     * share the loads of the rows before the group (each row's terms still in
-     * ascending s, one fmaf each: the order of the row-by-row loop), then the
-     * group's own rows in order. Rows of a group past rb repeat row rb − 1
-     * and are dropped. */
+    /* forward substitution, column c of W | U: rows in groups of LS_GDNT_G at
+     * multiples of LS_GDNT_G, sharing the loads of the rows before the group
+     * (each row's terms still in ascending s, one fmaf each: the order of the
+     * row-by-row loop), then the group's own rows in order. A group's cached
+     * rows (r < ra) take back their W | U before the group's rows read them;
+     * its rows from rb on are dropped. */
     if (tid < ld) {
         const int c = tid;
-        for (int r0 = ra; r0 < rb; r0 += LS_GDNT_G) {
+        for (int r0 = ra / LS_GDNT_G * LS_GDNT_G; r0 < rb; r0 += LS_GDNT_G) {
+            const float *Ar = A + r0 * LS_GDNT_LDA;
             float x[LS_GDNT_G];
-            const float *Ar[LS_GDNT_G];
 #pragma unroll
-            for (int g = 0; g < LS_GDNT_G; g++) {
-                const int r = r0 + g < rb ? r0 + g : rb - 1;
-                x[g] = X[r * ld + c];
-                Ar[g] = A + r * LS_GDNT_LDA;
-            }
-            int s = 0;
-            for (; s + 4 <= r0; s += 4) {
+            for (int g = 0; g < LS_GDNT_G; g++) x[g] = X[(r0 + g) * ld + c];
+            for (int s = 0; s < r0; s += 4) {
                 const float x0 = X[s * ld + c], x1 = X[(s + 1) * ld + c], x2 = X[(s + 2) * ld + c],
                             x3 = X[(s + 3) * ld + c];
 #pragma unroll
                 for (int g = 0; g < LS_GDNT_G; g++) {
-                    const float4 a4 = *(const float4 *)(Ar[g] + s);
+                    const float4 a4 = *(const float4 *)(Ar + g * LS_GDNT_LDA + s);
                     x[g] = fmaf(-a4.x, x0, x[g]);
                     x[g] = fmaf(-a4.y, x1, x[g]);
                     x[g] = fmaf(-a4.z, x2, x[g]);
                     x[g] = fmaf(-a4.w, x3, x[g]);
                 }
             }
-            for (; s < r0; s++) {
-                const float xs = X[s * ld + c];
-#pragma unroll
-                for (int g = 0; g < LS_GDNT_G; g++) x[g] = fmaf(-Ar[g][s], xs, x[g]);
-            }
 #pragma unroll
             for (int g = 0; g < LS_GDNT_G; g++) {
                 const int r = r0 + g;
+                if (r < ra) {
+                    x[g] = X[r * ld + c];
+                    continue;
+                }
                 if (r >= rb) break;
 #pragma unroll
-                for (int e = 0; e < g; e++) x[g] = fmaf(-Ar[g][r0 + e], x[e], x[g]);
+                for (int e = 0; e < g; e++) x[g] = fmaf(-Ar[g * LS_GDNT_LDA + r0 + e], x[e], x[g]);
                 X[r * ld + c] = x[g];
                 if (c < dk)
                     a.w[r * dk + c] = x[g];
