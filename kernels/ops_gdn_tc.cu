@@ -18,8 +18,8 @@
  * and a full chunk folds: S_{n+1} = e^{Γ_63} S_n + Kᵀ Ṽ (tensor cores over
  * the 64 rows, Ṽ_s = e^{Γ_63 − Γ_s} V_s). Every product is 16x16 tiles of
  * PTX mma.m16n8k4 with tf32 operands (rounded from fp32) and fp32
- * accumulation, k-steps of 4 ascending: on sm_90 the instructions of WMMA
- * 16x16x8 tf32, which these kernels used before. A tensor-core output element is a fixed-order function of one
+ * accumulation, k-steps of 4 ascending: on sm_90 what WMMA 16x16x8 tf32
+ * compiles to. A tensor-core output element is a fixed-order function of one
  * row of its A operand and one column of its B operand, so row r of a product
  * has the same bits in a tile of 16 rows whatever the other rows hold: rows
  * outside the call are +0.0 by selection, entries s > r of A and P are +0.0
@@ -34,8 +34,8 @@
  * memory, the next chunk's inputs copied while one runs, each chunk's start
  * state left in the scratch) and ls_gdnt_out_kernel (o; a block per chunk
  * and head, its value columns up to 128). Chunk 0 of a piece keeps its rows
- * in the state's chunk area, the others in the scratch; the call's last chunk, when
- * in the scratch, is copied into the state's area. Rows a chunk has not run
+ * in the state's chunk area, the others in the scratch; the call's last
+ * chunk, when in the scratch, is copied into the state's area. Rows a chunk has not run
  * are +0.0 there (its first call zeroes them), so the whole state after a
  * call depends on the positions run, not on the calls. A decode step of
  * many sequences (ls_cuda_gdn_chunked_tc_decode) is one launch of each
