@@ -427,6 +427,7 @@ ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const fl
 /* ---- 2. V and the fold, the piece's chunks in order ----------------------------------- */
 
 #define LS_GDNT_SW 8 /* warps of the state block */
+static_assert(LS_GDNT_SW % 2 == 0, "a state warp's two fold tiles share their columns");
 
 /* The chunk-start states of a piece's chunks [Hv, dk, dv] follow its areas
  * in the scratch; chunk 0's is the state's S0 unless chunk 0 folds. */
@@ -558,27 +559,43 @@ ls_gdnt_state_kernel(float *state, float *scratch, ls_gdnt_piece pc, const ls_gd
             if (full) b.u[r * LS_GDNT_LDS + lane] = ls_gdnt_round(expf(g63 - b.g[r]) * vr);
         }
         if (!full) continue; /* the call's last chunk */
-        /* the fold: S ← e^{Γ_63} S + Kᵀ Ṽ per 16x16 tile */
+        /* the fold: S ← e^{Γ_63} S + Kᵀ Ṽ per 16x16 tile; a warp's tiles j and
+         * j + SW (the same columns) in one pass, sharing Ṽ's loads, their
+         * chains of products side by side (each tile's own order unchanged) */
         const float e63 = expf(g63);
+        const int nft = (dk / 16) * 2;
         __syncthreads();
-        for (int j = warp; j < (dk / 16) * 2; j += LS_GDNT_SW) {
-            const int ti = j / 2, ct = j % 2;
-            float *St = S + ti * 16 * LS_GDNT_LDS + ct * 16;
-            ls_gdnt_acc acc;
-            ls_gdnt_ldc(acc, St, LS_GDNT_LDS);
+        for (int j = warp; j < nft; j += 2 * LS_GDNT_SW) {
+            const int ct = j % 2, nt = j + LS_GDNT_SW < nft ? 2 : 1;
+            float *St[2];
+            ls_gdnt_acc acc[2];
 #pragma unroll
-            for (int x = 0; x < 8; x++) acc.x[x] = e63 * acc.x[x];
-            for (int ks = 0; ks < LS_GDNT_C; ks += 8) {
-                ls_gdnt_fa fa;
-                ls_gdnt_fb fb;
-                ls_gdnt_lda(fa, b.k + ks * ldk + ti * 16, 1, ldk);
-                ls_gdnt_ldb(fb, b.u + ks * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS, 1, true);
-                ls_gdnt_mma(acc, fa, fb);
+            for (int t = 0; t < 2; t++) {
+                St[t] = S + (j + t * LS_GDNT_SW) / 2 * 16 * LS_GDNT_LDS + ct * 16;
+                if (t >= nt) continue;
+                ls_gdnt_ldc(acc[t], St[t], LS_GDNT_LDS);
+#pragma unroll
+                for (int x = 0; x < 8; x++) acc[t].x[x] = e63 * acc[t].x[x];
             }
-            ls_gdnt_stc(St, acc, LS_GDNT_LDS);
+            for (int ks = 0; ks < LS_GDNT_C; ks += 8) {
+                ls_gdnt_fb fb;
+                ls_gdnt_ldb(fb, b.u + ks * LS_GDNT_LDS + ct * 16, LS_GDNT_LDS, 1, true);
 #pragma unroll
-            for (int x = 0; x < 8; x++) acc.x[x] = ls_gdnt_round(acc.x[x]);
-            ls_gdnt_stc(Sr + (St - S), acc, LS_GDNT_LDS);
+                for (int t = 0; t < 2; t++) {
+                    if (t >= nt) continue;
+                    ls_gdnt_fa fa;
+                    ls_gdnt_lda(fa, b.k + ks * ldk + (j + t * LS_GDNT_SW) / 2 * 16, 1, ldk);
+                    ls_gdnt_mma(acc[t], fa, fb);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                if (t >= nt) continue;
+                ls_gdnt_stc(St[t], acc[t], LS_GDNT_LDS);
+#pragma unroll
+                for (int x = 0; x < 8; x++) acc[t].x[x] = ls_gdnt_round(acc[t].x[x]);
+                ls_gdnt_stc(Sr + (St[t] - S), acc[t], LS_GDNT_LDS);
+            }
         }
         __syncthreads(); /* S complete; the buffer free for chunk i + 2's copies */
     }
