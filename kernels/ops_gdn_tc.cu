@@ -610,8 +610,9 @@ __host__ __device__ constexpr int ls_gdnt_out_cols(int dv)
 {
     return dv % 128 == 0 ? 128 : dv % 64 == 0 ? 64 : LS_GDNT_COLS;
 }
-/* O = q Ss keeps two accumulator tiles per warp: the 4 x 8 tiles of 128 columns fit */
+/* O = q Ss keeps two accumulator tiles per warp, the same columns: the 4 x 8 tiles of 128 columns fit */
 static_assert(2 * (LS_GDNT_OT / LS_WARP) >= (LS_GDNT_C / 16) * (LS_GDNT_MAXD / 16), "output block too small");
+static_assert((LS_GDNT_OT / LS_WARP) % (LS_GDNT_MAXD / 16) == 0, "a warp's two O tiles in different columns");
 
 /* Block (chunk i, head h, pw value columns from c0). Shared (dynamic): P [C,
  * LDA]; Qs [C, LDR(dk)] the call's q rows (+0.0 elsewhere); then Ks [C,
@@ -676,19 +677,21 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
     __pipeline_wait_prior(0);
     for (int r = warp; r < dk; r += nw) ls_gdnt_row_round(Ss + r * ldo, pw, lane);
     __syncthreads();
-    /* O = q Ss, a warp per (row tile, column tile), kept in registers across the barrier */
+    /* O = q Ss, a warp per (row tile, column tile), kept in registers across
+     * the barrier: a warp's jobs j and j + nw (the same columns) in one pass,
+     * sharing the loads of Ss, their chains of products side by side */
     ls_gdnt_acc acc[2];
+    const int ct = warp % nct, nj = warp + nw < njobs ? 2 : warp < njobs ? 1 : 0;
 #pragma unroll
-    for (int m = 0; m < 2; m++) {
-        const int j = warp + m * nw;
-        if (j >= njobs) continue;
-        const int tr = tr0 + j / nct, ct = j % nct;
-        ls_gdnt_zero(acc[m]);
-        for (int kk = 0; kk < dk; kk += 8) {
+    for (int m = 0; m < 2; m++) ls_gdnt_zero(acc[m]);
+    for (int kk = 0; nj && kk < dk; kk += 8) {
+        ls_gdnt_fb fb;
+        ls_gdnt_ldb(fb, Ss + kk * ldo + ct * 16, ldo, 1, true);
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            if (m >= nj) continue;
             ls_gdnt_fa fa;
-            ls_gdnt_fb fb;
-            ls_gdnt_lda(fa, Qs + tr * 16 * ldk + kk, ldk, 1, true);
-            ls_gdnt_ldb(fb, Ss + kk * ldo + ct * 16, ldo, 1, true);
+            ls_gdnt_lda(fa, Qs + (tr0 + (warp + m * nw) / nct) * 16 * ldk + kk, ldk, 1, true);
             ls_gdnt_mma(acc[m], fa, fb);
         }
     }
