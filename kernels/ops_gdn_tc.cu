@@ -233,26 +233,36 @@ __device__ __forceinline__ void ls_gdnt_mma(ls_gdnt_acc &c, const ls_gdnt_fa &a,
 
 /* Out[16 i .., 16 j ..] = X[16 i ..] · Y[16 j ..]ᵀ over d columns (X, Y
  * [C, ld] row-major in shared memory, rounded to tf32 already if rounded),
- * for the tiles j <= i of the row tiles i0 .. i1, a warp per tile in turn:
- * row r of the product reads rows r of X and the rows of Y only. */
+ * for the tiles j <= i of the row tiles i0 .. i1: a warp per row tile i and
+ * column tiles j, j + 1 (j even; j + 1 if <= i) in turn, the pair sharing
+ * X's loads, their chains side by side. Row r of the product reads rows r
+ * of X and the rows of Y only. */
 __device__ __forceinline__ void ls_gdnt_xyt(const float *X, const float *Y, int ld, int d, float *Out, int ldo,
                                             int i0, int i1, int warp, int nw, bool rounded)
 {
-    int njobs = 0;
-    for (int i = i0; i <= i1; i++) njobs += i + 1;
-    for (int jb = warp; jb < njobs; jb += nw) {
-        int i = i0, j = jb;
-        while (j > i) j -= ++i;
-        ls_gdnt_acc acc;
-        ls_gdnt_zero(acc);
+    int nitems = 0;
+    for (int i = i0; i <= i1; i++) nitems += (i + 2) / 2;
+    for (int it = warp; it < nitems; it += nw) {
+        int i = i0, q = it;
+        while (q >= (i + 2) / 2) q -= (i++ + 2) / 2;
+        const int j = 2 * q, nj = j + 1 <= i ? 2 : 1;
+        ls_gdnt_acc acc[2];
+#pragma unroll
+        for (int t = 0; t < 2; t++) ls_gdnt_zero(acc[t]);
         for (int kk = 0; kk < d; kk += 8) {
             ls_gdnt_fa fa;
-            ls_gdnt_fb fb;
             ls_gdnt_lda(fa, X + i * 16 * ld + kk, ld, 1, rounded);
-            ls_gdnt_ldb(fb, Y + j * 16 * ld + kk, 1, ld, rounded);
-            ls_gdnt_mma(acc, fa, fb);
+#pragma unroll
+            for (int t = 0; t < 2; t++) {
+                if (t >= nj) continue;
+                ls_gdnt_fb fb;
+                ls_gdnt_ldb(fb, Y + (j + t) * 16 * ld + kk, 1, ld, rounded);
+                ls_gdnt_mma(acc[t], fa, fb);
+            }
         }
-        ls_gdnt_stc(Out + i * 16 * ldo + j * 16, acc, ldo);
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+            if (t < nj) ls_gdnt_stc(Out + i * 16 * ldo + (j + t) * 16, acc[t], ldo);
     }
 }
 
@@ -290,7 +300,7 @@ __device__ __forceinline__ void ls_gdnt_row_round(float *dst, int n, int lane)
  * the chunk's key rows (+0.0 beyond the call), which X [C, dk + dv] (the
  * rows of W | U) later overwrites. Thread c runs column c of W | U. */
 template <int DK, int DV>
-__global__ void __launch_bounds__(LS_GDNT_T)
+__global__ void __launch_bounds__(LS_GDNT_T, 2)
 ls_gdnt_rows_kernel(const float *k, const float *v, const float *alpha, const float *beta, float *state,
                     float *scratch, ls_gdnt_piece pc, const ls_gdnt_seqs sq, long Hk, long Hv, int dk_, int dv_)
 {
