@@ -50,7 +50,7 @@
 #define LS_GDNT_PIECE 16                  /* chunks per piece */
 #define LS_GDNT_COLS 32                   /* value columns per state block */
 /* Shared-memory leading dimensions (floats), chosen against bank conflicts
- * of the WMMA tf32 fragment loads: one load instruction reads 8 rows x 4
+ * of the tensor-core fragment loads: one load instruction reads 8 rows x 4
  * columns of a row-major A (or column-major B) tile, so those rows sit 4
  * banks apart (ld = 4 mod 32: LS_GDNT_LDR); it reads 4 rows x 8 columns of a
  * row-major B, a column-major A or an accumulator, so those sit 8 apart
@@ -191,20 +191,24 @@ __device__ __forceinline__ void ls_gdnt_ldc(ls_gdnt_acc &f, const float *p, int 
 {
     const int l = threadIdx.x % LS_WARP;
     p += l / 4 * ld + l % 4 * 2;
-    *(float2 *)&f.x[0] = *(const float2 *)p;
-    *(float2 *)&f.x[2] = *(const float2 *)(p + 8 * ld);
-    *(float2 *)&f.x[4] = *(const float2 *)(p + 8);
-    *(float2 *)&f.x[6] = *(const float2 *)(p + 8 * ld + 8);
+    float2 v = *(const float2 *)p;
+    f.x[0] = v.x, f.x[1] = v.y;
+    v = *(const float2 *)(p + 8 * ld);
+    f.x[2] = v.x, f.x[3] = v.y;
+    v = *(const float2 *)(p + 8);
+    f.x[4] = v.x, f.x[5] = v.y;
+    v = *(const float2 *)(p + 8 * ld + 8);
+    f.x[6] = v.x, f.x[7] = v.y;
 }
 
 __device__ __forceinline__ void ls_gdnt_stc(float *p, const ls_gdnt_acc &f, int ld)
 {
     const int l = threadIdx.x % LS_WARP;
     p += l / 4 * ld + l % 4 * 2;
-    *(float2 *)p = *(const float2 *)&f.x[0];
-    *(float2 *)(p + 8 * ld) = *(const float2 *)&f.x[2];
-    *(float2 *)(p + 8) = *(const float2 *)&f.x[4];
-    *(float2 *)(p + 8 * ld + 8) = *(const float2 *)&f.x[6];
+    *(float2 *)p = make_float2(f.x[0], f.x[1]);
+    *(float2 *)(p + 8 * ld) = make_float2(f.x[2], f.x[3]);
+    *(float2 *)(p + 8) = make_float2(f.x[4], f.x[5]);
+    *(float2 *)(p + 8 * ld + 8) = make_float2(f.x[6], f.x[7]);
 }
 
 __device__ __forceinline__ void ls_gdnt_zero(ls_gdnt_acc &f)
@@ -741,7 +745,8 @@ ls_gdnt_out_kernel(const float *q, float *state, float *scratch, float *o, ls_gd
     for (int r = ra + warp; r < rb; r += nw) {
         float *orow = o + ((cs + r - pc.pos0) * Hv + h) * dv + c0;
         const float *Pr = P + r * LS_GDNT_LDA;
-        for (int c = lane; c < pw; c += 2 * LS_WARP) { /* columns c and c + 32: two chains */
+        /* columns c and c + 32: two chains (where pw is 32, c2 = c: one chain twice, its value stored twice) */
+        for (int c = lane; c < pw; c += 2 * LS_WARP) {
             const int c2 = c + LS_WARP < pw ? c + LS_WARP : c;
             float x = O[r * ldo + c], x2 = O[r * ldo + c2];
             for (int s = r / 16 * 16; s <= r; s++) {
