@@ -51,8 +51,9 @@ static const ls_provider cuda_gdn_chunked =
  * its own arithmetic, the products with the state on tensor cores. */
 #define TC_GDN(provider) \
     {"gdn_recurrent", provider, "ls_gdnt_rows_kernel+ls_gdnt_state_kernel+ls_gdnt_out_kernel+ls_gdnt_mat_kernel", \
-     "chunks of 64 at absolute positions; blocks per chunk and head (rows), per chunk, head and 64 value " \
-     "columns (outputs), per head and 32 value columns (state); WMMA 16x16x8 tf32, fp32 accumulate", "none", \
+     "chunks of 64 at absolute positions; blocks per chunk and head (rows), per chunk, head and 128 value " \
+     "columns (outputs; 64 or 32 where d_v is not a multiple of 128), per head and 32 value columns (state); " \
+     "16x16 tiles of PTX mma.m16n8k4 tf32 pairs (WMMA 16x16x8's instructions on sm_90), fp32 accumulate", "none", \
      "fp32", "chunk-aligned-64-wmma-tf32", \
      "tensor-core", "strict"}
 static const ls_provider cuda_tc_gdn_chunked = TC_GDN("cuda-tensor-core");
