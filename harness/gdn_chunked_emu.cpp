@@ -24,6 +24,7 @@ extern "C" {
 #include "backend/cpu_ops.h"
 }
 #include "ops.h" /* LS_CUDA_GDN_MAX_DK, LS_CUDA_GDN_CHUNK */
+#include "gdn_emu.h"
 
 typedef struct ls_cuda_seqs { /* kernels/ops_common.cuh's */
     long row0[LS_CUDA_SEQ_CHUNK];
@@ -35,47 +36,6 @@ typedef struct ls_cuda_seqs { /* kernels/ops_common.cuh's */
 #include "kernels_recurrent.inc"
 
 /* ---- one case ------------------------------------------------------------------------ */
-static uint64_t emu_rng = 12345;
-
-static float emu_rand(float scale) /* uniform in [-scale, scale) */
-{
-    emu_rng = emu_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return ((float)((emu_rng >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f) * scale;
-}
-
-static int same(const char *what, const float *want, const float *got, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ls_f32_bits(want[i]) != ls_f32_bits(got[i])) {
-            printf("MISMATCH %s element %zu of %zu: cpu 0x%08x (%.9g) emulated cuda 0x%08x (%.9g)\n", what, i, n,
-                   ls_f32_bits(want[i]), (double)want[i], ls_f32_bits(got[i]), (double)got[i]);
-            return 0;
-        }
-    return 1;
-}
-
-/* T rows of GDN inputs: q, k l2-normalised (q scaled), v, α in (0.5, 1], β bf16. */
-static void emu_inputs(long T, long Hk, long Hv, long dk, long dv, int act, std::vector<float> &q,
-                       std::vector<float> &k, std::vector<float> &v, std::vector<float> &al, std::vector<float> &be)
-{
-    q.resize(T * Hk * dk);
-    k.resize(T * Hk * dk);
-    v.resize(T * Hv * dv);
-    al.resize(T * Hv);
-    be.resize(T * Hv);
-    for (size_t i = 0; i < q.size(); i++) {
-        q[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
-        k[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
-    }
-    ls_cpu_l2norm_scale(q.data(), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
-    ls_cpu_l2norm_scale(k.data(), T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
-    for (float &x : v) x = emu_rand(1.0f);
-    for (long i = 0; i < T * Hv; i++) {
-        al[i] = 0.5f + 0.5f * fabsf(emu_rand(1.0f));
-        be[i] = ls_round_bf16(fabsf(emu_rand(1.0f)));
-    }
-}
-
 /* T tokens at pos0 (the emulated kernels in calls of split, 0 = one) against
  * the CPU in one call; the chunk's earlier rows and S0 random. 1 = differ. */
 static int run(long Hk, long Hv, long dk, long dv, long T, long pos0, long split, int act)
@@ -105,8 +65,8 @@ static int run(long Hk, long Hv, long dk, long dv, long T, long pos0, long split
     float *M = m_emu.data(); /* ls_cuda_gdn_chunked_state's launch */
     emu_launch((unsigned)((dk * dv + 255) / 256), (unsigned)Hv, 256,
                [=] { ls_gdn_chunked_state_kernel(S, pos0 + T - 1, M, Hv, dk, dv); });
-    int ok = same("o", o_cpu.data(), o_emu.data(), o_cpu.size()) &&
-             same("state", s_cpu.data(), s_emu.data(), SF) && same("materialised state", m_cpu.data(), M, SN);
+    int ok = emu_same("o", o_cpu.data(), o_emu.data(), o_cpu.size()) &&
+             emu_same("state", s_cpu.data(), s_emu.data(), SF) && emu_same("materialised state", m_cpu.data(), M, SN);
     printf("%s Hk %ld Hv %ld dk %ld dv %ld T %ld at %ld calls of %ld act %s\n", ok ? "  ok" : "FAIL", Hk, Hv, dk,
            dv, T, pos0, split ? split : T, act ? "bf16" : "fp32");
     fflush(stdout);
@@ -153,7 +113,7 @@ static int run_recurrent(long Hk, long Hv, long dk, long dv, long nseq, const lo
         emu_launch((unsigned)((dv + LS_GDN_CPW * LS_GDN_WPB - 1) / (LS_GDN_CPW * LS_GDN_WPB)), (unsigned)Hv,
                    LS_GDN_WPB * 32, [=] { ls_gdn_recurrent_kernel(qp, kp, vp, ap, bp, sq, op, Hk, Hv, dk, dv, act); },
                    (unsigned)nseq);
-    int ok = same("o", o_cpu.data(), o_emu.data(), o_cpu.size()) && same("states", s_cpu.data(), s_emu.data(), s_cpu.size());
+    int ok = emu_same("o", o_cpu.data(), o_emu.data(), o_cpu.size()) && emu_same("states", s_cpu.data(), s_emu.data(), s_cpu.size());
     printf("%s recurrent (%s kernel) Hk %ld Hv %ld dk %ld dv %ld, %ld sequences, %ld rows, act %s\n",
            ok ? "  ok" : "FAIL", most == 1 ? "decode" : "scan", Hk, Hv, dk, dv, nseq, T, act ? "bf16" : "fp32");
     fflush(stdout);

@@ -43,6 +43,7 @@ extern "C" {
 #include "core/status.h"
 }
 #include "ops.h"
+#include "gdn_emu.h"
 
 /* ---- the CUDA runtime and the kernels' helpers ------------------------------------------- */
 typedef int cudaError_t;
@@ -215,14 +216,6 @@ static inline void mma_sync(fragment<accumulator, 16, 16, 8, float> &d,
 #include "gdn_tc_body.inc"
 
 /* ---- the cases --------------------------------------------------------------------------- */
-static uint64_t emu_rng = 777;
-
-static float emu_rand(float scale) /* uniform in [-scale, scale) */
-{
-    emu_rng = emu_rng * 6364136223846793005ull + 1442695040888963407ull;
-    return ((float)((emu_rng >> 40) & 0xffffff) / 16777216.0f * 2.0f - 1.0f) * scale;
-}
-
 static uint64_t emu_digest = 1469598103934665603ull; /* FNV-1a over every bit compared */
 
 static void digest(const float *x, size_t n)
@@ -235,13 +228,7 @@ static void digest(const float *x, size_t n)
 
 static int same(const char *what, const std::vector<float> &want, const std::vector<float> &got)
 {
-    for (size_t i = 0; i < want.size(); i++)
-        if (__float_as_uint(want[i]) != __float_as_uint(got[i])) {
-            printf("MISMATCH %s element %zu of %zu: 0x%08x (%.9g) vs 0x%08x (%.9g)\n", what, i, want.size(),
-                   __float_as_uint(want[i]), (double)want[i], __float_as_uint(got[i]), (double)got[i]);
-            return 0;
-        }
-    return 1;
+    return emu_same(what, want.data(), got.data(), want.size());
 }
 
 /* max |a - b| / max |b| */
@@ -263,22 +250,7 @@ struct inputs {
 static inputs make_inputs(long T, long Hk, long Hv, long dk, long dv, int act)
 {
     inputs in{T, Hk, Hv, dk, dv, {}, {}, {}, {}, {}};
-    in.q.resize(T * Hk * dk);
-    in.k.resize(T * Hk * dk);
-    in.v.resize(T * Hv * dv);
-    in.al.resize(T * Hv);
-    in.be.resize(T * Hv);
-    for (size_t i = 0; i < in.q.size(); i++) {
-        in.q[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
-        in.k[i] = act ? ls_round_bf16(emu_rand(1.0f)) : emu_rand(1.0f);
-    }
-    ls_cpu_l2norm_scale(in.q.data(), T * Hk, dk, ls_cpu_inv_sqrt_scale(dk), LS_ORDER_CANONICAL);
-    ls_cpu_l2norm_scale(in.k.data(), T * Hk, dk, 1.0f, LS_ORDER_CANONICAL);
-    for (float &x : in.v) x = emu_rand(1.0f);
-    for (long i = 0; i < T * Hv; i++) {
-        in.al[i] = 0.5f + 0.5f * fabsf(emu_rand(1.0f));
-        in.be[i] = ls_round_bf16(fabsf(emu_rand(1.0f)));
-    }
+    emu_inputs(T, Hk, Hv, dk, dv, act, in.q, in.k, in.v, in.al, in.be);
     return in;
 }
 
@@ -406,6 +378,7 @@ int main(int argc, char **argv)
     };
     size_t n = quick ? 2 : sizeof cases / sizeof cases[0];
     int bad = 0;
+    emu_rng = 777;
     for (size_t i = 0; i < n; i++) {
         const long *c = cases[i];
         bad |= run_case(c[0], c[1], c[2], c[3], c[4], (int)c[5]);
